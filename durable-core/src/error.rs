@@ -1,0 +1,265 @@
+//! Errors: [`StoreError`] from backends, [`DurableError`] from the runtime.
+
+use crate::ids::{CallId, SessionId};
+use crate::key::ArgumentError;
+use crate::replay::ReplayClass;
+
+/// An error from a [`CheckpointStore`](crate::CheckpointStore).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// No session with this id.
+    #[error("session `{0}` not found")]
+    SessionNotFound(SessionId),
+    /// A session with this id already exists.
+    #[error("session `{0}` already exists")]
+    SessionExists(SessionId),
+    /// Another worker holds a live lease on the session.
+    #[error(
+        "session `{session}` is leased by `{owner}` until {expires_at} (ms since epoch); wait for it to expire or recover another session"
+    )]
+    Leased {
+        /// The session.
+        session: SessionId,
+        /// The current holder.
+        owner: String,
+        /// Expiry on the database clock.
+        expires_at: i64,
+    },
+    /// The writer's fencing token is no longer current: another worker took the session.
+    #[error(
+        "lease lost on session `{session}`: fencing token {token} is stale; stop working on this session"
+    )]
+    LeaseLost {
+        /// The session.
+        session: SessionId,
+        /// The stale token.
+        token: i64,
+    },
+    /// The session is terminal or parked and cannot be leased.
+    #[error("session `{session}` is {status} and cannot be resumed")]
+    NotResumable {
+        /// The session.
+        session: SessionId,
+        /// Its status.
+        status: String,
+    },
+    /// Compare-and-set on the checkpoint version failed.
+    #[error(
+        "version conflict on session `{session}`: expected latest checkpoint {expected}, found {actual}"
+    )]
+    VersionConflict {
+        /// The session.
+        session: SessionId,
+        /// The version the writer expected.
+        expected: i64,
+        /// The version the store has.
+        actual: i64,
+    },
+    /// No checkpoint with this version.
+    #[error("session `{session}` has no checkpoint version {version}")]
+    VersionNotFound {
+        /// The session.
+        session: SessionId,
+        /// The version asked for.
+        version: i64,
+    },
+    /// No journal row with this id.
+    #[error("call `{0}` not found")]
+    CallNotFound(CallId),
+    /// The call is not in doubt (already has an outcome, or still running under a live lease).
+    #[error("call `{call}` is not in doubt (status `{status}`)")]
+    CallNotInDoubt {
+        /// The call.
+        call: CallId,
+        /// Its status.
+        status: String,
+    },
+    /// An idempotency key was reused with different arguments.
+    #[error(
+        "idempotency key `{key}` of tool `{tool}` was already used with other arguments (call `{existing}`); derive keys from every argument that changes the effect"
+    )]
+    IdempotencyConflict {
+        /// The tool.
+        tool: String,
+        /// The key.
+        key: String,
+        /// The call that holds the key.
+        existing: CallId,
+    },
+    /// The session is not on the app version the operation expects.
+    #[error("session `{session}` is on app version `{actual}`, not `{expected}`")]
+    AppVersionMismatch {
+        /// The session.
+        session: SessionId,
+        /// The expected version.
+        expected: String,
+        /// The session's version.
+        actual: String,
+    },
+    /// A stored row could not be read.
+    #[error("corrupt data in session `{session}`{}: {detail}", version.map(|v| format!(" at version {v}")).unwrap_or_default())]
+    Corrupt {
+        /// The session.
+        session: SessionId,
+        /// The checkpoint version, if the row belongs to one.
+        version: Option<i64>,
+        /// What is wrong.
+        detail: String,
+    },
+    /// The database was written by a newer release of `durable`.
+    #[error(
+        "the {backend} database schema is at version {found}, newer than this release supports ({supported}); upgrade `durable`"
+    )]
+    SchemaTooNew {
+        /// The backend.
+        backend: &'static str,
+        /// The database's schema version.
+        found: i64,
+        /// The newest version this release knows.
+        supported: i64,
+    },
+    /// The store's durability settings could lose an acknowledged write.
+    #[error(
+        "the {backend} store is not durable: {setting}; unsafe tools refuse to run until it is fixed"
+    )]
+    NotDurable {
+        /// The backend.
+        backend: &'static str,
+        /// The offending setting.
+        setting: String,
+    },
+    /// The backend does not support this operation.
+    #[error("`{operation}` is not supported by the {backend} store")]
+    Unsupported {
+        /// The operation.
+        operation: &'static str,
+        /// The backend.
+        backend: &'static str,
+    },
+    /// The database could not be reached or failed.
+    #[error("{backend} database error: {source}")]
+    Database {
+        /// The backend.
+        backend: &'static str,
+        /// The underlying error.
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+}
+
+impl StoreError {
+    /// Wraps a backend's own error.
+    pub fn database(
+        backend: &'static str,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        StoreError::Database {
+            backend,
+            source: Box::new(source),
+        }
+    }
+}
+
+/// An error from the durable runtime (sessions, journal, toolbox).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DurableError {
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Tool or model arguments were refused before anything was journaled.
+    #[error("invalid arguments for `{tool}`: {source}")]
+    InvalidArguments {
+        /// The tool.
+        tool: String,
+        /// What is wrong, with its JSON path.
+        #[source]
+        source: ArgumentError,
+    },
+    /// The model asked for a tool that is not registered.
+    #[error("unknown tool `{name}`; registered tools: {available}")]
+    UnknownTool {
+        /// The name the model used.
+        name: String,
+        /// The registered names, comma-separated.
+        available: String,
+    },
+    /// An `unsafe_on_replay` call is in doubt and cannot be re-run blindly.
+    ///
+    /// Never retried automatically: an operator must resolve the call (API or CLI).
+    #[error(
+        "replay unsafe: call `{call}` of `{tool}` ({class}) was issued but its outcome is unknown; {reason}. Resolve it: `durable resolve {call} --happened --result <json>` or `--did-not-happen`"
+    )]
+    ReplayUnsafe {
+        /// The in-doubt call.
+        call: CallId,
+        /// Its tool.
+        tool: String,
+        /// Its class.
+        class: ReplayClass,
+        /// Why the runtime refused.
+        reason: String,
+    },
+    /// The tool's argument schema changed since the call was recorded.
+    #[error(
+        "tool `{tool}` changed its argument schema since call `{call}` was recorded ({recorded} → {current}); migrate the session or resolve the call"
+    )]
+    SchemaChanged {
+        /// The tool.
+        tool: String,
+        /// The recorded call.
+        call: CallId,
+        /// Recorded fingerprint.
+        recorded: String,
+        /// Current fingerprint.
+        current: String,
+    },
+    /// A recorded outcome failed its MAC check: the row was written behind the framework's back.
+    #[error("journal row `{call}` failed its integrity check; it was modified outside durable")]
+    Tampered {
+        /// The call.
+        call: CallId,
+    },
+    /// The session is on another app version.
+    #[error(
+        "session `{session}` was started on app version `{recorded}` but this worker runs `{running}`; migrate it explicitly (`durable migrate`)"
+    )]
+    AppVersionMismatch {
+        /// The session.
+        session: SessionId,
+        /// The session's version.
+        recorded: String,
+        /// This worker's version.
+        running: String,
+    },
+    /// A recorded value no longer deserializes into today's type.
+    #[error("recorded {what} of session `{session}` does not deserialize: {detail}")]
+    Decode {
+        /// The session.
+        session: SessionId,
+        /// What was being read.
+        what: String,
+        /// The serde error.
+        detail: String,
+    },
+    /// A value could not be serialized for the journal.
+    #[error("cannot serialize {what}: {detail}")]
+    Encode {
+        /// What was being written.
+        what: String,
+        /// The serde error.
+        detail: String,
+    },
+    /// The budget's limit would be exceeded.
+    #[error("budget exceeded: {0}")]
+    BudgetExceeded(String),
+}
+
+impl DurableError {
+    /// Whether a retry loop may retry this error. `ReplayUnsafe`, lease and integrity
+    /// errors are never retryable: retrying them is the duplicate-email bug.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, DurableError::Store(StoreError::Database { .. }))
+    }
+}

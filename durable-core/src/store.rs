@@ -1,0 +1,706 @@
+//! The [`CheckpointStore`] trait every backend implements, and the records it stores.
+//!
+//! A store is deliberately low-level: it knows rows, versions and fencing tokens, not
+//! replay rules. The replay protocol lives in [`crate::session`], so that every backend
+//! behaves the same and the [conformance suite](crate::conformance) can prove it.
+//!
+//! Times are milliseconds since the Unix epoch **as read from the database's clock**, so
+//! that leases mean the same thing to every worker that shares a database.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::StoreError;
+use crate::ids::{CallId, SessionId};
+use crate::replay::ReplayClass;
+
+/// The version of the JSON formats written by this release (messages, plan, budget,
+/// results). Stored with every JSON row; a reader that finds a larger number refuses it.
+pub const FORMAT_VERSION: i32 = 1;
+
+/// Lifecycle status of a session.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionStatus {
+    /// Running or resumable.
+    Active,
+    /// Finished successfully (terminal).
+    Completed,
+    /// Finished with an error (terminal).
+    Failed,
+    /// Stopped on purpose (terminal).
+    Cancelled,
+    /// Dead-lettered: its recoveries kept dying; an operator must look at it.
+    Parked,
+}
+
+impl SessionStatus {
+    /// The storage name (`active`, `completed`, …).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            SessionStatus::Active => "active",
+            SessionStatus::Completed => "completed",
+            SessionStatus::Failed => "failed",
+            SessionStatus::Cancelled => "cancelled",
+            SessionStatus::Parked => "parked",
+        }
+    }
+
+    /// Parses a storage name.
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            SessionStatus::Active,
+            SessionStatus::Completed,
+            SessionStatus::Failed,
+            SessionStatus::Cancelled,
+            SessionStatus::Parked,
+        ]
+        .into_iter()
+        .find(|st| st.as_str() == s)
+    }
+
+    /// Completed, failed or cancelled: the session will not run again.
+    pub const fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            SessionStatus::Completed | SessionStatus::Failed | SessionStatus::Cancelled
+        )
+    }
+}
+
+/// A session row.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SessionRecord {
+    /// The session's id.
+    pub id: SessionId,
+    /// Lifecycle status.
+    pub status: SessionStatus,
+    /// The application/graph version the session runs under.
+    pub app_version: String,
+    /// Free-form metadata (e.g. a scratchpad root).
+    pub metadata: Value,
+    /// Current lease holder, if any (may be expired).
+    pub lease_owner: Option<String>,
+    /// When the current lease expires (database clock, ms).
+    pub lease_expires_at: Option<i64>,
+    /// The fencing token of the latest lease; bumped by every acquisition.
+    pub fence: i64,
+    /// Recoveries attempted since the last checkpoint (poison-pill counter).
+    pub recovery_attempts: i32,
+    /// Why the session was parked or failed, if it was.
+    pub status_reason: Option<String>,
+    /// Latest checkpoint version (0 when only the initial checkpoint exists).
+    pub latest_version: i64,
+    /// Creation time (ms).
+    pub created_at: i64,
+    /// Last update time (ms).
+    pub updated_at: i64,
+}
+
+/// What [`CheckpointStore::create_session`] needs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewSession {
+    /// The new session's id.
+    pub id: SessionId,
+    /// The application version it starts on.
+    pub app_version: String,
+    /// Free-form metadata.
+    pub metadata: Value,
+    /// Who takes the first lease.
+    pub owner: String,
+    /// How long that lease lasts.
+    pub lease_ttl: Duration,
+    /// The initial checkpoint (version 0): plan, budget and first messages.
+    pub initial: NewCheckpoint,
+}
+
+/// A lease on a session, proved by its fencing token.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Lease {
+    /// The leased session.
+    pub session: SessionId,
+    /// Who holds it.
+    pub owner: String,
+    /// The fencing token: every write made under this lease carries it, and the store
+    /// rejects a write whose token is no longer the session's current one.
+    pub fence: i64,
+    /// Expiry on the database clock (ms).
+    pub expires_at: i64,
+}
+
+/// A write credential: session plus fencing token.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Fence<'a> {
+    /// The session written to.
+    pub session: &'a SessionId,
+    /// The token of the writer's lease.
+    pub token: i64,
+}
+
+impl Lease {
+    /// The credential for writes made under this lease.
+    pub fn fence(&self) -> Fence<'_> {
+        Fence {
+            session: &self.session,
+            token: self.fence,
+        }
+    }
+}
+
+/// A checkpoint to write: new messages are appended to the log in the same transaction.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct NewCheckpoint {
+    /// Messages appended to the session's log, in order.
+    pub messages: Vec<Value>,
+    /// The plan snapshot (JSON).
+    pub plan: Value,
+    /// The budget snapshot (JSON).
+    pub budget: Value,
+    /// Application-defined state (JSON; `null` when unused).
+    pub state: Value,
+}
+
+/// Metadata of a stored checkpoint.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CheckpointMeta {
+    /// The session.
+    pub session: SessionId,
+    /// Version: 0 for the initial checkpoint, then 1, 2, …
+    pub version: i64,
+    /// The transcript of this version is the log up to and including this sequence
+    /// number (0 when empty).
+    pub last_seq: i64,
+    /// Number of messages in this version's transcript.
+    pub message_count: i64,
+    /// The app version the checkpoint was written under.
+    pub app_version: String,
+    /// Creation time (ms).
+    pub created_at: i64,
+}
+
+/// A loaded checkpoint: metadata, transcript and snapshots.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Checkpoint {
+    /// Metadata.
+    pub meta: CheckpointMeta,
+    /// The transcript (the log up to `meta.last_seq`).
+    pub messages: Vec<Value>,
+    /// The plan snapshot.
+    pub plan: Value,
+    /// The budget snapshot.
+    pub budget: Value,
+    /// Application-defined state.
+    pub state: Value,
+}
+
+/// What a journal row records: a tool call or a model response.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallKind {
+    /// A tool call.
+    Tool,
+    /// A model (LLM) response, keyed by its position in the step.
+    Model,
+}
+
+impl CallKind {
+    /// The storage name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            CallKind::Tool => "tool",
+            CallKind::Model => "model",
+        }
+    }
+
+    /// Parses a storage name.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "tool" => Some(CallKind::Tool),
+            "model" => Some(CallKind::Model),
+            _ => None,
+        }
+    }
+}
+
+/// Status of a journal row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CallStatus {
+    /// Recorded before execution; no outcome yet.
+    Issued,
+    /// The tool returned `Ok`; the result is recorded.
+    Completed,
+    /// The tool returned `Err`; the error is recorded.
+    Failed,
+    /// An operator resolved an in-doubt call as *happened*, with a result.
+    Resolved,
+    /// An operator resolved an in-doubt call as *did not happen*: it may run again.
+    NotHappened,
+}
+
+impl CallStatus {
+    /// The storage name.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            CallStatus::Issued => "issued",
+            CallStatus::Completed => "completed",
+            CallStatus::Failed => "failed",
+            CallStatus::Resolved => "resolved",
+            CallStatus::NotHappened => "not_happened",
+        }
+    }
+
+    /// Parses a storage name.
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            CallStatus::Issued,
+            CallStatus::Completed,
+            CallStatus::Failed,
+            CallStatus::Resolved,
+            CallStatus::NotHappened,
+        ]
+        .into_iter()
+        .find(|st| st.as_str() == s)
+    }
+
+    /// Whether the row holds an outcome that replay returns.
+    pub const fn has_outcome(self) -> bool {
+        matches!(
+            self,
+            CallStatus::Completed | CallStatus::Failed | CallStatus::Resolved
+        )
+    }
+}
+
+/// The identity of a call: `(session, step, tool, input_hash, ordinal)`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct CallIdentity {
+    /// The session.
+    pub session: SessionId,
+    /// The scope: by default the checkpoint version the turn started from.
+    pub step: i64,
+    /// Tool name (for model calls, the model slot name, `"model"` by default).
+    pub tool: String,
+    /// Versioned SHA-256 of the canonical arguments (empty for model calls).
+    pub input_hash: String,
+    /// The n-th call with the same `(step, tool, input_hash)`, in dispatch order.
+    pub ordinal: i64,
+}
+
+/// A journal row to insert with status [`CallStatus::Issued`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewCall {
+    /// Fresh id for the row (kept if the row is inserted).
+    pub id: CallId,
+    /// Tool or model.
+    pub kind: CallKind,
+    /// The identity.
+    pub identity: CallIdentity,
+    /// Replay class of the tool (`pure` for model calls).
+    pub class: ReplayClass,
+    /// Arguments as stored (secret fields masked).
+    pub args: Value,
+    /// The idempotency key, for `idempotent_with_key` tools.
+    pub idempotency_key: Option<String>,
+    /// Fingerprint of the tool's argument schema.
+    pub schema_hash: String,
+}
+
+/// A journal row.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CallRecord {
+    /// Row id.
+    pub id: CallId,
+    /// Tool or model.
+    pub kind: CallKind,
+    /// The identity.
+    pub identity: CallIdentity,
+    /// Replay class.
+    pub class: ReplayClass,
+    /// Status.
+    pub status: CallStatus,
+    /// Arguments as stored.
+    pub args: Value,
+    /// Idempotency key, if any.
+    pub idempotency_key: Option<String>,
+    /// Schema fingerprint at issue time.
+    pub schema_hash: String,
+    /// The recorded result (`Completed`, `Resolved`).
+    pub result: Option<Value>,
+    /// The recorded error (`Failed`).
+    pub error: Option<Value>,
+    /// Spend recorded with the outcome (budget JSON fragment), if any.
+    pub spend: Option<Value>,
+    /// Keyed MAC over the outcome, when the store was opened with a key.
+    pub mac: Option<String>,
+    /// Number of executions started (1 on first issue).
+    pub attempt: i32,
+    /// The fencing token of the lease the row was (last) issued under.
+    pub fence: i64,
+    /// When the row was issued (ms).
+    pub issued_at: i64,
+    /// When the outcome was recorded (ms).
+    pub finished_at: Option<i64>,
+}
+
+/// Outcome of [`CheckpointStore::issue_call`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum IssueOutcome {
+    /// The row did not exist and was inserted as *issued* (committed, synced).
+    Inserted(CallRecord),
+    /// A row with the same identity already exists; it is returned untouched.
+    Existing(CallRecord),
+}
+
+/// The outcome recorded by [`CheckpointStore::finish_call`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum CallOutcome {
+    /// The tool succeeded with this result.
+    Completed(Value),
+    /// The tool failed with this error.
+    Failed(Value),
+}
+
+/// A recorded outcome with its spend and MAC.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FinishCall {
+    /// The outcome.
+    pub outcome: CallOutcome,
+    /// Spend carried by the row (budget JSON fragment), if any.
+    pub spend: Option<Value>,
+    /// Keyed MAC over the outcome, if the runtime has a key.
+    pub mac: Option<String>,
+}
+
+/// An operator's decision about an in-doubt call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "decision", rename_all = "snake_case")]
+pub enum Resolution {
+    /// The effect happened; this is its result (it becomes the call's tool result).
+    Happened {
+        /// The result to record.
+        result: Value,
+    },
+    /// The effect did not happen; the next resume may execute the call.
+    DidNotHappen,
+}
+
+/// An audited resolution request.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResolveCall {
+    /// The in-doubt call.
+    pub call: CallId,
+    /// The decision.
+    pub resolution: Resolution,
+    /// Who decided (operator name).
+    pub by: String,
+    /// Free-form note.
+    pub note: Option<String>,
+    /// MAC over the result, when the store is keyed.
+    pub mac: Option<String>,
+}
+
+/// An audit row of a resolution.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ResolutionRecord {
+    /// The resolved call.
+    pub call: CallId,
+    /// Its session.
+    pub session: SessionId,
+    /// The decision.
+    pub resolution: Resolution,
+    /// Who decided.
+    pub by: String,
+    /// Note.
+    pub note: Option<String>,
+    /// When (ms).
+    pub at: i64,
+}
+
+/// An LLM/API error to record (retry history).
+#[derive(Debug, Clone, PartialEq)]
+pub struct NewError {
+    /// The session.
+    pub session: SessionId,
+    /// Step the error happened in.
+    pub step: i64,
+    /// What was being attempted (e.g. `"model"` or a tool name).
+    pub context: String,
+    /// 0-based attempt number.
+    pub attempt: i32,
+    /// The error message.
+    pub message: String,
+}
+
+/// A recorded error.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorRecord {
+    /// The session.
+    pub session: SessionId,
+    /// Step.
+    pub step: i64,
+    /// What was being attempted.
+    pub context: String,
+    /// 0-based attempt number.
+    pub attempt: i32,
+    /// The error message.
+    pub message: String,
+    /// When (ms).
+    pub at: i64,
+}
+
+/// An audited app-version migration.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MigrateSession {
+    /// The session.
+    pub session: SessionId,
+    /// The version it must be on now (checked).
+    pub from_version: String,
+    /// The version it moves to.
+    pub to_version: String,
+    /// Step (tool or node name) mapping old → new, applied to in-flight journal rows.
+    pub step_map: Vec<(String, String)>,
+    /// Who migrated.
+    pub by: String,
+}
+
+/// Filter for [`CheckpointStore::list_sessions`].
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct SessionFilter {
+    /// Only these statuses (all when empty).
+    pub statuses: Vec<SessionStatus>,
+    /// Only sessions last updated before this time (ms).
+    pub updated_before: Option<i64>,
+    /// At most this many (newest first); unlimited when `None`.
+    pub limit: Option<i64>,
+}
+
+/// Result of a purge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PurgeOutcome {
+    /// All of the session's rows were deleted.
+    Purged,
+    /// Not purged: the session is not terminal.
+    NotTerminal,
+    /// Not purged: it was updated within the retention window.
+    WithinRetention,
+    /// Not purged: a call is in doubt.
+    CallInDoubt,
+}
+
+/// Durability settings a store read back from its database.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Durability {
+    /// `None` when acknowledged writes survive a crash; otherwise the setting at fault,
+    /// e.g. `"synchronous_commit = off"`.
+    pub unsafe_setting: Option<String>,
+}
+
+/// A persistent home for sessions, checkpoints and the call journal.
+///
+/// Every method is a single atomic transaction. Methods that write under a lease take a
+/// [`Fence`] and fail with [`StoreError::LeaseLost`] when the session's fencing token has
+/// moved on. The trait is object safe: runtimes hold an `Arc<dyn CheckpointStore>`.
+#[async_trait]
+pub trait CheckpointStore: Send + Sync + 'static {
+    /// A short backend name for errors and logs (`"sqlite"`, `"postgres"`).
+    fn backend(&self) -> &'static str;
+
+    /// Reads back the settings that make *issued* rows durable.
+    ///
+    /// # Contract
+    /// Reports the live settings of the connection used for journal writes.
+    async fn durability(&self) -> Result<Durability, StoreError>;
+
+    /// The database clock, in ms since the epoch.
+    async fn now(&self) -> Result<i64, StoreError>;
+
+    /// Creates a session with its initial checkpoint (version 0) and a first lease.
+    ///
+    /// # Contract
+    /// Atomic. Fails with [`StoreError::SessionExists`] if the id is taken.
+    async fn create_session(&self, new: NewSession) -> Result<(SessionRecord, Lease), StoreError>;
+
+    /// Reads a session.
+    ///
+    /// # Contract
+    /// [`StoreError::SessionNotFound`] if absent.
+    async fn session(&self, id: &SessionId) -> Result<SessionRecord, StoreError>;
+
+    /// Lists sessions, newest update first.
+    async fn list_sessions(&self, filter: &SessionFilter)
+    -> Result<Vec<SessionRecord>, StoreError>;
+
+    /// Takes the lease on a session for `owner`, bumping its fencing token.
+    ///
+    /// # Contract
+    /// Atomic. Fails with [`StoreError::Leased`] while another owner's lease is live
+    /// (the same owner re-acquiring gets a new token). Refuses terminal and parked
+    /// sessions with [`StoreError::NotResumable`].
+    async fn acquire_lease(
+        &self,
+        id: &SessionId,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Lease, StoreError>;
+
+    /// Extends a lease.
+    ///
+    /// # Contract
+    /// [`StoreError::LeaseLost`] if the token is no longer current.
+    async fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<Lease, StoreError>;
+
+    /// Gives a lease up (sets it expired); no-op if the token is no longer current.
+    async fn release_lease(&self, lease: &Lease) -> Result<(), StoreError>;
+
+    /// Claims one active session whose lease expired, for recovery.
+    ///
+    /// # Contract
+    /// Atomic and safe under concurrency (two claimers never get the same session).
+    /// Increments the session's recovery counter; when the counter would exceed
+    /// `max_attempts` the session is parked instead (status [`SessionStatus::Parked`],
+    /// reason recorded) and the next candidate is tried. `None` when nothing is
+    /// recoverable.
+    async fn claim_expired(
+        &self,
+        owner: &str,
+        ttl: Duration,
+        max_attempts: i32,
+    ) -> Result<Option<Lease>, StoreError>;
+
+    /// Lists active sessions whose lease has expired (or who have none).
+    async fn list_expired(&self, limit: i64) -> Result<Vec<SessionRecord>, StoreError>;
+
+    /// Sets a session's status (e.g. completed), with a reason.
+    ///
+    /// # Contract
+    /// Fenced. Releases the lease when the new status is terminal or parked.
+    async fn set_status(
+        &self,
+        fence: Fence<'_>,
+        status: SessionStatus,
+        reason: Option<&str>,
+    ) -> Result<(), StoreError>;
+
+    /// Appends `checkpoint.messages` to the log and writes checkpoint `expected + 1`.
+    ///
+    /// # Contract
+    /// Atomic and fenced; compare-and-set: fails with [`StoreError::VersionConflict`]
+    /// unless the latest version is `expected`. Resets the recovery counter.
+    async fn save_checkpoint(
+        &self,
+        fence: Fence<'_>,
+        expected: i64,
+        checkpoint: NewCheckpoint,
+    ) -> Result<CheckpointMeta, StoreError>;
+
+    /// Loads a checkpoint: `None` = the latest.
+    ///
+    /// # Contract
+    /// [`StoreError::VersionNotFound`] for a missing version;
+    /// [`StoreError::Corrupt`] names the session and version when a row cannot be read.
+    async fn load_checkpoint(
+        &self,
+        id: &SessionId,
+        version: Option<i64>,
+    ) -> Result<Checkpoint, StoreError>;
+
+    /// Lists checkpoint metadata, oldest first.
+    async fn list_checkpoints(&self, id: &SessionId) -> Result<Vec<CheckpointMeta>, StoreError>;
+
+    /// Creates session `new_id` from version `version` of `id`: its version 0 is that
+    /// checkpoint (transcript copied), leased to `owner`.
+    async fn fork_session(
+        &self,
+        id: &SessionId,
+        version: i64,
+        new_id: &SessionId,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<(SessionRecord, Lease), StoreError>;
+
+    /// Inserts a journal row as *issued*, or returns the row with the same identity.
+    ///
+    /// # Contract
+    /// Atomic insert-or-get on the identity: of concurrent callers with one identity,
+    /// exactly one sees [`IssueOutcome::Inserted`]. Fenced. The insert is committed
+    /// (and synced) before this returns. If `call.idempotency_key` is set and a row of
+    /// the same tool holds that key with another `input_hash`, fails with
+    /// [`StoreError::IdempotencyConflict`] and writes nothing.
+    async fn issue_call(&self, fence: Fence<'_>, call: NewCall)
+    -> Result<IssueOutcome, StoreError>;
+
+    /// Re-issues an in-doubt (`issued`) or `not_happened` row for another execution:
+    /// attempt + 1, status `issued`, fence = the caller's token.
+    ///
+    /// # Contract
+    /// Fenced. Fails with [`StoreError::CallNotInDoubt`] if the row has an outcome.
+    async fn reissue_call(&self, fence: Fence<'_>, call: &CallId)
+    -> Result<CallRecord, StoreError>;
+
+    /// Records a call's outcome; optionally writes a checkpoint in the same transaction.
+    ///
+    /// # Contract
+    /// Atomic and fenced. Fails with [`StoreError::CallNotInDoubt`] if the row already
+    /// has an outcome. With `checkpoint = Some((expected, cp))` the checkpoint is
+    /// compare-and-set as in [`save_checkpoint`](Self::save_checkpoint), all or nothing.
+    async fn finish_call(
+        &self,
+        fence: Fence<'_>,
+        call: &CallId,
+        finish: FinishCall,
+        checkpoint: Option<(i64, NewCheckpoint)>,
+    ) -> Result<Option<CheckpointMeta>, StoreError>;
+
+    /// Reads one journal row.
+    async fn call(&self, id: &CallId) -> Result<CallRecord, StoreError>;
+
+    /// Journal rows of a session (optionally one step), in issue order.
+    async fn calls(
+        &self,
+        session: &SessionId,
+        step: Option<i64>,
+    ) -> Result<Vec<CallRecord>, StoreError>;
+
+    /// Rows with status `issued` whose issuing lease is gone (expired, released or
+    /// superseded), across sessions or for one session.
+    async fn in_doubt(&self, session: Option<&SessionId>) -> Result<Vec<CallRecord>, StoreError>;
+
+    /// Applies an operator's resolution and writes its audit row.
+    ///
+    /// # Contract
+    /// Atomic. Refuses ([`StoreError::CallNotInDoubt`]) a call whose status is not
+    /// `issued`. `Happened` sets status `resolved` with the result; `DidNotHappen`
+    /// sets `not_happened`.
+    async fn resolve_call(&self, resolve: ResolveCall) -> Result<CallRecord, StoreError>;
+
+    /// Audit rows of resolutions for a session.
+    async fn resolutions(&self, session: &SessionId) -> Result<Vec<ResolutionRecord>, StoreError>;
+
+    /// Records an LLM/API error (retry history). Not fenced: errors are history.
+    async fn record_error(&self, error: NewError) -> Result<(), StoreError>;
+
+    /// The recorded errors of a session, oldest first.
+    async fn errors(&self, session: &SessionId) -> Result<Vec<ErrorRecord>, StoreError>;
+
+    /// Moves a session to another app version, audited.
+    ///
+    /// # Contract
+    /// Atomic. [`StoreError::AppVersionMismatch`] if the session is not on
+    /// `from_version`. Renames `tool` of the session's journal rows per `step_map`.
+    async fn migrate_session(&self, migrate: MigrateSession) -> Result<SessionRecord, StoreError>;
+
+    /// Deletes a terminal session and all its rows, if it was last updated more than
+    /// `retention` ago and no call is in doubt.
+    ///
+    /// # Contract
+    /// Atomic: all rows or none.
+    async fn purge_session(
+        &self,
+        id: &SessionId,
+        retention: Duration,
+    ) -> Result<PurgeOutcome, StoreError>;
+}
