@@ -4,14 +4,31 @@
 //! Most users depend on the `durable` facade crate instead, which re-exports this crate
 //! together with the `#[durable_tool]` attribute and the backends.
 
+#[cfg(any(test, feature = "conformance"))]
+pub mod conformance;
 pub mod error;
 pub mod ids;
+pub mod journal;
 pub mod key;
+pub mod mac;
 pub mod replay;
+pub mod retry;
+pub mod runtime;
+pub mod session;
+pub mod snapshot;
 pub mod store;
+pub mod tool;
+pub mod transcript;
 
 pub use error::{DurableError, StoreError};
 pub use ids::{CallId, SessionId};
 pub use key::{ArgLimits, ArgumentError, ArgumentErrorKind};
 pub use replay::ReplayClass;
+pub use retry::{RetryError, RetryPolicy, retry};
+pub use journal::{CallError, CallEvent, Journal, Outcome, RecordedFailure};
+pub use runtime::{Durable, DurableBuilder, StartOptions};
+pub use session::{InDoubtAction, InDoubtCall, ResumeReport, Resumed, Session};
+pub use snapshot::{Budget, BudgetExceeded, Plan, PlanError, Postcondition, Spend, Step, StepStatus};
 pub use store::CheckpointStore;
+pub use tool::{Tool, ToolContext, ToolOutput, ToolSpec, Verification};
+pub use transcript::{Block, Message, Role, ToolCallBlock, ToolResultBlock};

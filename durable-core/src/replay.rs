@@ -102,7 +102,9 @@ mod tests {
             let json = serde_json::to_string(&class).expect("serialize");
             assert_eq!(json, format!("\"{}\"", class.as_str()));
         }
-        let err = "maybe".parse::<ReplayClass>().unwrap_err();
+        let err = "maybe"
+            .parse::<ReplayClass>()
+            .expect_err("`maybe` is not a class");
         assert!(err.to_string().contains("`maybe`"));
     }
 

@@ -633,6 +633,21 @@ pub trait CheckpointStore: Send + Sync + 'static {
     async fn issue_call(&self, fence: Fence<'_>, call: NewCall)
     -> Result<IssueOutcome, StoreError>;
 
+    /// Records a call that ran without an *issued* row first (pure tools, model
+    /// responses): inserts the row directly with its outcome, or returns the row that
+    /// already holds this identity.
+    ///
+    /// # Contract
+    /// One atomic, fenced transaction (one commit): insert-or-get on the identity
+    /// exactly as [`issue_call`](Self::issue_call), but a new row is written with status
+    /// `completed`/`failed` from `finish`, attempt 1 and `finished_at` set.
+    async fn record_call(
+        &self,
+        fence: Fence<'_>,
+        call: NewCall,
+        finish: FinishCall,
+    ) -> Result<IssueOutcome, StoreError>;
+
     /// Re-issues an in-doubt (`issued`) or `not_happened` row for another execution:
     /// attempt + 1, status `issued`, fence = the caller's token.
     ///

@@ -1,0 +1,1110 @@
+//! The journal: how one call is recorded, replayed, re-executed or refused.
+//!
+//! [`Journal::tool`] is the explicit API under `#[durable_tool]`; [`Journal::model`]
+//! journals a model response. The decision table is the one in the crate docs; every
+//! branch below names the row it implements.
+
+use std::collections::{HashMap, HashSet};
+use std::fmt::Display;
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+use tracing::Instrument;
+
+use crate::error::{DurableError, StoreError};
+use crate::ids::{CallId, SessionId};
+use crate::key;
+use crate::mac;
+use crate::replay::ReplayClass;
+use crate::runtime::Config;
+use crate::snapshot::Spend;
+use crate::store::{
+    CallIdentity, CallKind, CallOutcome, CallRecord, CallStatus, CheckpointStore, FinishCall,
+    IssueOutcome, Lease, NewCall,
+};
+use crate::tool::{ToolContext, ToolSpec, Verification};
+
+/// The tool name under which model responses are journaled.
+pub const MODEL_SLOT: &str = "@model";
+
+/// What the journal did with a call: reported to observers and in tracing spans.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    /// No record: the call ran and its result was recorded.
+    Executed,
+    /// A recorded result (or failure) was returned; nothing ran.
+    CacheHit,
+    /// An operator's *happened* resolution was returned as the result.
+    Resolved,
+    /// In doubt, re-executed (`pure`, or after *did not happen*).
+    ReExecuted,
+    /// In doubt `idempotent_with_key`, re-executed with the recorded key.
+    ReExecutedWithKey,
+    /// In doubt `unsafe_on_replay`; the verify hook found the effect and its result was recorded.
+    VerifiedHappened,
+    /// In doubt `unsafe_on_replay`; the verify hook found no effect, so the call ran.
+    VerifiedNotHappened,
+    /// Refused with [`DurableError::ReplayUnsafe`].
+    Refused,
+}
+
+impl Outcome {
+    /// The snake_case name used in traces and logs.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Executed => "executed",
+            Outcome::CacheHit => "cache_hit",
+            Outcome::Resolved => "resolved",
+            Outcome::ReExecuted => "re_executed",
+            Outcome::ReExecutedWithKey => "re_executed_with_key",
+            Outcome::VerifiedHappened => "verified_happened",
+            Outcome::VerifiedNotHappened => "verified_not_happened",
+            Outcome::Refused => "refused",
+        }
+    }
+}
+
+/// A journal decision, as passed to the observer set with
+/// [`DurableBuilder::on_call`](crate::DurableBuilder::on_call).
+#[derive(Debug, Clone, Serialize)]
+pub struct CallEvent {
+    /// The session.
+    pub session: SessionId,
+    /// The journal row (absent when refused before a row existed).
+    pub call: Option<CallId>,
+    /// Tool name ([`MODEL_SLOT`] for model calls).
+    pub tool: String,
+    /// Replay class.
+    pub class: ReplayClass,
+    /// What happened.
+    pub outcome: Outcome,
+    /// The idempotency key used, if any.
+    pub idempotency_key: Option<String>,
+    /// The step.
+    pub step: i64,
+}
+
+/// The error of a journaled call.
+#[derive(Debug, thiserror::Error)]
+pub enum CallError<E> {
+    /// The tool ran now and failed (its failure was recorded).
+    #[error("{0}")]
+    Tool(E),
+    /// A failure recorded by an earlier run was replayed; the tool did not run.
+    #[error("{0}")]
+    Recorded(RecordedFailure),
+    /// The runtime refused or failed (nothing ran, or the store failed).
+    #[error(transparent)]
+    Durable(#[from] DurableError),
+}
+
+impl<E> CallError<E> {
+    /// The runtime error, if this is one.
+    pub fn as_durable(&self) -> Option<&DurableError> {
+        match self {
+            CallError::Durable(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+/// A tool failure as recorded in the journal (its message).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct RecordedFailure {
+    /// The tool error's `Display` text.
+    pub message: String,
+}
+
+#[derive(Default)]
+struct StepCache {
+    /// The step these rows belong to.
+    step: i64,
+    /// Whether `rows` was loaded from the store for `step`.
+    loaded: bool,
+    /// Rows of this step, by identity.
+    rows: HashMap<CallIdentity, CallRecord>,
+    /// Next ordinal per `(tool, input_hash)`.
+    ordinals: HashMap<(String, String), i64>,
+    /// Next model position.
+    model_position: i64,
+}
+
+pub(crate) struct JournalInner {
+    pub(crate) store: Arc<dyn CheckpointStore>,
+    pub(crate) config: Arc<Config>,
+    pub(crate) session: SessionId,
+    pub(crate) lease: Mutex<Lease>,
+    pub(crate) lease_lost: AtomicBool,
+    step: AtomicI64,
+    cache: tokio::sync::Mutex<StepCache>,
+    /// Rows this journal issued itself (everything else still `issued` is in doubt).
+    issued_here: Mutex<HashSet<CallId>>,
+    /// Spend of rows used this turn, charged once per row.
+    spend: Mutex<Vec<(CallId, Spend)>>,
+    charged: Mutex<HashSet<CallId>>,
+    durable_checked: tokio::sync::OnceCell<Option<String>>,
+}
+
+/// The journaling handle of a leased session. Cheap to clone; shared by parallel calls.
+#[derive(Clone)]
+pub struct Journal {
+    pub(crate) inner: Arc<JournalInner>,
+}
+
+impl std::fmt::Debug for Journal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Journal")
+            .field("session", &self.inner.session)
+            .field("step", &self.step())
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Journal {
+    pub(crate) fn new(
+        store: Arc<dyn CheckpointStore>,
+        config: Arc<Config>,
+        lease: Lease,
+        step: i64,
+    ) -> Self {
+        Journal {
+            inner: Arc::new(JournalInner {
+                store,
+                config,
+                session: lease.session.clone(),
+                lease: Mutex::new(lease),
+                lease_lost: AtomicBool::new(false),
+                step: AtomicI64::new(step),
+                cache: tokio::sync::Mutex::new(StepCache {
+                    step,
+                    ..StepCache::default()
+                }),
+                issued_here: Mutex::new(HashSet::new()),
+                spend: Mutex::new(Vec::new()),
+                charged: Mutex::new(HashSet::new()),
+                durable_checked: tokio::sync::OnceCell::new(),
+            }),
+        }
+    }
+
+    /// The session.
+    pub fn session_id(&self) -> &SessionId {
+        &self.inner.session
+    }
+
+    /// The current step: the checkpoint version the running turn started from.
+    pub fn step(&self) -> i64 {
+        self.inner.step.load(Ordering::SeqCst)
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn CheckpointStore> {
+        &self.inner.store
+    }
+
+    /// The current fencing token.
+    pub fn fence_token(&self) -> i64 {
+        lock(&self.inner.lease).fence
+    }
+
+    pub(crate) fn lease(&self) -> Lease {
+        lock(&self.inner.lease).clone()
+    }
+
+    pub(crate) fn set_lease(&self, lease: Lease) {
+        *lock(&self.inner.lease) = lease;
+    }
+
+    /// Moves to a new step (after a checkpoint): ordinals and positions restart.
+    pub(crate) async fn enter_step(&self, step: i64) {
+        self.inner.step.store(step, Ordering::SeqCst);
+        let mut cache = self.inner.cache.lock().await;
+        *cache = StepCache {
+            step,
+            ..StepCache::default()
+        };
+    }
+
+    /// Drains the spend of rows used since the last call (each row once).
+    pub(crate) fn take_spend(&self) -> Vec<Spend> {
+        std::mem::take(&mut *lock(&self.inner.spend))
+            .into_iter()
+            .map(|(_, s)| s)
+            .collect()
+    }
+
+    /// Spend used since the last checkpoint, not yet drained.
+    pub(crate) fn pending_spend(&self) -> Vec<Spend> {
+        lock(&self.inner.spend)
+            .iter()
+            .map(|(_, s)| s.clone())
+            .collect()
+    }
+
+    fn charge(&self, record: &CallRecord) {
+        let Some(spend) = record.spend.as_ref() else {
+            return;
+        };
+        if !lock(&self.inner.charged).insert(record.id.clone()) {
+            return;
+        }
+        match serde_json::from_value::<Spend>(spend.clone()) {
+            Ok(s) => lock(&self.inner.spend).push((record.id.clone(), s)),
+            Err(e) => {
+                tracing::warn!(call = %record.id, error = %e, "recorded spend does not decode; not charged")
+            }
+        }
+    }
+
+    fn check_lease(&self) -> Result<(), DurableError> {
+        if self.inner.lease_lost.load(Ordering::SeqCst) {
+            let lease = self.lease();
+            return Err(StoreError::LeaseLost {
+                session: lease.session,
+                token: lease.fence,
+            }
+            .into());
+        }
+        Ok(())
+    }
+
+    fn note_store_error(&self, e: StoreError) -> DurableError {
+        if matches!(e, StoreError::LeaseLost { .. }) {
+            self.inner.lease_lost.store(true, Ordering::SeqCst);
+        }
+        DurableError::Store(e)
+    }
+
+    fn emit(&self, event: CallEvent) {
+        tracing::Span::current().record("durable.replay.outcome", event.outcome.as_str());
+        if let Some(observer) = &self.inner.config.observer {
+            observer(&event);
+        }
+    }
+
+    /// Starts a journaled tool call.
+    ///
+    /// The call's ordinal is assigned when `.run(...)` is first polled, under a fair
+    /// (FIFO) lock: calls polled in dispatch order (as `join_all` does) get ordinals in
+    /// dispatch order, whatever order they complete in.
+    ///
+    /// # Example
+    /// ```no_run
+    /// # use durable_core::{Journal, ReplayClass, tool::ToolSpec};
+    /// # async fn demo(journal: &Journal) -> Result<(), Box<dyn std::error::Error>> {
+    /// let spec = ToolSpec::new("charge_card", "Charge a card.", ReplayClass::IdempotentWithKey,
+    ///     serde_json::json!({"type": "object"}));
+    /// let args = serde_json::json!({"order_id": "o-17", "cents": 1200});
+    /// let charge: String = journal
+    ///     .tool(&spec, args)
+    ///     .key("charge:o-17")
+    ///     .run(|ctx| async move {
+    ///         // pass ctx.idempotency_key() to the payment API
+    ///         Ok::<_, std::io::Error>(format!("charged with {:?}", ctx.idempotency_key()))
+    ///     })
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn tool<'j>(&'j self, spec: &'j ToolSpec, args: Value) -> ToolCall<'j> {
+        ToolCall {
+            journal: self,
+            spec,
+            args,
+            key: None,
+        }
+    }
+
+    /// Journals a model response by its position in the step: on a re-run turn the
+    /// recorded response is returned instead of asking the model again.
+    ///
+    /// Failures are not journaled (a model call has no side effect; retry it with
+    /// [`retry`](crate::retry::retry), which records each failed attempt).
+    pub async fn model<R, E, F, Fut>(&self, f: F) -> Result<R, CallError<E>>
+    where
+        R: Serialize + DeserializeOwned,
+        E: Display,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<R, E>>,
+    {
+        self.model_with_spend(f, |_| None).await
+    }
+
+    /// Like [`model`](Self::model), recording what the response cost (charged to the
+    /// session's budget once, however often the turn is replayed).
+    pub async fn model_with_spend<R, E, F, Fut, S>(&self, f: F, spend: S) -> Result<R, CallError<E>>
+    where
+        R: Serialize + DeserializeOwned,
+        E: Display,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<R, E>>,
+        S: FnOnce(&R) -> Option<Spend>,
+    {
+        self.check_lease()?;
+        let step = self.step();
+        let identity = {
+            let mut cache = self.inner.cache.lock().await;
+            self.load_step(&mut cache).await?;
+            let position = cache.model_position;
+            cache.model_position += 1;
+            CallIdentity {
+                session: self.inner.session.clone(),
+                step,
+                tool: MODEL_SLOT.to_owned(),
+                input_hash: String::new(),
+                ordinal: position,
+            }
+        };
+        let span = tracing::info_span!(
+            "model_call",
+            durable.step = step,
+            durable.position = identity.ordinal,
+            durable.replay.outcome = tracing::field::Empty
+        );
+        async move {
+            let recorded = self.inner.cache.lock().await.rows.get(&identity).cloned();
+            if let Some(row) = recorded.filter(|r| r.status == CallStatus::Completed) {
+                self.verify_mac(&row)?;
+                self.charge(&row);
+                self.emit(self.event(&row, Outcome::CacheHit));
+                return decode_result(&row, row.result.as_ref());
+            }
+            let value = f().await.map_err(CallError::Tool)?;
+            let result = serde_json::to_value(&value).map_err(|e| DurableError::Encode {
+                what: "model response".into(),
+                detail: e.to_string(),
+            })?;
+            let spend_value = spend(&value).map(|s| serde_json::to_value(s).unwrap_or(Value::Null));
+            let call = NewCall {
+                id: CallId::random(),
+                kind: CallKind::Model,
+                identity: identity.clone(),
+                class: ReplayClass::Pure,
+                args: Value::Null,
+                idempotency_key: None,
+                schema_hash: String::new(),
+            };
+            let outcome = CallOutcome::Completed(result);
+            let mac = self.mac_for(&call.id, &outcome);
+            let lease = self.lease();
+            let row = match self
+                .inner
+                .store
+                .record_call(
+                    lease.fence(),
+                    call,
+                    FinishCall {
+                        outcome,
+                        spend: spend_value,
+                        mac,
+                    },
+                )
+                .await
+                .map_err(|e| self.note_store_error(e))?
+            {
+                IssueOutcome::Inserted(row) | IssueOutcome::Existing(row) => row,
+            };
+            self.failpoint("after_model_recorded", MODEL_SLOT);
+            self.charge(&row);
+            self.inner
+                .cache
+                .lock()
+                .await
+                .rows
+                .insert(identity, row.clone());
+            self.emit(self.event(&row, Outcome::Executed));
+            decode_result(&row, row.result.as_ref())
+        }
+        .instrument(span)
+        .await
+    }
+
+    async fn load_step(&self, cache: &mut StepCache) -> Result<(), DurableError> {
+        let step = self.step();
+        if cache.step != step {
+            *cache = StepCache {
+                step,
+                ..StepCache::default()
+            };
+        }
+        if cache.loaded {
+            return Ok(());
+        }
+        let rows = self
+            .inner
+            .store
+            .calls(&self.inner.session, Some(step))
+            .await
+            .map_err(|e| self.note_store_error(e))?;
+        cache.rows = rows.into_iter().map(|r| (r.identity.clone(), r)).collect();
+        cache.loaded = true;
+        Ok(())
+    }
+
+    fn event(&self, row: &CallRecord, outcome: Outcome) -> CallEvent {
+        CallEvent {
+            session: self.inner.session.clone(),
+            call: Some(row.id.clone()),
+            tool: row.identity.tool.clone(),
+            class: row.class,
+            outcome,
+            idempotency_key: row.idempotency_key.clone(),
+            step: row.identity.step,
+        }
+    }
+
+    fn mac_for(&self, call: &CallId, outcome: &CallOutcome) -> Option<String> {
+        let key = self.inner.config.mac_key.as_deref()?;
+        Some(match outcome {
+            CallOutcome::Completed(v) => mac::sign(key, call, "result", v),
+            CallOutcome::Failed(v) => mac::sign(key, call, "error", v),
+        })
+    }
+
+    fn verify_mac(&self, row: &CallRecord) -> Result<(), DurableError> {
+        let Some(key) = self.inner.config.mac_key.as_deref() else {
+            return Ok(());
+        };
+        let (what, value) = match (&row.result, &row.error) {
+            (Some(v), _) => ("result", v),
+            (None, Some(v)) => ("error", v),
+            (None, None) => return Ok(()),
+        };
+        match &row.mac {
+            Some(tag) if mac::verify(key, &row.id, what, value, tag) => Ok(()),
+            _ => Err(DurableError::Tampered {
+                call: row.id.clone(),
+            }),
+        }
+    }
+
+    #[allow(unused_variables)]
+    fn failpoint(&self, boundary: &str, tool: &str) {
+        #[cfg(feature = "failpoints")]
+        {
+            fail::fail_point!(&format!("durable::{boundary}"));
+            fail::fail_point!(&format!("durable::{boundary}::{tool}"));
+        }
+    }
+
+    async fn ensure_durable(&self, spec: &ToolSpec) -> Result<(), DurableError> {
+        if spec.class != ReplayClass::UnsafeOnReplay {
+            return Ok(());
+        }
+        let store = &self.inner.store;
+        let setting = self
+            .inner
+            .durable_checked
+            .get_or_try_init(|| async { store.durability().await.map(|d| d.unsafe_setting) })
+            .await
+            .map_err(|e| self.note_store_error(e))?;
+        match setting {
+            None => Ok(()),
+            Some(setting) => Err(StoreError::NotDurable {
+                backend: store.backend(),
+                setting: setting.clone(),
+            }
+            .into()),
+        }
+    }
+}
+
+/// A tool call being built: see [`Journal::tool`].
+#[must_use = "a tool call does nothing until `.run(...)` is awaited"]
+pub struct ToolCall<'j> {
+    journal: &'j Journal,
+    spec: &'j ToolSpec,
+    args: Value,
+    key: Option<String>,
+}
+
+/// What `prepare` decided before anything ran.
+enum Plan {
+    /// A row holds an outcome: return it.
+    Recorded(CallRecord),
+    /// An issued row from an earlier attempt (or a `not_happened` resolution).
+    InDoubt(CallRecord),
+    /// No row.
+    Fresh,
+}
+
+impl<'j> ToolCall<'j> {
+    /// Sets the idempotency key (required for `idempotent_with_key` tools).
+    pub fn key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// Runs the call through the journal with no verify hook.
+    pub async fn run<T, E, F, Fut>(self, run: F) -> Result<T, CallError<E>>
+    where
+        T: Serialize + DeserializeOwned,
+        E: Display,
+        F: FnMut(ToolContext) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        self.run_verified(run, |_ctx| async { Verification::Unknown })
+            .await
+    }
+
+    /// Runs the call with a verify hook for in-doubt `unsafe_on_replay` calls: it is
+    /// asked whether the effect happened (e.g. by looking in the outbox) before the
+    /// runtime either records its answer or surfaces the call as `ReplayUnsafe`.
+    pub async fn run_verified<T, E, F, Fut, V, VFut>(
+        self,
+        run: F,
+        verify: V,
+    ) -> Result<T, CallError<E>>
+    where
+        T: Serialize + DeserializeOwned,
+        E: Display,
+        F: FnMut(ToolContext) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        V: FnOnce(ToolContext) -> VFut,
+        VFut: Future<Output = Verification<T>>,
+    {
+        let span = tracing::info_span!(
+            "execute_tool",
+            otel.name = %format!("execute_tool {}", self.spec.name),
+            gen_ai.operation.name = "execute_tool",
+            gen_ai.tool.name = %self.spec.name,
+            durable.replay.class = self.spec.class.as_str(),
+            durable.replay.outcome = tracing::field::Empty,
+            durable.call.id = tracing::field::Empty,
+        );
+        self.run_inner(run, verify).instrument(span).await
+    }
+
+    async fn run_inner<T, E, F, Fut, V, VFut>(
+        self,
+        mut run: F,
+        verify: V,
+    ) -> Result<T, CallError<E>>
+    where
+        T: Serialize + DeserializeOwned,
+        E: Display,
+        F: FnMut(ToolContext) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        V: FnOnce(ToolContext) -> VFut,
+        VFut: Future<Output = Verification<T>>,
+    {
+        let journal = self.journal;
+        let spec = self.spec;
+        journal.check_lease()?;
+        let limits = journal.inner.config.limits;
+        key::check_value(&self.args, &limits).map_err(|source| DurableError::InvalidArguments {
+            tool: spec.name.clone(),
+            source,
+        })?;
+        let hash =
+            key::input_hash(&self.args).map_err(|source| DurableError::InvalidArguments {
+                tool: spec.name.clone(),
+                source,
+            })?;
+        if spec.class == ReplayClass::IdempotentWithKey && self.key.is_none() {
+            return Err(DurableError::Encode {
+                what: format!("call of `{}`", spec.name),
+                detail: "an idempotent_with_key tool needs an idempotency key: call `.key(...)`"
+                    .into(),
+            }
+            .into());
+        }
+        let step = journal.step();
+        let (identity, plan, orphan) = {
+            let mut cache = journal.inner.cache.lock().await;
+            journal.load_step(&mut cache).await?;
+            let slot = cache
+                .ordinals
+                .entry((spec.name.clone(), hash.clone()))
+                .or_insert(0);
+            let ordinal = *slot;
+            *slot += 1;
+            let identity = CallIdentity {
+                session: journal.inner.session.clone(),
+                step,
+                tool: spec.name.clone(),
+                input_hash: hash.clone(),
+                ordinal,
+            };
+            let plan = match cache.rows.get(&identity) {
+                Some(row) if row.status.has_outcome() => Plan::Recorded(row.clone()),
+                Some(row) => Plan::InDoubt(row.clone()),
+                None => Plan::Fresh,
+            };
+            let orphan = if matches!(plan, Plan::Fresh) && spec.class != ReplayClass::Pure {
+                let here = lock(&journal.inner.issued_here);
+                cache
+                    .rows
+                    .values()
+                    .filter(|r| {
+                        r.kind == CallKind::Tool
+                            && r.class == ReplayClass::UnsafeOnReplay
+                            && r.status == CallStatus::Issued
+                            && !here.contains(&r.id)
+                    })
+                    .min_by_key(|r| r.issued_at)
+                    .cloned()
+            } else {
+                None
+            };
+            (identity, plan, orphan)
+        };
+        let _ = hash;
+
+        match plan {
+            // Row has an outcome: return it, whatever the class.
+            Plan::Recorded(row) => {
+                tracing::Span::current().record("durable.call.id", row.id.as_str());
+                journal.verify_mac(&row)?;
+                journal.charge(&row);
+                let outcome = if row.status == CallStatus::Resolved {
+                    Outcome::Resolved
+                } else {
+                    Outcome::CacheHit
+                };
+                journal.emit(journal.event(&row, outcome));
+                match row.status {
+                    CallStatus::Failed => Err(CallError::Recorded(RecordedFailure {
+                        message: failure_message(row.error.as_ref()),
+                    })),
+                    _ => decode_result(&row, row.result.as_ref()),
+                }
+            }
+            Plan::InDoubt(row) => {
+                tracing::Span::current().record("durable.call.id", row.id.as_str());
+                if row.schema_hash != spec.fingerprint && !row.schema_hash.is_empty() {
+                    return Err(DurableError::SchemaChanged {
+                        tool: spec.name.clone(),
+                        call: row.id.clone(),
+                        recorded: row.schema_hash.clone(),
+                        current: spec.fingerprint.clone(),
+                    }
+                    .into());
+                }
+                let not_happened = row.status == CallStatus::NotHappened;
+                match spec.class {
+                    _ if not_happened => {
+                        journal.ensure_durable(spec).await?;
+                        let row = journal.reissue(&row).await?;
+                        journal
+                            .execute(spec, row, &mut run, Outcome::ReExecuted)
+                            .await
+                    }
+                    ReplayClass::Pure => {
+                        let row = journal.reissue(&row).await?;
+                        journal
+                            .execute(spec, row, &mut run, Outcome::ReExecuted)
+                            .await
+                    }
+                    ReplayClass::IdempotentWithKey => {
+                        if row.idempotency_key != self.key {
+                            tracing::warn!(
+                                recorded = ?row.idempotency_key, derived = ?self.key,
+                                "idempotency key derived now differs from the recorded one; re-executing with the recorded key"
+                            );
+                        }
+                        let row = journal.reissue(&row).await?;
+                        journal
+                            .execute(spec, row, &mut run, Outcome::ReExecutedWithKey)
+                            .await
+                    }
+                    ReplayClass::UnsafeOnReplay => {
+                        let ctx = journal.context(&row);
+                        match verify(ctx).await {
+                            Verification::Happened(value) => {
+                                let result = encode_result(spec, &value)?;
+                                let row = journal
+                                    .finish(&row, CallOutcome::Completed(result), None)
+                                    .await?;
+                                journal.emit(journal.event(&row, Outcome::VerifiedHappened));
+                                Ok(value)
+                            }
+                            Verification::DidNotHappen => {
+                                journal.ensure_durable(spec).await?;
+                                let row = journal.reissue(&row).await?;
+                                journal
+                                    .execute(spec, row, &mut run, Outcome::VerifiedNotHappened)
+                                    .await
+                            }
+                            Verification::Unknown => {
+                                journal.emit(journal.event(&row, Outcome::Refused));
+                                Err(DurableError::ReplayUnsafe {
+                                    call: row.id.clone(),
+                                    tool: spec.name.clone(),
+                                    class: spec.class,
+                                    reason: if spec.has_verify {
+                                        "its verify hook could not tell whether the effect happened".into()
+                                    } else {
+                                        "the tool has no verify hook, and re-running it could repeat the effect".into()
+                                    },
+                                }
+                                .into())
+                            }
+                        }
+                    }
+                }
+            }
+            Plan::Fresh => {
+                if let Some(orphan) = orphan {
+                    journal.emit(CallEvent {
+                        session: journal.inner.session.clone(),
+                        call: None,
+                        tool: spec.name.clone(),
+                        class: spec.class,
+                        outcome: Outcome::Refused,
+                        idempotency_key: self.key.clone(),
+                        step,
+                    });
+                    return Err(DurableError::ReplayUnsafe {
+                        call: orphan.id.clone(),
+                        tool: orphan.identity.tool.clone(),
+                        class: orphan.class,
+                        reason: format!(
+                            "this step was re-run and now asks for `{}` with arguments that match no recorded call; \
+                             no side effect may run beside an unresolved unsafe call",
+                            spec.name
+                        ),
+                    }
+                    .into());
+                }
+                let stored_args = mask_secrets(spec, &self.args);
+                let call = NewCall {
+                    id: CallId::random(),
+                    kind: CallKind::Tool,
+                    identity: identity.clone(),
+                    class: spec.class,
+                    args: stored_args,
+                    idempotency_key: self.key.clone(),
+                    schema_hash: spec.fingerprint.clone(),
+                };
+                if spec.class == ReplayClass::Pure {
+                    return journal.execute_pure(spec, call, &mut run).await;
+                }
+                journal.ensure_durable(spec).await?;
+                journal.failpoint("before_issue", &spec.name);
+                let lease = journal.lease();
+                let issued = journal
+                    .inner
+                    .store
+                    .issue_call(lease.fence(), call)
+                    .await
+                    .map_err(|e| journal.note_store_error(e))?;
+                match issued {
+                    IssueOutcome::Inserted(row) => {
+                        lock(&journal.inner.issued_here).insert(row.id.clone());
+                        journal
+                            .inner
+                            .cache
+                            .lock()
+                            .await
+                            .rows
+                            .insert(identity, row.clone());
+                        tracing::Span::current().record("durable.call.id", row.id.as_str());
+                        journal.failpoint("after_issued", &spec.name);
+                        journal
+                            .execute(spec, row, &mut run, Outcome::Executed)
+                            .await
+                    }
+                    IssueOutcome::Existing(row) => {
+                        // Someone recorded this identity between our read and write: only
+                        // possible if another holder of the same lease raced us. Return its
+                        // outcome if any; otherwise refuse rather than run twice.
+                        if row.status.has_outcome() {
+                            journal.charge(&row);
+                            journal.emit(journal.event(&row, Outcome::CacheHit));
+                            decode_result(&row, row.result.as_ref())
+                        } else {
+                            Err(DurableError::ReplayUnsafe {
+                                call: row.id.clone(),
+                                tool: spec.name.clone(),
+                                class: spec.class,
+                                reason: "another execution of the same call is in flight".into(),
+                            }
+                            .into())
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl Journal {
+    fn context(&self, row: &CallRecord) -> ToolContext {
+        ToolContext {
+            session: self.inner.session.clone(),
+            call: row.id.clone(),
+            identity: row.identity.clone(),
+            class: row.class,
+            attempt: row.attempt,
+            idempotency_key: row.idempotency_key.clone(),
+            spend: Arc::new(Mutex::new(None)),
+        }
+    }
+
+    async fn reissue(&self, row: &CallRecord) -> Result<CallRecord, DurableError> {
+        let lease = self.lease();
+        let row = self
+            .inner
+            .store
+            .reissue_call(lease.fence(), &row.id)
+            .await
+            .map_err(|e| self.note_store_error(e))?;
+        lock(&self.inner.issued_here).insert(row.id.clone());
+        self.inner
+            .cache
+            .lock()
+            .await
+            .rows
+            .insert(row.identity.clone(), row.clone());
+        Ok(row)
+    }
+
+    async fn finish(
+        &self,
+        row: &CallRecord,
+        outcome: CallOutcome,
+        spend: Option<Spend>,
+    ) -> Result<CallRecord, DurableError> {
+        let mac = self.mac_for(&row.id, &outcome);
+        let spend_value = spend.map(|s| serde_json::to_value(s).unwrap_or(Value::Null));
+        let lease = self.lease();
+        self.inner
+            .store
+            .finish_call(
+                lease.fence(),
+                &row.id,
+                FinishCall {
+                    outcome,
+                    spend: spend_value,
+                    mac,
+                },
+                None,
+            )
+            .await
+            .map_err(|e| self.note_store_error(e))?;
+        self.failpoint("after_result", &row.identity.tool);
+        let finished = self
+            .inner
+            .store
+            .call(&row.id)
+            .await
+            .map_err(|e| self.note_store_error(e))?;
+        self.charge(&finished);
+        self.inner
+            .cache
+            .lock()
+            .await
+            .rows
+            .insert(finished.identity.clone(), finished.clone());
+        Ok(finished)
+    }
+
+    /// Runs the tool (with its retry policy) on an issued row and records the outcome.
+    async fn execute<T, E, F, Fut>(
+        &self,
+        spec: &ToolSpec,
+        row: CallRecord,
+        run: &mut F,
+        outcome: Outcome,
+    ) -> Result<T, CallError<E>>
+    where
+        T: Serialize + DeserializeOwned,
+        E: Display,
+        F: FnMut(ToolContext) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let ctx = self.context(&row);
+        let (result, spend) = self.run_with_retry(spec, ctx, run).await;
+        self.failpoint("after_effect", &spec.name);
+        match result {
+            Ok(value) => {
+                let encoded = encode_result(spec, &value)?;
+                let row = self
+                    .finish(&row, CallOutcome::Completed(encoded), spend)
+                    .await?;
+                self.emit(self.event(&row, outcome));
+                Ok(value)
+            }
+            Err(e) => {
+                let row = self
+                    .finish(
+                        &row,
+                        CallOutcome::Failed(json!({ "message": e.to_string() })),
+                        spend,
+                    )
+                    .await?;
+                self.emit(self.event(&row, outcome));
+                Err(CallError::Tool(e))
+            }
+        }
+    }
+
+    /// `pure`, no record: run, then record the outcome in one commit.
+    async fn execute_pure<T, E, F, Fut>(
+        &self,
+        spec: &ToolSpec,
+        call: NewCall,
+        run: &mut F,
+    ) -> Result<T, CallError<E>>
+    where
+        T: Serialize + DeserializeOwned,
+        E: Display,
+        F: FnMut(ToolContext) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let ctx = ToolContext {
+            session: self.inner.session.clone(),
+            call: call.id.clone(),
+            identity: call.identity.clone(),
+            class: call.class,
+            attempt: 1,
+            idempotency_key: None,
+            spend: Arc::new(Mutex::new(None)),
+        };
+        tracing::Span::current().record("durable.call.id", call.id.as_str());
+        let (result, spend) = self.run_with_retry(spec, ctx, run).await;
+        let (outcome, tool_err) = match result {
+            Ok(value) => (
+                CallOutcome::Completed(encode_result(spec, &value)?),
+                Ok(value),
+            ),
+            Err(e) => (
+                CallOutcome::Failed(json!({ "message": e.to_string() })),
+                Err(e),
+            ),
+        };
+        let mac = self.mac_for(&call.id, &outcome);
+        let spend_value = spend.map(|s| serde_json::to_value(s).unwrap_or(Value::Null));
+        let identity = call.identity.clone();
+        let lease = self.lease();
+        let recorded = self
+            .inner
+            .store
+            .record_call(
+                lease.fence(),
+                call,
+                FinishCall {
+                    outcome,
+                    spend: spend_value,
+                    mac,
+                },
+            )
+            .await
+            .map_err(|e| self.note_store_error(e))?;
+        let (row, fresh) = match recorded {
+            IssueOutcome::Inserted(row) => (row, true),
+            IssueOutcome::Existing(row) => (row, false),
+        };
+        self.failpoint("after_result", &spec.name);
+        self.charge(&row);
+        self.inner
+            .cache
+            .lock()
+            .await
+            .rows
+            .insert(identity, row.clone());
+        if fresh {
+            self.emit(self.event(&row, Outcome::Executed));
+            tool_err.map_err(CallError::Tool)
+        } else {
+            self.emit(self.event(&row, Outcome::CacheHit));
+            match row.status {
+                CallStatus::Failed => Err(CallError::Recorded(RecordedFailure {
+                    message: failure_message(row.error.as_ref()),
+                })),
+                _ => decode_result(&row, row.result.as_ref()),
+            }
+        }
+    }
+
+    async fn run_with_retry<T, E, F, Fut>(
+        &self,
+        spec: &ToolSpec,
+        ctx: ToolContext,
+        run: &mut F,
+    ) -> (Result<T, E>, Option<Spend>)
+    where
+        E: Display,
+        F: FnMut(ToolContext) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let spend_slot = Arc::clone(&ctx.spend);
+        let policy = spec.retry.as_ref().filter(|_| spec.class.allows_retry());
+        let mut attempt: u32 = 0;
+        loop {
+            let mut this = ctx.clone();
+            this.attempt = ctx.attempt + attempt as i32;
+            let result = run(this).await;
+            match (result, policy) {
+                (Err(e), Some(policy)) if attempt + 1 < policy.max_attempts => {
+                    tracing::warn!(tool = %spec.name, attempt = attempt + 1, error = %e, "tool failed; retrying per its policy");
+                    tokio::time::sleep(policy.delay_for(attempt)).await;
+                    attempt += 1;
+                }
+                (result, _) => {
+                    let spend = lock(&spend_slot).take();
+                    return (result, spend);
+                }
+            }
+        }
+    }
+}
+
+fn encode_result<T: Serialize>(spec: &ToolSpec, value: &T) -> Result<Value, DurableError> {
+    serde_json::to_value(value).map_err(|e| DurableError::Encode {
+        what: format!("result of `{}`", spec.name),
+        detail: e.to_string(),
+    })
+}
+
+fn decode_result<T: DeserializeOwned, E>(
+    row: &CallRecord,
+    value: Option<&Value>,
+) -> Result<T, CallError<E>> {
+    let value = value.cloned().unwrap_or(Value::Null);
+    serde_json::from_value(value).map_err(|e| {
+        CallError::Durable(DurableError::Decode {
+            session: row.identity.session.clone(),
+            what: format!("result of call `{}` (`{}`)", row.id, row.identity.tool),
+            detail: e.to_string(),
+        })
+    })
+}
+
+fn failure_message(error: Option<&Value>) -> String {
+    match error {
+        Some(Value::Object(map)) => match map.get("message") {
+            Some(Value::String(s)) => s.clone(),
+            _ => Value::Object(map.clone()).to_string(),
+        },
+        Some(other) => other.to_string(),
+        None => "recorded failure".into(),
+    }
+}
+
+/// Replaces secret top-level arguments by a hash of their canonical value.
+fn mask_secrets(spec: &ToolSpec, args: &Value) -> Value {
+    if spec.secret_args.is_empty() {
+        return args.clone();
+    }
+    let mut masked = args.clone();
+    if let Value::Object(map) = &mut masked {
+        for name in &spec.secret_args {
+            if let Some(v) = map.get_mut(name) {
+                let digest = key::input_hash(v).unwrap_or_else(|_| "unhashable".into());
+                *v = json!({ "$secret": digest });
+            }
+        }
+    }
+    masked
+}

@@ -1,0 +1,460 @@
+//! [`Durable`]: the entry point that starts, resumes and recovers sessions on a store.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::error::DurableError;
+use crate::ids::{CallId, SessionId};
+use crate::journal::CallEvent;
+use crate::key::ArgLimits;
+use crate::session::{ResumeReport, Resumed, Session};
+use crate::snapshot::{Budget, Plan};
+use crate::store::{
+    CallRecord, CheckpointStore, MigrateSession, NewCheckpoint, NewSession, Resolution,
+    ResolveCall, SessionRecord,
+};
+
+/// Observer of journal decisions (see [`DurableBuilder::on_call`]).
+pub type CallObserver = Arc<dyn Fn(&CallEvent) + Send + Sync>;
+
+/// Runtime settings shared by every session of a [`Durable`].
+pub struct Config {
+    /// This worker's name (lease owner).
+    pub owner: String,
+    /// How long a lease lasts without renewal.
+    pub lease_ttl: Duration,
+    /// The application/graph version this worker runs.
+    pub app_version: String,
+    /// Argument limits.
+    pub limits: ArgLimits,
+    /// Recoveries before a session is parked.
+    pub max_recovery_attempts: i32,
+    /// Key for MACs over recorded outcomes.
+    pub mac_key: Option<Vec<u8>>,
+    /// Journal observer.
+    pub observer: Option<CallObserver>,
+    /// Whether a background task renews leases.
+    pub renew_leases: bool,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("owner", &self.owner)
+            .field("lease_ttl", &self.lease_ttl)
+            .field("app_version", &self.app_version)
+            .field("limits", &self.limits)
+            .field("max_recovery_attempts", &self.max_recovery_attempts)
+            .field("mac_key", &self.mac_key.as_ref().map(|_| "<redacted>"))
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`Durable`].
+#[must_use]
+pub struct DurableBuilder {
+    store: Arc<dyn CheckpointStore>,
+    config: Config,
+}
+
+impl DurableBuilder {
+    /// This worker's name, recorded as lease owner (default: `host-pid`).
+    pub fn owner(mut self, owner: impl Into<String>) -> Self {
+        self.config.owner = owner.into();
+        self
+    }
+
+    /// Lease duration (default 30 s). A background task renews it at a third of that.
+    pub fn lease_ttl(mut self, ttl: Duration) -> Self {
+        self.config.lease_ttl = ttl;
+        self
+    }
+
+    /// The application version this worker runs (default `"0"`). A session started on
+    /// another version is refused until migrated.
+    pub fn app_version(mut self, version: impl Into<String>) -> Self {
+        self.config.app_version = version.into();
+        self
+    }
+
+    /// Argument limits (depth, size).
+    pub fn limits(mut self, limits: ArgLimits) -> Self {
+        self.config.limits = limits;
+        self
+    }
+
+    /// Recoveries of one session before it is parked as dead-lettered (default 5).
+    pub fn max_recovery_attempts(mut self, attempts: i32) -> Self {
+        self.config.max_recovery_attempts = attempts;
+        self
+    }
+
+    /// Signs every recorded outcome with HMAC-SHA256 under this key and checks it on
+    /// replay ([`DurableError::Tampered`] on mismatch).
+    pub fn mac_key(mut self, key: impl Into<Vec<u8>>) -> Self {
+        self.config.mac_key = Some(key.into());
+        self
+    }
+
+    /// Calls `observer` for every journal decision (executed, cache hit, re-executed,
+    /// verified, refused): for narration, metrics or tests.
+    pub fn on_call(mut self, observer: impl Fn(&CallEvent) + Send + Sync + 'static) -> Self {
+        self.config.observer = Some(Arc::new(observer));
+        self
+    }
+
+    /// Whether leases are renewed in the background (default on). Off, a session
+    /// holds its lease for one `lease_ttl` only (useful in tests of expiry).
+    pub fn renew_leases(mut self, renew: bool) -> Self {
+        self.config.renew_leases = renew;
+        self
+    }
+
+    /// Builds the runtime.
+    pub fn build(self) -> Durable {
+        Durable {
+            store: self.store,
+            config: Arc::new(self.config),
+        }
+    }
+}
+
+/// What a new session starts with.
+#[derive(Debug, Clone)]
+pub struct StartOptions<M> {
+    /// Its id (random by default).
+    pub id: SessionId,
+    /// Free-form metadata.
+    pub metadata: Value,
+    /// First messages (e.g. the system prompt and the task).
+    pub messages: Vec<M>,
+    /// Initial plan.
+    pub plan: Plan,
+    /// Initial budget (limits).
+    pub budget: Budget,
+    /// Application state.
+    pub state: Value,
+}
+
+impl<M> Default for StartOptions<M> {
+    fn default() -> Self {
+        StartOptions {
+            id: SessionId::random(),
+            metadata: Value::Null,
+            messages: Vec::new(),
+            plan: Plan::default(),
+            budget: Budget::default(),
+            state: Value::Null,
+        }
+    }
+}
+
+/// The durable runtime: a store plus this worker's settings.
+///
+/// # Example
+/// ```no_run
+/// # use std::sync::Arc;
+/// # use durable_core::{CheckpointStore, Durable, runtime::StartOptions, transcript::Message};
+/// # async fn demo(store: Arc<dyn CheckpointStore>) -> Result<(), durable_core::DurableError> {
+/// let durable = Durable::builder(store).owner("worker-1").app_version("v3").build();
+/// let mut session = durable.start::<Message>(StartOptions::default()).await?;
+/// session.push(Message::user("Summarise the report"));
+/// session.checkpoint().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Durable {
+    pub(crate) store: Arc<dyn CheckpointStore>,
+    pub(crate) config: Arc<Config>,
+}
+
+impl std::fmt::Debug for Durable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Durable")
+            .field("backend", &self.store.backend())
+            .field("config", &self.config)
+            .finish()
+    }
+}
+
+fn default_owner() -> String {
+    let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into());
+    format!("{host}-{}", std::process::id())
+}
+
+impl Durable {
+    /// Starts configuring a runtime over `store`.
+    pub fn builder(store: Arc<dyn CheckpointStore>) -> DurableBuilder {
+        DurableBuilder {
+            store,
+            config: Config {
+                owner: default_owner(),
+                lease_ttl: Duration::from_secs(30),
+                app_version: "0".into(),
+                limits: ArgLimits::default(),
+                max_recovery_attempts: 5,
+                mac_key: None,
+                observer: None,
+                renew_leases: true,
+            },
+        }
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn CheckpointStore> {
+        &self.store
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &Config {
+        &self.config
+    }
+
+    /// Starts a new session: writes version 0 and takes its lease.
+    pub async fn start<M>(&self, options: StartOptions<M>) -> Result<Session<M>, DurableError>
+    where
+        M: Serialize + DeserializeOwned + Clone,
+    {
+        let messages = options
+            .messages
+            .iter()
+            .map(|m| encode(m, "message"))
+            .collect::<Result<Vec<_>, _>>()?;
+        let initial = NewCheckpoint {
+            messages,
+            plan: encode(&options.plan, "plan")?,
+            budget: encode(&options.budget, "budget")?,
+            state: options.state.clone(),
+        };
+        let (record, lease) = self
+            .store
+            .create_session(NewSession {
+                id: options.id,
+                app_version: self.config.app_version.clone(),
+                metadata: options.metadata,
+                owner: self.config.owner.clone(),
+                lease_ttl: self.config.lease_ttl,
+                initial,
+            })
+            .await?;
+        tracing::info!(session = %record.id, "session started");
+        Ok(Session::assemble(
+            self.clone(),
+            record,
+            lease,
+            0,
+            options.messages,
+            options.plan,
+            options.budget,
+            options.state,
+        ))
+    }
+
+    /// Resumes a session: takes its lease (refused while another worker holds it),
+    /// loads the latest checkpoint and reports every in-doubt call.
+    ///
+    /// Messages logged after the latest checkpoint are ignored (not deleted): the
+    /// incomplete turn is re-run, and its journaled model responses and tool results
+    /// make the re-run replay the first attempt.
+    pub async fn resume<M>(&self, id: &SessionId) -> Result<Resumed<M>, DurableError>
+    where
+        M: Serialize + DeserializeOwned + Clone,
+    {
+        let lease = self
+            .store
+            .acquire_lease(id, &self.config.owner, self.config.lease_ttl)
+            .await?;
+        self.resume_leased(lease).await
+    }
+
+    /// Claims one session whose worker died (expired lease) and resumes it. Sessions
+    /// whose recoveries keep dying are parked after
+    /// [`max_recovery_attempts`](DurableBuilder::max_recovery_attempts).
+    pub async fn recover_next<M>(&self) -> Result<Option<Resumed<M>>, DurableError>
+    where
+        M: Serialize + DeserializeOwned + Clone,
+    {
+        let claimed = self
+            .store
+            .claim_expired(
+                &self.config.owner,
+                self.config.lease_ttl,
+                self.config.max_recovery_attempts,
+            )
+            .await?;
+        match claimed {
+            Some(lease) => self.resume_leased(lease).await.map(Some),
+            None => Ok(None),
+        }
+    }
+
+    async fn resume_leased<M>(&self, lease: crate::store::Lease) -> Result<Resumed<M>, DurableError>
+    where
+        M: Serialize + DeserializeOwned + Clone,
+    {
+        let span = tracing::info_span!("resume", session = %lease.session);
+        let _enter = span.enter();
+        let record = self.store.session(&lease.session).await?;
+        if record.app_version != self.config.app_version {
+            let _ = self.store.release_lease(&lease).await;
+            return Err(DurableError::AppVersionMismatch {
+                session: record.id,
+                recorded: record.app_version,
+                running: self.config.app_version.clone(),
+            });
+        }
+        let checkpoint = match self.store.load_checkpoint(&lease.session, None).await {
+            Ok(cp) => cp,
+            Err(e) => {
+                let _ = self.store.release_lease(&lease).await;
+                return Err(e.into());
+            }
+        };
+        let version = checkpoint.meta.version;
+        let decoded = (|| {
+            let messages = checkpoint
+                .messages
+                .iter()
+                .map(|m| decode::<M>(&record.id, version, "message", m))
+                .collect::<Result<Vec<_>, _>>()?;
+            let plan = decode::<Plan>(&record.id, version, "plan", &checkpoint.plan)?;
+            let budget = decode::<Budget>(&record.id, version, "budget", &checkpoint.budget)?;
+            Ok::<_, DurableError>((messages, plan, budget))
+        })();
+        let (messages, plan, budget) = match decoded {
+            Ok(d) => d,
+            Err(e) => {
+                let _ = self.store.release_lease(&lease).await;
+                return Err(e);
+            }
+        };
+        let in_doubt = self
+            .store
+            .calls(&lease.session, None)
+            .await?
+            .into_iter()
+            .filter(|c| c.status == crate::store::CallStatus::Issued)
+            .collect::<Vec<_>>();
+        let report = ResumeReport::new(version, in_doubt);
+        tracing::info!(version, in_doubt = report.in_doubt.len(), "session resumed");
+        let session = Session::assemble(
+            self.clone(),
+            record,
+            lease,
+            version,
+            messages,
+            plan,
+            budget,
+            checkpoint.state,
+        );
+        Ok(Resumed { session, report })
+    }
+
+    /// Every in-doubt call (all sessions, or one).
+    pub async fn in_doubt(
+        &self,
+        session: Option<&SessionId>,
+    ) -> Result<Vec<CallRecord>, DurableError> {
+        Ok(self.store.in_doubt(session).await?)
+    }
+
+    /// Resolves an in-doubt call as an operator, audited with `by` and `note`.
+    ///
+    /// *Happened* records `result` as the call's result: on resume it is what the
+    /// tool call returns, so the agent continues with it. *Did not happen* lets the
+    /// next resume execute the call.
+    pub async fn resolve(
+        &self,
+        call: &CallId,
+        resolution: Resolution,
+        by: &str,
+        note: Option<&str>,
+    ) -> Result<CallRecord, DurableError> {
+        let mac = match (&resolution, self.config.mac_key.as_deref()) {
+            (Resolution::Happened { result }, Some(key)) => {
+                Some(crate::mac::sign(key, call, "result", result))
+            }
+            _ => None,
+        };
+        Ok(self
+            .store
+            .resolve_call(ResolveCall {
+                call: call.clone(),
+                resolution,
+                by: by.to_owned(),
+                note: note.map(str::to_owned),
+                mac,
+            })
+            .await?)
+    }
+
+    /// Moves a session to this worker's app version, with a mapping of renamed tools or
+    /// steps (audited).
+    pub async fn migrate(
+        &self,
+        session: &SessionId,
+        step_map: Vec<(String, String)>,
+        by: &str,
+    ) -> Result<SessionRecord, DurableError> {
+        let current = self.store.session(session).await?;
+        Ok(self
+            .store
+            .migrate_session(MigrateSession {
+                session: session.clone(),
+                from_version: current.app_version,
+                to_version: self.config.app_version.clone(),
+                step_map,
+                by: by.to_owned(),
+            })
+            .await?)
+    }
+
+    /// Forks `session` at `version` into a new session leased to this worker.
+    pub async fn fork<M>(
+        &self,
+        session: &SessionId,
+        version: i64,
+        new_id: Option<SessionId>,
+    ) -> Result<Session<M>, DurableError>
+    where
+        M: Serialize + DeserializeOwned + Clone,
+    {
+        let new_id = new_id.unwrap_or_else(SessionId::random);
+        let (_, lease) = self
+            .store
+            .fork_session(
+                session,
+                version,
+                &new_id,
+                &self.config.owner,
+                self.config.lease_ttl,
+            )
+            .await?;
+        let resumed = self.resume_leased::<M>(lease).await?;
+        Ok(resumed.session)
+    }
+}
+
+pub(crate) fn encode<T: Serialize>(value: &T, what: &str) -> Result<Value, DurableError> {
+    serde_json::to_value(value).map_err(|e| DurableError::Encode {
+        what: what.to_owned(),
+        detail: e.to_string(),
+    })
+}
+
+fn decode<T: DeserializeOwned>(
+    session: &SessionId,
+    version: i64,
+    what: &str,
+    value: &Value,
+) -> Result<T, DurableError> {
+    serde_json::from_value(value.clone()).map_err(|e| DurableError::Decode {
+        session: session.clone(),
+        what: format!("{what} at checkpoint version {version}"),
+        detail: e.to_string(),
+    })
+}

@@ -1,0 +1,384 @@
+//! [`Session`]: a leased agent run with its transcript, plan, budget and journal.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+use crate::error::{DurableError, StoreError};
+use crate::ids::SessionId;
+use crate::journal::{CallError, Journal};
+use crate::replay::ReplayClass;
+use crate::runtime::{Durable, encode};
+use crate::snapshot::{Budget, Plan, Spend};
+use crate::store::{
+    CallRecord, CheckpointMeta, Lease, NewCheckpoint, SessionRecord, SessionStatus,
+};
+
+/// What the runtime will do with an in-doubt call when its step is re-run.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum InDoubtAction {
+    /// `pure`: re-executed.
+    ReExecute,
+    /// `idempotent_with_key`: re-executed with this recorded key.
+    ReExecuteWithKey(Option<String>),
+    /// `unsafe_on_replay`: the verify hook is asked; without an answer the call is
+    /// refused with `ReplayUnsafe` until an operator resolves it.
+    VerifyOrOperator,
+}
+
+/// One in-doubt call found on resume.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InDoubtCall {
+    /// The journal row.
+    pub call: CallRecord,
+    /// What will happen to it.
+    pub action: InDoubtAction,
+}
+
+/// What [`Durable::resume`] found.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ResumeReport {
+    /// The checkpoint version resumed from.
+    pub version: i64,
+    /// Calls issued by an earlier worker whose outcome is unknown, oldest first.
+    pub in_doubt: Vec<InDoubtCall>,
+}
+
+impl ResumeReport {
+    pub(crate) fn new(version: i64, mut calls: Vec<CallRecord>) -> Self {
+        calls.sort_by_key(|c| c.issued_at);
+        let in_doubt = calls
+            .into_iter()
+            .map(|call| {
+                let action = match call.class {
+                    ReplayClass::Pure => InDoubtAction::ReExecute,
+                    ReplayClass::IdempotentWithKey => {
+                        InDoubtAction::ReExecuteWithKey(call.idempotency_key.clone())
+                    }
+                    ReplayClass::UnsafeOnReplay => InDoubtAction::VerifyOrOperator,
+                };
+                InDoubtCall { call, action }
+            })
+            .collect();
+        ResumeReport { version, in_doubt }
+    }
+
+    /// In-doubt calls of one class.
+    pub fn by_class(&self, class: ReplayClass) -> impl Iterator<Item = &InDoubtCall> {
+        self.in_doubt.iter().filter(move |c| c.call.class == class)
+    }
+
+    /// Whether an operator (or a verify hook) must look at something.
+    pub fn needs_attention(&self) -> bool {
+        self.by_class(ReplayClass::UnsafeOnReplay).next().is_some()
+    }
+}
+
+/// A resumed session and what was found in doubt.
+#[derive(Debug)]
+pub struct Resumed<M> {
+    /// The session, leased to this worker.
+    pub session: Session<M>,
+    /// In-doubt calls by class.
+    pub report: ResumeReport,
+}
+
+/// A leased agent run: transcript (of `M`, [`Message`](crate::transcript::Message) by
+/// default, or any serde type of yours), plan, budget, application state and the
+/// [`Journal`] its tool and model calls go through.
+///
+/// A turn is: model call(s) and tool calls through [`journal`](Self::journal), messages
+/// [`push`](Self::push)ed, then [`checkpoint`](Self::checkpoint). The checkpoint appends
+/// the turn's messages to the log and snapshots plan and budget in one transaction,
+/// compare-and-set on the version.
+pub struct Session<M = crate::transcript::Message> {
+    durable: Durable,
+    record: SessionRecord,
+    journal: Journal,
+    messages: Vec<M>,
+    committed: usize,
+    plan: Plan,
+    budget: Budget,
+    state: Value,
+    version: i64,
+    renewer: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl<M> std::fmt::Debug for Session<M> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Session")
+            .field("id", &self.record.id)
+            .field("version", &self.version)
+            .field("messages", &self.messages.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<M> Drop for Session<M> {
+    fn drop(&mut self) {
+        if let Some(task) = self.renewer.take() {
+            task.abort();
+        }
+    }
+}
+
+impl<M> Session<M>
+where
+    M: Serialize + DeserializeOwned + Clone,
+{
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn assemble(
+        durable: Durable,
+        record: SessionRecord,
+        lease: Lease,
+        version: i64,
+        messages: Vec<M>,
+        plan: Plan,
+        budget: Budget,
+        state: Value,
+    ) -> Self {
+        let journal = Journal::new(
+            Arc::clone(&durable.store),
+            Arc::clone(&durable.config),
+            lease,
+            version,
+        );
+        let renewer = durable
+            .config
+            .renew_leases
+            .then(|| tokio::runtime::Handle::try_current().ok())
+            .flatten()
+            .map(|handle| handle.spawn(renew_loop(journal.clone())));
+        let committed = messages.len();
+        Session {
+            durable,
+            record,
+            journal,
+            messages,
+            committed,
+            plan,
+            budget,
+            state,
+            version,
+            renewer,
+        }
+    }
+
+    /// The session id.
+    pub fn id(&self) -> &SessionId {
+        &self.record.id
+    }
+
+    /// The session row as it was when this handle was created.
+    pub fn record(&self) -> &SessionRecord {
+        &self.record
+    }
+
+    /// The latest checkpoint version this handle wrote or loaded.
+    pub fn version(&self) -> i64 {
+        self.version
+    }
+
+    /// The journal for tool and model calls of the current turn.
+    pub fn journal(&self) -> &Journal {
+        &self.journal
+    }
+
+    /// The transcript: checkpointed messages followed by this turn's.
+    pub fn messages(&self) -> &[M] {
+        &self.messages
+    }
+
+    /// Messages pushed since the last checkpoint.
+    pub fn pending_messages(&self) -> &[M] {
+        &self.messages[self.committed..]
+    }
+
+    /// Appends a message to the transcript (logged at the next checkpoint).
+    pub fn push(&mut self, message: M) {
+        self.messages.push(message);
+    }
+
+    /// The plan.
+    pub fn plan(&self) -> &Plan {
+        &self.plan
+    }
+
+    /// The plan, for updates.
+    pub fn plan_mut(&mut self) -> &mut Plan {
+        &mut self.plan
+    }
+
+    /// The budget including spend recorded this turn (each journal row charged once).
+    pub fn budget(&self) -> Budget {
+        let mut budget = self.budget.clone();
+        for spend in self.journal.pending_spend() {
+            budget.charge(&spend);
+        }
+        budget
+    }
+
+    /// Replaces the budget's limits or spend (e.g. raising a limit).
+    pub fn set_budget(&mut self, budget: Budget) {
+        self.sync_spend();
+        self.budget = budget;
+    }
+
+    /// Application state saved with every checkpoint.
+    pub fn state(&self) -> &Value {
+        &self.state
+    }
+
+    /// Sets the application state.
+    pub fn set_state(&mut self, state: Value) {
+        self.state = state;
+    }
+
+    fn sync_spend(&mut self) {
+        for spend in self.journal.take_spend() {
+            self.budget.charge(&spend);
+        }
+    }
+
+    fn snapshot(&mut self) -> Result<NewCheckpoint, DurableError> {
+        self.sync_spend();
+        Ok(NewCheckpoint {
+            messages: self.messages[self.committed..]
+                .iter()
+                .map(|m| encode(m, "message"))
+                .collect::<Result<_, _>>()?,
+            plan: encode(&self.plan, "plan")?,
+            budget: encode(&self.budget, "budget")?,
+            state: self.state.clone(),
+        })
+    }
+
+    /// Writes the next checkpoint: this turn's messages, plan, budget and state, in one
+    /// transaction, compare-and-set on the version this handle holds. The next calls
+    /// belong to a new step.
+    pub async fn checkpoint(&mut self) -> Result<CheckpointMeta, DurableError> {
+        let span = tracing::info_span!("checkpoint", session = %self.record.id, version = self.version + 1);
+        let _enter = span.enter();
+        let checkpoint = self.snapshot()?;
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!("durable::before_checkpoint");
+        let lease = self.journal.lease();
+        let meta = self
+            .durable
+            .store
+            .save_checkpoint(lease.fence(), self.version, checkpoint)
+            .await
+            .map_err(|e| self.lost(e))?;
+        #[cfg(feature = "failpoints")]
+        fail::fail_point!("durable::after_checkpoint");
+        self.version = meta.version;
+        self.committed = self.messages.len();
+        self.journal.enter_step(meta.version).await;
+        Ok(meta)
+    }
+
+    fn lost(&self, e: StoreError) -> DurableError {
+        if matches!(e, StoreError::LeaseLost { .. }) {
+            self.journal.inner.lease_lost.store(true, Ordering::SeqCst);
+        }
+        e.into()
+    }
+
+    /// Journals a model response by position (see [`Journal::model`]).
+    pub async fn model<R, E, F, Fut>(&self, f: F) -> Result<R, CallError<E>>
+    where
+        R: Serialize + DeserializeOwned,
+        E: std::fmt::Display,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<R, E>>,
+    {
+        self.journal.model(f).await
+    }
+
+    /// Journals a model response with its cost (see [`Journal::model_with_spend`]).
+    pub async fn model_with_spend<R, E, F, Fut, S>(&self, f: F, spend: S) -> Result<R, CallError<E>>
+    where
+        R: Serialize + DeserializeOwned,
+        E: std::fmt::Display,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<R, E>>,
+        S: FnOnce(&R) -> Option<Spend>,
+    {
+        self.journal.model_with_spend(f, spend).await
+    }
+
+    /// Checkpoints pending messages (if any) and marks the session completed, releasing
+    /// its lease.
+    pub async fn complete(mut self) -> Result<CheckpointMeta, DurableError> {
+        let meta = self.checkpoint().await?;
+        self.finish(SessionStatus::Completed, None).await?;
+        Ok(meta)
+    }
+
+    /// Marks the session failed (terminal), with a reason.
+    pub async fn fail(mut self, reason: &str) -> Result<(), DurableError> {
+        self.finish(SessionStatus::Failed, Some(reason)).await
+    }
+
+    /// Marks the session cancelled (terminal).
+    pub async fn cancel(mut self, reason: Option<&str>) -> Result<(), DurableError> {
+        self.finish(SessionStatus::Cancelled, reason).await
+    }
+
+    /// Parks the session for an operator (e.g. after `ReplayUnsafe`), releasing its lease.
+    pub async fn park(mut self, reason: &str) -> Result<(), DurableError> {
+        self.finish(SessionStatus::Parked, Some(reason)).await
+    }
+
+    /// Gives the lease up without changing the status: another worker (or a later
+    /// resume) may continue from the latest checkpoint.
+    pub async fn release(mut self) -> Result<(), DurableError> {
+        self.stop_renewing();
+        let lease = self.journal.lease();
+        Ok(self.durable.store.release_lease(&lease).await?)
+    }
+
+    async fn finish(
+        &mut self,
+        status: SessionStatus,
+        reason: Option<&str>,
+    ) -> Result<(), DurableError> {
+        self.stop_renewing();
+        let lease = self.journal.lease();
+        self.durable
+            .store
+            .set_status(lease.fence(), status, reason)
+            .await
+            .map_err(|e| self.lost(e))
+    }
+
+    fn stop_renewing(&mut self) {
+        if let Some(task) = self.renewer.take() {
+            task.abort();
+        }
+    }
+}
+
+async fn renew_loop(journal: Journal) {
+    let ttl = journal.inner.config.lease_ttl;
+    let period = (ttl / 3).max(std::time::Duration::from_millis(10));
+    loop {
+        tokio::time::sleep(period).await;
+        let lease = journal.lease();
+        match journal.inner.store.renew_lease(&lease, ttl).await {
+            Ok(renewed) => journal.set_lease(renewed),
+            Err(StoreError::LeaseLost { .. }) => {
+                tracing::warn!(session = %lease.session, "lease lost; this worker must stop working on the session");
+                journal.inner.lease_lost.store(true, Ordering::SeqCst);
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(session = %lease.session, error = %e, "lease renewal failed; retrying")
+            }
+        }
+    }
+}

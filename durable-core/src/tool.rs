@@ -1,0 +1,190 @@
+//! Tool descriptions ([`ToolSpec`]), the object-safe [`Tool`] trait and the
+//! [`ToolContext`] a tool body receives.
+//!
+//! `#[durable_tool]` generates a [`ToolSpec`] and a [`Tool`] impl for each annotated
+//! function. Both can be written by hand: the macro is sugar over
+//! [`Journal::tool`](crate::Journal::tool).
+
+use std::sync::{Arc, Mutex};
+
+use futures_util::future::BoxFuture;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::error::DurableError;
+use crate::ids::{CallId, SessionId};
+use crate::journal::Journal;
+use crate::replay::ReplayClass;
+use crate::retry::RetryPolicy;
+use crate::snapshot::Spend;
+use crate::store::CallIdentity;
+
+/// Everything the runtime needs to know about a tool, independent of its code.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolSpec {
+    /// The name the model calls it by (unique in a toolbox).
+    pub name: String,
+    /// What the tool does, for the model (from the doc comment).
+    pub description: String,
+    /// The declared replay class.
+    pub class: ReplayClass,
+    /// JSON Schema (draft 2020-12, inlined) of the argument object.
+    pub input_schema: Value,
+    /// Fingerprint of the argument schema, stored with every call (see
+    /// [`schema_fingerprint`](crate::key::schema_fingerprint)).
+    pub fingerprint: String,
+    /// Automatic retry on failure; only for `pure` and `idempotent_with_key` tools.
+    pub retry: Option<RetryPolicy>,
+    /// Top-level argument names that are stored masked (hash only), never in clear.
+    pub secret_args: Vec<String>,
+    /// Whether the tool has a `verify` hook for in-doubt calls.
+    pub has_verify: bool,
+}
+
+impl ToolSpec {
+    /// A spec with no retry, no secrets and no verify hook; the fingerprint is computed
+    /// from `input_schema`.
+    pub fn new(
+        name: impl Into<String>,
+        description: impl Into<String>,
+        class: ReplayClass,
+        input_schema: Value,
+    ) -> Self {
+        let fingerprint = crate::key::schema_fingerprint(&input_schema);
+        ToolSpec {
+            name: name.into(),
+            description: description.into(),
+            class,
+            input_schema,
+            fingerprint,
+            retry: None,
+            secret_args: Vec::new(),
+            has_verify: false,
+        }
+    }
+
+    /// Sets a retry policy.
+    ///
+    /// # Panics
+    /// On an `unsafe_on_replay` tool: auto-retrying an unsafe tool is the
+    /// duplicate-email bug. (`#[durable_tool]` rejects this at compile time.)
+    pub fn with_retry(mut self, policy: RetryPolicy) -> Self {
+        assert!(
+            self.class.allows_retry(),
+            "tool `{}` is unsafe_on_replay and cannot have a retry policy",
+            self.name
+        );
+        self.retry = Some(policy);
+        self
+    }
+
+    /// Marks top-level arguments as secret (stored as a hash only).
+    pub fn with_secret_args<I, S>(mut self, names: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.secret_args = names.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Declares that the tool has a verify hook.
+    pub fn with_verify(mut self) -> Self {
+        self.has_verify = true;
+        self
+    }
+}
+
+/// What a verify hook found out about an in-doubt `unsafe_on_replay` call.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verification<T> {
+    /// The effect happened; this is its result (recorded as the call's result).
+    Happened(T),
+    /// The effect did not happen: the call may execute now.
+    DidNotHappen,
+    /// The hook cannot tell: the call is surfaced as `ReplayUnsafe`.
+    Unknown,
+}
+
+/// What a tool body (or verify hook) knows about the call it serves.
+#[derive(Debug, Clone)]
+pub struct ToolContext {
+    pub(crate) session: SessionId,
+    pub(crate) call: CallId,
+    pub(crate) identity: CallIdentity,
+    pub(crate) class: ReplayClass,
+    pub(crate) attempt: i32,
+    pub(crate) idempotency_key: Option<String>,
+    pub(crate) spend: Arc<Mutex<Option<Spend>>>,
+}
+
+impl ToolContext {
+    /// The session the call belongs to.
+    pub fn session_id(&self) -> &SessionId {
+        &self.session
+    }
+
+    /// The journal row of this call.
+    pub fn call_id(&self) -> &CallId {
+        &self.call
+    }
+
+    /// The call's identity `(session, step, tool, input_hash, ordinal)`.
+    pub fn identity(&self) -> &CallIdentity {
+        &self.identity
+    }
+
+    /// The tool's replay class.
+    pub fn replay_class(&self) -> ReplayClass {
+        self.class
+    }
+
+    /// Execution attempt: 1 on the first run, higher on re-execution after a crash or
+    /// a retry.
+    pub fn attempt(&self) -> i32 {
+        self.attempt
+    }
+
+    /// The idempotency key recorded for this call (`idempotent_with_key` tools): pass it
+    /// to the upstream API. On re-execution it is the key recorded the first time.
+    pub fn idempotency_key(&self) -> Option<&str> {
+        self.idempotency_key.as_deref()
+    }
+
+    /// Records what this call cost; it is stored with the result and charged to the
+    /// session's budget exactly once.
+    pub fn record_spend(&self, spend: Spend) {
+        if let Ok(mut slot) = self.spend.lock() {
+            *slot = Some(spend);
+        }
+    }
+}
+
+/// What a dispatched tool call returns to the model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolOutput {
+    /// The result (on success) or `{"error": message}` (on a tool failure).
+    pub content: Value,
+    /// Whether the tool failed.
+    pub is_error: bool,
+}
+
+/// An object-safe tool: what a toolbox stores and dispatches.
+///
+/// `#[durable_tool]` implements it; implement it by hand for tools built at run time.
+pub trait Tool: Send + Sync + 'static {
+    /// The tool's description.
+    fn spec(&self) -> &ToolSpec;
+
+    /// Runs one call through the journal with arguments sent by a model.
+    ///
+    /// Implementations validate and deserialize `args` (typed error naming the JSON path,
+    /// nothing journaled), derive the idempotency key if any, and call
+    /// [`Journal::tool`](crate::Journal::tool). A tool failure is an `Ok` output with
+    /// `is_error: true`; `Err` is reserved for the runtime (refusals, store errors).
+    fn invoke<'a>(
+        &'a self,
+        journal: &'a Journal,
+        args: Value,
+    ) -> BoxFuture<'a, Result<ToolOutput, DurableError>>;
+}
