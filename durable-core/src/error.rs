@@ -177,6 +177,16 @@ pub enum DurableError {
         #[source]
         source: ArgumentError,
     },
+    /// Arguments are valid JSON but do not match the tool's argument type.
+    #[error("arguments for `{tool}` do not match its schema at `{path}`: {message}")]
+    ArgumentsMismatch {
+        /// The tool.
+        tool: String,
+        /// JSON path of the offending field (`$` for the root).
+        path: String,
+        /// What serde reported.
+        message: String,
+    },
     /// The model asked for a tool that is not registered.
     #[error("unknown tool `{name}`; registered tools: {available}")]
     UnknownTool {
