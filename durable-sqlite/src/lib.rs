@@ -1,1 +1,433 @@
-//! placeholder
+//! The embedded SQLite [`CheckpointStore`](durable_core::CheckpointStore) of `durable`.
+//!
+//! [`SqliteStore`] keeps sessions, checkpoints and the call journal in one SQLite file.
+//! Durability is checked, not assumed: every connection runs in WAL mode with
+//! `synchronous = FULL`, `foreign_keys = ON` and a busy timeout, and reads those settings
+//! back when it connects; [`SqliteStore::open`] fails with [`StoreError::NotDurable`] when
+//! one did not take. Writes run in `BEGIN IMMEDIATE` transactions, so a writer that has
+//! to wait for another process waits up to the busy timeout instead of failing.
+//!
+//! The schema is created and upgraded by embedded migrations ([`migrations`]) tracked in
+//! the table `durable_schema_migrations`. A database written by a newer release of
+//! `durable` is refused with [`StoreError::SchemaTooNew`] before anything is touched.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//!
+//! use durable_core::StoreError;
+//! use durable_sqlite::SqliteStore;
+//!
+//! # async fn demo() -> Result<(), StoreError> {
+//! let store: Arc<dyn CheckpointStore> = Arc::new(SqliteStore::open("agent.db").await?);
+//! // WAL + synchronous=FULL were read back: unsafe tools may run on this store.
+//! assert_eq!(store.durability().await?.unsafe_setting, None);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Connections
+//!
+//! A file store holds two pools: a **writer pool of exactly one connection**, through
+//! which every write transaction goes, and a reader pool (4 connections by default) for
+//! reads. In WAL mode readers never block the writer nor each other, while SQLite admits
+//! one writer at a time anyway: a single writer connection queues this process's writers
+//! in the pool (fair, no busy-waiting) and leaves the busy timeout for contention with
+//! other processes sharing the file.
+//!
+//! An in-memory store ([`SqliteStore::open_in_memory`]) is a named shared-cache memory
+//! database served by a single connection, plus one idle connection that keeps the
+//! database alive for as long as the store exists.
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use durable_core::StoreError;
+use sqlx::migrate::Migrator;
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
+};
+use sqlx::{ConnectOptions, Connection, SqliteConnection, SqlitePool};
+
+mod error;
+mod ops;
+mod rows;
+mod store;
+mod tx;
+
+use error::{BACKEND, db, migrate};
+
+/// The table that records applied schema migrations (never sqlx's `_sqlx_migrations`,
+/// which may belong to the host application).
+pub const MIGRATIONS_TABLE: &str = "durable_schema_migrations";
+
+/// The `unsafe_setting` an in-memory store reports unless it accepts volatility.
+const IN_MEMORY_SETTING: &str = "journal_mode = memory (in-memory database)";
+
+/// The embedded schema migrations, tracked in [`MIGRATIONS_TABLE`].
+///
+/// [`SqliteStore::connect_with`] runs them itself; this is for tooling that wants to
+/// inspect them or migrate a database ahead of time.
+pub fn migrations() -> Migrator {
+    let mut migrator = sqlx::migrate!("./migrations");
+    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
+    migrator
+}
+
+/// The newest schema version this release knows.
+pub fn schema_version() -> i64 {
+    migrations().iter().map(|m| m.version).max().unwrap_or(0)
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Target {
+    File(PathBuf),
+    Memory,
+}
+
+/// How to open a [`SqliteStore`].
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), durable_core::StoreError> {
+/// use std::time::Duration;
+/// use durable_sqlite::{SqliteStore, SqliteStoreOptions};
+///
+/// let store = SqliteStore::connect_with(
+///     SqliteStoreOptions::file("agent.db")
+///         .busy_timeout(Duration::from_secs(10))
+///         .max_readers(8),
+/// )
+/// .await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SqliteStoreOptions {
+    target: Target,
+    busy_timeout: Duration,
+    max_readers: u32,
+    accept_volatile: bool,
+    create_if_missing: bool,
+}
+
+impl SqliteStoreOptions {
+    /// A database file (created if missing, unless [`create_if_missing(false)`](Self::create_if_missing)).
+    pub fn file(path: impl AsRef<Path>) -> Self {
+        Self::new(Target::File(path.as_ref().to_owned()))
+    }
+
+    /// A fresh private in-memory database. Its [`durability`](durable_core::CheckpointStore::durability)
+    /// reports it unsafe (unsafe tools refuse to run) unless
+    /// [`accept_volatile(true)`](Self::accept_volatile) is set.
+    pub fn in_memory() -> Self {
+        Self::new(Target::Memory)
+    }
+
+    fn new(target: Target) -> Self {
+        SqliteStoreOptions {
+            target,
+            busy_timeout: Duration::from_secs(5),
+            max_readers: 4,
+            accept_volatile: false,
+            create_if_missing: true,
+        }
+    }
+
+    /// How long a writer waits for another connection's write lock (default 5 s).
+    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
+        self.busy_timeout = timeout;
+        self
+    }
+
+    /// Size of the reader pool of a file store (default 4, at least 1). In-memory stores
+    /// use one connection for everything.
+    pub fn max_readers(mut self, max: u32) -> Self {
+        self.max_readers = max.max(1);
+        self
+    }
+
+    /// For an in-memory store: report it durable anyway. Meant for tests: nothing
+    /// survives the process, so there is no crash to be durable against. Has no effect on
+    /// file stores, whose WAL and `synchronous = FULL` settings are always verified.
+    pub fn accept_volatile(mut self, accept: bool) -> Self {
+        self.accept_volatile = accept;
+        self
+    }
+
+    /// Whether a missing database file is created (default `true`).
+    pub fn create_if_missing(mut self, create: bool) -> Self {
+        self.create_if_missing = create;
+        self
+    }
+}
+
+/// What every connection must read back after connecting.
+#[derive(Debug, Clone, Copy)]
+struct Expect {
+    wal: bool,
+    busy_timeout_ms: i64,
+}
+
+/// A setting SQLite did not apply (for settings that are not about durability).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "sqlite setting `{pragma}` reads back as {found}, expected {expected}; the SQLite build or file system does not honour it"
+)]
+struct SettingNotApplied {
+    pragma: &'static str,
+    expected: String,
+    found: String,
+}
+
+/// Reads back the pragmas the store depends on.
+async fn verify(conn: &mut SqliteConnection, expect: Expect) -> Result<(), StoreError> {
+    let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db)?;
+    if expect.wal && !mode.eq_ignore_ascii_case("wal") {
+        return Err(StoreError::NotDurable {
+            backend: BACKEND,
+            setting: format!("journal_mode = {}", mode.to_ascii_lowercase()),
+        });
+    }
+    let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db)?;
+    if sync < 2 {
+        return Err(StoreError::NotDurable {
+            backend: BACKEND,
+            setting: format!("synchronous = {}", synchronous_name(sync)),
+        });
+    }
+    let fk: i64 = sqlx::query_scalar("PRAGMA foreign_keys")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db)?;
+    if fk != 1 {
+        return Err(StoreError::database(
+            BACKEND,
+            SettingNotApplied {
+                pragma: "foreign_keys",
+                expected: "1".into(),
+                found: fk.to_string(),
+            },
+        ));
+    }
+    let busy: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db)?;
+    if busy != expect.busy_timeout_ms {
+        return Err(StoreError::database(
+            BACKEND,
+            SettingNotApplied {
+                pragma: "busy_timeout",
+                expected: format!("{} ms", expect.busy_timeout_ms),
+                found: format!("{busy} ms"),
+            },
+        ));
+    }
+    Ok(())
+}
+
+/// The name of a `PRAGMA synchronous` value.
+pub(crate) fn synchronous_name(value: i64) -> String {
+    match value {
+        0 => "off".into(),
+        1 => "normal".into(),
+        2 => "full".into(),
+        3 => "extra".into(),
+        other => other.to_string(),
+    }
+}
+
+/// Refuses a newer schema, then applies pending migrations, all under one
+/// `BEGIN IMMEDIATE` so that concurrent openers of one file migrate it exactly once.
+async fn setup_schema(conn: &mut SqliteConnection) -> Result<(), StoreError> {
+    let migrator = migrations();
+    let supported = schema_version();
+    let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(db)?;
+    let tracked: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?)",
+    )
+    .bind(MIGRATIONS_TABLE)
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(db)?;
+    if tracked {
+        let found: Option<i64> =
+            sqlx::query_scalar("SELECT MAX(version) FROM durable_schema_migrations")
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(db)?;
+        if let Some(found) = found.filter(|&found| found > supported) {
+            // Dropping `tx` rolls back: nothing was written.
+            return Err(StoreError::SchemaTooNew {
+                backend: BACKEND,
+                found,
+                supported,
+            });
+        }
+    }
+    migrator.run(&mut *tx).await.map_err(migrate)?;
+    tx.commit().await.map_err(db)
+}
+
+/// A [`CheckpointStore`](durable_core::CheckpointStore) on SQLite. Cheap to clone (it wraps connection pools).
+#[derive(Clone)]
+pub struct SqliteStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    /// One connection: every write transaction.
+    writer: SqlitePool,
+    /// Reads (the same pool as `writer` for in-memory stores).
+    reader: SqlitePool,
+    location: String,
+    in_memory: bool,
+    accept_volatile: bool,
+    /// Keeps a shared-cache in-memory database alive while the store exists. Dropped
+    /// last (fields drop in declaration order).
+    _keeper: Option<Mutex<SqliteConnection>>,
+}
+
+impl fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteStore")
+            .field("location", &self.inner.location)
+            .field("in_memory", &self.inner.in_memory)
+            .field("accept_volatile", &self.inner.accept_volatile)
+            .field("readers", &self.inner.reader.options().get_max_connections())
+            .finish_non_exhaustive()
+    }
+}
+
+impl SqliteStore {
+    /// Opens (creating if missing) the database file at `path` and applies pending
+    /// migrations.
+    ///
+    /// Fails with [`StoreError::NotDurable`] if WAL mode or `synchronous = FULL` does not
+    /// take, and with [`StoreError::SchemaTooNew`] if a newer release wrote the file.
+    pub async fn open(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::connect_with(SqliteStoreOptions::file(path)).await
+    }
+
+    /// A fresh in-memory store, for tests: nothing survives the process, so there is no
+    /// crash to be durable against, and it reports itself durable
+    /// ([`accept_volatile`](SqliteStoreOptions::accept_volatile)).
+    pub async fn open_in_memory() -> Result<Self, StoreError> {
+        Self::connect_with(SqliteStoreOptions::in_memory().accept_volatile(true)).await
+    }
+
+    /// Opens a store with explicit options.
+    pub async fn connect_with(options: SqliteStoreOptions) -> Result<Self, StoreError> {
+        let base = SqliteConnectOptions::new()
+            .foreign_keys(true)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(options.busy_timeout);
+        let (connect, location, in_memory) = match &options.target {
+            Target::File(path) => (
+                base.filename(path)
+                    .create_if_missing(options.create_if_missing)
+                    .journal_mode(SqliteJournalMode::Wal),
+                path.display().to_string(),
+                false,
+            ),
+            Target::Memory => {
+                let name = format!(
+                    "file:durable-{}?mode=memory&cache=shared",
+                    uuid::Uuid::new_v4()
+                );
+                (
+                    base.filename(&name)
+                        .in_memory(true)
+                        .shared_cache(true)
+                        .create_if_missing(true),
+                    name,
+                    true,
+                )
+            }
+        };
+        let expect = Expect {
+            wal: !in_memory,
+            busy_timeout_ms: i64::try_from(options.busy_timeout.as_millis())
+                .unwrap_or(i64::MAX)
+                .min(i64::from(i32::MAX)),
+        };
+
+        // One connection first: verify, refuse a newer schema, migrate. Errors surface
+        // here as themselves (a pool would retry a failing `after_connect` until its
+        // acquire timeout).
+        let mut setup = connect.connect().await.map_err(db)?;
+        verify(&mut setup, expect).await?;
+        setup_schema(&mut setup).await?;
+
+        let pool_options = || {
+            SqlitePoolOptions::new().after_connect(move |conn, _meta| {
+                Box::pin(async move {
+                    verify(conn, expect)
+                        .await
+                        .map_err(|e| sqlx::Error::Configuration(Box::new(e)))
+                })
+            })
+        };
+        let writer = pool_options()
+            .max_connections(1)
+            .connect_with(connect.clone())
+            .await
+            .map_err(db)?;
+        let (reader, keeper) = if in_memory {
+            (writer.clone(), Some(Mutex::new(setup)))
+        } else {
+            setup.close().await.map_err(db)?;
+            let reader = pool_options()
+                .max_connections(options.max_readers)
+                .connect_with(connect)
+                .await
+                .map_err(db)?;
+            (reader, None)
+        };
+        Ok(SqliteStore {
+            inner: Arc::new(Inner {
+                writer,
+                reader,
+                location,
+                in_memory,
+                accept_volatile: options.accept_volatile,
+                _keeper: keeper,
+            }),
+        })
+    }
+
+    /// The reader pool. Every connection in it carries the store's settings. Use it for
+    /// read-only queries of your own; write only through the
+    /// [`CheckpointStore`](durable_core::CheckpointStore) methods,
+    /// which fence and serialize writes.
+    pub fn pool(&self) -> &SqlitePool {
+        &self.inner.reader
+    }
+
+    /// Whether this is an in-memory store.
+    pub fn is_in_memory(&self) -> bool {
+        self.inner.in_memory
+    }
+
+    /// Closes the pools, waiting for checked-out connections to come back. Later calls
+    /// fail. Clones share the pools, so this closes them too.
+    pub async fn close(&self) {
+        self.inner.writer.close().await;
+        self.inner.reader.close().await;
+    }
+
+    fn writer(&self) -> &SqlitePool {
+        &self.inner.writer
+    }
+
+    fn reader(&self) -> &SqlitePool {
+        &self.inner.reader
+    }
+}

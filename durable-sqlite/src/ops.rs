@@ -1,0 +1,227 @@
+//! Statements shared by several trait methods, run on a connection that is already
+//! inside a transaction.
+
+use durable_core::store::{CallStatus, CheckpointMeta, Fence, NewCheckpoint, SessionRecord, FORMAT_VERSION};
+use durable_core::{CallId, SessionId, StoreError};
+use serde_json::Value;
+use sqlx::{Row, SqliteConnection};
+
+use crate::error::{corrupt, db, encode};
+use crate::rows::{self, session_cols};
+
+/// Serializes a JSON value for a TEXT column.
+pub(crate) fn json(value: &Value) -> Result<String, StoreError> {
+    serde_json::to_string(value).map_err(encode)
+}
+
+/// Serializes an optional JSON value.
+pub(crate) fn opt_json(value: Option<&Value>) -> Result<Option<String>, StoreError> {
+    value.map(json).transpose()
+}
+
+/// Reads a session row, or [`StoreError::SessionNotFound`].
+pub(crate) async fn load_session(
+    conn: &mut SqliteConnection,
+    id: &SessionId,
+) -> Result<SessionRecord, StoreError> {
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        session_cols!(),
+        " FROM durable_sessions WHERE id = ?"
+    ))
+    .bind(id.as_str())
+    .fetch_optional(conn)
+    .await
+    .map_err(db)?
+    .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
+    rows::session(&row)
+}
+
+/// What a fenced write needs to know about its session.
+pub(crate) struct Fenced {
+    pub(crate) latest_version: i64,
+    pub(crate) app_version: String,
+}
+
+/// Checks a write credential: [`StoreError::SessionNotFound`] or
+/// [`StoreError::LeaseLost`] unless `fence.token` is the session's current token.
+pub(crate) async fn fenced(
+    conn: &mut SqliteConnection,
+    fence: Fence<'_>,
+) -> Result<Fenced, StoreError> {
+    let row = sqlx::query(
+        "SELECT fence, latest_version, app_version FROM durable_sessions WHERE id = ?",
+    )
+    .bind(fence.session.as_str())
+    .fetch_optional(conn)
+    .await
+    .map_err(db)?
+    .ok_or_else(|| StoreError::SessionNotFound(fence.session.clone()))?;
+    let current: i64 = rows::col(&row, "fence", fence.session, None)?;
+    if current != fence.token {
+        return Err(StoreError::LeaseLost {
+            session: fence.session.clone(),
+            token: fence.token,
+        });
+    }
+    Ok(Fenced {
+        latest_version: rows::col(&row, "latest_version", fence.session, None)?,
+        app_version: rows::col(&row, "app_version", fence.session, None)?,
+    })
+}
+
+/// Appends `messages` to the session's log and inserts checkpoint `version` whose
+/// transcript ends with them.
+pub(crate) async fn append_checkpoint(
+    conn: &mut SqliteConnection,
+    now: i64,
+    session: &SessionId,
+    app_version: &str,
+    version: i64,
+    checkpoint: &NewCheckpoint,
+) -> Result<CheckpointMeta, StoreError> {
+    let plan = json(&checkpoint.plan)?;
+    let budget = json(&checkpoint.budget)?;
+    let state = json(&checkpoint.state)?;
+    let mut last_seq: i64 = sqlx::query_scalar(
+        "SELECT COALESCE(MAX(seq), 0) FROM durable_messages WHERE session_id = ?",
+    )
+    .bind(session.as_str())
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(db)?;
+    for message in &checkpoint.messages {
+        last_seq += 1;
+        sqlx::query(
+            "INSERT INTO durable_messages (session_id, seq, message, format, created_at) \
+             VALUES (?, ?, ?, ?, ?)",
+        )
+        .bind(session.as_str())
+        .bind(last_seq)
+        .bind(json(message)?)
+        .bind(FORMAT_VERSION)
+        .bind(now)
+        .execute(&mut *conn)
+        .await
+        .map_err(db)?;
+    }
+    let message_count: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM durable_messages WHERE session_id = ? AND seq <= ?",
+    )
+    .bind(session.as_str())
+    .bind(last_seq)
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(db)?;
+    sqlx::query(
+        "INSERT INTO durable_checkpoints (session_id, version, last_seq, message_count, plan, \
+         budget, state, app_version, format, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(session.as_str())
+    .bind(version)
+    .bind(last_seq)
+    .bind(message_count)
+    .bind(plan)
+    .bind(budget)
+    .bind(state)
+    .bind(app_version)
+    .bind(FORMAT_VERSION)
+    .bind(now)
+    .execute(&mut *conn)
+    .await
+    .map_err(db)?;
+    Ok(CheckpointMeta {
+        session: session.clone(),
+        version,
+        last_seq,
+        message_count,
+        app_version: app_version.to_owned(),
+        created_at: now,
+    })
+}
+
+/// Compare-and-set checkpoint write for a session whose fence was checked: fails with
+/// [`StoreError::VersionConflict`] unless the latest version is `expected`.
+pub(crate) async fn save_checkpoint(
+    conn: &mut SqliteConnection,
+    now: i64,
+    session: &SessionId,
+    fenced: &Fenced,
+    expected: i64,
+    checkpoint: &NewCheckpoint,
+) -> Result<CheckpointMeta, StoreError> {
+    if fenced.latest_version != expected {
+        return Err(StoreError::VersionConflict {
+            session: session.clone(),
+            expected,
+            actual: fenced.latest_version,
+        });
+    }
+    let version = expected + 1;
+    let meta =
+        append_checkpoint(conn, now, session, &fenced.app_version, version, checkpoint).await?;
+    sqlx::query(
+        "UPDATE durable_sessions SET latest_version = ?, recovery_attempts = 0, updated_at = ? \
+         WHERE id = ?",
+    )
+    .bind(version)
+    .bind(now)
+    .bind(session.as_str())
+    .execute(conn)
+    .await
+    .map_err(db)?;
+    Ok(meta)
+}
+
+/// The few columns of a journal row that guard its state transitions.
+pub(crate) struct CallState {
+    pub(crate) session: SessionId,
+    pub(crate) status: CallStatus,
+    pub(crate) fence: i64,
+}
+
+/// Reads a journal row's session, status and fence, or [`StoreError::CallNotFound`].
+pub(crate) async fn call_state(
+    conn: &mut SqliteConnection,
+    id: &CallId,
+) -> Result<CallState, StoreError> {
+    let row = sqlx::query("SELECT session_id, status, fence FROM durable_tool_calls WHERE id = ?")
+        .bind(id.as_str())
+        .fetch_optional(conn)
+        .await
+        .map_err(db)?
+        .ok_or_else(|| StoreError::CallNotFound(id.clone()))?;
+    let session = SessionId::new(row.try_get::<String, _>("session_id").map_err(db)?);
+    let status: String = rows::col(&row, "status", &session, None)?;
+    let status = CallStatus::parse(&status).ok_or_else(|| {
+        corrupt(
+            &session,
+            None,
+            format!("journal row `{id}`: unknown status `{status}`"),
+        )
+    })?;
+    let fence = rows::col(&row, "fence", &session, None)?;
+    Ok(CallState {
+        session,
+        status,
+        fence,
+    })
+}
+
+/// Reads a full journal row, or [`StoreError::CallNotFound`].
+pub(crate) async fn load_call(
+    conn: &mut SqliteConnection,
+    id: &CallId,
+) -> Result<durable_core::store::CallRecord, StoreError> {
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        rows::call_cols!(),
+        " FROM durable_tool_calls c WHERE c.id = ?"
+    ))
+    .bind(id.as_str())
+    .fetch_optional(conn)
+    .await
+    .map_err(db)?
+    .ok_or_else(|| StoreError::CallNotFound(id.clone()))?;
+    rows::call(&row)
+}

@@ -1,0 +1,125 @@
+//! The write-transaction guard and the database clock.
+//!
+//! Every write runs inside `BEGIN IMMEDIATE`: the write lock is taken up front, so a
+//! writer that has to wait (another process holds the lock) waits in SQLite's busy
+//! handler, up to the busy timeout, instead of failing with `SQLITE_BUSY` when a
+//! deferred transaction tries to upgrade its read lock. The guard guarantees that a
+//! connection never goes back to the pool with a transaction open.
+
+use std::time::Duration;
+
+use durable_core::StoreError;
+use sqlx::pool::PoolConnection;
+use sqlx::{Sqlite, SqliteConnection, SqlitePool};
+
+use crate::error::db;
+
+/// The database clock in ms since the Unix epoch, as an SQL expression literal (see
+/// notes/SCHEMA.md). `ROUND` keeps the float arithmetic of `julianday` from truncating a
+/// whole millisecond away. A macro so that it can be `concat!`ed into `&'static str` SQL.
+macro_rules! now_sql {
+    () => {
+        "CAST(ROUND((julianday('now') - 2440587.5) * 86400000.0) AS INTEGER)"
+    };
+}
+pub(crate) use now_sql;
+
+/// Reads the database clock.
+pub(crate) async fn now(conn: &mut SqliteConnection) -> Result<i64, StoreError> {
+    sqlx::query_scalar::<_, i64>(concat!("SELECT ", now_sql!()))
+        .fetch_one(conn)
+        .await
+        .map_err(db)
+}
+
+/// A duration in whole milliseconds, saturating at `i64::MAX`.
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// An open `BEGIN IMMEDIATE` transaction on a pooled connection.
+///
+/// End it with [`finish`](Self::finish): `Ok` commits, `Err` rolls back. If the guard is
+/// dropped while the transaction may still be open (the future was cancelled, or
+/// `ROLLBACK` itself failed), the connection is closed instead of returned to the pool;
+/// closing a SQLite connection rolls its open transaction back.
+pub(crate) struct WriteTx {
+    conn: PoolConnection<Sqlite>,
+    /// Whether a transaction may be open on `conn`.
+    open: bool,
+    /// The database clock, read once at the start of the transaction.
+    pub(crate) now: i64,
+}
+
+impl WriteTx {
+    /// Acquires a connection and begins an immediate transaction.
+    pub(crate) async fn begin(pool: &SqlitePool) -> Result<Self, StoreError> {
+        let conn = pool.acquire().await.map_err(db)?;
+        // `open` is set before BEGIN is sent: if this future is dropped mid-statement we
+        // cannot know whether BEGIN ran, so the connection must not be reused.
+        let mut tx = WriteTx {
+            conn,
+            open: true,
+            now: 0,
+        };
+        if let Err(e) = sqlx::query("BEGIN IMMEDIATE").execute(&mut *tx.conn).await {
+            // A failed BEGIN (e.g. busy timeout elapsed) leaves no transaction open.
+            tx.open = false;
+            return Err(db(e));
+        }
+        match now(&mut tx.conn).await {
+            Ok(now) => {
+                tx.now = now;
+                Ok(tx)
+            }
+            Err(e) => {
+                tx.rollback().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// The connection the transaction runs on.
+    pub(crate) fn conn(&mut self) -> &mut SqliteConnection {
+        &mut self.conn
+    }
+
+    /// Commits when `result` is `Ok`, rolls back when it is `Err`; returns `result`
+    /// (or the commit error).
+    pub(crate) async fn finish<T>(mut self, result: Result<T, StoreError>) -> Result<T, StoreError> {
+        match result {
+            Ok(value) => match sqlx::query("COMMIT").execute(&mut *self.conn).await {
+                Ok(_) => {
+                    self.open = false;
+                    Ok(value)
+                }
+                Err(e) => {
+                    self.rollback().await;
+                    Err(db(e))
+                }
+            },
+            Err(e) => {
+                self.rollback().await;
+                Err(e)
+            }
+        }
+    }
+
+    async fn rollback(&mut self) {
+        match sqlx::query("ROLLBACK").execute(&mut *self.conn).await {
+            Ok(_) => self.open = false,
+            Err(error) => {
+                // Leave `open` set: Drop closes the connection, which rolls back.
+                tracing::warn!(%error, "sqlite ROLLBACK failed; closing the connection");
+            }
+        }
+    }
+}
+
+impl Drop for WriteTx {
+    fn drop(&mut self) {
+        if self.open {
+            self.conn.close_on_drop();
+        }
+    }
+}
