@@ -1,1 +1,212 @@
-//! placeholder
+//! The PostgreSQL [`CheckpointStore`](durable_core::CheckpointStore) of `durable`: many
+//! workers on many machines share one database.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), durable_core::StoreError> {
+//! use durable_postgres::{PostgresStore, PostgresStoreOptions};
+//!
+//! let store = PostgresStore::connect("postgres://app@127.0.0.1/app").await?;
+//! // or, with pool settings:
+//! let store = PostgresStore::connect_with(PostgresStoreOptions {
+//!     max_connections: 20,
+//!     ..PostgresStoreOptions::new("postgres://app@127.0.0.1/app")
+//! })
+//! .await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # Schema
+//! [`PostgresStore::connect`] applies the embedded migrations ([`migrations`]) and records
+//! them in the table `durable_schema_migrations` (never the host application's
+//! `_sqlx_migrations`). Many processes may connect at once: sqlx's migrator serializes them
+//! with a database-wide advisory lock (`pg_advisory_lock`), taken on a dedicated
+//! connection that is closed afterwards, so a failed migration never leaves a pooled
+//! connection holding it. A database whose tracking table holds a version newer than this
+//! release knows is refused with [`StoreError::SchemaTooNew`] before anything is changed.
+//! All tables are named `durable_*`, so the store can share a database with an
+//! application.
+//!
+//! # Concurrency
+//! Leases are decided on the database clock (`clock_timestamp()`), fencing tokens are
+//! checked on every fenced write while the session row is locked, recovery uses
+//! `SELECT … FOR UPDATE SKIP LOCKED`, and checkpoints are compare-and-set under a row
+//! lock with the primary key as backstop. The default isolation level (READ COMMITTED)
+//! is enough.
+//!
+//! # Durability
+//! A journal row must survive a crash once [`issue_call`] returns, so
+//! [`durability`](durable_core::CheckpointStore::durability) reads `synchronous_commit`
+//! and `fsync` back from a pooled connection, which sees every server-, database-, role-
+//! and URL-level setting (`ALTER ROLE app SET synchronous_commit = off` is caught).
+//!
+//! # TLS
+//! This crate enables no TLS implementation: it is meant for a database on a trusted
+//! network or loopback. `sslmode=prefer` (the default) then connects in plain text;
+//! `sslmode=require` fails. To use TLS, enable one of sqlx's TLS features in your own
+//! `Cargo.toml` (for example `sqlx = { version = "0.9", features = ["tls-rustls"] }`);
+//! Cargo unifies the features and this store picks them up.
+//!
+//! [`issue_call`]: durable_core::CheckpointStore::issue_call
+
+mod error;
+mod journal;
+mod rows;
+mod store;
+mod txn;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+use std::time::Duration;
+
+use durable_core::StoreError;
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
+use sqlx::{Connection, Row};
+
+use crate::error::{BACKEND, db};
+
+/// The table that records applied migrations.
+pub const MIGRATIONS_TABLE: &str = "durable_schema_migrations";
+
+/// The embedded schema migrations, tracked in [`MIGRATIONS_TABLE`].
+///
+/// [`PostgresStore::connect`] runs them; call this to inspect them or to run them from
+/// your own deployment tooling (`migrations().run(&pool)`).
+pub fn migrations() -> Migrator {
+    let mut migrator = sqlx::migrate!("./migrations");
+    migrator.dangerous_set_table_name(MIGRATIONS_TABLE);
+    migrator
+}
+
+/// The newest schema version this release knows.
+fn newest_migration(migrator: &Migrator) -> i64 {
+    migrator.iter().map(|m| m.version).max().unwrap_or(0)
+}
+
+/// How to connect a [`PostgresStore`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PostgresStoreOptions {
+    /// A `postgres://` URL (see sqlx's `PgConnectOptions` for the parameters).
+    pub url: String,
+    /// Most connections the pool opens (default 10).
+    pub max_connections: u32,
+    /// Connections kept open when idle (default 0).
+    pub min_connections: u32,
+    /// How long to wait for a free connection before failing (default 30 s).
+    pub acquire_timeout: Duration,
+    /// The `application_name` shown in `pg_stat_activity` (default `durable`).
+    pub application_name: String,
+}
+
+impl PostgresStoreOptions {
+    /// Default options for `url`.
+    pub fn new(url: impl Into<String>) -> Self {
+        Self {
+            url: url.into(),
+            max_connections: 10,
+            min_connections: 0,
+            acquire_timeout: Duration::from_secs(30),
+            application_name: "durable".to_owned(),
+        }
+    }
+}
+
+/// A [`CheckpointStore`](durable_core::CheckpointStore) on PostgreSQL.
+///
+/// Cheap to clone: clones share one connection pool.
+#[derive(Debug, Clone)]
+pub struct PostgresStore {
+    pool: PgPool,
+}
+
+impl PostgresStore {
+    /// Connects to `url` with default pool settings and brings the schema up to date.
+    ///
+    /// # Errors
+    /// [`StoreError::Database`] when the server cannot be reached or a migration fails;
+    /// [`StoreError::SchemaTooNew`] when a newer release of `durable` migrated the
+    /// database.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::connect_with(PostgresStoreOptions::new(url)).await
+    }
+
+    /// Connects with explicit options and brings the schema up to date.
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect); also when `options.url` does not parse.
+    pub async fn connect_with(options: PostgresStoreOptions) -> Result<Self, StoreError> {
+        let connect: PgConnectOptions = options.url.parse().map_err(db)?;
+        let connect = connect.application_name(&options.application_name);
+        setup(&connect).await?;
+        let pool = PgPoolOptions::new()
+            .max_connections(options.max_connections)
+            .min_connections(options.min_connections)
+            .acquire_timeout(options.acquire_timeout)
+            .connect_with(connect)
+            .await
+            .map_err(db)?;
+        Ok(Self { pool })
+    }
+
+    /// Uses an existing pool (for example your application's), bringing the schema up to
+    /// date first.
+    ///
+    /// # Errors
+    /// As [`connect`](Self::connect).
+    pub async fn from_pool(pool: PgPool) -> Result<Self, StoreError> {
+        setup(&pool.connect_options()).await?;
+        Ok(Self { pool })
+    }
+
+    /// The connection pool.
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+}
+
+/// Refuses a newer schema, then applies pending migrations on a dedicated connection.
+async fn setup(options: &PgConnectOptions) -> Result<(), StoreError> {
+    let migrator = migrations();
+    let supported = newest_migration(&migrator);
+    let mut conn = PgConnection::connect_with(options).await.map_err(db)?;
+    let result = async {
+        if let Some(found) = applied_version(&mut conn).await?
+            && found > supported
+        {
+            return Err(StoreError::SchemaTooNew {
+                backend: BACKEND,
+                found,
+                supported,
+            });
+        }
+        migrator
+            .run(&mut conn)
+            .await
+            .map_err(|e| error::migrate(e, supported))
+    }
+    .await;
+    // Closing the connection also releases the migrator's advisory lock if it failed
+    // half-way; a close error is irrelevant next to the outcome.
+    let _ = conn.close().await;
+    result
+}
+
+/// The newest version recorded in the tracking table, if the table exists.
+async fn applied_version(conn: &mut PgConnection) -> Result<Option<i64>, StoreError> {
+    let exists: bool = sqlx::query("SELECT to_regclass($1) IS NOT NULL")
+        .bind(MIGRATIONS_TABLE)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db)?
+        .try_get(0)
+        .map_err(db)?;
+    if !exists {
+        return Ok(None);
+    }
+    sqlx::query("SELECT max(version) FROM durable_schema_migrations")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db)?
+        .try_get(0)
+        .map_err(db)
+}

@@ -1,0 +1,63 @@
+//! Mapping of sqlx and migration errors onto [`StoreError`].
+
+use durable_core::StoreError;
+use durable_core::ids::SessionId;
+use sqlx::migrate::MigrateError;
+
+/// The backend name used in errors.
+pub(crate) const BACKEND: &str = "postgres";
+
+/// SQLSTATE of a unique-constraint violation.
+const UNIQUE_VIOLATION: &str = "23505";
+
+/// Wraps a database error.
+pub(crate) fn db(e: sqlx::Error) -> StoreError {
+    StoreError::database(BACKEND, e)
+}
+
+/// The name of the unique constraint `e` violated, if it is a unique violation.
+pub(crate) fn unique_violation(e: &sqlx::Error) -> Option<String> {
+    match e {
+        sqlx::Error::Database(d) if d.code().as_deref() == Some(UNIQUE_VIOLATION) => {
+            Some(d.constraint().unwrap_or_default().to_owned())
+        }
+        _ => None,
+    }
+}
+
+/// Maps a migration failure; a database that applied a migration we do not know was
+/// written by a newer release.
+pub(crate) fn migrate(e: MigrateError, supported: i64) -> StoreError {
+    match e {
+        MigrateError::VersionMissing(found) if found > supported => StoreError::SchemaTooNew {
+            backend: BACKEND,
+            found,
+            supported,
+        },
+        MigrateError::Execute(e) => db(e),
+        other => StoreError::database(BACKEND, other),
+    }
+}
+
+/// A stored row that cannot be read.
+pub(crate) fn corrupt(
+    session: &SessionId,
+    version: Option<i64>,
+    detail: impl Into<String>,
+) -> StoreError {
+    StoreError::Corrupt {
+        session: session.clone(),
+        version,
+        detail: detail.into(),
+    }
+}
+
+/// A database failure that is not a sqlx error (a broken invariant of our own rows).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub(crate) struct Invariant(pub(crate) String);
+
+/// Wraps a broken invariant as a database error.
+pub(crate) fn invariant(detail: impl Into<String>) -> StoreError {
+    StoreError::database(BACKEND, Invariant(detail.into()))
+}

@@ -1,0 +1,224 @@
+//! Decoding of stored rows into core records. Anything a row holds that this release cannot
+//! read becomes [`StoreError::Corrupt`] naming the session (and checkpoint version).
+
+use durable_core::StoreError;
+use durable_core::ids::{CallId, SessionId};
+use durable_core::replay::ReplayClass;
+use durable_core::store::{
+    CallIdentity, CallKind, CallRecord, CallStatus, CheckpointMeta, ErrorRecord, FORMAT_VERSION,
+    Resolution, ResolutionRecord, SessionRecord, SessionStatus,
+};
+use serde_json::Value;
+use sqlx::Row;
+use sqlx::postgres::PgRow;
+
+use crate::error::{corrupt, db};
+
+/// Columns of `durable_sessions`, in the order [`session`] reads them.
+macro_rules! session_cols {
+    () => {
+        "id, status, app_version, metadata, lease_owner, lease_expires_at, fence, \
+         recovery_attempts, status_reason, latest_version, created_at, updated_at, format"
+    };
+}
+pub(crate) use session_cols;
+
+/// Columns of `durable_tool_calls`, in the order [`call`] reads them.
+macro_rules! call_cols {
+    () => {
+        "id, session_id, kind, step, tool_name, input_hash, ordinal, replay_class, status, \
+         args, idempotency_key, schema_hash, result, error, spend, mac, attempt, fence, \
+         format, issued_at, finished_at"
+    };
+}
+pub(crate) use call_cols;
+
+/// Columns of `durable_checkpoints` read as metadata by [`checkpoint_meta`].
+macro_rules! checkpoint_meta_cols {
+    () => {
+        "session_id, version, last_seq, message_count, app_version, created_at"
+    };
+}
+pub(crate) use checkpoint_meta_cols;
+
+/// A typed column read; a type mismatch is a database error (the schema is ours).
+pub(crate) fn get<'r, T>(row: &'r PgRow, col: &str) -> Result<T, StoreError>
+where
+    T: sqlx::Decode<'r, sqlx::Postgres> + sqlx::Type<sqlx::Postgres>,
+{
+    row.try_get(col).map_err(db)
+}
+
+/// Refuses a row written by a newer JSON format.
+pub(crate) fn check_format(
+    session: &SessionId,
+    version: Option<i64>,
+    what: &str,
+    format: i32,
+) -> Result<(), StoreError> {
+    if format > FORMAT_VERSION {
+        return Err(corrupt(
+            session,
+            version,
+            format!(
+                "{what} was written by a newer format {format} (this release reads up to {FORMAT_VERSION}); upgrade `durable`"
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Parses stored JSON text.
+pub(crate) fn json(
+    session: &SessionId,
+    version: Option<i64>,
+    what: &str,
+    text: &str,
+) -> Result<Value, StoreError> {
+    serde_json::from_str(text)
+        .map_err(|e| corrupt(session, version, format!("{what} is not valid JSON: {e}")))
+}
+
+/// Parses optional stored JSON text.
+fn json_opt(
+    session: &SessionId,
+    what: &str,
+    text: Option<String>,
+) -> Result<Option<Value>, StoreError> {
+    text.map(|t| json(session, None, what, &t)).transpose()
+}
+
+/// Decodes a `durable_sessions` row.
+pub(crate) fn session(row: &PgRow) -> Result<SessionRecord, StoreError> {
+    let id = SessionId::new(get::<String>(row, "id")?);
+    check_format(&id, None, "the session row", get(row, "format")?)?;
+    let status: String = get(row, "status")?;
+    let status = SessionStatus::parse(&status)
+        .ok_or_else(|| corrupt(&id, None, format!("unknown session status `{status}`")))?;
+    let metadata = json(&id, None, "the session metadata", &get::<String>(row, "metadata")?)?;
+    Ok(SessionRecord {
+        status,
+        app_version: get(row, "app_version")?,
+        metadata,
+        lease_owner: get(row, "lease_owner")?,
+        lease_expires_at: get(row, "lease_expires_at")?,
+        fence: get(row, "fence")?,
+        recovery_attempts: get(row, "recovery_attempts")?,
+        status_reason: get(row, "status_reason")?,
+        latest_version: get(row, "latest_version")?,
+        created_at: get(row, "created_at")?,
+        updated_at: get(row, "updated_at")?,
+        id,
+    })
+}
+
+/// Decodes checkpoint metadata.
+pub(crate) fn checkpoint_meta(row: &PgRow) -> Result<CheckpointMeta, StoreError> {
+    Ok(CheckpointMeta {
+        session: SessionId::new(get::<String>(row, "session_id")?),
+        version: get(row, "version")?,
+        last_seq: get(row, "last_seq")?,
+        message_count: get(row, "message_count")?,
+        app_version: get(row, "app_version")?,
+        created_at: get(row, "created_at")?,
+    })
+}
+
+/// Decodes a `durable_tool_calls` row.
+pub(crate) fn call(row: &PgRow) -> Result<CallRecord, StoreError> {
+    let session = SessionId::new(get::<String>(row, "session_id")?);
+    let id = CallId::new(get::<String>(row, "id")?);
+    let bad = |detail: String| corrupt(&session, None, format!("journal row `{id}`: {detail}"));
+    let format: i32 = get(row, "format")?;
+    if format > FORMAT_VERSION {
+        return Err(bad(format!(
+            "written by a newer format {format} (this release reads up to {FORMAT_VERSION}); upgrade `durable`"
+        )));
+    }
+    let kind: String = get(row, "kind")?;
+    let kind = CallKind::parse(&kind).ok_or_else(|| bad(format!("unknown kind `{kind}`")))?;
+    let class: String = get(row, "replay_class")?;
+    let class: ReplayClass = class
+        .parse()
+        .map_err(|_| bad(format!("unknown replay class `{class}`")))?;
+    let status: String = get(row, "status")?;
+    let status =
+        CallStatus::parse(&status).ok_or_else(|| bad(format!("unknown status `{status}`")))?;
+    let what = format!("journal row `{id}`");
+    let args = json(&session, None, &format!("{what} args"), &get::<String>(row, "args")?)?;
+    let result = json_opt(&session, &format!("{what} result"), get(row, "result")?)?;
+    let error = json_opt(&session, &format!("{what} error"), get(row, "error")?)?;
+    let spend = json_opt(&session, &format!("{what} spend"), get(row, "spend")?)?;
+    Ok(CallRecord {
+        kind,
+        identity: CallIdentity {
+            session: session.clone(),
+            step: get(row, "step")?,
+            tool: get(row, "tool_name")?,
+            input_hash: get(row, "input_hash")?,
+            ordinal: get(row, "ordinal")?,
+        },
+        class,
+        status,
+        args,
+        idempotency_key: get(row, "idempotency_key")?,
+        schema_hash: get(row, "schema_hash")?,
+        result,
+        error,
+        spend,
+        mac: get(row, "mac")?,
+        attempt: get(row, "attempt")?,
+        fence: get(row, "fence")?,
+        issued_at: get(row, "issued_at")?,
+        finished_at: get(row, "finished_at")?,
+        id,
+    })
+}
+
+/// Decodes a `durable_resolutions` row.
+pub(crate) fn resolution(row: &PgRow) -> Result<ResolutionRecord, StoreError> {
+    let session = SessionId::new(get::<String>(row, "session_id")?);
+    let call = CallId::new(get::<String>(row, "call_id")?);
+    let what = format!("resolution of call `{call}`");
+    check_format(&session, None, &what, get(row, "format")?)?;
+    let decision: String = get(row, "decision")?;
+    let resolution = match decision.as_str() {
+        "happened" => {
+            let text: Option<String> = get(row, "result")?;
+            let text = text.ok_or_else(|| {
+                corrupt(&session, None, format!("{what}: `happened` without a result"))
+            })?;
+            Resolution::Happened {
+                result: json(&session, None, &format!("{what} result"), &text)?,
+            }
+        }
+        "did_not_happen" => Resolution::DidNotHappen,
+        other => {
+            return Err(corrupt(
+                &session,
+                None,
+                format!("{what}: unknown decision `{other}`"),
+            ));
+        }
+    };
+    Ok(ResolutionRecord {
+        call,
+        session,
+        resolution,
+        by: get(row, "resolved_by")?,
+        note: get(row, "note")?,
+        at: get(row, "created_at")?,
+    })
+}
+
+/// Decodes a `durable_errors` row.
+pub(crate) fn error_record(row: &PgRow) -> Result<ErrorRecord, StoreError> {
+    Ok(ErrorRecord {
+        session: SessionId::new(get::<String>(row, "session_id")?),
+        step: get(row, "step")?,
+        context: get(row, "context")?,
+        attempt: get(row, "attempt")?,
+        message: get(row, "message")?,
+        at: get(row, "created_at")?,
+    })
+}

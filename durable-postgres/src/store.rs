@@ -1,0 +1,623 @@
+//! [`CheckpointStore`] for [`PostgresStore`]: sessions, leases and checkpoints. The
+//! journal half lives in [`crate::journal`].
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use durable_core::StoreError;
+use durable_core::ids::{CallId, SessionId};
+use durable_core::store::{
+    CallRecord, Checkpoint, CheckpointMeta, CheckpointStore, Durability, ErrorRecord, FORMAT_VERSION,
+    Fence, FinishCall, IssueOutcome, Lease, MigrateSession, NewCall, NewCheckpoint, NewError,
+    NewSession, PurgeOutcome, ResolutionRecord, ResolveCall, SessionFilter, SessionRecord,
+    SessionStatus,
+};
+use sqlx::postgres::PgConnection;
+
+use crate::PostgresStore;
+use crate::error::{BACKEND, db};
+use crate::rows::{self, checkpoint_meta_cols, get, session_cols};
+use crate::txn::{self, CheckpointRow, Lock, ttl_ms};
+
+#[async_trait]
+impl CheckpointStore for PostgresStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    async fn durability(&self) -> Result<Durability, StoreError> {
+        let row = sqlx::query(
+            "SELECT current_setting('synchronous_commit') AS synchronous_commit,
+                    current_setting('fsync') AS fsync",
+        )
+        .fetch_one(&self.pool)
+        .await
+        .map_err(db)?;
+        let synchronous_commit: String = get(&row, "synchronous_commit")?;
+        let fsync: String = get(&row, "fsync")?;
+        let unsafe_setting = if synchronous_commit.eq_ignore_ascii_case("off") {
+            Some(format!("synchronous_commit = {synchronous_commit}"))
+        } else if fsync.eq_ignore_ascii_case("off") {
+            Some(format!("fsync = {fsync}"))
+        } else {
+            None
+        };
+        Ok(Durability { unsafe_setting })
+    }
+
+    async fn now(&self) -> Result<i64, StoreError> {
+        let mut conn = self.pool.acquire().await.map_err(db)?;
+        txn::now(&mut conn).await
+    }
+
+    async fn create_session(&self, new: NewSession) -> Result<(SessionRecord, Lease), StoreError> {
+        let mut tx = self.pool.begin().await.map_err(db)?;
+        let now = txn::now(&mut tx).await?;
+        let expires = now.saturating_add(ttl_ms(new.lease_ttl));
+        let row = sqlx::query(concat!(
+            "INSERT INTO durable_sessions (id, status, app_version, metadata, lease_owner, \
+             lease_expires_at, fence, recovery_attempts, status_reason, latest_version, \
+             created_at, updated_at, format) \
+             VALUES ($1, 'active', $2, $3, $4, $5, 1, 0, NULL, 0, $6, $6, $7) \
+             ON CONFLICT (id) DO NOTHING RETURNING ",
+            session_cols!()
+        ))
+        .bind(new.id.as_str())
+        .bind(&new.app_version)
+        .bind(new.metadata.to_string())
+        .bind(&new.owner)
+        .bind(expires)
+        .bind(now)
+        .bind(FORMAT_VERSION)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db)?
+        .ok_or_else(|| StoreError::SessionExists(new.id.clone()))?;
+        let record = rows::session(&row)?;
+        let last_seq = txn::append_messages(&mut tx, &new.id, 0, &new.initial.messages, now).await?;
+        txn::insert_checkpoint(
+            &mut tx,
+            CheckpointRow {
+                session: &new.id,
+                version: 0,
+                last_seq,
+                message_count: last_seq,
+                plan: new.initial.plan.to_string(),
+                budget: new.initial.budget.to_string(),
+                state: new.initial.state.to_string(),
+                app_version: &new.app_version,
+                format: FORMAT_VERSION,
+            },
+            now,
+        )
+        .await?;
+        tx.commit().await.map_err(db)?;
+        let lease = Lease {
+            session: new.id,
+            owner: new.owner,
+            fence: record.fence,
+            expires_at: expires,
+        };
+        Ok((record, lease))
+    }
+
+    async fn session(&self, id: &SessionId) -> Result<SessionRecord, StoreError> {
+        let mut conn = self.pool.acquire().await.map_err(db)?;
+        txn::session(&mut conn, id, None).await
+    }
+
+    async fn list_sessions(
+        &self,
+        filter: &SessionFilter,
+    ) -> Result<Vec<SessionRecord>, StoreError> {
+        let statuses: Vec<&str> = filter.statuses.iter().map(|s| s.as_str()).collect();
+        sqlx::query(concat!(
+            "SELECT ",
+            session_cols!(),
+            " FROM durable_sessions \
+             WHERE (cardinality($1::text[]) = 0 OR status = ANY($1::text[])) \
+               AND ($2::bigint IS NULL OR updated_at < $2) \
+             ORDER BY updated_at DESC, created_at DESC, id DESC \
+             LIMIT $3"
+        ))
+        .bind(&statuses)
+        .bind(filter.updated_before)
+        .bind(filter.limit.map(|l| l.max(0)))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db)?
+        .iter()
+        .map(rows::session)
+        .collect()
+    }
+
+    async fn acquire_lease(
+        &self,
+        id: &SessionId,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<Lease, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(db)?;
+        let now = txn::now(&mut tx).await?;
+        let row = sqlx::query(
+            "SELECT status, lease_owner, lease_expires_at FROM durable_sessions
+             WHERE id = $1 FOR UPDATE",
+        )
+        .bind(id.as_str())
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db)?
+        .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
+        let status: String = get(&row, "status")?;
+        if status != SessionStatus::Active.as_str() {
+            return Err(StoreError::NotResumable {
+                session: id.clone(),
+                status,
+            });
+        }
+        let holder: Option<String> = get(&row, "lease_owner")?;
+        let held_until: Option<i64> = get(&row, "lease_expires_at")?;
+        if let (Some(holder), Some(until)) = (holder, held_until)
+            && holder != owner
+            && until > now
+        {
+            return Err(StoreError::Leased {
+                session: id.clone(),
+                owner: holder,
+                expires_at: until,
+            });
+        }
+        let expires = now.saturating_add(ttl_ms(ttl));
+        let row = sqlx::query(
+            "UPDATE durable_sessions
+             SET fence = fence + 1, lease_owner = $2, lease_expires_at = $3, updated_at = $4
+             WHERE id = $1 RETURNING fence",
+        )
+        .bind(id.as_str())
+        .bind(owner)
+        .bind(expires)
+        .bind(now)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(db)?;
+        let fence = get(&row, "fence")?;
+        tx.commit().await.map_err(db)?;
+        Ok(Lease {
+            session: id.clone(),
+            owner: owner.to_owned(),
+            fence,
+            expires_at: expires,
+        })
+    }
+
+    async fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<Lease, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(db)?;
+        txn::lock_fenced(&mut tx, lease.fence(), Lock::Update).await?;
+        let now = txn::now(&mut tx).await?;
+        let expires = now.saturating_add(ttl_ms(ttl));
+        sqlx::query(
+            "UPDATE durable_sessions SET lease_expires_at = $2, updated_at = $3 WHERE id = $1",
+        )
+        .bind(lease.session.as_str())
+        .bind(expires)
+        .bind(now)
+        .execute(&mut *tx)
+        .await
+        .map_err(db)?;
+        tx.commit().await.map_err(db)?;
+        Ok(Lease {
+            expires_at: expires,
+            ..lease.clone()
+        })
+    }
+
+    async fn release_lease(&self, lease: &Lease) -> Result<(), StoreError> {
+        sqlx::query(concat!(
+            "UPDATE durable_sessions SET lease_expires_at = ",
+            txn::now_ms!(),
+            ", updated_at = ",
+            txn::now_ms!(),
+            " WHERE id = $1 AND fence = $2"
+        ))
+        .bind(lease.session.as_str())
+        .bind(lease.fence)
+        .execute(&self.pool)
+        .await
+        .map_err(db)?;
+        Ok(())
+    }
+
+    async fn claim_expired(
+        &self,
+        owner: &str,
+        ttl: Duration,
+        max_attempts: i32,
+    ) -> Result<Option<Lease>, StoreError> {
+        loop {
+            let mut tx = self.pool.begin().await.map_err(db)?;
+            let now = txn::now(&mut tx).await?;
+            // SKIP LOCKED: a row another claimer is looking at is not a candidate for us,
+            // so concurrent workers on many machines never claim the same session.
+            let Some(row) = sqlx::query(
+                "SELECT id, recovery_attempts FROM durable_sessions
+                 WHERE status = 'active'
+                   AND (lease_owner IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= $1)
+                 ORDER BY updated_at, id
+                 LIMIT 1
+                 FOR UPDATE SKIP LOCKED",
+            )
+            .bind(now)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db)?
+            else {
+                tx.commit().await.map_err(db)?;
+                return Ok(None);
+            };
+            let id = SessionId::new(get::<String>(&row, "id")?);
+            let attempts: i32 = get(&row, "recovery_attempts")?;
+            if attempts.saturating_add(1) > max_attempts {
+                sqlx::query(
+                    "UPDATE durable_sessions
+                     SET status = 'parked', status_reason = $2, lease_owner = NULL,
+                         lease_expires_at = NULL, updated_at = $3
+                     WHERE id = $1",
+                )
+                .bind(id.as_str())
+                .bind(format!("recovery attempts exhausted ({max_attempts})"))
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(db)?;
+                tx.commit().await.map_err(db)?;
+                tracing::warn!(session = %id, attempts, "parked session: recovery attempts exhausted");
+                continue;
+            }
+            let expires = now.saturating_add(ttl_ms(ttl));
+            let row = sqlx::query(
+                "UPDATE durable_sessions
+                 SET recovery_attempts = recovery_attempts + 1, fence = fence + 1,
+                     lease_owner = $2, lease_expires_at = $3, updated_at = $4
+                 WHERE id = $1 RETURNING fence",
+            )
+            .bind(id.as_str())
+            .bind(owner)
+            .bind(expires)
+            .bind(now)
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(db)?;
+            let fence = get(&row, "fence")?;
+            tx.commit().await.map_err(db)?;
+            return Ok(Some(Lease {
+                session: id,
+                owner: owner.to_owned(),
+                fence,
+                expires_at: expires,
+            }));
+        }
+    }
+
+    async fn list_expired(&self, limit: i64) -> Result<Vec<SessionRecord>, StoreError> {
+        sqlx::query(concat!(
+            "SELECT ",
+            session_cols!(),
+            " FROM durable_sessions \
+             WHERE status = 'active' AND (lease_owner IS NULL OR lease_expires_at IS NULL \
+                   OR lease_expires_at <= ",
+            txn::now_ms!(),
+            ") ORDER BY updated_at, id LIMIT $1"
+        ))
+        .bind(limit.max(0))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(db)?
+        .iter()
+        .map(rows::session)
+        .collect()
+    }
+
+    async fn set_status(
+        &self,
+        fence: Fence<'_>,
+        status: SessionStatus,
+        reason: Option<&str>,
+    ) -> Result<(), StoreError> {
+        let mut tx = self.pool.begin().await.map_err(db)?;
+        txn::lock_fenced(&mut tx, fence, Lock::Update).await?;
+        let now = txn::now(&mut tx).await?;
+        let releases = status.is_terminal() || status == SessionStatus::Parked;
+        sqlx::query(
+            "UPDATE durable_sessions
+             SET status = $2, status_reason = $3, updated_at = $4,
+                 lease_expires_at = CASE WHEN $5 THEN $4 ELSE lease_expires_at END
+             WHERE id = $1",
+        )
+        .bind(fence.session.as_str())
+        .bind(status.as_str())
+        .bind(reason)
+        .bind(now)
+        .bind(releases)
+        .execute(&mut *tx)
+        .await
+        .map_err(db)?;
+        tx.commit().await.map_err(db)
+    }
+
+    async fn save_checkpoint(
+        &self,
+        fence: Fence<'_>,
+        expected: i64,
+        checkpoint: NewCheckpoint,
+    ) -> Result<CheckpointMeta, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(db)?;
+        let locked = txn::lock_fenced(&mut tx, fence, Lock::Update).await?;
+        let now = txn::now(&mut tx).await?;
+        let meta =
+            txn::append_checkpoint(&mut tx, fence.session, &locked, expected, checkpoint, now)
+                .await?;
+        tx.commit().await.map_err(db)?;
+        Ok(meta)
+    }
+
+    async fn load_checkpoint(
+        &self,
+        id: &SessionId,
+        version: Option<i64>,
+    ) -> Result<Checkpoint, StoreError> {
+        // Checkpoints are immutable and the log is append-only, so two plain reads see
+        // one consistent checkpoint.
+        let mut conn = self.pool.acquire().await.map_err(db)?;
+        let row = sqlx::query(concat!(
+            "SELECT s.latest_version AS latest, c.plan, c.budget, c.state, c.format AS cp_format, ",
+            "c.session_id, c.version, c.last_seq, c.message_count, c.app_version, c.created_at \
+             FROM durable_sessions s \
+             LEFT JOIN durable_checkpoints c \
+               ON c.session_id = s.id AND c.version = COALESCE($2, s.latest_version) \
+             WHERE s.id = $1"
+        ))
+        .bind(id.as_str())
+        .bind(version)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(db)?
+        .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
+        let found: Option<i64> = get(&row, "version")?;
+        let Some(v) = found else {
+            let latest: i64 = get(&row, "latest")?;
+            return Err(StoreError::VersionNotFound {
+                session: id.clone(),
+                version: version.unwrap_or(latest),
+            });
+        };
+        let meta = rows::checkpoint_meta(&row)?;
+        let format: i32 = get(&row, "cp_format")?;
+        rows::check_format(id, Some(v), "the checkpoint", format)?;
+        let plan = rows::json(id, Some(v), "the plan", &get::<String>(&row, "plan")?)?;
+        let budget = rows::json(id, Some(v), "the budget", &get::<String>(&row, "budget")?)?;
+        let state = rows::json(id, Some(v), "the state", &get::<String>(&row, "state")?)?;
+        let messages = load_messages(&mut conn, id, v, meta.last_seq).await?;
+        Ok(Checkpoint {
+            meta,
+            messages,
+            plan,
+            budget,
+            state,
+        })
+    }
+
+    async fn list_checkpoints(&self, id: &SessionId) -> Result<Vec<CheckpointMeta>, StoreError> {
+        let mut conn = self.pool.acquire().await.map_err(db)?;
+        // Distinguish "no such session" from "no checkpoints".
+        txn::session(&mut conn, id, None).await?;
+        sqlx::query(concat!(
+            "SELECT ",
+            checkpoint_meta_cols!(),
+            " FROM durable_checkpoints WHERE session_id = $1 ORDER BY version"
+        ))
+        .bind(id.as_str())
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db)?
+        .iter()
+        .map(rows::checkpoint_meta)
+        .collect()
+    }
+
+    async fn fork_session(
+        &self,
+        id: &SessionId,
+        version: i64,
+        new_id: &SessionId,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<(SessionRecord, Lease), StoreError> {
+        let mut tx = self.pool.begin().await.map_err(db)?;
+        let now = txn::now(&mut tx).await?;
+        let source = sqlx::query(
+            "SELECT app_version, metadata, format FROM durable_sessions WHERE id = $1",
+        )
+        .bind(id.as_str())
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db)?
+        .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
+        let cp = sqlx::query(
+            "SELECT last_seq, message_count, plan, budget, state, format FROM durable_checkpoints
+             WHERE session_id = $1 AND version = $2",
+        )
+        .bind(id.as_str())
+        .bind(version)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db)?
+        .ok_or_else(|| StoreError::VersionNotFound {
+            session: id.clone(),
+            version,
+        })?;
+        let app_version: String = get(&source, "app_version")?;
+        let expires = now.saturating_add(ttl_ms(ttl));
+        let row = sqlx::query(concat!(
+            "INSERT INTO durable_sessions (id, status, app_version, metadata, lease_owner, \
+             lease_expires_at, fence, recovery_attempts, status_reason, latest_version, \
+             created_at, updated_at, format) \
+             VALUES ($1, 'active', $2, $3, $4, $5, 1, 0, NULL, 0, $6, $6, $7) \
+             ON CONFLICT (id) DO NOTHING RETURNING ",
+            session_cols!()
+        ))
+        .bind(new_id.as_str())
+        .bind(&app_version)
+        .bind(get::<String>(&source, "metadata")?)
+        .bind(owner)
+        .bind(expires)
+        .bind(now)
+        .bind(get::<i32>(&source, "format")?)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db)?
+        .ok_or_else(|| StoreError::SessionExists(new_id.clone()))?;
+        let record = rows::session(&row)?;
+        let last_seq: i64 = get(&cp, "last_seq")?;
+        sqlx::query(
+            "INSERT INTO durable_messages (session_id, seq, message, format, created_at)
+             SELECT $1, seq, message, format, $4 FROM durable_messages
+             WHERE session_id = $2 AND seq <= $3",
+        )
+        .bind(new_id.as_str())
+        .bind(id.as_str())
+        .bind(last_seq)
+        .bind(now)
+        .execute(&mut *tx)
+        .await
+        .map_err(db)?;
+        txn::insert_checkpoint(
+            &mut tx,
+            CheckpointRow {
+                session: new_id,
+                version: 0,
+                last_seq,
+                message_count: get(&cp, "message_count")?,
+                plan: get(&cp, "plan")?,
+                budget: get(&cp, "budget")?,
+                state: get(&cp, "state")?,
+                app_version: &app_version,
+                format: get(&cp, "format")?,
+            },
+            now,
+        )
+        .await?;
+        tx.commit().await.map_err(db)?;
+        let lease = Lease {
+            session: new_id.clone(),
+            owner: owner.to_owned(),
+            fence: record.fence,
+            expires_at: expires,
+        };
+        Ok((record, lease))
+    }
+
+    async fn issue_call(
+        &self,
+        fence: Fence<'_>,
+        call: NewCall,
+    ) -> Result<IssueOutcome, StoreError> {
+        self.issue(fence, call, None).await
+    }
+
+    async fn record_call(
+        &self,
+        fence: Fence<'_>,
+        call: NewCall,
+        finish: FinishCall,
+    ) -> Result<IssueOutcome, StoreError> {
+        self.issue(fence, call, Some(finish)).await
+    }
+
+    async fn reissue_call(
+        &self,
+        fence: Fence<'_>,
+        call: &CallId,
+    ) -> Result<CallRecord, StoreError> {
+        self.reissue(fence, call).await
+    }
+
+    async fn finish_call(
+        &self,
+        fence: Fence<'_>,
+        call: &CallId,
+        finish: FinishCall,
+        checkpoint: Option<(i64, NewCheckpoint)>,
+    ) -> Result<Option<CheckpointMeta>, StoreError> {
+        self.finish(fence, call, finish, checkpoint).await
+    }
+
+    async fn call(&self, id: &CallId) -> Result<CallRecord, StoreError> {
+        self.call_record(id).await
+    }
+
+    async fn calls(
+        &self,
+        session: &SessionId,
+        step: Option<i64>,
+    ) -> Result<Vec<CallRecord>, StoreError> {
+        self.call_records(session, step).await
+    }
+
+    async fn in_doubt(&self, session: Option<&SessionId>) -> Result<Vec<CallRecord>, StoreError> {
+        self.in_doubt_calls(session).await
+    }
+
+    async fn resolve_call(&self, resolve: ResolveCall) -> Result<CallRecord, StoreError> {
+        self.resolve(resolve).await
+    }
+
+    async fn resolutions(&self, session: &SessionId) -> Result<Vec<ResolutionRecord>, StoreError> {
+        self.resolution_records(session).await
+    }
+
+    async fn record_error(&self, error: NewError) -> Result<(), StoreError> {
+        self.insert_error(error).await
+    }
+
+    async fn errors(&self, session: &SessionId) -> Result<Vec<ErrorRecord>, StoreError> {
+        self.error_records(session).await
+    }
+
+    async fn migrate_session(&self, migrate: MigrateSession) -> Result<SessionRecord, StoreError> {
+        self.migrate(migrate).await
+    }
+
+    async fn purge_session(
+        &self,
+        id: &SessionId,
+        retention: Duration,
+    ) -> Result<PurgeOutcome, StoreError> {
+        self.purge(id, retention).await
+    }
+}
+
+/// The transcript of checkpoint `version`: the log up to `last_seq`.
+async fn load_messages(
+    conn: &mut PgConnection,
+    id: &SessionId,
+    version: i64,
+    last_seq: i64,
+) -> Result<Vec<serde_json::Value>, StoreError> {
+    let rows = sqlx::query(
+        "SELECT seq, message, format FROM durable_messages
+         WHERE session_id = $1 AND seq <= $2 ORDER BY seq",
+    )
+    .bind(id.as_str())
+    .bind(last_seq)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(db)?;
+    rows.iter()
+        .map(|row| {
+            let seq: i64 = get(row, "seq")?;
+            let what = format!("message {seq}");
+            rows::check_format(id, Some(version), &what, get(row, "format")?)?;
+            rows::json(id, Some(version), &what, &get::<String>(row, "message")?)
+        })
+        .collect()
+}
