@@ -1,0 +1,825 @@
+//! Runtime cases: the replay protocol (DESIGN.md's table) driven through [`Durable`],
+//! [`Session`](crate::Session) and [`Journal`] over a real store.
+//!
+//! A crash is simulated in-process by dropping a session (its lease stays live, as a
+//! killed worker's would) or by cancelling a call while its tool body is parked after its
+//! effect; the next worker takes over with a lease of its own, so everything the first one
+//! issued is in doubt, exactly as after a `SIGKILL`. Real-process crash tests live in the
+//! facade's `tests/crash.rs`.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use crate::error::{DurableError, StoreError};
+use crate::journal::{CallError, CallEvent, Outcome};
+use crate::replay::ReplayClass;
+use crate::runtime::{Durable, StartOptions};
+use crate::session::{InDoubtAction, Session};
+use crate::snapshot::{Budget, Spend};
+use crate::store::{CallStatus, CheckpointStore, Resolution};
+use crate::tool::{ToolSpec, Verification};
+use crate::transcript::Message;
+
+type Events = Arc<Mutex<Vec<CallEvent>>>;
+
+fn runtime(store: &Arc<dyn CheckpointStore>, owner: &str) -> (Durable, Events) {
+    let events: Events = Arc::default();
+    let sink = Arc::clone(&events);
+    let durable = Durable::builder(Arc::clone(store))
+        .owner(super::owner(owner))
+        .app_version("v1")
+        .on_call(move |e| sink.lock().expect("events lock").push(e.clone()))
+        .build();
+    (durable, events)
+}
+
+fn outcomes(events: &Events) -> Vec<(String, Outcome)> {
+    events
+        .lock()
+        .expect("events lock")
+        .iter()
+        .map(|e| (e.tool.clone(), e.outcome))
+        .collect()
+}
+
+fn spec(name: &str, class: ReplayClass) -> ToolSpec {
+    ToolSpec::new(
+        name,
+        format!("test tool {name}"),
+        class,
+        json!({"type": "object", "properties": {"n": {"type": "integer"}}}),
+    )
+}
+
+/// A tool body that counts its executions and echoes its key.
+async fn body(ctx: crate::ToolContext, runs: Arc<AtomicUsize>, n: i64) -> Result<Value, String> {
+    let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
+    Ok(json!({"n": n, "run": run, "key": ctx.idempotency_key(), "attempt": ctx.attempt()}))
+}
+
+async fn start(durable: &Durable) -> Session<Message> {
+    durable
+        .start::<Message>(StartOptions::default())
+        .await
+        .expect("start a session")
+}
+
+/// Takes a session over from a "dead" worker (its lease still live): same path as a
+/// recovery after the lease expired, without waiting for it.
+async fn take_over(
+    store: &Arc<dyn CheckpointStore>,
+    session: &crate::SessionId,
+    owner: &str,
+) -> (crate::Resumed<Message>, Events) {
+    let record = store.session(session).await.expect("read session");
+    let lease = crate::store::Lease {
+        session: session.clone(),
+        owner: record.lease_owner.clone().unwrap_or_default(),
+        fence: record.fence,
+        expires_at: 0,
+    };
+    store
+        .release_lease(&lease)
+        .await
+        .expect("release the dead worker's lease");
+    let (durable, events) = runtime(store, owner);
+    let resumed = durable.resume::<Message>(session).await.expect("resume");
+    (resumed, events)
+}
+
+/// Runs one call of `spec` with argument `n` (and key `key`), counting executions.
+async fn call(
+    session: &Session<Message>,
+    spec: &ToolSpec,
+    n: i64,
+    key: Option<&str>,
+    runs: &Arc<AtomicUsize>,
+) -> Result<Value, CallError<String>> {
+    let mut call = session.journal().tool(spec, json!({ "n": n }));
+    if let Some(key) = key {
+        call = call.key(key);
+    }
+    let runs = Arc::clone(runs);
+    call.run(move |ctx| body(ctx, Arc::clone(&runs), n)).await
+}
+
+/// Starts an unsafe/keyed call whose body performs its effect (counted) and then hangs,
+/// and cancels it: the row stays `issued` with the effect done — the crash window.
+async fn call_and_die(
+    session: &Session<Message>,
+    spec: &ToolSpec,
+    n: i64,
+    key: Option<&str>,
+    effects: &Arc<AtomicUsize>,
+) {
+    let mut call = session.journal().tool(spec, json!({ "n": n }));
+    if let Some(key) = key {
+        call = call.key(key);
+    }
+    let counter = Arc::clone(effects);
+    let fut = call.run(move |_ctx| {
+        let effects = Arc::clone(&counter);
+        async move {
+            effects.fetch_add(1, Ordering::SeqCst);
+            std::future::pending::<Result<Value, String>>().await
+        }
+    });
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), fut)
+            .await
+            .is_err(),
+        "the hanging tool body must not complete"
+    );
+    assert_eq!(
+        effects.load(Ordering::SeqCst),
+        1,
+        "the effect ran once before the crash"
+    );
+}
+
+/// Recorded results are returned on resume without running any class of tool again.
+pub async fn runtime_recorded_results_are_returned_for_every_class(
+    store: Arc<dyn CheckpointStore>,
+) {
+    let (durable, _) = runtime(&store, "first");
+    let session = start(&durable).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let specs = [
+        spec("read", ReplayClass::Pure),
+        spec("charge", ReplayClass::IdempotentWithKey),
+        spec("email", ReplayClass::UnsafeOnReplay),
+    ];
+    let mut first = Vec::new();
+    for (i, s) in specs.iter().enumerate() {
+        first.push(
+            call(&session, s, i as i64, Some("k-1"), &runs)
+                .await
+                .expect("first run"),
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    let id = session.id().clone();
+    drop(session); // crash before the checkpoint: the turn is re-run
+
+    let (resumed, events) = take_over(&store, &id, "second").await;
+    assert!(
+        resumed.report.in_doubt.is_empty(),
+        "nothing is in doubt: {:?}",
+        resumed.report
+    );
+    for (i, s) in specs.iter().enumerate() {
+        let again = call(&resumed.session, s, i as i64, Some("k-1"), &runs)
+            .await
+            .expect("replay");
+        assert_eq!(
+            again, first[i],
+            "replay of `{}` returns the recorded bytes",
+            s.name
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 3, "no tool ran again");
+    assert!(
+        outcomes(&events)
+            .iter()
+            .all(|(_, o)| *o == Outcome::CacheHit),
+        "{:?}",
+        outcomes(&events)
+    );
+}
+
+/// A recorded failure is replayed as a failure, not re-run.
+pub async fn runtime_recorded_failures_are_replayed(store: Arc<dyn CheckpointStore>) {
+    let (durable, _) = runtime(&store, "first");
+    let session = start(&durable).await;
+    let s = spec("flaky", ReplayClass::Pure);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&runs);
+    let first = session
+        .journal()
+        .tool(&s, json!({"n": 1}))
+        .run(move |_| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async { Err::<Value, _>("upstream said no".to_owned()) }
+        })
+        .await;
+    assert!(
+        matches!(first, Err(CallError::Tool(ref m)) if m == "upstream said no"),
+        "{first:?}"
+    );
+    let id = session.id().clone();
+    drop(session);
+    let (resumed, _) = take_over(&store, &id, "second").await;
+    let counter = Arc::clone(&runs);
+    let again = resumed
+        .session
+        .journal()
+        .tool(&s, json!({"n": 1}))
+        .run(move |_| {
+            counter.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<Value, String>(json!("should not run")) }
+        })
+        .await;
+    assert!(
+        matches!(again, Err(CallError::Recorded(ref f)) if f.message == "upstream said no"),
+        "{again:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// In doubt `idempotent_with_key`: re-executed once, with the key recorded the first time.
+pub async fn runtime_in_doubt_keyed_reruns_with_recorded_key(store: Arc<dyn CheckpointStore>) {
+    let (durable, _) = runtime(&store, "first");
+    let session = start(&durable).await;
+    let s = spec("charge", ReplayClass::IdempotentWithKey);
+    let effects = Arc::new(AtomicUsize::new(0));
+    call_and_die(&session, &s, 7, Some("charge:order-7"), &effects).await;
+    let id = session.id().clone();
+    drop(session);
+
+    let (resumed, events) = take_over(&store, &id, "second").await;
+    let in_doubt = &resumed.report.in_doubt;
+    assert_eq!(in_doubt.len(), 1, "{in_doubt:?}");
+    assert_eq!(
+        in_doubt[0].action,
+        InDoubtAction::ReExecuteWithKey(Some("charge:order-7".into()))
+    );
+    // Even if today's key derivation produced another key, the recorded one is used.
+    let result = call(&resumed.session, &s, 7, Some("charge:DIFFERENT"), &effects)
+        .await
+        .expect("re-run");
+    assert_eq!(result["key"], json!("charge:order-7"));
+    assert_eq!(result["attempt"], json!(2));
+    assert_eq!(
+        effects.load(Ordering::SeqCst),
+        2,
+        "re-executed exactly once"
+    );
+    assert_eq!(
+        outcomes(&events),
+        vec![("charge".to_owned(), Outcome::ReExecutedWithKey)]
+    );
+}
+
+/// In doubt `unsafe_on_replay` without a verify hook: `ReplayUnsafe`, never re-run; the
+/// refusal repeats on every resume until an operator resolves the call.
+pub async fn runtime_in_doubt_unsafe_is_refused(store: Arc<dyn CheckpointStore>) {
+    let (durable, _) = runtime(&store, "first");
+    let session = start(&durable).await;
+    let s = spec("email", ReplayClass::UnsafeOnReplay);
+    let effects = Arc::new(AtomicUsize::new(0));
+    call_and_die(&session, &s, 1, None, &effects).await;
+    let id = session.id().clone();
+    drop(session);
+
+    for attempt in 0..3 {
+        let (resumed, events) = take_over(&store, &id, "next").await;
+        assert!(resumed.report.needs_attention());
+        let err = call(&resumed.session, &s, 1, None, &effects)
+            .await
+            .expect_err("must refuse");
+        assert!(
+            matches!(err, CallError::Durable(DurableError::ReplayUnsafe { ref tool, .. }) if tool == "email"),
+            "resume {attempt}: {err:?}"
+        );
+        assert_eq!(
+            outcomes(&events),
+            vec![("email".to_owned(), Outcome::Refused)]
+        );
+        assert!(!err.to_string().is_empty());
+    }
+    assert_eq!(
+        effects.load(Ordering::SeqCst),
+        1,
+        "the unsafe tool never ran again"
+    );
+}
+
+/// The verify hook decides: happened (recorded, not run), did not happen (run once),
+/// unknown (refused).
+pub async fn runtime_verify_hook_decides_in_doubt_unsafe(store: Arc<dyn CheckpointStore>) {
+    for (verdict, expect_runs, expect_outcome) in [
+        (
+            Verification::Happened(json!({"receipt": "r-1"})),
+            1,
+            Some(Outcome::VerifiedHappened),
+        ),
+        (
+            Verification::DidNotHappen,
+            2,
+            Some(Outcome::VerifiedNotHappened),
+        ),
+        (Verification::Unknown, 1, Some(Outcome::Refused)),
+    ] {
+        let (durable, _) = runtime(&store, "first");
+        let session = start(&durable).await;
+        let s = spec("email", ReplayClass::UnsafeOnReplay).with_verify();
+        let effects = Arc::new(AtomicUsize::new(0));
+        call_and_die(&session, &s, 1, None, &effects).await;
+        let id = session.id().clone();
+        drop(session);
+
+        let (resumed, events) = take_over(&store, &id, "second").await;
+        let counter = Arc::clone(&effects);
+        let verdict_for_hook = verdict.clone();
+        let result = resumed
+            .session
+            .journal()
+            .tool(&s, json!({"n": 1}))
+            .run_verified(
+                move |_| {
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    async { Ok::<Value, String>(json!({"receipt": "fresh"})) }
+                },
+                move |ctx| async move {
+                    assert_eq!(ctx.attempt(), 1, "verify sees the in-doubt attempt");
+                    verdict_for_hook
+                },
+            )
+            .await;
+        assert_eq!(
+            effects.load(Ordering::SeqCst),
+            expect_runs,
+            "verdict {verdict:?}"
+        );
+        assert_eq!(outcomes(&events).last().map(|e| e.1), expect_outcome);
+        match verdict {
+            Verification::Happened(v) => {
+                assert_eq!(result.expect("happened"), v);
+                // and it is now recorded: a later resume returns it as a cache hit
+                let rows = store.calls(&id, None).await.expect("calls");
+                assert_eq!(rows[0].status, CallStatus::Completed);
+            }
+            Verification::DidNotHappen => {
+                assert_eq!(result.expect("ran"), json!({"receipt": "fresh"}))
+            }
+            Verification::Unknown => assert!(matches!(
+                result,
+                Err(CallError::Durable(DurableError::ReplayUnsafe { .. }))
+            )),
+        }
+    }
+}
+
+/// An operator's resolution: *happened* becomes the call's result (nothing runs);
+/// *did not happen* lets the call execute once.
+pub async fn runtime_operator_resolution_is_honoured(store: Arc<dyn CheckpointStore>) {
+    for happened in [true, false] {
+        let (durable, _) = runtime(&store, "first");
+        let session = start(&durable).await;
+        let s = spec("email", ReplayClass::UnsafeOnReplay);
+        let effects = Arc::new(AtomicUsize::new(0));
+        call_and_die(&session, &s, 1, None, &effects).await;
+        let id = session.id().clone();
+        drop(session);
+        let record = store.session(&id).await.expect("session");
+        let lease = crate::store::Lease {
+            session: id.clone(),
+            owner: record.lease_owner.clone().unwrap_or_default(),
+            fence: record.fence,
+            expires_at: 0,
+        };
+        store.release_lease(&lease).await.expect("release");
+
+        let (operator, _) = runtime(&store, "operator");
+        let doubt = operator.in_doubt(Some(&id)).await.expect("in doubt");
+        assert_eq!(doubt.len(), 1);
+        let resolution = if happened {
+            Resolution::Happened {
+                result: json!({"receipt": "from-operator"}),
+            }
+        } else {
+            Resolution::DidNotHappen
+        };
+        operator
+            .resolve(
+                &doubt[0].id,
+                resolution,
+                "alice",
+                Some("checked the outbox"),
+            )
+            .await
+            .expect("resolve");
+        let audit = store.resolutions(&id).await.expect("audit");
+        assert_eq!(audit.len(), 1);
+        assert_eq!(audit[0].by, "alice");
+
+        let (resumed, events) = take_over(&store, &id, "second").await;
+        let result = call(&resumed.session, &s, 1, None, &effects)
+            .await
+            .expect("continue");
+        if happened {
+            assert_eq!(result, json!({"receipt": "from-operator"}));
+            assert_eq!(effects.load(Ordering::SeqCst), 1);
+            assert_eq!(
+                outcomes(&events),
+                vec![("email".to_owned(), Outcome::Resolved)]
+            );
+        } else {
+            assert_eq!(result["run"], json!(2), "ran once more after the crash");
+            assert_eq!(effects.load(Ordering::SeqCst), 2);
+            assert_eq!(
+                outcomes(&events),
+                vec![("email".to_owned(), Outcome::ReExecuted)]
+            );
+        }
+    }
+}
+
+/// A re-run step that asks for other arguments while an unsafe call of the step is
+/// unresolved is refused, naming the unresolved call; pure calls still run.
+pub async fn runtime_no_effect_runs_beside_an_orphan(store: Arc<dyn CheckpointStore>) {
+    let (durable, _) = runtime(&store, "first");
+    let session = start(&durable).await;
+    let email = spec("email", ReplayClass::UnsafeOnReplay);
+    let effects = Arc::new(AtomicUsize::new(0));
+    call_and_die(&session, &email, 1, None, &effects).await;
+    let orphan = store.calls(session.id(), None).await.expect("calls")[0]
+        .id
+        .clone();
+    let id = session.id().clone();
+    drop(session);
+
+    let (resumed, _) = take_over(&store, &id, "second").await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    // the model changed its mind: same tool, other arguments
+    let err = call(&resumed.session, &email, 2, None, &runs)
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(err, CallError::Durable(DurableError::ReplayUnsafe { ref call, .. }) if *call == orphan),
+        "{err:?}"
+    );
+    // another side-effecting tool is refused too
+    let charge = spec("charge", ReplayClass::IdempotentWithKey);
+    let err = call(&resumed.session, &charge, 2, Some("k"), &runs)
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(err, CallError::Durable(DurableError::ReplayUnsafe { .. })),
+        "{err:?}"
+    );
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "no effect ran beside the orphan"
+    );
+    // a pure read has no effect and may run
+    let read = spec("read", ReplayClass::Pure);
+    call(&resumed.session, &read, 2, None, &runs)
+        .await
+        .expect("pure runs");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// Two deliberate identical calls in one turn are two calls (ordinals 0 and 1), both
+/// replayed; the same call in the next turn is a new call.
+pub async fn runtime_ordinals_and_steps_scope_identity(store: Arc<dyn CheckpointStore>) {
+    let (durable, _) = runtime(&store, "first");
+    let mut session = start(&durable).await;
+    let s = spec("email", ReplayClass::UnsafeOnReplay);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let a = call(&session, &s, 1, None, &runs).await.expect("first");
+    let b = call(&session, &s, 1, None, &runs).await.expect("second");
+    assert_ne!(a, b, "two deliberate calls ran twice");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    let rows = store.calls(session.id(), Some(0)).await.expect("calls");
+    let ordinals: Vec<i64> = rows.iter().map(|r| r.identity.ordinal).collect();
+    assert_eq!(ordinals, vec![0, 1]);
+
+    session.checkpoint().await.expect("checkpoint");
+    call(&session, &s, 1, None, &runs).await.expect("next turn");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        3,
+        "a later turn's identical call is a new call"
+    );
+    let rows = store.calls(session.id(), Some(1)).await.expect("calls");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].identity.step, 1);
+}
+
+/// Model responses are journaled by position: a re-run turn gets the recorded responses
+/// and does not call the model again; spend is charged once per row.
+pub async fn runtime_model_responses_replay_and_spend_once(store: Arc<dyn CheckpointStore>) {
+    let (durable, _) = runtime(&store, "first");
+    let session = start(&durable).await;
+    let asked = Arc::new(AtomicUsize::new(0));
+    let ask = |session: &Session<Message>, text: &'static str| {
+        let asked = Arc::clone(&asked);
+        let journal = session.journal().clone();
+        async move {
+            journal
+                .model_with_spend(
+                    move || async move {
+                        asked.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, String>(json!({"text": text}))
+                    },
+                    |_| Some(Spend::new(0.25, 100, 20).expect("valid spend")),
+                )
+                .await
+                .expect("model")
+        }
+    };
+    let r1 = ask(&session, "first answer").await;
+    let r2 = ask(&session, "second answer").await;
+    assert_eq!(asked.load(Ordering::SeqCst), 2);
+    assert_eq!(session.budget().total_tokens(), 240);
+    let id = session.id().clone();
+    drop(session);
+
+    let (resumed, _) = take_over(&store, &id, "second").await;
+    let mut session = resumed.session;
+    assert_eq!(
+        session.budget().total_tokens(),
+        0,
+        "the crashed turn was never checkpointed"
+    );
+    assert_eq!(
+        ask(&session, "CHANGED").await,
+        r1,
+        "position 0 replays the recorded response"
+    );
+    assert_eq!(ask(&session, "CHANGED").await, r2);
+    assert_eq!(
+        asked.load(Ordering::SeqCst),
+        2,
+        "the model was not asked again"
+    );
+    // replaying the same rows twice in one turn does not double-charge
+    assert_eq!(session.budget().total_tokens(), 240);
+    session.checkpoint().await.expect("checkpoint");
+    let cp = store.load_checkpoint(&id, None).await.expect("load");
+    let budget: Budget = serde_json::from_value(cp.budget).expect("budget");
+    assert_eq!(
+        budget.total_tokens(),
+        240,
+        "checkpointed budget charged once"
+    );
+    assert!((budget.spent_usd() - 0.5).abs() < 1e-9);
+}
+
+/// A key reused with other arguments is an `IdempotencyConflict`; nothing runs.
+pub async fn runtime_idempotency_key_conflict_runs_nothing(store: Arc<dyn CheckpointStore>) {
+    let (durable, _) = runtime(&store, "first");
+    let session = start(&durable).await;
+    let s = spec("charge", ReplayClass::IdempotentWithKey);
+    let runs = Arc::new(AtomicUsize::new(0));
+    call(&session, &s, 1, Some("same-key"), &runs)
+        .await
+        .expect("first");
+    let err = call(&session, &s, 2, Some("same-key"), &runs)
+        .await
+        .expect_err("conflict");
+    assert!(
+        matches!(
+            err,
+            CallError::Durable(DurableError::Store(StoreError::IdempotencyConflict { .. }))
+        ),
+        "{err:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// Arguments that break the validation rules are refused before anything is journaled.
+pub async fn runtime_invalid_arguments_journal_nothing(store: Arc<dyn CheckpointStore>) {
+    let (durable, _) = runtime(&store, "first");
+    let session = start(&durable).await;
+    let s = spec("email", ReplayClass::UnsafeOnReplay);
+    let mut deep = json!(1);
+    for _ in 0..100 {
+        deep = json!([deep]);
+    }
+    let runs = Arc::new(AtomicUsize::new(0));
+    for bad in [json!({"n": deep}), json!({"n": 9_007_199_254_740_993_u64})] {
+        let counter = Arc::clone(&runs);
+        let err = session
+            .journal()
+            .tool(&s, bad)
+            .run(move |_| {
+                counter.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<Value, String>(Value::Null) }
+            })
+            .await
+            .expect_err("refused");
+        assert!(
+            matches!(
+                err,
+                CallError::Durable(DurableError::InvalidArguments { .. })
+            ),
+            "{err:?}"
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    assert!(
+        store
+            .calls(session.id(), None)
+            .await
+            .expect("calls")
+            .is_empty(),
+        "nothing journaled"
+    );
+}
+
+/// A worker that lost its lease cannot journal anything: its unsafe call never runs.
+pub async fn runtime_lost_lease_stops_the_zombie(store: Arc<dyn CheckpointStore>) {
+    let (durable, _) = runtime(&store, "zombie");
+    let zombie = start(&durable).await;
+    let id = zombie.id().clone();
+    let (resumed, _) = take_over(&store, &id, "successor").await;
+    let s = spec("email", ReplayClass::UnsafeOnReplay);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let err = call(&zombie, &s, 1, None, &runs)
+        .await
+        .expect_err("zombie refused");
+    assert!(
+        matches!(
+            err,
+            CallError::Durable(DurableError::Store(StoreError::LeaseLost { .. }))
+        ),
+        "{err:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+    // the successor works
+    call(&resumed.session, &s, 1, None, &runs)
+        .await
+        .expect("successor runs");
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    // a second live worker is refused outright
+    let (other, _) = runtime(&store, "other");
+    let refused = other.resume::<Message>(&id).await.expect_err("leased");
+    assert!(
+        matches!(refused, DurableError::Store(StoreError::Leased { .. })),
+        "{refused:?}"
+    );
+}
+
+/// Checkpoints: messages pushed after the last checkpoint are not restored; plan, budget
+/// and state are; any version loads; a fork starts from a version.
+pub async fn runtime_checkpoints_restore_transcript_plan_budget(store: Arc<dyn CheckpointStore>) {
+    let (durable, _) = runtime(&store, "first");
+    let mut session = start(&durable).await;
+    session.push(Message::user("turn 1"));
+    session.plan_mut().objective = "ship it".into();
+    session.set_state(json!({"cursor": 1}));
+    session.checkpoint().await.expect("v1");
+    session.push(Message::user("turn 2"));
+    session.checkpoint().await.expect("v2");
+    session.push(Message::user("lost turn"));
+    let id = session.id().clone();
+    drop(session);
+
+    let (resumed, _) = take_over(&store, &id, "second").await;
+    let session = resumed.session;
+    assert_eq!(session.version(), 2);
+    assert_eq!(
+        session.messages(),
+        &[Message::user("turn 1"), Message::user("turn 2")]
+    );
+    assert_eq!(session.plan().objective, "ship it");
+    assert_eq!(session.state(), &json!({"cursor": 1}));
+
+    let (forker, _) = runtime(&store, "forker");
+    let fork = forker.fork::<Message>(&id, 1, None).await.expect("fork");
+    assert_eq!(fork.messages(), &[Message::user("turn 1")]);
+    assert_ne!(fork.id(), &id);
+}
+
+/// A session started on another app version is refused until migrated (audited).
+pub async fn runtime_app_version_requires_migration(store: Arc<dyn CheckpointStore>) {
+    let (durable, _) = runtime(&store, "v1-worker");
+    let session = start(&durable).await;
+    let id = session.id().clone();
+    session.release().await.expect("release");
+    let v2 = Durable::builder(Arc::clone(&store))
+        .owner(super::owner("v2"))
+        .app_version("v2")
+        .build();
+    let err = v2.resume::<Message>(&id).await.expect_err("mismatch");
+    assert!(
+        matches!(err, DurableError::AppVersionMismatch { .. }),
+        "{err:?}"
+    );
+    v2.migrate(&id, vec![("old_tool".into(), "new_tool".into())], "ops")
+        .await
+        .expect("migrate");
+    let resumed = v2
+        .resume::<Message>(&id)
+        .await
+        .expect("resumes after migration");
+    assert_eq!(resumed.session.record().app_version, "v2");
+}
+
+/// With a MAC key, an outcome written behind the framework's back is detected.
+pub async fn runtime_mac_detects_rows_written_outside(store: Arc<dyn CheckpointStore>) {
+    let keyed = |owner: &str| {
+        Durable::builder(Arc::clone(&store))
+            .owner(super::owner(owner))
+            .app_version("v1")
+            .mac_key(b"secret key".to_vec())
+            .build()
+    };
+    let durable = keyed("first");
+    let session = durable
+        .start::<Message>(StartOptions::default())
+        .await
+        .expect("start");
+    let s = spec("email", ReplayClass::UnsafeOnReplay);
+    let effects = Arc::new(AtomicUsize::new(0));
+    call_and_die(&session, &s, 1, None, &effects).await;
+    let id = session.id().clone();
+    drop(session);
+    let record = store.session(&id).await.expect("session");
+    store
+        .release_lease(&crate::store::Lease {
+            session: id.clone(),
+            owner: String::new(),
+            fence: record.fence,
+            expires_at: 0,
+        })
+        .await
+        .expect("release");
+    // forge a "happened" resolution directly through the store, without a MAC
+    let row = store.calls(&id, None).await.expect("calls").remove(0);
+    store
+        .resolve_call(crate::store::ResolveCall {
+            call: row.id.clone(),
+            resolution: Resolution::Happened {
+                result: json!({"forged": true}),
+            },
+            by: "mallory".into(),
+            note: None,
+            mac: None,
+        })
+        .await
+        .expect("forge");
+    let resumed = keyed("second")
+        .resume::<Message>(&id)
+        .await
+        .expect("resume");
+    let err = call(&resumed.session, &s, 1, None, &effects)
+        .await
+        .expect_err("tampered");
+    assert!(
+        matches!(err, CallError::Durable(DurableError::Tampered { .. })),
+        "{err:?}"
+    );
+}
+
+/// Secret arguments are stored as a hash, never in clear; the call still replays.
+pub async fn runtime_secret_arguments_are_masked(store: Arc<dyn CheckpointStore>) {
+    let (durable, _) = runtime(&store, "first");
+    let session = start(&durable).await;
+    let s = spec("login", ReplayClass::Pure).with_secret_args(["password"]);
+    session
+        .journal()
+        .tool(&s, json!({"user": "ann", "password": "hunter2"}))
+        .run(|_| async { Ok::<_, String>(json!("ok")) })
+        .await
+        .expect("run");
+    let rows = store.calls(session.id(), None).await.expect("calls");
+    let stored = rows[0].args.to_string();
+    assert!(
+        !stored.contains("hunter2"),
+        "secret stored in clear: {stored}"
+    );
+    assert!(stored.contains("ann"));
+}
+
+/// The retry helper records every failed attempt, and counts continue across workers.
+pub async fn runtime_retry_records_attempts(store: Arc<dyn CheckpointStore>) {
+    let (durable, _) = runtime(&store, "first");
+    let session = start(&durable).await;
+    let policy = crate::retry::RetryPolicy::new()
+        .with_max_attempts(3)
+        .with_base_delay(Duration::from_millis(1))
+        .with_jitter(false);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&calls);
+    let result = crate::retry::retry(
+        store.as_ref(),
+        session.id(),
+        0,
+        "model",
+        &policy,
+        |_e: &String| true,
+        move |_attempt| {
+            let n = counter.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if n < 2 {
+                    Err(format!("503 #{n}"))
+                } else {
+                    Ok("fine")
+                }
+            }
+        },
+    )
+    .await;
+    assert_eq!(result.expect("third attempt succeeds"), "fine");
+    let errors = store.errors(session.id()).await.expect("errors");
+    let attempts: Vec<i32> = errors.iter().map(|e| e.attempt).collect();
+    assert_eq!(attempts, vec![0, 1]);
+    assert_eq!(errors[0].message, "503 #0");
+}
