@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Runs every test of the workspace: unit tests, the conformance suite on SQLite (file and
+# in-memory) and on a real PostgreSQL server, trybuild compile-fail tests, crash tests in
+# real processes, and doctests.
+#
+# The PostgreSQL tests start a throwaway cluster from the machine's PostgreSQL binaries
+# (loopback only, a port and directory of their own), or use DATABASE_URL when it is set.
+# On a machine without those binaries this script installs Debian's `postgresql` package
+# first: the PostgreSQL suite is mandatory, never skipped.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+have_pg_binaries() {
+  command -v initdb >/dev/null 2>&1 || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null
+}
+
+if [ -z "${DATABASE_URL:-}" ] && ! have_pg_binaries; then
+  echo "scripts/test.sh: PostgreSQL binaries not found; installing Debian's postgresql package" >&2
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends postgresql >/dev/null
+  have_pg_binaries || { echo "scripts/test.sh: postgresql installed but initdb still not found" >&2; exit 1; }
+fi
+
+exec cargo test --workspace --all-features "$@"
