@@ -45,9 +45,7 @@ use std::time::Duration;
 
 use durable_core::StoreError;
 use sqlx::migrate::Migrator;
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous,
-};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, SqliteConnection, SqlitePool};
 
 mod error;
@@ -301,7 +299,10 @@ impl fmt::Debug for SqliteStore {
             .field("location", &self.inner.location)
             .field("in_memory", &self.inner.in_memory)
             .field("accept_volatile", &self.inner.accept_volatile)
-            .field("readers", &self.inner.reader.options().get_max_connections())
+            .field(
+                "readers",
+                &self.inner.reader.options().get_max_connections(),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -429,5 +430,97 @@ impl SqliteStore {
 
     fn reader(&self) -> &SqlitePool {
         &self.inner.reader
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn connect(options: SqliteConnectOptions) -> SqliteConnection {
+        options.connect().await.expect("connect")
+    }
+
+    fn file(dir: &tempfile::TempDir) -> SqliteConnectOptions {
+        SqliteConnectOptions::new()
+            .filename(dir.path().join("t.db"))
+            .create_if_missing(true)
+    }
+
+    const EXPECT: Expect = Expect {
+        wal: true,
+        busy_timeout_ms: 5_000,
+    };
+
+    #[tokio::test]
+    async fn verify_refuses_rollback_journal_mode() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut conn = connect(file(&dir).journal_mode(SqliteJournalMode::Delete)).await;
+        match verify(&mut conn, EXPECT).await {
+            Err(StoreError::NotDurable { backend, setting }) => {
+                assert_eq!(
+                    (backend, setting.as_str()),
+                    ("sqlite", "journal_mode = delete")
+                );
+            }
+            other => panic!("expected NotDurable, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn verify_refuses_synchronous_normal() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let options = file(&dir)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal);
+        let mut conn = connect(options).await;
+        match verify(&mut conn, EXPECT).await {
+            Err(StoreError::NotDurable { setting, .. }) => {
+                assert_eq!(setting, "synchronous = normal");
+            }
+            other => panic!("expected NotDurable, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn verify_refuses_a_busy_timeout_that_did_not_take() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let options = file(&dir)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(Duration::from_millis(10));
+        let mut conn = connect(options).await;
+        let error = verify(&mut conn, EXPECT)
+            .await
+            .expect_err("busy timeout differs");
+        assert!(error.to_string().contains("busy_timeout"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn verify_accepts_wal_and_full() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let options = file(&dir)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full);
+        verify(&mut connect(options).await, EXPECT)
+            .await
+            .expect("WAL + FULL + foreign keys + 5 s busy timeout pass");
+    }
+
+    #[tokio::test]
+    async fn after_connect_refusal_surfaces_as_not_durable() {
+        let error = db(sqlx::Error::Configuration(Box::new(
+            StoreError::NotDurable {
+                backend: BACKEND,
+                setting: "synchronous = off".into(),
+            },
+        )));
+        assert!(matches!(error, StoreError::NotDurable { .. }), "{error:?}");
+    }
+
+    #[test]
+    fn migrations_use_our_tracking_table() {
+        assert_eq!(migrations().table_name, MIGRATIONS_TABLE);
+        assert_eq!(schema_version(), 1);
     }
 }

@@ -1,7 +1,9 @@
 //! Statements shared by several trait methods, run on a connection that is already
 //! inside a transaction.
 
-use durable_core::store::{CallStatus, CheckpointMeta, Fence, NewCheckpoint, SessionRecord, FORMAT_VERSION};
+use durable_core::store::{
+    CallStatus, CheckpointMeta, FORMAT_VERSION, Fence, NewCheckpoint, SessionRecord,
+};
 use durable_core::{CallId, SessionId, StoreError};
 use serde_json::Value;
 use sqlx::{Row, SqliteConnection};
@@ -49,14 +51,13 @@ pub(crate) async fn fenced(
     conn: &mut SqliteConnection,
     fence: Fence<'_>,
 ) -> Result<Fenced, StoreError> {
-    let row = sqlx::query(
-        "SELECT fence, latest_version, app_version FROM durable_sessions WHERE id = ?",
-    )
-    .bind(fence.session.as_str())
-    .fetch_optional(conn)
-    .await
-    .map_err(db)?
-    .ok_or_else(|| StoreError::SessionNotFound(fence.session.clone()))?;
+    let row =
+        sqlx::query("SELECT fence, latest_version, app_version FROM durable_sessions WHERE id = ?")
+            .bind(fence.session.as_str())
+            .fetch_optional(conn)
+            .await
+            .map_err(db)?
+            .ok_or_else(|| StoreError::SessionNotFound(fence.session.clone()))?;
     let current: i64 = rows::col(&row, "fence", fence.session, None)?;
     if current != fence.token {
         return Err(StoreError::LeaseLost {

@@ -6,7 +6,7 @@
 //! so one bad row never makes other sessions unreadable.
 
 use durable_core::store::{
-    CallKind, CallRecord, CallStatus, CallIdentity, CheckpointMeta, ErrorRecord, Resolution,
+    CallIdentity, CallKind, CallRecord, CallStatus, CheckpointMeta, ErrorRecord, Resolution,
     ResolutionRecord, SessionRecord, SessionStatus,
 };
 use durable_core::{CallId, ReplayClass, SessionId, StoreError};
@@ -59,7 +59,9 @@ where
 
 /// Reads the session id of a row (the one column we cannot blame on a session).
 fn session_id(row: &SqliteRow, name: &str) -> Result<SessionId, StoreError> {
-    row.try_get::<String, _>(name).map(SessionId::new).map_err(db)
+    row.try_get::<String, _>(name)
+        .map(SessionId::new)
+        .map_err(db)
 }
 
 /// Decodes a `durable_sessions` row selected with [`session_cols!`].
@@ -111,8 +113,15 @@ fn opt_json(
     call: &CallId,
 ) -> Result<Option<Value>, StoreError> {
     let text: Option<String> = col(row, name, session, None)?;
-    text.map(|t| parse_json(&t, session, None, &format!("`{name}` of journal row `{call}`")))
-        .transpose()
+    text.map(|t| {
+        parse_json(
+            &t,
+            session,
+            None,
+            &format!("`{name}` of journal row `{call}`"),
+        )
+    })
+    .transpose()
 }
 
 /// Decodes a `durable_tool_calls` row selected with [`call_cols!`].
@@ -171,14 +180,21 @@ pub(crate) fn resolution(row: &SqliteRow) -> Result<ResolutionRecord, StoreError
     let result: Option<String> = col(row, "result", s, None)?;
     let resolution = match (decision.as_str(), result) {
         ("happened", Some(text)) => Resolution::Happened {
-            result: parse_json(&text, s, None, &format!("the resolution result of call `{call}`"))?,
+            result: parse_json(
+                &text,
+                s,
+                None,
+                &format!("the resolution result of call `{call}`"),
+            )?,
         },
         ("did_not_happen", _) => Resolution::DidNotHappen,
         (other, _) => {
             return Err(corrupt(
                 s,
                 None,
-                format!("resolution of call `{call}` has decision `{other}` (expected `happened` with a result, or `did_not_happen`)"),
+                format!(
+                    "resolution of call `{call}` has decision `{other}` (expected `happened` with a result, or `did_not_happen`)"
+                ),
             ));
         }
     };

@@ -8,18 +8,18 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use durable_core::store::{
-    CallOutcome, CallRecord, Checkpoint, CheckpointMeta, Durability, ErrorRecord, Fence,
-    FinishCall, IssueOutcome, Lease, MigrateSession, NewCall, NewCheckpoint, NewError,
-    NewSession, PurgeOutcome, ResolutionRecord, Resolution, ResolveCall, SessionFilter,
-    SessionRecord, SessionStatus, CallStatus, FORMAT_VERSION,
+    CallOutcome, CallRecord, CallStatus, Checkpoint, CheckpointMeta, Durability, ErrorRecord,
+    FORMAT_VERSION, Fence, FinishCall, IssueOutcome, Lease, MigrateSession, NewCall, NewCheckpoint,
+    NewError, NewSession, PurgeOutcome, Resolution, ResolutionRecord, ResolveCall, SessionFilter,
+    SessionRecord, SessionStatus,
 };
 use durable_core::{CallId, CheckpointStore, SessionId, StoreError};
 use sqlx::{AssertSqlSafe, Row, SqliteConnection};
 
-use crate::error::{check_format, corrupt, db, parse_json, BACKEND};
+use crate::error::{BACKEND, check_format, corrupt, db, parse_json};
 use crate::ops::{self, json, opt_json};
 use crate::rows::{self, call_cols, meta_cols, session_cols};
-use crate::tx::{millis, now_sql, WriteTx};
+use crate::tx::{WriteTx, millis, now_sql};
 use crate::{IN_MEMORY_SETTING, SqliteStore, synchronous_name};
 
 /// Sessions a recovery may claim: active, and with no live lease.
@@ -402,10 +402,24 @@ impl CheckpointStore for SqliteStore {
         let format: i64 = rows::col(&row, "format", id, v)?;
         check_format(format, id, v, "the checkpoint")?;
         let meta = rows::checkpoint_meta(&row)?;
-        let plan = parse_json(&rows::col::<String>(&row, "plan", id, v)?, id, v, "the plan")?;
-        let budget =
-            parse_json(&rows::col::<String>(&row, "budget", id, v)?, id, v, "the budget")?;
-        let state = parse_json(&rows::col::<String>(&row, "state", id, v)?, id, v, "the state")?;
+        let plan = parse_json(
+            &rows::col::<String>(&row, "plan", id, v)?,
+            id,
+            v,
+            "the plan",
+        )?;
+        let budget = parse_json(
+            &rows::col::<String>(&row, "budget", id, v)?,
+            id,
+            v,
+            "the budget",
+        )?;
+        let state = parse_json(
+            &rows::col::<String>(&row, "state", id, v)?,
+            id,
+            v,
+            "the state",
+        )?;
         let logged = sqlx::query(
             "SELECT seq, message, format FROM durable_messages \
              WHERE session_id = ? AND seq <= ? ORDER BY seq",
@@ -421,7 +435,12 @@ impl CheckpointStore for SqliteStore {
             let seq: i64 = rows::col(row, "seq", id, v)?;
             let what = format!("message {seq}");
             check_format(rows::col(row, "format", id, v)?, id, v, &what)?;
-            messages.push(parse_json(&rows::col::<String>(row, "message", id, v)?, id, v, &what)?);
+            messages.push(parse_json(
+                &rows::col::<String>(row, "message", id, v)?,
+                id,
+                v,
+                &what,
+            )?);
         }
         if i64::try_from(messages.len()).ok() != Some(meta.message_count) {
             return Err(corrupt(
@@ -863,11 +882,12 @@ impl CheckpointStore for SqliteStore {
                 .map_err(db)?;
             // A mapping, not a chain: each row is renamed at most once, by the first pair
             // naming its tool (so `a→b, b→c` sends a to b and b to c, and swaps work).
-            let journal = sqlx::query("SELECT id, tool_name FROM durable_tool_calls WHERE session_id = ?")
-                .bind(id.as_str())
-                .fetch_all(&mut *conn)
-                .await
-                .map_err(db)?;
+            let journal =
+                sqlx::query("SELECT id, tool_name FROM durable_tool_calls WHERE session_id = ?")
+                    .bind(id.as_str())
+                    .fetch_all(&mut *conn)
+                    .await
+                    .map_err(db)?;
             for row in &journal {
                 let call: String = rows::col(row, "id", id, None)?;
                 let tool: String = rows::col(row, "tool_name", id, None)?;
@@ -1047,7 +1067,9 @@ async fn insert_call(
     .await
     .map_err(db)?;
     if inserted.rows_affected() == 1 {
-        return Ok(IssueOutcome::Inserted(ops::load_call(conn, &call.id).await?));
+        return Ok(IssueOutcome::Inserted(
+            ops::load_call(conn, &call.id).await?,
+        ));
     }
     let row = sqlx::query(concat!(
         "SELECT ",

@@ -86,7 +86,10 @@ impl WriteTx {
 
     /// Commits when `result` is `Ok`, rolls back when it is `Err`; returns `result`
     /// (or the commit error).
-    pub(crate) async fn finish<T>(mut self, result: Result<T, StoreError>) -> Result<T, StoreError> {
+    pub(crate) async fn finish<T>(
+        mut self,
+        result: Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
         match result {
             Ok(value) => match sqlx::query("COMMIT").execute(&mut *self.conn).await {
                 Ok(_) => {
