@@ -1,0 +1,158 @@
+//! Journal overhead on SQLite, as ratios against a raw sqlx baseline measured in the same
+//! run, on the same file system, with the same durability settings (WAL,
+//! `synchronous = FULL`, `BEGIN IMMEDIATE`).
+//!
+//! `cargo bench -p durable-sqlite` prints:
+//! - µs per journaled call for each replay class, and the ratio to one raw
+//!   `BEGIN IMMEDIATE; INSERT; COMMIT` (targets: `pure` ≤ 1.2×, `unsafe_on_replay` ≤ 2.3×:
+//!   an unsafe call needs two durable commits, *issued* then the result);
+//! - the database size after a 1,000-turn session of ~500-byte messages, as a ratio to the
+//!   message bytes (target ≤ 1.5×: linear, where a store copying the transcript into every
+//!   checkpoint grows quadratically).
+//!
+//! `DURABLE_BENCH_CALLS` sets the number of calls per figure (default 400).
+
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use durable_core::transcript::Message;
+use durable_core::{CheckpointStore, Durable, ReplayClass, StartOptions, ToolSpec};
+use durable_sqlite::SqliteStore;
+use serde_json::json;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+
+fn calls() -> usize {
+    std::env::var("DURABLE_BENCH_CALLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(400)
+}
+
+/// Raw baseline: one row per transaction, same settings as the store.
+async fn raw_insert_commit(dir: &std::path::Path, n: usize) -> Duration {
+    let options = SqliteConnectOptions::from_str(&format!("sqlite://{}", dir.join("raw.db").display()))
+        .expect("url")
+        .create_if_missing(true)
+        .journal_mode(SqliteJournalMode::Wal)
+        .synchronous(SqliteSynchronous::Full)
+        .busy_timeout(Duration::from_secs(5));
+    let pool = SqlitePoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .expect("connect raw");
+    sqlx::query("CREATE TABLE rows (id TEXT PRIMARY KEY, payload TEXT NOT NULL)")
+        .execute(&pool)
+        .await
+        .expect("create");
+    let mut conn = pool.acquire().await.expect("acquire");
+    let payload = json!({"n": 0, "result": {"ok": true, "text": "x".repeat(64)}}).to_string();
+    let start = Instant::now();
+    for i in 0..n {
+        sqlx::query("BEGIN IMMEDIATE").execute(&mut *conn).await.expect("begin");
+        sqlx::query("INSERT INTO rows (id, payload) VALUES (?, ?)")
+            .bind(format!("row-{i}"))
+            .bind(&payload)
+            .execute(&mut *conn)
+            .await
+            .expect("insert");
+        sqlx::query("COMMIT").execute(&mut *conn).await.expect("commit");
+    }
+    start.elapsed()
+}
+
+async fn journaled(dir: &std::path::Path, class: ReplayClass, n: usize) -> Duration {
+    let store: Arc<dyn CheckpointStore> = Arc::new(
+        SqliteStore::open(dir.join(format!("{class}.db")))
+            .await
+            .expect("open store"),
+    );
+    let durable = Durable::builder(store).owner("bench").build();
+    let session = durable.start::<Message>(StartOptions::default()).await.expect("start");
+    let spec = ToolSpec::new(
+        "bench_tool",
+        "A tool whose body returns at once.",
+        class,
+        json!({"type": "object", "properties": {"n": {"type": "integer"}}}),
+    );
+    // warm-up: the step cache, the durability check, prepared statements
+    for i in 0..5 {
+        run_one(&session, &spec, 1_000_000 + i).await;
+    }
+    let start = Instant::now();
+    for i in 0..n {
+        run_one(&session, &spec, i as i64).await;
+    }
+    start.elapsed()
+}
+
+async fn run_one(session: &durable_core::Session<Message>, spec: &ToolSpec, n: i64) {
+    let mut call = session.journal().tool(spec, json!({ "n": n }));
+    if spec.class == ReplayClass::IdempotentWithKey {
+        call = call.key(format!("key-{n}"));
+    }
+    call.run(|_ctx| async move { Ok::<_, String>(json!({"ok": true, "text": "x".repeat(64)})) })
+        .await
+        .expect("journaled call");
+}
+
+async fn size_after_turns(dir: &std::path::Path, turns: usize) -> (u64, u64) {
+    let path = dir.join("size.db");
+    let store = SqliteStore::open(&path).await.expect("open");
+    let durable = Durable::builder(Arc::new(store.clone())).owner("bench").build();
+    let mut session = durable.start::<Message>(StartOptions::default()).await.expect("start");
+    let mut message_bytes = 0u64;
+    for turn in 0..turns {
+        let text = format!("turn {turn:05}: {}", "lorem ipsum dolor sit amet ".repeat(18));
+        let message = Message::user(text);
+        message_bytes += serde_json::to_string(&message).expect("json").len() as u64;
+        session.push(message);
+        session.checkpoint().await.expect("checkpoint");
+    }
+    drop(session);
+    sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
+        .execute(store.pool())
+        .await
+        .expect("wal checkpoint");
+    store.close().await;
+    let size = std::fs::metadata(&path).expect("db size").len();
+    (size, message_bytes)
+}
+
+fn main() {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let dir = tempfile::tempdir_in(std::env::var("DURABLE_BENCH_DIR").unwrap_or_else(|_| ".".into()))
+            .expect("tempdir");
+        let n = calls();
+        println!("durable-sqlite journal benchmark ({n} calls per figure, dir {})", dir.path().display());
+        let raw = raw_insert_commit(dir.path(), n).await;
+        let per = |d: Duration| d.as_secs_f64() * 1e6 / n as f64;
+        println!("{:<34} {:>9.1} µs/call   1.00×", "raw INSERT+COMMIT (baseline)", per(raw));
+        for (class, target) in [
+            (ReplayClass::Pure, 1.2),
+            (ReplayClass::IdempotentWithKey, 2.3),
+            (ReplayClass::UnsafeOnReplay, 2.3),
+        ] {
+            let took = journaled(dir.path(), class, n).await;
+            let ratio = took.as_secs_f64() / raw.as_secs_f64();
+            println!(
+                "{:<34} {:>9.1} µs/call   {ratio:.2}×  (target ≤ {target}×)",
+                format!("journaled {class}"),
+                per(took)
+            );
+        }
+        let (size, bytes) = size_after_turns(dir.path(), 1_000).await;
+        println!(
+            "{:<34} {:>9} bytes for {} message bytes: {:.2}×  (target ≤ 1.5×)",
+            "1,000-turn session, db size",
+            size,
+            bytes,
+            size as f64 / bytes as f64
+        );
+    });
+}
