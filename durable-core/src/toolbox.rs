@@ -1,0 +1,528 @@
+//! The [`Toolbox`]: a registry of tools that exports their definitions for a model and
+//! dispatches the model's tool calls through the journal.
+//!
+//! An agent loop uses it in three places:
+//!
+//! 1. **Tell the model what it may call**: [`openai_tools`](Toolbox::openai_tools)
+//!    (strict mode), [`anthropic_tools`](Toolbox::anthropic_tools) or
+//!    [`mcp_tools_list`](Toolbox::mcp_tools_list) (see [`schema`](crate::schema) for
+//!    the schema policy of each dialect).
+//! 2. **Run what it asked for**: turn the model's tool calls into [`ModelToolCall`]s
+//!    (from the transcript's [`Block::ToolCall`]s, or from provider JSON), then
+//!    [`dispatch_all`](Toolbox::dispatch_all) them: the calls of one turn run
+//!    concurrently, each through [`Tool::invoke`] and so through the journal.
+//! 3. **Answer the model**: each [`ToolResult`] becomes a transcript block or a provider
+//!    message; a call the model got wrong (unknown tool, invalid arguments) becomes an
+//!    error result the model can read ([`ToolResult::refused`]).
+//!
+//! # What dispatch guarantees
+//!
+//! - An **unknown tool** is refused with [`DurableError::UnknownTool`], listing the
+//!   registered names; nothing is journaled and nothing runs.
+//! - **Arguments** are validated before anything is journaled: raw JSON text (OpenAI
+//!   sends a string) goes through [`key::parse_arguments`] (malformed JSON, duplicate
+//!   keys, NaN, integers beyond ±(2^53−1), nesting and size limits), a JSON value
+//!   (Anthropic sends an object) through [`key::check_value`]; either way the error is
+//!   [`DurableError::InvalidArguments`] naming the tool and the JSON path. Arguments
+//!   that are valid JSON but do not fit the tool's type are refused by the tool itself
+//!   with [`DurableError::ArgumentsMismatch`] (the path of the bad field), again with
+//!   nothing journaled.
+//! - **`null` for an optional argument** means "not given": it is removed
+//!   ([`schema::drop_optional_nulls`]) before the call is hashed, so serde sees a missing
+//!   field (`None`, or the `#[serde(default)]`), and OpenAI's `{"cc": null}` and
+//!   Anthropic's `{}` are the same call.
+//! - **Parallel calls of one turn** ([`dispatch_all`](Toolbox::dispatch_all)) run
+//!   concurrently, and their identities do not depend on completion order: the futures
+//!   are created and first polled in the model's order, and the journal hands out
+//!   ordinals in first-poll order under a fair lock, so two identical calls in one turn
+//!   get ordinals 0 and 1 in the order the model listed them, on the first run and on
+//!   every replay. Results come back in the model's order.
+//!
+//! # Example
+//!
+//! ```no_run
+//! use durable_core::toolbox::{ModelToolCall, Toolbox, ToolResult};
+//! use durable_core::transcript::Message;
+//! use durable_core::{Session, Tool};
+//!
+//! # async fn demo(session: &mut Session<Message>, read_file: impl Tool, send_email: impl Tool)
+//! # -> Result<(), Box<dyn std::error::Error>> {
+//! let tools = Toolbox::new().with(read_file)?.with(send_email)?;
+//! let definitions = tools.openai_tools()?; // send with the request
+//!
+//! // The model answered with an assistant message holding tool calls:
+//! let reply: Message = session.model(|| async { call_the_model(&definitions).await }).await?;
+//! let calls = ModelToolCall::from_message(&reply);
+//! session.push(reply);
+//!
+//! let mut answers = Vec::new();
+//! for (call, outcome) in calls.iter().zip(tools.dispatch_all(session.journal(), &calls).await) {
+//!     match outcome {
+//!         Ok(result) => answers.push(result),
+//!         // Unknown tool or bad arguments: tell the model. Anything else: stop.
+//!         Err(e) => answers.push(ToolResult::refused(call, &e).ok_or(e)?),
+//!     }
+//! }
+//! session.push(ToolResult::message(&answers));
+//! session.checkpoint().await?;
+//! # Ok(()) }
+//! # async fn call_the_model(_: &[serde_json::Value]) -> Result<Message, std::io::Error> { todo!() }
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::Arc;
+
+use futures_util::future::join_all;
+use serde_json::{Value, json};
+
+use crate::error::DurableError;
+use crate::journal::Journal;
+use crate::key::{self, ArgLimits, ArgumentError, ArgumentErrorKind};
+use crate::schema::{self, SchemaError};
+use crate::tool::{Tool, ToolOutput, ToolSpec};
+use crate::transcript::{Block, Message, Role, ToolCallBlock, ToolResultBlock};
+
+/// Longest tool name quoted back in an [`DurableError::UnknownTool`] (a model can send
+/// anything).
+const MAX_QUOTED_NAME: usize = 128;
+
+/// An error while building a [`Toolbox`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ToolboxError {
+    /// A tool with this name is already registered.
+    #[error(
+        "a tool named `{0}` is already registered; tool names must be unique in a toolbox (rename one with `name = \"...\"`)"
+    )]
+    Duplicate(String),
+    /// The tool's name is not accepted by every provider.
+    #[error(transparent)]
+    InvalidName(SchemaError),
+}
+
+/// A registry of tools by name, in name order.
+///
+/// Cheap to clone (tools are held in [`Arc`]s). See the [module docs](self).
+#[derive(Clone, Default)]
+pub struct Toolbox {
+    tools: BTreeMap<String, Arc<dyn Tool>>,
+    limits: ArgLimits,
+}
+
+impl fmt::Debug for Toolbox {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Toolbox")
+            .field("tools", &self.tools.keys().collect::<Vec<_>>())
+            .field("limits", &self.limits)
+            .finish()
+    }
+}
+
+impl Toolbox {
+    /// An empty toolbox with the default [`ArgLimits`].
+    pub fn new() -> Self {
+        Toolbox::default()
+    }
+
+    /// Adds a tool, builder style: `Toolbox::new().with(a)?.with(b)?`.
+    ///
+    /// # Errors
+    /// [`ToolboxError::Duplicate`] if the name is taken (a second tool of the same name
+    /// is a bug, never silently replaced), [`ToolboxError::InvalidName`] if the name is
+    /// not 1–64 characters of `A–Z a–z 0–9 _ -`.
+    pub fn with(mut self, tool: impl Tool) -> Result<Self, ToolboxError> {
+        self.register(tool)?;
+        Ok(self)
+    }
+
+    /// Adds a tool. Same rules as [`with`](Self::with).
+    pub fn register(&mut self, tool: impl Tool) -> Result<&mut Self, ToolboxError> {
+        self.register_arc(Arc::new(tool))
+    }
+
+    /// Adds a tool already behind an [`Arc`] (e.g. shared with another toolbox).
+    pub fn register_arc(&mut self, tool: Arc<dyn Tool>) -> Result<&mut Self, ToolboxError> {
+        let name = tool.spec().name.clone();
+        schema::check_name(&name).map_err(ToolboxError::InvalidName)?;
+        if self.tools.contains_key(&name) {
+            return Err(ToolboxError::Duplicate(name));
+        }
+        self.tools.insert(name, tool);
+        Ok(self)
+    }
+
+    /// Sets the limits applied to the model's argument text before it is parsed
+    /// (default [`ArgLimits::default`]). The journal applies its own configured limits
+    /// to the parsed value again.
+    pub fn limits(mut self, limits: ArgLimits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// The argument limits in force.
+    pub fn arg_limits(&self) -> &ArgLimits {
+        &self.limits
+    }
+
+    /// The tool registered under `name`.
+    pub fn get(&self, name: &str) -> Option<&Arc<dyn Tool>> {
+        self.tools.get(name)
+    }
+
+    /// The registered names, in order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tools.keys().map(String::as_str)
+    }
+
+    /// The registered specs, in name order.
+    pub fn specs(&self) -> impl Iterator<Item = &ToolSpec> {
+        self.tools.values().map(|t| t.spec())
+    }
+
+    /// How many tools are registered.
+    pub fn len(&self) -> usize {
+        self.tools.len()
+    }
+
+    /// Whether no tool is registered.
+    pub fn is_empty(&self) -> bool {
+        self.tools.is_empty()
+    }
+
+    /// OpenAI Chat Completions tool definitions, strict mode
+    /// ([`schema::openai_function`]), in name order.
+    pub fn openai_tools(&self) -> Result<Vec<Value>, SchemaError> {
+        self.specs().map(schema::openai_function).collect()
+    }
+
+    /// OpenAI Responses API tool definitions, strict mode
+    /// ([`schema::openai_response_tool`]), in name order.
+    pub fn openai_response_tools(&self) -> Result<Vec<Value>, SchemaError> {
+        self.specs().map(schema::openai_response_tool).collect()
+    }
+
+    /// Anthropic tool definitions ([`schema::anthropic_tool`]), in name order.
+    pub fn anthropic_tools(&self) -> Result<Vec<Value>, SchemaError> {
+        self.specs().map(schema::anthropic_tool).collect()
+    }
+
+    /// MCP tools ([`schema::mcp_tool`]), in name order.
+    pub fn mcp_tools(&self) -> Result<Vec<Value>, SchemaError> {
+        self.specs().map(schema::mcp_tool).collect()
+    }
+
+    /// The result of an MCP `tools/list` request: `{"tools": [...]}`.
+    pub fn mcp_tools_list(&self) -> Result<Value, SchemaError> {
+        Ok(json!({ "tools": self.mcp_tools()? }))
+    }
+
+    /// Validates a call's arguments and finds its tool, journaling nothing.
+    fn prepare(&self, call: &ModelToolCall) -> Result<(&Arc<dyn Tool>, Value), DurableError> {
+        let Some(tool) = self.tools.get(&call.name) else {
+            let available = if self.tools.is_empty() {
+                "(none)".to_owned()
+            } else {
+                self.names().collect::<Vec<_>>().join(", ")
+            };
+            return Err(DurableError::UnknownTool {
+                name: quoted_name(&call.name),
+                available,
+            });
+        };
+        let invalid = |source| DurableError::InvalidArguments {
+            tool: call.name.clone(),
+            source,
+        };
+        let mut args = match &call.arguments {
+            ToolArguments::Text(raw) => key::parse_arguments(raw, &self.limits).map_err(invalid)?,
+            ToolArguments::Json(value) => {
+                key::check_value(value, &self.limits).map_err(invalid)?;
+                if !value.is_object() {
+                    return Err(invalid(ArgumentError {
+                        path: "$".into(),
+                        kind: ArgumentErrorKind::NotAnObject(json_type(value)),
+                    }));
+                }
+                value.clone()
+            }
+        };
+        schema::drop_optional_nulls(&tool.spec().input_schema, &mut args);
+        Ok((tool, args))
+    }
+
+    /// Dispatches one tool call through the journal.
+    ///
+    /// # Errors
+    /// [`DurableError::UnknownTool`] and [`DurableError::InvalidArguments`] before
+    /// anything is journaled; whatever the tool's [`invoke`](Tool::invoke) returns
+    /// (e.g. [`DurableError::ArgumentsMismatch`], [`DurableError::ReplayUnsafe`]). A tool
+    /// that ran and failed is an `Ok` result with
+    /// [`is_error`](ToolOutput::is_error) set.
+    pub async fn dispatch(
+        &self,
+        journal: &Journal,
+        call: &ModelToolCall,
+    ) -> Result<ToolResult, DurableError> {
+        let (tool, args) = self.prepare(call)?;
+        let output = tool.invoke(journal, args).await?;
+        Ok(ToolResult {
+            call_id: call.id.clone(),
+            name: call.name.clone(),
+            output,
+        })
+    }
+
+    /// Dispatches the tool calls of one model turn concurrently; results are in the
+    /// order of `calls`, one per call.
+    ///
+    /// The futures are created and first polled in the order of `calls` (which is what
+    /// gives identical calls their ordinals, see the [module docs](self)); one call's
+    /// failure does not stop the others.
+    pub async fn dispatch_all(
+        &self,
+        journal: &Journal,
+        calls: &[ModelToolCall],
+    ) -> Vec<Result<ToolResult, DurableError>> {
+        join_all(calls.iter().map(|call| self.dispatch(journal, call))).await
+    }
+}
+
+fn quoted_name(name: &str) -> String {
+    match name.char_indices().nth(MAX_QUOTED_NAME) {
+        None => name.to_owned(),
+        Some((cut, _)) => format!("{}…", &name[..cut]),
+    }
+}
+
+fn json_type(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// A tool call's arguments as the model sent them.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolArguments {
+    /// Raw JSON text (OpenAI sends arguments as a string): validated by
+    /// [`key::parse_arguments`], which catches what parsing would hide (duplicate keys,
+    /// NaN, out-of-range integers).
+    Text(String),
+    /// An already-parsed value (Anthropic sends an object): validated by
+    /// [`key::check_value`].
+    Json(Value),
+}
+
+impl From<String> for ToolArguments {
+    fn from(raw: String) -> Self {
+        ToolArguments::Text(raw)
+    }
+}
+
+impl From<&str> for ToolArguments {
+    fn from(raw: &str) -> Self {
+        ToolArguments::Text(raw.to_owned())
+    }
+}
+
+impl From<Value> for ToolArguments {
+    /// A JSON string is taken as raw argument text (arguments are an object, so a
+    /// string can only be the text of one); any other value as parsed arguments.
+    fn from(value: Value) -> Self {
+        match value {
+            Value::String(raw) => ToolArguments::Text(raw),
+            other => ToolArguments::Json(other),
+        }
+    }
+}
+
+/// One tool call requested by a model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelToolCall {
+    /// The provider's call id (the tool result refers to it).
+    pub id: String,
+    /// The tool's name.
+    pub name: String,
+    /// The arguments.
+    pub arguments: ToolArguments,
+}
+
+impl ModelToolCall {
+    /// A call. `arguments` may be raw JSON text or a [`Value`] (a JSON string value is
+    /// taken as raw text).
+    pub fn new(
+        id: impl Into<String>,
+        name: impl Into<String>,
+        arguments: impl Into<ToolArguments>,
+    ) -> Self {
+        ModelToolCall {
+            id: id.into(),
+            name: name.into(),
+            arguments: arguments.into(),
+        }
+    }
+
+    /// The call of a transcript [`ToolCallBlock`]. Its `arguments` may hold the raw text
+    /// as a JSON string (how OpenAI sends it) or an object (how Anthropic sends it).
+    pub fn from_block(block: &ToolCallBlock) -> Self {
+        ModelToolCall::new(
+            block.id.clone(),
+            block.name.clone(),
+            block.arguments.clone(),
+        )
+    }
+
+    /// The tool calls of a transcript message, in order.
+    pub fn from_message(message: &Message) -> Vec<Self> {
+        message
+            .tool_calls()
+            .map(ModelToolCall::from_block)
+            .collect()
+    }
+
+    /// A call from OpenAI JSON: a Chat Completions `tool_calls[]` entry
+    /// (`{"id", "type": "function", "function": {"name", "arguments"}}`) or a Responses
+    /// API `function_call` item (`{"type": "function_call", "call_id", "name",
+    /// "arguments"}`). `None` if the value has neither shape.
+    pub fn from_openai(value: &Value) -> Option<Self> {
+        if let Some(function) = value.get("function") {
+            let id = value.get("id")?.as_str()?;
+            let name = function.get("name")?.as_str()?;
+            let arguments = function.get("arguments")?.clone();
+            return Some(ModelToolCall::new(id, name, arguments));
+        }
+        let id = value.get("call_id")?.as_str()?;
+        let name = value.get("name")?.as_str()?;
+        Some(ModelToolCall::new(
+            id,
+            name,
+            value.get("arguments")?.clone(),
+        ))
+    }
+
+    /// A call from an Anthropic `tool_use` content block
+    /// (`{"type": "tool_use", "id", "name", "input"}`). `None` for any other block.
+    pub fn from_anthropic(value: &Value) -> Option<Self> {
+        if value.get("type")?.as_str()? != "tool_use" {
+            return None;
+        }
+        let id = value.get("id")?.as_str()?;
+        let name = value.get("name")?.as_str()?;
+        Some(ModelToolCall::new(id, name, value.get("input")?.clone()))
+    }
+}
+
+/// The answer to one [`ModelToolCall`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ToolResult {
+    /// The call id it answers.
+    pub call_id: String,
+    /// The tool's name.
+    pub name: String,
+    /// What the tool returned (or its error, with `is_error`).
+    pub output: ToolOutput,
+}
+
+impl ToolResult {
+    /// Whether the tool failed.
+    pub fn is_error(&self) -> bool {
+        self.output.is_error
+    }
+
+    /// The error result to send the model for a call it got wrong, so it can correct
+    /// itself: `Some` for [`UnknownTool`](DurableError::UnknownTool),
+    /// [`InvalidArguments`](DurableError::InvalidArguments) and
+    /// [`ArgumentsMismatch`](DurableError::ArgumentsMismatch) (content
+    /// `{"error": "<message>"}`), `None` for runtime errors (store failures,
+    /// `ReplayUnsafe`, ...) that the harness must handle rather than the model.
+    pub fn refused(call: &ModelToolCall, error: &DurableError) -> Option<Self> {
+        let model_error = matches!(
+            error,
+            DurableError::UnknownTool { .. }
+                | DurableError::InvalidArguments { .. }
+                | DurableError::ArgumentsMismatch { .. }
+        );
+        model_error.then(|| ToolResult {
+            call_id: call.id.clone(),
+            name: call.name.clone(),
+            output: ToolOutput {
+                content: json!({ "error": error.to_string() }),
+                is_error: true,
+            },
+        })
+    }
+
+    /// The output as text for providers that take a string: a JSON string as is,
+    /// anything else as compact JSON.
+    pub fn content_text(&self) -> String {
+        match &self.output.content {
+            Value::String(text) => text.clone(),
+            other => other.to_string(),
+        }
+    }
+
+    /// The transcript block ([`Block::ToolResult`]).
+    pub fn to_block(&self) -> Block {
+        Block::ToolResult(ToolResultBlock {
+            call_id: self.call_id.clone(),
+            content: self.output.content.clone(),
+            is_error: self.output.is_error,
+        })
+    }
+
+    /// A transcript message carrying this result.
+    pub fn into_message(self) -> Message {
+        Message::tool_result(self.call_id, self.output.content, self.output.is_error)
+    }
+
+    /// One tool message carrying several results, in order (a turn's answers).
+    pub fn message(results: &[ToolResult]) -> Message {
+        Message {
+            role: Role::Tool,
+            content: results.iter().map(ToolResult::to_block).collect(),
+        }
+    }
+
+    /// An OpenAI Chat Completions tool message:
+    /// `{"role": "tool", "tool_call_id", "content"}`.
+    pub fn openai_message(&self) -> Value {
+        json!({"role": "tool", "tool_call_id": self.call_id, "content": self.content_text()})
+    }
+
+    /// An OpenAI Responses API input item:
+    /// `{"type": "function_call_output", "call_id", "output"}`.
+    pub fn openai_response_item(&self) -> Value {
+        json!({"type": "function_call_output", "call_id": self.call_id, "output": self.content_text()})
+    }
+
+    /// An Anthropic `tool_result` content block:
+    /// `{"type": "tool_result", "tool_use_id", "content", "is_error"}`.
+    pub fn anthropic_block(&self) -> Value {
+        json!({
+            "type": "tool_result",
+            "tool_use_id": self.call_id,
+            "content": self.content_text(),
+            "is_error": self.output.is_error,
+        })
+    }
+
+    /// An MCP `tools/call` result: `{"content": [{"type": "text", "text"}], "isError"}`,
+    /// plus `structuredContent` when the output is a JSON object.
+    pub fn mcp_result(&self) -> Value {
+        let mut result = json!({
+            "content": [{"type": "text", "text": self.content_text()}],
+            "isError": self.output.is_error,
+        });
+        if self.output.content.is_object()
+            && let Value::Object(map) = &mut result
+        {
+            map.insert("structuredContent".into(), self.output.content.clone());
+        }
+        result
+    }
+}
