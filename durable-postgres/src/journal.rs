@@ -566,14 +566,13 @@ async fn lock_call(
     call: &CallId,
     session: Option<&SessionId>,
 ) -> Result<CallStatus, StoreError> {
-    let row = sqlx::query(
-        "SELECT session_id, status FROM durable_tool_calls WHERE id = $1 FOR UPDATE",
-    )
-    .bind(call.as_str())
-    .fetch_optional(&mut *conn)
-    .await
-    .map_err(db)?
-    .ok_or_else(|| StoreError::CallNotFound(call.clone()))?;
+    let row =
+        sqlx::query("SELECT session_id, status FROM durable_tool_calls WHERE id = $1 FOR UPDATE")
+            .bind(call.as_str())
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(db)?
+            .ok_or_else(|| StoreError::CallNotFound(call.clone()))?;
     let owner = SessionId::new(get::<String>(&row, "session_id")?);
     if session.is_some_and(|s| *s != owner) {
         return Err(StoreError::CallNotFound(call.clone()));

@@ -20,8 +20,8 @@
 //! them in the table `durable_schema_migrations` (never the host application's
 //! `_sqlx_migrations`). Many processes may connect at once: sqlx's migrator serializes them
 //! with a database-wide advisory lock (`pg_advisory_lock`), taken on a dedicated
-//! connection that is closed afterwards, so a failed migration never leaves a pooled
-//! connection holding it. A database whose tracking table holds a version newer than this
+//! connection that is closed afterwards, so a failed migration never leaves one of the
+//! store's connections holding it. A database whose tracking table holds a version newer than this
 //! release knows is refused with [`StoreError::SchemaTooNew`] before anything is changed.
 //! All tables are named `durable_*`, so the store can share a database with an
 //! application.
@@ -52,16 +52,16 @@ mod error;
 mod journal;
 mod rows;
 mod store;
-mod txn;
 #[cfg(feature = "testing")]
 pub mod testing;
+mod txn;
 
 use std::time::Duration;
 
 use durable_core::StoreError;
+use sqlx::Row;
 use sqlx::migrate::Migrator;
-use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
-use sqlx::{Connection, Row};
+use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use crate::error::{BACKEND, db};
 
@@ -168,9 +168,17 @@ impl PostgresStore {
 async fn setup(options: &PgConnectOptions) -> Result<(), StoreError> {
     let migrator = migrations();
     let supported = newest_migration(&migrator);
-    let mut conn = PgConnection::connect_with(options).await.map_err(db)?;
+    // A one-connection pool of its own (not the store's): closing it releases the
+    // migrator's session-level advisory lock even when a migration fails half-way, so no
+    // pooled connection ever keeps it. (A pool rather than a bare `PgConnection` keeps
+    // this future `Send` for `tokio::spawn`.)
+    let pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options.clone())
+        .await
+        .map_err(db)?;
     let result = async {
-        if let Some(found) = applied_version(&mut conn).await?
+        if let Some(found) = applied_version(&pool).await?
             && found > supported
         {
             return Err(StoreError::SchemaTooNew {
@@ -180,22 +188,20 @@ async fn setup(options: &PgConnectOptions) -> Result<(), StoreError> {
             });
         }
         migrator
-            .run(&mut conn)
+            .run(&pool)
             .await
             .map_err(|e| error::migrate(e, supported))
     }
     .await;
-    // Closing the connection also releases the migrator's advisory lock if it failed
-    // half-way; a close error is irrelevant next to the outcome.
-    let _ = conn.close().await;
+    pool.close().await;
     result
 }
 
 /// The newest version recorded in the tracking table, if the table exists.
-async fn applied_version(conn: &mut PgConnection) -> Result<Option<i64>, StoreError> {
+async fn applied_version(pool: &PgPool) -> Result<Option<i64>, StoreError> {
     let exists: bool = sqlx::query("SELECT to_regclass($1) IS NOT NULL")
         .bind(MIGRATIONS_TABLE)
-        .fetch_one(&mut *conn)
+        .fetch_one(pool)
         .await
         .map_err(db)?
         .try_get(0)
@@ -204,7 +210,7 @@ async fn applied_version(conn: &mut PgConnection) -> Result<Option<i64>, StoreEr
         return Ok(None);
     }
     sqlx::query("SELECT max(version) FROM durable_schema_migrations")
-        .fetch_one(&mut *conn)
+        .fetch_one(pool)
         .await
         .map_err(db)?
         .try_get(0)

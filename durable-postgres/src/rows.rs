@@ -95,7 +95,12 @@ pub(crate) fn session(row: &PgRow) -> Result<SessionRecord, StoreError> {
     let status: String = get(row, "status")?;
     let status = SessionStatus::parse(&status)
         .ok_or_else(|| corrupt(&id, None, format!("unknown session status `{status}`")))?;
-    let metadata = json(&id, None, "the session metadata", &get::<String>(row, "metadata")?)?;
+    let metadata = json(
+        &id,
+        None,
+        "the session metadata",
+        &get::<String>(row, "metadata")?,
+    )?;
     Ok(SessionRecord {
         status,
         app_version: get(row, "app_version")?,
@@ -145,7 +150,12 @@ pub(crate) fn call(row: &PgRow) -> Result<CallRecord, StoreError> {
     let status =
         CallStatus::parse(&status).ok_or_else(|| bad(format!("unknown status `{status}`")))?;
     let what = format!("journal row `{id}`");
-    let args = json(&session, None, &format!("{what} args"), &get::<String>(row, "args")?)?;
+    let args = json(
+        &session,
+        None,
+        &format!("{what} args"),
+        &get::<String>(row, "args")?,
+    )?;
     let result = json_opt(&session, &format!("{what} result"), get(row, "result")?)?;
     let error = json_opt(&session, &format!("{what} error"), get(row, "error")?)?;
     let spend = json_opt(&session, &format!("{what} spend"), get(row, "spend")?)?;
@@ -186,7 +196,11 @@ pub(crate) fn resolution(row: &PgRow) -> Result<ResolutionRecord, StoreError> {
         "happened" => {
             let text: Option<String> = get(row, "result")?;
             let text = text.ok_or_else(|| {
-                corrupt(&session, None, format!("{what}: `happened` without a result"))
+                corrupt(
+                    &session,
+                    None,
+                    format!("{what}: `happened` without a result"),
+                )
             })?;
             Resolution::Happened {
                 result: json(&session, None, &format!("{what} result"), &text)?,

@@ -7,10 +7,10 @@ use async_trait::async_trait;
 use durable_core::StoreError;
 use durable_core::ids::{CallId, SessionId};
 use durable_core::store::{
-    CallRecord, Checkpoint, CheckpointMeta, CheckpointStore, Durability, ErrorRecord, FORMAT_VERSION,
-    Fence, FinishCall, IssueOutcome, Lease, MigrateSession, NewCall, NewCheckpoint, NewError,
-    NewSession, PurgeOutcome, ResolutionRecord, ResolveCall, SessionFilter, SessionRecord,
-    SessionStatus,
+    CallRecord, Checkpoint, CheckpointMeta, CheckpointStore, Durability, ErrorRecord,
+    FORMAT_VERSION, Fence, FinishCall, IssueOutcome, Lease, MigrateSession, NewCall, NewCheckpoint,
+    NewError, NewSession, PurgeOutcome, ResolutionRecord, ResolveCall, SessionFilter,
+    SessionRecord, SessionStatus,
 };
 use sqlx::postgres::PgConnection;
 
@@ -74,7 +74,8 @@ impl CheckpointStore for PostgresStore {
         .map_err(db)?
         .ok_or_else(|| StoreError::SessionExists(new.id.clone()))?;
         let record = rows::session(&row)?;
-        let last_seq = txn::append_messages(&mut tx, &new.id, 0, &new.initial.messages, now).await?;
+        let last_seq =
+            txn::append_messages(&mut tx, &new.id, 0, &new.initial.messages, now).await?;
         txn::insert_checkpoint(
             &mut tx,
             CheckpointRow {
@@ -434,14 +435,13 @@ impl CheckpointStore for PostgresStore {
     ) -> Result<(SessionRecord, Lease), StoreError> {
         let mut tx = self.pool.begin().await.map_err(db)?;
         let now = txn::now(&mut tx).await?;
-        let source = sqlx::query(
-            "SELECT app_version, metadata, format FROM durable_sessions WHERE id = $1",
-        )
-        .bind(id.as_str())
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(db)?
-        .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
+        let source =
+            sqlx::query("SELECT app_version, metadata, format FROM durable_sessions WHERE id = $1")
+                .bind(id.as_str())
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(db)?
+                .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
         let cp = sqlx::query(
             "SELECT last_seq, message_count, plan, budget, state, format FROM durable_checkpoints
              WHERE session_id = $1 AND version = $2",

@@ -101,7 +101,9 @@ pub async fn test_database() -> TestDatabase {
         .execute(&mut conn)
         .await
         .unwrap_or_else(|e| {
-            panic!("cannot create test database {name} at {admin_url}: {e} (the role needs CREATEDB)")
+            panic!(
+                "cannot create test database {name} at {admin_url}: {e} (the role needs CREATEDB)"
+            )
         });
     let _ = conn.close().await;
     TestDatabase {
@@ -285,7 +287,10 @@ fn free_port() -> Result<u16, String> {
 /// Runs `cmd` as `user` when given.
 fn as_user(cmd: &mut Command, user: Option<(u32, u32)>) {
     if let Some((uid, gid)) = user {
-        cmd.uid(uid).gid(gid).env("HOME", "/tmp").env("USER", "postgres");
+        cmd.uid(uid)
+            .gid(gid)
+            .env("HOME", "/tmp")
+            .env("USER", "postgres");
     }
 }
 
@@ -298,7 +303,8 @@ fn find_binaries() -> Result<PathBuf, String> {
             Ok(dir)
         } else {
             Err(format!(
-                "DURABLE_PG_BINDIR={} holds no `initdb` and `postgres`",
+                "DURABLE_PG_BINDIR={} holds no `initdb` and `postgres`; point it at a PostgreSQL \
+                 bin directory (e.g. /usr/lib/postgresql/15/bin) or unset it",
                 dir.display()
             ))
         };
@@ -360,7 +366,9 @@ fn run_as() -> Result<Option<(u32, u32)>, String> {
 
 /// Runs a command, returning its trimmed stdout or an error with its stderr.
 fn command_output(cmd: &mut Command) -> Result<String, String> {
-    let out = cmd.output().map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
+    let out = cmd
+        .output()
+        .map_err(|e| format!("cannot run {cmd:?}: {e}"))?;
     if out.status.success() {
         Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
     } else {

@@ -94,7 +94,11 @@ pub(crate) async fn session(
     lock: Option<Lock>,
 ) -> Result<SessionRecord, StoreError> {
     let sql = match lock {
-        None => concat!("SELECT ", session_cols!(), " FROM durable_sessions WHERE id = $1"),
+        None => concat!(
+            "SELECT ",
+            session_cols!(),
+            " FROM durable_sessions WHERE id = $1"
+        ),
         Some(Lock::Share) => concat!(
             "SELECT ",
             session_cols!(),
