@@ -119,6 +119,28 @@ pub struct ToolContext {
 }
 
 impl ToolContext {
+    /// A context for running a tool body outside the journal: unit tests of the body,
+    /// or a generated tool's `dangerous_call_unjournaled` escape hatch. Random call id,
+    /// step 0, ordinal 0, attempt 1, empty input hash; nothing is recorded, and spend
+    /// reported with [`record_spend`](Self::record_spend) is dropped.
+    pub fn detached(spec: &ToolSpec, session: SessionId, idempotency_key: Option<String>) -> Self {
+        ToolContext {
+            identity: CallIdentity {
+                session: session.clone(),
+                step: 0,
+                tool: spec.name.clone(),
+                input_hash: String::new(),
+                ordinal: 0,
+            },
+            session,
+            call: CallId::random(),
+            class: spec.class,
+            attempt: 1,
+            idempotency_key,
+            spend: Arc::new(Mutex::new(None)),
+        }
+    }
+
     /// The session the call belongs to.
     pub fn session_id(&self) -> &SessionId {
         &self.session

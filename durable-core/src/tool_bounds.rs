@@ -1,0 +1,395 @@
+//! What `#[durable_tool]` expansions rely on: the trait bounds a tool's types must meet
+//! (each with a readable error when they do not) and the few runtime helpers that
+//! generated code calls.
+//!
+//! The helpers live here rather than in the macro so that there is exactly one
+//! implementation of each rule (schema policy, argument decoding, key derivation, the
+//! shape of a tool result), shared by generated tools and hand-written [`Tool`] impls.
+//!
+//! Every bound is a marker trait with a blanket impl, so a type never implements it by
+//! hand: it holds exactly when the listed traits hold. Its only purpose is the
+//! `#[diagnostic::on_unimplemented]` message, which the compiler shows at the user's
+//! type (the macro spans its checks there) instead of a bare serde error.
+//!
+//! [`Tool`]: crate::tool::Tool
+
+use std::fmt::Display;
+
+use schemars::JsonSchema;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use crate::error::DurableError;
+use crate::ids::SessionId;
+use crate::journal::CallError;
+use crate::tool::{ToolOutput, ToolSpec};
+
+/// The boxed, `Send` future returned by [`Tool::invoke`](crate::tool::Tool::invoke).
+pub use futures_util::future::BoxFuture;
+
+/// A type a tool can take as an argument: a field of the generated argument struct, or
+/// the struct of a tool written in the struct-argument form.
+///
+/// Arguments are read from the model's JSON (`Deserialize`), described to it
+/// (`JsonSchema`), journaled and passed back on typed calls (`Serialize`), and shared by
+/// the tool body and its verify hook across `.await` points (`Clone + Send + Sync`).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be a tool argument",
+    label = "not a tool argument",
+    note = "tool arguments are read from the model's JSON and described to it by a JSON schema: \
+            derive `serde::Serialize`, `serde::Deserialize`, `schemars::JsonSchema` and `Clone` for `{Self}`, \
+            and keep it `Send + Sync`"
+)]
+pub trait ToolArgument:
+    Serialize + DeserializeOwned + JsonSchema + Clone + Send + Sync + 'static
+{
+}
+
+impl<T> ToolArgument for T where
+    T: Serialize + DeserializeOwned + JsonSchema + Clone + Send + Sync + 'static
+{
+}
+
+/// A type a tool can return on success: it is recorded in the journal (`Serialize`) and
+/// returned again on replay (`Deserialize`).
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be a tool result",
+    label = "not a tool result",
+    note = "a tool's result is recorded in the journal and returned again on replay: \
+            derive `serde::Serialize` and `serde::Deserialize` for `{Self}`, and keep it `Send`"
+)]
+pub trait ToolOutputValue: Serialize + DeserializeOwned + Send {}
+
+impl<T> ToolOutputValue for T where T: Serialize + DeserializeOwned + Send {}
+
+/// A type a tool can fail with: the journal records its `Display` text.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be a tool error",
+    label = "not a tool error",
+    note = "a tool's error is recorded by its message and shown to the model: \
+            implement `std::fmt::Display` for `{Self}` (e.g. with `thiserror`), and keep it `Send`"
+)]
+pub trait ToolErrorValue: Display + Send {}
+
+impl<T> ToolErrorValue for T where T: Display + Send {}
+
+/// The return type of a tool: `Result<T, E>`, spelled out or through an alias such as
+/// `std::io::Result<T>` or `anyhow::Result<T>`.
+#[diagnostic::on_unimplemented(
+    message = "a tool must return `Result<T, E>`, not `{Self}`",
+    label = "not a `Result`",
+    note = "return `Result<T, E>` where `T` is the value recorded for the model and `E` the failure it reads"
+)]
+pub trait ToolReturn {
+    /// The success type.
+    type Ok;
+    /// The error type.
+    type Err;
+    /// Converts into a plain `Result`.
+    fn into_result(self) -> Result<Self::Ok, Self::Err>;
+}
+
+impl<T, E> ToolReturn for Result<T, E> {
+    type Ok = T;
+    type Err = E;
+    fn into_result(self) -> Result<T, E> {
+        self
+    }
+}
+
+/// Compile-time check used by generated code: `T` is a [`ToolArgument`].
+pub fn assert_tool_argument<T: ToolArgument>() {}
+
+/// Compile-time check used by generated code: `T` is a [`ToolOutputValue`].
+pub fn assert_tool_output<T: ToolOutputValue>() {}
+
+/// Compile-time check used by generated code: `T` is a [`ToolErrorValue`].
+pub fn assert_tool_error<T: ToolErrorValue>() {}
+
+/// Compile-time check used by generated code: `T` is a [`ToolReturn`].
+pub fn assert_tool_return<T: ToolReturn>() {}
+
+/// The argument schema of a generated tool: [`schema_for`](crate::schema::schema_for)
+/// (the crate's one schema policy: draft 2020-12, subschemas inlined) without `$schema`
+/// and without the root `title`. The title is the Rust type's name, which means nothing
+/// to a model; dropping it keeps the schema fingerprint stable when the type is renamed.
+/// The root `description`, if the type has one, is kept.
+pub fn args_schema<A: JsonSchema>() -> Value {
+    let mut schema = crate::schema::schema_for::<A>();
+    if let Value::Object(map) = &mut schema {
+        map.remove("title");
+        map.remove("$schema");
+    }
+    schema
+}
+
+/// The description text of a tool from its doc-comment lines (one `#[doc]` attribute
+/// each): the single leading space rustdoc leaves on each line is removed, lines are
+/// joined with `\n`, and the whole is trimmed.
+pub fn doc_text(lines: &[&str]) -> String {
+    let joined = lines
+        .iter()
+        .flat_map(|chunk| chunk.split('\n'))
+        .map(|line| line.strip_prefix(' ').unwrap_or(line))
+        .collect::<Vec<_>>()
+        .join("\n");
+    joined.trim().to_owned()
+}
+
+/// Decodes a model's arguments into the tool's argument type.
+///
+/// # Errors
+/// [`DurableError::ArgumentsMismatch`] naming the tool and the JSON path of the first
+/// offending value (`$` for the root, then `.field` and `[index]`), with serde's
+/// message. Nothing is journaled for such a call.
+pub fn decode_args<A: DeserializeOwned>(spec: &ToolSpec, args: &Value) -> Result<A, DurableError> {
+    serde_path_to_error::deserialize(args).map_err(|error| DurableError::ArgumentsMismatch {
+        tool: spec.name.clone(),
+        path: render_path(error.path()),
+        message: error.inner().to_string(),
+    })
+}
+
+/// Encodes typed arguments (a typed call) into the JSON the journal records and hashes.
+///
+/// # Errors
+/// [`DurableError::Encode`] when the argument type's `Serialize` impl fails.
+pub fn encode_args<A: Serialize>(spec: &ToolSpec, args: &A) -> Result<Value, DurableError> {
+    serde_json::to_value(args).map_err(|error| DurableError::Encode {
+        what: format!("arguments of `{}`", spec.name),
+        detail: error.to_string(),
+    })
+}
+
+/// Derives an idempotency key from the arguments with the tool's key function.
+pub fn derive_key<A, K: Into<String>>(args: &A, key: impl FnOnce(&A) -> K) -> String {
+    key(args).into()
+}
+
+/// Derives an idempotency key from the arguments and the session id.
+pub fn derive_key_with_session<A, K: Into<String>>(
+    args: &A,
+    session: &SessionId,
+    key: impl FnOnce(&A, &SessionId) -> K,
+) -> String {
+    key(args, session).into()
+}
+
+/// Turns the outcome of a journaled call into what the model reads.
+///
+/// A success is serialized as the content; a tool failure, whether it happened now or
+/// was recorded by an earlier run, is `{"error": "<message>"}` with `is_error: true`.
+///
+/// # Errors
+/// The runtime's own errors ([`CallError::Durable`]) are passed through, and a result
+/// that does not serialize is [`DurableError::Encode`].
+pub fn tool_output<T: Serialize, E: Display>(
+    spec: &ToolSpec,
+    result: Result<T, CallError<E>>,
+) -> Result<ToolOutput, DurableError> {
+    match result {
+        Ok(value) => {
+            let content = serde_json::to_value(&value).map_err(|error| DurableError::Encode {
+                what: format!("result of `{}`", spec.name),
+                detail: error.to_string(),
+            })?;
+            Ok(ToolOutput {
+                content,
+                is_error: false,
+            })
+        }
+        Err(CallError::Tool(error)) => Ok(ToolOutput {
+            content: json!({ "error": error.to_string() }),
+            is_error: true,
+        }),
+        Err(CallError::Recorded(failure)) => Ok(ToolOutput {
+            content: json!({ "error": failure.message }),
+            is_error: true,
+        }),
+        Err(CallError::Durable(error)) => Err(error),
+    }
+}
+
+/// Renders a serde path in the notation of [`ArgumentError::path`](crate::key::ArgumentError::path).
+fn render_path(path: &serde_path_to_error::Path) -> String {
+    use serde_path_to_error::Segment;
+    let mut out = String::from("$");
+    for segment in path.iter() {
+        match segment {
+            Segment::Seq { index } => out.push_str(&format!("[{index}]")),
+            Segment::Map { key } | Segment::Enum { variant: key } => push_key(&mut out, key),
+            Segment::Unknown => out.push_str("[?]"),
+        }
+    }
+    out
+}
+
+fn push_key(out: &mut String, key: &str) {
+    let mut chars = key.chars();
+    let ident = chars
+        .next()
+        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
+    if ident {
+        out.push('.');
+        out.push_str(key);
+    } else {
+        out.push('[');
+        out.push_str(&Value::String(key.to_owned()).to_string());
+        out.push(']');
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replay::ReplayClass;
+    use serde::Deserialize;
+
+    #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+    #[serde(deny_unknown_fields)]
+    struct Args {
+        /// Recipient.
+        to: String,
+        cc: Option<String>,
+        items: Vec<Item>,
+    }
+
+    #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
+    struct Item {
+        price: u64,
+    }
+
+    fn spec() -> ToolSpec {
+        ToolSpec::new("send", "Send.", ReplayClass::Pure, args_schema::<Args>())
+    }
+
+    fn mismatch(value: Value) -> (String, String) {
+        match decode_args::<Args>(&spec(), &value) {
+            Err(DurableError::ArgumentsMismatch {
+                tool,
+                path,
+                message,
+            }) => {
+                assert_eq!(tool, "send");
+                (path, message)
+            }
+            other => panic!("expected ArgumentsMismatch, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn decode_reports_the_json_path() {
+        let (path, message) = mismatch(json!({"to": "a", "items": [{"price": 1}, {"price": "x"}]}));
+        assert_eq!(path, "$.items[1].price");
+        assert!(message.contains("invalid type"), "{message}");
+
+        let (path, message) = mismatch(json!({"items": []}));
+        assert_eq!(path, "$");
+        assert!(message.contains("missing field `to`"), "{message}");
+
+        let (path, message) = mismatch(json!({"to": "a", "items": [], "bcc": "x"}));
+        assert_eq!(path, "$.bcc");
+        assert!(message.contains("unknown field `bcc`"), "{message}");
+
+        let (path, _) = mismatch(json!("not an object"));
+        assert_eq!(path, "$");
+    }
+
+    #[test]
+    fn decode_accepts_null_and_missing_optionals() {
+        let spec = spec();
+        let with_null: Args =
+            decode_args(&spec, &json!({"to": "a", "cc": null, "items": []})).expect("null cc");
+        let missing: Args = decode_args(&spec, &json!({"to": "a", "items": []})).expect("no cc");
+        assert_eq!(with_null, missing);
+        assert_eq!(with_null.cc, None);
+    }
+
+    #[test]
+    fn odd_keys_are_quoted_in_paths() {
+        let mut path = String::from("$");
+        push_key(&mut path, "weird key");
+        push_key(&mut path, "ok_1");
+        assert_eq!(path, "$[\"weird key\"].ok_1");
+    }
+
+    #[test]
+    fn schema_is_inlined_untitled_and_described() {
+        let schema = args_schema::<Args>();
+        assert!(schema.get("title").is_none(), "{schema}");
+        assert!(schema.get("$schema").is_none(), "{schema}");
+        assert!(schema.get("$defs").is_none(), "{schema}");
+        assert_eq!(schema["properties"]["to"]["description"], "Recipient.");
+        assert_eq!(schema["properties"]["items"]["items"]["type"], "object");
+        assert_eq!(schema["additionalProperties"], false);
+        let required: Vec<&str> = schema["required"]
+            .as_array()
+            .expect("required")
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        assert_eq!(required, ["to", "items"]);
+    }
+
+    #[test]
+    fn doc_text_strips_rustdoc_spaces() {
+        assert_eq!(
+            doc_text(&[" Send an email.", "", " Twice?  "]),
+            "Send an email.\n\nTwice?"
+        );
+        assert_eq!(doc_text(&[]), "");
+        assert_eq!(doc_text(&[" a\n  b"]), "a\n b");
+    }
+
+    #[test]
+    fn tool_output_shapes() {
+        let spec = spec();
+        let ok = tool_output::<_, String>(&spec, Ok(json!({"id": 1}))).expect("ok");
+        assert_eq!(
+            ok,
+            ToolOutput {
+                content: json!({"id": 1}),
+                is_error: false
+            }
+        );
+        let failed = tool_output::<Value, _>(&spec, Err(CallError::Tool("boom"))).expect("tool");
+        assert_eq!(
+            failed,
+            ToolOutput {
+                content: json!({"error": "boom"}),
+                is_error: true
+            }
+        );
+        let recorded = tool_output::<Value, String>(
+            &spec,
+            Err(CallError::Recorded(crate::journal::RecordedFailure {
+                message: "old".into(),
+            })),
+        )
+        .expect("recorded");
+        assert_eq!(recorded.content, json!({"error": "old"}));
+        assert!(recorded.is_error);
+        let durable = tool_output::<Value, String>(
+            &spec,
+            Err(CallError::Durable(DurableError::BudgetExceeded("x".into()))),
+        );
+        assert!(matches!(durable, Err(DurableError::BudgetExceeded(_))));
+    }
+
+    #[test]
+    fn keys() {
+        let args = Args {
+            to: "a".into(),
+            cc: None,
+            items: vec![],
+        };
+        assert_eq!(derive_key(&args, |a| format!("k:{}", a.to)), "k:a");
+        let session = SessionId::new("s1");
+        assert_eq!(
+            derive_key_with_session(&args, &session, |a, s| format!("{s}:{}", a.to)),
+            "s1:a"
+        );
+    }
+}

@@ -1,0 +1,535 @@
+// Code generation. The pipeline is `durable_tool`: parse (args.rs, model.rs) → validate
+// (validate.rs) → generate (below) or, on any error, fallback.rs.
+//
+// Names used below: `P` = `<root>::__private` (paths.rs), `Args` = the argument type (the
+// generated `SendEmailArgs` or the user's `#[args]` struct), `R` = the user's return type,
+// `T`/`E` = its `Ok`/`Err` types (spelled out when the user wrote `Result<T, E>`, else
+// `<R as P::ToolReturn>::Ok`/`::Err`).
+
+use proc_macro2::{Span, TokenStream};
+use quote::{ToTokens, format_ident, quote, quote_spanned};
+use syn::spanned::Spanned;
+use syn::{FnArg, Ident, ItemFn, Pat};
+
+use crate::args;
+use crate::ctxt::Ctxt;
+use crate::fallback;
+use crate::model::{Input, Output, ToolFn, is_macro_param_attr, unraw, upper_camel};
+use crate::paths::Paths;
+use crate::validate::{self, Class, KeyFn, Plan};
+
+pub(crate) fn durable_tool(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let output = expand(attr, item);
+    debug_print(&output);
+    output
+}
+
+fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let item_fn: ItemFn = match syn::parse2(item.clone()) {
+        Ok(item_fn) => item_fn,
+        Err(_) => {
+            let error = syn::Error::new(
+                Span::call_site(),
+                "`#[durable_tool]` applies to an `async fn`; put it on the function that implements the tool",
+            );
+            return fallback::not_a_function(item, &error);
+        }
+    };
+    let cx = Ctxt::new();
+    let tool = ToolFn::from_item(&item_fn);
+    let parsed = match args::parse(&cx, attr) {
+        Ok(parsed) => Some(parsed),
+        Err(error) => {
+            cx.syn_error(error);
+            None
+        }
+    };
+    let plan = parsed
+        .as_ref()
+        .and_then(|parsed| validate::validate(&cx, parsed, &tool));
+    let paths = Paths::new(
+        parsed
+            .as_ref()
+            .and_then(|parsed| parsed.krate.get())
+            .map(|arg| &arg.value),
+    );
+    match (cx.check(), plan) {
+        (Ok(()), Some(plan)) => generate(&paths, &tool, &plan),
+        (Err(error), _) => fallback::fallback(&paths, &tool, &error),
+        (Ok(()), None) => {
+            // validate returns no plan only after reporting an error.
+            let error = syn::Error::new(
+                Span::call_site(),
+                "durable-macros bug: no plan and no error",
+            );
+            fallback::fallback(&paths, &tool, &error)
+        }
+    }
+}
+
+/// `DURABLE_MACROS_DEBUG=1` prints every expansion to stderr; `DURABLE_MACROS_DEBUG=<name>`
+/// only the tool whose expansion mentions that struct name.
+fn debug_print(output: &TokenStream) {
+    let Ok(filter) = std::env::var("DURABLE_MACROS_DEBUG") else {
+        return;
+    };
+    let text = output.to_string();
+    if filter.is_empty() || filter == "1" || text.contains(&format!("struct {filter} ;")) {
+        eprintln!("--- #[durable_tool] expansion ---\n{text}\n---");
+    }
+}
+
+/// The argument type: where it comes from and how the body's parameters are bound from it.
+struct ArgsShape {
+    /// The type, as a path or the user's type tokens.
+    ty: TokenStream,
+    /// The generated struct (empty in the struct-argument form).
+    definition: TokenStream,
+    /// `let <pattern> = clone of __durable_args;`, binding the user's parameter names.
+    destructure: TokenStream,
+    /// Expression building `Args` from the user's parameter names (typed `call`).
+    construct: TokenStream,
+}
+
+// Expansion of
+//
+//     /// Docs.
+//     #[durable_tool(replay = "...", ...)]
+//     vis async fn send_email(ctx: &ToolContext, to: String) -> R { body }
+//
+// (cfg attributes are repeated on every item):
+//
+//     /// Docs.
+//     #[allow(non_camel_case_types)]
+//     #[derive(Clone, Copy, Debug, Default)]
+//     vis struct send_email;
+//
+//     /// Arguments of the [`send_email`] tool ...
+//     #[derive(P::serde::Serialize, P::serde::Deserialize, P::schemars::JsonSchema, Clone)]
+//     #[serde(crate = "P::serde", deny_unknown_fields)]
+//     #[schemars(crate = "P::schemars", title = "", description = "")]
+//     vis struct SendEmailArgs { /// param docs
+//                                pub to: String }
+//
+//     impl send_email {
+//         #[other attributes] #[doc(hidden)]
+//         async fn __durable_body(ctx: &ToolContext, to: String) -> R { body }
+//         vis fn spec() -> &'static P::ToolSpec { /* OnceLock */ }
+//         vis async fn call(&self, journal: &P::Journal, to: String) -> Result<T, P::CallError<E>>
+//         vis async fn dangerous_call_unjournaled(&self, ctx: &ToolContext, to: String) -> R
+//         #[doc(hidden)] async fn __durable_journaled(journal, args: Args, value: P::Value)
+//             -> Result<T, P::CallError<E>>   // journal.tool(spec, value).key(..).run_verified(..)
+//     }
+//
+//     impl P::Tool for send_email { fn spec(&self) ..; fn invoke(..) -> P::BoxFuture<..> }
+//
+//     const _: fn() = P::assert_tool_argument::<String>;   // spanned on each argument type
+//     const _: fn() = P::assert_tool_return::<R>;          // and on the result types
+fn generate(p: &Paths, tool: &ToolFn<'_>, plan: &Plan<'_>) -> TokenStream {
+    let private = p.private();
+    let vis = &tool.original.vis;
+    let ident = tool.ident;
+    let cfgs = &tool.cfgs;
+    let docs = &tool.docs;
+    let shape = args_shape(p, tool);
+    let args_ty = &shape.ty;
+    let args_definition = &shape.definition;
+    let (ok_ty, err_ty) = ok_err(&private, &tool.output);
+    let ret = tool
+        .output
+        .ty()
+        .map(ToTokens::to_token_stream)
+        .unwrap_or_default();
+    let call_result = quote!(::core::result::Result<#ok_ty, #private::CallError<#err_ty>>);
+
+    let body_fn = body_fn(tool);
+    let spec_fn = spec_fn(&private, tool, plan, args_ty);
+    let call_fn = call_fn(&private, tool, &shape, &call_result);
+    let dangerous_fn = dangerous_fn(tool, &ret);
+    let journaled_fn = journaled_fn(&private, tool, plan, &shape, &call_result);
+    let tool_impl = tool_impl(&private, tool, args_ty);
+    let checks = checks(&private, tool);
+
+    quote! {
+        #(#cfgs)*
+        #(#docs)*
+        #[allow(non_camel_case_types)]
+        #[derive(
+            ::core::clone::Clone,
+            ::core::marker::Copy,
+            ::core::fmt::Debug,
+            ::core::default::Default
+        )]
+        #vis struct #ident;
+
+        #args_definition
+
+        #(#cfgs)*
+        impl #ident {
+            #body_fn
+            #spec_fn
+            #call_fn
+            #dangerous_fn
+            #journaled_fn
+        }
+
+        #(#cfgs)*
+        #tool_impl
+
+        #(#checks)*
+    }
+}
+
+fn ok_err(private: &TokenStream, output: &Output<'_>) -> (TokenStream, TokenStream) {
+    match output {
+        Output::Result { ok, err, .. } => (ok.to_token_stream(), err.to_token_stream()),
+        Output::Other(ty) => (
+            quote!(<#ty as #private::ToolReturn>::Ok),
+            quote!(<#ty as #private::ToolReturn>::Err),
+        ),
+        Output::Missing => (quote!(()), quote!(())),
+    }
+}
+
+fn args_shape(p: &Paths, tool: &ToolFn<'_>) -> ArgsShape {
+    let private = p.private();
+    if let Some(param) = tool.struct_arg() {
+        let ty = param.ty.to_token_stream();
+        let name = param
+            .ident
+            .map(ToTokens::to_token_stream)
+            .unwrap_or_default();
+        return ArgsShape {
+            definition: TokenStream::new(),
+            destructure: quote!(let #name = ::core::clone::Clone::clone(&__durable_args);),
+            construct: name,
+            ty,
+        };
+    }
+    let vis = &tool.original.vis;
+    let cfgs = &tool.cfgs;
+    let name = format!("{}Args", upper_camel(&tool.name()));
+    let args_ident = Ident::new(&name, tool.ident.span());
+    let doc = format!(
+        " Arguments of the [`{}`] tool, as the model sends them (generated by `#[durable_tool]`).",
+        tool.ident
+    );
+    let serde_crate = p.serde_crate();
+    let schemars_crate = p.schemars_crate();
+    let params: Vec<_> = tool.model_params().collect();
+    let fields = params.iter().map(|param| {
+        let docs = &param.docs;
+        let attrs = &param.field_attrs;
+        let name = param.ident;
+        let ty = param.ty;
+        quote!(#(#docs)* #(#attrs)* pub #name: #ty)
+    });
+    let names: Vec<_> = params.iter().filter_map(|param| param.ident).collect();
+    ArgsShape {
+        ty: args_ident.to_token_stream(),
+        definition: quote! {
+            #(#cfgs)*
+            #[doc = #doc]
+            #[derive(
+                #private::serde::Serialize,
+                #private::serde::Deserialize,
+                #private::schemars::JsonSchema,
+                ::core::clone::Clone
+            )]
+            #[serde(crate = #serde_crate, deny_unknown_fields)]
+            #[schemars(crate = #schemars_crate, title = "", description = "")]
+            #vis struct #args_ident {
+                #(#fields,)*
+            }
+        },
+        destructure: quote!(let #args_ident { #(#names),* } = ::core::clone::Clone::clone(&__durable_args);),
+        construct: quote!(#args_ident { #(#names),* }),
+    }
+}
+
+/// The user's function, renamed and with macro-only parameter attributes removed.
+pub(crate) fn body_fn(tool: &ToolFn<'_>) -> TokenStream {
+    let attrs = &tool.body_attrs;
+    let mut sig = tool.original.sig.clone();
+    sig.ident = Ident::new("__durable_body", tool.ident.span());
+    for input in &mut sig.inputs {
+        if let FnArg::Typed(pat_type) = input {
+            pat_type.attrs.retain(|attr| !is_macro_param_attr(attr));
+        }
+    }
+    let block = &tool.original.block;
+    // `clippy::unused_async` is allowed because the macro, not the user, requires `async`
+    // (a pure tool may well not await). It comes before the user's attributes so that
+    // their own `#[expect]`/`#[warn]` of that lint still wins.
+    quote! {
+        #[allow(clippy::unused_async)]
+        #(#attrs)*
+        #[doc(hidden)]
+        #sig #block
+    }
+}
+
+fn spec_fn(
+    private: &TokenStream,
+    tool: &ToolFn<'_>,
+    plan: &Plan<'_>,
+    args_ty: &TokenStream,
+) -> TokenStream {
+    let vis = &tool.original.vis;
+    let name = syn::LitStr::new(&plan.name, plan.name_span);
+    let description = match plan.description {
+        Some(lit) => lit.to_token_stream(),
+        None => {
+            let lines = tool.docs.iter().filter_map(|attr| match &attr.meta {
+                syn::Meta::NameValue(nv) => Some(&nv.value),
+                _ => None,
+            });
+            quote!(#private::doc_text(&[#(#lines),*]))
+        }
+    };
+    let class = match plan.class {
+        Class::Pure => quote!(Pure),
+        Class::IdempotentWithKey => quote!(IdempotentWithKey),
+        Class::UnsafeOnReplay => quote!(UnsafeOnReplay),
+    };
+    let retry = plan.retry.map(|retry| {
+        quote_spanned!(retry.span()=> let __durable_spec = __durable_spec.with_retry(#retry);)
+    });
+    let secrets = (!plan.secrets.is_empty()).then(|| {
+        let secrets = &plan.secrets;
+        quote!(let __durable_spec = __durable_spec.with_secret_args([#(#secrets),*]);)
+    });
+    let verify = plan
+        .verify
+        .map(|_| quote!(let __durable_spec = __durable_spec.with_verify();));
+    let doc = format!(
+        " The `{}` tool's description: name, description, replay class `{}`, argument schema and \
+         its fingerprint. Built on first use.",
+        plan.name,
+        plan.class.as_str()
+    );
+    quote! {
+        #[doc = #doc]
+        #vis fn spec() -> &'static #private::ToolSpec {
+            static __DURABLE_SPEC: #private::OnceLock<#private::ToolSpec> = #private::OnceLock::new();
+            __DURABLE_SPEC.get_or_init(|| {
+                let __durable_spec = #private::ToolSpec::new(
+                    #name,
+                    #description,
+                    #private::ReplayClass::#class,
+                    #private::args_schema::<#args_ty>(),
+                );
+                #retry
+                #secrets
+                #verify
+                __durable_spec
+            })
+        }
+    }
+}
+
+fn call_fn(
+    private: &TokenStream,
+    tool: &ToolFn<'_>,
+    shape: &ArgsShape,
+    call_result: &TokenStream,
+) -> TokenStream {
+    let vis = &tool.original.vis;
+    let params: Vec<_> = tool.model_params().collect();
+    let names: Vec<_> = params.iter().filter_map(|p| p.ident).collect();
+    let types = params.iter().map(|p| p.ty);
+    // The journal parameter is called `journal` unless the tool has an argument of that name.
+    let journal = if names.iter().any(|n| unraw(n) == "journal") {
+        format_ident!("__durable_journal")
+    } else {
+        format_ident!("journal")
+    };
+    let construct = &shape.construct;
+    let doc = format!(
+        " Calls `{}` through the session's journal: the first time it runs and its outcome is \
+         recorded; on a replay the recorded outcome is returned without running it, and an in-doubt \
+         call is handled as its replay class says.",
+        tool.name()
+    );
+    quote! {
+        #[doc = #doc]
+        ///
+        /// # Errors
+        /// `CallError::Tool` when the tool failed now, `CallError::Recorded` when a
+        /// recorded failure was replayed, `CallError::Durable` when the runtime refused
+        /// the call or the store failed.
+        #vis async fn call(&self, #journal: &#private::Journal, #(#names: #types),*) -> #call_result {
+            let __durable_args = #construct;
+            let __durable_value = match #private::encode_args(Self::spec(), &__durable_args) {
+                ::core::result::Result::Ok(value) => value,
+                ::core::result::Result::Err(error) => {
+                    return ::core::result::Result::Err(#private::CallError::Durable(error));
+                }
+            };
+            Self::__durable_journaled(#journal, __durable_args, __durable_value).await
+        }
+    }
+}
+
+/// The name a forwarded parameter gets in generated signatures.
+fn forward_name(input: &Input<'_>, index: usize) -> Ident {
+    let pat = match input {
+        Input::Context(c) => &c.original.pat,
+        Input::Model(p) => &p.original.pat,
+    };
+    match &**pat {
+        Pat::Ident(p) if p.by_ref.is_none() && p.subpat.is_none() => p.ident.clone(),
+        _ => format_ident!("__durable_arg{}", index),
+    }
+}
+
+fn dangerous_fn(tool: &ToolFn<'_>, ret: &TokenStream) -> TokenStream {
+    let vis = &tool.original.vis;
+    let names: Vec<Ident> = tool
+        .inputs
+        .iter()
+        .enumerate()
+        .map(|(i, input)| forward_name(input, i))
+        .collect();
+    let types = tool.inputs.iter().map(|input| match input {
+        Input::Context(c) => &c.original.ty,
+        Input::Model(p) => &p.original.ty,
+    });
+    quote! {
+        /// Runs the tool's body directly, **without the journal**: nothing is recorded, a
+        /// replay does not know this call happened, and an effect that cannot be repeated
+        /// safely can be repeated. For tests of the body and deliberate one-off use; agents
+        /// go through [`call`](Self::call) or a toolbox.
+        #vis async fn dangerous_call_unjournaled(&self, #(#names: #types),*) -> #ret {
+            Self::__durable_body(#(#names),*).await
+        }
+    }
+}
+
+fn journaled_fn(
+    private: &TokenStream,
+    tool: &ToolFn<'_>,
+    plan: &Plan<'_>,
+    shape: &ArgsShape,
+    call_result: &TokenStream,
+) -> TokenStream {
+    let args_ty = &shape.ty;
+    let destructure = &shape.destructure;
+    let key = plan.key.as_ref().map(|key| match key {
+        KeyFn::Args(expr) => quote_spanned! {expr.span()=>
+            let __durable_call = __durable_call.key(#private::derive_key(&__durable_args, #expr));
+        },
+        KeyFn::ArgsAndSession(expr) => quote_spanned! {expr.span()=>
+            let __durable_call = __durable_call.key(#private::derive_key_with_session(
+                &__durable_args,
+                __durable_journal.session_id(),
+                #expr,
+            ));
+        },
+    });
+    let body_args = tool.inputs.iter().map(|input| match input {
+        Input::Context(c) if c.by_ref => quote!(&__durable_ctx),
+        Input::Context(_) => quote!(__durable_ctx),
+        Input::Model(p) => p.ident.map(ToTokens::to_token_stream).unwrap_or_default(),
+    });
+    let run = quote! {
+        |__durable_ctx: #private::ToolContext| {
+            #destructure
+            async move {
+                #private::ToolReturn::into_result(Self::__durable_body(#(#body_args),*).await)
+            }
+        }
+    };
+    let run_call = match plan.verify {
+        None => quote!(__durable_call.run(#run).await),
+        Some(verify) => {
+            let check =
+                quote_spanned!(verify.span()=> (#verify)(&__durable_ctx, __durable_args).await);
+            quote! {
+                __durable_call.run_verified(
+                    #run,
+                    |__durable_ctx: #private::ToolContext| {
+                        let __durable_args = &__durable_args;
+                        async move { #check }
+                    },
+                ).await
+            }
+        }
+    };
+    quote! {
+        #[doc(hidden)]
+        async fn __durable_journaled(
+            __durable_journal: &#private::Journal,
+            __durable_args: #args_ty,
+            __durable_value: #private::Value,
+        ) -> #call_result {
+            let __durable_call = __durable_journal.tool(Self::spec(), __durable_value);
+            #key
+            #run_call
+        }
+    }
+}
+
+fn tool_impl(private: &TokenStream, tool: &ToolFn<'_>, args_ty: &TokenStream) -> TokenStream {
+    let ident = tool.ident;
+    // A body that is not `Send` fails here, where the future is boxed for toolboxes on
+    // multi-threaded runtimes; the span puts the error on the tool's name.
+    let boxed = quote_spanned! {tool.ident.span()=>
+        #private::Box::pin(async move {
+            let __durable_spec = #ident::spec();
+            let __durable_args: #args_ty = match #private::decode_args(__durable_spec, &args) {
+                ::core::result::Result::Ok(decoded) => decoded,
+                ::core::result::Result::Err(error) => return ::core::result::Result::Err(error),
+            };
+            #private::tool_output(__durable_spec, #ident::__durable_journaled(journal, __durable_args, args).await)
+        })
+    };
+    quote! {
+        impl #private::Tool for #ident {
+            fn spec(&self) -> &#private::ToolSpec {
+                #ident::spec()
+            }
+
+            fn invoke<'__durable>(
+                &'__durable self,
+                journal: &'__durable #private::Journal,
+                args: #private::Value,
+            ) -> #private::BoxFuture<'__durable, ::core::result::Result<#private::ToolOutput, #private::DurableError>> {
+                #boxed
+            }
+        }
+    }
+}
+
+/// Hidden items that state each type requirement once, spanned on the user's type, so a
+/// missing derive is reported there with the `on_unimplemented` note of durable-core.
+fn checks(private: &TokenStream, tool: &ToolFn<'_>) -> Vec<TokenStream> {
+    let cfgs = &tool.cfgs;
+    let mut checks = Vec::new();
+    for param in tool.model_params() {
+        let ty = param.ty;
+        checks.push(
+            quote_spanned!(ty.span()=> const _: fn() = #private::assert_tool_argument::<#ty>;),
+        );
+    }
+    match &tool.output {
+        Output::Result { ok, err, .. } => {
+            checks.push(
+                quote_spanned!(ok.span()=> const _: fn() = #private::assert_tool_output::<#ok>;),
+            );
+            checks.push(
+                quote_spanned!(err.span()=> const _: fn() = #private::assert_tool_error::<#err>;),
+            );
+        }
+        Output::Other(ty) => {
+            checks.push(
+                quote_spanned!(ty.span()=> const _: fn() = #private::assert_tool_return::<#ty>;),
+            );
+        }
+        Output::Missing => {}
+    }
+    checks
+        .into_iter()
+        .map(|check| quote!(#(#cfgs)* #check))
+        .collect()
+}

@@ -1,0 +1,212 @@
+// Pipeline tests on proc_macro2 tokens: what the whole macro emits for a tool, without a
+// compiler. (What the emitted code means is tested by the facade's tests/tool_macro.rs
+// and the trybuild suite.)
+
+use proc_macro2::TokenStream;
+use quote::quote;
+
+use crate::expand::durable_tool;
+
+fn expand(attr: TokenStream, item: TokenStream) -> syn::File {
+    let output = durable_tool(attr, item);
+    syn::parse2(output.clone())
+        .unwrap_or_else(|e| panic!("expansion does not parse: {e}\n{output}"))
+}
+
+fn items(file: &syn::File) -> Vec<String> {
+    file.items
+        .iter()
+        .map(|item| match item {
+            syn::Item::Struct(s) => format!("struct {}", s.ident),
+            syn::Item::Impl(i) => match &i.trait_ {
+                Some((_, path, _)) => format!(
+                    "impl {}",
+                    path.segments
+                        .last()
+                        .map(|s| s.ident.to_string())
+                        .unwrap_or_default()
+                ),
+                None => "impl".to_owned(),
+            },
+            syn::Item::Const(_) => "const".to_owned(),
+            syn::Item::Macro(m) => format!(
+                "{}!",
+                m.mac
+                    .path
+                    .segments
+                    .last()
+                    .map(|s| s.ident.to_string())
+                    .unwrap_or_default()
+            ),
+            other => format!("{:?}", std::mem::discriminant(other)),
+        })
+        .collect()
+}
+
+fn methods(file: &syn::File) -> Vec<String> {
+    file.items
+        .iter()
+        .filter_map(|item| match item {
+            syn::Item::Impl(i) if i.trait_.is_none() => Some(i),
+            _ => None,
+        })
+        .flat_map(|i| i.items.iter())
+        .filter_map(|item| match item {
+            syn::ImplItem::Fn(f) => Some(f.sig.ident.to_string()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn generated_form_emits_one_companion_struct() {
+    let file = expand(
+        quote!(replay = "unsafe_on_replay", verify = email_was_sent),
+        quote! {
+            /// Send an email.
+            pub async fn send_email(
+                /// Recipient.
+                to: String,
+                #[secret] body: String,
+            ) -> Result<Receipt, MailError> { todo!() }
+        },
+    );
+    assert_eq!(
+        items(&file),
+        [
+            "struct send_email",
+            "struct SendEmailArgs",
+            "impl",
+            "impl Tool",
+            "const",
+            "const",
+            "const",
+            "const"
+        ]
+    );
+    assert_eq!(
+        methods(&file),
+        [
+            "__durable_body",
+            "spec",
+            "call",
+            "dangerous_call_unjournaled",
+            "__durable_journaled"
+        ]
+    );
+    let text = quote!(#file).to_string();
+    assert!(text.contains("with_secret_args ([\"body\"])"), "{text}");
+    assert!(text.contains("with_verify ()"), "{text}");
+    assert!(text.contains("run_verified"), "{text}");
+    assert!(text.contains("deny_unknown_fields"), "{text}");
+    // `#[secret]` and the parameter docs do not reach the re-emitted signatures.
+    let body = file.items.iter().find_map(|item| match item {
+        syn::Item::Impl(i) if i.trait_.is_none() => i.items.first(),
+        _ => None,
+    });
+    let body = quote!(#body).to_string();
+    assert!(
+        !body.contains("secret") && !body.contains("Recipient"),
+        "{body}"
+    );
+}
+
+#[test]
+fn struct_form_generates_no_args_struct() {
+    let file = expand(
+        quote!(replay = "pure"),
+        quote!(
+            async fn search(ctx: &ToolContext, #[args] query: SearchArgs) -> Result<Vec<Hit>, E> {
+                todo!()
+            }
+        ),
+    );
+    assert_eq!(
+        items(&file),
+        [
+            "struct search",
+            "impl",
+            "impl Tool",
+            "const",
+            "const",
+            "const"
+        ]
+    );
+    let text = quote!(#file).to_string();
+    assert!(text.contains("args_schema :: < SearchArgs >"), "{text}");
+}
+
+#[test]
+fn renamed_crate_is_the_only_root() {
+    let file = expand(
+        quote!(
+            replay = "idempotent_with_key",
+            idempotency_key = |a| a.id.clone(),
+            crate = "dur"
+        ),
+        quote!(
+            async fn charge(id: String) -> Result<u8, E> {
+                todo!()
+            }
+        ),
+    );
+    let text = quote!(#file).to_string();
+    assert!(!text.contains("durable ::"), "{text}");
+    assert!(text.contains("dur :: __private :: derive_key"), "{text}");
+    assert!(text.contains("\"dur::__private::serde\""), "{text}");
+}
+
+#[test]
+fn errors_fall_back_to_stubs_and_keep_the_body() {
+    let output = durable_tool(
+        quote!(replay = "maybe"),
+        quote! {
+            /// Docs.
+            async fn read(path: String) -> Result<String, E> { let _ = 1; todo!() }
+        },
+    );
+    let file: syn::File = syn::parse2(output).expect("fallback parses");
+    assert_eq!(
+        items(&file),
+        [
+            "compile_error!",
+            "struct read",
+            "struct ReadArgs",
+            "impl",
+            "impl Tool"
+        ]
+    );
+    assert_eq!(methods(&file), ["__durable_body", "spec"]);
+}
+
+#[test]
+fn every_error_is_reported_at_once() {
+    let output = durable_tool(
+        quote!(
+            replay = "pure",
+            retry = R::default(),
+            verify = v,
+            colour = 1
+        ),
+        quote!(
+            fn read(&self) -> Result<String, E> {
+                todo!()
+            }
+        ),
+    );
+    let text = output.to_string();
+    assert_eq!(text.matches("compile_error").count(), 4, "{text}");
+}
+
+#[test]
+fn not_a_function_is_kept() {
+    let output = durable_tool(
+        quote!(replay = "pure"),
+        quote!(
+            struct S;
+        ),
+    );
+    let text = output.to_string();
+    assert!(text.contains("applies to an `async fn`"), "{text}");
+    assert!(text.contains("struct S"), "{text}");
+}

@@ -1,0 +1,458 @@
+//! `#[durable_tool]` end to end on the `SQLite` store: typed calls journal and replay,
+//! model-style `invoke` validates arguments before anything is journaled, the key closure
+//! reaches the body, the verify hook decides in-doubt unsafe calls, secrets are masked.
+//!
+//! Each test has its own tools, so their execution counters do not interfere when tests
+//! run in parallel.
+
+#![warn(clippy::pedantic)]
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use durable::sqlite::SqliteStore;
+use durable::store::CallStatus;
+use durable::{
+    CallError, CheckpointStore, Durable, DurableError, Message, ReplayClass, RetryPolicy, Session,
+    SessionId, StartOptions, Tool, ToolContext, Verification, durable_tool,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+#[derive(Debug)]
+struct Failure(String);
+
+impl std::fmt::Display for Failure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Receipt {
+    id: String,
+}
+
+async fn store() -> Arc<dyn CheckpointStore> {
+    Arc::new(
+        SqliteStore::open_in_memory()
+            .await
+            .expect("in-memory store"),
+    )
+}
+
+fn runtime(store: &Arc<dyn CheckpointStore>, owner: &str) -> Durable {
+    Durable::builder(Arc::clone(store))
+        .owner(owner)
+        .renew_leases(false)
+        .build()
+}
+
+async fn start(store: &Arc<dyn CheckpointStore>) -> Session {
+    runtime(store, "worker-1")
+        .start::<Message>(StartOptions::default())
+        .await
+        .expect("start")
+}
+
+/// Releases the lease and resumes the same session as another worker: the turn is re-run
+/// from the same checkpoint, as after a crash.
+async fn crash_and_resume(
+    store: &Arc<dyn CheckpointStore>,
+    session: Session,
+) -> durable::Resumed<Message> {
+    let id = session.id().clone();
+    session.release().await.expect("release");
+    runtime(store, "worker-2")
+        .resume(&id)
+        .await
+        .expect("resume")
+}
+
+async fn rows(store: &Arc<dyn CheckpointStore>, id: &SessionId) -> Vec<durable::store::CallRecord> {
+    store.calls(id, None).await.expect("calls")
+}
+
+// ---------------------------------------------------------------------------------------
+
+static LOOKUPS: AtomicUsize = AtomicUsize::new(0);
+
+/// Look up a document by id.
+#[durable_tool(replay = "pure", retry = RetryPolicy::default().with_max_attempts(1))]
+async fn lookup(
+    /// The document id.
+    id: String,
+    /// A revision; the latest when absent.
+    revision: Option<u32>,
+) -> Result<String, Failure> {
+    LOOKUPS.fetch_add(1, Ordering::SeqCst);
+    if id == "missing" {
+        return Err(Failure(format!("no document `{id}`")));
+    }
+    Ok(format!("{id}@{}", revision.unwrap_or(0)))
+}
+
+static SENT: AtomicUsize = AtomicUsize::new(0);
+
+/// Send an email to a customer.
+#[durable_tool(replay = "unsafe_on_replay")]
+async fn send_mail(to: String, #[secret] body: String) -> Result<Receipt, Failure> {
+    SENT.fetch_add(1, Ordering::SeqCst);
+    Ok(Receipt {
+        id: format!("mail to {to}, {} bytes", body.len()),
+    })
+}
+
+#[tokio::test]
+async fn typed_calls_journal_and_replay_without_running_again() {
+    let store = store().await;
+    let session = start(&store).await;
+    let id = session.id().clone();
+
+    let doc = lookup
+        .call(session.journal(), "a".into(), Some(2))
+        .await
+        .expect("lookup");
+    assert_eq!(doc, "a@2");
+    let receipt = send_mail
+        .call(session.journal(), "ann@example.com".into(), "hello".into())
+        .await
+        .expect("send");
+    let failed = lookup.call(session.journal(), "missing".into(), None).await;
+    assert!(
+        matches!(failed, Err(CallError::Tool(Failure(_)))),
+        "{failed:?}"
+    );
+    assert_eq!(
+        (LOOKUPS.load(Ordering::SeqCst), SENT.load(Ordering::SeqCst)),
+        (2, 1)
+    );
+
+    // The secret argument is stored masked, the other in clear.
+    let recorded = rows(&store, &id).await;
+    let mail = recorded
+        .iter()
+        .find(|r| r.identity.tool == "send_mail")
+        .expect("send_mail row");
+    assert_eq!(mail.args["to"], "ann@example.com");
+    assert!(mail.args["body"].get("$secret").is_some(), "{}", mail.args);
+
+    // The same turn re-run by another worker: recorded results, nothing runs.
+    let resumed = crash_and_resume(&store, session).await;
+    let journal = resumed.session.journal();
+    assert_eq!(
+        lookup
+            .call(journal, "a".into(), Some(2))
+            .await
+            .expect("replayed"),
+        "a@2"
+    );
+    let replayed = send_mail
+        .call(journal, "ann@example.com".into(), "hello".into())
+        .await
+        .expect("replayed send");
+    assert_eq!(replayed, receipt);
+    match lookup.call(journal, "missing".into(), None).await {
+        Err(CallError::Recorded(failure)) => assert_eq!(failure.message, "no document `missing`"),
+        other => panic!("expected the recorded failure, got {other:?}"),
+    }
+    assert_eq!(
+        (LOOKUPS.load(Ordering::SeqCst), SENT.load(Ordering::SeqCst)),
+        (2, 1)
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+
+static SEARCHES: AtomicUsize = AtomicUsize::new(0);
+
+/// Search the catalogue.
+#[durable_tool(replay = "pure", name = "catalogue_search")]
+async fn search(
+    /// Words to look for.
+    query: String,
+    /// At most this many hits.
+    limit: Option<u32>,
+) -> Result<Vec<String>, Failure> {
+    SEARCHES.fetch_add(1, Ordering::SeqCst);
+    Ok((0..limit.unwrap_or(2))
+        .map(|i| format!("{query}#{i}"))
+        .collect())
+}
+
+#[tokio::test]
+async fn invoke_validates_arguments_before_journaling() {
+    let store = store().await;
+    let session = start(&store).await;
+    let journal = session.journal();
+
+    for (args, path) in [
+        (json!({"query": 5}), "$.query"),
+        (json!({"limit": 1}), "$"),
+        (json!({"query": "x", "limit": "many"}), "$.limit"),
+        (json!({"query": "x", "sort": "asc"}), "$.sort"),
+        (json!(["x"]), "$"),
+    ] {
+        match search.invoke(journal, args.clone()).await {
+            Err(DurableError::ArgumentsMismatch {
+                tool,
+                path: found,
+                message,
+            }) => {
+                assert_eq!(tool, "catalogue_search");
+                assert_eq!(found, path, "{args}: {message}");
+            }
+            other => panic!("{args}: expected ArgumentsMismatch, got {other:?}"),
+        }
+    }
+    assert_eq!(SEARCHES.load(Ordering::SeqCst), 0);
+    assert!(
+        rows(&store, session.id()).await.is_empty(),
+        "nothing journaled"
+    );
+
+    // `null` for an optional argument is accepted, like a missing one.
+    let output = search
+        .invoke(journal, json!({"query": "tea", "limit": null}))
+        .await
+        .expect("invoke");
+    assert!(!output.is_error);
+    assert_eq!(output.content, json!(["tea#0", "tea#1"]));
+    assert_eq!(SEARCHES.load(Ordering::SeqCst), 1);
+}
+
+// ---------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+struct Charge {
+    key: Option<String>,
+    cents: u64,
+}
+
+/// Charge a card; the provider honours idempotency keys.
+#[durable_tool(
+    replay = "idempotent_with_key",
+    idempotency_key = |a, session| format!("{session}:charge:{}", a.order_id),
+)]
+async fn charge_card(ctx: &ToolContext, order_id: String, cents: u64) -> Result<Charge, Failure> {
+    if cents == 0 {
+        return Err(Failure(format!("order {order_id}: nothing to charge")));
+    }
+    Ok(Charge {
+        key: ctx.idempotency_key().map(str::to_owned),
+        cents,
+    })
+}
+
+#[tokio::test]
+async fn the_key_closure_reaches_the_body_and_the_journal() {
+    let store = store().await;
+    let session = start(&store).await;
+    let expected = format!("{}:charge:o-17", session.id());
+
+    let charge = charge_card
+        .call(session.journal(), "o-17".into(), 1200)
+        .await
+        .expect("charge");
+    assert_eq!(charge.key.as_deref(), Some(expected.as_str()));
+
+    let output = charge_card
+        .invoke(session.journal(), json!({"order_id": "o-18", "cents": 0}))
+        .await
+        .expect("a tool failure is an output, not an error");
+    assert!(output.is_error);
+    assert_eq!(
+        output.content,
+        json!({"error": "order o-18: nothing to charge"})
+    );
+
+    let keys: Vec<_> = rows(&store, session.id())
+        .await
+        .into_iter()
+        .map(|r| r.idempotency_key)
+        .collect();
+    assert!(keys.contains(&Some(expected)), "{keys:?}");
+}
+
+// ---------------------------------------------------------------------------------------
+
+static OUTBOX: Mutex<Vec<String>> = Mutex::new(Vec::new());
+static NOTIFY_RUNS: AtomicUsize = AtomicUsize::new(0);
+static VERIFY_RUNS: AtomicUsize = AtomicUsize::new(0);
+static STARTED: AtomicBool = AtomicBool::new(false);
+
+/// Notify a customer (hangs after sending when `hang` is set, like a crash before the
+/// result is recorded).
+#[durable_tool(replay = "unsafe_on_replay", verify = notification_was_sent)]
+async fn notify_customer(customer: String, hang: bool) -> Result<Receipt, Failure> {
+    NOTIFY_RUNS.fetch_add(1, Ordering::SeqCst);
+    OUTBOX.lock().expect("outbox").push(customer.clone());
+    if hang {
+        STARTED.store(true, Ordering::SeqCst);
+        std::future::pending::<()>().await;
+    }
+    Ok(Receipt {
+        id: format!("sent to {customer}"),
+    })
+}
+
+/// Looks in the outbox: the verify hook of `notify_customer`.
+#[allow(clippy::unused_async)] // verify hooks are async; this one needs no I/O
+async fn notification_was_sent(
+    ctx: &ToolContext,
+    args: &NotifyCustomerArgs,
+) -> Verification<Receipt> {
+    VERIFY_RUNS.fetch_add(1, Ordering::SeqCst);
+    assert_eq!(ctx.replay_class(), ReplayClass::UnsafeOnReplay);
+    if OUTBOX.lock().expect("outbox").contains(&args.customer) {
+        Verification::Happened(Receipt {
+            id: format!("found in outbox: {}", args.customer),
+        })
+    } else {
+        Verification::DidNotHappen
+    }
+}
+
+#[tokio::test]
+async fn the_verify_hook_decides_an_in_doubt_unsafe_call() {
+    let store = store().await;
+    let session = start(&store).await;
+    let id = session.id().clone();
+
+    // Issue the call and lose the worker while the effect is done but unrecorded.
+    let journal = session.journal().clone();
+    let task = tokio::spawn(async move { notify_customer.call(&journal, "bo".into(), true).await });
+    while !STARTED.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    task.abort();
+    assert!(task.await.is_err(), "the call was cut off");
+    assert_eq!(rows(&store, &id).await[0].status, CallStatus::Issued);
+
+    let resumed = crash_and_resume(&store, session).await;
+    assert!(resumed.report.needs_attention());
+    assert_eq!(resumed.report.in_doubt.len(), 1);
+
+    // Same call on resume: the hook finds the effect, its answer becomes the result.
+    let receipt = notify_customer
+        .call(resumed.session.journal(), "bo".into(), true)
+        .await
+        .expect("verified");
+    assert_eq!(receipt.id, "found in outbox: bo");
+    assert_eq!(
+        (
+            NOTIFY_RUNS.load(Ordering::SeqCst),
+            VERIFY_RUNS.load(Ordering::SeqCst)
+        ),
+        (1, 1)
+    );
+    let row = rows(&store, &id).await.remove(0);
+    assert_eq!(row.status, CallStatus::Completed);
+    assert_eq!(row.result, Some(json!({"id": "found in outbox: bo"})));
+    assert!(notify_customer::spec().has_verify);
+}
+
+// ---------------------------------------------------------------------------------------
+
+/// Arguments of [`find_flights`], written by hand (the struct-argument form).
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+struct FlightQuery {
+    /// IATA code of the departure airport.
+    from: String,
+    /// IATA code of the arrival airport.
+    to: String,
+}
+
+/// Find flights between two airports.
+#[durable_tool(replay = "pure")]
+async fn find_flights(
+    ctx: &ToolContext,
+    #[args] query: FlightQuery,
+) -> std::io::Result<Vec<String>> {
+    Ok(vec![format!(
+        "{}→{} (attempt {})",
+        query.from,
+        query.to,
+        ctx.attempt()
+    )])
+}
+
+static SHOUTS: AtomicUsize = AtomicUsize::new(0);
+
+/// Upper-case a word.
+#[durable_tool(replay = "pure")]
+async fn shout(word: String) -> Result<String, Failure> {
+    SHOUTS.fetch_add(1, Ordering::SeqCst);
+    Ok(word.to_uppercase())
+}
+
+#[tokio::test]
+async fn specs_schemas_and_the_escape_hatch() {
+    let spec = lookup::spec();
+    assert_eq!(spec.name, "lookup");
+    assert_eq!(spec.description, "Look up a document by id.");
+    assert_eq!(spec.class, ReplayClass::Pure);
+    assert_eq!(spec.retry.as_ref().map(|r| r.max_attempts), Some(1));
+    assert!(spec.secret_args.is_empty() && !spec.has_verify);
+    assert_eq!(
+        spec.input_schema,
+        json!({
+            "type": "object",
+            "properties": {
+                "id": {"type": "string", "description": "The document id."},
+                "revision": {
+                    "type": ["integer", "null"],
+                    "format": "uint32",
+                    "minimum": 0,
+                    "description": "A revision; the latest when absent."
+                }
+            },
+            "required": ["id"],
+            "additionalProperties": false
+        })
+    );
+    assert_eq!(
+        spec.fingerprint,
+        durable::key::schema_fingerprint(&spec.input_schema)
+    );
+    assert!(std::ptr::eq(spec, Tool::spec(&lookup)), "built once");
+    assert_eq!(send_mail::spec().secret_args, ["body"]);
+    assert_eq!(search::spec().name, "catalogue_search");
+
+    let flights = find_flights::spec();
+    assert_eq!(
+        flights.input_schema["properties"]["from"]["description"],
+        "IATA code of the departure airport."
+    );
+    assert_eq!(flights.input_schema["required"], json!(["from", "to"]));
+
+    // The escape hatch runs the body with no journal at all.
+    let loud = shout
+        .dangerous_call_unjournaled("x".into())
+        .await
+        .expect("unjournaled");
+    assert_eq!(loud, "X");
+    assert_eq!(SHOUTS.load(Ordering::SeqCst), 1);
+    let ctx = ToolContext::detached(charge_card::spec(), SessionId::new("s"), Some("k-1".into()));
+    let charge = charge_card
+        .dangerous_call_unjournaled(&ctx, "o".into(), 5)
+        .await
+        .expect("unjournaled charge");
+    assert_eq!(charge.key.as_deref(), Some("k-1"));
+
+    // Struct form, journaled, through a boxed trait object on another thread.
+    let store = store().await;
+    let session = start(&store).await;
+    let tool: Arc<dyn Tool> = Arc::new(find_flights);
+    let journal = session.journal().clone();
+    let output = tokio::spawn(async move {
+        tool.invoke(&journal, json!({"from": "CDG", "to": "OSL"}))
+            .await
+    })
+    .await
+    .expect("join")
+    .expect("invoke");
+    assert_eq!(output.content, json!(["CDG→OSL (attempt 1)"]));
+}
