@@ -20,7 +20,6 @@ pub mod snapshot;
 pub mod store;
 pub mod tool;
 pub mod tool_bounds;
-pub mod tool_bounds;
 pub mod toolbox;
 pub mod transcript;
 
