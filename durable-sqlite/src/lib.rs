@@ -14,7 +14,7 @@
 //! ```no_run
 //! use std::sync::Arc;
 //!
-//! use durable_core::StoreError;
+//! use durable_core::{CheckpointStore, StoreError};
 //! use durable_sqlite::SqliteStore;
 //!
 //! # async fn demo() -> Result<(), StoreError> {
@@ -48,7 +48,9 @@ use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, SqliteConnection, SqlitePool};
 
+mod checkpoint;
 mod error;
+mod journal;
 mod ops;
 mod rows;
 mod store;
@@ -262,7 +264,8 @@ async fn setup_schema(conn: &mut SqliteConnection) -> Result<(), StoreError> {
                 .await
                 .map_err(db)?;
         if let Some(found) = found.filter(|&found| found > supported) {
-            // Dropping `tx` rolls back: nothing was written.
+            // Nothing was written; end the transaction before refusing.
+            tx.rollback().await.map_err(db)?;
             return Err(StoreError::SchemaTooNew {
                 backend: BACKEND,
                 found,
@@ -274,7 +277,11 @@ async fn setup_schema(conn: &mut SqliteConnection) -> Result<(), StoreError> {
     tx.commit().await.map_err(db)
 }
 
-/// A [`CheckpointStore`](durable_core::CheckpointStore) on SQLite. Cheap to clone (it wraps connection pools).
+/// A [`CheckpointStore`](durable_core::CheckpointStore) on SQLite.
+///
+/// Cheap to clone: clones share the connection pools. Open it with
+/// [`open`](Self::open), [`open_in_memory`](Self::open_in_memory) or
+/// [`connect_with`](Self::connect_with).
 #[derive(Clone)]
 pub struct SqliteStore {
     inner: Arc<Inner>,
@@ -404,7 +411,8 @@ impl SqliteStore {
         })
     }
 
-    /// The reader pool. Every connection in it carries the store's settings. Use it for
+    /// The reader pool (for an in-memory store, its only pool). Every connection in it
+    /// carries the store's settings, read back when it connected. Use it for
     /// read-only queries of your own; write only through the
     /// [`CheckpointStore`](durable_core::CheckpointStore) methods,
     /// which fence and serialize writes.

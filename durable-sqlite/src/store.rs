@@ -8,19 +8,18 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use durable_core::store::{
-    CallOutcome, CallRecord, CallStatus, Checkpoint, CheckpointMeta, Durability, ErrorRecord,
-    FORMAT_VERSION, Fence, FinishCall, IssueOutcome, Lease, MigrateSession, NewCall, NewCheckpoint,
-    NewError, NewSession, PurgeOutcome, Resolution, ResolutionRecord, ResolveCall, SessionFilter,
-    SessionRecord, SessionStatus,
+    CallRecord, Checkpoint, CheckpointMeta, Durability, ErrorRecord, FORMAT_VERSION, Fence,
+    FinishCall, IssueOutcome, Lease, MigrateSession, NewCall, NewCheckpoint, NewError, NewSession,
+    PurgeOutcome, ResolutionRecord, ResolveCall, SessionFilter, SessionRecord, SessionStatus,
 };
 use durable_core::{CallId, CheckpointStore, SessionId, StoreError};
-use sqlx::{AssertSqlSafe, Row, SqliteConnection};
+use sqlx::{AssertSqlSafe, Row};
 
-use crate::error::{BACKEND, check_format, corrupt, db, parse_json};
-use crate::ops::{self, json, opt_json};
-use crate::rows::{self, call_cols, meta_cols, session_cols};
-use crate::tx::{WriteTx, millis, now_sql};
-use crate::{IN_MEMORY_SETTING, SqliteStore, synchronous_name};
+use crate::error::{BACKEND, corrupt, db};
+use crate::ops::{self, json};
+use crate::rows::{self, session_cols};
+use crate::tx::{WriteTx, millis};
+use crate::{IN_MEMORY_SETTING, SqliteStore, checkpoint, journal, synchronous_name};
 
 /// Sessions a recovery may claim: active, and with no live lease.
 macro_rules! expired_where {
@@ -357,15 +356,7 @@ impl CheckpointStore for SqliteStore {
         expected: i64,
         checkpoint: NewCheckpoint,
     ) -> Result<CheckpointMeta, StoreError> {
-        let mut tx = WriteTx::begin(self.writer()).await?;
-        let now = tx.now;
-        let result = async {
-            let conn = tx.conn();
-            let fenced = ops::fenced(&mut *conn, fence).await?;
-            ops::save_checkpoint(conn, now, fence.session, &fenced, expected, &checkpoint).await
-        }
-        .await;
-        tx.finish(result).await
+        checkpoint::save_checkpoint(self, fence, expected, checkpoint).await
     }
 
     async fn load_checkpoint(
@@ -373,118 +364,11 @@ impl CheckpointStore for SqliteStore {
         id: &SessionId,
         version: Option<i64>,
     ) -> Result<Checkpoint, StoreError> {
-        // One snapshot for the three reads.
-        let mut rtx = self.reader().begin().await.map_err(db)?;
-        let latest: i64 =
-            sqlx::query_scalar("SELECT latest_version FROM durable_sessions WHERE id = ?")
-                .bind(id.as_str())
-                .fetch_optional(&mut *rtx)
-                .await
-                .map_err(db)?
-                .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
-        let version = version.unwrap_or(latest);
-        let row = sqlx::query(concat!(
-            "SELECT ",
-            meta_cols!(),
-            ", plan, budget, state, format FROM durable_checkpoints \
-             WHERE session_id = ? AND version = ?"
-        ))
-        .bind(id.as_str())
-        .bind(version)
-        .fetch_optional(&mut *rtx)
-        .await
-        .map_err(db)?
-        .ok_or_else(|| StoreError::VersionNotFound {
-            session: id.clone(),
-            version,
-        })?;
-        let v = Some(version);
-        let format: i64 = rows::col(&row, "format", id, v)?;
-        check_format(format, id, v, "the checkpoint")?;
-        let meta = rows::checkpoint_meta(&row)?;
-        let plan = parse_json(
-            &rows::col::<String>(&row, "plan", id, v)?,
-            id,
-            v,
-            "the plan",
-        )?;
-        let budget = parse_json(
-            &rows::col::<String>(&row, "budget", id, v)?,
-            id,
-            v,
-            "the budget",
-        )?;
-        let state = parse_json(
-            &rows::col::<String>(&row, "state", id, v)?,
-            id,
-            v,
-            "the state",
-        )?;
-        let logged = sqlx::query(
-            "SELECT seq, message, format FROM durable_messages \
-             WHERE session_id = ? AND seq <= ? ORDER BY seq",
-        )
-        .bind(id.as_str())
-        .bind(meta.last_seq)
-        .fetch_all(&mut *rtx)
-        .await
-        .map_err(db)?;
-        rtx.commit().await.map_err(db)?;
-        let mut messages = Vec::with_capacity(logged.len());
-        for row in &logged {
-            let seq: i64 = rows::col(row, "seq", id, v)?;
-            let what = format!("message {seq}");
-            check_format(rows::col(row, "format", id, v)?, id, v, &what)?;
-            messages.push(parse_json(
-                &rows::col::<String>(row, "message", id, v)?,
-                id,
-                v,
-                &what,
-            )?);
-        }
-        if i64::try_from(messages.len()).ok() != Some(meta.message_count) {
-            return Err(corrupt(
-                id,
-                v,
-                format!(
-                    "the checkpoint counts {} messages but the log holds {} up to seq {}",
-                    meta.message_count,
-                    messages.len(),
-                    meta.last_seq
-                ),
-            ));
-        }
-        Ok(Checkpoint {
-            meta,
-            messages,
-            plan,
-            budget,
-            state,
-        })
+        checkpoint::load_checkpoint(self, id, version).await
     }
 
     async fn list_checkpoints(&self, id: &SessionId) -> Result<Vec<CheckpointMeta>, StoreError> {
-        let mut rtx = self.reader().begin().await.map_err(db)?;
-        let exists: bool =
-            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM durable_sessions WHERE id = ?)")
-                .bind(id.as_str())
-                .fetch_one(&mut *rtx)
-                .await
-                .map_err(db)?;
-        if !exists {
-            return Err(StoreError::SessionNotFound(id.clone()));
-        }
-        let found = sqlx::query(concat!(
-            "SELECT ",
-            meta_cols!(),
-            " FROM durable_checkpoints WHERE session_id = ? ORDER BY version"
-        ))
-        .bind(id.as_str())
-        .fetch_all(&mut *rtx)
-        .await
-        .map_err(db)?;
-        rtx.commit().await.map_err(db)?;
-        found.iter().map(rows::checkpoint_meta).collect()
+        checkpoint::list_checkpoints(self, id).await
     }
 
     async fn fork_session(
@@ -495,87 +379,7 @@ impl CheckpointStore for SqliteStore {
         owner: &str,
         ttl: Duration,
     ) -> Result<(SessionRecord, Lease), StoreError> {
-        let mut tx = WriteTx::begin(self.writer()).await?;
-        let now = tx.now;
-        let result = async {
-            let conn = tx.conn();
-            let source = ops::load_session(&mut *conn, id).await?;
-            let cp = sqlx::query(
-                "SELECT last_seq, message_count, plan, budget, state, format \
-                 FROM durable_checkpoints WHERE session_id = ? AND version = ?",
-            )
-            .bind(id.as_str())
-            .bind(version)
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(db)?
-            .ok_or_else(|| StoreError::VersionNotFound {
-                session: id.clone(),
-                version,
-            })?;
-            let v = Some(version);
-            let format: i64 = rows::col(&cp, "format", id, v)?;
-            check_format(format, id, v, "the checkpoint")?;
-            let last_seq: i64 = rows::col(&cp, "last_seq", id, v)?;
-            let expires_at = now.saturating_add(millis(ttl));
-            // Metadata is copied as stored (bytes unchanged), like the transcript below.
-            let inserted = sqlx::query(
-                "INSERT INTO durable_sessions (id, status, app_version, metadata, lease_owner, \
-                 lease_expires_at, fence, recovery_attempts, status_reason, latest_version, \
-                 created_at, updated_at, format) \
-                 SELECT ?, 'active', app_version, metadata, ?, ?, 1, 0, NULL, 0, ?, ?, format \
-                 FROM durable_sessions WHERE id = ? \
-                 ON CONFLICT (id) DO NOTHING",
-            )
-            .bind(new_id.as_str())
-            .bind(owner)
-            .bind(expires_at)
-            .bind(now)
-            .bind(now)
-            .bind(id.as_str())
-            .execute(&mut *conn)
-            .await
-            .map_err(db)?;
-            if inserted.rows_affected() == 0 {
-                return Err(StoreError::SessionExists(new_id.clone()));
-            }
-            // The transcript keeps its seqs and bytes; JSON is copied, not re-encoded.
-            sqlx::query(
-                "INSERT INTO durable_messages (session_id, seq, message, format, created_at) \
-                 SELECT ?, seq, message, format, created_at FROM durable_messages \
-                 WHERE session_id = ? AND seq <= ?",
-            )
-            .bind(new_id.as_str())
-            .bind(id.as_str())
-            .bind(last_seq)
-            .execute(&mut *conn)
-            .await
-            .map_err(db)?;
-            sqlx::query(
-                "INSERT INTO durable_checkpoints (session_id, version, last_seq, message_count, \
-                 plan, budget, state, app_version, format, created_at) \
-                 SELECT ?, 0, last_seq, message_count, plan, budget, state, ?, format, ? \
-                 FROM durable_checkpoints WHERE session_id = ? AND version = ?",
-            )
-            .bind(new_id.as_str())
-            .bind(&source.app_version)
-            .bind(now)
-            .bind(id.as_str())
-            .bind(version)
-            .execute(&mut *conn)
-            .await
-            .map_err(db)?;
-            let record = ops::load_session(conn, new_id).await?;
-            let lease = Lease {
-                session: new_id.clone(),
-                owner: owner.to_owned(),
-                fence: record.fence,
-                expires_at,
-            };
-            Ok((record, lease))
-        }
-        .await;
-        tx.finish(result).await
+        checkpoint::fork_session(self, id, version, new_id, owner, ttl).await
     }
 
     async fn issue_call(
@@ -583,10 +387,7 @@ impl CheckpointStore for SqliteStore {
         fence: Fence<'_>,
         call: NewCall,
     ) -> Result<IssueOutcome, StoreError> {
-        let mut tx = WriteTx::begin(self.writer()).await?;
-        let now = tx.now;
-        let result = insert_call(tx.conn(), now, fence, &call, None).await;
-        tx.finish(result).await
+        journal::issue_call(self, fence, call).await
     }
 
     async fn record_call(
@@ -595,10 +396,7 @@ impl CheckpointStore for SqliteStore {
         call: NewCall,
         finish: FinishCall,
     ) -> Result<IssueOutcome, StoreError> {
-        let mut tx = WriteTx::begin(self.writer()).await?;
-        let now = tx.now;
-        let result = insert_call(tx.conn(), now, fence, &call, Some(&finish)).await;
-        tx.finish(result).await
+        journal::record_call(self, fence, call, finish).await
     }
 
     async fn reissue_call(
@@ -606,37 +404,7 @@ impl CheckpointStore for SqliteStore {
         fence: Fence<'_>,
         call: &CallId,
     ) -> Result<CallRecord, StoreError> {
-        let mut tx = WriteTx::begin(self.writer()).await?;
-        let result = async {
-            let conn = tx.conn();
-            ops::fenced(&mut *conn, fence).await?;
-            let state = ops::call_state(&mut *conn, call).await?;
-            if state.session != *fence.session {
-                return Err(StoreError::LeaseLost {
-                    session: state.session,
-                    token: fence.token,
-                });
-            }
-            if !matches!(state.status, CallStatus::Issued | CallStatus::NotHappened) {
-                return Err(StoreError::CallNotInDoubt {
-                    call: call.clone(),
-                    status: state.status.as_str().to_owned(),
-                });
-            }
-            sqlx::query(
-                "UPDATE durable_tool_calls SET attempt = attempt + 1, status = 'issued', \
-                 fence = ?, finished_at = NULL, result = NULL, error = NULL, spend = NULL, \
-                 mac = NULL WHERE id = ?",
-            )
-            .bind(fence.token)
-            .bind(call.as_str())
-            .execute(&mut *conn)
-            .await
-            .map_err(db)?;
-            ops::load_call(conn, call).await
-        }
-        .await;
-        tx.finish(result).await
+        journal::reissue_call(self, fence, call).await
     }
 
     async fn finish_call(
@@ -646,53 +414,11 @@ impl CheckpointStore for SqliteStore {
         finish: FinishCall,
         checkpoint: Option<(i64, NewCheckpoint)>,
     ) -> Result<Option<CheckpointMeta>, StoreError> {
-        let mut tx = WriteTx::begin(self.writer()).await?;
-        let now = tx.now;
-        let result = async {
-            let conn = tx.conn();
-            let fenced = ops::fenced(&mut *conn, fence).await?;
-            let state = ops::call_state(&mut *conn, call).await?;
-            if state.session != *fence.session {
-                return Err(StoreError::LeaseLost {
-                    session: state.session,
-                    token: fence.token,
-                });
-            }
-            if state.status != CallStatus::Issued {
-                return Err(StoreError::CallNotInDoubt {
-                    call: call.clone(),
-                    status: state.status.as_str().to_owned(),
-                });
-            }
-            let (status, result, error) = outcome_columns(&finish.outcome)?;
-            sqlx::query(
-                "UPDATE durable_tool_calls SET status = ?, result = ?, error = ?, spend = ?, \
-                 mac = ?, finished_at = ? WHERE id = ?",
-            )
-            .bind(status.as_str())
-            .bind(result)
-            .bind(error)
-            .bind(opt_json(finish.spend.as_ref())?)
-            .bind(finish.mac.as_deref())
-            .bind(now)
-            .bind(call.as_str())
-            .execute(&mut *conn)
-            .await
-            .map_err(db)?;
-            match &checkpoint {
-                Some((expected, cp)) => Ok(Some(
-                    ops::save_checkpoint(conn, now, fence.session, &fenced, *expected, cp).await?,
-                )),
-                None => Ok(None),
-            }
-        }
-        .await;
-        tx.finish(result).await
+        journal::finish_call(self, fence, call, finish, checkpoint).await
     }
 
     async fn call(&self, id: &CallId) -> Result<CallRecord, StoreError> {
-        let mut conn = self.reader().acquire().await.map_err(db)?;
-        ops::load_call(&mut conn, id).await
+        journal::call(self, id).await
     }
 
     async fn calls(
@@ -700,124 +426,19 @@ impl CheckpointStore for SqliteStore {
         session: &SessionId,
         step: Option<i64>,
     ) -> Result<Vec<CallRecord>, StoreError> {
-        let found = match step {
-            Some(step) => sqlx::query(concat!(
-                "SELECT ",
-                call_cols!(),
-                " FROM durable_tool_calls c WHERE c.session_id = ? AND c.step = ? ORDER BY c.seq"
-            ))
-            .bind(session.as_str())
-            .bind(step),
-            None => sqlx::query(concat!(
-                "SELECT ",
-                call_cols!(),
-                " FROM durable_tool_calls c WHERE c.session_id = ? ORDER BY c.seq"
-            ))
-            .bind(session.as_str()),
-        }
-        .fetch_all(self.reader())
-        .await
-        .map_err(db)?;
-        found.iter().map(rows::call).collect()
+        journal::calls(self, session, step).await
     }
 
     async fn in_doubt(&self, session: Option<&SessionId>) -> Result<Vec<CallRecord>, StoreError> {
-        macro_rules! in_doubt_sql {
-            ($filter:literal) => {
-                concat!(
-                    "SELECT ",
-                    call_cols!(),
-                    " FROM durable_tool_calls c JOIN durable_sessions s ON s.id = c.session_id \
-                     WHERE c.status = 'issued' AND (s.fence <> c.fence OR s.lease_owner IS NULL \
-                     OR s.lease_expires_at IS NULL OR s.lease_expires_at <= ",
-                    now_sql!(),
-                    ")",
-                    $filter,
-                    " ORDER BY s.rowid, c.seq"
-                )
-            };
-        }
-        let found = match session {
-            Some(id) => sqlx::query(in_doubt_sql!(" AND c.session_id = ?")).bind(id.as_str()),
-            None => sqlx::query(in_doubt_sql!("")),
-        }
-        .fetch_all(self.reader())
-        .await
-        .map_err(db)?;
-        found.iter().map(rows::call).collect()
+        journal::in_doubt(self, session).await
     }
 
     async fn resolve_call(&self, resolve: ResolveCall) -> Result<CallRecord, StoreError> {
-        let mut tx = WriteTx::begin(self.writer()).await?;
-        let now = tx.now;
-        let result = async {
-            let conn = tx.conn();
-            let id = &resolve.call;
-            let state = ops::call_state(&mut *conn, id).await?;
-            if state.status != CallStatus::Issued {
-                return Err(StoreError::CallNotInDoubt {
-                    call: id.clone(),
-                    status: state.status.as_str().to_owned(),
-                });
-            }
-            let session = ops::load_session(&mut *conn, &state.session).await?;
-            let live = session.lease_owner.is_some()
-                && session.lease_expires_at.is_some_and(|at| at > now);
-            if live && session.fence == state.fence {
-                return Err(StoreError::CallNotInDoubt {
-                    call: id.clone(),
-                    status: "running".to_owned(),
-                });
-            }
-            let (status, decision, result) = match &resolve.resolution {
-                Resolution::Happened { result } => {
-                    (CallStatus::Resolved, "happened", Some(json(result)?))
-                }
-                Resolution::DidNotHappen => (CallStatus::NotHappened, "did_not_happen", None),
-            };
-            sqlx::query(
-                "UPDATE durable_tool_calls SET status = ?, result = ?, mac = ?, finished_at = ? \
-                 WHERE id = ?",
-            )
-            .bind(status.as_str())
-            .bind(result.as_deref())
-            .bind(resolve.mac.as_deref())
-            .bind(now)
-            .bind(id.as_str())
-            .execute(&mut *conn)
-            .await
-            .map_err(db)?;
-            sqlx::query(
-                "INSERT INTO durable_resolutions (call_id, session_id, decision, result, \
-                 resolved_by, note, format, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            )
-            .bind(id.as_str())
-            .bind(state.session.as_str())
-            .bind(decision)
-            .bind(result.as_deref())
-            .bind(&resolve.by)
-            .bind(resolve.note.as_deref())
-            .bind(FORMAT_VERSION)
-            .bind(now)
-            .execute(&mut *conn)
-            .await
-            .map_err(db)?;
-            ops::load_call(conn, id).await
-        }
-        .await;
-        tx.finish(result).await
+        journal::resolve_call(self, resolve).await
     }
 
     async fn resolutions(&self, session: &SessionId) -> Result<Vec<ResolutionRecord>, StoreError> {
-        let found = sqlx::query(
-            "SELECT call_id, session_id, decision, result, resolved_by, note, format, created_at \
-             FROM durable_resolutions WHERE session_id = ? ORDER BY id",
-        )
-        .bind(session.as_str())
-        .fetch_all(self.reader())
-        .await
-        .map_err(db)?;
-        found.iter().map(rows::resolution).collect()
+        journal::resolutions(self, session).await
     }
 
     async fn record_error(&self, error: NewError) -> Result<(), StoreError> {
@@ -981,119 +602,4 @@ impl CheckpointStore for SqliteStore {
         .await;
         tx.finish(result).await
     }
-}
-
-/// `issue_call` (`finish = None`: status `issued`) and `record_call` (the outcome is
-/// written with the new row): fence check, idempotency-key check, then insert-or-get on
-/// the call identity.
-async fn insert_call(
-    conn: &mut SqliteConnection,
-    now: i64,
-    fence: Fence<'_>,
-    call: &NewCall,
-    finish: Option<&FinishCall>,
-) -> Result<IssueOutcome, StoreError> {
-    ops::fenced(&mut *conn, fence).await?;
-    let identity = &call.identity;
-    if identity.session != *fence.session {
-        return Err(StoreError::LeaseLost {
-            session: identity.session.clone(),
-            token: fence.token,
-        });
-    }
-    if let Some(key) = &call.idempotency_key {
-        let holder: Option<String> = sqlx::query_scalar(
-            "SELECT id FROM durable_tool_calls WHERE tool_name = ? \
-             AND idempotency_key = ? AND input_hash <> ? ORDER BY issued_at, id LIMIT 1",
-        )
-        .bind(&identity.tool)
-        .bind(key)
-        .bind(&identity.input_hash)
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(db)?;
-        if let Some(existing) = holder {
-            return Err(StoreError::IdempotencyConflict {
-                tool: identity.tool.clone(),
-                key: key.clone(),
-                existing: CallId::new(existing),
-            });
-        }
-    }
-    let (status, result, error, spend, mac, finished_at) = match finish {
-        None => (CallStatus::Issued, None, None, None, None, None),
-        Some(finish) => {
-            let (status, result, error) = outcome_columns(&finish.outcome)?;
-            (
-                status,
-                result,
-                error,
-                opt_json(finish.spend.as_ref())?,
-                finish.mac.as_deref(),
-                Some(now),
-            )
-        }
-    };
-    let inserted = sqlx::query(
-        "INSERT INTO durable_tool_calls (id, session_id, kind, step, tool_name, input_hash, \
-         ordinal, replay_class, status, args, idempotency_key, schema_hash, result, error, \
-         spend, mac, attempt, fence, format, issued_at, finished_at, seq) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, \
-         (SELECT COALESCE(MAX(seq), 0) + 1 FROM durable_tool_calls WHERE session_id = ?)) \
-         ON CONFLICT (session_id, step, tool_name, input_hash, ordinal) DO NOTHING",
-    )
-    .bind(call.id.as_str())
-    .bind(identity.session.as_str())
-    .bind(call.kind.as_str())
-    .bind(identity.step)
-    .bind(&identity.tool)
-    .bind(&identity.input_hash)
-    .bind(identity.ordinal)
-    .bind(call.class.as_str())
-    .bind(status.as_str())
-    .bind(json(&call.args)?)
-    .bind(call.idempotency_key.as_deref())
-    .bind(&call.schema_hash)
-    .bind(result)
-    .bind(error)
-    .bind(spend)
-    .bind(mac)
-    .bind(fence.token)
-    .bind(FORMAT_VERSION)
-    .bind(now)
-    .bind(finished_at)
-    .bind(identity.session.as_str())
-    .execute(&mut *conn)
-    .await
-    .map_err(db)?;
-    if inserted.rows_affected() == 1 {
-        return Ok(IssueOutcome::Inserted(
-            ops::load_call(conn, &call.id).await?,
-        ));
-    }
-    let row = sqlx::query(concat!(
-        "SELECT ",
-        call_cols!(),
-        " FROM durable_tool_calls c WHERE c.session_id = ? AND c.step = ? \
-         AND c.tool_name = ? AND c.input_hash = ? AND c.ordinal = ?"
-    ))
-    .bind(identity.session.as_str())
-    .bind(identity.step)
-    .bind(&identity.tool)
-    .bind(&identity.input_hash)
-    .bind(identity.ordinal)
-    .fetch_one(conn)
-    .await
-    .map_err(db)?;
-    Ok(IssueOutcome::Existing(rows::call(&row)?))
-}
-
-/// Status, `result` and `error` columns of a recorded outcome.
-fn outcome_columns(
-    outcome: &CallOutcome,
-) -> Result<(CallStatus, Option<String>, Option<String>), StoreError> {
-    Ok(match outcome {
-        CallOutcome::Completed(value) => (CallStatus::Completed, Some(json(value)?), None),
-        CallOutcome::Failed(value) => (CallStatus::Failed, None, Some(json(value)?)),
-    })
 }

@@ -204,7 +204,7 @@ async fn exercise_every_method(store: &dyn CheckpointStore) {
         in_doubt.iter().map(|c| &c.id).collect::<Vec<_>>(),
         [&doubtful.id]
     );
-    assert!(store.in_doubt(None).await.expect("in_doubt all").len() >= 1);
+    assert!(!store.in_doubt(None).await.expect("in_doubt all").is_empty());
     let resolved = store
         .resolve_call(ResolveCall {
             call: doubtful.id.clone(),

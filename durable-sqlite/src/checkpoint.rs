@@ -1,0 +1,245 @@
+//! Checkpoints: compare-and-set writes, snapshot reads and forks (the checkpoint half
+//! of the [`CheckpointStore`] impl).
+//!
+//! [`CheckpointStore`]: durable_core::CheckpointStore
+
+use std::time::Duration;
+
+use durable_core::store::{Checkpoint, CheckpointMeta, Fence, Lease, NewCheckpoint, SessionRecord};
+use durable_core::{SessionId, StoreError};
+
+use crate::SqliteStore;
+use crate::error::{check_format, corrupt, db, parse_json};
+use crate::ops;
+use crate::rows::{self, meta_cols};
+use crate::tx::{WriteTx, millis};
+
+pub(crate) async fn save_checkpoint(
+    store: &SqliteStore,
+    fence: Fence<'_>,
+    expected: i64,
+    checkpoint: NewCheckpoint,
+) -> Result<CheckpointMeta, StoreError> {
+    let mut tx = WriteTx::begin(store.writer()).await?;
+    let now = tx.now;
+    let result = async {
+        let conn = tx.conn();
+        let fenced = ops::fenced(&mut *conn, fence).await?;
+        ops::save_checkpoint(conn, now, fence.session, &fenced, expected, &checkpoint).await
+    }
+    .await;
+    tx.finish(result).await
+}
+
+pub(crate) async fn load_checkpoint(
+    store: &SqliteStore,
+    id: &SessionId,
+    version: Option<i64>,
+) -> Result<Checkpoint, StoreError> {
+    // One snapshot for the three reads.
+    let mut rtx = store.reader().begin().await.map_err(db)?;
+    let latest: i64 =
+        sqlx::query_scalar("SELECT latest_version FROM durable_sessions WHERE id = ?")
+            .bind(id.as_str())
+            .fetch_optional(&mut *rtx)
+            .await
+            .map_err(db)?
+            .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
+    let version = version.unwrap_or(latest);
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        meta_cols!(),
+        ", plan, budget, state, format FROM durable_checkpoints \
+         WHERE session_id = ? AND version = ?"
+    ))
+    .bind(id.as_str())
+    .bind(version)
+    .fetch_optional(&mut *rtx)
+    .await
+    .map_err(db)?
+    .ok_or_else(|| StoreError::VersionNotFound {
+        session: id.clone(),
+        version,
+    })?;
+    let v = Some(version);
+    let format: i64 = rows::col(&row, "format", id, v)?;
+    check_format(format, id, v, "the checkpoint")?;
+    let meta = rows::checkpoint_meta(&row)?;
+    let plan = parse_json(
+        &rows::col::<String>(&row, "plan", id, v)?,
+        id,
+        v,
+        "the plan",
+    )?;
+    let budget = parse_json(
+        &rows::col::<String>(&row, "budget", id, v)?,
+        id,
+        v,
+        "the budget",
+    )?;
+    let state = parse_json(
+        &rows::col::<String>(&row, "state", id, v)?,
+        id,
+        v,
+        "the state",
+    )?;
+    let logged = sqlx::query(
+        "SELECT seq, message, format FROM durable_messages \
+         WHERE session_id = ? AND seq <= ? ORDER BY seq",
+    )
+    .bind(id.as_str())
+    .bind(meta.last_seq)
+    .fetch_all(&mut *rtx)
+    .await
+    .map_err(db)?;
+    rtx.commit().await.map_err(db)?;
+    let mut messages = Vec::with_capacity(logged.len());
+    for row in &logged {
+        let seq: i64 = rows::col(row, "seq", id, v)?;
+        let what = format!("message {seq}");
+        check_format(rows::col(row, "format", id, v)?, id, v, &what)?;
+        messages.push(parse_json(
+            &rows::col::<String>(row, "message", id, v)?,
+            id,
+            v,
+            &what,
+        )?);
+    }
+    if i64::try_from(messages.len()).ok() != Some(meta.message_count) {
+        return Err(corrupt(
+            id,
+            v,
+            format!(
+                "the checkpoint counts {} messages but the log holds {} up to seq {}",
+                meta.message_count,
+                messages.len(),
+                meta.last_seq
+            ),
+        ));
+    }
+    Ok(Checkpoint {
+        meta,
+        messages,
+        plan,
+        budget,
+        state,
+    })
+}
+
+pub(crate) async fn list_checkpoints(
+    store: &SqliteStore,
+    id: &SessionId,
+) -> Result<Vec<CheckpointMeta>, StoreError> {
+    let mut rtx = store.reader().begin().await.map_err(db)?;
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM durable_sessions WHERE id = ?)")
+            .bind(id.as_str())
+            .fetch_one(&mut *rtx)
+            .await
+            .map_err(db)?;
+    if !exists {
+        return Err(StoreError::SessionNotFound(id.clone()));
+    }
+    let found = sqlx::query(concat!(
+        "SELECT ",
+        meta_cols!(),
+        " FROM durable_checkpoints WHERE session_id = ? ORDER BY version"
+    ))
+    .bind(id.as_str())
+    .fetch_all(&mut *rtx)
+    .await
+    .map_err(db)?;
+    rtx.commit().await.map_err(db)?;
+    found.iter().map(rows::checkpoint_meta).collect()
+}
+
+pub(crate) async fn fork_session(
+    store: &SqliteStore,
+    id: &SessionId,
+    version: i64,
+    new_id: &SessionId,
+    owner: &str,
+    ttl: Duration,
+) -> Result<(SessionRecord, Lease), StoreError> {
+    let mut tx = WriteTx::begin(store.writer()).await?;
+    let now = tx.now;
+    let result = async {
+        let conn = tx.conn();
+        let source = ops::load_session(&mut *conn, id).await?;
+        let cp = sqlx::query(
+            "SELECT last_seq, message_count, plan, budget, state, format \
+             FROM durable_checkpoints WHERE session_id = ? AND version = ?",
+        )
+        .bind(id.as_str())
+        .bind(version)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(db)?
+        .ok_or_else(|| StoreError::VersionNotFound {
+            session: id.clone(),
+            version,
+        })?;
+        let v = Some(version);
+        let format: i64 = rows::col(&cp, "format", id, v)?;
+        check_format(format, id, v, "the checkpoint")?;
+        let last_seq: i64 = rows::col(&cp, "last_seq", id, v)?;
+        let expires_at = now.saturating_add(millis(ttl));
+        // Metadata is copied as stored (bytes unchanged), like the transcript below.
+        let inserted = sqlx::query(
+            "INSERT INTO durable_sessions (id, status, app_version, metadata, lease_owner, \
+             lease_expires_at, fence, recovery_attempts, status_reason, latest_version, \
+             created_at, updated_at, format) \
+             SELECT ?, 'active', app_version, metadata, ?, ?, 1, 0, NULL, 0, ?, ?, format \
+             FROM durable_sessions WHERE id = ? \
+             ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(new_id.as_str())
+        .bind(owner)
+        .bind(expires_at)
+        .bind(now)
+        .bind(now)
+        .bind(id.as_str())
+        .execute(&mut *conn)
+        .await
+        .map_err(db)?;
+        if inserted.rows_affected() == 0 {
+            return Err(StoreError::SessionExists(new_id.clone()));
+        }
+        // The transcript keeps its seqs and bytes; JSON is copied, not re-encoded.
+        sqlx::query(
+            "INSERT INTO durable_messages (session_id, seq, message, format, created_at) \
+             SELECT ?, seq, message, format, created_at FROM durable_messages \
+             WHERE session_id = ? AND seq <= ?",
+        )
+        .bind(new_id.as_str())
+        .bind(id.as_str())
+        .bind(last_seq)
+        .execute(&mut *conn)
+        .await
+        .map_err(db)?;
+        sqlx::query(
+            "INSERT INTO durable_checkpoints (session_id, version, last_seq, message_count, \
+             plan, budget, state, app_version, format, created_at) \
+             SELECT ?, 0, last_seq, message_count, plan, budget, state, ?, format, ? \
+             FROM durable_checkpoints WHERE session_id = ? AND version = ?",
+        )
+        .bind(new_id.as_str())
+        .bind(&source.app_version)
+        .bind(now)
+        .bind(id.as_str())
+        .bind(version)
+        .execute(&mut *conn)
+        .await
+        .map_err(db)?;
+        let record = ops::load_session(conn, new_id).await?;
+        let lease = Lease {
+            session: new_id.clone(),
+            owner: owner.to_owned(),
+            fence: record.fence,
+            expires_at,
+        };
+        Ok((record, lease))
+    }
+    .await;
+    tx.finish(result).await
+}
