@@ -1,0 +1,3 @@
+//! The `durable` command-line tool (being written).
+
+fn main() {}
