@@ -25,12 +25,12 @@ impl PostgresStore {
         call: NewCall,
         finish: Option<FinishCall>,
     ) -> Result<IssueOutcome, StoreError> {
+        // A lease on one session cannot write into another's journal.
         if &call.identity.session != fence.session {
-            return Err(crate::error::invariant(format!(
-                "the call names session `{}` but the lease is on session `{}`; issue calls \
-                 under the lease of their own session",
-                call.identity.session, fence.session
-            )));
+            return Err(StoreError::LeaseLost {
+                session: call.identity.session.clone(),
+                token: fence.token,
+            });
         }
         let mut tx = self.pool.begin().await.map_err(db)?;
         txn::lock_fenced(&mut tx, fence, Lock::Share).await?;
@@ -129,7 +129,7 @@ impl PostgresStore {
     ) -> Result<CallRecord, StoreError> {
         let mut tx = self.pool.begin().await.map_err(db)?;
         txn::lock_fenced(&mut tx, fence, Lock::Share).await?;
-        let status = lock_call(&mut tx, call, Some(fence.session)).await?;
+        let status = lock_call(&mut tx, call, Some(fence)).await?;
         if !matches!(status, CallStatus::Issued | CallStatus::NotHappened) {
             return Err(StoreError::CallNotInDoubt {
                 call: call.clone(),
@@ -166,7 +166,7 @@ impl PostgresStore {
             Lock::Share
         };
         let locked = txn::lock_fenced(&mut tx, fence, lock).await?;
-        let status = lock_call(&mut tx, call, Some(fence.session)).await?;
+        let status = lock_call(&mut tx, call, Some(fence)).await?;
         if status != CallStatus::Issued {
             return Err(StoreError::CallNotInDoubt {
                 call: call.clone(),
@@ -241,16 +241,14 @@ impl PostgresStore {
         &self,
         session: Option<&SessionId>,
     ) -> Result<Vec<CallRecord>, StoreError> {
+        // `c.*`: the columns of `call_cols!` (plus `seq`), unambiguous beside the join.
         sqlx::query(concat!(
-            "SELECT ",
-            call_cols!(),
-            " FROM durable_tool_calls c WHERE c.status = 'issued' \
-             AND ($1::text IS NULL OR c.session_id = $1) \
-             AND EXISTS (SELECT 1 FROM durable_sessions s WHERE s.id = c.session_id \
-                 AND (s.fence <> c.fence OR s.lease_owner IS NULL OR s.lease_expires_at IS NULL \
-                      OR s.lease_expires_at <= ",
+            "SELECT c.* FROM durable_tool_calls c JOIN durable_sessions s ON s.id = c.session_id \
+             WHERE c.status = 'issued' AND ($1::text IS NULL OR c.session_id = $1) \
+               AND (s.fence <> c.fence OR s.lease_owner IS NULL OR s.lease_expires_at IS NULL \
+                    OR s.lease_expires_at <= ",
             txn::now_ms!(),
-            ")) ORDER BY c.seq"
+            ") ORDER BY s.created_at, s.id, c.seq"
         ))
         .bind(session.map(SessionId::as_str))
         .fetch_all(&self.pool)
@@ -414,12 +412,16 @@ impl PostgresStore {
             });
         }
         let now = txn::now(&mut tx).await?;
-        let (old, new): (Vec<&str>, Vec<&str>) = migrate
-            .step_map
-            .iter()
-            .map(|(o, n)| (o.as_str(), n.as_str()))
-            .unzip();
-        // One statement renames every pair at once, so `a → b, b → c` never chains.
+        // A mapping, not a chain: one statement renames every row at most once, by the
+        // first pair naming its tool (`a → b, b → c` sends a to b and b to c; swaps work).
+        let mut old: Vec<&str> = Vec::new();
+        let mut new: Vec<&str> = Vec::new();
+        for (o, n) in &migrate.step_map {
+            if !old.contains(&o.as_str()) {
+                old.push(o);
+                new.push(n);
+            }
+        }
         let renamed = sqlx::query(
             "UPDATE durable_tool_calls c SET tool_name = m.new
              FROM unnest($2::text[], $3::text[]) AS m(old, new)
@@ -558,13 +560,13 @@ impl From<Option<&FinishCall>> for Stored {
     }
 }
 
-/// Locks a call row `FOR UPDATE` and returns its status. With `session`, a call of
-/// another session is reported as not found (a lease on one session cannot touch
-/// another's journal).
+/// Locks a call row `FOR UPDATE` and returns its status. With `fence`, a call of another
+/// session is [`StoreError::LeaseLost`]: a lease on one session cannot touch another's
+/// journal.
 async fn lock_call(
     conn: &mut PgConnection,
     call: &CallId,
-    session: Option<&SessionId>,
+    fence: Option<Fence<'_>>,
 ) -> Result<CallStatus, StoreError> {
     let row =
         sqlx::query("SELECT session_id, status FROM durable_tool_calls WHERE id = $1 FOR UPDATE")
@@ -574,8 +576,13 @@ async fn lock_call(
             .map_err(db)?
             .ok_or_else(|| StoreError::CallNotFound(call.clone()))?;
     let owner = SessionId::new(get::<String>(&row, "session_id")?);
-    if session.is_some_and(|s| *s != owner) {
-        return Err(StoreError::CallNotFound(call.clone()));
+    if let Some(fence) = fence
+        && owner != *fence.session
+    {
+        return Err(StoreError::LeaseLost {
+            session: owner,
+            token: fence.token,
+        });
     }
     let status: String = get(&row, "status")?;
     CallStatus::parse(&status).ok_or_else(|| {

@@ -196,15 +196,13 @@ impl CheckpointStore for PostgresStore {
         txn::lock_fenced(&mut tx, lease.fence(), Lock::Update).await?;
         let now = txn::now(&mut tx).await?;
         let expires = now.saturating_add(ttl_ms(ttl));
-        sqlx::query(
-            "UPDATE durable_sessions SET lease_expires_at = $2, updated_at = $3 WHERE id = $1",
-        )
-        .bind(lease.session.as_str())
-        .bind(expires)
-        .bind(now)
-        .execute(&mut *tx)
-        .await
-        .map_err(db)?;
+        // Lease bookkeeping is not a session update: `updated_at` stays (as in SQLite).
+        sqlx::query("UPDATE durable_sessions SET lease_expires_at = $2 WHERE id = $1")
+            .bind(lease.session.as_str())
+            .bind(expires)
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
         tx.commit().await.map_err(db)?;
         Ok(Lease {
             expires_at: expires,
@@ -215,8 +213,6 @@ impl CheckpointStore for PostgresStore {
     async fn release_lease(&self, lease: &Lease) -> Result<(), StoreError> {
         sqlx::query(concat!(
             "UPDATE durable_sessions SET lease_expires_at = ",
-            txn::now_ms!(),
-            ", updated_at = ",
             txn::now_ms!(),
             " WHERE id = $1 AND fence = $2"
         ))
@@ -257,15 +253,16 @@ impl CheckpointStore for PostgresStore {
             };
             let id = SessionId::new(get::<String>(&row, "id")?);
             let attempts: i32 = get(&row, "recovery_attempts")?;
-            if attempts.saturating_add(1) > max_attempts {
+            if attempts >= max_attempts {
+                // Parking bumps the fence too: a straggling holder loses its lease.
                 sqlx::query(
                     "UPDATE durable_sessions
                      SET status = 'parked', status_reason = $2, lease_owner = NULL,
-                         lease_expires_at = NULL, updated_at = $3
+                         lease_expires_at = NULL, fence = fence + 1, updated_at = $3
                      WHERE id = $1",
                 )
                 .bind(id.as_str())
-                .bind(format!("recovery attempts exhausted ({max_attempts})"))
+                .bind(format!("recovery attempts exhausted ({attempts})"))
                 .bind(now)
                 .execute(&mut *tx)
                 .await

@@ -684,3 +684,39 @@ async fn store_is_clone_debug_and_shares_its_pool() {
     let dynamic: Arc<dyn CheckpointStore> = Arc::new(c);
     assert_eq!(dynamic.backend(), "postgres");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn step_map_is_a_mapping_not_a_chain() {
+    let db = test_database().await;
+    let s = store(&db).await;
+    let id = SessionId::random();
+    let (_, lease) = s
+        .create_session(new_session(&id, "w", TTL, vec![]))
+        .await
+        .expect("create");
+    let mut ids = Vec::new();
+    for (tool, hash) in [("a", "h1"), ("b", "h2"), ("c", "h3")] {
+        let call = tool_call(&id, tool, hash, None);
+        ids.push(call.id.clone());
+        s.issue_call(lease.fence(), call).await.expect("issue");
+    }
+    s.migrate_session(MigrateSession {
+        session: id.clone(),
+        from_version: "v1".into(),
+        to_version: "v2".into(),
+        // swap a and b; the second pair for `a` is ignored (first pair wins)
+        step_map: vec![
+            ("a".into(), "b".into()),
+            ("b".into(), "a".into()),
+            ("a".into(), "z".into()),
+        ],
+        by: "ops".into(),
+    })
+    .await
+    .expect("migrate");
+    let mut tools = Vec::new();
+    for call in &ids {
+        tools.push(s.call(call).await.expect("call").identity.tool);
+    }
+    assert_eq!(tools, ["b", "a", "c"]);
+}
