@@ -1,0 +1,409 @@
+//! The backend conformance suite: one set of tests every [`CheckpointStore`] must pass.
+//!
+//! Each case is a `pub async fn case(store: Arc<dyn CheckpointStore>)` that panics with a
+//! message naming the violated contract. Backends run all of them with
+//! [`conformance_suite!`](crate::conformance_suite), which generates one `#[test]` per
+//! case (so a failure names the case):
+//!
+//! ```no_run
+//! # mod wrapper {
+//! use std::sync::Arc;
+//! use durable_core::CheckpointStore;
+//!
+//! async fn make_store() -> Arc<dyn CheckpointStore> {
+//!     // open a fresh, empty database here
+//! #   unimplemented!()
+//! }
+//!
+//! durable_core::conformance_suite!(make_store);
+//! # }
+//! ```
+//!
+//! The factory is called once per case. It returns either an `Arc<dyn CheckpointStore>`
+//! or a pair `(Arc<dyn CheckpointStore>, guard)`; the guard (a temporary directory, a
+//! throwaway database) is dropped after the case, once the store has been dropped. See
+//! [`StoreFixture`].
+//!
+//! Every case uses fresh random session ids, so cases can run one after the other on one
+//! database. Recovery cases ([`recovery_concurrent_claims_are_exclusive`] and friends)
+//! call [`CheckpointStore::claim_expired`], which claims *any* expired session of the
+//! database, so cases that run *at the same time* need a database each (the generated
+//! tests run in parallel; give each its own database, as a fresh file or schema).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use serde_json::{Value, json};
+
+use crate::ids::{CallId, SessionId};
+use crate::replay::ReplayClass;
+use crate::store::{
+    CallIdentity, CallKind, CallOutcome, CheckpointStore, FinishCall, Lease, NewCall,
+    NewCheckpoint, NewSession, SessionRecord,
+};
+
+mod checkpoints;
+mod fork;
+mod journal;
+mod leases;
+mod maintenance;
+mod outcomes;
+mod recovery;
+mod resolution;
+mod runtime;
+mod sessions;
+
+pub use checkpoints::*;
+pub use fork::*;
+pub use journal::*;
+pub use leases::*;
+pub use maintenance::*;
+pub use outcomes::*;
+pub use recovery::*;
+pub use resolution::*;
+pub use runtime::*;
+pub use sessions::*;
+
+/// How long one case may run before it is reported as hung (a deadlocked store call).
+pub const CASE_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// What a store factory given to [`conformance_suite!`](crate::conformance_suite)
+/// returns: the store, optionally with a guard that must outlive it.
+pub trait StoreFixture: Send + 'static {
+    /// The store under test.
+    fn store(&self) -> Arc<dyn CheckpointStore>;
+}
+
+impl StoreFixture for Arc<dyn CheckpointStore> {
+    fn store(&self) -> Arc<dyn CheckpointStore> {
+        Arc::clone(self)
+    }
+}
+
+/// `(store, guard)`: the guard (e.g. a `tempfile::TempDir`) is dropped after the store.
+impl<G: Send + 'static> StoreFixture for (Arc<dyn CheckpointStore>, G) {
+    fn store(&self) -> Arc<dyn CheckpointStore> {
+        Arc::clone(&self.0)
+    }
+}
+
+/// Runs one case on a fresh multi-threaded runtime (2 workers), with [`CASE_TIMEOUT`].
+/// Called by the tests [`conformance_suite!`](crate::conformance_suite) generates.
+///
+/// (Not `#[tokio::test]`: its `crate = "…"` option takes a string literal, in which a
+/// `macro_rules!` cannot write `$crate`, so the generated tests could not name our tokio.)
+#[doc(hidden)]
+pub fn __durable_run<M, MF, X, C, CF>(name: &'static str, make_store: M, case: C)
+where
+    M: FnOnce() -> MF,
+    MF: Future<Output = X>,
+    X: StoreFixture,
+    C: FnOnce(Arc<dyn CheckpointStore>) -> CF,
+    CF: Future<Output = ()>,
+{
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("conformance: cannot build a tokio runtime");
+    runtime.block_on(async move {
+        let fixture = make_store().await;
+        let store = fixture.store();
+        if tokio::time::timeout(CASE_TIMEOUT, case(store)).await.is_err() {
+            panic!(
+                "conformance case `{name}` did not finish within {CASE_TIMEOUT:?}: a store call is probably deadlocked"
+            );
+        }
+        drop(fixture);
+    });
+}
+
+/// Generates one `#[test]` per conformance case, each running on a fresh store.
+///
+/// `$make_store` is anything callable with no arguments that returns a future of a
+/// [`StoreFixture`]: the name of an `async fn`, or a closure `|| async { … }`. It is called
+/// once per case; return a fresh database each time (see the [module docs](crate::conformance)).
+///
+/// Run one case with `cargo test --test <file> <case_name>`.
+#[macro_export]
+macro_rules! conformance_suite {
+    ($make_store:expr) => {
+        $crate::__durable_conformance_cases!(__durable_conformance_tests!($make_store));
+    };
+}
+
+/// Calls `$crate::$callback!(($args) case, case, …)` with the list of every case: the
+/// single list behind both [`conformance_suite!`] and [`CASES`](crate::conformance::CASES).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __durable_conformance_cases {
+    ($callback:ident ! ($($args:tt)*)) => {
+        $crate::$callback! { ($($args)*)
+            // sessions
+            session_create_reads_back_every_field,
+            session_duplicate_id_is_refused,
+            session_missing_is_not_found,
+            session_list_filters_and_orders,
+            // leases
+            lease_second_owner_is_refused,
+            lease_same_owner_reacquire_bumps_fence,
+            lease_expiry_lets_another_owner_in,
+            lease_concurrent_acquire_has_one_winner,
+            lease_stale_token_writes_nothing,
+            lease_renew_extends,
+            lease_renew_with_stale_token_is_lost,
+            lease_release_lets_another_owner_in,
+            lease_terminal_and_parked_are_not_resumable,
+            // recovery
+            recovery_list_expired_shows_only_active_expired,
+            recovery_concurrent_claims_are_exclusive,
+            recovery_attempts_count_up_then_park,
+            recovery_checkpoint_resets_attempts,
+            // checkpoints
+            checkpoint_initial_is_version_zero,
+            checkpoint_cas_conflict_writes_nothing,
+            checkpoint_concurrent_writers_never_fork,
+            checkpoint_old_versions_keep_their_transcript,
+            checkpoint_json_round_trips_exactly,
+            checkpoint_list_is_oldest_first,
+            checkpoint_missing_version_is_not_found,
+            checkpoint_storage_is_linear,
+            fork_copies_version_and_leaves_source_untouched,
+            fork_missing_version_is_refused,
+            // journal
+            journal_issue_inserts_issued_row,
+            journal_issue_same_identity_returns_existing,
+            journal_concurrent_issue_inserts_once,
+            journal_identity_components_are_distinct,
+            journal_idempotency_key_conflict,
+            journal_finish_records_outcome,
+            journal_finish_twice_is_refused,
+            journal_finish_with_checkpoint_is_atomic,
+            journal_reissue_bumps_attempt,
+            journal_calls_filter_and_order,
+            journal_record_call_inserts_finished_row,
+            // in doubt + resolution
+            in_doubt_requires_a_lost_lease,
+            resolve_happened_records_result_and_audit,
+            resolve_did_not_happen_allows_reissue,
+            resolve_refuses_calls_not_in_doubt,
+            // maintenance
+            errors_round_trip_in_order,
+            migrate_checks_version_and_renames_tools,
+            purge_refuses_active_recent_and_in_doubt,
+            purge_deletes_every_row,
+            durability_reports,
+            now_tracks_the_system_clock,
+            // runtime: the replay protocol over this store
+            runtime_recorded_results_are_returned_for_every_class,
+            runtime_recorded_failures_are_replayed,
+            runtime_in_doubt_keyed_reruns_with_recorded_key,
+            runtime_in_doubt_unsafe_is_refused,
+            runtime_verify_hook_decides_in_doubt_unsafe,
+            runtime_operator_resolution_is_honoured,
+            runtime_no_effect_runs_beside_an_orphan,
+            runtime_ordinals_and_steps_scope_identity,
+            runtime_model_responses_replay_and_spend_once,
+            runtime_idempotency_key_conflict_runs_nothing,
+            runtime_invalid_arguments_journal_nothing,
+            runtime_lost_lease_stops_the_zombie,
+            runtime_checkpoints_restore_transcript_plan_budget,
+            runtime_app_version_requires_migration,
+            runtime_mac_detects_rows_written_outside,
+            runtime_secret_arguments_are_masked,
+            runtime_retry_records_attempts,
+        }
+    };
+}
+
+/// Expands to one `#[test]` per case.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __durable_conformance_tests {
+    (($make_store:expr) $($case:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $case() {
+                $crate::conformance::__durable_run(
+                    ::core::stringify!($case),
+                    $make_store,
+                    $crate::conformance::$case,
+                );
+            }
+        )*
+    };
+}
+
+/// Expands to the case names as a `&[&str]`.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __durable_conformance_names {
+    (() $($case:ident),* $(,)?) => {
+        &[$(::core::stringify!($case)),*]
+    };
+}
+
+/// The names of every case, in the order [`conformance_suite!`](crate::conformance_suite)
+/// generates them.
+pub const CASES: &[&str] = crate::__durable_conformance_cases!(__durable_conformance_names!());
+
+// ---------------------------------------------------------------------------------------
+// Shared helpers for the cases.
+
+/// A lease that stays live for the whole case.
+const LONG_TTL: Duration = Duration::from_secs(600);
+
+/// Slack allowed between the store's clock readings and ours (ms).
+const CLOCK_SLACK_MS: i64 = 1_000;
+
+/// A unique owner name (cases never share owners, so "same owner" is always on purpose).
+fn owner(tag: &str) -> String {
+    format!("{tag}-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// A unique session id.
+fn session_id() -> SessionId {
+    SessionId::new(format!("conformance-{}", uuid::Uuid::new_v4()))
+}
+
+/// The n-th test message.
+fn message(n: usize) -> Value {
+    json!({"role": "user", "content": format!("message {n}"), "n": n})
+}
+
+/// A checkpoint appending `messages`, with a plan/budget/state that name `tag`.
+fn checkpoint(tag: &str, messages: Vec<Value>) -> NewCheckpoint {
+    NewCheckpoint {
+        messages,
+        plan: json!({"plan": tag, "steps": [tag, "done"]}),
+        budget: json!({"tag": tag, "spent_usd": 0.25, "tokens": 1234}),
+        state: json!({"state": tag}),
+    }
+}
+
+/// A [`NewSession`] with a random id, app version `v1`, two initial messages.
+fn new_session(owner: &str, ttl: Duration) -> NewSession {
+    NewSession {
+        id: session_id(),
+        app_version: "v1".to_owned(),
+        metadata: json!({"scratchpad": "/tmp/x", "labels": ["a", "b"]}),
+        owner: owner.to_owned(),
+        lease_ttl: ttl,
+        initial: checkpoint("initial", vec![message(0), message(1)]),
+    }
+}
+
+/// Creates a fresh session leased to `owner` for [`LONG_TTL`].
+async fn create(store: &dyn CheckpointStore, owner: &str) -> (SessionRecord, Lease) {
+    create_with(store, new_session(owner, LONG_TTL)).await
+}
+
+/// Creates `new`, panicking with context on failure.
+async fn create_with(store: &dyn CheckpointStore, new: NewSession) -> (SessionRecord, Lease) {
+    let id = new.id.clone();
+    store
+        .create_session(new)
+        .await
+        .unwrap_or_else(|e| panic!("create_session(`{id}`) failed: {e:?}"))
+}
+
+/// Reads a session that must exist.
+async fn read(store: &dyn CheckpointStore, id: &SessionId) -> SessionRecord {
+    store
+        .session(id)
+        .await
+        .unwrap_or_else(|e| panic!("session(`{id}`) failed: {e:?}"))
+}
+
+/// The store's clock.
+async fn now(store: &dyn CheckpointStore) -> i64 {
+    store.now().await.expect("now() failed")
+}
+
+/// A tool call with a fresh id.
+fn tool_call(
+    session: &SessionId,
+    step: i64,
+    tool: &str,
+    input_hash: &str,
+    ordinal: i64,
+) -> NewCall {
+    NewCall {
+        id: CallId::random(),
+        kind: CallKind::Tool,
+        identity: CallIdentity {
+            session: session.clone(),
+            step,
+            tool: tool.to_owned(),
+            input_hash: input_hash.to_owned(),
+            ordinal,
+        },
+        class: ReplayClass::UnsafeOnReplay,
+        args: json!({"to": "a@example.com", "body": "hello", "n": ordinal}),
+        idempotency_key: None,
+        schema_hash: "schema-1".to_owned(),
+    }
+}
+
+/// A completed outcome with spend and MAC.
+fn completed(result: Value) -> FinishCall {
+    FinishCall {
+        outcome: CallOutcome::Completed(result),
+        spend: Some(json!({"usd": 0.5})),
+        mac: Some("mac-1".to_owned()),
+    }
+}
+
+/// `std::time::SystemTime::now()` in ms since the epoch.
+fn system_ms() -> i64 {
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("system clock before 1970");
+    i64::try_from(since.as_millis()).expect("system clock out of range")
+}
+
+/// `ttl` in ms.
+fn ms(ttl: Duration) -> i64 {
+    i64::try_from(ttl.as_millis()).expect("ttl out of range")
+}
+
+/// Asserts that `$result` is `Err(pattern)`, evaluating to `$body` (bindings of the
+/// pattern in scope); otherwise panics naming the operation, the expected error and what
+/// came back.
+macro_rules! expect_err {
+    ($result:expr, $pat:pat => $body:expr, $($context:tt)+) => {
+        match $result {
+            Err($pat) => $body,
+            other => panic!(
+                "{}: expected `Err({})`, got {:?}",
+                format_args!($($context)+),
+                stringify!($pat),
+                other
+            ),
+        }
+    };
+    ($result:expr, $pat:pat, $($context:tt)+) => {
+        expect_err!($result, $pat => (), $($context)+)
+    };
+}
+use expect_err;
+
+#[cfg(test)]
+mod tests {
+    use super::CASES;
+
+    #[test]
+    fn case_names_are_unique_and_snake_case() {
+        let mut seen = std::collections::HashSet::new();
+        for name in CASES {
+            assert!(seen.insert(*name), "case `{name}` is listed twice");
+            assert!(
+                name.chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_'),
+                "case `{name}` is not snake_case"
+            );
+        }
+        assert!(CASES.len() >= 40, "only {} cases listed", CASES.len());
+    }
+}

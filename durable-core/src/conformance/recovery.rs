@@ -1,0 +1,293 @@
+//! Cases: listing and claiming expired sessions, the poison-pill counter.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::{
+    CLOCK_SLACK_MS, LONG_TTL, checkpoint, create, create_with, expect_err, message, ms,
+    new_session, now, owner, read,
+};
+use crate::error::StoreError;
+use crate::ids::SessionId;
+use crate::store::{CheckpointStore, Lease, SessionStatus};
+
+/// Claims until `claim_expired` returns `None` (at most `bound` claims), returning the
+/// leases of the claims.
+async fn claim_all(
+    store: &dyn CheckpointStore,
+    claimer: &str,
+    ttl: Duration,
+    max_attempts: i32,
+    bound: usize,
+) -> Vec<Lease> {
+    let mut leases = Vec::new();
+    for _ in 0..bound {
+        match store
+            .claim_expired(claimer, ttl, max_attempts)
+            .await
+            .unwrap_or_else(|e| panic!("claim_expired({claimer}) failed: {e:?}"))
+        {
+            Some(lease) => leases.push(lease),
+            None => return leases,
+        }
+    }
+    panic!("claim_expired still returned sessions after {bound} claims");
+}
+
+/// `list_expired` lists active sessions whose lease expired or was released, and no live,
+/// terminal or parked session.
+pub async fn recovery_list_expired_shows_only_active_expired(store: Arc<dyn CheckpointStore>) {
+    let (live, _) = create(&*store, &owner("live")).await;
+    let (expired, _) = create_with(&*store, new_session(&owner("dead"), Duration::ZERO)).await;
+    let (released, released_lease) = create(&*store, &owner("released")).await;
+    store
+        .release_lease(&released_lease)
+        .await
+        .expect("release_lease");
+    let (done, done_lease) = create(&*store, &owner("done")).await;
+    store
+        .set_status(done_lease.fence(), SessionStatus::Completed, None)
+        .await
+        .expect("set_status(completed)");
+    let (parked, parked_lease) = create(&*store, &owner("parked")).await;
+    store
+        .set_status(parked_lease.fence(), SessionStatus::Parked, Some("poison"))
+        .await
+        .expect("set_status(parked)");
+
+    let listed = store.list_expired(10_000).await.expect("list_expired");
+    let t = now(&*store).await;
+    for s in &listed {
+        assert_eq!(
+            s.status,
+            SessionStatus::Active,
+            "list_expired returned a {:?} session",
+            s.status
+        );
+        assert!(
+            s.lease_owner.is_none() || s.lease_expires_at.is_none_or(|e| e <= t),
+            "list_expired returned session {} whose lease is live until {:?} (now {t})",
+            s.id,
+            s.lease_expires_at
+        );
+    }
+    let has = |id: &SessionId| listed.iter().any(|s| &s.id == id);
+    assert!(
+        has(&expired.id),
+        "list_expired must list the session whose lease expired"
+    );
+    assert!(
+        has(&released.id),
+        "list_expired must list the session whose lease was released"
+    );
+    assert!(
+        !has(&live.id),
+        "list_expired listed a session with a live lease"
+    );
+    assert!(!has(&done.id), "list_expired listed a completed session");
+    assert!(!has(&parked.id), "list_expired listed a parked session");
+    let one = store.list_expired(1).await.expect("list_expired(1)");
+    assert_eq!(
+        one.len(),
+        1,
+        "list_expired(1) with two expired sessions stored"
+    );
+}
+
+/// Many concurrent claimers over several expired sessions: each session is claimed
+/// exactly once, the claim bumps its fence and counts a recovery attempt.
+pub async fn recovery_concurrent_claims_are_exclusive(store: Arc<dyn CheckpointStore>) {
+    let mut expired = HashMap::new();
+    for _ in 0..6 {
+        let (s, lease) = create_with(&*store, new_session(&owner("crashed"), Duration::ZERO)).await;
+        expired.insert(s.id.clone(), lease);
+    }
+    let (live, live_lease) = create(&*store, &owner("alive")).await;
+    // Terminal and parked sessions have released leases but are not recoverable.
+    let mut finished = Vec::new();
+    for status in [SessionStatus::Completed, SessionStatus::Parked] {
+        let (s, lease) = create(&*store, &owner("finished")).await;
+        store
+            .set_status(lease.fence(), status, Some("finished"))
+            .await
+            .expect("set_status");
+        finished.push(read(&*store, &s.id).await);
+    }
+
+    let mut tasks = Vec::new();
+    for i in 0..8 {
+        let store = Arc::clone(&store);
+        tasks.push(tokio::spawn(async move {
+            let claimer = owner(&format!("claimer{i}"));
+            let before = now(&*store).await;
+            let leases = claim_all(&*store, &claimer, LONG_TTL, 5, 1_000).await;
+            (claimer, before, leases)
+        }));
+    }
+    let mut claims: HashMap<SessionId, Vec<Lease>> = HashMap::new();
+    for task in tasks {
+        let (claimer, before, leases) = task.await.expect("claim task panicked");
+        for lease in leases {
+            assert_eq!(
+                lease.owner, claimer,
+                "claim_expired returned a lease of another owner"
+            );
+            assert!(
+                lease.expires_at >= before + ms(LONG_TTL) - CLOCK_SLACK_MS,
+                "claimed lease expires at {}, not now + ttl",
+                lease.expires_at
+            );
+            claims.entry(lease.session.clone()).or_default().push(lease);
+        }
+    }
+    for (id, original) in &expired {
+        let got = claims.get(id).map(Vec::as_slice).unwrap_or_default();
+        assert_eq!(
+            got.len(),
+            1,
+            "expired session {id} must be claimed exactly once, got {got:?}"
+        );
+        let lease = &got[0];
+        assert!(lease.fence > original.fence, "a claim must bump the fence");
+        let record = read(&*store, id).await;
+        assert_eq!(
+            record.lease_owner.as_deref(),
+            Some(lease.owner.as_str()),
+            "claimed session owner"
+        );
+        assert_eq!(record.fence, lease.fence, "claimed session fence");
+        assert_eq!(
+            record.lease_expires_at,
+            Some(lease.expires_at),
+            "claimed session expiry"
+        );
+        assert_eq!(
+            record.recovery_attempts, 1,
+            "a claim must count one recovery attempt"
+        );
+        assert_eq!(
+            record.status,
+            SessionStatus::Active,
+            "a claimed session stays active"
+        );
+        expect_err!(
+            store
+                .save_checkpoint(original.fence(), 0, checkpoint("crashed", vec![]))
+                .await,
+            StoreError::LeaseLost { .. },
+            "the crashed worker writing after its session was claimed"
+        );
+    }
+    assert!(
+        !claims.contains_key(&live.id),
+        "claim_expired claimed a session with a live lease"
+    );
+    assert_eq!(
+        read(&*store, &live.id).await.fence,
+        live_lease.fence,
+        "live session fence changed"
+    );
+    for s in finished {
+        assert!(
+            !claims.contains_key(&s.id),
+            "claim_expired claimed a {:?} session",
+            s.status
+        );
+        assert_eq!(
+            read(&*store, &s.id).await,
+            s,
+            "claim_expired changed a {:?} session",
+            s.status
+        );
+    }
+}
+
+/// Each claim counts an attempt; the claim that would exceed `max_attempts` parks the
+/// session (reason recorded) instead of returning it.
+pub async fn recovery_attempts_count_up_then_park(store: Arc<dyn CheckpointStore>) {
+    let (session, _) = create_with(&*store, new_session(&owner("poison"), Duration::ZERO)).await;
+    let max_attempts = 3;
+    let claimer = owner("recoverer");
+    // A ttl of zero leaves each claimed lease expired at once, so the session comes back.
+    let leases = claim_all(&*store, &claimer, Duration::ZERO, max_attempts, 1_000).await;
+    let mine: Vec<&Lease> = leases.iter().filter(|l| l.session == session.id).collect();
+    assert_eq!(
+        mine.len(),
+        3,
+        "with max_attempts = 3 the session must be claimed 3 times, then parked: {mine:?}"
+    );
+    for pair in mine.windows(2) {
+        assert!(
+            pair[1].fence > pair[0].fence,
+            "each claim must bump the fence"
+        );
+    }
+    let record = read(&*store, &session.id).await;
+    assert_eq!(
+        record.status,
+        SessionStatus::Parked,
+        "the 4th claim must park the session"
+    );
+    assert!(
+        record
+            .status_reason
+            .as_deref()
+            .is_some_and(|r| !r.is_empty()),
+        "a parked session must record why: {:?}",
+        record.status_reason
+    );
+    let listed = store.list_expired(10_000).await.expect("list_expired");
+    assert!(
+        !listed.iter().any(|s| s.id == session.id),
+        "list_expired lists a parked session"
+    );
+    expect_err!(
+        store
+            .acquire_lease(&session.id, &owner("op"), LONG_TTL)
+            .await,
+        StoreError::NotResumable { .. },
+        "acquire_lease on a parked session"
+    );
+}
+
+/// Claims count up `recovery_attempts`; a checkpoint saved by the recovering worker
+/// resets it to 0.
+pub async fn recovery_checkpoint_resets_attempts(store: Arc<dyn CheckpointStore>) {
+    let (session, _) = create_with(&*store, new_session(&owner("flaky"), Duration::ZERO)).await;
+    let claimer = owner("recoverer");
+    let mut claimed = 0;
+    let mut last = None;
+    // First claim with ttl 0 (the session expires again at once), then a long one.
+    for ttl in [Duration::ZERO, LONG_TTL] {
+        for _ in 0..1_000 {
+            let lease = store
+                .claim_expired(&claimer, ttl, 10)
+                .await
+                .expect("claim_expired")
+                .expect("claim_expired returned None with an expired session stored");
+            if lease.session == session.id {
+                claimed += 1;
+                assert_eq!(
+                    read(&*store, &session.id).await.recovery_attempts,
+                    claimed,
+                    "recovery_attempts after {claimed} claims"
+                );
+                last = Some(lease);
+                break;
+            }
+        }
+    }
+    assert_eq!(claimed, 2, "the expired session was not claimed twice");
+    let lease = last.expect("claimed");
+    store
+        .save_checkpoint(lease.fence(), 0, checkpoint("progress", vec![message(2)]))
+        .await
+        .expect("save_checkpoint under the recovery lease");
+    let record = read(&*store, &session.id).await;
+    assert_eq!(
+        record.recovery_attempts, 0,
+        "save_checkpoint must reset recovery_attempts"
+    );
+    assert_eq!(record.latest_version, 1, "latest_version after the save");
+}
