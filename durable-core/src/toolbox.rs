@@ -526,3 +526,6 @@ impl ToolResult {
         result
     }
 }
+
+#[cfg(test)]
+mod tests;
