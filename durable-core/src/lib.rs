@@ -12,6 +12,7 @@ pub mod journal;
 pub mod key;
 pub mod mac;
 pub mod replay;
+pub mod replay_check;
 pub mod retry;
 pub mod runtime;
 pub mod schema;

@@ -209,4 +209,33 @@ pub trait Tool: Send + Sync + 'static {
         journal: &'a Journal,
         args: Value,
     ) -> BoxFuture<'a, Result<ToolOutput, DurableError>>;
+
+    /// Checks that recorded arguments still fit today's argument type, running nothing.
+    ///
+    /// Used by the [replay check](crate::replay_check) on every journaled call of the tool.
+    /// `#[durable_tool]` implements it by deserializing `args` into the generated argument
+    /// struct ([`DurableError::ArgumentsMismatch`] naming the JSON path). The default
+    /// accepts everything; the replay check then still checks `args` against the
+    /// `required` and `properties` of [`ToolSpec::input_schema`].
+    fn check_args(&self, args: &Value) -> Result<(), DurableError> {
+        let _ = args;
+        Ok(())
+    }
+
+    /// The idempotency key today's code derives for `args` in `session`, or `None` when
+    /// the tool derives no key (or cannot say).
+    ///
+    /// Used by the [replay check](crate::replay_check): a recorded key that no longer
+    /// derives the same means a re-executed call would reach the upstream with a new key
+    /// (a duplicate effect). `#[durable_tool]` implements it for `idempotent_with_key`
+    /// tools by deserializing `args` and applying the `idempotency_key` expression. The
+    /// default returns `None`.
+    fn derive_key(
+        &self,
+        args: &Value,
+        session: &SessionId,
+    ) -> Option<Result<String, DurableError>> {
+        let _ = (args, session);
+        None
+    }
 }
