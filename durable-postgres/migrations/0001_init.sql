@@ -33,7 +33,7 @@ CREATE TABLE durable_messages (
 
 -- Checkpoints are never updated: version v's transcript is the log up to last_seq.
 CREATE TABLE durable_checkpoints (
-    session_id    TEXT NOT NULL,
+    session_id    TEXT NOT NULL REFERENCES durable_sessions (id),
     version       BIGINT NOT NULL,
     last_seq      BIGINT NOT NULL,
     message_count BIGINT NOT NULL,
@@ -46,10 +46,11 @@ CREATE TABLE durable_checkpoints (
     PRIMARY KEY (session_id, version)
 );
 
--- The journal. `seq` orders rows by insertion across the whole table.
+-- The journal. `seq` orders rows by insertion (one sequence for the whole table: only the
+-- order is observable, and a sequence needs no lock where a per-session MAX(seq)+1 would).
 CREATE TABLE durable_tool_calls (
     id              TEXT PRIMARY KEY,
-    session_id      TEXT NOT NULL,
+    session_id      TEXT NOT NULL REFERENCES durable_sessions (id),
     kind            TEXT NOT NULL,
     step            BIGINT NOT NULL,
     tool_name       TEXT NOT NULL,
@@ -83,7 +84,7 @@ CREATE INDEX durable_tool_calls_session_seq ON durable_tool_calls (session_id, s
 -- Retry history of LLM/API errors. `id` only orders rows.
 CREATE TABLE durable_errors (
     id         BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    session_id TEXT NOT NULL,
+    session_id TEXT NOT NULL REFERENCES durable_sessions (id),
     step       BIGINT NOT NULL,
     context    TEXT NOT NULL,
     attempt    INTEGER NOT NULL,
@@ -95,8 +96,8 @@ CREATE INDEX durable_errors_session ON durable_errors (session_id, id);
 -- Audit of operator resolutions of in-doubt calls.
 CREATE TABLE durable_resolutions (
     id          BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    call_id     TEXT NOT NULL,
-    session_id  TEXT NOT NULL,
+    call_id     TEXT NOT NULL REFERENCES durable_tool_calls (id),
+    session_id  TEXT NOT NULL REFERENCES durable_sessions (id),
     decision    TEXT NOT NULL CHECK (decision IN ('happened', 'did_not_happen')),
     result      TEXT,
     resolved_by TEXT NOT NULL,
@@ -109,7 +110,7 @@ CREATE INDEX durable_resolutions_session ON durable_resolutions (session_id, id)
 -- Audit of app-version migrations; step_map is a JSON array of [old, new] pairs.
 CREATE TABLE durable_migrations (
     id           BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
-    session_id   TEXT NOT NULL,
+    session_id   TEXT NOT NULL REFERENCES durable_sessions (id),
     from_version TEXT NOT NULL,
     to_version   TEXT NOT NULL,
     step_map     TEXT NOT NULL,

@@ -25,6 +25,8 @@ impl PostgresStore {
         call: NewCall,
         finish: Option<FinishCall>,
     ) -> Result<IssueOutcome, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(db)?;
+        txn::lock_fenced(&mut tx, fence, Lock::Share).await?;
         // A lease on one session cannot write into another's journal.
         if &call.identity.session != fence.session {
             return Err(StoreError::LeaseLost {
@@ -32,8 +34,6 @@ impl PostgresStore {
                 token: fence.token,
             });
         }
-        let mut tx = self.pool.begin().await.map_err(db)?;
-        txn::lock_fenced(&mut tx, fence, Lock::Share).await?;
         let now = txn::now(&mut tx).await?;
         let tool = &call.identity.tool;
         let outcome = Stored::from(finish.as_ref());
@@ -364,11 +364,11 @@ impl PostgresStore {
     }
 
     pub(crate) async fn insert_error(&self, error: NewError) -> Result<(), StoreError> {
-        sqlx::query(concat!(
+        let inserted = sqlx::query(concat!(
             "INSERT INTO durable_errors (session_id, step, context, attempt, message, created_at) \
-             VALUES ($1, $2, $3, $4, $5, ",
+             SELECT id, $2, $3, $4, $5, ",
             txn::now_ms!(),
-            ")"
+            " FROM durable_sessions WHERE id = $1"
         ))
         .bind(error.session.as_str())
         .bind(error.step)
@@ -378,6 +378,9 @@ impl PostgresStore {
         .execute(&self.pool)
         .await
         .map_err(db)?;
+        if inserted.rows_affected() == 0 {
+            return Err(StoreError::SessionNotFound(error.session));
+        }
         Ok(())
     }
 

@@ -61,7 +61,7 @@ pub(crate) fn check_format(
             session,
             version,
             format!(
-                "{what} was written by a newer format {format} (this release reads up to {FORMAT_VERSION}); upgrade `durable`"
+                "{what} was written by a newer format {format} (this release reads formats up to {FORMAT_VERSION}); upgrade `durable` to read it"
             ),
         ));
     }
@@ -91,7 +91,7 @@ fn json_opt(
 /// Decodes a `durable_sessions` row.
 pub(crate) fn session(row: &PgRow) -> Result<SessionRecord, StoreError> {
     let id = SessionId::new(get::<String>(row, "id")?);
-    check_format(&id, None, "the session row", get(row, "format")?)?;
+    check_format(&id, None, "session row", get(row, "format")?)?;
     let status: String = get(row, "status")?;
     let status = SessionStatus::parse(&status)
         .ok_or_else(|| corrupt(&id, None, format!("unknown session status `{status}`")))?;
@@ -137,7 +137,7 @@ pub(crate) fn call(row: &PgRow) -> Result<CallRecord, StoreError> {
     let format: i32 = get(row, "format")?;
     if format > FORMAT_VERSION {
         return Err(bad(format!(
-            "written by a newer format {format} (this release reads up to {FORMAT_VERSION}); upgrade `durable`"
+            "written by a newer format {format} (this release reads formats up to {FORMAT_VERSION}); upgrade `durable` to read it"
         )));
     }
     let kind: String = get(row, "kind")?;
@@ -149,16 +149,11 @@ pub(crate) fn call(row: &PgRow) -> Result<CallRecord, StoreError> {
     let status: String = get(row, "status")?;
     let status =
         CallStatus::parse(&status).ok_or_else(|| bad(format!("unknown status `{status}`")))?;
-    let what = format!("journal row `{id}`");
-    let args = json(
-        &session,
-        None,
-        &format!("{what} args"),
-        &get::<String>(row, "args")?,
-    )?;
-    let result = json_opt(&session, &format!("{what} result"), get(row, "result")?)?;
-    let error = json_opt(&session, &format!("{what} error"), get(row, "error")?)?;
-    let spend = json_opt(&session, &format!("{what} spend"), get(row, "spend")?)?;
+    let what = |col: &str| format!("`{col}` of journal row `{id}`");
+    let args = json(&session, None, &what("args"), &get::<String>(row, "args")?)?;
+    let result = json_opt(&session, &what("result"), get(row, "result")?)?;
+    let error = json_opt(&session, &what("error"), get(row, "error")?)?;
+    let spend = json_opt(&session, &what("spend"), get(row, "spend")?)?;
     Ok(CallRecord {
         kind,
         identity: CallIdentity {

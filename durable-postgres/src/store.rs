@@ -15,7 +15,7 @@ use durable_core::store::{
 use sqlx::postgres::PgConnection;
 
 use crate::PostgresStore;
-use crate::error::{BACKEND, db};
+use crate::error::{BACKEND, corrupt, db};
 use crate::rows::{self, checkpoint_meta_cols, get, session_cols};
 use crate::txn::{self, CheckpointRow, Lock, ttl_ms};
 
@@ -395,6 +395,19 @@ impl CheckpointStore for PostgresStore {
         let budget = rows::json(id, Some(v), "the budget", &get::<String>(&row, "budget")?)?;
         let state = rows::json(id, Some(v), "the state", &get::<String>(&row, "state")?)?;
         let messages = load_messages(&mut conn, id, v, meta.last_seq).await?;
+        if messages.len() as i64 != meta.message_count {
+            return Err(corrupt(
+                id,
+                Some(v),
+                format!(
+                    "the log holds {} messages up to seq {} but the checkpoint records {}; \
+                     messages were deleted behind durable's back",
+                    messages.len(),
+                    meta.last_seq,
+                    meta.message_count
+                ),
+            ));
+        }
         Ok(Checkpoint {
             meta,
             messages,
@@ -452,6 +465,8 @@ impl CheckpointStore for PostgresStore {
             session: id.clone(),
             version,
         })?;
+        let cp_format: i32 = get(&cp, "format")?;
+        rows::check_format(id, Some(version), "the checkpoint", cp_format)?;
         let app_version: String = get(&source, "app_version")?;
         let expires = now.saturating_add(ttl_ms(ttl));
         let row = sqlx::query(concat!(
@@ -477,13 +492,12 @@ impl CheckpointStore for PostgresStore {
         let last_seq: i64 = get(&cp, "last_seq")?;
         sqlx::query(
             "INSERT INTO durable_messages (session_id, seq, message, format, created_at)
-             SELECT $1, seq, message, format, $4 FROM durable_messages
+             SELECT $1, seq, message, format, created_at FROM durable_messages
              WHERE session_id = $2 AND seq <= $3",
         )
         .bind(new_id.as_str())
         .bind(id.as_str())
         .bind(last_seq)
-        .bind(now)
         .execute(&mut *tx)
         .await
         .map_err(db)?;
@@ -498,7 +512,7 @@ impl CheckpointStore for PostgresStore {
                 budget: get(&cp, "budget")?,
                 state: get(&cp, "state")?,
                 app_version: &app_version,
-                format: get(&cp, "format")?,
+                format: cp_format,
             },
             now,
         )

@@ -9,7 +9,7 @@ use durable_core::store::{CheckpointMeta, FORMAT_VERSION, Fence, NewCheckpoint, 
 use serde_json::Value;
 use sqlx::postgres::PgConnection;
 
-use crate::error::{db, invariant, unique_violation};
+use crate::error::{db, unique_violation};
 use crate::rows::{self, checkpoint_meta_cols, get, session_cols};
 
 /// The database clock in ms since the epoch. `clock_timestamp()` (not `now()`) so the
@@ -213,35 +213,35 @@ pub(crate) async fn append_checkpoint(
             actual: locked.latest_version,
         });
     }
-    let prev = sqlx::query(
-        "SELECT c.last_seq, c.message_count,
-                (SELECT COALESCE(max(m.seq), 0) FROM durable_messages m
-                  WHERE m.session_id = c.session_id) AS max_seq
-         FROM durable_checkpoints c WHERE c.session_id = $1 AND c.version = $2",
-    )
-    .bind(session.as_str())
-    .bind(expected)
-    .fetch_optional(&mut *conn)
-    .await
-    .map_err(db)?
-    .ok_or_else(|| {
-        invariant(format!(
-            "session `{session}` records latest checkpoint {expected} but its row is missing"
-        ))
-    })?;
-    let (prev_last, prev_count, max_seq): (i64, i64, i64) = (
-        get(&prev, "last_seq")?,
-        get(&prev, "message_count")?,
-        get(&prev, "max_seq")?,
-    );
+    let max_seq: i64 = get(
+        &sqlx::query(
+            "SELECT COALESCE(max(seq), 0) AS max_seq FROM durable_messages WHERE session_id = $1",
+        )
+        .bind(session.as_str())
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db)?,
+        "max_seq",
+    )?;
     let last_seq = append_messages(conn, session, max_seq, &checkpoint.messages, now).await?;
+    let message_count: i64 = get(
+        &sqlx::query(
+            "SELECT count(*) AS n FROM durable_messages WHERE session_id = $1 AND seq <= $2",
+        )
+        .bind(session.as_str())
+        .bind(last_seq)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db)?,
+        "n",
+    )?;
     let meta = insert_checkpoint(
         conn,
         CheckpointRow {
             session,
             version: expected + 1,
             last_seq,
-            message_count: prev_count + (last_seq - prev_last),
+            message_count,
             plan: checkpoint.plan.to_string(),
             budget: checkpoint.budget.to_string(),
             state: checkpoint.state.to_string(),

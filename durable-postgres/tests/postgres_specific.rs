@@ -305,6 +305,41 @@ async fn corrupt_rows_name_their_session_and_others_still_load() {
         }
         other => panic!("expected Corrupt for a bad message, got {other:?}"),
     }
+    // Forking a checkpoint of a newer format is refused, not re-labelled.
+    match s
+        .fork_session(&newer, 0, &SessionId::random(), "w", TTL)
+        .await
+    {
+        Err(StoreError::Corrupt { session, .. }) => assert_eq!(session, newer),
+        other => panic!("expected Corrupt when forking a newer format, got {other:?}"),
+    }
+    // A message deleted behind the store's back is reported, not silently skipped.
+    let lost = SessionId::random();
+    s.create_session(new_session(
+        &lost,
+        "w",
+        TTL,
+        vec![json!(1), json!(2), json!(3)],
+    ))
+    .await
+    .expect("create");
+    poke(
+        "DELETE FROM durable_messages WHERE session_id = $1 AND seq = 2",
+        &lost,
+    )
+    .await;
+    match s.load_checkpoint(&lost, None).await {
+        Err(StoreError::Corrupt {
+            session,
+            version,
+            detail,
+        }) => {
+            assert_eq!((session, version), (lost.clone(), Some(0)));
+            assert!(detail.contains("2 messages"), "{detail}");
+        }
+        other => panic!("expected Corrupt for a lost message, got {other:?}"),
+    }
+
     let cp = s
         .load_checkpoint(&good, None)
         .await
