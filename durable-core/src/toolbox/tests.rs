@@ -243,3 +243,13 @@ fn long_unknown_names_are_shortened_in_errors() {
     assert!(quoted.ends_with('…'));
     assert_eq!(quoted_name("short"), "short");
 }
+
+/// Dispatch futures can be spawned on a multi-threaded runtime (checked at compile time).
+#[allow(dead_code)]
+fn dispatch_futures_are_send(tools: &Toolbox, journal: &Journal, calls: &[ModelToolCall]) {
+    fn assert_send<T: Send>(_: &T) {}
+    assert_send(&tools.dispatch(journal, &calls[0]));
+    assert_send(&tools.dispatch_all(journal, calls));
+    fn assert_send_sync<T: Send + Sync + Clone>() {}
+    assert_send_sync::<Toolbox>();
+}
