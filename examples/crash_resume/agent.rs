@@ -1,0 +1,719 @@
+//! The agent process: one worker run of the session, configured by environment
+//! variables, so that a parent (the demo, the torture suite) can start it, kill it with
+//! SIGKILL at a journal boundary or at any instant, and start it again.
+//!
+//! A run resumes the session if it exists (or starts it), then plays the harness loop:
+//! ask the model (journaled), apply plan tools to the plan, dispatch the other tool calls
+//! through the [`Toolbox`](durable::Toolbox) (journaled), checkpoint after every turn
+//! that ran journaled tools, refuse a final answer while the plan is open, complete.
+//!
+//! What it tells the parent goes to stdout: narration for a person, and lines starting
+//! with `@@ ` for a program (`crash`, `resumed`, `in_doubt`, `event`, `replay_unsafe`,
+//! `result`, `hits`, `done`).
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use durable::journal::MODEL_SLOT;
+use durable::store::SessionStatus;
+use durable::toolbox::{ModelToolCall, ToolResult};
+use durable::transcript::{Message, Role};
+use durable::{
+    Budget, CallEvent, Durable, DurableError, Outcome, ReplayClass, SessionId, StartOptions, StoreError,
+};
+use serde_json::json;
+
+use super::model::{Script, ScriptedModel};
+use super::tools::{self, apply_plan_tool, gate_message, is_plan_tool};
+use super::ui::{self, Style};
+use super::world;
+
+/// The worker name every run uses: a restarted worker takes its own lease back.
+pub const OWNER: &str = "worker-1";
+/// The application version sessions are started on.
+pub const APP_VERSION: &str = "crash-resume/1";
+
+/// Exit code: the session completed (or a replay-only run finished).
+pub const EXIT_DONE: i32 = 0;
+/// Exit code: an in-doubt unsafe call needs an operator; the lease was released.
+pub const EXIT_OPERATOR: i32 = 3;
+/// Exit code: an in-doubt unsafe call needs an operator; the session was parked.
+pub const EXIT_PARKED: i32 = 4;
+
+const SYSTEM: &str = "You are an order assistant. Plan with plan_create, record progress with \
+step_update (evidence required), verify every postcondition before you finish.";
+
+/// What a run does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Run the session to its end.
+    Run,
+    /// Re-run the current turn from the journal, print its results, stop without
+    /// checkpointing.
+    ReplayTurn,
+    /// Like `Run`, but a model re-asked for the turn that holds an in-doubt unsafe call
+    /// changes its mind (other arguments; with `true`, a second unsafe tool too).
+    Rethink(bool),
+}
+
+/// What a run does when an in-doubt unsafe call needs an operator.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnUnsafe {
+    /// Release the lease (a later run continues once the operator resolved the call).
+    Release,
+    /// Park the session for an operator.
+    Park,
+}
+
+/// A journal boundary to crash at: a failpoint name and which hit of it (1-based).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct CrashPoint {
+    /// The failpoint, e.g. `durable::after_effect::send_email`.
+    pub failpoint: String,
+    /// Which hit (counted boundaries: the n-th checkpoint or model reply).
+    pub nth: usize,
+}
+
+impl CrashPoint {
+    /// Parses `after_effect::send_email`, `durable::after_effect::send_email`,
+    /// `before_checkpoint#2`.
+    pub fn parse(text: &str) -> Result<Self, String> {
+        let text = text.trim();
+        let text = text.strip_prefix("durable::").unwrap_or(text);
+        let (name, nth) = match text.split_once('#') {
+            Some((name, n)) => (
+                name,
+                n.parse::<usize>()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| format!("`{text}`: the count after `#` must be 1 or more"))?,
+            ),
+            None => (text, 1),
+        };
+        if name.is_empty() {
+            return Err("empty crash point".into());
+        }
+        Ok(CrashPoint {
+            failpoint: format!("durable::{name}"),
+            nth,
+        })
+    }
+
+    /// The short name: `after_effect::send_email`, `before_checkpoint#2`.
+    pub fn short(&self) -> String {
+        let name = self.failpoint.strip_prefix("durable::").unwrap_or(&self.failpoint);
+        if counted(name) {
+            format!("{name}#{}", self.nth)
+        } else {
+            name.to_owned()
+        }
+    }
+}
+
+fn counted(name: &str) -> bool {
+    matches!(name, "after_model_recorded" | "before_checkpoint" | "after_checkpoint")
+}
+
+/// A crash point of a script, with what a crash there means.
+#[derive(Debug, Clone)]
+pub struct PointInfo {
+    /// The point.
+    pub point: CrashPoint,
+    /// The tool whose call it interrupts, if any, and its class.
+    pub tool: Option<(&'static str, ReplayClass)>,
+    /// What has and has not happened when the process dies there.
+    pub meaning: String,
+}
+
+impl PointInfo {
+    /// Inside an unsafe call's window: issued, outcome unknown.
+    pub fn in_unsafe_window(&self) -> bool {
+        matches!(self.tool, Some((_, ReplayClass::UnsafeOnReplay)))
+            && (self.point.failpoint.starts_with("durable::after_issued::")
+                || self.point.failpoint.starts_with("durable::after_effect::"))
+    }
+}
+
+/// Every journal boundary a crash-free run of `script` passes, in the order of the run's
+/// kinds: tools (conversation order), model replies, checkpoints.
+pub fn crash_points(script: Script) -> Vec<PointInfo> {
+    let toolbox = tools::toolbox(true).ok();
+    let mut points = Vec::new();
+    for &tool in script.tools() {
+        let class = toolbox
+            .as_ref()
+            .and_then(|t| t.get(tool))
+            .map_or(ReplayClass::Pure, |t| t.spec().class);
+        let effect = match tool {
+            "send_email" => "the email has left",
+            "post_slack" => "the chat message is posted",
+            "notify_warehouse" => "the warehouse was called",
+            "charge_card" => "the card is charged",
+            "reserve_stock" => "the stock is reserved",
+            "commit_order" => "the order is committed",
+            _ => "it ran",
+        };
+        let boundaries: Vec<(&str, String)> = if class == ReplayClass::Pure {
+            vec![("after_result", format!("{tool} ran and its result is recorded"))]
+        } else {
+            vec![
+                ("before_issue", format!("{tool} is not recorded yet")),
+                ("after_issued", format!("{tool} is issued; it has not run")),
+                ("after_effect", format!("{effect}; the result is not recorded")),
+                ("after_result", format!("{tool}'s result is recorded; the turn is not checkpointed")),
+            ]
+        };
+        for (boundary, meaning) in boundaries {
+            points.push(PointInfo {
+                point: CrashPoint {
+                    failpoint: format!("durable::{boundary}::{tool}"),
+                    nth: 1,
+                },
+                tool: Some((tool, class)),
+                meaning,
+            });
+        }
+    }
+    for n in 1..=script.model_calls() {
+        points.push(PointInfo {
+            point: CrashPoint {
+                failpoint: "durable::after_model_recorded".into(),
+                nth: n,
+            },
+            tool: None,
+            meaning: format!("model reply {n} is recorded; its tool calls have not run"),
+        });
+    }
+    for (boundary, meaning) in [
+        ("before_checkpoint", "is not written"),
+        ("after_checkpoint", "is written; the next turn has not started"),
+    ] {
+        for n in 1..=script.checkpoints() {
+            points.push(PointInfo {
+                point: CrashPoint {
+                    failpoint: format!("durable::{boundary}"),
+                    nth: n,
+                },
+                tool: None,
+                meaning: format!("checkpoint {n} {meaning}"),
+            });
+        }
+    }
+    points
+}
+
+/// How a child run is configured (the environment protocol between parent and child).
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Database: a SQLite path or URL, or a Postgres URL.
+    pub db: String,
+    /// The world's directory.
+    pub world: PathBuf,
+    /// The session id.
+    pub session: String,
+    /// The conversation.
+    pub script: Script,
+    /// Whether `send_email` has its verify hook.
+    pub verify: bool,
+    /// What the run does.
+    pub mode: Mode,
+    /// What to do with an in-doubt unsafe call.
+    pub on_unsafe: OnUnsafe,
+    /// Where to freeze and wait for SIGKILL.
+    pub crash_at: Option<CrashPoint>,
+    /// Count the hits of every crash point and print them at the end.
+    pub count_hits: bool,
+    /// Narrate for a person.
+    pub narrate: bool,
+    /// Colour the narration.
+    pub color: bool,
+}
+
+const ENV_CHILD: &str = "DURABLE_AGENT_CHILD";
+
+/// Whether this process is a child run.
+pub fn is_child() -> bool {
+    std::env::var_os(ENV_CHILD).is_some()
+}
+
+impl Options {
+    /// Defaults for a run of `script` on `db` with the world in `world`.
+    pub fn new(db: impl Into<String>, world: PathBuf, session: impl Into<String>, script: Script) -> Self {
+        Options {
+            db: db.into(),
+            world,
+            session: session.into(),
+            script,
+            verify: false,
+            mode: Mode::Run,
+            on_unsafe: OnUnsafe::Release,
+            crash_at: None,
+            count_hits: false,
+            narrate: false,
+            color: false,
+        }
+    }
+
+    /// A command that runs `exe` as a child with these options, stdout piped.
+    pub fn command(&self, exe: &std::path::Path) -> Command {
+        let mut cmd = Command::new(exe);
+        let flag = |b: bool| if b { "1" } else { "0" };
+        cmd.env(ENV_CHILD, "1")
+            .env("DURABLE_AGENT_DB", &self.db)
+            .env("DURABLE_AGENT_WORLD", &self.world)
+            .env("DURABLE_AGENT_SESSION", &self.session)
+            .env("DURABLE_AGENT_SCRIPT", self.script.name())
+            .env("DURABLE_AGENT_VERIFY", flag(self.verify))
+            .env(
+                "DURABLE_AGENT_MODE",
+                match self.mode {
+                    Mode::Run => "run",
+                    Mode::ReplayTurn => "replay-turn",
+                    Mode::Rethink(false) => "rethink",
+                    Mode::Rethink(true) => "rethink-other",
+                },
+            )
+            .env(
+                "DURABLE_AGENT_ON_UNSAFE",
+                match self.on_unsafe {
+                    OnUnsafe::Release => "release",
+                    OnUnsafe::Park => "park",
+                },
+            )
+            .env("DURABLE_AGENT_COUNT_HITS", flag(self.count_hits))
+            .env("DURABLE_AGENT_NARRATE", flag(self.narrate))
+            .env("DURABLE_AGENT_COLOR", flag(self.color))
+            .env_remove("DURABLE_AGENT_CRASH_AT")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped());
+        if let Some(point) = &self.crash_at {
+            cmd.env("DURABLE_AGENT_CRASH_AT", point.short());
+        }
+        cmd
+    }
+
+    fn from_env() -> Result<Self, String> {
+        let var = |name: &str| std::env::var(name).map_err(|_| format!("{name} is not set"));
+        let on = |name: &str| std::env::var(name).is_ok_and(|v| v == "1");
+        let script = var("DURABLE_AGENT_SCRIPT")?;
+        Ok(Options {
+            db: var("DURABLE_AGENT_DB")?,
+            world: PathBuf::from(var("DURABLE_AGENT_WORLD")?),
+            session: var("DURABLE_AGENT_SESSION")?,
+            script: Script::parse(&script).ok_or_else(|| format!("unknown script `{script}`"))?,
+            verify: on("DURABLE_AGENT_VERIFY"),
+            mode: match var("DURABLE_AGENT_MODE")?.as_str() {
+                "run" => Mode::Run,
+                "replay-turn" => Mode::ReplayTurn,
+                "rethink" => Mode::Rethink(false),
+                "rethink-other" => Mode::Rethink(true),
+                other => return Err(format!("unknown mode `{other}`")),
+            },
+            on_unsafe: match var("DURABLE_AGENT_ON_UNSAFE")?.as_str() {
+                "park" => OnUnsafe::Park,
+                _ => OnUnsafe::Release,
+            },
+            crash_at: std::env::var("DURABLE_AGENT_CRASH_AT")
+                .ok()
+                .map(|p| CrashPoint::parse(&p))
+                .transpose()?,
+            count_hits: on("DURABLE_AGENT_COUNT_HITS"),
+            narrate: on("DURABLE_AGENT_NARRATE"),
+            color: on("DURABLE_AGENT_COLOR"),
+        })
+    }
+}
+
+/// Prints a line and flushes it (the parent may kill this process at any moment).
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{line}");
+    let _ = out.flush();
+}
+
+/// Stops this process where it stands until the parent's SIGKILL arrives.
+fn freeze() -> ! {
+    // A parent that died cannot kill us: give up after a while.
+    std::thread::sleep(Duration::from_secs(30));
+    std::process::abort();
+}
+
+type Hits = Arc<Mutex<BTreeMap<String, Arc<AtomicUsize>>>>;
+
+fn install_failpoints(options: &Options) -> Hits {
+    let hits: Hits = Arc::default();
+    if let Some(point) = options.crash_at.clone() {
+        let seen = AtomicUsize::new(0);
+        let short = point.short();
+        let nth = point.nth;
+        let name = point.failpoint.clone();
+        let installed = fail::cfg_callback(name, move || {
+            if seen.fetch_add(1, Ordering::SeqCst) + 1 == nth {
+                say(&format!("@@ crash {short}"));
+                freeze();
+            }
+        });
+        if let Err(e) = installed {
+            say(&format!("@@ error cannot set failpoint: {e}"));
+        }
+    } else if options.count_hits {
+        let mut names: Vec<String> = crash_points(options.script)
+            .into_iter()
+            .map(|p| p.point.failpoint)
+            .collect();
+        names.dedup();
+        for name in names {
+            let counter = Arc::new(AtomicUsize::new(0));
+            if let Ok(mut map) = hits.lock() {
+                map.insert(name.clone(), Arc::clone(&counter));
+            }
+            let _ = fail::cfg_callback(name, move || {
+                counter.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+    }
+    hits
+}
+
+/// The child's `main`: runs the agent per the environment and returns the exit code.
+pub fn child_main() -> i32 {
+    let options = match Options::from_env() {
+        Ok(options) => options,
+        Err(e) => {
+            eprintln!("agent: {e}");
+            return 2;
+        }
+    };
+    world::install(options.world.clone());
+    let hits = install_failpoints(&options);
+    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("agent: cannot start a runtime: {e}");
+            return 2;
+        }
+    };
+    let code = runtime.block_on(run(&options)).unwrap_or_else(|e| {
+        eprintln!("agent: {e}");
+        say(&format!("@@ error {e}"));
+        1
+    });
+    if let Ok(map) = hits.lock() {
+        for (name, n) in map.iter() {
+            say(&format!("@@ hits {name} {}", n.load(Ordering::SeqCst)));
+        }
+    }
+    code
+}
+
+type Error = Box<dyn std::error::Error>;
+
+/// Narrates journal decisions (the `on_call` observer) and harness decisions.
+#[derive(Clone)]
+struct Narrator {
+    on: bool,
+    style: Style,
+    /// What the journal did with the latest model call (narrated with the reply).
+    last_model: Arc<Mutex<Option<Outcome>>>,
+}
+
+impl Narrator {
+    fn line(&self, name: &str, class: &str, text: String) {
+        if self.on {
+            say(&ui::row_styled(self.style, name, class, text));
+        }
+    }
+
+    fn event(&self, e: &CallEvent) {
+        let call = e.call.as_ref().map_or("-", |c| c.as_str());
+        say(&format!("@@ event {} {} {call}", e.tool, e.outcome.as_str()));
+        let s = self.style;
+        if e.tool == MODEL_SLOT {
+            if let Ok(mut last) = self.last_model.lock() {
+                *last = Some(e.outcome);
+            }
+            return;
+        }
+        let text = match e.outcome {
+            Outcome::Executed => s.green("executed, result recorded"),
+            Outcome::CacheHit => s.cyan("recorded result returned, not run again"),
+            Outcome::Resolved => s.cyan("operator's resolution returned as its result"),
+            Outcome::ReExecuted => s.yellow("in doubt → re-run (pure: safe to repeat)"),
+            Outcome::ReExecutedWithKey => s.yellow(&format!(
+                "in doubt → re-run with the same key `{}`",
+                e.idempotency_key.as_deref().unwrap_or("?")
+            )),
+            Outcome::VerifiedHappened => {
+                s.yellow("in doubt → verify hook: it happened; result recorded, not re-run")
+            }
+            Outcome::VerifiedNotHappened => {
+                s.yellow("in doubt → verify hook: it never happened; ran once now")
+            }
+            Outcome::Refused => s.red("in doubt → needs an operator (ReplayUnsafe)"),
+        };
+        self.line(&e.tool, e.class.as_str(), text);
+    }
+
+    /// The model line: what the journal did, and what the reply asks for.
+    fn model(&self, message: &Message) {
+        let s = self.style;
+        let outcome = self.last_model.lock().ok().and_then(|mut l| l.take());
+        let mut asked: Vec<(&str, usize)> = Vec::new();
+        for call in message.tool_calls() {
+            match asked.last_mut() {
+                Some((name, n)) if *name == call.name => *n += 1,
+                _ => asked.push((&call.name, 1)),
+            }
+        }
+        let wants = if asked.is_empty() {
+            "a final answer".to_owned()
+        } else {
+            let names: Vec<String> = asked
+                .iter()
+                .map(|(name, n)| if *n == 1 { (*name).to_owned() } else { format!("{name} ×{n}") })
+                .collect();
+            names.join(", ")
+        };
+        let text = match outcome {
+            Some(Outcome::CacheHit) => s.cyan(&format!("recorded reply returned, not asked again → {wants}")),
+            _ => format!("asked; reply recorded → {wants}"),
+        };
+        self.line("model", "", text);
+    }
+}
+
+async fn run(options: &Options) -> Result<i32, Error> {
+    let store = durable::connect(&options.db).await?;
+    let narrator = Narrator {
+        on: options.narrate,
+        style: Style::new(options.color),
+        last_model: Arc::default(),
+    };
+    let s = narrator.style;
+    let observer = narrator.clone();
+    let durable = Durable::builder(Arc::clone(&store))
+        .owner(OWNER)
+        .app_version(APP_VERSION)
+        .on_call(move |e| observer.event(e))
+        .build();
+    let id = SessionId::new(options.session.as_str());
+    let toolbox = tools::toolbox(options.verify)?;
+    let model = ScriptedModel::new(options.script);
+
+    let (mut session, in_doubt) = match store.session(&id).await {
+        Ok(record) if record.status == SessionStatus::Completed => {
+            say("@@ done completed");
+            return Ok(EXIT_DONE);
+        }
+        Ok(record) if record.status == SessionStatus::Parked => {
+            say("@@ done parked");
+            return Ok(EXIT_PARKED);
+        }
+        Ok(record) if record.status.is_terminal() => {
+            return Err(format!("session {id} is {}", record.status.as_str()).into());
+        }
+        Ok(_) => {
+            let resumed = durable.resume::<Message>(&id).await?;
+            say(&format!("@@ resumed {}", resumed.report.version));
+            let mut doubts = Vec::new();
+            for doubt in &resumed.report.in_doubt {
+                let c = &doubt.call;
+                say(&format!("@@ in_doubt {} {} {}", c.identity.tool, c.class.as_str(), c.id.as_str()));
+                doubts.push(format!("{} ({})", c.identity.tool, c.class.as_str()));
+            }
+            let doubt_text = if doubts.is_empty() {
+                "nothing in doubt".to_owned()
+            } else {
+                s.yellow(&format!("in doubt: {}", doubts.join(", ")))
+            };
+            narrator.line(
+                "resume",
+                "",
+                format!("from checkpoint {} · {doubt_text}", resumed.report.version),
+            );
+            let unsafe_tools = resumed
+                .report
+                .by_class(ReplayClass::UnsafeOnReplay)
+                .map(|d| d.call.identity.tool.clone())
+                .collect::<Vec<_>>();
+            (resumed.session, unsafe_tools)
+        }
+        Err(StoreError::SessionNotFound(_)) => {
+            let session = durable
+                .start(StartOptions {
+                    id: id.clone(),
+                    messages: vec![Message::system(SYSTEM), options.script.task()],
+                    budget: Budget::unlimited().with_limit_nano_usd(1_000_000_000),
+                    metadata: json!({"world": options.world}),
+                    ..StartOptions::default()
+                })
+                .await?;
+            (session, Vec::new())
+        }
+        Err(e) => return Err(e.into()),
+    };
+    let definitions = toolbox.anthropic_tools()?;
+
+    loop {
+        // A crash after the last checkpoint but before the status was written: the
+        // final answer is already in the transcript.
+        if session
+            .messages()
+            .last()
+            .is_some_and(|m| m.role == Role::Assistant && !m.has_tool_calls())
+        {
+            break;
+        }
+        let transcript = session.messages().to_vec();
+        let reply = session
+            .model_with_spend(
+                || async { model.respond(&transcript, &definitions) },
+                |r| Some(r.spend()),
+            )
+            .await
+            .map_err(|e| format!("model: {e}"))?;
+        let mut message = reply.message;
+        narrator.model(&message);
+        let mut calls = ModelToolCall::from_message(&message);
+
+        if let Mode::Rethink(other) = options.mode
+            && let Some(tool) = calls.iter().find(|c| in_doubt.contains(&c.name)).map(|c| c.name.clone())
+        {
+            message = model.rethink(&tool, other);
+            calls = ModelToolCall::from_message(&message);
+            let names: Vec<&str> = calls.iter().map(|c| c.name.as_str()).collect();
+            say(&format!("@@ rethink {}", names.join(",")));
+            narrator.line("model", "", s.yellow(&format!("re-asked, changed its mind: {}", names.join(", "))));
+        }
+        session.push(message);
+
+        if calls.is_empty() {
+            let plan = session.plan();
+            if plan.is_ready_to_finalize() {
+                narrator.line("finalize", "", s.green("accepted: every step done, every postcondition verified"));
+                break;
+            }
+            let steps = plan.steps.iter().filter(|st| !st.status.is_terminal()).count();
+            let postconditions = plan.postconditions.iter().filter(|p| !p.satisfied).count();
+            narrator.line(
+                "finalize",
+                "",
+                s.yellow(&format!(
+                    "refused by the plan gate: {steps} step(s) open, {postconditions} postcondition(s) unverified"
+                )),
+            );
+            let text = gate_message(plan);
+            session.push(Message::user(text));
+            continue;
+        }
+
+        // Plan tools act on the session's plan; the others go through the journal.
+        let mut results: Vec<Option<ToolResult>> = vec![None; calls.len()];
+        let mut plan_notes = Vec::new();
+        for (i, call) in calls.iter().enumerate().filter(|(_, c)| is_plan_tool(&c.name)) {
+            let args = match &call.arguments {
+                durable::toolbox::ToolArguments::Json(v) => v.clone(),
+                durable::toolbox::ToolArguments::Text(t) => serde_json::from_str(t).unwrap_or_default(),
+            };
+            let (result, note) = apply_plan_tool(session.plan_mut(), &call.id, &call.name, &args);
+            results[i] = Some(result);
+            plan_notes.push(note);
+        }
+        let journaled: Vec<(usize, ModelToolCall)> = calls
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| !is_plan_tool(&c.name))
+            .map(|(i, c)| (i, c.clone()))
+            .collect();
+        let batch: Vec<ModelToolCall> = journaled.iter().map(|(_, c)| c.clone()).collect();
+        let outcomes = toolbox.dispatch_all(session.journal(), &batch).await;
+        let mut refusal: Option<DurableError> = None;
+        for ((i, call), outcome) in journaled.iter().zip(outcomes) {
+            match outcome {
+                Ok(result) => results[*i] = Some(result),
+                Err(e @ DurableError::ReplayUnsafe { .. }) => {
+                    if let DurableError::ReplayUnsafe { call: unresolved, tool, .. } = &e {
+                        say(&format!("@@ replay_unsafe {} {tool} {}", call.name, unresolved.as_str()));
+                    }
+                    refusal.get_or_insert(e);
+                }
+                Err(e) => match ToolResult::refused(call, &e) {
+                    Some(result) => results[*i] = Some(result),
+                    None => return Err(e.into()),
+                },
+            }
+        }
+        if let Some(e) = refusal {
+            return stop_for_operator(session, options, &narrator, e).await;
+        }
+        if !plan_notes.is_empty() {
+            narrator.line("plan", "", s.dim(&summarize_plan_notes(&plan_notes)));
+        }
+        let results: Vec<ToolResult> = results.into_iter().flatten().collect();
+        if options.mode == Mode::ReplayTurn {
+            for r in &results {
+                say(&format!("@@ result {} {}", r.call_id, serde_json::to_string(&r.output)?));
+            }
+            session.release().await?;
+            say("@@ done replayed");
+            return Ok(EXIT_DONE);
+        }
+        session.push(ToolResult::message(&results));
+        if !journaled.is_empty() {
+            let meta = session.checkpoint().await?;
+            narrator.line("checkpoint", "", s.dim(&format!("{} written", meta.version)));
+        }
+    }
+    let meta = session.complete().await?;
+    narrator.line("checkpoint", "", s.dim(&format!("{} written", meta.version)));
+    narrator.line("session", "", s.green("completed"));
+    say("@@ done completed");
+    Ok(EXIT_DONE)
+}
+
+/// Joins the plan tools' notes of a turn, `postcondition 1 verified; postcondition 2
+/// verified` becoming `postconditions 1, 2 verified`.
+fn summarize_plan_notes(notes: &[String]) -> String {
+    let mut out: Vec<String> = Vec::new();
+    let mut verified: Vec<&str> = Vec::new();
+    for note in notes {
+        match note.strip_prefix("postcondition ").and_then(|n| n.strip_suffix(" verified")) {
+            Some(n) => verified.push(n),
+            None => out.push(note.clone()),
+        }
+    }
+    match verified.as_slice() {
+        [] => {}
+        [one] => out.push(format!("postcondition {one} verified")),
+        many => out.push(format!("postconditions {} verified", many.join(", "))),
+    }
+    out.join("; ")
+}
+
+async fn stop_for_operator(
+    session: durable::Session<Message>,
+    options: &Options,
+    narrator: &Narrator,
+    error: DurableError,
+) -> Result<i32, Error> {
+    let s = narrator.style;
+    match options.on_unsafe {
+        OnUnsafe::Release => {
+            session.release().await?;
+            narrator.line("session", "", s.red("stopped: an operator must say whether the call happened"));
+            say("@@ done operator");
+            Ok(EXIT_OPERATOR)
+        }
+        OnUnsafe::Park => {
+            session.park(&error.to_string()).await?;
+            narrator.line("session", "", s.red("parked for an operator"));
+            say("@@ done parked");
+            Ok(EXIT_PARKED)
+        }
+    }
+}

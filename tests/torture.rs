@@ -1,0 +1,3 @@
+//! Crash torture suite (being written).
+
+fn main() {}
