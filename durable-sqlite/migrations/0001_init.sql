@@ -5,8 +5,11 @@
 -- `durable_core::store::FORMAT_VERSION` of the writer; readers refuse larger formats.
 -- STRICT tables: SQLite enforces the declared column types.
 
+-- `num` is the session's compact key in the two tables that grow with the conversation
+-- (messages and checkpoints): an integer instead of the id text in every row.
 CREATE TABLE durable_sessions (
-    id                TEXT    NOT NULL PRIMARY KEY,
+    num               INTEGER PRIMARY KEY,
+    id                TEXT    NOT NULL UNIQUE,
     status            TEXT    NOT NULL,
     app_version       TEXT    NOT NULL,
     metadata          TEXT    NOT NULL,
@@ -26,18 +29,20 @@ CREATE INDEX durable_sessions_status_updated ON durable_sessions (status, update
 
 -- The transcript: an append-only log, seq 1, 2, … per session.
 CREATE TABLE durable_messages (
-    session_id TEXT    NOT NULL REFERENCES durable_sessions (id),
+    session_num INTEGER NOT NULL REFERENCES durable_sessions (num),
     seq        INTEGER NOT NULL,
     message    TEXT    NOT NULL,
     format     INTEGER NOT NULL,
     created_at INTEGER NOT NULL,
-    PRIMARY KEY (session_id, seq)
+    PRIMARY KEY (session_num, seq)
 ) STRICT, WITHOUT ROWID;
 
 -- Versioned checkpoints, never updated in place. Version v's transcript is the log up
--- to and including last_seq.
+-- to and including last_seq. A plan/budget/state equal to the previous version's is
+-- stored as `@k`, a reference to the version k that holds its text (JSON never starts
+-- with `@`), so unchanged snapshots cost a few bytes per checkpoint.
 CREATE TABLE durable_checkpoints (
-    session_id    TEXT    NOT NULL REFERENCES durable_sessions (id),
+    session_num   INTEGER NOT NULL REFERENCES durable_sessions (num),
     version       INTEGER NOT NULL,
     last_seq      INTEGER NOT NULL,
     message_count INTEGER NOT NULL,
@@ -47,8 +52,8 @@ CREATE TABLE durable_checkpoints (
     app_version   TEXT    NOT NULL,
     format        INTEGER NOT NULL,
     created_at    INTEGER NOT NULL,
-    PRIMARY KEY (session_id, version)
-) STRICT;
+    PRIMARY KEY (session_num, version)
+) STRICT, WITHOUT ROWID;
 
 -- The journal. The UNIQUE identity is what makes issue_call an atomic insert-or-get.
 CREATE TABLE durable_tool_calls (

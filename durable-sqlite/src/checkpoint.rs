@@ -50,7 +50,7 @@ pub(crate) async fn load_checkpoint(
         "SELECT ",
         meta_cols!(),
         ", plan, budget, state, format FROM durable_checkpoints \
-         WHERE session_id = ? AND version = ?"
+         WHERE session_num = (SELECT num FROM durable_sessions WHERE id = ?) AND version = ?"
     ))
     .bind(id.as_str())
     .bind(version)
@@ -65,27 +65,17 @@ pub(crate) async fn load_checkpoint(
     let format: i64 = rows::col(&row, "format", id, v)?;
     check_format(format, id, v, "the checkpoint")?;
     let meta = rows::checkpoint_meta(&row)?;
-    let plan = parse_json(
-        &rows::col::<String>(&row, "plan", id, v)?,
-        id,
-        v,
-        "the plan",
-    )?;
-    let budget = parse_json(
-        &rows::col::<String>(&row, "budget", id, v)?,
-        id,
-        v,
-        "the budget",
-    )?;
-    let state = parse_json(
-        &rows::col::<String>(&row, "state", id, v)?,
-        id,
-        v,
-        "the state",
-    )?;
+    let mut texts = Vec::with_capacity(3);
+    for column in ["plan", "budget", "state"] {
+        let stored = rows::col::<String>(&row, column, id, v)?;
+        texts.push(ops::resolve_snapshot(&mut rtx, id, stored, column).await?);
+    }
+    let plan = parse_json(&texts[0], id, v, "the plan")?;
+    let budget = parse_json(&texts[1], id, v, "the budget")?;
+    let state = parse_json(&texts[2], id, v, "the state")?;
     let logged = sqlx::query(
         "SELECT seq, message, format FROM durable_messages \
-         WHERE session_id = ? AND seq <= ? ORDER BY seq",
+         WHERE session_num = (SELECT num FROM durable_sessions WHERE id = ?) AND seq <= ? ORDER BY seq",
     )
     .bind(id.as_str())
     .bind(meta.last_seq)
@@ -143,7 +133,7 @@ pub(crate) async fn list_checkpoints(
     let found = sqlx::query(concat!(
         "SELECT ",
         meta_cols!(),
-        " FROM durable_checkpoints WHERE session_id = ? ORDER BY version"
+        " FROM durable_checkpoints WHERE session_num = (SELECT num FROM durable_sessions WHERE id = ?) ORDER BY version"
     ))
     .bind(id.as_str())
     .fetch_all(&mut *rtx)
@@ -168,7 +158,7 @@ pub(crate) async fn fork_session(
         let source = ops::load_session(&mut *conn, id).await?;
         let cp = sqlx::query(
             "SELECT last_seq, message_count, plan, budget, state, format \
-             FROM durable_checkpoints WHERE session_id = ? AND version = ?",
+             FROM durable_checkpoints WHERE session_num = (SELECT num FROM durable_sessions WHERE id = ?) AND version = ?",
         )
         .bind(id.as_str())
         .bind(version)
@@ -207,9 +197,9 @@ pub(crate) async fn fork_session(
         }
         // The transcript keeps its seqs and bytes; JSON is copied, not re-encoded.
         sqlx::query(
-            "INSERT INTO durable_messages (session_id, seq, message, format, created_at) \
-             SELECT ?, seq, message, format, created_at FROM durable_messages \
-             WHERE session_id = ? AND seq <= ?",
+            "INSERT INTO durable_messages (session_num, seq, message, format, created_at) \
+             SELECT (SELECT num FROM durable_sessions WHERE id = ?), seq, message, format, \
+             created_at FROM durable_messages WHERE session_num = (SELECT num FROM durable_sessions WHERE id = ?) AND seq <= ?",
         )
         .bind(new_id.as_str())
         .bind(id.as_str())
@@ -217,13 +207,24 @@ pub(crate) async fn fork_session(
         .execute(&mut *conn)
         .await
         .map_err(db)?;
+        // Snapshots stored as references to older versions are resolved: the fork's
+        // version 0 holds their text.
+        let mut texts = Vec::with_capacity(3);
+        for column in ["plan", "budget", "state"] {
+            let stored = rows::col::<String>(&cp, column, id, v)?;
+            texts.push(ops::resolve_snapshot(&mut *conn, id, stored, column).await?);
+        }
         sqlx::query(
-            "INSERT INTO durable_checkpoints (session_id, version, last_seq, message_count, \
+            "INSERT INTO durable_checkpoints (session_num, version, last_seq, message_count, \
              plan, budget, state, app_version, format, created_at) \
-             SELECT ?, 0, last_seq, message_count, plan, budget, state, ?, format, ? \
-             FROM durable_checkpoints WHERE session_id = ? AND version = ?",
+             SELECT (SELECT num FROM durable_sessions WHERE id = ?), 0, last_seq, \
+             message_count, ?, ?, ?, ?, format, ? \
+             FROM durable_checkpoints WHERE session_num = (SELECT num FROM durable_sessions WHERE id = ?) AND version = ?",
         )
         .bind(new_id.as_str())
+        .bind(&texts[0])
+        .bind(&texts[1])
+        .bind(&texts[2])
         .bind(&source.app_version)
         .bind(now)
         .bind(id.as_str())

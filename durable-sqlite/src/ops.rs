@@ -81,21 +81,74 @@ pub(crate) async fn append_checkpoint(
     version: i64,
     checkpoint: &NewCheckpoint,
 ) -> Result<CheckpointMeta, StoreError> {
-    let plan = json(&checkpoint.plan)?;
-    let budget = json(&checkpoint.budget)?;
-    let state = json(&checkpoint.state)?;
-    let mut last_seq: i64 = sqlx::query_scalar(
-        "SELECT COALESCE(MAX(seq), 0) FROM durable_messages WHERE session_id = ?",
-    )
-    .bind(session.as_str())
-    .fetch_one(&mut *conn)
-    .await
-    .map_err(db)?;
+    // Unchanged snapshots are stored as a reference to the version holding their text
+    // (see `snapshot_ref`), so a long session whose plan and state rarely change grows by
+    // its messages, not by a copy of every snapshot per checkpoint.
+    let previous = if version > 0 {
+        sqlx::query(
+            "SELECT last_seq, message_count, plan, budget, state FROM durable_checkpoints \
+             WHERE session_num = (SELECT num FROM durable_sessions WHERE id = ?) AND version = ?",
+        )
+        .bind(session.as_str())
+        .bind(version - 1)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(db)?
+    } else {
+        None
+    };
+    let mut snapshots = Vec::with_capacity(3);
+    for (column, value) in [
+        ("plan", &checkpoint.plan),
+        ("budget", &checkpoint.budget),
+        ("state", &checkpoint.state),
+    ] {
+        let text = json(value)?;
+        let stored = match &previous {
+            Some(prev) => {
+                let prev_text: String = rows::col(prev, column, session, Some(version - 1))?;
+                let (holder, holder_text) = match parse_snapshot_ref(&prev_text) {
+                    Some(holder) => (
+                        holder,
+                        snapshot_text(&mut *conn, session, holder, column).await?,
+                    ),
+                    None => (version - 1, prev_text),
+                };
+                if holder_text == text {
+                    snapshot_ref(holder)
+                } else {
+                    text
+                }
+            }
+            None => text,
+        };
+        snapshots.push(stored);
+    }
+    let [plan, budget, state]: [String; 3] = snapshots
+        .try_into()
+        .map_err(|_| corrupt(session, Some(version), "snapshot columns"))?;
+    let (mut last_seq, mut message_count) = match &previous {
+        Some(prev) => (
+            rows::col::<i64>(prev, "last_seq", session, Some(version - 1))?,
+            rows::col::<i64>(prev, "message_count", session, Some(version - 1))?,
+        ),
+        None => (
+            sqlx::query_scalar(
+                "SELECT COALESCE(MAX(seq), 0) FROM durable_messages WHERE session_num = (SELECT num FROM durable_sessions WHERE id = ?)",
+            )
+            .bind(session.as_str())
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(db)?,
+            0,
+        ),
+    };
     for message in &checkpoint.messages {
         last_seq += 1;
+        message_count += 1;
         sqlx::query(
-            "INSERT INTO durable_messages (session_id, seq, message, format, created_at) \
-             VALUES (?, ?, ?, ?, ?)",
+            "INSERT INTO durable_messages (session_num, seq, message, format, created_at) \
+             VALUES ((SELECT num FROM durable_sessions WHERE id = ?), ?, ?, ?, ?)",
         )
         .bind(session.as_str())
         .bind(last_seq)
@@ -106,17 +159,10 @@ pub(crate) async fn append_checkpoint(
         .await
         .map_err(db)?;
     }
-    let message_count: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM durable_messages WHERE session_id = ? AND seq <= ?",
-    )
-    .bind(session.as_str())
-    .bind(last_seq)
-    .fetch_one(&mut *conn)
-    .await
-    .map_err(db)?;
     sqlx::query(
-        "INSERT INTO durable_checkpoints (session_id, version, last_seq, message_count, plan, \
-         budget, state, app_version, format, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+        "INSERT INTO durable_checkpoints (session_num, version, last_seq, message_count, plan, \
+         budget, state, app_version, format, created_at) \
+         VALUES ((SELECT num FROM durable_sessions WHERE id = ?), ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(session.as_str())
     .bind(version)
@@ -225,4 +271,67 @@ pub(crate) async fn load_call(
     .map_err(db)?
     .ok_or_else(|| StoreError::CallNotFound(id.clone()))?;
     rows::call(&row)
+}
+
+/// The stored form of "the same snapshot as version `v`": `@v`. JSON text never starts
+/// with `@`, so a reference cannot be mistaken for a snapshot.
+pub(crate) fn snapshot_ref(version: i64) -> String {
+    format!("@{version}")
+}
+
+/// The version a stored snapshot refers to, if it is a reference.
+pub(crate) fn parse_snapshot_ref(stored: &str) -> Option<i64> {
+    stored.strip_prefix('@')?.parse().ok()
+}
+
+/// The text of `column` at `version`, which must hold text (not a reference).
+pub(crate) async fn snapshot_text(
+    conn: &mut SqliteConnection,
+    session: &SessionId,
+    version: i64,
+    column: &str,
+) -> Result<String, StoreError> {
+    let sql = match column {
+        "plan" => {
+            "SELECT plan FROM durable_checkpoints WHERE session_num = (SELECT num FROM durable_sessions WHERE id = ?) AND version = ?"
+        }
+        "budget" => {
+            "SELECT budget FROM durable_checkpoints WHERE session_num = (SELECT num FROM durable_sessions WHERE id = ?) AND version = ?"
+        }
+        _ => {
+            "SELECT state FROM durable_checkpoints WHERE session_num = (SELECT num FROM durable_sessions WHERE id = ?) AND version = ?"
+        }
+    };
+    let text: Option<String> = sqlx::query_scalar(sql)
+        .bind(session.as_str())
+        .bind(version)
+        .fetch_optional(conn)
+        .await
+        .map_err(db)?;
+    match text {
+        Some(text) if parse_snapshot_ref(&text).is_none() => Ok(text),
+        Some(_) => Err(corrupt(
+            session,
+            Some(version),
+            format!("the {column} snapshot refers to another reference"),
+        )),
+        None => Err(corrupt(
+            session,
+            Some(version),
+            format!("a {column} snapshot refers to missing version {version}"),
+        )),
+    }
+}
+
+/// Resolves a stored snapshot: its text, or the text of the version it refers to.
+pub(crate) async fn resolve_snapshot(
+    conn: &mut SqliteConnection,
+    session: &SessionId,
+    stored: String,
+    column: &str,
+) -> Result<String, StoreError> {
+    match parse_snapshot_ref(&stored) {
+        Some(holder) => snapshot_text(conn, session, holder, column).await,
+        None => Ok(stored),
+    }
 }

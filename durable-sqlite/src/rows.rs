@@ -38,7 +38,8 @@ pub(crate) use call_cols;
 /// Columns of `durable_checkpoints` for [`checkpoint_meta`].
 macro_rules! meta_cols {
     () => {
-        "session_id, version, last_seq, message_count, app_version, created_at"
+        "(SELECT s.id FROM durable_sessions s WHERE s.num = session_num) AS session_id, \
+         version, last_seq, message_count, app_version, created_at"
     };
 }
 pub(crate) use meta_cols;

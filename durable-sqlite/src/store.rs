@@ -587,8 +587,8 @@ impl CheckpointStore for SqliteStore {
                 "DELETE FROM durable_migrations WHERE session_id = ?",
                 "DELETE FROM durable_errors WHERE session_id = ?",
                 "DELETE FROM durable_tool_calls WHERE session_id = ?",
-                "DELETE FROM durable_checkpoints WHERE session_id = ?",
-                "DELETE FROM durable_messages WHERE session_id = ?",
+                "DELETE FROM durable_checkpoints WHERE session_num = (SELECT num FROM durable_sessions WHERE id = ?)",
+                "DELETE FROM durable_messages WHERE session_num = (SELECT num FROM durable_sessions WHERE id = ?)",
                 "DELETE FROM durable_sessions WHERE id = ?",
             ] {
                 sqlx::query(delete)

@@ -609,11 +609,11 @@ async fn corrupt_rows_name_their_session_and_spare_the_others() {
     let mut conn = raw(&path).await;
     for (sql, what) in [
         (
-            "UPDATE durable_checkpoints SET plan = '{\"objective\": ' WHERE session_id = ? AND version = 0",
+            "UPDATE durable_checkpoints SET plan = '{\"objective\": ' WHERE session_num = (SELECT num FROM durable_sessions WHERE id = ?) AND version = 0",
             "plan",
         ),
         (
-            "UPDATE durable_messages SET format = 99 WHERE session_id = ? AND seq = 2",
+            "UPDATE durable_messages SET format = 99 WHERE session_num = (SELECT num FROM durable_sessions WHERE id = ?) AND seq = 2",
             "message",
         ),
         (
@@ -890,4 +890,107 @@ async fn a_cancelled_write_never_leaves_a_transaction_open() {
         cancelled > 0,
         "no attempt was cancelled; the test proves nothing"
     );
+}
+
+/// Unchanged snapshots are stored as references (`@v`) to the version holding their text,
+/// yet every version, and a fork of any version, loads exactly what was written.
+#[tokio::test]
+async fn unchanged_snapshots_are_stored_once_and_every_version_still_loads() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = file_store(&dir).await;
+    let id = SessionId::random();
+    let (_, lease) = store
+        .create_session(new_session(&id, "w1"))
+        .await
+        .expect("create");
+    // (plan, budget, state) per version 1..=4: plan constant, budget changes, state
+    // goes A, B, A, A (a value equal to an older, non-adjacent version is stored again).
+    let versions = [
+        (
+            json!({"objective": "greet"}),
+            json!({"usd": 0.1}),
+            json!("A"),
+        ),
+        (
+            json!({"objective": "greet"}),
+            json!({"usd": 0.2}),
+            json!("B"),
+        ),
+        (
+            json!({"objective": "greet"}),
+            json!({"usd": 0.2}),
+            json!("A"),
+        ),
+        (
+            json!({"objective": "greet"}),
+            json!({"usd": 0.3}),
+            json!("A"),
+        ),
+    ];
+    for (i, (plan, budget, state)) in versions.iter().enumerate() {
+        store
+            .save_checkpoint(
+                lease.fence(),
+                i as i64,
+                NewCheckpoint {
+                    messages: vec![json!({"turn": i})],
+                    plan: plan.clone(),
+                    budget: budget.clone(),
+                    state: state.clone(),
+                },
+            )
+            .await
+            .expect("save");
+    }
+    for (i, (plan, budget, state)) in versions.iter().enumerate() {
+        let cp = store
+            .load_checkpoint(&id, Some(i as i64 + 1))
+            .await
+            .expect("load");
+        assert_eq!(
+            (&cp.plan, &cp.budget, &cp.state),
+            (plan, budget, state),
+            "version {}",
+            i + 1
+        );
+        assert_eq!(
+            cp.messages.len(),
+            i + 2,
+            "transcript prefix of version {}",
+            i + 1
+        );
+        assert_eq!(cp.meta.message_count, i as i64 + 2);
+    }
+    let mut conn = raw(&dir.path().join("durable.db")).await;
+    let stored: Vec<(i64, String, String, String)> = sqlx::query_as(
+        "SELECT version, plan, budget, state FROM durable_checkpoints \
+         WHERE session_num = (SELECT num FROM durable_sessions WHERE id = ?) ORDER BY version",
+    )
+    .bind(id.as_str())
+    .fetch_all(&mut conn)
+    .await
+    .expect("raw rows");
+    let plan_refs = stored.iter().filter(|r| r.1 == "@0").count();
+    assert_eq!(
+        plan_refs, 4,
+        "the unchanged plan is stored once: {stored:?}"
+    );
+    assert_eq!(stored[3].2, "@2", "budget of v3 equals v2's: {stored:?}");
+    assert_eq!(stored[4].3, "@3", "state of v4 equals v3's: {stored:?}");
+    assert!(
+        !stored[3].3.starts_with('@'),
+        "A after B is new text: {stored:?}"
+    );
+
+    let (_, _) = store
+        .fork_session(&id, 4, &SessionId::new(format!("{id}-fork")), "w2", TTL)
+        .await
+        .expect("fork");
+    let forked = store
+        .load_checkpoint(&SessionId::new(format!("{id}-fork")), Some(0))
+        .await
+        .expect("fork loads");
+    assert_eq!(forked.plan, versions[3].0);
+    assert_eq!(forked.budget, versions[3].1);
+    assert_eq!(forked.state, versions[3].2);
 }
