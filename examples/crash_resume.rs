@@ -19,6 +19,10 @@
 mod agent;
 #[path = "crash_resume/model.rs"]
 mod model;
+#[path = "crash_resume/narrate.rs"]
+mod narrate;
+#[path = "crash_resume/points.rs"]
+mod points;
 #[path = "crash_resume/tools.rs"]
 mod tools;
 #[path = "crash_resume/ui.rs"]
@@ -37,8 +41,9 @@ use durable::store::{CallKind, CallStatus, Resolution, SessionStatus};
 use durable::transcript::{Message, Role};
 use durable::{Budget, CheckpointStore, Durable, Plan, SessionId, Spend};
 
-use agent::{CrashPoint, Options, PointInfo};
+use agent::Options;
 use model::Script;
+use points::{CrashPoint, PointInfo};
 use ui::Style;
 use world::World;
 
@@ -64,17 +69,36 @@ struct Args {
 
 fn points_help() -> String {
     let script = Script::Demo;
-    let mut text = String::from("Crash points (journal boundaries of the workflow, in run order):\n");
-    for info in agent::crash_points(script).iter().filter(|i| i.tool.is_some()) {
+    let mut text =
+        String::from("Crash points (journal boundaries of the workflow, in run order):\n");
+    for info in points::crash_points(script)
+        .iter()
+        .filter(|i| i.tool.is_some())
+    {
         text.push_str(&format!("  {:<34} {}\n", info.point.short(), info.meaning));
     }
     let counted = [
-        ("after_model_recorded", script.model_calls(), "model reply N is recorded; its tool calls have not run"),
-        ("before_checkpoint", script.checkpoints(), "checkpoint N is not written"),
-        ("after_checkpoint", script.checkpoints(), "checkpoint N is written (the last one by `complete`)"),
+        (
+            "after_model_recorded",
+            script.model_calls(),
+            "model reply N is recorded; its tool calls have not run",
+        ),
+        (
+            "before_checkpoint",
+            script.checkpoints(),
+            "checkpoint N is not written",
+        ),
+        (
+            "after_checkpoint",
+            script.checkpoints(),
+            "checkpoint N is written (the last one by `complete`)",
+        ),
     ];
     for (name, n, meaning) in counted {
-        text.push_str(&format!("  {:<34} {meaning}\n", format!("{name}#N (N = 1..{n})")));
+        text.push_str(&format!(
+            "  {:<34} {meaning}\n",
+            format!("{name}#N (N = 1..{n})")
+        ));
     }
     text.push_str("  none                               run to the end without a crash");
     text
@@ -119,7 +143,7 @@ fn demo(args: &Args) -> Result<bool, Error> {
         "none" => None,
         text => {
             let point = CrashPoint::parse(text)?;
-            let info = agent::crash_points(Script::Demo)
+            let info = points::crash_points(Script::Demo)
                 .into_iter()
                 .find(|i| i.point == point)
                 .ok_or_else(|| {
@@ -136,7 +160,9 @@ fn demo(args: &Args) -> Result<bool, Error> {
     let world_dir = dir.path().join("world");
     let world = World::new(world_dir.clone());
     world.create()?;
-    let millis = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis());
+    let millis = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
     let session = format!("order-o-1017-{millis}");
 
     println!("{}", style.bold("durable · crash and resume"));
@@ -158,7 +184,9 @@ fn demo(args: &Args) -> Result<bool, Error> {
     options.color = style.color();
     options.crash_at = crash.as_ref().map(|i| i.point.clone());
 
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     let exe = std::env::current_exe()?;
     let mut completed = false;
     let mut runs = 0;
@@ -176,7 +204,9 @@ fn demo(args: &Args) -> Result<bool, Error> {
                     .as_ref()
                     .and_then(|i| i.tool)
                     .map_or(("", ""), |(tool, class)| (tool, class.as_str()));
-                let meaning = crash.as_ref().map_or(String::new(), |i: &PointInfo| i.meaning.clone());
+                let meaning = crash
+                    .as_ref()
+                    .map_or(String::new(), |i: &PointInfo| i.meaning.clone());
                 let text = style.red(&format!("✗ SIGKILL at {point}: {meaning}"));
                 println!("{}", ui::row_styled(style, tool, class, text));
             }
@@ -200,7 +230,10 @@ fn demo(args: &Args) -> Result<bool, Error> {
     let ok = runtime.block_on(audit(&db, &session, &world, style))?;
     println!(
         "\n{}",
-        style.dim(&format!("{runs} agent processes, {:.1} s", started.elapsed().as_secs_f64()))
+        style.dim(&format!(
+            "{runs} agent processes, {:.1} s",
+            started.elapsed().as_secs_f64()
+        ))
     );
     if args.keep {
         let kept = dir.keep();
@@ -213,7 +246,10 @@ fn demo(args: &Args) -> Result<bool, Error> {
 /// reached the crash point.
 fn run_child(exe: &Path, options: &Options, style: Style, heading: &str) -> Result<Ended, Error> {
     let mut child = options.command(exe).spawn()?;
-    println!("{}", style.bold(&format!("▶ {heading} · pid {}", child.id())));
+    println!(
+        "{}",
+        style.bold(&format!("▶ {heading} · pid {}", child.id()))
+    );
     let stdout = child.stdout.take().ok_or("child stdout missing")?;
     let mut killed = None;
     for line in BufReader::new(stdout).lines() {
@@ -238,7 +274,10 @@ fn run_child(exe: &Path, options: &Options, style: Style, heading: &str) -> Resu
 /// would be, and record what was found.
 async fn operator(db: &str, session: &str, world: &World, style: Style) -> Result<(), Error> {
     let store = durable::connect(db).await?;
-    let durable = Durable::builder(store).owner("operator").app_version(agent::APP_VERSION).build();
+    let durable = Durable::builder(store)
+        .owner("operator")
+        .app_version(agent::APP_VERSION)
+        .build();
     for call in durable.in_doubt(Some(&SessionId::new(session))).await? {
         let tool = call.identity.tool.clone();
         let Some(channel) = tools::channel_of(&tool) else {
@@ -250,7 +289,10 @@ async fn operator(db: &str, session: &str, world: &World, style: Style) -> Resul
                 Resolution::Happened {
                     result: delivery.result.clone(),
                 },
-                format!("found in the {channel} (delivery {}) → resolved as happened", delivery.seq),
+                format!(
+                    "found in the {channel} (delivery {}) → resolved as happened",
+                    delivery.seq
+                ),
             ),
             None => (
                 Resolution::DidNotHappen,
@@ -260,13 +302,20 @@ async fn operator(db: &str, session: &str, world: &World, style: Style) -> Resul
         durable
             .resolve(&call.id, resolution, "operator", Some("checked the outbox"))
             .await?;
-        println!("{}", ui::row_styled(style, &tool, call.class.as_str(), style.yellow(&text)));
+        println!(
+            "{}",
+            ui::row_styled(style, &tool, call.class.as_str(), style.yellow(&text))
+        );
     }
     Ok(())
 }
 
 fn requests(n: usize) -> String {
-    if n == 1 { "1 request".into() } else { format!("{n} requests") }
+    if n == 1 {
+        "1 request".into()
+    } else {
+        format!("{n} requests")
+    }
 }
 
 fn usd(nano: u64) -> String {
@@ -305,11 +354,20 @@ async fn audit(db: &str, session: &str, world: &World, style: Style) -> Result<b
         .collect();
     let journal_total: u64 = model_rows.iter().map(Spend::nano_usd).sum();
 
-    let check = |ok: bool| if ok { style.green("✓") } else { style.red("✗") };
+    let check = |ok: bool| {
+        if ok {
+            style.green("✓")
+        } else {
+            style.red("✗")
+        }
+    };
     let line = |ok: bool, what: &str, value: String, note: String| {
         println!("  {} {what:<20} {value:<8} {}", check(ok), style.dim(&note));
     };
-    println!("\n{}", style.bold("audit · read from the outbox, the receivers and the store"));
+    println!(
+        "\n{}",
+        style.bold("audit · read from the outbox, the receivers and the store")
+    );
     line(
         emails.len() == 1,
         "emails sent",
@@ -320,13 +378,19 @@ async fn audit(db: &str, session: &str, world: &World, style: Style) -> Result<b
         applied(&payments) == 1,
         "charges applied",
         applied(&payments).to_string(),
-        format!("payments.jsonl: {}, deduplicated by key", requests(payments.len())),
+        format!(
+            "payments.jsonl: {}, deduplicated by key",
+            requests(payments.len())
+        ),
     );
     line(
         applied(&orders) == 1,
         "orders committed",
         applied(&orders).to_string(),
-        format!("orders.jsonl: {}, deduplicated by key", requests(orders.len())),
+        format!(
+            "orders.jsonl: {}, deduplicated by key",
+            requests(orders.len())
+        ),
     );
     let finalized = plan.is_ready_to_finalize();
     line(

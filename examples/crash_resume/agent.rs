@@ -19,18 +19,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use durable::journal::MODEL_SLOT;
 use durable::store::SessionStatus;
 use durable::toolbox::{ModelToolCall, ToolResult};
 use durable::transcript::{Message, Role};
-use durable::{
-    Budget, CallEvent, Durable, DurableError, Outcome, ReplayClass, SessionId, StartOptions, StoreError,
-};
+use durable::{Budget, Durable, DurableError, ReplayClass, SessionId, StartOptions, StoreError};
 use serde_json::json;
 
 use super::model::{Script, ScriptedModel};
+use super::narrate::{Narrator, summarize_plan_notes};
+use super::points::{CrashPoint, crash_points};
 use super::tools::{self, apply_plan_tool, gate_message, is_plan_tool};
-use super::ui::{self, Style};
+use super::ui::Style;
 use super::world;
 
 /// The worker name every run uses: a restarted worker takes its own lease back.
@@ -70,143 +69,6 @@ pub enum OnUnsafe {
     Park,
 }
 
-/// A journal boundary to crash at: a failpoint name and which hit of it (1-based).
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub struct CrashPoint {
-    /// The failpoint, e.g. `durable::after_effect::send_email`.
-    pub failpoint: String,
-    /// Which hit (counted boundaries: the n-th checkpoint or model reply).
-    pub nth: usize,
-}
-
-impl CrashPoint {
-    /// Parses `after_effect::send_email`, `durable::after_effect::send_email`,
-    /// `before_checkpoint#2`.
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let text = text.trim();
-        let text = text.strip_prefix("durable::").unwrap_or(text);
-        let (name, nth) = match text.split_once('#') {
-            Some((name, n)) => (
-                name,
-                n.parse::<usize>()
-                    .ok()
-                    .filter(|n| *n > 0)
-                    .ok_or_else(|| format!("`{text}`: the count after `#` must be 1 or more"))?,
-            ),
-            None => (text, 1),
-        };
-        if name.is_empty() {
-            return Err("empty crash point".into());
-        }
-        Ok(CrashPoint {
-            failpoint: format!("durable::{name}"),
-            nth,
-        })
-    }
-
-    /// The short name: `after_effect::send_email`, `before_checkpoint#2`.
-    pub fn short(&self) -> String {
-        let name = self.failpoint.strip_prefix("durable::").unwrap_or(&self.failpoint);
-        if counted(name) {
-            format!("{name}#{}", self.nth)
-        } else {
-            name.to_owned()
-        }
-    }
-}
-
-fn counted(name: &str) -> bool {
-    matches!(name, "after_model_recorded" | "before_checkpoint" | "after_checkpoint")
-}
-
-/// A crash point of a script, with what a crash there means.
-#[derive(Debug, Clone)]
-pub struct PointInfo {
-    /// The point.
-    pub point: CrashPoint,
-    /// The tool whose call it interrupts, if any, and its class.
-    pub tool: Option<(&'static str, ReplayClass)>,
-    /// What has and has not happened when the process dies there.
-    pub meaning: String,
-}
-
-impl PointInfo {
-    /// Inside an unsafe call's window: issued, outcome unknown.
-    pub fn in_unsafe_window(&self) -> bool {
-        matches!(self.tool, Some((_, ReplayClass::UnsafeOnReplay)))
-            && (self.point.failpoint.starts_with("durable::after_issued::")
-                || self.point.failpoint.starts_with("durable::after_effect::"))
-    }
-}
-
-/// Every journal boundary a crash-free run of `script` passes, in the order of the run's
-/// kinds: tools (conversation order), model replies, checkpoints.
-pub fn crash_points(script: Script) -> Vec<PointInfo> {
-    let toolbox = tools::toolbox(true).ok();
-    let mut points = Vec::new();
-    for &tool in script.tools() {
-        let class = toolbox
-            .as_ref()
-            .and_then(|t| t.get(tool))
-            .map_or(ReplayClass::Pure, |t| t.spec().class);
-        let effect = match tool {
-            "send_email" => "the email has left",
-            "post_slack" => "the chat message is posted",
-            "notify_warehouse" => "the warehouse was called",
-            "charge_card" => "the card is charged",
-            "reserve_stock" => "the stock is reserved",
-            "commit_order" => "the order is committed",
-            _ => "it ran",
-        };
-        let boundaries: Vec<(&str, String)> = if class == ReplayClass::Pure {
-            vec![("after_result", format!("{tool} ran and its result is recorded"))]
-        } else {
-            vec![
-                ("before_issue", format!("{tool} is not recorded yet")),
-                ("after_issued", format!("{tool} is issued; it has not run")),
-                ("after_effect", format!("{effect}; the result is not recorded")),
-                ("after_result", format!("{tool}'s result is recorded; the turn is not checkpointed")),
-            ]
-        };
-        for (boundary, meaning) in boundaries {
-            points.push(PointInfo {
-                point: CrashPoint {
-                    failpoint: format!("durable::{boundary}::{tool}"),
-                    nth: 1,
-                },
-                tool: Some((tool, class)),
-                meaning,
-            });
-        }
-    }
-    for n in 1..=script.model_calls() {
-        points.push(PointInfo {
-            point: CrashPoint {
-                failpoint: "durable::after_model_recorded".into(),
-                nth: n,
-            },
-            tool: None,
-            meaning: format!("model reply {n} is recorded; its tool calls have not run"),
-        });
-    }
-    for (boundary, meaning) in [
-        ("before_checkpoint", "is not written"),
-        ("after_checkpoint", "is written; the next turn has not started"),
-    ] {
-        for n in 1..=script.checkpoints() {
-            points.push(PointInfo {
-                point: CrashPoint {
-                    failpoint: format!("durable::{boundary}"),
-                    nth: n,
-                },
-                tool: None,
-                meaning: format!("checkpoint {n} {meaning}"),
-            });
-        }
-    }
-    points
-}
-
 /// How a child run is configured (the environment protocol between parent and child).
 #[derive(Debug, Clone)]
 pub struct Options {
@@ -243,7 +105,12 @@ pub fn is_child() -> bool {
 
 impl Options {
     /// Defaults for a run of `script` on `db` with the world in `world`.
-    pub fn new(db: impl Into<String>, world: PathBuf, session: impl Into<String>, script: Script) -> Self {
+    pub fn new(
+        db: impl Into<String>,
+        world: PathBuf,
+        session: impl Into<String>,
+        script: Script,
+    ) -> Self {
         Options {
             db: db.into(),
             world,
@@ -330,7 +197,7 @@ impl Options {
 }
 
 /// Prints a line and flushes it (the parent may kill this process at any moment).
-fn say(line: &str) {
+pub fn say(line: &str) {
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "{line}");
     let _ = out.flush();
@@ -391,7 +258,10 @@ pub fn child_main() -> i32 {
     };
     world::install(options.world.clone());
     let hits = install_failpoints(&options);
-    let runtime = match tokio::runtime::Builder::new_current_thread().enable_all().build() {
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("agent: cannot start a runtime: {e}");
@@ -412,80 +282,6 @@ pub fn child_main() -> i32 {
 }
 
 type Error = Box<dyn std::error::Error>;
-
-/// Narrates journal decisions (the `on_call` observer) and harness decisions.
-#[derive(Clone)]
-struct Narrator {
-    on: bool,
-    style: Style,
-    /// What the journal did with the latest model call (narrated with the reply).
-    last_model: Arc<Mutex<Option<Outcome>>>,
-}
-
-impl Narrator {
-    fn line(&self, name: &str, class: &str, text: String) {
-        if self.on {
-            say(&ui::row_styled(self.style, name, class, text));
-        }
-    }
-
-    fn event(&self, e: &CallEvent) {
-        let call = e.call.as_ref().map_or("-", |c| c.as_str());
-        say(&format!("@@ event {} {} {call}", e.tool, e.outcome.as_str()));
-        let s = self.style;
-        if e.tool == MODEL_SLOT {
-            if let Ok(mut last) = self.last_model.lock() {
-                *last = Some(e.outcome);
-            }
-            return;
-        }
-        let text = match e.outcome {
-            Outcome::Executed => s.green("executed, result recorded"),
-            Outcome::CacheHit => s.cyan("recorded result returned, not run again"),
-            Outcome::Resolved => s.cyan("operator's resolution returned as its result"),
-            Outcome::ReExecuted => s.yellow("in doubt → re-run (pure: safe to repeat)"),
-            Outcome::ReExecutedWithKey => s.yellow(&format!(
-                "in doubt → re-run with the same key `{}`",
-                e.idempotency_key.as_deref().unwrap_or("?")
-            )),
-            Outcome::VerifiedHappened => {
-                s.yellow("in doubt → verify hook: it happened; result recorded, not re-run")
-            }
-            Outcome::VerifiedNotHappened => {
-                s.yellow("in doubt → verify hook: it never happened; ran once now")
-            }
-            Outcome::Refused => s.red("in doubt → needs an operator (ReplayUnsafe)"),
-        };
-        self.line(&e.tool, e.class.as_str(), text);
-    }
-
-    /// The model line: what the journal did, and what the reply asks for.
-    fn model(&self, message: &Message) {
-        let s = self.style;
-        let outcome = self.last_model.lock().ok().and_then(|mut l| l.take());
-        let mut asked: Vec<(&str, usize)> = Vec::new();
-        for call in message.tool_calls() {
-            match asked.last_mut() {
-                Some((name, n)) if *name == call.name => *n += 1,
-                _ => asked.push((&call.name, 1)),
-            }
-        }
-        let wants = if asked.is_empty() {
-            "a final answer".to_owned()
-        } else {
-            let names: Vec<String> = asked
-                .iter()
-                .map(|(name, n)| if *n == 1 { (*name).to_owned() } else { format!("{name} ×{n}") })
-                .collect();
-            names.join(", ")
-        };
-        let text = match outcome {
-            Some(Outcome::CacheHit) => s.cyan(&format!("recorded reply returned, not asked again → {wants}")),
-            _ => format!("asked; reply recorded → {wants}"),
-        };
-        self.line("model", "", text);
-    }
-}
 
 async fn run(options: &Options) -> Result<i32, Error> {
     let store = durable::connect(&options.db).await?;
@@ -523,7 +319,12 @@ async fn run(options: &Options) -> Result<i32, Error> {
             let mut doubts = Vec::new();
             for doubt in &resumed.report.in_doubt {
                 let c = &doubt.call;
-                say(&format!("@@ in_doubt {} {} {}", c.identity.tool, c.class.as_str(), c.id.as_str()));
+                say(&format!(
+                    "@@ in_doubt {} {} {}",
+                    c.identity.tool,
+                    c.class.as_str(),
+                    c.id.as_str()
+                ));
                 doubts.push(format!("{} ({})", c.identity.tool, c.class.as_str()));
             }
             let doubt_text = if doubts.is_empty() {
@@ -582,23 +383,38 @@ async fn run(options: &Options) -> Result<i32, Error> {
         let mut calls = ModelToolCall::from_message(&message);
 
         if let Mode::Rethink(other) = options.mode
-            && let Some(tool) = calls.iter().find(|c| in_doubt.contains(&c.name)).map(|c| c.name.clone())
+            && let Some(tool) = calls
+                .iter()
+                .find(|c| in_doubt.contains(&c.name))
+                .map(|c| c.name.clone())
         {
             message = model.rethink(&tool, other);
             calls = ModelToolCall::from_message(&message);
             let names: Vec<&str> = calls.iter().map(|c| c.name.as_str()).collect();
             say(&format!("@@ rethink {}", names.join(",")));
-            narrator.line("model", "", s.yellow(&format!("re-asked, changed its mind: {}", names.join(", "))));
+            narrator.line(
+                "model",
+                "",
+                s.yellow(&format!("re-asked, changed its mind: {}", names.join(", "))),
+            );
         }
         session.push(message);
 
         if calls.is_empty() {
             let plan = session.plan();
             if plan.is_ready_to_finalize() {
-                narrator.line("finalize", "", s.green("accepted: every step done, every postcondition verified"));
+                narrator.line(
+                    "finalize",
+                    "",
+                    s.green("accepted: every step done, every postcondition verified"),
+                );
                 break;
             }
-            let steps = plan.steps.iter().filter(|st| !st.status.is_terminal()).count();
+            let steps = plan
+                .steps
+                .iter()
+                .filter(|st| !st.status.is_terminal())
+                .count();
             let postconditions = plan.postconditions.iter().filter(|p| !p.satisfied).count();
             narrator.line(
                 "finalize",
@@ -615,10 +431,16 @@ async fn run(options: &Options) -> Result<i32, Error> {
         // Plan tools act on the session's plan; the others go through the journal.
         let mut results: Vec<Option<ToolResult>> = vec![None; calls.len()];
         let mut plan_notes = Vec::new();
-        for (i, call) in calls.iter().enumerate().filter(|(_, c)| is_plan_tool(&c.name)) {
+        for (i, call) in calls
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| is_plan_tool(&c.name))
+        {
             let args = match &call.arguments {
                 durable::toolbox::ToolArguments::Json(v) => v.clone(),
-                durable::toolbox::ToolArguments::Text(t) => serde_json::from_str(t).unwrap_or_default(),
+                durable::toolbox::ToolArguments::Text(t) => {
+                    serde_json::from_str(t).unwrap_or_default()
+                }
             };
             let (result, note) = apply_plan_tool(session.plan_mut(), &call.id, &call.name, &args);
             results[i] = Some(result);
@@ -637,8 +459,17 @@ async fn run(options: &Options) -> Result<i32, Error> {
             match outcome {
                 Ok(result) => results[*i] = Some(result),
                 Err(e @ DurableError::ReplayUnsafe { .. }) => {
-                    if let DurableError::ReplayUnsafe { call: unresolved, tool, .. } = &e {
-                        say(&format!("@@ replay_unsafe {} {tool} {}", call.name, unresolved.as_str()));
+                    if let DurableError::ReplayUnsafe {
+                        call: unresolved,
+                        tool,
+                        ..
+                    } = &e
+                    {
+                        say(&format!(
+                            "@@ replay_unsafe {} {tool} {}",
+                            call.name,
+                            unresolved.as_str()
+                        ));
                     }
                     refusal.get_or_insert(e);
                 }
@@ -657,7 +488,11 @@ async fn run(options: &Options) -> Result<i32, Error> {
         let results: Vec<ToolResult> = results.into_iter().flatten().collect();
         if options.mode == Mode::ReplayTurn {
             for r in &results {
-                say(&format!("@@ result {} {}", r.call_id, serde_json::to_string(&r.output)?));
+                say(&format!(
+                    "@@ result {} {}",
+                    r.call_id,
+                    serde_json::to_string(&r.output)?
+                ));
             }
             session.release().await?;
             say("@@ done replayed");
@@ -666,33 +501,22 @@ async fn run(options: &Options) -> Result<i32, Error> {
         session.push(ToolResult::message(&results));
         if !journaled.is_empty() {
             let meta = session.checkpoint().await?;
-            narrator.line("checkpoint", "", s.dim(&format!("{} written", meta.version)));
+            narrator.line(
+                "checkpoint",
+                "",
+                s.dim(&format!("{} written", meta.version)),
+            );
         }
     }
     let meta = session.complete().await?;
-    narrator.line("checkpoint", "", s.dim(&format!("{} written", meta.version)));
+    narrator.line(
+        "checkpoint",
+        "",
+        s.dim(&format!("{} written", meta.version)),
+    );
     narrator.line("session", "", s.green("completed"));
     say("@@ done completed");
     Ok(EXIT_DONE)
-}
-
-/// Joins the plan tools' notes of a turn, `postcondition 1 verified; postcondition 2
-/// verified` becoming `postconditions 1, 2 verified`.
-fn summarize_plan_notes(notes: &[String]) -> String {
-    let mut out: Vec<String> = Vec::new();
-    let mut verified: Vec<&str> = Vec::new();
-    for note in notes {
-        match note.strip_prefix("postcondition ").and_then(|n| n.strip_suffix(" verified")) {
-            Some(n) => verified.push(n),
-            None => out.push(note.clone()),
-        }
-    }
-    match verified.as_slice() {
-        [] => {}
-        [one] => out.push(format!("postcondition {one} verified")),
-        many => out.push(format!("postconditions {} verified", many.join(", "))),
-    }
-    out.join("; ")
 }
 
 async fn stop_for_operator(
@@ -705,7 +529,11 @@ async fn stop_for_operator(
     match options.on_unsafe {
         OnUnsafe::Release => {
             session.release().await?;
-            narrator.line("session", "", s.red("stopped: an operator must say whether the call happened"));
+            narrator.line(
+                "session",
+                "",
+                s.red("stopped: an operator must say whether the call happened"),
+            );
             say("@@ done operator");
             Ok(EXIT_OPERATOR)
         }

@@ -8,8 +8,8 @@
 
 use std::fmt;
 
-use durable::transcript::{Block, Message, Role};
 use durable::Spend;
+use durable::transcript::{Block, Message, Role};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -36,7 +36,9 @@ impl Script {
 
     /// Parses [`name`](Self::name).
     pub fn parse(name: &str) -> Option<Self> {
-        [Script::Demo, Script::Torture].into_iter().find(|s| s.name() == name)
+        [Script::Demo, Script::Torture]
+            .into_iter()
+            .find(|s| s.name() == name)
     }
 
     /// Model calls in a run without crashes.
@@ -107,7 +109,8 @@ impl ModelReply {
     /// What the reply cost, charged to the session's budget once.
     pub fn spend(&self) -> Spend {
         Spend::from_nano_usd(
-            self.input_tokens * NANO_USD_PER_INPUT_TOKEN + self.output_tokens * NANO_USD_PER_OUTPUT_TOKEN,
+            self.input_tokens * NANO_USD_PER_INPUT_TOKEN
+                + self.output_tokens * NANO_USD_PER_OUTPUT_TOKEN,
             self.input_tokens,
             self.output_tokens,
         )
@@ -131,7 +134,9 @@ pub struct ScriptedModel {
 }
 
 fn tokens(value: &impl Serialize) -> u64 {
-    serde_json::to_vec(value).map_or(0, |bytes| bytes.len() as u64).div_ceil(4)
+    serde_json::to_vec(value)
+        .map_or(0, |bytes| bytes.len() as u64)
+        .div_ceil(4)
 }
 
 /// The result of the first call to `tool` in the transcript, if it has one.
@@ -167,20 +172,34 @@ impl ScriptedModel {
 
     /// The next reply, given the transcript so far (and, as a real provider gets them,
     /// the tool definitions, which a script has no use for).
-    pub fn respond(&self, transcript: &[Message], _tools: &[Value]) -> Result<ModelReply, ModelError> {
-        let turn = transcript.iter().filter(|m| m.role == Role::Assistant).count();
+    pub fn respond(
+        &self,
+        transcript: &[Message],
+        _tools: &[Value],
+    ) -> Result<ModelReply, ModelError> {
+        let turn = transcript
+            .iter()
+            .filter(|m| m.role == Role::Assistant)
+            .count();
         let blocks = match self.script {
             Script::Demo => demo_turn(turn, transcript),
             Script::Torture => torture_turn(turn, transcript),
         }
-        .ok_or_else(|| ModelError(format!("the {} script has no reply for turn {turn}", self.script.name())))?;
+        .ok_or_else(|| {
+            ModelError(format!(
+                "the {} script has no reply for turn {turn}",
+                self.script.name()
+            ))
+        })?;
         let message = Message::assistant(
             blocks
                 .into_iter()
                 .enumerate()
                 .map(|(i, b)| match b {
                     Reply::Text(text) => Block::text(text),
-                    Reply::Call(name, args) => Block::tool_call(format!("call_{turn}_{i}"), name, args),
+                    Reply::Call(name, args) => {
+                        Block::tool_call(format!("call_{turn}_{i}"), name, args)
+                    }
                 })
                 .collect(),
         );
@@ -235,11 +254,17 @@ enum Reply {
 }
 
 fn step(n: usize, status: &str, evidence: String) -> Reply {
-    Reply::Call("step_update", json!({"step": n, "status": status, "evidence": evidence}))
+    Reply::Call(
+        "step_update",
+        json!({"step": n, "status": status, "evidence": evidence}),
+    )
 }
 
 fn verify(n: usize, evidence: String) -> Reply {
-    Reply::Call("postcondition_verify", json!({"postcondition": n, "evidence": evidence}))
+    Reply::Call(
+        "postcondition_verify",
+        json!({"postcondition": n, "evidence": evidence}),
+    )
 }
 
 fn demo_turn(turn: usize, t: &[Message]) -> Option<Vec<Reply>> {
@@ -260,7 +285,16 @@ fn demo_turn(turn: usize, t: &[Message]) -> Option<Vec<Reply>> {
         1 => {
             let ctx = result_of(t, "read_context");
             vec![
-                step(1, "done", format!("read_context: {} <{}>, {} cents", field(&ctx, "customer"), field(&ctx, "email"), field(&ctx, "amount_cents"))),
+                step(
+                    1,
+                    "done",
+                    format!(
+                        "read_context: {} <{}>, {} cents",
+                        field(&ctx, "customer"),
+                        field(&ctx, "email"),
+                        field(&ctx, "amount_cents")
+                    ),
+                ),
                 Reply::Call(
                     "send_email",
                     json!({
@@ -275,16 +309,29 @@ fn demo_turn(turn: usize, t: &[Message]) -> Option<Vec<Reply>> {
             let receipt = result_of(t, "send_email");
             let ctx = result_of(t, "read_context");
             vec![
-                step(2, "done", format!("send_email: message {}", field(&receipt, "message_id"))),
-                Reply::Call("charge_card", json!({"order_id": o.order_id, "amount_cents": ctx.get("amount_cents")})),
+                step(
+                    2,
+                    "done",
+                    format!("send_email: message {}", field(&receipt, "message_id")),
+                ),
+                Reply::Call(
+                    "charge_card",
+                    json!({"order_id": o.order_id, "amount_cents": ctx.get("amount_cents")}),
+                ),
             ]
         }
         // Finishes too early: the order is not committed. The plan gate refuses this.
-        3 => vec![Reply::Text("Done: the customer is emailed and the card is charged.".into())],
+        3 => vec![Reply::Text(
+            "Done: the customer is emailed and the card is charged.".into(),
+        )],
         4 => {
             let charge = result_of(t, "charge_card");
             vec![
-                step(3, "done", format!("charge_card: {}", field(&charge, "charge_id"))),
+                step(
+                    3,
+                    "done",
+                    format!("charge_card: {}", field(&charge, "charge_id")),
+                ),
                 Reply::Call("commit_order", json!({"order_id": o.order_id})),
             ]
         }
@@ -293,8 +340,15 @@ fn demo_turn(turn: usize, t: &[Message]) -> Option<Vec<Reply>> {
             let charge = result_of(t, "charge_card");
             let commit = result_of(t, "commit_order");
             vec![
-                step(4, "done", format!("commit_order: {}", field(&commit, "status"))),
-                verify(1, format!("one message sent: {}", field(&receipt, "message_id"))),
+                step(
+                    4,
+                    "done",
+                    format!("commit_order: {}", field(&commit, "status")),
+                ),
+                verify(
+                    1,
+                    format!("one message sent: {}", field(&receipt, "message_id")),
+                ),
                 verify(2, format!("one charge: {}", field(&charge, "charge_id"))),
                 verify(3, format!("order status {}", field(&commit, "status"))),
             ]
@@ -330,25 +384,54 @@ fn torture_turn(turn: usize, t: &[Message]) -> Option<Vec<Reply>> {
             let stock = result_of(t, "check_stock");
             let quote = result_of(t, "quote_shipping");
             vec![
-                step(1, "done", format!("{} in stock at {}; shipping {} cents", field(&stock, "available"), field(&stock, "warehouse"), field(&quote, "cents"))),
-                Reply::Call("charge_card", json!({"order_id": o.order_id, "amount_cents": ctx.get("amount_cents")})),
-                Reply::Call("reserve_stock", json!({"order_id": o.order_id, "sku": o.sku, "quantity": o.quantity})),
+                step(
+                    1,
+                    "done",
+                    format!(
+                        "{} in stock at {}; shipping {} cents",
+                        field(&stock, "available"),
+                        field(&stock, "warehouse"),
+                        field(&quote, "cents")
+                    ),
+                ),
+                Reply::Call(
+                    "charge_card",
+                    json!({"order_id": o.order_id, "amount_cents": ctx.get("amount_cents")}),
+                ),
+                Reply::Call(
+                    "reserve_stock",
+                    json!({"order_id": o.order_id, "sku": o.sku, "quantity": o.quantity}),
+                ),
                 Reply::Call(
                     "send_email",
                     json!({"to": field(&ctx, "email"), "subject": format!("Order {} confirmed", o.order_id),
                            "body": format!("Hello {}, your order ships in {} days.", field(&ctx, "customer"), field(&quote, "days"))}),
                 ),
-                Reply::Call("post_slack", json!({"channel": "#orders", "text": format!("{} paid", o.order_id)})),
+                Reply::Call(
+                    "post_slack",
+                    json!({"channel": "#orders", "text": format!("{} paid", o.order_id)}),
+                ),
             ]
         }
         2 => {
             let charge = result_of(t, "charge_card");
             let receipt = result_of(t, "send_email");
             vec![
-                step(2, "done", format!("charge {}, reservation {}", field(&charge, "charge_id"), field(&result_of(t, "reserve_stock"), "reservation_id"))),
+                step(
+                    2,
+                    "done",
+                    format!(
+                        "charge {}, reservation {}",
+                        field(&charge, "charge_id"),
+                        field(&result_of(t, "reserve_stock"), "reservation_id")
+                    ),
+                ),
                 verify(1, format!("message {}", field(&receipt, "message_id"))),
                 Reply::Call("commit_order", json!({"order_id": o.order_id})),
-                Reply::Call("notify_warehouse", json!({"order_id": o.order_id, "sku": o.sku, "quantity": o.quantity})),
+                Reply::Call(
+                    "notify_warehouse",
+                    json!({"order_id": o.order_id, "sku": o.sku, "quantity": o.quantity}),
+                ),
             ]
         }
         // Finishes too early: step 3 and the warehouse postcondition are still open.
@@ -356,7 +439,15 @@ fn torture_turn(turn: usize, t: &[Message]) -> Option<Vec<Reply>> {
         4 => {
             let ack = result_of(t, "notify_warehouse");
             vec![
-                step(3, "done", format!("order {}, webhook {}", field(&result_of(t, "commit_order"), "status"), field(&ack, "delivery"))),
+                step(
+                    3,
+                    "done",
+                    format!(
+                        "order {}, webhook {}",
+                        field(&result_of(t, "commit_order"), "status"),
+                        field(&ack, "delivery")
+                    ),
+                ),
                 verify(2, format!("webhook delivery {}", field(&ack, "delivery"))),
             ]
         }

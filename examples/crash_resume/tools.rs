@@ -14,7 +14,9 @@
 use std::fmt;
 
 use durable::toolbox::ToolResult;
-use durable::{Plan, StepStatus, Toolbox, ToolboxError, ToolContext, ToolOutput, Verification, durable_tool};
+use durable::{
+    Plan, StepStatus, ToolContext, ToolOutput, Toolbox, ToolboxError, Verification, durable_tool,
+};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -163,12 +165,19 @@ pub struct Charge {
     replay = "idempotent_with_key",
     idempotency_key = |a| format!("charge:{}", a.order_id)
 )]
-pub async fn charge_card(ctx: &ToolContext, order_id: String, amount_cents: u64) -> Result<Charge, ToolError> {
+pub async fn charge_card(
+    ctx: &ToolContext,
+    order_id: String,
+    amount_cents: u64,
+) -> Result<Charge, ToolError> {
     let world = run(ctx, "charge_card")?;
     let _ = order_id;
-    let result = world.request("payments", key(ctx)?, ctx.attempt(), |n| {
-        json!({"charge_id": format!("ch_{n:04}"), "amount_cents": amount_cents})
-    })?;
+    let result = world.request(
+        "payments",
+        key(ctx)?,
+        ctx.attempt(),
+        |n| json!({"charge_id": format!("ch_{n:04}"), "amount_cents": amount_cents}),
+    )?;
     Ok(serde_json::from_value(result)?)
 }
 
@@ -194,9 +203,12 @@ pub async fn reserve_stock(
 ) -> Result<Reservation, ToolError> {
     let world = run(ctx, "reserve_stock")?;
     let _ = (order_id, sku);
-    let result = world.request("stock", key(ctx)?, ctx.attempt(), |n| {
-        json!({"reservation_id": format!("rsv_{n:04}"), "quantity": quantity})
-    })?;
+    let result = world.request(
+        "stock",
+        key(ctx)?,
+        ctx.attempt(),
+        |n| json!({"reservation_id": format!("rsv_{n:04}"), "quantity": quantity}),
+    )?;
     Ok(serde_json::from_value(result)?)
 }
 
@@ -216,9 +228,12 @@ pub struct Commit {
 )]
 pub async fn commit_order(ctx: &ToolContext, order_id: String) -> Result<Commit, ToolError> {
     let world = run(ctx, "commit_order")?;
-    let result = world.request("orders", key(ctx)?, ctx.attempt(), |_| {
-        json!({"order_id": order_id, "status": "committed"})
-    })?;
+    let result = world.request(
+        "orders",
+        key(ctx)?,
+        ctx.attempt(),
+        |_| json!({"order_id": order_id, "status": "committed"}),
+    )?;
     Ok(serde_json::from_value(result)?)
 }
 
@@ -233,18 +248,31 @@ pub struct EmailReceipt {
     pub to: String,
 }
 
-fn deliver_email(ctx: &ToolContext, to: String, subject: String, body: String) -> Result<EmailReceipt, ToolError> {
+fn deliver_email(
+    ctx: &ToolContext,
+    to: String,
+    subject: String,
+    body: String,
+) -> Result<EmailReceipt, ToolError> {
     let world = run(ctx, "send_email")?;
     let args = json!({"to": to, "subject": subject, "body": body});
-    let result = world.deliver("outbox", ctx.call_id().as_str(), args, |seq| {
-        json!({"message_id": format!("<{seq}@outbox.example>"), "to": to})
-    })?;
+    let result = world.deliver(
+        "outbox",
+        ctx.call_id().as_str(),
+        args,
+        |seq| json!({"message_id": format!("<{seq}@outbox.example>"), "to": to}),
+    )?;
     Ok(serde_json::from_value(result)?)
 }
 
 /// Send an email. The mail server cannot deduplicate: every call sends a message.
 #[durable_tool(replay = "unsafe_on_replay", verify = email_in_outbox)]
-pub async fn send_email(ctx: &ToolContext, to: String, subject: String, body: String) -> Result<EmailReceipt, ToolError> {
+pub async fn send_email(
+    ctx: &ToolContext,
+    to: String,
+    subject: String,
+    body: String,
+) -> Result<EmailReceipt, ToolError> {
     deliver_email(ctx, to, subject, body)
 }
 
@@ -284,12 +312,19 @@ pub struct ChatPost {
 
 /// Post a message to a team chat channel (no thread, no deduplication).
 #[durable_tool(replay = "unsafe_on_replay")]
-pub async fn post_slack(ctx: &ToolContext, channel: String, text: String) -> Result<ChatPost, ToolError> {
+pub async fn post_slack(
+    ctx: &ToolContext,
+    channel: String,
+    text: String,
+) -> Result<ChatPost, ToolError> {
     let world = run(ctx, "post_slack")?;
     let args = json!({"channel": channel, "text": text});
-    let result = world.deliver("slack", ctx.call_id().as_str(), args, |seq| {
-        json!({"channel": channel, "ts": format!("1700000000.{seq:06}")})
-    })?;
+    let result = world.deliver(
+        "slack",
+        ctx.call_id().as_str(),
+        args,
+        |seq| json!({"channel": channel, "ts": format!("1700000000.{seq:06}")}),
+    )?;
     Ok(serde_json::from_value(result)?)
 }
 
@@ -312,9 +347,12 @@ pub async fn notify_warehouse(
 ) -> Result<WebhookAck, ToolError> {
     let world = run(ctx, "notify_warehouse")?;
     let args = json!({"order_id": order_id, "sku": sku, "quantity": quantity});
-    let result = world.deliver("warehouse", ctx.call_id().as_str(), args, |seq| {
-        json!({"delivery": format!("wh-{seq:04}"), "status": 202})
-    })?;
+    let result = world.deliver(
+        "warehouse",
+        ctx.call_id().as_str(),
+        args,
+        |seq| json!({"delivery": format!("wh-{seq:04}"), "status": 202}),
+    )?;
     Ok(serde_json::from_value(result)?)
 }
 
@@ -351,7 +389,12 @@ pub fn toolbox(verify: bool) -> Result<Toolbox, ToolboxError> {
 /// The plan tools. They change the session's plan, which every checkpoint snapshots: a
 /// turn re-run after a crash starts from the checkpoint's plan and re-applies the same
 /// calls (the model's reply is journaled), so they need no journal row of their own.
-pub const PLAN_TOOLS: [&str; 4] = ["plan_create", "plan_show", "step_update", "postcondition_verify"];
+pub const PLAN_TOOLS: [&str; 4] = [
+    "plan_create",
+    "plan_show",
+    "step_update",
+    "postcondition_verify",
+];
 
 /// Whether `name` is a plan tool.
 pub fn is_plan_tool(name: &str) -> bool {
@@ -360,10 +403,19 @@ pub fn is_plan_tool(name: &str) -> bool {
 
 /// Applies a plan tool call to `plan`; the result (or the refusal, as an error result
 /// the model reads) and a one-line summary for the narration.
-pub fn apply_plan_tool(plan: &mut Plan, call_id: &str, name: &str, args: &Value) -> (ToolResult, String) {
+pub fn apply_plan_tool(
+    plan: &mut Plan,
+    call_id: &str,
+    name: &str,
+    args: &Value,
+) -> (ToolResult, String) {
     let (content, is_error, summary) = match plan_tool(plan, name, args) {
         Ok((content, summary)) => (content, false, summary),
-        Err(message) => (json!({"error": message}), true, format!("{name} refused: {message}")),
+        Err(message) => (
+            json!({"error": message}),
+            true,
+            format!("{name} refused: {message}"),
+        ),
     };
     let result = ToolResult {
         call_id: call_id.to_owned(),
@@ -378,7 +430,13 @@ fn plan_tool(plan: &mut Plan, name: &str, args: &Value) -> Result<(Value, String
     let list = |field: &str| -> Vec<String> {
         args.get(field)
             .and_then(Value::as_array)
-            .map(|items| items.iter().filter_map(Value::as_str).map(str::to_owned).collect())
+            .map(|items| {
+                items
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_owned)
+                    .collect()
+            })
             .unwrap_or_default()
     };
     let number = |field: &str| -> Result<usize, String> {
@@ -403,8 +461,12 @@ fn plan_tool(plan: &mut Plan, name: &str, args: &Value) -> Result<(Value, String
         "plan_show" => Ok((json!(plan.to_markdown()), "plan shown".into())),
         "step_update" => {
             let step = number("step")?;
-            let status: StepStatus = text("status").unwrap_or_default().parse().map_err(|e: durable::PlanError| e.to_string())?;
-            plan.update_step(step, status, text("evidence")).map_err(|e| e.to_string())?;
+            let status: StepStatus = text("status")
+                .unwrap_or_default()
+                .parse()
+                .map_err(|e: durable::PlanError| e.to_string())?;
+            plan.update_step(step, status, text("evidence"))
+                .map_err(|e| e.to_string())?;
             let summary = format!("step {step} → {status}");
             Ok((json!(summary), summary))
         }

@@ -1,0 +1,510 @@
+//! What the torture cases share: backends, child runs and kills, the operator, and the
+//! checks made from outside the agent (the world's files, the journal, the transcript).
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use durable::store::{CallKind, CallStatus, Resolution, SessionStatus};
+use durable::{CheckpointStore, Durable, SessionId};
+use serde_json::Value;
+
+use super::agent::{self, Options};
+use super::model::Script;
+use super::points::CrashPoint;
+use super::tools;
+use super::world::{CHANNELS, RECEIVERS, World};
+
+/// A failed check: the message says what was expected and what was found.
+pub type Failure = String;
+
+/// A small seeded generator (SplitMix64): the same seed gives the same kill times.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator from a seed.
+    pub fn new(seed: u64) -> Self {
+        Rng(seed)
+    }
+
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    /// A number in `0..n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+}
+
+/// Where the sessions of a case are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    /// A SQLite file in a temporary directory.
+    Sqlite,
+    /// A fresh database on the throwaway PostgreSQL cluster.
+    #[allow(dead_code)] // only built with the `_postgres-testing` feature
+    Postgres,
+}
+
+impl Backend {
+    /// `sqlite` or `postgres`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Backend::Sqlite => "sqlite",
+            Backend::Postgres => "postgres",
+        }
+    }
+}
+
+/// A database of one case, with the parent's own handle on it.
+pub struct Db {
+    /// The URL children get.
+    pub url: String,
+    /// The SQLite file, for `PRAGMA integrity_check`.
+    pub sqlite_file: Option<PathBuf>,
+    /// The parent's store.
+    pub store: Arc<dyn CheckpointStore>,
+}
+
+/// The parent's context: a runtime for store calls, the executable, a scratch directory.
+pub struct Ctx {
+    /// Runs the parent's store calls.
+    pub rt: tokio::runtime::Runtime,
+    /// This test binary (children are itself).
+    pub exe: PathBuf,
+    /// Scratch space, removed at the end.
+    pub dir: tempfile::TempDir,
+    counter: std::cell::Cell<u64>,
+}
+
+impl Ctx {
+    /// A context.
+    pub fn new() -> Self {
+        Ctx {
+            rt: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("tokio runtime"),
+            exe: std::env::current_exe().expect("current exe"),
+            dir: tempfile::Builder::new()
+                .prefix("durable-torture-")
+                .tempdir()
+                .expect("tempdir"),
+            counter: std::cell::Cell::new(0),
+        }
+    }
+
+    /// A fresh name for files and sessions.
+    pub fn fresh(&self, label: &str) -> String {
+        let n = self.counter.get() + 1;
+        self.counter.set(n);
+        format!("{label}-{n}")
+    }
+
+    /// A new, empty database on `backend`.
+    pub fn db(&self, backend: Backend) -> Db {
+        let (url, sqlite_file) = match backend {
+            Backend::Sqlite => {
+                let file = self.dir.path().join(format!("{}.db", self.fresh("db")));
+                (format!("sqlite:{}", file.display()), Some(file))
+            }
+            Backend::Postgres => (self.postgres_url(), None),
+        };
+        let store = self
+            .rt
+            .block_on(durable::connect(&url))
+            .unwrap_or_else(|e| panic!("open {url}: {e}"));
+        Db {
+            url,
+            sqlite_file,
+            store,
+        }
+    }
+
+    #[cfg(feature = "_postgres-testing")]
+    fn postgres_url(&self) -> String {
+        let db = self
+            .rt
+            .block_on(durable::postgres::testing::test_database());
+        db.url().to_owned()
+    }
+
+    #[cfg(not(feature = "_postgres-testing"))]
+    fn postgres_url(&self) -> String {
+        panic!("the Postgres cases need the `_postgres-testing` feature")
+    }
+
+    /// A new, empty world.
+    pub fn world(&self) -> World {
+        let world = World::new(self.dir.path().join(self.fresh("world")));
+        world.create().expect("create world");
+        world
+    }
+}
+
+/// A session of a case: where it is stored and what world it acts on.
+pub struct Subject<'a> {
+    /// The parent's context.
+    pub ctx: &'a Ctx,
+    /// The database.
+    pub db: &'a Db,
+    /// The world.
+    pub world: World,
+    /// Options of its runs.
+    pub options: Options,
+}
+
+impl<'a> Subject<'a> {
+    /// A new session of the torture script on `db`, with a world of its own.
+    pub fn new(ctx: &'a Ctx, db: &'a Db) -> Self {
+        let world = ctx.world();
+        let session = ctx.fresh("session");
+        let options = Options::new(
+            db.url.clone(),
+            world.dir().to_path_buf(),
+            session,
+            Script::Torture,
+        );
+        Subject {
+            ctx,
+            db,
+            world,
+            options,
+        }
+    }
+
+    /// The session id.
+    pub fn id(&self) -> SessionId {
+        SessionId::new(self.options.session.as_str())
+    }
+
+    /// Runs a child with these options, killed as `kill` says.
+    pub fn run(&self, options: &Options, kill: Kill) -> Run {
+        run_child(&self.ctx.exe, options, kill)
+    }
+
+    /// A run to the end (or to an operator), never killed.
+    pub fn run_plain(&self) -> Run {
+        self.run(&self.options, Kill::Never)
+    }
+
+    /// What the journal holds for the session.
+    pub fn journal(&self) -> Vec<durable::store::CallRecord> {
+        self.ctx
+            .rt
+            .block_on(self.db.store.calls(&self.id(), None))
+            .expect("journal rows")
+    }
+
+    /// The session's status.
+    pub fn status(&self) -> SessionStatus {
+        self.ctx
+            .rt
+            .block_on(self.db.store.session(&self.id()))
+            .expect("session row")
+            .status
+    }
+
+    /// The latest checkpoint: transcript bytes, budget, plan.
+    pub fn latest(&self) -> Snapshot {
+        let cp = self
+            .ctx
+            .rt
+            .block_on(self.db.store.load_checkpoint(&self.id(), None))
+            .expect("latest checkpoint");
+        Snapshot {
+            transcript: serde_json::to_vec(&cp.messages).expect("encode transcript"),
+            budget: cp.budget,
+            plan: cp.plan,
+            version: cp.meta.version,
+        }
+    }
+
+    /// Resolves every in-doubt unsafe call as an operator would: found on its channel →
+    /// happened, with the channel's answer as its result; not found → did not happen.
+    pub fn operator(&self) -> usize {
+        let durable = Durable::builder(Arc::clone(&self.db.store))
+            .owner("operator")
+            .app_version(agent::APP_VERSION)
+            .build();
+        let doubts = self
+            .ctx
+            .rt
+            .block_on(durable.in_doubt(Some(&self.id())))
+            .expect("in-doubt calls");
+        let mut resolved = 0;
+        for call in doubts {
+            let Some(channel) = tools::channel_of(&call.identity.tool) else {
+                continue;
+            };
+            let resolution = match self
+                .world
+                .delivery_for(channel, call.id.as_str())
+                .expect("read channel")
+            {
+                Some(delivery) => Resolution::Happened {
+                    result: delivery.result,
+                },
+                None => Resolution::DidNotHappen,
+            };
+            self.ctx
+                .rt
+                .block_on(durable.resolve(
+                    &call.id,
+                    resolution,
+                    "torture-operator",
+                    Some("checked the channel"),
+                ))
+                .expect("resolve");
+            resolved += 1;
+        }
+        resolved
+    }
+
+    /// `PRAGMA integrity_check` on the SQLite file (`None` on Postgres).
+    pub fn integrity(&self) -> Option<String> {
+        let file = self.db.sqlite_file.as_ref()?;
+        Some(self.ctx.rt.block_on(integrity_check(file)))
+    }
+
+    /// Counts of what happened in the world.
+    pub fn counts(&self) -> Counts {
+        Counts::of(&self.world)
+    }
+}
+
+async fn integrity_check(file: &Path) -> String {
+    use sqlx::{ConnectOptions, Row};
+    let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(file)
+        .connect()
+        .await
+        .expect("open the SQLite file");
+    let rows = sqlx::query("PRAGMA integrity_check")
+        .fetch_all(&mut conn)
+        .await
+        .expect("PRAGMA integrity_check");
+    rows.iter()
+        .map(|r| r.try_get::<String, _>(0).unwrap_or_else(|e| e.to_string()))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The latest checkpoint, as compared between runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    /// The transcript, as bytes.
+    pub transcript: Vec<u8>,
+    /// The budget.
+    pub budget: Value,
+    /// The plan.
+    pub plan: Value,
+    /// Its version.
+    pub version: i64,
+}
+
+/// What the world shows.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Counts {
+    /// Deliveries per channel.
+    pub delivered: BTreeMap<&'static str, usize>,
+    /// Applied requests per receiver.
+    pub applied: BTreeMap<&'static str, usize>,
+    /// Requests per receiver (including deduplicated ones).
+    pub requests: BTreeMap<&'static str, usize>,
+    /// Tool body runs per tool.
+    pub executions: BTreeMap<String, usize>,
+}
+
+impl Counts {
+    /// Reads the world's files.
+    pub fn of(world: &World) -> Self {
+        let mut counts = Counts::default();
+        for channel in CHANNELS {
+            counts.delivered.insert(
+                channel,
+                world.deliveries(channel).expect("read channel").len(),
+            );
+        }
+        for receiver in RECEIVERS {
+            let requests = world.requests(receiver).expect("read receiver");
+            counts
+                .applied
+                .insert(receiver, requests.iter().filter(|r| r.applied).count());
+            counts.requests.insert(receiver, requests.len());
+        }
+        for e in world.executions().expect("read executions") {
+            *counts.executions.entry(e.tool).or_default() += 1;
+        }
+        counts
+    }
+
+    /// Unsafe effects beyond the first, over all channels (a duplicate email, post…).
+    pub fn duplicates(&self) -> usize {
+        self.delivered
+            .values()
+            .map(|n| n.saturating_sub(1))
+            .sum::<usize>()
+            + self
+                .applied
+                .values()
+                .map(|n| n.saturating_sub(1))
+                .sum::<usize>()
+    }
+
+    /// Every channel delivered once and every receiver applied once.
+    pub fn exactly_once(&self) -> bool {
+        self.delivered.values().all(|n| *n == 1) && self.applied.values().all(|n| *n == 1)
+    }
+
+    /// Runs of one tool's body.
+    pub fn ran(&self, tool: &str) -> usize {
+        self.executions.get(tool).copied().unwrap_or(0)
+    }
+}
+
+/// Recorded outcomes of a journal, by call id: `(status, result or error)`.
+pub fn outcomes(rows: &[durable::store::CallRecord]) -> BTreeMap<String, (CallStatus, String)> {
+    rows.iter()
+        .filter(|r| r.status.has_outcome())
+        .map(|r| {
+            let value = r
+                .result
+                .as_ref()
+                .or(r.error.as_ref())
+                .map(Value::to_string)
+                .unwrap_or_default();
+            (r.id.as_str().to_owned(), (r.status, value))
+        })
+        .collect()
+}
+
+/// Outcomes in `before` that `after` lost or changed.
+pub fn lost(
+    before: &BTreeMap<String, (CallStatus, String)>,
+    after: &BTreeMap<String, (CallStatus, String)>,
+) -> Vec<String> {
+    before
+        .iter()
+        .filter(|(id, outcome)| after.get(*id) != Some(*outcome))
+        .map(|(id, (status, _))| format!("{id} ({})", status.as_str()))
+        .collect()
+}
+
+/// Tool rows of the journal (model rows left out).
+pub fn tool_rows(rows: &[durable::store::CallRecord]) -> usize {
+    rows.iter().filter(|r| r.kind == CallKind::Tool).count()
+}
+
+/// How a child run is stopped.
+#[derive(Debug, Clone, Copy)]
+pub enum Kill {
+    /// SIGKILL when the child reports that it reached its crash point.
+    AtCrashPoint,
+    /// SIGKILL this long after the spawn, if it is still running.
+    After(Duration),
+    /// Let it finish.
+    Never,
+}
+
+/// How a child run ended.
+#[derive(Debug, Clone)]
+pub struct Run {
+    /// Exit code, when it exited.
+    pub code: Option<i32>,
+    /// Whether the parent killed it.
+    pub killed: bool,
+    /// The crash point it reported reaching.
+    pub crashed_at: Option<String>,
+    /// Its stdout.
+    pub lines: Vec<String>,
+    /// From spawn to exit.
+    pub elapsed: Duration,
+}
+
+impl Run {
+    /// The `@@ <kind> …` lines, without the prefix.
+    pub fn marks<'a>(&'a self, kind: &'a str) -> impl Iterator<Item = &'a str> + 'a {
+        let prefix = format!("@@ {kind} ");
+        self.lines
+            .iter()
+            .filter_map(move |l| l.strip_prefix(prefix.as_str()))
+    }
+
+    /// Stdout, for failure messages.
+    pub fn output(&self) -> String {
+        self.lines.join("\n")
+    }
+}
+
+/// Starts `exe` as a child with `options`, and kills it as `kill` says.
+pub fn run_child(exe: &Path, options: &Options, kill: Kill) -> Run {
+    let started = Instant::now();
+    let mut child = options.command(exe).spawn().expect("spawn child");
+    let stdout = child.stdout.take().expect("child stdout");
+    let (tx, rx) = mpsc::channel::<String>();
+    let reader = std::thread::spawn(move || {
+        for line in BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let mut lines = Vec::new();
+    let mut killed = false;
+    let mut crashed_at = None;
+    match kill {
+        Kill::AtCrashPoint => {
+            for line in rx.iter() {
+                if let Some(point) = line.strip_prefix("@@ crash ") {
+                    crashed_at = Some(point.to_owned());
+                    let _ = child.kill();
+                    killed = true;
+                    lines.push(line);
+                    break;
+                }
+                lines.push(line);
+            }
+        }
+        Kill::After(delay) => {
+            std::thread::sleep(delay);
+            if child.try_wait().expect("try_wait").is_none() {
+                let _ = child.kill();
+                killed = true;
+            }
+        }
+        Kill::Never => {}
+    }
+    let status = child.wait().expect("wait for child");
+    let elapsed = started.elapsed();
+    let _ = reader.join();
+    lines.extend(rx.try_iter());
+    // A child that exited on its own between `try_wait` and `kill` was not killed.
+    use std::os::unix::process::ExitStatusExt;
+    if killed && status.signal() != Some(9) {
+        killed = false;
+    }
+    Run {
+        code: status.code(),
+        killed,
+        crashed_at,
+        lines,
+        elapsed,
+    }
+}
+
+/// A crash point by its short name.
+pub fn point(name: &str) -> CrashPoint {
+    CrashPoint::parse(name).expect("crash point")
+}
