@@ -213,6 +213,7 @@ macro_rules! __durable_conformance_cases {
             runtime_mac_detects_rows_written_outside,
             runtime_secret_arguments_are_masked,
             runtime_retry_records_attempts,
+            runtime_tool_retry_policy_records_attempts,
         }
     };
 }

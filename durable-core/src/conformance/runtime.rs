@@ -823,3 +823,50 @@ pub async fn runtime_retry_records_attempts(store: Arc<dyn CheckpointStore>) {
     assert_eq!(attempts, vec![0, 1]);
     assert_eq!(errors[0].message, "503 #0");
 }
+
+/// A tool's retry policy re-runs a failing `pure`/keyed body within one execution and
+/// records each failed attempt in the retry history; one row, one result.
+pub async fn runtime_tool_retry_policy_records_attempts(store: Arc<dyn CheckpointStore>) {
+    let (durable, _) = runtime(&store, "first");
+    let session = start(&durable).await;
+    let policy = crate::retry::RetryPolicy::new()
+        .with_max_attempts(3)
+        .with_base_delay(Duration::from_millis(1))
+        .with_jitter(false);
+    let s = spec("flaky_read", ReplayClass::Pure).with_retry(policy);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let counter = Arc::clone(&runs);
+    let value = session
+        .journal()
+        .tool(&s, json!({"n": 1}))
+        .run(move |ctx| {
+            let n = counter.fetch_add(1, Ordering::SeqCst);
+            async move {
+                if n < 2 {
+                    Err(format!("timeout #{n} (attempt {})", ctx.attempt()))
+                } else {
+                    Ok(json!({"ok": ctx.attempt()}))
+                }
+            }
+        })
+        .await
+        .expect("third attempt succeeds");
+    assert_eq!(value, json!({"ok": 3}));
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
+    let errors = store.errors(session.id()).await.expect("errors");
+    let seen: Vec<(String, i32)> = errors
+        .iter()
+        .map(|e| (e.context.clone(), e.attempt))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            ("tool:flaky_read#0".to_owned(), 1),
+            ("tool:flaky_read#0".to_owned(), 2)
+        ]
+    );
+    assert_eq!(
+        store.calls(session.id(), None).await.expect("calls").len(),
+        1
+    );
+}
