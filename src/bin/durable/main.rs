@@ -1,3 +1,367 @@
-//! The `durable` command-line tool (being written).
+//! `durable`: the operator's command-line tool for the sessions, checkpoints and call
+//! journal of a `durable` store (SQLite file or PostgreSQL).
+//!
+//! Run `durable --help` for the commands and exit codes. Every command takes `--json`
+//! for scripts; errors are one `error: …` line on stderr with a meaningful exit code.
 
-fn main() {}
+/// `println!` that stops quietly when stdout is closed (`durable … | head`) instead of
+/// panicking on a broken pipe.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use ::std::io::Write as _;
+        if ::std::writeln!(::std::io::stdout().lock(), $($arg)*).is_err() {
+            ::std::process::exit(0);
+        }
+    }};
+}
+
+mod error;
+mod inspect;
+mod operate;
+mod render;
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use durable::CheckpointStore;
+use durable::store::SessionStatus;
+
+use crate::error::{CliError, Code};
+
+const EXIT_CODES: &str = "\
+Exit codes:
+  0  success
+  1  unexpected failure (a database error mid-command, corrupt data)
+  2  usage error (unknown flag, missing argument, bad duration or mapping, no --db)
+  3  not found (session, call or checkpoint version)
+  4  refused (call not in doubt, id already taken, app version changed meanwhile)
+  5  invalid input (malformed JSON result, unreadable file)
+  6  database unavailable (no such file, cannot connect, unknown URL, schema too new)
+
+Examples:
+  durable --db agent.db sessions --status active
+  durable --db agent.db in-doubt
+  durable --db agent.db resolve 5f0c… --happened --result '{\"id\": \"m-1\"}' --note 'in outbox'
+  DURABLE_DB=postgres://durable@db/agents durable sessions --json";
+
+/// Inspect and operate durable agent sessions: list and show sessions, read the call
+/// journal, resolve in-doubt calls, fork, export replay-check fixtures, prune, migrate.
+#[derive(Debug, Parser)]
+#[command(name = "durable", version, after_help = EXIT_CODES, max_term_width = 100)]
+struct Cli {
+    /// The store: a SQLite file (`agent.db`, `sqlite:agent.db`) or a PostgreSQL URL
+    /// (`postgres://user@host/db`).
+    #[arg(
+        long,
+        global = true,
+        env = "DURABLE_DB",
+        value_name = "URL",
+        hide_env_values = true
+    )]
+    db: Option<String>,
+
+    /// Print JSON on stdout instead of tables (for scripts).
+    #[arg(long, global = true)]
+    json: bool,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// List sessions, most recently updated first.
+    Sessions(SessionsArgs),
+    /// Show one session: checkpoints, plan, budget and the transcript tail.
+    Show(ShowArgs),
+    /// List a session's journal: every tool call and model response.
+    Calls(CallsArgs),
+    /// List calls in doubt: issued, outcome unknown, their worker gone.
+    #[command(name = "in-doubt")]
+    InDoubt(InDoubtArgs),
+    /// Record what happened to an in-doubt call (audited with who, when and why).
+    #[command(after_help = RESOLVE_HELP)]
+    Resolve(ResolveArgs),
+    /// Start a new session from a checkpoint of another one.
+    Fork(ForkArgs),
+    /// Write checkpoints as replay-check fixtures, one JSON file each.
+    #[command(after_help = EXPORT_HELP)]
+    Export(ExportArgs),
+    /// Delete terminal sessions not updated within a retention window.
+    #[command(after_help = PRUNE_HELP)]
+    Prune(PruneArgs),
+    /// Move a session to another app version, renaming steps (audited).
+    Migrate(MigrateArgs),
+}
+
+const RESOLVE_HELP: &str = "\
+An `unsafe_on_replay` call whose worker died between recording it and recording its
+outcome is in doubt: the runtime refuses to run it again. Find out whether the effect
+happened (the outbox, the payment provider…), then:
+
+  --happened --result <JSON>  the effect happened; the JSON becomes the call's result,
+                              and the resumed agent continues with it (nothing re-runs)
+  --did-not-happen            the effect did not happen; the next resume runs the call
+
+If the application signs outcomes (`DurableBuilder::mac_key`), set DURABLE_MAC_KEY to
+the same key so that the resolution is signed too.";
+
+const EXPORT_HELP: &str = "\
+Each file holds one checkpoint in fixture format 1 (`{\"format\": 1, \"session\": …,
+\"version\": …, \"messages\": …, \"plan\": …, \"budget\": …, \"state\": …, \"calls\": …}`)
+with the journal rows of the turns that start from it. Commit them and run
+`durable::replay_check` over them in your tests: stored sessions keep loading under
+today's code, or the test says which session, version and call broke.";
+
+const PRUNE_HELP: &str = "\
+Only completed, failed and cancelled sessions are deleted, never one with a call in
+doubt; each session's rows go in one transaction. Durations: 30d, 12h, 90m, 1w, 2h30m.";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Status {
+    Active,
+    Completed,
+    Failed,
+    Cancelled,
+    Parked,
+}
+
+impl From<Status> for SessionStatus {
+    fn from(s: Status) -> Self {
+        match s {
+            Status::Active => SessionStatus::Active,
+            Status::Completed => SessionStatus::Completed,
+            Status::Failed => SessionStatus::Failed,
+            Status::Cancelled => SessionStatus::Cancelled,
+            Status::Parked => SessionStatus::Parked,
+        }
+    }
+}
+
+#[derive(Debug, Args)]
+struct SessionsArgs {
+    /// Only sessions with these statuses (repeat or comma-separate).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    status: Vec<Status>,
+    /// Only sessions not updated within this long (e.g. 30d, 12h).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    older_than: Option<Duration>,
+    /// Only sessions updated within this long (e.g. 1h).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    newer_than: Option<Duration>,
+    /// At most this many sessions.
+    #[arg(long, default_value_t = 100)]
+    limit: u32,
+}
+
+#[derive(Debug, Args)]
+struct ShowArgs {
+    /// The session id.
+    session: String,
+    /// Show this checkpoint version instead of the latest.
+    #[arg(long, value_name = "N")]
+    version: Option<i64>,
+    /// How many messages of the transcript to show, from the end.
+    #[arg(long, value_name = "N", default_value_t = 10)]
+    tail: usize,
+    /// How many checkpoints to list, newest first (0 for all).
+    #[arg(long, value_name = "N", default_value_t = 20)]
+    checkpoints: usize,
+}
+
+#[derive(Debug, Args)]
+struct CallsArgs {
+    /// The session id.
+    session: String,
+    /// Only the calls of this step (the checkpoint version their turn started from).
+    #[arg(long, value_name = "N")]
+    step: Option<i64>,
+}
+
+#[derive(Debug, Args)]
+struct InDoubtArgs {
+    /// Only this session's calls.
+    #[arg(long, value_name = "ID")]
+    session: Option<String>,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("decision").required(true).args(["happened", "did_not_happen"])))]
+struct ResolveArgs {
+    /// The in-doubt call's id (see `durable in-doubt`).
+    call: String,
+    /// The effect happened; record `--result` as the call's result.
+    #[arg(long, requires = "result")]
+    happened: bool,
+    /// The effect did not happen; the next resume may run the call.
+    #[arg(long, conflicts_with = "result")]
+    did_not_happen: bool,
+    /// The result to record: JSON text, `@file` to read it from a file, `@-` from stdin.
+    #[arg(long, value_name = "JSON|@FILE")]
+    result: Option<String>,
+    /// Why: what you checked (kept in the audit row).
+    #[arg(long)]
+    note: Option<String>,
+    /// Who decided (default: $USER).
+    #[arg(long, value_name = "NAME")]
+    by: Option<String>,
+}
+
+#[derive(Debug, Args)]
+struct ForkArgs {
+    /// The session to fork.
+    session: String,
+    /// The checkpoint version the new session starts from.
+    #[arg(long, value_name = "N")]
+    from_version: i64,
+    /// The new session's id (default: a random UUID).
+    #[arg(long, value_name = "ID")]
+    to: Option<String>,
+}
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("what").required(true).args(["session", "last"])))]
+struct ExportArgs {
+    /// Export every checkpoint of this session.
+    session: Option<String>,
+    /// Export the N most recent checkpoints across sessions instead.
+    #[arg(long, value_name = "N")]
+    last: Option<usize>,
+    /// The directory to write into (created if missing; same-named files are replaced).
+    #[arg(long, value_name = "DIR")]
+    out: std::path::PathBuf,
+}
+
+#[derive(Debug, Args)]
+struct PruneArgs {
+    /// Delete terminal sessions not updated within this long (e.g. 30d).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    older_than: Duration,
+    /// List what would be deleted; delete nothing.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+#[derive(Debug, Args)]
+struct MigrateArgs {
+    /// The session to migrate.
+    session: String,
+    /// The app version to move it to.
+    #[arg(long, value_name = "VERSION")]
+    app_version: String,
+    /// Rename a step or tool in the session's journal: `old=new` (repeatable).
+    #[arg(long = "map", value_name = "OLD=NEW", value_parser = parse_mapping)]
+    map: Vec<(String, String)>,
+    /// Show what would change; change nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Who migrated (default: $USER).
+    #[arg(long, value_name = "NAME")]
+    by: Option<String>,
+}
+
+/// `30d`, `12h`, `90m`, `1w`, `2h30m`: humantime's grammar, which also formats the
+/// timestamps we print, so one small crate covers both.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    humantime::parse_duration(text)
+        .map_err(|e| format!("{e}; expected a number and a unit, e.g. 30d, 12h, 90m, 1w or 2h30m"))
+}
+
+fn parse_mapping(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((old, new)) if !old.trim().is_empty() && !new.trim().is_empty() => {
+            Ok((old.trim().to_owned(), new.trim().to_owned()))
+        }
+        _ => Err("expected `old=new`, both names non-empty".into()),
+    }
+}
+
+/// Who is acting: `--by`, else `$USER`, else `$LOGNAME`.
+fn operator(by: Option<String>) -> Result<String, CliError> {
+    by.or_else(|| std::env::var("USER").ok())
+        .or_else(|| std::env::var("LOGNAME").ok())
+        .filter(|s| !s.trim().is_empty())
+        .ok_or_else(|| {
+            CliError::new(
+                Code::Usage,
+                "cannot tell who is acting ($USER is not set); pass --by <name> for the audit row",
+            )
+        })
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let code = if e.use_stderr() {
+                Code::Usage
+            } else {
+                Code::Ok
+            };
+            // Help and version go to stdout, usage errors to stderr, as clap prints them.
+            let _ = e.print();
+            return code.into();
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => return CliError::new(Code::Failure, format!("cannot start: {e}")).report(),
+    };
+    match runtime.block_on(run(cli)) {
+        Ok(()) => Code::Ok.into(),
+        Err(e) => e.report(),
+    }
+}
+
+async fn run(cli: Cli) -> Result<(), CliError> {
+    let shared = open(cli.db.as_deref()).await?;
+    let json = cli.json;
+    let store = shared.as_ref();
+    match cli.command {
+        Command::Sessions(a) => inspect::sessions(store, json, a).await,
+        Command::Show(a) => inspect::show(store, json, a).await,
+        Command::Calls(a) => inspect::calls(store, json, a).await,
+        Command::InDoubt(a) => inspect::in_doubt(store, json, a).await,
+        Command::Resolve(a) => operate::resolve(&shared, json, a).await,
+        Command::Fork(a) => operate::fork(store, json, a).await,
+        Command::Export(a) => operate::export(store, json, a).await,
+        Command::Prune(a) => operate::prune(store, json, a).await,
+        Command::Migrate(a) => operate::migrate(store, json, a).await,
+    }
+}
+
+async fn open(db: Option<&str>) -> Result<Arc<dyn CheckpointStore>, CliError> {
+    let Some(url) = db.filter(|u| !u.trim().is_empty()) else {
+        return Err(CliError::new(
+            Code::Usage,
+            "no database given: pass --db <sqlite file or postgres URL>, or set DURABLE_DB",
+        ));
+    };
+    if let Some(path) = sqlite_file(url)
+        && !std::path::Path::new(path).exists()
+    {
+        return Err(CliError::new(
+            Code::Unavailable,
+            format!(
+                "no SQLite database at `{path}`; check --db (this tool never creates a database)"
+            ),
+        ));
+    }
+    durable::connect(url).await.map_err(CliError::connect)
+}
+
+/// The file a SQLite URL names (`None` for in-memory and PostgreSQL URLs), following
+/// the rules of [`durable::connect`].
+fn sqlite_file(url: &str) -> Option<&str> {
+    let other_scheme = url.contains("://") && !url.starts_with("sqlite://");
+    if url == "sqlite::memory:" || url == ":memory:" || other_scheme {
+        return None;
+    }
+    let rest = url.strip_prefix("sqlite:").unwrap_or(url);
+    Some(rest.strip_prefix("//").unwrap_or(rest))
+}

@@ -1,0 +1,446 @@
+//! Read-only commands: `sessions`, `show`, `calls`, `in-doubt`.
+
+use std::collections::HashMap;
+
+use durable::store::{CallRecord, CallStatus, CheckpointMeta, SessionFilter, SessionRecord};
+use durable::{CheckpointStore, Plan, SessionId, StoreError};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::error::CliError;
+use crate::render::{self, age, mask, table};
+use crate::{CallsArgs, InDoubtArgs, SessionsArgs, ShowArgs};
+
+fn ms(d: std::time::Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// A session row with what `sessions` adds to it.
+#[derive(Serialize)]
+struct SessionLine {
+    #[serde(flatten)]
+    session: SessionRecord,
+    lease_live: bool,
+    last_checkpoint_at: Option<i64>,
+    in_doubt: usize,
+}
+
+pub async fn sessions(
+    store: &dyn CheckpointStore,
+    json: bool,
+    args: SessionsArgs,
+) -> Result<(), CliError> {
+    let now = store.now().await?;
+    let filter = SessionFilter {
+        statuses: args.status.iter().map(|&s| s.into()).collect(),
+        updated_before: args.older_than.map(|d| now.saturating_sub(ms(d))),
+        limit: if args.newer_than.is_some() {
+            None
+        } else {
+            Some(i64::from(args.limit))
+        },
+    };
+    let mut listed = store.list_sessions(&filter).await?;
+    if let Some(within) = args.newer_than {
+        let since = now.saturating_sub(ms(within));
+        listed.retain(|s| s.updated_at >= since);
+        listed.truncate(args.limit as usize);
+    }
+    let mut doubt: HashMap<SessionId, usize> = HashMap::new();
+    for call in store.in_doubt(None).await? {
+        *doubt.entry(call.identity.session).or_default() += 1;
+    }
+    let mut lines = Vec::with_capacity(listed.len());
+    for session in listed {
+        let last_checkpoint_at = match store.list_checkpoints(&session.id).await {
+            Ok(metas) => metas.last().map(|m| m.created_at),
+            // Deleted meanwhile (a concurrent prune): show the row without it.
+            Err(StoreError::SessionNotFound(_)) => None,
+            Err(e) => return Err(e.into()),
+        };
+        lines.push(SessionLine {
+            lease_live: session.lease_expires_at.is_some_and(|t| t > now),
+            in_doubt: doubt.get(&session.id).copied().unwrap_or(0),
+            last_checkpoint_at,
+            session,
+        });
+    }
+    if json {
+        return render::print_json(&lines);
+    }
+    if lines.is_empty() {
+        outln!("no sessions match");
+        return Ok(());
+    }
+    let mut t = table([
+        "SESSION",
+        "STATUS",
+        "APP VERSION",
+        "LEASE",
+        "CHECKPOINT",
+        "UPDATED",
+        "IN DOUBT",
+    ]);
+    for l in &lines {
+        let s = &l.session;
+        let lease = match (&s.lease_owner, s.lease_expires_at) {
+            (Some(owner), Some(until)) if l.lease_live => {
+                format!("{owner} (live, expires {})", age(until, now))
+            }
+            (Some(owner), _) => format!("{owner} (expired)"),
+            (None, _) => "-".into(),
+        };
+        let checkpoint = match l.last_checkpoint_at {
+            Some(at) => format!("v{} {}", s.latest_version, age(at, now)),
+            None => format!("v{}", s.latest_version),
+        };
+        let mut status = s.status.as_str().to_owned();
+        if let Some(reason) = &s.status_reason {
+            status.push_str(&format!(" ({})", render::truncate(reason, 40)));
+        }
+        t.add_row(vec![
+            s.id.to_string(),
+            status,
+            s.app_version.clone(),
+            lease,
+            checkpoint,
+            age(s.updated_at, now),
+            l.in_doubt.to_string(),
+        ]);
+    }
+    render::print_table(&t);
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct CheckpointLine {
+    #[serde(flatten)]
+    meta: CheckpointMeta,
+    plan_progress: String,
+    budget: Value,
+}
+
+pub async fn show(store: &dyn CheckpointStore, json: bool, args: ShowArgs) -> Result<(), CliError> {
+    let id = SessionId::new(args.session);
+    let session = store.session(&id).await?;
+    let now = store.now().await?;
+    let checkpoint = store.load_checkpoint(&id, args.version).await?;
+    let metas = store.list_checkpoints(&id).await?;
+    let shown = if args.checkpoints == 0 {
+        metas.len()
+    } else {
+        args.checkpoints.min(metas.len())
+    };
+    let mut lines = Vec::with_capacity(shown);
+    for meta in metas.iter().rev().take(shown) {
+        let (plan, budget) = if meta.version == checkpoint.meta.version {
+            (checkpoint.plan.clone(), checkpoint.budget.clone())
+        } else {
+            match store.load_checkpoint(&id, Some(meta.version)).await {
+                Ok(cp) => (cp.plan, cp.budget),
+                Err(StoreError::Corrupt { detail, .. }) => {
+                    (json!({"unreadable": detail}), Value::Null)
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        lines.push(CheckpointLine {
+            meta: meta.clone(),
+            plan_progress: render::plan_progress(&plan),
+            budget,
+        });
+    }
+    let in_doubt = store.in_doubt(Some(&id)).await?;
+    let resolutions = store.resolutions(&id).await?;
+    let errors = store.errors(&id).await?;
+    let total = checkpoint.messages.len();
+    let tail_from = total.saturating_sub(args.tail);
+    let tail: Vec<Value> = checkpoint.messages[tail_from..].iter().map(mask).collect();
+
+    if json {
+        return render::print_json(&json!({
+            "session": session,
+            "version": checkpoint.meta.version,
+            "checkpoints": lines,
+            "plan": checkpoint.plan,
+            "budget": checkpoint.budget,
+            "state": mask(&checkpoint.state),
+            "message_count": total,
+            "transcript_tail": tail,
+            "in_doubt": in_doubt.iter().map(masked_call).collect::<Vec<_>>(),
+            "resolutions": resolutions,
+            "errors": errors,
+        }));
+    }
+
+    outln!("session      {}", session.id);
+    let mut status = session.status.as_str().to_owned();
+    if let Some(reason) = &session.status_reason {
+        status.push_str(&format!(" ({reason})"));
+    }
+    outln!("status       {status}");
+    outln!("app version  {}", session.app_version);
+    match (&session.lease_owner, session.lease_expires_at) {
+        (Some(owner), Some(until)) if until > now => {
+            outln!("lease        {owner}, live, expires {}", age(until, now));
+        }
+        (Some(owner), _) => outln!("lease        {owner}, expired"),
+        (None, _) => outln!("lease        -"),
+    }
+    outln!(
+        "created      {} ({})",
+        render::time(session.created_at),
+        age(session.created_at, now)
+    );
+    outln!(
+        "updated      {} ({})",
+        render::time(session.updated_at),
+        age(session.updated_at, now)
+    );
+    if session.recovery_attempts > 0 {
+        outln!("recoveries   {}", session.recovery_attempts);
+    }
+    if !session.metadata.is_null() {
+        outln!("metadata     {}", render::compact(&session.metadata, 200));
+    }
+
+    outln!();
+    if shown < metas.len() {
+        outln!(
+            "Checkpoints (newest {shown} of {}; --checkpoints 0 for all)",
+            metas.len()
+        );
+    } else {
+        outln!("Checkpoints");
+    }
+    let mut t = table([
+        "VERSION",
+        "CREATED",
+        "MESSAGES",
+        "PLAN",
+        "BUDGET",
+        "APP VERSION",
+    ]);
+    for line in &lines {
+        let m = &line.meta;
+        t.add_row(vec![
+            m.version.to_string(),
+            render::time(m.created_at),
+            m.message_count.to_string(),
+            line.plan_progress.clone(),
+            render::budget(&line.budget),
+            m.app_version.clone(),
+        ]);
+    }
+    render::print_table(&t);
+
+    let version = checkpoint.meta.version;
+    outln!();
+    outln!("Plan (version {version})");
+    match serde_json::from_value::<Plan>(checkpoint.plan.clone()) {
+        Ok(plan) if plan.is_empty() => outln!("  (no plan)"),
+        Ok(plan) => {
+            for line in plan.to_markdown().lines() {
+                outln!("  {line}");
+            }
+        }
+        Err(e) => outln!("  (does not deserialize as a plan: {e})"),
+    }
+    outln!();
+    outln!("Budget (version {version})");
+    outln!("  {}", render::budget(&checkpoint.budget));
+
+    outln!();
+    if tail_from > 0 {
+        outln!(
+            "Transcript (version {version}, last {} of {total} messages)",
+            total - tail_from
+        );
+    } else {
+        outln!("Transcript (version {version}, {total} messages)");
+    }
+    for (i, message) in checkpoint.messages[tail_from..].iter().enumerate() {
+        let (role, lines) = render::message_lines(message);
+        let number = format!("#{}", tail_from + i + 1);
+        if lines.is_empty() {
+            outln!("  {number:>4} {role:<9}");
+        }
+        for (j, line) in lines.iter().enumerate() {
+            if j == 0 {
+                outln!("  {number:>4} {role:<9} {line}");
+            } else {
+                outln!("  {:>4} {:<9} {line}", "", "");
+            }
+        }
+    }
+
+    if !in_doubt.is_empty() {
+        outln!();
+        outln!(
+            "In doubt ({}): resolve with `durable resolve <call> …`",
+            in_doubt.len()
+        );
+        print_in_doubt(&in_doubt, now, false);
+    }
+    if !resolutions.is_empty() {
+        outln!();
+        outln!("Resolutions");
+        let mut t = table(["CALL", "DECISION", "BY", "AT", "NOTE"]);
+        for r in &resolutions {
+            let decision = match &r.resolution {
+                durable::store::Resolution::Happened { result } => {
+                    format!("happened {}", render::compact(result, 60))
+                }
+                durable::store::Resolution::DidNotHappen => "did not happen".into(),
+            };
+            t.add_row(vec![
+                r.call.to_string(),
+                decision,
+                r.by.clone(),
+                render::time(r.at),
+                r.note.clone().unwrap_or_default(),
+            ]);
+        }
+        render::print_table(&t);
+    }
+    if !errors.is_empty() {
+        outln!();
+        outln!("Errors (last 5 of {})", errors.len());
+        for e in errors.iter().rev().take(5).rev() {
+            outln!(
+                "  {} step {} {} attempt {}: {}",
+                render::time(e.at),
+                e.step,
+                e.context,
+                e.attempt,
+                render::truncate(&e.message, 160)
+            );
+        }
+    }
+    Ok(())
+}
+
+/// A journal row for output: arguments masked, result replaced by its size in tables.
+fn masked_call(call: &CallRecord) -> CallRecord {
+    CallRecord {
+        args: mask(&call.args),
+        result: call.result.as_ref().map(mask),
+        ..call.clone()
+    }
+}
+
+fn result_size(call: &CallRecord) -> String {
+    match (&call.result, &call.error) {
+        (Some(v), _) => render::size(v.to_string().len()),
+        (None, Some(e)) => format!("error, {}", render::size(e.to_string().len())),
+        (None, None) => "-".into(),
+    }
+}
+
+pub async fn calls(
+    store: &dyn CheckpointStore,
+    json: bool,
+    args: CallsArgs,
+) -> Result<(), CliError> {
+    let id = SessionId::new(args.session);
+    store.session(&id).await?;
+    let rows = store.calls(&id, args.step).await?;
+    if json {
+        return render::print_json(&rows.iter().map(masked_call).collect::<Vec<_>>());
+    }
+    if rows.is_empty() {
+        outln!("no journal rows");
+        return Ok(());
+    }
+    let now = store.now().await?;
+    let in_doubt: Vec<_> = store
+        .in_doubt(Some(&id))
+        .await?
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    let mut t = table([
+        "CALL", "STEP", "TOOL", "CLASS", "STATUS", "KEY", "ATTEMPT", "ISSUED", "TOOK", "RESULT",
+    ]);
+    for c in &rows {
+        let status = if in_doubt.contains(&c.id) {
+            "issued (in doubt)".to_owned()
+        } else {
+            c.status.as_str().to_owned()
+        };
+        let took = c.finished_at.map_or_else(
+            || "-".to_owned(),
+            |f| render::coarse(u64::try_from(f - c.issued_at).unwrap_or(0)),
+        );
+        t.add_row(vec![
+            c.id.to_string(),
+            c.identity.step.to_string(),
+            c.identity.tool.clone(),
+            c.class.as_str().to_owned(),
+            status,
+            c.idempotency_key.clone().unwrap_or_else(|| "-".into()),
+            c.attempt.to_string(),
+            age(c.issued_at, now),
+            took,
+            result_size(c),
+        ]);
+    }
+    render::print_table(&t);
+    Ok(())
+}
+
+fn print_in_doubt(calls: &[CallRecord], now: i64, with_session: bool) {
+    let mut header = vec!["CALL"];
+    if with_session {
+        header.push("SESSION");
+    }
+    header.extend(["STEP", "TOOL", "CLASS", "ATTEMPT", "ISSUED", "ARGS"]);
+    let mut t = table(header);
+    for c in calls {
+        let mut row = vec![c.id.to_string()];
+        if with_session {
+            row.push(c.identity.session.to_string());
+        }
+        row.extend([
+            c.identity.step.to_string(),
+            c.identity.tool.clone(),
+            c.class.as_str().to_owned(),
+            c.attempt.to_string(),
+            age(c.issued_at, now),
+            render::compact(&c.args, 80),
+        ]);
+        t.add_row(row);
+    }
+    render::print_table(&t);
+}
+
+pub async fn in_doubt(
+    store: &dyn CheckpointStore,
+    json: bool,
+    args: InDoubtArgs,
+) -> Result<(), CliError> {
+    let session = args.session.map(SessionId::new);
+    if let Some(id) = &session {
+        store.session(id).await?;
+    }
+    let calls: Vec<CallRecord> = store
+        .in_doubt(session.as_ref())
+        .await?
+        .into_iter()
+        .filter(|c| c.status == CallStatus::Issued)
+        .collect();
+    if json {
+        return render::print_json(&calls.iter().map(masked_call).collect::<Vec<_>>());
+    }
+    if calls.is_empty() {
+        outln!("no calls in doubt");
+        return Ok(());
+    }
+    let now = store.now().await?;
+    print_in_doubt(&calls, now, true);
+    outln!();
+    outln!(
+        "Decide each one: durable resolve <CALL> --happened --result <JSON>  |  --did-not-happen"
+    );
+    Ok(())
+}

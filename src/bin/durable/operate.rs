@@ -1,0 +1,458 @@
+//! Commands that change the store (`resolve`, `fork`, `prune`, `migrate`) or write
+//! files (`export`).
+
+use std::io::{IsTerminal, Read};
+use std::sync::Arc;
+use std::time::Duration;
+
+use durable::replay_check::{self, Exported};
+use durable::store::{
+    CallStatus, MigrateSession, PurgeOutcome, Resolution, SessionFilter, SessionStatus,
+};
+use durable::{ArgLimits, CallId, CheckpointStore, Durable, SessionId};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use crate::error::{CliError, Code};
+use crate::render::{self, age, table};
+use crate::{ExportArgs, ForkArgs, MigrateArgs, PruneArgs, ResolveArgs, operator};
+
+/// The lease owner recorded for the few writes this tool makes under a lease (fork).
+const CLI_OWNER: &str = "durable-cli";
+
+/// Reads `--result`: JSON text, `@file`, or `@-` for stdin; validated like tool
+/// arguments (no duplicate keys, NaN or out-of-range integers).
+fn read_result(raw: &str) -> Result<Value, CliError> {
+    let invalid = |m: String| CliError::new(Code::InvalidInput, m);
+    let (text, source) = match raw.strip_prefix('@') {
+        Some("-") => {
+            let mut text = String::new();
+            std::io::stdin()
+                .read_to_string(&mut text)
+                .map_err(|e| invalid(format!("cannot read --result from stdin: {e}")))?;
+            (text, "stdin".to_owned())
+        }
+        Some(path) => (
+            std::fs::read_to_string(path)
+                .map_err(|e| invalid(format!("cannot read --result file `{path}`: {e}")))?,
+            format!("`{path}`"),
+        ),
+        None => (raw.to_owned(), "--result".to_owned()),
+    };
+    durable::key::parse_json(text.trim(), &ArgLimits::default()).map_err(|e| {
+        invalid(format!(
+            "{source} is not valid JSON: {e}; pass the tool's result as JSON, e.g. --result '{{\"id\": \"m-1\"}}' (quote strings: '\"sent\"')"
+        ))
+    })
+}
+
+pub async fn resolve(
+    store: &Arc<dyn CheckpointStore>,
+    json: bool,
+    args: ResolveArgs,
+) -> Result<(), CliError> {
+    let by = operator(args.by)?;
+    let id = CallId::new(args.call);
+    let call = store.call(&id).await?;
+    let tool = call.identity.tool.clone();
+    let session = call.identity.session.clone();
+    match call.status {
+        CallStatus::Issued => {}
+        CallStatus::NotHappened => {
+            return Err(CliError::new(
+                Code::Refused,
+                format!(
+                    "call `{id}` (`{tool}`) is not in doubt: it was already resolved as not happened; the next resume runs it"
+                ),
+            ));
+        }
+        status => {
+            return Err(CliError::new(
+                Code::Refused,
+                format!(
+                    "call `{id}` (`{tool}`) is not in doubt: its outcome is recorded (status `{}`); nothing to resolve",
+                    status.as_str()
+                ),
+            ));
+        }
+    }
+    let in_doubt = store.in_doubt(Some(&session)).await?;
+    if !in_doubt.iter().any(|c| c.id == id) {
+        let record = store.session(&session).await?;
+        let holder = record.lease_owner.unwrap_or_else(|| "a worker".into());
+        return Err(CliError::new(
+            Code::Refused,
+            format!(
+                "call `{id}` (`{tool}`) is still running: session `{session}` is leased by `{holder}`; wait until the worker finishes or its lease expires, then look again"
+            ),
+        ));
+    }
+    let resolution = if args.happened {
+        let raw = args.result.as_deref().unwrap_or_default();
+        Resolution::Happened {
+            result: read_result(raw)?,
+        }
+    } else {
+        Resolution::DidNotHappen
+    };
+    let mut builder = Durable::builder(Arc::clone(store)).owner(CLI_OWNER);
+    if let Some(key) = std::env::var_os("DURABLE_MAC_KEY") {
+        builder = builder.mac_key(key.into_encoded_bytes());
+    }
+    let durable = builder.build();
+    let record = durable
+        .resolve(&id, resolution.clone(), &by, args.note.as_deref())
+        .await?;
+    if json {
+        return render::print_json(&json!({
+            "call": record.id,
+            "session": session,
+            "tool": tool,
+            "status": record.status,
+            "resolution": resolution,
+            "by": by,
+            "note": args.note,
+        }));
+    }
+    match resolution {
+        Resolution::Happened { .. } => outln!(
+            "resolved call `{id}` (`{tool}` in session `{session}`) as happened, by {by}: the next resume returns this result to the agent and runs nothing"
+        ),
+        Resolution::DidNotHappen => outln!(
+            "resolved call `{id}` (`{tool}` in session `{session}`) as not happened, by {by}: the next resume runs the call again"
+        ),
+    }
+    Ok(())
+}
+
+pub async fn fork(store: &dyn CheckpointStore, json: bool, args: ForkArgs) -> Result<(), CliError> {
+    let from = SessionId::new(args.session);
+    let to = args.to.map_or_else(SessionId::random, SessionId::new);
+    store.session(&from).await?;
+    let (_, lease) = store
+        .fork_session(
+            &from,
+            args.from_version,
+            &to,
+            CLI_OWNER,
+            Duration::from_secs(1),
+        )
+        .await?;
+    // The fork is for a worker to pick up: give its lease back at once.
+    store.release_lease(&lease).await?;
+    let record = store.session(&to).await?;
+    if json {
+        return render::print_json(&record);
+    }
+    outln!(
+        "forked session `{from}` at version {} into `{to}` (app version {}); resume it with its id",
+        args.from_version,
+        record.app_version
+    );
+    Ok(())
+}
+
+#[derive(Serialize)]
+struct Written {
+    path: String,
+    session: SessionId,
+    version: i64,
+    messages: usize,
+    calls: usize,
+}
+
+pub async fn export(
+    store: &dyn CheckpointStore,
+    json: bool,
+    args: ExportArgs,
+) -> Result<(), CliError> {
+    let exported: Exported = match (&args.session, args.last) {
+        (Some(session), _) => {
+            replay_check::export_session(store, &SessionId::new(session.as_str())).await?
+        }
+        (None, Some(n)) => replay_check::export_last(store, n).await?,
+        (None, None) => unreachable!("clap requires a session or --last"),
+    };
+    std::fs::create_dir_all(&args.out).map_err(|e| {
+        CliError::new(
+            Code::InvalidInput,
+            format!("cannot create `{}`: {e}", args.out.display()),
+        )
+    })?;
+    let mut written = Vec::new();
+    for fixture in &exported.fixtures {
+        let path = args.out.join(fixture.file_name());
+        std::fs::write(&path, fixture.to_json_pretty() + "\n").map_err(|e| {
+            CliError::new(
+                Code::Failure,
+                format!("cannot write `{}`: {e}", path.display()),
+            )
+        })?;
+        written.push(Written {
+            path: path.display().to_string(),
+            session: fixture.session.clone(),
+            version: fixture.version,
+            messages: fixture.messages.len(),
+            calls: fixture.calls.len(),
+        });
+    }
+    let unreadable: Vec<String> = exported
+        .unreadable
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    if json {
+        render::print_json(&json!({
+            "format": replay_check::FIXTURE_FORMAT,
+            "out": args.out.display().to_string(),
+            "files": written,
+            "unreadable": unreadable,
+        }))?;
+    } else if written.is_empty() {
+        outln!("no checkpoints to export");
+    } else {
+        let mut t = table(["FILE", "SESSION", "VERSION", "MESSAGES", "CALLS"]);
+        for w in &written {
+            t.add_row(vec![
+                w.path.clone(),
+                w.session.to_string(),
+                w.version.to_string(),
+                w.messages.to_string(),
+                w.calls.to_string(),
+            ]);
+        }
+        render::print_table(&t);
+        outln!(
+            "wrote {} fixture{} (format {}) to {}",
+            written.len(),
+            if written.len() == 1 { "" } else { "s" },
+            replay_check::FIXTURE_FORMAT,
+            args.out.display()
+        );
+    }
+    if unreadable.is_empty() {
+        return Ok(());
+    }
+    for line in &unreadable {
+        eprintln!("warning: not exported: {line}");
+    }
+    Err(CliError::new(
+        Code::Failure,
+        format!(
+            "{} checkpoint{} could not be read (listed above); the others were exported",
+            unreadable.len(),
+            if unreadable.len() == 1 { "" } else { "s" }
+        ),
+    ))
+}
+
+#[derive(Serialize)]
+struct Pruned {
+    session: SessionId,
+    status: SessionStatus,
+    updated_at: i64,
+    outcome: &'static str,
+}
+
+fn outcome_name(outcome: PurgeOutcome) -> &'static str {
+    match outcome {
+        PurgeOutcome::Purged => "purged",
+        PurgeOutcome::NotTerminal => "skipped: no longer terminal",
+        PurgeOutcome::WithinRetention => "skipped: updated within the window",
+        PurgeOutcome::CallInDoubt => "skipped: a call is in doubt",
+    }
+}
+
+/// Above this many sessions, a progress bar is drawn (when stderr is a terminal).
+const PROGRESS_THRESHOLD: usize = 20;
+
+pub async fn prune(
+    store: &dyn CheckpointStore,
+    json: bool,
+    args: PruneArgs,
+) -> Result<(), CliError> {
+    let now = store.now().await?;
+    let window = i64::try_from(args.older_than.as_millis()).unwrap_or(i64::MAX);
+    let candidates = store
+        .list_sessions(&SessionFilter {
+            statuses: vec![
+                SessionStatus::Completed,
+                SessionStatus::Failed,
+                SessionStatus::Cancelled,
+            ],
+            updated_before: Some(now.saturating_sub(window)),
+            limit: None,
+        })
+        .await?;
+    let bar = (!json
+        && !args.dry_run
+        && candidates.len() > PROGRESS_THRESHOLD
+        && std::io::stderr().is_terminal())
+    .then(|| {
+        let bar = indicatif::ProgressBar::new(candidates.len() as u64);
+        if let Ok(style) =
+            indicatif::ProgressStyle::with_template("pruning {bar:40} {pos}/{len} sessions ({eta})")
+        {
+            bar.set_style(style);
+        }
+        bar
+    });
+    let mut results = Vec::with_capacity(candidates.len());
+    for session in &candidates {
+        let outcome = if args.dry_run {
+            if store.in_doubt(Some(&session.id)).await?.is_empty() {
+                "would purge"
+            } else {
+                outcome_name(PurgeOutcome::CallInDoubt)
+            }
+        } else {
+            match store.purge_session(&session.id, args.older_than).await {
+                Ok(outcome) => outcome_name(outcome),
+                // Pruned by someone else meanwhile.
+                Err(durable::StoreError::SessionNotFound(_)) => "skipped: already gone",
+                Err(e) => {
+                    if let Some(bar) = &bar {
+                        bar.abandon();
+                    }
+                    return Err(e.into());
+                }
+            }
+        };
+        if let Some(bar) = &bar {
+            bar.inc(1);
+        }
+        results.push(Pruned {
+            session: session.id.clone(),
+            status: session.status,
+            updated_at: session.updated_at,
+            outcome,
+        });
+    }
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    let deleted = results
+        .iter()
+        .filter(|r| r.outcome == "purged" || r.outcome == "would purge")
+        .count();
+    if json {
+        return render::print_json(&json!({
+            "dry_run": args.dry_run,
+            "older_than_ms": window,
+            "purged": if args.dry_run { 0 } else { deleted },
+            "would_purge": if args.dry_run { deleted } else { 0 },
+            "sessions": results,
+        }));
+    }
+    const SHOWN: usize = 100;
+    if !results.is_empty() {
+        let mut t = table(["SESSION", "STATUS", "UPDATED", "OUTCOME"]);
+        for r in results.iter().take(SHOWN) {
+            t.add_row(vec![
+                r.session.to_string(),
+                r.status.as_str().to_owned(),
+                age(r.updated_at, now),
+                r.outcome.to_owned(),
+            ]);
+        }
+        render::print_table(&t);
+        if results.len() > SHOWN {
+            outln!("… and {} more (--json lists all)", results.len() - SHOWN);
+        }
+    }
+    let skipped = results.len() - deleted;
+    let window_text = humantime::format_duration(args.older_than);
+    if args.dry_run {
+        outln!(
+            "dry run: would purge {deleted} terminal session{} not updated for {window_text}; {skipped} skipped; nothing was deleted",
+            if deleted == 1 { "" } else { "s" },
+        );
+    } else {
+        outln!(
+            "purged {deleted} terminal session{} not updated for {window_text}; {skipped} skipped",
+            if deleted == 1 { "" } else { "s" },
+        );
+    }
+    Ok(())
+}
+
+pub async fn migrate(
+    store: &dyn CheckpointStore,
+    json: bool,
+    args: MigrateArgs,
+) -> Result<(), CliError> {
+    let id = SessionId::new(args.session);
+    let current = store.session(&id).await?;
+    let rows = store.calls(&id, None).await?;
+    let renames: Vec<Value> = args
+        .map
+        .iter()
+        .map(|(old, new)| {
+            let matching: Vec<_> = rows.iter().filter(|r| &r.identity.tool == old).collect();
+            let in_flight = matching
+                .iter()
+                .filter(|r| matches!(r.status, CallStatus::Issued | CallStatus::NotHappened))
+                .count();
+            json!({"from": old, "to": new, "rows": matching.len(), "in_flight": in_flight})
+        })
+        .collect();
+    if args.dry_run {
+        if json {
+            return render::print_json(&json!({
+                "dry_run": true,
+                "session": id,
+                "from_version": current.app_version,
+                "to_version": args.app_version,
+                "renames": renames,
+            }));
+        }
+        outln!(
+            "dry run: session `{id}` would move from app version `{}` to `{}`",
+            current.app_version,
+            args.app_version
+        );
+        print_renames(&renames);
+        outln!("nothing was changed");
+        return Ok(());
+    }
+    let by = operator(args.by)?;
+    let record = store
+        .migrate_session(MigrateSession {
+            session: id.clone(),
+            from_version: current.app_version.clone(),
+            to_version: args.app_version.clone(),
+            step_map: args.map.clone(),
+            by: by.clone(),
+        })
+        .await?;
+    if json {
+        return render::print_json(&json!({
+            "dry_run": false,
+            "session": record,
+            "from_version": current.app_version,
+            "to_version": args.app_version,
+            "renames": renames,
+            "by": by,
+        }));
+    }
+    outln!(
+        "migrated session `{id}` from app version `{}` to `{}`, by {by}",
+        current.app_version,
+        record.app_version
+    );
+    print_renames(&renames);
+    Ok(())
+}
+
+fn print_renames(renames: &[Value]) {
+    for r in renames {
+        outln!(
+            "  {} -> {}: {} journal row{} ({} in flight)",
+            r["from"].as_str().unwrap_or_default(),
+            r["to"].as_str().unwrap_or_default(),
+            r["rows"],
+            if r["rows"] == 1 { "" } else { "s" },
+            r["in_flight"]
+        );
+    }
+}

@@ -1,0 +1,259 @@
+//! Output helpers: tables, times, sizes, masking and JSON.
+
+use std::time::{Duration, UNIX_EPOCH};
+
+use comfy_table::{ContentArrangement, Table, presets};
+use durable::transcript::{Block, Message};
+use durable::{Budget, Plan};
+use serde::Serialize;
+use serde_json::{Map, Value};
+
+use crate::error::{CliError, Code};
+
+/// A table with a plain, borderless look (like `kubectl get`), header underlined.
+pub fn table<I, S>(header: I) -> Table
+where
+    I: IntoIterator<Item = S>,
+    S: Into<comfy_table::Cell>,
+{
+    let mut table = Table::new();
+    table
+        .load_preset(presets::NOTHING)
+        .set_content_arrangement(ContentArrangement::Disabled)
+        .set_header(header);
+    table.set_style(comfy_table::TableComponent::HeaderLines, '-');
+    for column in table.column_iter_mut() {
+        column.set_padding((0, 2));
+    }
+    table
+}
+
+/// Prints a table, without the padding comfy-table leaves at the end of each line.
+pub fn print_table(table: &Table) {
+    for line in table.lines() {
+        outln!("{}", line.trim_end());
+    }
+}
+
+/// Prints `value` as pretty JSON on stdout.
+pub fn print_json<T: Serialize>(value: &T) -> Result<(), CliError> {
+    let text = serde_json::to_string_pretty(value)
+        .map_err(|e| CliError::new(Code::Failure, format!("cannot encode JSON output: {e}")))?;
+    outln!("{text}");
+    Ok(())
+}
+
+/// `2026-11-22T04:40:35Z` for a time in ms since the epoch.
+pub fn time(ms: i64) -> String {
+    let Ok(ms) = u64::try_from(ms) else {
+        return ms.to_string();
+    };
+    humantime::format_rfc3339_seconds(UNIX_EPOCH + Duration::from_millis(ms)).to_string()
+}
+
+/// `3m ago`, `2d ago`, or `in 25s` for a future time, relative to `now` (both ms).
+pub fn age(ms: i64, now: i64) -> String {
+    let delta = now - ms;
+    let text = coarse(delta.unsigned_abs());
+    if delta >= 0 {
+        format!("{text} ago")
+    } else {
+        format!("in {text}")
+    }
+}
+
+/// A millisecond span in its largest unit: `850ms`, `42s`, `12m`, `5h`, `3d`.
+pub fn coarse(ms: u64) -> String {
+    const S: u64 = 1000;
+    match ms {
+        0..S => format!("{ms}ms"),
+        S..60_000 => format!("{}s", ms / S),
+        60_000..3_600_000 => format!("{}m", ms / 60_000),
+        3_600_000..86_400_000 => format!("{}h", ms / 3_600_000),
+        _ => format!("{}d", ms / 86_400_000),
+    }
+}
+
+/// `1.2 KB` style sizes.
+pub fn size(bytes: usize) -> String {
+    if bytes < 1024 {
+        format!("{bytes} B")
+    } else if bytes < 1024 * 1024 {
+        format!("{:.1} KB", bytes as f64 / 1024.0)
+    } else {
+        format!("{:.1} MB", bytes as f64 / (1024.0 * 1024.0))
+    }
+}
+
+/// Cuts `text` to `max` characters, with `…`.
+pub fn truncate(text: &str, max: usize) -> String {
+    match text.char_indices().nth(max) {
+        None => text.to_owned(),
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+    }
+}
+
+/// Argument names that are masked wherever they appear, whatever the tool declared.
+const SENSITIVE: &[&str] = &[
+    "password",
+    "passwd",
+    "secret",
+    "token",
+    "api_key",
+    "apikey",
+    "authorization",
+    "credential",
+    "private_key",
+    "access_key",
+    "cookie",
+];
+
+fn is_sensitive(key: &str) -> bool {
+    let key = key.to_ascii_lowercase().replace('-', "_");
+    SENSITIVE.iter().any(|s| key.contains(s))
+}
+
+/// Arguments (or any JSON) with secrets hidden: values stored masked by the journal
+/// (`{"$secret": …}`, a tool's declared secret arguments) stay masked, and values under a
+/// key that looks sensitive (`password`, `token`, `api_key`, …) become `"***"`, at any
+/// depth (numbers, booleans and nulls stay: `input_tokens: 12` is no secret).
+pub fn mask(value: &Value) -> Value {
+    match value {
+        Value::Object(map) if is_stored_secret(map) => Value::String("<secret>".into()),
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| {
+                    // Counts and flags (`input_tokens: 12`) are not secrets.
+                    let hideable = !(v.is_null() || v.is_number() || v.is_boolean());
+                    let v = if hideable && is_sensitive(k) {
+                        Value::String("***".into())
+                    } else {
+                        mask(v)
+                    };
+                    (k.clone(), v)
+                })
+                .collect::<Map<_, _>>(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(mask).collect()),
+        other => other.clone(),
+    }
+}
+
+fn is_stored_secret(map: &Map<String, Value>) -> bool {
+    map.len() == 1 && map.contains_key("$secret")
+}
+
+/// Compact JSON of the masked value, cut to `max` characters.
+pub fn compact(value: &Value, max: usize) -> String {
+    truncate(&mask(value).to_string(), max)
+}
+
+/// `2/5 done, 1/2 verified` for a plan snapshot, or `-`.
+pub fn plan_progress(plan: &Value) -> String {
+    match serde_json::from_value::<Plan>(plan.clone()) {
+        Ok(p) if p.is_empty() => "-".into(),
+        Ok(p) => {
+            let done = p.steps.iter().filter(|s| s.status.is_terminal()).count();
+            let verified = p.postconditions.iter().filter(|c| c.satisfied).count();
+            let mut text = format!("{done}/{} steps", p.steps.len());
+            if !p.postconditions.is_empty() {
+                text.push_str(&format!(", {verified}/{} checks", p.postconditions.len()));
+            }
+            text
+        }
+        Err(_) if plan.is_null() => "-".into(),
+        Err(_) => "(unreadable)".into(),
+    }
+}
+
+/// `$0.0123 of $1.00, 1234 tokens` for a budget snapshot, or `-`.
+pub fn budget(value: &Value) -> String {
+    match serde_json::from_value::<Budget>(value.clone()) {
+        Ok(b) => {
+            let mut text = format!("${:.4}", b.spent_usd());
+            if let Some(limit) = b.limit_usd() {
+                text.push_str(&format!(" of ${limit:.2}"));
+            }
+            text.push_str(&format!(", {} tokens", b.total_tokens()));
+            if let Some(limit) = b.limit_tokens {
+                text.push_str(&format!(" of {limit}"));
+            }
+            text
+        }
+        Err(_) if value.is_null() => "-".into(),
+        Err(_) => "(unreadable)".into(),
+    }
+}
+
+/// One transcript message: its role and its blocks as lines of text, secrets masked.
+pub fn message_lines(value: &Value) -> (String, Vec<String>) {
+    let Ok(message) = serde_json::from_value::<Message>(value.clone()) else {
+        return ("?".into(), vec![format!("(json) {}", compact(value, 160))]);
+    };
+    let role = serde_json::to_value(message.role)
+        .ok()
+        .and_then(|r| r.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    let lines = message
+        .content
+        .iter()
+        .map(|block| match block {
+            Block::Text { text } => truncate(&text.replace('\n', " "), 160),
+            Block::Reasoning { text } => format!("(reasoning) {}", truncate(text, 120)),
+            Block::ToolCall(call) => format!(
+                "-> {}({}) [{}]",
+                call.name,
+                compact(&call.arguments, 120),
+                call.id
+            ),
+            Block::ToolResult(result) => format!(
+                "<- [{}]{} {}",
+                result.call_id,
+                if result.is_error { " error:" } else { "" },
+                compact(&result.content, 120)
+            ),
+        })
+        .collect();
+    (role, lines)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn masks_declared_and_sensitive_values_at_any_depth() {
+        let args = json!({
+            "to": "ann@example.com",
+            "body": {"$secret": "v1:abc"},
+            "auth": {"api_key": "sk-123", "Access-Key": "x", "user": "ann"},
+            "headers": [{"Authorization": "Bearer t"}],
+            "token_count": 5,
+            "session_token": {"v": 1},
+            "password": null
+        });
+        assert_eq!(
+            mask(&args),
+            json!({
+                "to": "ann@example.com",
+                "body": "<secret>",
+                "auth": {"api_key": "***", "Access-Key": "***", "user": "ann"},
+                "headers": [{"Authorization": "***"}],
+                "token_count": 5,
+                "session_token": "***",
+                "password": null
+            })
+        );
+    }
+
+    #[test]
+    fn times_sizes_and_truncation() {
+        assert_eq!(time(0), "1970-01-01T00:00:00Z");
+        assert_eq!(coarse(59_999), "59s");
+        assert_eq!(age(1_000, 3 * 3_600_000), "2h ago");
+        assert_eq!(age(10_000, 0), "in 10s");
+        assert_eq!(size(2048), "2.0 KB");
+        assert_eq!(truncate("héllo", 2), "hé…");
+    }
+}
