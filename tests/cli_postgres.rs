@@ -50,10 +50,13 @@ fn an_unreachable_server_is_unavailable() {
         "postgres://durable:hunter2@127.0.0.1:1/agents",
         &["sessions"],
     );
-    out.fails(6, "postgres database error");
+    out.fails(
+        6,
+        "cannot reach PostgreSQL at 127.0.0.1:1: Connection refused",
+    );
     assert!(!out.stderr.contains("hunter2"), "{}", out.stderr);
     assert!(
-        started.elapsed() < Duration::from_secs(60),
+        started.elapsed() < Duration::from_secs(10),
         "gave up after {:?}",
         started.elapsed()
     );

@@ -352,7 +352,56 @@ async fn open(db: Option<&str>) -> Result<Arc<dyn CheckpointStore>, CliError> {
             ),
         ));
     }
+    if cfg!(feature = "postgres") {
+        probe_postgres(url)?;
+    }
     durable::connect(url).await.map_err(CliError::connect)
+}
+
+/// Fails fast, with the socket error, when a PostgreSQL server named by host and port
+/// does not answer: the pool would otherwise wait its whole acquire timeout and report
+/// only that it timed out. URLs without a plain host (Unix sockets) are left to the pool.
+fn probe_postgres(url: &str) -> Result<(), CliError> {
+    use std::net::{TcpStream, ToSocketAddrs};
+    let Some(rest) = url
+        .strip_prefix("postgres://")
+        .or_else(|| url.strip_prefix("postgresql://"))
+    else {
+        return Ok(());
+    };
+    let authority = rest.split(['/', '?']).next().unwrap_or_default();
+    let host_port = authority.rsplit_once('@').map_or(authority, |(_, hp)| hp);
+    if host_port.is_empty() || host_port.contains(',') || host_port.starts_with('%') {
+        return Ok(());
+    }
+    let with_port = if host_port.ends_with(']') || !host_port.contains(':') {
+        format!("{host_port}:5432")
+    } else {
+        host_port.to_owned()
+    };
+    let unreachable = |detail: String| {
+        CliError::new(
+            Code::Unavailable,
+            format!(
+                "cannot reach PostgreSQL at {with_port}: {detail}; check --db and that the server is running"
+            ),
+        )
+    };
+    let addrs: Vec<_> = match with_port.to_socket_addrs() {
+        Ok(addrs) => addrs.collect(),
+        Err(e) => return Err(unreachable(e.to_string())),
+    };
+    let mut last = None;
+    for addr in addrs {
+        match TcpStream::connect_timeout(&addr, Duration::from_secs(5)) {
+            Ok(_) => return Ok(()),
+            Err(e) => last = Some(e),
+        }
+    }
+    match last {
+        Some(e) => Err(unreachable(e.to_string())),
+        None => Err(unreachable("the host name resolves to no address".into())),
+    }
 }
 
 /// The file a SQLite URL names (`None` for in-memory and PostgreSQL URLs), following
