@@ -257,7 +257,10 @@ pub async fn show(store: &dyn CheckpointStore, json: bool, args: ShowArgs) -> Re
             total - tail_from
         );
     } else {
-        outln!("Transcript (version {version}, {total} messages)");
+        outln!(
+            "Transcript (version {version}, {total} message{})",
+            if total == 1 { "" } else { "s" }
+        );
     }
     for (i, message) in checkpoint.messages[tail_from..].iter().enumerate() {
         let (role, lines) = render::message_lines(message);

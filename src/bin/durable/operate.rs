@@ -52,6 +52,15 @@ pub async fn resolve(
     args: ResolveArgs,
 ) -> Result<(), CliError> {
     let by = operator(args.by)?;
+    // Input first: a malformed result is refused before anything is read or written.
+    let resolution = if args.happened {
+        let raw = args.result.as_deref().unwrap_or_default();
+        Resolution::Happened {
+            result: read_result(raw)?,
+        }
+    } else {
+        Resolution::DidNotHappen
+    };
     let id = CallId::new(args.call);
     let call = store.call(&id).await?;
     let tool = call.identity.tool.clone();
@@ -87,14 +96,6 @@ pub async fn resolve(
             ),
         ));
     }
-    let resolution = if args.happened {
-        let raw = args.result.as_deref().unwrap_or_default();
-        Resolution::Happened {
-            result: read_result(raw)?,
-        }
-    } else {
-        Resolution::DidNotHappen
-    };
     let mut builder = Durable::builder(Arc::clone(store)).owner(CLI_OWNER);
     if let Some(key) = std::env::var_os("DURABLE_MAC_KEY") {
         builder = builder.mac_key(key.into_encoded_bytes());

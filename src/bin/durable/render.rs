@@ -30,8 +30,20 @@ where
 
 /// Prints a table, without the padding comfy-table leaves at the end of each line.
 pub fn print_table(table: &Table) {
-    for line in table.lines() {
-        outln!("{}", line.trim_end());
+    let lines: Vec<String> = table.lines().map(|l| l.trim_end().to_owned()).collect();
+    let is_rule = |l: &str| !l.is_empty() && l.chars().all(|c| c == '-');
+    let width = lines
+        .iter()
+        .filter(|l| !is_rule(l))
+        .map(|l| l.chars().count())
+        .max()
+        .unwrap_or(0);
+    for line in &lines {
+        if is_rule(line) {
+            outln!("{}", "-".repeat(width));
+        } else {
+            outln!("{line}");
+        }
     }
 }
 
