@@ -167,14 +167,21 @@ fn demo(args: &Args) -> Result<bool, Error> {
 
     println!("{}", style.bold("durable · crash and resume"));
     println!("  {:<10} {db}", "store");
-    println!("  {:<10} {}", "world", world_dir.display());
+    println!("  {:<10} {}", "world", world.dir().display());
     match &crash {
-        Some(info) => println!(
-            "  {:<10} {} — {}",
-            "crash at",
-            style.red(&info.point.short()),
-            info.meaning
-        ),
+        Some(info) => {
+            let window = if info.in_unsafe_window() {
+                " (inside an unsafe call's window: the journal cannot know whether it happened)"
+            } else {
+                ""
+            };
+            println!(
+                "  {:<10} {} — {}{window}",
+                "crash at",
+                style.red(&info.point.short()),
+                info.meaning
+            );
+        }
         None => println!("  {:<10} none", "crash at"),
     }
 
@@ -415,6 +422,26 @@ async fn audit(db: &str, session: &str, world: &World, style: Style) -> Result<b
             usd(journal_total)
         ),
     );
+    let mut runs: Vec<(String, usize)> = Vec::new();
+    for e in world.executions()? {
+        match runs.iter_mut().find(|(tool, _)| *tool == e.tool) {
+            Some((_, n)) => *n += 1,
+            None => runs.push((e.tool, 1)),
+        }
+    }
+    let email_runs = runs
+        .iter()
+        .find(|(t, _)| t == "send_email")
+        .map_or(0, |(_, n)| *n);
+    line(
+        email_runs == 1,
+        "tool bodies run",
+        runs.iter().map(|(_, n)| n).sum::<usize>().to_string(),
+        runs.iter()
+            .map(|(tool, n)| format!("{tool} {n}"))
+            .collect::<Vec<_>>()
+            .join(" · "),
+    );
     line(
         true,
         "checkpoints written",
@@ -422,6 +449,7 @@ async fn audit(db: &str, session: &str, world: &World, style: Style) -> Result<b
         format!("session {}", record.status.as_str()),
     );
     Ok(emails.len() == 1
+        && email_runs == 1
         && applied(&payments) == 1
         && applied(&orders) == 1
         && finalized

@@ -354,6 +354,7 @@ async fn run(options: &Options) -> Result<i32, Error> {
                     ..StartOptions::default()
                 })
                 .await?;
+            say(&format!("@@ started {id}"));
             (session, Vec::new())
         }
         Err(e) => return Err(e.into()),
@@ -420,7 +421,9 @@ async fn run(options: &Options) -> Result<i32, Error> {
                 "finalize",
                 "",
                 s.yellow(&format!(
-                    "refused by the plan gate: {steps} step(s) open, {postconditions} postcondition(s) unverified"
+                    "refused by the plan gate: {} open, {} unverified; the model is told which",
+                    plural(steps, "step"),
+                    plural(postconditions, "postcondition")
                 )),
             );
             let text = gate_message(plan);
@@ -543,5 +546,14 @@ async fn stop_for_operator(
             say("@@ done parked");
             Ok(EXIT_PARKED)
         }
+    }
+}
+
+/// `1 step`, `2 steps`.
+fn plural(n: usize, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
     }
 }

@@ -23,9 +23,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 /// Channels with no deduplication: a delivery per call.
+#[allow(dead_code)] // read by tests/torture.rs; the demo audits the ones it uses
 pub const CHANNELS: [&str; 3] = ["outbox", "slack", "warehouse"];
 
 /// Receivers that deduplicate by idempotency key.
+#[allow(dead_code)] // read by tests/torture.rs; the demo audits the ones it uses
 pub const RECEIVERS: [&str; 3] = ["payments", "stock", "orders"];
 
 /// One delivery on a channel.

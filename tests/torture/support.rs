@@ -74,7 +74,14 @@ pub struct Db {
     pub sqlite_file: Option<PathBuf>,
     /// The parent's store.
     pub store: Arc<dyn CheckpointStore>,
+    /// Postgres: the parent's own connections, tagged with [`PARENT_APP`].
+    #[cfg(feature = "_postgres-testing")]
+    probe: Option<std::sync::Mutex<sqlx::PgConnection>>,
 }
+
+/// The `application_name` of the parent's Postgres connections.
+#[cfg(feature = "_postgres-testing")]
+const PARENT_APP: &str = "torture-parent";
 
 /// The parent's context: a runtime for store calls, the executable, a scratch directory.
 pub struct Ctx {
@@ -120,11 +127,22 @@ impl Ctx {
             }
             Backend::Postgres => (self.postgres_url(), None),
         };
-        let store = self
-            .rt
-            .block_on(durable::connect(&url))
-            .unwrap_or_else(|e| panic!("open {url}: {e}"));
+        let parent_url = parent_url(&url);
+        let store = match backend {
+            Backend::Sqlite => self.rt.block_on(durable::connect(&url)),
+            Backend::Postgres => self.rt.block_on(parent_store(&url)),
+        }
+        .unwrap_or_else(|e| panic!("open {url}: {e}"));
         Db {
+            #[cfg(feature = "_postgres-testing")]
+            probe: (backend == Backend::Postgres).then(|| {
+                use sqlx::Connection;
+                let conn = self
+                    .rt
+                    .block_on(sqlx::PgConnection::connect(&parent_url))
+                    .expect("probe connection");
+                std::sync::Mutex::new(conn)
+            }),
             url,
             sqlite_file,
             store,
@@ -144,12 +162,79 @@ impl Ctx {
         panic!("the Postgres cases need the `_postgres-testing` feature")
     }
 
+    /// Waits until the database has finished the work of runs that are over.
+    ///
+    /// A killed client's last `COMMIT` may still be on its way through the server when
+    /// the client is dead: Postgres completes it, then ends the backend when it reads
+    /// end-of-file. Checks made before that would see a journal that is about to change.
+    /// So: wait until no backend but the parent's is left on the database. (SQLite has
+    /// no server: a dead process's work ends with it.)
+    pub fn settle(&self, db: &Db) {
+        #[cfg(feature = "_postgres-testing")]
+        if let Some(probe) = &db.probe {
+            let mut conn = probe
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let started = Instant::now();
+            loop {
+                let others: i64 = self
+                    .rt
+                    .block_on(
+                        sqlx::query_scalar(
+                            "SELECT count(*) FROM pg_stat_activity \
+                             WHERE datname = current_database() AND pid <> pg_backend_pid() \
+                             AND coalesce(application_name, '') <> $1",
+                        )
+                        .bind(PARENT_APP)
+                        .fetch_one(&mut *conn),
+                    )
+                    .expect("pg_stat_activity");
+                if others == 0 {
+                    return;
+                }
+                assert!(
+                    started.elapsed() < Duration::from_secs(10),
+                    "{others} backends of finished runs still on the database after 10 s"
+                );
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        }
+        let _ = db;
+    }
+
     /// A new, empty world.
     pub fn world(&self) -> World {
         let world = World::new(self.dir.path().join(self.fresh("world")));
         world.create().expect("create world");
         world
     }
+}
+
+/// The parent's connection URL: the children's, with the parent's `application_name`.
+#[cfg(feature = "_postgres-testing")]
+fn parent_url(url: &str) -> String {
+    let sep = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{sep}application_name={PARENT_APP}")
+}
+
+#[cfg(not(feature = "_postgres-testing"))]
+fn parent_url(url: &str) -> String {
+    url.to_owned()
+}
+
+/// The parent's Postgres store, its connections tagged with [`PARENT_APP`].
+#[cfg(feature = "_postgres-testing")]
+async fn parent_store(url: &str) -> Result<Arc<dyn CheckpointStore>, durable::ConnectError> {
+    let mut options = durable::postgres::PostgresStoreOptions::new(url);
+    options.application_name = PARENT_APP.to_owned();
+    Ok(Arc::new(
+        durable::postgres::PostgresStore::connect_with(options).await?,
+    ))
+}
+
+#[cfg(not(feature = "_postgres-testing"))]
+async fn parent_store(url: &str) -> Result<Arc<dyn CheckpointStore>, durable::ConnectError> {
+    durable::connect(url).await
 }
 
 /// A session of a case: where it is stored and what world it acts on.
@@ -188,9 +273,16 @@ impl<'a> Subject<'a> {
         SessionId::new(self.options.session.as_str())
     }
 
-    /// Runs a child with these options, killed as `kill` says.
+    /// Runs a child with these options, killed as `kill` says. The next run may start
+    /// while the database still finishes the last one's work, as a restarted worker
+    /// would; call [`settle`](Self::settle) before comparing journals.
     pub fn run(&self, options: &Options, kill: Kill) -> Run {
         run_child(&self.ctx.exe, options, kill)
+    }
+
+    /// Waits until the database finished the work of runs that are over ([`Ctx::settle`]).
+    pub fn settle(&self) {
+        self.ctx.settle(self.db);
     }
 
     /// A run to the end (or to an operator), never killed.
