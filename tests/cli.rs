@@ -123,7 +123,10 @@ fn unknown_url_schemes_are_unavailable_and_keep_passwords_out() {
 #[cfg(not(feature = "postgres"))]
 #[test]
 fn postgres_urls_name_the_missing_feature() {
-    run("postgres://127.0.0.1:1/x", &["sessions"]).fails(6, "`postgres` feature");
+    run("postgres://127.0.0.1:1/x", &["sessions"]).fails(
+        6,
+        "built without `postgres:` support; rebuild it with `--features cli,postgres`",
+    );
 }
 
 #[test]

@@ -39,10 +39,16 @@ impl CliError {
 
     /// An error while opening the store: anything the database says is "unavailable".
     pub fn connect(e: ConnectError) -> Self {
+        if let ConnectError::FeatureDisabled { scheme, feature } = &e {
+            return CliError::new(
+                Code::Unavailable,
+                format!(
+                    "this `durable` binary was built without `{scheme}:` support; rebuild it with `--features cli,{feature}`"
+                ),
+            );
+        }
         let code = match &e {
-            ConnectError::FeatureDisabled { .. } | ConnectError::UnknownScheme { .. } => {
-                Code::Unavailable
-            }
+            ConnectError::UnknownScheme { .. } => Code::Unavailable,
             ConnectError::Store(StoreError::SchemaTooNew { .. } | StoreError::Database { .. }) => {
                 Code::Unavailable
             }

@@ -241,7 +241,7 @@ pub async fn show(store: &dyn CheckpointStore, json: bool, args: ShowArgs) -> Re
         Ok(plan) if plan.is_empty() => outln!("  (no plan)"),
         Ok(plan) => {
             for line in plan.to_markdown().lines() {
-                outln!("  {line}");
+                outln!("{}", format!("  {line}").trim_end());
             }
         }
         Err(e) => outln!("  (does not deserialize as a plan: {e})"),

@@ -41,7 +41,7 @@ fn read_result(raw: &str) -> Result<Value, CliError> {
     };
     durable::key::parse_json(text.trim(), &ArgLimits::default()).map_err(|e| {
         invalid(format!(
-            "{source} is not valid JSON: {e}; pass the tool's result as JSON, e.g. --result '{{\"id\": \"m-1\"}}' (quote strings: '\"sent\"')"
+            "{source} is not valid JSON ({e}); e.g. --result '{{\"id\": \"m-1\"}}', or a JSON string: '\"sent\"'"
         ))
     })
 }
