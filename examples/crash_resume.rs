@@ -170,17 +170,19 @@ fn demo(args: &Args) -> Result<bool, Error> {
     println!("  {:<10} {}", "world", world.dir().display());
     match &crash {
         Some(info) => {
-            let window = if info.in_unsafe_window() {
-                " (inside an unsafe call's window: the journal cannot know whether it happened)"
-            } else {
-                ""
-            };
             println!(
-                "  {:<10} {} — {}{window}",
+                "  {:<10} {} — {}",
                 "crash at",
                 style.red(&info.point.short()),
                 info.meaning
             );
+            if info.in_unsafe_window() {
+                println!(
+                    "  {:<10} {}",
+                    "",
+                    style.dim("(inside an unsafe call's window: the journal cannot know whether it happened)")
+                );
+            }
         }
         None => println!("  {:<10} none", "crash at"),
     }
