@@ -127,7 +127,6 @@ impl Ctx {
             }
             Backend::Postgres => (self.postgres_url(), None),
         };
-        let parent_url = parent_url(&url);
         let store = match backend {
             Backend::Sqlite => self.rt.block_on(durable::connect(&url)),
             Backend::Postgres => self.rt.block_on(parent_store(&url)),
@@ -139,7 +138,7 @@ impl Ctx {
                 use sqlx::Connection;
                 let conn = self
                     .rt
-                    .block_on(sqlx::PgConnection::connect(&parent_url))
+                    .block_on(sqlx::PgConnection::connect(&parent_url(&url)))
                     .expect("probe connection");
                 std::sync::Mutex::new(conn)
             }),
@@ -215,11 +214,6 @@ impl Ctx {
 fn parent_url(url: &str) -> String {
     let sep = if url.contains('?') { '&' } else { '?' };
     format!("{url}{sep}application_name={PARENT_APP}")
-}
-
-#[cfg(not(feature = "_postgres-testing"))]
-fn parent_url(url: &str) -> String {
-    url.to_owned()
 }
 
 /// The parent's Postgres store, its connections tagged with [`PARENT_APP`].
