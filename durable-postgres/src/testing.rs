@@ -33,6 +33,10 @@
 //! Readiness is polled by connecting, for at most 30 s; a failure panics with the server
 //! log. Starting takes about a second; every [`test_database`] after that is one
 //! `CREATE DATABASE`.
+//!
+//! Tests of crash recovery can crash the server itself with
+//! [`TestDatabase::restart_server`] (`pg_ctl restart -m immediate`); it refuses to touch a
+//! `DATABASE_URL` server.
 
 use std::io::Read;
 use std::net::TcpListener;
@@ -55,6 +59,8 @@ use crate::PostgresStore;
 pub struct TestDatabase {
     url: String,
     name: String,
+    /// Whether it lives on this process's throwaway cluster (not on `DATABASE_URL`).
+    throwaway: bool,
 }
 
 impl TestDatabase {
@@ -75,6 +81,30 @@ impl TestDatabase {
     pub async fn store(&self) -> Result<PostgresStore, StoreError> {
         PostgresStore::connect(&self.url).await
     }
+
+    /// Crashes and restarts the server this database lives on: `pg_ctl restart -m
+    /// immediate` (no shutdown checkpoint; the server runs crash recovery on start, as
+    /// after a power cut). Every open connection is cut; committed data survives. Blocks
+    /// until the server accepts connections again (about a second).
+    ///
+    /// Only for the throwaway cluster: a server named by `DATABASE_URL` is never touched.
+    ///
+    /// # Errors
+    /// When the database is on `DATABASE_URL`'s server, when the cluster's binary
+    /// directory has no `pg_ctl`, or when `pg_ctl` fails (the message carries its output).
+    pub fn restart_server(&self) -> Result<(), String> {
+        let cluster = match CLUSTER.get() {
+            Some(Ok(cluster)) if self.throwaway => cluster,
+            _ => {
+                return Err(format!(
+                    "restart_server only restarts the throwaway cluster; {} is on DATABASE_URL's \
+                     server, which tests never restart",
+                    self.name
+                ));
+            }
+        };
+        cluster.restart()
+    }
 }
 
 /// Creates a fresh database on `DATABASE_URL`'s server, or on a throwaway cluster started
@@ -84,10 +114,10 @@ impl TestDatabase {
 /// When no server can be had: no `DATABASE_URL` and no PostgreSQL binaries, a cluster
 /// that does not start (the message carries its log), or a failing `CREATE DATABASE`.
 pub async fn test_database() -> TestDatabase {
-    let admin_url = match std::env::var("DATABASE_URL") {
-        Ok(url) if !url.trim().is_empty() => url,
+    let (admin_url, throwaway) = match std::env::var("DATABASE_URL") {
+        Ok(url) if !url.trim().is_empty() => (url, false),
         _ => match CLUSTER.get_or_init(Cluster::start).await {
-            Ok(cluster) => cluster.admin_url.clone(),
+            Ok(cluster) => (cluster.admin_url.clone(), true),
             Err(e) => panic!("{e}"),
         },
     };
@@ -109,6 +139,7 @@ pub async fn test_database() -> TestDatabase {
     TestDatabase {
         url: with_database(&admin_url, &name),
         name,
+        throwaway,
     }
 }
 
@@ -119,6 +150,12 @@ static CLUSTER: OnceCell<Result<Cluster, String>> = OnceCell::const_new();
 #[derive(Debug)]
 struct Cluster {
     admin_url: String,
+    /// The PostgreSQL binaries.
+    bin: PathBuf,
+    /// The temporary root (`data/`, the socket, `server.log`).
+    root: PathBuf,
+    /// The `postgres` OS user's uid/gid when this process is root.
+    user: Option<(u32, u32)>,
     /// The watchdog. Never dropped (it lives in a static): its stdin pipe closes only when
     /// this process exits, which is what stops the server.
     _watchdog: Mutex<Child>,
@@ -127,12 +164,21 @@ struct Cluster {
 /// The watchdog: starts the server, waits for end-of-file on stdin (this process
 /// exiting), then stops the server and removes its directory.
 /// `$0` = postgres binary, `$1` = temporary root, `$2` = port.
+///
+/// After [`TestDatabase::restart_server`] the running postmaster is `pg_ctl`'s, not the
+/// watchdog's child, so the watchdog also stops whichever postmaster `postmaster.pid`
+/// names, and waits for it to exit before removing the directory.
 const WATCHDOG: &str = r#"
 "$0" -D "$1/data" -k "$1" -h 127.0.0.1 -p "$2" -c max_connections=300 \
      -c shared_buffers=32MB >"$1/server.log" 2>&1 </dev/null &
 pg=$!
 cat >/dev/null
 kill -QUIT "$pg" 2>/dev/null
+current=$(head -n 1 "$1/data/postmaster.pid" 2>/dev/null)
+if [ -n "$current" ] && [ "$current" != "$pg" ]; then
+  kill -QUIT "$current" 2>/dev/null
+  while kill -0 "$current" 2>/dev/null; do sleep 0.1; done
+fi
 wait "$pg"
 rm -rf "$1"
 "#;
@@ -181,6 +227,9 @@ impl Cluster {
                     );
                     return Ok(Cluster {
                         admin_url,
+                        bin,
+                        root,
+                        user,
                         _watchdog: Mutex::new(child),
                     });
                 }
@@ -194,6 +243,41 @@ impl Cluster {
         }
         let _ = std::fs::remove_dir_all(&root);
         Err(last_error)
+    }
+
+    /// `pg_ctl restart -m immediate`, reusing the options the postmaster was started with
+    /// (`postmaster.opts`: same port, socket directory and settings).
+    fn restart(&self) -> Result<(), String> {
+        let pg_ctl = self.bin.join("pg_ctl");
+        if !pg_ctl.is_file() {
+            return Err(format!(
+                "no `pg_ctl` next to `postgres` in {}; cannot restart the test cluster",
+                self.bin.display()
+            ));
+        }
+        let mut cmd = Command::new(&pg_ctl);
+        cmd.arg("restart")
+            .arg("-D")
+            .arg(self.root.join("data"))
+            .args(["-m", "immediate", "-w", "-t", "60", "-l"])
+            .arg(self.root.join("server.log"))
+            .current_dir(&self.root)
+            .stdin(Stdio::null());
+        as_user(&mut cmd, self.user);
+        let out = cmd
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", pg_ctl.display()))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "`pg_ctl restart -m immediate` failed ({}):\n{}{}\nserver log:\n{}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr),
+                read_log(&self.root.join("server.log"))
+            ))
+        }
     }
 
     /// Starts the server on a free port and waits until it accepts connections. On

@@ -1,0 +1,119 @@
+//! Many workers in real processes, on a SQLite file and on PostgreSQL.
+//!
+//! This binary is its own child: with `DURABLE_WORKERS_ROLE` set it plays one worker
+//! (`tests/workers/worker.rs`); otherwise it is the parent that spawns workers, kills,
+//! stops and continues them, and checks the store and the ledger afterwards:
+//!
+//! | case | what |
+//! |---|---|
+//! | `race` | 2 workers resume one session at once, 200 trials: exactly one proceeds, the other gets `StoreError::Leased`; versions stay contiguous |
+//! | `zombie` | A is stopped (SIGSTOP) past its lease, B recovers and completes, A is continued: none of A's writes is accepted, A exits with "lease lost" |
+//! | `fleet` | 4 workers, 40 sessions, workers SIGKILLed at random and restarted: completed or parked, 0 duplicate unsafe effects, 0 lost results, keyed effects applied once |
+//! | `fleet_server_restart` | the same with the PostgreSQL server crashed and restarted (`pg_ctl restart -m immediate`) twice mid-run |
+//! | `synchronous_commit_off` | an unsafe tool refuses to run (`NotDurable` naming the setting) |
+//!
+//! The PostgreSQL cases need the `_postgres-testing` feature (`--all-features`, as
+//! `scripts/test.sh` runs): a throwaway cluster, or `DATABASE_URL`.
+//!
+//! `harness = false`: one line per case, then `test result: … N passed; N failed`.
+//! Arguments filter cases by substring (`cargo test --test workers -- zombie`).
+
+#[path = "workers/backend.rs"]
+mod backend;
+#[cfg(feature = "_postgres-testing")]
+#[path = "workers/durability.rs"]
+mod durability;
+#[path = "workers/fleet.rs"]
+mod fleet;
+#[path = "workers/ledger.rs"]
+mod ledger;
+#[path = "workers/proc.rs"]
+mod proc;
+#[path = "workers/race.rs"]
+mod race;
+#[path = "workers/worker.rs"]
+mod worker;
+#[path = "workers/zombie.rs"]
+mod zombie;
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::time::Instant;
+
+use backend::Backend;
+
+type Case = fn() -> Pin<Box<dyn Future<Output = ()>>>;
+
+fn cases() -> Vec<(&'static str, Case)> {
+    #[allow(unused_mut)]
+    let mut cases: Vec<(&'static str, Case)> = vec![
+        ("sqlite_race", || Box::pin(race::race(Backend::sqlite()))),
+        ("sqlite_zombie", || {
+            Box::pin(zombie::zombie(Backend::sqlite()))
+        }),
+        ("sqlite_fleet", || {
+            Box::pin(fleet::fleet(Backend::sqlite(), 0))
+        }),
+    ];
+    #[cfg(feature = "_postgres-testing")]
+    cases.extend([
+        (
+            "postgres_race",
+            (|| Box::pin(async { race::race(Backend::postgres().await).await })) as Case,
+        ),
+        ("postgres_zombie", || {
+            Box::pin(async { zombie::zombie(Backend::postgres().await).await })
+        }),
+        ("postgres_fleet", || {
+            Box::pin(async { fleet::fleet(Backend::postgres().await, 0).await })
+        }),
+        ("postgres_fleet_server_restart", || {
+            Box::pin(async { fleet::fleet(Backend::postgres().await, 2).await })
+        }),
+        ("postgres_synchronous_commit_off", || {
+            Box::pin(durability::synchronous_commit_off())
+        }),
+    ]);
+    cases
+}
+
+fn main() {
+    if let Ok(role) = std::env::var(worker::ROLE) {
+        std::process::exit(worker::main(&role));
+    }
+    let filter: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let (mut passed, mut failed, mut filtered) = (0, 0, 0);
+    for (name, case) in cases() {
+        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
+            filtered += 1;
+            continue;
+        }
+        let started = Instant::now();
+        // A runtime per case: a panicking case takes only its own runtime down.
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let ok = std::panic::catch_unwind(AssertUnwindSafe(|| runtime.block_on(case()))).is_ok();
+        let took = started.elapsed().as_secs_f64();
+        if ok {
+            println!("test {name} ... ok ({took:.1} s)");
+            passed += 1;
+        } else {
+            println!("test {name} ... FAILED ({took:.1} s)");
+            failed += 1;
+        }
+    }
+    println!(
+        "\ntest result: {}. {passed} passed; {failed} failed; 0 ignored; 0 measured; {filtered} filtered out",
+        if failed == 0 { "ok" } else { "FAILED" }
+    );
+    if failed > 0 {
+        std::process::exit(101);
+    }
+}

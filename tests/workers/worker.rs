@@ -1,0 +1,533 @@
+//! The child side: this test binary re-executed as one worker process.
+//!
+//! Roles (`DURABLE_WORKERS_ROLE`):
+//! - `fleet`: loops on `recover_next`, then on the shared queue of session ids, running
+//!   each session to completion (or parking it for an operator); exits 0 once no session
+//!   is left to run.
+//! - `race`: reads `go <session>` lines on stdin and resumes that session at once with
+//!   its twin process; prints `won <session> <version>` or `leased <session> <holder>`.
+//! - `zombie-a`: runs a session and pauses before the unsafe tool of step 1 (the parent
+//!   stops it there with SIGSTOP); on SIGCONT it must find its lease lost.
+//! - `zombie-b`: recovers the expired session and runs it to completion.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use durable::transcript::Message;
+use durable::{
+    CallError, CheckpointStore, Durable, DurableError, ReplayClass, Session, SessionId,
+    StartOptions, StoreError, ToolContext, ToolSpec, Verification,
+};
+use serde_json::{Map, Value, json};
+
+use crate::ledger::{Ledger, random_below, uuid};
+
+pub const ROLE: &str = "DURABLE_WORKERS_ROLE";
+pub const STORE: &str = "DURABLE_WORKERS_STORE";
+pub const LEDGER: &str = "DURABLE_WORKERS_LEDGER";
+pub const OWNER: &str = "DURABLE_WORKERS_OWNER";
+pub const TTL_MS: &str = "DURABLE_WORKERS_TTL_MS";
+pub const SESSION: &str = "DURABLE_WORKERS_SESSION";
+
+/// The app version every worker runs.
+pub const APP_VERSION: &str = "workers-test";
+/// Steps (checkpoints) per session, each a pure, a keyed and an unsafe call.
+pub const STEPS: i64 = 2;
+/// Recoveries of one session before it is parked.
+pub const MAX_RECOVERY_ATTEMPTS: i32 = 5;
+/// Tool names, as journaled.
+pub const TOOLS: [(&str, &str); 3] = [
+    ("read", "read_account"),
+    ("charge", "charge_card"),
+    ("email", "send_email"),
+];
+
+/// A zombie found its lease lost, and nothing it wrote afterwards was accepted.
+pub const EXIT_LEASE_LOST: i32 = 4;
+/// The ledger (the outside world) was unreachable while an effect was in flight: the
+/// worker crashes, as a real one would, leaving the call in doubt.
+pub const EXIT_LEDGER_DOWN: i32 = 75;
+
+/// Runs the role named by `DURABLE_WORKERS_ROLE`; returns the exit code.
+pub fn main(role: &str) -> i32 {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let env = Env::read();
+        match role {
+            "fleet" => fleet(&env).await,
+            "race" => race(&env).await,
+            "zombie-a" => zombie_a(&env).await,
+            "zombie-b" => zombie_b(&env).await,
+            other => {
+                eprintln!("unknown {ROLE} `{other}`");
+                2
+            }
+        }
+    })
+}
+
+struct Env {
+    store: String,
+    ledger: String,
+    owner: String,
+    ttl: Duration,
+}
+
+impl Env {
+    fn read() -> Self {
+        let var = |name: &str| std::env::var(name).unwrap_or_else(|_| panic!("{name} is not set"));
+        Env {
+            store: var(STORE),
+            ledger: var(LEDGER),
+            owner: var(OWNER),
+            ttl: Duration::from_millis(var(TTL_MS).parse().expect("TTL_MS is a number")),
+        }
+    }
+
+    /// The runtime and the ledger, retried while the database is down (a server restart).
+    async fn connect(&self) -> (Durable, Ledger) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            let attempt = async {
+                let store: Arc<dyn CheckpointStore> = durable::connect(&self.store)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                let ledger = Ledger::open(&self.ledger)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                Ok::<_, String>((store, ledger))
+            };
+            match attempt.await {
+                Ok((store, ledger)) => {
+                    let durable = Durable::builder(store)
+                        .owner(&self.owner)
+                        .app_version(APP_VERSION)
+                        .lease_ttl(self.ttl)
+                        .max_recovery_attempts(MAX_RECOVERY_ATTEMPTS)
+                        .build();
+                    return (durable, ledger);
+                }
+                Err(e) if tokio::time::Instant::now() < deadline => {
+                    eprintln!("connect failed, retrying: {e}");
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                Err(e) => panic!("cannot connect for 30 s: {e}"),
+            }
+        }
+    }
+}
+
+/// The three tools. Sessions with an even index give `send_email` a verify hook that looks
+/// in the ledger; the others have none, so an in-doubt email parks the session.
+pub fn specs(verify: bool) -> [ToolSpec; 3] {
+    let schema = |props: Value| json!({"type": "object", "properties": props});
+    let email = ToolSpec::new(
+        "send_email",
+        "Email the customer.",
+        ReplayClass::UnsafeOnReplay,
+        schema(json!({"to": {"type": "string"}, "step": {"type": "integer"}})),
+    );
+    [
+        ToolSpec::new(
+            "read_account",
+            "Read the account.",
+            ReplayClass::Pure,
+            schema(json!({"account": {"type": "string"}, "step": {"type": "integer"}})),
+        ),
+        ToolSpec::new(
+            "charge_card",
+            "Charge the card.",
+            ReplayClass::IdempotentWithKey,
+            schema(json!({"order": {"type": "string"}, "cents": {"type": "integer"}})),
+        ),
+        if verify { email.with_verify() } else { email },
+    ]
+}
+
+/// Whether the session's email tool has a verify hook (even session index).
+pub fn uses_verify(session: &str) -> bool {
+    session
+        .rsplit('-')
+        .next()
+        .and_then(|n| n.parse::<u32>().ok())
+        .is_some_and(|n| n % 2 == 0)
+}
+
+/// The key of the keyed effect and the effect key of the email of a step.
+pub fn effect_keys(session: &str, step: i64) -> (String, String) {
+    (
+        format!("charge:{session}:{step}"),
+        format!("email:{session}:{step}"),
+    )
+}
+
+/// A few milliseconds of work, so that kills land inside tool bodies too.
+async fn work() {
+    let ms = 5 + random_below(20);
+    tokio::time::sleep(Duration::from_millis(ms)).await;
+}
+
+fn ledger_down(e: sqlx::Error) -> ! {
+    println!("crash: ledger unreachable during an effect: {e}");
+    std::process::exit(EXIT_LEDGER_DOWN);
+}
+
+/// How a session run ended.
+#[derive(Debug)]
+enum Driven {
+    Completed,
+    Parked,
+    LeaseLost(DurableError),
+    /// A store error (e.g. the server restarting): the session is left to recovery.
+    Abandoned(DurableError),
+}
+
+/// Where `zombie-a` stops to be paused.
+struct Pause {
+    step: i64,
+    wait: Duration,
+}
+
+/// Sorts a runtime error into how the run ends.
+fn ended(e: DurableError) -> Driven {
+    match e {
+        DurableError::Store(StoreError::LeaseLost { .. }) => Driven::LeaseLost(e),
+        e => Driven::Abandoned(e),
+    }
+}
+
+/// Runs a session from its latest checkpoint to completion: per step a pure read, a keyed
+/// charge and an unsafe email, then a checkpoint with the results in its state.
+async fn drive(
+    mut session: Session<Message>,
+    ledger: &Ledger,
+    owner: &str,
+    pause: Option<Pause>,
+) -> Driven {
+    let id = session.id().to_string();
+    let [read_spec, charge_spec, email_spec] = specs(uses_verify(&id));
+    let mut state = match session.state() {
+        Value::Object(map) => map.clone(),
+        _ => Map::new(),
+    };
+    while session.version() < STEPS {
+        let step = session.version();
+        let (charge_key, email_key) = effect_keys(&id, step);
+        let journal = session.journal();
+        let read = journal
+            .tool(&read_spec, json!({"account": id, "step": step}))
+            .run(|_ctx| async {
+                work().await;
+                Ok::<_, String>(json!({"token": uuid()}))
+            })
+            .await;
+        let charge = match read {
+            Ok(read) => journal
+                .tool(
+                    &charge_spec,
+                    json!({"order": format!("{id}-{step}"), "cents": 100 + step}),
+                )
+                .key(charge_key)
+                .run(|ctx: ToolContext| {
+                    let ledger = ledger.clone();
+                    async move {
+                        work().await;
+                        let key = ctx.idempotency_key().unwrap_or_default();
+                        let charge_id = ledger
+                            .charge(key, i64::from(ctx.attempt()), owner)
+                            .await
+                            .unwrap_or_else(|e| ledger_down(e));
+                        work().await;
+                        Ok::<_, String>(json!({"charge_id": charge_id}))
+                    }
+                })
+                .await
+                .map(|charge| (read, charge)),
+            Err(e) => Err(e),
+        };
+        let (read, charge) = match charge {
+            Ok(pair) => pair,
+            Err(e) => return stop(session, e, pause.is_some()).await,
+        };
+        if let Some(p) = &pause
+            && p.step == step
+        {
+            println!("pausing before send_email of step {step}");
+            tokio::time::sleep(p.wait).await;
+            println!("resumed after the pause");
+        }
+        let email = journal
+            .tool(&email_spec, json!({"to": id, "step": step}))
+            .run_verified(
+                |ctx: ToolContext| {
+                    let (ledger, email_key) = (ledger.clone(), email_key.clone());
+                    async move {
+                        work().await;
+                        let receipt = ledger
+                            .send_email(
+                                &email_key,
+                                ctx.call_id().as_str(),
+                                i64::from(ctx.attempt()),
+                                owner,
+                            )
+                            .await
+                            .unwrap_or_else(|e| ledger_down(e));
+                        work().await;
+                        Ok::<_, String>(json!({"receipt": receipt}))
+                    }
+                },
+                |ctx: ToolContext| {
+                    let ledger = ledger.clone();
+                    let verify = email_spec.has_verify;
+                    async move {
+                        if !verify {
+                            return Verification::Unknown;
+                        }
+                        match ledger.email_of_call(ctx.call_id().as_str()).await {
+                            Ok(Some(receipt)) => {
+                                Verification::Happened(json!({"receipt": receipt}))
+                            }
+                            Ok(None) => Verification::DidNotHappen,
+                            Err(e) => ledger_down(e),
+                        }
+                    }
+                },
+            )
+            .await;
+        let email = match email {
+            Ok(email) => email,
+            Err(e) => return stop(session, e, pause.is_some()).await,
+        };
+        state.insert(
+            step.to_string(),
+            json!({"read": read, "charge": charge, "email": email}),
+        );
+        session.set_state(Value::Object(state.clone()));
+        session.push(Message::user(format!("step {step} done by {owner}")));
+        if let Err(e) = session.checkpoint().await {
+            return ended(e);
+        }
+    }
+    match session.complete().await {
+        Ok(_) => Driven::Completed,
+        Err(e) => ended(e),
+    }
+}
+
+/// A journaled call failed: park on `ReplayUnsafe`, give up on a lost lease, leave the
+/// session to recovery on a store error. Tool failures are bugs here (no body fails).
+async fn stop(session: Session<Message>, e: CallError<String>, zombie: bool) -> Driven {
+    let e = match e {
+        CallError::Durable(e) => e,
+        other => panic!("a tool body failed, which no body here does: {other}"),
+    };
+    match e {
+        DurableError::ReplayUnsafe { .. } => {
+            let reason = format!("operator needed: {e}");
+            match session.park(&reason).await {
+                Ok(()) => Driven::Parked,
+                Err(e) => ended(e),
+            }
+        }
+        DurableError::Store(StoreError::LeaseLost { .. }) => {
+            if zombie {
+                // Nothing else may be accepted either: try to checkpoint anyway.
+                let mut session = session;
+                session.push(Message::user("zombie write"));
+                match session.checkpoint().await {
+                    Ok(meta) => println!("zombie checkpoint ACCEPTED at version {}", meta.version),
+                    Err(refused) => println!("checkpoint refused: {refused}"),
+                }
+            }
+            Driven::LeaseLost(e)
+        }
+        e => {
+            // Best effort: let another worker (or us) recover it without waiting the ttl.
+            let _ = session.release().await;
+            Driven::Abandoned(e)
+        }
+    }
+}
+
+fn report(id: &SessionId, driven: &Driven) {
+    match driven {
+        Driven::Completed => println!("completed {id}"),
+        Driven::Parked => println!("parked {id}"),
+        Driven::LeaseLost(e) => println!("lease lost on {id}: {e}"),
+        Driven::Abandoned(e) => println!("abandoned {id}: {e}"),
+    }
+}
+
+async fn fleet(env: &Env) -> i32 {
+    let (durable, ledger) = env.connect().await;
+    println!("worker {} up", env.owner);
+    loop {
+        match durable.recover_next::<Message>().await {
+            Ok(Some(resumed)) => {
+                let id = resumed.session.id().clone();
+                println!("recovered {id} at version {}", resumed.report.version);
+                report(
+                    &id,
+                    &drive(resumed.session, &ledger, &env.owner, None).await,
+                );
+                continue;
+            }
+            Ok(None) => {}
+            Err(e) => {
+                println!("recover_next failed, retrying: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                continue;
+            }
+        }
+        match ledger.queued().await {
+            Ok(Some(id)) => {
+                let started = durable
+                    .start::<Message>(StartOptions {
+                        id: SessionId::new(&id),
+                        messages: vec![Message::user(format!("task {id}"))],
+                        ..StartOptions::default()
+                    })
+                    .await;
+                match started {
+                    Ok(session) => {
+                        let _ = ledger.dequeue(&id).await;
+                        println!("started {id}");
+                        report(
+                            &SessionId::new(&id),
+                            &drive(session, &ledger, &env.owner, None).await,
+                        );
+                    }
+                    Err(DurableError::Store(StoreError::SessionExists(_))) => {
+                        let _ = ledger.dequeue(&id).await;
+                    }
+                    Err(e) => {
+                        println!("start {id} failed, retrying: {e}");
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                }
+            }
+            Ok(None) => match active_sessions(durable.store().as_ref()).await {
+                Some(0) => {
+                    println!("worker {} done", env.owner);
+                    return 0;
+                }
+                _ => tokio::time::sleep(Duration::from_millis(100)).await,
+            },
+            Err(e) => {
+                println!("queue unreachable, retrying: {e}");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}
+
+/// Sessions still active (running or waiting for recovery); `None` on a store error.
+pub async fn active_sessions(store: &dyn CheckpointStore) -> Option<usize> {
+    store
+        .list_sessions(&durable::store::SessionFilter {
+            statuses: vec![durable::store::SessionStatus::Active],
+            ..Default::default()
+        })
+        .await
+        .ok()
+        .map(|s| s.len())
+}
+
+async fn race(env: &Env) -> i32 {
+    let (durable, _ledger) = env.connect().await;
+    // Stdin is read on a thread of its own: a blocking read on the runtime's only thread
+    // would also stall the pool's background work (e.g. the rollback of a dropped
+    // transaction, which holds row locks until it runs).
+    let (tx, mut lines) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    println!("ready");
+    while let Some(line) = lines.recv().await {
+        let Some(id) = line.trim().strip_prefix("go ") else {
+            panic!("unexpected line {line:?}");
+        };
+        let id = SessionId::new(id);
+        match durable.resume::<Message>(&id).await {
+            Ok(mut resumed) => {
+                resumed
+                    .session
+                    .push(Message::user(format!("written by {}", env.owner)));
+                match resumed.session.checkpoint().await {
+                    // The session is dropped without release: the lease stays live, so a
+                    // twin that comes late is refused as surely as one that comes at once.
+                    Ok(meta) => println!("won {id} {}", meta.version),
+                    Err(e) => println!("error {id} checkpoint: {e}"),
+                }
+            }
+            Err(DurableError::Store(StoreError::Leased { owner, .. })) => {
+                println!("leased {id} {owner}");
+            }
+            Err(e) => println!("error {id} resume: {e}"),
+        }
+    }
+    0
+}
+
+async fn zombie_a(env: &Env) -> i32 {
+    let (durable, ledger) = env.connect().await;
+    let id = SessionId::new(std::env::var(SESSION).expect("session"));
+    let session = durable
+        .start::<Message>(StartOptions {
+            id: id.clone(),
+            ..StartOptions::default()
+        })
+        .await
+        .expect("start");
+    // Long enough for the parent to stop us even after a few tries (a stopped process's
+    // timer keeps running, so this does not slow the test down).
+    let pause = Pause {
+        step: 1,
+        wait: Duration::from_secs(3),
+    };
+    let driven = drive(session, &ledger, &env.owner, Some(pause)).await;
+    report(&id, &driven);
+    match driven {
+        Driven::LeaseLost(_) => EXIT_LEASE_LOST,
+        _ => 1,
+    }
+}
+
+async fn zombie_b(env: &Env) -> i32 {
+    let (durable, ledger) = env.connect().await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while tokio::time::Instant::now() < deadline {
+        match durable
+            .recover_next::<Message>()
+            .await
+            .expect("recover_next")
+        {
+            Some(resumed) => {
+                let id = resumed.session.id().clone();
+                println!(
+                    "claimed {id} at version {} with fence {}",
+                    resumed.report.version,
+                    resumed.session.journal().fence_token()
+                );
+                let driven = drive(resumed.session, &ledger, &env.owner, None).await;
+                report(&id, &driven);
+                return if matches!(driven, Driven::Completed) {
+                    0
+                } else {
+                    1
+                };
+            }
+            None => tokio::time::sleep(Duration::from_millis(50)).await,
+        }
+    }
+    println!("nothing to recover in 20 s");
+    1
+}
