@@ -226,7 +226,8 @@ fn arguments_that_no_longer_fit_and_missing_tools_are_reported() {
 fn fixtures_of_a_newer_format_are_refused_with_their_path() {
     let dir = tempfile::tempdir().expect("tempdir");
     let source = fixtures().remove(0);
-    let mut value: Value = serde_json::from_str(&source.to_json_pretty()).expect("json");
+    let mut value: Value =
+        serde_json::from_str(&source.to_json_pretty().expect("json")).expect("json");
     value["format"] = json!(2);
     let path = dir.path().join("future.json");
     std::fs::write(&path, value.to_string()).expect("write");

@@ -300,9 +300,11 @@ impl Fixture {
     }
 
     /// The fixture as pretty-printed JSON (what `durable export` writes).
-    pub fn to_json_pretty(&self) -> String {
-        // A `Value`-only struct always serializes.
-        serde_json::to_string_pretty(self).unwrap_or_else(|e| format!("{{\"error\": \"{e}\"}}"))
+    ///
+    /// # Errors
+    /// When a JSON value cannot be written (not expected for values read from a store).
+    pub fn to_json_pretty(&self) -> Result<String, serde_json::Error> {
+        serde_json::to_string_pretty(self)
     }
 }
 

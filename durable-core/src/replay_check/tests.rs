@@ -361,7 +361,7 @@ fn fixture_files_round_trip_and_formats_are_checked() {
         CallStatus::Completed,
     )]);
     let path = dir.join(written.file_name());
-    std::fs::write(&path, written.to_json_pretty()).expect("write");
+    std::fs::write(&path, written.to_json_pretty().expect("json")).expect("write");
     let loaded = Fixture::load_dir(&dir).expect("load");
     assert_eq!(loaded.len(), 1);
     assert_eq!(loaded[0].path.as_deref(), Some(path.as_path()));

@@ -183,7 +183,16 @@ pub async fn export(
     let mut written = Vec::new();
     for fixture in &exported.fixtures {
         let path = args.out.join(fixture.file_name());
-        std::fs::write(&path, fixture.to_json_pretty() + "\n").map_err(|e| {
+        let text = fixture.to_json_pretty().map_err(|e| {
+            CliError::new(
+                Code::Failure,
+                format!(
+                    "cannot encode checkpoint {} of `{}`: {e}",
+                    fixture.version, fixture.session
+                ),
+            )
+        })?;
+        std::fs::write(&path, text + "\n").map_err(|e| {
             CliError::new(
                 Code::Failure,
                 format!("cannot write `{}`: {e}", path.display()),
