@@ -240,7 +240,8 @@ fn demo(args: &Args) -> Result<bool, Error> {
     println!(
         "\n{}",
         style.dim(&format!(
-            "{runs} agent processes, {:.1} s",
+            "{runs} agent process{}, {:.1} s",
+            if runs == 1 { "" } else { "es" },
             started.elapsed().as_secs_f64()
         ))
     );
