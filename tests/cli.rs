@@ -44,6 +44,7 @@ scenario!(
     export,
     prune,
     migrate,
+    unpark,
     unknown_things,
 );
 

@@ -214,6 +214,7 @@ macro_rules! __durable_conformance_cases {
             runtime_secret_arguments_are_masked,
             runtime_retry_records_attempts,
             runtime_tool_retry_policy_records_attempts,
+            runtime_resolution_unparks_a_parked_session,
         }
     };
 }

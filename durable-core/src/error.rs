@@ -44,6 +44,14 @@ pub enum StoreError {
         /// Its status.
         status: String,
     },
+    /// Only a parked session can be unparked.
+    #[error("session `{session}` is {status}, not parked; only parked sessions can be unparked")]
+    NotParked {
+        /// The session.
+        session: SessionId,
+        /// Its status.
+        status: String,
+    },
     /// Compare-and-set on the checkpoint version failed.
     #[error(
         "version conflict on session `{session}`: expected latest checkpoint {expected}, found {actual}"

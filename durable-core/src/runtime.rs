@@ -7,7 +7,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use crate::error::DurableError;
+use crate::error::{DurableError, StoreError};
 use crate::ids::{CallId, SessionId};
 use crate::journal::CallEvent;
 use crate::key::ArgLimits;
@@ -15,7 +15,7 @@ use crate::session::{ResumeReport, Resumed, Session};
 use crate::snapshot::{Budget, Plan};
 use crate::store::{
     CallRecord, CheckpointStore, MigrateSession, NewCheckpoint, NewSession, Resolution,
-    ResolveCall, SessionRecord,
+    ResolveCall, SessionRecord, SessionStatus,
 };
 
 /// Observer of journal decisions (see [`DurableBuilder::on_call`]).
@@ -367,6 +367,10 @@ impl Durable {
     /// *Happened* records `result` as the call's result: on resume it is what the
     /// tool call returns, so the agent continues with it. *Did not happen* lets the
     /// next resume execute the call.
+    ///
+    /// A session parked for this call (a harness parks on `ReplayUnsafe`) is returned to
+    /// `active` once none of its calls is in doubt any more, so the next resume (or
+    /// [`recover_next`](Self::recover_next)) continues it.
     pub async fn resolve(
         &self,
         call: &CallId,
@@ -380,7 +384,7 @@ impl Durable {
             }
             _ => None,
         };
-        Ok(self
+        let record = self
             .store
             .resolve_call(ResolveCall {
                 call: call.clone(),
@@ -389,7 +393,24 @@ impl Durable {
                 note: note.map(str::to_owned),
                 mac,
             })
-            .await?)
+            .await?;
+        let session = &record.identity.session;
+        if self.store.session(session).await?.status == SessionStatus::Parked
+            && self.store.in_doubt(Some(session)).await?.is_empty()
+        {
+            match self.store.unpark_session(session).await {
+                Ok(_) | Err(StoreError::NotParked { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+            tracing::info!(%session, "session unparked: no call is in doubt any more");
+        }
+        Ok(record)
+    }
+
+    /// Returns a parked session to `active` (an operator's decision, e.g. after fixing
+    /// what made its recoveries die). Refused with `NotParked` for any other status.
+    pub async fn unpark(&self, session: &SessionId) -> Result<SessionRecord, DurableError> {
+        Ok(self.store.unpark_session(session).await?)
     }
 
     /// Moves a session to this worker's app version, with a mapping of renamed tools or

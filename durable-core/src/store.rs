@@ -571,6 +571,15 @@ pub trait CheckpointStore: Send + Sync + 'static {
         max_attempts: i32,
     ) -> Result<Option<Lease>, StoreError>;
 
+    /// Returns a parked session to `active`: an operator's decision after looking at it
+    /// (for example once its in-doubt call is resolved). Clears the recovery counter and
+    /// the parked reason; the next worker takes it with a fresh lease.
+    ///
+    /// # Contract
+    /// Atomic. [`StoreError::NotParked`] unless the session is parked;
+    /// [`StoreError::SessionNotFound`] if absent.
+    async fn unpark_session(&self, id: &SessionId) -> Result<SessionRecord, StoreError>;
+
     /// Lists active sessions whose lease has expired (or who have none).
     async fn list_expired(&self, limit: i64) -> Result<Vec<SessionRecord>, StoreError>;
 

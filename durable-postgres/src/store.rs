@@ -315,6 +315,34 @@ impl CheckpointStore for PostgresStore {
         .collect()
     }
 
+    async fn unpark_session(&self, id: &SessionId) -> Result<SessionRecord, StoreError> {
+        let mut tx = self.pool.begin().await.map_err(db)?;
+        let now = txn::now(&mut tx).await?;
+        let updated = sqlx::query(concat!(
+            "UPDATE durable_sessions SET status = 'active', status_reason = NULL, \
+             recovery_attempts = 0, updated_at = $2 WHERE id = $1 AND status = 'parked' \
+             RETURNING ",
+            session_cols!()
+        ))
+        .bind(id.as_str())
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db)?;
+        let record = match updated {
+            Some(row) => rows::session(&row)?,
+            None => {
+                let current = txn::session(&mut tx, id, None).await?;
+                return Err(StoreError::NotParked {
+                    session: id.clone(),
+                    status: current.status.as_str().to_owned(),
+                });
+            }
+        };
+        tx.commit().await.map_err(db)?;
+        Ok(record)
+    }
+
     async fn set_status(
         &self,
         fence: Fence<'_>,

@@ -319,6 +319,33 @@ impl CheckpointStore for SqliteStore {
         found.iter().map(rows::session).collect()
     }
 
+    async fn unpark_session(&self, id: &SessionId) -> Result<SessionRecord, StoreError> {
+        let mut tx = WriteTx::begin(self.writer()).await?;
+        let now = tx.now;
+        let result = async {
+            let conn = tx.conn();
+            let current = ops::load_session(&mut *conn, id).await?;
+            if current.status != SessionStatus::Parked {
+                return Err(StoreError::NotParked {
+                    session: id.clone(),
+                    status: current.status.as_str().to_owned(),
+                });
+            }
+            sqlx::query(
+                "UPDATE durable_sessions SET status = 'active', status_reason = NULL, \
+                 recovery_attempts = 0, updated_at = ? WHERE id = ?",
+            )
+            .bind(now)
+            .bind(id.as_str())
+            .execute(&mut *conn)
+            .await
+            .map_err(db)?;
+            ops::load_session(conn, id).await
+        }
+        .await;
+        tx.finish(result).await
+    }
+
     async fn set_status(
         &self,
         fence: Fence<'_>,

@@ -679,3 +679,28 @@ pub async fn unknown_things(store: &Arc<dyn CheckpointStore>, db: &str) {
     run(db, &["frobnicate"]).fails(2, "unrecognized subcommand");
     let _ = Value::Null;
 }
+
+pub async fn unpark(store: &Arc<dyn CheckpointStore>, db: &str) {
+    let p = populate(store).await;
+    let lease = store
+        .acquire_lease(&p.doubt, "test-parker", std::time::Duration::from_secs(60))
+        .await
+        .expect("lease");
+    store
+        .set_status(
+            lease.fence(),
+            SessionStatus::Parked,
+            Some("recovery attempts exhausted (5)"),
+        )
+        .await
+        .expect("park");
+    let unparked = run(db, &["unpark", p.doubt.as_str()]);
+    let text = unparked.ok();
+    assert!(text.contains("unparked session"), "{text}");
+    let record = store.session(&p.doubt).await.expect("session");
+    assert_eq!(record.status, SessionStatus::Active);
+    assert_eq!(record.status_reason, None);
+    run(db, &["unpark", p.doubt.as_str()]).fails(4, "not parked");
+    run(db, &["unpark", p.done.as_str()]).fails(4, "is completed, not parked");
+    run(db, &["unpark", "no-such-session"]).fails(3, "not found");
+}

@@ -870,3 +870,76 @@ pub async fn runtime_tool_retry_policy_records_attempts(store: Arc<dyn Checkpoin
         1
     );
 }
+
+/// A session parked on `ReplayUnsafe` cannot be resumed; resolving its in-doubt call
+/// returns it to `active`, and the next resume continues with the operator's result.
+/// Unparking anything but a parked session is refused.
+pub async fn runtime_resolution_unparks_a_parked_session(store: Arc<dyn CheckpointStore>) {
+    let (durable, _) = runtime(&store, "first");
+    let session = start(&durable).await;
+    let s = spec("email", ReplayClass::UnsafeOnReplay);
+    let effects = Arc::new(AtomicUsize::new(0));
+    call_and_die(&session, &s, 1, None, &effects).await;
+    let id = session.id().clone();
+    drop(session);
+
+    let (resumed, _) = take_over(&store, &id, "second").await;
+    let err = call(&resumed.session, &s, 1, None, &effects)
+        .await
+        .expect_err("refused");
+    assert!(matches!(
+        err,
+        CallError::Durable(DurableError::ReplayUnsafe { .. })
+    ));
+    resumed
+        .session
+        .park("send_email in doubt: needs an operator")
+        .await
+        .expect("park");
+    let (other, _) = runtime(&store, "third");
+    let refused = other.resume::<Message>(&id).await.expect_err("parked");
+    assert!(
+        matches!(
+            refused,
+            DurableError::Store(StoreError::NotResumable { .. })
+        ),
+        "{refused:?}"
+    );
+    let unpark_active = other.unpark(&crate::SessionId::random()).await;
+    assert!(matches!(
+        unpark_active,
+        Err(DurableError::Store(StoreError::SessionNotFound(_)))
+    ));
+
+    let doubt = other.in_doubt(Some(&id)).await.expect("in doubt");
+    assert_eq!(doubt.len(), 1);
+    other
+        .resolve(
+            &doubt[0].id,
+            Resolution::Happened {
+                result: json!({"receipt": "r-9"}),
+            },
+            "bob",
+            None,
+        )
+        .await
+        .expect("resolve");
+    let record = store.session(&id).await.expect("session");
+    assert_eq!(
+        record.status,
+        crate::store::SessionStatus::Active,
+        "unparked"
+    );
+    assert_eq!(record.recovery_attempts, 0);
+    let resumed = other.resume::<Message>(&id).await.expect("resumes");
+    let result = call(&resumed.session, &s, 1, None, &effects)
+        .await
+        .expect("continues");
+    assert_eq!(result, json!({"receipt": "r-9"}));
+    assert_eq!(effects.load(Ordering::SeqCst), 1, "nothing re-sent");
+    let again = other.unpark(&id).await.expect_err("not parked");
+    assert!(
+        matches!(again, DurableError::Store(StoreError::NotParked { .. })),
+        "{again:?}"
+    );
+}

@@ -74,6 +74,7 @@ fn store_code(e: &StoreError) -> Code {
         | StoreError::Leased { .. }
         | StoreError::LeaseLost { .. }
         | StoreError::NotResumable { .. }
+        | StoreError::NotParked { .. }
         | StoreError::VersionConflict { .. }
         | StoreError::CallNotInDoubt { .. }
         | StoreError::IdempotencyConflict { .. }

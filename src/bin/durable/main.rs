@@ -84,6 +84,9 @@ enum Command {
     /// Record what happened to an in-doubt call (audited with who, when and why).
     #[command(after_help = RESOLVE_HELP)]
     Resolve(ResolveArgs),
+    /// Return a parked session to active, so that a worker resumes it.
+    #[command(after_help = UNPARK_HELP)]
+    Unpark(UnparkArgs),
     /// Start a new session from a checkpoint of another one.
     Fork(ForkArgs),
     /// Write checkpoints as replay-check fixtures, one JSON file each.
@@ -209,6 +212,17 @@ struct ResolveArgs {
     by: Option<String>,
 }
 
+const UNPARK_HELP: &str = "\
+A session is parked when its recoveries kept dying (poison pill) or when its harness parked
+it on an in-doubt call. Resolving its last in-doubt call unparks it by itself; use this
+command for the other cases, once whatever killed its workers is fixed.";
+
+#[derive(Debug, Args)]
+struct UnparkArgs {
+    /// The parked session.
+    session: String,
+}
+
 #[derive(Debug, Args)]
 struct ForkArgs {
     /// The session to fork.
@@ -328,6 +342,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Calls(a) => inspect::calls(store, json, a).await,
         Command::InDoubt(a) => inspect::in_doubt(store, json, a).await,
         Command::Resolve(a) => operate::resolve(&shared, json, a).await,
+        Command::Unpark(a) => operate::unpark(store, json, a).await,
         Command::Fork(a) => operate::fork(store, json, a).await,
         Command::Export(a) => operate::export(store, json, a).await,
         Command::Prune(a) => operate::prune(store, json, a).await,

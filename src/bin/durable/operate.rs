@@ -15,7 +15,7 @@ use serde_json::{Value, json};
 
 use crate::error::{CliError, Code};
 use crate::render::{self, age, table};
-use crate::{ExportArgs, ForkArgs, MigrateArgs, PruneArgs, ResolveArgs, operator};
+use crate::{ExportArgs, ForkArgs, MigrateArgs, PruneArgs, ResolveArgs, UnparkArgs, operator};
 
 /// The lease owner recorded for the few writes this tool makes under a lease (fork).
 const CLI_OWNER: &str = "durable-cli";
@@ -123,6 +123,25 @@ pub async fn resolve(
             "resolved call `{id}` (`{tool}` in session `{session}`) as not happened, by {by}: the next resume runs the call again"
         ),
     }
+    Ok(())
+}
+
+pub async fn unpark(
+    store: &dyn CheckpointStore,
+    json: bool,
+    args: UnparkArgs,
+) -> Result<(), CliError> {
+    let id = SessionId::new(args.session);
+    let record = store.unpark_session(&id).await?;
+    if json {
+        return render::print_json(&json!({
+            "session": record.id,
+            "status": record.status,
+        }));
+    }
+    outln!(
+        "unparked session `{id}`: it is active again, and the next worker to recover it continues from its latest checkpoint"
+    );
     Ok(())
 }
 
