@@ -137,7 +137,7 @@ impl PostgresStore {
     pub async fn connect_with(options: PostgresStoreOptions) -> Result<Self, StoreError> {
         let connect: PgConnectOptions = options.url.parse().map_err(db)?;
         let connect = connect.application_name(&options.application_name);
-        setup(&connect).await?;
+        setup(&connect, options.acquire_timeout).await?;
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .min_connections(options.min_connections)
@@ -154,7 +154,11 @@ impl PostgresStore {
     /// # Errors
     /// As [`connect`](Self::connect).
     pub async fn from_pool(pool: PgPool) -> Result<Self, StoreError> {
-        setup(&pool.connect_options()).await?;
+        setup(
+            &pool.connect_options(),
+            pool.options().get_acquire_timeout(),
+        )
+        .await?;
         Ok(Self { pool })
     }
 
@@ -165,7 +169,7 @@ impl PostgresStore {
 }
 
 /// Refuses a newer schema, then applies pending migrations on a dedicated connection.
-async fn setup(options: &PgConnectOptions) -> Result<(), StoreError> {
+async fn setup(options: &PgConnectOptions, acquire_timeout: Duration) -> Result<(), StoreError> {
     let migrator = migrations();
     let supported = newest_migration(&migrator);
     // A one-connection pool of its own (not the store's): closing it releases the
@@ -174,6 +178,7 @@ async fn setup(options: &PgConnectOptions) -> Result<(), StoreError> {
     // this future `Send` for `tokio::spawn`.)
     let pool = PgPoolOptions::new()
         .max_connections(1)
+        .acquire_timeout(acquire_timeout)
         .connect_with(options.clone())
         .await
         .map_err(db)?;
