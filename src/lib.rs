@@ -1,20 +1,279 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
-//! Durable tools for LLM agent harnesses (facade; docs being written).
+//! Durable tools for LLM agent harnesses: journaled, replay-safe tool calls and
+//! versioned checkpoints.
+//!
+//! A harness that crashes mid-turn must not fire a side effect twice on resume, nor lose
+//! a result it already paid for. `durable` records every tool call in a journal (issued
+//! before the effect, result after) and decides what a replay may do from the tool's
+//! declared **replay class**:
+//!
+//! | class | result recorded | issued, outcome unknown ("in doubt") | no record |
+//! |---|---|---|---|
+//! | `pure` | returned | re-executed | executed, recorded |
+//! | `idempotent_with_key` | returned | re-executed with the recorded key | key derived, *issued* recorded, executed |
+//! | `unsafe_on_replay` | returned | `verify` hook, else [`DurableError::ReplayUnsafe`] | *issued* recorded durably, executed |
+//!
+//! Declare tools with [`#[durable_tool]`](macro@durable_tool), run sessions with
+//! [`Durable`], dispatch a model's tool calls with a [`Toolbox`].
+//!
+//! ```no_run
+//! use durable::{Durable, Message, StartOptions, Toolbox, durable_tool};
+//!
+//! /// Read a file.
+//! #[durable_tool(replay = "pure")]
+//! async fn read_file(
+//!     /// Path of the file.
+//!     path: String,
+//! ) -> Result<String, std::io::Error> {
+//!     std::fs::read_to_string(path)
+//! }
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let durable = Durable::builder(durable::connect("sqlite:agent.db").await?)
+//!     .owner("worker-1")
+//!     .build();
+//! let session = durable.start::<Message>(StartOptions::default()).await?;
+//! let text = read_file.call(session.journal(), "notes.txt".into()).await?;
+//! let toolbox = Toolbox::new().with(read_file)?;
+//! # let _ = (text, toolbox); Ok(()) }
+//! ```
+//!
+//! # Features
+//!
+//! | feature | default | provides |
+//! |---|---|---|
+//! | `sqlite` | yes | [`sqlite`]: the embedded SQLite store |
+//! | `postgres` | no | `postgres`: the PostgreSQL store, for many workers on many machines |
+//!
+//! [`connect`] opens whichever of them a URL names.
 
 pub use durable_core::*;
 
-#[doc(inline)]
-pub use durable_macros::durable_tool;
+mod connect;
+pub use connect::{ConnectError, connect};
 
-/// The embedded SQLite store.
+/// The embedded SQLite store ([`SqliteStore`](sqlite::SqliteStore)).
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use durable_sqlite as sqlite;
 
-/// The PostgreSQL store.
+/// The PostgreSQL store (`PostgresStore`).
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use durable_postgres as postgres;
+
+/// Turns an `async fn` into a durable tool: a JSON schema for its arguments, a replay
+/// class, an idempotency-key rule and a journaling wrapper.
+///
+/// ```no_run
+/// use durable::{RetryPolicy, ToolContext, Verification, durable_tool};
+/// # #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)] pub struct Receipt;
+/// # #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)] pub struct Charge;
+/// # #[derive(Debug)] pub struct MailError;
+/// # impl std::fmt::Display for MailError { fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result { f.write_str("mail") } }
+/// # type PayError = MailError;
+/// # async fn mail(_: &str, _: &str, _: &str) -> Result<Receipt, MailError> { Ok(Receipt) }
+/// # async fn pay(_: &str, _: u64, _: &str) -> Result<Charge, PayError> { Ok(Charge) }
+/// # async fn outbox_has(_: &str, _: &str) -> Option<Receipt> { None }
+///
+/// /// Send an email to a customer.
+/// #[durable_tool(replay = "unsafe_on_replay", verify = email_was_sent)]
+/// async fn send_email(
+///     /// Recipient address.
+///     to: String,
+///     /// Subject line.
+///     subject: String,
+///     /// Plain-text body.
+///     body: String,
+/// ) -> Result<Receipt, MailError> {
+///     mail(&to, &subject, &body).await
+/// }
+///
+/// /// Asked after a crash whether an in-doubt `send_email` went out.
+/// async fn email_was_sent(ctx: &ToolContext, args: &SendEmailArgs) -> Verification<Receipt> {
+///     match outbox_has(&args.to, &args.subject).await {
+///         Some(receipt) => Verification::Happened(receipt),
+///         None => Verification::DidNotHappen,
+///     }
+/// }
+///
+/// /// Charge a card; the provider honours idempotency keys.
+/// #[durable_tool(
+///     replay = "idempotent_with_key",
+///     idempotency_key = |a| format!("charge:{}", a.order_id),
+/// )]
+/// async fn charge_card(
+///     ctx: &ToolContext,
+///     /// The order being paid.
+///     order_id: String,
+///     /// Amount in cents.
+///     cents: u64,
+/// ) -> Result<Charge, PayError> {
+///     pay(&order_id, cents, ctx.idempotency_key().unwrap_or_default()).await
+/// }
+///
+/// /// Read a file.
+/// #[durable_tool(replay = "pure", retry = RetryPolicy::default().with_max_attempts(3))]
+/// async fn read_file(
+///     /// Path of the file.
+///     path: String,
+/// ) -> Result<String, std::io::Error> {
+///     std::fs::read_to_string(path)
+/// }
+/// ```
+///
+/// # Arguments of the attribute
+///
+/// | argument | | meaning |
+/// |---|---|---|
+/// | `replay = "<class>"` | required | `"pure"`, `"idempotent_with_key"` or `"unsafe_on_replay"` (see below). Declared, never inferred. |
+/// | `idempotency_key = <fn>` | required for, and only for, `idempotent_with_key` | derives the key the upstream API deduplicates on (see *Keys*) |
+/// | `verify = <path>` | only `unsafe_on_replay` | async hook asked whether an in-doubt call's effect happened (see *Verify hooks*) |
+/// | `retry = <expr>` | `pure` and `idempotent_with_key` only | a [`RetryPolicy`]: failed executions are retried with backoff. Refused on `unsafe_on_replay`: auto-retrying a call whose effect cannot be deduplicated is the duplicate-email bug |
+/// | `name = "..."` | default: the fn name | the name the model calls; 1–64 of `A–Z a–z 0–9 _ -` |
+/// | `description = "..."` | default: the fn's doc comment | what the model reads about the tool |
+/// | `crate = "path"` | default: `::durable` | where the runtime is, for a crate that renames the dependency (`dur = { package = "durable", ... }` → `crate = "dur"`) |
+///
+/// Each argument may appear once. Mistakes are compile errors on the offending token
+/// that say what is allowed.
+///
+/// # Replay classes
+///
+/// | class | for | on resume, call in doubt |
+/// |---|---|---|
+/// | `pure` | no side effect (reads, computations) | re-executed |
+/// | `idempotent_with_key` | the upstream deduplicates on a key you pass it | re-executed with the key recorded the first time |
+/// | `unsafe_on_replay` | an effect nothing deduplicates (email, SMS, a webhook) | the `verify` hook decides; without one, or if it cannot tell, the call fails with [`DurableError::ReplayUnsafe`] until an operator resolves it |
+///
+/// In every class a call whose result is recorded returns that result on replay without
+/// running; a failure is recorded and replayed too.
+///
+/// # Parameters
+///
+/// - **Model arguments.** Every parameter other than the context is an argument the
+///   model sends. Each becomes a `pub` field of the generated argument struct and a
+///   property of the JSON schema; its `///` comment becomes the property's description
+///   (and the field's rustdoc: under `#![deny(missing_docs)]` an undocumented argument
+///   is reported, as it should be, since the model gets no description either).
+///   `Option<T>` arguments are optional: absent and `null` both mean `None`. Types must
+///   be owned and implement `Serialize`, `Deserialize`, `JsonSchema`, `Clone`, `Send`
+///   and `Sync`; a missing trait is reported at the type. `#[serde(...)]` and
+///   `#[schemars(...)]` attributes on a parameter are forwarded to its field.
+/// - **`#[secret]`** on an argument stores it in the journal as a hash only (it still
+///   counts in the call's identity).
+/// - **The context**: one optional parameter of type `&ToolContext` (or `ToolContext`),
+///   recognised by its type name, anywhere in the list. It gives the body the session
+///   id, the call id and identity, the attempt number and the recorded idempotency key
+///   ([`ToolContext::idempotency_key`]), which the body passes to the upstream API.
+/// - **The struct-argument form**: a single argument marked `#[args]` whose type is
+///   your own `#[derive(Clone, Serialize, Deserialize, JsonSchema)]` struct is the whole
+///   argument object; no struct is generated and doc comments come from your fields.
+///   Your crate then needs `serde` and `schemars` itself.
+///
+/// ```no_run
+/// use durable::{ToolContext, durable_tool};
+/// use schemars::JsonSchema;
+/// use serde::{Deserialize, Serialize};
+///
+/// #[derive(Clone, Serialize, Deserialize, JsonSchema)]
+/// struct SearchQuery {
+///     /// Words to look for.
+///     text: String,
+///     /// At most this many hits.
+///     limit: Option<u32>,
+/// }
+///
+/// /// Search the catalogue.
+/// #[durable_tool(replay = "pure")]
+/// async fn search(ctx: &ToolContext, #[args] query: SearchQuery) -> std::io::Result<Vec<String>> {
+///     Ok(vec![query.text; query.limit.unwrap_or(1) as usize])
+/// }
+/// ```
+///
+/// The function must be a free `async fn` (no `self`, no generics) returning
+/// `Result<T, E>`, spelled out or as an alias such as `std::io::Result<T>`. `T` is
+/// recorded and replayed, so it implements `Serialize` and `Deserialize`; `E` is
+/// recorded by its `Display` text. The future must be `Send`: toolboxes run tools on
+/// multi-threaded runtimes.
+///
+/// # Keys
+///
+/// `idempotency_key` is a closure over the arguments, `|a| ...` where `a` is
+/// `&SendEmailArgs` (one field per argument; `&YourStruct` in the struct-argument form),
+/// or `|a, session| ...` to also get the [`SessionId`], or the path of a function
+/// `fn(&Args) -> impl Into<String>`. It returns anything `Into<String>`. The key is
+/// derived when the call is first issued and recorded with it; a re-execution after a
+/// crash uses the **recorded** key, never a freshly derived one. Derive it from every
+/// argument that changes the effect: the same key with other arguments is refused
+/// ([`StoreError::IdempotencyConflict`]). Reading an argument that does not exist is a
+/// compile error naming the arguments that do.
+///
+/// ```no_run
+/// # use durable::{ToolContext, durable_tool};
+/// /// Refund a charge, once per session and charge.
+/// #[durable_tool(
+///     replay = "idempotent_with_key",
+///     idempotency_key = |a, session| format!("{session}:refund:{}", a.charge_id),
+/// )]
+/// async fn refund(ctx: &ToolContext, charge_id: String) -> Result<String, std::io::Error> {
+///     Ok(format!("refunded {charge_id} with key {:?}", ctx.idempotency_key()))
+/// }
+/// ```
+///
+/// # Verify hooks
+///
+/// `verify = f` names an `async fn f(ctx: &ToolContext, args: &SendEmailArgs) ->
+/// Verification<T>` (with `T` the tool's success type). It runs only when a resumed
+/// session meets an `unsafe_on_replay` call that was issued but has no recorded
+/// outcome, and answers from the outside world (the provider's outbox, a ledger):
+/// [`Verification::Happened`] records its value as the call's result and returns it,
+/// [`Verification::DidNotHappen`] lets the call run now, [`Verification::Unknown`]
+/// surfaces it as [`DurableError::ReplayUnsafe`] for an operator.
+///
+/// # What it generates
+///
+/// For `vis async fn send_email(...)`, in the same module and with the same visibility:
+///
+/// - **`struct send_email;`** — the tool itself, a unit value carrying your doc comment.
+///   It implements [`Tool`] (register it: `Toolbox::new().with(send_email)`), `Clone`,
+///   `Copy`, `Debug` and `Default`. The function is not callable any more:
+///   `send_email(...)` does not compile, so the side effect cannot run outside the
+///   journal by accident. (Like any unit struct, the name is a pattern in `let`
+///   position: do not name a local variable after a tool.)
+/// - **`SendEmailArgs`** — the argument struct (fn name in UpperCamelCase + `Args`),
+///   the one public companion item (none in the struct-argument form). It derives
+///   `Serialize`, `Deserialize`, `JsonSchema` and `Clone` through `durable`'s own
+///   re-exports, so your crate needs no serde or schemars dependency. It refuses unknown
+///   fields: a model that invents an argument gets an error naming it instead of a call
+///   that silently ignores it (OpenAI strict mode forbids extra fields anyway).
+/// - **`send_email::spec() -> &'static ToolSpec`** — name, description, class, the
+///   argument schema (JSON Schema draft 2020-12, inlined, see [`schema`]), its
+///   fingerprint, retry policy, secret arguments and whether a verify hook exists.
+///   Built once.
+/// - **`send_email.call(&journal, to, subject, body).await`** — the typed journaled
+///   call: `Result<Receipt, CallError<MailError>>`. The arguments are serialized,
+///   hashed into the call's identity and journaled.
+/// - **`send_email.dangerous_call_unjournaled(...)`** — the body, with your exact
+///   parameters (context included; build one with [`ToolContext::detached`]), run with
+///   no journal at all. For tests of the body and deliberate one-off use.
+/// - **[`Tool::invoke`]** — what a toolbox calls with the model's JSON. The arguments are
+///   decoded first; a mismatch is [`DurableError::ArgumentsMismatch`] naming the JSON
+///   path (`$.cents`), and nothing is journaled or run. Then the key is derived and the
+///   call goes through [`Journal::tool`] with the model's JSON as sent. A tool failure,
+///   now or recorded, comes back as a [`ToolOutput`] with `is_error: true` and content
+///   `{"error": "<message>"}` for the model to read; `Err` is reserved for the runtime
+///   (refusals, store errors).
+///
+/// Attributes on the function: doc comments go to the struct (and the description),
+/// `#[cfg]` to every generated item, anything else (`#[allow]`, `#[expect]`,
+/// `#[tracing::instrument]`) to the function body, which is kept token for token, so
+/// errors inside it point at your code.
+///
+/// Set `DURABLE_MACROS_DEBUG=1` (or `=send_email`) while building to print the
+/// expansion to stderr. The macro is sugar over [`Journal::tool`]: everything it
+/// generates can be written by hand for tools built at run time.
+#[doc(inline)]
+pub use durable_macros::durable_tool;
 
 #[doc(hidden)]
 pub mod __private {
@@ -27,8 +286,8 @@ pub mod __private {
     pub use durable_core::tool::{Tool, ToolContext, ToolOutput, ToolSpec};
     pub use durable_core::tool_bounds::{
         BoxFuture, ToolArgument, ToolErrorValue, ToolOutputValue, ToolReturn, args_schema,
-        assert_tool_argument, assert_tool_error, assert_tool_output, assert_tool_return,
-        decode_args, derive_key, derive_key_with_session, doc_text, encode_args, tool_output,
+        assert_tool_argument, assert_tool_return, decode_args, derive_key, derive_key_with_session,
+        doc_text, encode_args, run_tool, run_tool_verified, tool_output,
     };
     pub use durable_core::{CallError, DurableError, Journal, ReplayClass, SessionId};
     pub use serde_json::Value;

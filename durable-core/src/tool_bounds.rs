@@ -14,6 +14,7 @@
 //! [`Tool`]: crate::tool::Tool
 
 use std::fmt::Display;
+use std::future::Future;
 
 use schemars::JsonSchema;
 use serde::Serialize;
@@ -22,8 +23,8 @@ use serde_json::{Value, json};
 
 use crate::error::DurableError;
 use crate::ids::SessionId;
-use crate::journal::CallError;
-use crate::tool::{ToolOutput, ToolSpec};
+use crate::journal::{CallError, ToolCall};
+use crate::tool::{ToolContext, ToolOutput, ToolSpec, Verification};
 
 /// The boxed, `Send` future returned by [`Tool::invoke`](crate::tool::Tool::invoke).
 pub use futures_util::future::BoxFuture;
@@ -98,14 +99,39 @@ impl<T, E> ToolReturn for Result<T, E> {
     }
 }
 
+/// Runs a journaled call with no verify hook: [`ToolCall::run`] with the tool bounds
+/// spelled as this module's marker traits, so that a result or error type that does not
+/// fit is reported with their notes (and at the span generated code gives the call).
+pub async fn run_tool<T, E, F, Fut>(call: ToolCall<'_>, run: F) -> Result<T, CallError<E>>
+where
+    T: ToolOutputValue,
+    E: ToolErrorValue,
+    F: FnMut(ToolContext) -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    call.run(run).await
+}
+
+/// [`ToolCall::run_verified`] with the tool bounds spelled as marker traits (see
+/// [`run_tool`]).
+pub async fn run_tool_verified<T, E, F, Fut, V, VFut>(
+    call: ToolCall<'_>,
+    run: F,
+    verify: V,
+) -> Result<T, CallError<E>>
+where
+    T: ToolOutputValue,
+    E: ToolErrorValue,
+    F: FnMut(ToolContext) -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+    V: FnOnce(ToolContext) -> VFut,
+    VFut: Future<Output = Verification<T>>,
+{
+    call.run_verified(run, verify).await
+}
+
 /// Compile-time check used by generated code: `T` is a [`ToolArgument`].
 pub fn assert_tool_argument<T: ToolArgument>() {}
-
-/// Compile-time check used by generated code: `T` is a [`ToolOutputValue`].
-pub fn assert_tool_output<T: ToolOutputValue>() {}
-
-/// Compile-time check used by generated code: `T` is a [`ToolErrorValue`].
-pub fn assert_tool_error<T: ToolErrorValue>() {}
 
 /// Compile-time check used by generated code: `T` is a [`ToolReturn`].
 pub fn assert_tool_return<T: ToolReturn>() {}
@@ -184,7 +210,7 @@ pub fn derive_key_with_session<A, K: Into<String>>(
 /// # Errors
 /// The runtime's own errors ([`CallError::Durable`]) are passed through, and a result
 /// that does not serialize is [`DurableError::Encode`].
-pub fn tool_output<T: Serialize, E: Display>(
+pub fn tool_output<T: ToolOutputValue, E: ToolErrorValue>(
     spec: &ToolSpec,
     result: Result<T, CallError<E>>,
 ) -> Result<ToolOutput, DurableError> {

@@ -124,7 +124,7 @@ struct ArgsShape {
 //     impl P::Tool for send_email { fn spec(&self) ..; fn invoke(..) -> P::BoxFuture<..> }
 //
 //     const _: fn() = P::assert_tool_argument::<String>;   // spanned on each argument type
-//     const _: fn() = P::assert_tool_return::<R>;          // and on the result types
+//     const _: fn() = P::assert_tool_return::<R>;          // if R is not spelled `Result<..>`
 fn generate(p: &Paths, tool: &ToolFn<'_>, plan: &Plan<'_>) -> TokenStream {
     let private = p.private();
     let vis = &tool.original.vis;
@@ -247,16 +247,23 @@ fn args_shape(p: &Paths, tool: &ToolFn<'_>) -> ArgsShape {
     }
 }
 
-/// The user's function, renamed and with macro-only parameter attributes removed.
-pub(crate) fn body_fn(tool: &ToolFn<'_>) -> TokenStream {
-    let attrs = &tool.body_attrs;
-    let mut sig = tool.original.sig.clone();
-    sig.ident = Ident::new("__durable_body", tool.ident.span());
-    for input in &mut sig.inputs {
+/// The user's function with the macro-only parameter attributes (`///`, `#[secret]`,
+/// `#[args]`, `#[serde]`, `#[schemars]`) removed, which rustc would reject on a fn.
+pub(crate) fn without_macro_attrs(item: &ItemFn) -> ItemFn {
+    let mut item = item.clone();
+    for input in &mut item.sig.inputs {
         if let FnArg::Typed(pat_type) = input {
             pat_type.attrs.retain(|attr| !is_macro_param_attr(attr));
         }
     }
+    item
+}
+
+/// The user's function, renamed and with macro-only parameter attributes removed.
+pub(crate) fn body_fn(tool: &ToolFn<'_>) -> TokenStream {
+    let attrs = &tool.body_attrs;
+    let mut sig = without_macro_attrs(tool.original).sig;
+    sig.ident = Ident::new("__durable_body", tool.ident.span());
     let block = &tool.original.block;
     // `clippy::unused_async` is allowed because the macro, not the user, requires `async`
     // (a pure tool may well not await). It comes before the user's attributes so that
@@ -440,20 +447,25 @@ fn journaled_fn(
             }
         }
     };
+    // `run_tool` is bounded by `ToolOutputValue` / `ToolErrorValue`, so a result or error
+    // type lacking a trait is reported with their notes.
+    let out_span = output_span(tool);
     let run_call = match plan.verify {
-        None => quote!(__durable_call.run(#run).await),
+        None => {
+            let run_tool = quote_spanned!(out_span=> #private::run_tool);
+            quote!(#run_tool(__durable_call, #run).await)
+        }
         Some(verify) => {
             let check =
                 quote_spanned!(verify.span()=> (#verify)(&__durable_ctx, __durable_args).await);
-            quote! {
-                __durable_call.run_verified(
-                    #run,
-                    |__durable_ctx: #private::ToolContext| {
-                        let __durable_args = &__durable_args;
-                        async move { #check }
-                    },
-                ).await
-            }
+            let verify = quote! {
+                |__durable_ctx: #private::ToolContext| {
+                    let __durable_args = &__durable_args;
+                    async move { #check }
+                }
+            };
+            let run_tool = quote_spanned!(out_span=> #private::run_tool_verified);
+            quote!(#run_tool(__durable_call, #run, #verify).await)
         }
     };
     quote! {
@@ -470,8 +482,15 @@ fn journaled_fn(
     }
 }
 
+fn output_span(tool: &ToolFn<'_>) -> Span {
+    tool.output
+        .ty()
+        .map_or_else(|| tool.ident.span(), Spanned::span)
+}
+
 fn tool_impl(private: &TokenStream, tool: &ToolFn<'_>, args_ty: &TokenStream) -> TokenStream {
     let ident = tool.ident;
+    let tool_output = quote_spanned!(output_span(tool)=> #private::tool_output);
     // A body that is not `Send` fails here, where the future is boxed for toolboxes on
     // multi-threaded runtimes; the span puts the error on the tool's name.
     let boxed = quote_spanned! {tool.ident.span()=>
@@ -481,7 +500,7 @@ fn tool_impl(private: &TokenStream, tool: &ToolFn<'_>, args_ty: &TokenStream) ->
                 ::core::result::Result::Ok(decoded) => decoded,
                 ::core::result::Result::Err(error) => return ::core::result::Result::Err(error),
             };
-            #private::tool_output(__durable_spec, #ident::__durable_journaled(journal, __durable_args, args).await)
+            #tool_output(__durable_spec, #ident::__durable_journaled(journal, __durable_args, args).await)
         })
     };
     quote! {
@@ -512,21 +531,11 @@ fn checks(private: &TokenStream, tool: &ToolFn<'_>) -> Vec<TokenStream> {
             quote_spanned!(ty.span()=> const _: fn() = #private::assert_tool_argument::<#ty>;),
         );
     }
-    match &tool.output {
-        Output::Result { ok, err, .. } => {
-            checks.push(
-                quote_spanned!(ok.span()=> const _: fn() = #private::assert_tool_output::<#ok>;),
-            );
-            checks.push(
-                quote_spanned!(err.span()=> const _: fn() = #private::assert_tool_error::<#err>;),
-            );
-        }
-        Output::Other(ty) => {
-            checks.push(
-                quote_spanned!(ty.span()=> const _: fn() = #private::assert_tool_return::<#ty>;),
-            );
-        }
-        Output::Missing => {}
+    // `T` and `E` need no item of their own: the calls that use them (`run_tool`,
+    // `tool_output`) are bounded by the marker traits and spanned on the return type.
+    if let Output::Other(ty) = &tool.output {
+        checks
+            .push(quote_spanned!(ty.span()=> const _: fn() = #private::assert_tool_return::<#ty>;));
     }
     checks
         .into_iter()

@@ -8,13 +8,19 @@
 use proc_macro2::TokenStream;
 use quote::quote;
 
-use crate::expand::body_fn;
+use crate::expand::{body_fn, without_macro_attrs};
 use crate::model::{ToolFn, upper_camel};
 use crate::paths::Paths;
 
 pub(crate) fn fallback(p: &Paths, tool: &ToolFn<'_>, error: &syn::Error) -> TokenStream {
     let private = p.private();
     let errors = error.to_compile_error();
+    if tool.receiver.is_some() {
+        // A method lives in an `impl` block, where no struct can be declared: keep the
+        // method as written (minus macro-only attributes) and report the error only.
+        let method = without_macro_attrs(tool.original);
+        return quote!(#errors #method);
+    }
     let vis = &tool.original.vis;
     let ident = tool.ident;
     let cfgs = &tool.cfgs;

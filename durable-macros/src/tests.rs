@@ -79,8 +79,6 @@ fn generated_form_emits_one_companion_struct() {
             "impl",
             "impl Tool",
             "const",
-            "const",
-            "const",
             "const"
         ]
     );
@@ -97,7 +95,7 @@ fn generated_form_emits_one_companion_struct() {
     let text = quote!(#file).to_string();
     assert!(text.contains("with_secret_args ([\"body\"])"), "{text}");
     assert!(text.contains("with_verify ()"), "{text}");
-    assert!(text.contains("run_verified"), "{text}");
+    assert!(text.contains("run_tool_verified"), "{text}");
     assert!(text.contains("deny_unknown_fields"), "{text}");
     // `#[secret]` and the parameter docs do not reach the re-emitted signatures.
     let body = file.items.iter().find_map(|item| match item {
@@ -123,14 +121,7 @@ fn struct_form_generates_no_args_struct() {
     );
     assert_eq!(
         items(&file),
-        [
-            "struct search",
-            "impl",
-            "impl Tool",
-            "const",
-            "const",
-            "const"
-        ]
+        ["struct search", "impl", "impl Tool", "const"]
     );
     let text = quote!(#file).to_string();
     assert!(text.contains("args_schema :: < SearchArgs >"), "{text}");
