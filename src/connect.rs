@@ -174,9 +174,9 @@ mod tests {
     #[cfg(not(feature = "postgres"))]
     #[tokio::test]
     async fn a_postgres_url_without_the_feature_names_it() {
-        let err = connect("postgres://127.0.0.1/db")
-            .await
-            .expect_err("feature off");
+        let Err(err) = connect("postgres://127.0.0.1/db").await else {
+            panic!("a postgres URL opened a store without the `postgres` feature");
+        };
         assert!(err.to_string().contains("`postgres` feature"), "{err}");
     }
 }
