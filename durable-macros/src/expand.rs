@@ -19,8 +19,15 @@ use crate::paths::Paths;
 use crate::validate::{self, Class, KeyFn, Plan};
 
 pub(crate) fn durable_tool(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let debug = std::env::var("DURABLE_MACROS_DEBUG").ok();
+    let name = debug
+        .as_ref()
+        .and_then(|_| syn::parse2::<ItemFn>(item.clone()).ok())
+        .map(|item| unraw(&item.sig.ident));
     let output = expand(attr, item);
-    debug_print(&output);
+    if let Some(filter) = debug {
+        debug_print(&filter, name.as_deref(), &output);
+    }
     output
 }
 
@@ -67,15 +74,14 @@ fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
     }
 }
 
-/// `DURABLE_MACROS_DEBUG=1` prints every expansion to stderr; `DURABLE_MACROS_DEBUG=<name>`
-/// only the tool whose expansion mentions that struct name.
-fn debug_print(output: &TokenStream) {
-    let Ok(filter) = std::env::var("DURABLE_MACROS_DEBUG") else {
-        return;
-    };
-    let text = output.to_string();
-    if filter.is_empty() || filter == "1" || text.contains(&format!("struct {filter} ;")) {
-        eprintln!("--- #[durable_tool] expansion ---\n{text}\n---");
+/// `DURABLE_MACROS_DEBUG=1` (or empty) prints every expansion to stderr;
+/// `DURABLE_MACROS_DEBUG=<fn name>` only that tool's.
+fn debug_print(filter: &str, name: Option<&str>, output: &TokenStream) {
+    if filter.is_empty() || filter == "1" || name == Some(filter) {
+        eprintln!(
+            "--- #[durable_tool] expansion of `{}` ---\n{output}\n---",
+            name.unwrap_or("?")
+        );
     }
 }
 

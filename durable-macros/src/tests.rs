@@ -201,3 +201,43 @@ fn not_a_function_is_kept() {
     assert!(text.contains("applies to an `async fn`"), "{text}");
     assert!(text.contains("struct S"), "{text}");
 }
+
+#[test]
+fn an_argument_named_journal_does_not_collide_with_the_journal_parameter() {
+    let file = expand(
+        quote!(replay = "pure"),
+        quote!(
+            async fn log(journal: String) -> Result<u8, E> {
+                todo!()
+            }
+        ),
+    );
+    let call = file
+        .items
+        .iter()
+        .filter_map(|item| match item {
+            syn::Item::Impl(i) if i.trait_.is_none() => Some(i),
+            _ => None,
+        })
+        .flat_map(|i| i.items.iter())
+        .find_map(|item| match item {
+            syn::ImplItem::Fn(f) if f.sig.ident == "call" => Some(f.sig.clone()),
+            _ => None,
+        })
+        .expect("call method");
+    let params: Vec<String> = call
+        .inputs
+        .iter()
+        .filter_map(|input| match input {
+            syn::FnArg::Typed(t) => Some(quote!(#t).to_string()),
+            syn::FnArg::Receiver(_) => None,
+        })
+        .collect();
+    assert_eq!(
+        params,
+        [
+            "__durable_journal : & :: durable :: __private :: Journal",
+            "journal : String"
+        ]
+    );
+}
