@@ -37,6 +37,10 @@ pub struct Summary {
     pub in_doubt: usize,
     /// Lines where a worker met a database error and carried on (or crashed on purpose).
     pub db_errors: usize,
+    /// In-doubt emails the verify hook found in the ledger (result recorded, not re-sent).
+    pub verified_happened: usize,
+    /// In-doubt emails the verify hook did not find (sent now, once).
+    pub verified_not_happened: usize,
 }
 
 /// Runs the fleet; `restarts` server restarts are spread over the run (PostgreSQL only).
@@ -132,24 +136,27 @@ pub async fn fleet(backend: Backend, restarts: usize) {
         summary.restarts, restarts,
         "the run ended before every server restart"
     );
-    summary.db_errors = std::fs::read_dir(logs.path())
-        .expect("logs")
-        .flatten()
-        .map(|entry| {
-            std::fs::read_to_string(entry.path())
-                .unwrap_or_default()
-                .lines()
-                .filter(|l| {
-                    l.contains("retrying") || l.starts_with("abandoned") || l.starts_with("crash:")
-                })
-                .count()
-        })
-        .sum();
+    let logged = |pick: &dyn Fn(&str) -> bool| -> usize {
+        std::fs::read_dir(logs.path())
+            .expect("logs")
+            .flatten()
+            .map(|entry| {
+                let text = std::fs::read_to_string(entry.path()).unwrap_or_default();
+                text.lines().filter(|l| pick(l)).count()
+            })
+            .sum()
+    };
+    summary.db_errors = logged(&|l| {
+        l.contains("retrying") || l.starts_with("abandoned") || l.starts_with("crash:")
+    });
+    summary.verified_happened = logged(&|l| l.starts_with("verify: happened"));
+    summary.verified_not_happened = logged(&|l| l.starts_with("verify: did not happen"));
     check(store.as_ref(), &ledger, &mut summary).await;
     println!(
         "fleet: backend={} sessions={SESSIONS} completed={} parked={} kills={} crashes={} \
          restarts={} duplicates={} lost={} keyed_attempts={} keyed_applied={} \
-         in_doubt_for_operator={} db_errors_survived={} ({:.1} s)",
+         in_doubt_for_operator={} verified_happened={} verified_not_happened={} \
+         db_errors_survived={} ({:.1} s)",
         backend.name(),
         summary.completed,
         summary.parked,
@@ -161,6 +168,8 @@ pub async fn fleet(backend: Backend, restarts: usize) {
         summary.keyed_attempts,
         summary.keyed_applied,
         summary.in_doubt,
+        summary.verified_happened,
+        summary.verified_not_happened,
         summary.db_errors,
         started.elapsed().as_secs_f64()
     );

@@ -256,6 +256,10 @@ pub fn uuid() -> String {
 
 /// A random number in `0..n` (from a UUID v4's random bits: the tests need no `rand`).
 pub fn random_below(n: u64) -> u64 {
-    let hex: String = uuid().chars().filter(char::is_ascii_hexdigit).take(12).collect();
+    let hex: String = uuid()
+        .chars()
+        .filter(char::is_ascii_hexdigit)
+        .take(12)
+        .collect();
     u64::from_str_radix(&hex, 16).unwrap_or(0) % n.max(1)
 }

@@ -288,9 +288,13 @@ async fn drive(
                         }
                         match ledger.email_of_call(ctx.call_id().as_str()).await {
                             Ok(Some(receipt)) => {
+                                println!("verify: happened {}", ctx.call_id());
                                 Verification::Happened(json!({"receipt": receipt}))
                             }
-                            Ok(None) => Verification::DidNotHappen,
+                            Ok(None) => {
+                                println!("verify: did not happen {}", ctx.call_id());
+                                Verification::DidNotHappen
+                            }
                             Err(e) => ledger_down(e),
                         }
                     }
