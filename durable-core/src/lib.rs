@@ -26,14 +26,16 @@ pub mod transcript;
 
 pub use error::{DurableError, StoreError};
 pub use ids::{CallId, SessionId};
+pub use journal::{CallError, CallEvent, Journal, Outcome, RecordedFailure};
 pub use key::{ArgLimits, ArgumentError, ArgumentErrorKind};
 pub use replay::ReplayClass;
 pub use retry::{RetryError, RetryPolicy, retry};
-pub use journal::{CallError, CallEvent, Journal, Outcome, RecordedFailure};
 pub use runtime::{Durable, DurableBuilder, StartOptions};
 pub use schema::{McpAnnotations, SchemaError, SchemaErrorKind};
 pub use session::{InDoubtAction, InDoubtCall, ResumeReport, Resumed, Session};
-pub use snapshot::{Budget, BudgetExceeded, Plan, PlanError, Postcondition, Spend, Step, StepStatus};
+pub use snapshot::{
+    Budget, BudgetExceeded, Plan, PlanError, Postcondition, Spend, Step, StepStatus,
+};
 pub use store::CheckpointStore;
 pub use tool::{Tool, ToolContext, ToolOutput, ToolSpec, Verification};
 pub use toolbox::{ModelToolCall, ToolArguments, ToolResult, Toolbox, ToolboxError};
