@@ -292,6 +292,7 @@ pub mod __private {
     pub use durable_core::{CallError, DurableError, Journal, ReplayClass, SessionId};
     pub use serde_json::Value;
     pub use std::boxed::Box;
+    pub use std::string::String;
     pub use std::sync::OnceLock;
 
     pub use schemars;

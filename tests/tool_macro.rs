@@ -456,3 +456,31 @@ async fn specs_schemas_and_the_escape_hatch() {
     .expect("invoke");
     assert_eq!(output.content, json!(["CDG→OSL (attempt 1)"]));
 }
+
+/// The replay check's hooks: `check_args` decodes like `invoke` (path of the bad field),
+/// `derive_key` applies the declared key rule for keyed tools only.
+#[test]
+fn replay_check_hooks_decode_arguments_and_derive_keys() {
+    let ok = json!({"order_id": "o-7", "cents": 120});
+    assert!(charge_card.check_args(&ok).is_ok());
+    let bad = json!({"order_id": "o-7", "cents": "lots"});
+    match charge_card.check_args(&bad) {
+        Err(DurableError::ArgumentsMismatch { path, .. }) => assert_eq!(path, "$.cents"),
+        other => panic!("expected ArgumentsMismatch at $.cents, got {other:?}"),
+    }
+    let session = SessionId::new("s-1");
+    let key = charge_card
+        .derive_key(&ok, &session)
+        .expect("keyed tools derive a key")
+        .expect("valid arguments");
+    assert_eq!(key, "s-1:charge:o-7", "the rule sees the session too");
+    assert!(matches!(
+        charge_card.derive_key(&bad, &session),
+        Some(Err(DurableError::ArgumentsMismatch { .. }))
+    ));
+    assert!(
+        send_mail
+            .derive_key(&json!({"to": "a", "body": "b"}), &session)
+            .is_none()
+    );
+}

@@ -153,7 +153,7 @@ fn generate(p: &Paths, tool: &ToolFn<'_>, plan: &Plan<'_>) -> TokenStream {
     let call_fn = call_fn(&private, tool, &shape, &call_result);
     let dangerous_fn = dangerous_fn(tool, &ret);
     let journaled_fn = journaled_fn(&private, tool, plan, &shape, &call_result);
-    let tool_impl = tool_impl(&private, tool, args_ty);
+    let tool_impl = tool_impl(&private, tool, args_ty, plan.key.is_some());
     let checks = checks(&private, tool);
 
     quote! {
@@ -428,17 +428,33 @@ fn journaled_fn(
 ) -> TokenStream {
     let args_ty = &shape.ty;
     let destructure = &shape.destructure;
-    let key = plan.key.as_ref().map(|key| match key {
-        KeyFn::Args(expr) => quote_spanned! {expr.span()=>
-            let __durable_call = __durable_call.key(#private::derive_key(&__durable_args, #expr));
-        },
-        KeyFn::ArgsAndSession(expr) => quote_spanned! {expr.span()=>
-            let __durable_call = __durable_call.key(#private::derive_key_with_session(
-                &__durable_args,
-                __durable_journal.session_id(),
-                #expr,
-            ));
-        },
+    // The key rule lives in one hidden fn, used by the journaled call and by
+    // `Tool::derive_key` (the replay check), so the user's expression is expanded once.
+    let key_fn = plan.key.as_ref().map(|key| {
+        let derive = match key {
+            KeyFn::Args(expr) => quote_spanned! {expr.span()=>
+                #private::derive_key(__durable_args, #expr)
+            },
+            KeyFn::ArgsAndSession(expr) => quote_spanned! {expr.span()=>
+                #private::derive_key_with_session(__durable_args, __durable_session, #expr)
+            },
+        };
+        quote! {
+            #[doc(hidden)]
+            fn __durable_key(
+                __durable_args: &#args_ty,
+                __durable_session: &#private::SessionId,
+            ) -> #private::String {
+                #derive
+            }
+        }
+    });
+    let key = plan.key.as_ref().map(|_| {
+        quote! {
+            let __durable_call = __durable_call.key(
+                Self::__durable_key(&__durable_args, __durable_journal.session_id()),
+            );
+        }
     });
     let body_args = tool.inputs.iter().map(|input| match input {
         Input::Context(c) if c.by_ref => quote!(&__durable_ctx),
@@ -475,6 +491,8 @@ fn journaled_fn(
         }
     };
     quote! {
+        #key_fn
+
         #[doc(hidden)]
         async fn __durable_journaled(
             __durable_journal: &#private::Journal,
@@ -494,8 +512,26 @@ fn output_span(tool: &ToolFn<'_>) -> Span {
         .map_or_else(|| tool.ident.span(), Spanned::span)
 }
 
-fn tool_impl(private: &TokenStream, tool: &ToolFn<'_>, args_ty: &TokenStream) -> TokenStream {
+fn tool_impl(
+    private: &TokenStream,
+    tool: &ToolFn<'_>,
+    args_ty: &TokenStream,
+    keyed: bool,
+) -> TokenStream {
     let ident = tool.ident;
+    let derive_key = if keyed {
+        quote! {
+            ::core::option::Option::Some(
+                #private::decode_args::<#args_ty>(#ident::spec(), args)
+                    .map(|__durable_args| #ident::__durable_key(&__durable_args, session)),
+            )
+        }
+    } else {
+        quote! {
+            let _ = (args, session);
+            ::core::option::Option::None
+        }
+    };
     let tool_output = quote_spanned!(output_span(tool)=> #private::tool_output);
     // A body that is not `Send` fails here, where the future is boxed for toolboxes on
     // multi-threaded runtimes; the span puts the error on the tool's name.
@@ -513,6 +549,21 @@ fn tool_impl(private: &TokenStream, tool: &ToolFn<'_>, args_ty: &TokenStream) ->
         impl #private::Tool for #ident {
             fn spec(&self) -> &#private::ToolSpec {
                 #ident::spec()
+            }
+
+            fn check_args(
+                &self,
+                args: &#private::Value,
+            ) -> ::core::result::Result<(), #private::DurableError> {
+                #private::decode_args::<#args_ty>(#ident::spec(), args).map(|_| ())
+            }
+
+            fn derive_key(
+                &self,
+                args: &#private::Value,
+                session: &#private::SessionId,
+            ) -> ::core::option::Option<::core::result::Result<#private::String, #private::DurableError>> {
+                #derive_key
             }
 
             fn invoke<'__durable>(
