@@ -150,23 +150,30 @@ impl CheckpointStore for PostgresStore {
         .map_err(db)?
         .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
         let status: String = get(&row, "status")?;
-        if status != SessionStatus::Active.as_str() {
-            return Err(StoreError::NotResumable {
-                session: id.clone(),
-                status,
-            });
-        }
         let holder: Option<String> = get(&row, "lease_owner")?;
         let held_until: Option<i64> = get(&row, "lease_expires_at")?;
-        if let (Some(holder), Some(until)) = (holder, held_until)
+        let refusal = if status != SessionStatus::Active.as_str() {
+            Some(StoreError::NotResumable {
+                session: id.clone(),
+                status,
+            })
+        } else if let (Some(holder), Some(until)) = (holder, held_until)
             && holder != owner
             && until > now
         {
-            return Err(StoreError::Leased {
+            Some(StoreError::Leased {
                 session: id.clone(),
                 owner: holder,
                 expires_at: until,
-            });
+            })
+        } else {
+            None
+        };
+        if let Some(refusal) = refusal {
+            // Release the row lock now rather than when the pool gets round to rolling
+            // back a dropped transaction: a refused worker must not delay the holder.
+            tx.rollback().await.map_err(db)?;
+            return Err(refusal);
         }
         let expires = now.saturating_add(ttl_ms(ttl));
         let row = sqlx::query(
