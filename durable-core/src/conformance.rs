@@ -12,7 +12,7 @@
 //!
 //! async fn make_store() -> Arc<dyn CheckpointStore> {
 //!     // open a fresh, empty database here
-//! #   unimplemented!()
+//! #   unreachable!("open a fresh, empty database here")
 //! }
 //!
 //! durable_core::conformance_suite!(make_store);

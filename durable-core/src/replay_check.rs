@@ -29,7 +29,7 @@
 //!
 //! ```no_run
 //! use durable_core::replay_check::{self, Fixture};
-//! # fn my_toolbox() -> durable_core::Toolbox { unimplemented!() }
+//! # fn my_toolbox() -> durable_core::Toolbox { unreachable!("your toolbox") }
 //! # #[derive(serde::Deserialize)] struct MyMessage;
 //!
 //! #[test]

@@ -66,7 +66,7 @@
 //! session.push(ToolResult::message(&answers));
 //! session.checkpoint().await?;
 //! # Ok(()) }
-//! # async fn call_the_model(_: &[serde_json::Value]) -> Result<Message, std::io::Error> { todo!() }
+//! # async fn call_the_model(_: &[serde_json::Value]) -> Result<Message, std::io::Error> { unreachable!("the example never calls the model") }
 //! ```
 
 use std::collections::BTreeMap;

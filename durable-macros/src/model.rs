@@ -276,7 +276,7 @@ mod tests {
                 #[serde(default)] order_id: String,
                 #[secret] mut cents: u64,
                 (a, b): (u8, u8),
-            ) -> std::result::Result<Charge, PayError> { todo!() }
+            ) -> std::result::Result<Charge, PayError> { unreachable!() }
         });
         let model = ToolFn::from_item(&f);
         assert_eq!(model.name(), "charge_card");
@@ -307,7 +307,7 @@ mod tests {
     fn result_aliases_and_missing_outputs() {
         let f = item(quote!(
             async fn a() -> io::Result<u8> {
-                todo!()
+                unreachable!()
             }
         ));
         assert!(matches!(ToolFn::from_item(&f).output, Output::Other(_)));

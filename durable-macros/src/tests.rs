@@ -68,7 +68,7 @@ fn generated_form_emits_one_companion_struct() {
                 /// Recipient.
                 to: String,
                 #[secret] body: String,
-            ) -> Result<Receipt, MailError> { todo!() }
+            ) -> Result<Receipt, MailError> { unreachable!() }
         },
     );
     assert_eq!(
@@ -115,7 +115,7 @@ fn struct_form_generates_no_args_struct() {
         quote!(replay = "pure"),
         quote!(
             async fn search(ctx: &ToolContext, #[args] query: SearchArgs) -> Result<Vec<Hit>, E> {
-                todo!()
+                unreachable!()
             }
         ),
     );
@@ -137,7 +137,7 @@ fn renamed_crate_is_the_only_root() {
         ),
         quote!(
             async fn charge(id: String) -> Result<u8, E> {
-                todo!()
+                unreachable!()
             }
         ),
     );
@@ -153,7 +153,7 @@ fn errors_fall_back_to_stubs_and_keep_the_body() {
         quote!(replay = "maybe"),
         quote! {
             /// Docs.
-            async fn read(path: String) -> Result<String, E> { let _ = 1; todo!() }
+            async fn read(path: String) -> Result<String, E> { let _ = 1; unreachable!() }
         },
     );
     let file: syn::File = syn::parse2(output).expect("fallback parses");
@@ -181,7 +181,7 @@ fn every_error_is_reported_at_once() {
         ),
         quote!(
             fn read(&self) -> Result<String, E> {
-                todo!()
+                unreachable!()
             }
         ),
     );
@@ -208,7 +208,7 @@ fn an_argument_named_journal_does_not_collide_with_the_journal_parameter() {
         quote!(replay = "pure"),
         quote!(
             async fn log(journal: String) -> Result<u8, E> {
-                todo!()
+                unreachable!()
             }
         ),
     );

@@ -458,7 +458,7 @@ mod tests {
     fn accepts_each_class() {
         let f = quote!(
             async fn t(ctx: &ToolContext, id: String) -> Result<u8, E> {
-                todo!()
+                unreachable!()
             }
         );
         assert!(errors(quote!(replay = "pure", retry = R::default()), f.clone()).is_empty());
@@ -479,7 +479,7 @@ mod tests {
     fn class_errors() {
         let f = quote!(
             async fn t() -> Result<u8, E> {
-                todo!()
+                unreachable!()
             }
         );
         assert!(one(quote!(), f.clone()).starts_with("missing `replay`"));
@@ -534,7 +534,7 @@ mod tests {
             quote!(replay = "pure"),
             quote!(
                 async fn t(a: &ToolContext, b: &ToolContext) -> Result<u8, E> {
-                    todo!()
+                    unreachable!()
                 }
             ),
         );
@@ -543,7 +543,7 @@ mod tests {
             quote!(replay = "pure"),
             quote!(
                 async fn t(a: &mut ToolContext) -> Result<u8, E> {
-                    todo!()
+                    unreachable!()
                 }
             ),
         );
@@ -554,7 +554,7 @@ mod tests {
     fn struct_form_rules() {
         let ok = quote!(
             async fn t(ctx: &ToolContext, #[args] a: SearchArgs) -> Result<u8, E> {
-                todo!()
+                unreachable!()
             }
         );
         assert!(errors(quote!(replay = "pure"), ok).is_empty());
@@ -562,7 +562,7 @@ mod tests {
             quote!(replay = "pure"),
             quote!(
                 async fn t(#[args] a: SearchArgs, b: u8) -> Result<u8, E> {
-                    todo!()
+                    unreachable!()
                 }
             ),
         );
@@ -575,7 +575,7 @@ mod tests {
                     #[secret]
                     a: SearchArgs,
                 ) -> Result<u8, E> {
-                    todo!()
+                    unreachable!()
                 }
             ),
         );
@@ -584,7 +584,7 @@ mod tests {
             quote!(replay = "pure"),
             quote!(
                 async fn t(#[secret(x)] a: String) -> Result<u8, E> {
-                    todo!()
+                    unreachable!()
                 }
             ),
         );
@@ -597,7 +597,7 @@ mod tests {
                     #[serde(rename = "k")]
                     a: String,
                 ) -> Result<u8, E> {
-                    todo!()
+                    unreachable!()
                 }
             ),
         );
@@ -608,7 +608,7 @@ mod tests {
     fn key_closure_rules() {
         let f = quote!(
             async fn charge(order_id: String, cents: u64) -> Result<u8, E> {
-                todo!()
+                unreachable!()
             }
         );
         let attr =
@@ -649,7 +649,7 @@ mod tests {
     fn tool_names() {
         let f = quote!(
             async fn t() -> Result<u8, E> {
-                todo!()
+                unreachable!()
             }
         );
         assert!(errors(quote!(replay = "pure", name = "search-v2"), f.clone()).is_empty());
