@@ -311,7 +311,8 @@ where
         self.journal.model_with_spend(f, spend).await
     }
 
-    /// Checkpoints pending messages (if any) and marks the session completed, releasing
+    /// Writes a final checkpoint (with the pending messages, plan and budget, even when
+    /// nothing changed since the last one) and marks the session completed, releasing
     /// its lease.
     pub async fn complete(mut self) -> Result<CheckpointMeta, DurableError> {
         let meta = self.checkpoint().await?;
