@@ -387,7 +387,6 @@ impl Journal {
                 what: "model response".into(),
                 detail: e.to_string(),
             })?;
-            let spend_value = spend(&value).map(|s| serde_json::to_value(s).unwrap_or(Value::Null));
             let call = NewCall {
                 id: CallId::random(),
                 kind: CallKind::Model,
@@ -397,23 +396,9 @@ impl Journal {
                 idempotency_key: None,
                 schema_hash: String::new(),
             };
-            let outcome = CallOutcome::Completed(result);
-            let mac = self.mac_for(&call.id, &outcome);
-            let lease = self.lease();
             let row = match self
-                .inner
-                .store
-                .record_call(
-                    lease.fence(),
-                    call,
-                    FinishCall {
-                        outcome,
-                        spend: spend_value,
-                        mac,
-                    },
-                )
-                .await
-                .map_err(|e| self.note_store_error(e))?
+                .record(call, CallOutcome::Completed(result), spend(&value))
+                .await?
             {
                 IssueOutcome::Inserted(row) | IssueOutcome::Existing(row) => row,
             };
@@ -452,6 +437,31 @@ impl Journal {
         cache.rows = rows.into_iter().map(|r| (r.identity.clone(), r)).collect();
         cache.loaded = true;
         Ok(())
+    }
+
+    /// Records a call that ran without an *issued* row (pure tools, model replies) with
+    /// its outcome, spend and MAC: one commit.
+    async fn record(
+        &self,
+        call: NewCall,
+        outcome: CallOutcome,
+        spend: Option<Spend>,
+    ) -> Result<IssueOutcome, DurableError> {
+        let mac = self.mac_for(&call.id, &outcome);
+        let lease = self.lease();
+        self.inner
+            .store
+            .record_call(
+                lease.fence(),
+                call,
+                FinishCall {
+                    outcome,
+                    spend: spend_json(spend),
+                    mac,
+                },
+            )
+            .await
+            .map_err(|e| self.note_store_error(e))
     }
 
     fn event(&self, row: &CallRecord, outcome: Outcome) -> CallEvent {
@@ -520,4 +530,9 @@ impl Journal {
             .into()),
         }
     }
+}
+
+/// A row's spend as stored (`Spend` always serializes; `null` would only mean a bug).
+fn spend_json(spend: Option<Spend>) -> Option<Value> {
+    spend.map(|s| serde_json::to_value(s).unwrap_or(Value::Null))
 }

@@ -381,7 +381,7 @@ impl Journal {
         spend: Option<Spend>,
     ) -> Result<CallRecord, DurableError> {
         let mac = self.mac_for(&row.id, &outcome);
-        let spend_value = spend.map(|s| serde_json::to_value(s).unwrap_or(Value::Null));
+        let spend_value = super::spend_json(spend);
         // The finished row, as the store now holds it (no read-back: one round trip less
         // on the hot path; `finished_at` is the store's and not needed here).
         let mut finished = row.clone();
@@ -497,24 +497,8 @@ impl Journal {
                 Err(e),
             ),
         };
-        let mac = self.mac_for(&call.id, &outcome);
-        let spend_value = spend.map(|s| serde_json::to_value(s).unwrap_or(Value::Null));
         let identity = call.identity.clone();
-        let lease = self.lease();
-        let recorded = self
-            .inner
-            .store
-            .record_call(
-                lease.fence(),
-                call,
-                FinishCall {
-                    outcome,
-                    spend: spend_value,
-                    mac,
-                },
-            )
-            .await
-            .map_err(|e| self.note_store_error(e))?;
+        let recorded = self.record(call, outcome, spend).await?;
         let (row, fresh) = match recorded {
             IssueOutcome::Inserted(row) => (row, true),
             IssueOutcome::Existing(row) => (row, false),
