@@ -10,6 +10,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+# rust-toolchain.toml pins 1.95.0, the machine's one toolchain. Where rustup knows it only
+# as `stable`, register it under the pinned name instead of letting rustup download it.
+if command -v rustup >/dev/null 2>&1; then
+  toolchains=$(rustup toolchain list 2>/dev/null || true)
+  stable=$(rustup run stable rustc --version 2>/dev/null || true)
+  if [[ $'\n'"$toolchains" != *$'\n'1.95.0* && "$stable" == "rustc 1.95.0"* ]]; then
+    rustup toolchain link 1.95.0 "$(rustup run stable rustc --print sysroot)"
+  fi
+fi
+
 have_pg_binaries() {
   command -v initdb >/dev/null 2>&1 || compgen -G '/usr/lib/postgresql/*/bin/initdb' >/dev/null
 }
