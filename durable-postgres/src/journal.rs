@@ -26,7 +26,7 @@ impl PostgresStore {
         finish: Option<FinishCall>,
     ) -> Result<IssueOutcome, StoreError> {
         let mut tx = self.pool.begin().await.map_err(db)?;
-        txn::lock_fenced(&mut tx, fence, Lock::Share).await?;
+        let locked = txn::lock_fenced(&mut tx, fence, Lock::Share).await?;
         // A lease on one session cannot write into another's journal.
         if &call.identity.session != fence.session {
             return Err(StoreError::LeaseLost {
@@ -34,7 +34,7 @@ impl PostgresStore {
                 token: fence.token,
             });
         }
-        let now = txn::now(&mut tx).await?;
+        let now = locked.now;
         let tool = &call.identity.tool;
         let outcome = Stored::from(finish.as_ref());
         if let Some(key) = &call.idempotency_key {
@@ -173,7 +173,7 @@ impl PostgresStore {
                 status: status.as_str().to_owned(),
             });
         }
-        let now = txn::now(&mut tx).await?;
+        let now = locked.now;
         let stored = Stored::from(Some(&finish));
         sqlx::query(
             "UPDATE durable_tool_calls

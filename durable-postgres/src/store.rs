@@ -200,8 +200,9 @@ impl CheckpointStore for PostgresStore {
 
     async fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<Lease, StoreError> {
         let mut tx = self.pool.begin().await.map_err(db)?;
-        txn::lock_fenced(&mut tx, lease.fence(), Lock::Update).await?;
-        let now = txn::now(&mut tx).await?;
+        let now = txn::lock_fenced(&mut tx, lease.fence(), Lock::Update)
+            .await?
+            .now;
         let expires = now.saturating_add(ttl_ms(ttl));
         // Lease bookkeeping is not a session update: `updated_at` stays (as in SQLite).
         sqlx::query("UPDATE durable_sessions SET lease_expires_at = $2 WHERE id = $1")
@@ -357,8 +358,7 @@ impl CheckpointStore for PostgresStore {
         reason: Option<&str>,
     ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await.map_err(db)?;
-        txn::lock_fenced(&mut tx, fence, Lock::Update).await?;
-        let now = txn::now(&mut tx).await?;
+        let now = txn::lock_fenced(&mut tx, fence, Lock::Update).await?.now;
         let releases = status.is_terminal() || status == SessionStatus::Parked;
         sqlx::query(
             "UPDATE durable_sessions
@@ -385,7 +385,7 @@ impl CheckpointStore for PostgresStore {
     ) -> Result<CheckpointMeta, StoreError> {
         let mut tx = self.pool.begin().await.map_err(db)?;
         let locked = txn::lock_fenced(&mut tx, fence, Lock::Update).await?;
-        let now = txn::now(&mut tx).await?;
+        let now = locked.now;
         let meta =
             txn::append_checkpoint(&mut tx, fence.session, &locked, expected, checkpoint, now)
                 .await?;
