@@ -586,7 +586,8 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// Sets a session's status (e.g. completed), with a reason.
     ///
     /// # Contract
-    /// Fenced. Releases the lease when the new status is terminal or parked.
+    /// Fenced. When the new status is terminal or parked, releases the lease and bumps
+    /// the fencing token, so the former holder can write nothing more.
     async fn set_status(
         &self,
         fence: Fence<'_>,

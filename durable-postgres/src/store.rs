@@ -363,7 +363,8 @@ impl CheckpointStore for PostgresStore {
         sqlx::query(
             "UPDATE durable_sessions
              SET status = $2, status_reason = $3, updated_at = $4,
-                 lease_expires_at = CASE WHEN $5 THEN $4 ELSE lease_expires_at END
+                 lease_expires_at = CASE WHEN $5 THEN $4 ELSE lease_expires_at END,
+                 fence = fence + CASE WHEN $5 THEN 1 ELSE 0 END
              WHERE id = $1",
         )
         .bind(fence.session.as_str())

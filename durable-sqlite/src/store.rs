@@ -360,13 +360,15 @@ impl CheckpointStore for SqliteStore {
             let release = status.is_terminal() || status == SessionStatus::Parked;
             sqlx::query(
                 "UPDATE durable_sessions SET status = ?, status_reason = ?, updated_at = ?, \
-                 lease_expires_at = CASE WHEN ? THEN ? ELSE lease_expires_at END WHERE id = ?",
+                 lease_expires_at = CASE WHEN ? THEN ? ELSE lease_expires_at END, \
+                 fence = fence + CASE WHEN ? THEN 1 ELSE 0 END WHERE id = ?",
             )
             .bind(status.as_str())
             .bind(reason)
             .bind(now)
             .bind(release)
             .bind(now)
+            .bind(release)
             .bind(fence.session.as_str())
             .execute(conn)
             .await

@@ -415,6 +415,18 @@ pub async fn lease_terminal_and_parked_are_not_resumable(store: Arc<dyn Checkpoi
             "set_status({status:?}) must release the lease: expires {:?}, now {t}",
             record.lease_expires_at
         );
+        assert!(
+            record.fence > lease.fence,
+            "set_status({status:?}) must bump the fence so the former holder writes nothing more"
+        );
+        expect_err!(
+            store
+                .save_checkpoint(lease.fence(), 0, checkpoint("after the end", vec![]))
+                .await,
+            StoreError::LeaseLost { .. },
+            "a checkpoint by the holder of a {} session",
+            status.as_str()
+        );
         for who in [w.clone(), owner("other")] {
             let (s, st) = expect_err!(
                 store.acquire_lease(&session.id, &who, LONG_TTL).await,
