@@ -215,6 +215,10 @@ macro_rules! __durable_conformance_cases {
             runtime_retry_records_attempts,
             runtime_tool_retry_policy_records_attempts,
             runtime_resolution_unparks_a_parked_session,
+            runtime_failed_model_calls_do_not_shift_positions,
+            runtime_interrupted_unsafe_call_blocks_the_live_session,
+            runtime_live_session_sees_a_resolution,
+            runtime_interrupted_checkpoint_stops_the_handle,
         }
     };
 }

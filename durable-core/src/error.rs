@@ -269,6 +269,17 @@ pub enum DurableError {
         /// The serde error.
         detail: String,
     },
+    /// A checkpoint write was interrupted and may or may not have committed: this session
+    /// handle cannot tell which step it is in any more.
+    #[error(
+        "checkpoint {version} of session `{session}` was interrupted and may have been written; resume the session to continue"
+    )]
+    CheckpointInDoubt {
+        /// The session.
+        session: SessionId,
+        /// The version being written.
+        version: i64,
+    },
     /// The budget's limit would be exceeded.
     #[error("budget exceeded: {0}")]
     BudgetExceeded(String),

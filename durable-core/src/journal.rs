@@ -9,6 +9,7 @@ use std::fmt::Display;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -28,9 +29,11 @@ use crate::store::{
 use crate::tool::ToolSpec;
 
 mod call;
+mod numbers;
 
 pub use call::ToolCall;
 use call::decode_result;
+use numbers::{Numbers, Reservation};
 
 /// The tool name under which model responses are journaled.
 pub const MODEL_SLOT: &str = "@model";
@@ -133,10 +136,6 @@ struct StepCache {
     loaded: bool,
     /// Rows of this step, by identity.
     rows: HashMap<CallIdentity, CallRecord>,
-    /// Next ordinal per `(tool, input_hash)`.
-    ordinals: HashMap<(String, String), i64>,
-    /// Next model position.
-    model_position: i64,
 }
 
 pub(crate) struct JournalInner {
@@ -147,6 +146,14 @@ pub(crate) struct JournalInner {
     pub(crate) lease_lost: AtomicBool,
     step: AtomicI64,
     cache: tokio::sync::Mutex<StepCache>,
+    /// Ordinals and model positions of the current step.
+    numbers: Arc<Mutex<Numbers>>,
+    /// When this worker must consider its lease gone if it could not renew it (a margin
+    /// before the store's expiry), so it stops starting effects an operator may already
+    /// be resolving.
+    lease_deadline: Mutex<Instant>,
+    /// Set while a checkpoint's outcome is unknown (its future was dropped mid-write).
+    checkpoint_in_doubt: Mutex<Option<i64>>,
     /// Rows this journal issued itself (everything else still `issued` is in doubt).
     issued_here: Mutex<HashSet<CallId>>,
     /// Spend of rows used this turn, charged once per row.
@@ -181,6 +188,7 @@ impl Journal {
         lease: Lease,
         step: i64,
     ) -> Self {
+        let deadline = Instant::now() + lease_margin(config.lease_ttl);
         Journal {
             inner: Arc::new(JournalInner {
                 store,
@@ -193,6 +201,9 @@ impl Journal {
                     step,
                     ..StepCache::default()
                 }),
+                numbers: Arc::new(Mutex::new(Numbers::new(step))),
+                lease_deadline: Mutex::new(deadline),
+                checkpoint_in_doubt: Mutex::new(None),
                 issued_here: Mutex::new(HashSet::new()),
                 spend: Mutex::new(Vec::new()),
                 charged: Mutex::new(HashSet::new()),
@@ -232,6 +243,7 @@ impl Journal {
     /// Moves to a new step (after a checkpoint): ordinals and positions restart.
     pub(crate) async fn enter_step(&self, step: i64) {
         self.inner.step.store(step, Ordering::SeqCst);
+        lock(&self.inner.numbers).reset(step);
         let mut cache = self.inner.cache.lock().await;
         *cache = StepCache {
             step,
@@ -270,7 +282,9 @@ impl Journal {
         }
     }
 
-    fn check_lease(&self) -> Result<(), DurableError> {
+    /// Whether this journal may start a call: its lease is neither lost nor past the
+    /// local renewal deadline, and no checkpoint is in doubt.
+    pub(crate) fn check_lease(&self) -> Result<(), DurableError> {
         if self.inner.lease_lost.load(Ordering::SeqCst) {
             let lease = self.lease();
             return Err(StoreError::LeaseLost {
@@ -279,7 +293,41 @@ impl Journal {
             }
             .into());
         }
+        if let Some(version) = *lock(&self.inner.checkpoint_in_doubt) {
+            return Err(DurableError::CheckpointInDoubt {
+                session: self.inner.session.clone(),
+                version,
+            });
+        }
+        if Instant::now() > *lock(&self.inner.lease_deadline) {
+            // Not renewed in time: the store may hand the session to another worker (or
+            // an operator may resolve our calls) at any moment, so no new call starts.
+            let lease = self.lease();
+            tracing::warn!(session = %lease.session, "lease not renewed in time; treating it as lost");
+            self.inner.lease_lost.store(true, Ordering::SeqCst);
+            return Err(StoreError::LeaseLost {
+                session: lease.session,
+                token: lease.fence,
+            }
+            .into());
+        }
         Ok(())
+    }
+
+    /// Records a successful renewal requested at `sent`.
+    pub(crate) fn renewed(&self, lease: Lease, sent: Instant) {
+        *lock(&self.inner.lease_deadline) = sent + lease_margin(self.inner.config.lease_ttl);
+        self.set_lease(lease);
+    }
+
+    /// Marks (or clears) a checkpoint whose outcome is unknown.
+    pub(crate) fn set_checkpoint_in_doubt(&self, version: Option<i64>) {
+        *lock(&self.inner.checkpoint_in_doubt) = version;
+    }
+
+    /// The version of a checkpoint whose write was interrupted, if any.
+    pub(crate) fn checkpoint_in_doubt(&self) -> Option<i64> {
+        *lock(&self.inner.checkpoint_in_doubt)
     }
 
     fn note_store_error(&self, e: StoreError) -> DurableError {
@@ -355,18 +403,19 @@ impl Journal {
     {
         self.check_lease()?;
         let step = self.step();
-        let identity = {
+        let (identity, mut reservation) = {
             let mut cache = self.inner.cache.lock().await;
             self.load_step(&mut cache).await?;
-            let position = cache.model_position;
-            cache.model_position += 1;
-            CallIdentity {
+            let reservation =
+                Reservation::take(&self.inner.numbers, (MODEL_SLOT.to_owned(), String::new()));
+            let identity = CallIdentity {
                 session: self.inner.session.clone(),
                 step,
                 tool: MODEL_SLOT.to_owned(),
                 input_hash: String::new(),
-                ordinal: position,
-            }
+                ordinal: reservation.number(),
+            };
+            (identity, reservation)
         };
         let span = tracing::info_span!(
             "model_call",
@@ -377,6 +426,7 @@ impl Journal {
         async move {
             let recorded = self.inner.cache.lock().await.rows.get(&identity).cloned();
             if let Some(row) = recorded.filter(|r| r.status == CallStatus::Completed) {
+                reservation.keep();
                 self.verify_mac(&row)?;
                 self.charge(&row);
                 self.emit(self.event(&row, Outcome::CacheHit));
@@ -402,6 +452,7 @@ impl Journal {
             {
                 IssueOutcome::Inserted(row) | IssueOutcome::Existing(row) => row,
             };
+            reservation.keep();
             self.failpoint("after_model_recorded", MODEL_SLOT);
             self.charge(&row);
             self.inner
@@ -437,6 +488,52 @@ impl Journal {
         cache.rows = rows.into_iter().map(|r| (r.identity.clone(), r)).collect();
         cache.loaded = true;
         Ok(())
+    }
+
+    /// Re-reads a row from the store (an operator may have resolved it since the step was
+    /// loaded) and updates the step cache.
+    async fn refresh(
+        &self,
+        cache: &mut StepCache,
+        id: &CallId,
+    ) -> Result<CallRecord, DurableError> {
+        let row = self
+            .inner
+            .store
+            .call(id)
+            .await
+            .map_err(|e| self.note_store_error(e))?;
+        cache.rows.insert(row.identity.clone(), row.clone());
+        Ok(row)
+    }
+
+    /// The oldest unsafe call of the step that is still `issued` and that this journal is
+    /// not running: an orphan of an earlier attempt, or of a call of ours whose outcome
+    /// could not be recorded. Each candidate is re-read from the store first.
+    async fn find_orphan(&self, cache: &mut StepCache) -> Result<Option<CallRecord>, DurableError> {
+        loop {
+            let candidate = {
+                let here = lock(&self.inner.issued_here);
+                cache
+                    .rows
+                    .values()
+                    .filter(|r| {
+                        r.kind == CallKind::Tool
+                            && r.class == ReplayClass::UnsafeOnReplay
+                            && r.status == CallStatus::Issued
+                            && !here.contains(&r.id)
+                    })
+                    .min_by_key(|r| r.issued_at)
+                    .map(|r| r.id.clone())
+            };
+            let Some(id) = candidate else {
+                return Ok(None);
+            };
+            let current = self.refresh(cache, &id).await?;
+            if current.status == CallStatus::Issued {
+                return Ok(Some(current));
+            }
+        }
     }
 
     /// Records a call that ran without an *issued* row (pure tools, model replies) with
@@ -491,6 +588,12 @@ impl Journal {
         let (what, value) = match (&row.result, &row.error) {
             (Some(v), _) => ("result", v),
             (None, Some(v)) => ("error", v),
+            // An outcome with neither a result nor an error was not written by us.
+            (None, None) if row.status.has_outcome() => {
+                return Err(DurableError::Tampered {
+                    call: row.id.clone(),
+                });
+            }
             (None, None) => return Ok(()),
         };
         match &row.mac {
@@ -535,4 +638,10 @@ impl Journal {
 /// A row's spend as stored (`Spend` always serializes; `null` would only mean a bug).
 fn spend_json(spend: Option<Spend>) -> Option<Value> {
     spend.map(|s| serde_json::to_value(s).unwrap_or(Value::Null))
+}
+
+/// How long after a (re)acquisition this worker trusts its lease: 90% of the TTL, so it
+/// stops starting effects before the store can hand the session to someone else.
+fn lease_margin(ttl: Duration) -> Duration {
+    ttl.mul_f64(0.9)
 }

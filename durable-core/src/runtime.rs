@@ -6,6 +6,7 @@ use std::time::Duration;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+use tracing::Instrument;
 
 use crate::error::{DurableError, StoreError};
 use crate::ids::{CallId, SessionId};
@@ -297,8 +298,23 @@ impl Durable {
         M: Serialize + DeserializeOwned + Clone,
     {
         let span = tracing::info_span!("resume", session = %lease.session);
-        let _enter = span.enter();
-        let record = self.store.session(&lease.session).await?;
+        self.resume_in_span(lease).instrument(span).await
+    }
+
+    async fn resume_in_span<M>(
+        &self,
+        lease: crate::store::Lease,
+    ) -> Result<Resumed<M>, DurableError>
+    where
+        M: Serialize + DeserializeOwned + Clone,
+    {
+        let record = match self.store.session(&lease.session).await {
+            Ok(record) => record,
+            Err(e) => {
+                let _ = self.store.release_lease(&lease).await;
+                return Err(e.into());
+            }
+        };
         if record.app_version != self.config.app_version {
             let _ = self.store.release_lease(&lease).await;
             return Err(DurableError::AppVersionMismatch {

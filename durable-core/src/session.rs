@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+use tracing::Instrument;
 
 use crate::error::{DurableError, StoreError};
 use crate::ids::SessionId;
@@ -262,17 +263,27 @@ where
     /// belong to a new step.
     pub async fn checkpoint(&mut self) -> Result<CheckpointMeta, DurableError> {
         let span = tracing::info_span!("checkpoint", session = %self.record.id, version = self.version + 1);
-        let _enter = span.enter();
+        if let Some(version) = self.journal.checkpoint_in_doubt() {
+            return Err(DurableError::CheckpointInDoubt {
+                session: self.record.id.clone(),
+                version,
+            });
+        }
         let checkpoint = self.snapshot()?;
         #[cfg(feature = "failpoints")]
         fail::fail_point!("durable::before_checkpoint");
         let lease = self.journal.lease();
-        let meta = self
+        // If this future is dropped mid-write, the write may or may not have committed:
+        // the flag stays set and the handle refuses to go on (resume the session).
+        self.journal.set_checkpoint_in_doubt(Some(self.version + 1));
+        let saved = self
             .durable
             .store
             .save_checkpoint(lease.fence(), self.version, checkpoint)
-            .await
-            .map_err(|e| self.lost(e))?;
+            .instrument(span)
+            .await;
+        self.journal.set_checkpoint_in_doubt(None);
+        let meta = saved.map_err(|e| self.lost(e))?;
         #[cfg(feature = "failpoints")]
         fail::fail_point!("durable::after_checkpoint");
         self.version = meta.version;
@@ -370,8 +381,9 @@ async fn renew_loop(journal: Journal) {
     loop {
         tokio::time::sleep(period).await;
         let lease = journal.lease();
+        let sent = std::time::Instant::now();
         match journal.inner.store.renew_lease(&lease, ttl).await {
-            Ok(renewed) => journal.set_lease(renewed),
+            Ok(renewed) => journal.renewed(renewed, sent),
             Err(StoreError::LeaseLost { .. }) => {
                 tracing::warn!(session = %lease.session, "lease lost; this worker must stop working on the session");
                 journal.inner.lease_lost.store(true, Ordering::SeqCst);

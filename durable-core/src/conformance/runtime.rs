@@ -943,3 +943,145 @@ pub async fn runtime_resolution_unparks_a_parked_session(store: Arc<dyn Checkpoi
         "{again:?}"
     );
 }
+
+/// A model call that fails writes nothing and uses up no position: after a crash, the
+/// re-run turn's replies line up with the calls that got them.
+pub async fn runtime_failed_model_calls_do_not_shift_positions(store: Arc<dyn CheckpointStore>) {
+    let (durable, _) = runtime(&store, "first");
+    let session = start(&durable).await;
+    let journal = session.journal().clone();
+    let failed = journal
+        .model(|| async { Err::<Value, _>("429 too many requests".to_owned()) })
+        .await;
+    assert!(matches!(failed, Err(CallError::Tool(_))), "{failed:?}");
+    let r1 = journal
+        .model(|| async { Ok::<_, String>(json!({"reply": 1})) })
+        .await
+        .expect("r1");
+    let r2 = journal
+        .model(|| async { Ok::<_, String>(json!({"reply": 2})) })
+        .await
+        .expect("r2");
+    let id = session.id().clone();
+    drop(session);
+
+    let (resumed, _) = take_over(&store, &id, "second").await;
+    let journal = resumed.session.journal().clone();
+    let again1 = journal
+        .model(|| async { Ok::<_, String>(json!({"reply": "asked again"})) })
+        .await
+        .expect("replayed r1");
+    let again2 = journal
+        .model(|| async { Ok::<_, String>(json!({"reply": "asked again"})) })
+        .await
+        .expect("replayed r2");
+    assert_eq!(
+        (again1, again2),
+        (r1, r2),
+        "replies replay in the order they were given"
+    );
+}
+
+/// An unsafe call whose outcome could not be recorded (its future was dropped after the
+/// effect) is in doubt for the live session too: a retry, or another unsafe call, is
+/// refused, and the effect never runs twice.
+pub async fn runtime_interrupted_unsafe_call_blocks_the_live_session(
+    store: Arc<dyn CheckpointStore>,
+) {
+    let (durable, _) = runtime(&store, "first");
+    let session = start(&durable).await;
+    let s = spec("email", ReplayClass::UnsafeOnReplay);
+    let effects = Arc::new(AtomicUsize::new(0));
+    call_and_die(&session, &s, 1, None, &effects).await;
+    let err = call(&session, &s, 1, None, &effects)
+        .await
+        .expect_err("the retry is refused");
+    assert!(
+        matches!(err, CallError::Durable(DurableError::ReplayUnsafe { .. })),
+        "{err:?}"
+    );
+    let other = spec("post", ReplayClass::UnsafeOnReplay);
+    let err = call(&session, &other, 1, None, &effects)
+        .await
+        .expect_err("another unsafe call is refused");
+    assert!(
+        matches!(err, CallError::Durable(DurableError::ReplayUnsafe { .. })),
+        "{err:?}"
+    );
+    assert_eq!(effects.load(Ordering::SeqCst), 1, "the effect ran once");
+}
+
+/// A resumed session refused on an orphan picks up the operator's resolution without
+/// being resumed again: the same call then returns the operator's result.
+pub async fn runtime_live_session_sees_a_resolution(store: Arc<dyn CheckpointStore>) {
+    let (durable, _) = runtime(&store, "first");
+    let session = start(&durable).await;
+    let s = spec("email", ReplayClass::UnsafeOnReplay);
+    let effects = Arc::new(AtomicUsize::new(0));
+    call_and_die(&session, &s, 1, None, &effects).await;
+    let id = session.id().clone();
+    drop(session);
+
+    let (resumed, events) = take_over(&store, &id, "second").await;
+    let err = call(&resumed.session, &s, 1, None, &effects)
+        .await
+        .expect_err("in doubt");
+    assert!(matches!(
+        err,
+        CallError::Durable(DurableError::ReplayUnsafe { .. })
+    ));
+    let (operator, _) = runtime(&store, "operator");
+    let doubt = operator.in_doubt(Some(&id)).await.expect("in doubt");
+    assert_eq!(doubt.len(), 1);
+    operator
+        .resolve(
+            &doubt[0].id,
+            Resolution::Happened {
+                result: json!({"receipt": "seen"}),
+            },
+            "dana",
+            None,
+        )
+        .await
+        .expect("resolve");
+    let result = call(&resumed.session, &s, 1, None, &effects)
+        .await
+        .expect("the resolution is the result");
+    assert_eq!(result, json!({"receipt": "seen"}));
+    assert_eq!(effects.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        outcomes(&events).last().map(|e| e.1),
+        Some(Outcome::Resolved)
+    );
+}
+
+/// A checkpoint whose write was interrupted leaves the handle unable to tell its step:
+/// it refuses further calls and checkpoints until the session is resumed.
+pub async fn runtime_interrupted_checkpoint_stops_the_handle(store: Arc<dyn CheckpointStore>) {
+    let (durable, _) = runtime(&store, "first");
+    let mut session = start(&durable).await;
+    session.push(Message::user("turn 1"));
+    let interrupted = tokio::time::timeout(Duration::ZERO, session.checkpoint()).await;
+    assert!(
+        interrupted.is_err(),
+        "a store write must not complete on its first poll (it does I/O)"
+    );
+    let s = spec("email", ReplayClass::UnsafeOnReplay);
+    let effects = Arc::new(AtomicUsize::new(0));
+    let err = call(&session, &s, 1, None, &effects)
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(
+            err,
+            CallError::Durable(DurableError::CheckpointInDoubt { .. })
+        ),
+        "{err:?}"
+    );
+    let err = session.checkpoint().await.expect_err("refused");
+    assert!(
+        matches!(err, DurableError::CheckpointInDoubt { .. }),
+        "{err:?}"
+    );
+    assert_eq!(effects.load(Ordering::SeqCst), 0);
+}

@@ -11,6 +11,7 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tracing::Instrument;
 
+use super::numbers::Reservation;
 use super::{CallError, CallEvent, Journal, Outcome, RecordedFailure, lock};
 use crate::error::DurableError;
 use crate::ids::CallId;
@@ -124,50 +125,45 @@ impl<'j> ToolCall<'j> {
             .into());
         }
         let step = journal.step();
-        let (identity, plan, orphan) = {
+        let (identity, plan, orphan, mut reservation) = {
             let mut cache = journal.inner.cache.lock().await;
             journal.load_step(&mut cache).await?;
-            let slot = cache
-                .ordinals
-                .entry((spec.name.clone(), hash.clone()))
-                .or_insert(0);
-            let ordinal = *slot;
-            *slot += 1;
+            // Handed back unless a row ends up holding it (see `numbers`).
+            let reservation =
+                Reservation::take(&journal.inner.numbers, (spec.name.clone(), hash.clone()));
             let identity = CallIdentity {
                 session: journal.inner.session.clone(),
                 step,
                 tool: spec.name.clone(),
-                input_hash: hash.clone(),
-                ordinal,
+                input_hash: hash,
+                ordinal: reservation.number(),
             };
-            let plan = match cache.rows.get(&identity) {
+            let mut plan = match cache.rows.get(&identity) {
                 Some(row) if row.status.has_outcome() => Plan::Recorded(row.clone()),
                 Some(row) => Plan::InDoubt(row.clone()),
                 None => Plan::Fresh,
             };
+            if let Plan::InDoubt(row) = &plan {
+                // An operator may have resolved it since the step was loaded.
+                let current = journal.refresh(&mut cache, &row.id).await?;
+                if current.status.has_outcome() {
+                    plan = Plan::Recorded(current);
+                } else {
+                    plan = Plan::InDoubt(current);
+                }
+            }
             let orphan = if matches!(plan, Plan::Fresh) && spec.class != ReplayClass::Pure {
-                let here = lock(&journal.inner.issued_here);
-                cache
-                    .rows
-                    .values()
-                    .filter(|r| {
-                        r.kind == CallKind::Tool
-                            && r.class == ReplayClass::UnsafeOnReplay
-                            && r.status == CallStatus::Issued
-                            && !here.contains(&r.id)
-                    })
-                    .min_by_key(|r| r.issued_at)
-                    .cloned()
+                journal.find_orphan(&mut cache).await?
             } else {
                 None
             };
-            (identity, plan, orphan)
+            (identity, plan, orphan, reservation)
         };
-        let _ = hash;
 
         match plan {
             // Row has an outcome: return it, whatever the class.
             Plan::Recorded(row) => {
+                reservation.keep();
                 tracing::Span::current().record("durable.call.id", row.id.as_str());
                 journal.verify_mac(&row)?;
                 journal.charge(&row);
@@ -177,12 +173,7 @@ impl<'j> ToolCall<'j> {
                     Outcome::CacheHit
                 };
                 journal.emit(journal.event(&row, outcome));
-                match row.status {
-                    CallStatus::Failed => Err(CallError::Recorded(RecordedFailure {
-                        message: failure_message(row.error.as_ref()),
-                    })),
-                    _ => decode_result(&row, row.result.as_ref()),
-                }
+                recorded_outcome(&row)
             }
             Plan::InDoubt(row) => {
                 tracing::Span::current().record("durable.call.id", row.id.as_str());
@@ -195,19 +186,22 @@ impl<'j> ToolCall<'j> {
                     }
                     .into());
                 }
+                // The row holds this ordinal whatever happens now, except when the call
+                // is refused below: then a retry must map onto the same row again.
+                reservation.keep();
                 let not_happened = row.status == CallStatus::NotHappened;
                 match spec.class {
                     _ if not_happened => {
                         journal.ensure_durable(spec).await?;
-                        let row = journal.reissue(&row).await?;
+                        let (row, running) = journal.reissue(&row).await?;
                         journal
-                            .execute(spec, row, &mut run, Outcome::ReExecuted)
+                            .execute(spec, row, &mut run, Outcome::ReExecuted, running)
                             .await
                     }
                     ReplayClass::Pure => {
-                        let row = journal.reissue(&row).await?;
+                        let (row, running) = journal.reissue(&row).await?;
                         journal
-                            .execute(spec, row, &mut run, Outcome::ReExecuted)
+                            .execute(spec, row, &mut run, Outcome::ReExecuted, running)
                             .await
                     }
                     ReplayClass::IdempotentWithKey => {
@@ -217,9 +211,9 @@ impl<'j> ToolCall<'j> {
                                 "idempotency key derived now differs from the recorded one; re-executing with the recorded key"
                             );
                         }
-                        let row = journal.reissue(&row).await?;
+                        let (row, running) = journal.reissue(&row).await?;
                         journal
-                            .execute(spec, row, &mut run, Outcome::ReExecutedWithKey)
+                            .execute(spec, row, &mut run, Outcome::ReExecutedWithKey, running)
                             .await
                     }
                     ReplayClass::UnsafeOnReplay => {
@@ -235,12 +229,19 @@ impl<'j> ToolCall<'j> {
                             }
                             Verification::DidNotHappen => {
                                 journal.ensure_durable(spec).await?;
-                                let row = journal.reissue(&row).await?;
+                                let (row, running) = journal.reissue(&row).await?;
                                 journal
-                                    .execute(spec, row, &mut run, Outcome::VerifiedNotHappened)
+                                    .execute(
+                                        spec,
+                                        row,
+                                        &mut run,
+                                        Outcome::VerifiedNotHappened,
+                                        running,
+                                    )
                                     .await
                             }
                             Verification::Unknown => {
+                                reservation.release();
                                 journal.emit(journal.event(&row, Outcome::Refused));
                                 Err(DurableError::ReplayUnsafe {
                                     call: row.id.clone(),
@@ -260,6 +261,7 @@ impl<'j> ToolCall<'j> {
             }
             Plan::Fresh => {
                 if let Some(orphan) = orphan {
+                    // `reservation` is dropped: nothing holds this ordinal.
                     journal.emit(CallEvent {
                         session: journal.inner.session.clone(),
                         call: None,
@@ -292,7 +294,9 @@ impl<'j> ToolCall<'j> {
                     schema_hash: spec.fingerprint.clone(),
                 };
                 if spec.class == ReplayClass::Pure {
-                    return journal.execute_pure(spec, call, &mut run).await;
+                    return journal
+                        .execute_pure(spec, call, &mut run, &mut reservation)
+                        .await;
                 }
                 journal.ensure_durable(spec).await?;
                 journal.failpoint("before_issue", &spec.name);
@@ -303,9 +307,10 @@ impl<'j> ToolCall<'j> {
                     .issue_call(lease.fence(), call)
                     .await
                     .map_err(|e| journal.note_store_error(e))?;
+                reservation.keep();
                 match issued {
                     IssueOutcome::Inserted(row) => {
-                        lock(&journal.inner.issued_here).insert(row.id.clone());
+                        let running = IssuedHere::new(journal, &row.id);
                         journal
                             .inner
                             .cache
@@ -316,7 +321,7 @@ impl<'j> ToolCall<'j> {
                         tracing::Span::current().record("durable.call.id", row.id.as_str());
                         journal.failpoint("after_issued", &spec.name);
                         journal
-                            .execute(spec, row, &mut run, Outcome::Executed)
+                            .execute(spec, row, &mut run, Outcome::Executed, running)
                             .await
                     }
                     IssueOutcome::Existing(row) => {
@@ -324,9 +329,10 @@ impl<'j> ToolCall<'j> {
                         // possible if another holder of the same lease raced us. Return its
                         // outcome if any; otherwise refuse rather than run twice.
                         if row.status.has_outcome() {
+                            journal.verify_mac(&row)?;
                             journal.charge(&row);
                             journal.emit(journal.event(&row, Outcome::CacheHit));
-                            decode_result(&row, row.result.as_ref())
+                            recorded_outcome(&row)
                         } else {
                             Err(DurableError::ReplayUnsafe {
                                 call: row.id.clone(),
@@ -356,7 +362,10 @@ impl Journal {
         }
     }
 
-    async fn reissue(&self, row: &CallRecord) -> Result<CallRecord, DurableError> {
+    async fn reissue(
+        &self,
+        row: &CallRecord,
+    ) -> Result<(CallRecord, IssuedHere<'_>), DurableError> {
         let lease = self.lease();
         let row = self
             .inner
@@ -364,14 +373,14 @@ impl Journal {
             .reissue_call(lease.fence(), &row.id)
             .await
             .map_err(|e| self.note_store_error(e))?;
-        lock(&self.inner.issued_here).insert(row.id.clone());
+        let running = IssuedHere::new(self, &row.id);
         self.inner
             .cache
             .lock()
             .await
             .rows
             .insert(row.identity.clone(), row.clone());
-        Ok(row)
+        Ok((row, running))
     }
 
     async fn finish(
@@ -430,6 +439,7 @@ impl Journal {
         row: CallRecord,
         run: &mut F,
         outcome: Outcome,
+        running: IssuedHere<'_>,
     ) -> Result<T, CallError<E>>
     where
         T: Serialize + DeserializeOwned,
@@ -437,6 +447,9 @@ impl Journal {
         F: FnMut(ToolContext) -> Fut,
         Fut: Future<Output = Result<T, E>>,
     {
+        // Until its outcome is recorded, this row is ours; if this future is dropped or
+        // the outcome cannot be recorded, `running` hands it over to the orphan rule.
+        let _running = running;
         let ctx = self.context(&row);
         let (result, spend) = self.run_with_retry(spec, ctx, run).await;
         self.failpoint("after_effect", &spec.name);
@@ -469,6 +482,7 @@ impl Journal {
         spec: &ToolSpec,
         call: NewCall,
         run: &mut F,
+        reservation: &mut Reservation,
     ) -> Result<T, CallError<E>>
     where
         T: Serialize + DeserializeOwned,
@@ -499,6 +513,7 @@ impl Journal {
         };
         let identity = call.identity.clone();
         let recorded = self.record(call, outcome, spend).await?;
+        reservation.keep();
         let (row, fresh) = match recorded {
             IssueOutcome::Inserted(row) => (row, true),
             IssueOutcome::Existing(row) => (row, false),
@@ -621,4 +636,38 @@ fn mask_secrets(spec: &ToolSpec, args: &Value) -> Value {
 /// The attempt a retry runs as: the row's attempt plus the retries within this execution.
 fn this_attempt(row_attempt: i32, retries: u32) -> i32 {
     row_attempt.saturating_add(i32::try_from(retries).unwrap_or(i32::MAX))
+}
+
+/// What a row with an outcome returns: its result, or its recorded failure.
+fn recorded_outcome<T: DeserializeOwned, E>(row: &CallRecord) -> Result<T, CallError<E>> {
+    match row.status {
+        CallStatus::Failed => Err(CallError::Recorded(RecordedFailure {
+            message: failure_message(row.error.as_ref()),
+        })),
+        _ => decode_result(row, row.result.as_ref()),
+    }
+}
+
+/// Marks a row as being executed by this journal (so the orphan rule leaves it to us)
+/// for as long as the guard lives; dropped, the row is nobody's, and if it is still
+/// `issued` the orphan rule refuses any effect beside it.
+pub(super) struct IssuedHere<'j> {
+    journal: &'j Journal,
+    id: CallId,
+}
+
+impl<'j> IssuedHere<'j> {
+    fn new(journal: &'j Journal, id: &CallId) -> Self {
+        lock(&journal.inner.issued_here).insert(id.clone());
+        IssuedHere {
+            journal,
+            id: id.clone(),
+        }
+    }
+}
+
+impl Drop for IssuedHere<'_> {
+    fn drop(&mut self) {
+        lock(&self.journal.inner.issued_here).remove(&self.id);
+    }
 }
