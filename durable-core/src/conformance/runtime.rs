@@ -67,13 +67,8 @@ async fn start(durable: &Durable) -> Session<Message> {
         .expect("start a session")
 }
 
-/// Takes a session over from a "dead" worker (its lease still live): same path as a
-/// recovery after the lease expired, without waiting for it.
-async fn take_over(
-    store: &Arc<dyn CheckpointStore>,
-    session: &crate::SessionId,
-    owner: &str,
-) -> (crate::Resumed<Message>, Events) {
+/// Releases the lease a "dead" worker left live, as its expiry would.
+async fn release_dead_lease(store: &Arc<dyn CheckpointStore>, session: &crate::SessionId) {
     let record = store.session(session).await.expect("read session");
     let lease = crate::store::Lease {
         session: session.clone(),
@@ -85,6 +80,16 @@ async fn take_over(
         .release_lease(&lease)
         .await
         .expect("release the dead worker's lease");
+}
+
+/// Takes a session over from a "dead" worker (its lease still live): same path as a
+/// recovery after the lease expired, without waiting for it.
+async fn take_over(
+    store: &Arc<dyn CheckpointStore>,
+    session: &crate::SessionId,
+    owner: &str,
+) -> (crate::Resumed<Message>, Events) {
+    release_dead_lease(store, session).await;
     let (durable, events) = runtime(store, owner);
     let resumed = durable.resume::<Message>(session).await.expect("resume");
     (resumed, events)
@@ -374,14 +379,7 @@ pub async fn runtime_operator_resolution_is_honoured(store: Arc<dyn CheckpointSt
         call_and_die(&session, &s, 1, None, &effects).await;
         let id = session.id().clone();
         drop(session);
-        let record = store.session(&id).await.expect("session");
-        let lease = crate::store::Lease {
-            session: id.clone(),
-            owner: record.lease_owner.clone().unwrap_or_default(),
-            fence: record.fence,
-            expires_at: 0,
-        };
-        store.release_lease(&lease).await.expect("release");
+        release_dead_lease(&store, &id).await;
 
         let (operator, _) = runtime(&store, "operator");
         let doubt = operator.in_doubt(Some(&id)).await.expect("in doubt");
@@ -731,16 +729,7 @@ pub async fn runtime_mac_detects_rows_written_outside(store: Arc<dyn CheckpointS
     call_and_die(&session, &s, 1, None, &effects).await;
     let id = session.id().clone();
     drop(session);
-    let record = store.session(&id).await.expect("session");
-    store
-        .release_lease(&crate::store::Lease {
-            session: id.clone(),
-            owner: String::new(),
-            fence: record.fence,
-            expires_at: 0,
-        })
-        .await
-        .expect("release");
+    release_dead_lease(&store, &id).await;
     // forge a "happened" resolution directly through the store, without a MAC
     let row = store.calls(&id, None).await.expect("calls").remove(0);
     store
