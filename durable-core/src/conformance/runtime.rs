@@ -95,6 +95,19 @@ async fn take_over(
     (resumed, events)
 }
 
+/// A worker starts a session, runs `spec` (an email), and dies after the effect and before
+/// its outcome is recorded: returns the session, the tool and the effect counter (at 1).
+async fn email_in_doubt(
+    store: &Arc<dyn CheckpointStore>,
+    spec: ToolSpec,
+) -> (crate::SessionId, ToolSpec, Arc<AtomicUsize>) {
+    let (durable, _) = runtime(store, "first");
+    let session = start(&durable).await;
+    let effects = Arc::new(AtomicUsize::new(0));
+    call_and_die(&session, &spec, 1, None, &effects).await;
+    (session.id().clone(), spec, effects)
+}
+
 /// Runs one call of `spec` with argument `n` (and key `key`), counting executions.
 async fn call(
     session: &Session<Message>,
@@ -271,13 +284,7 @@ pub async fn runtime_in_doubt_keyed_reruns_with_recorded_key(store: Arc<dyn Chec
 /// In doubt `unsafe_on_replay` without a verify hook: `ReplayUnsafe`, never re-run; the
 /// refusal repeats on every resume until an operator resolves the call.
 pub async fn runtime_in_doubt_unsafe_is_refused(store: Arc<dyn CheckpointStore>) {
-    let (durable, _) = runtime(&store, "first");
-    let session = start(&durable).await;
-    let s = spec("email", ReplayClass::UnsafeOnReplay);
-    let effects = Arc::new(AtomicUsize::new(0));
-    call_and_die(&session, &s, 1, None, &effects).await;
-    let id = session.id().clone();
-    drop(session);
+    let (id, s, effects) = email_in_doubt(&store, spec("email", ReplayClass::UnsafeOnReplay)).await;
 
     for attempt in 0..3 {
         let (resumed, events) = take_over(&store, &id, "next").await;
@@ -318,13 +325,11 @@ pub async fn runtime_verify_hook_decides_in_doubt_unsafe(store: Arc<dyn Checkpoi
         ),
         (Verification::Unknown, 1, Some(Outcome::Refused)),
     ] {
-        let (durable, _) = runtime(&store, "first");
-        let session = start(&durable).await;
-        let s = spec("email", ReplayClass::UnsafeOnReplay).with_verify();
-        let effects = Arc::new(AtomicUsize::new(0));
-        call_and_die(&session, &s, 1, None, &effects).await;
-        let id = session.id().clone();
-        drop(session);
+        let (id, s, effects) = email_in_doubt(
+            &store,
+            spec("email", ReplayClass::UnsafeOnReplay).with_verify(),
+        )
+        .await;
 
         let (resumed, events) = take_over(&store, &id, "second").await;
         let counter = Arc::clone(&effects);
@@ -372,13 +377,8 @@ pub async fn runtime_verify_hook_decides_in_doubt_unsafe(store: Arc<dyn Checkpoi
 /// *did not happen* lets the call execute once.
 pub async fn runtime_operator_resolution_is_honoured(store: Arc<dyn CheckpointStore>) {
     for happened in [true, false] {
-        let (durable, _) = runtime(&store, "first");
-        let session = start(&durable).await;
-        let s = spec("email", ReplayClass::UnsafeOnReplay);
-        let effects = Arc::new(AtomicUsize::new(0));
-        call_and_die(&session, &s, 1, None, &effects).await;
-        let id = session.id().clone();
-        drop(session);
+        let (id, s, effects) =
+            email_in_doubt(&store, spec("email", ReplayClass::UnsafeOnReplay)).await;
         release_dead_lease(&store, &id).await;
 
         let (operator, _) = runtime(&store, "operator");
@@ -864,13 +864,7 @@ pub async fn runtime_tool_retry_policy_records_attempts(store: Arc<dyn Checkpoin
 /// returns it to `active`, and the next resume continues with the operator's result.
 /// Unparking anything but a parked session is refused.
 pub async fn runtime_resolution_unparks_a_parked_session(store: Arc<dyn CheckpointStore>) {
-    let (durable, _) = runtime(&store, "first");
-    let session = start(&durable).await;
-    let s = spec("email", ReplayClass::UnsafeOnReplay);
-    let effects = Arc::new(AtomicUsize::new(0));
-    call_and_die(&session, &s, 1, None, &effects).await;
-    let id = session.id().clone();
-    drop(session);
+    let (id, s, effects) = email_in_doubt(&store, spec("email", ReplayClass::UnsafeOnReplay)).await;
 
     let (resumed, _) = take_over(&store, &id, "second").await;
     let err = call(&resumed.session, &s, 1, None, &effects)
@@ -1003,13 +997,7 @@ pub async fn runtime_interrupted_unsafe_call_blocks_the_live_session(
 /// A resumed session refused on an orphan picks up the operator's resolution without
 /// being resumed again: the same call then returns the operator's result.
 pub async fn runtime_live_session_sees_a_resolution(store: Arc<dyn CheckpointStore>) {
-    let (durable, _) = runtime(&store, "first");
-    let session = start(&durable).await;
-    let s = spec("email", ReplayClass::UnsafeOnReplay);
-    let effects = Arc::new(AtomicUsize::new(0));
-    call_and_die(&session, &s, 1, None, &effects).await;
-    let id = session.id().clone();
-    drop(session);
+    let (id, s, effects) = email_in_doubt(&store, spec("email", ReplayClass::UnsafeOnReplay)).await;
 
     let (resumed, events) = take_over(&store, &id, "second").await;
     let err = call(&resumed.session, &s, 1, None, &effects)
