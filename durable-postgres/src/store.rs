@@ -175,27 +175,9 @@ impl CheckpointStore for PostgresStore {
             tx.rollback().await.map_err(db)?;
             return Err(refusal);
         }
-        let expires = now.saturating_add(ttl_ms(ttl));
-        let row = sqlx::query(
-            "UPDATE durable_sessions
-             SET fence = fence + 1, lease_owner = $2, lease_expires_at = $3, updated_at = $4
-             WHERE id = $1 RETURNING fence",
-        )
-        .bind(id.as_str())
-        .bind(owner)
-        .bind(expires)
-        .bind(now)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(db)?;
-        let fence = get(&row, "fence")?;
+        let lease = txn::grant_lease(&mut tx, id, owner, ttl, now, false).await?;
         tx.commit().await.map_err(db)?;
-        Ok(Lease {
-            session: id.clone(),
-            owner: owner.to_owned(),
-            fence,
-            expires_at: expires,
-        })
+        Ok(lease)
     }
 
     async fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<Lease, StoreError> {
@@ -279,28 +261,9 @@ impl CheckpointStore for PostgresStore {
                 tracing::warn!(session = %id, attempts, "parked session: recovery attempts exhausted");
                 continue;
             }
-            let expires = now.saturating_add(ttl_ms(ttl));
-            let row = sqlx::query(
-                "UPDATE durable_sessions
-                 SET recovery_attempts = recovery_attempts + 1, fence = fence + 1,
-                     lease_owner = $2, lease_expires_at = $3, updated_at = $4
-                 WHERE id = $1 RETURNING fence",
-            )
-            .bind(id.as_str())
-            .bind(owner)
-            .bind(expires)
-            .bind(now)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(db)?;
-            let fence = get(&row, "fence")?;
+            let lease = txn::grant_lease(&mut tx, &id, owner, ttl, now, true).await?;
             tx.commit().await.map_err(db)?;
-            return Ok(Some(Lease {
-                session: id,
-                owner: owner.to_owned(),
-                fence,
-                expires_at: expires,
-            }));
+            return Ok(Some(lease));
         }
     }
 

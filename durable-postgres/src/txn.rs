@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use durable_core::StoreError;
 use durable_core::ids::SessionId;
-use durable_core::store::{CheckpointMeta, FORMAT_VERSION, Fence, NewCheckpoint, SessionRecord};
+use durable_core::store::{
+    CheckpointMeta, FORMAT_VERSION, Fence, Lease, NewCheckpoint, SessionRecord,
+};
 use serde_json::Value;
 use sqlx::postgres::PgConnection;
 
@@ -271,4 +273,38 @@ pub(crate) async fn append_checkpoint(
     .await
     .map_err(db)?;
     Ok(meta)
+}
+
+/// Gives the lease on a locked session row to `owner` until `now + ttl`, bumping the
+/// fencing token (and, for a recovery, the recovery counter): the one place a lease is
+/// granted, for `acquire_lease` and `claim_expired` alike.
+pub(crate) async fn grant_lease(
+    conn: &mut PgConnection,
+    id: &SessionId,
+    owner: &str,
+    ttl: Duration,
+    now: i64,
+    recovery: bool,
+) -> Result<Lease, StoreError> {
+    let expires = now.saturating_add(ttl_ms(ttl));
+    let row = sqlx::query(
+        "UPDATE durable_sessions
+         SET fence = fence + 1, lease_owner = $2, lease_expires_at = $3, updated_at = $4,
+             recovery_attempts = recovery_attempts + CASE WHEN $5 THEN 1 ELSE 0 END
+         WHERE id = $1 RETURNING fence",
+    )
+    .bind(id.as_str())
+    .bind(owner)
+    .bind(expires)
+    .bind(now)
+    .bind(recovery)
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(db)?;
+    Ok(Lease {
+        session: id.clone(),
+        owner: owner.to_owned(),
+        fence: get(&row, "fence")?,
+        expires_at: expires,
+    })
 }
