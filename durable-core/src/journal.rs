@@ -330,7 +330,8 @@ impl Journal {
         *lock(&self.inner.checkpoint_in_doubt)
     }
 
-    fn note_store_error(&self, e: StoreError) -> DurableError {
+    /// Wraps a store error, remembering a lost lease so later calls fail fast.
+    pub(crate) fn note_store_error(&self, e: StoreError) -> DurableError {
         if matches!(e, StoreError::LeaseLost { .. }) {
             self.inner.lease_lost.store(true, Ordering::SeqCst);
         }

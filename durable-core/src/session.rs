@@ -293,10 +293,7 @@ where
     }
 
     fn lost(&self, e: StoreError) -> DurableError {
-        if matches!(e, StoreError::LeaseLost { .. }) {
-            self.journal.inner.lease_lost.store(true, Ordering::SeqCst);
-        }
-        e.into()
+        self.journal.note_store_error(e)
     }
 
     /// Journals a model response by position (see [`Journal::model`]).

@@ -335,3 +335,37 @@ pub(crate) async fn resolve_snapshot(
         None => Ok(stored),
     }
 }
+
+/// Gives the lease on a session to `owner` until `now + ttl` under the new token `fence`
+/// (and, for a recovery, counts the attempt): the one place a lease is granted, for
+/// `acquire_lease` and `claim_expired` alike.
+pub(crate) async fn grant_lease(
+    conn: &mut SqliteConnection,
+    id: &SessionId,
+    owner: &str,
+    fence: i64,
+    now: i64,
+    ttl: std::time::Duration,
+    recovery: bool,
+) -> Result<durable_core::store::Lease, StoreError> {
+    let expires_at = now.saturating_add(crate::tx::millis(ttl));
+    sqlx::query(
+        "UPDATE durable_sessions SET fence = ?, lease_owner = ?, lease_expires_at = ?, \
+         updated_at = ?, recovery_attempts = recovery_attempts + ? WHERE id = ?",
+    )
+    .bind(fence)
+    .bind(owner)
+    .bind(expires_at)
+    .bind(now)
+    .bind(i32::from(recovery))
+    .bind(id.as_str())
+    .execute(conn)
+    .await
+    .map_err(db)?;
+    Ok(durable_core::store::Lease {
+        session: id.clone(),
+        owner: owner.to_owned(),
+        fence,
+        expires_at,
+    })
+}

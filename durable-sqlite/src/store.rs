@@ -173,26 +173,7 @@ impl CheckpointStore for SqliteStore {
                     expires_at,
                 });
             }
-            let fence = session.fence + 1;
-            let expires_at = now.saturating_add(millis(ttl));
-            sqlx::query(
-                "UPDATE durable_sessions SET fence = ?, lease_owner = ?, lease_expires_at = ?, \
-                 updated_at = ? WHERE id = ?",
-            )
-            .bind(fence)
-            .bind(owner)
-            .bind(expires_at)
-            .bind(now)
-            .bind(id.as_str())
-            .execute(conn)
-            .await
-            .map_err(db)?;
-            Ok(Lease {
-                session: id.clone(),
-                owner: owner.to_owned(),
-                fence,
-                expires_at,
-            })
+            ops::grant_lease(conn, id, owner, session.fence + 1, now, ttl, false).await
         }
         .await;
         tx.finish(result).await
@@ -278,25 +259,8 @@ impl CheckpointStore for SqliteStore {
                     .map_err(db)?;
                     continue;
                 }
-                let expires_at = now.saturating_add(millis(ttl));
-                sqlx::query(
-                    "UPDATE durable_sessions SET recovery_attempts = recovery_attempts + 1, \
-                     fence = ?, lease_owner = ?, lease_expires_at = ?, updated_at = ? WHERE id = ?",
-                )
-                .bind(fence)
-                .bind(owner)
-                .bind(expires_at)
-                .bind(now)
-                .bind(id.as_str())
-                .execute(&mut *conn)
-                .await
-                .map_err(db)?;
-                return Ok(Some(Lease {
-                    session: id,
-                    owner: owner.to_owned(),
-                    fence,
-                    expires_at,
-                }));
+                let lease = ops::grant_lease(conn, &id, owner, fence, now, ttl, true).await?;
+                return Ok(Some(lease));
             }
         }
         .await;
