@@ -53,6 +53,7 @@ mod recovery;
 mod resolution;
 mod runtime;
 mod sessions;
+mod stall;
 
 pub use checkpoints::*;
 pub use fork::*;

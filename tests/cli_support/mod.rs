@@ -6,6 +6,7 @@
 
 pub mod scenarios;
 
+use std::future::Future;
 use std::process::{Command, Output};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -18,6 +19,7 @@ use durable::{
     StepStatus, ToolSpec,
 };
 use serde_json::{Value, json};
+use tokio::sync::Notify;
 
 /// The app version the populated sessions start on.
 pub const APP: &str = "shop/1";
@@ -185,19 +187,31 @@ pub struct Population {
 
 async fn issue_and_hang(session: &durable::Session, sent: &AtomicUsize) {
     let spec = send_email();
-    let hung = tokio::time::timeout(
-        Duration::from_millis(300),
-        session
-            .journal()
-            .tool(&spec, email_args())
-            .run(|_ctx| async {
-                sent.fetch_add(1, Ordering::SeqCst);
-                // The worker dies here: the effect left, its outcome was never recorded.
-                std::future::pending::<Result<Value, String>>().await
-            }),
-    )
-    .await;
-    assert!(hung.is_err(), "the call must hang until the timeout");
+    let started = Notify::new();
+    let call = session
+        .journal()
+        .tool(&spec, email_args())
+        .run(|_ctx| async {
+            sent.fetch_add(1, Ordering::SeqCst);
+            started.notify_one();
+            // The worker dies here: the effect left, its outcome was never recorded.
+            std::future::pending::<Result<Value, String>>().await
+        });
+    if let Some(done) = until_started(call, &started).await {
+        panic!("the call must hang after its effect: {done:?}");
+    }
+}
+
+/// Polls `call` until it completes (`Some`) or its tool body signals `started` (`None`,
+/// and the call is dropped there, as a dying worker drops it). No timer races the store.
+async fn until_started<F: Future>(call: F, started: &Notify) -> Option<F::Output> {
+    tokio::select! {
+        done = call => Some(done),
+        () = started.notified() => None,
+        () = tokio::time::sleep(Duration::from_secs(60)) => {
+            panic!("the call neither finished nor reached its tool body in 60 s")
+        }
+    }
 }
 
 fn only_issued(rows: Vec<CallRecord>) -> CallRecord {
@@ -375,24 +389,26 @@ pub async fn run_agent(
         .expect("a tool call")
         .arguments
         .clone();
+    let started = Notify::new();
     let call = session.journal().tool(&spec, args).run(|_ctx| async {
         sent.fetch_add(1, Ordering::SeqCst);
         if crash {
+            started.notify_one();
             std::future::pending::<()>().await;
         }
         Ok::<_, String>(json!({"id": "m-1"}))
     });
-    let result = match tokio::time::timeout(Duration::from_millis(300), call).await {
-        Err(_) => {
+    let result = match until_started(call, &started).await {
+        None => {
             session.release().await.expect("release after crash");
             return AgentEnd::Crashed;
         }
-        Ok(Ok(value)) => value,
-        Ok(Err(CallError::Durable(e))) => {
+        Some(Ok(value)) => value,
+        Some(Err(CallError::Durable(e))) => {
             session.release().await.expect("release after refusal");
             return AgentEnd::Refused(e);
         }
-        Ok(Err(e)) => panic!("send_email: {e}"),
+        Some(Err(e)) => panic!("send_email: {e}"),
     };
     session.push(Message::tool_result("call_1", result.clone(), false));
     let closing: Message = session

@@ -71,14 +71,14 @@ pub async fn lease_same_owner_reacquire_bumps_fence(store: Arc<dyn CheckpointSto
 
 /// After a lease expires another owner takes the session, with a strictly larger token.
 pub async fn lease_expiry_lets_another_owner_in(store: Arc<dyn CheckpointStore>) {
-    let ttl = Duration::from_millis(1_000);
+    let ttl = Duration::from_millis(2_000);
     let (session, first) = create_with(&*store, new_session(&owner("short"), ttl)).await;
     expect_err!(
         store
             .acquire_lease(&session.id, &owner("early"), LONG_TTL)
             .await,
         StoreError::Leased { .. },
-        "acquire_lease before a 1 s lease expired"
+        "acquire_lease before a 2 s lease expired"
     );
     tokio::time::sleep(ttl + Duration::from_millis(300)).await;
     let next_owner = owner("late");

@@ -106,7 +106,7 @@ pub async fn in_doubt_requires_a_lost_lease(store: Arc<dyn CheckpointStore>) {
     // Expired.
     let (c, lease_c) = create_with(
         &*store,
-        new_session(&owner("c"), Duration::from_millis(800)),
+        new_session(&owner("c"), Duration::from_millis(2_000)),
     )
     .await;
     let issued_c = issue(&*store, &lease_c, "send").await;
@@ -114,7 +114,7 @@ pub async fn in_doubt_requires_a_lost_lease(store: Arc<dyn CheckpointStore>) {
         in_doubt_ids(&*store, &c.id).await.is_empty(),
         "not in doubt before expiry"
     );
-    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    tokio::time::sleep(Duration::from_millis(2_300)).await;
     assert_eq!(
         in_doubt_ids(&*store, &c.id).await,
         vec![issued_c.id],

@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use tokio::sync::Notify;
 
 use crate::error::{DurableError, StoreError};
 use crate::journal::{CallError, CallEvent, Outcome};
@@ -22,6 +23,11 @@ use crate::snapshot::{Budget, Spend};
 use crate::store::{CallStatus, CheckpointStore, Resolution};
 use crate::tool::{ToolSpec, Verification};
 use crate::transcript::Message;
+
+use super::stall::StallCheckpoints;
+
+/// How long a case waits for something that happens at once on a healthy machine.
+const GIVE_UP: Duration = Duration::from_secs(60);
 
 type Events = Arc<Mutex<Vec<CallEvent>>>;
 
@@ -138,19 +144,24 @@ async fn call_and_die(
         call = call.key(key);
     }
     let counter = Arc::clone(effects);
+    let started = Arc::new(Notify::new());
+    let signal = Arc::clone(&started);
     let fut = call.run(move |_ctx| {
         let effects = Arc::clone(&counter);
+        let signal = Arc::clone(&signal);
         async move {
             effects.fetch_add(1, Ordering::SeqCst);
+            signal.notify_one();
             std::future::pending::<Result<Value, String>>().await
         }
     });
-    assert!(
-        tokio::time::timeout(Duration::from_millis(300), fut)
-            .await
-            .is_err(),
-        "the hanging tool body must not complete"
-    );
+    // Drop the call once its body has performed the effect: no timer races the store's
+    // write of the issued row, however slow the machine.
+    tokio::select! {
+        done = fut => panic!("the hanging tool body must not complete: {done:?}"),
+        () = started.notified() => {}
+        () = tokio::time::sleep(GIVE_UP) => panic!("the tool body never started"),
+    }
     assert_eq!(
         effects.load(Ordering::SeqCst),
         1,
@@ -1033,16 +1044,21 @@ pub async fn runtime_live_session_sees_a_resolution(store: Arc<dyn CheckpointSto
 }
 
 /// A checkpoint whose write was interrupted leaves the handle unable to tell its step:
-/// it refuses further calls and checkpoints until the session is resumed.
+/// it refuses further calls and checkpoints until the session is resumed, and the resumed
+/// session finds the checkpoint that did commit.
 pub async fn runtime_interrupted_checkpoint_stops_the_handle(store: Arc<dyn CheckpointStore>) {
-    let (durable, _) = runtime(&store, "first");
+    let stall = StallCheckpoints::new(Arc::clone(&store));
+    let stalling: Arc<dyn CheckpointStore> = Arc::clone(&stall) as _;
+    let (durable, _) = runtime(&stalling, "first");
     let mut session = start(&durable).await;
     session.push(Message::user("turn 1"));
-    let interrupted = tokio::time::timeout(Duration::ZERO, session.checkpoint()).await;
-    assert!(
-        interrupted.is_err(),
-        "a store write must not complete on its first poll (it does I/O)"
-    );
+    stall.arm();
+    // The write commits, its reply never arrives, and the worker gives up on it.
+    tokio::select! {
+        saved = session.checkpoint() => panic!("an armed checkpoint must stall: {saved:?}"),
+        () = stall.stalled() => {}
+        () = tokio::time::sleep(GIVE_UP) => panic!("the checkpoint never reached the store"),
+    }
     let s = spec("email", ReplayClass::UnsafeOnReplay);
     let effects = Arc::new(AtomicUsize::new(0));
     let err = call(&session, &s, 1, None, &effects)
@@ -1051,14 +1067,28 @@ pub async fn runtime_interrupted_checkpoint_stops_the_handle(store: Arc<dyn Chec
     assert!(
         matches!(
             err,
-            CallError::Durable(DurableError::CheckpointInDoubt { .. })
+            CallError::Durable(DurableError::CheckpointInDoubt { version: 1, .. })
         ),
         "{err:?}"
     );
     let err = session.checkpoint().await.expect_err("refused");
     assert!(
-        matches!(err, DurableError::CheckpointInDoubt { .. }),
+        matches!(err, DurableError::CheckpointInDoubt { version: 1, .. }),
         "{err:?}"
     );
-    assert_eq!(effects.load(Ordering::SeqCst), 0);
+    assert_eq!(effects.load(Ordering::SeqCst), 0, "no call ran");
+
+    let id = session.id().clone();
+    drop(session);
+    let (resumed, _) = take_over(&store, &id, "second").await;
+    assert_eq!(
+        resumed.session.version(),
+        1,
+        "the interrupted write committed"
+    );
+    assert_eq!(
+        resumed.session.messages(),
+        [Message::user("turn 1")],
+        "the committed checkpoint holds the turn"
+    );
 }
