@@ -25,6 +25,7 @@ use durable_sqlite::SqliteStore;
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
+use tokio::sync::{Barrier, watch};
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -44,17 +45,28 @@ fn default_limit() -> u32 {
     10
 }
 
-/// A pure tool that counts its executions, sleeps longer the *lower* its ordinal (so
-/// that earlier calls finish later), and logs the order in which calls finish.
+/// A pure tool that counts its executions and logs the order in which calls finish.
+///
+/// Built with `reversed: Some(n)`, it expects `n` concurrent calls: each body first waits
+/// until all `n` are running at once (a barrier: calls run one after another would never
+/// get past it), then finishes only after every higher ordinal has, so the calls finish
+/// in reverse order on any machine, however it schedules them.
 struct Lookup {
     spec: ToolSpec,
     runs: AtomicUsize,
     finished: Mutex<Vec<i64>>,
-    slow: bool,
+    reversed: Option<Reversed>,
+}
+
+struct Reversed {
+    all_running: Barrier,
+    /// How many calls have finished.
+    done: watch::Sender<i64>,
+    calls: i64,
 }
 
 impl Lookup {
-    fn new(slow: bool) -> Arc<Self> {
+    fn new(reversed: Option<usize>) -> Arc<Self> {
         Arc::new(Lookup {
             spec: ToolSpec::new(
                 "lookup",
@@ -64,7 +76,11 @@ impl Lookup {
             ),
             runs: AtomicUsize::new(0),
             finished: Mutex::new(Vec::new()),
-            slow,
+            reversed: reversed.map(|n| Reversed {
+                all_running: Barrier::new(n),
+                done: watch::Sender::new(0),
+                calls: i64::try_from(n).expect("a small number of calls"),
+            }),
         })
     }
 
@@ -106,11 +122,18 @@ impl Tool for LookupTool {
                     async move {
                         this.runs.fetch_add(1, Ordering::SeqCst);
                         let ordinal = ctx.identity().ordinal;
-                        if this.slow {
-                            let wait = 50 * u64::try_from(5 - ordinal.min(5)).unwrap_or(0);
-                            tokio::time::sleep(Duration::from_millis(wait)).await;
+                        if let Some(r) = &this.reversed {
+                            r.all_running.wait().await;
+                            // Ordinal n-1 goes first, then n-2, … then 0.
+                            let mut done = r.done.subscribe();
+                            done.wait_for(|d| *d == r.calls - 1 - ordinal)
+                                .await
+                                .expect("the sender lives in `this`");
+                            this.finished.lock().expect("finish log").push(ordinal);
+                            r.done.send_modify(|d| *d += 1);
+                        } else {
+                            this.finished.lock().expect("finish log").push(ordinal);
                         }
-                        this.finished.lock().expect("finish log").push(ordinal);
                         Ok::<_, std::io::Error>(json!({
                             "key": key, "limit": limit, "note": note, "ordinal": ordinal,
                         }))
@@ -172,7 +195,7 @@ fn call(id: &str, arguments: impl Into<ToolArguments>) -> ModelToolCall {
 async fn an_unknown_tool_runs_nothing_and_journals_nothing() {
     let store = store().await;
     let session = start(&store).await;
-    let lookup = Lookup::new(false);
+    let lookup = Lookup::new(None);
     let tools = toolbox(&lookup);
 
     let asked = ModelToolCall::new("call_1", "delete_everything", r#"{"really": true}"#);
@@ -205,7 +228,7 @@ async fn an_unknown_tool_runs_nothing_and_journals_nothing() {
 async fn invalid_arguments_are_typed_errors_and_journal_nothing() {
     let store = store().await;
     let session = start(&store).await;
-    let lookup = Lookup::new(false);
+    let lookup = Lookup::new(None);
     let tools = toolbox(&lookup).limits(ArgLimits {
         max_depth: 8,
         ..ArgLimits::default()
@@ -289,7 +312,7 @@ async fn invalid_arguments_are_typed_errors_and_journal_nothing() {
 async fn null_for_an_optional_argument_is_accepted() {
     let store = store().await;
     let session = start(&store).await;
-    let lookup = Lookup::new(false);
+    let lookup = Lookup::new(None);
     let tools = toolbox(&lookup);
 
     // What a strict-mode model sends: every field, `null` where it means "not given".
@@ -331,15 +354,21 @@ async fn null_for_an_optional_argument_is_accepted() {
 async fn parallel_calls_get_ordinals_in_the_models_order() {
     let store = store().await;
     let session = start(&store).await;
-    let lookup = Lookup::new(true);
+    let lookup = Lookup::new(Some(5));
     let tools = toolbox(&lookup);
 
     let calls: Vec<ModelToolCall> = (0..5)
         .map(|i| call(&format!("call_{i}"), r#"{"key": "same"}"#))
         .collect();
-    let results = tools.dispatch_all(session.journal(), &calls).await;
+    // Calls dispatched one after another would wait at the barrier for ever.
+    let results = tokio::time::timeout(
+        Duration::from_secs(60),
+        tools.dispatch_all(session.journal(), &calls),
+    )
+    .await
+    .expect("the five calls must run concurrently");
 
-    // Ordinal 0 sleeps longest: the calls ran concurrently and finished in reverse.
+    // Each body waited for the higher ordinals: they ran at once and finished in reverse.
     assert_eq!(*lookup.finished.lock().expect("log"), [4, 3, 2, 1, 0]);
     assert_eq!(lookup.runs(), 5);
     // Yet results come back in the model's order, and call i holds ordinal i.
@@ -364,7 +393,7 @@ async fn parallel_calls_get_ordinals_in_the_models_order() {
 async fn one_bad_call_does_not_stop_the_others() {
     let store = store().await;
     let session = start(&store).await;
-    let lookup = Lookup::new(false);
+    let lookup = Lookup::new(None);
     let tools = toolbox(&lookup);
 
     let calls = [
@@ -389,7 +418,7 @@ async fn one_bad_call_does_not_stop_the_others() {
 async fn a_rerun_turn_returns_the_recorded_results_without_running_the_tool() {
     let store = store().await;
     let mut session = start(&store).await;
-    let lookup = Lookup::new(false);
+    let lookup = Lookup::new(None);
     let tools = toolbox(&lookup);
 
     // The model's reply, journaled, asks for three calls (two identical).

@@ -328,6 +328,13 @@ async fn now(store: &dyn CheckpointStore) -> i64 {
     store.now().await.expect("now() failed")
 }
 
+/// Waits until the store's clock (the one leases are compared with) is past `at` (ms).
+async fn wait_past(store: &dyn CheckpointStore, at: i64) {
+    while now(store).await <= at {
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
 /// A tool call with a fresh id.
 fn tool_call(
     session: &SessionId,

@@ -17,7 +17,10 @@ use crate::worker::{self, EXIT_LEDGER_DOWN, STEPS, TOOLS};
 
 const SESSIONS: usize = 40;
 const WORKERS: usize = 4;
-const TTL: Duration = Duration::from_secs(1);
+/// Short, so that killed workers' sessions are recovered quickly; long enough that a worker
+/// stalled by a loaded machine between an unsafe call's issue and its effect is not
+/// overtaken by a recovery (the ledger, like most receivers, is not fenced).
+const TTL: Duration = Duration::from_secs(3);
 /// Kills stop after this many, so that the run converges.
 const MAX_KILLS: usize = 30;
 const DEADLINE: Duration = Duration::from_secs(120);
@@ -67,9 +70,10 @@ pub async fn fleet(backend: Backend, restarts: usize) {
     };
     let mut slots: Vec<Option<Worker>> = (0..WORKERS).map(|s| Some(spawn(s))).collect();
     let mut summary = Summary::default();
-    let restart_at: Vec<Duration> = (0..restarts)
-        .map(|i| Duration::from_millis(1200 + 1800 * i as u64))
-        .collect();
+    // Restarts are placed by progress, not by the clock: restart i comes once 8 + 12·i
+    // sessions are done, whatever the machine's speed, so each one lands mid-run.
+    let restart_after: Vec<usize> = (0..restarts).map(|i| 8 + 12 * i).collect();
+    assert!(restart_after.last().is_none_or(|&n| n < SESSIONS));
     let mut finished = false;
     loop {
         tokio::time::sleep(Duration::from_millis(150 + random_below(300))).await;
@@ -106,7 +110,10 @@ pub async fn fleet(backend: Backend, restarts: usize) {
                     .await
                     .is_ok_and(|n| n == 0);
         }
-        if summary.restarts < restart_at.len() && started.elapsed() >= restart_at[summary.restarts]
+        if summary.restarts < restart_after.len()
+            && done_sessions(store.as_ref())
+                .await
+                .is_some_and(|done| done >= restart_after[summary.restarts])
         {
             assert!(
                 !finished,
@@ -117,9 +124,10 @@ pub async fn fleet(backend: Backend, restarts: usize) {
             backend.restart_server();
             summary.restarts += 1;
             println!(
-                "fleet[{}]: server restarted at {:.1} s",
+                "fleet[{}]: server restarted at {:.1} s, after {} sessions",
                 backend.name(),
-                started.elapsed().as_secs_f64()
+                started.elapsed().as_secs_f64(),
+                restart_after[summary.restarts - 1]
             );
         }
         if !finished && summary.kills < MAX_KILLS {
@@ -337,4 +345,16 @@ async fn check(store: &dyn CheckpointStore, ledger: &Ledger, summary: &mut Summa
         eprintln!("lost: {line}");
     }
     summary.lost = lost.len();
+}
+
+/// Sessions completed or parked; `None` while the store is unreachable.
+async fn done_sessions(store: &dyn CheckpointStore) -> Option<usize> {
+    store
+        .list_sessions(&SessionFilter {
+            statuses: vec![SessionStatus::Completed, SessionStatus::Parked],
+            ..SessionFilter::default()
+        })
+        .await
+        .ok()
+        .map(|s| s.len())
 }

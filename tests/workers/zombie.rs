@@ -1,5 +1,5 @@
-//! A zombie: worker A is stopped (SIGSTOP) just before an unsafe tool, past its 1 s lease;
-//! B recovers the session and runs it to completion; A is continued (SIGCONT). Nothing A
+//! A zombie: worker A is stopped (SIGSTOP) just before an unsafe tool, until its 3 s lease
+//! has expired on the store's clock; B recovers the session and runs it to completion; A is continued (SIGCONT). Nothing A
 //! writes afterwards is accepted: its unsafe call is refused before the body runs, its
 //! checkpoint is refused, and A exits with "lease lost".
 
@@ -15,7 +15,11 @@ use crate::ledger::Arg;
 use crate::proc::{Output, Worker, signal};
 use crate::worker::{EXIT_LEASE_LOST, SESSION, STEPS};
 
-const TTL: Duration = Duration::from_secs(1);
+/// A's lease: short, so that the test waits little for it to expire once A is stopped,
+/// and long enough that A's renewals (every third of it) never miss on a loaded machine.
+const A_TTL: Duration = Duration::from_secs(3);
+/// B's lease: B only needs A's to expire, never its own.
+const B_TTL: Duration = Duration::from_secs(30);
 
 pub async fn zombie(backend: Backend) {
     let started = Instant::now();
@@ -26,7 +30,7 @@ pub async fn zombie(backend: Backend) {
         "zombie-a",
         &backend,
         "zombie-a",
-        TTL,
+        A_TTL,
         &[(SESSION, id.as_str())],
         Output::Lines,
     );
@@ -44,10 +48,16 @@ pub async fn zombie(backend: Backend) {
         tokio::time::sleep(Duration::from_millis(30)).await;
         assert!(stops < 100, "A never stopped outside a transaction");
     }
-    let a_fence = store.session(&id).await.expect("session").fence;
+    let stopped = store.session(&id).await.expect("session");
+    let a_fence = stopped.fence;
+    // Wait for A's lease to expire on the store's clock (the one the store compares).
+    let expires = stopped.lease_expires_at.expect("A holds a lease");
+    while store.now().await.expect("now") <= expires {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
-    // B recovers once the lease has expired (it polls `recover_next`) and completes.
-    let mut b = Worker::spawn("zombie-b", &backend, "zombie-b", TTL, &[], Output::Lines);
+    // B recovers the expired session (it polls `recover_next`) and completes.
+    let mut b = Worker::spawn("zombie-b", &backend, "zombie-b", B_TTL, &[], Output::Lines);
     let status = b.wait(Duration::from_secs(60));
     let b_lines = b.rest();
     assert!(status.success(), "B failed ({status}): {b_lines:?}");

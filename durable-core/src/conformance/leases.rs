@@ -7,7 +7,7 @@ use serde_json::json;
 
 use super::{
     CLOCK_SLACK_MS, LONG_TTL, checkpoint, completed, create, create_with, expect_err, message, ms,
-    new_session, now, owner, read, tool_call,
+    new_session, now, owner, read, tool_call, wait_past,
 };
 use crate::error::StoreError;
 use crate::store::{CheckpointStore, IssueOutcome, SessionStatus};
@@ -80,7 +80,7 @@ pub async fn lease_expiry_lets_another_owner_in(store: Arc<dyn CheckpointStore>)
         StoreError::Leased { .. },
         "acquire_lease before a 2 s lease expired"
     );
-    tokio::time::sleep(ttl + Duration::from_millis(300)).await;
+    wait_past(&*store, first.expires_at).await;
     let next_owner = owner("late");
     let second = store
         .acquire_lease(&session.id, &next_owner, LONG_TTL)
@@ -319,7 +319,8 @@ pub async fn lease_renew_extends(store: Arc<dyn CheckpointStore>) {
         "renew must not bump the session fence"
     );
 
-    tokio::time::sleep(ttl + Duration::from_millis(300)).await;
+    // Past the original expiry, on the store's clock.
+    wait_past(&*store, lease.expires_at).await;
     expect_err!(
         store
             .acquire_lease(&session.id, &owner("other"), LONG_TTL)

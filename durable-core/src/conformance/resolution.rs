@@ -7,7 +7,7 @@ use serde_json::json;
 
 use super::{
     CLOCK_SLACK_MS, LONG_TTL, completed, create, create_with, expect_err, new_session, now, owner,
-    tool_call,
+    tool_call, wait_past,
 };
 use crate::error::StoreError;
 use crate::ids::{CallId, SessionId};
@@ -114,7 +114,7 @@ pub async fn in_doubt_requires_a_lost_lease(store: Arc<dyn CheckpointStore>) {
         in_doubt_ids(&*store, &c.id).await.is_empty(),
         "not in doubt before expiry"
     );
-    tokio::time::sleep(Duration::from_millis(2_300)).await;
+    wait_past(&*store, lease_c.expires_at).await;
     assert_eq!(
         in_doubt_ids(&*store, &c.id).await,
         vec![issued_c.id],
