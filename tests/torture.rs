@@ -10,7 +10,8 @@
 //!   ends (completed, or parked for an operator): no duplicate effect, no lost recorded
 //!   result, `PRAGMA integrity_check` ok after every kill on SQLite.
 //! - **completed means never again**: 100 resumes of a turn whose calls are recorded (10
-//!   killed mid-resume): 0 executions, identical bytes.
+//!   killed mid-resume, each frozen after a seeded random journal event and killed
+//!   there): 0 executions, identical bytes.
 //! - **the model changes its mind**: after a crash behind an unsafe call's issued commit,
 //!   a re-asked model proposes other arguments or another unsafe tool: refused, 0
 //!   executions.

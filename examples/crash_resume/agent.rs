@@ -88,6 +88,8 @@ pub struct Options {
     pub on_unsafe: OnUnsafe,
     /// Where to freeze and wait for SIGKILL.
     pub crash_at: Option<CrashPoint>,
+    /// Freeze and wait for SIGKILL right after the n-th journal event (`@@ event`).
+    pub freeze_after_events: Option<usize>,
     /// Count the hits of every crash point and print them at the end.
     pub count_hits: bool,
     /// Narrate for a person.
@@ -120,6 +122,7 @@ impl Options {
             mode: Mode::Run,
             on_unsafe: OnUnsafe::Release,
             crash_at: None,
+            freeze_after_events: None,
             count_hits: false,
             narrate: false,
             color: false,
@@ -156,10 +159,14 @@ impl Options {
             .env("DURABLE_AGENT_NARRATE", flag(self.narrate))
             .env("DURABLE_AGENT_COLOR", flag(self.color))
             .env_remove("DURABLE_AGENT_CRASH_AT")
+            .env_remove("DURABLE_AGENT_FREEZE_AFTER_EVENTS")
             .stdin(Stdio::null())
             .stdout(Stdio::piped());
         if let Some(point) = &self.crash_at {
             cmd.env("DURABLE_AGENT_CRASH_AT", point.short());
+        }
+        if let Some(n) = self.freeze_after_events {
+            cmd.env("DURABLE_AGENT_FREEZE_AFTER_EVENTS", n.to_string());
         }
         cmd
     }
@@ -188,6 +195,13 @@ impl Options {
             crash_at: std::env::var("DURABLE_AGENT_CRASH_AT")
                 .ok()
                 .map(|p| CrashPoint::parse(&p))
+                .transpose()?,
+            freeze_after_events: std::env::var("DURABLE_AGENT_FREEZE_AFTER_EVENTS")
+                .ok()
+                .map(|n| {
+                    n.parse()
+                        .map_err(|_| format!("DURABLE_AGENT_FREEZE_AFTER_EVENTS = `{n}`"))
+                })
                 .transpose()?,
             count_hits: on("DURABLE_AGENT_COUNT_HITS"),
             narrate: on("DURABLE_AGENT_NARRATE"),
@@ -292,10 +306,19 @@ async fn run(options: &Options) -> Result<i32, Error> {
     };
     let s = narrator.style;
     let observer = narrator.clone();
+    let freeze_after = options.freeze_after_events;
+    let events = AtomicUsize::new(0);
     let durable = Durable::builder(Arc::clone(&store))
         .owner(OWNER)
         .app_version(APP_VERSION)
-        .on_call(move |e| observer.event(e))
+        .on_call(move |e| {
+            observer.event(e);
+            let n = events.fetch_add(1, Ordering::SeqCst) + 1;
+            if freeze_after == Some(n) {
+                say(&format!("@@ crash event#{n}"));
+                freeze();
+            }
+        })
         .build();
     let id = SessionId::new(options.session.as_str());
     let toolbox = tools::toolbox(options.verify)?;

@@ -404,13 +404,15 @@ pub fn completed_never_again(ctx: &Ctx, backend: Backend, seed: u64) -> Result<F
     }
     let (mut killed, mut clean) = (0, 0);
     let mut bytes: BTreeSet<String> = BTreeSet::new();
-    let mut replay_time = Duration::ZERO;
+    // Journal events in a clean resume (run 0 is always clean): a killed resume freezes
+    // after a random one of them, so every kill lands mid-resume on any machine.
+    let mut events = 0;
     for i in 0..RESUMES {
-        let owed = KILLED - killed;
-        let kill = i > 0 && (kill_at.contains(&i) || RESUMES - i <= owed) && owed > 0;
+        let kill = i > 0 && kill_at.contains(&i);
         let run = if kill {
-            let delay = rng.below(replay_time.as_micros() as u64 * 6 / 10);
-            subject.run(&replay, Kill::After(Duration::from_micros(delay)))
+            let mut frozen = replay.clone();
+            frozen.freeze_after_events = Some(1 + rng.below(events.max(1)) as usize);
+            subject.run(&frozen, Kill::AtCrashPoint)
         } else {
             subject.run(&replay, Kill::Never)
         };
@@ -429,9 +431,7 @@ pub fn completed_never_again(ctx: &Ctx, backend: Backend, seed: u64) -> Result<F
             run.code,
             run.output()
         );
-        if i == 0 || run.elapsed < replay_time {
-            replay_time = run.elapsed;
-        }
+        events = run.marks("event").count() as u64;
         clean += 1;
         let results: Vec<&str> = run.marks("result").collect();
         ensure!(
