@@ -217,7 +217,7 @@ impl Cluster {
         // From here on the watchdog owns the directory and removes it.
         let root = root.keep();
         let mut last_error = String::new();
-        for _ in 0..3 {
+        for _ in 0..5 {
             match Self::launch(&bin, &root, user).await {
                 Ok((admin_url, child)) => {
                     eprintln!(
