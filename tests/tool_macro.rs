@@ -484,3 +484,55 @@ fn replay_check_hooks_decode_arguments_and_derive_keys() {
             .is_none()
     );
 }
+
+static INVOICED: AtomicUsize = AtomicUsize::new(0);
+
+/// Send an invoice.
+#[durable_tool(replay = "unsafe_on_replay")]
+async fn send_invoice(order: String) -> Result<Receipt, Failure> {
+    INVOICED.fetch_add(1, Ordering::SeqCst);
+    Ok(Receipt {
+        id: format!("inv-{order}"),
+    })
+}
+
+/// A generated tool's call, inside `checkpoint_after`, on a spawned task (the future is
+/// `Send`): its result and the checkpoint holding its message commit together.
+#[tokio::test]
+async fn a_macro_tool_commits_its_result_with_the_checkpoint() {
+    let store = store().await;
+    let mut session = start(&store).await;
+    session.push(Message::user("invoice o-1"));
+    let task = tokio::spawn(async move {
+        let receipt = session
+            .checkpoint_after(
+                async |journal| send_invoice.call(journal, "o-1".into()).await,
+                |outcome| Message::tool_outcome("call_1", outcome),
+            )
+            .await;
+        (session, receipt)
+    });
+    let (session, receipt) = task.await.expect("the task");
+    assert_eq!(receipt.expect("sent").id, "inv-o-1");
+    assert_eq!(INVOICED.load(Ordering::SeqCst), 1);
+    assert_eq!(session.version(), 1);
+    let saved = store
+        .load_checkpoint(session.id(), None)
+        .await
+        .expect("load");
+    let messages: Vec<Message> = saved
+        .messages
+        .into_iter()
+        .map(|m| serde_json::from_value(m).expect("a message"))
+        .collect();
+    assert_eq!(
+        messages,
+        [
+            Message::user("invoice o-1"),
+            Message::tool_result("call_1", json!({"id": "inv-o-1"}), false),
+        ]
+    );
+    let rows = store.calls(session.id(), None).await.expect("calls");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].status, CallStatus::Completed);
+}

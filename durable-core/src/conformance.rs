@@ -43,6 +43,7 @@ use crate::store::{
     NewCheckpoint, NewSession, SessionRecord,
 };
 
+mod checkpoint_after;
 mod checkpoints;
 mod fork;
 mod journal;
@@ -55,6 +56,7 @@ mod runtime;
 mod sessions;
 mod stall;
 
+pub use checkpoint_after::*;
 pub use checkpoints::*;
 pub use fork::*;
 pub use journal::*;
@@ -220,6 +222,12 @@ macro_rules! __durable_conformance_cases {
             runtime_interrupted_unsafe_call_blocks_the_live_session,
             runtime_live_session_sees_a_resolution,
             runtime_interrupted_checkpoint_stops_the_handle,
+            // runtime: a tool result and its checkpoint in one transaction
+            runtime_checkpoint_after_commits_result_and_checkpoint_together,
+            runtime_checkpoint_after_returns_recorded_results,
+            runtime_checkpoint_after_records_failures_and_writes_nothing_on_refusal,
+            runtime_checkpoint_after_allows_one_call,
+            runtime_checkpoint_after_interrupted_stops_the_handle,
         }
     };
 }

@@ -283,6 +283,20 @@ pub enum DurableError {
     /// The budget's limit would be exceeded.
     #[error("budget exceeded: {0}")]
     BudgetExceeded(String),
+    /// A second tool call started inside [`Session::checkpoint_after`]: its checkpoint
+    /// commits exactly one call's result. Nothing was journaled or run for this call.
+    ///
+    /// [`Session::checkpoint_after`]: crate::Session::checkpoint_after
+    #[error(
+        "`{tool}` was called inside `checkpoint_after` of session `{session}` after its one tool call; \
+         make further calls after it returns (or use `checkpoint()` for a turn of several calls)"
+    )]
+    OneCallPerCheckpoint {
+        /// The session.
+        session: SessionId,
+        /// The tool of the refused call.
+        tool: String,
+    },
 }
 
 impl DurableError {

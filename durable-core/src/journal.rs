@@ -29,10 +29,12 @@ use crate::store::{
 use crate::tool::ToolSpec;
 
 mod call;
+mod commit;
 mod numbers;
 
 pub use call::ToolCall;
 use call::decode_result;
+pub(crate) use commit::{CommitSlot, MakeMessage, PendingCommit};
 use numbers::{Numbers, Reservation};
 
 /// The tool name under which model responses are journaled.
@@ -158,6 +160,8 @@ pub(crate) struct JournalInner {
     issued_here: Mutex<HashSet<CallId>>,
     /// Spend of rows used this turn, charged once per row.
     spend: Mutex<Vec<(CallId, Spend)>>,
+    /// The checkpoint scope of `Session::checkpoint_after`, if one is open.
+    commit: Mutex<CommitSlot>,
     charged: Mutex<HashSet<CallId>>,
     durable_checked: tokio::sync::OnceCell<Option<String>>,
 }
@@ -206,6 +210,7 @@ impl Journal {
                 checkpoint_in_doubt: Mutex::new(None),
                 issued_here: Mutex::new(HashSet::new()),
                 spend: Mutex::new(Vec::new()),
+                commit: Mutex::new(CommitSlot::Idle),
                 charged: Mutex::new(HashSet::new()),
                 durable_checked: tokio::sync::OnceCell::new(),
             }),

@@ -11,7 +11,7 @@ use tracing::Instrument;
 
 use crate::error::{DurableError, StoreError};
 use crate::ids::SessionId;
-use crate::journal::{CallError, Journal};
+use crate::journal::{CallError, Journal, MakeMessage, PendingCommit};
 use crate::replay::ReplayClass;
 use crate::runtime::{Durable, encode};
 use crate::snapshot::{Budget, Plan, Spend};
@@ -292,6 +292,119 @@ where
         Ok(meta)
     }
 
+    /// Runs one tool call and checkpoints after it, committing the call's result and the
+    /// checkpoint in **one transaction**: after a crash either both are in the store or
+    /// neither is, and the pair costs one commit (one `fsync`) instead of two.
+    ///
+    /// `call` makes the tool call through the journal it is given (a
+    /// [`Journal::tool`] call, a `#[durable_tool]`'s `.call(journal, …)`, or one
+    /// [`Toolbox`](crate::Toolbox) dispatch). `message` turns the call's outcome
+    /// (`Ok(result as JSON)` or `Err(failure message)`) into the transcript message
+    /// that follows it, e.g. [`Message::tool_outcome`](crate::transcript::Message::tool_outcome).
+    /// The checkpoint holds this turn's pending messages, that message, the plan, the
+    /// budget (with the call's spend) and the state.
+    ///
+    /// Returns what the call returned. When it reached an outcome (`Ok`,
+    /// [`CallError::Tool`] or [`CallError::Recorded`]) the message was pushed and the
+    /// checkpoint written; a [`CallError::Durable`] (e.g. `ReplayUnsafe`) writes nothing.
+    /// A recorded result returned on replay, or a `pure` call (recorded in a single
+    /// insert), is followed by an ordinary checkpoint: nothing to make atomic there.
+    ///
+    /// Exactly one tool call belongs to the scope: a second one started inside it is
+    /// refused with [`DurableError::OneCallPerCheckpoint`] before anything is journaled.
+    /// Several parallel calls of one turn go through the journal, then
+    /// [`checkpoint`](Self::checkpoint). If `call` makes no tool call, an ordinary
+    /// checkpoint is written.
+    ///
+    /// ```no_run
+    /// # use durable_core::{Durable, runtime::StartOptions, tool::ToolSpec};
+    /// # use durable_core::transcript::Message;
+    /// # use serde_json::json;
+    /// # async fn demo(durable: Durable, spec: ToolSpec) -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut session = durable.start::<Message>(StartOptions::default()).await?;
+    /// let receipt = session
+    ///     .checkpoint_after(
+    ///         async |journal| {
+    ///             journal
+    ///                 .tool(&spec, json!({"to": "ann@example.com"}))
+    ///                 .run(|_ctx| async { Ok::<_, std::io::Error>(json!({"id": "m-1"})) })
+    ///                 .await
+    ///         },
+    ///         |outcome| Message::tool_outcome("call_1", outcome),
+    ///     )
+    ///     .await?;
+    /// assert_eq!(receipt["id"], "m-1");
+    /// # Ok(()) }
+    /// ```
+    pub async fn checkpoint_after<T, E, C, Mk>(
+        &mut self,
+        call: C,
+        message: Mk,
+    ) -> Result<T, CallError<E>>
+    where
+        C: AsyncFnOnce(&Journal) -> Result<T, CallError<E>>,
+        Mk: FnOnce(Result<&Value, &str>) -> M + Send + 'static,
+        M: Send + 'static,
+    {
+        if let Some(version) = self.journal.checkpoint_in_doubt() {
+            return Err(DurableError::CheckpointInDoubt {
+                session: self.record.id.clone(),
+                version,
+            }
+            .into());
+        }
+        let base = self.snapshot()?;
+        let made: Arc<std::sync::Mutex<Option<M>>> = Arc::default();
+        let slot = Arc::clone(&made);
+        let make: MakeMessage = Box::new(move |outcome| {
+            let message = message(outcome);
+            let encoded = encode(&message, "message")?;
+            *slot
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(message);
+            Ok(encoded)
+        });
+        self.journal.arm_commit(PendingCommit::new(
+            self.version,
+            base,
+            self.budget.clone(),
+            make,
+        ));
+        let (result, done) = {
+            let scope = CloseScope(&self.journal);
+            let result = call(&self.journal).await;
+            (result, scope.0.close_commit())
+        };
+        let made = made
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        let Some(done) = done else {
+            // No tool call ran to an end inside the scope.
+            if result.is_ok() {
+                self.checkpoint().await?;
+            }
+            return result;
+        };
+        if let Some(meta) = done.committed {
+            // The result and the checkpoint committed together.
+            self.messages.extend(made);
+            self.version = meta.version;
+            self.committed = self.messages.len();
+            self.journal.enter_step(meta.version).await;
+            return result;
+        }
+        if let Some(e) = done.error {
+            // The outcome is recorded; its message could not be made.
+            return Err(e.into());
+        }
+        if done.has_message() {
+            self.messages.extend(made);
+            self.checkpoint().await?;
+        }
+        result
+    }
+
     fn lost(&self, e: StoreError) -> DurableError {
         self.journal.note_store_error(e)
     }
@@ -390,5 +503,15 @@ async fn renew_loop(journal: Journal) {
                 tracing::warn!(session = %lease.session, error = %e, "lease renewal failed; retrying")
             }
         }
+    }
+}
+
+/// Closes a `checkpoint_after` scope however its future ends (dropped included), so that
+/// later calls are not taken for the scope's.
+struct CloseScope<'a>(&'a Journal);
+
+impl Drop for CloseScope<'_> {
+    fn drop(&mut self) {
+        self.0.close_commit();
     }
 }

@@ -161,6 +161,18 @@ impl Message {
         }
     }
 
+    /// A tool result message from a call's outcome, as
+    /// [`Session::checkpoint_after`](crate::Session::checkpoint_after) hands it over: the
+    /// result, or `{"error": message}` marked as an error.
+    pub fn tool_outcome(call_id: impl Into<String>, outcome: Result<&Value, &str>) -> Self {
+        match outcome {
+            Ok(result) => Message::tool_result(call_id, result.clone(), false),
+            Err(message) => {
+                Message::tool_result(call_id, serde_json::json!({ "error": message }), true)
+            }
+        }
+    }
+
     /// The tool calls of this message, in order.
     pub fn tool_calls(&self) -> impl Iterator<Item = &ToolCallBlock> {
         self.content.iter().filter_map(|b| match b {

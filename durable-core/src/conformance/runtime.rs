@@ -24,14 +24,14 @@ use crate::store::{CallStatus, CheckpointStore, Resolution};
 use crate::tool::{ToolSpec, Verification};
 use crate::transcript::Message;
 
-use super::stall::StallCheckpoints;
+use super::stall::Probe;
 
 /// How long a case waits for something that happens at once on a healthy machine.
-const GIVE_UP: Duration = Duration::from_secs(60);
+pub(super) const GIVE_UP: Duration = Duration::from_secs(60);
 
-type Events = Arc<Mutex<Vec<CallEvent>>>;
+pub(super) type Events = Arc<Mutex<Vec<CallEvent>>>;
 
-fn runtime(store: &Arc<dyn CheckpointStore>, owner: &str) -> (Durable, Events) {
+pub(super) fn runtime(store: &Arc<dyn CheckpointStore>, owner: &str) -> (Durable, Events) {
     let events: Events = Arc::default();
     let sink = Arc::clone(&events);
     let durable = Durable::builder(Arc::clone(store))
@@ -42,7 +42,7 @@ fn runtime(store: &Arc<dyn CheckpointStore>, owner: &str) -> (Durable, Events) {
     (durable, events)
 }
 
-fn outcomes(events: &Events) -> Vec<(String, Outcome)> {
+pub(super) fn outcomes(events: &Events) -> Vec<(String, Outcome)> {
     events
         .lock()
         .expect("events lock")
@@ -51,7 +51,7 @@ fn outcomes(events: &Events) -> Vec<(String, Outcome)> {
         .collect()
 }
 
-fn spec(name: &str, class: ReplayClass) -> ToolSpec {
+pub(super) fn spec(name: &str, class: ReplayClass) -> ToolSpec {
     ToolSpec::new(
         name,
         format!("test tool {name}"),
@@ -61,12 +61,16 @@ fn spec(name: &str, class: ReplayClass) -> ToolSpec {
 }
 
 /// A tool body that counts its executions and echoes its key.
-async fn body(ctx: crate::ToolContext, runs: Arc<AtomicUsize>, n: i64) -> Result<Value, String> {
+pub(super) async fn body(
+    ctx: crate::ToolContext,
+    runs: Arc<AtomicUsize>,
+    n: i64,
+) -> Result<Value, String> {
     let run = runs.fetch_add(1, Ordering::SeqCst) + 1;
     Ok(json!({"n": n, "run": run, "key": ctx.idempotency_key(), "attempt": ctx.attempt()}))
 }
 
-async fn start(durable: &Durable) -> Session<Message> {
+pub(super) async fn start(durable: &Durable) -> Session<Message> {
     durable
         .start::<Message>(StartOptions::default())
         .await
@@ -90,7 +94,7 @@ async fn release_dead_lease(store: &Arc<dyn CheckpointStore>, session: &crate::S
 
 /// Takes a session over from a "dead" worker (its lease still live): same path as a
 /// recovery after the lease expired, without waiting for it.
-async fn take_over(
+pub(super) async fn take_over(
     store: &Arc<dyn CheckpointStore>,
     session: &crate::SessionId,
     owner: &str,
@@ -103,7 +107,7 @@ async fn take_over(
 
 /// A worker starts a session, runs `spec` (an email), and dies after the effect and before
 /// its outcome is recorded: returns the session, the tool and the effect counter (at 1).
-async fn email_in_doubt(
+pub(super) async fn email_in_doubt(
     store: &Arc<dyn CheckpointStore>,
     spec: ToolSpec,
 ) -> (crate::SessionId, ToolSpec, Arc<AtomicUsize>) {
@@ -115,7 +119,7 @@ async fn email_in_doubt(
 }
 
 /// Runs one call of `spec` with argument `n` (and key `key`), counting executions.
-async fn call(
+pub(super) async fn call(
     session: &Session<Message>,
     spec: &ToolSpec,
     n: i64,
@@ -1047,7 +1051,7 @@ pub async fn runtime_live_session_sees_a_resolution(store: Arc<dyn CheckpointSto
 /// it refuses further calls and checkpoints until the session is resumed, and the resumed
 /// session finds the checkpoint that did commit.
 pub async fn runtime_interrupted_checkpoint_stops_the_handle(store: Arc<dyn CheckpointStore>) {
-    let stall = StallCheckpoints::new(Arc::clone(&store));
+    let stall = Probe::new(Arc::clone(&store));
     let stalling: Arc<dyn CheckpointStore> = Arc::clone(&stall) as _;
     let (durable, _) = runtime(&stalling, "first");
     let mut session = start(&durable).await;

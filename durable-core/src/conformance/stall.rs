@@ -1,13 +1,14 @@
-//! A store decorator that lets a runtime case interrupt a checkpoint deterministically.
+//! A store decorator that lets runtime cases see and interrupt checkpoint writes.
 //!
-//! [`StallCheckpoints`] passes every call through to the real store it wraps. Its one
-//! twist: once armed, `save_checkpoint` performs the real write and then parks forever
-//! instead of returning, after waking whoever waits on [`StallCheckpoints::stalled`]. A
-//! case can then drop the checkpoint future at a known point (the write committed, the
-//! reply never arrived) instead of racing a timer against the store's I/O.
+//! [`Probe`] passes every call through to the real store it wraps. It counts the
+//! checkpoint writes (`save_checkpoint`, and `finish_call` carrying a checkpoint), and
+//! once armed, the next of them performs the real write and then parks forever instead
+//! of returning, after waking whoever waits on [`Probe::stalled`]. A case can then drop
+//! the writing future at a known point (the write committed, the reply never arrived)
+//! instead of racing a timer against the store's I/O.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -22,34 +23,55 @@ use crate::store::{
 };
 
 /// Wraps a real store; see the module docs.
-pub(super) struct StallCheckpoints {
+pub(super) struct Probe {
     inner: Arc<dyn CheckpointStore>,
     armed: AtomicBool,
     stalled: Notify,
+    saves: AtomicUsize,
+    finishes_with_checkpoint: AtomicUsize,
 }
 
-impl StallCheckpoints {
+impl Probe {
     pub(super) fn new(inner: Arc<dyn CheckpointStore>) -> Arc<Self> {
         Arc::new(Self {
             inner,
             armed: AtomicBool::new(false),
             stalled: Notify::new(),
+            saves: AtomicUsize::new(0),
+            finishes_with_checkpoint: AtomicUsize::new(0),
         })
     }
 
-    /// The next `save_checkpoint` writes, then parks instead of returning.
+    /// The next checkpoint write commits, then parks instead of returning.
     pub(super) fn arm(&self) {
         self.armed.store(true, Ordering::SeqCst);
     }
 
-    /// Resolves once an armed `save_checkpoint` has written and parked.
+    /// Resolves once an armed checkpoint write has committed and parked.
     pub(super) async fn stalled(&self) {
         self.stalled.notified().await;
+    }
+
+    /// `save_checkpoint` calls so far.
+    pub(super) fn saves(&self) -> usize {
+        self.saves.load(Ordering::SeqCst)
+    }
+
+    /// `finish_call` calls that carried a checkpoint so far.
+    pub(super) fn finishes_with_checkpoint(&self) -> usize {
+        self.finishes_with_checkpoint.load(Ordering::SeqCst)
+    }
+
+    async fn stall_if_armed(&self) {
+        if self.armed.swap(false, Ordering::SeqCst) {
+            self.stalled.notify_one();
+            std::future::pending::<()>().await;
+        }
     }
 }
 
 #[async_trait]
-impl CheckpointStore for StallCheckpoints {
+impl CheckpointStore for Probe {
     fn backend(&self) -> &'static str {
         self.inner.backend()
     }
@@ -126,14 +148,12 @@ impl CheckpointStore for StallCheckpoints {
         expected: i64,
         checkpoint: NewCheckpoint,
     ) -> Result<CheckpointMeta, StoreError> {
+        self.saves.fetch_add(1, Ordering::SeqCst);
         let saved = self
             .inner
             .save_checkpoint(fence, expected, checkpoint)
             .await;
-        if self.armed.swap(false, Ordering::SeqCst) {
-            self.stalled.notify_one();
-            std::future::pending::<()>().await;
-        }
+        self.stall_if_armed().await;
         saved
     }
 
@@ -194,9 +214,18 @@ impl CheckpointStore for StallCheckpoints {
         finish: FinishCall,
         checkpoint: Option<(i64, NewCheckpoint)>,
     ) -> Result<Option<CheckpointMeta>, StoreError> {
-        self.inner
+        let with_checkpoint = checkpoint.is_some();
+        if with_checkpoint {
+            self.finishes_with_checkpoint.fetch_add(1, Ordering::SeqCst);
+        }
+        let finished = self
+            .inner
             .finish_call(fence, call, finish, checkpoint)
-            .await
+            .await;
+        if with_checkpoint {
+            self.stall_if_armed().await;
+        }
+        finished
     }
 
     async fn call(&self, id: &CallId) -> Result<CallRecord, StoreError> {

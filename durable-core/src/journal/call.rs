@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use tracing::Instrument;
 
 use super::numbers::Reservation;
-use super::{CallError, CallEvent, Journal, Outcome, RecordedFailure, lock};
+use super::{CallError, CallEvent, Journal, Outcome, PendingCommit, RecordedFailure, lock};
 use crate::error::DurableError;
 use crate::ids::CallId;
 use crate::key;
@@ -87,13 +87,43 @@ impl<'j> ToolCall<'j> {
             durable.replay.outcome = tracing::field::Empty,
             durable.call.id = tracing::field::Empty,
         );
-        self.run_inner(run, verify).instrument(span).await
+        let journal = self.journal;
+        let spec = self.spec;
+        let Some(mut commit) = journal.claim_commit(&spec.name)? else {
+            return self.run_inner(run, verify, None).instrument(span).await;
+        };
+        let result = self
+            .run_inner(run, verify, Some(&mut commit))
+            .instrument(span)
+            .await;
+        if !commit.has_message() && commit.error.is_none() {
+            // An outcome that wrote nothing with a checkpoint (a recorded result returned,
+            // a `pure` call's single insert): build the message; the session writes it.
+            match &result {
+                Ok(value) => match encode_result(spec, value) {
+                    Ok(encoded) => {
+                        commit.build(Ok(&encoded), None);
+                    }
+                    Err(e) => commit.error = Some(e),
+                },
+                Err(CallError::Tool(e)) => {
+                    commit.build(Err(&e.to_string()), None);
+                }
+                Err(CallError::Recorded(failure)) => {
+                    commit.build(Err(&failure.message), None);
+                }
+                Err(CallError::Durable(_)) => {}
+            }
+        }
+        journal.return_commit(commit);
+        result
     }
 
     async fn run_inner<T, E, F, Fut, V, VFut>(
         self,
         mut run: F,
         verify: V,
+        commit: Option<&mut PendingCommit>,
     ) -> Result<T, CallError<E>>
     where
         T: Serialize + DeserializeOwned,
@@ -195,13 +225,13 @@ impl<'j> ToolCall<'j> {
                         journal.ensure_durable(spec).await?;
                         let (row, running) = journal.reissue(&row).await?;
                         journal
-                            .execute(spec, row, &mut run, Outcome::ReExecuted, running)
+                            .execute(spec, row, &mut run, Outcome::ReExecuted, running, commit)
                             .await
                     }
                     ReplayClass::Pure => {
                         let (row, running) = journal.reissue(&row).await?;
                         journal
-                            .execute(spec, row, &mut run, Outcome::ReExecuted, running)
+                            .execute(spec, row, &mut run, Outcome::ReExecuted, running, commit)
                             .await
                     }
                     ReplayClass::IdempotentWithKey => {
@@ -213,7 +243,14 @@ impl<'j> ToolCall<'j> {
                         }
                         let (row, running) = journal.reissue(&row).await?;
                         journal
-                            .execute(spec, row, &mut run, Outcome::ReExecutedWithKey, running)
+                            .execute(
+                                spec,
+                                row,
+                                &mut run,
+                                Outcome::ReExecutedWithKey,
+                                running,
+                                commit,
+                            )
                             .await
                     }
                     ReplayClass::UnsafeOnReplay => {
@@ -222,7 +259,7 @@ impl<'j> ToolCall<'j> {
                             Verification::Happened(value) => {
                                 let result = encode_result(spec, &value)?;
                                 let row = journal
-                                    .finish(&row, CallOutcome::Completed(result), None)
+                                    .finish(&row, CallOutcome::Completed(result), None, commit)
                                     .await?;
                                 journal.emit(journal.event(&row, Outcome::VerifiedHappened));
                                 Ok(value)
@@ -237,6 +274,7 @@ impl<'j> ToolCall<'j> {
                                         &mut run,
                                         Outcome::VerifiedNotHappened,
                                         running,
+                                        commit,
                                     )
                                     .await
                             }
@@ -321,7 +359,7 @@ impl<'j> ToolCall<'j> {
                         tracing::Span::current().record("durable.call.id", row.id.as_str());
                         journal.failpoint("after_issued", &spec.name);
                         journal
-                            .execute(spec, row, &mut run, Outcome::Executed, running)
+                            .execute(spec, row, &mut run, Outcome::Executed, running, commit)
                             .await
                     }
                     IssueOutcome::Existing(row) => {
@@ -383,14 +421,17 @@ impl Journal {
         Ok((row, running))
     }
 
+    /// Records `outcome` on an issued row; with `commit`, the checkpoint made of the
+    /// outcome goes in the same transaction.
     async fn finish(
         &self,
         row: &CallRecord,
         outcome: CallOutcome,
         spend: Option<Spend>,
+        commit: Option<&mut PendingCommit>,
     ) -> Result<CallRecord, DurableError> {
         let mac = self.mac_for(&row.id, &outcome);
-        let spend_value = super::spend_json(spend);
+        let spend_value = super::spend_json(spend.clone());
         // The finished row, as the store now holds it (no read-back: one round trip less
         // on the hot path; `finished_at` is the store's and not needed here).
         let mut finished = row.clone();
@@ -406,8 +447,27 @@ impl Journal {
                 finished.error = Some(v.clone());
             }
         }
+        let (checkpoint, commit) = match commit {
+            Some(commit) => {
+                let checkpoint = match &outcome {
+                    CallOutcome::Completed(v) => commit.build(Ok(v), spend.as_ref()),
+                    CallOutcome::Failed(v) => {
+                        commit.build(Err(&failure_message(Some(v))), spend.as_ref())
+                    }
+                };
+                (checkpoint, Some(commit))
+            }
+            None => (None, None),
+        };
+        // If this future is dropped mid-write, the checkpoint may or may not have
+        // committed: the handle refuses to go on, as after an interrupted `checkpoint()`.
+        let writing = checkpoint.as_ref().map(|(expected, _)| expected + 1);
+        if writing.is_some() {
+            self.set_checkpoint_in_doubt(writing);
+        }
         let lease = self.lease();
-        self.inner
+        let written = self
+            .inner
             .store
             .finish_call(
                 lease.fence(),
@@ -417,10 +477,16 @@ impl Journal {
                     spend: spend_value,
                     mac,
                 },
-                None,
+                checkpoint,
             )
-            .await
-            .map_err(|e| self.note_store_error(e))?;
+            .await;
+        if writing.is_some() {
+            self.set_checkpoint_in_doubt(None);
+        }
+        let meta = written.map_err(|e| self.note_store_error(e))?;
+        if let (Some(commit), Some(meta)) = (commit, meta) {
+            commit.committed = Some(meta);
+        }
         self.failpoint("after_result", &row.identity.tool);
         self.charge(&finished);
         self.inner
@@ -440,6 +506,7 @@ impl Journal {
         run: &mut F,
         outcome: Outcome,
         running: IssuedHere<'_>,
+        commit: Option<&mut PendingCommit>,
     ) -> Result<T, CallError<E>>
     where
         T: Serialize + DeserializeOwned,
@@ -457,7 +524,7 @@ impl Journal {
             Ok(value) => {
                 let encoded = encode_result(spec, &value)?;
                 let row = self
-                    .finish(&row, CallOutcome::Completed(encoded), spend)
+                    .finish(&row, CallOutcome::Completed(encoded), spend, commit)
                     .await?;
                 self.emit(self.event(&row, outcome));
                 Ok(value)
@@ -468,6 +535,7 @@ impl Journal {
                         &row,
                         CallOutcome::Failed(json!({ "message": e.to_string() })),
                         spend,
+                        commit,
                     )
                     .await?;
                 self.emit(self.event(&row, outcome));

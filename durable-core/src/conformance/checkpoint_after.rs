@@ -1,0 +1,368 @@
+//! Runtime cases for [`Session::checkpoint_after`](crate::Session::checkpoint_after): a
+//! tool call's result and the checkpoint that follows it, committed together.
+//!
+//! The store is wrapped in a [`Probe`] that counts checkpoint writes, so that "one
+//! transaction" is checked as the store sees it: a `finish_call` carrying the checkpoint
+//! (the method whose atomicity `journal_finish_with_checkpoint_is_atomic` checks), and
+//! no separate `save_checkpoint`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use serde_json::{Value, json};
+
+use super::runtime::{GIVE_UP, call, email_in_doubt, runtime, spec, start, take_over};
+use super::stall::Probe;
+use crate::error::DurableError;
+use crate::journal::CallError;
+use crate::replay::ReplayClass;
+use crate::snapshot::{Budget, Spend};
+use crate::store::{CallStatus, CheckpointStore};
+use crate::tool::ToolSpec;
+use crate::transcript::Message;
+use crate::{Journal, Session};
+
+fn probe(store: &Arc<dyn CheckpointStore>) -> (Arc<Probe>, Arc<dyn CheckpointStore>) {
+    let probe = Probe::new(Arc::clone(store));
+    let dyn_store: Arc<dyn CheckpointStore> = Arc::clone(&probe) as _;
+    (probe, dyn_store)
+}
+
+/// `send` with argument `n`: counts its runs, reports a spend, returns a receipt.
+async fn send(
+    journal: &Journal,
+    s: &ToolSpec,
+    n: i64,
+    runs: &Arc<AtomicUsize>,
+) -> Result<Value, CallError<String>> {
+    let runs = Arc::clone(runs);
+    journal
+        .tool(s, json!({ "n": n }))
+        .run(move |ctx| {
+            let runs = Arc::clone(&runs);
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                ctx.record_spend(Spend::new(0.5, 10, 5).expect("valid spend"));
+                Ok(json!({ "receipt": format!("r-{n}") }))
+            }
+        })
+        .await
+}
+
+async fn send_checkpointed(
+    session: &mut Session<Message>,
+    s: &ToolSpec,
+    n: i64,
+    runs: &Arc<AtomicUsize>,
+) -> Result<Value, CallError<String>> {
+    session
+        .checkpoint_after(
+            async |journal| send(journal, s, n, runs).await,
+            move |outcome| Message::tool_outcome(format!("call_{n}"), outcome),
+        )
+        .await
+}
+
+fn budget(value: &Value) -> Budget {
+    serde_json::from_value(value.clone()).expect("the stored budget decodes")
+}
+
+/// The result row and the checkpoint holding its message are written by one
+/// `finish_call`; the session, the store and the next step all agree afterwards.
+pub async fn runtime_checkpoint_after_commits_result_and_checkpoint_together(
+    store: Arc<dyn CheckpointStore>,
+) {
+    let (probe, probed) = probe(&store);
+    let (durable, _) = runtime(&probed, "first");
+    let mut session = start(&durable).await;
+    session.push(Message::user("email Ann"));
+    let s = spec("email", ReplayClass::UnsafeOnReplay);
+    let runs = Arc::new(AtomicUsize::new(0));
+
+    let receipt = send_checkpointed(&mut session, &s, 1, &runs)
+        .await
+        .expect("the call and its checkpoint");
+    assert_eq!(receipt, json!({"receipt": "r-1"}));
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    assert_eq!(
+        (probe.finishes_with_checkpoint(), probe.saves()),
+        (1, 0),
+        "one finish_call carried the checkpoint; no separate save_checkpoint"
+    );
+    assert_eq!(session.version(), 1);
+    let expected = [
+        Message::user("email Ann"),
+        Message::tool_result("call_1", json!({"receipt": "r-1"}), false),
+    ];
+    assert_eq!(session.messages(), expected);
+    assert!(session.pending_messages().is_empty());
+
+    let saved = store
+        .load_checkpoint(session.id(), None)
+        .await
+        .expect("load the checkpoint");
+    assert_eq!(saved.meta.version, 1);
+    let stored: Vec<Message> = saved
+        .messages
+        .iter()
+        .map(|m| serde_json::from_value(m.clone()).expect("a message"))
+        .collect();
+    assert_eq!(stored, expected);
+    assert_eq!(
+        budget(&saved.budget).total_tokens(),
+        15,
+        "the checkpoint's budget holds the call's own spend"
+    );
+    let rows = store.calls(session.id(), None).await.expect("calls");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].status, CallStatus::Completed);
+    assert_eq!(rows[0].identity.step, 0);
+
+    // The next call belongs to the new step, and the spend is charged once.
+    call(&session, &s, 2, None, &runs).await.expect("next call");
+    let rows = store.calls(session.id(), Some(1)).await.expect("calls");
+    assert_eq!(rows.len(), 1, "the call after the scope is in step 1");
+    session.checkpoint().await.expect("checkpoint 2");
+    let saved = store
+        .load_checkpoint(session.id(), None)
+        .await
+        .expect("load");
+    assert_eq!(saved.meta.version, 2);
+    assert_eq!(budget(&saved.budget).total_tokens(), 15);
+    assert_eq!(session.budget().total_tokens(), 15);
+
+    // A `pure` call is recorded in a single insert: an ordinary checkpoint follows it.
+    let lookup = spec("lookup", ReplayClass::Pure);
+    let result = session
+        .checkpoint_after(
+            async |journal| send(journal, &lookup, 3, &runs).await,
+            |outcome| Message::tool_outcome("call_3", outcome),
+        )
+        .await
+        .expect("pure call");
+    assert_eq!(result, json!({"receipt": "r-3"}));
+    assert_eq!(session.version(), 3);
+    assert_eq!(
+        session.messages().last(),
+        Some(&Message::tool_result(
+            "call_3",
+            json!({"receipt": "r-3"}),
+            false
+        ))
+    );
+    assert_eq!(probe.finishes_with_checkpoint(), 1);
+    assert_eq!(probe.saves(), 2);
+}
+
+/// On a re-run turn the recorded result is returned, not run again, and becomes the
+/// message of the checkpoint that follows.
+pub async fn runtime_checkpoint_after_returns_recorded_results(store: Arc<dyn CheckpointStore>) {
+    let s = spec("email", ReplayClass::UnsafeOnReplay);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let (durable, _) = runtime(&store, "first");
+    let session = start(&durable).await;
+    // The first worker records the result and dies before any checkpoint.
+    send(session.journal(), &s, 1, &runs)
+        .await
+        .expect("first run");
+    let id = session.id().clone();
+    drop(session);
+
+    let (resumed, _) = take_over(&store, &id, "second").await;
+    let mut session = resumed.session;
+    assert_eq!(session.version(), 0);
+    let receipt = send_checkpointed(&mut session, &s, 1, &runs)
+        .await
+        .expect("the recorded result");
+    assert_eq!(receipt, json!({"receipt": "r-1"}));
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "not run again");
+    assert_eq!(session.version(), 1);
+    assert_eq!(
+        session.messages(),
+        [Message::tool_result(
+            "call_1",
+            json!({"receipt": "r-1"}),
+            false
+        )]
+    );
+    let saved = store.load_checkpoint(&id, None).await.expect("load");
+    assert_eq!(saved.meta.version, 1);
+    assert_eq!(saved.messages.len(), 1);
+}
+
+/// A tool failure is recorded and checkpointed as an error message; a refused call
+/// (`ReplayUnsafe`) writes nothing and leaves the session where it was.
+pub async fn runtime_checkpoint_after_records_failures_and_writes_nothing_on_refusal(
+    store: Arc<dyn CheckpointStore>,
+) {
+    let (probe, probed) = probe(&store);
+    let (durable, _) = runtime(&probed, "first");
+    let mut session = start(&durable).await;
+    let s = spec("charge", ReplayClass::UnsafeOnReplay);
+    let err = session
+        .checkpoint_after(
+            async |journal| {
+                journal
+                    .tool(&s, json!({"n": 1}))
+                    .run(|_ctx| async { Err::<Value, _>("card declined".to_owned()) })
+                    .await
+            },
+            |outcome| Message::tool_outcome("call_1", outcome),
+        )
+        .await
+        .expect_err("the tool failed");
+    assert!(
+        matches!(&err, CallError::Tool(m) if m == "card declined"),
+        "{err:?}"
+    );
+    assert_eq!(session.version(), 1);
+    assert_eq!(probe.finishes_with_checkpoint(), 1);
+    assert_eq!(
+        session.messages(),
+        [Message::tool_result(
+            "call_1",
+            json!({"error": "card declined"}),
+            true
+        )]
+    );
+    let rows = store.calls(session.id(), None).await.expect("calls");
+    assert_eq!(rows[0].status, CallStatus::Failed);
+
+    // An email left in doubt by a dead worker: the live session is refused, writes nothing.
+    let (id, email, effects) =
+        email_in_doubt(&store, spec("email", ReplayClass::UnsafeOnReplay)).await;
+    let (resumed, _) = take_over(&probed, &id, "second").await;
+    let mut session = resumed.session;
+    let saves = (probe.finishes_with_checkpoint(), probe.saves());
+    let err = session
+        .checkpoint_after(
+            async |journal| call_on(journal, &email, &effects).await,
+            |outcome| Message::tool_outcome("call_1", outcome),
+        )
+        .await
+        .expect_err("in doubt");
+    assert!(
+        matches!(err, CallError::Durable(DurableError::ReplayUnsafe { .. })),
+        "{err:?}"
+    );
+    assert_eq!(effects.load(Ordering::SeqCst), 1, "not sent again");
+    assert_eq!(session.version(), 0);
+    assert!(session.messages().is_empty());
+    assert_eq!((probe.finishes_with_checkpoint(), probe.saves()), saves);
+}
+
+async fn call_on(
+    journal: &Journal,
+    s: &ToolSpec,
+    runs: &Arc<AtomicUsize>,
+) -> Result<Value, CallError<String>> {
+    let runs = Arc::clone(runs);
+    journal
+        .tool(s, json!({"n": 1}))
+        .run(move |_ctx| {
+            let runs = Arc::clone(&runs);
+            async move {
+                runs.fetch_add(1, Ordering::SeqCst);
+                Ok(json!({"sent": true}))
+            }
+        })
+        .await
+}
+
+/// A second tool call inside the scope is refused before it is journaled or run; the
+/// first call's checkpoint is written as usual, and calls after the scope work.
+pub async fn runtime_checkpoint_after_allows_one_call(store: Arc<dyn CheckpointStore>) {
+    let (durable, _) = runtime(&store, "first");
+    let mut session = start(&durable).await;
+    let s = spec("email", ReplayClass::UnsafeOnReplay);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let mut second = None;
+    let first = session
+        .checkpoint_after(
+            async |journal| {
+                let first = send(journal, &s, 1, &runs).await;
+                second = Some(send(journal, &s, 2, &runs).await);
+                first
+            },
+            |outcome| Message::tool_outcome("call_1", outcome),
+        )
+        .await
+        .expect("the first call");
+    assert_eq!(first, json!({"receipt": "r-1"}));
+    let second = second.expect("the second call returned");
+    assert!(
+        matches!(
+            &second,
+            Err(CallError::Durable(DurableError::OneCallPerCheckpoint { tool, .. })) if tool == "email"
+        ),
+        "{second:?}"
+    );
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the second call did not run"
+    );
+    assert_eq!(
+        store.calls(session.id(), None).await.expect("calls").len(),
+        1
+    );
+    assert_eq!(session.version(), 1);
+    assert_eq!(session.messages().len(), 1);
+
+    send(session.journal(), &s, 2, &runs)
+        .await
+        .expect("a call after the scope");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+/// A combined write whose reply never arrives leaves the handle refusing to go on; the
+/// resumed session finds both the result and the checkpoint.
+pub async fn runtime_checkpoint_after_interrupted_stops_the_handle(
+    store: Arc<dyn CheckpointStore>,
+) {
+    let (probe, probed) = probe(&store);
+    let (durable, _) = runtime(&probed, "first");
+    let mut session = start(&durable).await;
+    session.push(Message::user("email Ann"));
+    let s = spec("email", ReplayClass::UnsafeOnReplay);
+    let runs = Arc::new(AtomicUsize::new(0));
+    probe.arm();
+    tokio::select! {
+        done = send_checkpointed(&mut session, &s, 1, &runs) => {
+            panic!("an armed write must stall: {done:?}")
+        }
+        () = probe.stalled() => {}
+        () = tokio::time::sleep(GIVE_UP) => panic!("the write never reached the store"),
+    }
+    let err = send_checkpointed(&mut session, &s, 2, &runs)
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(
+            err,
+            CallError::Durable(DurableError::CheckpointInDoubt { version: 1, .. })
+        ),
+        "{err:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+
+    let id = session.id().clone();
+    drop(session);
+    let (resumed, _) = take_over(&store, &id, "second").await;
+    assert_eq!(
+        resumed.session.version(),
+        1,
+        "the interrupted write committed"
+    );
+    assert_eq!(
+        resumed.session.messages(),
+        [
+            Message::user("email Ann"),
+            Message::tool_result("call_1", json!({"receipt": "r-1"}), false),
+        ]
+    );
+    assert!(
+        resumed.report.in_doubt.is_empty(),
+        "the result committed too"
+    );
+}
