@@ -7,7 +7,9 @@
 //! `std::process::abort()`: the process dies there, mid-turn, with whatever it had
 //! committed. The parent then starts fresh workers and checks, from the ledger and the
 //! store, that no unsafe effect fired twice, no recorded result was lost, and the keyed
-//! tool was re-run with the key recorded the first time.
+//! tool was re-run with the key recorded the first time. With
+//! `DURABLE_CRASH_CHECKPOINT_AFTER=1` the email goes through `Session::checkpoint_after`,
+//! and a crash right after its result commit must find the checkpoint committed with it.
 //!
 //! `harness = false`: the parent prints one line per case and a closing
 //! `N passed, N failed` line.
@@ -129,6 +131,17 @@ fn child() -> i32 {
             Err(e) => panic!("resume: {e}"),
         };
         let mut session = session;
+        if session
+            .messages()
+            .iter()
+            .any(|m| m.tool_results().any(|r| r.call_id == "c3"))
+        {
+            // A checkpoint already holds the turn's last result: go on from the transcript.
+            session.complete().await.expect("complete");
+            println!("completed from checkpoint");
+            return 0;
+        }
+        let atomic = std::env::var_os("DURABLE_CRASH_CHECKPOINT_AFTER").is_some();
         let [read, charge, email] = specs();
         let turn: Message = session
             .model(|| async { Ok::<_, String>(scripted_model_turn()) })
@@ -138,6 +151,7 @@ fn child() -> i32 {
         for call in turn.tool_calls() {
             let args = call.arguments.clone();
             let ledger = ledger.clone();
+            let mut pushed = false;
             let result = match call.name.as_str() {
                 "read_context" => {
                     session
@@ -169,6 +183,32 @@ fn child() -> i32 {
                         })
                         .await
                 }
+                "send_email" if atomic => {
+                    // The email's result and the checkpoint after it, in one transaction.
+                    pushed = true;
+                    let call_id = call.id.clone();
+                    session
+                        .checkpoint_after(
+                            async |journal| {
+                                journal
+                                    .tool(&email, args)
+                                    .run(move |ctx| {
+                                        let ledger = ledger.clone();
+                                        async move {
+                                            let receipt = format!("msg-{}", ctx.call_id());
+                                            append_ledger(
+                                                &ledger,
+                                                &format!("email ann@example.com {receipt}"),
+                                            );
+                                            Ok::<_, String>(json!({"receipt": receipt}))
+                                        }
+                                    })
+                                    .await
+                            },
+                            move |outcome| Message::tool_outcome(call_id, outcome),
+                        )
+                        .await
+                }
                 "send_email" => {
                     session
                         .journal()
@@ -188,7 +228,9 @@ fn child() -> i32 {
             match result {
                 Ok(value) => {
                     println!("result {} {}", call.name, value);
-                    session.push(Message::tool_result(&call.id, value, false));
+                    if !pushed {
+                        session.push(Message::tool_result(&call.id, value, false));
+                    }
                 }
                 Err(CallError::Durable(e @ DurableError::ReplayUnsafe { .. })) => {
                     println!("replay_unsafe {e}");
@@ -213,14 +255,23 @@ struct Run {
 }
 
 fn run_child(dir: &Path, crash_at: Option<&str>) -> Run {
+    run_child_with(dir, crash_at, false)
+}
+
+/// `atomic`: the email goes through `Session::checkpoint_after`.
+fn run_child_with(dir: &Path, crash_at: Option<&str>, atomic: bool) -> Run {
     let exe = std::env::current_exe().expect("current exe");
     let mut cmd = Command::new(exe);
     cmd.env("DURABLE_CRASH_CHILD", "1")
         .env("DURABLE_CRASH_DB", dir.join("agent.db"))
         .env("DURABLE_CRASH_LEDGER", dir.join("ledger.txt"))
-        .env_remove("DURABLE_CRASH_AT");
+        .env_remove("DURABLE_CRASH_AT")
+        .env_remove("DURABLE_CRASH_CHECKPOINT_AFTER");
     if let Some(point) = crash_at {
         cmd.env("DURABLE_CRASH_AT", point);
+    }
+    if atomic {
+        cmd.env("DURABLE_CRASH_CHECKPOINT_AFTER", "1");
     }
     let out = cmd.output().expect("spawn child");
     Run {
@@ -447,8 +498,79 @@ fn after_issued_keyed() {
     assert_eq!(count(&lines, "email"), 1);
 }
 
+/// The latest checkpoint: its version and the call ids of its tool results.
+fn latest_checkpoint(dir: &Path) -> (i64, Vec<String>) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async {
+        let store = SqliteStore::open(dir.join("agent.db")).await.expect("open");
+        let checkpoint = store
+            .load_checkpoint(&SessionId::new(SESSION), None)
+            .await
+            .expect("load the latest checkpoint");
+        let results = checkpoint
+            .messages
+            .into_iter()
+            .map(|m| serde_json::from_value::<Message>(m).expect("a message"))
+            .flat_map(|m| {
+                m.tool_results()
+                    .map(|r| r.call_id.clone())
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        (checkpoint.meta.version, results)
+    })
+}
+
+/// With `checkpoint_after`, a crash right after the email's result commit finds the
+/// checkpoint holding that result committed too; the resume goes on from it and sends
+/// nothing. A crash after the effect and before that commit finds neither.
+fn atomic_result_and_checkpoint() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let point = "durable::after_result::send_email";
+    assert_crashed(&run_child_with(dir.path(), Some(point), true), point);
+    assert_eq!(count(&ledger(dir.path()), "email"), 1);
+    assert_eq!(
+        latest_checkpoint(dir.path()),
+        (1, vec!["c1".into(), "c2".into(), "c3".into()]),
+        "the checkpoint committed with the result"
+    );
+    assert!(
+        statuses(dir.path())
+            .iter()
+            .all(|(_, s)| *s == CallStatus::Completed)
+    );
+    let resumed = run_child_with(dir.path(), None, true);
+    assert_eq!(resumed.status.code(), Some(0), "{}", resumed.stdout);
+    assert!(
+        resumed.stdout.contains("completed from checkpoint"),
+        "{}",
+        resumed.stdout
+    );
+    assert_eq!(count(&ledger(dir.path()), "email"), 1, "never sent twice");
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let point = "durable::after_effect::send_email";
+    assert_crashed(&run_child_with(dir.path(), Some(point), true), point);
+    assert_eq!(
+        latest_checkpoint(dir.path()),
+        (0, vec![]),
+        "no checkpoint without the result"
+    );
+    let resumed = run_child_with(dir.path(), None, true);
+    assert_eq!(
+        resumed.status.code(),
+        Some(EXIT_REPLAY_UNSAFE),
+        "{}",
+        resumed.stdout
+    );
+    assert_eq!(count(&ledger(dir.path()), "email"), 1, "never sent twice");
+}
+
 fn parent() {
-    let cases: [(&str, fn()); 4] = [
+    let cases: [(&str, fn()); 5] = [
         (
             "crash_after_issued_unsafe_surfaces_replay_unsafe",
             after_issued_unsafe,
@@ -464,6 +586,10 @@ fn parent() {
         (
             "crash_in_keyed_call_reuses_recorded_key",
             after_issued_keyed,
+        ),
+        (
+            "crash_after_atomic_result_keeps_result_and_checkpoint",
+            atomic_result_and_checkpoint,
         ),
     ];
     let filter: Vec<String> = std::env::args()
