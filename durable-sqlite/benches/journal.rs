@@ -6,6 +6,9 @@
 //! - µs per journaled call for each replay class, and the ratio to one raw
 //!   `BEGIN IMMEDIATE; INSERT; COMMIT` (targets: `pure` ≤ 1.2×, `unsafe_on_replay` ≤ 2.3×:
 //!   an unsafe call needs two durable commits, *issued* then the result);
+//! - µs per `unsafe_on_replay` call *followed by a checkpoint* holding its result message,
+//!   two ways: the call then `checkpoint()` (three commits: issued, result, checkpoint)
+//!   and `Session::checkpoint_after` (two: issued, then result and checkpoint together);
 //! - the database size after a 1,000-turn session of ~500-byte messages, as a ratio to the
 //!   message bytes (target ≤ 1.5×: linear, where a store copying the transcript into every
 //!   checkpoint grows quadratically).
@@ -121,13 +124,48 @@ fn median(mut xs: Vec<f64>) -> f64 {
 }
 
 async fn run_one(session: &durable_core::Session<Message>, spec: &ToolSpec, n: i64) {
-    let mut call = session.journal().tool(spec, json!({ "n": n }));
+    run_on(session.journal(), spec, n).await;
+}
+
+async fn run_on(journal: &durable_core::Journal, spec: &ToolSpec, n: i64) {
+    let mut call = journal.tool(spec, json!({ "n": n }));
     if spec.class == ReplayClass::IdempotentWithKey {
         call = call.key(format!("key-{n}"));
     }
     call.run(|_ctx| async move { Ok::<_, String>(json!({"ok": true, "text": "x".repeat(64)})) })
         .await
         .expect("journaled call");
+}
+
+/// An unsafe call and a checkpoint holding its result, per iteration: the call then
+/// `checkpoint()`, or both through `checkpoint_after`.
+async fn turn_round(
+    session: &mut durable_core::Session<Message>,
+    spec: &ToolSpec,
+    atomic: bool,
+    round: usize,
+    n: usize,
+) -> Duration {
+    let start = Instant::now();
+    for i in (round * n)..((round + 1) * n) {
+        if atomic {
+            session
+                .checkpoint_after(
+                    async |journal| {
+                        run_on(journal, spec, i as i64).await;
+                        Ok::<_, durable_core::CallError<String>>(())
+                    },
+                    |outcome| Message::tool_outcome("call", outcome),
+                )
+                .await
+                .expect("call and checkpoint");
+        } else {
+            run_one(session, spec, i as i64).await;
+            session.push(Message::tool_result("call", json!({"ok": true}), false));
+            session.checkpoint().await.expect("checkpoint");
+        }
+    }
+    start.elapsed()
 }
 
 async fn size_after_turns(dir: &std::path::Path, turns: usize) -> (u64, u64) {
@@ -189,13 +227,24 @@ fn main() {
         for (class, _) in classes {
             setups.push(journaled_setup(dir.path(), class).await);
         }
+        let mut turns = Vec::new();
+        for name in ["turn_separate", "turn_atomic"] {
+            let sub = dir.path().join(name);
+            std::fs::create_dir(&sub).expect("mkdir");
+            turns.push(journaled_setup(&sub, ReplayClass::UnsafeOnReplay).await);
+        }
         let mut raw_us = Vec::new();
         let mut class_us = vec![Vec::new(); classes.len()];
+        let mut turn_us = vec![Vec::new(); 2];
         let per = |d: Duration| d.as_secs_f64() * 1e6 / per_round as f64;
         for round in 0..ROUNDS {
             raw_us.push(per(raw_round(&pool, round, per_round).await));
             for (i, (session, spec)) in setups.iter().enumerate() {
                 class_us[i].push(per(journaled_round(session, spec, round, per_round).await));
+            }
+            for (i, (session, spec)) in turns.iter_mut().enumerate() {
+                let atomic = i == 1;
+                turn_us[i].push(per(turn_round(session, spec, atomic, round, per_round).await));
             }
         }
         let raw = median(raw_us);
@@ -211,6 +260,16 @@ fn main() {
                 took,
                 took / raw
             );
+        }
+        for (name, samples) in [
+            "unsafe + checkpoint()",
+            "unsafe + checkpoint_after (atomic)",
+        ]
+        .iter()
+        .zip(turn_us)
+        {
+            let took = median(samples);
+            println!("{name:<34} {took:>9.1} µs/call   {:.2}×", took / raw);
         }
         let (size, bytes) = size_after_turns(dir.path(), 1_000).await;
         println!(
