@@ -228,6 +228,9 @@ macro_rules! __durable_conformance_cases {
             runtime_checkpoint_after_records_failures_and_writes_nothing_on_refusal,
             runtime_checkpoint_after_allows_one_call,
             runtime_checkpoint_after_interrupted_stops_the_handle,
+            runtime_checkpoint_after_failed_write_pushes_nothing,
+            runtime_checkpoint_after_dropped_after_commit_stops_the_handle,
+            runtime_checkpoint_after_other_handles_are_not_the_scope,
         }
     };
 }

@@ -162,6 +162,8 @@ pub(crate) struct JournalInner {
     spend: Mutex<Vec<(CallId, Spend)>>,
     /// The checkpoint scope of `Session::checkpoint_after`, if one is open.
     commit: Mutex<CommitSlot>,
+    /// The last scope number handed out.
+    scopes: std::sync::atomic::AtomicU64,
     charged: Mutex<HashSet<CallId>>,
     durable_checked: tokio::sync::OnceCell<Option<String>>,
 }
@@ -170,6 +172,8 @@ pub(crate) struct JournalInner {
 #[derive(Clone)]
 pub struct Journal {
     pub(crate) inner: Arc<JournalInner>,
+    /// The `checkpoint_after` scope this handle was given to, if any.
+    pub(crate) scope: Option<u64>,
 }
 
 impl std::fmt::Debug for Journal {
@@ -211,9 +215,11 @@ impl Journal {
                 issued_here: Mutex::new(HashSet::new()),
                 spend: Mutex::new(Vec::new()),
                 commit: Mutex::new(CommitSlot::Idle),
+                scopes: std::sync::atomic::AtomicU64::new(0),
                 charged: Mutex::new(HashSet::new()),
                 durable_checked: tokio::sync::OnceCell::new(),
             }),
+            scope: None,
         }
     }
 

@@ -310,11 +310,19 @@ where
     /// A recorded result returned on replay, or a `pure` call (recorded in a single
     /// insert), is followed by an ordinary checkpoint: nothing to make atomic there.
     ///
-    /// Exactly one tool call belongs to the scope: a second one started inside it is
-    /// refused with [`DurableError::OneCallPerCheckpoint`] before anything is journaled.
-    /// Several parallel calls of one turn go through the journal, then
-    /// [`checkpoint`](Self::checkpoint). If `call` makes no tool call, an ordinary
-    /// checkpoint is written.
+    /// Exactly one tool call belongs to the scope: the first one made on the journal
+    /// handle `call` is given. A second one on that handle is refused with
+    /// [`DurableError::OneCallPerCheckpoint`] before anything is journaled; calls on
+    /// other handles (clones of [`journal`](Self::journal)) are ordinary calls, not the
+    /// scope's. Once the combined write committed, the handle refuses further calls until
+    /// this method returns and the session has taken the new version; if its future is
+    /// dropped in between, the session refuses to go on (`CheckpointInDoubt`: resume
+    /// it), as after an interrupted [`checkpoint`](Self::checkpoint). Several parallel
+    /// calls of one turn go through the journal, then `checkpoint`. If `call` makes no
+    /// tool call, an ordinary checkpoint is written.
+    ///
+    /// If the combined write fails, the call's row stays *issued* (in doubt, as after a
+    /// crash: a retry is decided by its replay class) and nothing is pushed.
     ///
     /// ```no_run
     /// # use durable_core::{Durable, runtime::StartOptions, tool::ToolSpec};
@@ -364,34 +372,39 @@ where
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(message);
             Ok(encoded)
         });
-        self.journal.arm_commit(PendingCommit::new(
+        let scoped = self.journal.open_scope(PendingCommit::new(
             self.version,
             base,
             self.budget.clone(),
             make,
         ));
         let (result, done) = {
-            let scope = CloseScope(&self.journal);
-            let result = call(&self.journal).await;
-            (result, scope.0.close_commit())
+            let scope = CloseScope(&scoped);
+            let result = call(&scoped).await;
+            (result, scope.0.close_scope())
         };
         let made = made
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take();
         let Some(done) = done else {
-            // No tool call ran to an end inside the scope.
+            // No tool call on the scope's handle ran to an end.
             if result.is_ok() {
                 self.checkpoint().await?;
             }
             return result;
         };
         if let Some(meta) = done.committed {
-            // The result and the checkpoint committed together.
+            // The result and the checkpoint committed together: adopt the version.
             self.messages.extend(made);
             self.version = meta.version;
             self.committed = self.messages.len();
             self.journal.enter_step(meta.version).await;
+            self.journal.set_checkpoint_in_doubt(None);
+            return result;
+        }
+        if matches!(result, Err(CallError::Durable(_))) {
+            // Refused, or its write failed: nothing of it is in the store.
             return result;
         }
         if let Some(e) = done.error {
@@ -399,8 +412,14 @@ where
             return Err(e.into());
         }
         if done.has_message() {
+            // Nothing was written with the outcome (a recorded result, a `pure` call):
+            // an ordinary checkpoint follows it.
+            let before = self.messages.len();
             self.messages.extend(made);
-            self.checkpoint().await?;
+            if let Err(e) = self.checkpoint().await {
+                self.messages.truncate(before);
+                return Err(e.into());
+            }
         }
         result
     }
@@ -512,6 +531,6 @@ struct CloseScope<'a>(&'a Journal);
 
 impl Drop for CloseScope<'_> {
     fn drop(&mut self) {
-        self.0.close_commit();
+        self.0.close_scope();
     }
 }

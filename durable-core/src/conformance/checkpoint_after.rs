@@ -152,6 +152,16 @@ pub async fn runtime_checkpoint_after_commits_result_and_checkpoint_together(
     );
     assert_eq!(probe.finishes_with_checkpoint(), 1);
     assert_eq!(probe.saves(), 2);
+    let saved = store
+        .load_checkpoint(session.id(), None)
+        .await
+        .expect("load");
+    assert_eq!(
+        budget(&saved.budget).total_tokens(),
+        30,
+        "the pure call's spend, once"
+    );
+    assert_eq!(session.budget().total_tokens(), 30);
 }
 
 /// On a re-run turn the recorded result is returned, not run again, and becomes the
@@ -365,4 +375,140 @@ pub async fn runtime_checkpoint_after_interrupted_stops_the_handle(
         resumed.report.in_doubt.is_empty(),
         "the result committed too"
     );
+}
+
+/// A combined write that fails leaves nothing behind: no message, no checkpoint, the
+/// session on its version and step, and the call in doubt, so that a retry of an
+/// `unsafe_on_replay` call is refused rather than sent again.
+pub async fn runtime_checkpoint_after_failed_write_pushes_nothing(store: Arc<dyn CheckpointStore>) {
+    let (probe, probed) = probe(&store);
+    let (durable, _) = runtime(&probed, "first");
+    let mut session = start(&durable).await;
+    session.push(Message::user("email Ann"));
+    let s = spec("email", ReplayClass::UnsafeOnReplay);
+    let runs = Arc::new(AtomicUsize::new(0));
+    probe.fail_next_combined_write();
+    let err = send_checkpointed(&mut session, &s, 1, &runs)
+        .await
+        .expect_err("the write failed");
+    assert!(
+        matches!(err, CallError::Durable(DurableError::Store(_))),
+        "{err:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the effect ran once");
+    assert_eq!(session.version(), 0);
+    assert_eq!(session.messages(), [Message::user("email Ann")]);
+    assert_eq!(
+        probe.saves(),
+        0,
+        "no ordinary checkpoint was written instead"
+    );
+    let saved = store
+        .load_checkpoint(session.id(), None)
+        .await
+        .expect("load");
+    assert_eq!(saved.meta.version, 0);
+
+    let err = send_checkpointed(&mut session, &s, 1, &runs)
+        .await
+        .expect_err("the retry is refused");
+    assert!(
+        matches!(err, CallError::Durable(DurableError::ReplayUnsafe { .. })),
+        "{err:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "never sent twice");
+    assert_eq!(session.version(), 0);
+    assert_eq!(session.messages().len(), 1);
+}
+
+/// A scope dropped after its combined write committed, before the session took the
+/// new version, leaves the handle refusing calls (as an interrupted checkpoint does);
+/// the resumed session starts from the committed version.
+pub async fn runtime_checkpoint_after_dropped_after_commit_stops_the_handle(
+    store: Arc<dyn CheckpointStore>,
+) {
+    let (durable, _) = runtime(&store, "first");
+    let mut session = start(&durable).await;
+    let s = spec("email", ReplayClass::UnsafeOnReplay);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let recorded = tokio::sync::Notify::new();
+    let scope = session.checkpoint_after(
+        async |journal| {
+            let receipt = send(journal, &s, 1, &runs).await;
+            recorded.notify_one();
+            // Some other work of the caller's, during which the scope is dropped.
+            std::future::pending::<()>().await;
+            receipt
+        },
+        |outcome| Message::tool_outcome("call_1", outcome),
+    );
+    tokio::select! {
+        done = scope => panic!("the scope must hang: {done:?}"),
+        () = recorded.notified() => {}
+        () = tokio::time::sleep(GIVE_UP) => panic!("the call never finished"),
+    }
+    let err = call(&session, &s, 2, None, &runs)
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(
+            err,
+            CallError::Durable(DurableError::CheckpointInDoubt { version: 1, .. })
+        ),
+        "{err:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1);
+    let id = session.id().clone();
+    drop(session);
+    let (resumed, _) = take_over(&store, &id, "second").await;
+    assert_eq!(resumed.session.version(), 1);
+    assert_eq!(
+        resumed.session.messages(),
+        [Message::tool_result(
+            "call_1",
+            json!({"receipt": "r-1"}),
+            false
+        )]
+    );
+}
+
+/// A call on another handle of the same journal (a clone) is not the scope's: it runs
+/// as an ordinary call, and the checkpoint carries the scope's own call's message.
+pub async fn runtime_checkpoint_after_other_handles_are_not_the_scope(
+    store: Arc<dyn CheckpointStore>,
+) {
+    let (durable, _) = runtime(&store, "first");
+    let mut session = start(&durable).await;
+    let outer = session.journal().clone();
+    let lookup = spec("lookup", ReplayClass::Pure);
+    let s = spec("email", ReplayClass::UnsafeOnReplay);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let receipt = session
+        .checkpoint_after(
+            async |journal| {
+                send(&outer, &lookup, 7, &runs)
+                    .await
+                    .expect("a call on another handle");
+                send(journal, &s, 1, &runs).await
+            },
+            |outcome| Message::tool_outcome("call_1", outcome),
+        )
+        .await
+        .expect("the scope's call");
+    assert_eq!(receipt, json!({"receipt": "r-1"}));
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    assert_eq!(session.version(), 1);
+    assert_eq!(
+        session.messages(),
+        [Message::tool_result(
+            "call_1",
+            json!({"receipt": "r-1"}),
+            false
+        )]
+    );
+    // And after the scope, the session's handle makes ordinary calls again.
+    send(session.journal(), &s, 2, &runs)
+        .await
+        .expect("a call after the scope");
+    assert_eq!(runs.load(Ordering::SeqCst), 3);
 }

@@ -5,7 +5,9 @@
 //! once armed, the next of them performs the real write and then parks forever instead
 //! of returning, after waking whoever waits on [`Probe::stalled`]. A case can then drop
 //! the writing future at a known point (the write committed, the reply never arrived)
-//! instead of racing a timer against the store's I/O.
+//! instead of racing a timer against the store's I/O. It can also fail the next
+//! `finish_call` carrying a checkpoint without writing anything, as a dropped
+//! connection would.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -26,6 +28,7 @@ use crate::store::{
 pub(super) struct Probe {
     inner: Arc<dyn CheckpointStore>,
     armed: AtomicBool,
+    fail_next: AtomicBool,
     stalled: Notify,
     saves: AtomicUsize,
     finishes_with_checkpoint: AtomicUsize,
@@ -36,6 +39,7 @@ impl Probe {
         Arc::new(Self {
             inner,
             armed: AtomicBool::new(false),
+            fail_next: AtomicBool::new(false),
             stalled: Notify::new(),
             saves: AtomicUsize::new(0),
             finishes_with_checkpoint: AtomicUsize::new(0),
@@ -45,6 +49,11 @@ impl Probe {
     /// The next checkpoint write commits, then parks instead of returning.
     pub(super) fn arm(&self) {
         self.armed.store(true, Ordering::SeqCst);
+    }
+
+    /// The next `finish_call` carrying a checkpoint fails without writing anything.
+    pub(super) fn fail_next_combined_write(&self) {
+        self.fail_next.store(true, Ordering::SeqCst);
     }
 
     /// Resolves once an armed checkpoint write has committed and parked.
@@ -217,6 +226,12 @@ impl CheckpointStore for Probe {
         let with_checkpoint = checkpoint.is_some();
         if with_checkpoint {
             self.finishes_with_checkpoint.fetch_add(1, Ordering::SeqCst);
+            if self.fail_next.swap(false, Ordering::SeqCst) {
+                return Err(StoreError::Database {
+                    backend: "probe",
+                    source: "connection reset (injected by the conformance probe)".into(),
+                });
+            }
         }
         let finished = self
             .inner

@@ -102,15 +102,15 @@ impl<'j> ToolCall<'j> {
             match &result {
                 Ok(value) => match encode_result(spec, value) {
                     Ok(encoded) => {
-                        commit.build(Ok(&encoded), None);
+                        commit.build(Ok(&encoded), &[]);
                     }
                     Err(e) => commit.error = Some(e),
                 },
                 Err(CallError::Tool(e)) => {
-                    commit.build(Err(&e.to_string()), None);
+                    commit.build(Err(&e.to_string()), &[]);
                 }
                 Err(CallError::Recorded(failure)) => {
-                    commit.build(Err(&failure.message), None);
+                    commit.build(Err(&failure.message), &[]);
                 }
                 Err(CallError::Durable(_)) => {}
             }
@@ -447,20 +447,24 @@ impl Journal {
                 finished.error = Some(v.clone());
             }
         }
+        // With a scope's commit (still claimed: not if its scope closed meanwhile), the
+        // checkpoint made of this outcome goes in the same transaction.
         let (checkpoint, commit) = match commit {
-            Some(commit) => {
+            Some(commit) if self.scope_claimed() => {
+                let mut spends = self.pending_spend();
+                spends.extend(spend.clone());
                 let checkpoint = match &outcome {
-                    CallOutcome::Completed(v) => commit.build(Ok(v), spend.as_ref()),
-                    CallOutcome::Failed(v) => {
-                        commit.build(Err(&failure_message(Some(v))), spend.as_ref())
-                    }
+                    CallOutcome::Completed(v) => commit.build(Ok(v), &spends),
+                    CallOutcome::Failed(v) => commit.build(Err(&failure_message(Some(v))), &spends),
                 };
                 (checkpoint, Some(commit))
             }
-            None => (None, None),
+            _ => (None, None),
         };
         // If this future is dropped mid-write, the checkpoint may or may not have
         // committed: the handle refuses to go on, as after an interrupted `checkpoint()`.
+        // Once it committed, the flag stays until the session has adopted the new version
+        // (`Session::checkpoint_after`): a handle dropped in between refuses too.
         let writing = checkpoint.as_ref().map(|(expected, _)| expected + 1);
         if writing.is_some() {
             self.set_checkpoint_in_doubt(writing);
@@ -480,10 +484,16 @@ impl Journal {
                 checkpoint,
             )
             .await;
-        if writing.is_some() {
-            self.set_checkpoint_in_doubt(None);
-        }
-        let meta = written.map_err(|e| self.note_store_error(e))?;
+        let meta = match written {
+            Ok(meta) => meta,
+            Err(e) => {
+                if let Some(commit) = commit {
+                    commit.unbuild();
+                    self.set_checkpoint_in_doubt(None);
+                }
+                return Err(self.note_store_error(e));
+            }
+        };
         if let (Some(commit), Some(meta)) = (commit, meta) {
             commit.committed = Some(meta);
         }

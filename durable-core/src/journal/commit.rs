@@ -1,13 +1,16 @@
 //! A checkpoint that rides on one tool call's result: see
 //! [`Session::checkpoint_after`](crate::Session::checkpoint_after).
 //!
-//! The session arms the journal with a [`PendingCommit`] (the snapshot of everything but
-//! the call's own result message) and runs the caller's code. The first tool call that
-//! starts claims it; a later one in the same scope is refused before anything is
-//! journaled. When the claimed call records its outcome through `finish_call`, the
-//! message made of that outcome is appended to the snapshot and written in the same
-//! transaction. Paths that record nothing (a recorded result returned, a `pure` call's
-//! single insert) only build the message; the session then writes an ordinary checkpoint.
+//! The session opens a scope: it arms the journal with a [`PendingCommit`] (the
+//! snapshot of everything but the call's own result message) and hands the caller's
+//! code a journal handle tagged with the scope's number. The first tool call made on
+//! that handle claims the commit; a later one on it is refused before anything is
+//! journaled, and calls on other handles (clones of the session's journal) are not
+//! part of the scope. When the claimed call records its outcome through `finish_call`,
+//! the message made of that outcome is appended to the snapshot and written in the same
+//! transaction. Paths that record nothing there (a recorded result returned, a `pure`
+//! call's single insert) only build the message; the session then writes an ordinary
+//! checkpoint.
 
 use serde_json::Value;
 
@@ -28,29 +31,30 @@ pub(crate) struct PendingCommit {
     expected: i64,
     /// Pending messages (without the result message), plan, budget and state.
     base: NewCheckpoint,
-    /// The budget in `base`, before the call's own spend.
+    /// The budget in `base`, before spend recorded during the scope.
     budget: Budget,
     make: Option<MakeMessage>,
-    /// Set once the message is built: the checkpoint to write.
-    built: Option<NewCheckpoint>,
+    /// Whether the message was built and is to be written (by `finish_call`, or by the
+    /// session's own checkpoint when the call wrote nothing).
+    built: bool,
     /// Set once the checkpoint committed with the result.
     pub(crate) committed: Option<CheckpointMeta>,
     /// Set if the message could not be built; the result was recorded without it.
     pub(crate) error: Option<DurableError>,
 }
 
-/// Where the journal's scope stands.
+/// Where the journal's scope stands; each state carries the scope's number.
 #[derive(Default)]
 pub(crate) enum CommitSlot {
     /// No scope.
     #[default]
     Idle,
     /// A scope waits for its call.
-    Armed(Box<PendingCommit>),
+    Armed(u64, Box<PendingCommit>),
     /// A call took the commit and runs.
-    Claimed,
+    Claimed(u64),
     /// The call ended; the session picks this up.
-    Done(Box<PendingCommit>),
+    Done(u64, Box<PendingCommit>),
 }
 
 impl PendingCommit {
@@ -65,38 +69,47 @@ impl PendingCommit {
             base,
             budget,
             make: Some(make),
-            built: None,
+            built: false,
             committed: None,
             error: None,
         }
     }
 
-    /// Whether the message was built (the call reached an outcome).
+    /// Whether a message was built for an outcome and is still to be written.
     pub(crate) fn has_message(&self) -> bool {
-        self.built.is_some()
+        self.built
     }
 
-    /// Builds the checkpoint for this outcome; `None` (with `error` set) when the
-    /// message cannot be made, so that the result is still recorded on its own.
+    /// The write carrying the message failed: nothing of it is in the store.
+    pub(crate) fn unbuild(&mut self) {
+        self.built = false;
+    }
+
+    /// Builds the checkpoint for this outcome, charging `spend` (everything recorded
+    /// since the scope opened, the call's own included) to the budget. `None` (with
+    /// `error` set) when the message cannot be made, so that the result is still
+    /// recorded on its own.
     pub(crate) fn build(
         &mut self,
         outcome: Result<&Value, &str>,
-        spend: Option<&Spend>,
+        spend: &[Spend],
     ) -> Option<(i64, NewCheckpoint)> {
         let make = self.make.take()?;
         let built = make(outcome).and_then(|message| {
             let mut checkpoint = self.base.clone();
             checkpoint.messages.push(message);
-            if let Some(spend) = spend {
+            if !spend.is_empty() {
                 let mut budget = self.budget.clone();
-                budget.charge(spend);
+                for s in spend {
+                    budget.charge(s);
+                }
                 checkpoint.budget = encode(&budget, "budget")?;
             }
             Ok(checkpoint)
         });
         match built {
             Ok(checkpoint) => {
-                self.built = Some(checkpoint.clone());
+                self.built = true;
                 Some((self.expected, checkpoint))
             }
             Err(e) => {
@@ -108,43 +121,81 @@ impl PendingCommit {
 }
 
 impl Journal {
-    /// Arms the journal: the next tool call commits `commit` with its result.
-    pub(crate) fn arm_commit(&self, commit: PendingCommit) {
-        *lock(&self.inner.commit) = CommitSlot::Armed(Box::new(commit));
+    /// Opens a scope: the first tool call on the returned handle commits `commit` with
+    /// its result.
+    pub(crate) fn open_scope(&self, commit: PendingCommit) -> Journal {
+        let scope = self
+            .inner
+            .scopes
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            + 1;
+        *lock(&self.inner.commit) = CommitSlot::Armed(scope, Box::new(commit));
+        Journal {
+            inner: std::sync::Arc::clone(&self.inner),
+            scope: Some(scope),
+        }
     }
 
-    /// Takes the armed commit for the call of `tool`, if a scope is open: `Ok(None)`
-    /// outside a scope, an error for a second call inside one.
+    /// Takes the armed commit for the call of `tool` made on this handle: `Ok(None)` on
+    /// a handle outside any open scope, an error for a second call inside one.
     pub(crate) fn claim_commit(
         &self,
         tool: &str,
     ) -> Result<Option<Box<PendingCommit>>, DurableError> {
+        let Some(scope) = self.scope else {
+            return Ok(None);
+        };
         let mut slot = lock(&self.inner.commit);
         match std::mem::take(&mut *slot) {
-            CommitSlot::Idle => Ok(None),
-            CommitSlot::Armed(commit) => {
-                *slot = CommitSlot::Claimed;
+            CommitSlot::Armed(open, commit) if open == scope => {
+                *slot = CommitSlot::Claimed(scope);
                 Ok(Some(commit))
             }
-            other => {
+            other @ (CommitSlot::Claimed(open) | CommitSlot::Done(open, _)) if open == scope => {
                 *slot = other;
                 Err(DurableError::OneCallPerCheckpoint {
                     session: self.inner.session.clone(),
                     tool: tool.to_owned(),
                 })
             }
+            other => {
+                // The scope was closed: this handle outlived it; an ordinary call.
+                *slot = other;
+                Ok(None)
+            }
         }
     }
 
-    /// Hands the claimed commit back once its call ended.
-    pub(crate) fn return_commit(&self, commit: Box<PendingCommit>) {
-        *lock(&self.inner.commit) = CommitSlot::Done(commit);
+    /// Whether this handle's scope is still open with its commit claimed.
+    pub(crate) fn scope_claimed(&self) -> bool {
+        matches!(*lock(&self.inner.commit), CommitSlot::Claimed(open) if Some(open) == self.scope)
     }
 
-    /// Closes the scope: what its call left (`None` if no call ran to an end).
-    pub(crate) fn close_commit(&self) -> Option<Box<PendingCommit>> {
-        match std::mem::take(&mut *lock(&self.inner.commit)) {
-            CommitSlot::Done(commit) => Some(commit),
+    /// Hands the claimed commit back once its call ended (dropped if the scope closed
+    /// meanwhile).
+    pub(crate) fn return_commit(&self, commit: Box<PendingCommit>) {
+        let mut slot = lock(&self.inner.commit);
+        if let CommitSlot::Claimed(open) = *slot
+            && Some(open) == self.scope
+        {
+            *slot = CommitSlot::Done(open, commit);
+        }
+    }
+
+    /// Closes this handle's scope: what its call left (`None` if no call ran to an end).
+    pub(crate) fn close_scope(&self) -> Option<Box<PendingCommit>> {
+        let mut slot = lock(&self.inner.commit);
+        let open = match &*slot {
+            CommitSlot::Armed(open, _) | CommitSlot::Claimed(open) | CommitSlot::Done(open, _) => {
+                Some(*open)
+            }
+            CommitSlot::Idle => None,
+        };
+        if open != self.scope {
+            return None;
+        }
+        match std::mem::take(&mut *slot) {
+            CommitSlot::Done(_, commit) => Some(commit),
             _ => None,
         }
     }
