@@ -484,3 +484,41 @@ async fn a_rerun_turn_returns_the_recorded_results_without_running_the_tool() {
         ["call_1", "call_2", "call_3"]
     );
 }
+
+/// A turn's parallel calls dispatched inside `checkpoint_after`: the first claims the
+/// scope; the others are refused before anything is journaled or run.
+#[tokio::test]
+async fn only_one_dispatched_call_belongs_to_a_checkpoint_scope() {
+    let store = store().await;
+    let mut session = start(&store).await;
+    let lookup = Lookup::new(None);
+    let tools = toolbox(&lookup);
+    let calls: Vec<ModelToolCall> = (0..3)
+        .map(|i| call(&format!("call_{i}"), format!(r#"{{"key": "k{i}"}}"#)))
+        .collect();
+    let mut results = Vec::new();
+    session
+        .checkpoint_after(
+            async |journal| {
+                results = tools.dispatch_all(journal, &calls).await;
+                Ok::<_, CallError<String>>(())
+            },
+            |outcome| Message::tool_outcome("call_0", outcome),
+        )
+        .await
+        .expect("the scope");
+    assert!(results[0].is_ok(), "{:?}", results[0]);
+    for refused in &results[1..] {
+        assert!(
+            matches!(refused, Err(DurableError::OneCallPerCheckpoint { tool, .. }) if tool == "lookup"),
+            "{refused:?}"
+        );
+    }
+    assert_eq!(lookup.runs(), 1);
+    assert_eq!(rows(&store, session.id()).await.len(), 1);
+    assert_eq!(session.version(), 1);
+    let last = session.messages().last().expect("the result message");
+    let result = last.tool_results().next().expect("a tool result");
+    assert_eq!(result.call_id, "call_0");
+    assert_eq!(result.content["key"], "k0");
+}

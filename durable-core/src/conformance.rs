@@ -231,6 +231,7 @@ macro_rules! __durable_conformance_cases {
             runtime_checkpoint_after_failed_write_pushes_nothing,
             runtime_checkpoint_after_dropped_after_commit_stops_the_handle,
             runtime_checkpoint_after_other_handles_are_not_the_scope,
+            runtime_checkpoint_after_commits_a_verified_result,
         }
     };
 }

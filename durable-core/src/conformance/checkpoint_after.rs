@@ -18,7 +18,7 @@ use crate::journal::CallError;
 use crate::replay::ReplayClass;
 use crate::snapshot::{Budget, Spend};
 use crate::store::{CallStatus, CheckpointStore};
-use crate::tool::ToolSpec;
+use crate::tool::{ToolSpec, Verification};
 use crate::transcript::Message;
 use crate::{Journal, Session};
 
@@ -511,4 +511,53 @@ pub async fn runtime_checkpoint_after_other_handles_are_not_the_scope(
         .await
         .expect("a call after the scope");
     assert_eq!(runs.load(Ordering::SeqCst), 3);
+}
+
+/// An in-doubt email whose verify hook finds it sent: the verified result and the
+/// checkpoint holding it are written together, and nothing is sent again.
+pub async fn runtime_checkpoint_after_commits_a_verified_result(store: Arc<dyn CheckpointStore>) {
+    let (id, s, effects) = email_in_doubt(
+        &store,
+        spec("email", ReplayClass::UnsafeOnReplay).with_verify(),
+    )
+    .await;
+    let (probe, probed) = probe(&store);
+    let (resumed, _) = take_over(&probed, &id, "second").await;
+    let mut session = resumed.session;
+    let counter = Arc::clone(&effects);
+    let result = session
+        .checkpoint_after(
+            async |journal| {
+                journal
+                    .tool(&s, json!({"n": 1}))
+                    .run_verified(
+                        move |_| {
+                            counter.fetch_add(1, Ordering::SeqCst);
+                            async { Ok::<Value, String>(json!({"receipt": "fresh"})) }
+                        },
+                        |_| async { Verification::Happened(json!({"receipt": "seen"})) },
+                    )
+                    .await
+            },
+            |outcome| Message::tool_outcome("call_1", outcome),
+        )
+        .await
+        .expect("the verified result");
+    assert_eq!(result, json!({"receipt": "seen"}));
+    assert_eq!(effects.load(Ordering::SeqCst), 1, "not sent again");
+    assert_eq!((probe.finishes_with_checkpoint(), probe.saves()), (1, 0));
+    assert_eq!(session.version(), 1);
+    assert_eq!(
+        session.messages(),
+        [Message::tool_result(
+            "call_1",
+            json!({"receipt": "seen"}),
+            false
+        )]
+    );
+    let rows = store.calls(&id, None).await.expect("calls");
+    assert!(
+        rows.iter().all(|r| r.status == CallStatus::Completed),
+        "{rows:?}"
+    );
 }
