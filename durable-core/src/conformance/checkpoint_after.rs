@@ -11,7 +11,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::{Value, json};
 
-use super::runtime::{GIVE_UP, call, email_in_doubt, runtime, spec, start, take_over};
+use super::runtime::{
+    GIVE_UP, call, email_in_doubt, runtime, spec, start, stopped_then_resumed, take_over,
+};
 use super::stall::Probe;
 use crate::error::DurableError;
 use crate::journal::CallError;
@@ -355,22 +357,15 @@ pub async fn runtime_checkpoint_after_interrupted_stops_the_handle(
         "{err:?}"
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
-
-    let id = session.id().clone();
-    drop(session);
-    let (resumed, _) = take_over(&store, &id, "second").await;
-    assert_eq!(
-        resumed.session.version(),
-        1,
-        "the interrupted write committed"
-    );
-    assert_eq!(
-        resumed.session.messages(),
-        [
+    let resumed = stopped_then_resumed(
+        &store,
+        session,
+        &[
             Message::user("email Ann"),
             Message::tool_result("call_1", json!({"receipt": "r-1"}), false),
-        ]
-    );
+        ],
+    )
+    .await;
     assert!(
         resumed.report.in_doubt.is_empty(),
         "the result committed too"
@@ -447,29 +442,17 @@ pub async fn runtime_checkpoint_after_dropped_after_commit_stops_the_handle(
         () = recorded.notified() => {}
         () = tokio::time::sleep(GIVE_UP) => panic!("the call never finished"),
     }
-    let err = call(&session, &s, 2, None, &runs)
-        .await
-        .expect_err("refused");
-    assert!(
-        matches!(
-            err,
-            CallError::Durable(DurableError::CheckpointInDoubt { version: 1, .. })
-        ),
-        "{err:?}"
-    );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
-    let id = session.id().clone();
-    drop(session);
-    let (resumed, _) = take_over(&store, &id, "second").await;
-    assert_eq!(resumed.session.version(), 1);
-    assert_eq!(
-        resumed.session.messages(),
-        [Message::tool_result(
+    stopped_then_resumed(
+        &store,
+        session,
+        &[Message::tool_result(
             "call_1",
             json!({"receipt": "r-1"}),
-            false
-        )]
-    );
+            false,
+        )],
+    )
+    .await;
 }
 
 /// A call on another handle of the same journal (a clone) is not the scope's: it runs

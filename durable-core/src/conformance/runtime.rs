@@ -1063,6 +1063,17 @@ pub async fn runtime_interrupted_checkpoint_stops_the_handle(store: Arc<dyn Chec
         () = stall.stalled() => {}
         () = tokio::time::sleep(GIVE_UP) => panic!("the checkpoint never reached the store"),
     }
+    stopped_then_resumed(&store, session, &[Message::user("turn 1")]).await;
+}
+
+/// After a write of checkpoint 1 was interrupted (committed, its reply lost): the handle
+/// refuses calls and checkpoints, nothing runs, and the session resumed by another worker
+/// starts from version 1 holding `messages`.
+pub(super) async fn stopped_then_resumed(
+    store: &Arc<dyn CheckpointStore>,
+    mut session: Session<Message>,
+    messages: &[Message],
+) -> crate::Resumed<Message> {
     let s = spec("email", ReplayClass::UnsafeOnReplay);
     let effects = Arc::new(AtomicUsize::new(0));
     let err = call(&session, &s, 1, None, &effects)
@@ -1084,7 +1095,7 @@ pub async fn runtime_interrupted_checkpoint_stops_the_handle(store: Arc<dyn Chec
 
     let id = session.id().clone();
     drop(session);
-    let (resumed, _) = take_over(&store, &id, "second").await;
+    let (resumed, _) = take_over(store, &id, "second").await;
     assert_eq!(
         resumed.session.version(),
         1,
@@ -1092,7 +1103,8 @@ pub async fn runtime_interrupted_checkpoint_stops_the_handle(store: Arc<dyn Chec
     );
     assert_eq!(
         resumed.session.messages(),
-        [Message::user("turn 1")],
-        "the committed checkpoint holds the turn"
+        messages,
+        "the committed checkpoint's transcript"
     );
+    resumed
 }
