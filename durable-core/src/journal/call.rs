@@ -98,19 +98,19 @@ impl<'j> ToolCall<'j> {
             .await;
         if !commit.has_message() && commit.error.is_none() {
             // An outcome that wrote nothing with a checkpoint (a recorded result returned,
-            // a `pure` call's single insert): build the message; the session writes it.
+            // a `pure` call's single insert): make the message; the session writes it.
             match &result {
                 Ok(value) => match encode_result(spec, value) {
                     Ok(encoded) => {
-                        commit.build(Ok(&encoded), &[]);
+                        commit.message(Ok(&encoded));
                     }
                     Err(e) => commit.error = Some(e),
                 },
                 Err(CallError::Tool(e)) => {
-                    commit.build(Err(&e.to_string()), &[]);
+                    commit.message(Err(&e.to_string()));
                 }
                 Err(CallError::Recorded(failure)) => {
-                    commit.build(Err(&failure.message), &[]);
+                    commit.message(Err(&failure.message));
                 }
                 Err(CallError::Durable(_)) => {}
             }
@@ -453,10 +453,11 @@ impl Journal {
             Some(commit) if self.scope_claimed() => {
                 let mut spends = self.pending_spend();
                 spends.extend(spend.clone());
-                let checkpoint = match &outcome {
-                    CallOutcome::Completed(v) => commit.build(Ok(v), &spends),
-                    CallOutcome::Failed(v) => commit.build(Err(&failure_message(Some(v))), &spends),
+                let message = match &outcome {
+                    CallOutcome::Completed(v) => commit.message(Ok(v)),
+                    CallOutcome::Failed(v) => commit.message(Err(&failure_message(Some(v)))),
                 };
+                let checkpoint = message.and_then(|m| commit.checkpoint(m, &spends));
                 (checkpoint, Some(commit))
             }
             _ => (None, None),
@@ -488,7 +489,7 @@ impl Journal {
             Ok(meta) => meta,
             Err(e) => {
                 if let Some(commit) = commit {
-                    commit.unbuild();
+                    commit.withdraw();
                     self.set_checkpoint_in_doubt(None);
                 }
                 return Err(self.note_store_error(e));

@@ -34,9 +34,9 @@ pub(crate) struct PendingCommit {
     /// The budget in `base`, before spend recorded during the scope.
     budget: Budget,
     make: Option<MakeMessage>,
-    /// Whether the message was built and is to be written (by `finish_call`, or by the
-    /// session's own checkpoint when the call wrote nothing).
-    built: bool,
+    /// Whether the message was made for an outcome and is still to be written (by
+    /// `finish_call`, or by the session's own checkpoint when the call wrote nothing).
+    message_made: bool,
     /// Set once the checkpoint committed with the result.
     pub(crate) committed: Option<CheckpointMeta>,
     /// Set if the message could not be built; the result was recorded without it.
@@ -69,54 +69,62 @@ impl PendingCommit {
             base,
             budget,
             make: Some(make),
-            built: false,
+            message_made: false,
             committed: None,
             error: None,
         }
     }
 
-    /// Whether a message was built for an outcome and is still to be written.
+    /// Whether a message was made for an outcome and is still to be written.
     pub(crate) fn has_message(&self) -> bool {
-        self.built
+        self.message_made
     }
 
     /// The write carrying the message failed: nothing of it is in the store.
-    pub(crate) fn unbuild(&mut self) {
-        self.built = false;
+    pub(crate) fn withdraw(&mut self) {
+        self.message_made = false;
     }
 
-    /// Builds the checkpoint for this outcome, charging `spend` (everything recorded
-    /// since the scope opened, the call's own included) to the budget. `None` (with
-    /// `error` set) when the message cannot be made, so that the result is still
-    /// recorded on its own.
-    pub(crate) fn build(
-        &mut self,
-        outcome: Result<&Value, &str>,
-        spend: &[Spend],
-    ) -> Option<(i64, NewCheckpoint)> {
+    /// Makes the result message of this outcome (once); `None`, with `error` set, when it
+    /// cannot be made, so that the result is still recorded on its own.
+    pub(crate) fn message(&mut self, outcome: Result<&Value, &str>) -> Option<Value> {
         let make = self.make.take()?;
-        let built = make(outcome).and_then(|message| {
-            let mut checkpoint = self.base.clone();
-            checkpoint.messages.push(message);
-            if !spend.is_empty() {
-                let mut budget = self.budget.clone();
-                for s in spend {
-                    budget.charge(s);
-                }
-                checkpoint.budget = encode(&budget, "budget")?;
-            }
-            Ok(checkpoint)
-        });
-        match built {
-            Ok(checkpoint) => {
-                self.built = true;
-                Some((self.expected, checkpoint))
+        match make(outcome) {
+            Ok(message) => {
+                self.message_made = true;
+                Some(message)
             }
             Err(e) => {
                 self.error = Some(e);
                 None
             }
         }
+    }
+
+    /// The checkpoint to write with the result: the snapshot, `message` appended, and
+    /// `spend` (everything recorded since the scope opened, the call's own included)
+    /// charged to the budget. `None`, with `error` set, if the budget cannot be encoded.
+    pub(crate) fn checkpoint(
+        &mut self,
+        message: Value,
+        spend: &[Spend],
+    ) -> Option<(i64, NewCheckpoint)> {
+        let mut checkpoint = self.base.clone();
+        checkpoint.messages.push(message);
+        if !spend.is_empty() {
+            let mut budget = self.budget.clone();
+            for s in spend {
+                budget.charge(s);
+            }
+            match encode(&budget, "budget") {
+                Ok(encoded) => checkpoint.budget = encoded,
+                Err(e) => {
+                    self.error = Some(e);
+                    return None;
+                }
+            }
+        }
+        Some((self.expected, checkpoint))
     }
 }
 
