@@ -23,7 +23,7 @@ use durable_core::store::{CallStatus, Resolution};
 use durable_core::transcript::{Block, Message};
 use durable_core::{
     CallError, CheckpointStore, Durable, DurableError, ReplayClass, SessionId, StartOptions,
-    StoreError, ToolSpec,
+    StoreError, ToolContext, ToolSpec,
 };
 use durable_sqlite::SqliteStore;
 use serde_json::{Value, json};
@@ -94,6 +94,21 @@ fn append_ledger(path: &Path, line: &str) {
     file.sync_all().expect("sync ledger");
 }
 
+/// A single-threaded runtime, for the child and for the parent's store checks.
+fn current_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// The email's effect: a line in the ledger, with a receipt named after the call.
+fn send_email_now(ledger: &Path, ctx: &ToolContext) -> Value {
+    let receipt = format!("msg-{}", ctx.call_id());
+    append_ledger(ledger, &format!("email ann@example.com {receipt}"));
+    json!({"receipt": receipt})
+}
+
 fn child() -> i32 {
     let db = PathBuf::from(std::env::var("DURABLE_CRASH_DB").expect("DURABLE_CRASH_DB"));
     let ledger =
@@ -101,10 +116,7 @@ fn child() -> i32 {
     if let Ok(point) = std::env::var("DURABLE_CRASH_AT") {
         fail::cfg_callback(point, || std::process::abort()).expect("configure failpoint");
     }
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = current_thread();
     runtime.block_on(async move {
         let store: Arc<dyn CheckpointStore> =
             Arc::new(SqliteStore::open(&db).await.expect("open store"));
@@ -192,16 +204,9 @@ fn child() -> i32 {
                             async |journal| {
                                 journal
                                     .tool(&email, args)
-                                    .run(move |ctx| {
-                                        let ledger = ledger.clone();
-                                        async move {
-                                            let receipt = format!("msg-{}", ctx.call_id());
-                                            append_ledger(
-                                                &ledger,
-                                                &format!("email ann@example.com {receipt}"),
-                                            );
-                                            Ok::<_, String>(json!({"receipt": receipt}))
-                                        }
+                                    .run(|ctx| {
+                                        let sent = send_email_now(&ledger, &ctx);
+                                        async move { Ok::<_, String>(sent) }
                                     })
                                     .await
                             },
@@ -213,13 +218,9 @@ fn child() -> i32 {
                     session
                         .journal()
                         .tool(&email, args)
-                        .run(move |ctx| {
-                            let ledger = ledger.clone();
-                            async move {
-                                let receipt = format!("msg-{}", ctx.call_id());
-                                append_ledger(&ledger, &format!("email ann@example.com {receipt}"));
-                                Ok::<_, String>(json!({"receipt": receipt}))
-                            }
+                        .run(|ctx| {
+                            let sent = send_email_now(&ledger, &ctx);
+                            async move { Ok::<_, String>(sent) }
                         })
                         .await
                 }
@@ -314,10 +315,7 @@ fn assert_crashed(run: &Run, point: &str) {
 }
 
 fn resolve(dir: &Path, resolution: Resolution) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = current_thread();
     runtime.block_on(async {
         let store: Arc<dyn CheckpointStore> =
             Arc::new(SqliteStore::open(dir.join("agent.db")).await.expect("open"));
@@ -344,10 +342,7 @@ fn resolve(dir: &Path, resolution: Resolution) {
 }
 
 fn statuses(dir: &Path) -> Vec<(String, CallStatus)> {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = current_thread();
     runtime.block_on(async {
         let store = SqliteStore::open(dir.join("agent.db")).await.expect("open");
         store
@@ -500,10 +495,7 @@ fn after_issued_keyed() {
 
 /// The latest checkpoint: its version and the call ids of its tool results.
 fn latest_checkpoint(dir: &Path) -> (i64, Vec<String>) {
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let runtime = current_thread();
     runtime.block_on(async {
         let store = SqliteStore::open(dir.join("agent.db")).await.expect("open");
         let checkpoint = store

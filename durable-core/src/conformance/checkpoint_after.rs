@@ -346,6 +346,11 @@ pub async fn runtime_checkpoint_after_interrupted_stops_the_handle(
         () = probe.stalled() => {}
         () = tokio::time::sleep(GIVE_UP) => panic!("the write never reached the store"),
     }
+    assert_eq!(
+        (probe.finishes_with_checkpoint(), probe.saves()),
+        (1, 0),
+        "the stalled write is the combined one"
+    );
     let err = send_checkpointed(&mut session, &s, 2, &runs)
         .await
         .expect_err("refused");

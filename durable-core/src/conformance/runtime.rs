@@ -92,6 +92,22 @@ async fn release_dead_lease(store: &Arc<dyn CheckpointStore>, session: &crate::S
         .expect("release the dead worker's lease");
 }
 
+/// An operator looks up the session's in-doubt calls, finds exactly one, and resolves it.
+async fn resolve_only_doubt(
+    operator: &Durable,
+    session: &crate::SessionId,
+    resolution: Resolution,
+    by: &str,
+    note: Option<&str>,
+) {
+    let doubt = operator.in_doubt(Some(session)).await.expect("in doubt");
+    assert_eq!(doubt.len(), 1, "one call in doubt: {doubt:?}");
+    operator
+        .resolve(&doubt[0].id, resolution, by, note)
+        .await
+        .expect("resolve");
+}
+
 /// Takes a session over from a "dead" worker (its lease still live): same path as a
 /// recovery after the lease expired, without waiting for it.
 pub(super) async fn take_over(
@@ -397,8 +413,6 @@ pub async fn runtime_operator_resolution_is_honoured(store: Arc<dyn CheckpointSt
         release_dead_lease(&store, &id).await;
 
         let (operator, _) = runtime(&store, "operator");
-        let doubt = operator.in_doubt(Some(&id)).await.expect("in doubt");
-        assert_eq!(doubt.len(), 1);
         let resolution = if happened {
             Resolution::Happened {
                 result: json!({"receipt": "from-operator"}),
@@ -406,15 +420,14 @@ pub async fn runtime_operator_resolution_is_honoured(store: Arc<dyn CheckpointSt
         } else {
             Resolution::DidNotHappen
         };
-        operator
-            .resolve(
-                &doubt[0].id,
-                resolution,
-                "alice",
-                Some("checked the outbox"),
-            )
-            .await
-            .expect("resolve");
+        resolve_only_doubt(
+            &operator,
+            &id,
+            resolution,
+            "alice",
+            Some("checked the outbox"),
+        )
+        .await;
         let audit = store.resolutions(&id).await.expect("audit");
         assert_eq!(audit.len(), 1);
         assert_eq!(audit[0].by, "alice");
@@ -909,19 +922,16 @@ pub async fn runtime_resolution_unparks_a_parked_session(store: Arc<dyn Checkpoi
         Err(DurableError::Store(StoreError::SessionNotFound(_)))
     ));
 
-    let doubt = other.in_doubt(Some(&id)).await.expect("in doubt");
-    assert_eq!(doubt.len(), 1);
-    other
-        .resolve(
-            &doubt[0].id,
-            Resolution::Happened {
-                result: json!({"receipt": "r-9"}),
-            },
-            "bob",
-            None,
-        )
-        .await
-        .expect("resolve");
+    resolve_only_doubt(
+        &other,
+        &id,
+        Resolution::Happened {
+            result: json!({"receipt": "r-9"}),
+        },
+        "bob",
+        None,
+    )
+    .await;
     let record = store.session(&id).await.expect("session");
     assert_eq!(
         record.status,
@@ -1023,19 +1033,16 @@ pub async fn runtime_live_session_sees_a_resolution(store: Arc<dyn CheckpointSto
         CallError::Durable(DurableError::ReplayUnsafe { .. })
     ));
     let (operator, _) = runtime(&store, "operator");
-    let doubt = operator.in_doubt(Some(&id)).await.expect("in doubt");
-    assert_eq!(doubt.len(), 1);
-    operator
-        .resolve(
-            &doubt[0].id,
-            Resolution::Happened {
-                result: json!({"receipt": "seen"}),
-            },
-            "dana",
-            None,
-        )
-        .await
-        .expect("resolve");
+    resolve_only_doubt(
+        &operator,
+        &id,
+        Resolution::Happened {
+            result: json!({"receipt": "seen"}),
+        },
+        "dana",
+        None,
+    )
+    .await;
     let result = call(&resumed.session, &s, 1, None, &effects)
         .await
         .expect("the resolution is the result");
