@@ -269,6 +269,15 @@ pub enum DurableError {
         /// The serde error.
         detail: String,
     },
+    /// A value could not enter the journal: it holds something JSON cannot keep exactly (a non-finite float, …).
+    #[error("cannot journal {what}: {source}")]
+    InvalidValue {
+        /// What was being written, e.g. `plan` or ``result of `send_email` ``.
+        what: String,
+        /// What is wrong, with the JSON path of the value inside it.
+        #[source]
+        source: ArgumentError,
+    },
     /// A checkpoint write was interrupted and may or may not have committed: this session
     /// handle cannot tell which step it is in any more.
     #[error(

@@ -19,9 +19,11 @@
 //! | anything else that is not JSON | `serde_json`'s message, with line and column | [`Syntax`](ArgumentErrorKind::Syntax) |
 //!
 //! Text from a model goes through [`parse_arguments`] (tool arguments: the top level must
-//! be an object) or [`parse_json`] (any JSON value). Values built in memory go through
-//! [`check_value`]. [`canonical_json`] and [`input_hash`] re-check the integer rule and
-//! the depth cap themselves, so an out-of-range integer can never reach JCS.
+//! be an object) or [`parse_json`] (any JSON value). Typed values built in memory enter
+//! the journal through [`to_journal_value`], which refuses non-finite floats
+//! (`serde_json::to_value` would write them as `null`), and go through [`check_value`].
+//! [`canonical_json`] and [`input_hash`] re-check the integer rule and the depth cap
+//! themselves, so an out-of-range integer can never reach JCS.
 //!
 //! # Numbers
 //!
@@ -72,6 +74,10 @@ use std::io;
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
+
+mod finite;
+
+pub use finite::to_journal_value;
 
 /// Largest integer magnitude that every JSON reader (and JCS) keeps exact: 2^53 − 1.
 pub const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
@@ -163,6 +169,14 @@ pub enum ArgumentErrorKind {
         "expected a JSON object of named arguments, found {0}; wrap the arguments in an object"
     )]
     NotAnObject(&'static str),
+    /// A value built in memory that `serde_json` cannot write (a map key that is not a
+    /// string, number, boolean or unit variant; an integer beyond 64 bits), or whose
+    /// `Serialize` impl failed; with their message. Only from [`to_journal_value`].
+    #[error(
+        "cannot be written as JSON: {0}; give the value a JSON shape (maps with string, \
+         integer or boolean keys, integers within 64 bits)"
+    )]
+    Unserializable(String),
 }
 
 /// Validates raw JSON text of tool arguments and parses it; the top level must be an

@@ -11,7 +11,7 @@ use tracing::Instrument;
 use crate::error::{DurableError, StoreError};
 use crate::ids::{CallId, SessionId};
 use crate::journal::CallEvent;
-use crate::key::ArgLimits;
+use crate::key::{ArgLimits, ArgumentErrorKind, to_journal_value};
 use crate::session::{ResumeReport, Resumed, Session};
 use crate::snapshot::{Budget, Plan};
 use crate::store::{
@@ -223,7 +223,8 @@ impl Durable {
         let messages = options
             .messages
             .iter()
-            .map(|m| encode(m, "message"))
+            .enumerate()
+            .map(|(i, m)| encode(m, format_args!("initial message {i} (counting from 0)")))
             .collect::<Result<Vec<_>, _>>()?;
         let initial = NewCheckpoint {
             messages,
@@ -476,10 +477,22 @@ impl Durable {
     }
 }
 
-pub(crate) fn encode<T: Serialize>(value: &T, what: &str) -> Result<Value, DurableError> {
-    serde_json::to_value(value).map_err(|e| DurableError::Encode {
-        what: what.to_owned(),
-        detail: e.to_string(),
+/// Serializes a value for the journal with [`to_journal_value`]: a non-finite float is
+/// [`DurableError::InvalidValue`], a value `serde_json` cannot write is
+/// [`DurableError::Encode`]; `what` names the value in either.
+pub(crate) fn encode<T: Serialize + ?Sized>(
+    value: &T,
+    what: impl std::fmt::Display,
+) -> Result<Value, DurableError> {
+    to_journal_value(value).map_err(|source| match source.kind {
+        ArgumentErrorKind::Unserializable(_) => DurableError::Encode {
+            what: what.to_string(),
+            detail: source.to_string(),
+        },
+        _ => DurableError::InvalidValue {
+            what: what.to_string(),
+            source,
+        },
     })
 }
 

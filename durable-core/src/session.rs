@@ -250,7 +250,8 @@ where
         Ok(NewCheckpoint {
             messages: self.messages[self.committed..]
                 .iter()
-                .map(|m| encode(m, "message"))
+                .enumerate()
+                .map(|(i, m)| encode(m, format_args!("message {i} of the turn (counting from 0)")))
                 .collect::<Result<_, _>>()?,
             plan: encode(&self.plan, "plan")?,
             budget: encode(&self.budget, "budget")?,
@@ -366,7 +367,7 @@ where
         let slot = Arc::clone(&made);
         let make: MakeMessage = Box::new(move |outcome| {
             let message = message(outcome);
-            let encoded = encode(&message, "message")?;
+            let encoded = encode(&message, "the message made from the call's outcome")?;
             *slot
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(message);

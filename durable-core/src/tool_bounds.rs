@@ -24,6 +24,8 @@ use serde_json::{Value, json};
 use crate::error::DurableError;
 use crate::ids::SessionId;
 use crate::journal::{CallError, ToolCall};
+use crate::key::{ArgumentErrorKind, to_journal_value};
+use crate::runtime::encode;
 use crate::tool::{ToolContext, ToolOutput, ToolSpec, Verification};
 
 /// The boxed, `Send` future returned by [`Tool::invoke`](crate::tool::Tool::invoke).
@@ -177,14 +179,25 @@ pub fn decode_args<A: DeserializeOwned>(spec: &ToolSpec, args: &Value) -> Result
     })
 }
 
-/// Encodes typed arguments (a typed call) into the JSON the journal records and hashes.
+/// Encodes typed arguments (a typed call) into the JSON the journal records and hashes,
+/// with [`to_journal_value`]: the same rules as arguments a model sends as text.
 ///
 /// # Errors
-/// [`DurableError::Encode`] when the argument type's `Serialize` impl fails.
+/// - [`DurableError::InvalidArguments`] when an argument holds a non-finite float
+///   (`serde_json` would write it as `null`, so NaN and ±infinity would share one
+///   record), with the JSON path of the value from the arguments' root.
+/// - [`DurableError::Encode`] when `serde_json` cannot write the arguments (a map key
+///   that is not a string, number or boolean) or their `Serialize` impl fails.
 pub fn encode_args<A: Serialize>(spec: &ToolSpec, args: &A) -> Result<Value, DurableError> {
-    serde_json::to_value(args).map_err(|error| DurableError::Encode {
-        what: format!("arguments of `{}`", spec.name),
-        detail: error.to_string(),
+    to_journal_value(args).map_err(|source| match source.kind {
+        ArgumentErrorKind::Unserializable(_) => DurableError::Encode {
+            what: format!("arguments of `{}`", spec.name),
+            detail: source.to_string(),
+        },
+        _ => DurableError::InvalidArguments {
+            tool: spec.name.clone(),
+            source,
+        },
     })
 }
 
@@ -208,18 +221,17 @@ pub fn derive_key_with_session<A, K: Into<String>>(
 /// was recorded by an earlier run, is `{"error": "<message>"}` with `is_error: true`.
 ///
 /// # Errors
-/// The runtime's own errors ([`CallError::Durable`]) are passed through, and a result
-/// that does not serialize is [`DurableError::Encode`].
+/// The runtime's own errors ([`CallError::Durable`]) are passed through. A result that
+/// holds a non-finite float is [`DurableError::InvalidValue`] (with the JSON path of the
+/// value inside the result), and one that does not serialize is
+/// [`DurableError::Encode`].
 pub fn tool_output<T: ToolOutputValue, E: ToolErrorValue>(
     spec: &ToolSpec,
     result: Result<T, CallError<E>>,
 ) -> Result<ToolOutput, DurableError> {
     match result {
         Ok(value) => {
-            let content = serde_json::to_value(&value).map_err(|error| DurableError::Encode {
-                what: format!("result of `{}`", spec.name),
-                detail: error.to_string(),
-            })?;
+            let content = encode(&value, format_args!("result of `{}`", spec.name))?;
             Ok(ToolOutput {
                 content,
                 is_error: false,
@@ -402,6 +414,66 @@ mod tests {
             Err(CallError::Durable(DurableError::BudgetExceeded("x".into()))),
         );
         assert!(matches!(durable, Err(DurableError::BudgetExceeded(_))));
+    }
+
+    #[test]
+    fn non_finite_floats_never_reach_the_journal() {
+        #[derive(Serialize, Deserialize)]
+        struct Typed {
+            items: Vec<Point>,
+        }
+        #[derive(Serialize, Deserialize)]
+        struct Point {
+            x: f64,
+        }
+        let spec = spec();
+        for bad in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let args = Typed {
+                items: vec![Point { x: 1.0 }, Point { x: bad }],
+            };
+            match encode_args(&spec, &args) {
+                Err(DurableError::InvalidArguments { tool, source }) => {
+                    assert_eq!(tool, "send");
+                    assert_eq!(source.path, "$.items[1].x");
+                    assert_eq!(source.kind, ArgumentErrorKind::NonFinite);
+                }
+                other => panic!("expected InvalidArguments, got {other:?}"),
+            }
+            match tool_output::<_, String>(&spec, Ok(args)) {
+                Err(error @ DurableError::InvalidValue { .. }) => assert_eq!(
+                    error.to_string(),
+                    format!(
+                        "cannot journal result of `send`: at `$.items[1].x`: {}",
+                        ArgumentErrorKind::NonFinite
+                    )
+                ),
+                other => panic!("expected InvalidValue, got {other:?}"),
+            }
+            match encode(&Some(bad), "plan") {
+                Err(DurableError::InvalidValue { what, source }) => {
+                    assert_eq!((what.as_str(), source.path.as_str()), ("plan", "$"));
+                }
+                other => panic!("expected InvalidValue, got {other:?}"),
+            }
+        }
+        // Finite values are encoded as before.
+        let args = Typed {
+            items: vec![Point { x: -0.0 }],
+        };
+        assert_eq!(
+            encode_args(&spec, &args).expect("finite"),
+            serde_json::to_value(&args).expect("finite")
+        );
+        // What serde_json refuses stays an encoding error.
+        let keys = std::collections::BTreeMap::from([(vec![1_u8], 1)]);
+        assert!(matches!(
+            encode_args(&spec, &keys),
+            Err(DurableError::Encode { .. })
+        ));
+        assert!(matches!(
+            tool_output::<_, String>(&spec, Ok(keys)),
+            Err(DurableError::Encode { .. })
+        ));
     }
 
     #[test]
