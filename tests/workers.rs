@@ -10,6 +10,7 @@
 //! | `zombie` | A is stopped (SIGSTOP) past its lease, B recovers and completes, A is continued: none of A's writes is accepted, A exits with "lease lost" |
 //! | `fleet` | 4 workers, 40 sessions, workers SIGKILLed at random and restarted: completed or parked, 0 duplicate unsafe effects, 0 lost results, keyed effects applied once |
 //! | `fleet_server_restart` | the same with the PostgreSQL server crashed and restarted (`pg_ctl restart -m immediate`) twice mid-run |
+//! | `poison` | 1 worker restarted under a stable owner resumes its session by id and dies, again and again: each restart re-acquires its own live lease at once and counts a recovery; the one past the bound parks the session (`StoreError::Parked`) |
 //! | `synchronous_commit_off` | an unsafe tool refuses to run (`NotDurable` naming the setting) |
 //!
 //! The PostgreSQL cases need the `_postgres-testing` feature (`--all-features`, as
@@ -27,6 +28,8 @@ mod durability;
 mod fleet;
 #[path = "workers/ledger.rs"]
 mod ledger;
+#[path = "workers/poison.rs"]
+mod poison;
 #[path = "workers/proc.rs"]
 mod proc;
 #[path = "workers/race.rs"]
@@ -55,6 +58,9 @@ fn cases() -> Vec<(&'static str, Case)> {
         ("sqlite_fleet", || {
             Box::pin(fleet::fleet(Backend::sqlite(), 0))
         }),
+        ("sqlite_poison", || {
+            Box::pin(poison::poison(Backend::sqlite()))
+        }),
     ];
     #[cfg(feature = "_postgres-testing")]
     cases.extend([
@@ -64,6 +70,9 @@ fn cases() -> Vec<(&'static str, Case)> {
         ),
         ("postgres_zombie", || {
             Box::pin(async { zombie::zombie(Backend::postgres().await).await })
+        }),
+        ("postgres_poison", || {
+            Box::pin(async { poison::poison(Backend::postgres().await).await })
         }),
         ("postgres_fleet", || {
             Box::pin(async { fleet::fleet(Backend::postgres().await, 0).await })

@@ -151,6 +151,7 @@ macro_rules! __durable_conformance_cases {
             // leases
             lease_second_owner_is_refused,
             lease_same_owner_reacquire_bumps_fence,
+            lease_refusal_text_gives_expiry_and_time_left,
             lease_expiry_lets_another_owner_in,
             lease_concurrent_acquire_has_one_winner,
             lease_stale_token_writes_nothing,
@@ -163,6 +164,8 @@ macro_rules! __durable_conformance_cases {
             recovery_concurrent_claims_are_exclusive,
             recovery_attempts_count_up_then_park,
             recovery_checkpoint_resets_attempts,
+            recovery_resume_by_id_parks_a_poison_pill,
+            recovery_released_lease_is_not_counted,
             // checkpoints
             checkpoint_initial_is_version_zero,
             checkpoint_cas_conflict_writes_nothing,
@@ -272,6 +275,9 @@ pub const CASES: &[&str] = crate::__durable_conformance_cases!(__durable_conform
 
 /// A lease that stays live for the whole case.
 const LONG_TTL: Duration = Duration::from_secs(600);
+
+/// The recovery bound passed to `acquire_lease` by cases that do not test it.
+const MAX_ATTEMPTS: i32 = 5;
 
 /// Slack allowed between the store's clock readings and ours (ms).
 const CLOCK_SLACK_MS: i64 = 1_000;

@@ -15,16 +15,39 @@ pub enum StoreError {
     #[error("session `{0}` already exists")]
     SessionExists(SessionId),
     /// Another worker holds a live lease on the session.
+    ///
+    /// The same owner is never refused (it re-acquires its own live lease at once, with a
+    /// new fencing token), so a worker with a stable owner name that restarts takes its
+    /// sessions back without waiting: see [`DurableBuilder::owner`](crate::DurableBuilder::owner).
     #[error(
-        "session `{session}` is leased by `{owner}` until {expires_at} (ms since epoch); wait for it to expire or recover another session"
+        "session `{session}` is leased by `{owner}` until {} ({} s left); wait for it to expire or recover another session. \
+         If `{owner}` was this worker before a restart, give every worker a stable owner (`.owner(\"worker-1\")`) \
+         instead of the default `host-pid`: a restarted worker then re-acquires its own sessions at once",
+        lease_expiry(.expires_at),
+        seconds_left(.remaining_ms)
     )]
     Leased {
         /// The session.
         session: SessionId,
         /// The current holder.
         owner: String,
-        /// Expiry on the database clock.
+        /// Expiry on the database clock (ms since the epoch).
         expires_at: i64,
+        /// Time left on the lease, measured by the database clock (ms, positive).
+        remaining_ms: i64,
+    },
+    /// Taking the lease was a recovery (the previous holder never released it) that would
+    /// exceed the recovery bound, so the store parked the session instead: its resumes
+    /// keep dying before a checkpoint. An operator looks at it, then unparks it.
+    #[error(
+        "session `{session}` was parked: its last {attempts} recoveries died before a checkpoint (a poison pill); \
+         find out why (`durable show {session}`), then unpark it: `durable unpark {session}` or `Durable::unpark`"
+    )]
+    Parked {
+        /// The session.
+        session: SessionId,
+        /// The recoveries counted before this one.
+        attempts: i32,
     },
     /// The writer's fencing token is no longer current: another worker took the session.
     #[error(
@@ -167,6 +190,22 @@ impl StoreError {
             source: Box::new(source),
         }
     }
+}
+
+/// A lease expiry (ms since the epoch) in RFC 3339, UTC, to the millisecond.
+fn lease_expiry(ms: &i64) -> String {
+    let at = u64::try_from(*ms)
+        .ok()
+        .and_then(|ms| std::time::UNIX_EPOCH.checked_add(std::time::Duration::from_millis(ms)));
+    match at {
+        Some(at) => humantime::format_rfc3339_millis(at).to_string(),
+        None => format!("{ms} ms since the epoch"),
+    }
+}
+
+/// Whole seconds left, rounded up (a live lease never shows "0 s left").
+fn seconds_left(ms: &i64) -> i64 {
+    ms.max(&0).saturating_add(999) / 1000
 }
 
 /// An error from the durable runtime (sessions, journal, toolbox).

@@ -64,6 +64,16 @@ pub struct DurableBuilder {
 
 impl DurableBuilder {
     /// This worker's name, recorded as lease owner (default: `host-pid`).
+    ///
+    /// Give every worker a stable name (`"worker-1"`, a pod name) when workers are
+    /// restarted: a lease is never refused to its own owner, so a restarted worker with the
+    /// same name re-acquires its sessions at once, where under the default (a new pid
+    /// after the restart) it is refused with [`StoreError::Leased`] until the old lease
+    /// expires, up to a full [`lease_ttl`](Self::lease_ttl). Taking back an unreleased
+    /// lease counts as a recovery (see [`Durable::resume`]), so a session that keeps
+    /// killing its restarted worker is still parked. Two live processes must never share
+    /// a name: the second would silently take the first one's sessions (the first then
+    /// loses its lease at its next write).
     pub fn owner(mut self, owner: impl Into<String>) -> Self {
         self.config.owner = owner.into();
         self
@@ -182,6 +192,8 @@ impl std::fmt::Debug for Durable {
     }
 }
 
+/// `host-pid`: unique per process, so a restarted worker waits out its old leases
+/// (see [`DurableBuilder::owner`] for a stable name).
 fn default_owner() -> String {
     let host = std::env::var("HOSTNAME").unwrap_or_else(|_| "worker".into());
     format!("{host}-{}", std::process::id())
@@ -262,20 +274,34 @@ impl Durable {
     /// Messages logged after the latest checkpoint are ignored (not deleted): the
     /// incomplete turn is re-run, and its journaled model responses and tool results
     /// make the re-run replay the first attempt.
+    ///
+    /// A resume that takes over a lease its holder never released (the worker died, or
+    /// this worker restarted under the same [`owner`](DurableBuilder::owner)) is a
+    /// recovery, counted exactly as in [`recover_next`](Self::recover_next): once
+    /// [`max_recovery_attempts`](DurableBuilder::max_recovery_attempts) recoveries died
+    /// without a checkpoint, the session is parked and this fails with
+    /// [`StoreError::Parked`]; an operator unparks it ([`unpark`](Self::unpark),
+    /// `durable unpark <id>`). Resuming a released session counts nothing.
     pub async fn resume<M>(&self, id: &SessionId) -> Result<Resumed<M>, DurableError>
     where
         M: Serialize + DeserializeOwned + Clone,
     {
         let lease = self
             .store
-            .acquire_lease(id, &self.config.owner, self.config.lease_ttl)
+            .acquire_lease(
+                id,
+                &self.config.owner,
+                self.config.lease_ttl,
+                self.config.max_recovery_attempts,
+            )
             .await?;
         self.resume_leased(lease).await
     }
 
-    /// Claims one session whose worker died (expired lease) and resumes it. Sessions
-    /// whose recoveries keep dying are parked after
-    /// [`max_recovery_attempts`](DurableBuilder::max_recovery_attempts).
+    /// Claims one session whose worker died (expired lease) or that was released, and
+    /// resumes it. Sessions whose recoveries keep dying are parked after
+    /// [`max_recovery_attempts`](DurableBuilder::max_recovery_attempts) (the count is
+    /// shared with [`resume`](Self::resume); a checkpoint resets it).
     pub async fn recover_next<M>(&self) -> Result<Option<Resumed<M>>, DurableError>
     where
         M: Serialize + DeserializeOwned + Clone,

@@ -82,7 +82,7 @@ pub struct SessionRecord {
     pub app_version: String,
     /// Free-form metadata (e.g. a scratchpad root).
     pub metadata: Value,
-    /// Current lease holder, if any (may be expired).
+    /// Current lease holder, if any (may be expired); `None` once the lease was released.
     pub lease_owner: Option<String>,
     /// When the current lease expires (database clock, ms).
     pub lease_expires_at: Option<i64>,
@@ -534,17 +534,36 @@ pub trait CheckpointStore: Send + Sync + 'static {
     async fn list_sessions(&self, filter: &SessionFilter)
     -> Result<Vec<SessionRecord>, StoreError>;
 
-    /// Takes the lease on a session for `owner`, bumping its fencing token.
+    /// Takes the lease on a session for `owner`, bumping its fencing token; counts the
+    /// take-over as a recovery when the previous lease was never given up.
     ///
     /// # Contract
-    /// Atomic. Fails with [`StoreError::Leased`] while another owner's lease is live
-    /// (the same owner re-acquiring gets a new token). Refuses terminal and parked
-    /// sessions with [`StoreError::NotResumable`].
+    /// Atomic. Fails with [`StoreError::Leased`] while another owner's lease is live,
+    /// with the time left measured on the store's clock. The same owner is never refused:
+    /// re-acquiring its own live lease gets a new token (the old one is stale), so a
+    /// worker restarted under the same owner name takes its session back at once.
+    /// Refuses terminal and parked sessions with [`StoreError::NotResumable`].
+    ///
+    /// Recovery counting, the same rule as [`claim_expired`](Self::claim_expired): taking
+    /// over a lease that was not given up with [`release_lease`](Self::release_lease)
+    /// (it expired, or it is still live under this same owner: a restarted worker) is a
+    /// recovery. A recovery increments the session's recovery counter; when the counter
+    /// already stands at `max_attempts` the session is parked instead (status
+    /// [`SessionStatus::Parked`], reason `recovery attempts exhausted (N)`, lease cleared,
+    /// fencing token bumped, all committed) and the call fails with
+    /// [`StoreError::Parked`]. Taking a released lease, or the first lease after
+    /// [`unpark_session`](Self::unpark_session), is not a recovery and leaves the counter
+    /// alone; a release does not reset it either (a clean hand-over is not progress).
+    /// [`save_checkpoint`](Self::save_checkpoint) and [`finish_call`](Self::finish_call)
+    /// with a checkpoint reset it to 0 (progress), and so does `unpark_session`.
+    /// [`fork_session`](Self::fork_session) starts a new session at 0 and leaves the
+    /// source's counter alone: a fork is an operator's new start, not a recovery.
     async fn acquire_lease(
         &self,
         id: &SessionId,
         owner: &str,
         ttl: Duration,
+        max_attempts: i32,
     ) -> Result<Lease, StoreError>;
 
     /// Extends a lease.
@@ -553,17 +572,23 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// [`StoreError::LeaseLost`] if the token is no longer current.
     async fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<Lease, StoreError>;
 
-    /// Gives a lease up (sets it expired); no-op if the token is no longer current.
+    /// Gives a lease up: sets it expired and clears its owner, so that whoever takes
+    /// the session next is not counted as a recovery.
+    ///
+    /// # Contract
+    /// No-op if the token is no longer current. Leaves the recovery counter alone.
     async fn release_lease(&self, lease: &Lease) -> Result<(), StoreError>;
 
-    /// Claims one active session whose lease expired, for recovery.
+    /// Claims one active session whose lease expired or was released, for recovery.
     ///
     /// # Contract
     /// Atomic and safe under concurrency (two claimers never get the same session).
-    /// Increments the session's recovery counter; when the counter would exceed
-    /// `max_attempts` the session is parked instead (status [`SessionStatus::Parked`],
-    /// reason recorded) and the next candidate is tried. `None` when nothing is
-    /// recoverable.
+    /// Counts recoveries by the rule of [`acquire_lease`](Self::acquire_lease): claiming
+    /// a lease that expired without a release increments the session's recovery
+    /// counter, and when the counter already stands at `max_attempts` the session is
+    /// parked instead (status [`SessionStatus::Parked`], reason recorded) and the next
+    /// candidate is tried; claiming a released lease counts nothing. `None` when nothing
+    /// is recoverable.
     async fn claim_expired(
         &self,
         owner: &str,
@@ -573,7 +598,8 @@ pub trait CheckpointStore: Send + Sync + 'static {
 
     /// Returns a parked session to `active`: an operator's decision after looking at it
     /// (for example once its in-doubt call is resolved). Clears the recovery counter and
-    /// the parked reason; the next worker takes it with a fresh lease.
+    /// the parked reason and the lease; the next worker takes it with a fresh lease,
+    /// which is not counted as a recovery.
     ///
     /// # Contract
     /// Atomic. [`StoreError::NotParked`] unless the session is parked;

@@ -137,12 +137,13 @@ impl CheckpointStore for PostgresStore {
         id: &SessionId,
         owner: &str,
         ttl: Duration,
+        max_attempts: i32,
     ) -> Result<Lease, StoreError> {
         let mut tx = self.pool.begin().await.map_err(db)?;
         let now = txn::now(&mut tx).await?;
         let row = sqlx::query(
-            "SELECT status, lease_owner, lease_expires_at FROM durable_sessions
-             WHERE id = $1 FOR UPDATE",
+            "SELECT status, lease_owner, lease_expires_at, recovery_attempts
+             FROM durable_sessions WHERE id = $1 FOR UPDATE",
         )
         .bind(id.as_str())
         .fetch_optional(&mut *tx)
@@ -152,6 +153,10 @@ impl CheckpointStore for PostgresStore {
         let status: String = get(&row, "status")?;
         let holder: Option<String> = get(&row, "lease_owner")?;
         let held_until: Option<i64> = get(&row, "lease_expires_at")?;
+        let previous = txn::Previous {
+            recovery_attempts: get(&row, "recovery_attempts")?,
+            unreleased: holder.is_some(),
+        };
         let refusal = if status != SessionStatus::Active.as_str() {
             Some(StoreError::NotResumable {
                 session: id.clone(),
@@ -165,6 +170,7 @@ impl CheckpointStore for PostgresStore {
                 session: id.clone(),
                 owner: holder,
                 expires_at: until,
+                remaining_ms: until - now,
             })
         } else {
             None
@@ -175,9 +181,16 @@ impl CheckpointStore for PostgresStore {
             tx.rollback().await.map_err(db)?;
             return Err(refusal);
         }
-        let lease = txn::grant_lease(&mut tx, id, owner, ttl, now, false).await?;
+        let taken = txn::take_lease(&mut tx, id, owner, &previous, now, ttl, max_attempts).await?;
+        // A park is committed, then reported as the error.
         tx.commit().await.map_err(db)?;
-        Ok(lease)
+        match taken {
+            txn::Taken::Granted(lease) => Ok(lease),
+            txn::Taken::Parked { attempts } => Err(StoreError::Parked {
+                session: id.clone(),
+                attempts,
+            }),
+        }
     }
 
     async fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<Lease, StoreError> {
@@ -202,7 +215,7 @@ impl CheckpointStore for PostgresStore {
 
     async fn release_lease(&self, lease: &Lease) -> Result<(), StoreError> {
         sqlx::query(concat!(
-            "UPDATE durable_sessions SET lease_expires_at = ",
+            "UPDATE durable_sessions SET lease_owner = NULL, lease_expires_at = ",
             txn::now_ms!(),
             " WHERE id = $1 AND fence = $2"
         ))
@@ -226,7 +239,7 @@ impl CheckpointStore for PostgresStore {
             // SKIP LOCKED: a row another claimer is looking at is not a candidate for us,
             // so concurrent workers on many machines never claim the same session.
             let Some(row) = sqlx::query(
-                "SELECT id, recovery_attempts FROM durable_sessions
+                "SELECT id, recovery_attempts, lease_owner FROM durable_sessions
                  WHERE status = 'active'
                    AND (lease_owner IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= $1)
                  ORDER BY updated_at, id
@@ -242,28 +255,17 @@ impl CheckpointStore for PostgresStore {
                 return Ok(None);
             };
             let id = SessionId::new(get::<String>(&row, "id")?);
-            let attempts: i32 = get(&row, "recovery_attempts")?;
-            if attempts >= max_attempts {
-                // Parking bumps the fence too: a straggling holder loses its lease.
-                sqlx::query(
-                    "UPDATE durable_sessions
-                     SET status = 'parked', status_reason = $2, lease_owner = NULL,
-                         lease_expires_at = NULL, fence = fence + 1, updated_at = $3
-                     WHERE id = $1",
-                )
-                .bind(id.as_str())
-                .bind(format!("recovery attempts exhausted ({attempts})"))
-                .bind(now)
-                .execute(&mut *tx)
-                .await
-                .map_err(db)?;
-                tx.commit().await.map_err(db)?;
-                tracing::warn!(session = %id, attempts, "parked session: recovery attempts exhausted");
-                continue;
-            }
-            let lease = txn::grant_lease(&mut tx, &id, owner, ttl, now, true).await?;
+            let previous = txn::Previous {
+                recovery_attempts: get(&row, "recovery_attempts")?,
+                unreleased: get::<Option<String>>(&row, "lease_owner")?.is_some(),
+            };
+            let taken =
+                txn::take_lease(&mut tx, &id, owner, &previous, now, ttl, max_attempts).await?;
             tx.commit().await.map_err(db)?;
-            return Ok(Some(lease));
+            match taken {
+                txn::Taken::Granted(lease) => return Ok(Some(lease)),
+                txn::Taken::Parked { .. } => continue,
+            }
         }
     }
 
@@ -291,7 +293,8 @@ impl CheckpointStore for PostgresStore {
         let now = txn::now(&mut tx).await?;
         let updated = sqlx::query(concat!(
             "UPDATE durable_sessions SET status = 'active', status_reason = NULL, \
-             recovery_attempts = 0, updated_at = $2 WHERE id = $1 AND status = 'parked' \
+             recovery_attempts = 0, lease_owner = NULL, lease_expires_at = NULL, \
+             updated_at = $2 WHERE id = $1 AND status = 'parked' \
              RETURNING ",
             session_cols!()
         ))

@@ -275,17 +275,59 @@ pub(crate) async fn append_checkpoint(
     Ok(meta)
 }
 
+/// What a locked session row says about the lease that is being taken over.
+pub(crate) struct Previous {
+    /// Recoveries counted since the last checkpoint.
+    pub(crate) recovery_attempts: i32,
+    /// Whether the previous lease was never given up (`lease_owner` is still set: it
+    /// expired, or its owner is taking it back after a restart). Taking it over is a
+    /// recovery.
+    pub(crate) unreleased: bool,
+}
+
+/// What [`take_lease`] did.
+pub(crate) enum Taken {
+    /// The lease is `owner`'s.
+    Granted(Lease),
+    /// The take-over was a recovery beyond the bound: the session is parked instead.
+    Parked {
+        /// The recoveries counted before this one.
+        attempts: i32,
+    },
+}
+
 /// Gives the lease on a locked session row to `owner` until `now + ttl`, bumping the
-/// fencing token (and, for a recovery, the recovery counter): the one place a lease is
-/// granted, for `acquire_lease` and `claim_expired` alike.
-pub(crate) async fn grant_lease(
+/// fencing token: the one place a lease is taken over, for `acquire_lease` and
+/// `claim_expired` alike, so both count recoveries by one rule. Taking over an unreleased
+/// lease is a recovery and counts an attempt; when `max_attempts` are already counted the
+/// session is parked instead (reason recorded, lease cleared, token bumped so a
+/// straggler loses it).
+pub(crate) async fn take_lease(
     conn: &mut PgConnection,
     id: &SessionId,
     owner: &str,
-    ttl: Duration,
+    previous: &Previous,
     now: i64,
-    recovery: bool,
-) -> Result<Lease, StoreError> {
+    ttl: Duration,
+    max_attempts: i32,
+) -> Result<Taken, StoreError> {
+    let attempts = previous.recovery_attempts;
+    if previous.unreleased && attempts >= max_attempts {
+        sqlx::query(
+            "UPDATE durable_sessions
+             SET status = 'parked', status_reason = $2, lease_owner = NULL,
+                 lease_expires_at = NULL, fence = fence + 1, updated_at = $3
+             WHERE id = $1",
+        )
+        .bind(id.as_str())
+        .bind(format!("recovery attempts exhausted ({attempts})"))
+        .bind(now)
+        .execute(&mut *conn)
+        .await
+        .map_err(db)?;
+        tracing::warn!(session = %id, attempts, "parked session: recovery attempts exhausted");
+        return Ok(Taken::Parked { attempts });
+    }
     let expires = now.saturating_add(ttl_ms(ttl));
     let row = sqlx::query(
         "UPDATE durable_sessions
@@ -297,14 +339,14 @@ pub(crate) async fn grant_lease(
     .bind(owner)
     .bind(expires)
     .bind(now)
-    .bind(recovery)
+    .bind(previous.unreleased)
     .fetch_one(&mut *conn)
     .await
     .map_err(db)?;
-    Ok(Lease {
+    Ok(Taken::Granted(Lease {
         session: id.clone(),
         owner: owner.to_owned(),
         fence: get(&row, "fence")?,
         expires_at: expires,
-    })
+    }))
 }

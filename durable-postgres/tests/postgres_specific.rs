@@ -684,7 +684,7 @@ async fn smoke_every_method() {
     );
 
     let reacquired = s
-        .acquire_lease(&id, "w2", TTL)
+        .acquire_lease(&id, "w2", TTL, 5)
         .await
         .expect("acquire_lease");
     assert_eq!(reacquired.fence, claimed.fence + 1);

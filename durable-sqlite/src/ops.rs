@@ -336,18 +336,61 @@ pub(crate) async fn resolve_snapshot(
     }
 }
 
-/// Gives the lease on a session to `owner` until `now + ttl` under the new token `fence`
-/// (and, for a recovery, counts the attempt): the one place a lease is granted, for
-/// `acquire_lease` and `claim_expired` alike.
-pub(crate) async fn grant_lease(
+/// What a session's row says about the lease that is being taken over.
+pub(crate) struct Previous {
+    /// The session's fencing token.
+    pub(crate) fence: i64,
+    /// Recoveries counted since the last checkpoint.
+    pub(crate) recovery_attempts: i32,
+    /// Whether the previous lease was never given up (`lease_owner` is still set: it
+    /// expired, or its owner is taking it back after a restart). Taking it over is a
+    /// recovery.
+    pub(crate) unreleased: bool,
+}
+
+/// What [`take_lease`] did.
+pub(crate) enum Taken {
+    /// The lease is `owner`'s.
+    Granted(durable_core::store::Lease),
+    /// The take-over was a recovery beyond the bound: the session is parked instead.
+    Parked {
+        /// The recoveries counted before this one.
+        attempts: i32,
+    },
+}
+
+/// Gives the lease on a session to `owner` until `now + ttl` under a new fencing token:
+/// the one place a lease is taken over, for `acquire_lease` and `claim_expired` alike, so
+/// both count recoveries by one rule. Taking over an unreleased lease is a recovery and
+/// counts an attempt; when `max_attempts` are already counted the session is parked
+/// instead (reason recorded, lease cleared, token bumped so a straggler loses it).
+pub(crate) async fn take_lease(
     conn: &mut SqliteConnection,
     id: &SessionId,
     owner: &str,
-    fence: i64,
+    previous: &Previous,
     now: i64,
     ttl: std::time::Duration,
-    recovery: bool,
-) -> Result<durable_core::store::Lease, StoreError> {
+    max_attempts: i32,
+) -> Result<Taken, StoreError> {
+    let fence = previous.fence + 1;
+    let attempts = previous.recovery_attempts;
+    if previous.unreleased && attempts >= max_attempts {
+        sqlx::query(
+            "UPDATE durable_sessions SET status = 'parked', status_reason = ?, \
+             lease_owner = NULL, lease_expires_at = NULL, fence = ?, updated_at = ? \
+             WHERE id = ?",
+        )
+        .bind(format!("recovery attempts exhausted ({attempts})"))
+        .bind(fence)
+        .bind(now)
+        .bind(id.as_str())
+        .execute(conn)
+        .await
+        .map_err(db)?;
+        tracing::warn!(session = %id, attempts, "parked session: recovery attempts exhausted");
+        return Ok(Taken::Parked { attempts });
+    }
     let expires_at = now.saturating_add(crate::tx::millis(ttl));
     sqlx::query(
         "UPDATE durable_sessions SET fence = ?, lease_owner = ?, lease_expires_at = ?, \
@@ -357,15 +400,15 @@ pub(crate) async fn grant_lease(
     .bind(owner)
     .bind(expires_at)
     .bind(now)
-    .bind(i32::from(recovery))
+    .bind(i32::from(previous.unreleased))
     .bind(id.as_str())
     .execute(conn)
     .await
     .map_err(db)?;
-    Ok(durable_core::store::Lease {
+    Ok(Taken::Granted(durable_core::store::Lease {
         session: id.clone(),
         owner: owner.to_owned(),
         fence,
         expires_at,
-    })
+    }))
 }

@@ -150,6 +150,7 @@ impl CheckpointStore for SqliteStore {
         id: &SessionId,
         owner: &str,
         ttl: Duration,
+        max_attempts: i32,
     ) -> Result<Lease, StoreError> {
         let mut tx = WriteTx::begin(self.writer()).await?;
         let now = tx.now;
@@ -171,12 +172,25 @@ impl CheckpointStore for SqliteStore {
                     session: id.clone(),
                     owner: holder.clone(),
                     expires_at,
+                    remaining_ms: expires_at - now,
                 });
             }
-            ops::grant_lease(conn, id, owner, session.fence + 1, now, ttl, false).await
+            let previous = ops::Previous {
+                fence: session.fence,
+                recovery_attempts: session.recovery_attempts,
+                unreleased: session.lease_owner.is_some(),
+            };
+            ops::take_lease(conn, id, owner, &previous, now, ttl, max_attempts).await
         }
         .await;
-        tx.finish(result).await
+        // A park is committed, then reported as the error.
+        match tx.finish(result).await? {
+            ops::Taken::Granted(lease) => Ok(lease),
+            ops::Taken::Parked { attempts } => Err(StoreError::Parked {
+                session: id.clone(),
+                attempts,
+            }),
+        }
     }
 
     async fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<Lease, StoreError> {
@@ -205,7 +219,8 @@ impl CheckpointStore for SqliteStore {
         let mut tx = WriteTx::begin(self.writer()).await?;
         let now = tx.now;
         let result = sqlx::query(
-            "UPDATE durable_sessions SET lease_expires_at = ? WHERE id = ? AND fence = ?",
+            "UPDATE durable_sessions SET lease_owner = NULL, lease_expires_at = ? \
+             WHERE id = ? AND fence = ?",
         )
         .bind(now)
         .bind(lease.session.as_str())
@@ -229,7 +244,7 @@ impl CheckpointStore for SqliteStore {
             let conn = tx.conn();
             loop {
                 let Some(row) = sqlx::query(concat!(
-                    "SELECT id, fence, recovery_attempts FROM durable_sessions",
+                    "SELECT id, fence, recovery_attempts, lease_owner FROM durable_sessions",
                     expired_where!(),
                     "ORDER BY updated_at ASC, rowid ASC LIMIT 1"
                 ))
@@ -241,26 +256,16 @@ impl CheckpointStore for SqliteStore {
                     return Ok(None);
                 };
                 let id = SessionId::new(row.try_get::<String, _>("id").map_err(db)?);
-                let fence = rows::col::<i64>(&row, "fence", &id, None)? + 1;
-                let attempts: i32 = rows::col(&row, "recovery_attempts", &id, None)?;
-                if attempts >= max_attempts {
-                    // Parking bumps the fence too: a straggling holder loses its lease.
-                    sqlx::query(
-                        "UPDATE durable_sessions SET status = 'parked', status_reason = ?, \
-                         lease_owner = NULL, lease_expires_at = NULL, fence = ?, updated_at = ? \
-                         WHERE id = ?",
-                    )
-                    .bind(format!("recovery attempts exhausted ({attempts})"))
-                    .bind(fence)
-                    .bind(now)
-                    .bind(id.as_str())
-                    .execute(&mut *conn)
-                    .await
-                    .map_err(db)?;
-                    continue;
+                let previous = ops::Previous {
+                    fence: rows::col(&row, "fence", &id, None)?,
+                    recovery_attempts: rows::col(&row, "recovery_attempts", &id, None)?,
+                    unreleased: rows::col::<Option<String>>(&row, "lease_owner", &id, None)?
+                        .is_some(),
+                };
+                match ops::take_lease(conn, &id, owner, &previous, now, ttl, max_attempts).await? {
+                    ops::Taken::Granted(lease) => return Ok(Some(lease)),
+                    ops::Taken::Parked { .. } => continue,
                 }
-                let lease = ops::grant_lease(conn, &id, owner, fence, now, ttl, true).await?;
-                return Ok(Some(lease));
             }
         }
         .await;
@@ -297,7 +302,8 @@ impl CheckpointStore for SqliteStore {
             }
             sqlx::query(
                 "UPDATE durable_sessions SET status = 'active', status_reason = NULL, \
-                 recovery_attempts = 0, updated_at = ? WHERE id = ?",
+                 recovery_attempts = 0, lease_owner = NULL, lease_expires_at = NULL, \
+                 updated_at = ? WHERE id = ?",
             )
             .bind(now)
             .bind(id.as_str())

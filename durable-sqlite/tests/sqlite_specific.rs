@@ -101,7 +101,7 @@ async fn exercise_every_method(store: &dyn CheckpointStore) {
         .expect("list_sessions");
     assert!(listed.iter().any(|s| s.id == id));
 
-    match store.acquire_lease(&id, "w2", TTL).await {
+    match store.acquire_lease(&id, "w2", TTL, 5).await {
         Err(StoreError::Leased { owner, .. }) => assert_eq!(owner, "w1"),
         other => panic!("expected Leased, got {other:?}"),
     }
@@ -223,7 +223,7 @@ async fn exercise_every_method(store: &dyn CheckpointStore) {
     assert_eq!(audit[0].by, "ops");
 
     let lease = store
-        .acquire_lease(&id, "w2", TTL)
+        .acquire_lease(&id, "w2", TTL, 5)
         .await
         .expect("re-acquire");
     assert_eq!(lease.fence, 2);
@@ -332,13 +332,14 @@ async fn exercise_every_method(store: &dyn CheckpointStore) {
         .expect("claim_expired");
     let claimed = claimed.expect("the fork is claimable");
     assert_eq!((claimed.session, claimed.fence), (fork_id.clone(), 2));
+    // The fork's lease was released, not lost: claiming it is not a recovery.
     assert_eq!(
         store
             .session(&fork_id)
             .await
             .expect("fork")
             .recovery_attempts,
-        1
+        0
     );
 }
 
@@ -828,7 +829,7 @@ async fn a_reopened_file_store_finds_everything() {
     );
     // The lease survives the restart too: another owner is still refused.
     assert!(matches!(
-        store.acquire_lease(&id, "other", TTL).await,
+        store.acquire_lease(&id, "other", TTL, 5).await,
         Err(StoreError::Leased { .. })
     ));
 }

@@ -683,7 +683,12 @@ pub async fn unknown_things(store: &Arc<dyn CheckpointStore>, db: &str) {
 pub async fn unpark(store: &Arc<dyn CheckpointStore>, db: &str) {
     let p = populate(store).await;
     let lease = store
-        .acquire_lease(&p.doubt, "test-parker", std::time::Duration::from_secs(60))
+        .acquire_lease(
+            &p.doubt,
+            "test-parker",
+            std::time::Duration::from_secs(60),
+            5,
+        )
         .await
         .expect("lease");
     store

@@ -9,6 +9,8 @@
 //! - `zombie-a`: runs a session and pauses before the unsafe tool of step 1 (the parent
 //!   stops it there with SIGSTOP); on SIGCONT it must find its lease lost.
 //! - `zombie-b`: recovers the expired session and runs it to completion.
+//! - `poison`: resumes a session by id and dies at once holding its lease (a poison pill
+//!   crashing its worker); prints `parked <session>: <error>` when the resume parked it.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -47,6 +49,8 @@ pub const EXIT_LEASE_LOST: i32 = 4;
 /// The ledger (the outside world) was unreachable while an effect was in flight: the
 /// worker crashes, as a real one would, leaving the call in doubt.
 pub const EXIT_LEDGER_DOWN: i32 = 75;
+/// A `poison` worker died right after resuming its session, as a poison pill makes it.
+pub const EXIT_CRASHED: i32 = 70;
 
 /// Runs the role named by `DURABLE_WORKERS_ROLE`; returns the exit code.
 pub fn main(role: &str) -> i32 {
@@ -61,6 +65,7 @@ pub fn main(role: &str) -> i32 {
             "race" => race(&env).await,
             "zombie-a" => zombie_a(&env).await,
             "zombie-b" => zombie_b(&env).await,
+            "poison" => poison(&env).await,
             other => {
                 eprintln!("unknown {ROLE} `{other}`");
                 2
@@ -479,6 +484,30 @@ async fn race(env: &Env) -> i32 {
         }
     }
     0
+}
+
+async fn poison(env: &Env) -> i32 {
+    let (durable, _ledger) = env.connect().await;
+    let id = SessionId::new(std::env::var(SESSION).expect("session"));
+    match durable.resume::<Message>(&id).await {
+        Ok(_resumed) => {
+            let recoveries = match durable.store().session(&id).await {
+                Ok(record) => record.recovery_attempts,
+                Err(e) => panic!("read {id}: {e}"),
+            };
+            println!("resumed {id} recoveries {recoveries}");
+            // Die holding the lease: no release, no destructor.
+            std::process::exit(EXIT_CRASHED);
+        }
+        Err(e @ DurableError::Store(StoreError::Parked { .. })) => {
+            println!("parked {id}: {e}");
+            0
+        }
+        Err(e) => {
+            println!("error {id} resume: {e}");
+            1
+        }
+    }
 }
 
 async fn zombie_a(env: &Env) -> i32 {

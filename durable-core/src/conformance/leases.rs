@@ -6,8 +6,8 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::{
-    CLOCK_SLACK_MS, LONG_TTL, checkpoint, completed, create, create_with, expect_err, message, ms,
-    new_session, now, owner, read, tool_call, wait_past,
+    CLOCK_SLACK_MS, LONG_TTL, MAX_ATTEMPTS, checkpoint, completed, create, create_with, expect_err,
+    message, ms, new_session, now, owner, read, tool_call, wait_past,
 };
 use crate::error::StoreError;
 use crate::store::{CheckpointStore, IssueOutcome, SessionStatus};
@@ -18,8 +18,8 @@ pub async fn lease_second_owner_is_refused(store: Arc<dyn CheckpointStore>) {
     let holder = owner("holder");
     let (session, lease) = create(&*store, &holder).await;
     let (who, expires_at) = expect_err!(
-        store.acquire_lease(&session.id, &owner("intruder"), LONG_TTL).await,
-        StoreError::Leased { session: s, owner, expires_at } => {
+        store.acquire_lease(&session.id, &owner("intruder"), LONG_TTL, MAX_ATTEMPTS).await,
+        StoreError::Leased { session: s, owner, expires_at, .. } => {
             assert_eq!(s, session.id, "Leased names another session");
             (owner, expires_at)
         },
@@ -37,12 +37,81 @@ pub async fn lease_second_owner_is_refused(store: Arc<dyn CheckpointStore>) {
     );
 }
 
-/// The same owner re-acquiring gets a new, larger token; the old token is stale.
+/// `Leased` carries the time left on the store's clock, and its text gives the expiry in
+/// RFC 3339 (UTC, ms) and the whole seconds left; it suggests a stable owner name, which
+/// must be true advice: the holder itself re-acquires at once.
+pub async fn lease_refusal_text_gives_expiry_and_time_left(store: Arc<dyn CheckpointStore>) {
+    let holder = owner("holder");
+    let (session, lease) = create(&*store, &holder).await;
+    let before = now(&*store).await;
+    let err = store
+        .acquire_lease(&session.id, &owner("intruder"), LONG_TTL, MAX_ATTEMPTS)
+        .await
+        .expect_err("acquire_lease by a second owner while the first lease is live");
+    let after = now(&*store).await;
+    let remaining_ms = match &err {
+        StoreError::Leased {
+            expires_at,
+            remaining_ms,
+            ..
+        } => {
+            assert_eq!(*expires_at, lease.expires_at, "Leased expiry");
+            *remaining_ms
+        }
+        other => panic!("expected Leased, got {other:?}"),
+    };
+    assert!(
+        (lease.expires_at - after..=lease.expires_at - before).contains(&remaining_ms),
+        "remaining_ms {remaining_ms} is not the expiry {} minus the store's clock ({before}..{after})",
+        lease.expires_at
+    );
+    let text = err.to_string();
+    let (stamp, rest) = text
+        .split_once(" until ")
+        .and_then(|(_, rest)| rest.split_once(" ("))
+        .unwrap_or_else(|| panic!("no `until <time> (` in {text:?}"));
+    let parsed = humantime::parse_rfc3339(stamp)
+        .unwrap_or_else(|e| panic!("`{stamp}` is not RFC 3339 ({e}): {text:?}"));
+    assert!(
+        stamp.ends_with('Z') && stamp.len() == "2026-11-23T12:00:05.123Z".len(),
+        "expiry must be UTC to the millisecond: `{stamp}`"
+    );
+    let parsed_ms = parsed
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("expiry after 1970")
+        .as_millis();
+    assert_eq!(
+        i64::try_from(parsed_ms).expect("ms"),
+        lease.expires_at,
+        "the printed expiry must be the lease's: {text:?}"
+    );
+    let seconds: i64 = rest
+        .split_once(" s left)")
+        .and_then(|(n, _)| n.parse().ok())
+        .unwrap_or_else(|| panic!("no `(<n> s left)` in {text:?}"));
+    assert_eq!(
+        seconds,
+        (remaining_ms + 999) / 1000,
+        "seconds left, rounded up: {text:?}"
+    );
+    assert!(
+        text.contains(&format!("`{holder}`")) && text.contains(".owner("),
+        "Leased must name the holder and suggest a stable owner: {text:?}"
+    );
+    store
+        .acquire_lease(&session.id, &holder, LONG_TTL, MAX_ATTEMPTS)
+        .await
+        .expect("the holder re-acquiring at once, as the message promises");
+}
+
+/// The same owner re-acquiring its live lease (a worker restarted under a stable name) is
+/// not refused: it gets a new, larger token at once, the old token is stale, and the
+/// take-over of an unreleased lease counts as a recovery.
 pub async fn lease_same_owner_reacquire_bumps_fence(store: Arc<dyn CheckpointStore>) {
     let w = owner("worker");
     let (session, first) = create(&*store, &w).await;
     let second = store
-        .acquire_lease(&session.id, &w, LONG_TTL)
+        .acquire_lease(&session.id, &w, LONG_TTL, MAX_ATTEMPTS)
         .await
         .expect("the same owner re-acquiring its live lease");
     assert!(
@@ -52,10 +121,16 @@ pub async fn lease_same_owner_reacquire_bumps_fence(store: Arc<dyn CheckpointSto
         second.fence
     );
     assert_eq!(second.owner, w, "re-acquired lease owner");
+    let record = read(&*store, &session.id).await;
+    assert_eq!(record.fence, second.fence, "session fence");
     assert_eq!(
-        read(&*store, &session.id).await.fence,
-        second.fence,
-        "session fence"
+        record.lease_expires_at,
+        Some(second.expires_at),
+        "session lease_expires_at after the re-acquire"
+    );
+    assert_eq!(
+        record.recovery_attempts, 1,
+        "taking back an unreleased lease (a restarted worker) is a recovery"
     );
     let token = expect_err!(
         store.save_checkpoint(first.fence(), 0, checkpoint("stale", vec![])).await,
@@ -75,7 +150,7 @@ pub async fn lease_expiry_lets_another_owner_in(store: Arc<dyn CheckpointStore>)
     let (session, first) = create_with(&*store, new_session(&owner("short"), ttl)).await;
     expect_err!(
         store
-            .acquire_lease(&session.id, &owner("early"), LONG_TTL)
+            .acquire_lease(&session.id, &owner("early"), LONG_TTL, MAX_ATTEMPTS)
             .await,
         StoreError::Leased { .. },
         "acquire_lease before a 2 s lease expired"
@@ -83,7 +158,7 @@ pub async fn lease_expiry_lets_another_owner_in(store: Arc<dyn CheckpointStore>)
     wait_past(&*store, first.expires_at).await;
     let next_owner = owner("late");
     let second = store
-        .acquire_lease(&session.id, &next_owner, LONG_TTL)
+        .acquire_lease(&session.id, &next_owner, LONG_TTL, MAX_ATTEMPTS)
         .await
         .expect("acquire_lease after the previous lease expired");
     assert!(
@@ -116,7 +191,7 @@ pub async fn lease_concurrent_acquire_has_one_winner(store: Arc<dyn CheckpointSt
         let id = session.id.clone();
         tasks.push(tokio::spawn(async move {
             store
-                .acquire_lease(&id, &owner(&format!("racer{i}")), LONG_TTL)
+                .acquire_lease(&id, &owner(&format!("racer{i}")), LONG_TTL, MAX_ATTEMPTS)
                 .await
         }));
     }
@@ -157,7 +232,7 @@ pub async fn lease_stale_token_writes_nothing(store: Arc<dyn CheckpointStore>) {
     };
     store.release_lease(&stale).await.expect("release_lease");
     let current = store
-        .acquire_lease(&session.id, &owner("successor"), LONG_TTL)
+        .acquire_lease(&session.id, &owner("successor"), LONG_TTL, MAX_ATTEMPTS)
         .await
         .expect("acquire after release");
     assert!(
@@ -274,7 +349,7 @@ pub async fn lease_stale_token_writes_nothing(store: Arc<dyn CheckpointStore>) {
     );
     expect_err!(
         store
-            .acquire_lease(&session.id, &owner("third"), LONG_TTL)
+            .acquire_lease(&session.id, &owner("third"), LONG_TTL, MAX_ATTEMPTS)
             .await,
         StoreError::Leased { .. },
         "acquire_lease after a stale release: the current lease must still be live"
@@ -323,7 +398,7 @@ pub async fn lease_renew_extends(store: Arc<dyn CheckpointStore>) {
     wait_past(&*store, lease.expires_at).await;
     expect_err!(
         store
-            .acquire_lease(&session.id, &owner("other"), LONG_TTL)
+            .acquire_lease(&session.id, &owner("other"), LONG_TTL, MAX_ATTEMPTS)
             .await,
         StoreError::Leased { .. },
         "acquire_lease after the original expiry of a renewed lease"
@@ -339,7 +414,7 @@ pub async fn lease_renew_with_stale_token_is_lost(store: Arc<dyn CheckpointStore
     let w = owner("w");
     let (session, old) = create(&*store, &w).await;
     let current = store
-        .acquire_lease(&session.id, &w, Duration::from_secs(60))
+        .acquire_lease(&session.id, &w, Duration::from_secs(60), MAX_ATTEMPTS)
         .await
         .expect("re-acquire");
     expect_err!(
@@ -370,8 +445,12 @@ pub async fn lease_release_lets_another_owner_in(store: Arc<dyn CheckpointStore>
         "a released lease must be expired: expires {:?}, now {t}",
         record.lease_expires_at
     );
+    assert_eq!(
+        record.lease_owner, None,
+        "a released lease has no owner any more"
+    );
     let next = store
-        .acquire_lease(&session.id, &owner("next"), LONG_TTL)
+        .acquire_lease(&session.id, &owner("next"), LONG_TTL, MAX_ATTEMPTS)
         .await
         .expect("acquire_lease right after release");
     assert!(
@@ -430,7 +509,7 @@ pub async fn lease_terminal_and_parked_are_not_resumable(store: Arc<dyn Checkpoi
         );
         for who in [w.clone(), owner("other")] {
             let (s, st) = expect_err!(
-                store.acquire_lease(&session.id, &who, LONG_TTL).await,
+                store.acquire_lease(&session.id, &who, LONG_TTL, MAX_ATTEMPTS).await,
                 StoreError::NotResumable { session, status } => (session, status),
                 "acquire_lease on a {} session", status.as_str()
             );

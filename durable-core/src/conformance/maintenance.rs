@@ -6,8 +6,8 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::{
-    CLOCK_SLACK_MS, checkpoint, completed, create, create_with, expect_err, message, new_session,
-    now, owner, read, session_id, system_ms, tool_call,
+    CLOCK_SLACK_MS, MAX_ATTEMPTS, checkpoint, completed, create, create_with, expect_err, message,
+    new_session, now, owner, read, session_id, system_ms, tool_call,
 };
 use crate::error::StoreError;
 use crate::ids::SessionId;
@@ -312,7 +312,12 @@ pub async fn purge_deletes_every_row(store: Arc<dyn CheckpointStore>) {
     let (keeper, ka, _) = make().await;
     let victim_id = victim.id.clone();
     let lease = store
-        .acquire_lease(&victim_id, &owner("closer"), Duration::from_secs(60))
+        .acquire_lease(
+            &victim_id,
+            &owner("closer"),
+            Duration::from_secs(60),
+            MAX_ATTEMPTS,
+        )
         .await
         .expect("acquire");
     store

@@ -5,7 +5,10 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::journal::{insert, row};
-use super::{LONG_TTL, checkpoint, completed, create, expect_err, message, owner, read, tool_call};
+use super::{
+    LONG_TTL, MAX_ATTEMPTS, checkpoint, completed, create, expect_err, message, owner, read,
+    tool_call,
+};
 use crate::error::StoreError;
 use crate::ids::CallId;
 use crate::replay::ReplayClass;
@@ -228,7 +231,7 @@ pub async fn journal_reissue_bumps_attempt(store: Arc<dyn CheckpointStore>) {
     )
     .await;
     let second = store
-        .acquire_lease(&session.id, &w, LONG_TTL)
+        .acquire_lease(&session.id, &w, LONG_TTL, MAX_ATTEMPTS)
         .await
         .expect("re-acquire");
     let again = store
@@ -447,7 +450,7 @@ pub async fn journal_record_call_inserts_finished_row(store: Arc<dyn CheckpointS
         other => panic!("record_call(failed): expected Inserted, got {other:?}"),
     }
     let _fresh = store
-        .acquire_lease(&session.id, &lease.owner, LONG_TTL)
+        .acquire_lease(&session.id, &lease.owner, LONG_TTL, MAX_ATTEMPTS)
         .await
         .expect("re-acquire");
     expect_err!(

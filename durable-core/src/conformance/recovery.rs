@@ -1,16 +1,19 @@
-//! Cases: listing and claiming expired sessions, the poison-pill counter.
+//! Cases: listing and claiming expired sessions, the poison-pill counter (shared by
+//! `claim_expired` and resuming by id).
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use super::{
-    CLOCK_SLACK_MS, LONG_TTL, checkpoint, create, create_with, expect_err, message, ms,
-    new_session, now, owner, read,
+    CLOCK_SLACK_MS, LONG_TTL, MAX_ATTEMPTS, checkpoint, create, create_with, expect_err, message,
+    ms, new_session, now, owner, read,
 };
-use crate::error::StoreError;
+use crate::error::{DurableError, StoreError};
 use crate::ids::SessionId;
+use crate::runtime::{Durable, StartOptions};
 use crate::store::{CheckpointStore, Lease, SessionStatus};
+use crate::transcript::Message;
 
 /// Claims until `claim_expired` returns `None` (at most `bound` claims), returning the
 /// leases of the claims.
@@ -244,7 +247,7 @@ pub async fn recovery_attempts_count_up_then_park(store: Arc<dyn CheckpointStore
     );
     expect_err!(
         store
-            .acquire_lease(&session.id, &owner("op"), LONG_TTL)
+            .acquire_lease(&session.id, &owner("op"), LONG_TTL, MAX_ATTEMPTS)
             .await,
         StoreError::NotResumable { .. },
         "acquire_lease on a parked session"
@@ -290,4 +293,165 @@ pub async fn recovery_checkpoint_resets_attempts(store: Arc<dyn CheckpointStore>
         "save_checkpoint must reset recovery_attempts"
     );
     assert_eq!(record.latest_version, 1, "latest_version after the save");
+}
+
+/// Resuming by id counts recoveries as `claim_expired` does: each take-over of a lease
+/// that expired without a release counts one; the one beyond `max_attempts` parks the
+/// session (reason recorded, committed) and fails with the typed `Parked` error naming
+/// the way out; an unparked session resumes again, not counted.
+pub async fn recovery_resume_by_id_parks_a_poison_pill(store: Arc<dyn CheckpointStore>) {
+    let max_attempts = 3;
+    // A lease ttl of zero: every lease is expired the moment it is taken, as if each
+    // worker died right after resuming.
+    let worker = |name: &str| {
+        Durable::builder(Arc::clone(&store))
+            .owner(owner(name))
+            .lease_ttl(Duration::ZERO)
+            .renew_leases(false)
+            .max_recovery_attempts(max_attempts)
+            .build()
+    };
+    let first = worker("first")
+        .start::<Message>(StartOptions::default())
+        .await
+        .expect("start");
+    let id = first.id().clone();
+    drop(first);
+    for attempt in 1..=max_attempts {
+        let resumed = worker(&format!("crash{attempt}"))
+            .resume::<Message>(&id)
+            .await
+            .unwrap_or_else(|e| panic!("resume {attempt} of {max_attempts} failed: {e:?}"));
+        drop(resumed);
+        assert_eq!(
+            read(&*store, &id).await.recovery_attempts,
+            attempt,
+            "resume by id of a session whose lease expired must count a recovery"
+        );
+    }
+    let err = worker("last")
+        .resume::<Message>(&id)
+        .await
+        .err()
+        .unwrap_or_else(|| {
+            panic!(
+                "resume {} of {max_attempts} must park the session",
+                max_attempts + 1
+            )
+        });
+    let text = err.to_string();
+    match &err {
+        DurableError::Store(StoreError::Parked { session, attempts }) => {
+            assert_eq!(session, &id, "Parked names another session");
+            assert_eq!(*attempts, max_attempts, "Parked attempts");
+        }
+        other => panic!("expected Parked, got {other:?}"),
+    }
+    assert!(
+        text.contains(&format!("durable unpark {id}")) && text.contains("Durable::unpark"),
+        "Parked must say how to unpark: {text:?}"
+    );
+    let record = read(&*store, &id).await;
+    assert_eq!(record.status, SessionStatus::Parked, "parked by the resume");
+    assert!(
+        record
+            .status_reason
+            .as_deref()
+            .is_some_and(|r| r.contains("recovery attempts exhausted")),
+        "the parked reason is recorded as for claim_expired: {:?}",
+        record.status_reason
+    );
+    assert_eq!(record.lease_owner, None, "a parked session holds no lease");
+    let again = worker("again").resume::<Message>(&id).await.err();
+    assert!(
+        matches!(
+            again,
+            Some(DurableError::Store(StoreError::NotResumable { .. }))
+        ),
+        "a parked session is not resumable: {again:?}"
+    );
+
+    let operator = worker("operator");
+    let unparked = operator.unpark(&id).await.expect("unpark");
+    assert_eq!(unparked.recovery_attempts, 0, "unpark clears the counter");
+    operator
+        .resume::<Message>(&id)
+        .await
+        .expect("an unparked session resumes");
+    assert_eq!(
+        read(&*store, &id).await.recovery_attempts,
+        0,
+        "the first resume after an unpark is not a recovery"
+    );
+}
+
+/// A lease given up with `release_lease` is not a recovery for whoever takes it next,
+/// by `acquire_lease` or `claim_expired`, however often; a release does not reset the
+/// counter either, and a checkpoint does.
+pub async fn recovery_released_lease_is_not_counted(store: Arc<dyn CheckpointStore>) {
+    let (session, mut lease) = create(&*store, &owner("clean")).await;
+    for round in 0..3 {
+        store.release_lease(&lease).await.expect("release_lease");
+        lease = store
+            .acquire_lease(&session.id, &owner(&format!("next{round}")), LONG_TTL, 1)
+            .await
+            .unwrap_or_else(|e| panic!("acquire after a clean release (round {round}): {e:?}"));
+        assert_eq!(
+            read(&*store, &session.id).await.recovery_attempts,
+            0,
+            "acquire_lease after a clean release counted a recovery"
+        );
+    }
+    store.release_lease(&lease).await.expect("release_lease");
+    // Another released session may be claimed first; claim until ours comes up.
+    let claimer = owner("claimer");
+    let claimed = claim_all(&*store, &claimer, LONG_TTL, 1, 1_000);
+    let claimed = claimed.await;
+    let ours = claimed
+        .iter()
+        .find(|l| l.session == session.id)
+        .expect("claim_expired must claim a released session");
+    assert_eq!(
+        read(&*store, &session.id).await.recovery_attempts,
+        0,
+        "claim_expired of a released session counted a recovery"
+    );
+
+    // Now the holder dies (its lease expires unreleased): that take-over counts.
+    let dying = store
+        .renew_lease(ours, Duration::ZERO)
+        .await
+        .expect("renew to an expired lease");
+    let recovered = store
+        .acquire_lease(&session.id, &owner("recoverer"), LONG_TTL, 1)
+        .await
+        .expect("acquire after an expiry");
+    assert!(recovered.fence > dying.fence, "fence bumped");
+    assert_eq!(
+        read(&*store, &session.id).await.recovery_attempts,
+        1,
+        "acquire_lease of an expired, unreleased lease counts a recovery"
+    );
+    store
+        .release_lease(&recovered)
+        .await
+        .expect("release_lease");
+    assert_eq!(
+        read(&*store, &session.id).await.recovery_attempts,
+        1,
+        "release_lease must not reset the counter"
+    );
+    let after = store
+        .acquire_lease(&session.id, &owner("after"), LONG_TTL, 1)
+        .await
+        .expect("a released session at the bound is acquired, not parked");
+    store
+        .save_checkpoint(after.fence(), 0, checkpoint("progress", vec![message(2)]))
+        .await
+        .expect("save_checkpoint");
+    assert_eq!(
+        read(&*store, &session.id).await.recovery_attempts,
+        0,
+        "save_checkpoint resets the counter"
+    );
 }

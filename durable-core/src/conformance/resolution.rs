@@ -6,8 +6,8 @@ use std::time::Duration;
 use serde_json::json;
 
 use super::{
-    CLOCK_SLACK_MS, LONG_TTL, completed, create, create_with, expect_err, new_session, now, owner,
-    tool_call, wait_past,
+    CLOCK_SLACK_MS, LONG_TTL, MAX_ATTEMPTS, completed, create, create_with, expect_err,
+    new_session, now, owner, tool_call, wait_past,
 };
 use crate::error::StoreError;
 use crate::ids::{CallId, SessionId};
@@ -94,7 +94,7 @@ pub async fn in_doubt_requires_a_lost_lease(store: Arc<dyn CheckpointStore>) {
     let (b, lease_b) = create(&*store, &owner("b")).await;
     let issued_b = issue(&*store, &lease_b, "send").await;
     store
-        .acquire_lease(&b.id, &lease_b.owner, LONG_TTL)
+        .acquire_lease(&b.id, &lease_b.owner, LONG_TTL, MAX_ATTEMPTS)
         .await
         .expect("re-acquire");
     assert_eq!(
@@ -232,7 +232,7 @@ pub async fn resolve_did_not_happen_allows_reissue(store: Arc<dyn CheckpointStor
     );
 
     let next = store
-        .acquire_lease(&session.id, &owner("next"), LONG_TTL)
+        .acquire_lease(&session.id, &owner("next"), LONG_TTL, MAX_ATTEMPTS)
         .await
         .expect("acquire");
     expect_err!(

@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::{
-    CLOCK_SLACK_MS, LONG_TTL, checkpoint, create, expect_err, message, ms, new_session, now, owner,
-    read, session_id,
+    CLOCK_SLACK_MS, LONG_TTL, MAX_ATTEMPTS, checkpoint, create, expect_err, message, ms,
+    new_session, now, owner, read, session_id,
 };
 use crate::error::StoreError;
 use crate::store::{CheckpointStore, SessionFilter, SessionStatus};
@@ -137,7 +137,9 @@ pub async fn session_missing_is_not_found(store: Arc<dyn CheckpointStore>) {
     );
     assert_eq!(id, missing, "SessionNotFound names another id");
     expect_err!(
-        store.acquire_lease(&missing, &owner("w"), LONG_TTL).await,
+        store
+            .acquire_lease(&missing, &owner("w"), LONG_TTL, MAX_ATTEMPTS)
+            .await,
         StoreError::SessionNotFound(_),
         "acquire_lease on a missing session"
     );

@@ -113,8 +113,9 @@ impl CheckpointStore for Probe {
         id: &SessionId,
         owner: &str,
         ttl: Duration,
+        max_attempts: i32,
     ) -> Result<Lease, StoreError> {
-        self.inner.acquire_lease(id, owner, ttl).await
+        self.inner.acquire_lease(id, owner, ttl, max_attempts).await
     }
 
     async fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<Lease, StoreError> {
