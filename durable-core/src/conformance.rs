@@ -50,6 +50,7 @@ mod journal;
 mod leases;
 mod maintenance;
 mod outcomes;
+mod protocol;
 mod recovery;
 mod resolution;
 mod runtime;
@@ -63,6 +64,7 @@ pub use journal::*;
 pub use leases::*;
 pub use maintenance::*;
 pub use outcomes::*;
+pub use protocol::*;
 pub use recovery::*;
 pub use resolution::*;
 pub use runtime::*;
@@ -225,6 +227,13 @@ macro_rules! __durable_conformance_cases {
             runtime_interrupted_unsafe_call_blocks_the_live_session,
             runtime_live_session_sees_a_resolution,
             runtime_interrupted_checkpoint_stops_the_handle,
+            // runtime: the session-wide barrier and divergence
+            runtime_barrier_holds_across_steps,
+            runtime_barrier_survives_checkpoint_and_resume,
+            runtime_barrier_covers_own_interrupted_call_in_later_steps,
+            runtime_diverged_rerun_is_refused,
+            runtime_rerun_cannot_skip_a_recorded_effect,
+            runtime_non_finite_values_never_enter_the_journal,
             // runtime: a tool result and its checkpoint in one transaction
             runtime_checkpoint_after_commits_result_and_checkpoint_together,
             runtime_checkpoint_after_returns_recorded_results,
@@ -232,7 +241,7 @@ macro_rules! __durable_conformance_cases {
             runtime_checkpoint_after_allows_one_call,
             runtime_checkpoint_after_interrupted_stops_the_handle,
             runtime_checkpoint_after_failed_write_pushes_nothing,
-            runtime_checkpoint_after_dropped_after_commit_stops_the_handle,
+            runtime_checkpoint_after_dropped_after_the_call_leaves_it_in_doubt,
             runtime_checkpoint_after_other_handles_are_not_the_scope,
             runtime_checkpoint_after_commits_a_verified_result,
         }

@@ -242,21 +242,54 @@ pub enum DurableError {
         /// The registered names, comma-separated.
         available: String,
     },
-    /// An `unsafe_on_replay` call is in doubt and cannot be re-run blindly.
+    /// An `unsafe_on_replay` call is in doubt, so the refused call did not run: either it
+    /// is that call (it cannot be re-run blindly), or it is another non-pure call of the
+    /// same session (the barrier is session-wide: nothing with a side effect runs beside
+    /// an unresolved unsafe call, in any step).
     ///
-    /// Never retried automatically: an operator must resolve the call (API or CLI).
+    /// Never retried automatically: an operator must resolve the in-doubt call (API or
+    /// CLI), or its verify hook must settle it when its step is re-run.
     #[error(
-        "replay unsafe: call `{call}` of `{tool}` ({class}) was issued but its outcome is unknown; {reason}. Resolve it: `durable resolve {call} --happened --result <json>` or `--did-not-happen`"
+        "replay unsafe: `{refused_tool}` was not run: call `{call}` of `{tool}` ({class}) was issued but its outcome is unknown; {reason}. Resolve it: `durable resolve {call} --happened --result <json>` or `--did-not-happen`"
     )]
     ReplayUnsafe {
         /// The in-doubt call.
         call: CallId,
-        /// Its tool.
+        /// The in-doubt call's tool.
         tool: String,
-        /// Its class.
+        /// The in-doubt call's class.
         class: ReplayClass,
+        /// The tool whose call was refused: `tool` itself when the in-doubt call was
+        /// asked for again, another tool when the session-wide barrier refused it.
+        refused_tool: String,
         /// Why the runtime refused.
         reason: String,
+    },
+    /// A re-run step asked for a non-pure call that matches no record while a recorded
+    /// non-pure call of that step has not been replayed: the re-run diverged from the
+    /// first attempt (the model was re-asked, a tool's argument shape changed, the
+    /// harness's code changed), and running the new call could repeat the recorded
+    /// effect. Nothing ran. Also returned by a checkpoint that would end such a step.
+    ///
+    /// Never retried automatically. Ways out: make the recorded call replay again (a
+    /// `#[serde(alias = "...")]` for a renamed field lets its record decode and match), or
+    /// an operator's explicit decision (fork the session from its last checkpoint).
+    #[error(
+        "replay diverged in step {step} of session `{session}`: the re-run asks for `{refused_tool}`, which matches no recorded call, \
+         while recorded call `{recorded}` of `{recorded_tool}` has not been replayed; nothing ran. \
+         Make the recorded call replay (e.g. a `#[serde(alias)]` for a renamed argument) or let an operator decide (`durable fork`)"
+    )]
+    ReplayDiverged {
+        /// The session.
+        session: SessionId,
+        /// The step being re-run.
+        step: i64,
+        /// The recorded call the re-run has not matched.
+        recorded: CallId,
+        /// Its tool.
+        recorded_tool: String,
+        /// What was refused: the tool asked for, or `checkpoint`.
+        refused_tool: String,
     },
     /// The tool's argument schema changed since the call was recorded.
     #[error(

@@ -1,20 +1,25 @@
 //! The journal: how one call is recorded, replayed, re-executed or refused.
 //!
 //! [`Journal::tool`] is the explicit API under `#[durable_tool]`; [`Journal::model`]
-//! journals a model response. The decision table is the one in the crate docs; every
-//! branch below names the row it implements.
+//! journals a model response. The decision table is DESIGN.md's, one function per arm:
+//!
+//! | found | arm | module |
+//! |---|---|---|
+//! | a row with an outcome | returned, whatever the class (`replay_recorded`) | `call` |
+//! | an issued row, outcome unknown | settled by class: re-executed, re-executed with the recorded key, verified or refused (`settle_in_doubt`) | `call` |
+//! | no row | `pure` runs and records in one commit; anything else is issued, runs and records (`run_fresh`) | `call` |
+//! | before any effect | the session-wide barrier and the divergence check | `barrier` |
+//!
+//! Model responses are journaled by position in `model`; the `checkpoint_after` scope is
+//! in `commit`; ordinals and positions are handed out in `numbers`.
 
 use std::collections::{HashMap, HashSet};
-use std::fmt::Display;
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use serde::Serialize;
-use serde::de::DeserializeOwned;
 use serde_json::Value;
-use tracing::Instrument;
 
 use crate::error::{DurableError, StoreError};
 use crate::ids::{CallId, SessionId};
@@ -23,19 +28,20 @@ use crate::replay::ReplayClass;
 use crate::runtime::Config;
 use crate::snapshot::Spend;
 use crate::store::{
-    CallIdentity, CallKind, CallOutcome, CallRecord, CallStatus, CheckpointStore, FinishCall,
-    IssueOutcome, Lease, NewCall,
+    CallIdentity, CallOutcome, CallRecord, CheckpointStore, FinishCall, IssueOutcome, Lease,
+    NewCall,
 };
 use crate::tool::ToolSpec;
 
+mod barrier;
 mod call;
 mod commit;
+mod model;
 mod numbers;
 
 pub use call::ToolCall;
-use call::decode_result;
-pub(crate) use commit::{CommitSlot, MakeMessage, PendingCommit};
-use numbers::{Numbers, Reservation};
+pub(crate) use commit::{CommitSlot, ScopeOutcome};
+use numbers::Numbers;
 
 /// The tool name under which model responses are journaled.
 pub const MODEL_SLOT: &str = "@model";
@@ -138,6 +144,9 @@ struct StepCache {
     loaded: bool,
     /// Rows of this step, by identity.
     rows: HashMap<CallIdentity, CallRecord>,
+    /// Rows with a side effect that an earlier attempt of this step recorded and this
+    /// attempt has not replayed yet (see `barrier`).
+    unreplayed: HashSet<CallId>,
 }
 
 pub(crate) struct JournalInner {
@@ -156,8 +165,12 @@ pub(crate) struct JournalInner {
     lease_deadline: Mutex<Instant>,
     /// Set while a checkpoint's outcome is unknown (its future was dropped mid-write).
     checkpoint_in_doubt: Mutex<Option<i64>>,
-    /// Rows this journal issued itself (everything else still `issued` is in doubt).
+    /// Rows this journal issued itself and is running (everything else still `issued`
+    /// is in doubt).
     issued_here: Mutex<HashSet<CallId>>,
+    /// The session's `unsafe_on_replay` calls known to be in doubt: the session-wide
+    /// barrier (see `barrier`).
+    doubts: Mutex<Vec<CallRecord>>,
     /// Spend of rows used this turn, charged once per row.
     spend: Mutex<Vec<(CallId, Spend)>>,
     /// The checkpoint scope of `Session::checkpoint_after`, if one is open.
@@ -195,6 +208,7 @@ impl Journal {
         config: Arc<Config>,
         lease: Lease,
         step: i64,
+        in_doubt: Vec<CallRecord>,
     ) -> Self {
         let deadline = Instant::now() + lease_margin(config.lease_ttl);
         Journal {
@@ -213,6 +227,7 @@ impl Journal {
                 lease_deadline: Mutex::new(deadline),
                 checkpoint_in_doubt: Mutex::new(None),
                 issued_here: Mutex::new(HashSet::new()),
+                doubts: Mutex::new(barrier::initial_doubts(in_doubt)),
                 spend: Mutex::new(Vec::new()),
                 commit: Mutex::new(CommitSlot::Idle),
                 scopes: std::sync::atomic::AtomicU64::new(0),
@@ -388,98 +403,6 @@ impl Journal {
         }
     }
 
-    /// Journals a model response by its position in the step: on a re-run turn the
-    /// recorded response is returned instead of asking the model again.
-    ///
-    /// Failures are not journaled (a model call has no side effect; retry it with
-    /// [`retry`](crate::retry::retry), which records each failed attempt).
-    pub async fn model<R, E, F, Fut>(&self, f: F) -> Result<R, CallError<E>>
-    where
-        R: Serialize + DeserializeOwned,
-        E: Display,
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<R, E>>,
-    {
-        self.model_with_spend(f, |_| None).await
-    }
-
-    /// Like [`model`](Self::model), recording what the response cost (charged to the
-    /// session's budget once, however often the turn is replayed).
-    pub async fn model_with_spend<R, E, F, Fut, S>(&self, f: F, spend: S) -> Result<R, CallError<E>>
-    where
-        R: Serialize + DeserializeOwned,
-        E: Display,
-        F: FnOnce() -> Fut,
-        Fut: Future<Output = Result<R, E>>,
-        S: FnOnce(&R) -> Option<Spend>,
-    {
-        self.check_lease()?;
-        let step = self.step();
-        let (identity, mut reservation) = {
-            let mut cache = self.inner.cache.lock().await;
-            self.load_step(&mut cache).await?;
-            let reservation =
-                Reservation::take(&self.inner.numbers, (MODEL_SLOT.to_owned(), String::new()));
-            let identity = CallIdentity {
-                session: self.inner.session.clone(),
-                step,
-                tool: MODEL_SLOT.to_owned(),
-                input_hash: String::new(),
-                ordinal: reservation.number(),
-            };
-            (identity, reservation)
-        };
-        let span = tracing::info_span!(
-            "model_call",
-            durable.step = step,
-            durable.position = identity.ordinal,
-            durable.replay.outcome = tracing::field::Empty
-        );
-        async move {
-            let recorded = self.inner.cache.lock().await.rows.get(&identity).cloned();
-            if let Some(row) = recorded.filter(|r| r.status == CallStatus::Completed) {
-                reservation.keep();
-                self.verify_mac(&row)?;
-                self.charge(&row);
-                self.emit(self.event(&row, Outcome::CacheHit));
-                return decode_result(&row, row.result.as_ref());
-            }
-            let value = f().await.map_err(CallError::Tool)?;
-            let result = serde_json::to_value(&value).map_err(|e| DurableError::Encode {
-                what: "model response".into(),
-                detail: e.to_string(),
-            })?;
-            let call = NewCall {
-                id: CallId::random(),
-                kind: CallKind::Model,
-                identity: identity.clone(),
-                class: ReplayClass::Pure,
-                args: Value::Null,
-                idempotency_key: None,
-                schema_hash: String::new(),
-            };
-            let row = match self
-                .record(call, CallOutcome::Completed(result), spend(&value))
-                .await?
-            {
-                IssueOutcome::Inserted(row) | IssueOutcome::Existing(row) => row,
-            };
-            reservation.keep();
-            self.failpoint("after_model_recorded", MODEL_SLOT);
-            self.charge(&row);
-            self.inner
-                .cache
-                .lock()
-                .await
-                .rows
-                .insert(identity, row.clone());
-            self.emit(self.event(&row, Outcome::Executed));
-            decode_result(&row, row.result.as_ref())
-        }
-        .instrument(span)
-        .await
-    }
-
     async fn load_step(&self, cache: &mut StepCache) -> Result<(), DurableError> {
         let step = self.step();
         if cache.step != step {
@@ -497,6 +420,11 @@ impl Journal {
             .calls(&self.inner.session, Some(step))
             .await
             .map_err(|e| self.note_store_error(e))?;
+        cache.unreplayed = rows
+            .iter()
+            .filter(|r| barrier::must_replay(r))
+            .map(|r| r.id.clone())
+            .collect();
         cache.rows = rows.into_iter().map(|r| (r.identity.clone(), r)).collect();
         cache.loaded = true;
         Ok(())
@@ -519,33 +447,25 @@ impl Journal {
         Ok(row)
     }
 
-    /// The oldest unsafe call of the step that is still `issued` and that this journal is
-    /// not running: an orphan of an earlier attempt, or of a call of ours whose outcome
-    /// could not be recorded. Each candidate is re-read from the store first.
-    async fn find_orphan(&self, cache: &mut StepCache) -> Result<Option<CallRecord>, DurableError> {
-        loop {
-            let candidate = {
-                let here = lock(&self.inner.issued_here);
-                cache
-                    .rows
-                    .values()
-                    .filter(|r| {
-                        r.kind == CallKind::Tool
-                            && r.class == ReplayClass::UnsafeOnReplay
-                            && r.status == CallStatus::Issued
-                            && !here.contains(&r.id)
-                    })
-                    .min_by_key(|r| r.issued_at)
-                    .map(|r| r.id.clone())
-            };
-            let Some(id) = candidate else {
-                return Ok(None);
-            };
-            let current = self.refresh(cache, &id).await?;
-            if current.status == CallStatus::Issued {
-                return Ok(Some(current));
-            }
+    /// Keeps a row as the store now holds it in the step cache.
+    async fn remember(&self, row: &CallRecord) {
+        let mut cache = self.inner.cache.lock().await;
+        if cache.step == row.identity.step {
+            cache.rows.insert(row.identity.clone(), row.clone());
         }
+    }
+
+    /// Reports a call refused before any row existed for it.
+    fn emit_refused(&self, spec: &ToolSpec, idempotency_key: Option<String>) {
+        self.emit(CallEvent {
+            session: self.inner.session.clone(),
+            call: None,
+            tool: spec.name.clone(),
+            class: spec.class,
+            outcome: Outcome::Refused,
+            idempotency_key,
+            step: self.step(),
+        });
     }
 
     /// Records a call that ran without an *issued* row (pure tools, model replies) with

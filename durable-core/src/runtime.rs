@@ -265,6 +265,7 @@ impl Durable {
             options.plan,
             options.budget,
             options.state,
+            Vec::new(),
         ))
     }
 
@@ -382,7 +383,7 @@ impl Durable {
             .into_iter()
             .filter(|c| c.status == crate::store::CallStatus::Issued)
             .collect::<Vec<_>>();
-        let report = ResumeReport::new(version, in_doubt);
+        let report = ResumeReport::new(version, in_doubt.clone());
         tracing::info!(version, in_doubt = report.in_doubt.len(), "session resumed");
         let session = Session::assemble(
             self.clone(),
@@ -393,6 +394,7 @@ impl Durable {
             plan,
             budget,
             checkpoint.state,
+            in_doubt,
         );
         Ok(Resumed { session, report })
     }

@@ -11,7 +11,7 @@ use tracing::Instrument;
 
 use crate::error::{DurableError, StoreError};
 use crate::ids::SessionId;
-use crate::journal::{CallError, Journal, MakeMessage, PendingCommit};
+use crate::journal::{CallError, Journal, ScopeOutcome};
 use crate::replay::ReplayClass;
 use crate::runtime::{Durable, encode};
 use crate::snapshot::{Budget, Plan, Spend};
@@ -141,12 +141,14 @@ where
         plan: Plan,
         budget: Budget,
         state: Value,
+        in_doubt: Vec<CallRecord>,
     ) -> Self {
         let journal = Journal::new(
             Arc::clone(&durable.store),
             Arc::clone(&durable.config),
             lease,
             version,
+            in_doubt,
         );
         let renewer = durable
             .config
@@ -270,6 +272,9 @@ where
                 version,
             });
         }
+        // A re-run step whose recorded effects were not all replayed may not end: their
+        // results would vanish from the conversation and the next step could repeat them.
+        self.journal.check_step_replayed().await?;
         let checkpoint = self.snapshot()?;
         #[cfg(feature = "failpoints")]
         fail::fail_point!("durable::before_checkpoint");
@@ -315,15 +320,24 @@ where
     /// handle `call` is given. A second one on that handle is refused with
     /// [`DurableError::OneCallPerCheckpoint`] before anything is journaled; calls on
     /// other handles (clones of [`journal`](Self::journal)) are ordinary calls, not the
-    /// scope's. Once the combined write committed, the handle refuses further calls until
-    /// this method returns and the session has taken the new version; if its future is
-    /// dropped in between, the session refuses to go on (`CheckpointInDoubt`: resume
-    /// it), as after an interrupted [`checkpoint`](Self::checkpoint). Several parallel
-    /// calls of one turn go through the journal, then `checkpoint`. If `call` makes no
-    /// tool call, an ordinary checkpoint is written.
+    /// scope's. Several parallel calls of one turn go through the journal, then
+    /// `checkpoint`. If `call` makes no tool call, an ordinary checkpoint is written.
+    ///
+    /// The journal does not record the scope's call itself: when it has executed, the
+    /// outcome is handed back, and this method records it together with the checkpoint
+    /// once `call` returns. So if this future is dropped while `call` is still running
+    /// after its tool call, nothing recorded the outcome and the call is in doubt, as
+    /// after a crash (the session-wide barrier then refuses further calls with a side
+    /// effect on this handle until it is settled). If it is dropped during the combined
+    /// write, or before the session took the new version, the handle refuses to go on
+    /// (`CheckpointInDoubt`: resume it), as after an interrupted
+    /// [`checkpoint`](Self::checkpoint).
     ///
     /// If the combined write fails, the call's row stays *issued* (in doubt, as after a
-    /// crash: a retry is decided by its replay class) and nothing is pushed.
+    /// crash: a retry is decided by its replay class) and nothing is pushed. While a
+    /// re-run step has recorded calls with a side effect that it has not replayed, the
+    /// outcome is recorded on its own and the checkpoint is refused
+    /// ([`DurableError::ReplayDiverged`]).
     ///
     /// ```no_run
     /// # use durable_core::{Durable, runtime::StartOptions, tool::ToolSpec};
@@ -352,8 +366,7 @@ where
     ) -> Result<T, CallError<E>>
     where
         C: AsyncFnOnce(&Journal) -> Result<T, CallError<E>>,
-        Mk: FnOnce(Result<&Value, &str>) -> M + Send + 'static,
-        M: Send + 'static,
+        Mk: FnOnce(Result<&Value, &str>) -> M,
     {
         if let Some(version) = self.journal.checkpoint_in_doubt() {
             return Err(DurableError::CheckpointInDoubt {
@@ -362,67 +375,77 @@ where
             }
             .into());
         }
-        let base = self.snapshot()?;
-        let made: Arc<std::sync::Mutex<Option<M>>> = Arc::default();
-        let slot = Arc::clone(&made);
-        let make: MakeMessage = Box::new(move |outcome| {
-            let message = message(outcome);
-            let encoded = encode(&message, "the message made from the call's outcome")?;
-            *slot
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(message);
-            Ok(encoded)
-        });
-        let scoped = self.journal.open_scope(PendingCommit::new(
-            self.version,
-            base,
-            self.budget.clone(),
-            make,
-        ));
+        let scoped = self.journal.open_scope();
         let (result, done) = {
             let scope = CloseScope(&scoped);
             let result = call(&scoped).await;
             (result, scope.0.close_scope())
         };
-        let made = made
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take();
-        let Some(done) = done else {
+        let executed = match done {
             // No tool call on the scope's handle ran to an end.
-            if result.is_ok() {
-                self.checkpoint().await?;
+            None => {
+                if result.is_ok() {
+                    self.checkpoint().await?;
+                }
+                return result;
             }
-            return result;
+            // Nothing was written with the outcome (a recorded result, a `pure` call, a
+            // verified result): an ordinary checkpoint follows it.
+            Some(ScopeOutcome::Recorded(outcome)) => {
+                self.messages
+                    .push(message(outcome.as_ref().map_err(String::as_str)));
+                if let Err(e) = self.checkpoint().await {
+                    self.messages.pop();
+                    return Err(e.into());
+                }
+                return result;
+            }
+            Some(ScopeOutcome::Executed(executed)) => executed,
         };
-        if let Some(meta) = done.committed {
-            // The result and the checkpoint committed together: adopt the version.
-            self.messages.extend(made);
-            self.version = meta.version;
-            self.committed = self.messages.len();
-            self.journal.enter_step(meta.version).await;
-            self.journal.set_checkpoint_in_doubt(None);
-            return result;
-        }
-        if matches!(result, Err(CallError::Durable(_))) {
-            // Refused, or its write failed: nothing of it is in the store.
-            return result;
-        }
-        if let Some(e) = done.error {
-            // The outcome is recorded; its message could not be made.
-            return Err(e.into());
-        }
-        if done.has_message() {
-            // Nothing was written with the outcome (a recorded result, a `pure` call):
-            // an ordinary checkpoint follows it.
-            let before = self.messages.len();
-            self.messages.extend(made);
-            if let Err(e) = self.checkpoint().await {
-                self.messages.truncate(before);
+        // The call executed and its outcome is ours to record, with the checkpoint.
+        let made = message(executed.message_input().as_deref().map_err(String::as_str));
+        let checkpoint = match self.checkpoint_with(&made, executed.spend()) {
+            Ok(checkpoint) => checkpoint,
+            Err(e) => {
+                // The outcome is recorded on its own; the checkpoint could not be made.
+                self.journal.record_with_checkpoint(executed, None).await?;
                 return Err(e.into());
             }
-        }
+        };
+        let meta = self
+            .journal
+            .record_with_checkpoint(executed, Some((self.version, checkpoint)))
+            .await?
+            .ok_or_else(|| DurableError::Encode {
+                what: "checkpoint_after".into(),
+                detail: "the store wrote the result without its checkpoint".into(),
+            })?;
+        // The result and the checkpoint committed together: adopt the version.
+        self.messages.push(made);
+        self.version = meta.version;
+        self.committed = self.messages.len();
+        self.journal.enter_step(meta.version).await;
+        self.journal.set_checkpoint_in_doubt(None);
         result
+    }
+
+    /// The checkpoint `checkpoint_after` writes with a call's outcome: this turn's
+    /// messages with `message` appended, plan, state, and the budget with `spend`.
+    fn checkpoint_with(
+        &mut self,
+        message: &M,
+        spend: Option<&Spend>,
+    ) -> Result<NewCheckpoint, DurableError> {
+        let mut checkpoint = self.snapshot()?;
+        checkpoint
+            .messages
+            .push(encode(message, "the message made from the call's outcome")?);
+        if let Some(spend) = spend {
+            let mut budget = self.budget.clone();
+            budget.charge(spend);
+            checkpoint.budget = encode(&budget, "budget")?;
+        }
+        Ok(checkpoint)
     }
 
     fn lost(&self, e: StoreError) -> DurableError {
@@ -532,6 +555,9 @@ struct CloseScope<'a>(&'a Journal);
 
 impl Drop for CloseScope<'_> {
     fn drop(&mut self) {
-        self.0.close_scope();
+        // Dropped with an executed outcome nobody will record: it is in doubt.
+        if let Some(ScopeOutcome::Executed(executed)) = self.0.close_scope() {
+            self.0.abandon(executed);
+        }
     }
 }

@@ -421,21 +421,23 @@ pub async fn runtime_checkpoint_after_failed_write_pushes_nothing(store: Arc<dyn
     assert_eq!(session.messages().len(), 1);
 }
 
-/// A scope dropped after its combined write committed, before the session took the
-/// new version, leaves the handle refusing calls (as an interrupted checkpoint does);
-/// the resumed session starts from the committed version.
-pub async fn runtime_checkpoint_after_dropped_after_commit_stops_the_handle(
+/// The scope's call executed, then the caller's code kept the scope open and the scope
+/// was dropped before the session recorded the outcome: nothing recorded it, so the email
+/// is in doubt, exactly as after a crash. The live handle refuses the next call with a
+/// side effect (the session-wide barrier), and a resumed session starts from version 0
+/// with the email in doubt; it never ran twice.
+pub async fn runtime_checkpoint_after_dropped_after_the_call_leaves_it_in_doubt(
     store: Arc<dyn CheckpointStore>,
 ) {
     let (durable, _) = runtime(&store, "first");
     let mut session = start(&durable).await;
     let s = spec("email", ReplayClass::UnsafeOnReplay);
     let runs = Arc::new(AtomicUsize::new(0));
-    let recorded = tokio::sync::Notify::new();
+    let executed = tokio::sync::Notify::new();
     let scope = session.checkpoint_after(
         async |journal| {
             let receipt = send(journal, &s, 1, &runs).await;
-            recorded.notify_one();
+            executed.notify_one();
             // Some other work of the caller's, during which the scope is dropped.
             std::future::pending::<()>().await;
             receipt
@@ -444,20 +446,32 @@ pub async fn runtime_checkpoint_after_dropped_after_commit_stops_the_handle(
     );
     tokio::select! {
         done = scope => panic!("the scope must hang: {done:?}"),
-        () = recorded.notified() => {}
+        () = executed.notified() => {}
         () = tokio::time::sleep(GIVE_UP) => panic!("the call never finished"),
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1);
-    stopped_then_resumed(
-        &store,
-        session,
-        &[Message::tool_result(
-            "call_1",
-            json!({"receipt": "r-1"}),
-            false,
-        )],
+    let err = send(
+        session.journal(),
+        &spec("post", ReplayClass::UnsafeOnReplay),
+        2,
+        &runs,
     )
-    .await;
+    .await
+    .expect_err("the barrier refuses a new effect beside the unrecorded email");
+    assert!(
+        matches!(&err, CallError::Durable(DurableError::ReplayUnsafe { tool, refused_tool, .. }) if tool == "email" && refused_tool == "post"),
+        "{err:?}"
+    );
+    let id = session.id().clone();
+    drop(session);
+    let (resumed, _) = take_over(&store, &id, "second").await;
+    assert_eq!(resumed.session.version(), 0, "nothing was checkpointed");
+    assert!(
+        resumed.report.needs_attention(),
+        "the email is in doubt: {:?}",
+        resumed.report
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "sent once");
 }
 
 /// A call on another handle of the same journal (a clone) is not the scope's: it runs

@@ -93,7 +93,7 @@ async fn release_dead_lease(store: &Arc<dyn CheckpointStore>, session: &crate::S
 }
 
 /// An operator looks up the session's in-doubt calls, finds exactly one, and resolves it.
-async fn resolve_only_doubt(
+pub(super) async fn resolve_only_doubt(
     operator: &Durable,
     session: &crate::SessionId,
     resolution: Resolution,
@@ -152,7 +152,7 @@ pub(super) async fn call(
 
 /// Starts an unsafe/keyed call whose body performs its effect (counted) and then hangs,
 /// and cancels it: the row stays `issued` with the effect done — the crash window.
-async fn call_and_die(
+pub(super) async fn call_and_die(
     session: &Session<Message>,
     spec: &ToolSpec,
     n: i64,

@@ -11,16 +11,17 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tracing::Instrument;
 
+use super::commit::{Executed, ScopeClaim, ScopeOutcome};
 use super::numbers::Reservation;
-use super::{CallError, CallEvent, Journal, Outcome, PendingCommit, RecordedFailure, lock};
+use super::{CallError, Journal, Outcome, RecordedFailure, lock};
 use crate::error::DurableError;
 use crate::ids::CallId;
 use crate::key;
 use crate::replay::ReplayClass;
 use crate::snapshot::Spend;
 use crate::store::{
-    CallIdentity, CallKind, CallOutcome, CallRecord, CallStatus, FinishCall, IssueOutcome, NewCall,
-    NewError,
+    CallIdentity, CallKind, CallOutcome, CallRecord, CallStatus, CheckpointMeta, FinishCall,
+    IssueOutcome, NewCall, NewCheckpoint, NewError,
 };
 use crate::tool::{ToolContext, ToolSpec, Verification};
 
@@ -33,13 +34,15 @@ pub struct ToolCall<'j> {
     pub(super) key: Option<String>,
 }
 
-/// What `prepare` decided before anything ran.
-enum Plan {
-    /// A row holds an outcome: return it.
+/// What the journal found for a call before anything ran: the row of DESIGN.md's
+/// decision table that applies.
+enum Decision {
+    /// A row holds an outcome: return it, whatever the class.
     Recorded(CallRecord),
-    /// An issued row from an earlier attempt (or a `not_happened` resolution).
+    /// An issued row from an earlier attempt (or a `not_happened` resolution): settle it
+    /// by class.
     InDoubt(CallRecord),
-    /// No row.
+    /// No row: run it (behind the barrier and the divergence check when not `pure`).
     Fresh,
 }
 
@@ -89,41 +92,35 @@ impl<'j> ToolCall<'j> {
         );
         let journal = self.journal;
         let spec = self.spec;
-        let Some(mut commit) = journal.claim_commit(&spec.name)? else {
+        let Some(mut claim) = journal.claim_scope(&spec.name)? else {
             return self.run_inner(run, verify, None).instrument(span).await;
         };
         let result = self
-            .run_inner(run, verify, Some(&mut commit))
+            .run_inner(run, verify, Some(&mut claim))
             .instrument(span)
             .await;
-        if !commit.has_message() && commit.error.is_none() {
-            // An outcome that wrote nothing with a checkpoint (a recorded result returned,
-            // a `pure` call's single insert): make the message; the session writes it.
-            match &result {
-                Ok(value) => match encode_result(spec, value) {
-                    Ok(encoded) => {
-                        commit.message(Ok(&encoded));
-                    }
-                    Err(e) => commit.error = Some(e),
-                },
-                Err(CallError::Tool(e)) => {
-                    commit.message(Err(&e.to_string()));
-                }
-                Err(CallError::Recorded(failure)) => {
-                    commit.message(Err(&failure.message));
-                }
-                Err(CallError::Durable(_)) => {}
-            }
+        if claim.outcome.is_none() {
+            // Nothing left to record with the checkpoint (a recorded result returned, a
+            // `pure` call's single insert, a verified result): the message is made of
+            // what the call returns, and the session writes an ordinary checkpoint.
+            let message = match &result {
+                Ok(value) => Some(encode_result(spec, value).map_err(|e| e.to_string())),
+                Err(CallError::Tool(e)) => Some(Err(e.to_string())),
+                Err(CallError::Recorded(failure)) => Some(Err(failure.message.clone())),
+                Err(CallError::Durable(_)) => None,
+            };
+            claim.outcome = message.map(ScopeOutcome::Recorded);
         }
-        journal.return_commit(commit);
+        journal.return_claim(claim);
         result
     }
 
+    /// The decision table: validate and hash, find the row, then one arm per case.
     async fn run_inner<T, E, F, Fut, V, VFut>(
         self,
         mut run: F,
         verify: V,
-        commit: Option<&mut PendingCommit>,
+        scope: Option<&mut ScopeClaim>,
     ) -> Result<T, CallError<E>>
     where
         T: Serialize + DeserializeOwned,
@@ -137,15 +134,12 @@ impl<'j> ToolCall<'j> {
         let spec = self.spec;
         journal.check_lease()?;
         let limits = journal.inner.config.limits;
-        key::check_value(&self.args, &limits).map_err(|source| DurableError::InvalidArguments {
+        let invalid = |source| DurableError::InvalidArguments {
             tool: spec.name.clone(),
             source,
-        })?;
-        let hash =
-            key::input_hash(&self.args).map_err(|source| DurableError::InvalidArguments {
-                tool: spec.name.clone(),
-                source,
-            })?;
+        };
+        key::check_value(&self.args, &limits).map_err(invalid)?;
+        let hash = key::input_hash(&self.args).map_err(invalid)?;
         if spec.class == ReplayClass::IdempotentWithKey && self.key.is_none() {
             return Err(DurableError::Encode {
                 what: format!("call of `{}`", spec.name),
@@ -154,233 +148,192 @@ impl<'j> ToolCall<'j> {
             }
             .into());
         }
-        let step = journal.step();
-        let (identity, plan, orphan, mut reservation) = {
-            let mut cache = journal.inner.cache.lock().await;
-            journal.load_step(&mut cache).await?;
-            // Handed back unless a row ends up holding it (see `numbers`).
-            let reservation =
-                Reservation::take(&journal.inner.numbers, (spec.name.clone(), hash.clone()));
-            let identity = CallIdentity {
-                session: journal.inner.session.clone(),
-                step,
-                tool: spec.name.clone(),
-                input_hash: hash,
-                ordinal: reservation.number(),
-            };
-            let mut plan = match cache.rows.get(&identity) {
-                Some(row) if row.status.has_outcome() => Plan::Recorded(row.clone()),
-                Some(row) => Plan::InDoubt(row.clone()),
-                None => Plan::Fresh,
-            };
-            if let Plan::InDoubt(row) = &plan {
-                // An operator may have resolved it since the step was loaded.
-                let current = journal.refresh(&mut cache, &row.id).await?;
-                if current.status.has_outcome() {
-                    plan = Plan::Recorded(current);
-                } else {
-                    plan = Plan::InDoubt(current);
-                }
+        let (identity, decision, reservation) = journal.decide(spec, hash).await?;
+        match decision {
+            Decision::Recorded(row) => journal.replay_recorded(row, reservation),
+            Decision::InDoubt(row) => {
+                self.settle_in_doubt(row, reservation, &mut run, verify, scope)
+                    .await
             }
-            let orphan = if matches!(plan, Plan::Fresh) && spec.class != ReplayClass::Pure {
-                journal.find_orphan(&mut cache).await?
-            } else {
-                None
-            };
-            (identity, plan, orphan, reservation)
-        };
+            Decision::Fresh => self.run_fresh(identity, reservation, &mut run, scope).await,
+        }
+    }
 
-        match plan {
-            // Row has an outcome: return it, whatever the class.
-            Plan::Recorded(row) => {
-                reservation.keep();
-                tracing::Span::current().record("durable.call.id", row.id.as_str());
-                journal.verify_mac(&row)?;
-                journal.charge(&row);
-                let outcome = if row.status == CallStatus::Resolved {
-                    Outcome::Resolved
-                } else {
-                    Outcome::CacheHit
-                };
-                journal.emit(journal.event(&row, outcome));
-                recorded_outcome(&row)
+    /// In doubt: an earlier attempt issued the call and its outcome is unknown (or an
+    /// operator said it did not happen). `pure` re-executes; `idempotent_with_key`
+    /// re-executes with the recorded key; `unsafe_on_replay` asks its verify hook and is
+    /// refused without an answer. Every re-execution with a side effect passes the
+    /// session-wide barrier first.
+    async fn settle_in_doubt<T, E, F, Fut, V, VFut>(
+        self,
+        row: CallRecord,
+        mut reservation: Reservation,
+        run: &mut F,
+        verify: V,
+        scope: Option<&mut ScopeClaim>,
+    ) -> Result<T, CallError<E>>
+    where
+        T: Serialize + DeserializeOwned,
+        E: Display,
+        F: FnMut(ToolContext) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        V: FnOnce(ToolContext) -> VFut,
+        VFut: Future<Output = Verification<T>>,
+    {
+        let journal = self.journal;
+        let spec = self.spec;
+        tracing::Span::current().record("durable.call.id", row.id.as_str());
+        if row.schema_hash != spec.fingerprint && !row.schema_hash.is_empty() {
+            return Err(DurableError::SchemaChanged {
+                tool: spec.name.clone(),
+                call: row.id.clone(),
+                recorded: row.schema_hash.clone(),
+                current: spec.fingerprint.clone(),
             }
-            Plan::InDoubt(row) => {
-                tracing::Span::current().record("durable.call.id", row.id.as_str());
-                if row.schema_hash != spec.fingerprint && !row.schema_hash.is_empty() {
-                    return Err(DurableError::SchemaChanged {
-                        tool: spec.name.clone(),
+            .into());
+        }
+        let outcome = match (row.status, spec.class) {
+            (CallStatus::NotHappened, _) => Outcome::ReExecuted,
+            (_, ReplayClass::Pure) => Outcome::ReExecuted,
+            (_, ReplayClass::IdempotentWithKey) => {
+                if row.idempotency_key != self.key {
+                    tracing::warn!(
+                        recorded = ?row.idempotency_key, derived = ?self.key,
+                        "idempotency key derived now differs from the recorded one; re-executing with the recorded key"
+                    );
+                }
+                Outcome::ReExecutedWithKey
+            }
+            (_, ReplayClass::UnsafeOnReplay) => match verify(journal.context(&row)).await {
+                Verification::Happened(value) => {
+                    reservation.keep();
+                    let result = encode_result(spec, &value)?;
+                    journal
+                        .record_outcome(
+                            &row,
+                            CallOutcome::Completed(result),
+                            None,
+                            Outcome::VerifiedHappened,
+                            scope,
+                        )
+                        .await?;
+                    return Ok(value);
+                }
+                Verification::DidNotHappen => Outcome::VerifiedNotHappened,
+                Verification::Unknown => {
+                    // Released: a retry must map onto the same row again.
+                    reservation.release();
+                    journal.emit(journal.event(&row, Outcome::Refused));
+                    return Err(DurableError::ReplayUnsafe {
                         call: row.id.clone(),
-                        recorded: row.schema_hash.clone(),
-                        current: spec.fingerprint.clone(),
-                    }
-                    .into());
-                }
-                // The row holds this ordinal whatever happens now, except when the call
-                // is refused below: then a retry must map onto the same row again.
-                reservation.keep();
-                let not_happened = row.status == CallStatus::NotHappened;
-                match spec.class {
-                    _ if not_happened => {
-                        journal.ensure_durable(spec).await?;
-                        let (row, running) = journal.reissue(&row).await?;
-                        journal
-                            .execute(spec, row, &mut run, Outcome::ReExecuted, running, commit)
-                            .await
-                    }
-                    ReplayClass::Pure => {
-                        let (row, running) = journal.reissue(&row).await?;
-                        journal
-                            .execute(spec, row, &mut run, Outcome::ReExecuted, running, commit)
-                            .await
-                    }
-                    ReplayClass::IdempotentWithKey => {
-                        if row.idempotency_key != self.key {
-                            tracing::warn!(
-                                recorded = ?row.idempotency_key, derived = ?self.key,
-                                "idempotency key derived now differs from the recorded one; re-executing with the recorded key"
-                            );
-                        }
-                        let (row, running) = journal.reissue(&row).await?;
-                        journal
-                            .execute(
-                                spec,
-                                row,
-                                &mut run,
-                                Outcome::ReExecutedWithKey,
-                                running,
-                                commit,
-                            )
-                            .await
-                    }
-                    ReplayClass::UnsafeOnReplay => {
-                        let ctx = journal.context(&row);
-                        match verify(ctx).await {
-                            Verification::Happened(value) => {
-                                let result = encode_result(spec, &value)?;
-                                let row = journal
-                                    .finish(&row, CallOutcome::Completed(result), None, commit)
-                                    .await?;
-                                journal.emit(journal.event(&row, Outcome::VerifiedHappened));
-                                Ok(value)
-                            }
-                            Verification::DidNotHappen => {
-                                journal.ensure_durable(spec).await?;
-                                let (row, running) = journal.reissue(&row).await?;
-                                journal
-                                    .execute(
-                                        spec,
-                                        row,
-                                        &mut run,
-                                        Outcome::VerifiedNotHappened,
-                                        running,
-                                        commit,
-                                    )
-                                    .await
-                            }
-                            Verification::Unknown => {
-                                reservation.release();
-                                journal.emit(journal.event(&row, Outcome::Refused));
-                                Err(DurableError::ReplayUnsafe {
-                                    call: row.id.clone(),
-                                    tool: spec.name.clone(),
-                                    class: spec.class,
-                                    reason: if spec.has_verify {
-                                        "its verify hook could not tell whether the effect happened".into()
-                                    } else {
-                                        "the tool has no verify hook, and re-running it could repeat the effect".into()
-                                    },
-                                }
-                                .into())
-                            }
-                        }
-                    }
-                }
-            }
-            Plan::Fresh => {
-                if let Some(orphan) = orphan {
-                    // `reservation` is dropped: nothing holds this ordinal.
-                    journal.emit(CallEvent {
-                        session: journal.inner.session.clone(),
-                        call: None,
                         tool: spec.name.clone(),
                         class: spec.class,
-                        outcome: Outcome::Refused,
-                        idempotency_key: self.key.clone(),
-                        step,
-                    });
-                    return Err(DurableError::ReplayUnsafe {
-                        call: orphan.id.clone(),
-                        tool: orphan.identity.tool.clone(),
-                        class: orphan.class,
-                        reason: format!(
-                            "this step was re-run and now asks for `{}` with arguments that match no recorded call; \
-                             no side effect may run beside an unresolved unsafe call",
-                            spec.name
-                        ),
+                        refused_tool: spec.name.clone(),
+                        reason: if spec.has_verify {
+                            "its verify hook could not tell whether the effect happened".into()
+                        } else {
+                            "the tool has no verify hook, and re-running it could repeat the effect"
+                                .into()
+                        },
                     }
                     .into());
                 }
-                let stored_args = mask_secrets(spec, &self.args);
-                let call = NewCall {
-                    id: CallId::random(),
-                    kind: CallKind::Tool,
-                    identity: identity.clone(),
-                    class: spec.class,
-                    args: stored_args,
-                    idempotency_key: self.key.clone(),
-                    schema_hash: spec.fingerprint.clone(),
-                };
-                if spec.class == ReplayClass::Pure {
-                    return journal
-                        .execute_pure(spec, call, &mut run, &mut reservation)
-                        .await;
-                }
-                journal.ensure_durable(spec).await?;
-                journal.failpoint("before_issue", &spec.name);
-                let lease = journal.lease();
-                let issued = journal
-                    .inner
-                    .store
-                    .issue_call(lease.fence(), call)
+            },
+        };
+        if spec.class != ReplayClass::Pure {
+            if let Err(refused) = journal.barrier(spec, Some(&row.id)).await {
+                reservation.release();
+                return Err(refused.into());
+            }
+        }
+        // The row holds this ordinal from here on.
+        reservation.keep();
+        journal.ensure_durable(spec).await?;
+        let (row, running) = journal.reissue(&row).await?;
+        journal
+            .execute(spec, row, run, outcome, running, scope)
+            .await
+    }
+
+    /// No record: `pure` runs and is recorded in one commit; anything else passes the
+    /// session-wide barrier and the divergence check, is recorded *issued* (committed and
+    /// synced), runs, and has its outcome recorded.
+    async fn run_fresh<T, E, F, Fut>(
+        self,
+        identity: CallIdentity,
+        mut reservation: Reservation,
+        run: &mut F,
+        scope: Option<&mut ScopeClaim>,
+    ) -> Result<T, CallError<E>>
+    where
+        T: Serialize + DeserializeOwned,
+        E: Display,
+        F: FnMut(ToolContext) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let journal = self.journal;
+        let spec = self.spec;
+        let call = NewCall {
+            id: CallId::random(),
+            kind: CallKind::Tool,
+            identity: identity.clone(),
+            class: spec.class,
+            args: mask_secrets(spec, &self.args),
+            idempotency_key: self.key.clone(),
+            schema_hash: spec.fingerprint.clone(),
+        };
+        if spec.class == ReplayClass::Pure {
+            return journal
+                .execute_pure(spec, call, run, &mut reservation)
+                .await;
+        }
+        // Refused here, nothing holds this ordinal: `reservation` hands it back.
+        if let Err(refused) = journal.barrier(spec, None).await {
+            journal.emit_refused(spec, self.key.clone());
+            return Err(refused.into());
+        }
+        if let Err(diverged) = journal.check_divergence(&spec.name).await {
+            journal.emit_refused(spec, self.key.clone());
+            return Err(diverged.into());
+        }
+        journal.ensure_durable(spec).await?;
+        journal.failpoint("before_issue", &spec.name);
+        let lease = journal.lease();
+        let issued = journal
+            .inner
+            .store
+            .issue_call(lease.fence(), call)
+            .await
+            .map_err(|e| journal.note_store_error(e))?;
+        reservation.keep();
+        match issued {
+            IssueOutcome::Inserted(row) => {
+                let running = IssuedHere::new(journal, &row);
+                journal.remember(&row).await;
+                tracing::Span::current().record("durable.call.id", row.id.as_str());
+                journal.failpoint("after_issued", &spec.name);
+                journal
+                    .execute(spec, row, run, Outcome::Executed, running, scope)
                     .await
-                    .map_err(|e| journal.note_store_error(e))?;
-                reservation.keep();
-                match issued {
-                    IssueOutcome::Inserted(row) => {
-                        let running = IssuedHere::new(journal, &row.id);
-                        journal
-                            .inner
-                            .cache
-                            .lock()
-                            .await
-                            .rows
-                            .insert(identity, row.clone());
-                        tracing::Span::current().record("durable.call.id", row.id.as_str());
-                        journal.failpoint("after_issued", &spec.name);
-                        journal
-                            .execute(spec, row, &mut run, Outcome::Executed, running, commit)
-                            .await
+            }
+            IssueOutcome::Existing(row) => {
+                // Someone recorded this identity between our read and write: only
+                // possible if another holder of the same lease raced us. Return its
+                // outcome if any; otherwise refuse rather than run twice.
+                if row.status.has_outcome() {
+                    journal.verify_mac(&row)?;
+                    journal.charge(&row);
+                    journal.emit(journal.event(&row, Outcome::CacheHit));
+                    recorded_outcome(&row)
+                } else {
+                    Err(DurableError::ReplayUnsafe {
+                        call: row.id.clone(),
+                        tool: spec.name.clone(),
+                        class: spec.class,
+                        refused_tool: spec.name.clone(),
+                        reason: "another execution of the same call is in flight".into(),
                     }
-                    IssueOutcome::Existing(row) => {
-                        // Someone recorded this identity between our read and write: only
-                        // possible if another holder of the same lease raced us. Return its
-                        // outcome if any; otherwise refuse rather than run twice.
-                        if row.status.has_outcome() {
-                            journal.verify_mac(&row)?;
-                            journal.charge(&row);
-                            journal.emit(journal.event(&row, Outcome::CacheHit));
-                            recorded_outcome(&row)
-                        } else {
-                            Err(DurableError::ReplayUnsafe {
-                                call: row.id.clone(),
-                                tool: spec.name.clone(),
-                                class: spec.class,
-                                reason: "another execution of the same call is in flight".into(),
-                            }
-                            .into())
-                        }
-                    }
+                    .into())
                 }
             }
         }
@@ -388,6 +341,65 @@ impl<'j> ToolCall<'j> {
 }
 
 impl Journal {
+    /// Finds the row for this call (loading the step's rows on first use) and decides
+    /// which arm of the table applies. A row found is replayed by this attempt: it no
+    /// longer counts against the divergence check.
+    async fn decide(
+        &self,
+        spec: &ToolSpec,
+        hash: String,
+    ) -> Result<(CallIdentity, Decision, Reservation), DurableError> {
+        let step = self.step();
+        let mut cache = self.inner.cache.lock().await;
+        self.load_step(&mut cache).await?;
+        // Handed back unless a row ends up holding it (see `numbers`).
+        let reservation = Reservation::take(&self.inner.numbers, (spec.name.clone(), hash.clone()));
+        let identity = CallIdentity {
+            session: self.inner.session.clone(),
+            step,
+            tool: spec.name.clone(),
+            input_hash: hash,
+            ordinal: reservation.number(),
+        };
+        let decision = match cache.rows.get(&identity).cloned() {
+            None => Decision::Fresh,
+            Some(row) => {
+                cache.unreplayed.remove(&row.id);
+                if row.status.has_outcome() {
+                    Decision::Recorded(row)
+                } else {
+                    // An operator may have resolved it since the step was loaded.
+                    let current = self.refresh(&mut cache, &row.id).await?;
+                    if current.status.has_outcome() {
+                        Decision::Recorded(current)
+                    } else {
+                        Decision::InDoubt(current)
+                    }
+                }
+            }
+        };
+        Ok((identity, decision, reservation))
+    }
+
+    /// Recorded: the row's outcome is returned, whatever the class; nothing runs.
+    fn replay_recorded<T: DeserializeOwned, E>(
+        &self,
+        row: CallRecord,
+        mut reservation: Reservation,
+    ) -> Result<T, CallError<E>> {
+        reservation.keep();
+        tracing::Span::current().record("durable.call.id", row.id.as_str());
+        self.verify_mac(&row)?;
+        self.charge(&row);
+        let outcome = if row.status == CallStatus::Resolved {
+            Outcome::Resolved
+        } else {
+            Outcome::CacheHit
+        };
+        self.emit(self.event(&row, outcome));
+        recorded_outcome(&row)
+    }
+
     fn context(&self, row: &CallRecord) -> ToolContext {
         ToolContext {
             session: self.inner.session.clone(),
@@ -411,27 +423,53 @@ impl Journal {
             .reissue_call(lease.fence(), &row.id)
             .await
             .map_err(|e| self.note_store_error(e))?;
-        let running = IssuedHere::new(self, &row.id);
-        self.inner
-            .cache
-            .lock()
-            .await
-            .rows
-            .insert(row.identity.clone(), row.clone());
+        let running = IssuedHere::new(self, &row);
+        self.remember(&row).await;
         Ok((row, running))
     }
 
-    /// Records `outcome` on an issued row; with `commit`, the checkpoint made of the
-    /// outcome goes in the same transaction.
-    async fn finish(
+    /// Records `outcome` on an issued row and reports `event`. The call of a
+    /// `checkpoint_after` scope leaves it to the session instead, which records it with
+    /// its checkpoint in one transaction (not while the step has recorded effects this
+    /// re-run has not replayed: the session's own checkpoint then refuses to end the step).
+    async fn record_outcome(
         &self,
         row: &CallRecord,
         outcome: CallOutcome,
         spend: Option<Spend>,
-        commit: Option<&mut PendingCommit>,
-    ) -> Result<CallRecord, DurableError> {
+        event: Outcome,
+        scope: Option<&mut ScopeClaim>,
+    ) -> Result<(), DurableError> {
+        if let Some(claim) = scope
+            && self.scope_claimed()
+            && self.step_replayed().await
+        {
+            // Ours until the session records it (or hands it to the barrier).
+            lock(&self.inner.issued_here).insert(row.id.clone());
+            lock(&self.inner.doubts).retain(|r| r.id != row.id);
+            claim.outcome = Some(ScopeOutcome::Executed(Executed {
+                row: row.clone(),
+                outcome,
+                spend,
+                event,
+            }));
+            return Ok(());
+        }
+        let (finished, _) = self.write_outcome(row, outcome, spend, None).await?;
+        self.emit(self.event(&finished, event));
+        Ok(())
+    }
+
+    /// Writes `outcome` on an issued row, with `checkpoint` in the same transaction.
+    pub(super) async fn write_outcome(
+        &self,
+        row: &CallRecord,
+        outcome: CallOutcome,
+        spend: Option<Spend>,
+        checkpoint: Option<(i64, NewCheckpoint)>,
+    ) -> Result<(CallRecord, Option<CheckpointMeta>), DurableError> {
         let mac = self.mac_for(&row.id, &outcome);
-        let spend_value = super::spend_json(spend.clone());
+        let spend_value = super::spend_json(spend);
         // The finished row, as the store now holds it (no read-back: one round trip less
         // on the hot path; `finished_at` is the store's and not needed here).
         let mut finished = row.clone();
@@ -447,31 +485,8 @@ impl Journal {
                 finished.error = Some(v.clone());
             }
         }
-        // With a scope's commit (still claimed: not if its scope closed meanwhile), the
-        // checkpoint made of this outcome goes in the same transaction.
-        let (checkpoint, commit) = match commit {
-            Some(commit) if self.scope_claimed() => {
-                let mut spends = self.pending_spend();
-                spends.extend(spend.clone());
-                let message = match &outcome {
-                    CallOutcome::Completed(v) => commit.message(Ok(v)),
-                    CallOutcome::Failed(v) => commit.message(Err(&failure_message(Some(v)))),
-                };
-                let checkpoint = message.and_then(|m| commit.checkpoint(m, &spends));
-                (checkpoint, Some(commit))
-            }
-            _ => (None, None),
-        };
-        // If this future is dropped mid-write, the checkpoint may or may not have
-        // committed: the handle refuses to go on, as after an interrupted `checkpoint()`.
-        // Once it committed, the flag stays until the session has adopted the new version
-        // (`Session::checkpoint_after`): a handle dropped in between refuses too.
-        let writing = checkpoint.as_ref().map(|(expected, _)| expected + 1);
-        if writing.is_some() {
-            self.set_checkpoint_in_doubt(writing);
-        }
         let lease = self.lease();
-        let written = self
+        let meta = self
             .inner
             .store
             .finish_call(
@@ -484,29 +499,13 @@ impl Journal {
                 },
                 checkpoint,
             )
-            .await;
-        let meta = match written {
-            Ok(meta) => meta,
-            Err(e) => {
-                if let Some(commit) = commit {
-                    commit.withdraw();
-                    self.set_checkpoint_in_doubt(None);
-                }
-                return Err(self.note_store_error(e));
-            }
-        };
-        if let (Some(commit), Some(meta)) = (commit, meta) {
-            commit.committed = Some(meta);
-        }
-        self.failpoint("after_result", &row.identity.tool);
-        self.charge(&finished);
-        self.inner
-            .cache
-            .lock()
             .await
-            .rows
-            .insert(finished.identity.clone(), finished.clone());
-        Ok(finished)
+            .map_err(|e| self.note_store_error(e))?;
+        self.failpoint("after_result", &row.identity.tool);
+        self.settled(&row.id);
+        self.charge(&finished);
+        self.remember(&finished).await;
+        Ok((finished, meta))
     }
 
     /// Runs the tool (with its retry policy) on an issued row and records the outcome.
@@ -517,7 +516,7 @@ impl Journal {
         run: &mut F,
         outcome: Outcome,
         running: IssuedHere<'_>,
-        commit: Option<&mut PendingCommit>,
+        scope: Option<&mut ScopeClaim>,
     ) -> Result<T, CallError<E>>
     where
         T: Serialize + DeserializeOwned,
@@ -526,33 +525,25 @@ impl Journal {
         Fut: Future<Output = Result<T, E>>,
     {
         // Until its outcome is recorded, this row is ours; if this future is dropped or
-        // the outcome cannot be recorded, `running` hands it over to the orphan rule.
-        let _running = running;
+        // the outcome cannot be recorded, `running` hands it over to the barrier.
         let ctx = self.context(&row);
         let (result, spend) = self.run_with_retry(spec, ctx, run).await;
         self.failpoint("after_effect", &spec.name);
-        match result {
-            Ok(value) => {
-                let encoded = encode_result(spec, &value)?;
-                let row = self
-                    .finish(&row, CallOutcome::Completed(encoded), spend, commit)
-                    .await?;
-                self.emit(self.event(&row, outcome));
-                Ok(value)
-            }
-            Err(e) => {
-                let row = self
-                    .finish(
-                        &row,
-                        CallOutcome::Failed(json!({ "message": e.to_string() })),
-                        spend,
-                        commit,
-                    )
-                    .await?;
-                self.emit(self.event(&row, outcome));
-                Err(CallError::Tool(e))
-            }
-        }
+        let (recorded, returned) = match result {
+            Ok(value) => (
+                CallOutcome::Completed(encode_result(spec, &value)?),
+                Ok(value),
+            ),
+            Err(e) => (
+                CallOutcome::Failed(json!({ "message": e.to_string() })),
+                Err(CallError::Tool(e)),
+            ),
+        };
+        self.record_outcome(&row, recorded, spend, outcome, scope)
+            .await?;
+        // Recorded, or handed to the scope's session: no longer the guard's.
+        running.disarm();
+        returned
     }
 
     /// `pure`, no record: run, then record the outcome in one commit.
@@ -590,7 +581,6 @@ impl Journal {
                 Err(e),
             ),
         };
-        let identity = call.identity.clone();
         let recorded = self.record(call, outcome, spend).await?;
         reservation.keep();
         let (row, fresh) = match recorded {
@@ -599,12 +589,7 @@ impl Journal {
         };
         self.failpoint("after_result", &spec.name);
         self.charge(&row);
-        self.inner
-            .cache
-            .lock()
-            .await
-            .rows
-            .insert(identity, row.clone());
+        self.remember(&row).await;
         if fresh {
             self.emit(self.event(&row, Outcome::Executed));
             tool_err.map_err(CallError::Tool)
@@ -663,11 +648,10 @@ impl Journal {
     }
 }
 
+/// A tool's result as the journal records it: checked like every value that enters the
+/// journal (a non-finite float is refused, and nothing is recorded).
 fn encode_result<T: Serialize>(spec: &ToolSpec, value: &T) -> Result<Value, DurableError> {
-    serde_json::to_value(value).map_err(|e| DurableError::Encode {
-        what: format!("result of `{}`", spec.name),
-        detail: e.to_string(),
-    })
+    crate::runtime::encode(value, format_args!("result of `{}`", spec.name))
 }
 
 pub(super) fn decode_result<T: DeserializeOwned, E>(
@@ -684,7 +668,7 @@ pub(super) fn decode_result<T: DeserializeOwned, E>(
     })
 }
 
-fn failure_message(error: Option<&Value>) -> String {
+pub(super) fn failure_message(error: Option<&Value>) -> String {
     match error {
         Some(Value::Object(map)) => match map.get("message") {
             Some(Value::String(s)) => s.clone(),
@@ -727,26 +711,38 @@ fn recorded_outcome<T: DeserializeOwned, E>(row: &CallRecord) -> Result<T, CallE
     }
 }
 
-/// Marks a row as being executed by this journal (so the orphan rule leaves it to us)
-/// for as long as the guard lives; dropped, the row is nobody's, and if it is still
-/// `issued` the orphan rule refuses any effect beside it.
+/// Marks a row as being executed by this journal (so the barrier leaves it to us) for as
+/// long as the guard lives. Dropped before its outcome was recorded, the row is nobody's:
+/// if it is an `unsafe_on_replay` call, it is in doubt, and the session-wide barrier
+/// refuses every call with a side effect beside it until it is settled.
 pub(super) struct IssuedHere<'j> {
     journal: &'j Journal,
-    id: CallId,
+    row: CallRecord,
+    armed: bool,
 }
 
 impl<'j> IssuedHere<'j> {
-    fn new(journal: &'j Journal, id: &CallId) -> Self {
-        lock(&journal.inner.issued_here).insert(id.clone());
+    fn new(journal: &'j Journal, row: &CallRecord) -> Self {
+        lock(&journal.inner.issued_here).insert(row.id.clone());
+        // Ours now, not in doubt (it may come back there when this guard drops).
+        lock(&journal.inner.doubts).retain(|r| r.id != row.id);
         IssuedHere {
             journal,
-            id: id.clone(),
+            row: row.clone(),
+            armed: true,
         }
+    }
+
+    /// The outcome was recorded, or handed over to a `checkpoint_after` scope.
+    fn disarm(mut self) {
+        self.armed = false;
     }
 }
 
 impl Drop for IssuedHere<'_> {
     fn drop(&mut self) {
-        lock(&self.journal.inner.issued_here).remove(&self.id);
+        if self.armed {
+            self.journal.hand_to_barrier(&self.row);
+        }
     }
 }

@@ -1,46 +1,61 @@
-//! A checkpoint that rides on one tool call's result: see
+//! The call of a `checkpoint_after` scope: see
 //! [`Session::checkpoint_after`](crate::Session::checkpoint_after).
 //!
-//! The session opens a scope: it arms the journal with a [`PendingCommit`] (the
-//! snapshot of everything but the call's own result message) and hands the caller's
-//! code a journal handle tagged with the scope's number. The first tool call made on
-//! that handle claims the commit; a later one on it is refused before anything is
-//! journaled, and calls on other handles (clones of the session's journal) are not
-//! part of the scope. When the claimed call records its outcome through `finish_call`,
-//! the message made of that outcome is appended to the snapshot and written in the same
-//! transaction. Paths that record nothing there (a recorded result returned, a `pure`
-//! call's single insert) only build the message; the session then writes an ordinary
-//! checkpoint.
+//! Data flows one way: the journal never builds a checkpoint. The session opens a scope
+//! and hands the caller's code a journal handle tagged with the scope's number. The first
+//! tool call made on that handle claims the scope; a later one on it is refused before
+//! anything is journaled, and calls on other handles (clones of the session's journal)
+//! are not part of the scope. When the claimed call has executed, its outcome is **not
+//! recorded by the journal**: the call leaves a [`ScopeOutcome::Executed`] in the slot and
+//! the session records it together with the checkpoint it assembles, in one transaction
+//! ([`Journal::record_with_checkpoint`]). Paths that have nothing left to record (a
+//! recorded result returned, a `pure` call's single insert, a verified result) leave
+//! [`ScopeOutcome::Recorded`], and the session writes an ordinary checkpoint after them.
+//!
+//! Until the session has recorded it, an executed outcome's row stays *issued* and
+//! belongs to this journal (the barrier leaves it alone); if the scope ends without the
+//! session recording it (its future dropped), the row is handed to the barrier as in
+//! doubt, exactly as after a crash.
 
 use serde_json::Value;
 
-use super::{Journal, lock};
+use super::call::failure_message;
+use super::{Journal, Outcome, lock};
 use crate::error::DurableError;
-use crate::runtime::encode;
-use crate::snapshot::{Budget, Spend};
-use crate::store::{CheckpointMeta, NewCheckpoint};
+use crate::snapshot::Spend;
+use crate::store::{CallOutcome, CallRecord, CheckpointMeta, NewCheckpoint};
 
-/// Makes the encoded result message from the call's outcome (`Ok(result)` or
-/// `Err(failure message)`), keeping the typed message for the session.
-pub(crate) type MakeMessage =
-    Box<dyn FnOnce(Result<&Value, &str>) -> Result<Value, DurableError> + Send>;
+/// What the scope's call left for the session.
+pub(crate) enum ScopeOutcome {
+    /// The call executed; its outcome is not recorded yet.
+    Executed(Executed),
+    /// Nothing is left to record with a checkpoint; the message is made of this
+    /// (`Ok(result)` or `Err(failure message)`).
+    Recorded(Result<Value, String>),
+}
 
-/// The checkpoint a scope's one call commits with its result.
-pub(crate) struct PendingCommit {
-    /// The version the checkpoint is compare-and-set against.
-    expected: i64,
-    /// Pending messages (without the result message), plan, budget and state.
-    base: NewCheckpoint,
-    /// The budget in `base`, before spend recorded during the scope.
-    budget: Budget,
-    make: Option<MakeMessage>,
-    /// Whether the message was made for an outcome and is still to be written (by
-    /// `finish_call`, or by the session's own checkpoint when the call wrote nothing).
-    message_made: bool,
-    /// Set once the checkpoint committed with the result.
-    pub(crate) committed: Option<CheckpointMeta>,
-    /// Set if the message could not be built; the result was recorded without it.
-    pub(crate) error: Option<DurableError>,
+/// An outcome the scope's call executed and the session records with its checkpoint.
+pub(crate) struct Executed {
+    pub(super) row: CallRecord,
+    pub(super) outcome: CallOutcome,
+    pub(super) spend: Option<Spend>,
+    /// What the journal did, reported once the outcome is recorded.
+    pub(super) event: Outcome,
+}
+
+impl Executed {
+    /// The message input: `Ok(result)` or `Err(failure message)`.
+    pub(crate) fn message_input(&self) -> Result<&Value, String> {
+        match &self.outcome {
+            CallOutcome::Completed(v) => Ok(v),
+            CallOutcome::Failed(v) => Err(failure_message(Some(v))),
+        }
+    }
+
+    /// The spend the call recorded, charged to the checkpoint's budget.
+    pub(crate) fn spend(&self) -> Option<&Spend> {
+        self.spend.as_ref()
+    }
 }
 
 /// Where the journal's scope stands; each state carries the scope's number.
@@ -50,114 +65,45 @@ pub(crate) enum CommitSlot {
     #[default]
     Idle,
     /// A scope waits for its call.
-    Armed(u64, Box<PendingCommit>),
-    /// A call took the commit and runs.
+    Armed(u64),
+    /// A call took the scope and runs.
     Claimed(u64),
     /// The call ended; the session picks this up.
-    Done(u64, Box<PendingCommit>),
+    Done(u64, ScopeOutcome),
 }
 
-impl PendingCommit {
-    pub(crate) fn new(
-        expected: i64,
-        base: NewCheckpoint,
-        budget: Budget,
-        make: MakeMessage,
-    ) -> Self {
-        PendingCommit {
-            expected,
-            base,
-            budget,
-            make: Some(make),
-            message_made: false,
-            committed: None,
-            error: None,
-        }
-    }
-
-    /// Whether a message was made for an outcome and is still to be written.
-    pub(crate) fn has_message(&self) -> bool {
-        self.message_made
-    }
-
-    /// The write carrying the message failed: nothing of it is in the store.
-    pub(crate) fn withdraw(&mut self) {
-        self.message_made = false;
-    }
-
-    /// Makes the result message of this outcome (once); `None`, with `error` set, when it
-    /// cannot be made, so that the result is still recorded on its own.
-    pub(crate) fn message(&mut self, outcome: Result<&Value, &str>) -> Option<Value> {
-        let make = self.make.take()?;
-        match make(outcome) {
-            Ok(message) => {
-                self.message_made = true;
-                Some(message)
-            }
-            Err(e) => {
-                self.error = Some(e);
-                None
-            }
-        }
-    }
-
-    /// The checkpoint to write with the result: the snapshot, `message` appended, and
-    /// `spend` (everything recorded since the scope opened, the call's own included)
-    /// charged to the budget. `None`, with `error` set, if the budget cannot be encoded.
-    pub(crate) fn checkpoint(
-        &mut self,
-        message: Value,
-        spend: &[Spend],
-    ) -> Option<(i64, NewCheckpoint)> {
-        let mut checkpoint = self.base.clone();
-        checkpoint.messages.push(message);
-        if !spend.is_empty() {
-            let mut budget = self.budget.clone();
-            for s in spend {
-                budget.charge(s);
-            }
-            match encode(&budget, "budget") {
-                Ok(encoded) => checkpoint.budget = encoded,
-                Err(e) => {
-                    self.error = Some(e);
-                    return None;
-                }
-            }
-        }
-        Some((self.expected, checkpoint))
-    }
+/// The claim a scope's call holds while it runs.
+#[derive(Default)]
+pub(crate) struct ScopeClaim {
+    pub(super) outcome: Option<ScopeOutcome>,
 }
 
 impl Journal {
-    /// Opens a scope: the first tool call on the returned handle commits `commit` with
-    /// its result.
-    pub(crate) fn open_scope(&self, commit: PendingCommit) -> Journal {
+    /// Opens a scope: the first tool call on the returned handle is the scope's.
+    pub(crate) fn open_scope(&self) -> Journal {
         let scope = self
             .inner
             .scopes
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
             + 1;
-        *lock(&self.inner.commit) = CommitSlot::Armed(scope, Box::new(commit));
+        *lock(&self.inner.commit) = CommitSlot::Armed(scope);
         Journal {
             inner: std::sync::Arc::clone(&self.inner),
             scope: Some(scope),
         }
     }
 
-    /// Takes the armed commit for the call of `tool` made on this handle: `Ok(None)` on
-    /// a handle outside any open scope, an error for a second call inside one.
-    pub(crate) fn claim_commit(
-        &self,
-        tool: &str,
-    ) -> Result<Option<Box<PendingCommit>>, DurableError> {
+    /// Claims the scope for the call of `tool` made on this handle: `Ok(None)` on a
+    /// handle outside any open scope, an error for a second call inside one.
+    pub(super) fn claim_scope(&self, tool: &str) -> Result<Option<ScopeClaim>, DurableError> {
         let Some(scope) = self.scope else {
             return Ok(None);
         };
         let mut slot = lock(&self.inner.commit);
         match std::mem::take(&mut *slot) {
-            CommitSlot::Armed(open, commit) if open == scope => {
+            CommitSlot::Armed(open) if open == scope => {
                 *slot = CommitSlot::Claimed(scope);
-                Ok(Some(commit))
+                Ok(Some(ScopeClaim::default()))
             }
             other @ (CommitSlot::Claimed(open) | CommitSlot::Done(open, _)) if open == scope => {
                 *slot = other;
@@ -174,27 +120,35 @@ impl Journal {
         }
     }
 
-    /// Whether this handle's scope is still open with its commit claimed.
-    pub(crate) fn scope_claimed(&self) -> bool {
+    /// Whether this handle's scope is still open with its call claimed.
+    pub(super) fn scope_claimed(&self) -> bool {
         matches!(*lock(&self.inner.commit), CommitSlot::Claimed(open) if Some(open) == self.scope)
     }
 
-    /// Hands the claimed commit back once its call ended (dropped if the scope closed
-    /// meanwhile).
-    pub(crate) fn return_commit(&self, commit: Box<PendingCommit>) {
+    /// Hands what the claimed call left back to the scope once the call ended. If the
+    /// scope closed meanwhile, an executed outcome nobody will record is in doubt.
+    pub(super) fn return_claim(&self, claim: ScopeClaim) {
+        let Some(outcome) = claim.outcome else {
+            return;
+        };
         let mut slot = lock(&self.inner.commit);
         if let CommitSlot::Claimed(open) = *slot
             && Some(open) == self.scope
         {
-            *slot = CommitSlot::Done(open, commit);
+            *slot = CommitSlot::Done(open, outcome);
+            return;
+        }
+        drop(slot);
+        if let ScopeOutcome::Executed(executed) = outcome {
+            self.abandon(executed);
         }
     }
 
     /// Closes this handle's scope: what its call left (`None` if no call ran to an end).
-    pub(crate) fn close_scope(&self) -> Option<Box<PendingCommit>> {
+    pub(crate) fn close_scope(&self) -> Option<ScopeOutcome> {
         let mut slot = lock(&self.inner.commit);
         let open = match &*slot {
-            CommitSlot::Armed(open, _) | CommitSlot::Claimed(open) | CommitSlot::Done(open, _) => {
+            CommitSlot::Armed(open) | CommitSlot::Claimed(open) | CommitSlot::Done(open, _) => {
                 Some(*open)
             }
             CommitSlot::Idle => None,
@@ -203,8 +157,60 @@ impl Journal {
             return None;
         }
         match std::mem::take(&mut *slot) {
-            CommitSlot::Done(_, commit) => Some(commit),
+            CommitSlot::Done(_, outcome) => Some(outcome),
             _ => None,
+        }
+    }
+
+    /// Records an executed outcome, with `checkpoint` (compare-and-set on the version it
+    /// carries) in the same transaction: returns the checkpoint's metadata.
+    ///
+    /// If the write fails, the row stays *issued* and is in doubt. While the write is
+    /// under way the handle counts the checkpoint as in doubt, so a future dropped
+    /// mid-write leaves it refusing until the session is resumed.
+    pub(crate) async fn record_with_checkpoint(
+        &self,
+        executed: Executed,
+        checkpoint: Option<(i64, NewCheckpoint)>,
+    ) -> Result<Option<CheckpointMeta>, DurableError> {
+        let Executed {
+            row,
+            outcome,
+            spend,
+            event,
+        } = executed;
+        let writing = checkpoint.as_ref().map(|(expected, _)| expected + 1);
+        if writing.is_some() {
+            self.set_checkpoint_in_doubt(writing);
+        }
+        let written = self.write_outcome(&row, outcome, spend, checkpoint).await;
+        match written {
+            Ok((finished, meta)) => {
+                self.emit(self.event(&finished, event));
+                Ok(meta)
+            }
+            Err(e) => {
+                if writing.is_some() {
+                    self.set_checkpoint_in_doubt(None);
+                }
+                self.hand_to_barrier(&row);
+                Err(e)
+            }
+        }
+    }
+
+    /// An executed outcome that will not be recorded by this handle: its row is in
+    /// doubt.
+    pub(crate) fn abandon(&self, executed: Executed) {
+        self.hand_to_barrier(&executed.row);
+    }
+}
+
+impl std::fmt::Debug for ScopeOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ScopeOutcome::Executed(e) => f.debug_tuple("Executed").field(&e.row.id).finish(),
+            ScopeOutcome::Recorded(r) => f.debug_tuple("Recorded").field(r).finish(),
         }
     }
 }

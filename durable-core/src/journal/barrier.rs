@@ -1,0 +1,146 @@
+//! The two guards in front of every call with a side effect.
+//!
+//! - **The session-wide barrier.** While any `unsafe_on_replay` call of the session is in
+//!   doubt (issued, outcome unknown, not being run by this journal), no call with a side
+//!   effect runs in the session, in any step; `pure` calls and model calls may. The
+//!   journal knows every such call without a query per call: the resume seeds it with
+//!   the in-doubt rows it read, and a call of its own whose outcome could not be recorded
+//!   (its future dropped, its finishing write failed) joins it. A candidate is re-read
+//!   from the store before it refuses anything, so an operator's resolution (or a verify
+//!   hook's answer) lifts the barrier without a resume.
+//! - **The divergence check.** While a step is re-run, a call with a side effect that
+//!   matches no record, while a recorded call with a side effect of that step has not
+//!   been replayed yet, is refused with [`DurableError::ReplayDiverged`]: the re-run is
+//!   no longer the first attempt (the model was re-asked, an argument shape changed),
+//!   and running the new call could repeat the recorded effect. A checkpoint that would
+//!   end such a step is refused the same way, so a recorded result is never dropped
+//!   from the conversation unseen.
+
+use super::{Journal, lock};
+use crate::error::DurableError;
+use crate::ids::CallId;
+use crate::replay::ReplayClass;
+use crate::store::{CallKind, CallRecord, CallStatus};
+use crate::tool::ToolSpec;
+
+impl Journal {
+    /// Refuses `refused` while an `unsafe_on_replay` call of the session other than
+    /// `except` is in doubt.
+    pub(super) async fn barrier(
+        &self,
+        refused: &ToolSpec,
+        except: Option<&CallId>,
+    ) -> Result<(), DurableError> {
+        loop {
+            let candidate = lock(&self.inner.doubts)
+                .iter()
+                .filter(|r| Some(&r.id) != except)
+                .min_by_key(|r| r.issued_at)
+                .cloned();
+            let Some(row) = candidate else {
+                return Ok(());
+            };
+            let current = self
+                .inner
+                .store
+                .call(&row.id)
+                .await
+                .map_err(|e| self.note_store_error(e))?;
+            let running_here = lock(&self.inner.issued_here).contains(&current.id);
+            if current.status == CallStatus::Issued && !running_here {
+                let reason = if current.identity.step == self.step() {
+                    format!(
+                        "no call with a side effect may run beside it, and this step asks for `{}` \
+                         with arguments that match no recorded call",
+                        refused.name
+                    )
+                } else {
+                    format!(
+                        "no call with a side effect runs in this session while an unsafe call is in doubt \
+                         (it was issued in step {}, this is step {})",
+                        current.identity.step,
+                        self.step()
+                    )
+                };
+                return Err(DurableError::ReplayUnsafe {
+                    call: current.id.clone(),
+                    tool: current.identity.tool.clone(),
+                    class: current.class,
+                    refused_tool: refused.name.clone(),
+                    reason,
+                });
+            }
+            // Settled meanwhile (resolved, verified) or taken over by a call of ours.
+            lock(&self.inner.doubts).retain(|r| r.id != current.id);
+        }
+    }
+
+    /// Refuses a call that matches no record while a recorded call with a side effect
+    /// of the step being re-run has not been replayed.
+    pub(super) async fn check_divergence(&self, refused_tool: &str) -> Result<(), DurableError> {
+        let mut cache = self.inner.cache.lock().await;
+        self.load_step(&mut cache).await?;
+        let Some(row) = cache
+            .rows
+            .values()
+            .filter(|r| cache.unreplayed.contains(&r.id))
+            .min_by_key(|r| r.issued_at)
+        else {
+            return Ok(());
+        };
+        Err(DurableError::ReplayDiverged {
+            session: self.inner.session.clone(),
+            step: cache.step,
+            recorded: row.id.clone(),
+            recorded_tool: row.identity.tool.clone(),
+            refused_tool: refused_tool.to_owned(),
+        })
+    }
+
+    /// Refuses to end the current step while one of its recorded calls with a side effect
+    /// was not replayed by this attempt (see [`check_divergence`](Self::check_divergence)).
+    pub(crate) async fn check_step_replayed(&self) -> Result<(), DurableError> {
+        self.check_divergence("checkpoint").await
+    }
+
+    /// Whether every recorded call with a side effect of the current step was replayed.
+    pub(super) async fn step_replayed(&self) -> bool {
+        self.inner.cache.lock().await.unreplayed.is_empty()
+    }
+
+    /// A row whose outcome this journal will not record (its call's future was dropped,
+    /// its finishing write failed): if it is an `unsafe_on_replay` call, it is in doubt.
+    pub(super) fn hand_to_barrier(&self, row: &CallRecord) {
+        let ours = lock(&self.inner.issued_here).remove(&row.id);
+        if ours && row.class == ReplayClass::UnsafeOnReplay {
+            let mut doubts = lock(&self.inner.doubts);
+            if !doubts.iter().any(|r| r.id == row.id) {
+                doubts.push(row.clone());
+            }
+        }
+    }
+
+    /// The row's outcome is recorded: it is neither running here nor in doubt.
+    pub(super) fn settled(&self, id: &CallId) {
+        lock(&self.inner.issued_here).remove(id);
+        lock(&self.inner.doubts).retain(|r| &r.id != id);
+    }
+}
+
+/// The rows that start a journal's barrier: the session's `unsafe_on_replay` tool calls
+/// that are issued with no outcome.
+pub(super) fn initial_doubts(rows: Vec<CallRecord>) -> Vec<CallRecord> {
+    rows.into_iter()
+        .filter(|r| {
+            r.kind == CallKind::Tool
+                && r.class == ReplayClass::UnsafeOnReplay
+                && r.status == CallStatus::Issued
+        })
+        .collect()
+}
+
+/// Whether a row loaded for a re-run step must be replayed before the step may take a
+/// new call with a side effect or end.
+pub(super) fn must_replay(row: &CallRecord) -> bool {
+    row.kind == CallKind::Tool && row.class != ReplayClass::Pure
+}
