@@ -1,7 +1,9 @@
 //! The replay check over fixtures exported from the demo (`tests/fixtures/demo`), against
 //! the demo's own toolbox: the committed format-1 fixtures keep loading under today's
 //! code, and a loosened tool, arguments that no longer fit, or an unregistered tool are
-//! each reported with session, version and call.
+//! each reported with session, version and call. And over a live store: an argument
+//! renamed with a `#[serde(alias)]` for its old name still fits, and without one it is
+//! reported with its two ways out.
 
 #[path = "../examples/crash_resume/world.rs"]
 #[allow(dead_code)]
@@ -186,16 +188,30 @@ fn arguments_that_no_longer_fit_and_missing_tools_are_reported() {
     let rejected: Vec<_> = report
         .failures
         .iter()
-        .filter(|f| matches!(f.kind, FailureKind::ArgumentsRejected(_)))
+        .filter(|f| {
+            matches!(
+                f.kind,
+                FailureKind::ArgumentsRejected(_) | FailureKind::ArgumentRenamed { .. }
+            )
+        })
         .collect();
     assert_eq!(rejected.len(), 1, "{report}");
     assert_eq!(rejected[0].call.as_ref(), Some(&call));
     assert_eq!(rejected[0].session, fixtures[index].session);
     assert_eq!(rejected[0].version, Some(fixtures[index].version));
+    // serde decides (the decode a resume runs), and the rename is named as one.
+    assert!(
+        matches!(
+            &rejected[0].kind,
+            FailureKind::ArgumentRenamed { missing, unread, .. }
+                if missing == &["amount_cents"] && unread == &["cents"]
+        ),
+        "{report}"
+    );
     assert!(
         rejected[0]
             .to_string()
-            .contains("missing required argument `amount_cents`"),
+            .contains("`#[serde(alias = \"cents\")]` on `amount_cents`"),
         "{report}"
     );
     // The renamed argument also changes what the recorded hash was computed over.
@@ -292,5 +308,119 @@ async fn check_store_runs_the_last_checkpoints_of_a_live_store() {
             assert!(matches!(failure.kind, FailureKind::UnknownTool { .. }));
         }
         other => panic!("expected one UnknownTool failure, got {other:?}"),
+    }
+}
+
+/// `notify` as the calls were recorded, and two later builds that renamed its argument
+/// `to` to `recipient`: one keeps reading the old name, one does not.
+mod notify {
+    use std::convert::Infallible;
+
+    use durable::durable_tool;
+
+    /// Notify someone.
+    #[durable_tool(replay = "unsafe_on_replay", name = "notify")]
+    pub async fn recorded(to: String, body: String) -> Result<String, Infallible> {
+        Ok(format!("{to}: {body}"))
+    }
+
+    /// Notify someone.
+    #[durable_tool(replay = "unsafe_on_replay", name = "notify")]
+    pub async fn renamed_with_alias(
+        #[serde(alias = "to")] recipient: String,
+        body: String,
+    ) -> Result<String, Infallible> {
+        Ok(format!("{recipient}: {body}"))
+    }
+
+    /// Notify someone.
+    #[durable_tool(replay = "unsafe_on_replay", name = "notify")]
+    pub async fn renamed(recipient: String, body: String) -> Result<String, Infallible> {
+        Ok(format!("{recipient}: {body}"))
+    }
+}
+
+#[tokio::test]
+async fn a_renamed_argument_fits_through_its_serde_alias_and_is_reported_without_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store: Arc<dyn CheckpointStore> = Arc::new(
+        SqliteStore::open(dir.path().join("agent.db"))
+            .await
+            .expect("store"),
+    );
+    let recorded = Toolbox::new().with(notify::recorded).expect("toolbox");
+    let mut session = Durable::builder(Arc::clone(&store))
+        .owner("test")
+        .build()
+        .start::<Message>(StartOptions {
+            id: SessionId::new("rename-1"),
+            messages: vec![Message::user("Tell Ann.")],
+            ..StartOptions::default()
+        })
+        .await
+        .expect("start");
+    let call = ModelToolCall::new(
+        "c1",
+        "notify",
+        json!({"to": "ann@example.com", "body": "shipped"}),
+    );
+    let result = recorded
+        .dispatch(session.journal(), &call)
+        .await
+        .expect("notify");
+    assert!(!result.is_error(), "{:?}", result.output);
+    session.push(result.into_message());
+    session.checkpoint().await.expect("checkpoint");
+    replay_check::check_store(&recorded, store.as_ref(), 10)
+        .await
+        .expect("check")
+        .assert_ok();
+
+    // Renamed, with `#[serde(alias = "to")]`: the recorded call decodes, so it fits; the
+    // schema (which does not show aliases) disagreeing is a note.
+    let with_alias = Toolbox::new()
+        .with(notify::renamed_with_alias)
+        .expect("toolbox");
+    let report = replay_check::check_store(&with_alias, store.as_ref(), 10)
+        .await
+        .expect("check");
+    report.assert_ok();
+    assert_eq!(report.calls, 1, "{report}");
+    match report.notes.as_slice() {
+        [note] => {
+            assert_eq!(note.session.as_str(), "rename-1");
+            assert_eq!(note.tool, "notify");
+            assert!(note.detail.contains("`recipient`"), "{note}");
+        }
+        other => panic!("expected one note, got {other:?}"),
+    }
+
+    // Renamed without it: reported, naming both fields and both ways out.
+    let without = Toolbox::new().with(notify::renamed).expect("toolbox");
+    let report = replay_check::check_store(&without, store.as_ref(), 10)
+        .await
+        .expect("check");
+    match report.failures.as_slice() {
+        [failure] => {
+            assert_eq!(failure.session.as_str(), "rename-1");
+            assert_eq!(failure.version, Some(0));
+            assert_eq!(failure.tool.as_deref(), Some("notify"));
+            assert!(
+                matches!(
+                    &failure.kind,
+                    FailureKind::ArgumentRenamed { missing, unread, .. }
+                        if missing == &["recipient"] && unread == &["to"]
+                ),
+                "{failure}"
+            );
+            let text = failure.to_string();
+            assert!(
+                text.contains("the recorded arguments lack `recipient` and hold `to`")
+                    && text.contains("`#[serde(alias = \"to\")]` on `recipient`")
+                    && text.contains("or migrate the sessions recorded with the old name"),
+                "{text}"
+            );
+        }
+        other => panic!("expected one failure, got {other:?}"),
     }
 }

@@ -11,8 +11,13 @@
 //! - whose replay class was not loosened (`unsafe_on_replay` → `pure` is an error:
 //!   the journal guarded an effect that the new class would re-execute; tightening,
 //!   `pure` → `unsafe_on_replay`, is fine),
-//! - whose argument schema still accepts the recorded arguments ([`Tool::check_args`],
-//!   plus the `required` and `properties` of the tool's [`input_schema`]),
+//! - whose argument type still reads the recorded arguments: serde decides, through
+//!   [`Tool::check_args`], which is the decode a resumed session runs, so a field renamed
+//!   with `#[serde(alias = "old")]` still fits. The tool's [`input_schema`] cannot decide
+//!   this (schemars leaves aliases out); its `required` and `properties` decide only for a
+//!   tool that does not decode (the default `check_args`), and where they disagree with
+//!   serde the report carries a [note](ReplayCheckReport::notes). A masked secret
+//!   argument is decoded with a placeholder value in its place;
 //! - whose idempotency key still derives the same from the recorded arguments
 //!   ([`Tool::derive_key`]; a changed key would reach the upstream as a new request),
 //! - and whose recorded input hash is still the hash of the recorded arguments (else the
@@ -74,14 +79,15 @@
 //! [`Tool::derive_key`]: crate::Tool::derive_key
 //! [`input_schema`]: crate::ToolSpec::input_schema
 
+mod arguments;
 mod fixture;
+mod report;
 mod schema_shape;
 #[cfg(test)]
 mod tests;
 
 use std::collections::HashSet;
 use std::fmt;
-use std::path::PathBuf;
 
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -89,7 +95,6 @@ use serde_json::Value;
 use crate::error::StoreError;
 use crate::ids::{CallId, SessionId};
 use crate::key;
-use crate::replay::ReplayClass;
 use crate::snapshot::{Budget, Plan};
 use crate::store::{CallKind, CallStatus, CheckpointStore};
 use crate::toolbox::Toolbox;
@@ -97,6 +102,7 @@ use crate::toolbox::Toolbox;
 pub use fixture::{
     Exported, FIXTURE_FORMAT, Fixture, FixtureCall, FixtureError, export_last, export_session,
 };
+pub use report::{FailureKind, ReplayCheckReport, ReplayFailure, ReplayNote};
 
 /// Checks fixtures with the default message type ([`Message`](crate::transcript::Message)).
 pub fn check_fixtures(toolbox: &Toolbox, fixtures: &[Fixture]) -> ReplayCheckReport {
@@ -280,7 +286,18 @@ impl<'t> ReplayCheck<'t> {
             if masked {
                 report.calls_with_secrets += 1;
             }
-            for kind in self.check_call(fixture, call, masked) {
+            let (failures, note) = self.check_call(fixture, call, masked);
+            if let Some(detail) = note {
+                report.notes.push(ReplayNote {
+                    session: fixture.session.clone(),
+                    version: fixture.version,
+                    call: call.id.clone(),
+                    tool: call.tool.clone(),
+                    path: fixture.path.clone(),
+                    detail,
+                });
+            }
+            for kind in failures {
                 report.failures.push(ReplayFailure {
                     session: fixture.session.clone(),
                     version: Some(fixture.version),
@@ -293,17 +310,24 @@ impl<'t> ReplayCheck<'t> {
         }
     }
 
-    fn check_call(&self, fixture: &Fixture, call: &FixtureCall, masked: bool) -> Vec<FailureKind> {
+    /// The failures of one call, and a note on its arguments if there is one.
+    fn check_call(
+        &self,
+        fixture: &Fixture,
+        call: &FixtureCall,
+        masked: bool,
+    ) -> (Vec<FailureKind>, Option<String>) {
         let mut failures = Vec::new();
         let Some(tool) = self.toolbox.get(&call.tool) else {
             let registered = self.toolbox.names().collect::<Vec<_>>().join(", ");
-            return vec![FailureKind::UnknownTool {
+            let unknown = FailureKind::UnknownTool {
                 registered: if registered.is_empty() {
                     "(none)".into()
                 } else {
                     registered
                 },
-            }];
+            };
+            return (vec![unknown], None);
         };
         let spec = tool.spec();
         if spec.class.strictness() < call.class.strictness() {
@@ -312,10 +336,11 @@ impl<'t> ReplayCheck<'t> {
                 current: spec.class,
             });
         }
-        if let Err(detail) = schema_shape::check(&spec.input_schema, &call.args) {
-            failures.push(FailureKind::ArgumentsRejected(detail));
-        } else if !masked && let Err(e) = tool.check_args(&call.args) {
-            failures.push(FailureKind::ArgumentsRejected(e.to_string()));
+        let mut note = None;
+        match arguments::check(tool.as_ref(), &call.args) {
+            arguments::Verdict::Fits => {}
+            arguments::Verdict::FitsWithNote(detail) => note = Some(detail),
+            arguments::Verdict::Rejected(kind) => failures.push(kind),
         }
         if !masked {
             match key::input_hash(&call.args) {
@@ -349,7 +374,7 @@ impl<'t> ReplayCheck<'t> {
                 current: spec.fingerprint.clone(),
             });
         }
-        failures
+        (failures, note)
     }
 }
 
@@ -357,205 +382,9 @@ fn type_decoder<T: DeserializeOwned>() -> (Decode, &'static str) {
     (decode_as::<T>, std::any::type_name::<T>())
 }
 
-/// Whether a top-level argument was stored masked (`{"$secret": "<hash>"}`): such calls
-/// are checked structurally only (their key and hash cannot be recomputed).
+/// Whether a top-level argument was stored masked (`{"$secret": "<hash>"}`): the key and
+/// input hash of such calls cannot be recomputed.
 fn has_masked_secret(args: &Value) -> bool {
     args.as_object()
         .is_some_and(|map| map.values().any(schema_shape::is_masked))
-}
-
-/// The outcome of a replay check.
-#[derive(Debug, Clone, Default)]
-#[must_use = "a replay check does nothing unless its report is looked at (e.g. `.assert_ok()`)"]
-pub struct ReplayCheckReport {
-    /// Checkpoints checked.
-    pub checkpoints: usize,
-    /// Distinct tool calls checked.
-    pub calls: usize,
-    /// Of those, calls with masked secret arguments, checked structurally only.
-    pub calls_with_secrets: usize,
-    /// Every problem found, in fixture order.
-    pub failures: Vec<ReplayFailure>,
-}
-
-impl ReplayCheckReport {
-    /// Whether nothing failed.
-    pub fn is_ok(&self) -> bool {
-        self.failures.is_empty()
-    }
-
-    /// Panics with the full report unless every check passed. For tests.
-    ///
-    /// # Panics
-    /// When [`is_ok`](Self::is_ok) is false; the message lists every failure.
-    #[track_caller]
-    pub fn assert_ok(&self) {
-        assert!(self.is_ok(), "{self}");
-    }
-}
-
-impl fmt::Display for ReplayCheckReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let scope = format!(
-            "{} checkpoint{}, {} tool call{}",
-            self.checkpoints,
-            plural(self.checkpoints),
-            self.calls,
-            plural(self.calls)
-        );
-        let secrets = if self.calls_with_secrets > 0 {
-            format!(
-                " ({} with masked secret arguments, checked against the schema only)",
-                self.calls_with_secrets
-            )
-        } else {
-            String::new()
-        };
-        if self.is_ok() {
-            return write!(f, "replay check passed: {scope}{secrets}");
-        }
-        write!(
-            f,
-            "replay check failed: {} problem{} in {scope}{secrets}",
-            self.failures.len(),
-            plural(self.failures.len())
-        )?;
-        for failure in &self.failures {
-            write!(f, "\n  - {failure}")?;
-        }
-        Ok(())
-    }
-}
-
-fn plural(n: usize) -> &'static str {
-    if n == 1 { "" } else { "s" }
-}
-
-/// One problem found by the replay check.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ReplayFailure {
-    /// The session.
-    pub session: SessionId,
-    /// The checkpoint version (`None` when the session's checkpoint list itself is unreadable).
-    pub version: Option<i64>,
-    /// The journal row, for call checks.
-    pub call: Option<CallId>,
-    /// The recorded tool name, for call checks.
-    pub tool: Option<String>,
-    /// The fixture file, when the check ran over files.
-    pub path: Option<PathBuf>,
-    /// What is wrong.
-    pub kind: FailureKind,
-}
-
-impl fmt::Display for ReplayFailure {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "session `{}`", self.session)?;
-        if let Some(version) = self.version {
-            write!(f, " version {version}")?;
-        }
-        if let Some(call) = &self.call {
-            write!(f, " call `{call}`")?;
-        }
-        if let Some(tool) = &self.tool {
-            write!(f, " (`{tool}`)")?;
-        }
-        write!(f, ": {}", self.kind)?;
-        if let Some(path) = &self.path {
-            write!(f, " [{}]", path.display())?;
-        }
-        Ok(())
-    }
-}
-
-/// What a [`ReplayFailure`] found.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[non_exhaustive]
-pub enum FailureKind {
-    /// The checkpoint could not be read from the store.
-    #[error("the checkpoint cannot be read: {0}")]
-    Unreadable(String),
-    /// A message does not deserialize into today's message type.
-    #[error(
-        "message #{index} does not deserialize as `{type_name}`: {detail}; keep the type able to read old messages (`#[serde(default)]` on new fields, `#[serde(alias)]` for renamed ones)"
-    )]
-    Message {
-        /// 0-based position in the transcript.
-        index: usize,
-        /// The type it was read as.
-        type_name: &'static str,
-        /// The serde error.
-        detail: String,
-    },
-    /// The plan does not deserialize into [`Plan`].
-    #[error("the plan does not deserialize: {0}")]
-    Plan(String),
-    /// The budget does not deserialize into [`Budget`].
-    #[error("the budget does not deserialize: {0}")]
-    Budget(String),
-    /// The application state does not deserialize into the type given to
-    /// [`ReplayCheck::state`].
-    #[error("the state does not deserialize as `{type_name}`: {detail}")]
-    State {
-        /// The type it was read as.
-        type_name: &'static str,
-        /// The serde error.
-        detail: String,
-    },
-    /// No registered tool has the recorded name.
-    #[error(
-        "no registered tool has this name (registered: {registered}); keep the tool registered, or map the old name with `durable migrate --map old=new`"
-    )]
-    UnknownTool {
-        /// The registered names.
-        registered: String,
-    },
-    /// The tool's replay class is less strict than the one the call was recorded under.
-    #[error(
-        "replay class loosened from `{recorded}` to `{current}`: the journal guarded this call as `{recorded}`, and a looser class could re-run its effect; restore the class (tightening is fine, loosening is not)"
-    )]
-    ClassLoosened {
-        /// The class at record time.
-        recorded: ReplayClass,
-        /// Today's class.
-        current: ReplayClass,
-    },
-    /// Today's argument schema does not accept the recorded arguments.
-    #[error(
-        "the recorded arguments no longer fit the tool's arguments: {0}; accept the old shape (optional or defaulted fields, aliases) or migrate the sessions"
-    )]
-    ArgumentsRejected(String),
-    /// The recorded idempotency key no longer derives from the recorded arguments.
-    #[error(
-        "the idempotency key derives differently today (`{derived}`, recorded `{recorded}`): a re-executed call would reach the upstream as a new request; keep the key function stable"
-    )]
-    KeyChanged {
-        /// The key in the journal.
-        recorded: String,
-        /// The key today's code derives.
-        derived: String,
-    },
-    /// Today's key function fails on the recorded arguments.
-    #[error("the idempotency key cannot be derived from the recorded arguments: {0}")]
-    KeyNotDerivable(String),
-    /// The recorded input hash is not the hash of the recorded arguments.
-    #[error(
-        "the recorded input hash `{recorded}` is not the hash of the recorded arguments (`{now}`): replay would not find this call and would run it again"
-    )]
-    InputHashChanged {
-        /// The hash in the journal.
-        recorded: String,
-        /// The hash computed today.
-        now: String,
-    },
-    /// A call still in doubt was recorded under another argument schema.
-    #[error(
-        "the call is in doubt and its tool's argument schema changed since (fingerprint `{recorded}` → `{current}`): resuming will fail with SchemaChanged; resolve the call first (`durable resolve`)"
-    )]
-    SchemaChangedInDoubt {
-        /// Fingerprint at record time.
-        recorded: String,
-        /// Today's fingerprint.
-        current: String,
-    },
 }

@@ -131,10 +131,11 @@ fn json_type(value: &Value) -> &'static str {
     }
 }
 
-fn quoted(names: &[&str]) -> String {
+/// Names in backticks, comma-separated.
+pub(super) fn quoted<S: AsRef<str>>(names: &[S]) -> String {
     names
         .iter()
-        .map(|n| format!("`{n}`"))
+        .map(|n| format!("`{}`", n.as_ref()))
         .collect::<Vec<_>>()
         .join(", ")
 }

@@ -1,4 +1,6 @@
-use std::path::Path;
+mod arguments;
+
+use std::path::{Path, PathBuf};
 
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
@@ -7,6 +9,7 @@ use serde_json::{Value, json};
 use super::*;
 use crate::error::DurableError;
 use crate::journal::Journal;
+use crate::replay::ReplayClass;
 use crate::tool::{Tool, ToolOutput, ToolSpec};
 use crate::tool_bounds::{BoxFuture, args_schema, decode_args};
 
@@ -166,11 +169,14 @@ fn loosening_is_refused_and_tightening_is_fine() {
 fn arguments_that_no_longer_fit_are_reported_with_their_path() {
     let tools = toolbox(email(ReplayClass::UnsafeOnReplay));
     let cases = [
-        (json!({"subject": "x"}), "missing required argument `to`"),
-        (json!({"to": "a", "cc": "b"}), "unknown argument `cc`"),
+        (json!({"subject": "x"}), "at `$`: missing field `to`"),
+        (
+            json!({"to": "a", "cc": "b"}),
+            "at `$.cc`: unknown field `cc`",
+        ),
         (
             json!({"to": 5}),
-            "at `$.to`: the schema expects `string`, found number",
+            "at `$.to`: invalid type: integer `5`, expected a string",
         ),
     ];
     for (args, expected) in cases {
@@ -293,7 +299,7 @@ fn unknown_tools_undecodable_messages_and_bad_hashes_are_reported() {
 }
 
 #[test]
-fn in_doubt_calls_under_a_changed_schema_are_reported_masked_secrets_are_not_checked_by_serde() {
+fn in_doubt_calls_under_a_changed_schema_are_reported_and_masked_secrets_counted() {
     let tools = toolbox(email(ReplayClass::UnsafeOnReplay));
     let mut stale = call(
         ReplayClass::UnsafeOnReplay,
@@ -311,8 +317,8 @@ fn in_doubt_calls_under_a_changed_schema_are_reported_masked_secrets_are_not_che
         "{report}"
     );
 
-    // A masked secret cannot deserialize as a String; it is checked against the schema
-    // only, and counted.
+    // A masked secret cannot deserialize as a String: a placeholder stands in for it, its
+    // hash is not recomputed, and the call is counted.
     let mut secret = call(
         ReplayClass::UnsafeOnReplay,
         json!({"to": {"$secret": "v1:feed"}}),
