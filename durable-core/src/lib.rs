@@ -4,9 +4,12 @@
 //! Most users depend on the `durable` facade crate instead, which re-exports this crate
 //! together with the `#[durable_tool]` attribute and the backends.
 
+pub mod config;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
+mod encode;
 pub mod error;
+mod event;
 pub mod ids;
 pub mod journal;
 pub mod key;

@@ -8,52 +8,18 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tracing::Instrument;
 
+pub use crate::config::{CallObserver, Config};
+use crate::encode::encode;
 use crate::error::{DurableError, StoreError};
+use crate::event::CallEvent;
 use crate::ids::{CallId, SessionId};
-use crate::journal::CallEvent;
-use crate::key::{ArgLimits, ArgumentErrorKind, to_journal_value};
+use crate::key::ArgLimits;
 use crate::session::{ResumeReport, Resumed, Session};
 use crate::snapshot::{Budget, Plan};
 use crate::store::{
     CallRecord, CheckpointStore, MigrateSession, NewCheckpoint, NewSession, Resolution,
     ResolveCall, SessionRecord, SessionStatus,
 };
-
-/// Observer of journal decisions (see [`DurableBuilder::on_call`]).
-pub type CallObserver = Arc<dyn Fn(&CallEvent) + Send + Sync>;
-
-/// Runtime settings shared by every session of a [`Durable`].
-pub struct Config {
-    /// This worker's name (lease owner).
-    pub owner: String,
-    /// How long a lease lasts without renewal.
-    pub lease_ttl: Duration,
-    /// The application/graph version this worker runs.
-    pub app_version: String,
-    /// Argument limits.
-    pub limits: ArgLimits,
-    /// Recoveries before a session is parked.
-    pub max_recovery_attempts: i32,
-    /// Key for MACs over recorded outcomes.
-    pub mac_key: Option<Vec<u8>>,
-    /// Journal observer.
-    pub observer: Option<CallObserver>,
-    /// Whether a background task renews leases.
-    pub renew_leases: bool,
-}
-
-impl std::fmt::Debug for Config {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Config")
-            .field("owner", &self.owner)
-            .field("lease_ttl", &self.lease_ttl)
-            .field("app_version", &self.app_version)
-            .field("limits", &self.limits)
-            .field("max_recovery_attempts", &self.max_recovery_attempts)
-            .field("mac_key", &self.mac_key.as_ref().map(|_| "<redacted>"))
-            .finish_non_exhaustive()
-    }
-}
 
 /// Builds a [`Durable`].
 #[must_use]
@@ -257,7 +223,8 @@ impl Durable {
             .await?;
         tracing::info!(session = %record.id, "session started");
         Ok(Session::assemble(
-            self.clone(),
+            Arc::clone(&self.store),
+            Arc::clone(&self.config),
             record,
             lease,
             0,
@@ -386,7 +353,8 @@ impl Durable {
         let report = ResumeReport::new(version, in_doubt.clone());
         tracing::info!(version, in_doubt = report.in_doubt.len(), "session resumed");
         let session = Session::assemble(
-            self.clone(),
+            Arc::clone(&self.store),
+            Arc::clone(&self.config),
             record,
             lease,
             version,
@@ -503,25 +471,6 @@ impl Durable {
         let resumed = self.resume_leased::<M>(lease).await?;
         Ok(resumed.session)
     }
-}
-
-/// Serializes a value for the journal with [`to_journal_value`]: a non-finite float is
-/// [`DurableError::InvalidValue`], a value `serde_json` cannot write is
-/// [`DurableError::Encode`]; `what` names the value in either.
-pub(crate) fn encode<T: Serialize + ?Sized>(
-    value: &T,
-    what: impl std::fmt::Display,
-) -> Result<Value, DurableError> {
-    to_journal_value(value).map_err(|source| match source.kind {
-        ArgumentErrorKind::Unserializable(_) => DurableError::Encode {
-            what: what.to_string(),
-            detail: source.to_string(),
-        },
-        _ => DurableError::InvalidValue {
-            what: what.to_string(),
-            source,
-        },
-    })
 }
 
 fn decode<T: DeserializeOwned>(

@@ -9,14 +9,15 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tracing::Instrument;
 
+use crate::config::Config;
+use crate::encode::encode;
 use crate::error::{DurableError, StoreError};
 use crate::ids::SessionId;
 use crate::journal::{CallError, Journal, ScopeOutcome};
 use crate::replay::ReplayClass;
-use crate::runtime::{Durable, encode};
 use crate::snapshot::{Budget, Plan, Spend};
 use crate::store::{
-    CallRecord, CheckpointMeta, Lease, NewCheckpoint, SessionRecord, SessionStatus,
+    CallRecord, CheckpointMeta, CheckpointStore, Lease, NewCheckpoint, SessionRecord, SessionStatus,
 };
 
 /// What the runtime will do with an in-doubt call when its step is re-run.
@@ -97,7 +98,7 @@ pub struct Resumed<M> {
 /// the turn's messages to the log and snapshots plan and budget in one transaction,
 /// compare-and-set on the version.
 pub struct Session<M = crate::transcript::Message> {
-    durable: Durable,
+    store: Arc<dyn CheckpointStore>,
     record: SessionRecord,
     journal: Journal,
     messages: Vec<M>,
@@ -133,7 +134,8 @@ where
 {
     #[allow(clippy::too_many_arguments)]
     pub(crate) fn assemble(
-        durable: Durable,
+        store: Arc<dyn CheckpointStore>,
+        config: Arc<Config>,
         record: SessionRecord,
         lease: Lease,
         version: i64,
@@ -144,21 +146,20 @@ where
         in_doubt: Vec<CallRecord>,
     ) -> Self {
         let journal = Journal::new(
-            Arc::clone(&durable.store),
-            Arc::clone(&durable.config),
+            Arc::clone(&store),
+            Arc::clone(&config),
             lease,
             version,
             in_doubt,
         );
-        let renewer = durable
-            .config
+        let renewer = config
             .renew_leases
             .then(|| tokio::runtime::Handle::try_current().ok())
             .flatten()
             .map(|handle| handle.spawn(renew_loop(journal.clone())));
         let committed = messages.len();
         Session {
-            durable,
+            store,
             record,
             journal,
             messages,
@@ -283,7 +284,6 @@ where
         // the flag stays set and the handle refuses to go on (resume the session).
         self.journal.set_checkpoint_in_doubt(Some(self.version + 1));
         let saved = self
-            .durable
             .store
             .save_checkpoint(lease.fence(), self.version, checkpoint)
             .instrument(span)
@@ -504,7 +504,7 @@ where
     pub async fn release(mut self) -> Result<(), DurableError> {
         self.stop_renewing();
         let lease = self.journal.lease();
-        Ok(self.durable.store.release_lease(&lease).await?)
+        Ok(self.store.release_lease(&lease).await?)
     }
 
     async fn finish(
@@ -514,8 +514,7 @@ where
     ) -> Result<(), DurableError> {
         self.stop_renewing();
         let lease = self.journal.lease();
-        self.durable
-            .store
+        self.store
             .set_status(lease.fence(), status, reason)
             .await
             .map_err(|e| self.lost(e))

@@ -21,11 +21,11 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
+use crate::encode::encode;
 use crate::error::DurableError;
 use crate::ids::SessionId;
 use crate::journal::{CallError, ToolCall};
 use crate::key::{ArgumentErrorKind, to_journal_value};
-use crate::runtime::encode;
 use crate::tool::{ToolContext, ToolOutput, ToolSpec, Verification};
 
 /// The boxed, `Send` future returned by [`Tool::invoke`](crate::tool::Tool::invoke).

@@ -240,11 +240,11 @@ impl<'j> ToolCall<'j> {
                 }
             },
         };
-        if spec.class != ReplayClass::Pure {
-            if let Err(refused) = journal.barrier(spec, Some(&row.id)).await {
-                reservation.release();
-                return Err(refused.into());
-            }
+        if spec.class != ReplayClass::Pure
+            && let Err(refused) = journal.barrier(spec, Some(&row.id)).await
+        {
+            reservation.release();
+            return Err(refused.into());
         }
         // The row holds this ordinal from here on.
         reservation.keep();
@@ -447,12 +447,12 @@ impl Journal {
             // Ours until the session records it (or hands it to the barrier).
             lock(&self.inner.issued_here).insert(row.id.clone());
             lock(&self.inner.doubts).retain(|r| r.id != row.id);
-            claim.outcome = Some(ScopeOutcome::Executed(Executed {
+            claim.outcome = Some(ScopeOutcome::Executed(Box::new(Executed {
                 row: row.clone(),
                 outcome,
                 spend,
                 event,
-            }));
+            })));
             return Ok(());
         }
         let (finished, _) = self.write_outcome(row, outcome, spend, None).await?;
@@ -651,7 +651,7 @@ impl Journal {
 /// A tool's result as the journal records it: checked like every value that enters the
 /// journal (a non-finite float is refused, and nothing is recorded).
 fn encode_result<T: Serialize>(spec: &ToolSpec, value: &T) -> Result<Value, DurableError> {
-    crate::runtime::encode(value, format_args!("result of `{}`", spec.name))
+    crate::encode::encode(value, format_args!("result of `{}`", spec.name))
 }
 
 pub(super) fn decode_result<T: DeserializeOwned, E>(

@@ -28,7 +28,7 @@ use crate::store::{CallOutcome, CallRecord, CheckpointMeta, NewCheckpoint};
 /// What the scope's call left for the session.
 pub(crate) enum ScopeOutcome {
     /// The call executed; its outcome is not recorded yet.
-    Executed(Executed),
+    Executed(Box<Executed>),
     /// Nothing is left to record with a checkpoint; the message is made of this
     /// (`Ok(result)` or `Err(failure message)`).
     Recorded(Result<Value, String>),
@@ -170,7 +170,7 @@ impl Journal {
     /// mid-write leaves it refusing until the session is resumed.
     pub(crate) async fn record_with_checkpoint(
         &self,
-        executed: Executed,
+        executed: Box<Executed>,
         checkpoint: Option<(i64, NewCheckpoint)>,
     ) -> Result<Option<CheckpointMeta>, DurableError> {
         let Executed {
@@ -178,7 +178,7 @@ impl Journal {
             outcome,
             spend,
             event,
-        } = executed;
+        } = *executed;
         let writing = checkpoint.as_ref().map(|(expected, _)| expected + 1);
         if writing.is_some() {
             self.set_checkpoint_in_doubt(writing);
@@ -201,7 +201,7 @@ impl Journal {
 
     /// An executed outcome that will not be recorded by this handle: its row is in
     /// doubt.
-    pub(crate) fn abandon(&self, executed: Executed) {
+    pub(crate) fn abandon(&self, executed: Box<Executed>) {
         self.hand_to_barrier(&executed.row);
     }
 }

@@ -79,7 +79,7 @@ impl Journal {
             let value = f().await.map_err(CallError::Tool)?;
             // Checked before anything is recorded: a reply the replay could not decode
             // (NaN written as `null`) never becomes a completed row.
-            let result = crate::runtime::encode(&value, "model response")?;
+            let result = crate::encode::encode(&value, "model response")?;
             let call = NewCall {
                 id: CallId::random(),
                 kind: CallKind::Model,

@@ -1,0 +1,43 @@
+//! [`Config`]: the settings every session of a [`Durable`](crate::Durable) shares.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::event::CallEvent;
+use crate::key::ArgLimits;
+
+/// Observer of journal decisions (see [`DurableBuilder::on_call`](crate::DurableBuilder::on_call)).
+pub type CallObserver = Arc<dyn Fn(&CallEvent) + Send + Sync>;
+
+/// Runtime settings shared by every session of a [`Durable`].
+pub struct Config {
+    /// This worker's name (lease owner).
+    pub owner: String,
+    /// How long a lease lasts without renewal.
+    pub lease_ttl: Duration,
+    /// The application/graph version this worker runs.
+    pub app_version: String,
+    /// Argument limits.
+    pub limits: ArgLimits,
+    /// Recoveries before a session is parked.
+    pub max_recovery_attempts: i32,
+    /// Key for MACs over recorded outcomes.
+    pub mac_key: Option<Vec<u8>>,
+    /// Journal observer.
+    pub observer: Option<CallObserver>,
+    /// Whether a background task renews leases.
+    pub renew_leases: bool,
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("owner", &self.owner)
+            .field("lease_ttl", &self.lease_ttl)
+            .field("app_version", &self.app_version)
+            .field("limits", &self.limits)
+            .field("max_recovery_attempts", &self.max_recovery_attempts)
+            .field("mac_key", &self.mac_key.as_ref().map(|_| "<redacted>"))
+            .finish_non_exhaustive()
+    }
+}
