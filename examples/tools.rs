@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use durable::toolbox::{ModelToolCall, ToolArguments};
 use durable::transcript::Message;
 use durable::{
-    CheckpointStore, Durable, StartOptions, ToolContext, Toolbox, Verification, durable_tool,
+    CheckpointStore, Durable, IdempotencyKey, StartOptions, ToolContext, Toolbox, Verification,
+    durable_tool,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -58,17 +59,16 @@ async fn read_order(
     idempotency_key = |a| format!("charge:{}", a.order_id),
 )]
 async fn charge_card(
-    ctx: &ToolContext,
+    key: IdempotencyKey,
     /// The order to charge for.
     order_id: String,
     /// Amount in cents.
     cents: u64,
 ) -> Result<Charge, std::io::Error> {
     CHARGES_MADE.fetch_add(1, Ordering::SeqCst);
-    let key = ctx.idempotency_key().unwrap_or_default().to_owned();
     Ok(Charge {
         charge_id: format!("ch_{order_id}_{cents}"),
-        idempotency_key: key,
+        idempotency_key: key.into_string(),
     })
 }
 

@@ -16,6 +16,34 @@
 //! Declare tools with [`#[durable_tool]`](macro@durable_tool), run sessions with
 //! [`Durable`], dispatch a model's tool calls with a [`Toolbox`].
 //!
+//! Three rules hold whatever the harness does with an error (feed it back to the model,
+//! checkpoint, ask again):
+//!
+//! - **The barrier is session-wide.** While any `unsafe_on_replay` call of a session is in
+//!   doubt and unresolved, no call with a side effect (`idempotent_with_key` or
+//!   `unsafe_on_replay`) runs in that session, in *any* step; `pure` calls and model calls
+//!   may. The refusal is [`DurableError::ReplayUnsafe`], naming the in-doubt call (`call`,
+//!   `tool`) and the refused tool (`refused_tool`). [`Session::checkpoint`] is allowed
+//!   meanwhile (the turn's transcript, with the refusal the model saw, is kept), and the
+//!   barrier stays: it lives in the journal, so a resume on any worker finds it again.
+//!   It lifts when an operator resolves the call ([`Durable::resolve`], `durable
+//!   resolve`), or when the call's own step is re-run and its `verify` hook settles it;
+//!   the live session sees the resolution without a resume.
+//! - **A re-run step may not diverge.** While a step is re-run after a crash, a call with
+//!   a side effect that matches no record, while a recorded call with a side effect of
+//!   that step has not been replayed yet, is refused with [`DurableError::ReplayDiverged`]
+//!   naming both; a checkpoint that would end such a step is refused the same way, so a
+//!   recorded effect never drops out of the conversation unseen. The ways out are
+//!   explicit: make the recorded call replay again (a `#[serde(alias = "…")]` for a
+//!   renamed argument lets its record decode and match, and the replay check accepts it),
+//!   or an operator's decision (fork the session from its last checkpoint).
+//! - **Only exact values enter the journal.** Arguments, results, model replies,
+//!   messages, plan, budget and state are checked with the same rules as a model's JSON
+//!   text: NaN and ±Infinity (which `serde_json` would silently turn into `null`, making
+//!   three calls share one hash), duplicate keys, integers JCS would round, lone
+//!   surrogates, too deep or too large documents are typed errors naming the JSON path,
+//!   and nothing is journaled for them.
+//!
 //! ```no_run
 //! use durable::{Durable, Message, StartOptions, Toolbox, durable_tool};
 //!
@@ -66,7 +94,7 @@ pub use durable_postgres as postgres;
 /// class, an idempotency-key rule and a journaling wrapper.
 ///
 /// ```no_run
-/// use durable::{RetryPolicy, ToolContext, Verification, durable_tool};
+/// use durable::{IdempotencyKey, RetryPolicy, ToolContext, Verification, durable_tool};
 /// # #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)] pub struct Receipt;
 /// # #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)] pub struct Charge;
 /// # #[derive(Debug)] pub struct MailError;
@@ -103,13 +131,13 @@ pub use durable_postgres as postgres;
 ///     idempotency_key = |a| format!("charge:{}", a.order_id),
 /// )]
 /// async fn charge_card(
-///     ctx: &ToolContext,
+///     key: IdempotencyKey,
 ///     /// The order being paid.
 ///     order_id: String,
 ///     /// Amount in cents.
 ///     cents: u64,
 /// ) -> Result<Charge, PayError> {
-///     pay(&order_id, cents, ctx.idempotency_key().unwrap_or_default()).await
+///     pay(&order_id, cents, key.as_str()).await
 /// }
 ///
 /// /// Read a file.
@@ -150,21 +178,31 @@ pub use durable_postgres as postgres;
 ///
 /// # Parameters
 ///
-/// - **Model arguments.** Every parameter other than the context is an argument the
-///   model sends. Each becomes a `pub` field of the generated argument struct and a
-///   property of the JSON schema; its `///` comment becomes the property's description
-///   (and the field's rustdoc: under `#![deny(missing_docs)]` an undocumented argument
-///   is reported, as it should be, since the model gets no description either).
+/// - **Model arguments.** Every parameter other than the context and the key is an
+///   argument the model sends. Each becomes a `pub` field of the generated argument
+///   struct and a property of the JSON schema; its `///` comment becomes the property's
+///   description (and the field's rustdoc: under `#![deny(missing_docs)]` an
+///   undocumented argument is reported, as it should be, since the model gets no
+///   description either).
 ///   `Option<T>` arguments are optional: absent and `null` both mean `None`. Types must
 ///   be owned and implement `Serialize`, `Deserialize`, `JsonSchema`, `Clone`, `Send`
 ///   and `Sync`; a missing trait is reported at the type. `#[serde(...)]` and
 ///   `#[schemars(...)]` attributes on a parameter are forwarded to its field.
 /// - **`#[secret]`** on an argument stores it in the journal as a hash only (it still
 ///   counts in the call's identity).
+/// - **The key**: an `idempotent_with_key` tool takes one parameter of type
+///   [`IdempotencyKey`], by value, recognised by its type name, anywhere in the list:
+///   the key to pass to the upstream API. It is never empty and never optional: on the
+///   first execution it is the key the `idempotency_key` rule derived, on a re-execution
+///   the key recorded the first time, verbatim (see *Keys*). It is a compile error on a
+///   `pure` or `unsafe_on_replay` tool (they have no key), twice, or as
+///   `Option<IdempotencyKey>` or `&IdempotencyKey` (take it by value and borrow it with
+///   `&key` or `key.as_str()`).
 /// - **The context**: one optional parameter of type `&ToolContext` (or `ToolContext`),
-///   recognised by its type name, anywhere in the list. It gives the body the session
-///   id, the call id and identity, the attempt number and the recorded idempotency key
-///   ([`ToolContext::idempotency_key`]), which the body passes to the upstream API.
+///   recognised by its type name, anywhere in the list, alone or beside the key. It
+///   gives the body the session id, the call id and identity and the attempt number.
+///   (It also has the recorded key as an `Option`, [`ToolContext::idempotency_key`],
+///   for code that has only the context; a keyed tool takes the key parameter.)
 /// - **The struct-argument form**: a single argument marked `#[args]` whose type is
 ///   your own `#[derive(Clone, Serialize, Deserialize, JsonSchema)]` struct is the whole
 ///   argument object; no struct is generated and doc comments come from your fields.
@@ -206,17 +244,26 @@ pub use durable_postgres as postgres;
 /// crash uses the **recorded** key, never a freshly derived one. Derive it from every
 /// argument that changes the effect: the same key with other arguments is refused
 /// ([`StoreError::IdempotencyConflict`]). Reading an argument that does not exist is a
-/// compile error naming the arguments that do.
+/// compile error naming the arguments that do. A rule that derives an empty key is
+/// refused at run time ([`DurableError::Encode`]) before anything is journaled: an empty
+/// key deduplicates nothing.
+///
+/// The body receives the key as its [`IdempotencyKey`] parameter: the derived key on
+/// the first execution, the recorded one on a re-execution, even when today's rule
+/// would derive another. The runtime records a key with every keyed call; a record
+/// without one (a call issued while the tool had another class) is not re-executed:
+/// the call stays in doubt and is returned as [`DurableError::ReplayUnsafe`] for an
+/// operator to resolve.
 ///
 /// ```no_run
-/// # use durable::{ToolContext, durable_tool};
+/// # use durable::{IdempotencyKey, durable_tool};
 /// /// Refund a charge, once per session and charge.
 /// #[durable_tool(
 ///     replay = "idempotent_with_key",
 ///     idempotency_key = |a, session| format!("{session}:refund:{}", a.charge_id),
 /// )]
-/// async fn refund(ctx: &ToolContext, charge_id: String) -> Result<String, std::io::Error> {
-///     Ok(format!("refunded {charge_id} with key {:?}", ctx.idempotency_key()))
+/// async fn refund(key: IdempotencyKey, charge_id: String) -> Result<String, std::io::Error> {
+///     Ok(format!("refunded {charge_id} with key {key}"))
 /// }
 /// ```
 ///
@@ -254,8 +301,9 @@ pub use durable_postgres as postgres;
 ///   call: `Result<Receipt, CallError<MailError>>`. The arguments are serialized,
 ///   hashed into the call's identity and journaled.
 /// - **`send_email.dangerous_call_unjournaled(...)`** — the body, with your exact
-///   parameters (context included; build one with [`ToolContext::detached`]), run with
-///   no journal at all. For tests of the body and deliberate one-off use.
+///   parameters (context and key included; build them with [`ToolContext::detached`]
+///   and [`IdempotencyKey::new`]), run with no journal at all. For tests of the body
+///   and deliberate one-off use.
 /// - **[`Tool::invoke`]** — what a toolbox calls with the model's JSON. The arguments are
 ///   decoded first; a mismatch is [`DurableError::ArgumentsMismatch`] naming the JSON
 ///   path (`$.cents`), and nothing is journaled or run. Then the key is derived and the
@@ -283,11 +331,12 @@ pub mod __private {
     //! through this module, so users need no direct dependency on serde, schemars or
     //! durable-core.
 
-    pub use durable_core::tool::{Tool, ToolContext, ToolOutput, ToolSpec};
+    pub use durable_core::tool::{IdempotencyKey, Tool, ToolContext, ToolOutput, ToolSpec};
     pub use durable_core::tool_bounds::{
         BoxFuture, ToolArgument, ToolErrorValue, ToolOutputValue, ToolReturn, args_schema,
-        assert_tool_argument, assert_tool_return, decode_args, derive_key, derive_key_with_session,
-        doc_text, encode_args, run_tool, run_tool_verified, tool_output,
+        assert_tool_argument, assert_tool_return, checked_key, decode_args, derive_key,
+        derive_key_with_session, doc_text, encode_args, run_tool, run_tool_keyed,
+        run_tool_verified, tool_output,
     };
     pub use durable_core::{CallError, DurableError, Journal, ReplayClass, SessionId};
     pub use serde_json::Value;

@@ -1,6 +1,7 @@
 //! `#[durable_tool]` end to end on the `SQLite` store: typed calls journal and replay,
 //! model-style `invoke` validates arguments before anything is journaled, the key closure
-//! reaches the body, the verify hook decides in-doubt unsafe calls, secrets are masked.
+//! reaches the body (as its `IdempotencyKey` parameter: derived first, recorded on a
+//! re-execution), the verify hook decides in-doubt unsafe calls, secrets are masked.
 //!
 //! Each test has its own tools, so their execution counters do not interfere when tests
 //! run in parallel.
@@ -15,8 +16,9 @@ use std::time::Duration;
 use durable::sqlite::SqliteStore;
 use durable::store::CallStatus;
 use durable::{
-    CallError, CheckpointStore, Durable, DurableError, Message, ReplayClass, RetryPolicy, Session,
-    SessionId, StartOptions, Tool, ToolContext, Verification, durable_tool,
+    CallError, CheckpointStore, Durable, DurableError, IdempotencyKey, Message, ReplayClass,
+    RetryPolicy, Session, SessionId, StartOptions, Tool, ToolContext, ToolSpec, Verification,
+    durable_tool,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -227,7 +229,7 @@ async fn invoke_validates_arguments_before_journaling() {
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 struct Charge {
-    key: Option<String>,
+    key: String,
     cents: u64,
 }
 
@@ -236,12 +238,12 @@ struct Charge {
     replay = "idempotent_with_key",
     idempotency_key = |a, session| format!("{session}:charge:{}", a.order_id),
 )]
-async fn charge_card(ctx: &ToolContext, order_id: String, cents: u64) -> Result<Charge, Failure> {
+async fn charge_card(key: IdempotencyKey, order_id: String, cents: u64) -> Result<Charge, Failure> {
     if cents == 0 {
         return Err(Failure(format!("order {order_id}: nothing to charge")));
     }
     Ok(Charge {
-        key: ctx.idempotency_key().map(str::to_owned),
+        key: key.into_string(),
         cents,
     })
 }
@@ -256,7 +258,7 @@ async fn the_key_closure_reaches_the_body_and_the_journal() {
         .call(session.journal(), "o-17".into(), 1200)
         .await
         .expect("charge");
-    assert_eq!(charge.key.as_deref(), Some(expected.as_str()));
+    assert_eq!(charge.key, expected);
 
     let output = charge_card
         .invoke(session.journal(), json!({"order_id": "o-18", "cents": 0}))
@@ -435,12 +437,12 @@ async fn specs_schemas_and_the_escape_hatch() {
         .expect("unjournaled");
     assert_eq!(loud, "X");
     assert_eq!(SHOUTS.load(Ordering::SeqCst), 1);
-    let ctx = ToolContext::detached(charge_card::spec(), SessionId::new("s"), Some("k-1".into()));
+    let key = IdempotencyKey::new("k-1").expect("not empty");
     let charge = charge_card
-        .dangerous_call_unjournaled(&ctx, "o".into(), 5)
+        .dangerous_call_unjournaled(key, "o".into(), 5)
         .await
         .expect("unjournaled charge");
-    assert_eq!(charge.key.as_deref(), Some("k-1"));
+    assert_eq!(charge.key, "k-1");
 
     // Struct form, journaled, through a boxed trait object on another thread.
     let store = store().await;
@@ -535,4 +537,204 @@ async fn a_macro_tool_commits_its_result_with_the_checkpoint() {
     let rows = store.calls(session.id(), None).await.expect("calls");
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].status, CallStatus::Completed);
+}
+
+// ---------------------------------------------------------------------------------------
+
+/// The version of `pay_invoice`'s key rule: bumped to make today's rule derive another
+/// key than the one recorded.
+static PAY_KEY_VERSION: AtomicUsize = AtomicUsize::new(1);
+static PAY_HANG: AtomicBool = AtomicBool::new(true);
+static PAY_STARTED: AtomicBool = AtomicBool::new(false);
+/// Per run of the body: the key parameter, the context's key, the attempt.
+static PAY_RUNS: Mutex<Vec<(String, Option<String>, i32)>> = Mutex::new(Vec::new());
+
+/// Pay an invoice (hangs after paying while `PAY_HANG` is set, like a crash before the
+/// result is recorded).
+#[durable_tool(
+    replay = "idempotent_with_key",
+    idempotency_key = |a| format!("pay:v{}:{}", PAY_KEY_VERSION.load(Ordering::SeqCst), a.invoice),
+)]
+async fn pay_invoice(
+    ctx: &ToolContext,
+    invoice: String,
+    key: IdempotencyKey,
+) -> Result<String, Failure> {
+    PAY_RUNS.lock().expect("runs").push((
+        key.to_string(),
+        ctx.idempotency_key().map(str::to_owned),
+        ctx.attempt(),
+    ));
+    if PAY_HANG.load(Ordering::SeqCst) {
+        PAY_STARTED.store(true, Ordering::SeqCst);
+        std::future::pending::<()>().await;
+    }
+    Ok(format!("paid {invoice} with {key}"))
+}
+
+#[tokio::test]
+async fn the_key_parameter_is_the_derived_key_then_exactly_the_recorded_one() {
+    let store = store().await;
+    let session = start(&store).await;
+    let id = session.id().clone();
+
+    // First execution: the key the rule derives; the worker is lost before the result.
+    let journal = session.journal().clone();
+    let task = tokio::spawn(async move { pay_invoice.call(&journal, "i-1".into()).await });
+    while !PAY_STARTED.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    task.abort();
+    assert!(task.await.is_err(), "the call was cut off");
+    let row = rows(&store, &id).await.remove(0);
+    assert_eq!(row.status, CallStatus::Issued);
+    assert_eq!(row.idempotency_key.as_deref(), Some("pay:v1:i-1"));
+
+    // Today's rule derives another key; the in-doubt call is re-executed with the
+    // recorded one, verbatim.
+    PAY_KEY_VERSION.store(2, Ordering::SeqCst);
+    PAY_HANG.store(false, Ordering::SeqCst);
+    let derived_now = pay_invoice
+        .derive_key(&json!({"invoice": "i-1"}), &id)
+        .expect("keyed")
+        .expect("derivable");
+    assert_eq!(derived_now, "pay:v2:i-1");
+    let resumed = crash_and_resume(&store, session).await;
+    let paid = pay_invoice
+        .call(resumed.session.journal(), "i-1".into())
+        .await
+        .expect("re-executed");
+    assert_eq!(paid, "paid i-1 with pay:v1:i-1");
+    let recorded = Some("pay:v1:i-1".to_owned());
+    assert_eq!(
+        *PAY_RUNS.lock().expect("runs"),
+        [
+            ("pay:v1:i-1".to_owned(), recorded.clone(), 1),
+            ("pay:v1:i-1".to_owned(), recorded.clone(), 2),
+        ]
+    );
+    let row = rows(&store, &id).await.remove(0);
+    assert_eq!(row.status, CallStatus::Completed);
+    assert_eq!(row.idempotency_key, recorded);
+}
+
+static SHIP_RUNS: AtomicUsize = AtomicUsize::new(0);
+static SHIP_STARTED: AtomicBool = AtomicBool::new(false);
+
+/// Ship a parcel.
+#[durable_tool(
+    replay = "idempotent_with_key",
+    idempotency_key = |a| format!("ship:{}", a.parcel),
+)]
+async fn ship_parcel(key: IdempotencyKey, parcel: String) -> Result<String, Failure> {
+    SHIP_RUNS.fetch_add(1, Ordering::SeqCst);
+    Ok(format!("shipped {parcel} with {key}"))
+}
+
+/// A keyed tool never runs without its key: an in-doubt record that holds none (issued
+/// while the tool was `unsafe_on_replay`) is refused with a typed error, before the body
+/// runs, and stays in doubt for an operator.
+#[tokio::test]
+async fn a_keyed_call_whose_record_holds_no_key_does_not_run() {
+    let store = store().await;
+    let session = start(&store).await;
+    let id = session.id().clone();
+
+    // The same tool and arguments, issued under the class it had before: no key.
+    let before = ToolSpec {
+        class: ReplayClass::UnsafeOnReplay,
+        ..ship_parcel::spec().clone()
+    };
+    let journal = session.journal().clone();
+    let task = tokio::spawn(async move {
+        journal
+            .tool(&before, json!({"parcel": "p-1"}))
+            .run(|_ctx| async {
+                SHIP_STARTED.store(true, Ordering::SeqCst);
+                std::future::pending::<Result<String, Failure>>().await
+            })
+            .await
+    });
+    while !SHIP_STARTED.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    task.abort();
+    assert!(task.await.is_err(), "the call was cut off");
+    let row = rows(&store, &id).await.remove(0);
+    assert_eq!(
+        (row.status, row.idempotency_key),
+        (CallStatus::Issued, None)
+    );
+
+    let resumed = crash_and_resume(&store, session).await;
+    let refused = ship_parcel
+        .call(resumed.session.journal(), "p-1".into())
+        .await;
+    match refused {
+        Err(CallError::Durable(DurableError::ReplayUnsafe { call, reason, .. })) => {
+            assert_eq!(call, row.id);
+            assert!(reason.contains("holds no idempotency key"), "{reason}");
+        }
+        other => panic!("expected ReplayUnsafe, got {other:?}"),
+    }
+    assert_eq!(SHIP_RUNS.load(Ordering::SeqCst), 0, "the body did not run");
+    let row = rows(&store, &id).await.remove(0);
+    assert_eq!(row.status, CallStatus::Issued, "still in doubt");
+    assert_eq!(row.idempotency_key, None);
+}
+
+static TAGS: AtomicUsize = AtomicUsize::new(0);
+
+/// Tag an order; the key is the tag itself.
+#[durable_tool(replay = "idempotent_with_key", idempotency_key = |a| a.tag.clone())]
+async fn tag_order(key: IdempotencyKey, tag: String) -> Result<String, Failure> {
+    TAGS.fetch_add(1, Ordering::SeqCst);
+    Ok(format!("{tag} {key}"))
+}
+
+/// A rule that derives an empty key is refused before anything is journaled: an empty key
+/// deduplicates nothing.
+#[tokio::test]
+async fn an_empty_derived_key_is_refused_before_journaling() {
+    let store = store().await;
+    let session = start(&store).await;
+    let journal = session.journal();
+
+    let typed = tag_order.call(journal, String::new()).await;
+    assert!(
+        matches!(&typed, Err(CallError::Durable(DurableError::Encode { detail, .. })) if detail.contains("empty key")),
+        "{typed:?}"
+    );
+    let invoked = tag_order.invoke(journal, json!({"tag": ""})).await;
+    assert!(
+        matches!(&invoked, Err(DurableError::Encode { what, .. }) if what.contains("`tag_order`")),
+        "{invoked:?}"
+    );
+    assert!(matches!(
+        tag_order.derive_key(&json!({"tag": ""}), session.id()),
+        Some(Err(DurableError::Encode { .. }))
+    ));
+    assert_eq!(TAGS.load(Ordering::SeqCst), 0);
+    assert!(
+        rows(&store, session.id()).await.is_empty(),
+        "nothing journaled"
+    );
+
+    let tagged = tag_order
+        .call(journal, "gift".into())
+        .await
+        .expect("tagged");
+    assert_eq!(tagged, "gift gift");
+}
+
+#[test]
+fn idempotency_keys_are_plain_non_empty_strings() {
+    assert_eq!(IdempotencyKey::new(""), None);
+    let key = IdempotencyKey::new(String::from("charge:o-1")).expect("not empty");
+    assert_eq!(key.as_str(), "charge:o-1");
+    assert_eq!(key.to_string(), "charge:o-1");
+    assert_eq!(AsRef::<str>::as_ref(&key), "charge:o-1");
+    assert!(key.starts_with("charge:"), "derefs to `str`");
+    assert_eq!(key, "charge:o-1");
+    assert_eq!(String::from(key.clone()), key.into_string());
 }

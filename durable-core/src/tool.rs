@@ -1,10 +1,12 @@
-//! Tool descriptions ([`ToolSpec`]), the object-safe [`Tool`] trait and the
-//! [`ToolContext`] a tool body receives.
+//! Tool descriptions ([`ToolSpec`]), the object-safe [`Tool`] trait, the
+//! [`ToolContext`] a tool body receives and the [`IdempotencyKey`] a keyed tool receives.
 //!
 //! `#[durable_tool]` generates a [`ToolSpec`] and a [`Tool`] impl for each annotated
 //! function. Both can be written by hand: the macro is sugar over
 //! [`Journal::tool`](crate::Journal::tool).
 
+use std::fmt;
+use std::ops::Deref;
 use std::sync::{Arc, Mutex};
 
 use futures_util::future::BoxFuture;
@@ -167,10 +169,40 @@ impl ToolContext {
         self.attempt
     }
 
-    /// The idempotency key recorded for this call (`idempotent_with_key` tools): pass it
-    /// to the upstream API. On re-execution it is the key recorded the first time.
+    /// The idempotency key recorded for this call, `None` for a call that has none
+    /// (`pure` and `unsafe_on_replay` tools). On re-execution it is the key recorded the
+    /// first time.
+    ///
+    /// For code that has the context anyway (a verify hook, a hand-written [`Tool`]). A
+    /// `#[durable_tool]` keyed tool takes an [`IdempotencyKey`] parameter instead: the
+    /// key arrives as a plain value, so no `None` has to be turned into a key (an empty
+    /// key would deduplicate nothing).
     pub fn idempotency_key(&self) -> Option<&str> {
         self.idempotency_key.as_deref()
+    }
+
+    /// The recorded key as an [`IdempotencyKey`], for the generated wrapper of a keyed
+    /// tool. The journal records a key with every `idempotent_with_key` call, so a
+    /// missing or empty one means the record was not written as such (an in-doubt call
+    /// issued while the tool had another class): the call stays in doubt and an operator
+    /// settles it, exactly as for an unsafe call (re-running it without the key it was
+    /// first sent with could repeat its effect).
+    pub(crate) fn recorded_key(&self) -> Result<IdempotencyKey, DurableError> {
+        self.idempotency_key
+            .as_deref()
+            .and_then(IdempotencyKey::new)
+            .ok_or_else(|| DurableError::ReplayUnsafe {
+                call: self.call.clone(),
+                tool: self.identity.tool.clone(),
+                class: self.class,
+                refused_tool: self.identity.tool.clone(),
+                reason: format!(
+                    "its record holds no idempotency key, and re-executing it without the key it was \
+                     first sent with could repeat its effect (was it issued before `{}` became \
+                     `idempotent_with_key`?)",
+                    self.identity.tool
+                ),
+            })
     }
 
     /// Records what this call cost; it is stored with the result and charged to the
@@ -179,6 +211,80 @@ impl ToolContext {
         if let Ok(mut slot) = self.spend.lock() {
             *slot = Some(spend);
         }
+    }
+}
+
+/// The idempotency key of an `idempotent_with_key` call: what the tool passes to the
+/// upstream API (a payment provider's `Idempotency-Key` header) so that the upstream
+/// performs the effect once however often the call runs. Never empty.
+///
+/// A `#[durable_tool(replay = "idempotent_with_key", ...)]` function receives it as a
+/// parameter, by value, beside the arguments the model sends (it is not one of them):
+/// `async fn charge_card(key: IdempotencyKey, order_id: String, cents: u64)`, whose body
+/// passes `key.as_str()` (or `&key`, which derefs to `&str`) to the provider.
+///
+/// On the first execution it is the key the `idempotency_key` rule derived; on a
+/// re-execution of an in-doubt call it is the key recorded the first time, verbatim,
+/// whatever the rule derives today.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct IdempotencyKey(String);
+
+impl IdempotencyKey {
+    /// A key with this text, `None` if it is empty (an empty key deduplicates nothing).
+    ///
+    /// The runtime builds the keys a tool receives; this is for calling a tool's body
+    /// yourself (`dangerous_call_unjournaled` in a unit test).
+    pub fn new(key: impl Into<String>) -> Option<Self> {
+        let key = key.into();
+        (!key.is_empty()).then_some(IdempotencyKey(key))
+    }
+
+    /// The key's text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The key's text, owned.
+    pub fn into_string(self) -> String {
+        self.0
+    }
+}
+
+impl fmt::Display for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl AsRef<str> for IdempotencyKey {
+    fn as_ref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl Deref for IdempotencyKey {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
+impl From<IdempotencyKey> for String {
+    fn from(key: IdempotencyKey) -> String {
+        key.0
+    }
+}
+
+impl PartialEq<str> for IdempotencyKey {
+    fn eq(&self, other: &str) -> bool {
+        self.0 == other
+    }
+}
+
+impl PartialEq<&str> for IdempotencyKey {
+    fn eq(&self, other: &&str) -> bool {
+        self.0 == *other
     }
 }
 

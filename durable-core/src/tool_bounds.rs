@@ -14,7 +14,12 @@
 //! [`Tool`]: crate::tool::Tool
 
 use std::fmt::Display;
-use std::future::Future;
+use std::future::{Future, poll_fn};
+use std::pin::pin;
+use std::sync::{Mutex, PoisonError};
+use std::task::Poll;
+
+use futures_util::future::Either;
 
 use schemars::JsonSchema;
 use serde::Serialize;
@@ -26,7 +31,7 @@ use crate::error::DurableError;
 use crate::ids::SessionId;
 use crate::journal::{CallError, ToolCall};
 use crate::key::{ArgumentErrorKind, to_journal_value};
-use crate::tool::{ToolContext, ToolOutput, ToolSpec, Verification};
+use crate::tool::{IdempotencyKey, ToolContext, ToolOutput, ToolSpec, Verification};
 
 /// The boxed, `Send` future returned by [`Tool::invoke`](crate::tool::Tool::invoke).
 pub use futures_util::future::BoxFuture;
@@ -130,6 +135,68 @@ where
     VFut: Future<Output = Verification<T>>,
 {
     call.run_verified(run, verify).await
+}
+
+/// Runs a journaled `idempotent_with_key` call whose body receives the call's
+/// [`IdempotencyKey`]: the derived key on the first execution, the recorded one, verbatim,
+/// on a re-execution.
+///
+/// The journal records a key with every keyed call, so the key is always there. Should a
+/// record hold none (see [`DurableError::ReplayUnsafe`]), the body does not run: the
+/// journaled call is dropped before its outcome is recorded, exactly as a cancelled call
+/// is, so the call stays in doubt, and the error is returned as
+/// [`CallError::Durable`]. Never an empty or made-up key.
+pub async fn run_tool_keyed<T, E, F, Fut>(call: ToolCall<'_>, mut run: F) -> Result<T, CallError<E>>
+where
+    T: ToolOutputValue,
+    E: ToolErrorValue,
+    F: FnMut(ToolContext, IdempotencyKey) -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    let refused: Mutex<Option<DurableError>> = Mutex::new(None);
+    let journaled = call.run(|ctx: ToolContext| match ctx.recorded_key() {
+        Ok(key) => Either::Left(run(ctx, key)),
+        Err(error) => {
+            *refused.lock().unwrap_or_else(PoisonError::into_inner) = Some(error);
+            Either::Right(std::future::pending())
+        }
+    });
+    let mut journaled = pin!(journaled);
+    poll_fn(|cx| {
+        if let Poll::Ready(result) = journaled.as_mut().poll(cx) {
+            return Poll::Ready(result);
+        }
+        // The body was refused and the journal now waits on a future that never ends:
+        // returning drops it, and with it the journal's hold on the call.
+        match refused
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            Some(error) => Poll::Ready(Err(CallError::Durable(error))),
+            None => Poll::Pending,
+        }
+    })
+    .await
+}
+
+/// The key a keyed tool's `idempotency_key` rule derived, refused when empty: an empty
+/// key deduplicates nothing, so the call must not reach the upstream with it.
+///
+/// # Errors
+/// [`DurableError::Encode`] naming the tool when `key` is empty; nothing is journaled or
+/// run for such a call.
+pub fn checked_key(spec: &ToolSpec, key: String) -> Result<String, DurableError> {
+    if key.is_empty() {
+        return Err(DurableError::Encode {
+            what: format!("the idempotency key of `{}`", spec.name),
+            detail: "the `idempotency_key` rule derived an empty key from these arguments, and an \
+                     empty key deduplicates nothing; derive it from arguments that cannot be empty \
+                     (nothing was journaled or run)"
+                .into(),
+        });
+    }
+    Ok(key)
 }
 
 /// Compile-time check used by generated code: `T` is a [`ToolArgument`].

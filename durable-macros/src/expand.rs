@@ -123,8 +123,10 @@ struct ArgsShape {
 //         vis fn spec() -> &'static P::ToolSpec { /* OnceLock */ }
 //         vis async fn call(&self, journal: &P::Journal, to: String) -> Result<T, P::CallError<E>>
 //         vis async fn dangerous_call_unjournaled(&self, ctx: &ToolContext, to: String) -> R
+//         #[doc(hidden)] fn __durable_key(&Args, &P::SessionId)   // keyed tools only
+//             -> Result<P::String, P::DurableError>
 //         #[doc(hidden)] async fn __durable_journaled(journal, args: Args, value: P::Value)
-//             -> Result<T, P::CallError<E>>   // journal.tool(spec, value).key(..).run_verified(..)
+//             -> Result<T, P::CallError<E>>   // journal.tool(spec, value).key(..) + P::run_tool*
 //     }
 //
 //     impl P::Tool for send_email { fn spec(&self) ..; fn invoke(..) -> P::BoxFuture<..> }
@@ -388,6 +390,7 @@ fn call_fn(
 fn forward_name(input: &Input<'_>, index: usize) -> Ident {
     let pat = match input {
         Input::Context(c) => &c.original.pat,
+        Input::Key(k) => &k.original.pat,
         Input::Model(p) => &p.original.pat,
     };
     match &**pat {
@@ -406,6 +409,7 @@ fn dangerous_fn(tool: &ToolFn<'_>, ret: &TokenStream) -> TokenStream {
         .collect();
     let types = tool.inputs.iter().map(|input| match input {
         Input::Context(c) => &c.original.ty,
+        Input::Key(k) => &k.original.ty,
         Input::Model(p) => &p.original.ty,
     });
     quote! {
@@ -419,6 +423,27 @@ fn dangerous_fn(tool: &ToolFn<'_>, ret: &TokenStream) -> TokenStream {
     }
 }
 
+// Expansion of the journaled call (`Args` and `R` as above):
+//
+//     // keyed tools only: the rule, expanded once, for this call and `Tool::derive_key`
+//     #[doc(hidden)]
+//     fn __durable_key(__durable_args: &Args, __durable_session: &P::SessionId)
+//         -> Result<P::String, P::DurableError>
+//     { P::checked_key(Self::spec(), P::derive_key(__durable_args, <rule>)) }   // refuses ""
+//
+//     #[doc(hidden)]
+//     async fn __durable_journaled(__durable_journal: &P::Journal, __durable_args: Args,
+//                                  __durable_value: P::Value) -> Result<T, P::CallError<E>> {
+//         let __durable_call = __durable_journal.tool(Self::spec(), __durable_value);
+//         // keyed: let __durable_call = __durable_call.key(Self::__durable_key(..)?);
+//         P::run_tool(__durable_call, |__durable_ctx: P::ToolContext| {
+//             let Args { to } = clone of __durable_args;
+//             async move { P::ToolReturn::into_result(Self::__durable_body(&__durable_ctx, to).await) }
+//         }).await
+//         // keyed: P::run_tool_keyed, whose closure also takes `__durable_key: P::IdempotencyKey`
+//         //        (the recorded key) and passes it where the user declared `key: IdempotencyKey`;
+//         // verify: P::run_tool_verified(__durable_call, <run>, |__durable_ctx| verify(&ctx, &args))
+//     }
 fn journaled_fn(
     private: &TokenStream,
     tool: &ToolFn<'_>,
@@ -444,37 +469,52 @@ fn journaled_fn(
             fn __durable_key(
                 __durable_args: &#args_ty,
                 __durable_session: &#private::SessionId,
-            ) -> #private::String {
-                #derive
+            ) -> ::core::result::Result<#private::String, #private::DurableError> {
+                #private::checked_key(Self::spec(), #derive)
             }
         }
     });
     let key = plan.key.as_ref().map(|_| {
         quote! {
-            let __durable_call = __durable_call.key(
-                Self::__durable_key(&__durable_args, __durable_journal.session_id()),
-            );
+            let __durable_call = match Self::__durable_key(
+                &__durable_args,
+                __durable_journal.session_id(),
+            ) {
+                ::core::result::Result::Ok(__durable_key) => __durable_call.key(__durable_key),
+                ::core::result::Result::Err(__durable_error) => {
+                    return ::core::result::Result::Err(#private::CallError::Durable(__durable_error));
+                }
+            };
         }
     });
     let body_args = tool.inputs.iter().map(|input| match input {
         Input::Context(c) if c.by_ref => quote!(&__durable_ctx),
         Input::Context(_) => quote!(__durable_ctx),
+        Input::Key(_) => quote!(__durable_key),
         Input::Model(p) => p.ident.map(ToTokens::to_token_stream).unwrap_or_default(),
     });
+    // Every keyed tool runs through `run_tool_keyed`, which hands the body the recorded
+    // key (and refuses to run it without one), whether or not the body takes it.
+    let keyed = plan.class == Class::IdempotentWithKey;
+    let key_param = keyed.then(|| quote!(, __durable_key: #private::IdempotencyKey));
     let run = quote! {
-        |__durable_ctx: #private::ToolContext| {
+        |__durable_ctx: #private::ToolContext #key_param| {
             #destructure
             async move {
                 #private::ToolReturn::into_result(Self::__durable_body(#(#body_args),*).await)
             }
         }
     };
-    // `run_tool` is bounded by `ToolOutputValue` / `ToolErrorValue`, so a result or error
+    // `run_tool*` are bounded by `ToolOutputValue` / `ToolErrorValue`, so a result or error
     // type lacking a trait is reported with their notes.
     let out_span = output_span(tool);
     let run_call = match plan.verify {
         None => {
-            let run_tool = quote_spanned!(out_span=> #private::run_tool);
+            let run_tool = if keyed {
+                quote_spanned!(out_span=> #private::run_tool_keyed)
+            } else {
+                quote_spanned!(out_span=> #private::run_tool)
+            };
             quote!(#run_tool(__durable_call, #run).await)
         }
         Some(verify) => {
@@ -523,7 +563,7 @@ fn tool_impl(
         quote! {
             ::core::option::Option::Some(
                 #private::decode_args::<#args_ty>(#ident::spec(), args)
-                    .map(|__durable_args| #ident::__durable_key(&__durable_args, session)),
+                    .and_then(|__durable_args| #ident::__durable_key(&__durable_args, session)),
             )
         }
     } else {

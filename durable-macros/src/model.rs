@@ -26,6 +26,7 @@ pub(crate) struct ToolFn<'a> {
 
 pub(crate) enum Input<'a> {
     Context(ContextParam<'a>),
+    Key(KeyParam<'a>),
     Model(Param<'a>),
 }
 
@@ -36,6 +37,23 @@ pub(crate) struct ContextParam<'a> {
     pub(crate) by_ref: bool,
     /// `&mut ToolContext`: recognised so that validate can say what to write instead.
     pub(crate) mutable: bool,
+}
+
+/// A parameter typed `IdempotencyKey` (recognised by the type's last path segment, like
+/// the context), or a spelling of it that validate refuses.
+pub(crate) struct KeyParam<'a> {
+    pub(crate) original: &'a PatType,
+    pub(crate) form: KeyForm,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum KeyForm {
+    /// `IdempotencyKey`: the one accepted form.
+    Value,
+    /// `&IdempotencyKey` or `&mut IdempotencyKey`.
+    Ref,
+    /// `Option<IdempotencyKey>`.
+    Option,
 }
 
 /// A parameter the model supplies.
@@ -122,14 +140,21 @@ impl<'a> ToolFn<'a> {
     pub(crate) fn model_params(&self) -> impl Iterator<Item = &Param<'a>> {
         self.inputs.iter().filter_map(|input| match input {
             Input::Model(p) => Some(p),
-            Input::Context(_) => None,
+            Input::Context(_) | Input::Key(_) => None,
         })
     }
 
     pub(crate) fn context_params(&self) -> impl Iterator<Item = &ContextParam<'a>> {
         self.inputs.iter().filter_map(|input| match input {
             Input::Context(c) => Some(c),
-            Input::Model(_) => None,
+            Input::Key(_) | Input::Model(_) => None,
+        })
+    }
+
+    pub(crate) fn key_params(&self) -> impl Iterator<Item = &KeyParam<'a>> {
+        self.inputs.iter().filter_map(|input| match input {
+            Input::Key(k) => Some(k),
+            Input::Context(_) | Input::Model(_) => None,
         })
     }
 
@@ -151,6 +176,12 @@ impl<'a> Input<'a> {
                 original: pat_type,
                 by_ref,
                 mutable,
+            });
+        }
+        if let Some(form) = key_type(&pat_type.ty) {
+            return Input::Key(KeyParam {
+                original: pat_type,
+                form,
             });
         }
         let mut param = Param {
@@ -203,6 +234,34 @@ fn context_type(ty: &Type) -> Option<(bool, bool)> {
         Type::Paren(p) => context_type(&p.elem).map(|_| (by_ref, mutable)),
         _ => None,
     }
+}
+
+/// The form in which `ty` spells `IdempotencyKey`, if it does.
+fn key_type(ty: &Type) -> Option<KeyForm> {
+    match ty {
+        Type::Reference(r) => is_key(&r.elem).then_some(KeyForm::Ref),
+        Type::Paren(p) => key_type(&p.elem),
+        Type::Path(p) if p.qself.is_none() => {
+            let last = p.path.segments.last()?;
+            if last.ident == "IdempotencyKey" && last.arguments.is_empty() {
+                return Some(KeyForm::Value);
+            }
+            if last.ident == "Option"
+                && let PathArguments::AngleBracketed(args) = &last.arguments
+                && args.args.len() == 1
+                && let Some(GenericArgument::Type(inner)) = args.args.first()
+                && is_key(inner)
+            {
+                return Some(KeyForm::Option);
+            }
+            None
+        }
+        _ => None,
+    }
+}
+
+fn is_key(ty: &Type) -> bool {
+    key_type(ty) == Some(KeyForm::Value)
 }
 
 impl<'a> Output<'a> {
@@ -324,6 +383,27 @@ mod tests {
             .map(|c| (c.by_ref, c.mutable))
             .collect();
         assert_eq!(ctx, [(false, false), (true, true)]);
+    }
+
+    #[test]
+    fn key_parameters_are_recognised_in_every_spelling() {
+        let f = item(quote!(
+            async fn a(
+                k: durable::IdempotencyKey,
+                r: &IdempotencyKey,
+                o: Option<(IdempotencyKey)>,
+                ctx: &ToolContext,
+                id: String,
+                n: Option<String>,
+                v: Vec<IdempotencyKey>,
+            ) {
+            }
+        ));
+        let model = ToolFn::from_item(&f);
+        let keys: Vec<_> = model.key_params().map(|k| k.form).collect();
+        assert_eq!(keys, [KeyForm::Value, KeyForm::Ref, KeyForm::Option]);
+        assert_eq!(model.context_params().count(), 1);
+        assert_eq!(model.model_params().count(), 3);
     }
 
     #[test]

@@ -241,3 +241,88 @@ fn an_argument_named_journal_does_not_collide_with_the_journal_parameter() {
         ]
     );
 }
+
+/// The parameters of a generated method, as token text.
+fn method_params(file: &syn::File, name: &str) -> Vec<String> {
+    let sig = file
+        .items
+        .iter()
+        .filter_map(|item| match item {
+            syn::Item::Impl(i) if i.trait_.is_none() => Some(i),
+            _ => None,
+        })
+        .flat_map(|i| i.items.iter())
+        .find_map(|item| match item {
+            syn::ImplItem::Fn(f) if f.sig.ident == name => Some(f.sig.clone()),
+            _ => None,
+        })
+        .unwrap_or_else(|| panic!("no method `{name}`"));
+    sig.inputs
+        .iter()
+        .filter_map(|input| match input {
+            syn::FnArg::Typed(t) => Some(quote!(#t).to_string()),
+            syn::FnArg::Receiver(_) => None,
+        })
+        .collect()
+}
+
+#[test]
+fn the_key_parameter_is_supplied_by_the_runtime_not_the_model() {
+    let file = expand(
+        quote!(
+            replay = "idempotent_with_key",
+            idempotency_key = |a| a.order_id.clone()
+        ),
+        quote!(
+            async fn charge(
+                key: IdempotencyKey,
+                ctx: &ToolContext,
+                order_id: String,
+            ) -> Result<u8, E> {
+                unreachable!()
+            }
+        ),
+    );
+    // Not a model argument: no field, not a parameter of the typed call.
+    let args = file.items.iter().find_map(|item| match item {
+        syn::Item::Struct(s) if s.ident == "ChargeArgs" => Some(s),
+        _ => None,
+    });
+    let fields: Vec<String> = args
+        .expect("ChargeArgs")
+        .fields
+        .iter()
+        .filter_map(|f| f.ident.as_ref().map(ToString::to_string))
+        .collect();
+    assert_eq!(fields, ["order_id"]);
+    assert_eq!(
+        method_params(&file, "call"),
+        [
+            "journal : & :: durable :: __private :: Journal",
+            "order_id : String"
+        ]
+    );
+    // The escape hatch keeps the user's exact parameters.
+    assert_eq!(
+        method_params(&file, "dangerous_call_unjournaled"),
+        [
+            "key : IdempotencyKey",
+            "ctx : & ToolContext",
+            "order_id : String"
+        ]
+    );
+    let text = quote!(#file).to_string();
+    assert!(
+        text.contains(":: durable :: __private :: run_tool_keyed"),
+        "{text}"
+    );
+    assert!(
+        text.contains("__durable_key : :: durable :: __private :: IdempotencyKey"),
+        "{text}"
+    );
+    assert!(
+        text.contains("__durable_body (__durable_key , & __durable_ctx , order_id)"),
+        "{text}"
+    );
+    assert!(text.contains("checked_key"), "{text}");
+}

@@ -8,7 +8,7 @@ use syn::{Expr, Ident, LitStr, Pat, Type};
 
 use crate::args::{Arg, ToolArgs, attribute_span};
 use crate::ctxt::Ctxt;
-use crate::model::{Param, ToolFn, unraw};
+use crate::model::{KeyForm, Param, ToolFn, unraw};
 
 /// The replay classes, spelled as in the attribute. The runtime enum lives in
 /// durable-core; this crate cannot depend on it, so the names are listed once here.
@@ -68,6 +68,7 @@ pub(crate) fn validate<'a>(cx: &Ctxt, args: &'a ToolArgs, tool: &ToolFn<'_>) -> 
         check_class_rules(cx, args, class);
     }
     check_signature(cx, tool);
+    check_key_params(cx, tool, class);
     check_params(cx, tool);
     let key = check_key(cx, args, tool);
     let (name, name_span) = check_name(cx, args, tool);
@@ -219,6 +220,44 @@ fn check_signature(cx: &Ctxt, tool: &ToolFn<'_>) {
                 "a tool takes at most one `ToolContext` parameter; remove this one",
             );
         }
+    }
+}
+
+// One key, by value, and only where the runtime has one: a keyed tool's body receives
+// the recorded key as a plain value, so it never has to make one up for a `None`.
+fn check_key_params(cx: &Ctxt, tool: &ToolFn<'_>, class: Option<Class>) {
+    let mut keys = tool.key_params();
+    let Some(first) = keys.next() else {
+        return;
+    };
+    match (class, first.form) {
+        (Some(class), _) if class != Class::IdempotentWithKey => cx.error_spanned_by(
+            first.original,
+            format!(
+                "`IdempotencyKey` parameter on a `replay = \"{}\"` tool; only `idempotent_with_key` \
+                 tools receive a key: remove the parameter, or make the tool \
+                 `replay = \"idempotent_with_key\"` with an `idempotency_key` rule if its upstream \
+                 deduplicates on a key",
+                class.as_str()
+            ),
+        ),
+        (_, KeyForm::Value) => {}
+        (_, KeyForm::Ref) => cx.error_spanned_by(
+            first.original,
+            "`&IdempotencyKey` parameter; take the key by value (`key: IdempotencyKey`) and borrow \
+             it in the body (`&key`, `key.as_str()`)",
+        ),
+        (_, KeyForm::Option) => cx.error_spanned_by(
+            first.original,
+            "`Option<IdempotencyKey>` parameter; an `idempotent_with_key` tool always receives its \
+             key: take `key: IdempotencyKey`",
+        ),
+    }
+    for extra in keys {
+        cx.error_spanned_by(
+            extra.original,
+            "a tool takes at most one `IdempotencyKey` parameter; remove this one",
+        );
     }
 }
 
@@ -548,6 +587,81 @@ mod tests {
             ),
         );
         assert!(e.contains("take it as `&ToolContext`"));
+    }
+
+    #[test]
+    fn key_parameter_rules() {
+        let keyed = quote!(
+            replay = "idempotent_with_key",
+            idempotency_key = |a| a.id.clone()
+        );
+        let ok = quote!(
+            async fn t(ctx: &ToolContext, key: IdempotencyKey, id: String) -> Result<u8, E> {
+                unreachable!()
+            }
+        );
+        assert!(errors(keyed.clone(), ok).is_empty());
+        let ok = quote!(
+            async fn t(mut key: durable::IdempotencyKey, #[args] a: Args) -> Result<u8, E> {
+                unreachable!()
+            }
+        );
+        assert!(
+            errors(
+                quote!(replay = "idempotent_with_key", idempotency_key = k),
+                ok
+            )
+            .is_empty()
+        );
+        let with_key = quote!(
+            async fn t(key: IdempotencyKey, id: String) -> Result<u8, E> {
+                unreachable!()
+            }
+        );
+        assert_eq!(
+            one(quote!(replay = "pure"), with_key.clone()),
+            "`IdempotencyKey` parameter on a `replay = \"pure\"` tool; only `idempotent_with_key` \
+             tools receive a key: remove the parameter, or make the tool \
+             `replay = \"idempotent_with_key\"` with an `idempotency_key` rule if its upstream \
+             deduplicates on a key"
+        );
+        assert!(
+            one(quote!(replay = "unsafe_on_replay"), with_key).starts_with(
+                "`IdempotencyKey` parameter on a `replay = \"unsafe_on_replay\"` tool;"
+            )
+        );
+        let e = one(
+            keyed.clone(),
+            quote!(
+                async fn t(a: IdempotencyKey, id: String, b: IdempotencyKey) -> Result<u8, E> {
+                    unreachable!()
+                }
+            ),
+        );
+        assert_eq!(
+            e,
+            "a tool takes at most one `IdempotencyKey` parameter; remove this one"
+        );
+        let e = one(
+            keyed.clone(),
+            quote!(
+                async fn t(key: &IdempotencyKey, id: String) -> Result<u8, E> {
+                    unreachable!()
+                }
+            ),
+        );
+        assert!(e.starts_with("`&IdempotencyKey` parameter; take the key by value"));
+        let e = one(
+            keyed,
+            quote!(
+                async fn t(key: Option<IdempotencyKey>, id: String) -> Result<u8, E> {
+                    unreachable!()
+                }
+            ),
+        );
+        assert!(e.starts_with(
+            "`Option<IdempotencyKey>` parameter; an `idempotent_with_key` tool always"
+        ));
     }
 
     #[test]

@@ -15,7 +15,8 @@ use std::fmt;
 
 use durable::toolbox::ToolResult;
 use durable::{
-    Plan, StepStatus, ToolContext, ToolOutput, Toolbox, ToolboxError, Verification, durable_tool,
+    IdempotencyKey, Plan, StepStatus, ToolContext, ToolOutput, Toolbox, ToolboxError, Verification,
+    durable_tool,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -49,11 +50,6 @@ fn run(ctx: &ToolContext, tool: &str) -> Result<&'static World, ToolError> {
     let world = world::world()?;
     world.executed(tool, ctx.call_id().as_str(), ctx.attempt())?;
     Ok(world)
-}
-
-fn key(ctx: &ToolContext) -> Result<&str, ToolError> {
-    ctx.idempotency_key()
-        .ok_or_else(|| ToolError("no idempotency key was recorded for this call".into()))
 }
 
 // --- pure --------------------------------------------------------------------------
@@ -167,6 +163,7 @@ pub struct Charge {
 )]
 pub async fn charge_card(
     ctx: &ToolContext,
+    key: IdempotencyKey,
     order_id: String,
     amount_cents: u64,
 ) -> Result<Charge, ToolError> {
@@ -174,7 +171,7 @@ pub async fn charge_card(
     let _ = order_id;
     let result = world.request(
         "payments",
-        key(ctx)?,
+        &key,
         ctx.attempt(),
         |n| json!({"charge_id": format!("ch_{n:04}"), "amount_cents": amount_cents}),
     )?;
@@ -197,6 +194,7 @@ pub struct Reservation {
 )]
 pub async fn reserve_stock(
     ctx: &ToolContext,
+    key: IdempotencyKey,
     order_id: String,
     sku: String,
     quantity: u32,
@@ -205,7 +203,7 @@ pub async fn reserve_stock(
     let _ = (order_id, sku);
     let result = world.request(
         "stock",
-        key(ctx)?,
+        &key,
         ctx.attempt(),
         |n| json!({"reservation_id": format!("rsv_{n:04}"), "quantity": quantity}),
     )?;
@@ -226,11 +224,15 @@ pub struct Commit {
     replay = "idempotent_with_key",
     idempotency_key = |a| format!("commit:{}", a.order_id)
 )]
-pub async fn commit_order(ctx: &ToolContext, order_id: String) -> Result<Commit, ToolError> {
+pub async fn commit_order(
+    ctx: &ToolContext,
+    key: IdempotencyKey,
+    order_id: String,
+) -> Result<Commit, ToolError> {
     let world = run(ctx, "commit_order")?;
     let result = world.request(
         "orders",
-        key(ctx)?,
+        &key,
         ctx.attempt(),
         |_| json!({"order_id": order_id, "status": "committed"}),
     )?;

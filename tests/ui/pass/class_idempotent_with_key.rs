@@ -1,5 +1,5 @@
 // An `idempotent_with_key` tool whose key uses the session id, with the context parameter.
-use durable::{ReplayClass, ToolContext, durable_tool};
+use durable::{IdempotencyKey, ReplayClass, ToolContext, durable_tool};
 
 /// Charge a card; the provider honours idempotency keys.
 #[durable_tool(
@@ -8,17 +8,18 @@ use durable::{ReplayClass, ToolContext, durable_tool};
 )]
 async fn charge_card(
     ctx: &ToolContext,
+    key: IdempotencyKey,
     order_id: String,
     cents: u64,
 ) -> Result<String, std::io::Error> {
-    let key = ctx.idempotency_key().unwrap_or_default();
     Ok(format!(
         "{order_id}: {cents} (key {key}, attempt {})",
         ctx.attempt()
     ))
 }
 
-/// Refund a charge; the key is a plain function of the arguments.
+/// Refund a charge; the key is a plain function of the arguments, and the body reads it
+/// from the context (kept for tools that take only the context).
 #[durable_tool(replay = "idempotent_with_key", idempotency_key = refund_key)]
 async fn refund(ctx: ToolContext, charge_id: String) -> Result<String, std::io::Error> {
     Ok(format!("{charge_id} {:?}", ctx.idempotency_key()))
