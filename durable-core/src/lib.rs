@@ -40,6 +40,8 @@ pub use snapshot::{
     Budget, BudgetExceeded, Plan, PlanError, Postcondition, Spend, Step, StepStatus,
 };
 pub use store::CheckpointStore;
-pub use tool::{IdempotencyKey, Tool, ToolContext, ToolOutput, ToolSpec, Verification};
-pub use toolbox::{ModelToolCall, ToolArguments, ToolResult, Toolbox, ToolboxError};
+pub use tool::{IdempotencyKey, ToolContext, ToolSpec, Verification};
+pub use toolbox::{
+    ModelToolCall, Tool, ToolArguments, ToolOutput, ToolResult, Toolbox, ToolboxError,
+};
 pub use transcript::{Block, Message, Role, ToolCallBlock, ToolResultBlock};

@@ -11,7 +11,7 @@
 //! `#[diagnostic::on_unimplemented]` message, which the compiler shows at the user's
 //! type (the macro spans its checks there) instead of a bare serde error.
 //!
-//! [`Tool`]: crate::tool::Tool
+//! [`Tool`]: crate::toolbox::Tool
 
 use std::fmt::Display;
 use std::future::{Future, poll_fn};
@@ -31,9 +31,10 @@ use crate::error::DurableError;
 use crate::ids::SessionId;
 use crate::journal::{CallError, ToolCall};
 use crate::key::{ArgumentErrorKind, to_journal_value};
-use crate::tool::{IdempotencyKey, ToolContext, ToolOutput, ToolSpec, Verification};
+use crate::tool::{IdempotencyKey, ToolContext, ToolSpec, Verification};
+use crate::toolbox::ToolOutput;
 
-/// The boxed, `Send` future returned by [`Tool::invoke`](crate::tool::Tool::invoke).
+/// The boxed, `Send` future returned by [`Tool::invoke`](crate::toolbox::Tool::invoke).
 pub use futures_util::future::BoxFuture;
 
 /// A type a tool can take as an argument: a field of the generated argument struct, or

@@ -80,8 +80,11 @@ use crate::error::DurableError;
 use crate::journal::Journal;
 use crate::key::{self, ArgLimits, ArgumentError, ArgumentErrorKind};
 use crate::schema::{self, SchemaError};
-use crate::tool::{Tool, ToolOutput, ToolSpec};
+use crate::tool::ToolSpec;
+
+mod tool;
 use crate::transcript::{Block, Message, Role, ToolCallBlock, ToolResultBlock};
+pub use tool::{Tool, ToolOutput};
 
 /// Longest tool name quoted back in an [`DurableError::UnknownTool`] (a model can send
 /// anything).

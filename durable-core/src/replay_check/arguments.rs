@@ -18,7 +18,7 @@ use serde_json::{Map, Value};
 
 use super::{FailureKind, schema_shape};
 use crate::error::DurableError;
-use crate::tool::Tool;
+use crate::toolbox::Tool;
 
 /// The argument verdict on one recorded call.
 #[derive(Debug)]

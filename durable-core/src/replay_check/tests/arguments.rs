@@ -19,9 +19,10 @@ use crate::replay_check::{
     FIXTURE_FORMAT, FailureKind, Fixture, FixtureCall, ReplayCheckReport, check_fixtures,
 };
 use crate::store::{CallKind, CallStatus};
-use crate::tool::{Tool, ToolOutput, ToolSpec};
+use crate::tool::ToolSpec;
 use crate::tool_bounds::{BoxFuture, args_schema, decode_args};
 use crate::toolbox::Toolbox;
+use crate::toolbox::{Tool, ToolOutput};
 
 /// A tool over argument type `A` whose `check_args` decodes, as `#[durable_tool]`
 /// generates it; or, with `decodes: false`, a hand-written tool keeping the default.
