@@ -9,7 +9,7 @@ use crate::key::ArgLimits;
 /// Observer of journal decisions (see [`DurableBuilder::on_call`](crate::DurableBuilder::on_call)).
 pub type CallObserver = Arc<dyn Fn(&CallEvent) + Send + Sync>;
 
-/// Runtime settings shared by every session of a [`Durable`].
+/// Runtime settings shared by every session of a [`Durable`](crate::Durable).
 pub struct Config {
     /// This worker's name (lease owner).
     pub owner: String,

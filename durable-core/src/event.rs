@@ -25,7 +25,7 @@ pub enum Outcome {
     VerifiedHappened,
     /// In doubt `unsafe_on_replay`; the verify hook found no effect, so the call ran.
     VerifiedNotHappened,
-    /// Refused with [`DurableError::ReplayUnsafe`].
+    /// Refused with [`DurableError::ReplayUnsafe`](crate::DurableError::ReplayUnsafe), [`DurableError::ReplayDiverged`](crate::DurableError::ReplayDiverged) or another refusal before anything ran.
     Refused,
 }
 

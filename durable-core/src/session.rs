@@ -41,7 +41,7 @@ pub struct InDoubtCall {
     pub action: InDoubtAction,
 }
 
-/// What [`Durable::resume`] found.
+/// What [`Durable::resume`](crate::Durable::resume) found.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ResumeReport {
     /// The checkpoint version resumed from.

@@ -172,7 +172,7 @@ impl ToolContext {
     /// (`pure` and `unsafe_on_replay` tools). On re-execution it is the key recorded the
     /// first time.
     ///
-    /// For code that has the context anyway (a verify hook, a hand-written [`Tool`]). A
+    /// For code that has the context anyway (a verify hook, a hand-written [`Tool`](crate::Tool)). A
     /// `#[durable_tool]` keyed tool takes an [`IdempotencyKey`] parameter instead: the
     /// key arrives as a plain value, so no `None` has to be turned into a key (an empty
     /// key would deduplicate nothing).

@@ -5,7 +5,7 @@
 //!
 //! 1. **Tell the model what it may call**: [`openai_tools`](Toolbox::openai_tools)
 //!    (strict mode), [`anthropic_tools`](Toolbox::anthropic_tools) or
-//!    [`mcp_tools_list`](Toolbox::mcp_tools_list) (see [`schema`](crate::schema) for
+//!    [`mcp_tools_list`](Toolbox::mcp_tools_list) (see [`schema`] for
 //!    the schema policy of each dialect).
 //! 2. **Run what it asked for**: turn the model's tool calls into [`ModelToolCall`]s
 //!    (from the transcript's [`Block::ToolCall`]s, or from provider JSON), then

@@ -14,7 +14,7 @@ use super::inline::resolve;
 /// one `anyOf`/`oneOf` branch that fits an object value by its `required` keys and
 /// `const` tags). Values the schema does not describe are left alone.
 ///
-/// See the [module docs](self#openai-strict-mode-openai_strict_schema) for why.
+/// See the [module docs](crate::schema#openai-strict-mode-openai_strict_schema) for why.
 ///
 /// ```
 /// use durable_core::schema::drop_optional_nulls;
