@@ -17,7 +17,7 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::Parser;
-use durable::{CheckpointStore, Durable, Message, StartOptions, ToolContext, durable_tool};
+use durable::{CheckpointStore, Durable, IdempotencyKey, Message, StartOptions, durable_tool};
 use serde::{Deserialize, Serialize};
 
 /// Run one agent session on the store a URL names.
@@ -62,7 +62,7 @@ async fn lookup_customer(
     idempotency_key = |a, session| format!("{session}:charge:{}", a.order_id),
 )]
 async fn charge_order(
-    ctx: &ToolContext,
+    key: IdempotencyKey,
     /// The order being paid.
     order_id: String,
     /// Amount in cents.
@@ -70,9 +70,6 @@ async fn charge_order(
 ) -> Result<Charge, ToolError> {
     // A real provider gets the key with the request and answers a repeat with the
     // first charge.
-    let key = ctx
-        .idempotency_key()
-        .ok_or_else(|| ToolError(format!("order {order_id}: no idempotency key")))?;
     Ok(Charge {
         id: format!("ch_{}", key.rsplit(':').next().unwrap_or(&order_id)),
         cents,

@@ -29,11 +29,14 @@
 //!   It lifts when an operator resolves the call ([`Durable::resolve`], `durable
 //!   resolve`), or when the call's own step is re-run and its `verify` hook settles it;
 //!   the live session sees the resolution without a resume.
-//! - **A re-run step may not diverge.** While a step is re-run after a crash, a call with
-//!   a side effect that matches no record, while a recorded call with a side effect of
-//!   that step has not been replayed yet, is refused with [`DurableError::ReplayDiverged`]
-//!   naming both; a checkpoint that would end such a step is refused the same way, so a
-//!   recorded effect never drops out of the conversation unseen. The ways out are
+//! - **A re-run step may not diverge.** While a step is re-run after a crash and the
+//!   model has been asked anew in it (its recorded reply no longer decoded), a call with a
+//!   side effect that matches no record, while a recorded call with a side effect of that
+//!   step has not been replayed yet, is refused with [`DurableError::ReplayDiverged`]
+//!   naming both; a checkpoint that would end a step with a recorded call unreplayed is
+//!   refused the same way, so a recorded effect never drops out of the conversation
+//!   unseen. Model calls must go through the journal ([`Session::model`]) for this to
+//!   see a re-ask. The ways out are
 //!   explicit: make the recorded call replay again (a `#[serde(alias = "…")]` for a
 //!   renamed argument lets its record decode and match, and the replay check accepts it),
 //!   or an operator's decision (fork the session from its last checkpoint).

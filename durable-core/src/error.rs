@@ -265,11 +265,12 @@ pub enum DurableError {
         /// Why the runtime refused.
         reason: String,
     },
-    /// A re-run step asked for a non-pure call that matches no record while a recorded
-    /// non-pure call of that step has not been replayed: the re-run diverged from the
-    /// first attempt (the model was re-asked, a tool's argument shape changed, the
-    /// harness's code changed), and running the new call could repeat the recorded
-    /// effect. Nothing ran. Also returned by a checkpoint that would end such a step.
+    /// A re-run step, after asking the model anew, asked for a non-pure call that matches
+    /// no record while a recorded non-pure call of that step has not been replayed: the
+    /// re-run diverged from the first attempt (its recorded reply no longer decoded after
+    /// an argument shape changed, and the re-asked model chose differently), and running
+    /// the new call could repeat the recorded effect. Nothing ran. Also returned by a
+    /// checkpoint that would end a step whose recorded call was not replayed.
     ///
     /// Never retried automatically. Ways out: make the recorded call replay again (a
     /// `#[serde(alias = "...")]` for a renamed field lets its record decode and match), or

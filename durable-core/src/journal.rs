@@ -89,6 +89,12 @@ struct StepCache {
     /// Rows with a side effect that an earlier attempt of this step recorded and this
     /// attempt has not replayed yet (see `barrier`).
     unreplayed: HashSet<CallId>,
+    /// Where each row loaded from the store stands in issue order.
+    order: HashMap<CallId, usize>,
+    /// Whether this attempt has left the first attempt's path: it took a model reply
+    /// that was asked for after a recorded call with a side effect it has not replayed
+    /// (a reply asked anew now, or by an earlier re-run).
+    diverged: bool,
 }
 
 pub(crate) struct JournalInner {
@@ -366,6 +372,11 @@ impl Journal {
             .iter()
             .filter(|r| barrier::must_replay(r))
             .map(|r| r.id.clone())
+            .collect();
+        cache.order = rows
+            .iter()
+            .enumerate()
+            .map(|(i, r)| (r.id.clone(), i))
             .collect();
         cache.rows = rows.into_iter().map(|r| (r.identity.clone(), r)).collect();
         cache.loaded = true;

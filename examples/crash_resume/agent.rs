@@ -92,6 +92,9 @@ pub struct Options {
     pub freeze_after_events: Option<usize>,
     /// Count the hits of every crash point and print them at the end.
     pub count_hits: bool,
+    /// Recoveries (takeovers of a lease never released) before the session is parked as
+    /// a poison pill.
+    pub max_recoveries: i32,
     /// Narrate for a person.
     pub narrate: bool,
     /// Colour the narration.
@@ -124,6 +127,7 @@ impl Options {
             crash_at: None,
             freeze_after_events: None,
             count_hits: false,
+            max_recoveries: 5,
             narrate: false,
             color: false,
         }
@@ -156,6 +160,10 @@ impl Options {
                 },
             )
             .env("DURABLE_AGENT_COUNT_HITS", flag(self.count_hits))
+            .env(
+                "DURABLE_AGENT_MAX_RECOVERIES",
+                self.max_recoveries.to_string(),
+            )
             .env("DURABLE_AGENT_NARRATE", flag(self.narrate))
             .env("DURABLE_AGENT_COLOR", flag(self.color))
             .env_remove("DURABLE_AGENT_CRASH_AT")
@@ -204,6 +212,12 @@ impl Options {
                 })
                 .transpose()?,
             count_hits: on("DURABLE_AGENT_COUNT_HITS"),
+            max_recoveries: match std::env::var("DURABLE_AGENT_MAX_RECOVERIES") {
+                Ok(n) => n
+                    .parse()
+                    .map_err(|_| format!("DURABLE_AGENT_MAX_RECOVERIES = `{n}`"))?,
+                Err(_) => 5,
+            },
             narrate: on("DURABLE_AGENT_NARRATE"),
             color: on("DURABLE_AGENT_COLOR"),
         })
@@ -310,6 +324,7 @@ async fn run(options: &Options) -> Result<i32, Error> {
     let events = AtomicUsize::new(0);
     let durable = Durable::builder(Arc::clone(&store))
         .owner(OWNER)
+        .max_recovery_attempts(options.max_recoveries)
         .app_version(APP_VERSION)
         .on_call(move |e| {
             observer.event(e);

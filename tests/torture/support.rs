@@ -248,12 +248,16 @@ impl<'a> Subject<'a> {
     pub fn new(ctx: &'a Ctx, db: &'a Db) -> Self {
         let world = ctx.world();
         let session = ctx.fresh("session");
-        let options = Options::new(
+        let mut options = Options::new(
             db.url.clone(),
             world.dir().to_path_buf(),
             session,
             Script::Torture,
         );
+        // The suite kills one session many times before it checkpoints (random kills,
+        // killed replays of a recorded turn), which the default bound would rightly take
+        // for a poison pill; poison pills have cases of their own (conformance, workers).
+        options.max_recoveries = 1_000;
         Subject {
             ctx,
             db,

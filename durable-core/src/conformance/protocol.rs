@@ -155,27 +155,66 @@ pub async fn runtime_barrier_covers_own_interrupted_call_in_later_steps(
     assert_eq!(effects.load(Ordering::SeqCst), 1);
 }
 
-/// A step recorded a completed email, then its worker died before the checkpoint. The
-/// re-run is asked (the model re-asked, a field renamed) for an email that matches no
-/// record: refused as `ReplayDiverged`, naming the recorded call; a keyed call too; a
-/// pure read runs; the step cannot be checkpointed past the unreplayed email. Once the
-/// re-run replays the recorded email, new calls and the checkpoint are allowed.
+/// A step recorded the model's reply and the email it asked for, then its worker died
+/// before the checkpoint. On the re-run the recorded reply no longer decodes (a field was
+/// renamed), so the harness asks the model again, and the model asks for the email in the
+/// new shape, which matches no record: refused as `ReplayDiverged`, naming the recorded
+/// call; a keyed call too; a pure read runs; the step cannot be checkpointed past the
+/// unreplayed email. Once the re-run replays the recorded email, new calls and the
+/// checkpoint are allowed.
 pub async fn runtime_diverged_rerun_is_refused(store: Arc<dyn CheckpointStore>) {
     let (durable, _) = runtime(&store, "first");
     let session = start(&durable).await;
     let email = spec("email", ReplayClass::UnsafeOnReplay);
     let effects = Arc::new(AtomicUsize::new(0));
+    let reply: Value = session
+        .model(|| async { Ok::<_, String>(json!({ "to": "ann", "n": 1 })) })
+        .await
+        .expect("the model's reply is journaled");
+    assert_eq!(reply["to"], "ann");
     let first = call(&session, &email, 1, None, &effects)
         .await
         .expect("the first attempt sends the email");
-    let recorded = store.calls(session.id(), None).await.expect("calls")[0]
-        .id
-        .clone();
+    let recorded = store
+        .calls(session.id(), None)
+        .await
+        .expect("calls")
+        .into_iter()
+        .find(|r| r.identity.tool == "email")
+        .expect("the email's row")
+        .id;
     let id = session.id().clone();
     drop(session); // dies before the checkpoint: the step is re-run
 
     let (resumed, _) = take_over(&store, &id, "second").await;
     let mut session = resumed.session;
+    // Today's reply type reads `recipient`: the recorded reply no longer decodes.
+    #[derive(serde::Serialize, serde::Deserialize, Debug)]
+    struct Reply {
+        recipient: String,
+    }
+    let err = session
+        .model(|| async {
+            Ok::<_, String>(Reply {
+                recipient: "never asked".into(),
+            })
+        })
+        .await
+        .expect_err("the recorded reply does not decode");
+    assert!(
+        matches!(&err, CallError::Durable(DurableError::Decode { .. })),
+        "{err:?}"
+    );
+    // The harness tells the model and asks again: a reply asked for anew.
+    let again: Reply = session
+        .model(|| async {
+            Ok::<_, String>(Reply {
+                recipient: "ann".into(),
+            })
+        })
+        .await
+        .expect("the model is asked again");
+    assert_eq!(again.recipient, "ann");
     let diverged = |err: &CallError<String>, refused: &str| {
         matches!(
             err,
@@ -229,6 +268,50 @@ pub async fn runtime_diverged_rerun_is_refused(store: Arc<dyn CheckpointStore>) 
         .await
         .expect("every recorded call was replayed: the step ends");
     assert_eq!(effects.load(Ordering::SeqCst), 3, "two emails and one read");
+}
+
+/// Before the model is asked anew, a re-run step's calls come from recorded replies: a
+/// call the first attempt never reached runs, even before a sibling of the same reply has
+/// been replayed (parallel calls are decided in any order), and the step ends once every
+/// recorded call was replayed.
+pub async fn runtime_rerun_runs_calls_the_first_attempt_never_reached(
+    store: Arc<dyn CheckpointStore>,
+) {
+    let (durable, _) = runtime(&store, "first");
+    let session = start(&durable).await;
+    session
+        .model(|| async { Ok::<_, String>(json!({ "calls": ["email", "charge"] })) })
+        .await
+        .expect("the reply is journaled");
+    let email = spec("email", ReplayClass::UnsafeOnReplay);
+    let charge = spec("charge", ReplayClass::IdempotentWithKey);
+    let emails = Arc::new(AtomicUsize::new(0));
+    let charges = Arc::new(AtomicUsize::new(0));
+    let first = call(&session, &email, 1, None, &emails)
+        .await
+        .expect("the email is sent");
+    let id = session.id().clone();
+    drop(session); // dies before the charge was issued
+
+    let (resumed, _) = take_over(&store, &id, "second").await;
+    let mut session = resumed.session;
+    session
+        .model(|| async { Ok::<_, String>(json!({ "never": "asked" })) })
+        .await
+        .expect("the recorded reply is replayed");
+    call(&session, &charge, 2, Some("order-2"), &charges)
+        .await
+        .expect("the charge the first attempt never reached runs, before the email's replay");
+    let again = call(&session, &email, 1, None, &emails)
+        .await
+        .expect("the email is replayed");
+    assert_eq!(again, first);
+    session
+        .checkpoint()
+        .await
+        .expect("every recorded call was replayed");
+    assert_eq!(emails.load(Ordering::SeqCst), 1);
+    assert_eq!(charges.load(Ordering::SeqCst), 1);
 }
 
 /// A re-run step that never reaches its recorded effect (the harness gave up on the turn)
@@ -331,4 +414,65 @@ pub async fn runtime_non_finite_values_never_enter_the_journal(store: Arc<dyn Ch
     .await
     .expect_err("the barrier holds behind it");
     assert!(refused_by_barrier(&err, "email", "post"), "{err:?}");
+}
+
+/// The re-asked reply of a diverged re-run is itself recorded: a later re-run replays it
+/// instead of asking anew, and must still see that it has left the first attempt's path
+/// (the reply was asked after the recorded email) and refuse the email in its new shape.
+pub async fn runtime_divergence_survives_a_second_rerun(store: Arc<dyn CheckpointStore>) {
+    #[derive(serde::Serialize, serde::Deserialize, Debug)]
+    struct Reply {
+        recipient: String,
+    }
+    async fn rerun(
+        store: &Arc<dyn CheckpointStore>,
+        id: &crate::SessionId,
+        owner: &str,
+        email: &crate::tool::ToolSpec,
+        effects: &Arc<AtomicUsize>,
+    ) -> CallError<String> {
+        let (resumed, _) = take_over(store, id, owner).await;
+        let session = resumed.session;
+        session
+            .model(|| async {
+                Ok::<_, String>(Reply {
+                    recipient: "x".into(),
+                })
+            })
+            .await
+            .expect_err("the first attempt's reply does not decode");
+        session
+            .model(|| async {
+                Ok::<_, String>(Reply {
+                    recipient: "ann".into(),
+                })
+            })
+            .await
+            .expect("the re-asked reply, asked anew or replayed");
+        call(&session, email, 2, None, effects)
+            .await
+            .expect_err("the email in its new shape is refused")
+    }
+    let (durable, _) = runtime(&store, "first");
+    let session = start(&durable).await;
+    let email = spec("email", ReplayClass::UnsafeOnReplay);
+    let effects = Arc::new(AtomicUsize::new(0));
+    session
+        .model(|| async { Ok::<_, String>(json!({ "to": "ann" })) })
+        .await
+        .expect("journaled");
+    call(&session, &email, 1, None, &effects)
+        .await
+        .expect("sent");
+    let id = session.id().clone();
+    drop(session);
+
+    for owner in ["second", "third"] {
+        let err = rerun(&store, &id, owner, &email, &effects).await;
+        assert!(
+            matches!(&err, CallError::Durable(DurableError::ReplayDiverged { recorded_tool, .. }) if recorded_tool == "email"),
+            "{owner}: {err:?}"
+        );
+    }
+    assert_eq!(effects.load(Ordering::SeqCst), 1, "one email");
 }

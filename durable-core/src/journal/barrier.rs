@@ -8,15 +8,21 @@
 //!   (its future dropped, its finishing write failed) joins it. A candidate is re-read
 //!   from the store before it refuses anything, so an operator's resolution (or a verify
 //!   hook's answer) lifts the barrier without a resume.
-//! - **The divergence check.** While a step is re-run, a call with a side effect that
-//!   matches no record, while a recorded call with a side effect of that step has not
-//!   been replayed yet, is refused with [`DurableError::ReplayDiverged`]: the re-run is
-//!   no longer the first attempt (the model was re-asked, an argument shape changed),
-//!   and running the new call could repeat the recorded effect. A checkpoint that would
-//!   end such a step is refused the same way, so a recorded result is never dropped
-//!   from the conversation unseen.
+//! - **The divergence check.** While a step is re-run, once it has taken a model reply
+//!   that was asked for after a recorded call with a side effect it has not replayed (a
+//!   recorded reply no longer decoded and the harness re-asked, now or in an earlier
+//!   re-run), a call with a
+//!   side effect that matches no record, while a recorded call with a side effect of that
+//!   step has not been replayed yet, is refused with [`DurableError::ReplayDiverged`]:
+//!   the re-run is no longer the first attempt, and running the new call could repeat
+//!   the recorded effect. Before the model is asked anew, the calls of a re-run come from
+//!   recorded replies: a call that matches no record is one the first attempt never
+//!   reached (parallel calls of one reply are decided in any order, so a sibling's record
+//!   may simply not be matched *yet*), and it runs. A checkpoint that would end a step
+//!   with a recorded call unreplayed is always refused, so a recorded result is never
+//!   dropped from the conversation unseen.
 
-use super::{Journal, lock};
+use super::{Journal, StepCache, lock};
 use crate::error::DurableError;
 use crate::ids::CallId;
 use crate::replay::ReplayClass;
@@ -80,6 +86,21 @@ impl Journal {
     pub(super) async fn check_divergence(&self, refused_tool: &str) -> Result<(), DurableError> {
         let mut cache = self.inner.cache.lock().await;
         self.load_step(&mut cache).await?;
+        if !cache.diverged {
+            return Ok(());
+        }
+        self.first_unreplayed(&cache, refused_tool)
+    }
+
+    /// Refuses to end the current step while one of its recorded calls with a side effect
+    /// was not replayed by this attempt, whether or not the model was asked anew.
+    pub(crate) async fn check_step_replayed(&self) -> Result<(), DurableError> {
+        let mut cache = self.inner.cache.lock().await;
+        self.load_step(&mut cache).await?;
+        self.first_unreplayed(&cache, "checkpoint")
+    }
+
+    fn first_unreplayed(&self, cache: &StepCache, refused_tool: &str) -> Result<(), DurableError> {
         let Some(row) = cache
             .rows
             .values()
@@ -95,12 +116,6 @@ impl Journal {
             recorded_tool: row.identity.tool.clone(),
             refused_tool: refused_tool.to_owned(),
         })
-    }
-
-    /// Refuses to end the current step while one of its recorded calls with a side effect
-    /// was not replayed by this attempt (see [`check_divergence`](Self::check_divergence)).
-    pub(crate) async fn check_step_replayed(&self) -> Result<(), DurableError> {
-        self.check_divergence("checkpoint").await
     }
 
     /// Whether every recorded call with a side effect of the current step was replayed.
@@ -143,4 +158,25 @@ pub(super) fn initial_doubts(rows: Vec<CallRecord>) -> Vec<CallRecord> {
 /// new call with a side effect or end.
 pub(super) fn must_replay(row: &CallRecord) -> bool {
     row.kind == CallKind::Tool && row.class != ReplayClass::Pure
+}
+
+impl StepCache {
+    /// Notes a model reply the re-run takes: `recorded` is its row when it was replayed,
+    /// `None` when it was asked for anew. A reply newer (in issue order) than a recorded
+    /// call with a side effect that this attempt has not replayed means this attempt left
+    /// the first attempt's path.
+    pub(super) fn note_reply(&mut self, recorded: Option<&CallId>) {
+        if self.unreplayed.is_empty() {
+            return;
+        }
+        let diverged = match recorded.and_then(|id| self.order.get(id)) {
+            Some(&at) => self
+                .unreplayed
+                .iter()
+                .any(|id| self.order.get(id).is_some_and(|&before| before < at)),
+            // Asked anew: newer than every recorded row.
+            None => true,
+        };
+        self.diverged |= diverged;
+    }
 }

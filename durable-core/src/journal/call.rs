@@ -195,6 +195,24 @@ impl<'j> ToolCall<'j> {
         let outcome = match (row.status, spec.class) {
             (CallStatus::NotHappened, _) => Outcome::ReExecuted,
             (_, ReplayClass::Pure) => Outcome::ReExecuted,
+            (_, ReplayClass::IdempotentWithKey) if row.idempotency_key.is_none() => {
+                // Issued before the tool became keyed: no key the upstream could have
+                // deduplicated on, so a re-run could repeat the effect.
+                reservation.release();
+                journal.emit(journal.event(&row, Outcome::Refused));
+                return Err(DurableError::ReplayUnsafe {
+                    call: row.id.clone(),
+                    tool: spec.name.clone(),
+                    class: row.class,
+                    refused_tool: spec.name.clone(),
+                    reason: format!(
+                        "its record holds no idempotency key (was it issued before `{}` became \
+                         `idempotent_with_key`?), so re-running it could repeat the effect",
+                        spec.name
+                    ),
+                }
+                .into());
+            }
             (_, ReplayClass::IdempotentWithKey) => {
                 if row.idempotency_key != self.key {
                     tracing::warn!(

@@ -68,8 +68,19 @@ impl Journal {
             durable.replay.outcome = tracing::field::Empty
         );
         async move {
-            let recorded = self.inner.cache.lock().await.rows.get(&identity).cloned();
-            if let Some(row) = recorded.filter(|r| r.status == CallStatus::Completed) {
+            let recorded = {
+                let mut cache = self.inner.cache.lock().await;
+                let row = cache
+                    .rows
+                    .get(&identity)
+                    .filter(|r| r.status == CallStatus::Completed)
+                    .cloned();
+                if let Some(row) = &row {
+                    cache.note_reply(Some(&row.id));
+                }
+                row
+            };
+            if let Some(row) = recorded {
                 reservation.keep();
                 self.verify_mac(&row)?;
                 self.charge(&row);
@@ -98,12 +109,11 @@ impl Journal {
             reservation.keep();
             self.failpoint("after_model_recorded", MODEL_SLOT);
             self.charge(&row);
-            self.inner
-                .cache
-                .lock()
-                .await
-                .rows
-                .insert(identity, row.clone());
+            {
+                let mut cache = self.inner.cache.lock().await;
+                cache.rows.insert(identity, row.clone());
+                cache.note_reply(None);
+            }
             self.emit(self.event(&row, Outcome::Executed));
             decode_result(&row, row.result.as_ref())
         }
