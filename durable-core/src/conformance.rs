@@ -234,6 +234,8 @@ macro_rules! __durable_conformance_cases {
             runtime_diverged_rerun_is_refused,
             runtime_rerun_runs_calls_the_first_attempt_never_reached,
             runtime_divergence_survives_a_second_rerun,
+            runtime_undecodable_record_is_not_replayed,
+            runtime_reshaped_tool_is_refused_without_a_reask,
             runtime_rerun_cannot_skip_a_recorded_effect,
             runtime_non_finite_values_never_enter_the_journal,
             // runtime: a tool result and its checkpoint in one transaction

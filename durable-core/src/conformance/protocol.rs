@@ -476,3 +476,101 @@ pub async fn runtime_divergence_survives_a_second_rerun(store: Arc<dyn Checkpoin
     }
     assert_eq!(effects.load(Ordering::SeqCst), 1, "one email");
 }
+
+/// A recorded result that no longer decodes into today's type was not delivered: it does
+/// not count as replayed. The harness feeds the error back, the model is asked again and
+/// retries the same email (which now has the next ordinal, so it matches no record): it
+/// is refused as diverged, and the step cannot end past the undelivered record.
+pub async fn runtime_undecodable_record_is_not_replayed(store: Arc<dyn CheckpointStore>) {
+    #[derive(serde::Serialize, serde::Deserialize, Debug)]
+    struct Sent {
+        message_id: String,
+    }
+    let (durable, _) = runtime(&store, "first");
+    let session = start(&durable).await;
+    let email = spec("email", ReplayClass::UnsafeOnReplay);
+    let effects = Arc::new(AtomicUsize::new(0));
+    session
+        .model(|| async { Ok::<_, String>(json!({ "send": 1 })) })
+        .await
+        .expect("journaled");
+    call(&session, &email, 1, None, &effects)
+        .await
+        .expect("sent");
+    let id = session.id().clone();
+    drop(session);
+
+    let (resumed, _) = take_over(&store, &id, "second").await;
+    let mut session = resumed.session;
+    session
+        .model(|| async { Ok::<_, String>(json!({ "never": "asked" })) })
+        .await
+        .expect("replayed");
+    let err = session
+        .journal()
+        .tool(&email, json!({ "n": 1 }))
+        .run(|_ctx| async {
+            Ok::<_, String>(Sent {
+                message_id: "never".into(),
+            })
+        })
+        .await
+        .expect_err("the record does not decode into today's type");
+    assert!(
+        matches!(&err, CallError::Durable(DurableError::Decode { .. })),
+        "{err:?}"
+    );
+    session
+        .model(|| async { Ok::<_, String>(json!({ "send": 1, "again": true })) })
+        .await
+        .expect("asked anew");
+    let err = call(&session, &email, 1, None, &effects)
+        .await
+        .expect_err("the retry is refused");
+    assert!(
+        matches!(&err, CallError::Durable(DurableError::ReplayDiverged { recorded_tool, .. }) if recorded_tool == "email"),
+        "{err:?}"
+    );
+    let err = session.checkpoint().await.expect_err("the step cannot end");
+    assert!(
+        matches!(&err, DurableError::ReplayDiverged { .. }),
+        "{err:?}"
+    );
+    assert_eq!(effects.load(Ordering::SeqCst), 1, "one email");
+}
+
+/// A tool whose argument schema changed since its call was recorded in the step (a field
+/// added or renamed) cannot match its record, model re-asked or not: a new call of it is
+/// refused as diverged instead of running beside the recorded one.
+pub async fn runtime_reshaped_tool_is_refused_without_a_reask(store: Arc<dyn CheckpointStore>) {
+    let (durable, _) = runtime(&store, "first");
+    let session = start(&durable).await;
+    let email = spec("email", ReplayClass::UnsafeOnReplay);
+    let effects = Arc::new(AtomicUsize::new(0));
+    call(&session, &email, 1, None, &effects)
+        .await
+        .expect("sent");
+    let id = session.id().clone();
+    drop(session);
+
+    let (resumed, _) = take_over(&store, &id, "second").await;
+    let reshaped = crate::tool::ToolSpec::new(
+        "email",
+        "test tool email, with a cc",
+        ReplayClass::UnsafeOnReplay,
+        json!({"type": "object", "properties": {"n": {"type": "integer"}, "cc": {"type": ["string", "null"]}}}),
+    );
+    let runs = Arc::clone(&effects);
+    let err = resumed
+        .session
+        .journal()
+        .tool(&reshaped, json!({ "n": 1, "cc": null }))
+        .run(move |ctx| super::runtime::body(ctx, Arc::clone(&runs), 1))
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(&err, CallError::Durable(DurableError::ReplayDiverged { recorded_tool, refused_tool, .. }) if recorded_tool == "email" && refused_tool == "email"),
+        "{err:?}"
+    );
+    assert_eq!(effects.load(Ordering::SeqCst), 1, "one email");
+}

@@ -83,13 +83,23 @@ impl Journal {
 
     /// Refuses a call that matches no record while a recorded call with a side effect
     /// of the step being re-run has not been replayed.
-    pub(super) async fn check_divergence(&self, refused_tool: &str) -> Result<(), DurableError> {
+    ///
+    /// A call of a tool whose recorded call in this step was made under another argument
+    /// schema is refused at once, model asked anew or not: today's code hashes the same
+    /// intent differently (a renamed or added field), so it cannot match its record.
+    pub(super) async fn check_divergence(&self, refused: &ToolSpec) -> Result<(), DurableError> {
         let mut cache = self.inner.cache.lock().await;
         self.load_step(&mut cache).await?;
-        if !cache.diverged {
+        let reshaped = cache.rows.values().any(|r| {
+            cache.unreplayed.contains(&r.id)
+                && r.identity.tool == refused.name
+                && !r.schema_hash.is_empty()
+                && r.schema_hash != refused.fingerprint
+        });
+        if !cache.diverged && !reshaped {
             return Ok(());
         }
-        self.first_unreplayed(&cache, refused_tool)
+        self.first_unreplayed(&cache, &refused.name)
     }
 
     /// Refuses to end the current step while one of its recorded calls with a side effect
@@ -127,7 +137,7 @@ impl Journal {
     /// its finishing write failed): if it is an `unsafe_on_replay` call, it is in doubt.
     pub(super) fn hand_to_barrier(&self, row: &CallRecord) {
         let ours = lock(&self.inner.issued_here).remove(&row.id);
-        if ours && row.class == ReplayClass::UnsafeOnReplay {
+        if ours && guards_session(row) {
             let mut doubts = lock(&self.inner.doubts);
             if !doubts.iter().any(|r| r.id == row.id) {
                 doubts.push(row.clone());
@@ -146,12 +156,17 @@ impl Journal {
 /// that are issued with no outcome.
 pub(super) fn initial_doubts(rows: Vec<CallRecord>) -> Vec<CallRecord> {
     rows.into_iter()
-        .filter(|r| {
-            r.kind == CallKind::Tool
-                && r.class == ReplayClass::UnsafeOnReplay
-                && r.status == CallStatus::Issued
-        })
+        .filter(|r| r.status == CallStatus::Issued && guards_session(r))
         .collect()
+}
+
+/// Whether a row, while in doubt, bars every call with a side effect in its session: an
+/// `unsafe_on_replay` call, or a keyed call whose record holds no key (issued before its
+/// tool became `idempotent_with_key`: nothing upstream can deduplicate it).
+fn guards_session(row: &CallRecord) -> bool {
+    row.kind == CallKind::Tool
+        && (row.class == ReplayClass::UnsafeOnReplay
+            || (row.class == ReplayClass::IdempotentWithKey && row.idempotency_key.is_none()))
 }
 
 /// Whether a row loaded for a re-run step must be replayed before the step may take a

@@ -150,7 +150,7 @@ impl<'j> ToolCall<'j> {
         }
         let (identity, decision, reservation) = journal.decide(spec, hash).await?;
         match decision {
-            Decision::Recorded(row) => journal.replay_recorded(row, reservation),
+            Decision::Recorded(row) => journal.replay_recorded(row, reservation).await,
             Decision::InDoubt(row) => {
                 self.settle_in_doubt(row, reservation, &mut run, verify, scope)
                     .await
@@ -310,7 +310,7 @@ impl<'j> ToolCall<'j> {
             journal.emit_refused(spec, self.key.clone());
             return Err(refused.into());
         }
-        if let Err(diverged) = journal.check_divergence(&spec.name).await {
+        if let Err(diverged) = journal.check_divergence(spec).await {
             journal.emit_refused(spec, self.key.clone());
             return Err(diverged.into());
         }
@@ -381,18 +381,17 @@ impl Journal {
         };
         let decision = match cache.rows.get(&identity).cloned() {
             None => Decision::Fresh,
+            // A recorded row counts as replayed once its outcome was delivered (see
+            // `replay_recorded`); an in-doubt one once it is decided here.
+            Some(row) if row.status.has_outcome() => Decision::Recorded(row),
             Some(row) => {
-                cache.unreplayed.remove(&row.id);
-                if row.status.has_outcome() {
-                    Decision::Recorded(row)
+                // An operator may have resolved it since the step was loaded.
+                let current = self.refresh(&mut cache, &row.id).await?;
+                if current.status.has_outcome() {
+                    Decision::Recorded(current)
                 } else {
-                    // An operator may have resolved it since the step was loaded.
-                    let current = self.refresh(&mut cache, &row.id).await?;
-                    if current.status.has_outcome() {
-                        Decision::Recorded(current)
-                    } else {
-                        Decision::InDoubt(current)
-                    }
+                    cache.unreplayed.remove(&current.id);
+                    Decision::InDoubt(current)
                 }
             }
         };
@@ -400,14 +399,34 @@ impl Journal {
     }
 
     /// Recorded: the row's outcome is returned, whatever the class; nothing runs.
-    fn replay_recorded<T: DeserializeOwned, E>(
+    ///
+    /// The row counts as replayed only once its outcome was delivered: one that fails
+    /// its integrity check or no longer decodes into today's type was not seen by the
+    /// harness, so the step has left the first attempt's path (its calls with a side
+    /// effect that match no record are refused as diverged) and cannot end past it.
+    async fn replay_recorded<T: DeserializeOwned, E>(
         &self,
         row: CallRecord,
         mut reservation: Reservation,
     ) -> Result<T, CallError<E>> {
         reservation.keep();
         tracing::Span::current().record("durable.call.id", row.id.as_str());
-        self.verify_mac(&row)?;
+        let delivered = self
+            .verify_mac(&row)
+            .map_err(CallError::from)
+            .and_then(|()| recorded_outcome::<T, E>(&row));
+        let undelivered = matches!(&delivered, Err(CallError::Durable(_)));
+        {
+            let mut cache = self.inner.cache.lock().await;
+            if undelivered {
+                cache.diverged |= cache.unreplayed.contains(&row.id);
+            } else {
+                cache.unreplayed.remove(&row.id);
+            }
+        }
+        if undelivered {
+            return delivered;
+        }
         self.charge(&row);
         let outcome = if row.status == CallStatus::Resolved {
             Outcome::Resolved
@@ -415,7 +434,7 @@ impl Journal {
             Outcome::CacheHit
         };
         self.emit(self.event(&row, outcome));
-        recorded_outcome(&row)
+        delivered
     }
 
     fn context(&self, row: &CallRecord) -> ToolContext {
