@@ -248,6 +248,7 @@ macro_rules! __durable_conformance_cases {
             runtime_checkpoint_after_dropped_after_the_call_leaves_it_in_doubt,
             runtime_checkpoint_after_other_handles_are_not_the_scope,
             runtime_checkpoint_after_commits_a_verified_result,
+            runtime_checkpoint_after_does_not_end_a_step_with_an_unreplayed_call,
         }
     };
 }

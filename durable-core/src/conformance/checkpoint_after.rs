@@ -563,3 +563,50 @@ pub async fn runtime_checkpoint_after_commits_a_verified_result(store: Arc<dyn C
         "{rows:?}"
     );
 }
+
+/// In a re-run step whose recorded charge has not been replayed, the scope's new call
+/// (one the first attempt never reached) is recorded on its own, not with a checkpoint:
+/// the checkpoint that would end the step past the unreplayed charge is refused, and
+/// nothing of the turn is adopted.
+pub async fn runtime_checkpoint_after_does_not_end_a_step_with_an_unreplayed_call(
+    store: Arc<dyn CheckpointStore>,
+) {
+    let (durable, _) = runtime(&store, "first");
+    let session = start(&durable).await;
+    let charge = spec("charge", ReplayClass::IdempotentWithKey);
+    let runs = Arc::new(AtomicUsize::new(0));
+    call(&session, &charge, 1, Some("order-1"), &runs)
+        .await
+        .expect("the first attempt charges");
+    let id = session.id().clone();
+    drop(session); // dies before the email was issued
+
+    let (resumed, _) = take_over(&store, &id, "second").await;
+    let mut session = resumed.session;
+    let email = spec("email", ReplayClass::UnsafeOnReplay);
+    let err = send_checkpointed(&mut session, &email, 2, &runs)
+        .await
+        .expect_err("the checkpoint is refused");
+    assert!(
+        matches!(&err, CallError::Durable(DurableError::ReplayDiverged { recorded_tool, refused_tool, .. }) if recorded_tool == "charge" && refused_tool == "checkpoint"),
+        "{err:?}"
+    );
+    assert_eq!(session.version(), 0, "nothing adopted");
+    assert_eq!(
+        store
+            .load_checkpoint(&id, None)
+            .await
+            .expect("load")
+            .meta
+            .version,
+        0,
+        "no checkpoint was written with the email"
+    );
+    let rows = store.calls(&id, None).await.expect("calls");
+    let sent = rows
+        .iter()
+        .find(|r| r.identity.tool == "email")
+        .expect("the email's row");
+    assert_eq!(sent.status, CallStatus::Completed, "recorded on its own");
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "one charge, one email");
+}
