@@ -21,8 +21,6 @@ pub struct Config {
     pub limits: ArgLimits,
     /// Recoveries before a session is parked.
     pub max_recovery_attempts: i32,
-    /// Key for MACs over recorded outcomes.
-    pub mac_key: Option<Vec<u8>>,
     /// Journal observer.
     pub observer: Option<CallObserver>,
     /// Whether a background task renews leases.
@@ -37,7 +35,6 @@ impl std::fmt::Debug for Config {
             .field("app_version", &self.app_version)
             .field("limits", &self.limits)
             .field("max_recovery_attempts", &self.max_recovery_attempts)
-            .field("mac_key", &self.mac_key.as_ref().map(|_| "<redacted>"))
             .finish_non_exhaustive()
     }
 }

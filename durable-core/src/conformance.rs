@@ -218,7 +218,6 @@ macro_rules! __durable_conformance_cases {
             runtime_lost_lease_stops_the_zombie,
             runtime_checkpoints_restore_transcript_plan_budget,
             runtime_app_version_requires_migration,
-            runtime_mac_detects_rows_written_outside,
             runtime_secret_arguments_are_masked,
             runtime_retry_records_attempts,
             runtime_tool_retry_policy_records_attempts,
@@ -392,12 +391,11 @@ fn tool_call(
     }
 }
 
-/// A completed outcome with spend and MAC.
+/// A completed outcome with spend.
 fn completed(result: Value) -> FinishCall {
     FinishCall {
         outcome: CallOutcome::Completed(result),
         spend: Some(json!({"usd": 0.5})),
-        mac: Some("mac-1".to_owned()),
     }
 }
 

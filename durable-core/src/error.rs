@@ -138,6 +138,30 @@ pub enum StoreError {
         /// What is wrong.
         detail: String,
     },
+    /// A row failed its integrity check: it was changed, deleted, reordered or forged
+    /// outside `durable` (see [`integrity`](crate::integrity)).
+    #[error(
+        "integrity check failed in session `{session}`: {what}: {detail}; the store was changed outside durable. \
+         Nothing was replayed from it. Run `durable verify` for the whole picture and restore from a backup"
+    )]
+    Tampered {
+        /// The session.
+        session: SessionId,
+        /// The row (`journal row c-1 (seq 3)`, `message 4`, `checkpoint 2`, `session head`).
+        what: String,
+        /// Why it does not hold.
+        detail: String,
+    },
+    /// The store is sealed with a key this writer does not have.
+    #[error(
+        "this store is sealed with key `{key}` ({detail}); configure that key (`DURABLE_MAC_KEY` or the store options' key ring) to open it"
+    )]
+    KeyMissing {
+        /// The id of the missing key (`app-…`), or `store`.
+        key: String,
+        /// What needs it.
+        detail: String,
+    },
     /// The database was written by a newer release of `durable`.
     #[error(
         "the {backend} database schema is at version {found}, newer than this release supports ({supported}); upgrade `durable`"
@@ -305,12 +329,6 @@ pub enum DurableError {
         recorded: String,
         /// Current fingerprint.
         current: String,
-    },
-    /// A recorded outcome failed its MAC check: the row was written behind the framework's back.
-    #[error("journal row `{call}` failed its integrity check; it was modified outside durable")]
-    Tampered {
-        /// The call.
-        call: CallId,
     },
     /// The session is on another app version.
     #[error(

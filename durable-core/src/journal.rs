@@ -23,7 +23,6 @@ use serde_json::Value;
 use crate::config::Config;
 use crate::error::{DurableError, StoreError};
 use crate::ids::{CallId, SessionId};
-use crate::mac;
 use crate::replay::ReplayClass;
 use crate::snapshot::Spend;
 use crate::store::{
@@ -422,14 +421,13 @@ impl Journal {
     }
 
     /// Records a call that ran without an *issued* row (pure tools, model replies) with
-    /// its outcome, spend and MAC: one commit.
+    /// its outcome and spend: one commit (the store seals the row).
     async fn record(
         &self,
         call: NewCall,
         outcome: CallOutcome,
         spend: Option<Spend>,
     ) -> Result<IssueOutcome, DurableError> {
-        let mac = self.mac_for(&call.id, &outcome);
         let lease = self.lease();
         self.inner
             .store
@@ -439,7 +437,6 @@ impl Journal {
                 FinishCall {
                     outcome,
                     spend: spend_json(spend),
-                    mac,
                 },
             )
             .await
@@ -455,37 +452,6 @@ impl Journal {
             outcome,
             idempotency_key: row.idempotency_key.clone(),
             step: row.identity.step,
-        }
-    }
-
-    fn mac_for(&self, call: &CallId, outcome: &CallOutcome) -> Option<String> {
-        let key = self.inner.config.mac_key.as_deref()?;
-        Some(match outcome {
-            CallOutcome::Completed(v) => mac::sign(key, call, "result", v),
-            CallOutcome::Failed(v) => mac::sign(key, call, "error", v),
-        })
-    }
-
-    fn verify_mac(&self, row: &CallRecord) -> Result<(), DurableError> {
-        let Some(key) = self.inner.config.mac_key.as_deref() else {
-            return Ok(());
-        };
-        let (what, value) = match (&row.result, &row.error) {
-            (Some(v), _) => ("result", v),
-            (None, Some(v)) => ("error", v),
-            // An outcome with neither a result nor an error was not written by us.
-            (None, None) if row.status.has_outcome() => {
-                return Err(DurableError::Tampered {
-                    call: row.id.clone(),
-                });
-            }
-            (None, None) => return Ok(()),
-        };
-        match &row.mac {
-            Some(tag) if mac::verify(key, &row.id, what, value, tag) => Ok(()),
-            _ => Err(DurableError::Tampered {
-                call: row.id.clone(),
-            }),
         }
     }
 

@@ -70,13 +70,6 @@ impl DurableBuilder {
         self
     }
 
-    /// Signs every recorded outcome with HMAC-SHA256 under this key and checks it on
-    /// replay ([`DurableError::Tampered`] on mismatch).
-    pub fn mac_key(mut self, key: impl Into<Vec<u8>>) -> Self {
-        self.config.mac_key = Some(key.into());
-        self
-    }
-
     /// Calls `observer` for every journal decision (executed, cache hit, re-executed,
     /// verified, refused): for narration, metrics or tests.
     pub fn on_call(mut self, observer: impl Fn(&CallEvent) + Send + Sync + 'static) -> Self {
@@ -176,7 +169,6 @@ impl Durable {
                 app_version: "0".into(),
                 limits: ArgLimits::default(),
                 max_recovery_attempts: 5,
-                mac_key: None,
                 observer: None,
                 renew_leases: true,
             },
@@ -194,10 +186,14 @@ impl Durable {
     }
 
     /// Starts a new session: writes version 0 and takes its lease.
+    ///
+    /// A session id that [`validate_id`](crate::ids::validate_id) refuses fails with
+    /// [`StoreError::InvalidId`](crate::StoreError::InvalidId) before anything is written.
     pub async fn start<M>(&self, options: StartOptions<M>) -> Result<Session<M>, DurableError>
     where
         M: Serialize + DeserializeOwned + Clone,
     {
+        options.id.validate()?;
         let messages = options
             .messages
             .iter()
@@ -391,12 +387,6 @@ impl Durable {
         by: &str,
         note: Option<&str>,
     ) -> Result<CallRecord, DurableError> {
-        let mac = match (&resolution, self.config.mac_key.as_deref()) {
-            (Resolution::Happened { result }, Some(key)) => {
-                Some(crate::mac::sign(key, call, "result", result))
-            }
-            _ => None,
-        };
         let record = self
             .store
             .resolve_call(ResolveCall {
@@ -404,7 +394,6 @@ impl Durable {
                 resolution,
                 by: by.to_owned(),
                 note: note.map(str::to_owned),
-                mac,
             })
             .await?;
         let session = &record.identity.session;
@@ -458,6 +447,7 @@ impl Durable {
         M: Serialize + DeserializeOwned + Clone,
     {
         let new_id = new_id.unwrap_or_else(SessionId::random);
+        new_id.validate()?;
         let (_, lease) = self
             .store
             .fork_session(

@@ -334,7 +334,8 @@ pub struct CallRecord {
     pub error: Option<Value>,
     /// Spend recorded with the outcome (budget JSON fragment), if any.
     pub spend: Option<Value>,
-    /// Keyed MAC over the outcome, when the store was opened with a key.
+    /// The row's seal (`<key id>:<hex>`, see [`integrity`](crate::integrity)), checked
+    /// by the store before it returned the row.
     pub mac: Option<String>,
     /// Number of executions started (1 on first issue).
     pub attempt: i32,
@@ -364,15 +365,13 @@ pub enum CallOutcome {
     Failed(Value),
 }
 
-/// A recorded outcome with its spend and MAC.
+/// A recorded outcome with its spend (the store seals the row).
 #[derive(Debug, Clone, PartialEq)]
 pub struct FinishCall {
     /// The outcome.
     pub outcome: CallOutcome,
     /// Spend carried by the row (budget JSON fragment), if any.
     pub spend: Option<Value>,
-    /// Keyed MAC over the outcome, if the runtime has a key.
-    pub mac: Option<String>,
 }
 
 /// An operator's decision about an in-doubt call.
@@ -399,8 +398,6 @@ pub struct ResolveCall {
     pub by: String,
     /// Free-form note.
     pub note: Option<String>,
-    /// MAC over the result, when the store is keyed.
-    pub mac: Option<String>,
 }
 
 /// An audit row of a resolution.
@@ -508,6 +505,14 @@ pub struct Durability {
 pub trait CheckpointStore: Send + Sync + 'static {
     /// A short backend name for errors and logs (`"sqlite"`, `"postgres"`).
     fn backend(&self) -> &'static str;
+
+    /// The keys this store seals and checks rows with, its own key bound.
+    ///
+    /// # Contract
+    /// Every write seals the rows it writes and the session head in the same
+    /// transaction; every read checks the seals of the rows it returns and fails with
+    /// [`StoreError::Tampered`] (see [`integrity`](crate::integrity)).
+    fn keyring(&self) -> &crate::integrity::Keyring;
 
     /// Reads back the settings that make *issued* rows durable.
     ///

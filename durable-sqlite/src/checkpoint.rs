@@ -12,6 +12,7 @@ use crate::SqliteStore;
 use crate::error::{check_format, corrupt, db, parse_json};
 use crate::ops;
 use crate::rows::{self, meta_cols};
+use crate::seal;
 use crate::tx::{WriteTx, millis};
 
 pub(crate) async fn save_checkpoint(
@@ -24,8 +25,18 @@ pub(crate) async fn save_checkpoint(
     let now = tx.now;
     let result = async {
         let conn = tx.conn();
-        let fenced = ops::fenced(&mut *conn, fence).await?;
-        ops::save_checkpoint(conn, now, fence.session, &fenced, expected, &checkpoint).await
+        let ring = store.keyring();
+        let mut fenced = ops::fenced(&mut *conn, ring, fence).await?;
+        ops::save_checkpoint(
+            conn,
+            ring,
+            now,
+            fence.session,
+            &mut fenced,
+            expected,
+            &checkpoint,
+        )
+        .await
     }
     .await;
     tx.finish(result).await
@@ -36,20 +47,15 @@ pub(crate) async fn load_checkpoint(
     id: &SessionId,
     version: Option<i64>,
 ) -> Result<Checkpoint, StoreError> {
-    // One snapshot for the three reads.
+    let ring = store.keyring();
+    // One snapshot for every read: the head, the checkpoint and its transcript agree.
     let mut rtx = store.reader().begin().await.map_err(db)?;
-    let latest: i64 =
-        sqlx::query_scalar("SELECT latest_version FROM durable_sessions WHERE id = ?")
-            .bind(id.as_str())
-            .fetch_optional(&mut *rtx)
-            .await
-            .map_err(db)?
-            .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
-    let version = version.unwrap_or(latest);
+    let head = seal::checked_head(&mut rtx, ring, id).await?;
+    let version = version.unwrap_or(head.latest_version);
     let row = sqlx::query(concat!(
         "SELECT ",
         meta_cols!(),
-        ", plan, budget, state, format FROM durable_checkpoints \
+        ", plan, budget, state, format, seal FROM durable_checkpoints \
          WHERE session_num = (SELECT num FROM durable_sessions WHERE id = ?) AND version = ?"
     ))
     .bind(id.as_str())
@@ -70,11 +76,32 @@ pub(crate) async fn load_checkpoint(
         let stored = rows::col::<String>(&row, column, id, v)?;
         texts.push(ops::resolve_snapshot(&mut rtx, id, stored, column).await?);
     }
+    let previous = if version > 0 {
+        let found: Option<Option<String>> = sqlx::query_scalar(
+            "SELECT seal FROM durable_checkpoints WHERE session_num = \
+             (SELECT num FROM durable_sessions WHERE id = ?) AND version = ?",
+        )
+        .bind(id.as_str())
+        .bind(version - 1)
+        .fetch_optional(&mut *rtx)
+        .await
+        .map_err(db)?;
+        found
+            .ok_or_else(|| StoreError::Tampered {
+                session: id.clone(),
+                what: format!("checkpoint {}", version - 1),
+                detail: "it is missing".to_owned(),
+            })?
+            .unwrap_or_default()
+    } else {
+        String::new()
+    };
+    let checkpoint_seal: Option<String> = rows::col(&row, "seal", id, v)?;
     let plan = parse_json(&texts[0], id, v, "the plan")?;
     let budget = parse_json(&texts[1], id, v, "the budget")?;
     let state = parse_json(&texts[2], id, v, "the state")?;
     let logged = sqlx::query(
-        "SELECT seq, message, format FROM durable_messages \
+        "SELECT seq, message, format, seal FROM durable_messages \
          WHERE session_num = (SELECT num FROM durable_sessions WHERE id = ?) AND seq <= ? ORDER BY seq",
     )
     .bind(id.as_str())
@@ -84,17 +111,49 @@ pub(crate) async fn load_checkpoint(
     .map_err(db)?;
     rtx.commit().await.map_err(db)?;
     let mut messages = Vec::with_capacity(logged.len());
-    for row in &logged {
+    // The chain: message n's seal covers message n-1's, from message 1 on.
+    let mut chain = String::new();
+    for (i, row) in logged.iter().enumerate() {
         let seq: i64 = rows::col(row, "seq", id, v)?;
+        if i64::try_from(i + 1).ok() != Some(seq) {
+            return Err(StoreError::Tampered {
+                session: id.clone(),
+                what: format!("message {}", i + 1),
+                detail: format!("it is missing from the transcript (next is {seq})"),
+            });
+        }
         let what = format!("message {seq}");
         check_format(rows::col(row, "format", id, v)?, id, v, &what)?;
-        messages.push(parse_json(
-            &rows::col::<String>(row, "message", id, v)?,
-            id,
-            v,
-            &what,
-        )?);
+        let text = rows::col::<String>(row, "message", id, v)?;
+        let stored: Option<String> = rows::col(row, "seal", id, v)?;
+        seal::check_message(ring, id, seq, &text, &chain, stored.as_deref())?;
+        chain = stored.unwrap_or_default();
+        messages.push(parse_json(&text, id, v, &what)?);
     }
+    if i64::try_from(logged.len()).ok() != Some(meta.last_seq) {
+        return Err(StoreError::Tampered {
+            session: id.clone(),
+            what: format!("the transcript of checkpoint {version}"),
+            detail: format!(
+                "it ends at message {} but the log holds {}",
+                meta.last_seq,
+                logged.len()
+            ),
+        });
+    }
+    seal::RawCheckpoint {
+        session: id,
+        version,
+        last_seq: meta.last_seq,
+        message_count: meta.message_count,
+        last_message_seal: &chain,
+        plan: &texts[0],
+        budget: &texts[1],
+        state: &texts[2],
+        app_version: &meta.app_version,
+        previous: &previous,
+    }
+    .check(ring, checkpoint_seal.as_deref())?;
     if i64::try_from(messages.len()).ok() != Some(meta.message_count) {
         return Err(corrupt(
             id,
@@ -151,6 +210,10 @@ pub(crate) async fn fork_session(
     owner: &str,
     ttl: Duration,
 ) -> Result<(SessionRecord, Lease), StoreError> {
+    // The source is checked before it is copied: a fork must not launder a forged
+    // transcript under fresh seals.
+    load_checkpoint(store, id, Some(version)).await?;
+    let ring = store.keyring();
     let mut tx = WriteTx::begin(store.writer()).await?;
     let now = tx.now;
     let result = async {
@@ -232,6 +295,7 @@ pub(crate) async fn fork_session(
         .execute(&mut *conn)
         .await
         .map_err(db)?;
+        seal::reseal_session(&mut *conn, None, ring, new_id).await?;
         let record = ops::load_session(conn, new_id).await?;
         let lease = Lease {
             session: new_id.clone(),

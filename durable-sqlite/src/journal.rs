@@ -3,6 +3,7 @@
 //!
 //! [`CheckpointStore`]: durable_core::CheckpointStore
 
+use durable_core::integrity::Keyring;
 use durable_core::store::{
     CallOutcome, CallRecord, CallStatus, CheckpointMeta, FORMAT_VERSION, Fence, FinishCall,
     IssueOutcome, NewCall, NewCheckpoint, Resolution, ResolutionRecord, ResolveCall,
@@ -14,6 +15,7 @@ use crate::SqliteStore;
 use crate::error::db;
 use crate::ops::{self, json, opt_json};
 use crate::rows::{self, call_cols};
+use crate::seal::{self, RawCall};
 use crate::tx::{WriteTx, now_sql};
 
 pub(crate) async fn issue_call(
@@ -23,7 +25,7 @@ pub(crate) async fn issue_call(
 ) -> Result<IssueOutcome, StoreError> {
     let mut tx = WriteTx::begin(store.writer()).await?;
     let now = tx.now;
-    let result = insert_call(tx.conn(), now, fence, &call, None).await;
+    let result = insert_call(tx.conn(), store.keyring(), now, fence, &call, None).await;
     tx.finish(result).await
 }
 
@@ -35,8 +37,26 @@ pub(crate) async fn record_call(
 ) -> Result<IssueOutcome, StoreError> {
     let mut tx = WriteTx::begin(store.writer()).await?;
     let now = tx.now;
-    let result = insert_call(tx.conn(), now, fence, &call, Some(&finish)).await;
+    let result = insert_call(tx.conn(), store.keyring(), now, fence, &call, Some(&finish)).await;
     tx.finish(result).await
+}
+
+/// Reads a journal row for a state change: checks its seal and that it belongs to the
+/// fenced session.
+async fn fenced_call(
+    conn: &mut SqliteConnection,
+    ring: &Keyring,
+    fence: Fence<'_>,
+    call: &CallId,
+) -> Result<RawCall, StoreError> {
+    let raw = seal::checked_call(conn, ring, call).await?;
+    if raw.session != fence.session.as_str() {
+        return Err(StoreError::LeaseLost {
+            session: SessionId::new(raw.session),
+            token: fence.token,
+        });
+    }
+    Ok(raw)
 }
 
 pub(crate) async fn reissue_call(
@@ -44,34 +64,40 @@ pub(crate) async fn reissue_call(
     fence: Fence<'_>,
     call: &CallId,
 ) -> Result<CallRecord, StoreError> {
+    let ring = store.keyring();
     let mut tx = WriteTx::begin(store.writer()).await?;
     let result = async {
         let conn = tx.conn();
-        ops::fenced(&mut *conn, fence).await?;
-        let state = ops::call_state(&mut *conn, call).await?;
-        if state.session != *fence.session {
-            return Err(StoreError::LeaseLost {
-                session: state.session,
-                token: fence.token,
-            });
-        }
-        if !matches!(state.status, CallStatus::Issued | CallStatus::NotHappened) {
+        ops::fenced(&mut *conn, ring, fence).await?;
+        let mut raw = fenced_call(&mut *conn, ring, fence, call).await?;
+        if !matches!(
+            CallStatus::parse(&raw.status),
+            Some(CallStatus::Issued | CallStatus::NotHappened)
+        ) {
             return Err(StoreError::CallNotInDoubt {
                 call: call.clone(),
-                status: state.status.as_str().to_owned(),
+                status: raw.status,
             });
         }
+        raw.attempt += 1;
+        raw.status = CallStatus::Issued.as_str().to_owned();
+        raw.result = None;
+        raw.error = None;
+        raw.spend = None;
+        raw.seal(ring)?;
         sqlx::query(
-            "UPDATE durable_tool_calls SET attempt = attempt + 1, status = 'issued', \
+            "UPDATE durable_tool_calls SET attempt = ?, status = 'issued', \
              fence = ?, finished_at = NULL, result = NULL, error = NULL, spend = NULL, \
-             mac = NULL WHERE id = ?",
+             mac = ? WHERE id = ?",
         )
+        .bind(raw.attempt)
         .bind(fence.token)
+        .bind(raw.mac.as_deref())
         .bind(call.as_str())
         .execute(&mut *conn)
         .await
         .map_err(db)?;
-        ops::load_call(conn, call).await
+        ops::load_call(conn, ring, call).await
     }
     .await;
     tx.finish(result).await
@@ -84,34 +110,34 @@ pub(crate) async fn finish_call(
     finish: FinishCall,
     checkpoint: Option<(i64, NewCheckpoint)>,
 ) -> Result<Option<CheckpointMeta>, StoreError> {
+    let ring = store.keyring();
     let mut tx = WriteTx::begin(store.writer()).await?;
     let now = tx.now;
     let result = async {
         let conn = tx.conn();
-        let fenced = ops::fenced(&mut *conn, fence).await?;
-        let state = ops::call_state(&mut *conn, call).await?;
-        if state.session != *fence.session {
-            return Err(StoreError::LeaseLost {
-                session: state.session,
-                token: fence.token,
-            });
-        }
-        if state.status != CallStatus::Issued {
+        let mut fenced = ops::fenced(&mut *conn, ring, fence).await?;
+        let mut raw = fenced_call(&mut *conn, ring, fence, call).await?;
+        if raw.status != CallStatus::Issued.as_str() {
             return Err(StoreError::CallNotInDoubt {
                 call: call.clone(),
-                status: state.status.as_str().to_owned(),
+                status: raw.status,
             });
         }
         let (status, result, error) = outcome_columns(&finish.outcome)?;
+        raw.status = status.as_str().to_owned();
+        raw.result = result;
+        raw.error = error;
+        raw.spend = opt_json(finish.spend.as_ref())?;
+        raw.seal(ring)?;
         sqlx::query(
             "UPDATE durable_tool_calls SET status = ?, result = ?, error = ?, spend = ?, \
              mac = ?, finished_at = ? WHERE id = ?",
         )
-        .bind(status.as_str())
-        .bind(result)
-        .bind(error)
-        .bind(opt_json(finish.spend.as_ref())?)
-        .bind(finish.mac.as_deref())
+        .bind(&raw.status)
+        .bind(raw.result.as_deref())
+        .bind(raw.error.as_deref())
+        .bind(raw.spend.as_deref())
+        .bind(raw.mac.as_deref())
         .bind(now)
         .bind(call.as_str())
         .execute(&mut *conn)
@@ -119,7 +145,8 @@ pub(crate) async fn finish_call(
         .map_err(db)?;
         match &checkpoint {
             Some((expected, cp)) => Ok(Some(
-                ops::save_checkpoint(conn, now, fence.session, &fenced, *expected, cp).await?,
+                ops::save_checkpoint(conn, ring, now, fence.session, &mut fenced, *expected, cp)
+                    .await?,
             )),
             None => Ok(None),
         }
@@ -130,7 +157,7 @@ pub(crate) async fn finish_call(
 
 pub(crate) async fn call(store: &SqliteStore, id: &CallId) -> Result<CallRecord, StoreError> {
     let mut conn = store.reader().acquire().await.map_err(db)?;
-    ops::load_call(&mut conn, id).await
+    ops::load_call(&mut conn, store.keyring(), id).await
 }
 
 pub(crate) async fn calls(
@@ -138,6 +165,11 @@ pub(crate) async fn calls(
     session: &SessionId,
     step: Option<i64>,
 ) -> Result<Vec<CallRecord>, StoreError> {
+    let ring = store.keyring();
+    // One snapshot: the head, the completeness count and the rows agree.
+    let mut rtx = store.reader().begin().await.map_err(db)?;
+    let head = seal::checked_head(&mut rtx, ring, session).await?;
+    seal::check_journal_complete(&mut rtx, &head).await?;
     let found = match step {
         Some(step) => sqlx::query(concat!(
             "SELECT ",
@@ -153,10 +185,14 @@ pub(crate) async fn calls(
         ))
         .bind(session.as_str()),
     }
-    .fetch_all(store.reader())
+    .fetch_all(&mut *rtx)
     .await
     .map_err(db)?;
-    found.iter().map(rows::call).collect()
+    rtx.commit().await.map_err(db)?;
+    found
+        .iter()
+        .map(|row| rows::checked_call(ring, row))
+        .collect()
 }
 
 pub(crate) async fn in_doubt(
@@ -185,18 +221,24 @@ pub(crate) async fn in_doubt(
     .fetch_all(store.reader())
     .await
     .map_err(db)?;
-    found.iter().map(rows::call).collect()
+    let ring = store.keyring();
+    found
+        .iter()
+        .map(|row| rows::checked_call(ring, row))
+        .collect()
 }
 
 pub(crate) async fn resolve_call(
     store: &SqliteStore,
     resolve: ResolveCall,
 ) -> Result<CallRecord, StoreError> {
+    let ring = store.keyring();
     let mut tx = WriteTx::begin(store.writer()).await?;
     let now = tx.now;
     let result = async {
         let conn = tx.conn();
         let id = &resolve.call;
+        let mut raw = seal::checked_call(&mut *conn, ring, id).await?;
         let state = ops::call_state(&mut *conn, id).await?;
         if state.status != CallStatus::Issued {
             return Err(StoreError::CallNotInDoubt {
@@ -213,27 +255,42 @@ pub(crate) async fn resolve_call(
                 status: "running".to_owned(),
             });
         }
+        let mut head = seal::checked_head(&mut *conn, ring, &state.session).await?;
         let (status, decision, result) = match &resolve.resolution {
             Resolution::Happened { result } => {
                 (CallStatus::Resolved, "happened", Some(json(result)?))
             }
             Resolution::DidNotHappen => (CallStatus::NotHappened, "did_not_happen", None),
         };
+        raw.status = status.as_str().to_owned();
+        raw.result = result.clone();
+        raw.seal(ring)?;
         sqlx::query(
             "UPDATE durable_tool_calls SET status = ?, result = ?, mac = ?, finished_at = ? \
              WHERE id = ?",
         )
         .bind(status.as_str())
         .bind(result.as_deref())
-        .bind(resolve.mac.as_deref())
+        .bind(raw.mac.as_deref())
         .bind(now)
         .bind(id.as_str())
         .execute(&mut *conn)
         .await
         .map_err(db)?;
+        let position = head.resolutions + 1;
+        let resolution_seal = ring.seal(&seal::resolution_fields(
+            id.as_str(),
+            &state.session,
+            position,
+            decision,
+            result.as_deref(),
+            &resolve.by,
+            resolve.note.as_deref(),
+        ))?;
         sqlx::query(
             "INSERT INTO durable_resolutions (call_id, session_id, decision, result, \
-             resolved_by, note, format, created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+             resolved_by, note, format, created_at, position, seal) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
         )
         .bind(id.as_str())
         .bind(state.session.as_str())
@@ -243,10 +300,14 @@ pub(crate) async fn resolve_call(
         .bind(resolve.note.as_deref())
         .bind(FORMAT_VERSION)
         .bind(now)
+        .bind(position)
+        .bind(&resolution_seal)
         .execute(&mut *conn)
         .await
         .map_err(db)?;
-        ops::load_call(conn, id).await
+        head.resolutions = position;
+        head.store(&mut *conn, ring).await?;
+        ops::load_call(conn, ring, id).await
     }
     .await;
     tx.finish(result).await
@@ -256,28 +317,72 @@ pub(crate) async fn resolutions(
     store: &SqliteStore,
     session: &SessionId,
 ) -> Result<Vec<ResolutionRecord>, StoreError> {
+    let ring = store.keyring();
+    let mut rtx = store.reader().begin().await.map_err(db)?;
+    let head = seal::checked_head(&mut rtx, ring, session).await?;
     let found = sqlx::query(
-        "SELECT call_id, session_id, decision, result, resolved_by, note, format, created_at \
-         FROM durable_resolutions WHERE session_id = ? ORDER BY id",
+        "SELECT call_id, session_id, decision, result, resolved_by, note, format, created_at, \
+         position, seal FROM durable_resolutions WHERE session_id = ? ORDER BY id",
     )
     .bind(session.as_str())
-    .fetch_all(store.reader())
+    .fetch_all(&mut *rtx)
     .await
     .map_err(db)?;
-    found.iter().map(rows::resolution).collect()
+    rtx.commit().await.map_err(db)?;
+    let mut out = Vec::with_capacity(found.len());
+    for (i, row) in found.iter().enumerate() {
+        let call: String = rows::col(row, "call_id", session, None)?;
+        let position: i64 = rows::col(row, "position", session, None)?;
+        let decision: String = rows::col(row, "decision", session, None)?;
+        let result: Option<String> = rows::col(row, "result", session, None)?;
+        let by: String = rows::col(row, "resolved_by", session, None)?;
+        let note: Option<String> = rows::col(row, "note", session, None)?;
+        let stored: Option<String> = rows::col(row, "seal", session, None)?;
+        let expected = i64::try_from(i + 1).unwrap_or(i64::MAX);
+        let fields = seal::resolution_fields(
+            &call,
+            session,
+            expected,
+            &decision,
+            result.as_deref(),
+            &by,
+            note.as_deref(),
+        );
+        ring.verify(
+            session,
+            || format!("resolution {position} (call `{call}`)"),
+            &fields,
+            stored.as_deref(),
+        )?;
+        out.push(rows::resolution(row)?);
+    }
+    if i64::try_from(out.len()).ok() != Some(head.resolutions) {
+        return Err(StoreError::Tampered {
+            session: session.clone(),
+            what: "the resolutions".to_owned(),
+            detail: format!(
+                "the session head records {} resolutions, the table holds {}",
+                head.resolutions,
+                out.len()
+            ),
+        });
+    }
+    Ok(out)
 }
 
 /// `issue_call` (`finish = None`: status `issued`) and `record_call` (the outcome is
 /// written with the new row): fence check, idempotency-key check, then insert-or-get on
-/// the call identity.
+/// the call identity. A new row is sealed at the next position of the session's journal,
+/// and the session head counts it.
 async fn insert_call(
     conn: &mut SqliteConnection,
+    ring: &Keyring,
     now: i64,
     fence: Fence<'_>,
     call: &NewCall,
     finish: Option<&FinishCall>,
 ) -> Result<IssueOutcome, StoreError> {
-    ops::fenced(&mut *conn, fence).await?;
+    let mut fenced = ops::fenced(&mut *conn, ring, fence).await?;
     let identity = &call.identity;
     if identity.session != *fence.session {
         return Err(StoreError::LeaseLost {
@@ -304,8 +409,8 @@ async fn insert_call(
             });
         }
     }
-    let (status, result, error, spend, mac, finished_at) = match finish {
-        None => (CallStatus::Issued, None, None, None, None, None),
+    let (status, result, error, spend, finished_at) = match finish {
+        None => (CallStatus::Issued, None, None, None, None),
         Some(finish) => {
             let (status, result, error) = outcome_columns(&finish.outcome)?;
             (
@@ -313,46 +418,68 @@ async fn insert_call(
                 result,
                 error,
                 opt_json(finish.spend.as_ref())?,
-                finish.mac.as_deref(),
                 Some(now),
             )
         }
     };
+    let seq = fenced.head.journal_rows + 1;
+    let mut raw = RawCall {
+        id: call.id.as_str().to_owned(),
+        session: identity.session.as_str().to_owned(),
+        kind: call.kind.as_str().to_owned(),
+        step: identity.step,
+        tool: identity.tool.clone(),
+        input_hash: identity.input_hash.clone(),
+        ordinal: identity.ordinal,
+        class: call.class.as_str().to_owned(),
+        status: status.as_str().to_owned(),
+        args: json(&call.args)?,
+        key: call.idempotency_key.clone(),
+        schema_hash: call.schema_hash.clone(),
+        result,
+        error,
+        spend,
+        attempt: 1,
+        seq,
+        mac: None,
+    };
+    raw.seal(ring)?;
     let inserted = sqlx::query(
         "INSERT INTO durable_tool_calls (id, session_id, kind, step, tool_name, input_hash, \
          ordinal, replay_class, status, args, idempotency_key, schema_hash, result, error, \
          spend, mac, attempt, fence, format, issued_at, finished_at, seq) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, \
-         (SELECT COALESCE(MAX(seq), 0) + 1 FROM durable_tool_calls WHERE session_id = ?)) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?) \
          ON CONFLICT (session_id, step, tool_name, input_hash, ordinal) DO NOTHING",
     )
-    .bind(call.id.as_str())
-    .bind(identity.session.as_str())
-    .bind(call.kind.as_str())
-    .bind(identity.step)
-    .bind(&identity.tool)
-    .bind(&identity.input_hash)
-    .bind(identity.ordinal)
-    .bind(call.class.as_str())
-    .bind(status.as_str())
-    .bind(json(&call.args)?)
-    .bind(call.idempotency_key.as_deref())
-    .bind(&call.schema_hash)
-    .bind(result)
-    .bind(error)
-    .bind(spend)
-    .bind(mac)
+    .bind(&raw.id)
+    .bind(&raw.session)
+    .bind(&raw.kind)
+    .bind(raw.step)
+    .bind(&raw.tool)
+    .bind(&raw.input_hash)
+    .bind(raw.ordinal)
+    .bind(&raw.class)
+    .bind(&raw.status)
+    .bind(&raw.args)
+    .bind(raw.key.as_deref())
+    .bind(&raw.schema_hash)
+    .bind(raw.result.as_deref())
+    .bind(raw.error.as_deref())
+    .bind(raw.spend.as_deref())
+    .bind(raw.mac.as_deref())
     .bind(fence.token)
     .bind(FORMAT_VERSION)
     .bind(now)
     .bind(finished_at)
-    .bind(identity.session.as_str())
+    .bind(seq)
     .execute(&mut *conn)
     .await
     .map_err(db)?;
     if inserted.rows_affected() == 1 {
+        fenced.head.journal_rows = seq;
+        fenced.head.store(&mut *conn, ring).await?;
         return Ok(IssueOutcome::Inserted(
-            ops::load_call(conn, &call.id).await?,
+            ops::load_call(conn, ring, &call.id).await?,
         ));
     }
     let row = sqlx::query(concat!(
@@ -369,7 +496,7 @@ async fn insert_call(
     .fetch_one(conn)
     .await
     .map_err(db)?;
-    Ok(IssueOutcome::Existing(rows::call(&row)?))
+    Ok(IssueOutcome::Existing(rows::checked_call(ring, &row)?))
 }
 
 /// Status, `result` and `error` columns of a recorded outcome.

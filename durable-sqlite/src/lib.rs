@@ -44,6 +44,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use durable_core::StoreError;
+use durable_core::integrity::Keyring;
 use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, SqliteConnection, SqlitePool};
@@ -53,6 +54,7 @@ mod error;
 mod journal;
 mod ops;
 mod rows;
+mod seal;
 mod store;
 mod tx;
 
@@ -102,9 +104,10 @@ enum Target {
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct SqliteStoreOptions {
     target: Target,
+    keyring: Option<Keyring>,
     busy_timeout: Duration,
     max_readers: u32,
     accept_volatile: bool,
@@ -127,6 +130,7 @@ impl SqliteStoreOptions {
     fn new(target: Target) -> Self {
         SqliteStoreOptions {
             target,
+            keyring: None,
             busy_timeout: Duration::from_secs(5),
             max_readers: 4,
             accept_volatile: false,
@@ -152,6 +156,28 @@ impl SqliteStoreOptions {
     /// file stores, whose WAL and `synchronous = FULL` settings are always verified.
     pub fn accept_volatile(mut self, accept: bool) -> Self {
         self.accept_volatile = accept;
+        self
+    }
+
+    /// The keys rows are sealed with (see [`durable_core::integrity`]). Default:
+    /// [`Keyring::from_env`], the application key in `DURABLE_MAC_KEY` if set, else the
+    /// store's own random key.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use durable_core::integrity::Keyring;
+    /// use durable_sqlite::{SqliteStore, SqliteStoreOptions};
+    ///
+    /// let key = std::fs::read("/run/secrets/durable-mac-key")?;
+    /// let store = SqliteStore::connect_with(
+    ///     SqliteStoreOptions::file("agent.db").keyring(Keyring::with_app_key(key)?),
+    /// )
+    /// .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn keyring(mut self, keyring: Keyring) -> Self {
+        self.keyring = Some(keyring);
         self
     }
 
@@ -295,6 +321,8 @@ struct Inner {
     location: String,
     in_memory: bool,
     accept_volatile: bool,
+    /// The keys rows are sealed and checked with, the store's own key bound.
+    keyring: Keyring,
     /// Keeps a shared-cache in-memory database alive while the store exists. Dropped
     /// last (fields drop in declaration order).
     _keeper: Option<Mutex<SqliteConnection>>,
@@ -373,6 +401,14 @@ impl SqliteStore {
         let mut setup = connect.connect().await.map_err(db)?;
         verify(&mut setup, expect).await?;
         setup_schema(&mut setup).await?;
+        let keyring = match options.keyring.clone() {
+            Some(ring) => ring,
+            None => Keyring::from_env().map_err(|e| StoreError::KeyMissing {
+                key: durable_core::integrity::MAC_KEY_ENV.to_owned(),
+                detail: e.to_string(),
+            })?,
+        };
+        let keyring = seal::setup_keys(&mut setup, keyring).await?;
 
         let pool_options = || {
             SqlitePoolOptions::new().after_connect(move |conn, _meta| {
@@ -406,6 +442,7 @@ impl SqliteStore {
                 location,
                 in_memory,
                 accept_volatile: options.accept_volatile,
+                keyring,
                 _keeper: keeper,
             }),
         })
@@ -430,6 +467,10 @@ impl SqliteStore {
     pub async fn close(&self) {
         self.inner.writer.close().await;
         self.inner.reader.close().await;
+    }
+
+    pub(crate) fn keyring(&self) -> &Keyring {
+        &self.inner.keyring
     }
 
     fn writer(&self) -> &SqlitePool {

@@ -8,8 +8,11 @@ use durable_core::{CallId, SessionId, StoreError};
 use serde_json::Value;
 use sqlx::{Row, SqliteConnection};
 
+use durable_core::integrity::Keyring;
+
 use crate::error::{corrupt, db, encode};
 use crate::rows::{self, session_cols};
+use crate::seal::{self, HeadRow, RawCheckpoint, head_cols};
 
 /// Serializes a JSON value for a TEXT column.
 pub(crate) fn json(value: &Value) -> Result<String, StoreError> {
@@ -43,21 +46,30 @@ pub(crate) async fn load_session(
 pub(crate) struct Fenced {
     pub(crate) latest_version: i64,
     pub(crate) app_version: String,
+    /// The session's head, checked.
+    pub(crate) head: HeadRow,
 }
 
 /// Checks a write credential: [`StoreError::SessionNotFound`] or
 /// [`StoreError::LeaseLost`] unless `fence.token` is the session's current token.
+///
+/// Also reads the session's head and checks its seal: a writer that cannot check it
+/// (another key signs the store) writes nothing.
 pub(crate) async fn fenced(
     conn: &mut SqliteConnection,
+    ring: &Keyring,
     fence: Fence<'_>,
 ) -> Result<Fenced, StoreError> {
-    let row =
-        sqlx::query("SELECT fence, latest_version, app_version FROM durable_sessions WHERE id = ?")
-            .bind(fence.session.as_str())
-            .fetch_optional(conn)
-            .await
-            .map_err(db)?
-            .ok_or_else(|| StoreError::SessionNotFound(fence.session.clone()))?;
+    let row = sqlx::query(concat!(
+        "SELECT s.fence, s.app_version, ",
+        head_cols!(),
+        " FROM durable_sessions s WHERE s.id = ?"
+    ))
+    .bind(fence.session.as_str())
+    .fetch_optional(conn)
+    .await
+    .map_err(db)?
+    .ok_or_else(|| StoreError::SessionNotFound(fence.session.clone()))?;
     let current: i64 = rows::col(&row, "fence", fence.session, None)?;
     if current != fence.token {
         return Err(StoreError::LeaseLost {
@@ -65,28 +77,33 @@ pub(crate) async fn fenced(
             token: fence.token,
         });
     }
+    let head = seal::head_from_row(&row, fence.session)?;
+    head.check(ring)?;
     Ok(Fenced {
-        latest_version: rows::col(&row, "latest_version", fence.session, None)?,
+        latest_version: head.latest_version,
         app_version: rows::col(&row, "app_version", fence.session, None)?,
+        head,
     })
 }
 
 /// Appends `messages` to the session's log and inserts checkpoint `version` whose
-/// transcript ends with them.
+/// transcript ends with them, all sealed (messages chained to the log's last message,
+/// the checkpoint to the previous version). Returns the checkpoint and its seal.
 pub(crate) async fn append_checkpoint(
     conn: &mut SqliteConnection,
+    ring: &Keyring,
     now: i64,
     session: &SessionId,
     app_version: &str,
     version: i64,
     checkpoint: &NewCheckpoint,
-) -> Result<CheckpointMeta, StoreError> {
+) -> Result<(CheckpointMeta, String), StoreError> {
     // Unchanged snapshots are stored as a reference to the version holding their text
     // (see `snapshot_ref`), so a long session whose plan and state rarely change grows by
     // its messages, not by a copy of every snapshot per checkpoint.
     let previous = if version > 0 {
         sqlx::query(
-            "SELECT last_seq, message_count, plan, budget, state FROM durable_checkpoints \
+            "SELECT last_seq, message_count, plan, budget, state, seal FROM durable_checkpoints \
              WHERE session_num = (SELECT num FROM durable_sessions WHERE id = ?) AND version = ?",
         )
         .bind(session.as_str())
@@ -98,6 +115,7 @@ pub(crate) async fn append_checkpoint(
         None
     };
     let mut snapshots = Vec::with_capacity(3);
+    let mut texts = Vec::with_capacity(3);
     for (column, value) in [
         ("plan", &checkpoint.plan),
         ("budget", &checkpoint.budget),
@@ -117,12 +135,13 @@ pub(crate) async fn append_checkpoint(
                 if holder_text == text {
                     snapshot_ref(holder)
                 } else {
-                    text
+                    text.clone()
                 }
             }
-            None => text,
+            None => text.clone(),
         };
         snapshots.push(stored);
+        texts.push(text);
     }
     let [plan, budget, state]: [String; 3] = snapshots
         .try_into()
@@ -143,26 +162,48 @@ pub(crate) async fn append_checkpoint(
             0,
         ),
     };
+    let previous_seal = match &previous {
+        Some(prev) => rows::col::<Option<String>>(prev, "seal", session, Some(version - 1))?
+            .unwrap_or_default(),
+        None => String::new(),
+    };
+    let mut message_seal = seal::message_seal_at(&mut *conn, session, last_seq).await?;
     for message in &checkpoint.messages {
         last_seq += 1;
         message_count += 1;
+        let text = json(message)?;
+        message_seal = seal::seal_message(ring, session, last_seq, &text, &message_seal)?;
         sqlx::query(
-            "INSERT INTO durable_messages (session_num, seq, message, format, created_at) \
-             VALUES ((SELECT num FROM durable_sessions WHERE id = ?), ?, ?, ?, ?)",
+            "INSERT INTO durable_messages (session_num, seq, message, format, created_at, seal) \
+             VALUES ((SELECT num FROM durable_sessions WHERE id = ?), ?, ?, ?, ?, ?)",
         )
         .bind(session.as_str())
         .bind(last_seq)
-        .bind(json(message)?)
+        .bind(text)
         .bind(FORMAT_VERSION)
         .bind(now)
+        .bind(&message_seal)
         .execute(&mut *conn)
         .await
         .map_err(db)?;
     }
+    let checkpoint_seal = RawCheckpoint {
+        session,
+        version,
+        last_seq,
+        message_count,
+        last_message_seal: &message_seal,
+        plan: &texts[0],
+        budget: &texts[1],
+        state: &texts[2],
+        app_version,
+        previous: &previous_seal,
+    }
+    .seal(ring)?;
     sqlx::query(
         "INSERT INTO durable_checkpoints (session_num, version, last_seq, message_count, plan, \
-         budget, state, app_version, format, created_at) \
-         VALUES ((SELECT num FROM durable_sessions WHERE id = ?), ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+         budget, state, app_version, format, created_at, seal) \
+         VALUES ((SELECT num FROM durable_sessions WHERE id = ?), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     )
     .bind(session.as_str())
     .bind(version)
@@ -174,26 +215,29 @@ pub(crate) async fn append_checkpoint(
     .bind(app_version)
     .bind(FORMAT_VERSION)
     .bind(now)
+    .bind(&checkpoint_seal)
     .execute(&mut *conn)
     .await
     .map_err(db)?;
-    Ok(CheckpointMeta {
+    let meta = CheckpointMeta {
         session: session.clone(),
         version,
         last_seq,
         message_count,
         app_version: app_version.to_owned(),
         created_at: now,
-    })
+    };
+    Ok((meta, checkpoint_seal))
 }
 
 /// Compare-and-set checkpoint write for a session whose fence was checked: fails with
 /// [`StoreError::VersionConflict`] unless the latest version is `expected`.
 pub(crate) async fn save_checkpoint(
     conn: &mut SqliteConnection,
+    ring: &Keyring,
     now: i64,
     session: &SessionId,
-    fenced: &Fenced,
+    fenced: &mut Fenced,
     expected: i64,
     checkpoint: &NewCheckpoint,
 ) -> Result<CheckpointMeta, StoreError> {
@@ -205,8 +249,16 @@ pub(crate) async fn save_checkpoint(
         });
     }
     let version = expected + 1;
-    let meta =
-        append_checkpoint(conn, now, session, &fenced.app_version, version, checkpoint).await?;
+    let (meta, checkpoint_seal) = append_checkpoint(
+        &mut *conn,
+        ring,
+        now,
+        session,
+        &fenced.app_version,
+        version,
+        checkpoint,
+    )
+    .await?;
     sqlx::query(
         "UPDATE durable_sessions SET latest_version = ?, recovery_attempts = 0, updated_at = ? \
          WHERE id = ?",
@@ -214,9 +266,13 @@ pub(crate) async fn save_checkpoint(
     .bind(version)
     .bind(now)
     .bind(session.as_str())
-    .execute(conn)
+    .execute(&mut *conn)
     .await
     .map_err(db)?;
+    fenced.latest_version = version;
+    fenced.head.latest_version = version;
+    fenced.head.checkpoint_seal = checkpoint_seal;
+    fenced.head.store(conn, ring).await?;
     Ok(meta)
 }
 
@@ -258,6 +314,7 @@ pub(crate) async fn call_state(
 /// Reads a full journal row, or [`StoreError::CallNotFound`].
 pub(crate) async fn load_call(
     conn: &mut SqliteConnection,
+    ring: &Keyring,
     id: &CallId,
 ) -> Result<durable_core::store::CallRecord, StoreError> {
     let row = sqlx::query(concat!(
@@ -270,7 +327,7 @@ pub(crate) async fn load_call(
     .await
     .map_err(db)?
     .ok_or_else(|| StoreError::CallNotFound(id.clone()))?;
-    rows::call(&row)
+    rows::checked_call(ring, &row)
 }
 
 /// The stored form of "the same snapshot as version `v`": `@v`. JSON text never starts

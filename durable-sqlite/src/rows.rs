@@ -30,10 +30,21 @@ macro_rules! call_cols {
     () => {
         "c.id, c.session_id, c.kind, c.step, c.tool_name, c.input_hash, c.ordinal, \
          c.replay_class, c.status, c.args, c.idempotency_key, c.schema_hash, c.result, \
-         c.error, c.spend, c.mac, c.attempt, c.fence, c.format, c.issued_at, c.finished_at"
+         c.error, c.spend, c.mac, c.attempt, c.fence, c.format, c.issued_at, c.finished_at, \
+         c.seq"
     };
 }
 pub(crate) use call_cols;
+
+/// Decodes a `durable_tool_calls` row selected with [`call_cols!`] after checking its
+/// seal.
+pub(crate) fn checked_call(
+    ring: &durable_core::integrity::Keyring,
+    row: &SqliteRow,
+) -> Result<CallRecord, StoreError> {
+    crate::seal::RawCall::from_row(row)?.check(ring)?;
+    call(row)
+}
 
 /// Columns of `durable_checkpoints` for [`checkpoint_meta`].
 macro_rules! meta_cols {

@@ -35,6 +35,10 @@ impl CheckpointStore for SqliteStore {
         BACKEND
     }
 
+    fn keyring(&self) -> &durable_core::integrity::Keyring {
+        SqliteStore::keyring(self)
+    }
+
     async fn durability(&self) -> Result<Durability, StoreError> {
         let mut conn = self.writer().acquire().await.map_err(db)?;
         let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
@@ -96,7 +100,27 @@ impl CheckpointStore for SqliteStore {
             if inserted.rows_affected() == 0 {
                 return Err(StoreError::SessionExists(new.id.clone()));
             }
-            ops::append_checkpoint(conn, now, &new.id, &new.app_version, 0, &new.initial).await?;
+            let ring = self.keyring();
+            let (_, checkpoint_seal) = ops::append_checkpoint(
+                &mut *conn,
+                ring,
+                now,
+                &new.id,
+                &new.app_version,
+                0,
+                &new.initial,
+            )
+            .await?;
+            crate::seal::HeadRow {
+                session: new.id.clone(),
+                journal_rows: 0,
+                latest_version: 0,
+                resolutions: 0,
+                checkpoint_seal,
+                head: None,
+            }
+            .store(&mut *conn, ring)
+            .await?;
             let record = ops::load_session(conn, &new.id).await?;
             let lease = Lease {
                 session: new.id.clone(),
@@ -198,7 +222,7 @@ impl CheckpointStore for SqliteStore {
         let now = tx.now;
         let result = async {
             let conn = tx.conn();
-            ops::fenced(&mut *conn, lease.fence()).await?;
+            ops::fenced(&mut *conn, self.keyring(), lease.fence()).await?;
             let expires_at = now.saturating_add(millis(ttl));
             sqlx::query("UPDATE durable_sessions SET lease_expires_at = ? WHERE id = ?")
                 .bind(expires_at)
@@ -326,7 +350,7 @@ impl CheckpointStore for SqliteStore {
         let now = tx.now;
         let result = async {
             let conn = tx.conn();
-            ops::fenced(&mut *conn, fence).await?;
+            ops::fenced(&mut *conn, self.keyring(), fence).await?;
             let release = status.is_terminal() || status == SessionStatus::Parked;
             sqlx::query(
                 "UPDATE durable_sessions SET status = ?, status_reason = ?, updated_at = ?, \
@@ -512,12 +536,22 @@ impl CheckpointStore for SqliteStore {
                 let call: String = rows::col(row, "id", id, None)?;
                 let tool: String = rows::col(row, "tool_name", id, None)?;
                 if let Some((_, new)) = migrate.step_map.iter().find(|(old, _)| *old == tool) {
-                    sqlx::query("UPDATE durable_tool_calls SET tool_name = ? WHERE id = ?")
-                        .bind(new)
-                        .bind(&call)
-                        .execute(&mut *conn)
-                        .await
-                        .map_err(db)?;
+                    // Checked under its old name, re-sealed under the new one.
+                    let ring = self.keyring();
+                    let mut raw =
+                        crate::seal::checked_call(&mut *conn, ring, &CallId::new(call.clone()))
+                            .await?;
+                    raw.tool = new.clone();
+                    raw.seal(ring)?;
+                    sqlx::query(
+                        "UPDATE durable_tool_calls SET tool_name = ?, mac = ? WHERE id = ?",
+                    )
+                    .bind(new)
+                    .bind(raw.mac.as_deref())
+                    .bind(&call)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(db)?;
                 }
             }
             let step_map: Vec<[&str; 2]> = migrate

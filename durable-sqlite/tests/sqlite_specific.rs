@@ -57,7 +57,6 @@ fn completed(value: serde_json::Value) -> FinishCall {
     FinishCall {
         outcome: CallOutcome::Completed(value),
         spend: Some(json!({"usd": 0.01})),
-        mac: None,
     }
 }
 
@@ -213,7 +212,6 @@ async fn exercise_every_method(store: &dyn CheckpointStore) {
             },
             by: "ops".into(),
             note: Some("checked the PSP dashboard".into()),
-            mac: None,
         })
         .await
         .expect("resolve_call");
@@ -247,7 +245,6 @@ async fn exercise_every_method(store: &dyn CheckpointStore) {
             FinishCall {
                 outcome: CallOutcome::Failed(json!({"error": "declined"})),
                 spend: None,
-                mac: None,
             },
             None,
         )

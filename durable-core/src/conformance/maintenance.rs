@@ -255,7 +255,6 @@ pub async fn purge_refuses_active_recent_and_in_doubt(store: Arc<dyn CheckpointS
             resolution: Resolution::DidNotHappen,
             by: "op".to_owned(),
             note: None,
-            mac: None,
         })
         .await
         .expect("resolve");
@@ -302,7 +301,6 @@ pub async fn purge_deletes_every_row(store: Arc<dyn CheckpointStore>) {
                 resolution: Resolution::Happened { result: json!(2) },
                 by: "op".to_owned(),
                 note: None,
-                mac: None,
             })
             .await
             .expect("resolve");

@@ -64,7 +64,6 @@ fn resolve(call: &CallId, resolution: Resolution) -> ResolveCall {
         resolution,
         by: "operator".to_owned(),
         note: Some("checked upstream".to_owned()),
-        mac: Some("mac-r".to_owned()),
     }
 }
 
@@ -155,7 +154,7 @@ pub async fn resolve_happened_records_result_and_audit(store: Arc<dyn Checkpoint
         Some(result.clone()),
         "result after Happened"
     );
-    assert_eq!(resolved.mac.as_deref(), Some("mac-r"), "mac after Happened");
+    assert!(resolved.mac.is_some(), "a resolved row is sealed");
     assert!(resolved.finished_at.is_some(), "finished_at after Happened");
     assert_eq!(
         (&resolved.id, &resolved.identity, resolved.attempt),

@@ -738,53 +738,6 @@ pub async fn runtime_app_version_requires_migration(store: Arc<dyn CheckpointSto
     assert_eq!(resumed.session.record().app_version, "v2");
 }
 
-/// With a MAC key, an outcome written behind the framework's back is detected.
-pub async fn runtime_mac_detects_rows_written_outside(store: Arc<dyn CheckpointStore>) {
-    let keyed = |owner: &str| {
-        Durable::builder(Arc::clone(&store))
-            .owner(super::owner(owner))
-            .app_version("v1")
-            .mac_key(b"secret key".to_vec())
-            .build()
-    };
-    let durable = keyed("first");
-    let session = durable
-        .start::<Message>(StartOptions::default())
-        .await
-        .expect("start");
-    let s = spec("email", ReplayClass::UnsafeOnReplay);
-    let effects = Arc::new(AtomicUsize::new(0));
-    call_and_die(&session, &s, 1, None, &effects).await;
-    let id = session.id().clone();
-    drop(session);
-    release_dead_lease(&store, &id).await;
-    // forge a "happened" resolution directly through the store, without a MAC
-    let row = store.calls(&id, None).await.expect("calls").remove(0);
-    store
-        .resolve_call(crate::store::ResolveCall {
-            call: row.id.clone(),
-            resolution: Resolution::Happened {
-                result: json!({"forged": true}),
-            },
-            by: "mallory".into(),
-            note: None,
-            mac: None,
-        })
-        .await
-        .expect("forge");
-    let resumed = keyed("second")
-        .resume::<Message>(&id)
-        .await
-        .expect("resume");
-    let err = call(&resumed.session, &s, 1, None, &effects)
-        .await
-        .expect_err("tampered");
-    assert!(
-        matches!(err, CallError::Durable(DurableError::Tampered { .. })),
-        "{err:?}"
-    );
-}
-
 /// Secret arguments are stored as a hash, never in clear; the call still replays.
 pub async fn runtime_secret_arguments_are_masked(store: Arc<dyn CheckpointStore>) {
     let (durable, _) = runtime(&store, "first");

@@ -85,6 +85,10 @@ impl CheckpointStore for Probe {
         self.inner.backend()
     }
 
+    fn keyring(&self) -> &crate::integrity::Keyring {
+        self.inner.keyring()
+    }
+
     async fn durability(&self) -> Result<Durability, StoreError> {
         self.inner.durability().await
     }

@@ -339,7 +339,6 @@ impl<'j> ToolCall<'j> {
                 // possible if another holder of the same lease raced us. Return its
                 // outcome if any; otherwise refuse rather than run twice.
                 if row.status.has_outcome() {
-                    journal.verify_mac(&row)?;
                     journal.charge(&row);
                     journal.emit(journal.event(&row, Outcome::CacheHit));
                     recorded_outcome(&row)
@@ -411,10 +410,8 @@ impl Journal {
     ) -> Result<T, CallError<E>> {
         reservation.keep();
         tracing::Span::current().record("durable.call.id", row.id.as_str());
-        let delivered = self
-            .verify_mac(&row)
-            .map_err(CallError::from)
-            .and_then(|()| recorded_outcome::<T, E>(&row));
+        // The store checked the row's seal when it read it (a broken seal fails the read).
+        let delivered = recorded_outcome::<T, E>(&row);
         let undelivered = matches!(&delivered, Err(CallError::Durable(_)));
         {
             let mut cache = self.inner.cache.lock().await;
@@ -505,13 +502,11 @@ impl Journal {
         spend: Option<Spend>,
         checkpoint: Option<(i64, NewCheckpoint)>,
     ) -> Result<(CallRecord, Option<CheckpointMeta>), DurableError> {
-        let mac = self.mac_for(&row.id, &outcome);
         let spend_value = super::spend_json(spend);
         // The finished row, as the store now holds it (no read-back: one round trip less
         // on the hot path; `finished_at` is the store's and not needed here).
         let mut finished = row.clone();
         finished.spend = spend_value.clone();
-        finished.mac = mac.clone();
         match &outcome {
             CallOutcome::Completed(v) => {
                 finished.status = CallStatus::Completed;
@@ -532,7 +527,6 @@ impl Journal {
                 FinishCall {
                     outcome,
                     spend: spend_value,
-                    mac,
                 },
                 checkpoint,
             )
