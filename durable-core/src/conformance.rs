@@ -56,6 +56,7 @@ mod resolution;
 mod runtime;
 mod sessions;
 mod stall;
+pub mod tamper;
 
 pub use checkpoint_after::*;
 pub use checkpoints::*;

@@ -411,6 +411,21 @@ pub(crate) async fn reseal_session(
     session: &SessionId,
 ) -> Result<i64, StoreError> {
     let mut count = 0i64;
+    // The head first: it covers the latest checkpoint's seal as it stands now.
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        head_cols!(),
+        " FROM durable_sessions s WHERE s.id = ?"
+    ))
+    .bind(session.as_str())
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(db)?;
+    let mut head = head_from_row(&row, session)?;
+    if let Some(from) = from {
+        head.check(from)?;
+        check_journal_complete(&mut *conn, &head).await?;
+    }
     // Journal rows.
     let found = sqlx::query(concat!(
         "SELECT ",
@@ -597,20 +612,12 @@ pub(crate) async fn reseal_session(
             .map_err(db)?;
         count += 1;
     }
-    // The head.
-    let row = sqlx::query(concat!(
-        "SELECT ",
-        head_cols!(),
-        " FROM durable_sessions s WHERE s.id = ?"
-    ))
-    .bind(session.as_str())
-    .fetch_one(&mut *conn)
-    .await
-    .map_err(db)?;
-    let mut head = head_from_row(&row, session)?;
-    if let Some(from) = from {
-        head.check(from)?;
-        check_journal_complete(&mut *conn, &head).await?;
+    // The head, over the latest checkpoint's new seal.
+    if let Some((_, seal)) = sealed_checkpoints
+        .iter()
+        .find(|(v, _)| *v == head.latest_version)
+    {
+        head.checkpoint_seal = seal.clone();
     }
     head.store(conn, to).await?;
     Ok(count + 1)
