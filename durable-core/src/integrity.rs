@@ -43,6 +43,10 @@
 use std::fmt;
 
 use hmac::{Hmac, Mac};
+
+mod verify;
+
+pub use verify::{SessionCheck, verify_sessions};
 use sha2::Sha256;
 
 use crate::error::StoreError;

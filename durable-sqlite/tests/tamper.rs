@@ -354,3 +354,40 @@ async fn resolve_and_finish_refuse_a_tampered_row() {
         .expect_err("a tampered row is not finished");
     assert!(matches!(err, StoreError::Tampered { .. }), "{err:?}");
 }
+
+#[tokio::test]
+async fn verify_reports_each_session() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = open(&dir.path().join("d.db"), Keyring::none())
+        .await
+        .expect("open");
+    let good = one_call(&store).await;
+    let bad = one_call(&store).await;
+    let report = durable_core::integrity::verify_sessions(&store, None)
+        .await
+        .expect("verify");
+    assert!(report.iter().all(|c| c.is_ok()), "{report:?}");
+    sqlx::query("UPDATE durable_tool_calls SET result = '\"forged\"' WHERE session_id = ?")
+        .bind(bad.as_str())
+        .execute(store.pool())
+        .await
+        .expect("tamper");
+    let report = durable_core::integrity::verify_sessions(&store, None)
+        .await
+        .expect("verify");
+    let of = |id: &durable_core::SessionId| {
+        report
+            .iter()
+            .find(|c| &c.session == id)
+            .expect("reported")
+            .clone()
+    };
+    assert!(of(&good).is_ok(), "{report:?}");
+    assert_eq!(of(&good).journal_rows, 1);
+    let problem = of(&bad).problem.expect("the tampered session is reported");
+    assert!(problem.contains("journal row"), "{problem}");
+    let one = durable_core::integrity::verify_sessions(&store, Some(&good))
+        .await
+        .expect("verify one");
+    assert_eq!(one.len(), 1);
+}
