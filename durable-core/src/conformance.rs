@@ -46,6 +46,7 @@ use crate::store::{
 mod checkpoint_after;
 mod checkpoints;
 mod fork;
+mod ids;
 mod journal;
 mod leases;
 mod maintenance;
@@ -61,6 +62,7 @@ pub mod tamper;
 pub use checkpoint_after::*;
 pub use checkpoints::*;
 pub use fork::*;
+pub use ids::*;
 pub use journal::*;
 pub use leases::*;
 pub use maintenance::*;
@@ -180,6 +182,8 @@ macro_rules! __durable_conformance_cases {
             checkpoint_storage_is_linear,
             fork_copies_version_and_leaves_source_untouched,
             fork_missing_version_is_refused,
+            // ids
+            ids_are_validated_before_the_database,
             // journal
             journal_issue_inserts_issued_row,
             journal_issue_same_identity_returns_existing,

@@ -192,6 +192,44 @@ pub enum StoreError {
         /// The backend.
         backend: &'static str,
     },
+    /// An id given to the store (session id, fork target, owner, app version) was refused
+    /// before anything reached the database; see [`validate_id`](crate::ids::validate_id).
+    #[error("invalid {what}: {problem}")]
+    InvalidId {
+        /// Which id: `session id`, `owner`, `app version`.
+        what: &'static str,
+        /// What is wrong with it.
+        problem: crate::ids::IdProblem,
+    },
+    /// The location does not hold a durable store and was not made into one: a missing or
+    /// empty file, a file that is not SQLite, a database without the durable schema (for a
+    /// read-only open), or something that is not a regular file.
+    #[error("`{location}` is not a durable store: {detail}")]
+    NotAStore {
+        /// The file path, or the database URL with its password removed.
+        location: String,
+        /// What was found there.
+        detail: String,
+    },
+    /// A read-only open found a schema older than this release reads; a writer upgrades it.
+    #[error(
+        "the {backend} database schema is at version {found}, older than this release reads ({supported}); \
+         open it once with a writer (your application, or a store opened without `read_only`) to upgrade it"
+    )]
+    SchemaTooOld {
+        /// The backend.
+        backend: &'static str,
+        /// The database's schema version.
+        found: i64,
+        /// The version this release reads.
+        supported: i64,
+    },
+    /// A write was attempted through a store opened read-only.
+    #[error("the {backend} store was opened read-only; this write was refused")]
+    ReadOnly {
+        /// The backend.
+        backend: &'static str,
+    },
     /// The database could not be reached or failed.
     #[error("{backend} database error: {source}")]
     Database {

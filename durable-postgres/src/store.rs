@@ -51,6 +51,7 @@ impl CheckpointStore for PostgresStore {
     }
 
     async fn create_session(&self, new: NewSession) -> Result<(SessionRecord, Lease), StoreError> {
+        durable_core::ids::validate_new_session(&new.id, &new.owner, &new.app_version)?;
         let mut tx = self.pool.begin().await.map_err(db)?;
         let now = txn::now(&mut tx).await?;
         let expires = now.saturating_add(ttl_ms(new.lease_ttl));
@@ -139,6 +140,7 @@ impl CheckpointStore for PostgresStore {
         ttl: Duration,
         max_attempts: i32,
     ) -> Result<Lease, StoreError> {
+        durable_core::ids::validate_owner(owner)?;
         let mut tx = self.pool.begin().await.map_err(db)?;
         let now = txn::now(&mut tx).await?;
         let row = sqlx::query(
@@ -233,6 +235,7 @@ impl CheckpointStore for PostgresStore {
         ttl: Duration,
         max_attempts: i32,
     ) -> Result<Option<Lease>, StoreError> {
+        durable_core::ids::validate_owner(owner)?;
         loop {
             let mut tx = self.pool.begin().await.map_err(db)?;
             let now = txn::now(&mut tx).await?;
@@ -445,6 +448,8 @@ impl CheckpointStore for PostgresStore {
         owner: &str,
         ttl: Duration,
     ) -> Result<(SessionRecord, Lease), StoreError> {
+        new_id.validate()?;
+        durable_core::ids::validate_owner(owner)?;
         let mut tx = self.pool.begin().await.map_err(db)?;
         let now = txn::now(&mut tx).await?;
         let source =

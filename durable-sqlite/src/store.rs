@@ -74,6 +74,7 @@ impl CheckpointStore for SqliteStore {
     }
 
     async fn create_session(&self, new: NewSession) -> Result<(SessionRecord, Lease), StoreError> {
+        durable_core::ids::validate_new_session(&new.id, &new.owner, &new.app_version)?;
         let mut tx = WriteTx::begin(self.writer()).await?;
         let now = tx.now;
         let result = async {
@@ -176,6 +177,7 @@ impl CheckpointStore for SqliteStore {
         ttl: Duration,
         max_attempts: i32,
     ) -> Result<Lease, StoreError> {
+        durable_core::ids::validate_owner(owner)?;
         let mut tx = WriteTx::begin(self.writer()).await?;
         let now = tx.now;
         let result = async {
@@ -262,6 +264,7 @@ impl CheckpointStore for SqliteStore {
         ttl: Duration,
         max_attempts: i32,
     ) -> Result<Option<Lease>, StoreError> {
+        durable_core::ids::validate_owner(owner)?;
         let mut tx = WriteTx::begin(self.writer()).await?;
         let now = tx.now;
         let result = async {
@@ -402,6 +405,8 @@ impl CheckpointStore for SqliteStore {
         owner: &str,
         ttl: Duration,
     ) -> Result<(SessionRecord, Lease), StoreError> {
+        new_id.validate()?;
+        durable_core::ids::validate_owner(owner)?;
         checkpoint::fork_session(self, id, version, new_id, owner, ttl).await
     }
 

@@ -1,0 +1,144 @@
+//! Cases: ids a user chooses (session ids, fork targets, owners, app versions) are
+//! validated at the store boundary, identically on every backend.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use super::{
+    LONG_TTL, MAX_ATTEMPTS, checkpoint, create, expect_err, message, new_session, owner,
+};
+use crate::error::StoreError;
+use crate::ids::{IdProblem, MAX_ID_BYTES, SessionId};
+use crate::store::{CheckpointStore, SessionFilter};
+
+/// The ids of every session in the store.
+async fn all_ids(store: &dyn CheckpointStore) -> BTreeSet<SessionId> {
+    store
+        .list_sessions(&SessionFilter::default())
+        .await
+        .expect("list_sessions")
+        .into_iter()
+        .map(|s| s.id)
+        .collect()
+}
+
+/// Ids every store must refuse, with the problem it must report.
+fn bad_ids() -> Vec<(&'static str, String, IdProblem)> {
+    vec![
+        ("NUL", "before\0after".to_owned(), IdProblem::Nul { at: 6 }),
+        (
+            "1 MB",
+            "x".repeat(1 << 20),
+            IdProblem::TooLong { len: 1 << 20 },
+        ),
+        (
+            "one byte too long",
+            "y".repeat(MAX_ID_BYTES + 1),
+            IdProblem::TooLong {
+                len: MAX_ID_BYTES + 1,
+            },
+        ),
+        (
+            "ESC",
+            "run-\u{1b}]0;pwned\u{7}".to_owned(),
+            IdProblem::Control { at: 4, code: 0x1b },
+        ),
+        ("empty", String::new(), IdProblem::Empty),
+        ("blank", "   ".to_owned(), IdProblem::Blank),
+    ]
+}
+
+/// `create_session` and `fork_session` refuse a session id with NUL, over
+/// [`MAX_ID_BYTES`], with a control character, empty or blank, with
+/// [`StoreError::InvalidId`], and store nothing; `create_session`, `acquire_lease`,
+/// `claim_expired` and `fork_session` refuse such an owner the same way. An id of exactly
+/// [`MAX_ID_BYTES`] bytes (multi-byte characters included) is accepted.
+pub async fn ids_are_validated_before_the_database(store: Arc<dyn CheckpointStore>) {
+    let worker = owner("w");
+    let (source, lease) = create(&*store, &worker).await;
+    store
+        .save_checkpoint(lease.fence(), 0, checkpoint("s1", vec![message(2)]))
+        .await
+        .expect("save_checkpoint");
+    let before = all_ids(&*store).await;
+
+    for (name, id, problem) in bad_ids() {
+        let mut new = new_session(&worker, LONG_TTL);
+        new.id = SessionId::new(id.clone());
+        expect_err!(
+            store.create_session(new).await,
+            StoreError::InvalidId { what: "session id", problem: found }
+                => assert_eq!(found, problem, "create_session with a {name} id"),
+            "create_session with a {name} session id"
+        );
+        expect_err!(
+            store
+                .fork_session(&source.id, 1, &SessionId::new(id.clone()), &worker, LONG_TTL)
+                .await,
+            StoreError::InvalidId { what: "session id", problem: found }
+                => assert_eq!(found, problem, "fork_session to a {name} id"),
+            "fork_session to a {name} session id"
+        );
+
+        let new = new_session(&id, LONG_TTL);
+        expect_err!(
+            store.create_session(new).await,
+            StoreError::InvalidId { what: "owner", problem: found }
+                => assert_eq!(found, problem, "create_session with a {name} owner"),
+            "create_session with a {name} owner"
+        );
+        expect_err!(
+            store
+                .fork_session(&source.id, 1, &super::session_id(), &id, LONG_TTL)
+                .await,
+            StoreError::InvalidId { what: "owner", .. },
+            "fork_session with a {name} owner"
+        );
+        expect_err!(
+            store
+                .acquire_lease(&source.id, &id, LONG_TTL, MAX_ATTEMPTS)
+                .await,
+            StoreError::InvalidId { what: "owner", .. },
+            "acquire_lease with a {name} owner"
+        );
+        expect_err!(
+            store.claim_expired(&id, LONG_TTL, MAX_ATTEMPTS).await,
+            StoreError::InvalidId { what: "owner", .. },
+            "claim_expired with a {name} owner"
+        );
+        let mut new = new_session(&worker, LONG_TTL);
+        new.app_version = id.clone();
+        expect_err!(
+            store.create_session(new).await,
+            StoreError::InvalidId { what: "app version", .. },
+            "create_session with a {name} app version"
+        );
+    }
+    assert_eq!(
+        all_ids(&*store).await,
+        before,
+        "a refused id must store nothing"
+    );
+    let holder = store.session(&source.id).await.expect("session");
+    assert_eq!(
+        (holder.lease_owner.as_deref(), holder.fence),
+        (Some(worker.as_str()), lease.fence),
+        "a refused owner must not touch the lease"
+    );
+
+    // The limit is in bytes: 128 two-byte characters fit, and round-trip.
+    let longest = SessionId::new("é".repeat(MAX_ID_BYTES / 2));
+    let mut new = new_session(&worker, LONG_TTL);
+    new.id = longest.clone();
+    let (created, _) = store
+        .create_session(new)
+        .await
+        .expect("create_session with a 256-byte id");
+    assert_eq!(created.id, longest, "a 256-byte id round-trips");
+    let fork = SessionId::new(format!("{} fork", "f".repeat(MAX_ID_BYTES - 5)));
+    let (forked, _) = store
+        .fork_session(&source.id, 1, &fork, &worker, LONG_TTL)
+        .await
+        .expect("fork_session to a 256-byte id");
+    assert_eq!(forked.id, fork, "a 256-byte fork id round-trips");
+}
