@@ -126,6 +126,9 @@ pub(crate) struct JournalInner {
     scopes: std::sync::atomic::AtomicU64,
     charged: Mutex<HashSet<CallId>>,
     durable_checked: tokio::sync::OnceCell<Option<String>>,
+    /// The clear values of the secret arguments masked in this session's model replies
+    /// (memory only; see [`secret`](crate::secret)).
+    pub(crate) vault: crate::secret::Vault,
 }
 
 /// The journaling handle of a leased session. Cheap to clone; shared by parallel calls.
@@ -180,6 +183,7 @@ impl Journal {
                 scopes: std::sync::atomic::AtomicU64::new(0),
                 charged: Mutex::new(HashSet::new()),
                 durable_checked: tokio::sync::OnceCell::new(),
+                vault: crate::secret::Vault::default(),
             }),
             scope: None,
         }
@@ -347,6 +351,7 @@ impl Journal {
             spec,
             args,
             key: None,
+            withheld: Vec::new(),
         }
     }
 

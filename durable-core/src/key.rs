@@ -177,6 +177,44 @@ pub enum ArgumentErrorKind {
          integer or boolean keys, integers within 64 bits)"
     )]
     Unserializable(String),
+    /// A secret argument that was masked in the journaled model reply, and whose clear
+    /// value this process does not hold (the session was resumed after a restart): the
+    /// call is not run with the placeholder. Send it again with the value (see
+    /// [`secret`](crate::secret#after-a-restart)).
+    #[error(
+        "this secret argument was masked when the reply was journaled and its value is not \
+         held after a restart, so the call did not run; send the call again with the value"
+    )]
+    SecretUnavailable,
+}
+
+impl ArgumentErrorKind {
+    /// The same kind without any value it quotes (for an error inside a secret argument).
+    pub(crate) fn without_values(self) -> Self {
+        const HIDDEN: &str = "(inside a secret argument: not shown)";
+        match self {
+            ArgumentErrorKind::Syntax(_) => ArgumentErrorKind::Syntax(HIDDEN.into()),
+            ArgumentErrorKind::IntegerOutOfRange(_) => {
+                ArgumentErrorKind::IntegerOutOfRange(HIDDEN.into())
+            }
+            ArgumentErrorKind::Unserializable(_) => {
+                ArgumentErrorKind::Unserializable(HIDDEN.into())
+            }
+            other => other,
+        }
+    }
+}
+
+/// The path of a top-level key (`$.name`, or `$["odd key"]`).
+pub(crate) fn path_of_key(key: &str) -> String {
+    render_path(std::iter::once(Segment::Key(key)))
+}
+
+/// Whether `path` is the top-level key `key` or inside it.
+pub(crate) fn path_is_inside(path: &str, key: &str) -> bool {
+    let prefix = path_of_key(key);
+    path.strip_prefix(&prefix)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with('.') || rest.starts_with('['))
 }
 
 /// Validates raw JSON text of tool arguments and parses it; the top level must be an

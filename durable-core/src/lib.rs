@@ -19,6 +19,7 @@ pub mod replay_check;
 pub mod retry;
 pub mod runtime;
 pub mod schema;
+pub mod secret;
 pub mod session;
 pub mod snapshot;
 pub mod store;

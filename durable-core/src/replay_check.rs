@@ -17,11 +17,16 @@
 //!   this (schemars leaves aliases out); its `required` and `properties` decide only for a
 //!   tool that does not decode (the default `check_args`), and where they disagree with
 //!   serde the report carries a [note](ReplayCheckReport::notes). A masked secret
-//!   argument is decoded with a placeholder value in its place;
+//!   argument (`{"$secret": "k1:…"}`, see [`secret`](crate::secret)) is decoded with a
+//!   placeholder value in its place;
 //! - whose idempotency key still derives the same from the recorded arguments
 //!   ([`Tool::derive_key`]; a changed key would reach the upstream as a new request),
 //! - and whose recorded input hash is still the hash of the recorded arguments (else the
-//!   call would not be found on replay and would run again);
+//!   call would not be found on replay and would run again). The hash is taken over the
+//!   arguments as stored, secret arguments masked, so it is checked for calls with
+//!   secrets too; only the idempotency key of such a call, derived from the clear
+//!   arguments, cannot be recomputed (nor the hash of a call recorded before secrets
+//!   were masked with a keyed digest, which was taken over the clear value);
 //! - and a call still in doubt was recorded under today's argument schema fingerprint
 //!   (else resuming it fails with [`SchemaChanged`](crate::DurableError::SchemaChanged)).
 //!
@@ -342,7 +347,7 @@ impl<'t> ReplayCheck<'t> {
             arguments::Verdict::FitsWithNote(detail) => note = Some(detail),
             arguments::Verdict::Rejected(kind) => failures.push(kind),
         }
-        if !masked {
+        if !masked || !has_legacy_masked_secret(&call.args) {
             match key::input_hash(&call.args) {
                 Ok(now) if now != call.input_hash => failures.push(FailureKind::InputHashChanged {
                     recorded: call.input_hash.clone(),
@@ -354,17 +359,17 @@ impl<'t> ReplayCheck<'t> {
                     now: format!("(cannot hash: {e})"),
                 }),
             }
-            if let Some(recorded) = &call.idempotency_key {
-                match tool.derive_key(&call.args, &fixture.session) {
-                    Some(Ok(derived)) if &derived != recorded => {
-                        failures.push(FailureKind::KeyChanged {
-                            recorded: recorded.clone(),
-                            derived,
-                        });
-                    }
-                    Some(Err(e)) => failures.push(FailureKind::KeyNotDerivable(e.to_string())),
-                    Some(Ok(_)) | None => {}
+        }
+        if !masked && let Some(recorded) = &call.idempotency_key {
+            match tool.derive_key(&call.args, &fixture.session) {
+                Some(Ok(derived)) if &derived != recorded => {
+                    failures.push(FailureKind::KeyChanged {
+                        recorded: recorded.clone(),
+                        derived,
+                    });
                 }
+                Some(Err(e)) => failures.push(FailureKind::KeyNotDerivable(e.to_string())),
+                Some(Ok(_)) | None => {}
             }
         }
         let in_doubt = matches!(call.status, CallStatus::Issued | CallStatus::NotHappened);
@@ -382,9 +387,20 @@ fn type_decoder<T: DeserializeOwned>() -> (Decode, &'static str) {
     (decode_as::<T>, std::any::type_name::<T>())
 }
 
-/// Whether a top-level argument was stored masked (`{"$secret": "<hash>"}`): the key and
-/// input hash of such calls cannot be recomputed.
+/// Whether a top-level argument was stored masked (`{"$secret": "<digest>"}`): the
+/// idempotency key of such calls cannot be recomputed (it was derived from the clear
+/// value).
 fn has_masked_secret(args: &Value) -> bool {
     args.as_object()
-        .is_some_and(|map| map.values().any(schema_shape::is_masked))
+        .is_some_and(|map| map.values().any(crate::secret::is_masked))
+}
+
+/// Whether a secret argument was masked by an earlier release (a bare SHA-256 instead of
+/// a keyed digest), whose input hash was taken over the clear value and so cannot be
+/// recomputed either.
+fn has_legacy_masked_secret(args: &Value) -> bool {
+    args.as_object().is_some_and(|map| {
+        map.values()
+            .any(|v| crate::secret::is_masked(v) && !crate::secret::is_keyed(v))
+    })
 }

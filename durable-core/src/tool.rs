@@ -36,7 +36,9 @@ pub struct ToolSpec {
     pub fingerprint: String,
     /// Automatic retry on failure; only for `pure` and `idempotent_with_key` tools.
     pub retry: Option<RetryPolicy>,
-    /// Top-level argument names that are stored masked (hash only), never in clear.
+    /// Top-level argument names that are never written in clear: masked with a keyed
+    /// digest in the journal, in journaled model replies and in argument errors (see
+    /// [`secret`](crate::secret)).
     pub secret_args: Vec<String>,
     /// Whether the tool has a `verify` hook for in-doubt calls.
     pub has_verify: bool,
@@ -79,13 +81,16 @@ impl ToolSpec {
         self
     }
 
-    /// Marks top-level arguments as secret (stored as a hash only).
+    /// Marks top-level arguments as secret: never written in clear (see
+    /// [`secret`](crate::secret)). Registers them for the process, so that model replies
+    /// calling this tool are masked too.
     pub fn with_secret_args<I, S>(mut self, names: I) -> Self
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
         self.secret_args = names.into_iter().map(Into::into).collect();
+        crate::secret::register(&self.name, &self.secret_args);
         self
     }
 

@@ -239,11 +239,25 @@ pub fn doc_text(lines: &[&str]) -> String {
 /// [`DurableError::ArgumentsMismatch`] naming the tool and the JSON path of the first
 /// offending value (`$` for the root, then `.field` and `[index]`), with serde's
 /// message. Nothing is journaled for such a call.
+///
+/// serde quotes the offending value (`invalid type: string "hunter2", expected u32`):
+/// for a value inside a secret argument the message says only that it does not fit, and
+/// a clear secret value quoted anywhere else is cut out (see [`secret`](crate::secret)).
 pub fn decode_args<A: DeserializeOwned>(spec: &ToolSpec, args: &Value) -> Result<A, DurableError> {
-    serde_path_to_error::deserialize(args).map_err(|error| DurableError::ArgumentsMismatch {
-        tool: spec.name.clone(),
-        path: render_path(error.path()),
-        message: error.inner().to_string(),
+    serde_path_to_error::deserialize(args).map_err(|error| {
+        let path = render_path(error.path());
+        let message = crate::secret::redact_message(
+            &spec.name,
+            &spec.secret_args,
+            args,
+            &path,
+            error.inner().to_string(),
+        );
+        DurableError::ArgumentsMismatch {
+            tool: spec.name.clone(),
+            path,
+            message,
+        }
     })
 }
 

@@ -27,6 +27,14 @@
 //!   that are valid JSON but do not fit the tool's type are refused by the tool itself
 //!   with [`DurableError::ArgumentsMismatch`] (the path of the bad field), again with
 //!   nothing journaled.
+//! - **Secret arguments** (`#[secret]`) of a reply journaled by
+//!   [`Journal::model`](crate::Journal::model) arrive masked (`{"$secret": "k1:…"}`):
+//!   dispatch puts back the clear value the journal holds in memory, and the tool
+//!   receives it. After a restart the journal no longer holds it: a call with a recorded
+//!   outcome returns it, and any other is refused with
+//!   [`SecretUnavailable`](crate::ArgumentErrorKind::SecretUnavailable) (an error result
+//!   asking the model to send the call again), never run with the placeholder. Argument
+//!   errors never quote a secret's value (see [`secret`](crate::secret)).
 //! - **`null` for an optional argument** means "not given": it is removed
 //!   ([`schema::drop_optional_nulls`]) before the call is hashed, so serde sees a missing
 //!   field (`None`, or the `#[serde(default)]`), and OpenAI's `{"cc": null}` and
@@ -80,6 +88,7 @@ use crate::error::DurableError;
 use crate::journal::Journal;
 use crate::key::{self, ArgLimits, ArgumentError, ArgumentErrorKind};
 use crate::schema::{self, SchemaError};
+use crate::secret;
 use crate::tool::ToolSpec;
 
 mod tool;
@@ -148,6 +157,7 @@ impl Toolbox {
     pub fn register_arc(&mut self, tool: Arc<dyn Tool>) -> Result<&mut Self, ToolboxError> {
         let name = tool.spec().name.clone();
         schema::check_name(&name).map_err(ToolboxError::InvalidName)?;
+        secret::register(&name, &tool.spec().secret_args);
         if self.tools.contains_key(&name) {
             return Err(ToolboxError::Duplicate(name));
         }
@@ -220,8 +230,14 @@ impl Toolbox {
         Ok(json!({ "tools": self.mcp_tools()? }))
     }
 
-    /// Validates a call's arguments and finds its tool, journaling nothing.
-    fn prepare(&self, call: &ModelToolCall) -> Result<(&Arc<dyn Tool>, Value), DurableError> {
+    /// Validates a call's arguments and finds its tool, journaling nothing; puts back the
+    /// clear value of each masked secret argument that `journal` holds, and returns the
+    /// names of those it does not hold.
+    fn prepare(
+        &self,
+        journal: &Journal,
+        call: &ModelToolCall,
+    ) -> Result<Prepared<'_>, DurableError> {
         let Some(tool) = self.tools.get(&call.name) else {
             let available = if self.tools.is_empty() {
                 "(none)".to_owned()
@@ -233,25 +249,55 @@ impl Toolbox {
                 available,
             });
         };
-        let invalid = |source| DurableError::InvalidArguments {
-            tool: call.name.clone(),
-            source,
+        let spec = tool.spec();
+        let secrets = secret::secret_args(&spec.name, &spec.secret_args);
+        let vault = &journal.inner.vault;
+        let mut args = self.parse(spec, &call.arguments)?;
+        if !secrets.is_empty()
+            && let Some(whole) = vault.whole(&spec.name, &args)
+        {
+            // Arguments masked as a whole (text that did not read as an object): read
+            // the original now, refused as it would have been.
+            let original = whole.ok_or_else(|| secret::unavailable(&spec.name, None))?;
+            args = self.parse(spec, &ToolArguments::from(original))?;
+        }
+        schema::drop_optional_nulls(&spec.input_schema, &mut args);
+        let missing = if secrets.is_empty() {
+            Vec::new()
+        } else {
+            vault.reveal(&spec.name, &secrets, &mut args)
         };
-        let mut args = match &call.arguments {
-            ToolArguments::Text(raw) => key::parse_arguments(raw, &self.limits).map_err(invalid)?,
-            ToolArguments::Json(value) => {
-                key::check_value(value, &self.limits).map_err(invalid)?;
-                if !value.is_object() {
-                    return Err(invalid(ArgumentError {
-                        path: "$".into(),
-                        kind: ArgumentErrorKind::NotAnObject(json_type(value)),
-                    }));
-                }
-                value.clone()
+        Ok(Prepared {
+            tool,
+            args,
+            withheld: missing,
+        })
+    }
+
+    /// Parses and checks arguments; an error quotes nothing of a secret argument.
+    fn parse(&self, spec: &ToolSpec, arguments: &ToolArguments) -> Result<Value, DurableError> {
+        let invalid = |args: Option<&Value>, source| DurableError::InvalidArguments {
+            tool: spec.name.clone(),
+            source: secret::redact_argument_error(&spec.name, &spec.secret_args, args, source),
+        };
+        match arguments {
+            ToolArguments::Text(raw) => {
+                key::parse_arguments(raw, &self.limits).map_err(|e| invalid(None, e))
             }
-        };
-        schema::drop_optional_nulls(&tool.spec().input_schema, &mut args);
-        Ok((tool, args))
+            ToolArguments::Json(value) => {
+                key::check_value(value, &self.limits).map_err(|e| invalid(Some(value), e))?;
+                if !value.is_object() {
+                    return Err(invalid(
+                        Some(value),
+                        ArgumentError {
+                            path: "$".into(),
+                            kind: ArgumentErrorKind::NotAnObject(json_type(value)),
+                        },
+                    ));
+                }
+                Ok(value.clone())
+            }
+        }
     }
 
     /// Dispatches one tool call through the journal.
@@ -267,8 +313,20 @@ impl Toolbox {
         journal: &Journal,
         call: &ModelToolCall,
     ) -> Result<ToolResult, DurableError> {
-        let (tool, args) = self.prepare(call)?;
-        let output = tool.invoke(journal, args).await?;
+        let Prepared {
+            tool,
+            args,
+            withheld,
+        } = self.prepare(journal, call)?;
+        let output = if withheld.is_empty() {
+            tool.invoke(journal, args).await?
+        } else {
+            // A replayed reply whose secret this process does not hold: a recorded
+            // outcome is returned; nothing runs with the placeholder.
+            let spec = tool.spec();
+            let replayed = journal.tool(spec, args).replay_only(withheld).await;
+            crate::tool_bounds::tool_output(spec, replayed)?
+        };
         Ok(ToolResult {
             call_id: call.id.clone(),
             name: call.name.clone(),
@@ -289,6 +347,14 @@ impl Toolbox {
     ) -> Vec<Result<ToolResult, DurableError>> {
         join_all(calls.iter().map(|call| self.dispatch(journal, call))).await
     }
+}
+
+/// A call ready to dispatch: its tool, its arguments (secret values put back where the
+/// journal holds them), and the secret arguments it does not hold.
+struct Prepared<'t> {
+    tool: &'t Arc<dyn Tool>,
+    args: Value,
+    withheld: Vec<String>,
 }
 
 fn quoted_name(name: &str) -> String {

@@ -369,11 +369,26 @@ fn check_key<'a>(cx: &Ctxt, args: &'a ToolArgs, tool: &ToolFn<'_>) -> Option<Key
             .model_params()
             .filter_map(|p| p.ident.map(unraw))
             .collect();
+        let secrets: Vec<String> = tool
+            .model_params()
+            .filter(|p| p.secret.is_some())
+            .filter_map(|p| p.ident.map(unraw))
+            .collect();
         let mut reads = Vec::new();
         field_reads(closure.body.to_token_stream(), &var, &mut reads);
         for field in reads {
             let name = unraw(&field);
-            if !params.contains(&name) {
+            if secrets.contains(&name) {
+                // The key is recorded in clear and sent upstream: a key made of the secret
+                // would write it to the journal.
+                cx.error_spanned_by(
+                    &field,
+                    format!(
+                        "`idempotency_key` reads `{var}.{name}`, a `#[secret]` argument; the key is \
+                         recorded in the journal in clear, so derive it from arguments that are not secret"
+                    ),
+                );
+            } else if !params.contains(&name) {
                 let known = if params.is_empty() {
                     "it takes no arguments".to_owned()
                 } else {
@@ -587,6 +602,36 @@ mod tests {
             ),
         );
         assert!(e.contains("take it as `&ToolContext`"));
+    }
+
+    #[test]
+    fn a_key_rule_may_not_read_a_secret() {
+        let e = one(
+            quote!(
+                replay = "idempotent_with_key",
+                idempotency_key = |a| format!("{}:{}", a.user, a.password)
+            ),
+            quote!(
+                async fn t(user: String, #[secret] password: String) -> Result<u8, E> {
+                    unreachable!()
+                }
+            ),
+        );
+        assert_eq!(
+            e,
+            "`idempotency_key` reads `a.password`, a `#[secret]` argument; the key is recorded in \
+             the journal in clear, so derive it from arguments that are not secret"
+        );
+        let ok = quote!(
+            async fn t(user: String, #[secret] password: String) -> Result<u8, E> {
+                unreachable!()
+            }
+        );
+        let keyed = quote!(
+            replay = "idempotent_with_key",
+            idempotency_key = |a| a.user.clone()
+        );
+        assert!(errors(keyed, ok).is_empty());
     }
 
     #[test]

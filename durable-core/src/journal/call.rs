@@ -18,6 +18,7 @@ use crate::error::DurableError;
 use crate::ids::CallId;
 use crate::key;
 use crate::replay::ReplayClass;
+use crate::secret;
 use crate::snapshot::Spend;
 use crate::store::{
     CallIdentity, CallKind, CallOutcome, CallRecord, CallStatus, CheckpointMeta, FinishCall,
@@ -32,6 +33,9 @@ pub struct ToolCall<'j> {
     pub(super) spec: &'j ToolSpec,
     pub(super) args: Value,
     pub(super) key: Option<String>,
+    /// Secret arguments that hold their masked form because this process does not hold
+    /// their value (a replayed reply): the call may replay a recorded outcome, never run.
+    pub(super) withheld: Vec<String>,
 }
 
 /// What the journal found for a call before anything ran: the row of DESIGN.md's
@@ -51,6 +55,22 @@ impl<'j> ToolCall<'j> {
     pub fn key(mut self, key: impl Into<String>) -> Self {
         self.key = Some(key.into());
         self
+    }
+
+    /// Replays the call's recorded outcome, for a call whose secret arguments `withheld`
+    /// hold their masked form (their value was redacted from a replayed model reply):
+    /// nothing runs. A call with no recorded outcome is refused with
+    /// [`ArgumentErrorKind::SecretUnavailable`](crate::ArgumentErrorKind::SecretUnavailable)
+    /// (an in-doubt `unsafe_on_replay` one with `ReplayUnsafe`).
+    pub(crate) async fn replay_only(
+        mut self,
+        withheld: Vec<String>,
+    ) -> Result<Value, CallError<std::convert::Infallible>> {
+        self.withheld = withheld;
+        self.run(|_ctx| async {
+            unreachable!("a call with withheld secrets is refused before it could run")
+        })
+        .await
     }
 
     /// Runs the call through the journal with no verify hook.
@@ -136,11 +156,32 @@ impl<'j> ToolCall<'j> {
         let limits = journal.inner.config.limits;
         let invalid = |source| DurableError::InvalidArguments {
             tool: spec.name.clone(),
-            source,
+            source: secret::redact_argument_error(
+                &spec.name,
+                &spec.secret_args,
+                Some(&self.args),
+                source,
+            ),
         };
         key::check_value(&self.args, &limits).map_err(invalid)?;
-        let hash = key::input_hash(&self.args).map_err(invalid)?;
-        if spec.class == ReplayClass::IdempotentWithKey && self.key.is_none() {
+        // The row and the input hash carry secret arguments masked (a keyed digest): the
+        // same secret gives the same identity in this store, and neither is a bare hash a
+        // dictionary could reverse.
+        secret::register(&spec.name, &spec.secret_args);
+        let secrets = secret::secret_args(&spec.name, &spec.secret_args);
+        let masked = if secrets.is_empty() {
+            self.args.clone()
+        } else {
+            let keyring = journal.inner.store.keyring();
+            secret::mask_args(keyring, &spec.name, &secrets, &self.withheld, &self.args)?
+        };
+        let hash = key::input_hash(&masked).map_err(invalid)?;
+        // A call whose secrets are withheld only ever replays a recorded outcome, which
+        // needs no key.
+        if spec.class == ReplayClass::IdempotentWithKey
+            && self.key.is_none()
+            && self.withheld.is_empty()
+        {
             return Err(DurableError::Encode {
                 what: format!("call of `{}`", spec.name),
                 detail: "an idempotent_with_key tool needs an idempotency key: call `.key(...)`"
@@ -155,7 +196,10 @@ impl<'j> ToolCall<'j> {
                 self.settle_in_doubt(row, reservation, &mut run, verify, scope)
                     .await
             }
-            Decision::Fresh => self.run_fresh(identity, reservation, &mut run, scope).await,
+            Decision::Fresh => {
+                self.run_fresh(identity, masked, reservation, &mut run, scope)
+                    .await
+            }
         }
     }
 
@@ -191,6 +235,25 @@ impl<'j> ToolCall<'j> {
                 current: spec.fingerprint.clone(),
             }
             .into());
+        }
+        if let Some(name) = self.withheld.first() {
+            // Settling it would run the tool (or its verify hook) without the value.
+            reservation.release();
+            journal.emit(journal.event(&row, Outcome::Refused));
+            if spec.class == ReplayClass::UnsafeOnReplay && row.status != CallStatus::NotHappened {
+                return Err(DurableError::ReplayUnsafe {
+                    call: row.id.clone(),
+                    tool: spec.name.clone(),
+                    class: spec.class,
+                    refused_tool: spec.name.clone(),
+                    reason: format!(
+                        "its secret argument `{name}` was masked in the journal and its value is not \
+                         held after a restart, so neither its verify hook nor a re-execution can run"
+                    ),
+                }
+                .into());
+            }
+            return Err(secret::unavailable(&spec.name, Some(name)).into());
         }
         let outcome = match (row.status, spec.class) {
             (CallStatus::NotHappened, _) => Outcome::ReExecuted,
@@ -279,6 +342,7 @@ impl<'j> ToolCall<'j> {
     async fn run_fresh<T, E, F, Fut>(
         self,
         identity: CallIdentity,
+        masked: Value,
         mut reservation: Reservation,
         run: &mut F,
         scope: Option<&mut ScopeClaim>,
@@ -291,12 +355,18 @@ impl<'j> ToolCall<'j> {
     {
         let journal = self.journal;
         let spec = self.spec;
+        if let Some(name) = self.withheld.first() {
+            // Never run with a placeholder; `reservation` hands the ordinal back, so the
+            // call sent again maps onto the same identity.
+            journal.emit_refused(spec, self.key.clone());
+            return Err(secret::unavailable(&spec.name, Some(name)).into());
+        }
         let call = NewCall {
             id: CallId::random(),
             kind: CallKind::Tool,
             identity: identity.clone(),
             class: spec.class,
-            args: mask_secrets(spec, &self.args),
+            args: masked,
             idempotency_key: self.key.clone(),
             schema_hash: spec.fingerprint.clone(),
         };
@@ -708,23 +778,6 @@ pub(super) fn failure_message(error: Option<&Value>) -> String {
         Some(other) => other.to_string(),
         None => "recorded failure".into(),
     }
-}
-
-/// Replaces secret top-level arguments by a hash of their canonical value.
-fn mask_secrets(spec: &ToolSpec, args: &Value) -> Value {
-    if spec.secret_args.is_empty() {
-        return args.clone();
-    }
-    let mut masked = args.clone();
-    if let Value::Object(map) = &mut masked {
-        for name in &spec.secret_args {
-            if let Some(v) = map.get_mut(name) {
-                let digest = key::input_hash(v).unwrap_or_else(|_| "unhashable".into());
-                *v = json!({ "$secret": digest });
-            }
-        }
-    }
-    masked
 }
 
 /// The attempt a retry runs as: the row's attempt plus the retries within this execution.

@@ -23,6 +23,12 @@ impl Journal {
     /// Journals a model response by its position in the step: on a re-run turn the
     /// recorded response is returned instead of asking the model again.
     ///
+    /// The arguments `#[secret]` in the tool calls the response asks for are masked
+    /// before it is written, and the response returned is the journaled one, masked, on
+    /// the first run as on a replay: push it to the transcript as it is. Dispatching its
+    /// calls through a [`Toolbox`](crate::Toolbox) hands each tool the clear value, held
+    /// in memory by this journal (see [`secret`](crate::secret)).
+    ///
     /// Failures are not journaled (a model call has no side effect; retry it with
     /// [`retry`](crate::retry::retry), which records each failed attempt).
     pub async fn model<R, E, F, Fut>(&self, f: F) -> Result<R, CallError<E>>
@@ -89,7 +95,15 @@ impl Journal {
             let value = f().await.map_err(CallError::Tool)?;
             // Checked before anything is recorded: a reply the replay could not decode
             // (NaN written as `null`) never becomes a completed row.
-            let result = crate::encode::encode(&value, "model response")?;
+            let mut result = crate::encode::encode(&value, "model response")?;
+            // Secret arguments of the tool calls it asks for are masked before it is
+            // written, and the reply handed back is the masked one (as on a replay); the
+            // clear values stay in this handle's memory for dispatch (see `secret`).
+            self.inner.vault.redact_reply(
+                self.inner.store.keyring(),
+                &self.inner.config.limits,
+                &mut result,
+            )?;
             let call = NewCall {
                 id: CallId::random(),
                 kind: CallKind::Model,

@@ -15,7 +15,7 @@ pub struct ReplayCheckReport {
     pub checkpoints: usize,
     /// Distinct tool calls checked.
     pub calls: usize,
-    /// Of those, calls with masked secret arguments (their idempotency key and input hash
+    /// Of those, calls with masked secret arguments (their idempotency key
     /// cannot be recomputed, and a placeholder stands in for each masked value).
     pub calls_with_secrets: usize,
     /// Every problem found, in fixture order.
@@ -53,7 +53,7 @@ impl fmt::Display for ReplayCheckReport {
         );
         let secrets = if self.calls_with_secrets > 0 {
             format!(
-                " ({} with masked secret arguments, whose key and input hash cannot be recomputed)",
+                " ({} with masked secret arguments, whose idempotency key cannot be recomputed)",
                 self.calls_with_secrets
             )
         } else {

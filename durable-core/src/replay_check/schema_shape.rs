@@ -12,9 +12,7 @@ use serde_json::{Map, Value};
 
 /// Whether a stored argument is a masked secret (`{"$secret": "<hash>"}`).
 pub(super) fn is_masked(value: &Value) -> bool {
-    value
-        .as_object()
-        .is_some_and(|m| m.len() == 1 && m.contains_key("$secret"))
+    crate::secret::is_masked(value)
 }
 
 pub(super) fn check(schema: &Value, args: &Value) -> Result<(), String> {
