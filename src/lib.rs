@@ -191,8 +191,23 @@ pub use durable_postgres as postgres;
 ///   be owned and implement `Serialize`, `Deserialize`, `JsonSchema`, `Clone`, `Send`
 ///   and `Sync`; a missing trait is reported at the type. `#[serde(...)]` and
 ///   `#[schemars(...)]` attributes on a parameter are forwarded to its field.
-/// - **`#[secret]`** on an argument stores it in the journal as a hash only (it still
-///   counts in the call's identity).
+/// - **`#[secret]`** on an argument keeps its value out of everything `durable` writes:
+///   the journal row, the journaled model reply that asked for the call (and so the
+///   message the harness pushes and `durable export` fixtures), logs and argument errors
+///   carry `{"$secret": "k1:…"}` instead, an HMAC under the store's own key (the same
+///   secret still gives the same call identity in that store; a dictionary does not
+///   reverse it). The tool receives the real value, in memory:
+///   [`Journal::model`](crate::Journal::model) hands the harness the masked reply and
+///   keeps the clear values, and [`Toolbox::dispatch`](crate::Toolbox::dispatch) puts
+///   them back. **After a restart** that memory is gone: a call whose outcome was
+///   recorded replays it without the secret; a call that did not run (or would run
+///   again) is never run with the placeholder but refused with
+///   [`ArgumentErrorKind::SecretUnavailable`](crate::ArgumentErrorKind::SecretUnavailable),
+///   an error result asking the model to send the call again with the value; an
+///   in-doubt `unsafe_on_replay` call is `ReplayUnsafe` for an operator. An
+///   `idempotency_key` rule may not read a secret argument (the key is recorded in
+///   clear), and a secret cannot be renamed with `#[serde(rename)]`. What the tool
+///   returns, or fails with, is recorded as it is. See [`secret`](crate::secret).
 /// - **The key**: an `idempotent_with_key` tool takes one parameter of type
 ///   [`IdempotencyKey`], by value, recognised by its type name, anywhere in the list:
 ///   the key to pass to the upstream API. It is never empty and never optional: on the
