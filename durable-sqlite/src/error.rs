@@ -19,8 +19,18 @@ pub(crate) fn db(error: sqlx::Error) -> StoreError {
                 Err(source) => StoreError::database(BACKEND, sqlx::Error::Configuration(source)),
             }
         }
+        sqlx::Error::Database(e) if is_read_only(e.code().as_deref()) => {
+            StoreError::ReadOnly { backend: BACKEND }
+        }
         other => StoreError::database(BACKEND, other),
     }
+}
+
+/// Whether an extended SQLite result code is `SQLITE_READONLY` (8) or one of its
+/// extended codes (`SQLITE_READONLY_*` = 8 + 256·n): a write on a read-only connection.
+fn is_read_only(code: Option<&str>) -> bool {
+    code.and_then(|c| c.parse::<i32>().ok())
+        .is_some_and(|c| c & 0xff == 8)
 }
 
 /// Converts a migration failure into a [`StoreError`].

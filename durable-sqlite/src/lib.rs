@@ -11,6 +11,27 @@
 //! the table `durable_schema_migrations`. A database written by a newer release of
 //! `durable` is refused with [`StoreError::SchemaTooNew`] before anything is touched.
 //!
+//! # Files
+//!
+//! A new store file is created with mode `0600` on Unix, and SQLite gives its `-wal` and
+//! `-shm` files the same mode; the mode of an existing file is never changed. An existing
+//! file is opened only if it is an SQLite database: an empty file, or one that is not
+//! SQLite, is refused with [`StoreError::NotAStore`] instead of becoming a fresh store.
+//! (An SQLite database of the host application may hold the store's tables beside its own.)
+//! A new store's schema is checkpointed into the main file at once, so the `.db` file
+//! alone is always a store. Copying or keeping only the `.db` file still loses the writes
+//! made since SQLite's last checkpoint, which are in the `-wal`: take an online copy
+//! (SQLite's backup API or `VACUUM INTO`), or copy all three files of a closed store.
+//!
+//! # Read-only
+//!
+//! [`SqliteStore::open_read_only`] (or [`SqliteStoreOptions::read_only`]) opens the file
+//! with `SQLITE_OPEN_READONLY` for inspection: it never creates the file, never migrates,
+//! never changes the journal mode, and refuses a file that is missing, empty, not SQLite,
+//! without the durable schema, or of another schema version, with one line. Every write
+//! through it fails with [`StoreError::ReadOnly`]. A store in WAL mode needs its `-shm`
+//! file (or a directory in which SQLite may create it) to be read while a writer runs.
+//!
 //! ```no_run
 //! use std::sync::Arc;
 //!
@@ -52,6 +73,7 @@ use sqlx::{ConnectOptions, Connection, SqliteConnection, SqlitePool};
 mod checkpoint;
 mod error;
 mod journal;
+mod open;
 mod ops;
 mod rows;
 mod seal;
@@ -112,6 +134,7 @@ pub struct SqliteStoreOptions {
     max_readers: u32,
     accept_volatile: bool,
     create_if_missing: bool,
+    read_only: bool,
 }
 
 impl SqliteStoreOptions {
@@ -135,6 +158,7 @@ impl SqliteStoreOptions {
             max_readers: 4,
             accept_volatile: false,
             create_if_missing: true,
+            read_only: false,
         }
     }
 
@@ -184,6 +208,18 @@ impl SqliteStoreOptions {
     /// Whether a missing database file is created (default `true`).
     pub fn create_if_missing(mut self, create: bool) -> Self {
         self.create_if_missing = create;
+        self
+    }
+
+    /// Opens the file read-only, for inspection (default `false`): with
+    /// `SQLITE_OPEN_READONLY`, never creating it, never migrating it, never changing its
+    /// journal mode. The open fails with [`StoreError::NotAStore`] for a file that does not
+    /// exist, is empty, is not SQLite or has no durable schema, with
+    /// [`StoreError::SchemaTooOld`] / [`StoreError::SchemaTooNew`] for a schema of another
+    /// release; every write fails with [`StoreError::ReadOnly`]. An in-memory store cannot
+    /// be opened read-only (it would always be empty).
+    pub fn read_only(mut self, read_only: bool) -> Self {
+        self.read_only = read_only;
         self
     }
 }
@@ -299,7 +335,12 @@ async fn setup_schema(conn: &mut SqliteConnection) -> Result<(), StoreError> {
             });
         }
     }
-    migrator.run(&mut *tx).await.map_err(migrate)?;
+    // `run_direct`, not `run`: `run`'s `Acquire<'a>` bound on `&mut SqliteConnection` makes
+    // the future of every caller up to `SqliteStore::open` lose `Send` (rust-lang/rust#64552).
+    migrator
+        .run_direct(None, &mut *tx, false)
+        .await
+        .map_err(migrate)?;
     tx.commit().await.map_err(db)
 }
 
@@ -321,6 +362,7 @@ struct Inner {
     location: String,
     in_memory: bool,
     accept_volatile: bool,
+    read_only: bool,
     /// The keys rows are sealed and checked with, the store's own key bound.
     keyring: Keyring,
     /// Keeps a shared-cache in-memory database alive while the store exists. Dropped
@@ -334,6 +376,7 @@ impl fmt::Debug for SqliteStore {
             .field("location", &self.inner.location)
             .field("in_memory", &self.inner.in_memory)
             .field("accept_volatile", &self.inner.accept_volatile)
+            .field("read_only", &self.inner.read_only)
             .field(
                 "readers",
                 &self.inner.reader.options().get_max_connections(),
@@ -352,6 +395,12 @@ impl SqliteStore {
         Self::connect_with(SqliteStoreOptions::file(path)).await
     }
 
+    /// Opens the store at `path` read-only, for inspection: see
+    /// [`SqliteStoreOptions::read_only`].
+    pub async fn open_read_only(path: impl AsRef<Path>) -> Result<Self, StoreError> {
+        Self::connect_with(SqliteStoreOptions::file(path).read_only(true)).await
+    }
+
     /// A fresh in-memory store, for tests: nothing survives the process, so there is no
     /// crash to be durable against, and it reports itself durable
     /// ([`accept_volatile`](SqliteStoreOptions::accept_volatile)).
@@ -365,14 +414,42 @@ impl SqliteStore {
             .foreign_keys(true)
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(options.busy_timeout);
+        let read_only = options.read_only;
+        let mut created = false;
         let (connect, location, in_memory) = match &options.target {
-            Target::File(path) => (
-                base.filename(path)
-                    .create_if_missing(options.create_if_missing)
-                    .journal_mode(SqliteJournalMode::Wal),
-                path.display().to_string(),
-                false,
-            ),
+            Target::File(path) if read_only => {
+                open::prepare_reader(path)?;
+                // No journal mode: a reader never changes it. `query_only` as well as
+                // SQLITE_OPEN_READONLY: a read-only connection still accepts
+                // `BEGIN IMMEDIATE`, so without it a write would fail only at its first
+                // change, after checks that may report something else (`Leased`, …).
+                (
+                    base.filename(path)
+                        .read_only(true)
+                        .create_if_missing(false)
+                        .pragma("query_only", "ON"),
+                    path.display().to_string(),
+                    false,
+                )
+            }
+            Target::File(path) => {
+                created = open::prepare_writer(path, options.create_if_missing).await?
+                    == open::Found::Created;
+                (
+                    base.filename(path)
+                        .create_if_missing(false)
+                        .journal_mode(SqliteJournalMode::Wal),
+                    path.display().to_string(),
+                    false,
+                )
+            }
+            Target::Memory if read_only => {
+                return Err(StoreError::NotAStore {
+                    location: ":memory:".to_owned(),
+                    detail: "an in-memory database cannot be opened read-only: it would be empty"
+                        .to_owned(),
+                });
+            }
             Target::Memory => {
                 let name = format!(
                     "file:durable-{}?mode=memory&cache=shared",
@@ -389,7 +466,8 @@ impl SqliteStore {
             }
         };
         let expect = Expect {
-            wal: !in_memory,
+            // A reader checks what a writer set, but does not require WAL of it.
+            wal: !in_memory && !read_only,
             busy_timeout_ms: i64::try_from(options.busy_timeout.as_millis())
                 .unwrap_or(i64::MAX)
                 .min(i64::from(i32::MAX)),
@@ -400,7 +478,11 @@ impl SqliteStore {
         // acquire timeout).
         let mut setup = connect.connect().await.map_err(db)?;
         verify(&mut setup, expect).await?;
-        setup_schema(&mut setup).await?;
+        if read_only {
+            open::check_schema(&mut setup, &location).await?;
+        } else {
+            setup_schema(&mut setup).await?;
+        }
         let keyring = match options.keyring.clone() {
             Some(ring) => ring,
             None => Keyring::from_env().map_err(|e| StoreError::KeyMissing {
@@ -408,9 +490,16 @@ impl SqliteStore {
                 detail: e.to_string(),
             })?,
         };
-        let keyring = seal::setup_keys(&mut setup, keyring).await?;
+        let keyring = if read_only {
+            open::read_only_keys(&mut setup, keyring).await?
+        } else {
+            seal::setup_keys(&mut setup, keyring).await?
+        };
+        if created {
+            open::checkpoint_truncate(&mut setup).await?;
+        }
 
-        let pool_options = || {
+        let pool_options = move || {
             SqlitePoolOptions::new().after_connect(move |conn, _meta| {
                 Box::pin(async move {
                     verify(conn, expect)
@@ -442,6 +531,7 @@ impl SqliteStore {
                 location,
                 in_memory,
                 accept_volatile: options.accept_volatile,
+                read_only,
                 keyring,
                 _keeper: keeper,
             }),
@@ -455,6 +545,11 @@ impl SqliteStore {
     /// which fence and serialize writes.
     pub fn pool(&self) -> &SqlitePool {
         &self.inner.reader
+    }
+
+    /// Whether the store was opened read-only ([`SqliteStoreOptions::read_only`]).
+    pub fn is_read_only(&self) -> bool {
+        self.inner.read_only
     }
 
     /// Whether this is an in-memory store.

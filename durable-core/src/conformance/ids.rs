@@ -4,9 +4,7 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use super::{
-    LONG_TTL, MAX_ATTEMPTS, checkpoint, create, expect_err, message, new_session, owner,
-};
+use super::{LONG_TTL, MAX_ATTEMPTS, checkpoint, create, expect_err, message, new_session, owner};
 use crate::error::StoreError;
 use crate::ids::{IdProblem, MAX_ID_BYTES, SessionId};
 use crate::store::{CheckpointStore, SessionFilter};
@@ -110,7 +108,10 @@ pub async fn ids_are_validated_before_the_database(store: Arc<dyn CheckpointStor
         new.app_version = id.clone();
         expect_err!(
             store.create_session(new).await,
-            StoreError::InvalidId { what: "app version", .. },
+            StoreError::InvalidId {
+                what: "app version",
+                ..
+            },
             "create_session with a {name} app version"
         );
     }
