@@ -40,7 +40,7 @@
 //! - a call that **never ran**, or ran without a recorded outcome and would run again
 //!   (`pure`, `idempotent_with_key`, or an `unsafe_on_replay` call an operator marked
 //!   not happened), is **not run with the placeholder**: dispatch fails with
-//!   [`DurableError::InvalidArguments`](crate::DurableError::InvalidArguments) of kind
+//!   [`DurableError::InvalidArguments`] of kind
 //!   [`SecretUnavailable`](crate::ArgumentErrorKind::SecretUnavailable), which
 //!   [`ToolResult::refused`](crate::ToolResult::refused) turns into an error result
 //!   asking the model to send the call again with the secret;
@@ -50,7 +50,7 @@
 //!
 //! # Which tools have secrets
 //!
-//! A journal learns that a tool has secret arguments from its [`ToolSpec`]: every spec
+//! A journal learns that a tool has secret arguments from its [`ToolSpec`](crate::ToolSpec): every spec
 //! built with [`ToolSpec::with_secret_args`](crate::ToolSpec::with_secret_args) (which
 //! `#[durable_tool]` calls for `#[secret]` parameters) is registered for the process, as
 //! is every tool added to a [`Toolbox`](crate::Toolbox). Build the toolbox (or call the

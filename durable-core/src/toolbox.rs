@@ -34,7 +34,7 @@
 //!   outcome returns it, and any other is refused with
 //!   [`SecretUnavailable`](crate::ArgumentErrorKind::SecretUnavailable) (an error result
 //!   asking the model to send the call again), never run with the placeholder. Argument
-//!   errors never quote a secret's value (see [`secret`](crate::secret)).
+//!   errors never quote a secret's value (see [`secret`]).
 //! - **`null` for an optional argument** means "not given": it is removed
 //!   ([`schema::drop_optional_nulls`]) before the call is hashed, so serde sees a missing
 //!   field (`None`, or the `#[serde(default)]`), and OpenAI's `{"cc": null}` and
