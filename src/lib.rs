@@ -202,12 +202,12 @@ pub use durable_postgres as postgres;
 ///   them back. **After a restart** that memory is gone: a call whose outcome was
 ///   recorded replays it without the secret; a call that did not run (or would run
 ///   again) is never run with the placeholder but refused with
-///   [`ArgumentErrorKind::SecretUnavailable`](crate::ArgumentErrorKind::SecretUnavailable),
-///   an error result asking the model to send the call again with the value; an
+///   [`ArgumentErrorKind::SecretUnavailable`], an error result asking the model to send
+///   the call again with the value; an
 ///   in-doubt `unsafe_on_replay` call is `ReplayUnsafe` for an operator. An
 ///   `idempotency_key` rule may not read a secret argument (the key is recorded in
 ///   clear), and a secret cannot be renamed with `#[serde(rename)]`. What the tool
-///   returns, or fails with, is recorded as it is. See [`secret`](crate::secret).
+///   returns, or fails with, is recorded as it is. See [`secret`].
 /// - **The key**: an `idempotent_with_key` tool takes one parameter of type
 ///   [`IdempotencyKey`], by value, recognised by its type name, anywhere in the list:
 ///   the key to pass to the upstream API. It is never empty and never optional: on the
