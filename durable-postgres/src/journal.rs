@@ -1,32 +1,38 @@
-//! The journal half of the store: tool/model call rows, operator resolutions, error
-//! history, app-version migrations and purging.
+//! The journal half of the store: tool/model call rows (sealed, see [`crate::seal`]),
+//! error history, app-version migrations and purging. Operator resolutions are in
+//! [`crate::resolution`].
 
 use std::time::Duration;
 
 use durable_core::StoreError;
 use durable_core::ids::{CallId, SessionId};
+use durable_core::integrity::Keyring;
 use durable_core::store::{
     CallOutcome, CallRecord, CallStatus, CheckpointMeta, FORMAT_VERSION, Fence, FinishCall,
-    IssueOutcome, MigrateSession, NewCall, NewCheckpoint, NewError, PurgeOutcome, Resolution,
-    ResolutionRecord, ResolveCall, SessionRecord,
+    IssueOutcome, MigrateSession, NewCall, NewCheckpoint, NewError, PurgeOutcome, SessionRecord,
 };
 use sqlx::postgres::PgConnection;
 
 use crate::PostgresStore;
 use crate::error::{db, unique_violation};
 use crate::rows::{self, call_cols, get};
+use crate::seal::{self, RawCall, raw_call_cols};
 use crate::txn::{self, Lock, ttl_ms};
 
 impl PostgresStore {
-    /// `issue_call` (no `finish`) and `record_call` (a new row carries its outcome).
+    /// `issue_call` (no `finish`) and `record_call` (a new row carries its outcome). A
+    /// new row is sealed at the next position of the session's journal, and the session
+    /// head counts it: the session row is locked `FOR UPDATE`, so one session's journal
+    /// writes are numbered one at a time.
     pub(crate) async fn issue(
         &self,
         fence: Fence<'_>,
         call: NewCall,
         finish: Option<FinishCall>,
     ) -> Result<IssueOutcome, StoreError> {
+        let ring = self.keyring();
         let mut tx = self.pool.begin().await.map_err(db)?;
-        let locked = txn::lock_fenced(&mut tx, fence, Lock::Share).await?;
+        let mut locked = txn::lock_fenced(&mut tx, ring, fence, Lock::Update).await?;
         // A lease on one session cannot write into another's journal.
         if &call.identity.session != fence.session {
             return Err(StoreError::LeaseLost {
@@ -49,7 +55,7 @@ impl PostgresStore {
             let holder = sqlx::query(
                 "SELECT id FROM durable_tool_calls
                  WHERE tool_name = $1 AND idempotency_key = $2 AND input_hash <> $3
-                 ORDER BY seq LIMIT 1",
+                 ORDER BY issued_at, id LIMIT 1",
             )
             .bind(tool)
             .bind(key)
@@ -65,41 +71,68 @@ impl PostgresStore {
                 });
             }
         }
+        let seq = locked.head.journal_rows + 1;
+        let mut raw = RawCall {
+            id: call.id.as_str().to_owned(),
+            session: call.identity.session.as_str().to_owned(),
+            kind: call.kind.as_str().to_owned(),
+            step: call.identity.step,
+            tool: tool.clone(),
+            input_hash: call.identity.input_hash.clone(),
+            ordinal: call.identity.ordinal,
+            class: call.class.as_str().to_owned(),
+            status: outcome.status.as_str().to_owned(),
+            args: call.args.to_string(),
+            key: call.idempotency_key.clone(),
+            schema_hash: call.schema_hash.clone(),
+            result: outcome.result,
+            error: outcome.error,
+            spend: outcome.spend,
+            attempt: 1,
+            seq,
+            mac: None,
+        };
+        raw.seal(ring)?;
         let inserted = sqlx::query(concat!(
             "INSERT INTO durable_tool_calls (id, session_id, kind, step, tool_name, input_hash, \
              ordinal, replay_class, status, args, idempotency_key, schema_hash, attempt, fence, \
-             format, issued_at, result, error, spend, mac, finished_at) \
+             format, issued_at, result, error, spend, mac, finished_at, seq) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, 1, $13, $14, $15, \
-                     $16, $17, $18, $19, $20) \
+                     $16, $17, $18, $19, $20, $21) \
              ON CONFLICT (session_id, step, tool_name, input_hash, ordinal) DO NOTHING \
              RETURNING ",
             call_cols!()
         ))
-        .bind(call.id.as_str())
-        .bind(call.identity.session.as_str())
-        .bind(call.kind.as_str())
-        .bind(call.identity.step)
-        .bind(tool)
-        .bind(&call.identity.input_hash)
-        .bind(call.identity.ordinal)
-        .bind(call.class.as_str())
-        .bind(outcome.status.as_str())
-        .bind(call.args.to_string())
-        .bind(&call.idempotency_key)
-        .bind(&call.schema_hash)
+        .bind(&raw.id)
+        .bind(&raw.session)
+        .bind(&raw.kind)
+        .bind(raw.step)
+        .bind(&raw.tool)
+        .bind(&raw.input_hash)
+        .bind(raw.ordinal)
+        .bind(&raw.class)
+        .bind(&raw.status)
+        .bind(&raw.args)
+        .bind(&raw.key)
+        .bind(&raw.schema_hash)
         .bind(fence.token)
         .bind(FORMAT_VERSION)
         .bind(now)
-        .bind(outcome.result)
-        .bind(outcome.error)
-        .bind(outcome.spend)
-        .bind(outcome.mac)
+        .bind(&raw.result)
+        .bind(&raw.error)
+        .bind(&raw.spend)
+        .bind(&raw.mac)
         .bind(finish.is_some().then_some(now))
+        .bind(seq)
         .fetch_optional(&mut *tx)
         .await
         .map_err(db)?;
         let outcome = match inserted {
-            Some(row) => IssueOutcome::Inserted(rows::call(&row)?),
+            Some(row) => {
+                locked.head.journal_rows = seq;
+                locked.head.store(&mut tx, ring).await?;
+                IssueOutcome::Inserted(rows::checked_call(ring, &row)?)
+            }
             None => {
                 let row = sqlx::query(concat!(
                     "SELECT ",
@@ -115,7 +148,7 @@ impl PostgresStore {
                 .fetch_one(&mut *tx)
                 .await
                 .map_err(db)?;
-                IssueOutcome::Existing(rows::call(&row)?)
+                IssueOutcome::Existing(rows::checked_call(ring, &row)?)
             }
         };
         tx.commit().await.map_err(db)?;
@@ -127,27 +160,39 @@ impl PostgresStore {
         fence: Fence<'_>,
         call: &CallId,
     ) -> Result<CallRecord, StoreError> {
+        let ring = self.keyring();
         let mut tx = self.pool.begin().await.map_err(db)?;
-        txn::lock_fenced(&mut tx, fence, Lock::Share).await?;
-        let status = lock_call(&mut tx, call, Some(fence)).await?;
-        if !matches!(status, CallStatus::Issued | CallStatus::NotHappened) {
+        txn::lock_fenced(&mut tx, ring, fence, Lock::Share).await?;
+        let (mut raw, _) = lock_call(&mut tx, ring, call, Some(fence)).await?;
+        if !matches!(
+            CallStatus::parse(&raw.status),
+            Some(CallStatus::Issued | CallStatus::NotHappened)
+        ) {
             return Err(StoreError::CallNotInDoubt {
                 call: call.clone(),
-                status: status.as_str().to_owned(),
+                status: raw.status,
             });
         }
+        raw.attempt += 1;
+        raw.status = CallStatus::Issued.as_str().to_owned();
+        raw.result = None;
+        raw.error = None;
+        raw.spend = None;
+        raw.seal(ring)?;
         let row = sqlx::query(concat!(
-            "UPDATE durable_tool_calls SET attempt = attempt + 1, status = 'issued', fence = $2, \
-             finished_at = NULL, result = NULL, error = NULL, spend = NULL, mac = NULL \
+            "UPDATE durable_tool_calls SET attempt = $3, status = 'issued', fence = $2, \
+             finished_at = NULL, result = NULL, error = NULL, spend = NULL, mac = $4 \
              WHERE id = $1 RETURNING ",
             call_cols!()
         ))
         .bind(call.as_str())
         .bind(fence.token)
+        .bind(i32::try_from(raw.attempt).unwrap_or(i32::MAX))
+        .bind(&raw.mac)
         .fetch_one(&mut *tx)
         .await
         .map_err(db)?;
-        let record = rows::call(&row)?;
+        let record = rows::checked_call(ring, &row)?;
         tx.commit().await.map_err(db)?;
         Ok(record)
     }
@@ -159,22 +204,28 @@ impl PostgresStore {
         finish: FinishCall,
         checkpoint: Option<(i64, NewCheckpoint)>,
     ) -> Result<Option<CheckpointMeta>, StoreError> {
+        let ring = self.keyring();
         let mut tx = self.pool.begin().await.map_err(db)?;
         let lock = if checkpoint.is_some() {
             Lock::Update
         } else {
             Lock::Share
         };
-        let locked = txn::lock_fenced(&mut tx, fence, lock).await?;
-        let status = lock_call(&mut tx, call, Some(fence)).await?;
-        if status != CallStatus::Issued {
+        let mut locked = txn::lock_fenced(&mut tx, ring, fence, lock).await?;
+        let (mut raw, _) = lock_call(&mut tx, ring, call, Some(fence)).await?;
+        if raw.status != CallStatus::Issued.as_str() {
             return Err(StoreError::CallNotInDoubt {
                 call: call.clone(),
-                status: status.as_str().to_owned(),
+                status: raw.status,
             });
         }
         let now = locked.now;
         let stored = Stored::from(Some(&finish));
+        raw.status = stored.status.as_str().to_owned();
+        raw.result = stored.result;
+        raw.error = stored.error;
+        raw.spend = stored.spend;
+        raw.seal(ring)?;
         sqlx::query(
             "UPDATE durable_tool_calls
              SET status = $2, result = $3, error = $4, spend = $5, mac = $6, finished_at = $7,
@@ -182,11 +233,11 @@ impl PostgresStore {
              WHERE id = $1",
         )
         .bind(call.as_str())
-        .bind(stored.status.as_str())
-        .bind(stored.result)
-        .bind(stored.error)
-        .bind(stored.spend)
-        .bind(stored.mac)
+        .bind(&raw.status)
+        .bind(&raw.result)
+        .bind(&raw.error)
+        .bind(&raw.spend)
+        .bind(&raw.mac)
         .bind(now)
         .bind(FORMAT_VERSION)
         .execute(&mut *tx)
@@ -194,7 +245,16 @@ impl PostgresStore {
         .map_err(db)?;
         let meta = match checkpoint {
             Some((expected, cp)) => Some(
-                txn::append_checkpoint(&mut tx, fence.session, &locked, expected, cp, now).await?,
+                txn::append_checkpoint(
+                    &mut tx,
+                    ring,
+                    fence.session,
+                    &mut locked,
+                    expected,
+                    cp,
+                    now,
+                )
+                .await?,
             ),
             None => None,
         };
@@ -213,7 +273,7 @@ impl PostgresStore {
         .await
         .map_err(db)?
         .ok_or_else(|| StoreError::CallNotFound(id.clone()))?;
-        rows::call(&row)
+        rows::checked_call(self.keyring(), &row)
     }
 
     pub(crate) async fn call_records(
@@ -221,7 +281,12 @@ impl PostgresStore {
         session: &SessionId,
         step: Option<i64>,
     ) -> Result<Vec<CallRecord>, StoreError> {
-        sqlx::query(concat!(
+        let ring = self.keyring();
+        // One snapshot: the head, the completeness count and the rows agree.
+        let mut tx = txn::begin_snapshot(&self.pool).await?;
+        let head = seal::checked_head(&mut tx, ring, session).await?;
+        seal::check_journal_complete(&mut tx, &head).await?;
+        let found = sqlx::query(concat!(
             "SELECT ",
             call_cols!(),
             " FROM durable_tool_calls WHERE session_id = $1 AND ($2::bigint IS NULL OR step = $2) \
@@ -229,19 +294,22 @@ impl PostgresStore {
         ))
         .bind(session.as_str())
         .bind(step)
-        .fetch_all(&self.pool)
+        .fetch_all(&mut *tx)
         .await
-        .map_err(db)?
-        .iter()
-        .map(rows::call)
-        .collect()
+        .map_err(db)?;
+        tx.commit().await.map_err(db)?;
+        found
+            .iter()
+            .map(|row| rows::checked_call(ring, row))
+            .collect()
     }
 
     pub(crate) async fn in_doubt_calls(
         &self,
         session: Option<&SessionId>,
     ) -> Result<Vec<CallRecord>, StoreError> {
-        // `c.*`: the columns of `call_cols!` (plus `seq`), unambiguous beside the join.
+        let ring = self.keyring();
+        // `c.*`: the columns of `call_cols!`, unambiguous beside the join.
         sqlx::query(concat!(
             "SELECT c.* FROM durable_tool_calls c JOIN durable_sessions s ON s.id = c.session_id \
              WHERE c.status = 'issued' AND ($1::text IS NULL OR c.session_id = $1) \
@@ -255,111 +323,7 @@ impl PostgresStore {
         .await
         .map_err(db)?
         .iter()
-        .map(rows::call)
-        .collect()
-    }
-
-    pub(crate) async fn resolve(&self, resolve: ResolveCall) -> Result<CallRecord, StoreError> {
-        let mut tx = self.pool.begin().await.map_err(db)?;
-        let session = sqlx::query("SELECT session_id FROM durable_tool_calls WHERE id = $1")
-            .bind(resolve.call.as_str())
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db)?
-            .ok_or_else(|| StoreError::CallNotFound(resolve.call.clone()))?;
-        let session = SessionId::new(get::<String>(&session, "session_id")?);
-        // Session first, then the call: the same lock order as every fenced write.
-        let owner = sqlx::query(
-            "SELECT fence, lease_owner, lease_expires_at FROM durable_sessions
-             WHERE id = $1 FOR SHARE",
-        )
-        .bind(session.as_str())
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(db)?;
-        let row = sqlx::query(concat!(
-            "SELECT ",
-            call_cols!(),
-            " FROM durable_tool_calls WHERE id = $1 FOR UPDATE"
-        ))
-        .bind(resolve.call.as_str())
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(db)?;
-        let record = rows::call(&row)?;
-        if record.status != CallStatus::Issued {
-            return Err(StoreError::CallNotInDoubt {
-                call: resolve.call,
-                status: record.status.as_str().to_owned(),
-            });
-        }
-        let now = txn::now(&mut tx).await?;
-        if let Some(owner) = owner {
-            let fence: i64 = get(&owner, "fence")?;
-            let holder: Option<String> = get(&owner, "lease_owner")?;
-            let until: Option<i64> = get(&owner, "lease_expires_at")?;
-            if fence == record.fence && holder.is_some() && until.is_some_and(|u| u > now) {
-                return Err(StoreError::CallNotInDoubt {
-                    call: resolve.call,
-                    status: "running".to_owned(),
-                });
-            }
-        }
-        let (status, decision, result) = match &resolve.resolution {
-            Resolution::Happened { result } => {
-                (CallStatus::Resolved, "happened", Some(result.to_string()))
-            }
-            Resolution::DidNotHappen => (CallStatus::NotHappened, "did_not_happen", None),
-        };
-        let row = sqlx::query(concat!(
-            "UPDATE durable_tool_calls SET status = $2, result = $3, mac = $4, finished_at = $5, \
-             format = $6 WHERE id = $1 RETURNING ",
-            call_cols!()
-        ))
-        .bind(resolve.call.as_str())
-        .bind(status.as_str())
-        .bind(&result)
-        .bind(&resolve.mac)
-        .bind(now)
-        .bind(FORMAT_VERSION)
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(db)?;
-        let updated = rows::call(&row)?;
-        sqlx::query(
-            "INSERT INTO durable_resolutions (call_id, session_id, decision, result, resolved_by,
-                                              note, format, created_at)
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
-        )
-        .bind(resolve.call.as_str())
-        .bind(session.as_str())
-        .bind(decision)
-        .bind(&result)
-        .bind(&resolve.by)
-        .bind(&resolve.note)
-        .bind(FORMAT_VERSION)
-        .bind(now)
-        .execute(&mut *tx)
-        .await
-        .map_err(db)?;
-        tx.commit().await.map_err(db)?;
-        Ok(updated)
-    }
-
-    pub(crate) async fn resolution_records(
-        &self,
-        session: &SessionId,
-    ) -> Result<Vec<ResolutionRecord>, StoreError> {
-        sqlx::query(
-            "SELECT call_id, session_id, decision, result, resolved_by, note, format, created_at
-             FROM durable_resolutions WHERE session_id = $1 ORDER BY id",
-        )
-        .bind(session.as_str())
-        .fetch_all(&self.pool)
-        .await
-        .map_err(db)?
-        .iter()
-        .map(rows::resolution)
+        .map(|row| rows::checked_call(ring, row))
         .collect()
     }
 
@@ -425,14 +389,42 @@ impl PostgresStore {
                 new.push(n);
             }
         }
-        let renamed = sqlx::query(
-            "UPDATE durable_tool_calls c SET tool_name = m.new
-             FROM unnest($2::text[], $3::text[]) AS m(old, new)
-             WHERE c.session_id = $1 AND c.tool_name = m.old",
-        )
+        // Each renamed row is checked under its old name and re-sealed under the new one.
+        let ring = self.keyring();
+        let found = sqlx::query(concat!(
+            "SELECT ",
+            raw_call_cols!(),
+            " FROM durable_tool_calls WHERE session_id = $1 AND tool_name = ANY($2::text[]) \
+             ORDER BY seq FOR UPDATE"
+        ))
         .bind(migrate.session.as_str())
         .bind(&old)
-        .bind(&new)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db)?;
+        let mut ids = Vec::with_capacity(found.len());
+        let mut tools = Vec::with_capacity(found.len());
+        let mut seals = Vec::with_capacity(found.len());
+        for row in &found {
+            let mut raw = RawCall::from_row(row)?;
+            raw.check(ring)?;
+            let Some(i) = old.iter().position(|o| *o == raw.tool) else {
+                continue;
+            };
+            raw.tool = new[i].to_owned();
+            raw.seal(ring)?;
+            tools.push(raw.tool);
+            seals.push(raw.mac.unwrap_or_default());
+            ids.push(raw.id);
+        }
+        let renamed = sqlx::query(
+            "UPDATE durable_tool_calls c SET tool_name = m.tool, mac = m.seal
+             FROM unnest($1::text[], $2::text[], $3::text[]) AS m(id, tool, seal)
+             WHERE c.id = m.id",
+        )
+        .bind(&ids)
+        .bind(&tools)
+        .bind(&seals)
         .execute(&mut *tx)
         .await;
         if let Err(e) = renamed {
@@ -535,7 +527,6 @@ struct Stored {
     result: Option<String>,
     error: Option<String>,
     spend: Option<String>,
-    mac: Option<String>,
 }
 
 impl From<Option<&FinishCall>> for Stored {
@@ -546,7 +537,6 @@ impl From<Option<&FinishCall>> for Stored {
                 result: None,
                 error: None,
                 spend: None,
-                mac: None,
             };
         };
         let (status, result, error) = match &finish.outcome {
@@ -558,41 +548,38 @@ impl From<Option<&FinishCall>> for Stored {
             result,
             error,
             spend: finish.spend.as_ref().map(ToString::to_string),
-            mac: finish.mac.clone(),
         }
     }
 }
 
-/// Locks a call row `FOR UPDATE` and returns its status. With `fence`, a call of another
-/// session is [`StoreError::LeaseLost`]: a lease on one session cannot touch another's
-/// journal.
-async fn lock_call(
+/// Locks a call row `FOR UPDATE`, checks its seal, and returns its sealed columns and
+/// fence. With `fence`, a call of another session is [`StoreError::LeaseLost`]: a lease
+/// on one session cannot touch another's journal.
+pub(crate) async fn lock_call(
     conn: &mut PgConnection,
+    ring: &Keyring,
     call: &CallId,
     fence: Option<Fence<'_>>,
-) -> Result<CallStatus, StoreError> {
-    let row =
-        sqlx::query("SELECT session_id, status FROM durable_tool_calls WHERE id = $1 FOR UPDATE")
-            .bind(call.as_str())
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(db)?
-            .ok_or_else(|| StoreError::CallNotFound(call.clone()))?;
-    let owner = SessionId::new(get::<String>(&row, "session_id")?);
+) -> Result<(RawCall, i64), StoreError> {
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        raw_call_cols!(),
+        ", fence FROM durable_tool_calls WHERE id = $1 FOR UPDATE"
+    ))
+    .bind(call.as_str())
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(db)?
+    .ok_or_else(|| StoreError::CallNotFound(call.clone()))?;
+    let raw = RawCall::from_row(&row)?;
+    raw.check(ring)?;
     if let Some(fence) = fence
-        && owner != *fence.session
+        && raw.session != fence.session.as_str()
     {
         return Err(StoreError::LeaseLost {
-            session: owner,
+            session: SessionId::new(raw.session),
             token: fence.token,
         });
     }
-    let status: String = get(&row, "status")?;
-    CallStatus::parse(&status).ok_or_else(|| {
-        crate::error::corrupt(
-            &owner,
-            None,
-            format!("journal row `{call}`: unknown status `{status}`"),
-        )
-    })
+    Ok((raw, get(&row, "fence")?))
 }

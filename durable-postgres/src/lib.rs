@@ -48,17 +48,23 @@
 //!
 //! [`issue_call`]: durable_core::CheckpointStore::issue_call
 
+mod checkpoint;
 mod error;
 mod journal;
+mod keys;
+mod resolution;
 mod rows;
+mod seal;
 mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
 mod txn;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use durable_core::StoreError;
+use durable_core::integrity::Keyring;
 use sqlx::Row;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
@@ -84,7 +90,7 @@ fn newest_migration(migrator: &Migrator) -> i64 {
 }
 
 /// How to connect a [`PostgresStore`].
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct PostgresStoreOptions {
     /// A `postgres://` URL (see sqlx's `PgConnectOptions` for the parameters).
     pub url: String,
@@ -96,6 +102,10 @@ pub struct PostgresStoreOptions {
     pub acquire_timeout: Duration,
     /// The `application_name` shown in `pg_stat_activity` (default `durable`).
     pub application_name: String,
+    /// The keys rows are sealed with (see [`durable_core::integrity`]). `None` (the
+    /// default): [`Keyring::from_env`], the application key in `DURABLE_MAC_KEY` if set,
+    /// else the store's own random key.
+    pub keyring: Option<Keyring>,
 }
 
 impl PostgresStoreOptions {
@@ -107,7 +117,29 @@ impl PostgresStoreOptions {
             min_connections: 0,
             acquire_timeout: Duration::from_secs(30),
             application_name: "durable".to_owned(),
+            keyring: None,
         }
+    }
+
+    /// Seals rows with `keyring` (see [`durable_core::integrity`]).
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use durable_core::integrity::Keyring;
+    /// use durable_postgres::{PostgresStore, PostgresStoreOptions};
+    ///
+    /// let key = std::fs::read("/run/secrets/durable-mac-key")?;
+    /// let store = PostgresStore::connect_with(
+    ///     PostgresStoreOptions::new("postgres://app@127.0.0.1/app")
+    ///         .keyring(Keyring::with_app_key(key)?),
+    /// )
+    /// .await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn keyring(mut self, keyring: Keyring) -> Self {
+        self.keyring = Some(keyring);
+        self
     }
 }
 
@@ -117,6 +149,8 @@ impl PostgresStoreOptions {
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
     pool: PgPool,
+    /// The keys rows are sealed and checked with, the store's own key bound.
+    keyring: Arc<Keyring>,
 }
 
 impl PostgresStore {
@@ -137,7 +171,8 @@ impl PostgresStore {
     pub async fn connect_with(options: PostgresStoreOptions) -> Result<Self, StoreError> {
         let connect: PgConnectOptions = options.url.parse().map_err(db)?;
         let connect = connect.application_name(&options.application_name);
-        setup(&connect, options.acquire_timeout).await?;
+        let keyring = resolve_keyring(options.keyring)?;
+        let keyring = setup(&connect, options.acquire_timeout, keyring).await?;
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .min_connections(options.min_connections)
@@ -145,31 +180,59 @@ impl PostgresStore {
             .connect_with(connect)
             .await
             .map_err(db)?;
-        Ok(Self { pool })
+        Ok(Self {
+            pool,
+            keyring: Arc::new(keyring),
+        })
     }
 
     /// Uses an existing pool (for example your application's), bringing the schema up to
-    /// date first.
+    /// date first. Rows are sealed with [`Keyring::from_env`].
     ///
     /// # Errors
     /// As [`connect`](Self::connect).
     pub async fn from_pool(pool: PgPool) -> Result<Self, StoreError> {
-        setup(
+        let keyring = setup(
             &pool.connect_options(),
             pool.options().get_acquire_timeout(),
+            resolve_keyring(None)?,
         )
         .await?;
-        Ok(Self { pool })
+        Ok(Self {
+            pool,
+            keyring: Arc::new(keyring),
+        })
     }
 
     /// The connection pool.
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
+
+    pub(crate) fn keyring(&self) -> &Keyring {
+        &self.keyring
+    }
 }
 
-/// Refuses a newer schema, then applies pending migrations on a dedicated connection.
-async fn setup(options: &PgConnectOptions, acquire_timeout: Duration) -> Result<(), StoreError> {
+/// The configured key ring, or the one from the environment.
+fn resolve_keyring(keyring: Option<Keyring>) -> Result<Keyring, StoreError> {
+    match keyring {
+        Some(ring) => Ok(ring),
+        None => Keyring::from_env().map_err(|e| StoreError::KeyMissing {
+            key: durable_core::integrity::MAC_KEY_ENV.to_owned(),
+            detail: e.to_string(),
+        }),
+    }
+}
+
+/// Refuses a newer schema, applies pending migrations on a dedicated connection, then
+/// binds the store's own key into `keyring` and makes sure every row is sealed with its
+/// signing key ([`keys::setup_keys`]).
+async fn setup(
+    options: &PgConnectOptions,
+    acquire_timeout: Duration,
+    keyring: Keyring,
+) -> Result<Keyring, StoreError> {
     let migrator = migrations();
     let supported = newest_migration(&migrator);
     // A one-connection pool of its own (not the store's): closing it releases the
@@ -195,7 +258,8 @@ async fn setup(options: &PgConnectOptions, acquire_timeout: Duration) -> Result<
         migrator
             .run(&pool)
             .await
-            .map_err(|e| error::migrate(e, supported))
+            .map_err(|e| error::migrate(e, supported))?;
+        keys::setup_keys(&pool, keyring).await
     }
     .await;
     pool.close().await;

@@ -28,10 +28,20 @@ macro_rules! call_cols {
     () => {
         "id, session_id, kind, step, tool_name, input_hash, ordinal, replay_class, status, \
          args, idempotency_key, schema_hash, result, error, spend, mac, attempt, fence, \
-         format, issued_at, finished_at"
+         format, issued_at, finished_at, seq"
     };
 }
 pub(crate) use call_cols;
+
+/// Decodes a `durable_tool_calls` row selected with [`call_cols!`] after checking its
+/// seal.
+pub(crate) fn checked_call(
+    ring: &durable_core::integrity::Keyring,
+    row: &PgRow,
+) -> Result<CallRecord, StoreError> {
+    crate::seal::RawCall::from_row(row)?.check(ring)?;
+    call(row)
+}
 
 /// Columns of `durable_checkpoints` read as metadata by [`checkpoint_meta`].
 macro_rules! checkpoint_meta_cols {

@@ -6,23 +6,29 @@ use std::time::Duration;
 use async_trait::async_trait;
 use durable_core::StoreError;
 use durable_core::ids::{CallId, SessionId};
+use durable_core::integrity::Keyring;
 use durable_core::store::{
     CallRecord, Checkpoint, CheckpointMeta, CheckpointStore, Durability, ErrorRecord,
     FORMAT_VERSION, Fence, FinishCall, IssueOutcome, Lease, MigrateSession, NewCall, NewCheckpoint,
     NewError, NewSession, PurgeOutcome, ResolutionRecord, ResolveCall, SessionFilter,
     SessionRecord, SessionStatus,
 };
-use sqlx::postgres::PgConnection;
 
 use crate::PostgresStore;
-use crate::error::{BACKEND, corrupt, db};
+use crate::error::{BACKEND, db};
+use crate::keys;
 use crate::rows::{self, checkpoint_meta_cols, get, session_cols};
+use crate::seal::HeadRow;
 use crate::txn::{self, CheckpointRow, Lock, ttl_ms};
 
 #[async_trait]
 impl CheckpointStore for PostgresStore {
     fn backend(&self) -> &'static str {
         BACKEND
+    }
+
+    fn keyring(&self) -> &Keyring {
+        PostgresStore::keyring(self)
     }
 
     async fn durability(&self) -> Result<Durability, StoreError> {
@@ -75,23 +81,27 @@ impl CheckpointStore for PostgresStore {
         .map_err(db)?
         .ok_or_else(|| StoreError::SessionExists(new.id.clone()))?;
         let record = rows::session(&row)?;
-        let last_seq =
-            txn::append_messages(&mut tx, &new.id, 0, &new.initial.messages, now).await?;
-        txn::insert_checkpoint(
+        let ring = self.keyring();
+        let mut tail = txn::Tail::default();
+        txn::insert_sealed_checkpoint(
             &mut tx,
-            CheckpointRow {
-                session: &new.id,
-                version: 0,
-                last_seq,
-                message_count: last_seq,
-                plan: new.initial.plan.to_string(),
-                budget: new.initial.budget.to_string(),
-                state: new.initial.state.to_string(),
-                app_version: &new.app_version,
-                format: FORMAT_VERSION,
-            },
+            ring,
+            &new.id,
+            &new.app_version,
+            &mut tail,
+            &new.initial,
             now,
         )
+        .await?;
+        HeadRow {
+            session: new.id.clone(),
+            journal_rows: 0,
+            latest_version: 0,
+            resolutions: 0,
+            checkpoint_seal: tail.checkpoint_seal,
+            head: None,
+        }
+        .store(&mut tx, ring)
         .await?;
         tx.commit().await.map_err(db)?;
         let lease = Lease {
@@ -197,7 +207,7 @@ impl CheckpointStore for PostgresStore {
 
     async fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<Lease, StoreError> {
         let mut tx = self.pool.begin().await.map_err(db)?;
-        let now = txn::lock_fenced(&mut tx, lease.fence(), Lock::Update)
+        let now = txn::lock_fenced(&mut tx, self.keyring(), lease.fence(), Lock::Update)
             .await?
             .now;
         let expires = now.saturating_add(ttl_ms(ttl));
@@ -327,7 +337,9 @@ impl CheckpointStore for PostgresStore {
         reason: Option<&str>,
     ) -> Result<(), StoreError> {
         let mut tx = self.pool.begin().await.map_err(db)?;
-        let now = txn::lock_fenced(&mut tx, fence, Lock::Update).await?.now;
+        let now = txn::lock_fenced(&mut tx, self.keyring(), fence, Lock::Update)
+            .await?
+            .now;
         let releases = status.is_terminal() || status == SessionStatus::Parked;
         sqlx::query(
             "UPDATE durable_sessions
@@ -354,11 +366,19 @@ impl CheckpointStore for PostgresStore {
         checkpoint: NewCheckpoint,
     ) -> Result<CheckpointMeta, StoreError> {
         let mut tx = self.pool.begin().await.map_err(db)?;
-        let locked = txn::lock_fenced(&mut tx, fence, Lock::Update).await?;
+        let ring = self.keyring();
+        let mut locked = txn::lock_fenced(&mut tx, ring, fence, Lock::Update).await?;
         let now = locked.now;
-        let meta =
-            txn::append_checkpoint(&mut tx, fence.session, &locked, expected, checkpoint, now)
-                .await?;
+        let meta = txn::append_checkpoint(
+            &mut tx,
+            ring,
+            fence.session,
+            &mut locked,
+            expected,
+            checkpoint,
+            now,
+        )
+        .await?;
         tx.commit().await.map_err(db)?;
         Ok(meta)
     }
@@ -368,58 +388,7 @@ impl CheckpointStore for PostgresStore {
         id: &SessionId,
         version: Option<i64>,
     ) -> Result<Checkpoint, StoreError> {
-        // Checkpoints are immutable and the log is append-only, so two plain reads see
-        // one consistent checkpoint.
-        let mut conn = self.pool.acquire().await.map_err(db)?;
-        let row = sqlx::query(concat!(
-            "SELECT s.latest_version AS latest, c.plan, c.budget, c.state, c.format AS cp_format, ",
-            "c.session_id, c.version, c.last_seq, c.message_count, c.app_version, c.created_at \
-             FROM durable_sessions s \
-             LEFT JOIN durable_checkpoints c \
-               ON c.session_id = s.id AND c.version = COALESCE($2, s.latest_version) \
-             WHERE s.id = $1"
-        ))
-        .bind(id.as_str())
-        .bind(version)
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(db)?
-        .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
-        let found: Option<i64> = get(&row, "version")?;
-        let Some(v) = found else {
-            let latest: i64 = get(&row, "latest")?;
-            return Err(StoreError::VersionNotFound {
-                session: id.clone(),
-                version: version.unwrap_or(latest),
-            });
-        };
-        let meta = rows::checkpoint_meta(&row)?;
-        let format: i32 = get(&row, "cp_format")?;
-        rows::check_format(id, Some(v), "the checkpoint", format)?;
-        let plan = rows::json(id, Some(v), "the plan", &get::<String>(&row, "plan")?)?;
-        let budget = rows::json(id, Some(v), "the budget", &get::<String>(&row, "budget")?)?;
-        let state = rows::json(id, Some(v), "the state", &get::<String>(&row, "state")?)?;
-        let messages = load_messages(&mut conn, id, v, meta.last_seq).await?;
-        if messages.len() as i64 != meta.message_count {
-            return Err(corrupt(
-                id,
-                Some(v),
-                format!(
-                    "the log holds {} messages up to seq {} but the checkpoint records {}; \
-                     messages were deleted behind durable's back",
-                    messages.len(),
-                    meta.last_seq,
-                    meta.message_count
-                ),
-            ));
-        }
-        Ok(Checkpoint {
-            meta,
-            messages,
-            plan,
-            budget,
-            state,
-        })
+        self.checkpoint(id, version).await
     }
 
     async fn list_checkpoints(&self, id: &SessionId) -> Result<Vec<CheckpointMeta>, StoreError> {
@@ -520,10 +489,12 @@ impl CheckpointStore for PostgresStore {
                 state: get(&cp, "state")?,
                 app_version: &app_version,
                 format: cp_format,
+                seal: None,
             },
             now,
         )
         .await?;
+        keys::reseal_session(&mut tx, None, self.keyring(), new_id).await?;
         tx.commit().await.map_err(db)?;
         let lease = Lease {
             session: new_id.clone(),
@@ -612,30 +583,4 @@ impl CheckpointStore for PostgresStore {
     ) -> Result<PurgeOutcome, StoreError> {
         self.purge(id, retention).await
     }
-}
-
-/// The transcript of checkpoint `version`: the log up to `last_seq`.
-async fn load_messages(
-    conn: &mut PgConnection,
-    id: &SessionId,
-    version: i64,
-    last_seq: i64,
-) -> Result<Vec<serde_json::Value>, StoreError> {
-    let rows = sqlx::query(
-        "SELECT seq, message, format FROM durable_messages
-         WHERE session_id = $1 AND seq <= $2 ORDER BY seq",
-    )
-    .bind(id.as_str())
-    .bind(last_seq)
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(db)?;
-    rows.iter()
-        .map(|row| {
-            let seq: i64 = get(row, "seq")?;
-            let what = format!("message {seq}");
-            rows::check_format(id, Some(version), &what, get(row, "format")?)?;
-            rows::json(id, Some(version), &what, &get::<String>(row, "message")?)
-        })
-        .collect()
 }

@@ -295,15 +295,17 @@ async fn corrupt_rows_name_their_session_and_others_still_load() {
         }) => assert_eq!((session, version), (bad_meta.clone(), None)),
         other => panic!("expected Corrupt for bad metadata, got {other:?}"),
     }
+    // A changed message no longer matches its seal: it is reported as tampered before
+    // its (now invalid) JSON is parsed.
     match s.load_checkpoint(&bad_msg, None).await {
-        Err(e @ StoreError::Corrupt { .. }) => {
+        Err(e @ StoreError::Tampered { .. }) => {
             let text = e.to_string();
             assert!(
                 text.contains(bad_msg.as_str()) && text.contains("message 1"),
                 "{text}"
             );
         }
-        other => panic!("expected Corrupt for a bad message, got {other:?}"),
+        other => panic!("expected Tampered for a changed message, got {other:?}"),
     }
     // Forking a checkpoint of a newer format is refused, not re-labelled.
     match s
@@ -329,15 +331,15 @@ async fn corrupt_rows_name_their_session_and_others_still_load() {
     )
     .await;
     match s.load_checkpoint(&lost, None).await {
-        Err(StoreError::Corrupt {
+        Err(StoreError::Tampered {
             session,
-            version,
+            what,
             detail,
         }) => {
-            assert_eq!((session, version), (lost.clone(), Some(0)));
-            assert!(detail.contains("2 messages"), "{detail}");
+            assert_eq!((session, what.as_str()), (lost.clone(), "message 2"));
+            assert!(detail.contains("missing"), "{detail}");
         }
-        other => panic!("expected Corrupt for a lost message, got {other:?}"),
+        other => panic!("expected Tampered for a lost message, got {other:?}"),
     }
 
     let cp = s
@@ -561,7 +563,6 @@ async fn smoke_every_method() {
         FinishCall {
             outcome: CallOutcome::Completed(json!({"ok": true})),
             spend: Some(json!({"usd": 0.01})),
-            mac: Some("mac".into()),
         },
         Some((1, NewCheckpoint::default())),
     )
@@ -579,7 +580,6 @@ async fn smoke_every_method() {
             FinishCall {
                 outcome: CallOutcome::Failed(json!("nope")),
                 spend: None,
-                mac: None,
             },
         )
         .await
@@ -617,7 +617,6 @@ async fn smoke_every_method() {
             resolution: Resolution::DidNotHappen,
             by: "ops".into(),
             note: Some("checked the bank".into()),
-            mac: None,
         })
         .await
         .expect("resolve_call");
@@ -634,7 +633,6 @@ async fn smoke_every_method() {
         FinishCall {
             outcome: CallOutcome::Completed(json!(1)),
             spend: None,
-            mac: None,
         },
         None,
     )

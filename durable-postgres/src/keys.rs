@@ -1,0 +1,414 @@
+//! The store's keys: loading (or creating) its own key at connect, sealing a database
+//! that was never sealed, re-sealing one under a new key, and re-sealing a session whose
+//! rows were copied (a fork). Every re-sealing is audited in `durable_integrity_log`.
+
+use std::collections::HashMap;
+
+use durable_core::integrity::{self, Keyring};
+use durable_core::{SessionId, StoreError};
+use sqlx::postgres::{PgConnection, PgPool};
+
+use crate::error::db;
+use crate::rows::get;
+use crate::seal::{
+    self, RawCall, RawCheckpoint, check_journal_complete, head_cols, head_from_row, raw_call_cols,
+    resolution_fields,
+};
+use crate::txn;
+
+/// Re-seals every row of one session under `to`, after checking it under `from` (`None`:
+/// the rows were never sealed; they are sealed as they are). Returns the rows sealed.
+/// The caller holds the session row (or created it in this transaction).
+pub(crate) async fn reseal_session(
+    conn: &mut PgConnection,
+    from: Option<&Keyring>,
+    to: &Keyring,
+    session: &SessionId,
+) -> Result<i64, StoreError> {
+    let mut count = 0i64;
+    // The head first, while it still names the old seal of the latest checkpoint.
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        head_cols!(),
+        " FROM durable_sessions s WHERE s.id = $1"
+    ))
+    .bind(session.as_str())
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(db)?;
+    let mut head = head_from_row(&row, session)?;
+    if let Some(from) = from {
+        head.check(from)?;
+        check_journal_complete(&mut *conn, &head).await?;
+    }
+    // Journal rows.
+    let found = sqlx::query(concat!(
+        "SELECT ",
+        raw_call_cols!(),
+        " FROM durable_tool_calls WHERE session_id = $1 ORDER BY seq"
+    ))
+    .bind(session.as_str())
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(db)?;
+    let mut ids = Vec::with_capacity(found.len());
+    let mut seals = Vec::with_capacity(found.len());
+    for row in &found {
+        let mut raw = RawCall::from_row(row)?;
+        if let Some(from) = from {
+            raw.check(from)?;
+        }
+        raw.seal(to)?;
+        seals.push(raw.mac.unwrap_or_default());
+        ids.push(raw.id);
+    }
+    if !ids.is_empty() {
+        sqlx::query(
+            "UPDATE durable_tool_calls c SET mac = u.seal \
+             FROM unnest($1::text[], $2::text[]) AS u(id, seal) WHERE c.id = u.id",
+        )
+        .bind(&ids)
+        .bind(&seals)
+        .execute(&mut *conn)
+        .await
+        .map_err(db)?;
+        count += ids.len() as i64;
+    }
+    // Messages, in order (chained).
+    let found = sqlx::query(
+        "SELECT seq, message, seal FROM durable_messages WHERE session_id = $1 ORDER BY seq",
+    )
+    .bind(session.as_str())
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(db)?;
+    let mut old_previous = String::new();
+    let mut new_previous = String::new();
+    let mut old_seals = HashMap::from([(0i64, String::new())]);
+    let mut new_seals = HashMap::from([(0i64, String::new())]);
+    let mut seqs = Vec::with_capacity(found.len());
+    let mut seals = Vec::with_capacity(found.len());
+    for row in &found {
+        let seq: i64 = get(row, "seq")?;
+        let text: String = get(row, "message")?;
+        let stored: Option<String> = get(row, "seal")?;
+        if let Some(from) = from {
+            seal::check_message(from, session, seq, &text, &old_previous, stored.as_deref())?;
+        }
+        old_previous = stored.unwrap_or_default();
+        old_seals.insert(seq, old_previous.clone());
+        let new = seal::seal_message(to, session, seq, &text, &new_previous)?;
+        new_previous.clone_from(&new);
+        new_seals.insert(seq, new.clone());
+        seqs.push(seq);
+        seals.push(new);
+    }
+    if !seqs.is_empty() {
+        sqlx::query(
+            "UPDATE durable_messages m SET seal = u.seal \
+             FROM unnest($2::bigint[], $3::text[]) AS u(seq, seal) \
+             WHERE m.session_id = $1 AND m.seq = u.seq",
+        )
+        .bind(session.as_str())
+        .bind(&seqs)
+        .bind(&seals)
+        .execute(&mut *conn)
+        .await
+        .map_err(db)?;
+        count += seqs.len() as i64;
+    }
+    // Checkpoints, in order (chained).
+    let found = sqlx::query(
+        "SELECT version, last_seq, message_count, plan, budget, state, app_version, seal \
+         FROM durable_checkpoints WHERE session_id = $1 ORDER BY version",
+    )
+    .bind(session.as_str())
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(db)?;
+    let mut old_previous = String::new();
+    let mut new_previous = String::new();
+    let mut versions = Vec::with_capacity(found.len());
+    let mut seals = Vec::with_capacity(found.len());
+    for row in &found {
+        let version: i64 = get(row, "version")?;
+        let last_seq: i64 = get(row, "last_seq")?;
+        let plan: String = get(row, "plan")?;
+        let budget: String = get(row, "budget")?;
+        let state: String = get(row, "state")?;
+        let app_version: String = get(row, "app_version")?;
+        let message_count: i64 = get(row, "message_count")?;
+        let stored: Option<String> = get(row, "seal")?;
+        let missing = || StoreError::Tampered {
+            session: session.clone(),
+            what: format!("checkpoint {version}"),
+            detail: format!("its transcript ends at message {last_seq}, which is missing"),
+        };
+        if let Some(from) = from {
+            let old_last = old_seals.get(&last_seq).ok_or_else(missing)?;
+            RawCheckpoint {
+                session,
+                version,
+                last_seq,
+                message_count,
+                last_message_seal: old_last,
+                plan: &plan,
+                budget: &budget,
+                state: &state,
+                app_version: &app_version,
+                previous: &old_previous,
+            }
+            .check(from, stored.as_deref())?;
+        }
+        old_previous = stored.unwrap_or_default();
+        let last_message_seal = new_seals.get(&last_seq).ok_or_else(missing)?;
+        let new = RawCheckpoint {
+            session,
+            version,
+            last_seq,
+            message_count,
+            last_message_seal,
+            plan: &plan,
+            budget: &budget,
+            state: &state,
+            app_version: &app_version,
+            previous: &new_previous,
+        }
+        .seal(to)?;
+        new_previous.clone_from(&new);
+        if version == head.latest_version {
+            head.checkpoint_seal.clone_from(&new);
+        }
+        versions.push(version);
+        seals.push(new);
+    }
+    if !versions.is_empty() {
+        sqlx::query(
+            "UPDATE durable_checkpoints k SET seal = u.seal \
+             FROM unnest($2::bigint[], $3::text[]) AS u(version, seal) \
+             WHERE k.session_id = $1 AND k.version = u.version",
+        )
+        .bind(session.as_str())
+        .bind(&versions)
+        .bind(&seals)
+        .execute(&mut *conn)
+        .await
+        .map_err(db)?;
+        count += versions.len() as i64;
+    }
+    // Resolutions.
+    let found = sqlx::query(
+        "SELECT id, call_id, position, decision, result, resolved_by, note, seal \
+         FROM durable_resolutions WHERE session_id = $1 ORDER BY id",
+    )
+    .bind(session.as_str())
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(db)?;
+    let mut rowids = Vec::with_capacity(found.len());
+    let mut seals = Vec::with_capacity(found.len());
+    for row in &found {
+        let call: String = get(row, "call_id")?;
+        let position: i64 = get(row, "position")?;
+        let decision: String = get(row, "decision")?;
+        let result: Option<String> = get(row, "result")?;
+        let by: String = get(row, "resolved_by")?;
+        let note: Option<String> = get(row, "note")?;
+        let stored: Option<String> = get(row, "seal")?;
+        let fields = resolution_fields(
+            &call,
+            session,
+            position,
+            &decision,
+            result.as_deref(),
+            &by,
+            note.as_deref(),
+        );
+        if let Some(from) = from {
+            from.verify(
+                session,
+                || format!("resolution {position} (call `{call}`)"),
+                &fields,
+                stored.as_deref(),
+            )?;
+        }
+        rowids.push(get::<i64>(row, "id")?);
+        seals.push(to.seal(&fields)?);
+    }
+    if !rowids.is_empty() {
+        sqlx::query(
+            "UPDATE durable_resolutions r SET seal = u.seal \
+             FROM unnest($1::bigint[], $2::text[]) AS u(id, seal) WHERE r.id = u.id",
+        )
+        .bind(&rowids)
+        .bind(&seals)
+        .execute(&mut *conn)
+        .await
+        .map_err(db)?;
+        count += rowids.len() as i64;
+    }
+    // The head, naming the latest checkpoint's new seal.
+    head.store(conn, to).await?;
+    Ok(count + 1)
+}
+
+/// Reads a `durable_meta` value.
+async fn meta(conn: &mut PgConnection, name: &str) -> Result<Option<String>, StoreError> {
+    sqlx::query_scalar("SELECT value FROM durable_meta WHERE name = $1")
+        .bind(name)
+        .fetch_optional(conn)
+        .await
+        .map_err(db)
+}
+
+async fn set_meta(conn: &mut PgConnection, name: &str, value: &str) -> Result<(), StoreError> {
+    sqlx::query(
+        "INSERT INTO durable_meta (name, value) VALUES ($1, $2) \
+         ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+    )
+    .bind(name)
+    .bind(value)
+    .execute(conn)
+    .await
+    .map_err(db)?;
+    Ok(())
+}
+
+/// The ring that checks rows sealed with `key_id`, from the keys `ring` holds.
+fn ring_for(ring: &Keyring, store_key: &[u8], key_id: &str) -> Option<Keyring> {
+    let store_only = Keyring::none().bind_store_key(store_key.to_vec());
+    if store_only.signing_id() == key_id {
+        return Some(store_only);
+    }
+    ring.only(key_id)
+        .map(|only| only.bind_store_key(store_key.to_vec()))
+}
+
+/// Loads (or creates) the store's own key, binds it into `ring`, and makes sure every
+/// row is sealed with `ring`'s signing key: seals a database that was never sealed,
+/// re-seals one sealed with a key `ring` can check (an application key turned on, or
+/// rotated), and refuses one sealed with a key `ring` does not hold. Runs in one
+/// transaction holding a transaction-level advisory lock, so concurrent connectors do
+/// this once and each sees the other's result.
+pub(crate) async fn setup_keys(pool: &PgPool, ring: Keyring) -> Result<Keyring, StoreError> {
+    let mut tx = pool.begin().await.map_err(db)?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('durable setup_keys', 0))")
+        .execute(&mut *tx)
+        .await
+        .map_err(db)?;
+    let ring = setup_keys_in(&mut tx, ring).await?;
+    tx.commit().await.map_err(db)?;
+    Ok(ring)
+}
+
+async fn setup_keys_in(conn: &mut PgConnection, ring: Keyring) -> Result<Keyring, StoreError> {
+    let store_key = match meta(conn, "store_key").await? {
+        Some(hex) => integrity::unhex(&hex).ok_or_else(|| StoreError::KeyMissing {
+            key: "store".into(),
+            detail: "the store's own key in `durable_meta` is not hex; the table was edited".into(),
+        })?,
+        None => {
+            let key = integrity::random_key()?;
+            set_meta(conn, "store_key", &integrity::hex(&key)).await?;
+            key
+        }
+    };
+    let ring = ring.bind_store_key(store_key.clone());
+    let now = txn::now(conn).await?;
+    let signing = ring.signing_id().to_owned();
+    match meta(conn, "signing_key").await? {
+        Some(current) if current == signing => return Ok(ring),
+        Some(current) => {
+            let Some(from) = ring_for(&ring, &store_key, &current) else {
+                return Err(StoreError::KeyMissing {
+                    key: current.clone(),
+                    detail: if ring.has_app_key() {
+                        format!(
+                            "this writer signs with `{signing}`; to rotate, pass `{current}` as a previous key (`DURABLE_PREVIOUS_MAC_KEYS`)"
+                        )
+                    } else {
+                        "this writer has no application key and cannot sign".to_owned()
+                    },
+                });
+            };
+            if current.starts_with("app-") && !ring.has_app_key() {
+                return Err(StoreError::KeyMissing {
+                    key: current,
+                    detail: "this writer has no application key and cannot sign".to_owned(),
+                });
+            }
+            let rows = reseal_all(conn, Some(&from), &ring).await?;
+            let entry = Log {
+                event: "rekey",
+                from: Some(&current),
+                to: &signing,
+                rows,
+                detail: "every row was checked under the old key, then re-sealed under the new one",
+            };
+            entry.write(conn, now).await?;
+            tracing::warn!(from = %current, to = %signing, rows, "re-sealed the store under a new key");
+        }
+        None => {
+            let rows = reseal_all(conn, None, &ring).await?;
+            if rows > 0 {
+                let entry = Log {
+                    event: "adopt",
+                    from: None,
+                    to: &signing,
+                    rows,
+                    detail: "rows written before tamper evidence (schema version 1) were sealed as found; their content before this point is not authenticated",
+                };
+                entry.write(conn, now).await?;
+                tracing::warn!(to = %signing, rows, "sealed a store written without seals");
+            }
+        }
+    }
+    set_meta(conn, "signing_key", &signing).await?;
+    Ok(ring)
+}
+
+async fn reseal_all(
+    conn: &mut PgConnection,
+    from: Option<&Keyring>,
+    to: &Keyring,
+) -> Result<i64, StoreError> {
+    // Every session row is locked: no writer changes a session while it is re-sealed.
+    let sessions: Vec<String> =
+        sqlx::query_scalar("SELECT id FROM durable_sessions ORDER BY created_at, id FOR UPDATE")
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db)?;
+    let mut rows = 0;
+    for id in sessions {
+        rows += reseal_session(&mut *conn, from, to, &SessionId::new(id)).await?;
+    }
+    Ok(rows)
+}
+
+/// An audit row of `durable_integrity_log`.
+struct Log<'a> {
+    event: &'a str,
+    from: Option<&'a str>,
+    to: &'a str,
+    rows: i64,
+    detail: &'a str,
+}
+
+impl Log<'_> {
+    async fn write(&self, conn: &mut PgConnection, now: i64) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO durable_integrity_log (event, from_key, to_key, rows, detail, created_at) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(self.event)
+        .bind(self.from)
+        .bind(self.to)
+        .bind(self.rows)
+        .bind(self.detail)
+        .bind(now)
+        .execute(conn)
+        .await
+        .map_err(db)?;
+        Ok(())
+    }
+}

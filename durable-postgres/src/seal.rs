@@ -1,0 +1,390 @@
+//! Seals: computing them in write transactions, checking them on reads, and the session
+//! head. The store's key setup and re-sealing are in [`crate::keys`].
+//!
+//! What is sealed and why is in [`durable_core::integrity`]; this module maps it onto
+//! the PostgreSQL tables. JSON columns are TEXT, so a seal covers the stored bytes
+//! exactly as the SQLite backend's does: the same rows give the same sealed fields.
+
+use durable_core::integrity::{
+    CallFields, CheckpointFields, Fields, Head, Keyring, ResolutionFields, message_fields,
+};
+use durable_core::{SessionId, StoreError};
+use sqlx::postgres::{PgConnection, PgRow};
+
+use crate::error::db;
+use crate::rows::get;
+
+/// A journal row's sealed columns, as stored.
+#[derive(Debug, Clone)]
+pub(crate) struct RawCall {
+    pub(crate) id: String,
+    pub(crate) session: String,
+    pub(crate) kind: String,
+    pub(crate) step: i64,
+    pub(crate) tool: String,
+    pub(crate) input_hash: String,
+    pub(crate) ordinal: i64,
+    pub(crate) class: String,
+    pub(crate) status: String,
+    pub(crate) args: String,
+    pub(crate) key: Option<String>,
+    pub(crate) schema_hash: String,
+    pub(crate) result: Option<String>,
+    pub(crate) error: Option<String>,
+    pub(crate) spend: Option<String>,
+    pub(crate) attempt: i64,
+    pub(crate) seq: i64,
+    pub(crate) mac: Option<String>,
+}
+
+/// Columns [`RawCall::from_row`] reads (a subset of `call_cols!`).
+macro_rules! raw_call_cols {
+    () => {
+        "id, session_id, kind, step, tool_name, input_hash, ordinal, replay_class, status, \
+         args, idempotency_key, schema_hash, result, error, spend, attempt, seq, mac"
+    };
+}
+pub(crate) use raw_call_cols;
+
+impl RawCall {
+    /// Reads the sealed columns of a row selected with [`raw_call_cols!`] or `call_cols!`.
+    pub(crate) fn from_row(row: &PgRow) -> Result<Self, StoreError> {
+        Ok(RawCall {
+            id: get(row, "id")?,
+            session: get(row, "session_id")?,
+            kind: get(row, "kind")?,
+            step: get(row, "step")?,
+            tool: get(row, "tool_name")?,
+            input_hash: get(row, "input_hash")?,
+            ordinal: get(row, "ordinal")?,
+            class: get(row, "replay_class")?,
+            status: get(row, "status")?,
+            args: get(row, "args")?,
+            key: get(row, "idempotency_key")?,
+            schema_hash: get(row, "schema_hash")?,
+            result: get(row, "result")?,
+            error: get(row, "error")?,
+            spend: get(row, "spend")?,
+            attempt: i64::from(get::<i32>(row, "attempt")?),
+            seq: get(row, "seq")?,
+            mac: get(row, "mac")?,
+        })
+    }
+
+    fn fields(&self) -> Fields {
+        CallFields {
+            id: &self.id,
+            session: &self.session,
+            kind: &self.kind,
+            step: self.step,
+            tool: &self.tool,
+            input_hash: &self.input_hash,
+            ordinal: self.ordinal,
+            class: &self.class,
+            status: &self.status,
+            args: &self.args,
+            key: self.key.as_deref(),
+            schema_hash: &self.schema_hash,
+            result: self.result.as_deref(),
+            error: self.error.as_deref(),
+            spend: self.spend.as_deref(),
+            attempt: self.attempt,
+            seq: self.seq,
+        }
+        .fields()
+    }
+
+    /// Checks the row's seal.
+    pub(crate) fn check(&self, ring: &Keyring) -> Result<(), StoreError> {
+        ring.verify(
+            &SessionId::new(self.session.clone()),
+            || format!("journal row `{}` (seq {})", self.id, self.seq),
+            &self.fields(),
+            self.mac.as_deref(),
+        )
+    }
+
+    /// Seals the row as it now stands.
+    pub(crate) fn seal(&mut self, ring: &Keyring) -> Result<(), StoreError> {
+        self.mac = Some(ring.seal(&self.fields())?);
+        Ok(())
+    }
+}
+
+/// A session's head: its counts and its latest checkpoint's seal.
+#[derive(Debug, Clone)]
+pub(crate) struct HeadRow {
+    pub(crate) session: SessionId,
+    pub(crate) journal_rows: i64,
+    pub(crate) latest_version: i64,
+    pub(crate) resolutions: i64,
+    pub(crate) checkpoint_seal: String,
+    pub(crate) head: Option<String>,
+}
+
+impl HeadRow {
+    fn fields(&self) -> Fields {
+        Head {
+            session: self.session.as_str(),
+            journal_rows: self.journal_rows,
+            latest_version: self.latest_version,
+            checkpoint_seal: &self.checkpoint_seal,
+            resolutions: self.resolutions,
+        }
+        .fields()
+    }
+
+    /// Checks the head's seal.
+    pub(crate) fn check(&self, ring: &Keyring) -> Result<(), StoreError> {
+        ring.verify(
+            &self.session,
+            || "the session head (its row counts and latest checkpoint)".to_owned(),
+            &self.fields(),
+            self.head.as_deref(),
+        )
+    }
+
+    /// Seals the head as it now stands (after its counts changed).
+    pub(crate) fn seal(&mut self, ring: &Keyring) -> Result<(), StoreError> {
+        self.head = Some(ring.seal(&self.fields())?);
+        Ok(())
+    }
+
+    /// Seals the head as it now stands and writes it, with its counts.
+    pub(crate) async fn store(
+        &mut self,
+        conn: &mut PgConnection,
+        ring: &Keyring,
+    ) -> Result<(), StoreError> {
+        self.seal(ring)?;
+        sqlx::query(
+            "UPDATE durable_sessions SET journal_rows = $2, resolutions = $3, head = $4 \
+             WHERE id = $1",
+        )
+        .bind(self.session.as_str())
+        .bind(self.journal_rows)
+        .bind(self.resolutions)
+        .bind(self.head.as_deref())
+        .execute(conn)
+        .await
+        .map_err(db)?;
+        Ok(())
+    }
+}
+
+/// The columns [`head_from_row`] reads, from `durable_sessions s`.
+macro_rules! head_cols {
+    () => {
+        "s.journal_rows, s.latest_version, s.resolutions, s.head, \
+         (SELECT k.seal FROM durable_checkpoints k WHERE k.session_id = s.id \
+          AND k.version = s.latest_version) AS checkpoint_seal"
+    };
+}
+pub(crate) use head_cols;
+
+/// Decodes the head columns of a session row selected with [`head_cols!`].
+pub(crate) fn head_from_row(row: &PgRow, session: &SessionId) -> Result<HeadRow, StoreError> {
+    Ok(HeadRow {
+        session: session.clone(),
+        journal_rows: get(row, "journal_rows")?,
+        latest_version: get(row, "latest_version")?,
+        resolutions: get(row, "resolutions")?,
+        head: get(row, "head")?,
+        checkpoint_seal: get::<Option<String>>(row, "checkpoint_seal")?.unwrap_or_default(),
+    })
+}
+
+/// Reads a session's head and checks it.
+pub(crate) async fn checked_head(
+    conn: &mut PgConnection,
+    ring: &Keyring,
+    session: &SessionId,
+) -> Result<HeadRow, StoreError> {
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        head_cols!(),
+        " FROM durable_sessions s WHERE s.id = $1"
+    ))
+    .bind(session.as_str())
+    .fetch_optional(conn)
+    .await
+    .map_err(db)?
+    .ok_or_else(|| StoreError::SessionNotFound(session.clone()))?;
+    let head = head_from_row(&row, session)?;
+    head.check(ring)?;
+    Ok(head)
+}
+
+/// Checks that the session's journal holds exactly rows `1..=head.journal_rows`: a
+/// deleted row leaves a gap or a short count, an inserted one a long count.
+pub(crate) async fn check_journal_complete(
+    conn: &mut PgConnection,
+    head: &HeadRow,
+) -> Result<(), StoreError> {
+    let row = sqlx::query(
+        "SELECT count(*) AS n, COALESCE(max(seq), 0) AS top, COALESCE(min(seq), 1) AS bottom \
+         FROM durable_tool_calls WHERE session_id = $1",
+    )
+    .bind(head.session.as_str())
+    .fetch_one(conn)
+    .await
+    .map_err(db)?;
+    let n: i64 = get(&row, "n")?;
+    let top: i64 = get(&row, "top")?;
+    let bottom: i64 = get(&row, "bottom")?;
+    if n != head.journal_rows || top != head.journal_rows || bottom != 1 {
+        return Err(StoreError::Tampered {
+            session: head.session.clone(),
+            what: "the journal".to_owned(),
+            detail: format!(
+                "the session head records {} rows, the table holds {n} (seq {bottom}..={top}): rows were deleted or inserted",
+                head.journal_rows
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The seal of message `seq`, chained to `previous`.
+pub(crate) fn seal_message(
+    ring: &Keyring,
+    session: &SessionId,
+    seq: i64,
+    message: &str,
+    previous: &str,
+) -> Result<String, StoreError> {
+    ring.seal(&message_fields(session.as_str(), seq, message, previous))
+}
+
+/// Checks message `seq`'s seal, chained to `previous`.
+pub(crate) fn check_message(
+    ring: &Keyring,
+    session: &SessionId,
+    seq: i64,
+    message: &str,
+    previous: &str,
+    seal: Option<&str>,
+) -> Result<(), StoreError> {
+    ring.verify(
+        session,
+        || format!("message {seq}"),
+        &message_fields(session.as_str(), seq, message, previous),
+        seal,
+    )
+}
+
+/// A checkpoint's sealed columns.
+pub(crate) struct RawCheckpoint<'a> {
+    pub(crate) session: &'a SessionId,
+    pub(crate) version: i64,
+    pub(crate) last_seq: i64,
+    pub(crate) message_count: i64,
+    pub(crate) last_message_seal: &'a str,
+    pub(crate) plan: &'a str,
+    pub(crate) budget: &'a str,
+    pub(crate) state: &'a str,
+    pub(crate) app_version: &'a str,
+    pub(crate) previous: &'a str,
+}
+
+impl RawCheckpoint<'_> {
+    fn fields(&self) -> Fields {
+        CheckpointFields {
+            session: self.session.as_str(),
+            version: self.version,
+            last_seq: self.last_seq,
+            message_count: self.message_count,
+            last_message_seal: self.last_message_seal,
+            plan: self.plan,
+            budget: self.budget,
+            state: self.state,
+            app_version: self.app_version,
+            previous: self.previous,
+        }
+        .fields()
+    }
+
+    /// The checkpoint's seal.
+    pub(crate) fn seal(&self, ring: &Keyring) -> Result<String, StoreError> {
+        ring.seal(&self.fields())
+    }
+
+    /// Checks the checkpoint's seal.
+    pub(crate) fn check(&self, ring: &Keyring, seal: Option<&str>) -> Result<(), StoreError> {
+        ring.verify(
+            self.session,
+            || format!("checkpoint {}", self.version),
+            &self.fields(),
+            seal,
+        )
+    }
+}
+
+/// A resolution's sealed columns.
+pub(crate) fn resolution_fields<'a>(
+    call: &'a str,
+    session: &'a SessionId,
+    position: i64,
+    decision: &'a str,
+    result: Option<&'a str>,
+    by: &'a str,
+    note: Option<&'a str>,
+) -> Fields {
+    ResolutionFields {
+        call,
+        session: session.as_str(),
+        position,
+        decision,
+        result,
+        by,
+        note,
+    }
+    .fields()
+}
+
+/// Checks the resolutions of a session, read in order, against their seals (each at its
+/// position 1, 2, …) and the head's count.
+pub(crate) fn check_resolutions(
+    ring: &Keyring,
+    head: &HeadRow,
+    found: &[PgRow],
+) -> Result<(), StoreError> {
+    let session = &head.session;
+    for (i, row) in found.iter().enumerate() {
+        let call: String = get(row, "call_id")?;
+        let position: i64 = get(row, "position")?;
+        let decision: String = get(row, "decision")?;
+        let result: Option<String> = get(row, "result")?;
+        let by: String = get(row, "resolved_by")?;
+        let note: Option<String> = get(row, "note")?;
+        let stored: Option<String> = get(row, "seal")?;
+        let expected = i64::try_from(i + 1).unwrap_or(i64::MAX);
+        let fields = resolution_fields(
+            &call,
+            session,
+            expected,
+            &decision,
+            result.as_deref(),
+            &by,
+            note.as_deref(),
+        );
+        ring.verify(
+            session,
+            || format!("resolution {position} (call `{call}`)"),
+            &fields,
+            stored.as_deref(),
+        )?;
+    }
+    if i64::try_from(found.len()).ok() != Some(head.resolutions) {
+        return Err(StoreError::Tampered {
+            session: session.clone(),
+            what: "the resolutions".to_owned(),
+            detail: format!(
+                "the session head records {} resolutions, the table holds {}",
+                head.resolutions,
+                found.len()
+            ),
+        });
+    }
+    Ok(())
+}
