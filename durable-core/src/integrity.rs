@@ -608,9 +608,9 @@ mod tests {
     fn a_seal_holds_only_for_the_same_fields_and_key() {
         let r = ring();
         let f = Fields::new("call").str("a").int(1);
-        let seal = r.seal(&f).unwrap();
+        let seal = r.seal(&f).expect("test");
         assert!(seal.starts_with("store-"));
-        r.check(&f, Some(&seal)).unwrap();
+        r.check(&f, Some(&seal)).expect("test");
         assert_eq!(
             r.check(&Fields::new("call").str("a").int(2), Some(&seal)),
             Err(Broken::Mismatch)
@@ -639,52 +639,52 @@ mod tests {
     fn an_app_key_refuses_store_key_seals() {
         let store_only = ring();
         let f = Fields::new("call").str("a");
-        let seal = store_only.seal(&f).unwrap();
-        let app = ring().app_key(vec![1; 32]).unwrap();
+        let seal = store_only.seal(&f).expect("test");
+        let app = ring().app_key(vec![1; 32]).expect("test");
         assert!(matches!(
             app.check(&f, Some(&seal)),
             Err(Broken::UnknownKey(_))
         ));
-        let app_seal = app.seal(&f).unwrap();
+        let app_seal = app.seal(&f).expect("test");
         assert!(app_seal.starts_with("app-"));
-        app.check(&f, Some(&app_seal)).unwrap();
+        app.check(&f, Some(&app_seal)).expect("test");
         // Rotation: the new ring checks the old key's seals.
         let rotated = ring()
             .app_key(vec![2; 32])
-            .unwrap()
+            .expect("test")
             .previous_app_key(vec![1; 32])
-            .unwrap();
-        rotated.check(&f, Some(&app_seal)).unwrap();
+            .expect("test");
+        rotated.check(&f, Some(&app_seal)).expect("test");
         assert_ne!(rotated.signing_id(), app.signing_id());
     }
 
     #[test]
     fn short_app_keys_are_refused() {
         assert_eq!(
-            Keyring::with_app_key(b"short".to_vec()).unwrap_err(),
+            Keyring::with_app_key(b"short".to_vec()).expect_err("test"),
             KeyError::TooShort { len: 5 }
         );
     }
 
     #[test]
     fn digests_use_the_store_key_and_ignore_the_app_key() {
-        let a = ring().digest("secret", b"hunter2").unwrap();
+        let a = ring().digest("secret", b"hunter2").expect("test");
         let b = ring()
             .app_key(vec![3; 32])
-            .unwrap()
+            .expect("test")
             .digest("secret", b"hunter2")
-            .unwrap();
+            .expect("test");
         assert_eq!(a, b);
         let other = Keyring::none()
             .bind_store_key(vec![9; 32])
             .digest("secret", b"hunter2")
-            .unwrap();
+            .expect("test");
         assert_ne!(a, other);
     }
 
     #[test]
     fn debug_shows_key_ids_only() {
-        let r = ring().app_key(b"0123456789abcdef-secret".to_vec()).unwrap();
+        let r = ring().app_key(b"0123456789abcdef-secret".to_vec()).expect("test");
         let shown = format!("{r:?}");
         assert!(!shown.contains("secret"), "{shown}");
         assert!(shown.contains("app-"), "{shown}");

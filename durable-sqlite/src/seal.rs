@@ -264,7 +264,7 @@ pub(crate) async fn check_journal_complete(
     let n: i64 = row.try_get("n").map_err(db)?;
     let top: i64 = row.try_get("top").map_err(db)?;
     let bottom: i64 = row.try_get("bottom").map_err(db)?;
-    if n != head.journal_rows || top != head.journal_rows || bottom != 1.min(top.max(1)) {
+    if n != head.journal_rows || top != head.journal_rows || bottom != 1 {
         return Err(StoreError::Tampered {
             session: head.session.clone(),
             what: "the journal".to_owned(),
