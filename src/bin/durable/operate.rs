@@ -96,11 +96,8 @@ pub async fn resolve(
             ),
         ));
     }
-    let mut builder = Durable::builder(Arc::clone(store)).owner(CLI_OWNER);
-    if let Some(key) = std::env::var_os("DURABLE_MAC_KEY") {
-        builder = builder.mac_key(key.into_encoded_bytes());
-    }
-    let durable = builder.build();
+    // The store seals the resolution with its key ring (DURABLE_MAC_KEY when set).
+    let durable = Durable::builder(Arc::clone(store)).owner(CLI_OWNER).build();
     let record = durable
         .resolve(&id, resolution.clone(), &by, args.note.as_deref())
         .await?;
