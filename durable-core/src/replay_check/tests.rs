@@ -333,6 +333,33 @@ fn in_doubt_calls_under_a_changed_schema_are_reported_and_masked_secrets_counted
 }
 
 #[test]
+fn the_input_hash_of_a_call_with_a_keyed_masked_secret_is_checked() {
+    // Masked with a keyed digest (this release), the input hash was taken over the
+    // masked arguments, so it can be recomputed from the fixture and is checked.
+    let tools = toolbox(email(ReplayClass::UnsafeOnReplay));
+    let masked = json!({"to": {"$secret": "k1:feed"}});
+    let faithful = call(
+        ReplayClass::UnsafeOnReplay,
+        masked.clone(),
+        None,
+        CallStatus::Completed,
+    );
+    let report = check_fixtures(&tools, &[fixture(vec![faithful.clone()])]);
+    report.assert_ok();
+    assert_eq!(report.calls_with_secrets, 1);
+    let mut repointed = faithful;
+    repointed.input_hash = key::input_hash(&json!({"to": {"$secret": "k1:beef"}})).expect("hash");
+    let report = check_fixtures(&tools, &[fixture(vec![repointed])]);
+    assert!(
+        matches!(
+            kinds(&report).as_slice(),
+            [FailureKind::InputHashChanged { .. }]
+        ),
+        "{report}"
+    );
+}
+
+#[test]
 fn typed_messages_and_state() {
     #[derive(Deserialize)]
     #[allow(dead_code)]
