@@ -7,7 +7,7 @@ mod cli_support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cli_support::{run, scenarios};
+use cli_support::{hardening, run, scenarios};
 use durable::CheckpointStore;
 use durable_postgres::testing::test_database;
 
@@ -41,6 +41,77 @@ scenario!(
     migrate,
     unknown_things,
 );
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_text() {
+    let (db, store) = postgres().await;
+    hardening::hostile_text(&store, &db).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_reports_every_session() {
+    let (db, store) = postgres().await;
+    cli_support::populate(&store).await;
+    let out = run(&db, &["verify"]);
+    let text = out.ok();
+    assert!(text.contains("4 sessions verified, 0 failed"), "{text}");
+    let report = run(&db, &["verify", "--json"]).json();
+    assert_eq!(report["ok"], true, "{report}");
+    assert_eq!(report["sessions"].as_array().map(Vec::len), Some(4));
+}
+
+/// A password with every character that ends a URL's authority, and `@`.
+const NASTY: &str = "s3cr3t/p4ss?w0rd#h45h@t4il";
+
+/// No piece of [`NASTY`] in `text`.
+#[track_caller]
+fn no_password(text: &str) {
+    for piece in [NASTY, "s3cr3t", "p4ss", "w0rd", "h45h", "t4il"] {
+        assert!(!text.contains(piece), "{piece:?} printed:\n{text}");
+    }
+}
+
+#[test]
+fn the_host_check_never_prints_the_password() {
+    for url in [
+        format!("postgres://durable:{NASTY}@127.0.0.1:1/agents"),
+        format!("postgresql://durable:{NASTY}@127.0.0.1:1/agents?sslmode=disable"),
+        format!("postgres://durable:{NASTY}@127.0.0.1:1"),
+    ] {
+        let out = run(&url, &["sessions"]);
+        assert_eq!(out.code, 6, "{}", out.stderr);
+        assert!(out.stderr.starts_with("error: "), "{}", out.stderr);
+        assert_eq!(out.stderr.trim_end().lines().count(), 1, "{}", out.stderr);
+        no_password(&out.stderr);
+        no_password(&out.stdout);
+    }
+}
+
+#[tokio::test]
+async fn backup_prints_pg_dump_guidance_without_the_password() {
+    let database = test_database().await;
+    let _store = database.store().await.expect("store");
+    let url = database.url().to_owned();
+    let out = run(&url, &["backup"]);
+    let text = out.ok();
+    assert!(
+        text.contains("pg_dump --format=custom --file durable.dump --table 'durable_*'"),
+        "{text}"
+    );
+    assert!(text.contains("writes nothing"), "{text}");
+    if let Some(password) = url
+        .split_once("://")
+        .and_then(|(_, rest)| rest.rsplit_once('@'))
+        .and_then(|(userinfo, _)| userinfo.split_once(':'))
+        .map(|(_, password)| password)
+    {
+        assert!(!text.contains(password), "{text}");
+    }
+    let dir = tempfile::tempdir().expect("tempdir");
+    let file = dir.path().join("agents.dump");
+    run(&url, &["backup", "--to", file.to_str().expect("utf-8")]).fails(4, "nothing was written");
+    assert!(!file.exists());
+}
 
 #[test]
 fn an_unreachable_server_is_unavailable() {

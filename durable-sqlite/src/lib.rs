@@ -70,6 +70,7 @@ use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, SqliteConnection, SqlitePool};
 
+mod backup;
 mod checkpoint;
 mod error;
 mod journal;
@@ -79,6 +80,8 @@ mod rows;
 mod seal;
 mod store;
 mod tx;
+
+pub use backup::Backup;
 
 use error::{BACKEND, db, migrate};
 

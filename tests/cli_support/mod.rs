@@ -4,6 +4,7 @@
 
 #![allow(dead_code)] // each test file uses its own subset
 
+pub mod hardening;
 pub mod scenarios;
 
 use std::future::Future;
@@ -32,6 +33,7 @@ pub fn durable(db: &str, args: &[&str]) -> Output {
         .args(args)
         .env_remove("DURABLE_DB")
         .env_remove("DURABLE_MAC_KEY")
+        .env_remove("DURABLE_PREVIOUS_MAC_KEYS")
         .env("USER", "test-operator")
         .output()
         .expect("run the durable binary")
@@ -42,6 +44,8 @@ pub fn durable_env(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_durable"));
     cmd.args(args)
         .env_remove("DURABLE_DB")
+        .env_remove("DURABLE_MAC_KEY")
+        .env_remove("DURABLE_PREVIOUS_MAC_KEYS")
         .env("USER", "test-operator");
     for (k, v) in env {
         cmd.env(k, v);

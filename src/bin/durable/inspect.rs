@@ -7,9 +7,13 @@ use durable::{CheckpointStore, Plan, SessionId, StoreError};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use crate::error::CliError;
+use crate::display::{ID, NAME, TEXT, clip};
+use crate::error::{CliError, Code};
 use crate::render::{self, age, mask, table};
 use crate::{CallsArgs, InDoubtArgs, SessionsArgs, ShowArgs};
+
+/// Width of a plan line or an error message in `show`.
+const PLAN_LINE: usize = 160;
 
 fn ms(d: std::time::Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
@@ -23,6 +27,9 @@ struct SessionLine {
     lease_live: bool,
     last_checkpoint_at: Option<i64>,
     in_doubt: usize,
+    /// Why the session's rows could not be read (a failed seal): the row is still listed.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    problem: Option<String>,
 }
 
 pub async fn sessions(
@@ -52,21 +59,43 @@ pub async fn sessions(
     }
     let mut lines = Vec::with_capacity(listed.len());
     for session in listed {
+        let mut problem = None;
         let last_checkpoint_at = match store.list_checkpoints(&session.id).await {
             Ok(metas) => metas.last().map(|m| m.created_at),
             // Deleted meanwhile (a concurrent prune): show the row without it.
             Err(StoreError::SessionNotFound(_)) => None,
+            // One broken session does not hide the others: listed, marked, and the
+            // command fails at the end.
+            Err(e @ (StoreError::Tampered { .. } | StoreError::Corrupt { .. })) => {
+                problem = Some(e.to_string());
+                None
+            }
             Err(e) => return Err(e.into()),
         };
         lines.push(SessionLine {
             lease_live: session.lease_expires_at.is_some_and(|t| t > now),
             in_doubt: doubt.get(&session.id).copied().unwrap_or(0),
             last_checkpoint_at,
+            problem,
             session,
         });
     }
+    let broken = lines.iter().filter(|l| l.problem.is_some()).count();
+    let verdict = || {
+        if broken == 0 {
+            return Ok(());
+        }
+        Err(CliError::new(
+            Code::Integrity,
+            format!(
+                "{broken} session{} failed the integrity check (marked TAMPERED); run `durable verify` for the reasons",
+                if broken == 1 { "" } else { "s" }
+            ),
+        ))
+    };
     if json {
-        return render::print_json(&lines);
+        render::print_json(&lines)?;
+        return verdict();
     }
     if lines.is_empty() {
         outln!("no sessions match");
@@ -85,23 +114,24 @@ pub async fn sessions(
         let s = &l.session;
         let lease = match (&s.lease_owner, s.lease_expires_at) {
             (Some(owner), Some(until)) if l.lease_live => {
-                format!("{owner} (live, expires {})", age(until, now))
+                format!("{} (live, expires {})", clip(owner, NAME), age(until, now))
             }
-            (Some(owner), _) => format!("{owner} (expired)"),
+            (Some(owner), _) => format!("{} (expired)", clip(owner, NAME)),
             (None, _) => "-".into(),
         };
         let checkpoint = match l.last_checkpoint_at {
+            _ if l.problem.is_some() => "TAMPERED".to_owned(),
             Some(at) => format!("v{} {}", s.latest_version, age(at, now)),
             None => format!("v{}", s.latest_version),
         };
         let mut status = s.status.as_str().to_owned();
         if let Some(reason) = &s.status_reason {
-            status.push_str(&format!(" ({})", render::truncate(reason, 40)));
+            status.push_str(&format!(" ({})", clip(reason, 40)));
         }
         t.add_row(vec![
-            s.id.to_string(),
+            clip(s.id.as_str(), ID),
             status,
-            s.app_version.clone(),
+            clip(&s.app_version, NAME),
             lease,
             checkpoint,
             age(s.updated_at, now),
@@ -109,7 +139,7 @@ pub async fn sessions(
         ]);
     }
     render::print_table(&t);
-    Ok(())
+    verdict()
 }
 
 #[derive(Serialize)]
@@ -173,18 +203,22 @@ pub async fn show(store: &dyn CheckpointStore, json: bool, args: ShowArgs) -> Re
         }));
     }
 
-    outln!("session      {}", session.id);
+    outln!("session      {}", clip(session.id.as_str(), ID));
     let mut status = session.status.as_str().to_owned();
     if let Some(reason) = &session.status_reason {
-        status.push_str(&format!(" ({reason})"));
+        status.push_str(&format!(" ({})", clip(reason, TEXT)));
     }
     outln!("status       {status}");
-    outln!("app version  {}", session.app_version);
+    outln!("app version  {}", clip(&session.app_version, NAME));
     match (&session.lease_owner, session.lease_expires_at) {
         (Some(owner), Some(until)) if until > now => {
-            outln!("lease        {owner}, live, expires {}", age(until, now));
+            outln!(
+                "lease        {}, live, expires {}",
+                clip(owner, NAME),
+                age(until, now)
+            );
         }
-        (Some(owner), _) => outln!("lease        {owner}, expired"),
+        (Some(owner), _) => outln!("lease        {}, expired", clip(owner, NAME)),
         (None, _) => outln!("lease        -"),
     }
     outln!(
@@ -229,7 +263,7 @@ pub async fn show(store: &dyn CheckpointStore, json: bool, args: ShowArgs) -> Re
             m.message_count.to_string(),
             line.plan_progress.clone(),
             render::budget(&line.budget),
-            m.app_version.clone(),
+            clip(&m.app_version, NAME),
         ]);
     }
     render::print_table(&t);
@@ -241,10 +275,13 @@ pub async fn show(store: &dyn CheckpointStore, json: bool, args: ShowArgs) -> Re
         Ok(plan) if plan.is_empty() => outln!("  (no plan)"),
         Ok(plan) => {
             for line in plan.to_markdown().lines() {
-                outln!("{}", format!("  {line}").trim_end());
+                outln!("{}", clip(format!("  {line}").trim_end(), PLAN_LINE));
             }
         }
-        Err(e) => outln!("  (does not deserialize as a plan: {e})"),
+        Err(e) => outln!(
+            "  (does not deserialize as a plan: {})",
+            clip(&e.to_string(), TEXT)
+        ),
     }
     outln!();
     outln!("Budget (version {version})");
@@ -297,11 +334,11 @@ pub async fn show(store: &dyn CheckpointStore, json: bool, args: ShowArgs) -> Re
                 durable::store::Resolution::DidNotHappen => "did not happen".into(),
             };
             t.add_row(vec![
-                r.call.to_string(),
+                clip(r.call.as_str(), ID),
                 decision,
-                r.by.clone(),
+                clip(&r.by, NAME),
                 render::time(r.at),
-                r.note.clone().unwrap_or_default(),
+                clip(r.note.as_deref().unwrap_or_default(), TEXT),
             ]);
         }
         render::print_table(&t);
@@ -314,9 +351,9 @@ pub async fn show(store: &dyn CheckpointStore, json: bool, args: ShowArgs) -> Re
                 "  {} step {} {} attempt {}: {}",
                 render::time(e.at),
                 e.step,
-                e.context,
+                clip(&e.context, NAME),
                 e.attempt,
-                render::truncate(&e.message, 160)
+                clip(&e.message, PLAN_LINE)
             );
         }
     }
@@ -376,12 +413,14 @@ pub async fn calls(
             |f| render::coarse(u64::try_from(f - c.issued_at).unwrap_or(0)),
         );
         t.add_row(vec![
-            c.id.to_string(),
+            clip(c.id.as_str(), ID),
             c.identity.step.to_string(),
-            c.identity.tool.clone(),
+            clip(&c.identity.tool, NAME),
             c.class.as_str().to_owned(),
             status,
-            c.idempotency_key.clone().unwrap_or_else(|| "-".into()),
+            c.idempotency_key
+                .as_deref()
+                .map_or_else(|| "-".into(), |k| clip(k, ID)),
             c.attempt.to_string(),
             age(c.issued_at, now),
             took,
@@ -400,13 +439,13 @@ fn print_in_doubt(calls: &[CallRecord], now: i64, with_session: bool) {
     header.extend(["STEP", "TOOL", "CLASS", "ATTEMPT", "ISSUED", "ARGS"]);
     let mut t = table(header);
     for c in calls {
-        let mut row = vec![c.id.to_string()];
+        let mut row = vec![clip(c.id.as_str(), ID)];
         if with_session {
-            row.push(c.identity.session.to_string());
+            row.push(clip(c.identity.session.as_str(), ID));
         }
         row.extend([
             c.identity.step.to_string(),
-            c.identity.tool.clone(),
+            clip(&c.identity.tool, NAME),
             c.class.as_str().to_owned(),
             c.attempt.to_string(),
             age(c.issued_at, now),

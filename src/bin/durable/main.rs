@@ -15,17 +15,20 @@ macro_rules! outln {
     }};
 }
 
+mod backup;
+mod display;
 mod error;
 mod inspect;
+mod open;
 mod operate;
 mod render;
+mod verify;
 
+use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
-use durable::CheckpointStore;
 use durable::store::SessionStatus;
 
 use crate::error::{CliError, Code};
@@ -38,12 +41,20 @@ Exit codes:
   3  not found (session, call or checkpoint version)
   4  refused (call not in doubt, id already taken, app version changed meanwhile)
   5  invalid input (malformed JSON result, unreadable file)
-  6  database unavailable (no such file, cannot connect, unknown URL, schema too new)
+  6  database unavailable (no such file, not a durable store, cannot connect, unknown
+     URL, schema too new, sealed with a key DURABLE_MAC_KEY does not hold)
+  7  integrity check failed (a row was changed outside durable)
+
+Commands that only read (sessions, show, calls, in-doubt, export, backup, verify, and
+--dry-run) open the store read-only: they never create, migrate or change a database.
+Everything read from the store is shown with control characters escaped (`\\e`,
+`\\u{9b}`) and clipped in tables; --json keeps every value whole.
 
 Examples:
   durable --db agent.db sessions --status active
   durable --db agent.db in-doubt
   durable --db agent.db resolve 5f0c… --happened --result '{\"id\": \"m-1\"}' --note 'in outbox'
+  durable --db agent.db backup --to agent-backup.db
   DURABLE_DB=postgres://durable@db/agents durable sessions --json";
 
 /// Inspect and operate durable agent sessions: list and show sessions, read the call
@@ -97,6 +108,70 @@ enum Command {
     Prune(PruneArgs),
     /// Move a session to another app version, renaming steps (audited).
     Migrate(MigrateArgs),
+    /// Copy a SQLite store to a new file while it is in use (PostgreSQL: how to pg_dump).
+    #[command(after_help = BACKUP_HELP)]
+    Backup(BackupArgs),
+    /// Check every seal, chain and count of the store (or one session), offline.
+    #[command(after_help = VERIFY_HELP)]
+    Verify(VerifyArgs),
+}
+
+/// How a command uses the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// Opened read-only: nothing is created, migrated or written.
+    Read,
+    /// Opened for writing (the store must exist and be a durable store already).
+    Write,
+}
+
+impl Command {
+    fn access(&self) -> Access {
+        match self {
+            Command::Resolve(_) | Command::Unpark(_) | Command::Fork(_) => Access::Write,
+            Command::Prune(a) if !a.dry_run => Access::Write,
+            Command::Migrate(a) if !a.dry_run => Access::Write,
+            Command::Sessions(_)
+            | Command::Show(_)
+            | Command::Calls(_)
+            | Command::InDoubt(_)
+            | Command::Export(_)
+            | Command::Prune(_)
+            | Command::Migrate(_)
+            | Command::Backup(_)
+            | Command::Verify(_) => Access::Read,
+        }
+    }
+}
+
+const BACKUP_HELP: &str = "\
+SQLite: writes a consistent copy of the store to FILE (`VACUUM INTO`, one read
+transaction, so workers keep running), created readable by you only; an existing FILE is
+refused. The copy is then opened read-only and checked (`PRAGMA integrity_check`, the
+durable schema) before the command reports the sessions and bytes copied. Copying the
+`.db` file yourself is not a backup: acknowledged writes may still be in the `-wal` file.
+
+PostgreSQL: prints the `pg_dump` command for the durable tables (password redacted) and
+writes nothing.";
+
+const VERIFY_HELP: &str = "\
+Reads every checkpoint with its transcript, the whole journal and the resolutions of each
+session through the store's checked reads, and reports per session `ok` or `TAMPERED`
+with the first problem found (a changed, deleted, reordered or forged row). Then runs the
+database's own check (SQLite: `PRAGMA integrity_check`). Exits 7 if anything failed.
+Read-only: it never repairs; restore a backup taken before the change.";
+
+#[derive(Debug, Args)]
+struct VerifyArgs {
+    /// Only this session.
+    session: Option<String>,
+}
+
+#[derive(Debug, Args)]
+struct BackupArgs {
+    /// The new file to write (SQLite); it must not exist.
+    #[arg(long, value_name = "FILE")]
+    to: Option<PathBuf>,
 }
 
 const RESOLVE_HELP: &str = "\
@@ -108,8 +183,9 @@ happened (the outbox, the payment provider…), then:
                               and the resumed agent continues with it (nothing re-runs)
   --did-not-happen            the effect did not happen; the next resume runs the call
 
-If the application signs outcomes (`DurableBuilder::mac_key`), set DURABLE_MAC_KEY to
-the same key so that the resolution is signed too.";
+The store seals the resolution like every row it writes. If the application seals the
+store with its own key (DURABLE_MAC_KEY, or a key ring in the store options), set
+DURABLE_MAC_KEY to the same key: without it the store refuses to open.";
 
 const EXPORT_HELP: &str = "\
 Each file holds one checkpoint in fixture format 1 (`{\"format\": 1, \"session\": …,
@@ -245,7 +321,7 @@ struct ExportArgs {
     last: Option<usize>,
     /// The directory to write into (created if missing; same-named files are replaced).
     #[arg(long, value_name = "DIR")]
-    out: std::path::PathBuf,
+    out: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -333,99 +409,22 @@ fn main() -> ExitCode {
 }
 
 async fn run(cli: Cli) -> Result<(), CliError> {
-    let shared = open(cli.db.as_deref()).await?;
+    let opened = open::open(cli.db.as_deref(), cli.command.access()).await?;
     let json = cli.json;
+    let shared = &opened.shared;
     let store = shared.as_ref();
     match cli.command {
         Command::Sessions(a) => inspect::sessions(store, json, a).await,
         Command::Show(a) => inspect::show(store, json, a).await,
         Command::Calls(a) => inspect::calls(store, json, a).await,
         Command::InDoubt(a) => inspect::in_doubt(store, json, a).await,
-        Command::Resolve(a) => operate::resolve(&shared, json, a).await,
+        Command::Resolve(a) => operate::resolve(shared, json, a).await,
         Command::Unpark(a) => operate::unpark(store, json, a).await,
         Command::Fork(a) => operate::fork(store, json, a).await,
         Command::Export(a) => operate::export(store, json, a).await,
         Command::Prune(a) => operate::prune(store, json, a).await,
         Command::Migrate(a) => operate::migrate(store, json, a).await,
+        Command::Backup(a) => backup::backup(&opened, json, a).await,
+        Command::Verify(a) => verify::verify(&opened, json, a).await,
     }
-}
-
-async fn open(db: Option<&str>) -> Result<Arc<dyn CheckpointStore>, CliError> {
-    let Some(url) = db.filter(|u| !u.trim().is_empty()) else {
-        return Err(CliError::new(
-            Code::Usage,
-            "no database given: pass --db <sqlite file or postgres URL>, or set DURABLE_DB",
-        ));
-    };
-    if let Some(path) = sqlite_file(url)
-        && !std::path::Path::new(path).exists()
-    {
-        return Err(CliError::new(
-            Code::Unavailable,
-            format!(
-                "no SQLite database at `{path}`; check --db (this tool never creates a database)"
-            ),
-        ));
-    }
-    if cfg!(feature = "postgres") {
-        probe_postgres(url)?;
-    }
-    durable::connect(url).await.map_err(CliError::connect)
-}
-
-/// Fails fast, with the socket error, when a PostgreSQL server named by host and port
-/// does not answer: the pool would otherwise wait its whole acquire timeout and report
-/// only that it timed out. URLs without a plain host (Unix sockets) are left to the pool.
-fn probe_postgres(url: &str) -> Result<(), CliError> {
-    use std::net::{TcpStream, ToSocketAddrs};
-    let Some(rest) = url
-        .strip_prefix("postgres://")
-        .or_else(|| url.strip_prefix("postgresql://"))
-    else {
-        return Ok(());
-    };
-    let authority = rest.split(['/', '?']).next().unwrap_or_default();
-    let host_port = authority.rsplit_once('@').map_or(authority, |(_, hp)| hp);
-    if host_port.is_empty() || host_port.contains(',') || host_port.starts_with('%') {
-        return Ok(());
-    }
-    let with_port = if host_port.ends_with(']') || !host_port.contains(':') {
-        format!("{host_port}:5432")
-    } else {
-        host_port.to_owned()
-    };
-    let unreachable = |detail: String| {
-        CliError::new(
-            Code::Unavailable,
-            format!(
-                "cannot reach PostgreSQL at {with_port}: {detail}; check --db and that the server is running"
-            ),
-        )
-    };
-    let addrs: Vec<_> = match with_port.to_socket_addrs() {
-        Ok(addrs) => addrs.collect(),
-        Err(e) => return Err(unreachable(e.to_string())),
-    };
-    let mut last = None;
-    for addr in addrs {
-        match TcpStream::connect_timeout(&addr, Duration::from_secs(5)) {
-            Ok(_) => return Ok(()),
-            Err(e) => last = Some(e),
-        }
-    }
-    match last {
-        Some(e) => Err(unreachable(e.to_string())),
-        None => Err(unreachable("the host name resolves to no address".into())),
-    }
-}
-
-/// The file a SQLite URL names (`None` for in-memory and PostgreSQL URLs), following
-/// the rules of [`durable::connect`].
-fn sqlite_file(url: &str) -> Option<&str> {
-    let other_scheme = url.contains("://") && !url.starts_with("sqlite://");
-    if url == "sqlite::memory:" || url == ":memory:" || other_scheme {
-        return None;
-    }
-    let rest = url.strip_prefix("sqlite:").unwrap_or(url);
-    Some(rest.strip_prefix("//").unwrap_or(rest))
 }

@@ -13,6 +13,7 @@ use durable::{ArgLimits, CallId, CheckpointStore, Durable, SessionId};
 use serde::Serialize;
 use serde_json::{Value, json};
 
+use crate::display::{ID, NAME, clip};
 use crate::error::{CliError, Code};
 use crate::render::{self, age, table};
 use crate::{ExportArgs, ForkArgs, MigrateArgs, PruneArgs, ResolveArgs, UnparkArgs, operator};
@@ -63,15 +64,17 @@ pub async fn resolve(
     };
     let id = CallId::new(args.call);
     let call = store.call(&id).await?;
-    let tool = call.identity.tool.clone();
-    let session = call.identity.session.clone();
+    // For messages: escaped and clipped (the JSON output keeps the exact values).
+    let tool = clip(&call.identity.tool, NAME);
+    let session = clip(call.identity.session.as_str(), ID);
+    let shown_id = clip(id.as_str(), ID);
     match call.status {
         CallStatus::Issued => {}
         CallStatus::NotHappened => {
             return Err(CliError::new(
                 Code::Refused,
                 format!(
-                    "call `{id}` (`{tool}`) is not in doubt: it was already resolved as not happened; the next resume runs it"
+                    "call `{shown_id}` (`{tool}`) is not in doubt: it was already resolved as not happened; the next resume runs it"
                 ),
             ));
         }
@@ -79,24 +82,27 @@ pub async fn resolve(
             return Err(CliError::new(
                 Code::Refused,
                 format!(
-                    "call `{id}` (`{tool}`) is not in doubt: its outcome is recorded (status `{}`); nothing to resolve",
+                    "call `{shown_id}` (`{tool}`) is not in doubt: its outcome is recorded (status `{}`); nothing to resolve",
                     status.as_str()
                 ),
             ));
         }
     }
-    let in_doubt = store.in_doubt(Some(&session)).await?;
+    let in_doubt = store.in_doubt(Some(&call.identity.session)).await?;
     if !in_doubt.iter().any(|c| c.id == id) {
-        let record = store.session(&session).await?;
-        let holder = record.lease_owner.unwrap_or_else(|| "a worker".into());
+        let record = store.session(&call.identity.session).await?;
+        let holder = record
+            .lease_owner
+            .map_or_else(|| "a worker".into(), |o| clip(&o, NAME));
         return Err(CliError::new(
             Code::Refused,
             format!(
-                "call `{id}` (`{tool}`) is still running: session `{session}` is leased by `{holder}`; wait until the worker finishes or its lease expires, then look again"
+                "call `{shown_id}` (`{tool}`) is still running: session `{session}` is leased by `{holder}`; wait until the worker finishes or its lease expires, then look again"
             ),
         ));
     }
-    // The store seals the resolution with its key ring (DURABLE_MAC_KEY when set).
+    // The store seals the resolution with its keys (`DURABLE_MAC_KEY`, read when it was
+    // opened); a store sealed with an application key we lack refused to open.
     let durable = Durable::builder(Arc::clone(store)).owner(CLI_OWNER).build();
     let record = durable
         .resolve(&id, resolution.clone(), &by, args.note.as_deref())
@@ -104,20 +110,21 @@ pub async fn resolve(
     if json {
         return render::print_json(&json!({
             "call": record.id,
-            "session": session,
-            "tool": tool,
+            "session": call.identity.session,
+            "tool": call.identity.tool,
             "status": record.status,
             "resolution": resolution,
             "by": by,
             "note": args.note,
         }));
     }
+    let shown_by = clip(&by, NAME);
     match resolution {
         Resolution::Happened { .. } => outln!(
-            "resolved call `{id}` (`{tool}` in session `{session}`) as happened, by {by}: the next resume returns this result to the agent and runs nothing"
+            "resolved call `{shown_id}` (`{tool}` in session `{session}`) as happened, by {shown_by}: the next resume returns this result to the agent and runs nothing"
         ),
         Resolution::DidNotHappen => outln!(
-            "resolved call `{id}` (`{tool}` in session `{session}`) as not happened, by {by}: the next resume runs the call again"
+            "resolved call `{shown_id}` (`{tool}` in session `{session}`) as not happened, by {shown_by}: the next resume runs the call again"
         ),
     }
     Ok(())
@@ -137,7 +144,8 @@ pub async fn unpark(
         }));
     }
     outln!(
-        "unparked session `{id}`: it is active again, and the next worker to recover it continues from its latest checkpoint"
+        "unparked session `{}`: it is active again, and the next worker to recover it continues from its latest checkpoint",
+        clip(id.as_str(), ID)
     );
     Ok(())
 }
@@ -162,9 +170,11 @@ pub async fn fork(store: &dyn CheckpointStore, json: bool, args: ForkArgs) -> Re
         return render::print_json(&record);
     }
     outln!(
-        "forked session `{from}` at version {} into `{to}` (app version {}); resume it with its id",
+        "forked session `{}` at version {} into `{}` (app version {}); resume it with its id",
+        clip(from.as_str(), ID),
         args.from_version,
-        record.app_version
+        clip(to.as_str(), ID),
+        clip(&record.app_version, NAME)
     );
     Ok(())
 }
@@ -240,8 +250,8 @@ pub async fn export(
         let mut t = table(["FILE", "SESSION", "VERSION", "MESSAGES", "CALLS"]);
         for w in &written {
             t.add_row(vec![
-                w.path.clone(),
-                w.session.to_string(),
+                crate::display::escape(&w.path).into_owned(),
+                clip(w.session.as_str(), ID),
                 w.version.to_string(),
                 w.messages.to_string(),
                 w.calls.to_string(),
@@ -253,14 +263,17 @@ pub async fn export(
             written.len(),
             if written.len() == 1 { "" } else { "s" },
             replay_check::FIXTURE_FORMAT,
-            args.out.display()
+            crate::display::escape(&args.out.display().to_string())
         );
     }
     if unreadable.is_empty() {
         return Ok(());
     }
     for line in &unreadable {
-        eprintln!("warning: not exported: {line}");
+        eprintln!(
+            "warning: not exported: {}",
+            clip(line, crate::display::LINE)
+        );
     }
     Err(CliError::new(
         Code::Failure,
@@ -375,7 +388,7 @@ pub async fn prune(
         let mut t = table(["SESSION", "STATUS", "UPDATED", "OUTCOME"]);
         for r in results.iter().take(SHOWN) {
             t.add_row(vec![
-                r.session.to_string(),
+                clip(r.session.as_str(), ID),
                 r.status.as_str().to_owned(),
                 age(r.updated_at, now),
                 r.outcome.to_owned(),
@@ -433,9 +446,10 @@ pub async fn migrate(
             }));
         }
         outln!(
-            "dry run: session `{id}` would move from app version `{}` to `{}`",
-            current.app_version,
-            args.app_version
+            "dry run: session `{}` would move from app version `{}` to `{}`",
+            clip(id.as_str(), ID),
+            clip(&current.app_version, NAME),
+            clip(&args.app_version, NAME)
         );
         print_renames(&renames);
         outln!("nothing was changed");
@@ -462,9 +476,11 @@ pub async fn migrate(
         }));
     }
     outln!(
-        "migrated session `{id}` from app version `{}` to `{}`, by {by}",
-        current.app_version,
-        record.app_version
+        "migrated session `{}` from app version `{}` to `{}`, by {}",
+        clip(id.as_str(), ID),
+        clip(&current.app_version, NAME),
+        clip(&record.app_version, NAME),
+        clip(&by, NAME)
     );
     print_renames(&renames);
     Ok(())
@@ -474,8 +490,8 @@ fn print_renames(renames: &[Value]) {
     for r in renames {
         outln!(
             "  {} -> {}: {} journal row{} ({} in flight)",
-            r["from"].as_str().unwrap_or_default(),
-            r["to"].as_str().unwrap_or_default(),
+            clip(r["from"].as_str().unwrap_or_default(), NAME),
+            clip(r["to"].as_str().unwrap_or_default(), NAME),
             r["rows"],
             if r["rows"] == 1 { "" } else { "s" },
             r["in_flight"]

@@ -1,4 +1,7 @@
 //! Output helpers: tables, times, sizes, masking and JSON.
+//!
+//! Every string that comes from the store reaches the terminal through
+//! [`display`](crate::display): escaped, and clipped to a width in tables.
 
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -8,6 +11,7 @@ use durable::{Budget, Plan};
 use serde::Serialize;
 use serde_json::{Map, Value};
 
+use crate::display::{self, ID, NAME, TEXT, clip};
 use crate::error::{CliError, Code};
 
 /// A table with a plain, borderless look (like `kubectl get`), header underlined.
@@ -29,8 +33,15 @@ where
 }
 
 /// Prints a table, without the padding comfy-table leaves at the end of each line.
+///
+/// Cells that come from the store are [`clip`]ped when added, which bounds the width; each
+/// line is escaped once more here, so a cell added raw cannot reach the terminal as
+/// control characters either.
 pub fn print_table(table: &Table) {
-    let lines: Vec<String> = table.lines().map(|l| l.trim_end().to_owned()).collect();
+    let lines: Vec<String> = table
+        .lines()
+        .map(|l| display::escape(l.trim_end()).into_owned())
+        .collect();
     let is_rule = |l: &str| !l.is_empty() && l.chars().all(|c| c == '-');
     let width = lines
         .iter()
@@ -47,11 +58,12 @@ pub fn print_table(table: &Table) {
     }
 }
 
-/// Prints `value` as pretty JSON on stdout.
+/// Prints `value` as pretty JSON on stdout: every value whole and exact, control
+/// characters as JSON escapes ([`display::json_text`]).
 pub fn print_json<T: Serialize>(value: &T) -> Result<(), CliError> {
     let text = serde_json::to_string_pretty(value)
         .map_err(|e| CliError::new(Code::Failure, format!("cannot encode JSON output: {e}")))?;
-    outln!("{text}");
+    outln!("{}", display::json_text(&text));
     Ok(())
 }
 
@@ -94,14 +106,6 @@ pub fn size(bytes: usize) -> String {
         format!("{:.1} KB", bytes as f64 / 1024.0)
     } else {
         format!("{:.1} MB", bytes as f64 / (1024.0 * 1024.0))
-    }
-}
-
-/// Cuts `text` to `max` characters, with `…`.
-pub fn truncate(text: &str, max: usize) -> String {
-    match text.char_indices().nth(max) {
-        None => text.to_owned(),
-        Some((cut, _)) => format!("{}…", &text[..cut]),
     }
 }
 
@@ -155,9 +159,9 @@ fn is_stored_secret(map: &Map<String, Value>) -> bool {
     map.len() == 1 && map.contains_key("$secret")
 }
 
-/// Compact JSON of the masked value, cut to `max` characters.
+/// Compact JSON of the masked value, escaped and cut to `max` characters.
 pub fn compact(value: &Value, max: usize) -> String {
-    truncate(&mask(value).to_string(), max)
+    clip(&mask(value).to_string(), max)
 }
 
 /// `2/5 done, 1/2 verified` for a plan snapshot, or `-`.
@@ -197,10 +201,14 @@ pub fn budget(value: &Value) -> String {
     }
 }
 
-/// One transcript message: its role and its blocks as lines of text, secrets masked.
+/// Width of one transcript line.
+const LINE: usize = 160;
+
+/// One transcript message: its role and its blocks as lines of text, secrets masked,
+/// escaped and clipped.
 pub fn message_lines(value: &Value) -> (String, Vec<String>) {
     let Ok(message) = serde_json::from_value::<Message>(value.clone()) else {
-        return ("?".into(), vec![format!("(json) {}", compact(value, 160))]);
+        return ("?".into(), vec![format!("(json) {}", compact(value, LINE))]);
     };
     let role = serde_json::to_value(message.role)
         .ok()
@@ -210,19 +218,21 @@ pub fn message_lines(value: &Value) -> (String, Vec<String>) {
         .content
         .iter()
         .map(|block| match block {
-            Block::Text { text } => truncate(&text.replace('\n', " "), 160),
-            Block::Reasoning { text } => format!("(reasoning) {}", truncate(text, 120)),
+            Block::Text { text } => clip(&text.replace('\n', " "), LINE),
+            Block::Reasoning { text } => {
+                format!("(reasoning) {}", clip(&text.replace('\n', " "), TEXT))
+            }
             Block::ToolCall(call) => format!(
                 "-> {}({}) [{}]",
-                call.name,
-                compact(&call.arguments, 120),
-                call.id
+                clip(&call.name, NAME),
+                compact(&call.arguments, TEXT),
+                clip(&call.id, ID)
             ),
             Block::ToolResult(result) => format!(
                 "<- [{}]{} {}",
-                result.call_id,
+                clip(&result.call_id, ID),
                 if result.is_error { " error:" } else { "" },
-                compact(&result.content, 120)
+                compact(&result.content, TEXT)
             ),
         })
         .collect();
@@ -266,6 +276,10 @@ mod tests {
         assert_eq!(age(1_000, 3 * 3_600_000), "2h ago");
         assert_eq!(age(10_000, 0), "in 10s");
         assert_eq!(size(2048), "2.0 KB");
-        assert_eq!(truncate("héllo", 2), "hé…");
+        assert_eq!(
+            compact(&json!({"t": "\u{1b}[1m"}), 100),
+            r#"{"t":"\u001b[1m"}"#
+        );
+        assert_eq!(compact(&json!("\u{9b}abcdef"), 8), r#""\u{9b}…"#);
     }
 }

@@ -1,0 +1,129 @@
+//! `durable verify`: every seal, chain and count of a whole store (or one session),
+//! offline, plus the database's own consistency check.
+
+use durable::SessionId;
+use durable::integrity::{SessionCheck, verify_sessions};
+use serde_json::{Value, json};
+
+use crate::VerifyArgs;
+use crate::display::{ID, TEXT, clip};
+use crate::error::{CliError, Code};
+use crate::open::{Kind, Opened};
+use crate::render::{self, table};
+
+/// The database's own check: what ran, whether it held, and what it said.
+struct DatabaseCheck {
+    name: &'static str,
+    ok: Option<bool>,
+    detail: Vec<String>,
+}
+
+async fn database_check(opened: &Opened) -> Result<DatabaseCheck, CliError> {
+    match &opened.kind {
+        #[cfg(feature = "sqlite")]
+        Kind::Sqlite { store, .. } => {
+            let report = store.integrity_check().await?;
+            Ok(DatabaseCheck {
+                name: "PRAGMA integrity_check",
+                ok: Some(report == ["ok"]),
+                detail: report,
+            })
+        }
+        #[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+        Kind::None(never) => match *never {},
+        #[cfg(feature = "postgres")]
+        Kind::Postgres { .. } => Ok(DatabaseCheck {
+            name: "amcheck",
+            ok: None,
+            detail: vec![
+                "not run by this tool: check the durable_* indexes with amcheck's bt_index_check as a superuser".into(),
+            ],
+        }),
+    }
+}
+
+fn line(check: &SessionCheck) -> Value {
+    json!({
+        "session": check.session,
+        "ok": check.is_ok(),
+        "checkpoints": check.checkpoints,
+        "journal_rows": check.journal_rows,
+        "resolutions": check.resolutions,
+        "problem": check.problem,
+    })
+}
+
+pub async fn verify(opened: &Opened, json: bool, args: VerifyArgs) -> Result<(), CliError> {
+    let session = args.session.map(SessionId::new);
+    let checks = verify_sessions(opened.shared.as_ref(), session.as_ref()).await?;
+    let database = database_check(opened).await?;
+    let failed = checks.iter().filter(|c| !c.is_ok()).count();
+    let database_failed = database.ok == Some(false);
+    if json {
+        render::print_json(&json!({
+            "ok": failed == 0 && !database_failed,
+            "sessions": checks.iter().map(line).collect::<Vec<_>>(),
+            "database": {
+                "check": database.name,
+                "ok": database.ok,
+                "detail": database.detail,
+            },
+        }))?;
+    } else {
+        if checks.is_empty() {
+            outln!("no sessions");
+        } else {
+            let mut t = table([
+                "SESSION",
+                "RESULT",
+                "CHECKPOINTS",
+                "JOURNAL ROWS",
+                "RESOLUTIONS",
+                "PROBLEM",
+            ]);
+            for c in &checks {
+                t.add_row(vec![
+                    clip(c.session.as_str(), ID),
+                    if c.is_ok() { "ok" } else { "TAMPERED" }.to_owned(),
+                    c.checkpoints.to_string(),
+                    c.journal_rows.to_string(),
+                    c.resolutions.to_string(),
+                    clip(c.problem.as_deref().unwrap_or("-"), TEXT),
+                ]);
+            }
+            render::print_table(&t);
+        }
+        let verdict = match database.ok {
+            Some(true) => "ok".to_owned(),
+            Some(false) => format!("FAILED: {}", clip(&database.detail.join("; "), TEXT)),
+            None => clip(&database.detail.join("; "), TEXT),
+        };
+        outln!("database ({}): {verdict}", database.name);
+        outln!(
+            "{} session{} verified, {failed} failed",
+            checks.len(),
+            if checks.len() == 1 { "" } else { "s" }
+        );
+    }
+    if failed > 0 || database_failed {
+        let mut what = Vec::new();
+        if failed > 0 {
+            what.push(format!(
+                "{failed} of {} session{} failed",
+                checks.len(),
+                if checks.len() == 1 { "" } else { "s" }
+            ));
+        }
+        if database_failed {
+            what.push(format!("the database failed `{}`", database.name));
+        }
+        return Err(CliError::new(
+            Code::Integrity,
+            format!(
+                "integrity check failed: {} (listed above); the store was changed outside durable: restore from a backup",
+                what.join(", ")
+            ),
+        ));
+    }
+    Ok(())
+}
