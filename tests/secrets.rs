@@ -477,3 +477,158 @@ fn reply_bytes(reply: &Message) -> Vec<u8> {
 fn the_canary_is_nowhere_for_any_signature() {
     secrets_support::generated::run(proptest_cases());
 }
+
+/// While set, `unlock` and `peek` never finish: their call stays issued, in doubt.
+static HANG: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(true);
+
+/// Unlock the vault.
+#[durable_tool(replay = "unsafe_on_replay")]
+async fn unlock(
+    /// The vault's code.
+    #[secret]
+    code: String,
+) -> Result<String, String> {
+    if HANG.load(Ordering::SeqCst) {
+        std::future::pending::<()>().await;
+    }
+    Ok(format!("{} characters", code.len()))
+}
+
+/// Peek into a vault.
+#[durable_tool(replay = "idempotent_with_key", idempotency_key = |a| a.vault.clone())]
+async fn peek(
+    /// Which vault.
+    vault: String,
+    /// The vault's code.
+    #[secret]
+    code: String,
+) -> Result<String, String> {
+    if HANG.load(Ordering::SeqCst) {
+        std::future::pending::<()>().await;
+    }
+    Ok(format!("{} characters", code.len()))
+}
+
+/// In doubt after a restart, with its secret redacted: an unsafe call is `ReplayUnsafe`
+/// (neither its verify hook nor a re-run can have the value), a keyed one is refused as
+/// `SecretUnavailable` and re-runs on its row once the model sends the value again.
+/// Runs `call` of a fresh session until its tool hangs (issued, in doubt), "crashes",
+/// and resumes the session: the resumed session and the replayed reply's calls.
+async fn hang_and_resume(
+    store: &Arc<dyn CheckpointStore>,
+    tools: &Toolbox,
+    call: Block,
+) -> (durable::Session<Message>, Vec<ModelToolCall>) {
+    let session = runtime(store, "worker-1")
+        .start::<Message>(StartOptions::default())
+        .await
+        .expect("start");
+    let id = session.id().clone();
+    let reply: Message = session
+        .model(scripted(Message::assistant(vec![call])))
+        .await
+        .expect("model");
+    let calls = ModelToolCall::from_message(&reply);
+    let hung = tokio::time::timeout(
+        std::time::Duration::from_millis(200),
+        tools.dispatch(session.journal(), &calls[0]),
+    )
+    .await;
+    assert!(hung.is_err(), "the tool hangs: {hung:?}");
+    session.release().await.expect("release");
+    let session = runtime(store, "worker-2")
+        .resume::<Message>(&id)
+        .await
+        .expect("resume")
+        .session;
+    let reply: Message = session.model(never).await.expect("journaled reply");
+    (session, ModelToolCall::from_message(&reply))
+}
+
+/// In doubt after a restart, with its secret redacted: an unsafe call is `ReplayUnsafe`
+/// (neither its verify hook nor a re-run can have the value), a keyed one is refused as
+/// `SecretUnavailable` and re-runs on its row once the model sends the value again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_in_doubt_call_whose_secret_was_redacted_is_not_run_with_the_placeholder() {
+    let store: Arc<dyn CheckpointStore> =
+        Arc::new(SqliteStore::open_in_memory().await.expect("store"));
+    let tools = Toolbox::new()
+        .with(unlock)
+        .expect("unlock")
+        .with(peek)
+        .expect("peek");
+    HANG.store(true, Ordering::SeqCst);
+    let code = json!({"code": CANARY});
+    let (unsafe_session, unsafe_calls) = hang_and_resume(
+        &store,
+        &tools,
+        Block::tool_call("u", "unlock", code.clone()),
+    )
+    .await;
+    let peek_args = json!({"vault": "v-1", "code": CANARY});
+    let (session, keyed_calls) = hang_and_resume(
+        &store,
+        &tools,
+        Block::tool_call("p", "peek", peek_args.clone()),
+    )
+    .await;
+    HANG.store(false, Ordering::SeqCst);
+
+    let unsafe_call = tools
+        .dispatch(unsafe_session.journal(), &unsafe_calls[0])
+        .await;
+    assert!(
+        matches!(&unsafe_call, Err(DurableError::ReplayUnsafe { reason, .. }) if reason.contains("secret argument `code`")),
+        "{unsafe_call:?}"
+    );
+    let keyed_call = tools.dispatch(session.journal(), &keyed_calls[0]).await;
+    assert!(
+        matches!(
+            &keyed_call,
+            Err(DurableError::InvalidArguments { source, .. })
+                if source.kind == ArgumentErrorKind::SecretUnavailable
+        ),
+        "{keyed_call:?}"
+    );
+    // Sent again with the value (a new reply of the same turn): the keyed call re-runs
+    // on its in-doubt row, with its recorded key.
+    let again: Message = session
+        .model(scripted(Message::assistant(vec![Block::tool_call(
+            "p2",
+            "peek",
+            peek_args.clone(),
+        )])))
+        .await
+        .expect("model");
+    let result = tools
+        .dispatch(session.journal(), &ModelToolCall::from_message(&again)[0])
+        .await
+        .expect("peek runs");
+    assert!(!result.is_error(), "{result:?}");
+    assert_eq!(
+        result.output.content,
+        json!(format!("{} characters", CANARY.len()))
+    );
+    let rows = store.calls(session.id(), None).await.expect("rows");
+    let peeks: Vec<_> = rows.iter().filter(|r| r.identity.tool == "peek").collect();
+    assert_eq!(peeks.len(), 1, "the re-sent call found its in-doubt row");
+    assert_eq!(peeks[0].attempt, 2);
+    let mut written = serde_json::to_string(
+        &rows
+            .iter()
+            .map(|r| json!([r.args, r.result, r.identity.input_hash]))
+            .collect::<Vec<_>>(),
+    )
+    .expect("rows");
+    let unsafe_rows = store.calls(unsafe_session.id(), None).await.expect("rows");
+    written.push_str(
+        &serde_json::to_string(
+            &unsafe_rows
+                .iter()
+                .map(|r| json!([r.args, r.result]))
+                .collect::<Vec<_>>(),
+        )
+        .expect("rows"),
+    );
+    assert!(!written.contains(CANARY), "{written}");
+}
