@@ -506,7 +506,7 @@ async fn peek(
     if HANG.load(Ordering::SeqCst) {
         std::future::pending::<()>().await;
     }
-    Ok(format!("{} characters", code.len()))
+    Ok(format!("{} characters in {vault}", code.len()))
 }
 
 /// In doubt after a restart, with its secret redacted: an unsafe call is `ReplayUnsafe`
@@ -607,7 +607,7 @@ async fn an_in_doubt_call_whose_secret_was_redacted_is_not_run_with_the_placehol
     assert!(!result.is_error(), "{result:?}");
     assert_eq!(
         result.output.content,
-        json!(format!("{} characters", CANARY.len()))
+        json!(format!("{} characters in v-1", CANARY.len()))
     );
     let rows = store.calls(session.id(), None).await.expect("rows");
     let peeks: Vec<_> = rows.iter().filter(|r| r.identity.tool == "peek").collect();
