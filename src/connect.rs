@@ -1,5 +1,5 @@
 //! [`connect`]: one call that opens whichever store a URL names, among the backends
-//! compiled in.
+//! compiled in; [`connect_read_only`] opens it for inspection.
 
 use std::sync::Arc;
 
@@ -58,6 +58,37 @@ pub async fn connect(url: &str) -> Result<Arc<dyn CheckpointStore>, ConnectError
     }
 }
 
+/// Opens the store a URL names (the URLs of [`connect`]) for inspection only: it is never
+/// created, migrated or written to.
+///
+/// - SQLite: [`SqliteStoreOptions::read_only`](crate::sqlite::SqliteStoreOptions::read_only)
+///   (`SQLITE_OPEN_READONLY`; the journal mode is not changed). `sqlite::memory:` is
+///   refused: a new in-memory database is always empty.
+/// - PostgreSQL: `PostgresStoreOptions::read_only` (no migration;
+///   `default_transaction_read_only = on`).
+///
+/// A location that holds no durable store (a missing, empty or foreign file, a database
+/// without the durable schema) fails with [`StoreError::NotAStore`], a schema of another
+/// release with [`StoreError::SchemaTooOld`] or [`StoreError::SchemaTooNew`]; each is one
+/// line. Every write through the store fails with [`StoreError::ReadOnly`].
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), durable::ConnectError> {
+/// let store = durable::connect_read_only("sqlite:agent.db").await?;
+/// let sessions = store.list_sessions(&Default::default()).await?;
+/// # let _ = sessions; Ok(()) }
+/// ```
+pub async fn connect_read_only(url: &str) -> Result<Arc<dyn CheckpointStore>, ConnectError> {
+    match Backend::of(url)? {
+        Backend::Sqlite(path) => open_sqlite_read_only(path).await,
+        Backend::SqliteMemory => Err(ConnectError::Store(StoreError::NotAStore {
+            location: url.to_owned(),
+            detail: "an in-memory database cannot be opened read-only: it would be empty".into(),
+        })),
+        Backend::Postgres => open_postgres_read_only(url).await,
+    }
+}
+
 #[derive(Debug, PartialEq, Eq)]
 enum Backend<'a> {
     Sqlite(&'a str),
@@ -78,20 +109,12 @@ impl<'a> Backend<'a> {
             return Ok(Backend::Sqlite(path));
         }
         match url.split_once("://") {
-            Some(_) => Err(ConnectError::UnknownScheme { url: redact(url) }),
+            Some(_) => Err(ConnectError::UnknownScheme {
+                url: durable_core::redact::redact_url(url),
+            }),
             None if !url.is_empty() => Ok(Backend::Sqlite(url)),
             None => Err(ConnectError::UnknownScheme { url: String::new() }),
         }
-    }
-}
-
-/// Removes a password from a URL for error messages.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme_end), Some(at)) if at > scheme_end => {
-            format!("{}://***@{}", &url[..scheme_end], &url[at + 1..])
-        }
-        _ => url.to_owned(),
     }
 }
 
@@ -106,6 +129,18 @@ async fn open_sqlite(_path: &str) -> Result<Arc<dyn CheckpointStore>, ConnectErr
         scheme: "sqlite".into(),
         feature: "sqlite",
     })
+}
+
+#[cfg(feature = "sqlite")]
+async fn open_sqlite_read_only(path: &str) -> Result<Arc<dyn CheckpointStore>, ConnectError> {
+    Ok(Arc::new(
+        crate::sqlite::SqliteStore::open_read_only(path).await?,
+    ))
+}
+
+#[cfg(not(feature = "sqlite"))]
+async fn open_sqlite_read_only(path: &str) -> Result<Arc<dyn CheckpointStore>, ConnectError> {
+    open_sqlite(path).await
 }
 
 #[cfg(feature = "sqlite")]
@@ -125,6 +160,19 @@ async fn open_postgres(url: &str) -> Result<Arc<dyn CheckpointStore>, ConnectErr
     Ok(Arc::new(
         crate::postgres::PostgresStore::connect(url).await?,
     ))
+}
+
+#[cfg(feature = "postgres")]
+async fn open_postgres_read_only(url: &str) -> Result<Arc<dyn CheckpointStore>, ConnectError> {
+    let options = crate::postgres::PostgresStoreOptions::new(url).read_only(true);
+    Ok(Arc::new(
+        crate::postgres::PostgresStore::connect_with(options).await?,
+    ))
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn open_postgres_read_only(url: &str) -> Result<Arc<dyn CheckpointStore>, ConnectError> {
+    open_postgres(url).await
 }
 
 #[cfg(not(feature = "postgres"))]
@@ -167,8 +215,67 @@ mod tests {
         );
         let err = Backend::of("mysql://root:hunter2@db/x").expect_err("unknown scheme");
         let text = err.to_string();
-        assert!(text.contains("mysql://***@db/x"), "{text}");
+        assert!(text.contains("mysql://root:***@db/x"), "{text}");
         assert!(!text.contains("hunter2"), "password leaked: {text}");
+    }
+
+    fn assert_send<T: Send>(_: &T) {}
+
+    #[cfg(feature = "sqlite")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn connect_futures_are_send_and_can_be_spawned() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let url = format!("sqlite:{}", dir.path().join("agent.db").display());
+        let open = connect(&url);
+        assert_send(&open);
+        let url2 = url.clone();
+        tokio::spawn(async move { connect(&url2).await })
+            .await
+            .expect("join")
+            .expect("spawned connect");
+        drop(open);
+        let read_only = connect_read_only(&url);
+        assert_send(&read_only);
+        let store = read_only.await.expect("read-only connect");
+        match store.create_session(new_session()).await {
+            Err(StoreError::ReadOnly { .. }) => {}
+            other => panic!("a write through connect_read_only: {other:?}"),
+        }
+        assert_send(&connect("sqlite::memory:"));
+    }
+
+    #[cfg(feature = "sqlite")]
+    fn new_session() -> durable_core::store::NewSession {
+        durable_core::store::NewSession {
+            id: durable_core::SessionId::new("s1"),
+            app_version: "v1".into(),
+            metadata: serde_json::json!({}),
+            owner: "w1".into(),
+            lease_ttl: std::time::Duration::from_secs(60),
+            initial: durable_core::store::NewCheckpoint {
+                messages: Vec::new(),
+                plan: serde_json::Value::Null,
+                budget: serde_json::Value::Null,
+                state: serde_json::Value::Null,
+            },
+        }
+    }
+
+    #[cfg(feature = "sqlite")]
+    #[tokio::test]
+    async fn connect_read_only_refuses_what_is_not_a_store() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let missing = dir.path().join("missing.db");
+        for url in [
+            format!("sqlite:{}", missing.display()),
+            "sqlite::memory:".to_owned(),
+        ] {
+            match connect_read_only(&url).await {
+                Err(ConnectError::Store(StoreError::NotAStore { .. })) => {}
+                other => panic!("{url}: expected NotAStore, got {:?}", other.map(|_| ())),
+            }
+        }
+        assert!(!missing.exists(), "a read-only connect created the file");
     }
 
     #[cfg(not(feature = "postgres"))]

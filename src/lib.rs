@@ -81,7 +81,8 @@
 pub use durable_core::*;
 
 mod connect;
-pub use connect::{ConnectError, connect};
+pub use connect::{ConnectError, connect, connect_read_only};
+pub use durable_core::redact::redact_url;
 
 /// The embedded SQLite store ([`SqliteStore`](sqlite::SqliteStore)).
 #[cfg(feature = "sqlite")]

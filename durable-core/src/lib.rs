@@ -14,6 +14,7 @@ pub mod ids;
 pub mod integrity;
 pub mod journal;
 pub mod key;
+pub mod redact;
 pub mod replay;
 pub mod replay_check;
 pub mod retry;

@@ -10,9 +10,18 @@ pub(crate) const BACKEND: &str = "postgres";
 /// SQLSTATE of a unique-constraint violation.
 const UNIQUE_VIOLATION: &str = "23505";
 
-/// Wraps a database error.
+/// SQLSTATE of a write in a read-only transaction (`default_transaction_read_only`).
+const READ_ONLY_SQL_TRANSACTION: &str = "25006";
+
+/// Wraps a database error; a write refused because the store was opened read-only is
+/// [`StoreError::ReadOnly`].
 pub(crate) fn db(e: sqlx::Error) -> StoreError {
-    StoreError::database(BACKEND, e)
+    match &e {
+        sqlx::Error::Database(d) if d.code().as_deref() == Some(READ_ONLY_SQL_TRANSACTION) => {
+            StoreError::ReadOnly { backend: BACKEND }
+        }
+        _ => StoreError::database(BACKEND, e),
+    }
 }
 
 /// The name of the unique constraint `e` violated, if it is a unique violation.

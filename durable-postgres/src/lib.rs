@@ -52,6 +52,7 @@ mod checkpoint;
 mod error;
 mod journal;
 mod keys;
+mod open;
 mod resolution;
 mod rows;
 mod seal;
@@ -70,6 +71,8 @@ use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use crate::error::{BACKEND, db};
+
+pub use durable_core::redact::redact_url;
 
 /// The table that records applied migrations.
 pub const MIGRATIONS_TABLE: &str = "durable_schema_migrations";
@@ -90,9 +93,12 @@ fn newest_migration(migrator: &Migrator) -> i64 {
 }
 
 /// How to connect a [`PostgresStore`].
-#[derive(Debug, Clone)]
+///
+/// Its `Debug` output shows the URL without its password ([`redact_url`]).
+#[derive(Clone)]
 pub struct PostgresStoreOptions {
-    /// A `postgres://` URL (see sqlx's `PgConnectOptions` for the parameters).
+    /// A `postgres://` URL (see sqlx's `PgConnectOptions` for the parameters). Reserved
+    /// characters in the user name or password (`/ ? @ # :`) must be percent-encoded.
     pub url: String,
     /// Most connections the pool opens (default 10).
     pub max_connections: u32,
@@ -106,6 +112,27 @@ pub struct PostgresStoreOptions {
     /// default): [`Keyring::from_env`], the application key in `DURABLE_MAC_KEY` if set,
     /// else the store's own random key.
     pub keyring: Option<Keyring>,
+    /// How long connecting may take before the open fails with an error naming the host
+    /// and port (default 10 s): a server that is down fails fast instead of after the
+    /// pool's retries.
+    pub connect_timeout: Duration,
+    /// Open for inspection only (default `false`): see [`read_only`](Self::read_only).
+    pub read_only: bool,
+}
+
+impl std::fmt::Debug for PostgresStoreOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PostgresStoreOptions")
+            .field("url", &redact_url(&self.url))
+            .field("max_connections", &self.max_connections)
+            .field("min_connections", &self.min_connections)
+            .field("acquire_timeout", &self.acquire_timeout)
+            .field("application_name", &self.application_name)
+            .field("keyring", &self.keyring)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("read_only", &self.read_only)
+            .finish()
+    }
 }
 
 impl PostgresStoreOptions {
@@ -118,7 +145,27 @@ impl PostgresStoreOptions {
             acquire_timeout: Duration::from_secs(30),
             application_name: "durable".to_owned(),
             keyring: None,
+            connect_timeout: Duration::from_secs(10),
+            read_only: false,
         }
+    }
+
+    /// How long connecting may take (default 10 s); see
+    /// [`connect_timeout`](Self#structfield.connect_timeout).
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Opens the store for inspection only (default `false`): no migration runs, a
+    /// database without the durable schema is refused with [`StoreError::NotAStore`] and
+    /// one of another schema version with [`StoreError::SchemaTooOld`] /
+    /// [`StoreError::SchemaTooNew`]; every connection runs with
+    /// `default_transaction_read_only = on`, so every write fails with
+    /// [`StoreError::ReadOnly`].
+    pub fn read_only(mut self, read_only: bool) -> Self {
+        self.read_only = read_only;
+        self
     }
 
     /// Seals rows with `keyring` (see [`durable_core::integrity`]).
@@ -156,6 +203,9 @@ pub struct PostgresStore {
 impl PostgresStore {
     /// Connects to `url` with default pool settings and brings the schema up to date.
     ///
+    /// For inspection, open it read-only instead:
+    /// `connect_with(PostgresStoreOptions::new(url).read_only(true))`.
+    ///
     /// # Errors
     /// [`StoreError::Database`] when the server cannot be reached or a migration fails;
     /// [`StoreError::SchemaTooNew`] when a newer release of `durable` migrated the
@@ -164,15 +214,29 @@ impl PostgresStore {
         Self::connect_with(PostgresStoreOptions::new(url)).await
     }
 
-    /// Connects with explicit options and brings the schema up to date.
+    /// Connects with explicit options and brings the schema up to date (or, with
+    /// [`read_only`](PostgresStoreOptions::read_only), checks it).
     ///
     /// # Errors
-    /// As [`connect`](Self::connect); also when `options.url` does not parse.
+    /// As [`connect`](Self::connect); also when `options.url` does not parse, and when no
+    /// connection is made within [`connect_timeout`](PostgresStoreOptions::connect_timeout)
+    /// (the error names host and port).
     pub async fn connect_with(options: PostgresStoreOptions) -> Result<Self, StoreError> {
-        let connect: PgConnectOptions = options.url.parse().map_err(db)?;
-        let connect = connect.application_name(&options.application_name);
+        let connect: PgConnectOptions = options
+            .url
+            .parse()
+            .map_err(|e| open::bad_url(&options.url, e))?;
+        let mut connect = connect.application_name(&options.application_name);
+        if options.read_only {
+            connect = connect.options([("default_transaction_read_only", "on")]);
+        }
         let keyring = resolve_keyring(options.keyring)?;
-        let keyring = setup(&connect, options.acquire_timeout, keyring).await?;
+        let keyring = if options.read_only {
+            let location = redact_url(&options.url);
+            open::check_read_only(&connect, options.connect_timeout, &location, keyring).await?
+        } else {
+            setup(&connect, options.connect_timeout, keyring).await?
+        };
         let pool = PgPoolOptions::new()
             .max_connections(options.max_connections)
             .min_connections(options.min_connections)
@@ -230,21 +294,15 @@ fn resolve_keyring(keyring: Option<Keyring>) -> Result<Keyring, StoreError> {
 /// signing key ([`keys::setup_keys`]).
 async fn setup(
     options: &PgConnectOptions,
-    acquire_timeout: Duration,
+    connect_timeout: Duration,
     keyring: Keyring,
 ) -> Result<Keyring, StoreError> {
     let migrator = migrations();
     let supported = newest_migration(&migrator);
     // A one-connection pool of its own (not the store's): closing it releases the
     // migrator's session-level advisory lock even when a migration fails half-way, so no
-    // pooled connection ever keeps it. (A pool rather than a bare `PgConnection` keeps
-    // this future `Send` for `tokio::spawn`.)
-    let pool = PgPoolOptions::new()
-        .max_connections(1)
-        .acquire_timeout(acquire_timeout)
-        .connect_with(options.clone())
-        .await
-        .map_err(db)?;
+    // pooled connection ever keeps it.
+    let pool = open::setup_pool(options, connect_timeout).await?;
     let result = async {
         if let Some(found) = applied_version(&pool).await?
             && found > supported

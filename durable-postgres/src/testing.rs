@@ -54,13 +54,24 @@ use tokio::sync::OnceCell;
 
 use crate::PostgresStore;
 
-/// A fresh database of its own for one test.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A fresh database of its own for one test. Its `Debug` output hides the password of
+/// the URL.
+#[derive(Clone, PartialEq, Eq)]
 pub struct TestDatabase {
     url: String,
     name: String,
     /// Whether it lives on this process's throwaway cluster (not on `DATABASE_URL`).
     throwaway: bool,
+}
+
+impl std::fmt::Debug for TestDatabase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TestDatabase")
+            .field("url", &crate::redact_url(&self.url))
+            .field("name", &self.name)
+            .field("throwaway", &self.throwaway)
+            .finish()
+    }
 }
 
 impl TestDatabase {
@@ -122,9 +133,12 @@ pub async fn test_database() -> TestDatabase {
         },
     };
     let name = format!("durable_test_{}", uuid::Uuid::new_v4().simple());
-    let mut conn = PgConnection::connect(&admin_url)
-        .await
-        .unwrap_or_else(|e| panic!("cannot connect to the test server at {admin_url}: {e}"));
+    let mut conn = PgConnection::connect(&admin_url).await.unwrap_or_else(|e| {
+        panic!(
+            "cannot connect to the test server at {}: {e}",
+            crate::redact_url(&admin_url)
+        )
+    });
     // The name is ours (letters, digits, underscore), so formatting it into the
     // statement is safe; CREATE DATABASE takes no parameters.
     sqlx::query(AssertSqlSafe(format!("CREATE DATABASE {name}")))
@@ -132,7 +146,8 @@ pub async fn test_database() -> TestDatabase {
         .await
         .unwrap_or_else(|e| {
             panic!(
-                "cannot create test database {name} at {admin_url}: {e} (the role needs CREATEDB)"
+                "cannot create test database {name} at {}: {e} (the role needs CREATEDB)",
+                crate::redact_url(&admin_url)
             )
         });
     let _ = conn.close().await;
