@@ -668,6 +668,6 @@ mod tests {
     #[test]
     fn migrations_use_our_tracking_table() {
         assert_eq!(migrations().table_name, MIGRATIONS_TABLE);
-        assert_eq!(schema_version(), 1);
+        assert_eq!(schema_version(), 2, "0001_init and 0002_seals");
     }
 }
