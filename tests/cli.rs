@@ -6,10 +6,11 @@
 
 mod cli_support;
 
-use std::path::PathBuf;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use cli_support::{Run, durable_env, run, scenarios};
+use cli_support::{Run, durable_env, hardening, run, scenarios};
 use durable::CheckpointStore;
 use durable::sqlite::SqliteStore;
 
@@ -48,6 +49,18 @@ scenario!(
     unknown_things,
 );
 
+macro_rules! hardening {
+    ($($name:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            let (_dir, db, store) = sqlite().await;
+            hardening::$name(&store, &db).await;
+        }
+    )*};
+}
+
+hardening!(hostile_text);
+
 #[tokio::test]
 async fn sqlite_urls_are_accepted_in_every_spelling() {
     let (_dir, db, store) = sqlite().await;
@@ -75,9 +88,119 @@ fn a_missing_file_is_not_created() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("typo.db");
     let db = path.to_str().expect("utf-8");
-    run(db, &["sessions"]).fails(6, "no SQLite database at");
-    assert!(!path.exists(), "the CLI must never create a database");
+    for args in every_command(dir.path()) {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run(db, &args).fails(6, "no SQLite database at");
+        assert!(!path.exists(), "`{}` created a database", args.join(" "));
+    }
     run(&format!("sqlite:{db}"), &["in-doubt"]).fails(6, "no SQLite database at");
+    assert_eq!(files(dir.path()).len(), 0);
+}
+
+/// Every command, reading and writing, with arguments that would do something on a
+/// store; `elsewhere` receives their output files (exports, backups).
+fn every_command(elsewhere: &Path) -> Vec<Vec<String>> {
+    let out = elsewhere.join("out").display().to_string();
+    let copy = elsewhere.join("copy.db").display().to_string();
+    [
+        "sessions",
+        "show s-1",
+        "calls s-1",
+        "in-doubt",
+        "prune --older-than 1d --dry-run",
+        "migrate s-1 --app-version v2 --dry-run",
+        "unpark s-1",
+        "fork s-1 --from-version 0 --to s-2",
+        "prune --older-than 1d",
+        "migrate s-1 --app-version v2",
+        "resolve c-1 --did-not-happen",
+    ]
+    .iter()
+    .map(|line| line.split(' ').map(str::to_owned).collect())
+    .chain([
+        vec![
+            "export".into(),
+            "--last".into(),
+            "1".into(),
+            "--out".into(),
+            out,
+        ],
+        vec!["backup".into(), "--to".into(), copy],
+    ])
+    .collect()
+}
+
+/// Every file in `dir` with its bytes (`-wal`, `-shm` and `-journal` files included).
+fn files(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    std::fs::read_dir(dir)
+        .expect("read dir")
+        .map(|entry| {
+            let entry = entry.expect("entry");
+            let bytes = std::fs::read(entry.path()).unwrap_or_default();
+            (entry.file_name().to_string_lossy().into_owned(), bytes)
+        })
+        .collect()
+}
+
+/// Runs every command on `db` and checks that each is refused as not a durable store
+/// and that nothing in `dir` changed (no byte, no new file).
+fn refused_untouched(dir: &Path, db: &str) {
+    let elsewhere = tempfile::tempdir().expect("tempdir");
+    let before = files(dir);
+    for args in every_command(elsewhere.path()) {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run(db, &args).fails(6, "is not a durable store");
+        assert_eq!(
+            files(dir),
+            before,
+            "`durable --db {db} {}` changed the directory",
+            args.join(" ")
+        );
+    }
+    assert_eq!(
+        files(elsewhere.path()).len(),
+        0,
+        "nothing is exported or copied"
+    );
+}
+
+#[tokio::test]
+async fn a_foreign_database_is_never_changed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("foreign.db");
+    let pool = sqlx::SqlitePool::connect_with(
+        sqlx::sqlite::SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true),
+    )
+    .await
+    .expect("create a foreign database");
+    sqlx::query("CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT NOT NULL)")
+        .execute(&pool)
+        .await
+        .expect("create table");
+    sqlx::query("INSERT INTO notes (body) VALUES ('keep me as I am')")
+        .execute(&pool)
+        .await
+        .expect("insert");
+    pool.close().await;
+    assert_eq!(
+        files(dir.path()).len(),
+        1,
+        "a rollback-journal database, alone"
+    );
+    // Byte-identical afterwards: no table added, journal mode (header) unchanged, and
+    // no -wal, -shm or -journal next to it.
+    refused_untouched(dir.path(), path.to_str().expect("utf-8"));
+}
+
+#[test]
+fn an_empty_file_stays_empty() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("empty.db");
+    std::fs::write(&path, b"").expect("create an empty file");
+    refused_untouched(dir.path(), path.to_str().expect("utf-8"));
+    assert_eq!(std::fs::metadata(&path).expect("still there").len(), 0);
 }
 
 #[test]
@@ -89,9 +212,27 @@ fn a_file_that_is_not_a_database_is_unavailable() {
         "these are not the tables you are looking for\n".repeat(200),
     )
     .expect("write");
-    run(path.to_str().expect("utf-8"), &["sessions"]).fails(6, "is not a durable store");
+    refused_untouched(dir.path(), path.to_str().expect("utf-8"));
 }
 
+#[test]
+fn dev_null_is_refused_and_nothing_appears_next_to_it() {
+    let siblings = ["/dev/null-journal", "/dev/null-wal", "/dev/null-shm"];
+    let existed: Vec<bool> = siblings.iter().map(|s| Path::new(s).exists()).collect();
+    let elsewhere = tempfile::tempdir().expect("tempdir");
+    for args in every_command(elsewhere.path()) {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        run("/dev/null", &args).fails(6, "is not a durable store");
+        for (sibling, existed) in siblings.iter().zip(&existed) {
+            assert!(
+                *existed || !Path::new(sibling).exists(),
+                "`durable --db /dev/null {}` created {sibling}",
+                args.join(" ")
+            );
+        }
+    }
+    assert_eq!(files(elsewhere.path()).len(), 0);
+}
 #[tokio::test]
 async fn a_newer_schema_is_refused() {
     let (_dir, db, store) = sqlite().await;
@@ -116,7 +257,7 @@ async fn a_newer_schema_is_refused() {
 #[test]
 fn unknown_url_schemes_are_unavailable_and_keep_passwords_out() {
     run("mysql://root:hunter2@db/x", &["sessions"])
-        .fails(6, "unsupported database URL `mysql://***@db/x`");
+        .fails(6, "unsupported database URL `mysql://root:***@db/x`");
     let out = run("mysql://root:hunter2@db/x", &["sessions"]);
     assert!(!out.stderr.contains("hunter2"), "{}", out.stderr);
 }
@@ -162,4 +303,280 @@ fn help_lists_commands_and_exit_codes() {
     );
     let version: Run = durable_env(&["--version"], &[]).into();
     assert!(version.ok().starts_with("durable "), "{}", version.stdout);
+}
+
+/// An application key, as `DURABLE_MAC_KEY` holds it.
+const APP_KEY: &str = "0123456789abcdef-cli-test-key";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_sealed_with_an_app_key_needs_it() {
+    use durable::integrity::Keyring;
+    use durable::sqlite::SqliteStoreOptions;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("keyed.db");
+    let keyed = SqliteStoreOptions::file(&path)
+        .keyring(Keyring::with_app_key(APP_KEY.as_bytes().to_vec()).expect("key"));
+    let store: Arc<dyn CheckpointStore> =
+        Arc::new(SqliteStore::connect_with(keyed).await.expect("open keyed"));
+    let p = cli_support::populate(&store).await;
+    let db = path.to_str().expect("utf-8");
+    let with = |key: &str, args: &[&str]| -> Run {
+        let mut all = vec!["--db", db];
+        all.extend_from_slice(args);
+        durable_env(&all, &[("DURABLE_MAC_KEY", key)]).into()
+    };
+
+    // Without the key: one line naming the key, nothing written.
+    for args in [
+        &["sessions"][..],
+        &["resolve", p.doubt_call.id.as_str(), "--did-not-happen"],
+    ] {
+        run(db, args).fails(6, "is sealed with key `app-");
+    }
+    with("short", &["sessions"]).fails(2, "DURABLE_MAC_KEY");
+
+    // With it: the CLI reads, and its resolution is sealed so the application reads it.
+    assert_eq!(
+        with(APP_KEY, &["sessions", "--json"])
+            .json()
+            .as_array()
+            .map(Vec::len),
+        Some(4)
+    );
+    let id = p.doubt_call.id.as_str();
+    with(
+        APP_KEY,
+        &[
+            "resolve",
+            id,
+            "--did-not-happen",
+            "--note",
+            "not in the outbox",
+        ],
+    )
+    .ok();
+    let call = store
+        .call(&p.doubt_call.id)
+        .await
+        .expect("the application reads it");
+    assert_eq!(call.status, durable::store::CallStatus::NotHappened);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backup_writes_a_checked_copy_of_a_live_store() {
+    let (dir, db, store) = sqlite().await;
+    cli_support::populate(&store).await;
+    let copy = dir.path().join("copy.db");
+    let copy_arg = copy.to_str().expect("utf-8");
+
+    let out = run(&db, &["backup", "--to", copy_arg]);
+    let text = out.ok();
+    assert!(text.contains("4 sessions"), "{text}");
+    assert!(text.contains("integrity_check"), "{text}");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&copy).expect("copy").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{mode:o}");
+    }
+    // One self-contained file, and a store: the same sessions, read from the copy alone.
+    assert!(!dir.path().join("copy.db-wal").exists());
+    let listed = run(copy_arg, &["sessions", "--json"]).json();
+    assert_eq!(listed.as_array().map(Vec::len), Some(4), "{listed}");
+
+    // Never overwrites.
+    let bytes = std::fs::read(&copy).expect("copy");
+    run(&db, &["backup", "--to", copy_arg]).fails(4, "exists");
+    assert_eq!(std::fs::read(&copy).expect("copy"), bytes);
+    run(&db, &["backup"]).fails(2, "--to");
+
+    let second = dir.path().join("second.db");
+    let report = run(
+        &db,
+        &["backup", "--to", second.to_str().expect("utf-8"), "--json"],
+    )
+    .json();
+    assert_eq!(report["sessions"], 4, "{report}");
+    assert_eq!(report["integrity_check"], "ok");
+
+    // What the README warns about: the .db file alone, copied while the store runs,
+    // misses what is still in the -wal file.
+    let naive = dir.path().join("naive.db");
+    std::fs::copy(&db, &naive).expect("copy the .db file alone");
+    let naive = run(naive.to_str().expect("utf-8"), &["sessions", "--json"]);
+    assert!(
+        naive.code != 0 || naive.json().as_array().map_or(0, Vec::len) < 4,
+        "the .db alone held every session: {}",
+        naive.stdout
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_megabyte_id_does_not_pad_the_table() {
+    use durable::transcript::Message;
+
+    let (_dir, db, store) = sqlite().await;
+    cli_support::populate(&store).await;
+    let worker = durable::Durable::builder(Arc::clone(&store))
+        .owner("worker-9")
+        .build();
+    let session = worker
+        .start::<Message>(durable::StartOptions {
+            id: durable::SessionId::new("s-plain"),
+            ..durable::StartOptions::default()
+        })
+        .await
+        .expect("start");
+    session.release().await.expect("release");
+    // Written behind durable's back (durable refuses such ids): a store from elsewhere.
+    let long = format!("s-{}{}", hardening::EVIL, "x".repeat(1 << 20));
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite:{db}"))
+        .await
+        .expect("raw pool");
+    sqlx::query("UPDATE durable_sessions SET id = ? WHERE id = 's-plain'")
+        .bind(&long)
+        .execute(&pool)
+        .await
+        .expect("rename behind durable's back");
+    pool.close().await;
+
+    let out = run(&db, &["sessions"]);
+    hardening::assert_run_safe("sessions", &out);
+    let widest = out
+        .stdout
+        .lines()
+        .chain(out.stderr.lines())
+        .map(|l| l.chars().count())
+        .max()
+        .unwrap_or(0);
+    assert!(widest <= 1100, "a line of {widest} characters");
+    assert!(
+        out.stdout.len() + out.stderr.len() < 16 * 1024,
+        "{} bytes",
+        out.stdout.len()
+    );
+    let text = out.ok();
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("s-\\e]0;pwned\\u{7} \\e[1;31m"))
+        .unwrap_or_else(|| panic!("no row for the long id:\n{text}"));
+    assert!(row.contains("… "), "cut with an ellipsis: {row}");
+    assert!(
+        text.lines().all(|l| l.chars().count() < 200),
+        "the other rows are not padded:\n{text}"
+    );
+    // JSON keeps the whole id.
+    let listed = run(&db, &["sessions", "--json"]).json();
+    assert!(
+        listed
+            .as_array()
+            .expect("array")
+            .iter()
+            .any(|s| s["id"] == long.as_str()),
+        "the full id is in --json"
+    );
+    // Every other command that shows ids: escaped and bounded too, whatever it finds.
+    for args in [
+        &["in-doubt"][..],
+        &["verify"],
+        &["export", "--last", "9", "--out", "/nonexistent"],
+    ] {
+        let out = run(&db, args);
+        hardening::assert_run_safe(&args.join(" "), &out);
+        let widest = out
+            .stdout
+            .lines()
+            .chain(out.stderr.lines())
+            .map(|l| l.chars().count())
+            .max();
+        assert!(
+            widest.unwrap_or(0) <= 1100,
+            "{args:?}: a line of {widest:?} characters"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn verify_names_the_tampered_session() {
+    let (_dir, db, store) = sqlite().await;
+    let p = cli_support::populate(&store).await;
+    let clean = run(&db, &["verify"]);
+    assert!(
+        clean.ok().contains("4 sessions verified, 0 failed"),
+        "{}",
+        clean.stdout
+    );
+    assert!(
+        clean.stdout.contains("PRAGMA integrity_check): ok"),
+        "{}",
+        clean.stdout
+    );
+
+    // A completed keyed charge set back to "not happened": the next resume would charge
+    // again. Behind durable's back, as someone with the file would.
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite:{db}"))
+        .await
+        .expect("raw pool");
+    let changed = sqlx::query(
+        "UPDATE durable_tool_calls SET status = 'not_happened', result = NULL \
+         WHERE session_id = ? AND tool_name = 'charge_card'",
+    )
+    .bind(p.done.as_str())
+    .execute(&pool)
+    .await
+    .expect("tamper");
+    assert_eq!(changed.rows_affected(), 1);
+    pool.close().await;
+
+    let out = run(&db, &["verify"]);
+    out.fails(7, "integrity check failed: 1 of 4 sessions failed");
+    let row = out
+        .stdout
+        .lines()
+        .find(|l| l.starts_with("s-done"))
+        .unwrap_or_else(|| panic!("no row for s-done:\n{}", out.stdout));
+    assert!(row.contains("TAMPERED"), "{row}");
+    for other in ["s-doubt", "s-live", "s-cancelled"] {
+        let line = out
+            .stdout
+            .lines()
+            .find(|l| l.starts_with(other))
+            .expect(other);
+        assert!(line.contains(" ok "), "{line}");
+    }
+    let report = run(&db, &["verify", "--json"]);
+    assert_eq!(report.code, 7);
+    let value: serde_json::Value = serde_json::from_str(&report.stdout).expect("json");
+    assert_eq!(value["ok"], false);
+    // One session only.
+    run(&db, &["verify", "s-doubt"]).ok();
+    run(&db, &["verify", "s-done"]).fails(7, "1 of 1 session failed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "store layer: a read-only SQLite open does not compare the store's signing key with the ring, so a wrong key opens and reads fail `Tampered` (exit 7) instead of `KeyMissing`"]
+async fn a_wrong_app_key_is_refused_in_one_line() {
+    use durable::integrity::Keyring;
+    use durable::sqlite::SqliteStoreOptions;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("keyed.db");
+    let keyed = SqliteStoreOptions::file(&path)
+        .keyring(Keyring::with_app_key(APP_KEY.as_bytes().to_vec()).expect("key"));
+    let store: Arc<dyn CheckpointStore> =
+        Arc::new(SqliteStore::connect_with(keyed).await.expect("open keyed"));
+    let p = cli_support::populate(&store).await;
+    let db = path.to_str().expect("utf-8");
+    for args in [
+        &["sessions"][..],
+        &["resolve", p.doubt_call.id.as_str(), "--did-not-happen"],
+    ] {
+        let mut all = vec!["--db", db];
+        all.extend_from_slice(args);
+        let out: Run =
+            durable_env(&all, &[("DURABLE_MAC_KEY", "another-key-of-enough-length")]).into();
+        // The key is wrong, the store was not changed: say so, not "tampered".
+        out.fails(6, "is sealed with key `app-");
+    }
 }

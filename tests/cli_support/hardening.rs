@@ -14,7 +14,7 @@ use super::{Run, read_order, run};
 /// Retitles the terminal, turns it red, clears the screen through a C1 CSI, returns the
 /// cursor over what came before, and reverses the rest.
 pub const EVIL: &str =
-    "\x1b]0;pwned\x07 \x1b[1;31mred\x1b[0m \u{9b}2J hidden\rshown \u{202e}desrever \x00\x7f";
+    "\x1b]0;pwned\x07 \x1b[1;31mred\x1b[0m \u{9b}2J hidden\rshown \u{202e}desrever \x08\x7f";
 
 /// The visible form of [`EVIL`]'s first sequence.
 pub const EVIL_SHOWN: &str = "\\e]0;pwned\\u{7}";

@@ -86,11 +86,14 @@ async fn postgres(
         .to
         .as_ref()
         .map_or_else(|| "durable.dump".to_owned(), |p| p.display().to_string());
+    // No password at all (not even `***`, which pg_dump would send): it comes from
+    // PGPASSWORD or ~/.pgpass.
+    let dump_url = shown_url.replacen(":***@", "@", 1);
     let command = format!(
         "pg_dump --format=custom --file {} --table {} {}",
         shell_quote(&file),
         shell_quote(TABLES),
-        shell_quote(shown_url)
+        shell_quote(&dump_url)
     );
     if json {
         render::print_json(&json!({

@@ -86,13 +86,12 @@ pub async fn open(db: Option<&str>, access: Access) -> Result<Opened, CliError> 
         .map_err(|e| CliError::new(Code::Usage, format!("{MAC_KEY_ENV}: {e}")))?;
     match target(url) {
         Target::SqliteFile(path) => sqlite(path, access, keyring).await,
-        #[cfg(feature = "postgres")]
         Target::Postgres => postgres(url, access, keyring).await,
         Target::Memory => Err(CliError::new(
             Code::Unavailable,
             "an in-memory database holds no sessions; pass the file or URL of a store",
         )),
-        Target::Other | Target::Postgres => refused(url).await,
+        Target::Other => refused(url).await,
     }
 }
 
@@ -184,6 +183,11 @@ async fn postgres(url: &str, access: Access, keyring: Keyring) -> Result<Opened,
         shared: Arc::new(store.clone()),
         kind: Kind::Postgres { store, shown_url },
     })
+}
+
+#[cfg(not(feature = "postgres"))]
+async fn postgres(url: &str, _access: Access, _keyring: Keyring) -> Result<Opened, CliError> {
+    refused(url).await
 }
 
 /// Fails fast, with the socket error, when a PostgreSQL server named by host and port
