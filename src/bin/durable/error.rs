@@ -1,8 +1,11 @@
 //! Exit codes and the one-line error report.
 
 use std::process::ExitCode;
+use std::sync::OnceLock;
 
 use durable::{ConnectError, DurableError, StoreError};
+
+use crate::display::{LINE, clip};
 
 /// What a failure means to a script (see `EXIT_CODES` in `main.rs`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -14,6 +17,7 @@ pub enum Code {
     Refused = 4,
     InvalidInput = 5,
     Unavailable = 6,
+    Integrity = 7,
 }
 
 impl From<Code> for ExitCode {
@@ -47,20 +51,35 @@ impl CliError {
                 ),
             );
         }
-        let code = match &e {
-            ConnectError::UnknownScheme { .. } => Code::Unavailable,
-            ConnectError::Store(StoreError::SchemaTooNew { .. } | StoreError::Database { .. }) => {
-                Code::Unavailable
-            }
-            ConnectError::Store(other) => store_code(other),
-            _ => Code::Unavailable,
-        };
-        CliError::new(code, e.to_string())
+        match e {
+            ConnectError::Store(e) => CliError::open(e),
+            other => CliError::new(Code::Unavailable, other.to_string()),
+        }
     }
 
-    /// Prints `error: …` (one line) and returns the exit code.
+    /// An error while opening the store: the database's refusals (not a durable store,
+    /// schema too new or too old, a key missing, cannot connect) are "unavailable".
+    pub fn open(e: StoreError) -> Self {
+        let code = match &e {
+            StoreError::NotAStore { .. }
+            | StoreError::SchemaTooNew { .. }
+            | StoreError::SchemaTooOld { .. }
+            | StoreError::KeyMissing { .. }
+            | StoreError::NotDurable { .. }
+            | StoreError::Database { .. } => Code::Unavailable,
+            other => store_code(other),
+        };
+        CliError {
+            code,
+            ..CliError::from(e)
+        }
+    }
+
+    /// Prints `error: …` (one line, control characters escaped, at most
+    /// [`LINE`](crate::display::LINE) characters) and returns the exit code.
     pub fn report(&self) -> ExitCode {
-        eprintln!("error: {}", one_line(&self.message));
+        let line = hide_passwords(&one_line(&self.message));
+        eprintln!("error: {}", clip(&line, LINE));
         self.code.into()
     }
 }
@@ -80,9 +99,12 @@ fn store_code(e: &StoreError) -> Code {
         | StoreError::IdempotencyConflict { .. }
         | StoreError::AppVersionMismatch { .. }
         | StoreError::NotDurable { .. } => Code::Refused,
+        StoreError::InvalidId { .. } => Code::InvalidInput,
         StoreError::SchemaTooNew { .. }
+        | StoreError::SchemaTooOld { .. }
         | StoreError::NotAStore { .. }
         | StoreError::KeyMissing { .. } => Code::Unavailable,
+        StoreError::Tampered { .. } => Code::Integrity,
         _ => Code::Failure,
     }
 }
@@ -127,4 +149,106 @@ fn one_line(text: &str) -> String {
         .filter(|l| !l.is_empty())
         .collect::<Vec<_>>()
         .join("; ")
+}
+
+/// What may be the password of the `--db` URL, for [`hide_passwords`].
+static PASSWORDS: OnceLock<Vec<String>> = OnceLock::new();
+
+/// Makes every later error report blank out the password of `url` (belt and braces: the
+/// messages are built from redacted URLs already).
+pub fn hide_password_of(url: &str) {
+    let _ = PASSWORDS.set(password_parts(url));
+}
+
+fn hide_passwords(line: &str) -> String {
+    let mut line = line.to_owned();
+    for part in PASSWORDS.get().into_iter().flatten() {
+        line = line.replace(part.as_str(), "***");
+    }
+    line
+}
+
+/// Every string that may be the password of `url`, or part of it, under both readings
+/// of a URL whose password holds unencoded `/`, `?`, `#` or `@`: the standard one (the
+/// authority ends at the first `/`, `?` or `#`; the userinfo at its last `@`) and the
+/// generous one (the userinfo ends at the URL's last `@`). Also their percent-decoded
+/// forms, `password=` query values, and the pieces between `/`, `?` and `#` of the
+/// generous reading (a parser that cut the authority there may show one), longest
+/// first. Pieces shorter than 3 characters are left: blanking them would garble the line.
+fn password_parts(url: &str) -> Vec<String> {
+    let mut found: Vec<String> = Vec::new();
+    let Some((_, rest)) = url.split_once("://") else {
+        return found;
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    let standard = authority.rsplit_once('@').map(|(userinfo, _)| userinfo);
+    let generous = rest.rsplit_once('@').map(|(userinfo, _)| userinfo);
+    for userinfo in [standard, generous].into_iter().flatten() {
+        if let Some((_, password)) = userinfo.split_once(':') {
+            found.push(password.to_owned());
+            found.push(percent_decode(password));
+        }
+    }
+    if let Some(password) = generous.and_then(|u| u.split_once(':')).map(|(_, p)| p) {
+        found.extend(
+            password
+                .split(['/', '?', '#'])
+                .filter(|piece| !piece.contains('@'))
+                .map(str::to_owned),
+        );
+    }
+    for pair in rest.split(['?', '&']) {
+        if let Some((key, value)) = pair.split_once('=')
+            && key.to_ascii_lowercase().ends_with("password")
+        {
+            found.push(value.to_owned());
+            found.push(percent_decode(value));
+        }
+    }
+    found.retain(|p| p.chars().count() >= 3);
+    found.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    found.dedup();
+    found
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| char::from(b).to_digit(16);
+        if bytes[i] == b'%'
+            && let (Some(Some(h)), Some(Some(l))) = (
+                bytes.get(i + 1).map(|&b| hex(b)),
+                bytes.get(i + 2).map(|&b| hex(b)),
+            )
+        {
+            out.push(u8::try_from(h * 16 + l).unwrap_or(b'?'));
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_reading_of_the_password_is_found() {
+        // Parsed as the standard reading would, the host is `ann` and the port `s3cr`.
+        let parts = password_parts("postgres://ann:s3cr/t?x#y@z@db.local:5432/agents");
+        assert_eq!(parts, vec!["s3cr/t?x#y@z".to_owned(), "s3cr".to_owned()]);
+        let at = password_parts("postgres://ann:p@ss@db.local/agents");
+        assert_eq!(at, vec!["p@ss".to_owned()]);
+        let encoded = password_parts("postgres://ann:p%40ss%2Fword@db/agents");
+        assert!(encoded.contains(&"p@ss/word".to_owned()), "{encoded:?}");
+        let query = password_parts("postgres://db/agents?user=ann&password=hunter2");
+        assert_eq!(query, vec!["hunter2".to_owned()]);
+        assert!(password_parts("agent.db").is_empty());
+        assert!(password_parts("postgres://ann@db/agents").is_empty());
+    }
 }
