@@ -555,7 +555,6 @@ async fn verify_names_the_tampered_session() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "store layer: a read-only SQLite open does not compare the store's signing key with the ring, so a wrong key opens and reads fail `Tampered` (exit 7) instead of `KeyMissing`"]
 async fn a_wrong_app_key_is_refused_in_one_line() {
     use durable::integrity::Keyring;
     use durable::sqlite::SqliteStoreOptions;
