@@ -154,7 +154,7 @@ mod tests {
         assert_eq!(clip("ab\u{9b}", 8), "ab\\u{9b}");
         assert_eq!(clip("abc", 0), "…");
         let huge = "x".repeat(1 << 20);
-        assert_eq!(clip(&huge, super::ID).chars().count(), super::ID);
+        assert_eq!(clip(&huge, ID).chars().count(), ID);
     }
 
     #[test]
