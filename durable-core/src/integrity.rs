@@ -46,8 +46,8 @@ use hmac::{Hmac, Mac};
 
 mod verify;
 
-pub use verify::{SessionCheck, verify_sessions};
 use sha2::Sha256;
+pub use verify::{SessionCheck, verify_sessions};
 
 use crate::error::StoreError;
 use crate::ids::SessionId;
@@ -684,7 +684,9 @@ mod tests {
 
     #[test]
     fn debug_shows_key_ids_only() {
-        let r = ring().app_key(b"0123456789abcdef-secret".to_vec()).expect("test");
+        let r = ring()
+            .app_key(b"0123456789abcdef-secret".to_vec())
+            .expect("test");
         let shown = format!("{r:?}");
         assert!(!shown.contains("secret"), "{shown}");
         assert!(shown.contains("app-"), "{shown}");

@@ -78,7 +78,10 @@ pub(super) async fn start(durable: &Durable) -> Session<Message> {
 }
 
 /// Releases the lease a "dead" worker left live, as its expiry would.
-pub(super) async fn release_dead_lease(store: &Arc<dyn CheckpointStore>, session: &crate::SessionId) {
+pub(super) async fn release_dead_lease(
+    store: &Arc<dyn CheckpointStore>,
+    session: &crate::SessionId,
+) {
     let record = store.session(session).await.expect("read session");
     let lease = crate::store::Lease {
         session: session.clone(),
