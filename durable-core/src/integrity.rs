@@ -315,6 +315,93 @@ impl Keyring {
     }
 }
 
+/// What opening a store means for a [`Keyring`] (its store key bound), given the id of
+/// the key the store is sealed with (`durable_meta.signing_key`; `None` for a store
+/// written before seals). One rule for every backend, writers and readers alike.
+#[derive(Debug, Clone)]
+pub enum KeyPlan {
+    /// The store is sealed with the ring's signing key: nothing to do.
+    Keep,
+    /// The store was never sealed: seal every row as found (audited as `adopt`).
+    Adopt,
+    /// The store is sealed with another key this ring can check (the store's own key
+    /// when an application key is turned on, or a previous application key): check
+    /// every row under `from`, re-seal under the signing key (audited as `rekey`).
+    Rekey {
+        /// The key the store is sealed with now.
+        from_id: String,
+        /// A ring that checks rows sealed with it.
+        from: Keyring,
+    },
+}
+
+impl Keyring {
+    /// The plan for a writer opening a store sealed with `current`; `Err`
+    /// ([`StoreError::KeyMissing`], naming the key) when this ring cannot take it over.
+    pub fn plan(&self, current: Option<&str>) -> Result<KeyPlan, StoreError> {
+        let signing = self.signing_id();
+        let Some(current) = current else {
+            return Ok(KeyPlan::Adopt);
+        };
+        if current == signing {
+            return Ok(KeyPlan::Keep);
+        }
+        let missing = |detail: String| StoreError::KeyMissing {
+            key: current.to_owned(),
+            detail,
+        };
+        if current.starts_with("app-") && !self.has_app_key() {
+            return Err(missing(
+                "this process has no application key and cannot sign".to_owned(),
+            ));
+        }
+        let from = match (&self.store, self.only(current)) {
+            (Some(store), _) if store.id == current => Keyring {
+                app: None,
+                previous: Vec::new(),
+                store: Some(store.clone()),
+            },
+            (_, Some(only)) => Keyring {
+                store: self.store.clone(),
+                ..only
+            },
+            _ => {
+                return Err(missing(format!(
+                    "this process signs with `{signing}`; to rotate, pass `{current}` as a previous key (`{PREVIOUS_MAC_KEYS_ENV}`)"
+                )));
+            }
+        };
+        Ok(KeyPlan::Rekey {
+            from_id: current.to_owned(),
+            from,
+        })
+    }
+
+    /// For a reader, which re-seals nothing: `Ok` only when the store is sealed with this
+    /// ring's signing key (or was never sealed); otherwise [`StoreError::KeyMissing`], so
+    /// a wrong key is one clear line, never a `Tampered` on every read.
+    pub fn readable(&self, current: Option<&str>) -> Result<(), StoreError> {
+        match self.plan(current)? {
+            KeyPlan::Keep | KeyPlan::Adopt => Ok(()),
+            KeyPlan::Rekey { from_id, .. } => Err(StoreError::KeyMissing {
+                detail: format!(
+                    "this process has key `{}`, and a read-only open re-seals nothing; open the store once with a writer to move it to that key, or read it with `{from_id}`",
+                    self.signing_id()
+                ),
+                key: from_id,
+            }),
+        }
+    }
+
+    /// Decodes the store's own key as kept in `durable_meta` (hex).
+    pub fn store_key_from_hex(hex: &str) -> Result<Vec<u8>, StoreError> {
+        unhex(hex).ok_or_else(|| StoreError::KeyMissing {
+            key: "store".into(),
+            detail: "the store's own key in `durable_meta` is not hex; the table was edited".into(),
+        })
+    }
+}
+
 fn checked(key: Vec<u8>) -> Result<Vec<u8>, KeyError> {
     if key.len() < MIN_KEY_LEN {
         return Err(KeyError::TooShort { len: key.len() });
@@ -680,6 +767,39 @@ mod tests {
             .digest("secret", b"hunter2")
             .expect("test");
         assert_ne!(a, other);
+    }
+
+    #[test]
+    fn one_plan_for_every_opener() {
+        let store = ring();
+        assert!(matches!(store.plan(None), Ok(KeyPlan::Adopt)));
+        assert!(matches!(
+            store.plan(Some(store.signing_id())),
+            Ok(KeyPlan::Keep)
+        ));
+        let app1 = ring().app_key(vec![1; 32]).expect("key");
+        // Turning the key on: the store key's seals are checked, then re-sealed.
+        assert!(matches!(
+            app1.plan(Some(store.signing_id())),
+            Ok(KeyPlan::Rekey { .. })
+        ));
+        // Without the app key, a sealed store is refused, naming the key.
+        let err = store.plan(Some(app1.signing_id())).expect_err("no key");
+        assert!(matches!(&err, StoreError::KeyMissing { key, .. } if key == app1.signing_id()));
+        // Another app key without the old one as previous: refused; with it: rotation.
+        let app2 = ring().app_key(vec![2; 32]).expect("key");
+        assert!(app2.plan(Some(app1.signing_id())).is_err());
+        let rotating = app2.clone().previous_app_key(vec![1; 32]).expect("key");
+        let Ok(KeyPlan::Rekey { from, .. }) = rotating.plan(Some(app1.signing_id())) else {
+            panic!("rotation is a rekey");
+        };
+        let f = Fields::new("x").str("y");
+        from.check(&f, Some(&app1.seal(&f).expect("seal")))
+            .expect("the old key checks");
+        // A reader re-seals nothing: only its own key is readable.
+        assert!(app2.readable(Some(app2.signing_id())).is_ok());
+        assert!(rotating.readable(Some(app1.signing_id())).is_err());
+        assert!(app1.readable(Some(store.signing_id())).is_err());
     }
 
     #[test]

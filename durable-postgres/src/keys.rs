@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use durable_core::integrity::{self, Keyring};
+use durable_core::integrity::{self, KeyPlan, Keyring};
 use durable_core::{SessionId, StoreError};
 use sqlx::postgres::{PgConnection, PgPool};
 
@@ -274,16 +274,6 @@ async fn set_meta(conn: &mut PgConnection, name: &str, value: &str) -> Result<()
     Ok(())
 }
 
-/// The ring that checks rows sealed with `key_id`, from the keys `ring` holds.
-fn ring_for(ring: &Keyring, store_key: &[u8], key_id: &str) -> Option<Keyring> {
-    let store_only = Keyring::none().bind_store_key(store_key.to_vec());
-    if store_only.signing_id() == key_id {
-        return Some(store_only);
-    }
-    ring.only(key_id)
-        .map(|only| only.bind_store_key(store_key.to_vec()))
-}
-
 /// Loads (or creates) the store's own key, binds it into `ring`, and makes sure every
 /// row is sealed with `ring`'s signing key: seals a database that was never sealed,
 /// re-seals one sealed with a key `ring` can check (an application key turned on, or
@@ -303,52 +293,32 @@ pub(crate) async fn setup_keys(pool: &PgPool, ring: Keyring) -> Result<Keyring, 
 
 async fn setup_keys_in(conn: &mut PgConnection, ring: Keyring) -> Result<Keyring, StoreError> {
     let store_key = match meta(conn, "store_key").await? {
-        Some(hex) => integrity::unhex(&hex).ok_or_else(|| StoreError::KeyMissing {
-            key: "store".into(),
-            detail: "the store's own key in `durable_meta` is not hex; the table was edited".into(),
-        })?,
+        Some(hex) => Keyring::store_key_from_hex(&hex)?,
         None => {
             let key = integrity::random_key()?;
             set_meta(conn, "store_key", &integrity::hex(&key)).await?;
             key
         }
     };
-    let ring = ring.bind_store_key(store_key.clone());
+    let ring = ring.bind_store_key(store_key);
     let now = txn::now(conn).await?;
     let signing = ring.signing_id().to_owned();
-    match meta(conn, "signing_key").await? {
-        Some(current) if current == signing => return Ok(ring),
-        Some(current) => {
-            let Some(from) = ring_for(&ring, &store_key, &current) else {
-                return Err(StoreError::KeyMissing {
-                    key: current.clone(),
-                    detail: if ring.has_app_key() {
-                        format!(
-                            "this writer signs with `{signing}`; to rotate, pass `{current}` as a previous key (`DURABLE_PREVIOUS_MAC_KEYS`)"
-                        )
-                    } else {
-                        "this writer has no application key and cannot sign".to_owned()
-                    },
-                });
-            };
-            if current.starts_with("app-") && !ring.has_app_key() {
-                return Err(StoreError::KeyMissing {
-                    key: current,
-                    detail: "this writer has no application key and cannot sign".to_owned(),
-                });
-            }
+    let current = meta(conn, "signing_key").await?;
+    match ring.plan(current.as_deref())? {
+        KeyPlan::Keep => return Ok(ring),
+        KeyPlan::Rekey { from_id, from } => {
             let rows = reseal_all(conn, Some(&from), &ring).await?;
             let entry = Log {
                 event: "rekey",
-                from: Some(&current),
+                from: Some(&from_id),
                 to: &signing,
                 rows,
                 detail: "every row was checked under the old key, then re-sealed under the new one",
             };
             entry.write(conn, now).await?;
-            tracing::warn!(from = %current, to = %signing, rows, "re-sealed the store under a new key");
+            tracing::warn!(from = %from_id, to = %signing, rows, "re-sealed the store under a new key");
         }
-        None => {
+        KeyPlan::Adopt => {
             let rows = reseal_all(conn, None, &ring).await?;
             if rows > 0 {
                 let entry = Log {

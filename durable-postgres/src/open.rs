@@ -148,11 +148,16 @@ async fn read_only_keys(pool: &PgPool, ring: Keyring) -> Result<Keyring, StoreEr
     let Some(hex) = hex else {
         return Ok(ring);
     };
-    let key = durable_core::integrity::unhex(&hex).ok_or_else(|| StoreError::KeyMissing {
-        key: "store".into(),
-        detail: "the store's own key in `durable_meta` is not hex; the table was edited".into(),
-    })?;
-    Ok(ring.bind_store_key(key))
+    let ring = ring.bind_store_key(Keyring::store_key_from_hex(&hex)?);
+    // A reader re-seals nothing: a store sealed with another key is one clear line
+    // (`KeyMissing`), never a `Tampered` on every read.
+    let signing: Option<String> =
+        sqlx::query_scalar("SELECT value FROM durable_meta WHERE name = 'signing_key'")
+            .fetch_optional(pool)
+            .await
+            .map_err(db)?;
+    ring.readable(signing.as_deref())?;
+    Ok(ring)
 }
 
 /// A URL that does not parse: says so without quoting it (it may hold a password), and

@@ -244,6 +244,18 @@ async fn a_writer_without_the_application_key_is_refused_at_open() {
     assert!(!err.to_string().contains('\n'), "one line: {err}");
     let err = open(&db, app(2)).await.expect_err("another key");
     assert!(matches!(err, StoreError::KeyMissing { .. }), "{err:?}");
+    // A read-only open re-seals nothing: a wrong key, or none, is one clear line too,
+    // not a `Tampered` on every read.
+    for ring in [Keyring::none(), app(2)] {
+        let err = PostgresStore::connect_with(
+            PostgresStoreOptions::new(db.url())
+                .keyring(ring)
+                .read_only(true),
+        )
+        .await
+        .expect_err("a reader without the key");
+        assert!(matches!(err, StoreError::KeyMissing { .. }), "{err:?}");
+    }
     // The right key still opens it, nothing re-sealed.
     let store = open(&db, app(1)).await.expect("the key opens it");
     let log: i64 = sqlx::query_scalar("SELECT count(*) FROM durable_integrity_log")

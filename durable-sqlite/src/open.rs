@@ -239,33 +239,12 @@ pub(crate) async fn read_only_keys(
     let Some(hex) = hex else {
         return Ok(ring);
     };
-    let key = durable_core::integrity::unhex(&hex).ok_or_else(|| StoreError::KeyMissing {
-        key: "store".into(),
-        detail: "the store's own key in `durable_meta` is not hex; the table was edited".into(),
-    })?;
-    let ring = ring.bind_store_key(key);
-    // The same rule as a writer: the key the store is sealed with must be one this ring
-    // checks with, or every read would wrongly report tampering.
+    let ring = ring.bind_store_key(durable_core::integrity::Keyring::store_key_from_hex(&hex)?);
     let signing: Option<String> =
         sqlx::query_scalar("SELECT value FROM durable_meta WHERE name = 'signing_key'")
             .fetch_optional(&mut *conn)
             .await
             .map_err(db)?;
-    if let Some(signing) = signing
-        && signing != ring.signing_id()
-        && ring.only(&signing).is_none()
-    {
-        return Err(StoreError::KeyMissing {
-            detail: if ring.has_app_key() {
-                format!(
-                    "this reader has key `{}`; pass `{signing}` (or add it to `DURABLE_PREVIOUS_MAC_KEYS`)",
-                    ring.signing_id()
-                )
-            } else {
-                "this reader has no application key".to_owned()
-            },
-            key: signing,
-        });
-    }
+    ring.readable(signing.as_deref())?;
     Ok(ring)
 }
