@@ -184,6 +184,7 @@ macro_rules! __durable_conformance_cases {
             fork_missing_version_is_refused,
             // ids
             ids_are_validated_before_the_database,
+            free_text_with_nul_is_refused_before_the_database,
             // journal
             journal_issue_inserts_issued_row,
             journal_issue_same_identity_returns_existing,

@@ -201,6 +201,19 @@ pub enum StoreError {
         /// What is wrong with it.
         problem: crate::ids::IdProblem,
     },
+    /// A free text given to the store (a status reason, a resolution note, an error
+    /// message) holds NUL, which PostgreSQL cannot store in text; refused on every backend
+    /// alike before anything reached the database, see
+    /// [`validate_text`](crate::ids::validate_text).
+    #[error(
+        "invalid {what}: it contains NUL at byte {at}; remove it or escape it (for example as \\u0000)"
+    )]
+    InvalidText {
+        /// Which text: `status reason`, `resolution note`, `error message`, …
+        what: &'static str,
+        /// Byte offset of the first NUL.
+        at: usize,
+    },
     /// The location does not hold a durable store and was not made into one: a missing or
     /// empty file, a file that is not SQLite, a database without the durable schema (for a
     /// read-only open), or something that is not a regular file.

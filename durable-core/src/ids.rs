@@ -146,6 +146,29 @@ fn id_problem(id: &str) -> Option<IdProblem> {
     None
 }
 
+/// Checks a free text given to a store (status reason, resolution note, error message
+/// and context, a migration's step names): any length and any character but NUL, which
+/// PostgreSQL's `text` cannot hold. Every backend calls this at its boundary, so such a
+/// text is refused identically on all of them with [`StoreError::InvalidText`]
+/// (crate::StoreError::InvalidText) and nothing is stored.
+///
+/// ```
+/// use durable_core::ids::validate_text;
+/// use durable_core::StoreError;
+///
+/// assert!(validate_text("status reason", "done: 3 \u{1b}[31m refunds").is_ok());
+/// assert!(matches!(
+///     validate_text("status reason", "done\0"),
+///     Err(StoreError::InvalidText { what: "status reason", at: 4 })
+/// ));
+/// ```
+pub fn validate_text(what: &'static str, text: &str) -> Result<(), crate::StoreError> {
+    match text.find('\0') {
+        Some(at) => Err(crate::StoreError::InvalidText { what, at }),
+        None => Ok(()),
+    }
+}
+
 /// Checks a worker's owner name with [`validate_id`] (`what` is `owner`).
 pub fn validate_owner(owner: &str) -> Result<(), crate::StoreError> {
     validate_id("owner", owner)

@@ -400,6 +400,18 @@ pub struct ResolveCall {
     pub note: Option<String>,
 }
 
+impl ResolveCall {
+    /// Checks what the store is given: `by` with [`validate_id`](crate::ids::validate_id)
+    /// (`resolver`), the note with [`validate_text`](crate::ids::validate_text). Every
+    /// backend calls this before touching the database.
+    pub fn validate(&self) -> Result<(), StoreError> {
+        crate::ids::validate_id("resolver", &self.by)?;
+        self.note.as_deref().map_or(Ok(()), |note| {
+            crate::ids::validate_text("resolution note", note)
+        })
+    }
+}
+
 /// An audit row of a resolution.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ResolutionRecord {
@@ -432,6 +444,15 @@ pub struct NewError {
     pub message: String,
 }
 
+impl NewError {
+    /// Checks the context and message with [`validate_text`](crate::ids::validate_text).
+    /// Every backend calls this before touching the database.
+    pub fn validate(&self) -> Result<(), StoreError> {
+        crate::ids::validate_text("error context", &self.context)?;
+        crate::ids::validate_text("error message", &self.message)
+    }
+}
+
 /// A recorded error.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ErrorRecord {
@@ -462,6 +483,22 @@ pub struct MigrateSession {
     pub step_map: Vec<(String, String)>,
     /// Who migrated.
     pub by: String,
+}
+
+impl MigrateSession {
+    /// Checks both versions and `by` with [`validate_id`](crate::ids::validate_id) and
+    /// the step names with [`validate_text`](crate::ids::validate_text). Every backend
+    /// calls this before touching the database.
+    pub fn validate(&self) -> Result<(), StoreError> {
+        crate::ids::validate_id("app version", &self.from_version)?;
+        crate::ids::validate_id("app version", &self.to_version)?;
+        crate::ids::validate_id("migrated by", &self.by)?;
+        for (old, new) in &self.step_map {
+            crate::ids::validate_text("step name", old)?;
+            crate::ids::validate_text("step name", new)?;
+        }
+        Ok(())
+    }
 }
 
 /// Filter for [`CheckpointStore::list_sessions`].
@@ -617,7 +654,8 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// Sets a session's status (e.g. completed), with a reason.
     ///
     /// # Contract
-    /// Fenced. When the new status is terminal or parked, releases the lease and bumps
+    /// A reason holding NUL is [`StoreError::InvalidText`] before anything is written
+    /// ([`validate_text`](crate::ids::validate_text)). Fenced. When the new status is terminal or parked, releases the lease and bumps
     /// the fencing token, so the former holder can write nothing more.
     async fn set_status(
         &self,
@@ -731,12 +769,19 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// Atomic. Refuses ([`StoreError::CallNotInDoubt`]) a call whose status is not
     /// `issued`. `Happened` sets status `resolved` with the result; `DidNotHappen`
     /// sets `not_happened`.
+    ///
+    /// [`ResolveCall::validate`] runs first: a bad resolver or note is refused before
+    /// anything is written.
     async fn resolve_call(&self, resolve: ResolveCall) -> Result<CallRecord, StoreError>;
 
     /// Audit rows of resolutions for a session.
     async fn resolutions(&self, session: &SessionId) -> Result<Vec<ResolutionRecord>, StoreError>;
 
     /// Records an LLM/API error (retry history). Not fenced: errors are history.
+    ///
+    /// # Contract
+    /// [`NewError::validate`] runs first: a context or message holding NUL is refused
+    /// before anything is written.
     async fn record_error(&self, error: NewError) -> Result<(), StoreError>;
 
     /// The recorded errors of a session, oldest first.
@@ -747,6 +792,7 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// # Contract
     /// Atomic. [`StoreError::AppVersionMismatch`] if the session is not on
     /// `from_version`. Renames `tool` of the session's journal rows per `step_map`.
+    /// [`MigrateSession::validate`] runs first.
     async fn migrate_session(&self, migrate: MigrateSession) -> Result<SessionRecord, StoreError>;
 
     /// Deletes a terminal session and all its rows, if it was last updated more than

@@ -52,6 +52,7 @@ mod checkpoint;
 mod error;
 mod journal;
 mod keys;
+mod maintenance;
 mod open;
 mod resolution;
 mod rows;
@@ -73,6 +74,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 use crate::error::{BACKEND, db};
 
 pub use durable_core::redact::redact_url;
+pub use maintenance::IndexCheck;
 
 /// The table that records applied migrations.
 pub const MIGRATIONS_TABLE: &str = "durable_schema_migrations";

@@ -336,6 +336,9 @@ impl CheckpointStore for PostgresStore {
         status: SessionStatus,
         reason: Option<&str>,
     ) -> Result<(), StoreError> {
+        if let Some(reason) = reason {
+            durable_core::ids::validate_text("status reason", reason)?;
+        }
         let mut tx = self.pool.begin().await.map_err(db)?;
         let now = txn::lock_fenced(&mut tx, self.keyring(), fence, Lock::Update)
             .await?
@@ -557,6 +560,7 @@ impl CheckpointStore for PostgresStore {
     }
 
     async fn resolve_call(&self, resolve: ResolveCall) -> Result<CallRecord, StoreError> {
+        resolve.validate()?;
         self.resolve(resolve).await
     }
 
@@ -565,6 +569,7 @@ impl CheckpointStore for PostgresStore {
     }
 
     async fn record_error(&self, error: NewError) -> Result<(), StoreError> {
+        error.validate()?;
         self.insert_error(error).await
     }
 
@@ -573,6 +578,7 @@ impl CheckpointStore for PostgresStore {
     }
 
     async fn migrate_session(&self, migrate: MigrateSession) -> Result<SessionRecord, StoreError> {
+        migrate.validate()?;
         self.migrate(migrate).await
     }
 

@@ -349,6 +349,9 @@ impl CheckpointStore for SqliteStore {
         status: SessionStatus,
         reason: Option<&str>,
     ) -> Result<(), StoreError> {
+        if let Some(reason) = reason {
+            durable_core::ids::validate_text("status reason", reason)?;
+        }
         let mut tx = WriteTx::begin(self.writer()).await?;
         let now = tx.now;
         let result = async {
@@ -462,6 +465,7 @@ impl CheckpointStore for SqliteStore {
     }
 
     async fn resolve_call(&self, resolve: ResolveCall) -> Result<CallRecord, StoreError> {
+        resolve.validate()?;
         journal::resolve_call(self, resolve).await
     }
 
@@ -470,6 +474,7 @@ impl CheckpointStore for SqliteStore {
     }
 
     async fn record_error(&self, error: NewError) -> Result<(), StoreError> {
+        error.validate()?;
         let mut tx = WriteTx::begin(self.writer()).await?;
         let now = tx.now;
         let result = async {
@@ -509,6 +514,7 @@ impl CheckpointStore for SqliteStore {
     }
 
     async fn migrate_session(&self, migrate: MigrateSession) -> Result<SessionRecord, StoreError> {
+        migrate.validate()?;
         let mut tx = WriteTx::begin(self.writer()).await?;
         let now = tx.now;
         let result = async {

@@ -4,10 +4,15 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use super::{LONG_TTL, MAX_ATTEMPTS, checkpoint, create, expect_err, message, new_session, owner};
+use super::{
+    LONG_TTL, MAX_ATTEMPTS, checkpoint, create, expect_err, message, new_session, owner, tool_call,
+};
 use crate::error::StoreError;
 use crate::ids::{IdProblem, MAX_ID_BYTES, SessionId};
-use crate::store::{CheckpointStore, SessionFilter};
+use crate::store::{
+    CallStatus, CheckpointStore, IssueOutcome, MigrateSession, NewError, Resolution, ResolveCall,
+    SessionFilter, SessionStatus,
+};
 
 /// The ids of every session in the store.
 async fn all_ids(store: &dyn CheckpointStore) -> BTreeSet<SessionId> {
@@ -142,4 +147,170 @@ pub async fn ids_are_validated_before_the_database(store: Arc<dyn CheckpointStor
         .await
         .expect("fork_session to a 256-byte id");
     assert_eq!(forked.id, fork, "a 256-byte fork id round-trips");
+}
+
+/// Free text a store is given (a status reason, a resolution's note and resolver, an
+/// error's context and message, a migration's versions, step names and author) holding
+/// NUL is refused with [`StoreError::InvalidText`] (or [`StoreError::InvalidId`] for the
+/// resolver and author) before the database, identically on every backend (PostgreSQL's
+/// `text` cannot hold NUL; SQLite's can), and nothing changes. The same texts without
+/// NUL, control characters included, are stored and read back.
+pub async fn free_text_with_nul_is_refused_before_the_database(store: Arc<dyn CheckpointStore>) {
+    let worker = owner("w");
+    let (session, lease) = create(&*store, &worker).await;
+    let call = match store
+        .issue_call(lease.fence(), tool_call(&session.id, 0, "send", "h", 0))
+        .await
+        .expect("issue_call")
+    {
+        IssueOutcome::Inserted(r) => r,
+        other => panic!("issue_call must insert: {other:?}"),
+    };
+
+    expect_err!(
+        store
+            .set_status(lease.fence(), SessionStatus::Parked, Some("stuck\0here"))
+            .await,
+        StoreError::InvalidText {
+            what: "status reason",
+            at: 5
+        },
+        "set_status with a NUL reason"
+    );
+    let unchanged = store.session(&session.id).await.expect("session");
+    assert_eq!(
+        (unchanged.status, unchanged.fence),
+        (SessionStatus::Active, lease.fence),
+        "a refused reason must change nothing"
+    );
+
+    expect_err!(
+        store
+            .record_error(NewError {
+                session: session.id.clone(),
+                step: 0,
+                context: "model".into(),
+                attempt: 0,
+                message: "HTTP 500\0".into(),
+            })
+            .await,
+        StoreError::InvalidText {
+            what: "error message",
+            at: 8
+        },
+        "record_error with a NUL message"
+    );
+    expect_err!(
+        store
+            .record_error(NewError {
+                session: session.id.clone(),
+                step: 0,
+                context: "\0".into(),
+                attempt: 0,
+                message: "HTTP 500".into(),
+            })
+            .await,
+        StoreError::InvalidText {
+            what: "error context",
+            at: 0
+        },
+        "record_error with a NUL context"
+    );
+    assert!(
+        store.errors(&session.id).await.expect("errors").is_empty(),
+        "a refused error must store nothing"
+    );
+
+    store.release_lease(&lease).await.expect("release");
+    let note = ResolveCall {
+        call: call.id.clone(),
+        resolution: Resolution::DidNotHappen,
+        by: "operator".into(),
+        note: Some("checked\0".into()),
+    };
+    expect_err!(
+        store.resolve_call(note).await,
+        StoreError::InvalidText {
+            what: "resolution note",
+            at: 7
+        },
+        "resolve_call with a NUL note"
+    );
+    let by = ResolveCall {
+        call: call.id.clone(),
+        resolution: Resolution::DidNotHappen,
+        by: "op\0".into(),
+        note: None,
+    };
+    expect_err!(
+        store.resolve_call(by).await,
+        StoreError::InvalidId {
+            what: "resolver",
+            ..
+        },
+        "resolve_call with a NUL resolver"
+    );
+    assert!(
+        store
+            .resolutions(&session.id)
+            .await
+            .expect("resolutions")
+            .is_empty(),
+        "a refused resolution must store nothing"
+    );
+    assert_eq!(
+        store.call(&call.id).await.expect("call").status,
+        CallStatus::Issued,
+        "a refused resolution must leave the call in doubt"
+    );
+
+    for (name, migrate) in [
+        ("to_version", ("v1", "v2\0", "op", ("a", "b"))),
+        ("by", ("v1", "v2", "op\0", ("a", "b"))),
+        ("step name", ("v1", "v2", "op", ("a", "b\0"))),
+    ] {
+        let (from, to, by, (old, new)) = migrate;
+        let refused = store
+            .migrate_session(MigrateSession {
+                session: session.id.clone(),
+                from_version: from.into(),
+                to_version: to.into(),
+                step_map: vec![(old.into(), new.into())],
+                by: by.into(),
+            })
+            .await;
+        assert!(
+            matches!(
+                refused,
+                Err(StoreError::InvalidText { .. } | StoreError::InvalidId { .. })
+            ),
+            "migrate_session with a NUL {name}: {refused:?}"
+        );
+    }
+    assert_eq!(
+        store
+            .session(&session.id)
+            .await
+            .expect("session")
+            .app_version,
+        session.app_version,
+        "a refused migration must change nothing"
+    );
+
+    // Without NUL, anything goes, escapes included: the text is data, shown escaped.
+    store
+        .record_error(NewError {
+            session: session.id.clone(),
+            step: 0,
+            context: "model".into(),
+            attempt: 0,
+            message: "\u{1b}[31mHTTP 500\u{7}".into(),
+        })
+        .await
+        .expect("record_error with control characters");
+    assert_eq!(
+        store.errors(&session.id).await.expect("errors")[0].message,
+        "\u{1b}[31mHTTP 500\u{7}",
+        "free text round-trips"
+    );
 }

@@ -758,7 +758,48 @@ pub async fn runtime_secret_arguments_are_masked(store: Arc<dyn CheckpointStore>
         !stored.contains("hunter2"),
         "secret stored in clear: {stored}"
     );
-    assert!(stored.contains("ann"));
+    assert_eq!(rows[0].args["user"], json!("ann"), "other arguments stay");
+    let digest = rows[0].args["password"]["$secret"]
+        .as_str()
+        .unwrap_or_else(|| panic!("the secret is a {{\"$secret\": …}} placeholder: {stored}"));
+    let hex = digest
+        .strip_prefix("k1:")
+        .unwrap_or_else(|| panic!("a keyed digest: {digest}"));
+    assert!(
+        hex.len() >= 32 && hex.bytes().all(|b| b.is_ascii_hexdigit()),
+        "a keyed digest: {digest}"
+    );
+    // Neither the digest nor the call's identity is the unkeyed SHA-256 a dictionary
+    // would reverse.
+    let plain =
+        crate::key::input_hash(&json!({"user": "ann", "password": "hunter2"})).expect("hash");
+    assert_ne!(
+        rows[0].identity.input_hash, plain,
+        "the input hash is keyed"
+    );
+    let plain_secret = crate::key::input_hash(&json!("hunter2")).expect("hash");
+    assert!(!digest.contains(&plain_secret), "the digest is keyed");
+    // The same secret gives the same identity in this store (a replay matches), another
+    // secret another one.
+    for (password, same) in [("hunter2", true), ("hunter3", false)] {
+        session
+            .journal()
+            .tool(&s, json!({"user": "ann", "password": password}))
+            .run(|_| async { Ok::<_, String>(json!("ok")) })
+            .await
+            .expect("run");
+        let rows = store.calls(session.id(), None).await.expect("calls");
+        let last = rows.last().expect("a row");
+        assert_eq!(
+            last.identity.input_hash == rows[0].identity.input_hash,
+            same,
+            "input hash of {password} against hunter2"
+        );
+        assert!(
+            !last.args.to_string().contains(password),
+            "{password} stored in clear"
+        );
+    }
 }
 
 /// The retry helper records every failed attempt, and counts continue across workers.

@@ -99,7 +99,7 @@ fn store_code(e: &StoreError) -> Code {
         | StoreError::IdempotencyConflict { .. }
         | StoreError::AppVersionMismatch { .. }
         | StoreError::NotDurable { .. } => Code::Refused,
-        StoreError::InvalidId { .. } => Code::InvalidInput,
+        StoreError::InvalidId { .. } | StoreError::InvalidText { .. } => Code::InvalidInput,
         StoreError::SchemaTooNew { .. }
         | StoreError::SchemaTooOld { .. }
         | StoreError::NotAStore { .. }

@@ -32,13 +32,28 @@ async fn database_check(opened: &Opened) -> Result<DatabaseCheck, CliError> {
         #[cfg(not(any(feature = "sqlite", feature = "postgres")))]
         Kind::None(never) => match *never {},
         #[cfg(feature = "postgres")]
-        Kind::Postgres { .. } => Ok(DatabaseCheck {
-            name: "amcheck",
-            ok: None,
-            detail: vec![
-                "not run by this tool: check the durable_* indexes with amcheck's bt_index_check as a superuser".into(),
-            ],
-        }),
+        Kind::Postgres { store, .. } => {
+            let name = "amcheck bt_index_check";
+            Ok(match store.index_check().await? {
+                durable::postgres::IndexCheck::Checked { indexes, problems } => DatabaseCheck {
+                    name,
+                    ok: Some(problems.is_empty()),
+                    detail: if problems.is_empty() {
+                        vec![format!("ok: {indexes} indexes")]
+                    } else {
+                        problems
+                    },
+                },
+                other => DatabaseCheck {
+                    name,
+                    ok: None,
+                    detail: vec![match other {
+                        durable::postgres::IndexCheck::Unavailable(why) => why,
+                        _ => "not run".into(),
+                    }],
+                },
+            })
+        }
     }
 }
 
