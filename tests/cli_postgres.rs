@@ -58,6 +58,30 @@ async fn verify_reports_every_session() {
     let report = run(&db, &["verify", "--json"]).json();
     assert_eq!(report["ok"], true, "{report}");
     assert_eq!(report["sessions"].as_array().map(Vec::len), Some(4));
+    // Without amcheck the database check is not run, and says how to enable it.
+    assert_eq!(
+        report["database"]["ok"],
+        serde_json::Value::Null,
+        "{report}"
+    );
+    assert!(
+        report["database"]["detail"][0]
+            .as_str()
+            .is_some_and(|d| d.contains("CREATE EXTENSION amcheck")),
+        "{report}"
+    );
+    let pool = sqlx::postgres::PgPool::connect(&db).await.expect("pool");
+    sqlx::query("CREATE EXTENSION amcheck")
+        .execute(&pool)
+        .await
+        .expect("amcheck");
+    pool.close().await;
+    let report = run(&db, &["verify", "--json"]).json();
+    assert_eq!(
+        report["database"]["check"], "amcheck bt_index_check",
+        "{report}"
+    );
+    assert_eq!(report["database"]["ok"], true, "{report}");
 }
 
 /// A password with every character that ends a URL's authority, and `@`.
