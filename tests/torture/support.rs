@@ -288,12 +288,15 @@ impl<'a> Subject<'a> {
         self.run(&self.options, Kill::Never)
     }
 
-    /// What the journal holds for the session.
+    /// What the journal holds for the session: nothing when a kill came before the
+    /// session was created (its journal is then empty, and `calls` says the session is
+    /// not found).
     pub fn journal(&self) -> Vec<durable::store::CallRecord> {
-        self.ctx
-            .rt
-            .block_on(self.db.store.calls(&self.id(), None))
-            .expect("journal rows")
+        match self.ctx.rt.block_on(self.db.store.calls(&self.id(), None)) {
+            Ok(rows) => rows,
+            Err(durable::StoreError::SessionNotFound(_)) => Vec::new(),
+            Err(e) => panic!("journal rows: {e:?}"),
+        }
     }
 
     /// The session's status.
