@@ -107,7 +107,7 @@ impl Needles {
 }
 
 fn canonical(value: &Value) -> String {
-    durable::key::canonical_json(value).expect("canonical JSON")
+    durable_core::canonical::canonical_json(value).expect("canonical JSON")
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {

@@ -417,7 +417,7 @@ async fn specs_schemas_and_the_escape_hatch() {
     );
     assert_eq!(
         spec.fingerprint,
-        durable::key::schema_fingerprint(&spec.input_schema)
+        durable_core::canonical::schema_fingerprint(&spec.input_schema)
     );
     assert!(std::ptr::eq(spec, Tool::spec(&lookup)), "built once");
     assert_eq!(send_mail::spec().secret_args, ["body"]);

@@ -12,14 +12,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use durable_core::key::{ArgLimits, ArgumentErrorKind};
 use durable_core::schema;
 use durable_core::store::CallRecord;
 use durable_core::toolbox::{ModelToolCall, ToolArguments, ToolResult, Toolbox};
 use durable_core::transcript::{Block, Message, Role};
 use durable_core::{
-    CallError, CheckpointStore, Durable, DurableError, Journal, ReplayClass, Session, SessionId,
-    StartOptions, Tool, ToolOutput, ToolSpec,
+    ArgLimits, ArgumentErrorKind, CallError, CheckpointStore, Durable, DurableError, Journal,
+    ReplayClass, Session, SessionId, StartOptions, Tool, ToolOutput, ToolSpec,
 };
 use durable_sqlite::SqliteStore;
 use schemars::JsonSchema;

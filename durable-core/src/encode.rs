@@ -5,8 +5,8 @@
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::args::{ArgumentErrorKind, to_journal_value};
 use crate::error::DurableError;
-use crate::key::{ArgumentErrorKind, to_journal_value};
 
 /// Serializes a value for the journal with [`to_journal_value`]: a non-finite float is
 /// [`DurableError::InvalidValue`], a value `serde_json` cannot write is

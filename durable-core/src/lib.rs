@@ -4,6 +4,8 @@
 //! Most users depend on the `durable` facade crate instead, which re-exports this crate
 //! together with the `#[durable_tool]` attribute and the backends.
 
+pub mod args;
+pub mod canonical;
 pub mod config;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
@@ -13,6 +15,7 @@ mod event;
 pub mod ids;
 pub mod integrity;
 pub mod journal;
+#[doc(hidden)]
 pub mod key;
 pub mod redact;
 pub mod replay;
@@ -29,10 +32,10 @@ pub mod tool_bounds;
 pub mod toolbox;
 pub mod transcript;
 
+pub use args::{ArgLimits, ArgumentError, ArgumentErrorKind};
 pub use error::{DurableError, StoreError};
 pub use ids::{CallId, SessionId};
 pub use journal::{CallError, CallEvent, Journal, Outcome, RecordedFailure};
-pub use key::{ArgLimits, ArgumentError, ArgumentErrorKind};
 pub use replay::ReplayClass;
 pub use retry::{RetryError, RetryPolicy, retry};
 pub use runtime::{Durable, DurableBuilder, StartOptions};

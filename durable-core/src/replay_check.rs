@@ -97,9 +97,9 @@ use std::fmt;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use crate::canonical;
 use crate::error::StoreError;
 use crate::ids::{CallId, SessionId};
-use crate::key;
 use crate::snapshot::{Budget, Plan};
 use crate::store::{CallKind, CallStatus, CheckpointStore};
 use crate::toolbox::Toolbox;
@@ -348,7 +348,7 @@ impl<'t> ReplayCheck<'t> {
             arguments::Verdict::Rejected(kind) => failures.push(kind),
         }
         if !masked || !has_legacy_masked_secret(&call.args) {
-            match key::input_hash(&call.args) {
+            match canonical::input_hash(&call.args) {
                 Ok(now) if now != call.input_hash => failures.push(FailureKind::InputHashChanged {
                     recorded: call.input_hash.clone(),
                     now,

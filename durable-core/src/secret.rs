@@ -71,9 +71,10 @@ use std::sync::{Mutex, PoisonError, RwLock};
 
 use serde_json::{Map, Value};
 
+use crate::args::{self, ArgLimits, ArgumentError, ArgumentErrorKind};
+use crate::canonical;
 use crate::error::DurableError;
 use crate::integrity::Keyring;
-use crate::key::{self, ArgLimits, ArgumentError, ArgumentErrorKind};
 
 /// The key of a masked value: `{"$secret": "<digest>"}`.
 pub const MARKER: &str = "$secret";
@@ -157,7 +158,7 @@ pub(crate) fn mask(
     // Canonical JSON, so `1.0` and `1` or two key orders mask alike (as they hash alike);
     // a value JCS refuses (never journaled: the journal refuses it first) is digested in
     // its compact form instead.
-    let bytes = key::canonical_json(value)
+    let bytes = canonical::canonical_json(value)
         .or_else(|_| serde_json::to_string(value))
         .unwrap_or_default();
     let digest = keyring.digest(&format!("secret:{tool}.{arg}"), bytes.as_bytes())?;
@@ -321,7 +322,7 @@ impl Vault {
     ) -> Result<usize, DurableError> {
         match args {
             Value::Object(map) => self.redact_named(keyring, tool, secrets, map),
-            Value::String(text) => match key::parse_arguments(text, limits) {
+            Value::String(text) => match args::parse_arguments(text, limits) {
                 Ok(Value::Object(mut map)) => {
                     let count = self.redact_named(keyring, tool, secrets, &mut map)?;
                     if count > 0 {
@@ -371,7 +372,7 @@ pub(crate) fn unavailable(tool: &str, name: Option<&str>) -> DurableError {
     DurableError::InvalidArguments {
         tool: tool.to_owned(),
         source: ArgumentError {
-            path: name.map_or_else(|| "$".to_owned(), key::path_of_key),
+            path: name.map_or_else(|| "$".to_owned(), args::path_of_key),
             kind: ArgumentErrorKind::SecretUnavailable,
         },
     }
@@ -392,7 +393,7 @@ pub(crate) fn redact_argument_error(
     }
     if secrets
         .iter()
-        .any(|name| key::path_is_inside(&error.path, name))
+        .any(|name| args::path_is_inside(&error.path, name))
     {
         error.kind = error.kind.without_values();
     } else if let Some(args) = args {
@@ -428,7 +429,7 @@ pub(crate) fn redact_message(
     let about_the_name = message.starts_with("unknown field `");
     if let Some(name) = secrets
         .iter()
-        .find(|name| key::path_is_inside(path, name))
+        .find(|name| args::path_is_inside(path, name))
         .filter(|_| !about_the_name)
     {
         return format!(

@@ -32,7 +32,7 @@ pub struct ToolSpec {
     /// JSON Schema (draft 2020-12, inlined) of the argument object.
     pub input_schema: Value,
     /// Fingerprint of the argument schema, stored with every call (see
-    /// [`schema_fingerprint`](crate::key::schema_fingerprint)).
+    /// [`schema_fingerprint`](crate::canonical::schema_fingerprint)).
     pub fingerprint: String,
     /// Automatic retry on failure; only for `pure` and `idempotent_with_key` tools.
     pub retry: Option<RetryPolicy>,
@@ -53,7 +53,7 @@ impl ToolSpec {
         class: ReplayClass,
         input_schema: Value,
     ) -> Self {
-        let fingerprint = crate::key::schema_fingerprint(&input_schema);
+        let fingerprint = crate::canonical::schema_fingerprint(&input_schema);
         ToolSpec {
             name: name.into(),
             description: description.into(),

@@ -24,13 +24,13 @@ use futures_util::future::Either;
 use schemars::JsonSchema;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde_json::{Value, json};
+use serde_json::Value;
 
-use crate::encode::encode;
+use crate::args::path::render_serde_path;
+use crate::args::{ArgumentErrorKind, to_journal_value};
 use crate::error::DurableError;
 use crate::ids::SessionId;
 use crate::journal::{CallError, ToolCall};
-use crate::key::{ArgumentErrorKind, to_journal_value};
 use crate::tool::{IdempotencyKey, ToolContext, ToolSpec, Verification};
 use crate::toolbox::ToolOutput;
 
@@ -245,7 +245,7 @@ pub fn doc_text(lines: &[&str]) -> String {
 /// a clear secret value quoted anywhere else is cut out (see [`secret`](crate::secret)).
 pub fn decode_args<A: DeserializeOwned>(spec: &ToolSpec, args: &Value) -> Result<A, DurableError> {
     serde_path_to_error::deserialize(args).map_err(|error| {
-        let path = render_path(error.path());
+        let path = render_serde_path(error.path());
         let message = crate::secret::redact_message(
             &spec.name,
             &spec.secret_args,
@@ -311,61 +311,16 @@ pub fn tool_output<T: ToolOutputValue, E: ToolErrorValue>(
     spec: &ToolSpec,
     result: Result<T, CallError<E>>,
 ) -> Result<ToolOutput, DurableError> {
-    match result {
-        Ok(value) => {
-            let content = encode(&value, format_args!("result of `{}`", spec.name))?;
-            Ok(ToolOutput {
-                content,
-                is_error: false,
-            })
-        }
-        Err(CallError::Tool(error)) => Ok(ToolOutput {
-            content: json!({ "error": error.to_string() }),
-            is_error: true,
-        }),
-        Err(CallError::Recorded(failure)) => Ok(ToolOutput {
-            content: json!({ "error": failure.message }),
-            is_error: true,
-        }),
-        Err(CallError::Durable(error)) => Err(error),
-    }
-}
-
-/// Renders a serde path in the notation of [`ArgumentError::path`](crate::key::ArgumentError::path).
-fn render_path(path: &serde_path_to_error::Path) -> String {
-    use serde_path_to_error::Segment;
-    let mut out = String::from("$");
-    for segment in path.iter() {
-        match segment {
-            Segment::Seq { index } => out.push_str(&format!("[{index}]")),
-            Segment::Map { key } | Segment::Enum { variant: key } => push_key(&mut out, key),
-            Segment::Unknown => out.push_str("[?]"),
-        }
-    }
-    out
-}
-
-fn push_key(out: &mut String, key: &str) {
-    let mut chars = key.chars();
-    let ident = chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if ident {
-        out.push('.');
-        out.push_str(key);
-    } else {
-        out.push('[');
-        out.push_str(&Value::String(key.to_owned()).to_string());
-        out.push(']');
-    }
+    ToolOutput::from_call(spec, result)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::encode::encode;
     use crate::replay::ReplayClass;
     use serde::Deserialize;
+    use serde_json::json;
 
     #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema, PartialEq)]
     #[serde(deny_unknown_fields)]
@@ -425,14 +380,6 @@ mod tests {
         let missing: Args = decode_args(&spec, &json!({"to": "a", "items": []})).expect("no cc");
         assert_eq!(with_null, missing);
         assert_eq!(with_null.cc, None);
-    }
-
-    #[test]
-    fn odd_keys_are_quoted_in_paths() {
-        let mut path = String::from("$");
-        push_key(&mut path, "weird key");
-        push_key(&mut path, "ok_1");
-        assert_eq!(path, "$[\"weird key\"].ok_1");
     }
 
     #[test]

@@ -20,9 +20,9 @@
 //! - An **unknown tool** is refused with [`DurableError::UnknownTool`], listing the
 //!   registered names; nothing is journaled and nothing runs.
 //! - **Arguments** are validated before anything is journaled: raw JSON text (OpenAI
-//!   sends a string) goes through [`key::parse_arguments`] (malformed JSON, duplicate
+//!   sends a string) goes through [`args::parse_arguments`] (malformed JSON, duplicate
 //!   keys, NaN, integers beyond ±(2^53−1), nesting and size limits), a JSON value
-//!   (Anthropic sends an object) through [`key::check_value`]; either way the error is
+//!   (Anthropic sends an object) through [`args::check_value`]; either way the error is
 //!   [`DurableError::InvalidArguments`] naming the tool and the JSON path. Arguments
 //!   that are valid JSON but do not fit the tool's type are refused by the tool itself
 //!   with [`DurableError::ArgumentsMismatch`] (the path of the bad field), again with
@@ -84,9 +84,9 @@ use std::sync::Arc;
 use futures_util::future::join_all;
 use serde_json::{Value, json};
 
+use crate::args::{self, ArgLimits, ArgumentError, ArgumentErrorKind};
 use crate::error::DurableError;
 use crate::journal::Journal;
-use crate::key::{self, ArgLimits, ArgumentError, ArgumentErrorKind};
 use crate::schema::{self, SchemaError};
 use crate::secret;
 use crate::tool::ToolSpec;
@@ -282,10 +282,10 @@ impl Toolbox {
         };
         match arguments {
             ToolArguments::Text(raw) => {
-                key::parse_arguments(raw, &self.limits).map_err(|e| invalid(None, e))
+                args::parse_arguments(raw, &self.limits).map_err(|e| invalid(None, e))
             }
             ToolArguments::Json(value) => {
-                key::check_value(value, &self.limits).map_err(|e| invalid(Some(value), e))?;
+                args::check_value(value, &self.limits).map_err(|e| invalid(Some(value), e))?;
                 if !value.is_object() {
                     return Err(invalid(
                         Some(value),
@@ -325,7 +325,7 @@ impl Toolbox {
             // outcome is returned; nothing runs with the placeholder.
             let spec = tool.spec();
             let replayed = journal.tool(spec, args).replay_only(withheld).await;
-            crate::tool_bounds::tool_output(spec, replayed)?
+            ToolOutput::from_call(spec, replayed)?
         };
         Ok(ToolResult {
             call_id: call.id.clone(),
@@ -379,11 +379,11 @@ fn json_type(value: &Value) -> &'static str {
 #[derive(Debug, Clone, PartialEq)]
 pub enum ToolArguments {
     /// Raw JSON text (OpenAI sends arguments as a string): validated by
-    /// [`key::parse_arguments`], which catches what parsing would hide (duplicate keys,
+    /// [`args::parse_arguments`], which catches what parsing would hide (duplicate keys,
     /// NaN, out-of-range integers).
     Text(String),
     /// An already-parsed value (Anthropic sends an object): validated by
-    /// [`key::check_value`].
+    /// [`args::check_value`].
     Json(Value),
 }
 

@@ -772,12 +772,12 @@ pub async fn runtime_secret_arguments_are_masked(store: Arc<dyn CheckpointStore>
     // Neither the digest nor the call's identity is the unkeyed SHA-256 a dictionary
     // would reverse.
     let plain =
-        crate::key::input_hash(&json!({"user": "ann", "password": "hunter2"})).expect("hash");
+        crate::canonical::input_hash(&json!({"user": "ann", "password": "hunter2"})).expect("hash");
     assert_ne!(
         rows[0].identity.input_hash, plain,
         "the input hash is keyed"
     );
-    let plain_secret = crate::key::input_hash(&json!("hunter2")).expect("hash");
+    let plain_secret = crate::canonical::input_hash(&json!("hunter2")).expect("hash");
     assert!(!digest.contains(&plain_secret), "the digest is keyed");
     // The same secret gives the same identity in this store (a replay matches), another
     // secret another one.

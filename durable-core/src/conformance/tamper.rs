@@ -252,7 +252,7 @@ pub async fn run_tamper_cases(store: Arc<dyn CheckpointStore>, tamperer: &dyn Ta
 
     // transfer(1)'s recorded result re-pointed at transfer(50000) must not come back.
     let (id, calls, effects) = transfers(store, &[1]).await;
-    let hash = crate::key::input_hash(&json!({"n": 50000})).expect("hash");
+    let hash = crate::canonical::input_hash(&json!({"n": 50000})).expect("hash");
     tamperer
         .apply(Tamper::SetInputHash {
             call: calls[0].clone(),

@@ -14,9 +14,10 @@ use tracing::Instrument;
 use super::commit::{Executed, ScopeClaim, ScopeOutcome};
 use super::numbers::Reservation;
 use super::{CallError, Journal, Outcome, RecordedFailure, lock};
+use crate::args;
+use crate::canonical;
 use crate::error::DurableError;
 use crate::ids::CallId;
-use crate::key;
 use crate::replay::ReplayClass;
 use crate::secret;
 use crate::snapshot::Spend;
@@ -163,7 +164,7 @@ impl<'j> ToolCall<'j> {
                 source,
             ),
         };
-        key::check_value(&self.args, &limits).map_err(invalid)?;
+        args::check_value(&self.args, &limits).map_err(invalid)?;
         // The row and the input hash carry secret arguments masked (a keyed digest): the
         // same secret gives the same identity in this store, and neither is a bare hash a
         // dictionary could reverse.
@@ -175,7 +176,7 @@ impl<'j> ToolCall<'j> {
             let keyring = journal.inner.store.keyring();
             secret::mask_args(keyring, &spec.name, &secrets, &self.withheld, &self.args)?
         };
-        let hash = key::input_hash(&masked).map_err(invalid)?;
+        let hash = canonical::input_hash(&masked).map_err(invalid)?;
         // A call whose secrets are withheld only ever replays a recorded outcome, which
         // needs no key.
         if spec.class == ReplayClass::IdempotentWithKey

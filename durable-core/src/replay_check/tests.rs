@@ -77,13 +77,13 @@ fn call(class: ReplayClass, args: Value, key: Option<&str>, status: CallStatus) 
         kind: CallKind::Tool,
         step: 1,
         tool: "send_email".into(),
-        input_hash: key::input_hash(&args).expect("hash"),
+        input_hash: canonical::input_hash(&args).expect("hash"),
         ordinal: 0,
         class,
         status,
         args,
         idempotency_key: key.map(str::to_owned),
-        schema_hash: key::schema_fingerprint(&args_schema::<EmailArgs>()),
+        schema_hash: canonical::schema_fingerprint(&args_schema::<EmailArgs>()),
         result: Some(json!({"id": "m-1"})),
         error: None,
         spend: None,
@@ -348,7 +348,8 @@ fn the_input_hash_of_a_call_with_a_keyed_masked_secret_is_checked() {
     report.assert_ok();
     assert_eq!(report.calls_with_secrets, 1);
     let mut repointed = faithful;
-    repointed.input_hash = key::input_hash(&json!({"to": {"$secret": "k1:beef"}})).expect("hash");
+    repointed.input_hash =
+        canonical::input_hash(&json!({"to": {"$secret": "k1:beef"}})).expect("hash");
     let report = check_fixtures(&tools, &[fixture(vec![repointed])]);
     assert!(
         matches!(

@@ -34,7 +34,7 @@ pub fn drop_optional_nulls(schema: &Value, args: &mut Value) {
 }
 
 fn strip(root: &Value, schema: &Value, value: &mut Value, depth: usize) {
-    if depth > 2 * crate::key::MAX_SUPPORTED_DEPTH {
+    if depth > 2 * crate::args::MAX_SUPPORTED_DEPTH {
         return;
     }
     let Some(schema) = select(root, schema, value) else {

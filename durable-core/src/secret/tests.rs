@@ -16,7 +16,7 @@ fn names(list: &[&str]) -> Vec<String> {
 const CANARY: &str = "CANARY-unit-hunter2";
 
 fn bare_sha256(value: &Value) -> String {
-    let text = key::canonical_json(value).expect("canonical");
+    let text = canonical::canonical_json(value).expect("canonical");
     Sha256::digest(text.as_bytes())
         .iter()
         .map(|b| format!("{b:02x}"))
@@ -212,9 +212,9 @@ fn argument_errors_inside_a_secret_quote_nothing() {
 
 #[test]
 fn paths_inside_an_argument() {
-    assert!(key::path_is_inside("$.pin", "pin"));
-    assert!(key::path_is_inside("$.pin.a[0]", "pin"));
-    assert!(key::path_is_inside("$.pin[1]", "pin"));
-    assert!(!key::path_is_inside("$.pins", "pin"));
-    assert!(key::path_is_inside("$[\"odd key\"].x", "odd key"));
+    assert!(args::path_is_inside("$.pin", "pin"));
+    assert!(args::path_is_inside("$.pin.a[0]", "pin"));
+    assert!(args::path_is_inside("$.pin[1]", "pin"));
+    assert!(!args::path_is_inside("$.pins", "pin"));
+    assert!(args::path_is_inside("$[\"odd key\"].x", "odd key"));
 }

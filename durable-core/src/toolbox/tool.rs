@@ -1,13 +1,16 @@
 //! The object-safe [`Tool`] trait: what a [`Toolbox`](crate::Toolbox) stores and
 //! dispatches, and the [`ToolOutput`] a dispatched call returns to the model.
 
+use std::fmt::Display;
+
 use futures_util::future::BoxFuture;
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Value, json};
 
+use crate::encode::encode;
 use crate::error::DurableError;
 use crate::ids::SessionId;
-use crate::journal::Journal;
+use crate::journal::{CallError, Journal};
 use crate::tool::ToolSpec;
 
 /// What a dispatched tool call returns to the model.
@@ -17,6 +20,37 @@ pub struct ToolOutput {
     pub content: Value,
     /// Whether the tool failed.
     pub is_error: bool,
+}
+
+impl ToolOutput {
+    /// What the model reads for the outcome of a journaled call of `spec`'s tool: a
+    /// success serialized as the content; a tool failure, now or recorded by an earlier
+    /// run, as `{"error": "<message>"}` with `is_error: true`; the runtime's own errors
+    /// passed through (the rules of generated tools, which call it through
+    /// `tool_bounds::tool_output`).
+    pub(crate) fn from_call<T: Serialize, E: Display>(
+        spec: &ToolSpec,
+        result: Result<T, CallError<E>>,
+    ) -> Result<Self, DurableError> {
+        match result {
+            Ok(value) => {
+                let content = encode(&value, format_args!("result of `{}`", spec.name))?;
+                Ok(ToolOutput {
+                    content,
+                    is_error: false,
+                })
+            }
+            Err(CallError::Tool(error)) => Ok(ToolOutput {
+                content: json!({ "error": error.to_string() }),
+                is_error: true,
+            }),
+            Err(CallError::Recorded(failure)) => Ok(ToolOutput {
+                content: json!({ "error": failure.message }),
+                is_error: true,
+            }),
+            Err(CallError::Durable(error)) => Err(error),
+        }
+    }
 }
 
 /// An object-safe tool: what a toolbox stores and dispatches.

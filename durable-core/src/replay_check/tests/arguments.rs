@@ -10,10 +10,10 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use crate::canonical;
 use crate::error::DurableError;
 use crate::ids::{CallId, SessionId};
 use crate::journal::Journal;
-use crate::key;
 use crate::replay::ReplayClass;
 use crate::replay_check::{
     FIXTURE_FORMAT, FailureKind, Fixture, FixtureCall, ReplayCheckReport, check_fixtures,
@@ -78,7 +78,7 @@ fn check(tool: impl Tool, args: Value) -> ReplayCheckReport {
         kind: CallKind::Tool,
         step: 1,
         tool: "notify".into(),
-        input_hash: key::input_hash(&args).expect("hash"),
+        input_hash: canonical::input_hash(&args).expect("hash"),
         ordinal: 0,
         class: ReplayClass::UnsafeOnReplay,
         status: CallStatus::Completed,

@@ -8,7 +8,8 @@ use serde::Serialize;
 use serde::ser::{self, Serializer as _};
 use serde_json::Value;
 
-use super::{ArgumentError, ArgumentErrorKind, Segment, render_path};
+use super::path::{Segment, render_path};
+use super::{ArgumentError, ArgumentErrorKind};
 
 #[cfg(test)]
 mod tests;
@@ -39,7 +40,7 @@ mod tests;
 /// # Example
 ///
 /// ```
-/// use durable_core::key::to_journal_value;
+/// use durable_core::args::to_journal_value;
 /// use durable_core::ArgumentErrorKind;
 /// use serde::Serialize;
 ///
