@@ -9,14 +9,15 @@
 use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens, format_ident, quote, quote_spanned};
 use syn::spanned::Spanned;
-use syn::{FnArg, Ident, ItemFn, Pat};
+use syn::{Ident, ItemFn, Pat};
 
 use crate::args;
+use crate::body::body_fn;
 use crate::ctxt::Ctxt;
 use crate::fallback;
-use crate::model::{Input, Output, ToolFn, is_macro_param_attr, unraw, upper_camel};
+use crate::model::{Input, Output, ToolFn, unraw, upper_camel};
 use crate::paths::Paths;
-use crate::validate::{self, Class, KeyFn, Plan};
+use crate::validate::{self, Checked, Class, KeyFn};
 
 pub(crate) fn durable_tool(attr: TokenStream, item: TokenStream) -> TokenStream {
     let debug = std::env::var("DURABLE_MACROS_DEBUG").ok();
@@ -51,7 +52,7 @@ fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
             None
         }
     };
-    let plan = parsed
+    let checked = parsed
         .as_ref()
         .and_then(|parsed| validate::validate(&cx, parsed, &tool));
     let paths = Paths::new(
@@ -60,14 +61,14 @@ fn expand(attr: TokenStream, item: TokenStream) -> TokenStream {
             .and_then(|parsed| parsed.krate.get())
             .map(|arg| &arg.value),
     );
-    match (cx.check(), plan) {
-        (Ok(()), Some(plan)) => generate(&paths, &tool, &plan),
+    match (cx.check(), checked) {
+        (Ok(()), Some(checked)) => generate(&paths, &tool, &checked),
         (Err(error), _) => fallback::fallback(&paths, &tool, &error),
         (Ok(()), None) => {
-            // validate returns no plan only after reporting an error.
+            // validate returns nothing only after reporting an error.
             let error = syn::Error::new(
                 Span::call_site(),
-                "durable-macros bug: no plan and no error",
+                "durable-macros bug: nothing validated and no error",
             );
             fallback::fallback(&paths, &tool, &error)
         }
@@ -133,7 +134,7 @@ struct ArgsShape {
 //
 //     const _: fn() = P::assert_tool_argument::<String>;   // spanned on each argument type
 //     const _: fn() = P::assert_tool_return::<R>;          // if R is not spelled `Result<..>`
-fn generate(p: &Paths, tool: &ToolFn<'_>, plan: &Plan<'_>) -> TokenStream {
+fn generate(p: &Paths, tool: &ToolFn<'_>, checked: &Checked<'_>) -> TokenStream {
     let private = p.private();
     let vis = &tool.original.vis;
     let ident = tool.ident;
@@ -151,11 +152,11 @@ fn generate(p: &Paths, tool: &ToolFn<'_>, plan: &Plan<'_>) -> TokenStream {
     let call_result = quote!(::core::result::Result<#ok_ty, #private::CallError<#err_ty>>);
 
     let body_fn = body_fn(tool);
-    let spec_fn = spec_fn(&private, tool, plan, args_ty);
+    let spec_fn = spec_fn(&private, tool, checked, args_ty);
     let call_fn = call_fn(&private, tool, &shape, &call_result);
     let dangerous_fn = dangerous_fn(tool, &ret);
-    let journaled_fn = journaled_fn(&private, tool, plan, &shape, &call_result);
-    let tool_impl = tool_impl(&private, tool, args_ty, plan.key.is_some());
+    let journaled_fn = journaled_fn(&private, tool, checked, &shape, &call_result);
+    let tool_impl = tool_impl(&private, tool, args_ty, checked.key.is_some());
     let checks = checks(&private, tool);
 
     quote! {
@@ -255,44 +256,15 @@ fn args_shape(p: &Paths, tool: &ToolFn<'_>) -> ArgsShape {
     }
 }
 
-/// The user's function with the macro-only parameter attributes (`///`, `#[secret]`,
-/// `#[args]`, `#[serde]`, `#[schemars]`) removed, which rustc would reject on a fn.
-pub(crate) fn without_macro_attrs(item: &ItemFn) -> ItemFn {
-    let mut item = item.clone();
-    for input in &mut item.sig.inputs {
-        if let FnArg::Typed(pat_type) = input {
-            pat_type.attrs.retain(|attr| !is_macro_param_attr(attr));
-        }
-    }
-    item
-}
-
-/// The user's function, renamed and with macro-only parameter attributes removed.
-pub(crate) fn body_fn(tool: &ToolFn<'_>) -> TokenStream {
-    let attrs = &tool.body_attrs;
-    let mut sig = without_macro_attrs(tool.original).sig;
-    sig.ident = Ident::new("__durable_body", tool.ident.span());
-    let block = &tool.original.block;
-    // `clippy::unused_async` is allowed because the macro, not the user, requires `async`
-    // (a pure tool may well not await). It comes before the user's attributes so that
-    // their own `#[expect]`/`#[warn]` of that lint still wins.
-    quote! {
-        #[allow(clippy::unused_async)]
-        #(#attrs)*
-        #[doc(hidden)]
-        #sig #block
-    }
-}
-
 fn spec_fn(
     private: &TokenStream,
     tool: &ToolFn<'_>,
-    plan: &Plan<'_>,
+    checked: &Checked<'_>,
     args_ty: &TokenStream,
 ) -> TokenStream {
     let vis = &tool.original.vis;
-    let name = syn::LitStr::new(&plan.name, plan.name_span);
-    let description = match plan.description {
+    let name = syn::LitStr::new(&checked.name, checked.name_span);
+    let description = match checked.description {
         Some(lit) => lit.to_token_stream(),
         None => {
             let lines = tool.docs.iter().filter_map(|attr| match &attr.meta {
@@ -302,26 +274,26 @@ fn spec_fn(
             quote!(#private::doc_text(&[#(#lines),*]))
         }
     };
-    let class = match plan.class {
+    let class = match checked.class {
         Class::Pure => quote!(Pure),
         Class::IdempotentWithKey => quote!(IdempotentWithKey),
         Class::UnsafeOnReplay => quote!(UnsafeOnReplay),
     };
-    let retry = plan.retry.map(|retry| {
+    let retry = checked.retry.map(|retry| {
         quote_spanned!(retry.span()=> let __durable_spec = __durable_spec.with_retry(#retry);)
     });
-    let secrets = (!plan.secrets.is_empty()).then(|| {
-        let secrets = &plan.secrets;
+    let secrets = (!checked.secrets.is_empty()).then(|| {
+        let secrets = &checked.secrets;
         quote!(let __durable_spec = __durable_spec.with_secret_args([#(#secrets),*]);)
     });
-    let verify = plan
+    let verify = checked
         .verify
         .map(|_| quote!(let __durable_spec = __durable_spec.with_verify();));
     let doc = format!(
         " The `{}` tool's description: name, description, replay class `{}`, argument schema and \
          its fingerprint. Built on first use.",
-        plan.name,
-        plan.class.as_str()
+        checked.name,
+        checked.class.as_str()
     );
     quote! {
         #[doc = #doc]
@@ -447,7 +419,7 @@ fn dangerous_fn(tool: &ToolFn<'_>, ret: &TokenStream) -> TokenStream {
 fn journaled_fn(
     private: &TokenStream,
     tool: &ToolFn<'_>,
-    plan: &Plan<'_>,
+    checked: &Checked<'_>,
     shape: &ArgsShape,
     call_result: &TokenStream,
 ) -> TokenStream {
@@ -455,7 +427,7 @@ fn journaled_fn(
     let destructure = &shape.destructure;
     // The key rule lives in one hidden fn, used by the journaled call and by
     // `Tool::derive_key` (the replay check), so the user's expression is expanded once.
-    let key_fn = plan.key.as_ref().map(|key| {
+    let key_fn = checked.key.as_ref().map(|key| {
         let derive = match key {
             KeyFn::Args(expr) => quote_spanned! {expr.span()=>
                 #private::derive_key(__durable_args, #expr)
@@ -474,7 +446,7 @@ fn journaled_fn(
             }
         }
     });
-    let key = plan.key.as_ref().map(|_| {
+    let key = checked.key.as_ref().map(|_| {
         quote! {
             let __durable_call = match Self::__durable_key(
                 &__durable_args,
@@ -495,7 +467,7 @@ fn journaled_fn(
     });
     // Every keyed tool runs through `run_tool_keyed`, which hands the body the recorded
     // key (and refuses to run it without one), whether or not the body takes it.
-    let keyed = plan.class == Class::IdempotentWithKey;
+    let keyed = checked.class == Class::IdempotentWithKey;
     let key_param = keyed.then(|| quote!(, __durable_key: #private::IdempotencyKey));
     let run = quote! {
         |__durable_ctx: #private::ToolContext #key_param| {
@@ -508,7 +480,7 @@ fn journaled_fn(
     // `run_tool*` are bounded by `ToolOutputValue` / `ToolErrorValue`, so a result or error
     // type lacking a trait is reported with their notes.
     let out_span = output_span(tool);
-    let run_call = match plan.verify {
+    let run_call = match checked.verify {
         None => {
             let run_tool = if keyed {
                 quote_spanned!(out_span=> #private::run_tool_keyed)

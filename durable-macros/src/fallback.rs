@@ -8,7 +8,7 @@
 use proc_macro2::TokenStream;
 use quote::quote;
 
-use crate::expand::{body_fn, without_macro_attrs};
+use crate::body::{body_fn, without_macro_attrs};
 use crate::model::{ToolFn, upper_camel};
 use crate::paths::Paths;
 

@@ -5,9 +5,11 @@
 //! this crate is not usable on its own.
 //!
 //! Internals: parse (`args`, `model`) → validate (`validate`) → generate (`expand`), or
-//! on any error `fallback`; `paths` is the only module that names the runtime root.
+//! on any error `fallback`; both re-emit the user's fn through `body`; `paths` is the only
+//! module that names the runtime root.
 
 mod args;
+mod body;
 mod ctxt;
 mod expand;
 mod fallback;

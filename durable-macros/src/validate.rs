@@ -1,6 +1,7 @@
 // Checks the parsed attribute and the IR, and emits nothing. Every problem goes to the
 // accumulator; a check is skipped only when it depends on one that already failed (e.g.
-// class-specific rules need a known class). The result is a `Plan` for expand.rs.
+// class-specific rules need a known class). The result, `Checked`, is what expand.rs
+// needs beyond the IR.
 
 use proc_macro2::{Delimiter, Span, TokenStream, TokenTree};
 use quote::ToTokens;
@@ -49,8 +50,9 @@ pub(crate) enum KeyFn<'a> {
     ArgsAndSession(&'a Expr),
 }
 
-/// Everything expand needs that is not already in the IR.
-pub(crate) struct Plan<'a> {
+/// The attribute, checked against the fn: everything expand needs that is not already in
+/// the IR.
+pub(crate) struct Checked<'a> {
     pub(crate) class: Class,
     pub(crate) name: String,
     pub(crate) name_span: Span,
@@ -62,7 +64,11 @@ pub(crate) struct Plan<'a> {
     pub(crate) secrets: Vec<String>,
 }
 
-pub(crate) fn validate<'a>(cx: &Ctxt, args: &'a ToolArgs, tool: &ToolFn<'_>) -> Option<Plan<'a>> {
+pub(crate) fn validate<'a>(
+    cx: &Ctxt,
+    args: &'a ToolArgs,
+    tool: &ToolFn<'_>,
+) -> Option<Checked<'a>> {
     let class = check_class(cx, args);
     if let Some(class) = class {
         check_class_rules(cx, args, class);
@@ -75,7 +81,7 @@ pub(crate) fn validate<'a>(cx: &Ctxt, args: &'a ToolArgs, tool: &ToolFn<'_>) -> 
     if cx.has_errors() {
         return None;
     }
-    Some(Plan {
+    Some(Checked {
         class: class?,
         name,
         name_span,
@@ -489,14 +495,14 @@ mod tests {
         let args = args::parse(&cx, attr).expect("attribute syntax");
         let item: syn::ItemFn = syn::parse2(item).expect("fn");
         let tool = ToolFn::from_item(&item);
-        let plan = validate(&cx, &args, &tool);
+        let checked = validate(&cx, &args, &tool);
         match cx.check() {
             Ok(()) => {
-                assert!(plan.is_some());
+                assert!(checked.is_some());
                 Vec::new()
             }
             Err(e) => {
-                assert!(plan.is_none());
+                assert!(checked.is_none());
                 e.into_iter().map(|e| e.to_string()).collect()
             }
         }
