@@ -47,7 +47,7 @@ impl CliError {
             return CliError::new(
                 Code::Unavailable,
                 format!(
-                    "this `durable` binary was built without `{scheme}:` support; rebuild it with `--features cli,{feature}`"
+                    "this `durable` binary was built without `{scheme}:` support; reinstall durable-cli with `--features {feature}`"
                 ),
             );
         }

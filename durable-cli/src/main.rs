@@ -37,13 +37,16 @@ const EXIT_CODES: &str = "\
 Exit codes:
   0  success
   1  unexpected failure (a database error mid-command, corrupt data)
-  2  usage error (unknown flag, missing argument, bad duration or mapping, no --db)
+  2  usage error (unknown flag, missing argument, bad duration or mapping, no store given)
   3  not found (session, call or checkpoint version)
   4  refused (call not in doubt, id already taken, app version changed meanwhile)
   5  invalid input (malformed JSON result, unreadable file)
   6  database unavailable (no such file, not a durable store, cannot connect, unknown
      URL, schema too new, sealed with a key DURABLE_MAC_KEY does not hold)
   7  integrity check failed (a row was changed outside durable)
+
+The store: --db, else the DURABLE_DB environment variable, else DATABASE_URL (the
+variable sqlx and most PostgreSQL tools read). An empty variable counts as unset.
 
 Commands that only read (sessions, show, calls, in-doubt, export, backup, verify, and
 --dry-run) open the store read-only: they never create, migrate or change a database.
@@ -54,23 +57,19 @@ Examples:
   durable --db agent.db sessions --status active
   durable --db agent.db in-doubt
   durable --db agent.db resolve 5f0c… --happened --result '{\"id\": \"m-1\"}' --note 'in outbox'
+  durable --db agent.db retarget 5f0c… --app-version shop/2 --map lookup=read_order --dry-run
   durable --db agent.db backup --to agent-backup.db
   DURABLE_DB=postgres://durable@db/agents durable sessions --json";
 
 /// Inspect and operate durable agent sessions: list and show sessions, read the call
-/// journal, resolve in-doubt calls, fork, export replay-check fixtures, prune, migrate.
+/// journal, resolve in-doubt calls, fork, export replay-check fixtures, prune, move a
+/// session to another app version, back up and verify the store.
 #[derive(Debug, Parser)]
 #[command(name = "durable", version, after_help = EXIT_CODES, max_term_width = 100)]
 struct Cli {
     /// The store: a SQLite file (`agent.db`, `sqlite:agent.db`) or a PostgreSQL URL
-    /// (`postgres://user@host/db`).
-    #[arg(
-        long,
-        global = true,
-        env = "DURABLE_DB",
-        value_name = "URL",
-        hide_env_values = true
-    )]
+    /// (`postgres://user@host/db`). Without --db: $DURABLE_DB, else $DATABASE_URL.
+    #[arg(long, global = true, value_name = "URL")]
     db: Option<String>,
 
     /// Print JSON on stdout instead of tables (for scripts).
@@ -106,8 +105,11 @@ enum Command {
     /// Delete terminal sessions not updated within a retention window.
     #[command(after_help = PRUNE_HELP)]
     Prune(PruneArgs),
-    /// Move a session to another app version, renaming steps (audited).
-    Migrate(MigrateArgs),
+    /// Move a session to another app version, renaming steps or tools in its journal (audited).
+    ///
+    /// Not a schema migration: the database schema is never touched.
+    #[command(after_help = RETARGET_HELP)]
+    Retarget(RetargetArgs),
     /// Copy a SQLite store to a new file while it is in use (PostgreSQL: how to pg_dump).
     #[command(after_help = BACKUP_HELP)]
     Backup(BackupArgs),
@@ -130,14 +132,14 @@ impl Command {
         match self {
             Command::Resolve(_) | Command::Unpark(_) | Command::Fork(_) => Access::Write,
             Command::Prune(a) if !a.dry_run => Access::Write,
-            Command::Migrate(a) if !a.dry_run => Access::Write,
+            Command::Retarget(a) if !a.dry_run => Access::Write,
             Command::Sessions(_)
             | Command::Show(_)
             | Command::Calls(_)
             | Command::InDoubt(_)
             | Command::Export(_)
             | Command::Prune(_)
-            | Command::Migrate(_)
+            | Command::Retarget(_)
             | Command::Backup(_)
             | Command::Verify(_) => Access::Read,
         }
@@ -334,9 +336,19 @@ struct PruneArgs {
     dry_run: bool,
 }
 
+const RETARGET_HELP: &str = "\
+After a deploy renames a tool or a step, a stored session still names the old one. Move
+the session to the new app version and map each renamed name (`--map old=new`): the
+change is one transaction with an audit row, and it is refused if the session's app
+version changed meanwhile. --dry-run lists how many journal rows each mapping renames and
+how many of them are in flight, and changes nothing.
+
+Formerly `durable migrate`. It changes one session's app version, never the database
+schema: the library upgrades the schema itself when the application opens the store.";
+
 #[derive(Debug, Args)]
-struct MigrateArgs {
-    /// The session to migrate.
+struct RetargetArgs {
+    /// The session to move.
     session: String,
     /// The app version to move it to.
     #[arg(long, value_name = "VERSION")]
@@ -347,7 +359,7 @@ struct MigrateArgs {
     /// Show what would change; change nothing.
     #[arg(long)]
     dry_run: bool,
-    /// Who migrated (default: $USER).
+    /// Who moved it (default: $USER).
     #[arg(long, value_name = "NAME")]
     by: Option<String>,
 }
@@ -384,6 +396,14 @@ fn operator(by: Option<String>) -> Result<String, CliError> {
 fn main() -> ExitCode {
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
+        Err(e) if renamed_command(&e) == Some("migrate") => {
+            return CliError::new(
+                Code::Usage,
+                "`durable migrate` is now `durable retarget` (it moves a session to another app \
+                 version; it never changed the database schema); see `durable retarget --help`",
+            )
+            .report();
+        }
         Err(e) => {
             let code = if e.use_stderr() {
                 Code::Usage
@@ -408,8 +428,22 @@ fn main() -> ExitCode {
     }
 }
 
+/// The unknown subcommand of a usage error, if that is what it is.
+fn renamed_command(e: &clap::Error) -> Option<&str> {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+
+    if e.kind() != ErrorKind::InvalidSubcommand {
+        return None;
+    }
+    match e.get(ContextKind::InvalidSubcommand) {
+        Some(ContextValue::String(name)) => Some(name.as_str()),
+        _ => None,
+    }
+}
+
 async fn run(cli: Cli) -> Result<(), CliError> {
-    let opened = open::open(cli.db.as_deref(), cli.command.access()).await?;
+    let location = open::locate(cli.db, |name| std::env::var(name).ok())?;
+    let opened = open::open(&location, cli.command.access()).await?;
     let json = cli.json;
     let shared = &opened.shared;
     let store = shared.as_ref();
@@ -423,7 +457,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Fork(a) => operate::fork(store, json, a).await,
         Command::Export(a) => operate::export(store, json, a).await,
         Command::Prune(a) => operate::prune(store, json, a).await,
-        Command::Migrate(a) => operate::migrate(store, json, a).await,
+        Command::Retarget(a) => operate::retarget(store, json, a).await,
         Command::Backup(a) => backup::backup(&opened, json, a).await,
         Command::Verify(a) => verify::verify(&opened, json, a).await,
     }

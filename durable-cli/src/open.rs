@@ -1,5 +1,7 @@
 //! Opening the store `--db` names.
 //!
+//! - Found at `--db`, else `DURABLE_DB`, else `DATABASE_URL` ([`locate`]); an error
+//!   about the location names the one it came from.
 //! - Never created: a missing file or an empty one is refused, not made into a store.
 //! - Always opened read-only first. A read-only open never creates a file (no `-journal`
 //!   next to `/dev/null`), never migrates and never changes the journal mode, and it
@@ -72,21 +74,62 @@ fn target(url: &str) -> Target<'_> {
     Target::SqliteFile(url)
 }
 
-/// Opens the store `db` names for a command with `access`.
-pub async fn open(db: Option<&str>, access: Access) -> Result<Opened, CliError> {
-    let Some(url) = db.filter(|u| !u.trim().is_empty()) else {
-        return Err(CliError::new(
-            Code::Usage,
-            "no database given: pass --db <sqlite file or postgres URL>, or set DURABLE_DB",
-        ));
-    };
+/// The environment variable read when `--db` is absent.
+pub const DB_ENV: &str = "DURABLE_DB";
+/// The environment variable read when neither `--db` nor [`DB_ENV`] is given: the one
+/// sqlx and most PostgreSQL tools read.
+pub const DATABASE_URL_ENV: &str = "DATABASE_URL";
+
+/// Where the store is, and which of the three ways named it.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Location {
+    /// A SQLite file or a database URL, as given.
+    pub url: String,
+    /// `--db`, [`DB_ENV`] or [`DATABASE_URL_ENV`]: what to fix when it is wrong.
+    pub source: &'static str,
+}
+
+/// `--db`, else `DURABLE_DB`, else `DATABASE_URL` (`env` reads a variable). An empty or
+/// blank value counts as unset.
+pub fn locate(
+    flag: Option<String>,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<Location, CliError> {
+    let given = |v: &Option<String>| v.as_ref().is_some_and(|v| !v.trim().is_empty());
+    if given(&flag) {
+        return Ok(Location {
+            url: flag.unwrap_or_default(),
+            source: "--db",
+        });
+    }
+    for source in [DB_ENV, DATABASE_URL_ENV] {
+        let value = env(source);
+        if given(&value) {
+            return Ok(Location {
+                url: value.unwrap_or_default(),
+                source,
+            });
+        }
+    }
+    Err(CliError::new(
+        Code::Usage,
+        format!(
+            "no database given: pass --db <sqlite file or postgres URL>, or set {DB_ENV} or {DATABASE_URL_ENV}"
+        ),
+    ))
+}
+
+/// Opens the store at `location` for a command with `access`.
+pub async fn open(location: &Location, access: Access) -> Result<Opened, CliError> {
+    let url = location.url.as_str();
+    let source = location.source;
     // Whatever goes wrong from here, its report never shows the URL's password.
     error::hide_password_of(url);
     let keyring = Keyring::from_env()
         .map_err(|e| CliError::new(Code::Usage, format!("{MAC_KEY_ENV}: {e}")))?;
     match target(url) {
-        Target::SqliteFile(path) => sqlite(path, access, keyring).await,
-        Target::Postgres => postgres(url, access, keyring).await,
+        Target::SqliteFile(path) => sqlite(path, source, access, keyring).await,
+        Target::Postgres => postgres(url, source, access, keyring).await,
         Target::Memory => Err(CliError::new(
             Code::Unavailable,
             "an in-memory database holds no sessions; pass the file or URL of a store",
@@ -108,14 +151,19 @@ async fn refused(url: &str) -> Result<Opened, CliError> {
 }
 
 #[cfg(feature = "sqlite")]
-async fn sqlite(path: &str, access: Access, keyring: Keyring) -> Result<Opened, CliError> {
+async fn sqlite(
+    path: &str,
+    source: &str,
+    access: Access,
+    keyring: Keyring,
+) -> Result<Opened, CliError> {
     use durable::sqlite::{SqliteStore, SqliteStoreOptions};
 
     if std::fs::symlink_metadata(path).is_err() {
         return Err(CliError::new(
             Code::Unavailable,
             format!(
-                "no SQLite database at `{}`; check --db (this tool never creates a database)",
+                "no SQLite database at `{}`; check {source} (this tool never creates a database)",
                 display::escape(path)
             ),
         ));
@@ -151,16 +199,26 @@ async fn sqlite(path: &str, access: Access, keyring: Keyring) -> Result<Opened, 
 }
 
 #[cfg(not(feature = "sqlite"))]
-async fn sqlite(path: &str, _access: Access, _keyring: Keyring) -> Result<Opened, CliError> {
+async fn sqlite(
+    path: &str,
+    _source: &str,
+    _access: Access,
+    _keyring: Keyring,
+) -> Result<Opened, CliError> {
     refused(path).await
 }
 
 #[cfg(feature = "postgres")]
-async fn postgres(url: &str, access: Access, keyring: Keyring) -> Result<Opened, CliError> {
+async fn postgres(
+    url: &str,
+    source: &str,
+    access: Access,
+    keyring: Keyring,
+) -> Result<Opened, CliError> {
     use durable::postgres::{PostgresStore, PostgresStoreOptions};
 
     let shown_url = durable::redact_url(url);
-    probe_postgres(&shown_url)?;
+    probe_postgres(&shown_url, source)?;
     let options = PostgresStoreOptions::new(url).keyring(keyring);
     let read_only = PostgresStore::connect_with(options.clone().read_only(true)).await;
     let store = match (access, read_only) {
@@ -186,7 +244,12 @@ async fn postgres(url: &str, access: Access, keyring: Keyring) -> Result<Opened,
 }
 
 #[cfg(not(feature = "postgres"))]
-async fn postgres(url: &str, _access: Access, _keyring: Keyring) -> Result<Opened, CliError> {
+async fn postgres(
+    url: &str,
+    _source: &str,
+    _access: Access,
+    _keyring: Keyring,
+) -> Result<Opened, CliError> {
     refused(url).await
 }
 
@@ -197,7 +260,7 @@ async fn postgres(url: &str, _access: Access, _keyring: Keyring) -> Result<Opene
 /// Takes the URL with its password already redacted, so that nothing it parses or
 /// prints can hold any part of the password, whatever characters that contains.
 #[cfg(feature = "postgres")]
-fn probe_postgres(shown_url: &str) -> Result<(), CliError> {
+fn probe_postgres(shown_url: &str, source: &str) -> Result<(), CliError> {
     use std::net::{TcpStream, ToSocketAddrs};
     use std::time::Duration;
 
@@ -221,7 +284,7 @@ fn probe_postgres(shown_url: &str) -> Result<(), CliError> {
         CliError::new(
             Code::Unavailable,
             format!(
-                "cannot reach PostgreSQL at {}: {detail}; check --db and that the server is running",
+                "cannot reach PostgreSQL at {}: {detail}; check {source} and that the server is running",
                 display::escape(&with_port)
             ),
         )
@@ -240,5 +303,56 @@ fn probe_postgres(shown_url: &str) -> Result<(), CliError> {
     match last {
         Some(e) => Err(unreachable(e.to_string())),
         None => Err(unreachable("the host name resolves to no address".into())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |name| {
+            vars.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| (*v).to_owned())
+        }
+    }
+
+    fn at(url: &str, source: &'static str) -> Location {
+        Location {
+            url: url.to_owned(),
+            source,
+        }
+    }
+
+    #[test]
+    fn the_flag_then_durable_db_then_database_url() {
+        let both = [("DURABLE_DB", "a.db"), ("DATABASE_URL", "postgres://db/x")];
+        let flag = Some("flag.db".to_owned());
+        assert_eq!(locate(flag, env(&both)).ok(), Some(at("flag.db", "--db")));
+        assert_eq!(
+            locate(None, env(&both)).ok(),
+            Some(at("a.db", "DURABLE_DB"))
+        );
+        let url_only = [("DATABASE_URL", "postgres://db/x")];
+        assert_eq!(
+            locate(None, env(&url_only)).ok(),
+            Some(at("postgres://db/x", "DATABASE_URL"))
+        );
+        // Empty or blank counts as unset, at every level.
+        let blank = [("DURABLE_DB", " "), ("DATABASE_URL", "b.db")];
+        assert_eq!(
+            locate(Some(String::new()), env(&blank)).ok(),
+            Some(at("b.db", "DATABASE_URL"))
+        );
+        let none = locate(None, env(&[("DURABLE_DB", ""), ("DATABASE_URL", "")]));
+        let e = none.err().map(|e| (e.code, e.message));
+        assert_eq!(
+            e,
+            Some((
+                Code::Usage,
+                "no database given: pass --db <sqlite file or postgres URL>, or set DURABLE_DB or DATABASE_URL".to_owned()
+            ))
+        );
     }
 }

@@ -1,4 +1,4 @@
-//! Commands that change the store (`resolve`, `fork`, `prune`, `migrate`) or write
+//! Commands that change the store (`resolve`, `fork`, `prune`, `retarget`) or write
 //! files (`export`).
 
 use std::io::{IsTerminal, Read};
@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use crate::display::{ID, NAME, clip};
 use crate::error::{CliError, Code};
 use crate::render::{self, age, table};
-use crate::{ExportArgs, ForkArgs, MigrateArgs, PruneArgs, ResolveArgs, UnparkArgs, operator};
+use crate::{ExportArgs, ForkArgs, PruneArgs, ResolveArgs, RetargetArgs, UnparkArgs, operator};
 
 /// The lease owner recorded for the few writes this tool makes under a lease (fork).
 const CLI_OWNER: &str = "durable-cli";
@@ -415,10 +415,12 @@ pub async fn prune(
     Ok(())
 }
 
-pub async fn migrate(
+/// `durable retarget`: one session to another app version, through the store's
+/// `migrate_session` (a session migration, not a schema migration).
+pub async fn retarget(
     store: &dyn CheckpointStore,
     json: bool,
-    args: MigrateArgs,
+    args: RetargetArgs,
 ) -> Result<(), CliError> {
     let id = SessionId::new(args.session);
     let current = store.session(&id).await?;
@@ -476,7 +478,7 @@ pub async fn migrate(
         }));
     }
     outln!(
-        "migrated session `{}` from app version `{}` to `{}`, by {}",
+        "moved session `{}` from app version `{}` to `{}`, by {}",
         clip(id.as_str(), ID),
         clip(&current.app_version, NAME),
         clip(&record.app_version, NAME),

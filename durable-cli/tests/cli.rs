@@ -44,7 +44,7 @@ scenario!(
     fork,
     export,
     prune,
-    migrate,
+    retarget,
     unpark,
     unknown_things,
 );
@@ -69,18 +69,93 @@ async fn sqlite_urls_are_accepted_in_every_spelling() {
         let out = run(&url, &["sessions", "--json"]);
         assert_eq!(out.json().as_array().map(Vec::len), Some(4), "{url}");
     }
-    // From the environment, when --db is absent.
-    let out: Run = durable_env(&["sessions", "--json"], &[("DURABLE_DB", &db)]).into();
-    assert_eq!(out.json().as_array().map(Vec::len), Some(4));
+}
+
+/// How many sessions `durable sessions --json` lists with `args` and `env`.
+#[track_caller]
+fn listed(args: &[&str], env: &[(&str, &str)]) -> Option<usize> {
+    let mut all = args.to_vec();
+    all.extend(["sessions", "--json"]);
+    let out: Run = durable_env(&all, env).into();
+    out.json().as_array().map(Vec::len)
+}
+
+#[tokio::test]
+async fn the_store_is_db_then_durable_db_then_database_url() {
+    let (dir, db, store) = sqlite().await;
+    cli_support::populate(&store).await;
+    let typo = dir.path().join("typo.db");
+    let typo = typo.to_str().expect("utf-8");
+
+    // Only DURABLE_DB; only DATABASE_URL (a SQLite path or URL works there too).
+    assert_eq!(listed(&[], &[("DURABLE_DB", &db)]), Some(4));
+    assert_eq!(listed(&[], &[("DATABASE_URL", &db)]), Some(4));
+    let url = format!("sqlite:{db}");
+    assert_eq!(listed(&[], &[("DATABASE_URL", &url)]), Some(4));
+    // Both: DURABLE_DB wins (DATABASE_URL names a file that does not exist).
+    assert_eq!(
+        listed(&[], &[("DURABLE_DB", &db), ("DATABASE_URL", typo)]),
+        Some(4)
+    );
+    // --db wins over both.
+    assert_eq!(
+        listed(
+            &["--db", &db],
+            &[("DURABLE_DB", typo), ("DATABASE_URL", typo)]
+        ),
+        Some(4)
+    );
+    // An empty variable counts as unset.
+    assert_eq!(
+        listed(&[], &[("DURABLE_DB", ""), ("DATABASE_URL", &db)]),
+        Some(4)
+    );
+
+    // A wrong location names where it came from.
+    let wrong = |env: &[(&str, &str)]| -> Run { durable_env(&["sessions"], env).into() };
+    wrong(&[("DURABLE_DB", typo), ("DATABASE_URL", &db)]).fails(6, "no SQLite database at");
+    wrong(&[("DURABLE_DB", typo)]).fails(6, "; check DURABLE_DB (");
+    wrong(&[("DATABASE_URL", typo)]).fails(6, "; check DATABASE_URL (");
+    run(typo, &["sessions"]).fails(6, "; check --db (");
 }
 
 #[test]
-fn no_database_is_a_usage_error() {
-    let out: Run = durable_env(&["sessions"], &[]).into();
-    out.fails(
-        2,
-        "no database given: pass --db <sqlite file or postgres URL>, or set DURABLE_DB",
-    );
+fn no_database_is_a_usage_error_naming_the_three_ways() {
+    for env in [&[][..], &[("DURABLE_DB", ""), ("DATABASE_URL", " ")]] {
+        let out: Run = durable_env(&["sessions"], env).into();
+        out.fails(
+            2,
+            "no database given: pass --db <sqlite file or postgres URL>, or set DURABLE_DB or DATABASE_URL",
+        );
+        assert_eq!(out.stderr.trim_end().lines().count(), 1, "{}", out.stderr);
+    }
+}
+
+#[test]
+fn migrate_is_now_retarget() {
+    for args in [
+        &["migrate", "s-1", "--app-version", "v2"][..],
+        &["--db", "/nonexistent.db", "migrate", "s-1", "--help"],
+    ] {
+        let out: Run = durable_env(args, &[]).into();
+        out.fails(2, "`durable migrate` is now `durable retarget`");
+        assert!(
+            out.stderr.contains("`durable retarget --help`"),
+            "{}",
+            out.stderr
+        );
+        assert_eq!(out.stderr.trim_end().lines().count(), 1, "{}", out.stderr);
+    }
+    let help: Run = durable_env(&["retarget", "--help"], &[]).into();
+    let text = words(help.ok());
+    assert!(text.contains("--map <OLD=NEW>"), "{text}");
+    assert!(text.contains("Not a schema migration"), "{text}");
+    assert!(text.contains("Formerly `durable migrate`"), "{text}");
+}
+
+/// `text` with every run of whitespace one space: help text wraps to the terminal.
+fn words(text: &str) -> String {
+    text.split_whitespace().collect::<Vec<_>>().join(" ")
 }
 
 #[test]
@@ -108,11 +183,11 @@ fn every_command(elsewhere: &Path) -> Vec<Vec<String>> {
         "calls s-1",
         "in-doubt",
         "prune --older-than 1d --dry-run",
-        "migrate s-1 --app-version v2 --dry-run",
+        "retarget s-1 --app-version v2 --dry-run",
         "unpark s-1",
         "fork s-1 --from-version 0 --to s-2",
         "prune --older-than 1d",
-        "migrate s-1 --app-version v2",
+        "retarget s-1 --app-version v2",
         "resolve c-1 --did-not-happen",
     ]
     .iter()
@@ -267,14 +342,14 @@ fn unknown_url_schemes_are_unavailable_and_keep_passwords_out() {
 fn postgres_urls_name_the_missing_feature() {
     run("postgres://127.0.0.1:1/x", &["sessions"]).fails(
         6,
-        "built without `postgres:` support; rebuild it with `--features cli,postgres`",
+        "built without `postgres:` support; reinstall durable-cli with `--features postgres`",
     );
 }
 
 #[test]
 fn help_lists_commands_and_exit_codes() {
     let out: Run = durable_env(&["--help"], &[]).into();
-    let text = out.ok();
+    let text = words(out.ok());
     for needle in [
         "sessions",
         "show",
@@ -284,15 +359,17 @@ fn help_lists_commands_and_exit_codes() {
         "fork",
         "export",
         "prune",
-        "migrate",
-        "[env: DURABLE_DB]",
+        "retarget",
+        "Without --db: $DURABLE_DB, else $DATABASE_URL",
+        "--db, else the DURABLE_DB environment variable, else DATABASE_URL",
         "Exit codes:",
         "3  not found",
         "6  database unavailable",
     ] {
         assert!(
-            text.contains(needle),
-            "{needle:?} missing from --help:\n{text}"
+            text.contains(&words(needle)),
+            "{needle:?} missing from --help:\n{}",
+            out.stdout
         );
     }
     let resolve: Run = durable_env(&["resolve", "--help"], &[]).into();

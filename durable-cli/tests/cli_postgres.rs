@@ -38,7 +38,7 @@ scenario!(
     fork,
     export,
     prune,
-    migrate,
+    retarget,
     unknown_things,
 );
 

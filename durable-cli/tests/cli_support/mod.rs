@@ -25,13 +25,15 @@ use tokio::sync::Notify;
 /// The app version the populated sessions start on.
 pub const APP: &str = "shop/1";
 
-/// Runs `durable --db <db> <args…>` with a clean environment for the variables it reads.
+/// Runs `durable --db <db> <args…>` with a clean environment for the variables it reads
+/// (`DATABASE_URL` too: `scripts/test.sh` may set it for the PostgreSQL harness).
 pub fn durable(db: &str, args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_durable"))
         .arg("--db")
         .arg(db)
         .args(args)
         .env_remove("DURABLE_DB")
+        .env_remove("DATABASE_URL")
         .env_remove("DURABLE_MAC_KEY")
         .env_remove("DURABLE_PREVIOUS_MAC_KEYS")
         .env("USER", "test-operator")
@@ -39,11 +41,13 @@ pub fn durable(db: &str, args: &[&str]) -> Output {
         .expect("run the durable binary")
 }
 
-/// Runs the binary with no `--db` and the given environment.
+/// Runs the binary with the given arguments and environment, the variables it reads
+/// otherwise unset.
 pub fn durable_env(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_durable"));
     cmd.args(args)
         .env_remove("DURABLE_DB")
+        .env_remove("DATABASE_URL")
         .env_remove("DURABLE_MAC_KEY")
         .env_remove("DURABLE_PREVIOUS_MAC_KEYS")
         .env("USER", "test-operator");

@@ -607,13 +607,13 @@ pub async fn prune(store: &Arc<dyn CheckpointStore>, db: &str) {
     run(db, &["prune", "--older-than", "soon"]).fails(2, "expected a number and a unit");
 }
 
-pub async fn migrate(store: &Arc<dyn CheckpointStore>, db: &str) {
+pub async fn retarget(store: &Arc<dyn CheckpointStore>, db: &str) {
     let p = populate(store).await;
     let id = p.doubt.as_str();
     let dry = run(
         db,
         &[
-            "migrate",
+            "retarget",
             id,
             "--app-version",
             "shop/2",
@@ -639,7 +639,7 @@ pub async fn migrate(store: &Arc<dyn CheckpointStore>, db: &str) {
     let json = run(
         db,
         &[
-            "migrate",
+            "retarget",
             id,
             "--app-version",
             "shop/2",
@@ -660,13 +660,13 @@ pub async fn migrate(store: &Arc<dyn CheckpointStore>, db: &str) {
     );
     assert!(!rows.iter().any(|r| r.identity.tool == "send_email"));
 
-    run(db, &["migrate", "nope", "--app-version", "x"]).fails(3, "session `nope` not found");
+    run(db, &["retarget", "nope", "--app-version", "x"]).fails(3, "session `nope` not found");
     run(
         db,
-        &["migrate", id, "--app-version", "x", "--map", "nonsense"],
+        &["retarget", id, "--app-version", "x", "--map", "nonsense"],
     )
     .fails(2, "expected `old=new`");
-    run(db, &["migrate", id]).fails(2, "--app-version");
+    run(db, &["retarget", id]).fails(2, "--app-version");
 }
 
 pub async fn unknown_things(store: &Arc<dyn CheckpointStore>, db: &str) {
