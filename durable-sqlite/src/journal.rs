@@ -1,22 +1,20 @@
-//! The call journal: insert-or-get of rows, outcomes, re-issues, the in-doubt listing
-//! and operator resolutions (the journal half of the [`CheckpointStore`] impl).
-//!
-//! [`CheckpointStore`]: durable_core::CheckpointStore
+//! The call journal: insert-or-get of rows, outcomes, re-issues and the in-doubt
+//! listing. Operator resolutions are in [`crate::resolution`].
 
 use durable_core::integrity::Keyring;
 use durable_core::store::{
     CallOutcome, CallRecord, CallStatus, CheckpointMeta, FORMAT_VERSION, Fence, FinishCall,
-    IssueOutcome, NewCall, NewCheckpoint, Resolution, ResolutionRecord, ResolveCall,
+    IssueOutcome, NewCall, NewCheckpoint,
 };
 use durable_core::{CallId, SessionId, StoreError};
 use sqlx::SqliteConnection;
 
 use crate::SqliteStore;
+use crate::checkpoints;
 use crate::error::db;
-use crate::ops::{self, json, opt_json};
-use crate::rows::{self, call_cols};
-use crate::seal::{self, RawCall};
-use crate::tx::{WriteTx, now_sql};
+use crate::rows::{call_cols, json, opt_json};
+use crate::seal::{self, RawCall, checked_call_record};
+use crate::tx::{self, WriteTx, now_sql};
 
 pub(crate) async fn issue_call(
     store: &SqliteStore,
@@ -68,7 +66,7 @@ pub(crate) async fn reissue_call(
     let mut tx = WriteTx::begin(store.writer()).await?;
     let result = async {
         let conn = tx.conn();
-        ops::fenced(&mut *conn, ring, fence).await?;
+        tx::fenced(&mut *conn, ring, fence).await?;
         let mut raw = fenced_call(&mut *conn, ring, fence, call).await?;
         if !matches!(
             CallStatus::parse(&raw.status),
@@ -97,7 +95,7 @@ pub(crate) async fn reissue_call(
         .execute(&mut *conn)
         .await
         .map_err(db)?;
-        ops::load_call(conn, ring, call).await
+        load_call(conn, ring, call).await
     }
     .await;
     tx.finish(result).await
@@ -115,7 +113,7 @@ pub(crate) async fn finish_call(
     let now = tx.now;
     let result = async {
         let conn = tx.conn();
-        let mut fenced = ops::fenced(&mut *conn, ring, fence).await?;
+        let mut fenced = tx::fenced(&mut *conn, ring, fence).await?;
         let mut raw = fenced_call(&mut *conn, ring, fence, call).await?;
         if raw.status != CallStatus::Issued.as_str() {
             return Err(StoreError::CallNotInDoubt {
@@ -145,8 +143,16 @@ pub(crate) async fn finish_call(
         .map_err(db)?;
         match &checkpoint {
             Some((expected, cp)) => Ok(Some(
-                ops::save_checkpoint(conn, ring, now, fence.session, &mut fenced, *expected, cp)
-                    .await?,
+                checkpoints::append_checkpoint(
+                    conn,
+                    ring,
+                    now,
+                    fence.session,
+                    &mut fenced,
+                    *expected,
+                    cp,
+                )
+                .await?,
             )),
             None => Ok(None),
         }
@@ -157,7 +163,7 @@ pub(crate) async fn finish_call(
 
 pub(crate) async fn call(store: &SqliteStore, id: &CallId) -> Result<CallRecord, StoreError> {
     let mut conn = store.reader().acquire().await.map_err(db)?;
-    ops::load_call(&mut conn, store.keyring(), id).await
+    load_call(&mut conn, store.keyring(), id).await
 }
 
 pub(crate) async fn calls(
@@ -191,7 +197,7 @@ pub(crate) async fn calls(
     rtx.commit().await.map_err(db)?;
     found
         .iter()
-        .map(|row| rows::checked_call(ring, row))
+        .map(|row| checked_call_record(ring, row))
         .collect()
 }
 
@@ -224,150 +230,8 @@ pub(crate) async fn in_doubt(
     let ring = store.keyring();
     found
         .iter()
-        .map(|row| rows::checked_call(ring, row))
+        .map(|row| checked_call_record(ring, row))
         .collect()
-}
-
-pub(crate) async fn resolve_call(
-    store: &SqliteStore,
-    resolve: ResolveCall,
-) -> Result<CallRecord, StoreError> {
-    let ring = store.keyring();
-    let mut tx = WriteTx::begin(store.writer()).await?;
-    let now = tx.now;
-    let result = async {
-        let conn = tx.conn();
-        let id = &resolve.call;
-        let mut raw = seal::checked_call(&mut *conn, ring, id).await?;
-        let state = ops::call_state(&mut *conn, id).await?;
-        if state.status != CallStatus::Issued {
-            return Err(StoreError::CallNotInDoubt {
-                call: id.clone(),
-                status: state.status.as_str().to_owned(),
-            });
-        }
-        let session = ops::load_session(&mut *conn, &state.session).await?;
-        let live =
-            session.lease_owner.is_some() && session.lease_expires_at.is_some_and(|at| at > now);
-        if live && session.fence == state.fence {
-            return Err(StoreError::CallNotInDoubt {
-                call: id.clone(),
-                status: "running".to_owned(),
-            });
-        }
-        let mut head = seal::checked_head(&mut *conn, ring, &state.session).await?;
-        let (status, decision, result) = match &resolve.resolution {
-            Resolution::Happened { result } => {
-                (CallStatus::Resolved, "happened", Some(json(result)?))
-            }
-            Resolution::DidNotHappen => (CallStatus::NotHappened, "did_not_happen", None),
-        };
-        raw.status = status.as_str().to_owned();
-        raw.result = result.clone();
-        raw.seal(ring)?;
-        sqlx::query(
-            "UPDATE durable_tool_calls SET status = ?, result = ?, mac = ?, finished_at = ? \
-             WHERE id = ?",
-        )
-        .bind(status.as_str())
-        .bind(result.as_deref())
-        .bind(raw.mac.as_deref())
-        .bind(now)
-        .bind(id.as_str())
-        .execute(&mut *conn)
-        .await
-        .map_err(db)?;
-        let position = head.resolutions + 1;
-        let resolution_seal = ring.seal(&seal::resolution_fields(
-            id.as_str(),
-            &state.session,
-            position,
-            decision,
-            result.as_deref(),
-            &resolve.by,
-            resolve.note.as_deref(),
-        ))?;
-        sqlx::query(
-            "INSERT INTO durable_resolutions (call_id, session_id, decision, result, \
-             resolved_by, note, format, created_at, position, seal) \
-             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-        )
-        .bind(id.as_str())
-        .bind(state.session.as_str())
-        .bind(decision)
-        .bind(result.as_deref())
-        .bind(&resolve.by)
-        .bind(resolve.note.as_deref())
-        .bind(FORMAT_VERSION)
-        .bind(now)
-        .bind(position)
-        .bind(&resolution_seal)
-        .execute(&mut *conn)
-        .await
-        .map_err(db)?;
-        head.resolutions = position;
-        head.store(&mut *conn, ring).await?;
-        ops::load_call(conn, ring, id).await
-    }
-    .await;
-    tx.finish(result).await
-}
-
-pub(crate) async fn resolutions(
-    store: &SqliteStore,
-    session: &SessionId,
-) -> Result<Vec<ResolutionRecord>, StoreError> {
-    let ring = store.keyring();
-    let mut rtx = store.reader().begin().await.map_err(db)?;
-    let head = seal::checked_head(&mut rtx, ring, session).await?;
-    let found = sqlx::query(
-        "SELECT call_id, session_id, decision, result, resolved_by, note, format, created_at, \
-         position, seal FROM durable_resolutions WHERE session_id = ? ORDER BY id",
-    )
-    .bind(session.as_str())
-    .fetch_all(&mut *rtx)
-    .await
-    .map_err(db)?;
-    rtx.commit().await.map_err(db)?;
-    let mut out = Vec::with_capacity(found.len());
-    for (i, row) in found.iter().enumerate() {
-        let call: String = rows::col(row, "call_id", session, None)?;
-        let position: i64 = rows::col(row, "position", session, None)?;
-        let decision: String = rows::col(row, "decision", session, None)?;
-        let result: Option<String> = rows::col(row, "result", session, None)?;
-        let by: String = rows::col(row, "resolved_by", session, None)?;
-        let note: Option<String> = rows::col(row, "note", session, None)?;
-        let stored: Option<String> = rows::col(row, "seal", session, None)?;
-        let expected = i64::try_from(i + 1).unwrap_or(i64::MAX);
-        let fields = seal::resolution_fields(
-            &call,
-            session,
-            expected,
-            &decision,
-            result.as_deref(),
-            &by,
-            note.as_deref(),
-        );
-        ring.verify(
-            session,
-            || format!("resolution {position} (call `{call}`)"),
-            &fields,
-            stored.as_deref(),
-        )?;
-        out.push(rows::resolution(row)?);
-    }
-    if i64::try_from(out.len()).ok() != Some(head.resolutions) {
-        return Err(StoreError::Tampered {
-            session: session.clone(),
-            what: "the resolutions".to_owned(),
-            detail: format!(
-                "the session head records {} resolutions, the table holds {}",
-                head.resolutions,
-                out.len()
-            ),
-        });
-    }
-    Ok(out)
 }
 
 /// `issue_call` (`finish = None`: status `issued`) and `record_call` (the outcome is
@@ -382,7 +246,7 @@ async fn insert_call(
     call: &NewCall,
     finish: Option<&FinishCall>,
 ) -> Result<IssueOutcome, StoreError> {
-    let mut fenced = ops::fenced(&mut *conn, ring, fence).await?;
+    let mut fenced = tx::fenced(&mut *conn, ring, fence).await?;
     let identity = &call.identity;
     if identity.session != *fence.session {
         return Err(StoreError::LeaseLost {
@@ -479,7 +343,7 @@ async fn insert_call(
         fenced.head.journal_rows = seq;
         fenced.head.store(&mut *conn, ring).await?;
         return Ok(IssueOutcome::Inserted(
-            ops::load_call(conn, ring, &call.id).await?,
+            load_call(conn, ring, &call.id).await?,
         ));
     }
     let row = sqlx::query(concat!(
@@ -496,7 +360,7 @@ async fn insert_call(
     .fetch_one(conn)
     .await
     .map_err(db)?;
-    Ok(IssueOutcome::Existing(rows::checked_call(ring, &row)?))
+    Ok(IssueOutcome::Existing(checked_call_record(ring, &row)?))
 }
 
 /// Status, `result` and `error` columns of a recorded outcome.
@@ -507,4 +371,23 @@ fn outcome_columns(
         CallOutcome::Completed(value) => (CallStatus::Completed, Some(json(value)?), None),
         CallOutcome::Failed(value) => (CallStatus::Failed, None, Some(json(value)?)),
     })
+}
+
+/// Reads a full journal row, or [`StoreError::CallNotFound`].
+pub(crate) async fn load_call(
+    conn: &mut SqliteConnection,
+    ring: &Keyring,
+    id: &CallId,
+) -> Result<CallRecord, StoreError> {
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        call_cols!(),
+        " FROM durable_tool_calls c WHERE c.id = ?"
+    ))
+    .bind(id.as_str())
+    .fetch_optional(conn)
+    .await
+    .map_err(db)?
+    .ok_or_else(|| StoreError::CallNotFound(id.clone()))?;
+    checked_call_record(ring, &row)
 }

@@ -70,27 +70,27 @@ use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, SqliteConnection, SqlitePool};
 
-mod backup;
-mod checkpoint;
+mod checkpoints;
 mod error;
 mod journal;
+mod keys;
+mod leases;
+mod maintenance;
 mod open;
-mod ops;
+mod resolution;
 mod rows;
 mod seal;
+mod sessions;
 mod store;
 mod tx;
 
-pub use backup::Backup;
+pub use maintenance::Backup;
 
 use error::{BACKEND, db, migrate};
 
 /// The table that records applied schema migrations (never sqlx's `_sqlx_migrations`,
 /// which may belong to the host application).
 pub const MIGRATIONS_TABLE: &str = "durable_schema_migrations";
-
-/// The `unsafe_setting` an in-memory store reports unless it accepts volatility.
-const IN_MEMORY_SETTING: &str = "journal_mode = memory (in-memory database)";
 
 /// The embedded schema migrations, tracked in [`MIGRATIONS_TABLE`].
 ///
@@ -130,6 +130,7 @@ enum Target {
 /// # }
 /// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct SqliteStoreOptions {
     target: Target,
     keyring: Option<Keyring>,
@@ -224,88 +225,6 @@ impl SqliteStoreOptions {
     pub fn read_only(mut self, read_only: bool) -> Self {
         self.read_only = read_only;
         self
-    }
-}
-
-/// What every connection must read back after connecting.
-#[derive(Debug, Clone, Copy)]
-struct Expect {
-    wal: bool,
-    busy_timeout_ms: i64,
-}
-
-/// A setting SQLite did not apply (for settings that are not about durability).
-#[derive(Debug, thiserror::Error)]
-#[error(
-    "sqlite setting `{pragma}` reads back as {found}, expected {expected}; the SQLite build or file system does not honour it"
-)]
-struct SettingNotApplied {
-    pragma: &'static str,
-    expected: String,
-    found: String,
-}
-
-/// Reads back the pragmas the store depends on.
-async fn verify(conn: &mut SqliteConnection, expect: Expect) -> Result<(), StoreError> {
-    let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(db)?;
-    if expect.wal && !mode.eq_ignore_ascii_case("wal") {
-        return Err(StoreError::NotDurable {
-            backend: BACKEND,
-            setting: format!("journal_mode = {}", mode.to_ascii_lowercase()),
-        });
-    }
-    let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(db)?;
-    if sync < 2 {
-        return Err(StoreError::NotDurable {
-            backend: BACKEND,
-            setting: format!("synchronous = {}", synchronous_name(sync)),
-        });
-    }
-    let fk: i64 = sqlx::query_scalar("PRAGMA foreign_keys")
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(db)?;
-    if fk != 1 {
-        return Err(StoreError::database(
-            BACKEND,
-            SettingNotApplied {
-                pragma: "foreign_keys",
-                expected: "1".into(),
-                found: fk.to_string(),
-            },
-        ));
-    }
-    let busy: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(db)?;
-    if busy != expect.busy_timeout_ms {
-        return Err(StoreError::database(
-            BACKEND,
-            SettingNotApplied {
-                pragma: "busy_timeout",
-                expected: format!("{} ms", expect.busy_timeout_ms),
-                found: format!("{busy} ms"),
-            },
-        ));
-    }
-    Ok(())
-}
-
-/// The name of a `PRAGMA synchronous` value.
-pub(crate) fn synchronous_name(value: i64) -> String {
-    match value {
-        0 => "off".into(),
-        1 => "normal".into(),
-        2 => "full".into(),
-        3 => "extra".into(),
-        other => other.to_string(),
     }
 }
 
@@ -468,7 +387,7 @@ impl SqliteStore {
                 )
             }
         };
-        let expect = Expect {
+        let expect = open::Expect {
             // A reader checks what a writer set, but does not require WAL of it.
             wal: !in_memory && !read_only,
             busy_timeout_ms: i64::try_from(options.busy_timeout.as_millis())
@@ -480,7 +399,7 @@ impl SqliteStore {
         // here as themselves (a pool would retry a failing `after_connect` until its
         // acquire timeout).
         let mut setup = connect.connect().await.map_err(db)?;
-        verify(&mut setup, expect).await?;
+        open::verify(&mut setup, expect).await?;
         if read_only {
             open::check_schema(&mut setup, &location).await?;
         } else {
@@ -496,7 +415,7 @@ impl SqliteStore {
         let keyring = if read_only {
             open::read_only_keys(&mut setup, keyring).await?
         } else {
-            seal::setup_keys(&mut setup, keyring).await?
+            keys::setup_keys(&mut setup, keyring).await?
         };
         if created {
             open::checkpoint_truncate(&mut setup).await?;
@@ -505,7 +424,7 @@ impl SqliteStore {
         let pool_options = move || {
             SqlitePoolOptions::new().after_connect(move |conn, _meta| {
                 Box::pin(async move {
-                    verify(conn, expect)
+                    open::verify(conn, expect)
                         .await
                         .map_err(|e| sqlx::Error::Configuration(Box::new(e)))
                 })
@@ -583,87 +502,6 @@ impl SqliteStore {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    async fn connect(options: SqliteConnectOptions) -> SqliteConnection {
-        options.connect().await.expect("connect")
-    }
-
-    fn file(dir: &tempfile::TempDir) -> SqliteConnectOptions {
-        SqliteConnectOptions::new()
-            .filename(dir.path().join("t.db"))
-            .create_if_missing(true)
-    }
-
-    const EXPECT: Expect = Expect {
-        wal: true,
-        busy_timeout_ms: 5_000,
-    };
-
-    #[tokio::test]
-    async fn verify_refuses_rollback_journal_mode() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut conn = connect(file(&dir).journal_mode(SqliteJournalMode::Delete)).await;
-        match verify(&mut conn, EXPECT).await {
-            Err(StoreError::NotDurable { backend, setting }) => {
-                assert_eq!(
-                    (backend, setting.as_str()),
-                    ("sqlite", "journal_mode = delete")
-                );
-            }
-            other => panic!("expected NotDurable, got {other:?}"),
-        }
-    }
-
-    #[tokio::test]
-    async fn verify_refuses_synchronous_normal() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let options = file(&dir)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Normal);
-        let mut conn = connect(options).await;
-        match verify(&mut conn, EXPECT).await {
-            Err(StoreError::NotDurable { setting, .. }) => {
-                assert_eq!(setting, "synchronous = normal");
-            }
-            other => panic!("expected NotDurable, got {other:?}"),
-        }
-    }
-
-    #[tokio::test]
-    async fn verify_refuses_a_busy_timeout_that_did_not_take() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let options = file(&dir)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Full)
-            .busy_timeout(Duration::from_millis(10));
-        let mut conn = connect(options).await;
-        let error = verify(&mut conn, EXPECT)
-            .await
-            .expect_err("busy timeout differs");
-        assert!(error.to_string().contains("busy_timeout"), "{error}");
-    }
-
-    #[tokio::test]
-    async fn verify_accepts_wal_and_full() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let options = file(&dir)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(SqliteSynchronous::Full);
-        verify(&mut connect(options).await, EXPECT)
-            .await
-            .expect("WAL + FULL + foreign keys + 5 s busy timeout pass");
-    }
-
-    #[tokio::test]
-    async fn after_connect_refusal_surfaces_as_not_durable() {
-        let error = db(sqlx::Error::Configuration(Box::new(
-            StoreError::NotDurable {
-                backend: BACKEND,
-                setting: "synchronous = off".into(),
-            },
-        )));
-        assert!(matches!(error, StoreError::NotDurable { .. }), "{error:?}");
-    }
 
     #[test]
     fn migrations_use_our_tracking_table() {

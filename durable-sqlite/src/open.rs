@@ -11,6 +11,8 @@
 //! - A read-only open also refuses a file that does not exist, and (after connecting) a
 //!   database without the durable schema or with a schema of another version
 //!   ([`check_schema`]).
+//! - Every connection reads back the settings the store depends on (WAL,
+//!   `synchronous = FULL`, foreign keys, the busy timeout) before it is used ([`verify`]).
 
 use std::io::{ErrorKind, Read};
 use std::path::{Path, PathBuf};
@@ -247,4 +249,175 @@ pub(crate) async fn read_only_keys(
             .map_err(db)?;
     ring.readable(signing.as_deref())?;
     Ok(ring)
+}
+
+/// What every connection must read back after connecting.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Expect {
+    pub(crate) wal: bool,
+    pub(crate) busy_timeout_ms: i64,
+}
+
+/// A setting SQLite did not apply (for settings that are not about durability).
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "sqlite setting `{pragma}` reads back as {found}, expected {expected}; the SQLite build or file system does not honour it"
+)]
+struct SettingNotApplied {
+    pragma: &'static str,
+    expected: String,
+    found: String,
+}
+
+/// Reads back the pragmas the store depends on.
+pub(crate) async fn verify(conn: &mut SqliteConnection, expect: Expect) -> Result<(), StoreError> {
+    let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db)?;
+    if expect.wal && !mode.eq_ignore_ascii_case("wal") {
+        return Err(StoreError::NotDurable {
+            backend: BACKEND,
+            setting: format!("journal_mode = {}", mode.to_ascii_lowercase()),
+        });
+    }
+    let sync: i64 = sqlx::query_scalar("PRAGMA synchronous")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db)?;
+    if sync < 2 {
+        return Err(StoreError::NotDurable {
+            backend: BACKEND,
+            setting: format!("synchronous = {}", synchronous_name(sync)),
+        });
+    }
+    let fk: i64 = sqlx::query_scalar("PRAGMA foreign_keys")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db)?;
+    if fk != 1 {
+        return Err(StoreError::database(
+            BACKEND,
+            SettingNotApplied {
+                pragma: "foreign_keys",
+                expected: "1".into(),
+                found: fk.to_string(),
+            },
+        ));
+    }
+    let busy: i64 = sqlx::query_scalar("PRAGMA busy_timeout")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db)?;
+    if busy != expect.busy_timeout_ms {
+        return Err(StoreError::database(
+            BACKEND,
+            SettingNotApplied {
+                pragma: "busy_timeout",
+                expected: format!("{} ms", expect.busy_timeout_ms),
+                found: format!("{busy} ms"),
+            },
+        ));
+    }
+    Ok(())
+}
+
+/// The name of a `PRAGMA synchronous` value.
+pub(crate) fn synchronous_name(value: i64) -> String {
+    match value {
+        0 => "off".into(),
+        1 => "normal".into(),
+        2 => "full".into(),
+        3 => "extra".into(),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use sqlx::ConnectOptions;
+    use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqliteSynchronous};
+
+    use super::*;
+
+    async fn connect(options: SqliteConnectOptions) -> SqliteConnection {
+        options.connect().await.expect("connect")
+    }
+
+    fn file(dir: &tempfile::TempDir) -> SqliteConnectOptions {
+        SqliteConnectOptions::new()
+            .filename(dir.path().join("t.db"))
+            .create_if_missing(true)
+    }
+
+    const EXPECT: Expect = Expect {
+        wal: true,
+        busy_timeout_ms: 5_000,
+    };
+
+    #[tokio::test]
+    async fn verify_refuses_rollback_journal_mode() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut conn = connect(file(&dir).journal_mode(SqliteJournalMode::Delete)).await;
+        match verify(&mut conn, EXPECT).await {
+            Err(StoreError::NotDurable { backend, setting }) => {
+                assert_eq!(
+                    (backend, setting.as_str()),
+                    ("sqlite", "journal_mode = delete")
+                );
+            }
+            other => panic!("expected NotDurable, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn verify_refuses_synchronous_normal() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let options = file(&dir)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Normal);
+        let mut conn = connect(options).await;
+        match verify(&mut conn, EXPECT).await {
+            Err(StoreError::NotDurable { setting, .. }) => {
+                assert_eq!(setting, "synchronous = normal");
+            }
+            other => panic!("expected NotDurable, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn verify_refuses_a_busy_timeout_that_did_not_take() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let options = file(&dir)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full)
+            .busy_timeout(Duration::from_millis(10));
+        let mut conn = connect(options).await;
+        let error = verify(&mut conn, EXPECT)
+            .await
+            .expect_err("busy timeout differs");
+        assert!(error.to_string().contains("busy_timeout"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn verify_accepts_wal_and_full() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let options = file(&dir)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(SqliteSynchronous::Full);
+        verify(&mut connect(options).await, EXPECT)
+            .await
+            .expect("WAL + FULL + foreign keys + 5 s busy timeout pass");
+    }
+
+    #[tokio::test]
+    async fn after_connect_refusal_surfaces_as_not_durable() {
+        let error = db(sqlx::Error::Configuration(Box::new(
+            StoreError::NotDurable {
+                backend: BACKEND,
+                setting: "synchronous = off".into(),
+            },
+        )));
+        assert!(matches!(error, StoreError::NotDurable { .. }), "{error:?}");
+    }
 }

@@ -1,4 +1,5 @@
-//! Decoding of stored rows into core records.
+//! The stored form of rows: column lists, decoding rows into core records, encoding
+//! JSON for TEXT columns, and snapshots stored as references to an older version.
 //!
 //! Nothing here panics on what the database holds: a value of the wrong type, an unknown
 //! enum name, JSON that does not parse or a `format` newer than this release becomes
@@ -12,9 +13,9 @@ use durable_core::store::{
 use durable_core::{CallId, ReplayClass, SessionId, StoreError};
 use serde_json::Value;
 use sqlx::sqlite::SqliteRow;
-use sqlx::{Decode, Row, Sqlite, Type};
+use sqlx::{Decode, Row, Sqlite, SqliteConnection, Type};
 
-use crate::error::{check_format, corrupt, db, parse_json};
+use crate::error::{check_format, corrupt, db, encode, parse_json};
 
 /// Columns of `durable_sessions`, in the order [`session`] reads them.
 macro_rules! session_cols {
@@ -35,16 +36,6 @@ macro_rules! call_cols {
     };
 }
 pub(crate) use call_cols;
-
-/// Decodes a `durable_tool_calls` row selected with [`call_cols!`] after checking its
-/// seal.
-pub(crate) fn checked_call(
-    ring: &durable_core::integrity::Keyring,
-    row: &SqliteRow,
-) -> Result<CallRecord, StoreError> {
-    crate::seal::RawCall::from_row(row)?.check(ring)?;
-    call(row)
-}
 
 /// Columns of `durable_checkpoints` for [`checkpoint_meta`].
 macro_rules! meta_cols {
@@ -118,7 +109,7 @@ pub(crate) fn checkpoint_meta(row: &SqliteRow) -> Result<CheckpointMeta, StoreEr
 }
 
 /// Parses an optional JSON column of a journal row.
-fn opt_json(
+fn parse_opt_json(
     row: &SqliteRow,
     name: &str,
     session: &SessionId,
@@ -169,9 +160,9 @@ pub(crate) fn call(row: &SqliteRow) -> Result<CallRecord, StoreError> {
         args,
         idempotency_key: col(row, "idempotency_key", s, None)?,
         schema_hash: col(row, "schema_hash", s, None)?,
-        result: opt_json(row, "result", s, &id)?,
-        error: opt_json(row, "error", s, &id)?,
-        spend: opt_json(row, "spend", s, &id)?,
+        result: parse_opt_json(row, "result", s, &id)?,
+        error: parse_opt_json(row, "error", s, &id)?,
+        spend: parse_opt_json(row, "spend", s, &id)?,
         mac: col(row, "mac", s, None)?,
         attempt: col(row, "attempt", s, None)?,
         fence: col(row, "fence", s, None)?,
@@ -232,4 +223,77 @@ pub(crate) fn error(row: &SqliteRow) -> Result<ErrorRecord, StoreError> {
         at: col(row, "created_at", s, None)?,
         session,
     })
+}
+
+/// Serializes a JSON value for a TEXT column.
+pub(crate) fn json(value: &Value) -> Result<String, StoreError> {
+    serde_json::to_string(value).map_err(encode)
+}
+
+/// Serializes an optional JSON value.
+pub(crate) fn opt_json(value: Option<&Value>) -> Result<Option<String>, StoreError> {
+    value.map(json).transpose()
+}
+
+/// The stored form of "the same snapshot as version `v`": `@v`. JSON text never starts
+/// with `@`, so a reference cannot be mistaken for a snapshot.
+pub(crate) fn snapshot_ref(version: i64) -> String {
+    format!("@{version}")
+}
+
+/// The version a stored snapshot refers to, if it is a reference.
+pub(crate) fn parse_snapshot_ref(stored: &str) -> Option<i64> {
+    stored.strip_prefix('@')?.parse().ok()
+}
+
+/// The text of `column` at `version`, which must hold text (not a reference).
+pub(crate) async fn snapshot_text(
+    conn: &mut SqliteConnection,
+    session: &SessionId,
+    version: i64,
+    column: &str,
+) -> Result<String, StoreError> {
+    let sql = match column {
+        "plan" => {
+            "SELECT plan FROM durable_checkpoints WHERE session_num = (SELECT num FROM durable_sessions WHERE id = ?) AND version = ?"
+        }
+        "budget" => {
+            "SELECT budget FROM durable_checkpoints WHERE session_num = (SELECT num FROM durable_sessions WHERE id = ?) AND version = ?"
+        }
+        _ => {
+            "SELECT state FROM durable_checkpoints WHERE session_num = (SELECT num FROM durable_sessions WHERE id = ?) AND version = ?"
+        }
+    };
+    let text: Option<String> = sqlx::query_scalar(sql)
+        .bind(session.as_str())
+        .bind(version)
+        .fetch_optional(conn)
+        .await
+        .map_err(db)?;
+    match text {
+        Some(text) if parse_snapshot_ref(&text).is_none() => Ok(text),
+        Some(_) => Err(corrupt(
+            session,
+            Some(version),
+            format!("the {column} snapshot refers to another reference"),
+        )),
+        None => Err(corrupt(
+            session,
+            Some(version),
+            format!("a {column} snapshot refers to missing version {version}"),
+        )),
+    }
+}
+
+/// Resolves a stored snapshot: its text, or the text of the version it refers to.
+pub(crate) async fn resolve_snapshot(
+    conn: &mut SqliteConnection,
+    session: &SessionId,
+    stored: String,
+    column: &str,
+) -> Result<String, StoreError> {
+    match parse_snapshot_ref(&stored) {
+        Some(holder) => snapshot_text(conn, session, holder, column).await,
+        None => Ok(stored),
+    }
 }

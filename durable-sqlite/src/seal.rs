@@ -1,18 +1,18 @@
-//! Seals: computing them in write transactions, checking them on reads, the session
-//! head, and the store's key setup (adoption of unsealed rows, key rotation).
+//! Seals: computing them in write transactions, checking them on reads, and the session
+//! head. The store's key setup and re-sealing are in [`crate::keys`].
 //!
 //! What is sealed and why is in [`durable_core::integrity`]; this module maps it onto
 //! the SQLite tables.
 
 use durable_core::integrity::{
-    CallFields, CheckpointFields, Fields, Head, KeyPlan, Keyring, ResolutionFields, message_fields,
+    CallFields, CheckpointFields, Fields, Head, Keyring, ResolutionFields, message_fields,
 };
+use durable_core::store::CallRecord;
 use durable_core::{CallId, SessionId, StoreError};
 use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, SqliteConnection};
 
 use crate::error::db;
-use crate::ops;
 use crate::rows;
 
 /// A journal row's sealed columns, as stored.
@@ -46,6 +46,7 @@ macro_rules! raw_call_cols {
          c.error, c.spend, c.attempt, c.seq, c.mac"
     };
 }
+pub(crate) use raw_call_cols;
 
 impl RawCall {
     /// Reads the sealed columns of a row selected with `raw_call_cols!` (or a superset).
@@ -147,6 +148,16 @@ pub(crate) async fn checked_call(
     let raw = RawCall::from_row(&row)?;
     raw.check(ring)?;
     Ok(raw)
+}
+
+/// Decodes a `durable_tool_calls` row selected with [`rows::call_cols!`] after checking
+/// its seal.
+pub(crate) fn checked_call_record(
+    ring: &Keyring,
+    row: &SqliteRow,
+) -> Result<CallRecord, StoreError> {
+    RawCall::from_row(row)?.check(ring)?;
+    rows::call(row)
 }
 
 /// A session's head: its counts and its latest checkpoint's seal.
@@ -400,349 +411,4 @@ pub(crate) async fn message_seal_at(
             detail: "it is missing from the transcript".to_owned(),
         }),
     }
-}
-
-/// Re-seals every row of one session under `to`, after checking it under `from` (`None`:
-/// the rows were never sealed; they are sealed as they are). Returns the rows sealed.
-pub(crate) async fn reseal_session(
-    conn: &mut SqliteConnection,
-    from: Option<&Keyring>,
-    to: &Keyring,
-    session: &SessionId,
-) -> Result<i64, StoreError> {
-    let mut count = 0i64;
-    // The head first: it covers the latest checkpoint's seal as it stands now.
-    let row = sqlx::query(concat!(
-        "SELECT ",
-        head_cols!(),
-        " FROM durable_sessions s WHERE s.id = ?"
-    ))
-    .bind(session.as_str())
-    .fetch_one(&mut *conn)
-    .await
-    .map_err(db)?;
-    let mut head = head_from_row(&row, session)?;
-    if let Some(from) = from {
-        head.check(from)?;
-        check_journal_complete(&mut *conn, &head).await?;
-    }
-    // Journal rows.
-    let found = sqlx::query(concat!(
-        "SELECT ",
-        raw_call_cols!(),
-        " FROM durable_tool_calls c WHERE c.session_id = ? ORDER BY c.seq"
-    ))
-    .bind(session.as_str())
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(db)?;
-    let mut calls = Vec::with_capacity(found.len());
-    for row in &found {
-        let mut raw = RawCall::from_row(row)?;
-        if let Some(from) = from {
-            raw.check(from)?;
-        }
-        raw.seal(to)?;
-        calls.push(raw);
-    }
-    for raw in &calls {
-        raw.store_mac(&mut *conn).await?;
-        count += 1;
-    }
-    // Messages, in order (chained).
-    let found = sqlx::query(
-        "SELECT seq, message, seal FROM durable_messages WHERE session_num = \
-         (SELECT num FROM durable_sessions WHERE id = ?) ORDER BY seq",
-    )
-    .bind(session.as_str())
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(db)?;
-    let mut old_previous = String::new();
-    let mut new_previous = String::new();
-    let mut message_seals = std::collections::HashMap::new();
-    message_seals.insert(0i64, String::new());
-    let mut sealed_messages = Vec::with_capacity(found.len());
-    for row in &found {
-        let seq: i64 = rows::col(row, "seq", session, None)?;
-        let text: String = rows::col(row, "message", session, None)?;
-        let seal: Option<String> = rows::col(row, "seal", session, None)?;
-        if let Some(from) = from {
-            check_message(from, session, seq, &text, &old_previous, seal.as_deref())?;
-        }
-        old_previous = seal.unwrap_or_default();
-        let new = seal_message(to, session, seq, &text, &new_previous)?;
-        new_previous = new.clone();
-        message_seals.insert(seq, new.clone());
-        sealed_messages.push((seq, new));
-    }
-    for (seq, seal) in &sealed_messages {
-        sqlx::query(
-            "UPDATE durable_messages SET seal = ? WHERE session_num = \
-             (SELECT num FROM durable_sessions WHERE id = ?) AND seq = ?",
-        )
-        .bind(seal)
-        .bind(session.as_str())
-        .bind(seq)
-        .execute(&mut *conn)
-        .await
-        .map_err(db)?;
-        count += 1;
-    }
-    // Checkpoints, in order (chained).
-    let found = sqlx::query(
-        "SELECT version, last_seq, message_count, plan, budget, state, app_version, seal \
-         FROM durable_checkpoints WHERE session_num = \
-         (SELECT num FROM durable_sessions WHERE id = ?) ORDER BY version",
-    )
-    .bind(session.as_str())
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(db)?;
-    let mut old_previous = String::new();
-    let mut new_previous = String::new();
-    let mut sealed_checkpoints = Vec::with_capacity(found.len());
-    for row in &found {
-        let version: i64 = rows::col(row, "version", session, None)?;
-        let v = Some(version);
-        let last_seq: i64 = rows::col(row, "last_seq", session, v)?;
-        let mut texts = Vec::with_capacity(3);
-        for column in ["plan", "budget", "state"] {
-            let stored = rows::col::<String>(row, column, session, v)?;
-            texts.push(ops::resolve_snapshot(&mut *conn, session, stored, column).await?);
-        }
-        let app_version: String = rows::col(row, "app_version", session, v)?;
-        let message_count: i64 = rows::col(row, "message_count", session, v)?;
-        let seal: Option<String> = rows::col(row, "seal", session, v)?;
-        if let Some(from) = from {
-            let old_last = message_seal_at(conn, session, last_seq).await?;
-            RawCheckpoint {
-                session,
-                version,
-                last_seq,
-                message_count,
-                last_message_seal: &old_last,
-                plan: &texts[0],
-                budget: &texts[1],
-                state: &texts[2],
-                app_version: &app_version,
-                previous: &old_previous,
-            }
-            .check(from, seal.as_deref())?;
-        }
-        old_previous = seal.unwrap_or_default();
-        let last_message_seal =
-            message_seals
-                .get(&last_seq)
-                .cloned()
-                .ok_or_else(|| StoreError::Tampered {
-                    session: session.clone(),
-                    what: format!("checkpoint {version}"),
-                    detail: format!("its transcript ends at message {last_seq}, which is missing"),
-                })?;
-        let new = RawCheckpoint {
-            session,
-            version,
-            last_seq,
-            message_count,
-            last_message_seal: &last_message_seal,
-            plan: &texts[0],
-            budget: &texts[1],
-            state: &texts[2],
-            app_version: &app_version,
-            previous: &new_previous,
-        }
-        .seal(to)?;
-        new_previous = new.clone();
-        sealed_checkpoints.push((version, new));
-    }
-    for (version, seal) in &sealed_checkpoints {
-        sqlx::query(
-            "UPDATE durable_checkpoints SET seal = ? WHERE session_num = \
-             (SELECT num FROM durable_sessions WHERE id = ?) AND version = ?",
-        )
-        .bind(seal)
-        .bind(session.as_str())
-        .bind(version)
-        .execute(&mut *conn)
-        .await
-        .map_err(db)?;
-        count += 1;
-    }
-    // Resolutions.
-    let found = sqlx::query(
-        "SELECT id, call_id, position, decision, result, resolved_by, note, seal \
-         FROM durable_resolutions WHERE session_id = ? ORDER BY id",
-    )
-    .bind(session.as_str())
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(db)?;
-    for row in &found {
-        let rowid: i64 = rows::col(row, "id", session, None)?;
-        let call: String = rows::col(row, "call_id", session, None)?;
-        let position: i64 = rows::col(row, "position", session, None)?;
-        let decision: String = rows::col(row, "decision", session, None)?;
-        let result: Option<String> = rows::col(row, "result", session, None)?;
-        let by: String = rows::col(row, "resolved_by", session, None)?;
-        let note: Option<String> = rows::col(row, "note", session, None)?;
-        let seal: Option<String> = rows::col(row, "seal", session, None)?;
-        let fields = resolution_fields(
-            &call,
-            session,
-            position,
-            &decision,
-            result.as_deref(),
-            &by,
-            note.as_deref(),
-        );
-        if let Some(from) = from {
-            from.verify(
-                session,
-                || format!("resolution {position} (call `{call}`)"),
-                &fields,
-                seal.as_deref(),
-            )?;
-        }
-        sqlx::query("UPDATE durable_resolutions SET seal = ? WHERE id = ?")
-            .bind(to.seal(&fields)?)
-            .bind(rowid)
-            .execute(&mut *conn)
-            .await
-            .map_err(db)?;
-        count += 1;
-    }
-    // The head, over the latest checkpoint's new seal.
-    if let Some((_, seal)) = sealed_checkpoints
-        .iter()
-        .find(|(v, _)| *v == head.latest_version)
-    {
-        head.checkpoint_seal = seal.clone();
-    }
-    head.store(conn, to).await?;
-    Ok(count + 1)
-}
-
-/// Reads a `durable_meta` value.
-async fn meta(conn: &mut SqliteConnection, name: &str) -> Result<Option<String>, StoreError> {
-    sqlx::query_scalar("SELECT value FROM durable_meta WHERE name = ?")
-        .bind(name)
-        .fetch_optional(conn)
-        .await
-        .map_err(db)
-}
-
-async fn set_meta(conn: &mut SqliteConnection, name: &str, value: &str) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO durable_meta (name, value) VALUES (?, ?) \
-         ON CONFLICT (name) DO UPDATE SET value = excluded.value",
-    )
-    .bind(name)
-    .bind(value)
-    .execute(conn)
-    .await
-    .map_err(db)?;
-    Ok(())
-}
-
-/// Loads (or creates) the store's own key, binds it into `ring`, and makes sure every
-/// row is sealed with `ring`'s signing key: seals a database that was never sealed,
-/// re-seals one sealed with a key `ring` can check (an application key turned on, or
-/// rotated), and refuses one sealed with a key `ring` does not hold. Runs in one
-/// `BEGIN IMMEDIATE` transaction, so concurrent openers do this once.
-pub(crate) async fn setup_keys(
-    conn: &mut SqliteConnection,
-    ring: Keyring,
-) -> Result<Keyring, StoreError> {
-    sqlx::query("BEGIN IMMEDIATE")
-        .execute(&mut *conn)
-        .await
-        .map_err(db)?;
-    let result = setup_keys_in(&mut *conn, ring).await;
-    let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
-    sqlx::query(end).execute(&mut *conn).await.map_err(db)?;
-    result
-}
-
-async fn setup_keys_in(conn: &mut SqliteConnection, ring: Keyring) -> Result<Keyring, StoreError> {
-    let store_key = match meta(conn, "store_key").await? {
-        Some(hex) => Keyring::store_key_from_hex(&hex)?,
-        None => {
-            let key = durable_core::integrity::random_key()?;
-            set_meta(conn, "store_key", &durable_core::integrity::hex(&key)).await?;
-            key
-        }
-    };
-    let ring = ring.bind_store_key(store_key);
-    let now = crate::tx::now(conn).await?;
-    let signing = ring.signing_id().to_owned();
-    let current = meta(conn, "signing_key").await?;
-    match ring.plan(current.as_deref())? {
-        KeyPlan::Keep => return Ok(ring),
-        KeyPlan::Rekey { from_id, from } => {
-            let rows = reseal_all(conn, Some(&from), &ring).await?;
-            log(
-                conn,
-                now,
-                "rekey",
-                Some(&from_id),
-                &signing,
-                rows,
-                "every row was checked under the old key, then re-sealed under the new one",
-            )
-            .await?;
-            tracing::warn!(from = %from_id, to = %signing, rows, "re-sealed the store under a new key");
-        }
-        KeyPlan::Adopt => {
-            let rows = reseal_all(conn, None, &ring).await?;
-            if rows > 0 {
-                log(conn, now, "adopt", None, &signing, rows,
-                    "rows written before tamper evidence (schema version 1) were sealed as found; their content before this point is not authenticated").await?;
-                tracing::warn!(to = %signing, rows, "sealed a store written without seals");
-            }
-        }
-    }
-    set_meta(conn, "signing_key", &signing).await?;
-    Ok(ring)
-}
-
-async fn reseal_all(
-    conn: &mut SqliteConnection,
-    from: Option<&Keyring>,
-    to: &Keyring,
-) -> Result<i64, StoreError> {
-    let sessions: Vec<String> = sqlx::query_scalar("SELECT id FROM durable_sessions ORDER BY num")
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(db)?;
-    let mut rows = 0;
-    for id in sessions {
-        rows += reseal_session(&mut *conn, from, to, &SessionId::new(id)).await?;
-    }
-    Ok(rows)
-}
-
-async fn log(
-    conn: &mut SqliteConnection,
-    now: i64,
-    event: &str,
-    from: Option<&str>,
-    to: &str,
-    rows: i64,
-    detail: &str,
-) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO durable_integrity_log (event, from_key, to_key, rows, detail, created_at) \
-         VALUES (?, ?, ?, ?, ?, ?)",
-    )
-    .bind(event)
-    .bind(from)
-    .bind(to)
-    .bind(rows)
-    .bind(detail)
-    .bind(now)
-    .execute(conn)
-    .await
-    .map_err(db)?;
-    Ok(())
 }

@@ -1,4 +1,5 @@
-//! The write-transaction guard and the database clock.
+//! Building blocks of every transaction: the write-transaction guard, the database
+//! clock, reading a session row and checking a write's fencing token.
 //!
 //! Every write runs inside `BEGIN IMMEDIATE`: the write lock is taken up front, so a
 //! writer that has to wait (another process holds the lock) waits in SQLite's busy
@@ -8,11 +9,15 @@
 
 use std::time::Duration;
 
-use durable_core::StoreError;
+use durable_core::integrity::Keyring;
+use durable_core::store::{Fence, SessionRecord};
+use durable_core::{SessionId, StoreError};
 use sqlx::pool::PoolConnection;
 use sqlx::{Sqlite, SqliteConnection, SqlitePool};
 
 use crate::error::db;
+use crate::rows::{self, session_cols};
+use crate::seal::{self, HeadRow, head_cols};
 
 /// The database clock in ms since the Unix epoch, as an SQL expression literal (see
 /// notes/SCHEMA.md). `ROUND` keeps the float arithmetic of `julianday` from truncating a
@@ -30,6 +35,13 @@ pub(crate) async fn now(conn: &mut SqliteConnection) -> Result<i64, StoreError> 
         .fetch_one(conn)
         .await
         .map_err(db)
+}
+
+/// Reads the database clock on a connection of `pool`, which goes back to the pool
+/// before this returns.
+pub(crate) async fn clock(pool: &SqlitePool) -> Result<i64, StoreError> {
+    let mut conn = pool.acquire().await.map_err(db)?;
+    now(&mut conn).await
 }
 
 /// A duration in whole milliseconds, saturating at `i64::MAX`.
@@ -125,4 +137,66 @@ impl Drop for WriteTx {
             self.conn.close_on_drop();
         }
     }
+}
+
+/// Reads a session row, or [`StoreError::SessionNotFound`].
+pub(crate) async fn session(
+    conn: &mut SqliteConnection,
+    id: &SessionId,
+) -> Result<SessionRecord, StoreError> {
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        session_cols!(),
+        " FROM durable_sessions WHERE id = ?"
+    ))
+    .bind(id.as_str())
+    .fetch_optional(conn)
+    .await
+    .map_err(db)?
+    .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
+    rows::session(&row)
+}
+
+/// What a fenced write needs to know about its session.
+pub(crate) struct Fenced {
+    pub(crate) latest_version: i64,
+    pub(crate) app_version: String,
+    /// The session's head, checked.
+    pub(crate) head: HeadRow,
+}
+
+/// Checks a write credential: [`StoreError::SessionNotFound`] or
+/// [`StoreError::LeaseLost`] unless `fence.token` is the session's current token.
+///
+/// Also reads the session's head and checks its seal: a writer that cannot check it
+/// (another key signs the store) writes nothing.
+pub(crate) async fn fenced(
+    conn: &mut SqliteConnection,
+    ring: &Keyring,
+    fence: Fence<'_>,
+) -> Result<Fenced, StoreError> {
+    let row = sqlx::query(concat!(
+        "SELECT s.fence, s.app_version, ",
+        head_cols!(),
+        " FROM durable_sessions s WHERE s.id = ?"
+    ))
+    .bind(fence.session.as_str())
+    .fetch_optional(conn)
+    .await
+    .map_err(db)?
+    .ok_or_else(|| StoreError::SessionNotFound(fence.session.clone()))?;
+    let current: i64 = rows::col(&row, "fence", fence.session, None)?;
+    if current != fence.token {
+        return Err(StoreError::LeaseLost {
+            session: fence.session.clone(),
+            token: fence.token,
+        });
+    }
+    let head = seal::head_from_row(&row, fence.session)?;
+    head.check(ring)?;
+    Ok(Fenced {
+        latest_version: head.latest_version,
+        app_version: rows::col(&row, "app_version", fence.session, None)?,
+        head,
+    })
 }

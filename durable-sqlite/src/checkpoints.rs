@@ -1,19 +1,22 @@
-//! Checkpoints: compare-and-set writes, snapshot reads and forks (the checkpoint half
-//! of the [`CheckpointStore`] impl).
-//!
-//! [`CheckpointStore`]: durable_core::CheckpointStore
+//! Checkpoints: compare-and-set writes, snapshot reads and forks, and the sealed
+//! append of a checkpoint with its messages that session creation and `finish_call`
+//! share.
 
 use std::time::Duration;
 
-use durable_core::store::{Checkpoint, CheckpointMeta, Fence, Lease, NewCheckpoint, SessionRecord};
+use durable_core::integrity::Keyring;
+use durable_core::store::{
+    Checkpoint, CheckpointMeta, FORMAT_VERSION, Fence, Lease, NewCheckpoint, SessionRecord,
+};
 use durable_core::{SessionId, StoreError};
+use sqlx::SqliteConnection;
 
 use crate::SqliteStore;
 use crate::error::{check_format, corrupt, db, parse_json};
-use crate::ops;
-use crate::rows::{self, meta_cols};
-use crate::seal;
-use crate::tx::{WriteTx, millis};
+use crate::keys;
+use crate::rows::{self, json, meta_cols, parse_snapshot_ref, snapshot_ref, snapshot_text};
+use crate::seal::{self, RawCheckpoint};
+use crate::tx::{self, Fenced, WriteTx, millis};
 
 pub(crate) async fn save_checkpoint(
     store: &SqliteStore,
@@ -26,8 +29,8 @@ pub(crate) async fn save_checkpoint(
     let result = async {
         let conn = tx.conn();
         let ring = store.keyring();
-        let mut fenced = ops::fenced(&mut *conn, ring, fence).await?;
-        ops::save_checkpoint(
+        let mut fenced = tx::fenced(&mut *conn, ring, fence).await?;
+        append_checkpoint(
             conn,
             ring,
             now,
@@ -74,7 +77,7 @@ pub(crate) async fn load_checkpoint(
     let mut texts = Vec::with_capacity(3);
     for column in ["plan", "budget", "state"] {
         let stored = rows::col::<String>(&row, column, id, v)?;
-        texts.push(ops::resolve_snapshot(&mut rtx, id, stored, column).await?);
+        texts.push(rows::resolve_snapshot(&mut rtx, id, stored, column).await?);
     }
     let previous = if version > 0 {
         let found: Option<Option<String>> = sqlx::query_scalar(
@@ -141,7 +144,7 @@ pub(crate) async fn load_checkpoint(
             ),
         });
     }
-    seal::RawCheckpoint {
+    RawCheckpoint {
         session: id,
         version,
         last_seq: meta.last_seq,
@@ -210,6 +213,8 @@ pub(crate) async fn fork_session(
     owner: &str,
     ttl: Duration,
 ) -> Result<(SessionRecord, Lease), StoreError> {
+    new_id.validate()?;
+    durable_core::ids::validate_owner(owner)?;
     // The source is checked before it is copied: a fork must not launder a forged
     // transcript under fresh seals.
     load_checkpoint(store, id, Some(version)).await?;
@@ -218,7 +223,7 @@ pub(crate) async fn fork_session(
     let now = tx.now;
     let result = async {
         let conn = tx.conn();
-        let source = ops::load_session(&mut *conn, id).await?;
+        let source = tx::session(&mut *conn, id).await?;
         let cp = sqlx::query(
             "SELECT last_seq, message_count, plan, budget, state, format \
              FROM durable_checkpoints WHERE session_num = (SELECT num FROM durable_sessions WHERE id = ?) AND version = ?",
@@ -275,7 +280,7 @@ pub(crate) async fn fork_session(
         let mut texts = Vec::with_capacity(3);
         for column in ["plan", "budget", "state"] {
             let stored = rows::col::<String>(&cp, column, id, v)?;
-            texts.push(ops::resolve_snapshot(&mut *conn, id, stored, column).await?);
+            texts.push(rows::resolve_snapshot(&mut *conn, id, stored, column).await?);
         }
         sqlx::query(
             "INSERT INTO durable_checkpoints (session_num, version, last_seq, message_count, \
@@ -295,8 +300,8 @@ pub(crate) async fn fork_session(
         .execute(&mut *conn)
         .await
         .map_err(db)?;
-        seal::reseal_session(&mut *conn, None, ring, new_id).await?;
-        let record = ops::load_session(conn, new_id).await?;
+        keys::reseal_session(&mut *conn, None, ring, new_id).await?;
+        let record = tx::session(conn, new_id).await?;
         let lease = Lease {
             session: new_id.clone(),
             owner: owner.to_owned(),
@@ -307,4 +312,194 @@ pub(crate) async fn fork_session(
     }
     .await;
     tx.finish(result).await
+}
+
+/// Compare-and-set checkpoint write for a session whose fence was checked: fails with
+/// [`StoreError::VersionConflict`] unless the latest version is `expected`.
+pub(crate) async fn append_checkpoint(
+    conn: &mut SqliteConnection,
+    ring: &Keyring,
+    now: i64,
+    session: &SessionId,
+    fenced: &mut Fenced,
+    expected: i64,
+    checkpoint: &NewCheckpoint,
+) -> Result<CheckpointMeta, StoreError> {
+    if fenced.latest_version != expected {
+        return Err(StoreError::VersionConflict {
+            session: session.clone(),
+            expected,
+            actual: fenced.latest_version,
+        });
+    }
+    let version = expected + 1;
+    let (meta, checkpoint_seal) = insert_sealed_checkpoint(
+        &mut *conn,
+        ring,
+        now,
+        session,
+        &fenced.app_version,
+        version,
+        checkpoint,
+    )
+    .await?;
+    sqlx::query(
+        "UPDATE durable_sessions SET latest_version = ?, recovery_attempts = 0, updated_at = ? \
+         WHERE id = ?",
+    )
+    .bind(version)
+    .bind(now)
+    .bind(session.as_str())
+    .execute(&mut *conn)
+    .await
+    .map_err(db)?;
+    fenced.latest_version = version;
+    fenced.head.latest_version = version;
+    fenced.head.checkpoint_seal = checkpoint_seal;
+    fenced.head.store(conn, ring).await?;
+    Ok(meta)
+}
+
+/// Appends `messages` to the session's log and inserts checkpoint `version` whose
+/// transcript ends with them, all sealed (messages chained to the log's last message,
+/// the checkpoint to the previous version). Returns the checkpoint and its seal.
+pub(crate) async fn insert_sealed_checkpoint(
+    conn: &mut SqliteConnection,
+    ring: &Keyring,
+    now: i64,
+    session: &SessionId,
+    app_version: &str,
+    version: i64,
+    checkpoint: &NewCheckpoint,
+) -> Result<(CheckpointMeta, String), StoreError> {
+    // Unchanged snapshots are stored as a reference to the version holding their text
+    // (see `snapshot_ref`), so a long session whose plan and state rarely change grows by
+    // its messages, not by a copy of every snapshot per checkpoint.
+    let previous = if version > 0 {
+        sqlx::query(
+            "SELECT last_seq, message_count, plan, budget, state, seal FROM durable_checkpoints \
+             WHERE session_num = (SELECT num FROM durable_sessions WHERE id = ?) AND version = ?",
+        )
+        .bind(session.as_str())
+        .bind(version - 1)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(db)?
+    } else {
+        None
+    };
+    let mut snapshots = Vec::with_capacity(3);
+    let mut texts = Vec::with_capacity(3);
+    for (column, value) in [
+        ("plan", &checkpoint.plan),
+        ("budget", &checkpoint.budget),
+        ("state", &checkpoint.state),
+    ] {
+        let text = json(value)?;
+        let stored = match &previous {
+            Some(prev) => {
+                let prev_text: String = rows::col(prev, column, session, Some(version - 1))?;
+                let (holder, holder_text) = match parse_snapshot_ref(&prev_text) {
+                    Some(holder) => (
+                        holder,
+                        snapshot_text(&mut *conn, session, holder, column).await?,
+                    ),
+                    None => (version - 1, prev_text),
+                };
+                if holder_text == text {
+                    snapshot_ref(holder)
+                } else {
+                    text.clone()
+                }
+            }
+            None => text.clone(),
+        };
+        snapshots.push(stored);
+        texts.push(text);
+    }
+    let [plan, budget, state]: [String; 3] = snapshots
+        .try_into()
+        .map_err(|_| corrupt(session, Some(version), "snapshot columns"))?;
+    let (mut last_seq, mut message_count) = match &previous {
+        Some(prev) => (
+            rows::col::<i64>(prev, "last_seq", session, Some(version - 1))?,
+            rows::col::<i64>(prev, "message_count", session, Some(version - 1))?,
+        ),
+        None => (
+            sqlx::query_scalar(
+                "SELECT COALESCE(MAX(seq), 0) FROM durable_messages WHERE session_num = (SELECT num FROM durable_sessions WHERE id = ?)",
+            )
+            .bind(session.as_str())
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(db)?,
+            0,
+        ),
+    };
+    let previous_seal = match &previous {
+        Some(prev) => rows::col::<Option<String>>(prev, "seal", session, Some(version - 1))?
+            .unwrap_or_default(),
+        None => String::new(),
+    };
+    let mut message_seal = seal::message_seal_at(&mut *conn, session, last_seq).await?;
+    for message in &checkpoint.messages {
+        last_seq += 1;
+        message_count += 1;
+        let text = json(message)?;
+        message_seal = seal::seal_message(ring, session, last_seq, &text, &message_seal)?;
+        sqlx::query(
+            "INSERT INTO durable_messages (session_num, seq, message, format, created_at, seal) \
+             VALUES ((SELECT num FROM durable_sessions WHERE id = ?), ?, ?, ?, ?, ?)",
+        )
+        .bind(session.as_str())
+        .bind(last_seq)
+        .bind(text)
+        .bind(FORMAT_VERSION)
+        .bind(now)
+        .bind(&message_seal)
+        .execute(&mut *conn)
+        .await
+        .map_err(db)?;
+    }
+    let checkpoint_seal = RawCheckpoint {
+        session,
+        version,
+        last_seq,
+        message_count,
+        last_message_seal: &message_seal,
+        plan: &texts[0],
+        budget: &texts[1],
+        state: &texts[2],
+        app_version,
+        previous: &previous_seal,
+    }
+    .seal(ring)?;
+    sqlx::query(
+        "INSERT INTO durable_checkpoints (session_num, version, last_seq, message_count, plan, \
+         budget, state, app_version, format, created_at, seal) \
+         VALUES ((SELECT num FROM durable_sessions WHERE id = ?), ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(session.as_str())
+    .bind(version)
+    .bind(last_seq)
+    .bind(message_count)
+    .bind(plan)
+    .bind(budget)
+    .bind(state)
+    .bind(app_version)
+    .bind(FORMAT_VERSION)
+    .bind(now)
+    .bind(&checkpoint_seal)
+    .execute(&mut *conn)
+    .await
+    .map_err(db)?;
+    let meta = CheckpointMeta {
+        session: session.clone(),
+        version,
+        last_seq,
+        message_count,
+        app_version: app_version.to_owned(),
+        created_at: now,
+    };
+    Ok((meta, checkpoint_seal))
 }

@@ -1,0 +1,154 @@
+//! Sessions: creating one with its initial checkpoint and first lease, reading and
+//! listing them, and setting their status.
+
+use durable_core::store::{
+    FORMAT_VERSION, Fence, Lease, NewSession, SessionFilter, SessionRecord, SessionStatus,
+};
+use durable_core::{SessionId, StoreError};
+use sqlx::AssertSqlSafe;
+
+use crate::SqliteStore;
+use crate::checkpoints;
+use crate::error::db;
+use crate::rows::{self, json, session_cols};
+use crate::seal::HeadRow;
+use crate::tx::{self, WriteTx, millis};
+
+pub(crate) async fn create_session(
+    store: &SqliteStore,
+    new: NewSession,
+) -> Result<(SessionRecord, Lease), StoreError> {
+    durable_core::ids::validate_new_session(&new.id, &new.owner, &new.app_version)?;
+    let mut tx = WriteTx::begin(store.writer()).await?;
+    let now = tx.now;
+    let result = async {
+        let conn = tx.conn();
+        let expires_at = now.saturating_add(millis(new.lease_ttl));
+        let inserted = sqlx::query(
+            "INSERT INTO durable_sessions (id, status, app_version, metadata, lease_owner, \
+             lease_expires_at, fence, recovery_attempts, status_reason, latest_version, \
+             created_at, updated_at, format) \
+             VALUES (?, 'active', ?, ?, ?, ?, 1, 0, NULL, 0, ?, ?, ?) \
+             ON CONFLICT (id) DO NOTHING",
+        )
+        .bind(new.id.as_str())
+        .bind(&new.app_version)
+        .bind(json(&new.metadata)?)
+        .bind(&new.owner)
+        .bind(expires_at)
+        .bind(now)
+        .bind(now)
+        .bind(FORMAT_VERSION)
+        .execute(&mut *conn)
+        .await
+        .map_err(db)?;
+        if inserted.rows_affected() == 0 {
+            return Err(StoreError::SessionExists(new.id.clone()));
+        }
+        let ring = store.keyring();
+        let (_, checkpoint_seal) = checkpoints::insert_sealed_checkpoint(
+            &mut *conn,
+            ring,
+            now,
+            &new.id,
+            &new.app_version,
+            0,
+            &new.initial,
+        )
+        .await?;
+        HeadRow {
+            session: new.id.clone(),
+            journal_rows: 0,
+            latest_version: 0,
+            resolutions: 0,
+            checkpoint_seal,
+            head: None,
+        }
+        .store(&mut *conn, ring)
+        .await?;
+        let record = tx::session(conn, &new.id).await?;
+        let lease = Lease {
+            session: new.id.clone(),
+            owner: new.owner.clone(),
+            fence: record.fence,
+            expires_at,
+        };
+        Ok((record, lease))
+    }
+    .await;
+    tx.finish(result).await
+}
+
+pub(crate) async fn session(
+    store: &SqliteStore,
+    id: &SessionId,
+) -> Result<SessionRecord, StoreError> {
+    let mut conn = store.reader().acquire().await.map_err(db)?;
+    tx::session(&mut conn, id).await
+}
+
+pub(crate) async fn list_sessions(
+    store: &SqliteStore,
+    filter: &SessionFilter,
+) -> Result<Vec<SessionRecord>, StoreError> {
+    let mut sql = String::from(concat!(
+        "SELECT ",
+        session_cols!(),
+        " FROM durable_sessions WHERE 1 = 1"
+    ));
+    if !filter.statuses.is_empty() {
+        let marks = vec!["?"; filter.statuses.len()].join(", ");
+        sql.push_str(&format!(" AND status IN ({marks})"));
+    }
+    if filter.updated_before.is_some() {
+        sql.push_str(" AND updated_at < ?");
+    }
+    sql.push_str(" ORDER BY updated_at DESC, rowid DESC LIMIT ?");
+    // Dynamic only in the number of placeholders; every value is bound.
+    let mut query = sqlx::query(AssertSqlSafe(sql));
+    for status in &filter.statuses {
+        query = query.bind(status.as_str());
+    }
+    if let Some(before) = filter.updated_before {
+        query = query.bind(before);
+    }
+    query = query.bind(filter.limit.map_or(-1, |l| l.max(0)));
+    let found = query.fetch_all(store.reader()).await.map_err(db)?;
+    found.iter().map(rows::session).collect()
+}
+
+pub(crate) async fn set_status(
+    store: &SqliteStore,
+    fence: Fence<'_>,
+    status: SessionStatus,
+    reason: Option<&str>,
+) -> Result<(), StoreError> {
+    if let Some(reason) = reason {
+        durable_core::ids::validate_text("status reason", reason)?;
+    }
+    let mut tx = WriteTx::begin(store.writer()).await?;
+    let now = tx.now;
+    let result = async {
+        let conn = tx.conn();
+        tx::fenced(&mut *conn, store.keyring(), fence).await?;
+        let release = status.is_terminal() || status == SessionStatus::Parked;
+        sqlx::query(
+            "UPDATE durable_sessions SET status = ?, status_reason = ?, updated_at = ?, \
+             lease_expires_at = CASE WHEN ? THEN ? ELSE lease_expires_at END, \
+             fence = fence + CASE WHEN ? THEN 1 ELSE 0 END WHERE id = ?",
+        )
+        .bind(status.as_str())
+        .bind(reason)
+        .bind(now)
+        .bind(release)
+        .bind(now)
+        .bind(release)
+        .bind(fence.session.as_str())
+        .execute(conn)
+        .await
+        .map_err(db)?;
+        Ok(())
+    }
+    .await;
+    tx.finish(result).await
+}
