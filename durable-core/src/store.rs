@@ -541,6 +541,10 @@ pub struct Durability {
 #[async_trait]
 pub trait CheckpointStore: Send + Sync + 'static {
     /// A short backend name for errors and logs (`"sqlite"`, `"postgres"`).
+    ///
+    /// # Contract
+    /// A constant of the backend, never read from the database: the same name the
+    /// store's own errors carry in their `backend` field.
     fn backend(&self) -> &'static str;
 
     /// The keys this store seals and checks rows with, its own key bound.
@@ -558,6 +562,11 @@ pub trait CheckpointStore: Send + Sync + 'static {
     async fn durability(&self) -> Result<Durability, StoreError>;
 
     /// The database clock, in ms since the epoch.
+    ///
+    /// # Contract
+    /// Read from the database, never from the caller's machine: it is the clock this
+    /// store measures lease expiry, `created_at` / `updated_at` and purge retention on,
+    /// so its values compare with theirs. Writes nothing (a read-only store answers it).
     async fn now(&self) -> Result<i64, StoreError>;
 
     /// Creates a session with its initial checkpoint (version 0) and a first lease.
@@ -573,6 +582,13 @@ pub trait CheckpointStore: Send + Sync + 'static {
     async fn session(&self, id: &SessionId) -> Result<SessionRecord, StoreError>;
 
     /// Lists sessions, newest update first.
+    ///
+    /// # Contract
+    /// Read-only, one statement. Ordered by `updated_at`, newest first; sessions updated
+    /// in the same millisecond come in an order of the backend's choosing. An empty
+    /// `statuses` matches every status; `updated_before` is exclusive; a negative `limit`
+    /// counts as 0 and `None` lists all. A row that cannot be decoded is
+    /// [`StoreError::Corrupt`].
     async fn list_sessions(&self, filter: &SessionFilter)
     -> Result<Vec<SessionRecord>, StoreError>;
 
@@ -649,6 +665,13 @@ pub trait CheckpointStore: Send + Sync + 'static {
     async fn unpark_session(&self, id: &SessionId) -> Result<SessionRecord, StoreError>;
 
     /// Lists active sessions whose lease has expired (or who have none).
+    ///
+    /// # Contract
+    /// Read-only: it takes nothing, so a listed session may be claimed by another worker
+    /// before the caller acts on it (use [`claim_expired`](Self::claim_expired) to take
+    /// one). Lists sessions with status `active` whose lease was released or has
+    /// `lease_expires_at <= now` on the database clock; parked and terminal sessions never
+    /// appear. Oldest update first, at most `limit` (a negative `limit` counts as 0).
     async fn list_expired(&self, limit: i64) -> Result<Vec<SessionRecord>, StoreError>;
 
     /// Sets a session's status (e.g. completed), with a reason.
@@ -688,10 +711,28 @@ pub trait CheckpointStore: Send + Sync + 'static {
     ) -> Result<Checkpoint, StoreError>;
 
     /// Lists checkpoint metadata, oldest first.
+    ///
+    /// # Contract
+    /// Read-only. Versions in ascending order, from 0. [`StoreError::SessionNotFound`]
+    /// if the session does not exist. It returns metadata only and checks no seal:
+    /// [`load_checkpoint`](Self::load_checkpoint) checks a checkpoint and its transcript.
     async fn list_checkpoints(&self, id: &SessionId) -> Result<Vec<CheckpointMeta>, StoreError>;
 
     /// Creates session `new_id` from version `version` of `id`: its version 0 is that
     /// checkpoint (transcript copied), leased to `owner`.
+    ///
+    /// # Contract
+    /// `new_id` ([`SessionId::validate`]) and `owner`
+    /// ([`validate_owner`](crate::ids::validate_owner)) are checked before anything is
+    /// written. Atomic: the new session row, its transcript (the source's log up to that
+    /// checkpoint, bytes unchanged), its version 0 and their seals under the store's
+    /// signing key are written in one transaction, all or nothing. Not fenced: it needs
+    /// no lease on the source, and leaves the source untouched. The new session is
+    /// `active` on the source's app version with its metadata, fencing token 1 and a
+    /// recovery counter of 0. [`StoreError::SessionNotFound`] if `id` does not exist,
+    /// [`StoreError::VersionNotFound`] if it has no version `version`,
+    /// [`StoreError::SessionExists`] if `new_id` is taken, [`StoreError::Corrupt`] for a
+    /// checkpoint of a newer format.
     async fn fork_session(
         &self,
         id: &SessionId,
@@ -750,9 +791,19 @@ pub trait CheckpointStore: Send + Sync + 'static {
     ) -> Result<Option<CheckpointMeta>, StoreError>;
 
     /// Reads one journal row.
+    ///
+    /// # Contract
+    /// Read-only. [`StoreError::CallNotFound`] if absent; the row's seal is checked, and a
+    /// row that does not match it is [`StoreError::Tampered`].
     async fn call(&self, id: &CallId) -> Result<CallRecord, StoreError>;
 
     /// Journal rows of a session (optionally one step), in issue order.
+    ///
+    /// # Contract
+    /// Read-only, from one snapshot. [`StoreError::SessionNotFound`] if the session does
+    /// not exist. The session head's seal is checked, and so is the journal's
+    /// completeness (the head counts its rows: a deleted or inserted row is
+    /// [`StoreError::Tampered`]) and every returned row's seal.
     async fn calls(
         &self,
         session: &SessionId,
@@ -761,6 +812,13 @@ pub trait CheckpointStore: Send + Sync + 'static {
 
     /// Rows with status `issued` whose issuing lease is gone (expired, released or
     /// superseded), across sessions or for one session.
+    ///
+    /// # Contract
+    /// Read-only, one statement, decided on the database clock: a row is in doubt when
+    /// the session's fencing token is no longer the row's, or the session's lease was
+    /// released or has expired. Grouped by session, in issue order within one; every
+    /// returned row's seal is checked ([`StoreError::Tampered`]). A session that does not
+    /// exist has no rows in doubt (no error).
     async fn in_doubt(&self, session: Option<&SessionId>) -> Result<Vec<CallRecord>, StoreError>;
 
     /// Applies an operator's resolution and writes its audit row.
@@ -775,6 +833,13 @@ pub trait CheckpointStore: Send + Sync + 'static {
     async fn resolve_call(&self, resolve: ResolveCall) -> Result<CallRecord, StoreError>;
 
     /// Audit rows of resolutions for a session.
+    ///
+    /// # Contract
+    /// Read-only, from one snapshot, in the order the resolutions were written.
+    /// [`StoreError::SessionNotFound`] if the session does not exist. The session head's
+    /// seal is checked, and so is every row's seal at its position and their number
+    /// against the head: a deleted, reordered or altered resolution is
+    /// [`StoreError::Tampered`].
     async fn resolutions(&self, session: &SessionId) -> Result<Vec<ResolutionRecord>, StoreError>;
 
     /// Records an LLM/API error (retry history). Not fenced: errors are history.
@@ -785,6 +850,11 @@ pub trait CheckpointStore: Send + Sync + 'static {
     async fn record_error(&self, error: NewError) -> Result<(), StoreError>;
 
     /// The recorded errors of a session, oldest first.
+    ///
+    /// # Contract
+    /// Read-only, in the order they were recorded. Error history is not sealed, so
+    /// nothing is checked; a session that does not exist (or was purged) has none: an
+    /// empty list, not an error.
     async fn errors(&self, session: &SessionId) -> Result<Vec<ErrorRecord>, StoreError>;
 
     /// Moves a session to another app version, audited.
