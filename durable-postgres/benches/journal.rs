@@ -181,11 +181,9 @@ fn main() {
     runtime.block_on(async {
         let db = test_database().await;
         let pool_size = CONCURRENCY[CONCURRENCY.len() - 1] as u32 + 4;
-        let store = PostgresStore::connect_with(PostgresStoreOptions {
-            max_connections: pool_size,
-            ..PostgresStoreOptions::new(db.url())
-        })
-        .await
+        let store =
+            PostgresStore::connect_with(PostgresStoreOptions::new(db.url()).max_connections(pool_size))
+                .await
         .expect("connect store");
         let raw = PgPoolOptions::new()
             .max_connections(pool_size)

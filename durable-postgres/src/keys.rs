@@ -14,7 +14,7 @@ use crate::seal::{
     self, RawCall, RawCheckpoint, check_journal_complete, head_cols, head_from_row, raw_call_cols,
     resolution_fields,
 };
-use crate::txn;
+use crate::tx;
 
 /// Re-seals every row of one session under `to`, after checking it under `from` (`None`:
 /// the rows were never sealed; they are sealed as they are). Returns the rows sealed.
@@ -301,7 +301,7 @@ async fn setup_keys_in(conn: &mut PgConnection, ring: Keyring) -> Result<Keyring
         }
     };
     let ring = ring.bind_store_key(store_key);
-    let now = txn::now(conn).await?;
+    let now = tx::now(conn).await?;
     let signing = ring.signing_id().to_owned();
     let current = meta(conn, "signing_key").await?;
     match ring.plan(current.as_deref())? {

@@ -7,10 +7,9 @@
 //!
 //! let store = PostgresStore::connect("postgres://app@127.0.0.1/app").await?;
 //! // or, with pool settings:
-//! let store = PostgresStore::connect_with(PostgresStoreOptions {
-//!     max_connections: 20,
-//!     ..PostgresStoreOptions::new("postgres://app@127.0.0.1/app")
-//! })
+//! let store = PostgresStore::connect_with(
+//!     PostgresStoreOptions::new("postgres://app@127.0.0.1/app").max_connections(20),
+//! )
 //! .await?;
 //! # Ok(()) }
 //! ```
@@ -48,19 +47,21 @@
 //!
 //! [`issue_call`]: durable_core::CheckpointStore::issue_call
 
-mod checkpoint;
+mod checkpoints;
 mod error;
 mod journal;
 mod keys;
+mod leases;
 mod maintenance;
 mod open;
 mod resolution;
 mod rows;
 mod seal;
+mod sessions;
 mod store;
 #[cfg(feature = "testing")]
 pub mod testing;
-mod txn;
+mod tx;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -96,8 +97,13 @@ fn newest_migration(migrator: &Migrator) -> i64 {
 
 /// How to connect a [`PostgresStore`].
 ///
+/// Start from [`new`](Self::new) and set what differs with the builder methods (or by
+/// assigning a field): the struct is `#[non_exhaustive]`, so a later release may add a
+/// field without breaking a caller.
+///
 /// Its `Debug` output shows the URL without its password ([`redact_url`]).
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct PostgresStoreOptions {
     /// A `postgres://` URL (see sqlx's `PgConnectOptions` for the parameters). Reserved
     /// characters in the user name or password (`/ ? @ # :`) must be percent-encoded.
@@ -150,6 +156,30 @@ impl PostgresStoreOptions {
             connect_timeout: Duration::from_secs(10),
             read_only: false,
         }
+    }
+
+    /// Most connections the pool opens (default 10).
+    pub fn max_connections(mut self, max: u32) -> Self {
+        self.max_connections = max;
+        self
+    }
+
+    /// Connections kept open when idle (default 0).
+    pub fn min_connections(mut self, min: u32) -> Self {
+        self.min_connections = min;
+        self
+    }
+
+    /// How long to wait for a free connection before failing (default 30 s).
+    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
+        self
+    }
+
+    /// The `application_name` shown in `pg_stat_activity` (default `durable`).
+    pub fn application_name(mut self, name: impl Into<String>) -> Self {
+        self.application_name = name.into();
+        self
     }
 
     /// How long connecting may take (default 10 s); see

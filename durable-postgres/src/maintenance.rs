@@ -1,9 +1,240 @@
-//! The database's own consistency check: `amcheck` over the store's indexes.
+//! Maintenance: the error history, app-version migration, purging, the durability and
+//! clock reads, and the database's own consistency check: `amcheck` over the store's
+//! indexes.
+
+use std::time::Duration;
 
 use durable_core::StoreError;
+use durable_core::ids::SessionId;
+use durable_core::store::{
+    Durability, ErrorRecord, FORMAT_VERSION, MigrateSession, NewError, PurgeOutcome, SessionRecord,
+};
 
 use crate::PostgresStore;
-use crate::error::db;
+use crate::error::{db, unique_violation};
+use crate::rows::{self, get};
+use crate::seal::{RawCall, raw_call_cols};
+use crate::tx::{self, Lock, ttl_ms};
+
+pub(crate) async fn durability(store: &PostgresStore) -> Result<Durability, StoreError> {
+    let row = sqlx::query(
+        "SELECT current_setting('synchronous_commit') AS synchronous_commit,
+                current_setting('fsync') AS fsync",
+    )
+    .fetch_one(&store.pool)
+    .await
+    .map_err(db)?;
+    let synchronous_commit: String = get(&row, "synchronous_commit")?;
+    let fsync: String = get(&row, "fsync")?;
+    let unsafe_setting = if synchronous_commit.eq_ignore_ascii_case("off") {
+        Some(format!("synchronous_commit = {synchronous_commit}"))
+    } else if fsync.eq_ignore_ascii_case("off") {
+        Some(format!("fsync = {fsync}"))
+    } else {
+        None
+    };
+    Ok(Durability { unsafe_setting })
+}
+
+pub(crate) async fn now(store: &PostgresStore) -> Result<i64, StoreError> {
+    let mut conn = store.pool.acquire().await.map_err(db)?;
+    tx::now(&mut conn).await
+}
+
+pub(crate) async fn record_error(store: &PostgresStore, error: NewError) -> Result<(), StoreError> {
+    error.validate()?;
+    let inserted = sqlx::query(concat!(
+        "INSERT INTO durable_errors (session_id, step, context, attempt, message, created_at) \
+         SELECT id, $2, $3, $4, $5, ",
+        tx::now_ms!(),
+        " FROM durable_sessions WHERE id = $1"
+    ))
+    .bind(error.session.as_str())
+    .bind(error.step)
+    .bind(&error.context)
+    .bind(error.attempt)
+    .bind(&error.message)
+    .execute(&store.pool)
+    .await
+    .map_err(db)?;
+    if inserted.rows_affected() == 0 {
+        return Err(StoreError::SessionNotFound(error.session));
+    }
+    Ok(())
+}
+
+pub(crate) async fn errors(
+    store: &PostgresStore,
+    session: &SessionId,
+) -> Result<Vec<ErrorRecord>, StoreError> {
+    sqlx::query(
+        "SELECT session_id, step, context, attempt, message, created_at
+         FROM durable_errors WHERE session_id = $1 ORDER BY id",
+    )
+    .bind(session.as_str())
+    .fetch_all(&store.pool)
+    .await
+    .map_err(db)?
+    .iter()
+    .map(rows::error_record)
+    .collect()
+}
+
+pub(crate) async fn migrate_session(
+    store: &PostgresStore,
+    migrate: MigrateSession,
+) -> Result<SessionRecord, StoreError> {
+    migrate.validate()?;
+    let mut tx = store.pool.begin().await.map_err(db)?;
+    let current = tx::session(&mut tx, &migrate.session, Some(Lock::Update)).await?;
+    if current.app_version != migrate.from_version {
+        return Err(StoreError::AppVersionMismatch {
+            session: migrate.session,
+            expected: migrate.from_version,
+            actual: current.app_version,
+        });
+    }
+    let now = tx::now(&mut tx).await?;
+    // A mapping, not a chain: one statement renames every row at most once, by the
+    // first pair naming its tool (`a → b, b → c` sends a to b and b to c; swaps work).
+    let mut old: Vec<&str> = Vec::new();
+    let mut new: Vec<&str> = Vec::new();
+    for (o, n) in &migrate.step_map {
+        if !old.contains(&o.as_str()) {
+            old.push(o);
+            new.push(n);
+        }
+    }
+    // Each renamed row is checked under its old name and re-sealed under the new one.
+    let ring = store.keyring();
+    let found = sqlx::query(concat!(
+        "SELECT ",
+        raw_call_cols!(),
+        " FROM durable_tool_calls WHERE session_id = $1 AND tool_name = ANY($2::text[]) \
+         ORDER BY seq FOR UPDATE"
+    ))
+    .bind(migrate.session.as_str())
+    .bind(&old)
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(db)?;
+    let mut ids = Vec::with_capacity(found.len());
+    let mut tools = Vec::with_capacity(found.len());
+    let mut seals = Vec::with_capacity(found.len());
+    for row in &found {
+        let mut raw = RawCall::from_row(row)?;
+        raw.check(ring)?;
+        let Some(i) = old.iter().position(|o| *o == raw.tool) else {
+            continue;
+        };
+        raw.tool = new[i].to_owned();
+        raw.seal(ring)?;
+        tools.push(raw.tool);
+        seals.push(raw.mac.unwrap_or_default());
+        ids.push(raw.id);
+    }
+    let renamed = sqlx::query(
+        "UPDATE durable_tool_calls c SET tool_name = m.tool, mac = m.seal
+         FROM unnest($1::text[], $2::text[], $3::text[]) AS m(id, tool, seal)
+         WHERE c.id = m.id",
+    )
+    .bind(&ids)
+    .bind(&tools)
+    .bind(&seals)
+    .execute(&mut *tx)
+    .await;
+    if let Err(e) = renamed {
+        return Err(match unique_violation(&e) {
+            Some(constraint) => crate::error::invariant(format!(
+                "renaming journal rows of session `{}` collides with existing rows \
+                 ({constraint}); a step map must not rename a tool onto one the session already \
+                 used with the same arguments",
+                migrate.session
+            )),
+            None => db(e),
+        });
+    }
+    let step_map = serde_json::Value::from(
+        migrate
+            .step_map
+            .iter()
+            .map(|(o, n)| serde_json::json!([o, n]))
+            .collect::<Vec<_>>(),
+    );
+    sqlx::query(
+        "INSERT INTO durable_migrations (session_id, from_version, to_version, step_map,
+                                         migrated_by, format, created_at)
+         VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(migrate.session.as_str())
+    .bind(&migrate.from_version)
+    .bind(&migrate.to_version)
+    .bind(step_map.to_string())
+    .bind(&migrate.by)
+    .bind(FORMAT_VERSION)
+    .bind(now)
+    .execute(&mut *tx)
+    .await
+    .map_err(db)?;
+    let row = sqlx::query(concat!(
+        "UPDATE durable_sessions SET app_version = $2, updated_at = $3 WHERE id = $1 \
+         RETURNING ",
+        rows::session_cols!()
+    ))
+    .bind(migrate.session.as_str())
+    .bind(&migrate.to_version)
+    .bind(now)
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(db)?;
+    let record = rows::session(&row)?;
+    tx.commit().await.map_err(db)?;
+    Ok(record)
+}
+
+pub(crate) async fn purge_session(
+    store: &PostgresStore,
+    id: &SessionId,
+    retention: Duration,
+) -> Result<PurgeOutcome, StoreError> {
+    let mut tx = store.pool.begin().await.map_err(db)?;
+    let session = tx::session(&mut tx, id, Some(Lock::Update)).await?;
+    if !session.status.is_terminal() {
+        return Ok(PurgeOutcome::NotTerminal);
+    }
+    let now = tx::now(&mut tx).await?;
+    if session.updated_at > now.saturating_sub(ttl_ms(retention)) {
+        return Ok(PurgeOutcome::WithinRetention);
+    }
+    let in_doubt = sqlx::query(
+        "SELECT 1 AS one FROM durable_tool_calls WHERE session_id = $1 AND status = 'issued'
+         LIMIT 1",
+    )
+    .bind(id.as_str())
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(db)?;
+    if in_doubt.is_some() {
+        return Ok(PurgeOutcome::CallInDoubt);
+    }
+    for sql in [
+        "DELETE FROM durable_resolutions WHERE session_id = $1",
+        "DELETE FROM durable_migrations WHERE session_id = $1",
+        "DELETE FROM durable_errors WHERE session_id = $1",
+        "DELETE FROM durable_tool_calls WHERE session_id = $1",
+        "DELETE FROM durable_checkpoints WHERE session_id = $1",
+        "DELETE FROM durable_messages WHERE session_id = $1",
+        "DELETE FROM durable_sessions WHERE id = $1",
+    ] {
+        sqlx::query(sql)
+            .bind(id.as_str())
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
+    }
+    tx.commit().await.map_err(db)?;
+    Ok(PurgeOutcome::Purged)
+}
 
 /// What PostgreSQL's `amcheck` said about the store's B-tree indexes
 /// ([`PostgresStore::index_check`]).

@@ -33,16 +33,6 @@ macro_rules! call_cols {
 }
 pub(crate) use call_cols;
 
-/// Decodes a `durable_tool_calls` row selected with [`call_cols!`] after checking its
-/// seal.
-pub(crate) fn checked_call(
-    ring: &durable_core::integrity::Keyring,
-    row: &PgRow,
-) -> Result<CallRecord, StoreError> {
-    crate::seal::RawCall::from_row(row)?.check(ring)?;
-    call(row)
-}
-
 /// Columns of `durable_checkpoints` read as metadata by [`checkpoint_meta`].
 macro_rules! checkpoint_meta_cols {
     () => {

@@ -8,11 +8,12 @@
 use durable_core::integrity::{
     CallFields, CheckpointFields, Fields, Head, Keyring, ResolutionFields, message_fields,
 };
+use durable_core::store::CallRecord;
 use durable_core::{SessionId, StoreError};
 use sqlx::postgres::{PgConnection, PgRow};
 
 use crate::error::db;
-use crate::rows::get;
+use crate::rows::{self, get};
 
 /// A journal row's sealed columns, as stored.
 #[derive(Debug, Clone)]
@@ -109,6 +110,13 @@ impl RawCall {
         self.mac = Some(ring.seal(&self.fields())?);
         Ok(())
     }
+}
+
+/// Decodes a `durable_tool_calls` row selected with [`rows::call_cols!`] after checking
+/// its seal.
+pub(crate) fn checked_call_record(ring: &Keyring, row: &PgRow) -> Result<CallRecord, StoreError> {
+    RawCall::from_row(row)?.check(ring)?;
+    rows::call(row)
 }
 
 /// A session's head: its counts and its latest checkpoint's seal.

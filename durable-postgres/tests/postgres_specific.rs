@@ -127,11 +127,7 @@ async fn concurrent_connects_migrate_once() {
     for _ in 0..8 {
         let url = db.url().to_owned();
         tasks.push(tokio::spawn(async move {
-            PostgresStore::connect_with(PostgresStoreOptions {
-                max_connections: 2,
-                ..PostgresStoreOptions::new(url)
-            })
-            .await
+            PostgresStore::connect_with(PostgresStoreOptions::new(url).max_connections(2)).await
         }));
     }
     for task in tasks {
@@ -391,10 +387,7 @@ async fn synchronous_commit_off_is_reported() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_machines_never_claim_the_same_session() {
     let db = test_database().await;
-    let options = |db: &TestDatabase| PostgresStoreOptions {
-        max_connections: 4,
-        ..PostgresStoreOptions::new(db.url())
-    };
+    let options = |db: &TestDatabase| PostgresStoreOptions::new(db.url()).max_connections(4);
     let a = Arc::new(PostgresStore::connect_with(options(&db)).await.expect("a"));
     let b = Arc::new(PostgresStore::connect_with(options(&db)).await.expect("b"));
     let mut expired = HashSet::new();

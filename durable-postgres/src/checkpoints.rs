@@ -1,0 +1,543 @@
+//! Checkpoints: compare-and-set writes, snapshot reads and forks, and the sealed
+//! append of a checkpoint with its messages that session creation and `finish_call`
+//! share. A checkpoint is read back with the session head, the checkpoint row, its
+//! transcript and the chain of seals between them, all from one snapshot.
+
+use std::time::Duration;
+
+use durable_core::StoreError;
+use durable_core::ids::SessionId;
+use durable_core::integrity::Keyring;
+use durable_core::store::{
+    Checkpoint, CheckpointMeta, FORMAT_VERSION, Fence, Lease, NewCheckpoint, SessionRecord,
+};
+use serde_json::Value;
+use sqlx::postgres::PgConnection;
+
+use crate::PostgresStore;
+use crate::error::{corrupt, db, unique_violation};
+use crate::keys;
+use crate::rows::{self, checkpoint_meta_cols, get, session_cols};
+use crate::seal::{self, RawCheckpoint};
+use crate::tx::{self, Lock, Locked, ttl_ms};
+
+pub(crate) async fn save_checkpoint(
+    store: &PostgresStore,
+    fence: Fence<'_>,
+    expected: i64,
+    checkpoint: NewCheckpoint,
+) -> Result<CheckpointMeta, StoreError> {
+    let mut tx = store.pool.begin().await.map_err(db)?;
+    let ring = store.keyring();
+    let mut locked = tx::lock_fenced(&mut tx, ring, fence, Lock::Update).await?;
+    let now = locked.now;
+    let meta = append_checkpoint(
+        &mut tx,
+        ring,
+        fence.session,
+        &mut locked,
+        expected,
+        checkpoint,
+        now,
+    )
+    .await?;
+    tx.commit().await.map_err(db)?;
+    Ok(meta)
+}
+
+pub(crate) async fn load_checkpoint(
+    store: &PostgresStore,
+    id: &SessionId,
+    version: Option<i64>,
+) -> Result<Checkpoint, StoreError> {
+    let ring = store.keyring();
+    // One snapshot for every read: the head, the checkpoint and its transcript agree.
+    let mut tx = tx::begin_snapshot(&store.pool).await?;
+    let head = seal::checked_head(&mut tx, ring, id).await?;
+    let v = version.unwrap_or(head.latest_version);
+    // The previous version's seal, which this one's chains to, in the same round trip.
+    let row = sqlx::query(
+        "SELECT c.session_id, c.version, c.last_seq, c.message_count, c.app_version, \
+                c.created_at, c.plan, c.budget, c.state, c.format AS cp_format, c.seal, \
+                p.seal AS previous_seal, p.version IS NOT NULL AS previous_found \
+         FROM durable_checkpoints c \
+         LEFT JOIN durable_checkpoints p ON p.session_id = c.session_id \
+                                        AND p.version = c.version - 1 \
+         WHERE c.session_id = $1 AND c.version = $2",
+    )
+    .bind(id.as_str())
+    .bind(v)
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(db)?
+    .ok_or_else(|| StoreError::VersionNotFound {
+        session: id.clone(),
+        version: v,
+    })?;
+    let meta = rows::checkpoint_meta(&row)?;
+    let format: i32 = get(&row, "cp_format")?;
+    rows::check_format(id, Some(v), "the checkpoint", format)?;
+    let previous = if v > 0 {
+        if !get::<bool>(&row, "previous_found")? {
+            return Err(StoreError::Tampered {
+                session: id.clone(),
+                what: format!("checkpoint {}", v - 1),
+                detail: "it is missing".to_owned(),
+            });
+        }
+        get::<Option<String>>(&row, "previous_seal")?.unwrap_or_default()
+    } else {
+        String::new()
+    };
+    let checkpoint_seal: Option<String> = get(&row, "seal")?;
+    let texts: [String; 3] = [
+        get(&row, "plan")?,
+        get(&row, "budget")?,
+        get(&row, "state")?,
+    ];
+    let plan = rows::json(id, Some(v), "the plan", &texts[0])?;
+    let budget = rows::json(id, Some(v), "the budget", &texts[1])?;
+    let state = rows::json(id, Some(v), "the state", &texts[2])?;
+    let logged = sqlx::query(
+        "SELECT seq, message, format, seal FROM durable_messages
+         WHERE session_id = $1 AND seq <= $2 ORDER BY seq",
+    )
+    .bind(id.as_str())
+    .bind(meta.last_seq)
+    .fetch_all(&mut *tx)
+    .await
+    .map_err(db)?;
+    tx.commit().await.map_err(db)?;
+    let mut messages = Vec::with_capacity(logged.len());
+    // The chain: message n's seal covers message n-1's, from message 1 on.
+    let mut chain = String::new();
+    for (i, row) in logged.iter().enumerate() {
+        let seq: i64 = get(row, "seq")?;
+        if i64::try_from(i + 1).ok() != Some(seq) {
+            return Err(StoreError::Tampered {
+                session: id.clone(),
+                what: format!("message {}", i + 1),
+                detail: format!("it is missing from the transcript (next is {seq})"),
+            });
+        }
+        let what = format!("message {seq}");
+        rows::check_format(id, Some(v), &what, get(row, "format")?)?;
+        let text: String = get(row, "message")?;
+        let stored: Option<String> = get(row, "seal")?;
+        seal::check_message(ring, id, seq, &text, &chain, stored.as_deref())?;
+        chain = stored.unwrap_or_default();
+        messages.push(rows::json(id, Some(v), &what, &text)?);
+    }
+    if i64::try_from(logged.len()).ok() != Some(meta.last_seq) {
+        return Err(StoreError::Tampered {
+            session: id.clone(),
+            what: format!("the transcript of checkpoint {v}"),
+            detail: format!(
+                "it ends at message {} but the log holds {}",
+                meta.last_seq,
+                logged.len()
+            ),
+        });
+    }
+    RawCheckpoint {
+        session: id,
+        version: v,
+        last_seq: meta.last_seq,
+        message_count: meta.message_count,
+        last_message_seal: &chain,
+        plan: &texts[0],
+        budget: &texts[1],
+        state: &texts[2],
+        app_version: &meta.app_version,
+        previous: &previous,
+    }
+    .check(ring, checkpoint_seal.as_deref())?;
+    if messages.len() as i64 != meta.message_count {
+        return Err(corrupt(
+            id,
+            Some(v),
+            format!(
+                "the log holds {} messages up to seq {} but the checkpoint records {}; \
+                 messages were deleted behind durable's back",
+                messages.len(),
+                meta.last_seq,
+                meta.message_count
+            ),
+        ));
+    }
+    Ok(Checkpoint {
+        meta,
+        messages,
+        plan,
+        budget,
+        state,
+    })
+}
+
+pub(crate) async fn list_checkpoints(
+    store: &PostgresStore,
+    id: &SessionId,
+) -> Result<Vec<CheckpointMeta>, StoreError> {
+    let mut conn = store.pool.acquire().await.map_err(db)?;
+    // Distinguish "no such session" from "no checkpoints".
+    tx::session(&mut conn, id, None).await?;
+    sqlx::query(concat!(
+        "SELECT ",
+        checkpoint_meta_cols!(),
+        " FROM durable_checkpoints WHERE session_id = $1 ORDER BY version"
+    ))
+    .bind(id.as_str())
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(db)?
+    .iter()
+    .map(rows::checkpoint_meta)
+    .collect()
+}
+
+pub(crate) async fn fork_session(
+    store: &PostgresStore,
+    id: &SessionId,
+    version: i64,
+    new_id: &SessionId,
+    owner: &str,
+    ttl: Duration,
+) -> Result<(SessionRecord, Lease), StoreError> {
+    new_id.validate()?;
+    durable_core::ids::validate_owner(owner)?;
+    let mut tx = store.pool.begin().await.map_err(db)?;
+    let now = tx::now(&mut tx).await?;
+    let source =
+        sqlx::query("SELECT app_version, metadata, format FROM durable_sessions WHERE id = $1")
+            .bind(id.as_str())
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(db)?
+            .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
+    let cp = sqlx::query(
+        "SELECT last_seq, message_count, plan, budget, state, format FROM durable_checkpoints
+         WHERE session_id = $1 AND version = $2",
+    )
+    .bind(id.as_str())
+    .bind(version)
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(db)?
+    .ok_or_else(|| StoreError::VersionNotFound {
+        session: id.clone(),
+        version,
+    })?;
+    let cp_format: i32 = get(&cp, "format")?;
+    rows::check_format(id, Some(version), "the checkpoint", cp_format)?;
+    let app_version: String = get(&source, "app_version")?;
+    let expires = now.saturating_add(ttl_ms(ttl));
+    let row = sqlx::query(concat!(
+        "INSERT INTO durable_sessions (id, status, app_version, metadata, lease_owner, \
+         lease_expires_at, fence, recovery_attempts, status_reason, latest_version, \
+         created_at, updated_at, format) \
+         VALUES ($1, 'active', $2, $3, $4, $5, 1, 0, NULL, 0, $6, $6, $7) \
+         ON CONFLICT (id) DO NOTHING RETURNING ",
+        session_cols!()
+    ))
+    .bind(new_id.as_str())
+    .bind(&app_version)
+    .bind(get::<String>(&source, "metadata")?)
+    .bind(owner)
+    .bind(expires)
+    .bind(now)
+    .bind(get::<i32>(&source, "format")?)
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(db)?
+    .ok_or_else(|| StoreError::SessionExists(new_id.clone()))?;
+    let record = rows::session(&row)?;
+    let last_seq: i64 = get(&cp, "last_seq")?;
+    sqlx::query(
+        "INSERT INTO durable_messages (session_id, seq, message, format, created_at)
+         SELECT $1, seq, message, format, created_at FROM durable_messages
+         WHERE session_id = $2 AND seq <= $3",
+    )
+    .bind(new_id.as_str())
+    .bind(id.as_str())
+    .bind(last_seq)
+    .execute(&mut *tx)
+    .await
+    .map_err(db)?;
+    insert_checkpoint(
+        &mut tx,
+        CheckpointRow {
+            session: new_id,
+            version: 0,
+            last_seq,
+            message_count: get(&cp, "message_count")?,
+            plan: get(&cp, "plan")?,
+            budget: get(&cp, "budget")?,
+            state: get(&cp, "state")?,
+            app_version: &app_version,
+            format: cp_format,
+            seal: None,
+        },
+        now,
+    )
+    .await?;
+    keys::reseal_session(&mut tx, None, store.keyring(), new_id).await?;
+    tx.commit().await.map_err(db)?;
+    let lease = Lease {
+        session: new_id.clone(),
+        owner: owner.to_owned(),
+        fence: record.fence,
+        expires_at: expires,
+    };
+    Ok((record, lease))
+}
+
+/// Where a session's transcript and checkpoint chain end: what the next checkpoint
+/// continues from.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Tail {
+    /// The latest checkpoint's version (`None`: before version 0).
+    pub(crate) version: Option<i64>,
+    /// The last message's position (0: none).
+    pub(crate) last_seq: i64,
+    /// Messages in the transcript.
+    pub(crate) message_count: i64,
+    /// The last message's seal (`""`: none).
+    pub(crate) message_seal: String,
+    /// The latest checkpoint's seal (`""`: none, before version 0).
+    pub(crate) checkpoint_seal: String,
+}
+
+/// The tail of checkpoint `version` of a session: its transcript's end and its seal.
+pub(crate) async fn tail(
+    conn: &mut PgConnection,
+    session: &SessionId,
+    version: i64,
+) -> Result<Tail, StoreError> {
+    let row = sqlx::query(
+        "SELECT k.last_seq, k.message_count, k.seal, m.seal AS message_seal, \
+                m.seq IS NOT NULL AS message_found \
+         FROM durable_checkpoints k \
+         LEFT JOIN durable_messages m ON m.session_id = k.session_id AND m.seq = k.last_seq \
+         WHERE k.session_id = $1 AND k.version = $2",
+    )
+    .bind(session.as_str())
+    .bind(version)
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(db)?
+    .ok_or_else(|| StoreError::Tampered {
+        session: session.clone(),
+        what: format!("checkpoint {version}"),
+        detail: "it is missing".to_owned(),
+    })?;
+    let last_seq: i64 = get(&row, "last_seq")?;
+    if last_seq > 0 && !get::<bool>(&row, "message_found")? {
+        return Err(StoreError::Tampered {
+            session: session.clone(),
+            what: format!("message {last_seq}"),
+            detail: "it is missing from the transcript".to_owned(),
+        });
+    }
+    Ok(Tail {
+        version: Some(version),
+        last_seq,
+        message_count: get(&row, "message_count")?,
+        message_seal: get::<Option<String>>(&row, "message_seal")?.unwrap_or_default(),
+        checkpoint_seal: get::<Option<String>>(&row, "seal")?.unwrap_or_default(),
+    })
+}
+
+/// Appends `messages` to a session's log after `tail`, each sealed and chained to the
+/// one before; moves `tail` to the new end.
+async fn append_messages(
+    conn: &mut PgConnection,
+    ring: &Keyring,
+    session: &SessionId,
+    tail: &mut Tail,
+    messages: &[Value],
+    now: i64,
+) -> Result<(), StoreError> {
+    if messages.is_empty() {
+        return Ok(());
+    }
+    let texts: Vec<String> = messages.iter().map(Value::to_string).collect();
+    let mut seals = Vec::with_capacity(texts.len());
+    for (i, text) in texts.iter().enumerate() {
+        let seq = tail.last_seq + 1 + i as i64;
+        tail.message_seal = seal::seal_message(ring, session, seq, text, &tail.message_seal)?;
+        seals.push(tail.message_seal.clone());
+    }
+    sqlx::query(
+        "INSERT INTO durable_messages (session_id, seq, message, format, created_at, seal)
+         SELECT $1, $2 + t.ord, t.message, $3, $4, t.seal
+         FROM unnest($5::text[], $6::text[]) WITH ORDINALITY AS t(message, seal, ord)",
+    )
+    .bind(session.as_str())
+    .bind(tail.last_seq)
+    .bind(FORMAT_VERSION)
+    .bind(now)
+    .bind(&texts)
+    .bind(&seals)
+    .execute(&mut *conn)
+    .await
+    .map_err(db)?;
+    tail.last_seq += texts.len() as i64;
+    tail.message_count += texts.len() as i64;
+    Ok(())
+}
+
+/// The stored form of a checkpoint row.
+pub(crate) struct CheckpointRow<'a> {
+    pub(crate) session: &'a SessionId,
+    pub(crate) version: i64,
+    pub(crate) last_seq: i64,
+    pub(crate) message_count: i64,
+    pub(crate) plan: String,
+    pub(crate) budget: String,
+    pub(crate) state: String,
+    pub(crate) app_version: &'a str,
+    pub(crate) format: i32,
+    /// Its seal (`None` for a copy that is re-sealed afterwards, as a fork's).
+    pub(crate) seal: Option<String>,
+}
+
+/// Inserts a checkpoint row. A primary-key collision means another writer got the
+/// version first: [`StoreError::VersionConflict`].
+pub(crate) async fn insert_checkpoint(
+    conn: &mut PgConnection,
+    row: CheckpointRow<'_>,
+    now: i64,
+) -> Result<CheckpointMeta, StoreError> {
+    let result = sqlx::query(concat!(
+        "INSERT INTO durable_checkpoints (session_id, version, last_seq, message_count, plan, \
+         budget, state, app_version, format, created_at, seal) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING ",
+        checkpoint_meta_cols!()
+    ))
+    .bind(row.session.as_str())
+    .bind(row.version)
+    .bind(row.last_seq)
+    .bind(row.message_count)
+    .bind(&row.plan)
+    .bind(&row.budget)
+    .bind(&row.state)
+    .bind(row.app_version)
+    .bind(row.format)
+    .bind(now)
+    .bind(&row.seal)
+    .fetch_one(&mut *conn)
+    .await;
+    match result {
+        Ok(r) => rows::checkpoint_meta(&r),
+        Err(e) if unique_violation(&e).is_some() => Err(StoreError::VersionConflict {
+            session: row.session.clone(),
+            expected: row.version - 1,
+            actual: row.version,
+        }),
+        Err(e) => Err(db(e)),
+    }
+}
+
+/// Appends `checkpoint`'s messages after `tail` and inserts the checkpoint after
+/// `tail`'s, whose transcript ends with them, all sealed (messages chained to the log's
+/// last message, the checkpoint to the previous version's seal in `tail`). Moves `tail`
+/// to the new checkpoint.
+pub(crate) async fn insert_sealed_checkpoint(
+    conn: &mut PgConnection,
+    ring: &Keyring,
+    session: &SessionId,
+    app_version: &str,
+    tail: &mut Tail,
+    checkpoint: &NewCheckpoint,
+    now: i64,
+) -> Result<CheckpointMeta, StoreError> {
+    let version = tail.version.map_or(0, |v| v + 1);
+    append_messages(conn, ring, session, tail, &checkpoint.messages, now).await?;
+    let (plan, budget, state) = (
+        checkpoint.plan.to_string(),
+        checkpoint.budget.to_string(),
+        checkpoint.state.to_string(),
+    );
+    let sealed = RawCheckpoint {
+        session,
+        version,
+        last_seq: tail.last_seq,
+        message_count: tail.message_count,
+        last_message_seal: &tail.message_seal,
+        plan: &plan,
+        budget: &budget,
+        state: &state,
+        app_version,
+        previous: &tail.checkpoint_seal,
+    }
+    .seal(ring)?;
+    let meta = insert_checkpoint(
+        conn,
+        CheckpointRow {
+            session,
+            version,
+            last_seq: tail.last_seq,
+            message_count: tail.message_count,
+            plan,
+            budget,
+            state,
+            app_version,
+            format: FORMAT_VERSION,
+            seal: Some(sealed.clone()),
+        },
+        now,
+    )
+    .await?;
+    tail.checkpoint_seal = sealed;
+    tail.version = Some(version);
+    Ok(meta)
+}
+
+/// Compare-and-set append of checkpoint `expected + 1` to a session locked `FOR UPDATE`
+/// by [`lock_fenced`]: messages, checkpoint row, session row with its re-sealed head.
+pub(crate) async fn append_checkpoint(
+    conn: &mut PgConnection,
+    ring: &Keyring,
+    session: &SessionId,
+    locked: &mut Locked,
+    expected: i64,
+    checkpoint: NewCheckpoint,
+    now: i64,
+) -> Result<CheckpointMeta, StoreError> {
+    if locked.latest_version != expected {
+        return Err(StoreError::VersionConflict {
+            session: session.clone(),
+            expected,
+            actual: locked.latest_version,
+        });
+    }
+    let version = expected + 1;
+    let mut tail = tail(conn, session, expected).await?;
+    let meta = insert_sealed_checkpoint(
+        conn,
+        ring,
+        session,
+        &locked.app_version,
+        &mut tail,
+        &checkpoint,
+        now,
+    )
+    .await?;
+    locked.latest_version = version;
+    locked.head.latest_version = version;
+    locked.head.checkpoint_seal = tail.checkpoint_seal;
+    locked.head.seal(ring)?;
+    sqlx::query(
+        "UPDATE durable_sessions
+         SET latest_version = $2, recovery_attempts = 0, updated_at = $3, head = $4
+         WHERE id = $1",
+    )
+    .bind(session.as_str())
+    .bind(version)
+    .bind(now)
+    .bind(locked.head.head.as_deref())
+    .execute(&mut *conn)
+    .await
+    .map_err(db)?;
+    Ok(meta)
+}

@@ -1,0 +1,287 @@
+//! Leases and fencing tokens: taking a session (by id or by claiming an expired one),
+//! renewing and giving the lease up, and the poison-pill counter that parks a session
+//! whose recoveries keep dying (and `unpark_session`, an operator's way back).
+
+use std::time::Duration;
+
+use durable_core::StoreError;
+use durable_core::ids::SessionId;
+use durable_core::store::{Lease, SessionRecord, SessionStatus};
+use sqlx::postgres::PgConnection;
+
+use crate::PostgresStore;
+use crate::error::db;
+use crate::rows::{self, get, session_cols};
+use crate::tx::{self, Lock, ttl_ms};
+
+pub(crate) async fn acquire_lease(
+    store: &PostgresStore,
+    id: &SessionId,
+    owner: &str,
+    ttl: Duration,
+    max_attempts: i32,
+) -> Result<Lease, StoreError> {
+    durable_core::ids::validate_owner(owner)?;
+    let mut tx = store.pool.begin().await.map_err(db)?;
+    let now = tx::now(&mut tx).await?;
+    let row = sqlx::query(
+        "SELECT status, lease_owner, lease_expires_at, recovery_attempts
+         FROM durable_sessions WHERE id = $1 FOR UPDATE",
+    )
+    .bind(id.as_str())
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(db)?
+    .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
+    let status: String = get(&row, "status")?;
+    let holder: Option<String> = get(&row, "lease_owner")?;
+    let held_until: Option<i64> = get(&row, "lease_expires_at")?;
+    let previous = Previous {
+        recovery_attempts: get(&row, "recovery_attempts")?,
+        unreleased: holder.is_some(),
+    };
+    let refusal = if status != SessionStatus::Active.as_str() {
+        Some(StoreError::NotResumable {
+            session: id.clone(),
+            status,
+        })
+    } else if let (Some(holder), Some(until)) = (holder, held_until)
+        && holder != owner
+        && until > now
+    {
+        Some(StoreError::Leased {
+            session: id.clone(),
+            owner: holder,
+            expires_at: until,
+            remaining_ms: until - now,
+        })
+    } else {
+        None
+    };
+    if let Some(refusal) = refusal {
+        // Release the row lock now rather than when the pool gets round to rolling
+        // back a dropped transaction: a refused worker must not delay the holder.
+        tx.rollback().await.map_err(db)?;
+        return Err(refusal);
+    }
+    let taken = take_lease(&mut tx, id, owner, &previous, now, ttl, max_attempts).await?;
+    // A park is committed, then reported as the error.
+    tx.commit().await.map_err(db)?;
+    match taken {
+        Taken::Granted(lease) => Ok(lease),
+        Taken::Parked { attempts } => Err(StoreError::Parked {
+            session: id.clone(),
+            attempts,
+        }),
+    }
+}
+
+pub(crate) async fn renew_lease(
+    store: &PostgresStore,
+    lease: &Lease,
+    ttl: Duration,
+) -> Result<Lease, StoreError> {
+    let mut tx = store.pool.begin().await.map_err(db)?;
+    let now = tx::lock_fenced(&mut tx, store.keyring(), lease.fence(), Lock::Update)
+        .await?
+        .now;
+    let expires = now.saturating_add(ttl_ms(ttl));
+    // Lease bookkeeping is not a session update: `updated_at` stays (as in SQLite).
+    sqlx::query("UPDATE durable_sessions SET lease_expires_at = $2 WHERE id = $1")
+        .bind(lease.session.as_str())
+        .bind(expires)
+        .execute(&mut *tx)
+        .await
+        .map_err(db)?;
+    tx.commit().await.map_err(db)?;
+    Ok(Lease {
+        expires_at: expires,
+        ..lease.clone()
+    })
+}
+
+pub(crate) async fn release_lease(store: &PostgresStore, lease: &Lease) -> Result<(), StoreError> {
+    sqlx::query(concat!(
+        "UPDATE durable_sessions SET lease_owner = NULL, lease_expires_at = ",
+        tx::now_ms!(),
+        " WHERE id = $1 AND fence = $2"
+    ))
+    .bind(lease.session.as_str())
+    .bind(lease.fence)
+    .execute(&store.pool)
+    .await
+    .map_err(db)?;
+    Ok(())
+}
+
+pub(crate) async fn claim_expired(
+    store: &PostgresStore,
+    owner: &str,
+    ttl: Duration,
+    max_attempts: i32,
+) -> Result<Option<Lease>, StoreError> {
+    durable_core::ids::validate_owner(owner)?;
+    loop {
+        let mut tx = store.pool.begin().await.map_err(db)?;
+        let now = tx::now(&mut tx).await?;
+        // SKIP LOCKED: a row another claimer is looking at is not a candidate for us,
+        // so concurrent workers on many machines never claim the same session.
+        let Some(row) = sqlx::query(
+            "SELECT id, recovery_attempts, lease_owner FROM durable_sessions
+             WHERE status = 'active'
+               AND (lease_owner IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= $1)
+             ORDER BY updated_at, id
+             LIMIT 1
+             FOR UPDATE SKIP LOCKED",
+        )
+        .bind(now)
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db)?
+        else {
+            tx.commit().await.map_err(db)?;
+            return Ok(None);
+        };
+        let id = SessionId::new(get::<String>(&row, "id")?);
+        let previous = Previous {
+            recovery_attempts: get(&row, "recovery_attempts")?,
+            unreleased: get::<Option<String>>(&row, "lease_owner")?.is_some(),
+        };
+        let taken = take_lease(&mut tx, &id, owner, &previous, now, ttl, max_attempts).await?;
+        tx.commit().await.map_err(db)?;
+        match taken {
+            Taken::Granted(lease) => return Ok(Some(lease)),
+            Taken::Parked { .. } => continue,
+        }
+    }
+}
+
+pub(crate) async fn list_expired(
+    store: &PostgresStore,
+    limit: i64,
+) -> Result<Vec<SessionRecord>, StoreError> {
+    sqlx::query(concat!(
+        "SELECT ",
+        session_cols!(),
+        " FROM durable_sessions \
+         WHERE status = 'active' AND (lease_owner IS NULL OR lease_expires_at IS NULL \
+               OR lease_expires_at <= ",
+        tx::now_ms!(),
+        ") ORDER BY updated_at, id LIMIT $1"
+    ))
+    .bind(limit.max(0))
+    .fetch_all(&store.pool)
+    .await
+    .map_err(db)?
+    .iter()
+    .map(rows::session)
+    .collect()
+}
+
+pub(crate) async fn unpark_session(
+    store: &PostgresStore,
+    id: &SessionId,
+) -> Result<SessionRecord, StoreError> {
+    let mut tx = store.pool.begin().await.map_err(db)?;
+    let now = tx::now(&mut tx).await?;
+    let updated = sqlx::query(concat!(
+        "UPDATE durable_sessions SET status = 'active', status_reason = NULL, \
+         recovery_attempts = 0, lease_owner = NULL, lease_expires_at = NULL, \
+         updated_at = $2 WHERE id = $1 AND status = 'parked' \
+         RETURNING ",
+        session_cols!()
+    ))
+    .bind(id.as_str())
+    .bind(now)
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(db)?;
+    let record = match updated {
+        Some(row) => rows::session(&row)?,
+        None => {
+            let current = tx::session(&mut tx, id, None).await?;
+            return Err(StoreError::NotParked {
+                session: id.clone(),
+                status: current.status.as_str().to_owned(),
+            });
+        }
+    };
+    tx.commit().await.map_err(db)?;
+    Ok(record)
+}
+
+/// What a locked session row says about the lease that is being taken over.
+pub(crate) struct Previous {
+    /// Recoveries counted since the last checkpoint.
+    pub(crate) recovery_attempts: i32,
+    /// Whether the previous lease was never given up (`lease_owner` is still set: it
+    /// expired, or its owner is taking it back after a restart). Taking it over is a
+    /// recovery.
+    pub(crate) unreleased: bool,
+}
+
+/// What [`take_lease`] did.
+pub(crate) enum Taken {
+    /// The lease is `owner`'s.
+    Granted(Lease),
+    /// The take-over was a recovery beyond the bound: the session is parked instead.
+    Parked {
+        /// The recoveries counted before this one.
+        attempts: i32,
+    },
+}
+
+/// Gives the lease on a locked session row to `owner` until `now + ttl`, bumping the
+/// fencing token: the one place a lease is taken over, for `acquire_lease` and
+/// `claim_expired` alike, so both count recoveries by one rule. Taking over an unreleased
+/// lease is a recovery and counts an attempt; when `max_attempts` are already counted the
+/// session is parked instead (reason recorded, lease cleared, token bumped so a
+/// straggler loses it).
+pub(crate) async fn take_lease(
+    conn: &mut PgConnection,
+    id: &SessionId,
+    owner: &str,
+    previous: &Previous,
+    now: i64,
+    ttl: Duration,
+    max_attempts: i32,
+) -> Result<Taken, StoreError> {
+    let attempts = previous.recovery_attempts;
+    if previous.unreleased && attempts >= max_attempts {
+        sqlx::query(
+            "UPDATE durable_sessions
+             SET status = 'parked', status_reason = $2, lease_owner = NULL,
+                 lease_expires_at = NULL, fence = fence + 1, updated_at = $3
+             WHERE id = $1",
+        )
+        .bind(id.as_str())
+        .bind(format!("recovery attempts exhausted ({attempts})"))
+        .bind(now)
+        .execute(&mut *conn)
+        .await
+        .map_err(db)?;
+        tracing::warn!(session = %id, attempts, "parked session: recovery attempts exhausted");
+        return Ok(Taken::Parked { attempts });
+    }
+    let expires = now.saturating_add(ttl_ms(ttl));
+    let row = sqlx::query(
+        "UPDATE durable_sessions
+         SET fence = fence + 1, lease_owner = $2, lease_expires_at = $3, updated_at = $4,
+             recovery_attempts = recovery_attempts + CASE WHEN $5 THEN 1 ELSE 0 END
+         WHERE id = $1 RETURNING fence",
+    )
+    .bind(id.as_str())
+    .bind(owner)
+    .bind(expires)
+    .bind(now)
+    .bind(previous.unreleased)
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(db)?;
+    Ok(Taken::Granted(Lease {
+        session: id.clone(),
+        owner: owner.to_owned(),
+        fence: get(&row, "fence")?,
+        expires_at: expires,
+    }))
+}

@@ -1,0 +1,140 @@
+//! Sessions: creating one with its initial checkpoint and first lease, reading and
+//! listing them, and setting their status.
+
+use durable_core::StoreError;
+use durable_core::ids::SessionId;
+use durable_core::store::{
+    FORMAT_VERSION, Fence, Lease, NewSession, SessionFilter, SessionRecord, SessionStatus,
+};
+
+use crate::PostgresStore;
+use crate::checkpoints;
+use crate::error::db;
+use crate::rows::{self, session_cols};
+use crate::seal::HeadRow;
+use crate::tx::{self, Lock, ttl_ms};
+
+pub(crate) async fn create_session(
+    store: &PostgresStore,
+    new: NewSession,
+) -> Result<(SessionRecord, Lease), StoreError> {
+    durable_core::ids::validate_new_session(&new.id, &new.owner, &new.app_version)?;
+    let mut tx = store.pool.begin().await.map_err(db)?;
+    let now = tx::now(&mut tx).await?;
+    let expires = now.saturating_add(ttl_ms(new.lease_ttl));
+    let row = sqlx::query(concat!(
+        "INSERT INTO durable_sessions (id, status, app_version, metadata, lease_owner, \
+         lease_expires_at, fence, recovery_attempts, status_reason, latest_version, \
+         created_at, updated_at, format) \
+         VALUES ($1, 'active', $2, $3, $4, $5, 1, 0, NULL, 0, $6, $6, $7) \
+         ON CONFLICT (id) DO NOTHING RETURNING ",
+        session_cols!()
+    ))
+    .bind(new.id.as_str())
+    .bind(&new.app_version)
+    .bind(new.metadata.to_string())
+    .bind(&new.owner)
+    .bind(expires)
+    .bind(now)
+    .bind(FORMAT_VERSION)
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(db)?
+    .ok_or_else(|| StoreError::SessionExists(new.id.clone()))?;
+    let record = rows::session(&row)?;
+    let ring = store.keyring();
+    let mut tail = checkpoints::Tail::default();
+    checkpoints::insert_sealed_checkpoint(
+        &mut tx,
+        ring,
+        &new.id,
+        &new.app_version,
+        &mut tail,
+        &new.initial,
+        now,
+    )
+    .await?;
+    HeadRow {
+        session: new.id.clone(),
+        journal_rows: 0,
+        latest_version: 0,
+        resolutions: 0,
+        checkpoint_seal: tail.checkpoint_seal,
+        head: None,
+    }
+    .store(&mut tx, ring)
+    .await?;
+    tx.commit().await.map_err(db)?;
+    let lease = Lease {
+        session: new.id,
+        owner: new.owner,
+        fence: record.fence,
+        expires_at: expires,
+    };
+    Ok((record, lease))
+}
+
+pub(crate) async fn session(
+    store: &PostgresStore,
+    id: &SessionId,
+) -> Result<SessionRecord, StoreError> {
+    let mut conn = store.pool.acquire().await.map_err(db)?;
+    tx::session(&mut conn, id, None).await
+}
+
+pub(crate) async fn list_sessions(
+    store: &PostgresStore,
+    filter: &SessionFilter,
+) -> Result<Vec<SessionRecord>, StoreError> {
+    let statuses: Vec<&str> = filter.statuses.iter().map(|s| s.as_str()).collect();
+    sqlx::query(concat!(
+        "SELECT ",
+        session_cols!(),
+        " FROM durable_sessions \
+         WHERE (cardinality($1::text[]) = 0 OR status = ANY($1::text[])) \
+           AND ($2::bigint IS NULL OR updated_at < $2) \
+         ORDER BY updated_at DESC, created_at DESC, id DESC \
+         LIMIT $3"
+    ))
+    .bind(&statuses)
+    .bind(filter.updated_before)
+    .bind(filter.limit.map(|l| l.max(0)))
+    .fetch_all(&store.pool)
+    .await
+    .map_err(db)?
+    .iter()
+    .map(rows::session)
+    .collect()
+}
+
+pub(crate) async fn set_status(
+    store: &PostgresStore,
+    fence: Fence<'_>,
+    status: SessionStatus,
+    reason: Option<&str>,
+) -> Result<(), StoreError> {
+    if let Some(reason) = reason {
+        durable_core::ids::validate_text("status reason", reason)?;
+    }
+    let mut tx = store.pool.begin().await.map_err(db)?;
+    let now = tx::lock_fenced(&mut tx, store.keyring(), fence, Lock::Update)
+        .await?
+        .now;
+    let releases = status.is_terminal() || status == SessionStatus::Parked;
+    sqlx::query(
+        "UPDATE durable_sessions
+         SET status = $2, status_reason = $3, updated_at = $4,
+             lease_expires_at = CASE WHEN $5 THEN $4 ELSE lease_expires_at END,
+             fence = fence + CASE WHEN $5 THEN 1 ELSE 0 END
+         WHERE id = $1",
+    )
+    .bind(fence.session.as_str())
+    .bind(status.as_str())
+    .bind(reason)
+    .bind(now)
+    .bind(releases)
+    .execute(&mut *tx)
+    .await
+    .map_err(db)?;
+    tx.commit().await.map_err(db)
+}
