@@ -38,8 +38,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use clap::{CommandFactory, FromArgMatches, Parser};
 use durable::store::{CallKind, CallStatus, Resolution, SessionStatus};
-use durable::transcript::{Message, Role};
-use durable::{Budget, CheckpointStore, Durable, Plan, SessionId, Spend};
+use durable::{Budget, CheckpointStore, Durable, Message, Plan, Role, SessionId, Spend};
 
 use agent::Options;
 use model::Script;

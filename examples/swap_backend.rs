@@ -91,10 +91,9 @@ async fn send_receipt(
 async fn run_agent(store: Arc<dyn CheckpointStore>) -> Result<(), Box<dyn std::error::Error>> {
     let durable = Durable::builder(store).owner("swap-example").build();
     let mut session = durable
-        .start::<Message>(StartOptions {
-            messages: vec![Message::user("Charge order o-17 and send the receipt.")],
-            ..StartOptions::default()
-        })
+        .start::<Message>(StartOptions::new().with_messages(vec![Message::user(
+            "Charge order o-17 and send the receipt.",
+        )]))
         .await?;
     let journal = session.journal().clone();
     let to = lookup_customer.call(&journal, "ann".into()).await?;

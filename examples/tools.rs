@@ -9,11 +9,10 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use durable::toolbox::{ModelToolCall, ToolArguments};
-use durable::transcript::Message;
+use durable::Message;
 use durable::{
-    CheckpointStore, Durable, IdempotencyKey, StartOptions, ToolContext, Toolbox, Verification,
-    durable_tool,
+    CheckpointStore, Durable, IdempotencyKey, ModelToolCall, StartOptions, ToolArguments,
+    ToolContext, Toolbox, Verification, durable_tool,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;

@@ -3,34 +3,8 @@
 
 use std::sync::Arc;
 
+use durable_core::error::ConnectError;
 use durable_core::{CheckpointStore, StoreError};
-
-/// Why [`connect`] could not open a store.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum ConnectError {
-    /// The URL names a backend whose Cargo feature is off.
-    #[error(
-        "`{scheme}:` URLs need the `{feature}` feature of `durable`; enable it: durable = {{ features = [\"{feature}\"] }}"
-    )]
-    FeatureDisabled {
-        /// The URL scheme.
-        scheme: String,
-        /// The feature that provides it.
-        feature: &'static str,
-    },
-    /// The URL's scheme is not one `durable` knows.
-    #[error(
-        "unsupported database URL `{url}`: expected `sqlite:<path>`, `sqlite::memory:`, `postgres://…`, `postgresql://…`, or a file path"
-    )]
-    UnknownScheme {
-        /// The URL (credentials removed).
-        url: String,
-    },
-    /// The store refused to open (unreachable server, newer schema, durability settings…).
-    #[error(transparent)]
-    Store(#[from] StoreError),
-}
 
 /// Opens the store a URL names, among the backends compiled in:
 ///
@@ -44,7 +18,7 @@ pub enum ConnectError {
 /// a [`ConnectError::FeatureDisabled`] that names the feature.
 ///
 /// ```no_run
-/// # async fn demo() -> Result<(), durable::ConnectError> {
+/// # async fn demo() -> Result<(), durable::error::ConnectError> {
 /// let url = std::env::var("DURABLE_DB").unwrap_or_else(|_| "sqlite:agent.db".into());
 /// let store = durable::connect(&url).await?;
 /// let runtime = durable::Durable::builder(store).owner("worker-1").build();
@@ -73,7 +47,7 @@ pub async fn connect(url: &str) -> Result<Arc<dyn CheckpointStore>, ConnectError
 /// line. Every write through the store fails with [`StoreError::ReadOnly`].
 ///
 /// ```no_run
-/// # async fn demo() -> Result<(), durable::ConnectError> {
+/// # async fn demo() -> Result<(), durable::error::ConnectError> {
 /// let store = durable::connect_read_only("sqlite:agent.db").await?;
 /// let sessions = store.list_sessions(&Default::default()).await?;
 /// # let _ = sessions; Ok(()) }

@@ -78,11 +78,167 @@
 //!
 //! [`connect`] opens whichever of them a URL names.
 
-pub use durable_core::*;
+// What a harness names, at the root: one path per item (sqlx's facade is the model).
+// Everything else is in a module below, named for what it holds, and only there.
+
+pub use connect::{connect, connect_read_only};
+pub use durable_core::{
+    // The transcript.
+    Block,
+    // Plan and budget.
+    Budget,
+    // Errors: a harness matches on these three (the others are in `error`).
+    CallError,
+    // The store and identities.
+    CallId,
+    CheckpointStore,
+    // Runtime and sessions.
+    Durable,
+    DurableBuilder,
+    DurableError,
+    // Tools and dispatch.
+    IdempotencyKey,
+    InDoubtAction,
+    InDoubtCall,
+    Journal,
+    Message,
+    ModelToolCall,
+    Plan,
+    Postcondition,
+    ReplayClass,
+    ResumeReport,
+    Resumed,
+    RetryPolicy,
+    Role,
+    Session,
+    SessionId,
+    Spend,
+    StartOptions,
+    Step,
+    StepStatus,
+    StoreError,
+    Tool,
+    ToolArguments,
+    ToolCallBlock,
+    ToolContext,
+    ToolOutput,
+    ToolResult,
+    ToolResultBlock,
+    ToolSpec,
+    Toolbox,
+    Verification,
+    retry,
+};
 
 mod connect;
-pub use connect::{ConnectError, connect, connect_read_only};
-pub use durable_core::redact::redact_url;
+
+pub mod error {
+    //! Every error type of `durable`, beside the three at the root.
+    //!
+    //! A harness matches on few enums: [`DurableError`](crate::DurableError) for anything
+    //! the runtime does (it converts from the errors below that a harness meets while
+    //! setting up: [`ToolboxError`], [`PlanError`], [`ConnectError`], [`BudgetExceeded`]),
+    //! [`CallError`](crate::CallError) for a typed tool call (the tool's own error, a
+    //! replayed failure, or a `DurableError`), and [`StoreError`](crate::StoreError) for
+    //! what a store says (also inside `DurableError::Store`).
+    //!
+    //! | error | returned by |
+    //! |---|---|
+    //! | [`ArgumentError`] (+ [`ArgumentErrorKind`]) | JSON that cannot be journaled exactly; inside `DurableError::InvalidArguments` / `InvalidValue` |
+    //! | [`ToolboxError`] | [`Toolbox::with`](crate::Toolbox::with) |
+    //! | [`SchemaError`] (+ [`SchemaErrorKind`]) | tool names and schemas a provider would refuse |
+    //! | [`PlanError`] | plan operations (messages written for the model) |
+    //! | [`BudgetExceeded`], [`InvalidAmount`] | budget checks and amounts |
+    //! | [`RetryError`] | [`retry`](crate::retry) |
+    //! | [`ConnectError`] | [`connect`](crate::connect), [`connect_read_only`](crate::connect_read_only) |
+    //! | [`KeyError`] | [`integrity::Keyring`](crate::integrity::Keyring) construction |
+    //! | [`IdProblem`] | inside `StoreError::InvalidId` |
+    //! | [`RecordedFailure`] | inside `CallError::Recorded` |
+    //! | [`UnknownReplayClass`] | parsing a [`ReplayClass`](crate::ReplayClass) |
+
+    pub use durable_core::error::ConnectError;
+    pub use durable_core::ids::IdProblem;
+    pub use durable_core::integrity::KeyError;
+    pub use durable_core::journal::RecordedFailure;
+    pub use durable_core::replay::UnknownReplayClass;
+    pub use durable_core::retry::RetryError;
+    pub use durable_core::schema::{SchemaError, SchemaErrorKind};
+    pub use durable_core::snapshot::{BudgetExceeded, InvalidAmount, PlanError};
+    pub use durable_core::toolbox::ToolboxError;
+    pub use durable_core::{ArgumentError, ArgumentErrorKind};
+}
+
+pub mod runtime {
+    //! The runtime's settings and what it reports: [`Config`] (read back with
+    //! [`Durable::config`](crate::Durable::config)), the journal's [`CallEvent`]s (observe
+    //! them with [`DurableBuilder::on_call`](crate::DurableBuilder::on_call)), the
+    //! [`ToolCall`] builder [`Journal::tool`](crate::Journal::tool) returns, the
+    //! [`BoxFuture`] a hand-written [`Tool`](crate::Tool) returns, and the retry helper's
+    //! pieces.
+
+    pub use durable_core::config::{CallObserver, Config};
+    pub use durable_core::journal::{CallEvent, MODEL_SLOT, Outcome, ToolCall};
+    pub use durable_core::retry::{AfterFailure, AttemptHistory};
+    pub use durable_core::tool_bounds::BoxFuture;
+}
+
+pub mod json {
+    //! The exact-JSON rules every value entering the journal follows: parsing a model's
+    //! text within [`ArgLimits`] (duplicate keys, NaN, integers JCS would round, lone
+    //! surrogates and too deep or large documents are refused with the JSON path), the
+    //! canonical form (RFC 8785) and the hashes a call's identity is made of.
+
+    pub use durable_core::ArgLimits;
+    pub use durable_core::args::{
+        MAX_SAFE_INTEGER, MAX_SUPPORTED_DEPTH, check_value, parse_arguments, parse_json,
+        to_journal_value,
+    };
+    pub use durable_core::canonical::{canonical_json, input_hash, schema_fingerprint};
+}
+
+pub mod schema {
+    //! Tool schemas in each provider's dialect (OpenAI Chat Completions and Responses,
+    //! Anthropic, MCP), built from a [`ToolSpec`](crate::ToolSpec): one schema policy,
+    //! checked against what each provider accepts.
+
+    pub use durable_core::schema::{
+        MAX_TOOL_NAME, McpAnnotations, OPENAI_FORMATS, anthropic_tool, check_name, input_schema,
+        mcp_tool, mcp_tool_with, openai_function, openai_response_tool, openai_strict_schema,
+        schema_for,
+    };
+}
+
+pub mod store {
+    //! What a [`CheckpointStore`](crate::CheckpointStore) reads and writes: the records a
+    //! backend stores (sessions, leases, checkpoints, journal rows, resolutions), for
+    //! inspection tools and for writing a backend of your own; and the validation every
+    //! backend applies at its boundary.
+
+    pub use durable_core::ids::{
+        MAX_ID_BYTES, validate_id, validate_new_session, validate_owner, validate_text,
+    };
+    pub use durable_core::redact::redact_url;
+    pub use durable_core::store::{
+        CallIdentity, CallKind, CallOutcome, CallRecord, CallStatus, Checkpoint, CheckpointMeta,
+        Durability, ErrorRecord, FORMAT_VERSION, Fence, FinishCall, IssueOutcome, Lease,
+        MigrateSession, NewCall, NewCheckpoint, NewError, NewSession, PurgeOutcome, Resolution,
+        ResolutionRecord, ResolveCall, SessionFilter, SessionRecord, SessionStatus,
+    };
+}
+
+pub mod integrity {
+    //! Tamper evidence: the keys rows are sealed with ([`Keyring`], `DURABLE_MAC_KEY`) and
+    //! the offline check of a whole store ([`verify_sessions`]). See
+    //! `durable_core::integrity` for what the seals cover.
+
+    pub use durable_core::integrity::{
+        Keyring, MAC_KEY_ENV, MIN_KEY_LEN, PREVIOUS_MAC_KEYS_ENV, SessionCheck, key_id, random_key,
+        verify_sessions,
+    };
+}
+
+pub use durable_core::replay_check;
+pub use durable_core::secret;
 
 /// The embedded SQLite store ([`SqliteStore`](sqlite::SqliteStore)).
 #[cfg(feature = "sqlite")]

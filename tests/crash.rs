@@ -133,11 +133,11 @@ fn child() -> i32 {
                 resumed.session
             }
             Err(DurableError::Store(StoreError::SessionNotFound(_))) => durable
-                .start(StartOptions {
-                    id: id.clone(),
-                    messages: vec![Message::user("Confirm order o-17 for ann.")],
-                    ..StartOptions::default()
-                })
+                .start(
+                    StartOptions::new()
+                        .with_id(id.clone())
+                        .with_messages(vec![Message::user("Confirm order o-17 for ann.")]),
+                )
                 .await
                 .expect("start"),
             Err(e) => panic!("resume: {e}"),

@@ -16,10 +16,10 @@ mod tools;
 use std::path::Path;
 use std::sync::Arc;
 
+use durable::Message;
+use durable::ModelToolCall;
 use durable::replay_check::{self, FailureKind, Fixture, FixtureError};
 use durable::sqlite::SqliteStore;
-use durable::toolbox::ModelToolCall;
-use durable::transcript::Message;
 use durable::{
     CheckpointStore, Durable, DurableError, Journal, ReplayClass, SessionId, StartOptions, Tool,
     ToolOutput, ToolSpec, Toolbox,
@@ -53,7 +53,7 @@ impl Tool for Reclassed {
         &'a self,
         journal: &'a Journal,
         args: Value,
-    ) -> durable::tool_bounds::BoxFuture<'a, Result<ToolOutput, DurableError>> {
+    ) -> durable::runtime::BoxFuture<'a, Result<ToolOutput, DurableError>> {
         self.inner.invoke(journal, args)
     }
 
@@ -269,11 +269,11 @@ async fn check_store_runs_the_last_checkpoints_of_a_live_store() {
     let mut session = Durable::builder(Arc::clone(&store))
         .owner("test")
         .build()
-        .start::<Message>(StartOptions {
-            id: SessionId::new("live-1"),
-            messages: vec![Message::user("Read order o-1017.")],
-            ..StartOptions::default()
-        })
+        .start::<Message>(
+            StartOptions::new()
+                .with_id(SessionId::new("live-1"))
+                .with_messages(vec![Message::user("Read order o-1017.")]),
+        )
         .await
         .expect("start");
     let call = ModelToolCall::new("c1", "read_context", json!({"order_id": "o-1017"}));
@@ -352,11 +352,11 @@ async fn a_renamed_argument_fits_through_its_serde_alias_and_is_reported_without
     let mut session = Durable::builder(Arc::clone(&store))
         .owner("test")
         .build()
-        .start::<Message>(StartOptions {
-            id: SessionId::new("rename-1"),
-            messages: vec![Message::user("Tell Ann.")],
-            ..StartOptions::default()
-        })
+        .start::<Message>(
+            StartOptions::new()
+                .with_id(SessionId::new("rename-1"))
+                .with_messages(vec![Message::user("Tell Ann.")]),
+        )
         .await
         .expect("start");
     let call = ModelToolCall::new(

@@ -21,13 +21,12 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use durable::error::ArgumentErrorKind;
 use durable::replay_check::{self, Fixture};
 use durable::sqlite::SqliteStore;
-use durable::toolbox::{ModelToolCall, ToolResult, Toolbox};
-use durable::transcript::{Block, Message};
 use durable::{
-    ArgumentErrorKind, CheckpointStore, Durable, DurableError, SessionId, StartOptions,
-    durable_tool,
+    Block, CheckpointStore, Durable, DurableError, Message, ModelToolCall, SessionId, StartOptions,
+    ToolResult, Toolbox, durable_tool,
 };
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};

@@ -3,7 +3,8 @@
 use std::process::ExitCode;
 use std::sync::OnceLock;
 
-use durable::{ConnectError, DurableError, StoreError};
+use durable::error::ConnectError;
+use durable::{DurableError, StoreError};
 
 use crate::display::{LINE, clip};
 

@@ -217,7 +217,7 @@ async fn postgres(
 ) -> Result<Opened, CliError> {
     use durable::postgres::{PostgresStore, PostgresStoreOptions};
 
-    let shown_url = durable::redact_url(url);
+    let shown_url = durable::store::redact_url(url);
     probe_postgres(&shown_url, source)?;
     let options = PostgresStoreOptions::new(url).keyring(keyring);
     let read_only = PostgresStore::connect_with(options.clone().read_only(true)).await;

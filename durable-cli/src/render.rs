@@ -6,8 +6,7 @@
 use std::time::{Duration, UNIX_EPOCH};
 
 use comfy_table::{ContentArrangement, Table, presets};
-use durable::transcript::{Block, Message};
-use durable::{Budget, Plan};
+use durable::{Block, Budget, Message, Plan};
 use serde::Serialize;
 use serde_json::{Map, Value};
 

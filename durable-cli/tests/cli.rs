@@ -491,7 +491,7 @@ async fn backup_writes_a_checked_copy_of_a_live_store() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_megabyte_id_does_not_pad_the_table() {
-    use durable::transcript::Message;
+    use durable::Message;
 
     let (_dir, db, store) = sqlite().await;
     cli_support::populate(&store).await;
@@ -499,10 +499,7 @@ async fn a_megabyte_id_does_not_pad_the_table() {
         .owner("worker-9")
         .build();
     let session = worker
-        .start::<Message>(durable::StartOptions {
-            id: durable::SessionId::new("s-plain"),
-            ..durable::StartOptions::default()
-        })
+        .start::<Message>(durable::StartOptions::new().with_id(durable::SessionId::new("s-plain")))
         .await
         .expect("start");
     session.release().await.expect("release");

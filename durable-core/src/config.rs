@@ -3,13 +3,16 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::args::ArgLimits;
 use crate::event::CallEvent;
-use crate::key::ArgLimits;
 
 /// Observer of journal decisions (see [`DurableBuilder::on_call`](crate::DurableBuilder::on_call)).
 pub type CallObserver = Arc<dyn Fn(&CallEvent) + Send + Sync>;
 
-/// Runtime settings shared by every session of a [`Durable`](crate::Durable).
+/// Runtime settings shared by every session of a [`Durable`](crate::Durable): set with
+/// [`DurableBuilder`](crate::DurableBuilder), read back with
+/// [`Durable::config`](crate::Durable::config).
+#[non_exhaustive]
 pub struct Config {
     /// This worker's name (lease owner).
     pub owner: String,

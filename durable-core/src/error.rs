@@ -434,6 +434,15 @@ pub enum DurableError {
     /// The budget's limit would be exceeded.
     #[error("budget exceeded: {0}")]
     BudgetExceeded(String),
+    /// A toolbox could not be built: a duplicate or invalid tool name.
+    #[error(transparent)]
+    Toolbox(#[from] crate::toolbox::ToolboxError),
+    /// A plan operation was refused (the message is written for the model).
+    #[error(transparent)]
+    Plan(#[from] crate::snapshot::PlanError),
+    /// A store could not be opened from its URL (`durable::connect`).
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
     /// A second tool call started inside [`Session::checkpoint_after`]: its checkpoint
     /// commits exactly one call's result. Nothing was journaled or run for this call.
     ///
@@ -448,6 +457,33 @@ pub enum DurableError {
         /// The tool of the refused call.
         tool: String,
     },
+}
+
+/// Why `durable::connect` could not open a store.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// The URL names a backend whose Cargo feature is off.
+    #[error(
+        "`{scheme}:` URLs need the `{feature}` feature of `durable`; enable it: durable = {{ features = [\"{feature}\"] }}"
+    )]
+    FeatureDisabled {
+        /// The URL scheme.
+        scheme: String,
+        /// The feature that provides it.
+        feature: &'static str,
+    },
+    /// The URL's scheme is not one `durable` knows.
+    #[error(
+        "unsupported database URL `{url}`: expected `sqlite:<path>`, `sqlite::memory:`, `postgres://…`, `postgresql://…`, or a file path"
+    )]
+    UnknownScheme {
+        /// The URL (credentials removed).
+        url: String,
+    },
+    /// The store refused to open (unreachable server, newer schema, durability settings…).
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
 
 impl DurableError {

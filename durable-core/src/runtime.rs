@@ -8,12 +8,12 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 use tracing::Instrument;
 
+use crate::args::ArgLimits;
 pub use crate::config::{CallObserver, Config};
 use crate::encode::encode;
 use crate::error::{DurableError, StoreError};
 use crate::event::CallEvent;
 use crate::ids::{CallId, SessionId};
-use crate::key::ArgLimits;
 use crate::session::{ResumeReport, Resumed, Session};
 use crate::snapshot::{Budget, Plan};
 use crate::store::{
@@ -93,8 +93,22 @@ impl DurableBuilder {
     }
 }
 
-/// What a new session starts with.
+/// What a new session starts with: build it with [`StartOptions::new`] and the `with_*`
+/// methods (the fields can be read and changed, but new ones may be added in any
+/// release).
+///
+/// ```
+/// use durable_core::{Message, SessionId, StartOptions};
+/// use serde_json::json;
+///
+/// let options = StartOptions::new()
+///     .with_id(SessionId::new("ticket-4711"))
+///     .with_messages(vec![Message::system("You are a support agent."), Message::user("My order is late.")])
+///     .with_metadata(json!({"customer": "c-981"}));
+/// assert_eq!(options.id.as_str(), "ticket-4711");
+/// ```
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct StartOptions<M> {
     /// Its id (random by default).
     pub id: SessionId,
@@ -120,6 +134,51 @@ impl<M> Default for StartOptions<M> {
             budget: Budget::default(),
             state: Value::Null,
         }
+    }
+}
+
+impl<M> StartOptions<M> {
+    /// A random id, no messages, an empty plan, no budget limit, `null` metadata and state.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The session's id: yours to choose (an order, a ticket, a conversation), so that
+    /// after a restart the same id finds the session again
+    /// ([`Durable::start_or_resume`]). Random by default.
+    pub fn with_id(mut self, id: SessionId) -> Self {
+        self.id = id;
+        self
+    }
+
+    /// Free-form metadata, stored with the session and shown by `durable show`.
+    pub fn with_metadata(mut self, metadata: Value) -> Self {
+        self.metadata = metadata;
+        self
+    }
+
+    /// The first messages (the system prompt and the task).
+    pub fn with_messages(mut self, messages: Vec<M>) -> Self {
+        self.messages = messages;
+        self
+    }
+
+    /// The initial plan.
+    pub fn with_plan(mut self, plan: Plan) -> Self {
+        self.plan = plan;
+        self
+    }
+
+    /// The initial budget (its limits).
+    pub fn with_budget(mut self, budget: Budget) -> Self {
+        self.budget = budget;
+        self
+    }
+
+    /// The application's own state, checkpointed with the transcript.
+    pub fn with_state(mut self, state: Value) -> Self {
+        self.state = state;
+        self
     }
 }
 
@@ -230,6 +289,52 @@ impl Durable {
             options.state,
             Vec::new(),
         ))
+    }
+
+    /// Resumes the session `options.id` names if it exists, or starts it with `options`:
+    /// what a harness calls after a restart, with the id it keeps for the piece of work
+    /// (an order, a ticket, a conversation). A new session comes back with an empty
+    /// [`ResumeReport`] (version 0, nothing in doubt).
+    ///
+    /// Errors as [`resume`](Self::resume) and [`start`](Self::start): a session another
+    /// worker holds is [`StoreError::Leased`](crate::StoreError::Leased), a completed one
+    /// [`StoreError::NotResumable`](crate::StoreError::NotResumable). Two workers racing
+    /// to start the same id are safe: one creates it, the other resumes it (or finds it
+    /// leased).
+    ///
+    /// ```no_run
+    /// # use durable_core::{Durable, DurableError, Message, SessionId, StartOptions};
+    /// # async fn demo(durable: Durable) -> Result<(), DurableError> {
+    /// let options = StartOptions::new().with_id(SessionId::new("order-1017"));
+    /// let resumed = durable.start_or_resume::<Message>(options).await?;
+    /// for doubt in &resumed.report.in_doubt {
+    ///     eprintln!("in doubt: {} ({:?})", doubt.call.identity.tool, doubt.action);
+    /// }
+    /// let mut session = resumed.session;
+    /// # let _ = &mut session; Ok(()) }
+    /// ```
+    pub async fn start_or_resume<M>(
+        &self,
+        options: StartOptions<M>,
+    ) -> Result<Resumed<M>, DurableError>
+    where
+        M: Serialize + DeserializeOwned + Clone,
+    {
+        options.id.validate()?;
+        let id = options.id.clone();
+        match self.resume(&id).await {
+            Err(DurableError::Store(StoreError::SessionNotFound(_))) => {}
+            resumed => return resumed,
+        }
+        match self.start(options).await {
+            Ok(session) => Ok(Resumed {
+                session,
+                report: ResumeReport::new(0, Vec::new()),
+            }),
+            // Another worker created it in between: resume it like any other.
+            Err(DurableError::Store(StoreError::SessionExists(_))) => self.resume(&id).await,
+            Err(e) => Err(e),
+        }
     }
 
     /// Resumes a session: takes its lease (refused while another worker holds it),

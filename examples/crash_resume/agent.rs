@@ -20,9 +20,10 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use durable::store::SessionStatus;
-use durable::toolbox::{ModelToolCall, ToolResult};
-use durable::transcript::{Message, Role};
-use durable::{Budget, Durable, DurableError, ReplayClass, SessionId, StartOptions, StoreError};
+use durable::{
+    Budget, Durable, DurableError, Message, ModelToolCall, ReplayClass, Role, SessionId,
+    StartOptions, StoreError, ToolResult,
+};
 use serde_json::json;
 
 use super::model::{Script, ScriptedModel};
@@ -384,13 +385,13 @@ async fn run(options: &Options) -> Result<i32, Error> {
         }
         Err(StoreError::SessionNotFound(_)) => {
             let session = durable
-                .start(StartOptions {
-                    id: id.clone(),
-                    messages: vec![Message::system(SYSTEM), options.script.task()],
-                    budget: Budget::unlimited().with_limit_nano_usd(1_000_000_000),
-                    metadata: json!({"world": options.world}),
-                    ..StartOptions::default()
-                })
+                .start(
+                    StartOptions::new()
+                        .with_id(id.clone())
+                        .with_messages(vec![Message::system(SYSTEM), options.script.task()])
+                        .with_budget(Budget::unlimited().with_limit_nano_usd(1_000_000_000))
+                        .with_metadata(json!({"world": options.world})),
+                )
                 .await?;
             say(&format!("@@ started {id}"));
             (session, Vec::new())
@@ -478,10 +479,8 @@ async fn run(options: &Options) -> Result<i32, Error> {
             .filter(|(_, c)| is_plan_tool(&c.name))
         {
             let args = match &call.arguments {
-                durable::toolbox::ToolArguments::Json(v) => v.clone(),
-                durable::toolbox::ToolArguments::Text(t) => {
-                    serde_json::from_str(t).unwrap_or_default()
-                }
+                durable::ToolArguments::Json(v) => v.clone(),
+                durable::ToolArguments::Text(t) => serde_json::from_str(t).unwrap_or_default(),
             };
             let (result, note) = apply_plan_tool(session.plan_mut(), &call.id, &call.name, &args);
             results[i] = Some(result);

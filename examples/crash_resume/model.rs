@@ -9,7 +9,7 @@
 use std::fmt;
 
 use durable::Spend;
-use durable::transcript::{Block, Message, Role};
+use durable::{Block, Message, Role};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 

@@ -3,9 +3,9 @@
 
 use std::sync::{Arc, Mutex};
 
-use durable::journal::MODEL_SLOT;
-use durable::transcript::Message;
-use durable::{CallEvent, Outcome};
+use durable::Message;
+use durable::runtime::MODEL_SLOT;
+use durable::runtime::{CallEvent, Outcome};
 
 use super::agent::say;
 use super::ui::{self, Style};

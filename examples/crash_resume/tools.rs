@@ -13,10 +13,10 @@
 
 use std::fmt;
 
-use durable::toolbox::ToolResult;
+use durable::ToolResult;
+use durable::error::ToolboxError;
 use durable::{
-    IdempotencyKey, Plan, StepStatus, ToolContext, ToolOutput, Toolbox, ToolboxError, Verification,
-    durable_tool,
+    IdempotencyKey, Plan, StepStatus, ToolContext, ToolOutput, Toolbox, Verification, durable_tool,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -466,7 +466,7 @@ fn plan_tool(plan: &mut Plan, name: &str, args: &Value) -> Result<(Value, String
             let status: StepStatus = text("status")
                 .unwrap_or_default()
                 .parse()
-                .map_err(|e: durable::PlanError| e.to_string())?;
+                .map_err(|e: durable::error::PlanError| e.to_string())?;
             plan.update_step(step, status, text("evidence"))
                 .map_err(|e| e.to_string())?;
             let summary = format!("step {step} → {status}");

@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 
-use durable::toolbox::ModelToolCall;
+use durable::ModelToolCall;
 use durable::{Block, Message, Session, Spend, Toolbox};
 use serde_json::{Value, json};
 

@@ -386,11 +386,11 @@ pub async fn run(store: Arc<dyn CheckpointStore>, tag: String, program: &[Op]) -
     let id = SessionId::new(format!("{tag}-s0"));
     let started = world
         .worker(&name)
-        .start::<Message>(StartOptions {
-            id: id.clone(),
-            messages: vec![Message::user("Handle the customer's orders.")],
-            ..StartOptions::default()
-        })
+        .start::<Message>(
+            StartOptions::new()
+                .with_id(id.clone())
+                .with_messages(vec![Message::user("Handle the customer's orders.")]),
+        )
         .await;
     let session = match started {
         Ok(session) => session,

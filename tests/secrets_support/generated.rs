@@ -11,11 +11,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use durable::sqlite::SqliteStore;
-use durable::toolbox::{ModelToolCall, ToolResult, Toolbox};
-use durable::transcript::{Block, Message};
 use durable::{
-    CallError, CheckpointStore, Durable, DurableError, Journal, ReplayClass, StartOptions, Tool,
-    ToolOutput, ToolSpec,
+    Block, CallError, CheckpointStore, Durable, DurableError, Journal, Message, ModelToolCall,
+    ReplayClass, StartOptions, Tool, ToolOutput, ToolResult, ToolSpec, Toolbox,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
@@ -172,7 +170,7 @@ impl Tool for Probe {
                     async { Ok(json!("ok")) }
                 })
                 .await;
-            durable::tool_bounds::tool_output(&self.spec, result)
+            durable::__private::tool_output(&self.spec, result)
         })
     }
 }

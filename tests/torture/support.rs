@@ -218,7 +218,7 @@ fn parent_url(url: &str) -> String {
 
 /// The parent's Postgres store, its connections tagged with [`PARENT_APP`].
 #[cfg(feature = "_postgres-testing")]
-async fn parent_store(url: &str) -> Result<Arc<dyn CheckpointStore>, durable::ConnectError> {
+async fn parent_store(url: &str) -> Result<Arc<dyn CheckpointStore>, durable::error::ConnectError> {
     let mut options = durable::postgres::PostgresStoreOptions::new(url);
     options.application_name = PARENT_APP.to_owned();
     Ok(Arc::new(
@@ -227,7 +227,7 @@ async fn parent_store(url: &str) -> Result<Arc<dyn CheckpointStore>, durable::Co
 }
 
 #[cfg(not(feature = "_postgres-testing"))]
-async fn parent_store(url: &str) -> Result<Arc<dyn CheckpointStore>, durable::ConnectError> {
+async fn parent_store(url: &str) -> Result<Arc<dyn CheckpointStore>, durable::error::ConnectError> {
     durable::connect(url).await
 }
 

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use durable::transcript::Message;
+use durable::Message;
 use durable::{CallError, Durable, DurableError, ReplayClass, StartOptions, StoreError, ToolSpec};
 use serde_json::json;
 

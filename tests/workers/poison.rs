@@ -7,8 +7,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use durable::Message;
 use durable::store::SessionStatus;
-use durable::transcript::Message;
 use durable::{Durable, SessionId, StartOptions};
 
 use crate::backend::Backend;
@@ -34,10 +34,7 @@ pub async fn poison(backend: Backend) {
         .build();
     drop(
         first
-            .start::<Message>(StartOptions {
-                id: id.clone(),
-                ..StartOptions::default()
-            })
+            .start::<Message>(StartOptions::new().with_id(id.clone()))
             .await
             .expect("start"),
     );

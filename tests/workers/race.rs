@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use durable::transcript::Message;
+use durable::Message;
 use durable::{Durable, SessionId, StartOptions};
 
 use crate::backend::Backend;
@@ -25,10 +25,7 @@ pub async fn race(backend: Backend) {
         .collect();
     for id in &ids {
         let session = parent
-            .start::<Message>(StartOptions {
-                id: id.clone(),
-                ..StartOptions::default()
-            })
+            .start::<Message>(StartOptions::new().with_id(id.clone()))
             .await
             .expect("start");
         session.release().await.expect("release");

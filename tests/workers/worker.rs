@@ -15,7 +15,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use durable::transcript::Message;
+use durable::Message;
 use durable::{
     CallError, CheckpointStore, Durable, DurableError, ReplayClass, Session, SessionId,
     StartOptions, StoreError, ToolContext, ToolSpec, Verification,
@@ -394,11 +394,11 @@ async fn fleet(env: &Env) -> i32 {
         match ledger.queued().await {
             Ok(Some(id)) => {
                 let started = durable
-                    .start::<Message>(StartOptions {
-                        id: SessionId::new(&id),
-                        messages: vec![Message::user(format!("task {id}"))],
-                        ..StartOptions::default()
-                    })
+                    .start::<Message>(
+                        StartOptions::new()
+                            .with_id(SessionId::new(&id))
+                            .with_messages(vec![Message::user(format!("task {id}"))]),
+                    )
                     .await;
                 match started {
                     Ok(session) => {
@@ -514,10 +514,7 @@ async fn zombie_a(env: &Env) -> i32 {
     let (durable, ledger) = env.connect().await;
     let id = SessionId::new(std::env::var(SESSION).expect("session"));
     let session = durable
-        .start::<Message>(StartOptions {
-            id: id.clone(),
-            ..StartOptions::default()
-        })
+        .start::<Message>(StartOptions::new().with_id(id.clone()))
         .await
         .expect("start");
     // Long enough for the parent to stop us even after a few tries (a stopped process's

@@ -6,9 +6,9 @@
 use std::os::unix::process::ExitStatusExt;
 use std::time::{Duration, Instant};
 
+use durable::Message;
 use durable::SessionId;
 use durable::store::{CallStatus, SessionStatus};
-use durable::transcript::Message;
 
 use crate::backend::Backend;
 use crate::ledger::Arg;

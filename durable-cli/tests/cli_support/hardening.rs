@@ -5,8 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use durable::transcript::{Block, Message};
-use durable::{CheckpointStore, Durable, SessionId, StartOptions};
+use durable::{Block, CheckpointStore, Durable, Message, SessionId, StartOptions};
 use serde_json::{Value, json};
 
 use super::{Run, read_order, run};
@@ -51,12 +50,12 @@ pub async fn populate_hostile(store: &Arc<dyn CheckpointStore>) -> SessionId {
         .build();
     let id = SessionId::new("s-evil");
     let mut session = worker
-        .start(StartOptions {
-            id: id.clone(),
-            metadata: json!({"customer": EVIL}),
-            messages: vec![Message::user(EVIL)],
-            ..StartOptions::default()
-        })
+        .start(
+            StartOptions::new()
+                .with_id(id.clone())
+                .with_metadata(json!({"customer": EVIL}))
+                .with_messages(vec![Message::user(EVIL)]),
+        )
         .await
         .expect("start s-evil");
     let turn: Message = session

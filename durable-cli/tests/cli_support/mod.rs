@@ -14,10 +14,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use durable::store::CallRecord;
-use durable::transcript::{Block, Message};
 use durable::{
-    CallError, CheckpointStore, Durable, DurableError, Plan, ReplayClass, SessionId, StartOptions,
-    StepStatus, ToolSpec,
+    Block, CallError, CheckpointStore, Durable, DurableError, Message, Plan, ReplayClass,
+    SessionId, StartOptions, StepStatus, ToolSpec,
 };
 use serde_json::{Value, json};
 use tokio::sync::Notify;
@@ -239,20 +238,22 @@ pub async fn populate(store: &Arc<dyn CheckpointStore>) -> Population {
     // A completed session.
     let done = SessionId::new("s-done");
     let mut session = worker
-        .start(StartOptions {
-            id: done.clone(),
-            messages: vec![
-                Message::system("You confirm orders."),
-                Message::user("Confirm order o-17 for Ann."),
-            ],
-            plan: Plan::new(
-                "Confirm order o-17",
-                ["Read the order", "Charge the card"],
-                ["card charged once"],
-            )
-            .expect("plan"),
-            ..StartOptions::default()
-        })
+        .start(
+            StartOptions::new()
+                .with_id(done.clone())
+                .with_messages(vec![
+                    Message::system("You confirm orders."),
+                    Message::user("Confirm order o-17 for Ann."),
+                ])
+                .with_plan(
+                    Plan::new(
+                        "Confirm order o-17",
+                        ["Read the order", "Charge the card"],
+                        ["card charged once"],
+                    )
+                    .expect("plan"),
+                ),
+        )
         .await
         .expect("start s-done");
     let turn: Message = session
@@ -295,11 +296,11 @@ pub async fn populate(store: &Arc<dyn CheckpointStore>) -> Population {
     // An active session whose worker died during an email.
     let doubt = SessionId::new("s-doubt");
     let session = worker
-        .start::<Message>(StartOptions {
-            id: doubt.clone(),
-            messages: vec![Message::user("Email Ann about o-17.")],
-            ..StartOptions::default()
-        })
+        .start::<Message>(
+            StartOptions::new()
+                .with_id(doubt.clone())
+                .with_messages(vec![Message::user("Email Ann about o-17.")]),
+        )
         .await
         .expect("start s-doubt");
     issue_and_hang(&session, &sent).await;
@@ -309,10 +310,7 @@ pub async fn populate(store: &Arc<dyn CheckpointStore>) -> Population {
     // An active session whose worker is alive and mid-call.
     let live = SessionId::new("s-live");
     let session = runtime(store, "worker-2", "shop/2")
-        .start::<Message>(StartOptions {
-            id: live.clone(),
-            ..StartOptions::default()
-        })
+        .start::<Message>(StartOptions::new().with_id(live.clone()))
         .await
         .expect("start s-live");
     issue_and_hang(&session, &sent).await;
@@ -322,10 +320,7 @@ pub async fn populate(store: &Arc<dyn CheckpointStore>) -> Population {
     // A cancelled session with a call in doubt.
     let cancelled = SessionId::new("s-cancelled");
     let session = worker
-        .start::<Message>(StartOptions {
-            id: cancelled.clone(),
-            ..StartOptions::default()
-        })
+        .start::<Message>(StartOptions::new().with_id(cancelled.clone()))
         .await
         .expect("start s-cancelled");
     issue_and_hang(&session, &sent).await;
@@ -370,11 +365,11 @@ pub async fn run_agent(
     let mut session = match worker.resume::<Message>(id).await {
         Ok(resumed) => resumed.session,
         Err(DurableError::Store(durable::StoreError::SessionNotFound(_))) => worker
-            .start(StartOptions {
-                id: id.clone(),
-                messages: vec![Message::user("Tell Ann her order o-17 is confirmed.")],
-                ..StartOptions::default()
-            })
+            .start(
+                StartOptions::new()
+                    .with_id(id.clone())
+                    .with_messages(vec![Message::user("Tell Ann her order o-17 is confirmed.")]),
+            )
             .await
             .expect("start"),
         Err(e) => panic!("resume: {e}"),

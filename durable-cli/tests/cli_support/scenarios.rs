@@ -4,9 +4,9 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use durable::Message;
 use durable::replay_check::Fixture;
 use durable::store::{CallStatus, SessionStatus};
-use durable::transcript::Message;
 use durable::{CheckpointStore, DurableError, SessionId};
 use serde_json::Value;
 
