@@ -228,10 +228,7 @@ async fn invalid_arguments_are_typed_errors_and_journal_nothing() {
     let store = store().await;
     let session = start(&store).await;
     let lookup = Lookup::new(None);
-    let tools = toolbox(&lookup).limits(ArgLimits {
-        max_depth: 8,
-        ..ArgLimits::default()
-    });
+    let tools = toolbox(&lookup).limits(ArgLimits::default().with_max_depth(8));
     let deep = format!(
         r#"{{"key": "a", "note": {}1{}}}"#,
         "[".repeat(20),

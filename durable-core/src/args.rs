@@ -88,8 +88,17 @@ pub const MAX_SAFE_INTEGER: u64 = (1 << 53) - 1;
 /// refuses to parse deeper documents, and canonicalization recurses once per level.
 pub const MAX_SUPPORTED_DEPTH: usize = 127;
 
-/// Limits applied to tool and model arguments before they are hashed or journaled.
+/// Limits applied to tool and model arguments before they are hashed or journaled:
+/// 64 levels and 1 MiB by default.
+///
+/// ```
+/// use durable_core::ArgLimits;
+///
+/// let strict = ArgLimits::default().with_max_depth(16).with_max_bytes(64 * 1024);
+/// assert_eq!((strict.max_depth, strict.max_bytes), (16, 65_536));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ArgLimits {
     /// Deepest allowed nesting of arrays/objects (the root value is depth 1). Values
     /// above [`MAX_SUPPORTED_DEPTH`] act as [`MAX_SUPPORTED_DEPTH`].
@@ -108,6 +117,19 @@ impl Default for ArgLimits {
 }
 
 impl ArgLimits {
+    /// The deepest nesting of arrays and objects allowed (the root value is depth 1);
+    /// above [`MAX_SUPPORTED_DEPTH`] it acts as [`MAX_SUPPORTED_DEPTH`].
+    pub fn with_max_depth(mut self, max_depth: usize) -> Self {
+        self.max_depth = max_depth;
+        self
+    }
+
+    /// The largest document allowed, in bytes of JSON text.
+    pub fn with_max_bytes(mut self, max_bytes: usize) -> Self {
+        self.max_bytes = max_bytes;
+        self
+    }
+
     fn depth(&self) -> usize {
         self.max_depth.min(MAX_SUPPORTED_DEPTH)
     }

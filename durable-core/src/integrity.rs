@@ -42,7 +42,7 @@
 
 use std::fmt;
 
-use hmac::{Hmac, Mac};
+use hmac::{Hmac, KeyInit, Mac};
 
 mod verify;
 
@@ -81,7 +81,7 @@ impl Key {
 
     fn mac(&self) -> HmacSha256 {
         // HMAC accepts keys of any length; `new_from_slice` cannot fail for it.
-        <HmacSha256 as Mac>::new_from_slice(&self.secret)
+        <HmacSha256 as KeyInit>::new_from_slice(&self.secret)
             .unwrap_or_else(|_| unreachable!("HMAC takes keys of any length"))
     }
 }
@@ -93,7 +93,7 @@ pub fn key_id(secret: &[u8]) -> String {
 }
 
 fn key_id_with(prefix: &str, secret: &[u8]) -> String {
-    let mut mac = <HmacSha256 as Mac>::new_from_slice(secret)
+    let mut mac = <HmacSha256 as KeyInit>::new_from_slice(secret)
         .unwrap_or_else(|_| unreachable!("HMAC takes keys of any length"));
     mac.update(b"durable key id v1");
     let tag = mac.finalize().into_bytes();

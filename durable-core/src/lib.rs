@@ -15,8 +15,6 @@ mod event;
 pub mod ids;
 pub mod integrity;
 pub mod journal;
-#[doc(hidden)]
-pub mod key;
 pub mod redact;
 pub mod replay;
 pub mod replay_check;
