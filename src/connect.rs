@@ -193,6 +193,7 @@ mod tests {
         assert!(!text.contains("hunter2"), "password leaked: {text}");
     }
 
+    #[cfg(feature = "sqlite")]
     fn assert_send<T: Send>(_: &T) {}
 
     #[cfg(feature = "sqlite")]

@@ -149,7 +149,7 @@ pub mod error {
     //! | [`SchemaError`] (+ [`SchemaErrorKind`]) | tool names and schemas a provider would refuse |
     //! | [`PlanError`] | plan operations (messages written for the model) |
     //! | [`BudgetExceeded`], [`InvalidAmount`] | budget checks and amounts |
-    //! | [`RetryError`] | [`retry`](crate::retry) |
+    //! | [`RetryError`] | [`retry`](crate::retry()) |
     //! | [`ConnectError`] | [`connect`](crate::connect), [`connect_read_only`](crate::connect_read_only) |
     //! | [`KeyError`] | [`integrity::Keyring`](crate::integrity::Keyring) construction |
     //! | [`IdProblem`] | inside `StoreError::InvalidId` |
@@ -359,7 +359,7 @@ pub use durable_postgres as postgres;
 ///   them back. **After a restart** that memory is gone: a call whose outcome was
 ///   recorded replays it without the secret; a call that did not run (or would run
 ///   again) is never run with the placeholder but refused with
-///   [`ArgumentErrorKind::SecretUnavailable`], an error result asking the model to send
+///   [`ArgumentErrorKind::SecretUnavailable`](crate::error::ArgumentErrorKind::SecretUnavailable), an error result asking the model to send
 ///   the call again with the value; an
 ///   in-doubt `unsafe_on_replay` call is `ReplayUnsafe` for an operator. An
 ///   `idempotency_key` rule may not read a secret argument (the key is recorded in

@@ -1,7 +1,7 @@
 //! Errors: [`StoreError`] from backends, [`DurableError`] from the runtime.
 
-use crate::ids::{CallId, SessionId};
 use crate::args::ArgumentError;
+use crate::ids::{CallId, SessionId};
 use crate::replay::ReplayClass;
 
 /// An error from a [`CheckpointStore`](crate::CheckpointStore).

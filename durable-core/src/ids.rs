@@ -149,8 +149,8 @@ fn id_problem(id: &str) -> Option<IdProblem> {
 /// Checks a free text given to a store (status reason, resolution note, error message
 /// and context, a migration's step names): any length and any character but NUL, which
 /// PostgreSQL's `text` cannot hold. Every backend calls this at its boundary, so such a
-/// text is refused identically on all of them with [`StoreError::InvalidText`]
-/// (crate::StoreError::InvalidText) and nothing is stored.
+/// text is refused identically on all of them with
+/// [`StoreError::InvalidText`](crate::StoreError::InvalidText) and nothing is stored.
 ///
 /// ```
 /// use durable_core::ids::validate_text;

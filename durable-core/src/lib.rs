@@ -1,3 +1,4 @@
+#![cfg_attr(docsrs, feature(doc_cfg))]
 //! The core of `durable`: replay classes, call identity, the journal protocol, sessions
 //! and the [`CheckpointStore`] trait that backends implement.
 //!
@@ -8,6 +9,7 @@ pub mod args;
 pub mod canonical;
 pub mod config;
 #[cfg(any(test, feature = "conformance"))]
+#[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub mod conformance;
 mod encode;
 pub mod error;

@@ -247,7 +247,7 @@ impl Durable {
     /// Starts a new session: writes version 0 and takes its lease.
     ///
     /// A session id that [`validate_id`](crate::ids::validate_id) refuses fails with
-    /// [`StoreError::InvalidId`](crate::StoreError::InvalidId) before anything is written.
+    /// [`StoreError::InvalidId`] before anything is written.
     pub async fn start<M>(&self, options: StartOptions<M>) -> Result<Session<M>, DurableError>
     where
         M: Serialize + DeserializeOwned + Clone,
@@ -297,8 +297,8 @@ impl Durable {
     /// [`ResumeReport`] (version 0, nothing in doubt).
     ///
     /// Errors as [`resume`](Self::resume) and [`start`](Self::start): a session another
-    /// worker holds is [`StoreError::Leased`](crate::StoreError::Leased), a completed one
-    /// [`StoreError::NotResumable`](crate::StoreError::NotResumable). Two workers racing
+    /// worker holds is [`StoreError::Leased`], a completed one
+    /// [`StoreError::NotResumable`]. Two workers racing
     /// to start the same id are safe: one creates it, the other resumes it (or finds it
     /// leased).
     ///

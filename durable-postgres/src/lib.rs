@@ -1,3 +1,4 @@
+#![cfg_attr(docsrs, feature(doc_cfg))]
 //! The PostgreSQL [`CheckpointStore`](durable_core::CheckpointStore) of `durable`: many
 //! workers on many machines share one database.
 //!
@@ -60,6 +61,7 @@ mod seal;
 mod sessions;
 mod store;
 #[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
 mod tx;
 
