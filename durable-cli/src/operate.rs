@@ -9,7 +9,8 @@ use durable::replay_check::{self, Exported};
 use durable::store::{
     CallStatus, MigrateSession, PurgeOutcome, Resolution, SessionFilter, SessionStatus,
 };
-use durable::{ArgLimits, CallId, CheckpointStore, Durable, SessionId};
+use durable::json::ArgLimits;
+use durable::{CallId, CheckpointStore, Durable, SessionId};
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -40,7 +41,7 @@ fn read_result(raw: &str) -> Result<Value, CliError> {
         ),
         None => (raw.to_owned(), "--result".to_owned()),
     };
-    durable::args::parse_json(text.trim(), &ArgLimits::default()).map_err(|e| {
+    durable::json::parse_json(text.trim(), &ArgLimits::default()).map_err(|e| {
         invalid(format!(
             "{source} is not valid JSON ({e}); e.g. --result '{{\"id\": \"m-1\"}}', or a JSON string: '\"sent\"'"
         ))
