@@ -5,11 +5,11 @@ use std::io::{IsTerminal, Read};
 use std::sync::Arc;
 use std::time::Duration;
 
+use durable::json::ArgLimits;
 use durable::replay_check::{self, Exported};
 use durable::store::{
     CallStatus, MigrateSession, PurgeOutcome, Resolution, SessionFilter, SessionStatus,
 };
-use durable::json::ArgLimits;
 use durable::{CallId, CheckpointStore, Durable, SessionId};
 use serde::Serialize;
 use serde_json::{Value, json};
