@@ -383,7 +383,7 @@ pub enum DurableError {
     },
     /// The session is on another app version.
     #[error(
-        "session `{session}` was started on app version `{recorded}` but this worker runs `{running}`; migrate it explicitly (`durable migrate`)"
+        "session `{session}` was started on app version `{recorded}` but this worker runs `{running}`; move it explicitly (`durable retarget`)"
     )]
     AppVersionMismatch {
         /// The session.

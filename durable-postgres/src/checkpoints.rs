@@ -205,6 +205,9 @@ pub(crate) async fn fork_session(
 ) -> Result<(SessionRecord, Lease), StoreError> {
     new_id.validate()?;
     durable_core::ids::validate_owner(owner)?;
+    // The source is checked before it is copied (head, chain, transcript), as SQLite's
+    // fork does: a fork must not launder a forged transcript under fresh seals.
+    load_checkpoint(store, id, Some(version)).await?;
     let mut tx = store.pool.begin().await.map_err(db)?;
     let now = tx::now(&mut tx).await?;
     let source =

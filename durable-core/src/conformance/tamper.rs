@@ -235,6 +235,28 @@ async fn load_is_refused(
         Err(StoreError::Tampered { .. }) => {}
         other => panic!("{case}: the tampered checkpoint was read: {other:?}"),
     }
+    // A fork must not launder it under fresh seals.
+    let fork = SessionId::new(format!("{id}-fork"));
+    match store
+        .fork_session(
+            id,
+            version.unwrap_or(1),
+            &fork,
+            &super::owner("forker"),
+            Duration::from_secs(60),
+        )
+        .await
+    {
+        Err(StoreError::Tampered { .. }) => {}
+        other => panic!("{case}: the tampered checkpoint was forked: {other:?}"),
+    }
+    assert!(
+        matches!(
+            store.session(&fork).await,
+            Err(StoreError::SessionNotFound(_))
+        ),
+        "{case}: a refused fork creates nothing"
+    );
 }
 
 /// Runs every tampering case against `store`, tampering through `tamperer`.

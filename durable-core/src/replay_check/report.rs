@@ -188,7 +188,7 @@ pub enum FailureKind {
     },
     /// No registered tool has the recorded name.
     #[error(
-        "no registered tool has this name (registered: {registered}); keep the tool registered, or map the old name with `durable migrate --map old=new`"
+        "no registered tool has this name (registered: {registered}); keep the tool registered, or map the old name with `durable retarget <session> --app-version <v> --map old=new`"
     )]
     UnknownTool {
         /// The registered names.
