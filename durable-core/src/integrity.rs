@@ -11,9 +11,14 @@
 //!   message's seal;
 //! - each **checkpoint** over its version, transcript end (the last message's seal),
 //!   plan, budget, state and app version, chained to the previous checkpoint's seal;
-//! - each **resolution** audit row over its decision and result, chained;
+//! - each **resolution** audit row over its decision and result, with its position
+//!   (the session head counts them, so a deleted one is detected);
 //! - the **session head**: how many journal rows, messages, checkpoints and resolutions
 //!   the session has, so that deleting the newest row of any of them shows.
+//!
+//! Not sealed: the session row's status, lease, fencing token and app version (they
+//! change on every renewal; editing them can stop, restart or re-version a session, never
+//! replay a forged outcome), the retry history and the app-version audit rows.
 //!
 //! A reader checks the seal of every row it returns and the head of the session it reads,
 //! and fails with [`StoreError::Tampered`] naming the session and the row.

@@ -1,7 +1,7 @@
 //! The [`CheckpointStore`] trait every backend implements, and the records it stores.
 //!
 //! A store is deliberately low-level: it knows rows, versions and fencing tokens, not
-//! replay rules. The replay protocol lives in [`crate::session`], so that every backend
+//! replay rules. The replay protocol lives in [`crate::journal`], so that every backend
 //! behaves the same and the [conformance suite](crate::conformance) can prove it.
 //!
 //! Times are milliseconds since the Unix epoch **as read from the database's clock**, so
@@ -282,7 +282,8 @@ pub struct CallIdentity {
     pub session: SessionId,
     /// The scope: by default the checkpoint version the turn started from.
     pub step: i64,
-    /// Tool name (for model calls, the model slot name, `"model"` by default).
+    /// Tool name (for model calls, the model slot,
+    /// [`MODEL_SLOT`](crate::journal::MODEL_SLOT), `"@model"`).
     pub tool: String,
     /// Versioned SHA-256 of the canonical arguments (empty for model calls).
     pub input_hash: String,

@@ -3,7 +3,7 @@
 //! `checkpoints`, `journal`, `resolution`, `maintenance`).
 //!
 //! Every write is one `BEGIN IMMEDIATE` transaction ([`WriteTx`](crate::tx::WriteTx)) on
-//! the writer connection; the statements themselves follow notes/SCHEMA.md. Reads that
+//! the writer connection (the tables are described in ARCHITECTURE.md). Reads that
 //! touch more than one statement run in one deferred (snapshot) transaction on a reader
 //! connection.
 

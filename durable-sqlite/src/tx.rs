@@ -19,8 +19,8 @@ use crate::error::db;
 use crate::rows::{self, session_cols};
 use crate::seal::{self, HeadRow, head_cols};
 
-/// The database clock in ms since the Unix epoch, as an SQL expression literal (see
-/// notes/SCHEMA.md). `ROUND` keeps the float arithmetic of `julianday` from truncating a
+/// The database clock in ms since the Unix epoch, as an SQL expression literal (every
+/// time a store writes is the database's, so leases mean the same to every worker). `ROUND` keeps the float arithmetic of `julianday` from truncating a
 /// whole millisecond away. A macro so that it can be `concat!`ed into `&'static str` SQL.
 macro_rules! now_sql {
     () => {

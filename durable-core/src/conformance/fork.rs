@@ -41,7 +41,7 @@ pub async fn fork_copies_version_and_leaves_source_untouched(store: Arc<dyn Chec
     assert_eq!(fork.app_version, source.app_version, "fork app_version");
     assert_eq!(
         fork.metadata, source.metadata,
-        "fork metadata (SCHEMA.md: copied)"
+        "fork metadata (copied from the source)"
     );
     assert_eq!(fork.latest_version, 0, "fork latest_version");
     assert_eq!(
