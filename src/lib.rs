@@ -232,9 +232,9 @@ pub mod integrity {
     //! `durable_core::integrity` for what the seals cover.
 
     pub use durable_core::integrity::{
-        Keyring, MAC_KEY_ENV, MIN_KEY_LEN, PREVIOUS_MAC_KEYS_ENV, SessionCheck, key_id, random_key,
-        verify_sessions,
+        Keyring, MAC_KEY_ENV, MIN_KEY_LEN, PREVIOUS_MAC_KEYS_ENV, key_id, random_key,
     };
+    pub use durable_core::verify::{SessionCheck, verify_sessions};
 }
 
 pub use durable_core::replay_check;

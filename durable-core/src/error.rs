@@ -434,9 +434,6 @@ pub enum DurableError {
     /// The budget's limit would be exceeded.
     #[error("budget exceeded: {0}")]
     BudgetExceeded(String),
-    /// A toolbox could not be built: a duplicate or invalid tool name.
-    #[error(transparent)]
-    Toolbox(#[from] crate::toolbox::ToolboxError),
     /// A plan operation was refused (the message is written for the model).
     #[error(transparent)]
     Plan(#[from] crate::snapshot::PlanError),
@@ -484,6 +481,12 @@ pub enum ConnectError {
     /// The store refused to open (unreachable server, newer schema, durability settings…).
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+impl From<crate::snapshot::BudgetExceeded> for DurableError {
+    fn from(e: crate::snapshot::BudgetExceeded) -> Self {
+        DurableError::BudgetExceeded(e.to_string())
+    }
 }
 
 impl DurableError {

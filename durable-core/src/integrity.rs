@@ -48,11 +48,7 @@
 use std::fmt;
 
 use hmac::{Hmac, KeyInit, Mac};
-
-mod verify;
-
 use sha2::Sha256;
-pub use verify::{SessionCheck, verify_sessions};
 
 use crate::error::StoreError;
 use crate::ids::SessionId;

@@ -264,7 +264,7 @@ impl PostgresStore {
     /// or a role granted `EXECUTE` on `bt_index_check`); without either the answer is
     /// [`IndexCheck::Unavailable`] saying which, not an error. It takes only
     /// `AccessShareLock`s: writers carry on. It checks the database's structure, not the
-    /// seals: see [`durable_core::integrity::verify_sessions`] for those.
+    /// seals: see [`durable_core::verify::verify_sessions`] for those.
     ///
     /// # Errors
     ///

@@ -245,7 +245,7 @@ impl SqliteStore {
     /// transaction; writers carry on) and returns what it reports: `["ok"]` when the file
     /// is sound, otherwise one line per problem (a corrupt page, an index that misses a
     /// row). It checks the file's structure, not the seals: see
-    /// [`durable_core::integrity::verify_sessions`] for those.
+    /// [`durable_core::verify::verify_sessions`] for those.
     pub async fn integrity_check(&self) -> Result<Vec<String>, StoreError> {
         sqlx::query_scalar("PRAGMA integrity_check")
             .fetch_all(self.reader())

@@ -363,7 +363,7 @@ async fn verify_reports_each_session() {
         .expect("open");
     let good = one_call(&store).await;
     let bad = one_call(&store).await;
-    let report = durable_core::integrity::verify_sessions(&store, None)
+    let report = durable_core::verify::verify_sessions(&store, None)
         .await
         .expect("verify");
     assert!(report.iter().all(|c| c.is_ok()), "{report:?}");
@@ -372,7 +372,7 @@ async fn verify_reports_each_session() {
         .execute(store.pool())
         .await
         .expect("tamper");
-    let report = durable_core::integrity::verify_sessions(&store, None)
+    let report = durable_core::verify::verify_sessions(&store, None)
         .await
         .expect("verify");
     let of = |id: &durable_core::SessionId| {
@@ -386,7 +386,7 @@ async fn verify_reports_each_session() {
     assert_eq!(of(&good).journal_rows, 1);
     let problem = of(&bad).problem.expect("the tampered session is reported");
     assert!(problem.contains("journal row"), "{problem}");
-    let one = durable_core::integrity::verify_sessions(&store, Some(&good))
+    let one = durable_core::verify::verify_sessions(&store, Some(&good))
         .await
         .expect("verify one");
     assert_eq!(one.len(), 1);

@@ -6,8 +6,6 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::error::DurableError;
-
 /// Nano-USD per USD.
 pub const NANO_USD_PER_USD: u64 = 1_000_000_000;
 
@@ -190,12 +188,6 @@ pub enum BudgetExceeded {
         /// The limit.
         limit: u64,
     },
-}
-
-impl From<BudgetExceeded> for DurableError {
-    fn from(e: BudgetExceeded) -> Self {
-        DurableError::BudgetExceeded(e.to_string())
-    }
 }
 
 impl Budget {

@@ -1,5 +1,9 @@
 //! Offline verification of a whole store, or one session: every seal, chain and count
 //! that the store checks on its reads, walked for every session (`durable verify`).
+//!
+//! Beside [`integrity`](crate::integrity) rather than inside it: it walks a
+//! [`CheckpointStore`], and the store trait names the integrity module's
+//! [`Keyring`](crate::integrity::Keyring), so the dependency points one way.
 
 use crate::error::StoreError;
 use crate::ids::SessionId;
