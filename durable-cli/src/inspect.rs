@@ -38,15 +38,14 @@ pub async fn sessions(
     args: SessionsArgs,
 ) -> Result<(), CliError> {
     let now = store.now().await?;
-    let filter = SessionFilter {
-        statuses: args.status.iter().map(|&s| s.into()).collect(),
-        updated_before: args.older_than.map(|d| now.saturating_sub(ms(d))),
-        limit: if args.newer_than.is_some() {
-            None
-        } else {
-            Some(i64::from(args.limit))
-        },
-    };
+    let mut filter =
+        SessionFilter::new().with_statuses(args.status.iter().map(|&s| s.into()).collect());
+    if let Some(d) = args.older_than {
+        filter = filter.with_updated_before(now.saturating_sub(ms(d)));
+    }
+    if args.newer_than.is_none() {
+        filter = filter.with_limit(i64::from(args.limit));
+    }
     let mut listed = store.list_sessions(&filter).await?;
     if let Some(within) = args.newer_than {
         let since = now.saturating_sub(ms(within));

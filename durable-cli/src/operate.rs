@@ -314,15 +314,15 @@ pub async fn prune(
     let now = store.now().await?;
     let window = i64::try_from(args.older_than.as_millis()).unwrap_or(i64::MAX);
     let candidates = store
-        .list_sessions(&SessionFilter {
-            statuses: vec![
-                SessionStatus::Completed,
-                SessionStatus::Failed,
-                SessionStatus::Cancelled,
-            ],
-            updated_before: Some(now.saturating_sub(window)),
-            limit: None,
-        })
+        .list_sessions(
+            &SessionFilter::new()
+                .with_statuses(vec![
+                    SessionStatus::Completed,
+                    SessionStatus::Failed,
+                    SessionStatus::Cancelled,
+                ])
+                .with_updated_before(now.saturating_sub(window)),
+        )
         .await?;
     let bar = (!json
         && !args.dry_run

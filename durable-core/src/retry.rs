@@ -82,6 +82,7 @@ pub const MAX_RECORDED_MESSAGE_LEN: usize = 8 * 1024;
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
+#[non_exhaustive]
 pub struct RetryPolicy {
     /// Total attempts, the first included, per `(session, step, context)`. `0` behaves
     /// as `1` (a call is always tried once unless its budget was already spent).

@@ -502,8 +502,17 @@ impl MigrateSession {
     }
 }
 
-/// Filter for [`CheckpointStore::list_sessions`].
+/// Filter for [`CheckpointStore::list_sessions`]: every session by default, narrowed with
+/// the `with_*` methods.
+///
+/// ```
+/// use durable_core::store::{SessionFilter, SessionStatus};
+///
+/// let parked = SessionFilter::new().with_statuses(vec![SessionStatus::Parked]).with_limit(50);
+/// assert_eq!(parked.limit, Some(50));
+/// ```
 #[derive(Debug, Clone, Default, PartialEq)]
+#[non_exhaustive]
 pub struct SessionFilter {
     /// Only these statuses (all when empty).
     pub statuses: Vec<SessionStatus>,
@@ -511,6 +520,31 @@ pub struct SessionFilter {
     pub updated_before: Option<i64>,
     /// At most this many (newest first); unlimited when `None`.
     pub limit: Option<i64>,
+}
+
+impl SessionFilter {
+    /// Every session.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Only sessions with one of these statuses (all when empty).
+    pub fn with_statuses(mut self, statuses: Vec<SessionStatus>) -> Self {
+        self.statuses = statuses;
+        self
+    }
+
+    /// Only sessions last updated before this time (ms since the epoch, database clock).
+    pub fn with_updated_before(mut self, ms: i64) -> Self {
+        self.updated_before = Some(ms);
+        self
+    }
+
+    /// At most this many, newest first.
+    pub fn with_limit(mut self, limit: i64) -> Self {
+        self.limit = Some(limit);
+        self
+    }
 }
 
 /// Result of a purge.

@@ -495,10 +495,7 @@ async fn smoke_every_method() {
     assert!(lease.expires_at >= t0 + 600_000);
     assert_eq!(s.session(&id).await.expect("session"), rec);
     let listed = s
-        .list_sessions(&SessionFilter {
-            statuses: vec![SessionStatus::Active],
-            ..SessionFilter::default()
-        })
+        .list_sessions(&SessionFilter::new().with_statuses(vec![SessionStatus::Active]))
         .await
         .expect("list_sessions");
     assert_eq!(listed.len(), 1);

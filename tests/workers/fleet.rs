@@ -350,10 +350,10 @@ async fn check(store: &dyn CheckpointStore, ledger: &Ledger, summary: &mut Summa
 /// Sessions completed or parked; `None` while the store is unreachable.
 async fn done_sessions(store: &dyn CheckpointStore) -> Option<usize> {
     store
-        .list_sessions(&SessionFilter {
-            statuses: vec![SessionStatus::Completed, SessionStatus::Parked],
-            ..SessionFilter::default()
-        })
+        .list_sessions(
+            &SessionFilter::new()
+                .with_statuses(vec![SessionStatus::Completed, SessionStatus::Parked]),
+        )
         .await
         .ok()
         .map(|s| s.len())

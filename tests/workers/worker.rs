@@ -436,10 +436,10 @@ async fn fleet(env: &Env) -> i32 {
 /// Sessions still active (running or waiting for recovery); `None` on a store error.
 pub async fn active_sessions(store: &dyn CheckpointStore) -> Option<usize> {
     store
-        .list_sessions(&durable::store::SessionFilter {
-            statuses: vec![durable::store::SessionStatus::Active],
-            ..Default::default()
-        })
+        .list_sessions(
+            &durable::store::SessionFilter::new()
+                .with_statuses(vec![durable::store::SessionStatus::Active]),
+        )
         .await
         .ok()
         .map(|s| s.len())
