@@ -82,62 +82,38 @@
 // Everything else is in a module below, named for what it holds, and only there.
 
 pub use connect::{connect, connect_read_only};
+// Runtime and sessions.
 pub use durable_core::{
-    // The transcript.
-    Block,
-    // Plan and budget.
-    Budget,
-    // Errors: a harness matches on these three (the others are in `error`).
-    CallError,
-    // The store and identities.
-    CallId,
-    CheckpointStore,
-    // Runtime and sessions.
-    Durable,
-    DurableBuilder,
-    DurableError,
-    // Tools and dispatch.
-    IdempotencyKey,
-    InDoubtAction,
-    InDoubtCall,
-    Journal,
-    Message,
-    ModelToolCall,
-    Plan,
-    Postcondition,
-    ReplayClass,
-    ResumeReport,
-    Resumed,
-    RetryPolicy,
-    Role,
-    Session,
-    SessionId,
-    Spend,
+    Durable, DurableBuilder, InDoubtAction, InDoubtCall, Journal, ResumeReport, Resumed, Session,
     StartOptions,
-    Step,
-    StepStatus,
-    StoreError,
-    Tool,
-    ToolArguments,
-    ToolCallBlock,
-    ToolContext,
-    ToolOutput,
-    ToolResult,
-    ToolResultBlock,
-    ToolSpec,
-    Toolbox,
-    Verification,
-    retry,
 };
+// Tools and dispatch.
+pub use durable_core::{
+    IdempotencyKey, ModelToolCall, ReplayClass, RetryPolicy, Tool, ToolArguments, ToolContext,
+    ToolOutput, ToolResult, ToolSpec, Toolbox, Verification,
+};
+// The function only: `durable_core::retry` is also a module, which re-exporting the name
+// from the crate root would bring along as a second path to `RetryPolicy` and the rest.
+pub use durable_core::retry::retry;
+// The transcript.
+pub use durable_core::{Block, Message, Role, ToolCallBlock, ToolResultBlock};
+// Plan and budget.
+pub use durable_core::{Budget, Plan, Postcondition, Spend, Step, StepStatus};
+// The store and identities.
+pub use durable_core::{CallId, CheckpointStore, SessionId};
+// Errors: a harness matches on these three (the others are in `error`).
+pub use durable_core::{CallError, DurableError, StoreError};
 
 mod connect;
 
 pub mod error {
-    //! Every error type of `durable`, beside the three at the root.
+    //! The error types of `durable` beside the three at the root (and
+    //! [`replay_check::FixtureError`](crate::replay_check::FixtureError), with the fixtures
+    //! it is about).
     //!
     //! A harness matches on few enums: [`DurableError`](crate::DurableError) for anything
-    //! the runtime does (it converts from the errors below that a harness meets while
-    //! setting up: [`ToolboxError`], [`PlanError`], [`ConnectError`], [`BudgetExceeded`]),
+    //! the runtime does (it converts from [`PlanError`], [`ConnectError`] and
+    //! [`BudgetExceeded`]; a [`ToolboxError`] comes only from building a toolbox),
     //! [`CallError`](crate::CallError) for a typed tool call (the tool's own error, a
     //! replayed failure, or a `DurableError`), and [`StoreError`](crate::StoreError) for
     //! what a store says (also inside `DurableError::Store`).
@@ -211,8 +187,9 @@ pub mod schema {
 pub mod store {
     //! What a [`CheckpointStore`](crate::CheckpointStore) reads and writes: the records a
     //! backend stores (sessions, leases, checkpoints, journal rows, resolutions), for
-    //! inspection tools and for writing a backend of your own; and the validation every
-    //! backend applies at its boundary.
+    //! inspection tools, and the validation every backend applies at its boundary. A
+    //! backend of your own depends on `durable-core` itself (its seals and conformance
+    //! suite are there; see ARCHITECTURE.md).
 
     pub use durable_core::ids::{
         MAX_ID_BYTES, validate_id, validate_new_session, validate_owner, validate_text,
@@ -228,8 +205,8 @@ pub mod store {
 
 pub mod integrity {
     //! Tamper evidence: the keys rows are sealed with ([`Keyring`], `DURABLE_MAC_KEY`) and
-    //! the offline check of a whole store ([`verify_sessions`]). See
-    //! `durable_core::integrity` for what the seals cover.
+    //! the offline check of a whole store ([`verify_sessions`]). What the seals cover, and
+    //! what they do not, is in the README's security section and [`Keyring`]'s crate.
 
     pub use durable_core::integrity::{
         Keyring, MAC_KEY_ENV, MIN_KEY_LEN, PREVIOUS_MAC_KEYS_ENV, key_id, random_key,

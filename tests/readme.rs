@@ -24,6 +24,21 @@ fn example(readme: &str, marker: &str) -> String {
     rest[start..start + end].to_owned()
 }
 
+/// The features the README's `cargo add tokio --features …` line asks for, as a TOML array:
+/// the crate is built with exactly what a newcomer adds.
+fn tokio_features(readme: &str) -> String {
+    let line = readme
+        .lines()
+        .find(|l| l.starts_with("cargo add tokio --features "))
+        .expect("the README says how to add tokio");
+    let features = line["cargo add tokio --features ".len()..]
+        .split_whitespace()
+        .next()
+        .expect("a feature list");
+    let quoted: Vec<String> = features.split(',').map(|f| format!("{f:?}")).collect();
+    format!("[{}]", quoted.join(", "))
+}
+
 /// Builds the example as the binary of a new crate and returns its path.
 fn build(root: &Path, crate_dir: &Path) -> PathBuf {
     let readme = std::fs::read_to_string(root.join("README.md")).expect("README.md");
@@ -42,9 +57,10 @@ fn build(root: &Path, crate_dir: &Path) -> PathBuf {
     let manifest = format!(
         "[package]\nname = \"first-agent\"\nversion = \"0.0.0\"\nedition = \"2024\"\npublish = false\n\n\
          [dependencies]\ndurable = {{ path = {root:?} }}\n\
-         tokio = {{ version = \"1\", features = [\"macros\", \"rt-multi-thread\", \"time\"] }}\n\n\
+         tokio = {{ version = \"1\", features = {tokio_features} }}\n\n\
          [workspace]\n",
         root = root.display().to_string(),
+        tokio_features = tokio_features(&readme),
     );
     std::fs::write(crate_dir.join("Cargo.toml"), manifest).expect("Cargo.toml");
     // The workspace's lock file: the same dependency versions, offline, and the workspace's

@@ -17,8 +17,7 @@ use durable::sqlite::SqliteStore;
 use durable::store::CallStatus;
 use durable::{
     CallError, CheckpointStore, Durable, DurableError, IdempotencyKey, Message, ReplayClass,
-    RetryPolicy, Session, SessionId, StartOptions, Tool, ToolContext, ToolSpec, Verification,
-    durable_tool,
+    RetryPolicy, Session, SessionId, StartOptions, Tool, ToolContext, Verification, durable_tool,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -641,10 +640,8 @@ async fn a_keyed_call_whose_record_holds_no_key_does_not_run() {
     let id = session.id().clone();
 
     // The same tool and arguments, issued under the class it had before: no key.
-    let before = ToolSpec {
-        class: ReplayClass::UnsafeOnReplay,
-        ..ship_parcel::spec().clone()
-    };
+    let mut before = ship_parcel::spec().clone();
+    before.class = ReplayClass::UnsafeOnReplay;
     let journal = session.journal().clone();
     let task = tokio::spawn(async move {
         journal

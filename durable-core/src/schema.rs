@@ -220,6 +220,7 @@ pub enum SchemaErrorKind {
 /// [module docs](self#mcp-hints) for the reasoning.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
+#[non_exhaustive]
 pub struct McpAnnotations {
     /// The tool does not modify its environment.
     pub read_only_hint: bool,
@@ -233,6 +234,12 @@ pub struct McpAnnotations {
 }
 
 impl McpAnnotations {
+    /// The same hints with `openWorldHint` set (left out of the JSON when `None`).
+    pub const fn with_open_world_hint(mut self, open_world: Option<bool>) -> Self {
+        self.open_world_hint = open_world;
+        self
+    }
+
     /// The hints a replay class implies.
     pub const fn for_class(class: ReplayClass) -> Self {
         let (read_only_hint, idempotent_hint, destructive_hint) = match class {

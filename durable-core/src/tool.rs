@@ -22,6 +22,7 @@ use crate::store::CallIdentity;
 
 /// Everything the runtime needs to know about a tool, independent of its code.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub struct ToolSpec {
     /// The name the model calls it by (unique in a toolbox).
     pub name: String,

@@ -599,10 +599,7 @@ fn mcp_hints_follow_the_replay_class() {
         hints(ReplayClass::UnsafeOnReplay),
         json!({"readOnlyHint": false, "idempotentHint": false, "destructiveHint": true})
     );
-    let custom = McpAnnotations {
-        open_world_hint: Some(true),
-        ..McpAnnotations::for_class(ReplayClass::Pure)
-    };
+    let custom = McpAnnotations::for_class(ReplayClass::Pure).with_open_world_hint(Some(true));
     let tool = schema::mcp_tool_with(&specs()[0], custom).expect("mcp");
     assert_eq!(tool["annotations"]["openWorldHint"], true);
 }

@@ -76,7 +76,7 @@ use sqlx::postgres::{PgConnectOptions, PgPool, PgPoolOptions};
 
 use crate::error::{BACKEND, db};
 
-pub use durable_core::redact::redact_url;
+use durable_core::redact::redact_url;
 pub use maintenance::IndexCheck;
 
 /// The table that records applied migrations.
@@ -103,7 +103,7 @@ fn newest_migration(migrator: &Migrator) -> i64 {
 /// assigning a field): the struct is `#[non_exhaustive]`, so a later release may add a
 /// field without breaking a caller.
 ///
-/// Its `Debug` output shows the URL without its password ([`redact_url`]).
+/// Its `Debug` output shows the URL without its password ([`redact_url`](durable_core::redact::redact_url)).
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct PostgresStoreOptions {

@@ -166,7 +166,7 @@ pub(crate) fn bad_url(url: &str, error: sqlx::Error) -> StoreError {
     StoreError::database(
         BACKEND,
         BadUrl {
-            url: crate::redact_url(url),
+            url: durable_core::redact::redact_url(url),
             error: error.to_string(),
         },
     )

@@ -67,7 +67,7 @@ pub struct TestDatabase {
 impl std::fmt::Debug for TestDatabase {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TestDatabase")
-            .field("url", &crate::redact_url(&self.url))
+            .field("url", &durable_core::redact::redact_url(&self.url))
             .field("name", &self.name)
             .field("throwaway", &self.throwaway)
             .finish()
@@ -136,7 +136,7 @@ pub async fn test_database() -> TestDatabase {
     let mut conn = PgConnection::connect(&admin_url).await.unwrap_or_else(|e| {
         panic!(
             "cannot connect to the test server at {}: {e}",
-            crate::redact_url(&admin_url)
+            durable_core::redact::redact_url(&admin_url)
         )
     });
     // The name is ours (letters, digits, underscore), so formatting it into the
@@ -147,7 +147,7 @@ pub async fn test_database() -> TestDatabase {
         .unwrap_or_else(|e| {
             panic!(
                 "cannot create test database {name} at {}: {e} (the role needs CREATEDB)",
-                crate::redact_url(&admin_url)
+                durable_core::redact::redact_url(&admin_url)
             )
         });
     let _ = conn.close().await;

@@ -4,10 +4,11 @@
 
 use std::time::{Duration, Instant};
 
+use durable_core::redact::redact_url;
 use durable_core::store::{NewCheckpoint, NewSession, SessionFilter};
 use durable_core::{CheckpointStore, SessionId, StoreError};
 use durable_postgres::testing::test_database;
-use durable_postgres::{PostgresStore, PostgresStoreOptions, redact_url};
+use durable_postgres::{PostgresStore, PostgresStoreOptions};
 use serde_json::json;
 use sqlx::PgPool;
 

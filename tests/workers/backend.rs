@@ -79,7 +79,10 @@ impl Backend {
 
     /// Whether no other process is inside a store transaction right now (so a process
     /// stopped now holds no lock that would block everyone else).
-    pub async fn others_idle(&self, ledger: &Ledger) -> bool {
+    pub async fn others_idle(
+        &self,
+        #[cfg_attr(not(feature = "_postgres-testing"), expect(unused_variables))] ledger: &Ledger,
+    ) -> bool {
         match self {
             Backend::Sqlite(dir) => {
                 let options = SqliteConnectOptions::new()

@@ -149,6 +149,7 @@ impl Spend {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Budget {
     /// Money spent, in nano-USD.
     pub spent_nano_usd: u64,
