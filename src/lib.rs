@@ -133,7 +133,7 @@ pub mod error {
     //! | [`UnknownReplayClass`] | parsing a [`ReplayClass`](crate::ReplayClass) |
 
     pub use durable_core::error::ConnectError;
-    pub use durable_core::ids::IdProblem;
+    pub use durable_core::error::IdProblem;
     pub use durable_core::integrity::KeyError;
     pub use durable_core::journal::RecordedFailure;
     pub use durable_core::replay::UnknownReplayClass;
@@ -191,15 +191,16 @@ pub mod store {
     //! backend of your own depends on `durable-core` itself (its seals and conformance
     //! suite are there; see ARCHITECTURE.md).
 
-    pub use durable_core::ids::{
-        MAX_ID_BYTES, validate_id, validate_new_session, validate_owner, validate_text,
-    };
+    pub use durable_core::ids::MAX_ID_BYTES;
     pub use durable_core::redact::redact_url;
     pub use durable_core::store::{
         CallIdentity, CallKind, CallOutcome, CallRecord, CallStatus, Checkpoint, CheckpointMeta,
-        Durability, ErrorRecord, FORMAT_VERSION, Fence, FinishCall, IssueOutcome, Lease,
-        MigrateSession, NewCall, NewCheckpoint, NewError, NewSession, PurgeOutcome, Resolution,
-        ResolutionRecord, ResolveCall, SessionFilter, SessionRecord, SessionStatus,
+        Durability, ErrorRecord, FORMAT_VERSION, Fence, FinishCall, IssueOutcome, Lease, NewCall,
+        NewCheckpoint, NewError, NewSession, PurgeOutcome, Resolution, ResolutionRecord,
+        ResolveCall, RetargetSession, SessionFilter, SessionRecord, SessionStatus,
+    };
+    pub use durable_core::validate::{
+        validate_id, validate_new_session, validate_owner, validate_text,
     };
 }
 

@@ -417,7 +417,9 @@ async fn a_renamed_argument_fits_through_its_serde_alias_and_is_reported_without
             assert!(
                 text.contains("the recorded arguments lack `recipient` and hold `to`")
                     && text.contains("`#[serde(alias = \"to\")]` on `recipient`")
-                    && text.contains("or migrate the sessions recorded with the old name"),
+                    && text.contains(
+                        "or retarget the sessions recorded with the old name (`durable retarget`)"
+                    ),
                 "{text}"
             );
         }

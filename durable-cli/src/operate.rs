@@ -8,7 +8,7 @@ use std::time::Duration;
 use durable::json::ArgLimits;
 use durable::replay_check::{self, Exported};
 use durable::store::{
-    CallStatus, MigrateSession, PurgeOutcome, Resolution, SessionFilter, SessionStatus,
+    CallStatus, PurgeOutcome, Resolution, RetargetSession, SessionFilter, SessionStatus,
 };
 use durable::{CallId, CheckpointStore, Durable, SessionId};
 use serde::Serialize;
@@ -417,7 +417,7 @@ pub async fn prune(
 }
 
 /// `durable retarget`: one session to another app version, through the store's
-/// `migrate_session` (a session migration, not a schema migration).
+/// `retarget_session` (a session migration, not a schema migration).
 pub async fn retarget(
     store: &dyn CheckpointStore,
     json: bool,
@@ -460,7 +460,7 @@ pub async fn retarget(
     }
     let by = operator(args.by)?;
     let record = store
-        .migrate_session(MigrateSession {
+        .retarget_session(RetargetSession {
             session: id.clone(),
             from_version: current.app_version.clone(),
             to_version: args.app_version.clone(),

@@ -193,18 +193,18 @@ pub enum StoreError {
         backend: &'static str,
     },
     /// An id given to the store (session id, fork target, owner, app version) was refused
-    /// before anything reached the database; see [`validate_id`](crate::ids::validate_id).
+    /// before anything reached the database; see [`validate_id`](crate::validate::validate_id).
     #[error("invalid {what}: {problem}")]
     InvalidId {
         /// Which id: `session id`, `owner`, `app version`.
         what: &'static str,
         /// What is wrong with it.
-        problem: crate::ids::IdProblem,
+        problem: IdProblem,
     },
     /// A free text given to the store (a status reason, a resolution note, an error
     /// message) holds NUL, which PostgreSQL cannot store in text; refused on every backend
     /// alike before anything reached the database, see
-    /// [`validate_text`](crate::ids::validate_text).
+    /// [`validate_text`](crate::validate::validate_text).
     #[error(
         "invalid {what}: it contains NUL at byte {at}; remove it or escape it (for example as \\u0000)"
     )]
@@ -369,7 +369,7 @@ pub enum DurableError {
     },
     /// The tool's argument schema changed since the call was recorded.
     #[error(
-        "tool `{tool}` changed its argument schema since call `{call}` was recorded ({recorded} → {current}); migrate the session or resolve the call"
+        "tool `{tool}` changed its argument schema since call `{call}` was recorded ({recorded} → {current}); retarget the session (`durable retarget`) or resolve the call (`durable resolve`)"
     )]
     SchemaChanged {
         /// The tool.
@@ -495,4 +495,40 @@ impl DurableError {
     pub fn is_retryable(&self) -> bool {
         matches!(self, DurableError::Store(StoreError::Database { .. }))
     }
+}
+
+/// Why an id given to a store was refused (see [`validate_id`](crate::validate::validate_id)).
+///
+/// Messages never quote the id itself: it may be a megabyte long or hold terminal
+/// escape sequences.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum IdProblem {
+    /// The id is the empty string.
+    #[error("it is empty")]
+    Empty,
+    /// The id holds only whitespace.
+    #[error("it is only whitespace")]
+    Blank,
+    /// The id is longer than [`MAX_ID_BYTES`](crate::ids::MAX_ID_BYTES).
+    #[error("it is {len} bytes long; at most {max} are allowed", max = crate::ids::MAX_ID_BYTES)]
+    TooLong {
+        /// Its length in bytes.
+        len: usize,
+    },
+    /// The id holds a NUL byte.
+    #[error("it contains NUL at byte {at}")]
+    Nul {
+        /// Byte offset of the first NUL.
+        at: usize,
+    },
+    /// The id holds a control character (C0, DEL, C1) or a bidirectional override or
+    /// isolate (`U+202A`..`U+202E`, `U+2066`..`U+2069`), which a terminal would act on.
+    #[error("it contains the control character U+{code:04X} at byte {at}")]
+    Control {
+        /// Byte offset of the first such character.
+        at: usize,
+        /// Its code point.
+        code: u32,
+    },
 }

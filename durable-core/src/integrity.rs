@@ -320,7 +320,7 @@ impl Keyring {
 /// the key the store is sealed with (`durable_meta.signing_key`; `None` for a store
 /// written before seals). One rule for every backend, writers and readers alike.
 #[derive(Debug, Clone)]
-pub enum KeyPlan {
+pub enum KeyAction {
     /// The store is sealed with the ring's signing key: nothing to do.
     Keep,
     /// The store was never sealed: seal every row as found (audited as `adopt`).
@@ -339,13 +339,13 @@ pub enum KeyPlan {
 impl Keyring {
     /// The plan for a writer opening a store sealed with `current`; `Err`
     /// ([`StoreError::KeyMissing`], naming the key) when this ring cannot take it over.
-    pub fn plan(&self, current: Option<&str>) -> Result<KeyPlan, StoreError> {
+    pub fn on_open(&self, current: Option<&str>) -> Result<KeyAction, StoreError> {
         let signing = self.signing_id();
         let Some(current) = current else {
-            return Ok(KeyPlan::Adopt);
+            return Ok(KeyAction::Adopt);
         };
         if current == signing {
-            return Ok(KeyPlan::Keep);
+            return Ok(KeyAction::Keep);
         }
         let missing = |detail: String| StoreError::KeyMissing {
             key: current.to_owned(),
@@ -372,7 +372,7 @@ impl Keyring {
                 )));
             }
         };
-        Ok(KeyPlan::Rekey {
+        Ok(KeyAction::Rekey {
             from_id: current.to_owned(),
             from,
         })
@@ -382,9 +382,9 @@ impl Keyring {
     /// ring's signing key (or was never sealed); otherwise [`StoreError::KeyMissing`], so
     /// a wrong key is one clear line, never a `Tampered` on every read.
     pub fn readable(&self, current: Option<&str>) -> Result<(), StoreError> {
-        match self.plan(current)? {
-            KeyPlan::Keep | KeyPlan::Adopt => Ok(()),
-            KeyPlan::Rekey { from_id, .. } => Err(StoreError::KeyMissing {
+        match self.on_open(current)? {
+            KeyAction::Keep | KeyAction::Adopt => Ok(()),
+            KeyAction::Rekey { from_id, .. } => Err(StoreError::KeyMissing {
                 detail: format!(
                     "this process has key `{}`, and a read-only open re-seals nothing; open the store once with a writer to move it to that key, or read it with `{from_id}`",
                     self.signing_id()
@@ -773,25 +773,25 @@ mod tests {
     #[test]
     fn one_plan_for_every_opener() {
         let store = ring();
-        assert!(matches!(store.plan(None), Ok(KeyPlan::Adopt)));
+        assert!(matches!(store.on_open(None), Ok(KeyAction::Adopt)));
         assert!(matches!(
-            store.plan(Some(store.signing_id())),
-            Ok(KeyPlan::Keep)
+            store.on_open(Some(store.signing_id())),
+            Ok(KeyAction::Keep)
         ));
         let app1 = ring().app_key(vec![1; 32]).expect("key");
         // Turning the key on: the store key's seals are checked, then re-sealed.
         assert!(matches!(
-            app1.plan(Some(store.signing_id())),
-            Ok(KeyPlan::Rekey { .. })
+            app1.on_open(Some(store.signing_id())),
+            Ok(KeyAction::Rekey { .. })
         ));
         // Without the app key, a sealed store is refused, naming the key.
-        let err = store.plan(Some(app1.signing_id())).expect_err("no key");
+        let err = store.on_open(Some(app1.signing_id())).expect_err("no key");
         assert!(matches!(&err, StoreError::KeyMissing { key, .. } if key == app1.signing_id()));
         // Another app key without the old one as previous: refused; with it: rotation.
         let app2 = ring().app_key(vec![2; 32]).expect("key");
-        assert!(app2.plan(Some(app1.signing_id())).is_err());
+        assert!(app2.on_open(Some(app1.signing_id())).is_err());
         let rotating = app2.clone().previous_app_key(vec![1; 32]).expect("key");
-        let Ok(KeyPlan::Rekey { from, .. }) = rotating.plan(Some(app1.signing_id())) else {
+        let Ok(KeyAction::Rekey { from, .. }) = rotating.on_open(Some(app1.signing_id())) else {
             panic!("rotation is a rekey");
         };
         let f = Fields::new("x").str("y");

@@ -501,3 +501,15 @@ fn spend_json(spend: Option<Spend>) -> Option<Value> {
 fn lease_margin(ttl: Duration) -> Duration {
     ttl.mul_f64(0.9)
 }
+
+/// A recorded failure's message: its `message` field, else the recorded JSON.
+fn failure_message(error: Option<&Value>) -> String {
+    match error {
+        Some(Value::Object(map)) => match map.get("message") {
+            Some(Value::String(s)) => s.clone(),
+            _ => Value::Object(map.clone()).to_string(),
+        },
+        Some(other) => other.to_string(),
+        None => "recorded failure".into(),
+    }
+}

@@ -31,6 +31,7 @@ pub mod tool;
 pub mod tool_bounds;
 pub mod toolbox;
 pub mod transcript;
+pub mod validate;
 pub mod verify;
 
 pub use args::{ArgLimits, ArgumentError, ArgumentErrorKind};

@@ -17,8 +17,8 @@ use crate::ids::{CallId, SessionId};
 use crate::session::{ResumeReport, Resumed, Session};
 use crate::snapshot::{Budget, Plan};
 use crate::store::{
-    CallRecord, CheckpointStore, MigrateSession, NewCheckpoint, NewSession, Resolution,
-    ResolveCall, SessionRecord, SessionStatus,
+    CallRecord, CheckpointStore, NewCheckpoint, NewSession, Resolution, ResolveCall,
+    RetargetSession, SessionRecord, SessionStatus,
 };
 
 /// Builds a [`Durable`].
@@ -52,7 +52,7 @@ impl DurableBuilder {
     }
 
     /// The application version this worker runs (default `"0"`). A session started on
-    /// another version is refused until migrated.
+    /// another version is refused until retargeted.
     pub fn app_version(mut self, version: impl Into<String>) -> Self {
         self.config.app_version = version.into();
         self
@@ -246,7 +246,7 @@ impl Durable {
 
     /// Starts a new session: writes version 0 and takes its lease.
     ///
-    /// A session id that [`validate_id`](crate::ids::validate_id) refuses fails with
+    /// A session id that [`validate_id`](crate::validate::validate_id) refuses fails with
     /// [`StoreError::InvalidId`] before anything is written.
     pub async fn start<M>(&self, options: StartOptions<M>) -> Result<Session<M>, DurableError>
     where
@@ -521,8 +521,9 @@ impl Durable {
     }
 
     /// Moves a session to this worker's app version, with a mapping of renamed tools or
-    /// steps (audited).
-    pub async fn migrate(
+    /// steps (audited; `durable retarget` from the command line). Not a schema migration:
+    /// the database is untouched.
+    pub async fn retarget(
         &self,
         session: &SessionId,
         step_map: Vec<(String, String)>,
@@ -531,7 +532,7 @@ impl Durable {
         let current = self.store.session(session).await?;
         Ok(self
             .store
-            .migrate_session(MigrateSession {
+            .retarget_session(RetargetSession {
                 session: session.clone(),
                 from_version: current.app_version,
                 to_version: self.config.app_version.clone(),

@@ -402,13 +402,13 @@ pub struct ResolveCall {
 }
 
 impl ResolveCall {
-    /// Checks what the store is given: `by` with [`validate_id`](crate::ids::validate_id)
-    /// (`resolver`), the note with [`validate_text`](crate::ids::validate_text). Every
+    /// Checks what the store is given: `by` with [`validate_id`](crate::validate::validate_id)
+    /// (`resolver`), the note with [`validate_text`](crate::validate::validate_text). Every
     /// backend calls this before touching the database.
     pub fn validate(&self) -> Result<(), StoreError> {
-        crate::ids::validate_id("resolver", &self.by)?;
+        crate::validate::validate_id("resolver", &self.by)?;
         self.note.as_deref().map_or(Ok(()), |note| {
-            crate::ids::validate_text("resolution note", note)
+            crate::validate::validate_text("resolution note", note)
         })
     }
 }
@@ -446,11 +446,11 @@ pub struct NewError {
 }
 
 impl NewError {
-    /// Checks the context and message with [`validate_text`](crate::ids::validate_text).
+    /// Checks the context and message with [`validate_text`](crate::validate::validate_text).
     /// Every backend calls this before touching the database.
     pub fn validate(&self) -> Result<(), StoreError> {
-        crate::ids::validate_text("error context", &self.context)?;
-        crate::ids::validate_text("error message", &self.message)
+        crate::validate::validate_text("error context", &self.context)?;
+        crate::validate::validate_text("error message", &self.message)
     }
 }
 
@@ -473,7 +473,7 @@ pub struct ErrorRecord {
 
 /// An audited app-version migration.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct MigrateSession {
+pub struct RetargetSession {
     /// The session.
     pub session: SessionId,
     /// The version it must be on now (checked).
@@ -486,17 +486,17 @@ pub struct MigrateSession {
     pub by: String,
 }
 
-impl MigrateSession {
-    /// Checks both versions and `by` with [`validate_id`](crate::ids::validate_id) and
-    /// the step names with [`validate_text`](crate::ids::validate_text). Every backend
+impl RetargetSession {
+    /// Checks both versions and `by` with [`validate_id`](crate::validate::validate_id) and
+    /// the step names with [`validate_text`](crate::validate::validate_text). Every backend
     /// calls this before touching the database.
     pub fn validate(&self) -> Result<(), StoreError> {
-        crate::ids::validate_id("app version", &self.from_version)?;
-        crate::ids::validate_id("app version", &self.to_version)?;
-        crate::ids::validate_id("migrated by", &self.by)?;
+        crate::validate::validate_id("app version", &self.from_version)?;
+        crate::validate::validate_id("app version", &self.to_version)?;
+        crate::validate::validate_id("migrated by", &self.by)?;
         for (old, new) in &self.step_map {
-            crate::ids::validate_text("step name", old)?;
-            crate::ids::validate_text("step name", new)?;
+            crate::validate::validate_text("step name", old)?;
+            crate::validate::validate_text("step name", new)?;
         }
         Ok(())
     }
@@ -713,7 +713,7 @@ pub trait CheckpointStore: Send + Sync + 'static {
     ///
     /// # Contract
     /// A reason holding NUL is [`StoreError::InvalidText`] before anything is written
-    /// ([`validate_text`](crate::ids::validate_text)). Fenced. When the new status is terminal or parked, releases the lease and bumps
+    /// ([`validate_text`](crate::validate::validate_text)). Fenced. When the new status is terminal or parked, releases the lease and bumps
     /// the fencing token, so the former holder can write nothing more.
     async fn set_status(
         &self,
@@ -758,7 +758,7 @@ pub trait CheckpointStore: Send + Sync + 'static {
     ///
     /// # Contract
     /// `new_id` ([`SessionId::validate`]) and `owner`
-    /// ([`validate_owner`](crate::ids::validate_owner)) are checked before anything is
+    /// ([`validate_owner`](crate::validate::validate_owner)) are checked before anything is
     /// written. Atomic: the new session row, its transcript (the source's log up to that
     /// checkpoint, bytes unchanged), its version 0 and their seals under the store's
     /// signing key are written in one transaction, all or nothing. Not fenced: it needs
@@ -897,8 +897,9 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// # Contract
     /// Atomic. [`StoreError::AppVersionMismatch`] if the session is not on
     /// `from_version`. Renames `tool` of the session's journal rows per `step_map`.
-    /// [`MigrateSession::validate`] runs first.
-    async fn migrate_session(&self, migrate: MigrateSession) -> Result<SessionRecord, StoreError>;
+    /// [`RetargetSession::validate`] runs first.
+    async fn retarget_session(&self, migrate: RetargetSession)
+    -> Result<SessionRecord, StoreError>;
 
     /// Deletes a terminal session and all its rows, if it was last updated more than
     /// `retention` ago and no call is in doubt.

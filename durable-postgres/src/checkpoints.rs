@@ -204,7 +204,7 @@ pub(crate) async fn fork_session(
     ttl: Duration,
 ) -> Result<(SessionRecord, Lease), StoreError> {
     new_id.validate()?;
-    durable_core::ids::validate_owner(owner)?;
+    durable_core::validate::validate_owner(owner)?;
     // The source is checked before it is copied (head, chain, transcript), as SQLite's
     // fork does: a fork must not launder a forged transcript under fresh seals.
     load_checkpoint(store, id, Some(version)).await?;

@@ -21,7 +21,7 @@ pub(crate) async fn acquire_lease(
     ttl: Duration,
     max_attempts: i32,
 ) -> Result<Lease, StoreError> {
-    durable_core::ids::validate_owner(owner)?;
+    durable_core::validate::validate_owner(owner)?;
     let mut tx = store.pool.begin().await.map_err(db)?;
     let now = tx::now(&mut tx).await?;
     let row = sqlx::query(
@@ -120,7 +120,7 @@ pub(crate) async fn claim_expired(
     ttl: Duration,
     max_attempts: i32,
 ) -> Result<Option<Lease>, StoreError> {
-    durable_core::ids::validate_owner(owner)?;
+    durable_core::validate::validate_owner(owner)?;
     loop {
         let mut tx = store.pool.begin().await.map_err(db)?;
         let now = tx::now(&mut tx).await?;

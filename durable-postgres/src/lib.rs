@@ -103,7 +103,7 @@ fn newest_migration(migrator: &Migrator) -> i64 {
 /// assigning a field): the struct is `#[non_exhaustive]`, so a later release may add a
 /// field without breaking a caller.
 ///
-/// Its `Debug` output shows the URL without its password ([`redact_url`](durable_core::redact::redact_url)).
+/// Its `Debug` output shows the URL without its password ([`redact_url`]).
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct PostgresStoreOptions {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use durable_core::StoreError;
 use durable_core::ids::SessionId;
 use durable_core::store::{
-    Durability, ErrorRecord, FORMAT_VERSION, MigrateSession, NewError, PurgeOutcome, SessionRecord,
+    Durability, ErrorRecord, FORMAT_VERSION, NewError, PurgeOutcome, RetargetSession, SessionRecord,
 };
 
 use crate::PostgresStore;
@@ -80,9 +80,9 @@ pub(crate) async fn errors(
     .collect()
 }
 
-pub(crate) async fn migrate_session(
+pub(crate) async fn retarget_session(
     store: &PostgresStore,
-    migrate: MigrateSession,
+    migrate: RetargetSession,
 ) -> Result<SessionRecord, StoreError> {
     migrate.validate()?;
     let mut tx = store.pool.begin().await.map_err(db)?;

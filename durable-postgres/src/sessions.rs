@@ -18,7 +18,7 @@ pub(crate) async fn create_session(
     store: &PostgresStore,
     new: NewSession,
 ) -> Result<(SessionRecord, Lease), StoreError> {
-    durable_core::ids::validate_new_session(&new.id, &new.owner, &new.app_version)?;
+    durable_core::validate::validate_new_session(&new.id, &new.owner, &new.app_version)?;
     let mut tx = store.pool.begin().await.map_err(db)?;
     let now = tx::now(&mut tx).await?;
     let expires = now.saturating_add(ttl_ms(new.lease_ttl));
@@ -114,7 +114,7 @@ pub(crate) async fn set_status(
     reason: Option<&str>,
 ) -> Result<(), StoreError> {
     if let Some(reason) = reason {
-        durable_core::ids::validate_text("status reason", reason)?;
+        durable_core::validate::validate_text("status reason", reason)?;
     }
     let mut tx = store.pool.begin().await.map_err(db)?;
     let now = tx::lock_fenced(&mut tx, store.keyring(), fence, Lock::Update)

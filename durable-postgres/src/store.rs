@@ -12,8 +12,8 @@ use async_trait::async_trait;
 use durable_core::integrity::Keyring;
 use durable_core::store::{
     CallRecord, Checkpoint, CheckpointMeta, Durability, ErrorRecord, Fence, FinishCall,
-    IssueOutcome, Lease, MigrateSession, NewCall, NewCheckpoint, NewError, NewSession,
-    PurgeOutcome, ResolutionRecord, ResolveCall, SessionFilter, SessionRecord, SessionStatus,
+    IssueOutcome, Lease, NewCall, NewCheckpoint, NewError, NewSession, PurgeOutcome,
+    ResolutionRecord, ResolveCall, RetargetSession, SessionFilter, SessionRecord, SessionStatus,
 };
 use durable_core::{CallId, CheckpointStore, SessionId, StoreError};
 
@@ -196,8 +196,11 @@ impl CheckpointStore for PostgresStore {
         maintenance::errors(self, session).await
     }
 
-    async fn migrate_session(&self, migrate: MigrateSession) -> Result<SessionRecord, StoreError> {
-        maintenance::migrate_session(self, migrate).await
+    async fn retarget_session(
+        &self,
+        migrate: RetargetSession,
+    ) -> Result<SessionRecord, StoreError> {
+        maintenance::retarget_session(self, migrate).await
     }
 
     async fn purge_session(

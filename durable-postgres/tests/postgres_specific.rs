@@ -11,8 +11,8 @@ use durable_core::ids::{CallId, SessionId};
 use durable_core::replay::ReplayClass;
 use durable_core::store::{
     CallIdentity, CallKind, CallOutcome, CallStatus, CheckpointStore, FinishCall, IssueOutcome,
-    MigrateSession, NewCall, NewCheckpoint, NewError, NewSession, PurgeOutcome, Resolution,
-    ResolveCall, SessionFilter, SessionStatus,
+    NewCall, NewCheckpoint, NewError, NewSession, PurgeOutcome, Resolution, ResolveCall,
+    RetargetSession, SessionFilter, SessionStatus,
 };
 use durable_postgres::testing::{TestDatabase, test_database};
 use durable_postgres::{MIGRATIONS_TABLE, PostgresStore, PostgresStoreOptions, migrations};
@@ -641,7 +641,7 @@ async fn smoke_every_method() {
     assert_eq!(s.errors(&id).await.expect("errors").len(), 1);
 
     let moved = s
-        .migrate_session(MigrateSession {
+        .retarget_session(RetargetSession {
             session: id.clone(),
             from_version: "v1".into(),
             to_version: "v2".into(),
@@ -649,7 +649,7 @@ async fn smoke_every_method() {
             by: "ops".into(),
         })
         .await
-        .expect("migrate_session");
+        .expect("retarget_session");
     assert_eq!(moved.app_version, "v2");
     assert_eq!(
         s.call(&call.id).await.expect("call").identity.tool,
@@ -723,7 +723,7 @@ async fn step_map_is_a_mapping_not_a_chain() {
         ids.push(call.id.clone());
         s.issue_call(lease.fence(), call).await.expect("issue");
     }
-    s.migrate_session(MigrateSession {
+    s.retarget_session(RetargetSession {
         session: id.clone(),
         from_version: "v1".into(),
         to_version: "v2".into(),

@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use durable_core::integrity::{self, KeyPlan, Keyring};
+use durable_core::integrity::{self, KeyAction, Keyring};
 use durable_core::{SessionId, StoreError};
 use sqlx::SqliteConnection;
 
@@ -291,9 +291,9 @@ async fn setup_keys_in(conn: &mut SqliteConnection, ring: Keyring) -> Result<Key
     let now = tx::now(conn).await?;
     let signing = ring.signing_id().to_owned();
     let current = meta(conn, "signing_key").await?;
-    match ring.plan(current.as_deref())? {
-        KeyPlan::Keep => return Ok(ring),
-        KeyPlan::Rekey { from_id, from } => {
+    match ring.on_open(current.as_deref())? {
+        KeyAction::Keep => return Ok(ring),
+        KeyAction::Rekey { from_id, from } => {
             let rows = reseal_all(conn, Some(&from), &ring).await?;
             log(
                 conn,
@@ -307,7 +307,7 @@ async fn setup_keys_in(conn: &mut SqliteConnection, ring: Keyring) -> Result<Key
             .await?;
             tracing::warn!(from = %from_id, to = %signing, rows, "re-sealed the store under a new key");
         }
-        KeyPlan::Adopt => {
+        KeyAction::Adopt => {
             let rows = reseal_all(conn, None, &ring).await?;
             if rows > 0 {
                 log(conn, now, "adopt", None, &signing, rows,

@@ -28,7 +28,7 @@ pub(crate) async fn acquire_lease(
     ttl: Duration,
     max_attempts: i32,
 ) -> Result<Lease, StoreError> {
-    durable_core::ids::validate_owner(owner)?;
+    durable_core::validate::validate_owner(owner)?;
     let mut tx = WriteTx::begin(store.writer()).await?;
     let now = tx.now;
     let result = async {
@@ -118,7 +118,7 @@ pub(crate) async fn claim_expired(
     ttl: Duration,
     max_attempts: i32,
 ) -> Result<Option<Lease>, StoreError> {
-    durable_core::ids::validate_owner(owner)?;
+    durable_core::validate::validate_owner(owner)?;
     let mut tx = WriteTx::begin(store.writer()).await?;
     let now = tx.now;
     let result = async {

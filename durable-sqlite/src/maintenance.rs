@@ -13,8 +13,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use durable_core::store::{
-    Durability, ErrorRecord, FORMAT_VERSION, MigrateSession, NewError, PurgeOutcome, SessionRecord,
-    SessionStatus,
+    Durability, ErrorRecord, FORMAT_VERSION, NewError, PurgeOutcome, RetargetSession,
+    SessionRecord, SessionStatus,
 };
 use durable_core::{CallId, SessionId, StoreError};
 use sqlx::sqlite::SqliteConnectOptions;
@@ -106,9 +106,9 @@ pub(crate) async fn errors(
     found.iter().map(rows::error).collect()
 }
 
-pub(crate) async fn migrate_session(
+pub(crate) async fn retarget_session(
     store: &SqliteStore,
-    migrate: MigrateSession,
+    migrate: RetargetSession,
 ) -> Result<SessionRecord, StoreError> {
     migrate.validate()?;
     let mut tx = WriteTx::begin(store.writer()).await?;

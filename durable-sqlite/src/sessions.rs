@@ -18,7 +18,7 @@ pub(crate) async fn create_session(
     store: &SqliteStore,
     new: NewSession,
 ) -> Result<(SessionRecord, Lease), StoreError> {
-    durable_core::ids::validate_new_session(&new.id, &new.owner, &new.app_version)?;
+    durable_core::validate::validate_new_session(&new.id, &new.owner, &new.app_version)?;
     let mut tx = WriteTx::begin(store.writer()).await?;
     let now = tx.now;
     let result = async {
@@ -124,7 +124,7 @@ pub(crate) async fn set_status(
     reason: Option<&str>,
 ) -> Result<(), StoreError> {
     if let Some(reason) = reason {
-        durable_core::ids::validate_text("status reason", reason)?;
+        durable_core::validate::validate_text("status reason", reason)?;
     }
     let mut tx = WriteTx::begin(store.writer()).await?;
     let now = tx.now;

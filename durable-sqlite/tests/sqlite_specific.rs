@@ -8,9 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use durable_core::store::{
-    CallIdentity, CallKind, CallOutcome, CallStatus, FinishCall, IssueOutcome, Lease,
-    MigrateSession, NewCall, NewCheckpoint, NewError, NewSession, PurgeOutcome, Resolution,
-    ResolveCall, SessionFilter, SessionStatus,
+    CallIdentity, CallKind, CallOutcome, CallStatus, FinishCall, IssueOutcome, Lease, NewCall,
+    NewCheckpoint, NewError, NewSession, PurgeOutcome, Resolution, ResolveCall, RetargetSession,
+    SessionFilter, SessionStatus,
 };
 use durable_core::{CallId, CheckpointStore, ReplayClass, SessionId, StoreError};
 use durable_sqlite::{SqliteStore, SqliteStoreOptions, schema_version};
@@ -267,7 +267,7 @@ async fn exercise_every_method(store: &dyn CheckpointStore) {
     );
 
     let migrated = store
-        .migrate_session(MigrateSession {
+        .retarget_session(RetargetSession {
             session: id.clone(),
             from_version: "v1".into(),
             to_version: "v2".into(),
@@ -275,7 +275,7 @@ async fn exercise_every_method(store: &dyn CheckpointStore) {
             by: "ops".into(),
         })
         .await
-        .expect("migrate_session");
+        .expect("retarget_session");
     assert_eq!(migrated.app_version, "v2");
     assert_eq!(
         store

@@ -46,6 +46,11 @@ pub(crate) fn path_of_key(key: &str) -> String {
     render_path(std::iter::once(Segment::Key(key)))
 }
 
+/// The path [`render_serde_path`] writes for a top-level key: the key in full.
+pub(crate) fn path_of_whole_key(key: &str) -> String {
+    render(std::iter::once(Segment::Key(key)), Keys::Whole)
+}
+
 /// Whether `path` is the top-level key `key` or inside it.
 pub(crate) fn path_is_inside(path: &str, key: &str) -> bool {
     let prefix = path_of_key(key);

@@ -7,10 +7,11 @@ use std::sync::Arc;
 use super::{
     LONG_TTL, MAX_ATTEMPTS, checkpoint, create, expect_err, message, new_session, owner, tool_call,
 };
+use crate::error::IdProblem;
 use crate::error::StoreError;
-use crate::ids::{IdProblem, MAX_ID_BYTES, SessionId};
+use crate::ids::{MAX_ID_BYTES, SessionId};
 use crate::store::{
-    CallStatus, CheckpointStore, IssueOutcome, MigrateSession, NewError, Resolution, ResolveCall,
+    CallStatus, CheckpointStore, IssueOutcome, NewError, Resolution, ResolveCall, RetargetSession,
     SessionFilter, SessionStatus,
 };
 
@@ -271,7 +272,7 @@ pub async fn free_text_with_nul_is_refused_before_the_database(store: Arc<dyn Ch
     ] {
         let (from, to, by, (old, new)) = migrate;
         let refused = store
-            .migrate_session(MigrateSession {
+            .retarget_session(RetargetSession {
                 session: session.id.clone(),
                 from_version: from.into(),
                 to_version: to.into(),
@@ -284,7 +285,7 @@ pub async fn free_text_with_nul_is_refused_before_the_database(store: Arc<dyn Ch
                 refused,
                 Err(StoreError::InvalidText { .. } | StoreError::InvalidId { .. })
             ),
-            "migrate_session with a NUL {name}: {refused:?}"
+            "retarget_session with a NUL {name}: {refused:?}"
         );
     }
     assert_eq!(

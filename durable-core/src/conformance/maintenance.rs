@@ -12,8 +12,8 @@ use super::{
 use crate::error::StoreError;
 use crate::ids::SessionId;
 use crate::store::{
-    CheckpointStore, IssueOutcome, MigrateSession, NewError, PurgeOutcome, Resolution, ResolveCall,
-    SessionStatus,
+    CheckpointStore, IssueOutcome, NewError, PurgeOutcome, Resolution, ResolveCall,
+    RetargetSession, SessionStatus,
 };
 
 fn error(session: &SessionId, step: i64, attempt: i32, message: &str) -> NewError {
@@ -69,7 +69,7 @@ pub async fn errors_round_trip_in_order(store: Arc<dyn CheckpointStore>) {
     );
 }
 
-/// `migrate_session` checks the current version, renames the session's journal tools and
+/// `retarget_session` checks the current version, renames the session's journal tools and
 /// moves the session (and later checkpoints) to the new version.
 pub async fn migrate_checks_version_and_renames_tools(store: Arc<dyn CheckpointStore>) {
     let (session, lease) = create(&*store, &owner("w")).await;
@@ -87,7 +87,7 @@ pub async fn migrate_checks_version_and_renames_tools(store: Arc<dyn CheckpointS
             .await
             .expect("issue_call");
     }
-    let migrate = |from: &str| MigrateSession {
+    let migrate = |from: &str| RetargetSession {
         session: session.id.clone(),
         from_version: from.to_owned(),
         to_version: "v2".to_owned(),
@@ -95,9 +95,9 @@ pub async fn migrate_checks_version_and_renames_tools(store: Arc<dyn CheckpointS
         by: "operator".to_owned(),
     };
     let (s, expected, actual) = expect_err!(
-        store.migrate_session(migrate("v0")).await,
+        store.retarget_session(migrate("v0")).await,
         StoreError::AppVersionMismatch { session, expected, actual } => (session, expected, actual),
-        "migrate_session from a version the session is not on"
+        "retarget_session from a version the session is not on"
     );
     assert_eq!(
         (s, expected.as_str(), actual.as_str()),
@@ -116,9 +116,9 @@ pub async fn migrate_checks_version_and_renames_tools(store: Arc<dyn CheckpointS
     );
 
     let migrated = store
-        .migrate_session(migrate("v1"))
+        .retarget_session(migrate("v1"))
         .await
-        .expect("migrate_session");
+        .expect("retarget_session");
     assert_eq!(migrated.app_version, "v2", "returned app_version");
     assert_eq!(
         read(&*store, &session.id).await,
@@ -143,7 +143,7 @@ pub async fn migrate_checks_version_and_renames_tools(store: Arc<dyn CheckpointS
             .identity
             .tool,
         "old_tool",
-        "migrate_session renamed a journal row of another session"
+        "retarget_session renamed a journal row of another session"
     );
     // The renamed row is found under its new identity.
     match store
@@ -171,13 +171,13 @@ pub async fn migrate_checks_version_and_renames_tools(store: Arc<dyn CheckpointS
     );
     expect_err!(
         store
-            .migrate_session(MigrateSession {
+            .retarget_session(RetargetSession {
                 session: session_id(),
                 ..migrate("v1")
             })
             .await,
         StoreError::SessionNotFound(_),
-        "migrate_session of a missing session"
+        "retarget_session of a missing session"
     );
 }
 

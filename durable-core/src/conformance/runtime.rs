@@ -716,7 +716,7 @@ pub async fn runtime_checkpoints_restore_transcript_plan_budget(store: Arc<dyn C
     assert_ne!(fork.id(), &id);
 }
 
-/// A session started on another app version is refused until migrated (audited).
+/// A session started on another app version is refused until retargeted (audited).
 pub async fn runtime_app_version_requires_migration(store: Arc<dyn CheckpointStore>) {
     let (durable, _) = runtime(&store, "v1-worker");
     let session = start(&durable).await;
@@ -731,7 +731,7 @@ pub async fn runtime_app_version_requires_migration(store: Arc<dyn CheckpointSto
         matches!(err, DurableError::AppVersionMismatch { .. }),
         "{err:?}"
     );
-    v2.migrate(&id, vec![("old_tool".into(), "new_tool".into())], "ops")
+    v2.retarget(&id, vec![("old_tool".into(), "new_tool".into())], "ops")
         .await
         .expect("migrate");
     let resumed = v2

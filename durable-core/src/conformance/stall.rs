@@ -20,8 +20,8 @@ use crate::error::StoreError;
 use crate::ids::{CallId, SessionId};
 use crate::store::{
     CallRecord, Checkpoint, CheckpointMeta, CheckpointStore, Durability, ErrorRecord, Fence,
-    FinishCall, IssueOutcome, Lease, MigrateSession, NewCall, NewCheckpoint, NewError, NewSession,
-    PurgeOutcome, ResolutionRecord, ResolveCall, SessionFilter, SessionRecord, SessionStatus,
+    FinishCall, IssueOutcome, Lease, NewCall, NewCheckpoint, NewError, NewSession, PurgeOutcome,
+    ResolutionRecord, ResolveCall, RetargetSession, SessionFilter, SessionRecord, SessionStatus,
 };
 
 /// Wraps a real store; see the module docs.
@@ -280,8 +280,11 @@ impl CheckpointStore for Probe {
         self.inner.errors(session).await
     }
 
-    async fn migrate_session(&self, migrate: MigrateSession) -> Result<SessionRecord, StoreError> {
-        self.inner.migrate_session(migrate).await
+    async fn retarget_session(
+        &self,
+        migrate: RetargetSession,
+    ) -> Result<SessionRecord, StoreError> {
+        self.inner.retarget_session(migrate).await
     }
 
     async fn purge_session(

@@ -13,7 +13,7 @@ use tracing::Instrument;
 
 use super::commit::{Executed, ScopeClaim, ScopeOutcome};
 use super::numbers::Reservation;
-use super::{CallError, Journal, Outcome, RecordedFailure, lock};
+use super::{CallError, Journal, Outcome, RecordedFailure, failure_message, lock};
 use crate::args;
 use crate::canonical;
 use crate::error::DurableError;
@@ -768,17 +768,6 @@ pub(super) fn decode_result<T: DeserializeOwned, E>(
             detail: e.to_string(),
         })
     })
-}
-
-pub(super) fn failure_message(error: Option<&Value>) -> String {
-    match error {
-        Some(Value::Object(map)) => match map.get("message") {
-            Some(Value::String(s)) => s.clone(),
-            _ => Value::Object(map.clone()).to_string(),
-        },
-        Some(other) => other.to_string(),
-        None => "recorded failure".into(),
-    }
 }
 
 /// The attempt a retry runs as: the row's attempt plus the retries within this execution.

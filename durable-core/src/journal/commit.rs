@@ -19,8 +19,7 @@
 
 use serde_json::Value;
 
-use super::call::failure_message;
-use super::{Journal, Outcome, lock};
+use super::{Journal, Outcome, failure_message, lock};
 use crate::error::DurableError;
 use crate::snapshot::Spend;
 use crate::store::{CallOutcome, CallRecord, CheckpointMeta, NewCheckpoint};

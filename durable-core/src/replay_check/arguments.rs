@@ -217,28 +217,14 @@ fn error_is_inside(error: &DurableError, key: &str) -> bool {
     let DurableError::ArgumentsMismatch { path, message, .. } = error else {
         return false;
     };
-    path.strip_prefix(&key_path(key)).is_some_and(|rest| {
-        rest.starts_with(['.', '[']) || (rest.is_empty() && !is_unknown_field(message))
-    })
+    path.strip_prefix(&crate::args::path::path_of_whole_key(key))
+        .is_some_and(|rest| {
+            rest.starts_with(['.', '[']) || (rest.is_empty() && !is_unknown_field(message))
+        })
 }
 
 fn is_unknown_field(message: &str) -> bool {
     message.starts_with("unknown field `")
-}
-
-/// The path [`decode_args`](crate::tool_bounds::decode_args) writes for a top-level
-/// argument: `$.name` for an identifier, `$["other key"]` otherwise.
-fn key_path(key: &str) -> String {
-    let mut chars = key.chars();
-    let ident = chars
-        .next()
-        .is_some_and(|c| c.is_ascii_alphabetic() || c == '_')
-        && chars.all(|c| c.is_ascii_alphanumeric() || c == '_');
-    if ident {
-        format!("$.{key}")
-    } else {
-        format!("$[{}]", Value::String(key.to_owned()))
-    }
 }
 
 /// The failure for arguments serde refused. A field that is missing while the call
@@ -257,7 +243,10 @@ fn rejection(schema: &Value, args: &Value, error: &DurableError) -> FailureKind 
         return FailureKind::ArgumentsRejected(detail);
     };
     // serde reports a missing field at the object, an unknown one at its key.
-    let top_level = path == "$" || recorded.keys().any(|key| key_path(key) == *path);
+    let top_level = path == "$"
+        || recorded
+            .keys()
+            .any(|key| crate::args::path::path_of_whole_key(key) == *path);
     let names_a_field = message.starts_with("missing field `") || is_unknown_field(message);
     if !top_level || !names_a_field {
         return FailureKind::ArgumentsRejected(detail);
@@ -283,21 +272,5 @@ fn rejection(schema: &Value, args: &Value, error: &DurableError) -> FailureKind 
         missing,
         unread,
         detail,
-    }
-}
-
-/// The way out of [`FailureKind::ArgumentRenamed`], spelled for its fields.
-pub(super) fn rename_hint(missing: &[String], unread: &[String]) -> String {
-    match (missing, unread) {
-        ([new], [old]) => format!(
-            "if `{old}` was renamed to `{new}`, keep reading the old name with \
-             `#[serde(alias = \"{old}\")]` on `{new}`"
-        ),
-        _ => format!(
-            "if one of {} was renamed to one of {}, keep reading the old name with \
-             `#[serde(alias = \"<old name>\")]` on the new field",
-            schema_shape::quoted(unread),
-            schema_shape::quoted(missing)
-        ),
     }
 }

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::path::PathBuf;
 
-use super::{arguments, schema_shape};
+use super::schema_shape;
 use crate::ids::{CallId, SessionId};
 use crate::replay::ReplayClass;
 
@@ -206,17 +206,17 @@ pub enum FailureKind {
     },
     /// Today's argument type does not read the recorded arguments.
     #[error(
-        "the recorded arguments no longer fit the tool's arguments: {0}; accept the old shape (optional or defaulted fields, aliases) or migrate the sessions"
+        "the recorded arguments no longer fit the tool's arguments: {0}; accept the old shape (optional or defaulted fields, aliases) or retarget the sessions (`durable retarget`)"
     )]
     ArgumentsRejected(String),
     /// Today's argument type does not read the recorded arguments, which lack a field it
     /// requires and hold one it does not know: most likely a field renamed without a
     /// `#[serde(alias)]` for its old name.
     #[error(
-        "the recorded arguments lack {} and hold {}, which today's argument type does not read ({detail}): {}, or migrate the sessions recorded with the old name",
+        "the recorded arguments lack {} and hold {}, which today's argument type does not read ({detail}): {}, or retarget the sessions recorded with the old name (`durable retarget`)",
         schema_shape::quoted(.missing),
         schema_shape::quoted(.unread),
-        arguments::rename_hint(.missing, .unread)
+        rename_hint(.missing, .unread)
     )]
     ArgumentRenamed {
         /// Fields today's type requires that the recorded arguments lack.
@@ -259,4 +259,20 @@ pub enum FailureKind {
         /// Today's fingerprint.
         current: String,
     },
+}
+
+/// The way out of [`FailureKind::ArgumentRenamed`], spelled for its fields.
+fn rename_hint(missing: &[String], unread: &[String]) -> String {
+    match (missing, unread) {
+        ([new], [old]) => format!(
+            "if `{old}` was renamed to `{new}`, keep reading the old name with \
+             `#[serde(alias = \"{old}\")]` on `{new}`"
+        ),
+        _ => format!(
+            "if one of {} was renamed to one of {}, keep reading the old name with \
+             `#[serde(alias = \"<old name>\")]` on the new field",
+            schema_shape::quoted(unread),
+            schema_shape::quoted(missing)
+        ),
+    }
 }

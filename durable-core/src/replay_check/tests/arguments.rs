@@ -215,7 +215,7 @@ fn a_field_renamed_without_an_alias_names_both_ways_out() {
         assert!(
             text.contains("the recorded arguments lack `recipient` and hold `to`")
                 && text.contains(
-                    "if `to` was renamed to `recipient`, keep reading the old name with `#[serde(alias = \"to\")]` on `recipient`, or migrate the sessions recorded with the old name"
+                    "if `to` was renamed to `recipient`, keep reading the old name with `#[serde(alias = \"to\")]` on `recipient`, or retarget the sessions recorded with the old name (`durable retarget`)"
                 ),
             "{text}"
         );
