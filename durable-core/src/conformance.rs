@@ -225,6 +225,7 @@ macro_rules! __durable_conformance_cases {
             runtime_checkpoints_restore_transcript_plan_budget,
             runtime_app_version_requires_migration,
             runtime_secret_arguments_are_masked,
+            runtime_start_or_resume_starts_new_ids_and_resumes_known_ones,
             runtime_retry_records_attempts,
             runtime_tool_retry_policy_records_attempts,
             runtime_resolution_unparks_a_parked_session,

@@ -1112,3 +1112,82 @@ pub(super) async fn stopped_then_resumed(
     );
     resumed
 }
+
+/// `start_or_resume`: a new id starts a session (version 0, nothing in doubt) with the
+/// options' messages; the same id after its worker died resumes it, reporting the call
+/// left in doubt and ignoring the options; a finished session is `NotResumable`; an id
+/// `validate_id` refuses is `InvalidId` before anything is written.
+pub async fn runtime_start_or_resume_starts_new_ids_and_resumes_known_ones(
+    store: Arc<dyn CheckpointStore>,
+) {
+    let (durable, _) = runtime(&store, "first");
+    let id = super::session_id();
+    let options = || {
+        StartOptions::new()
+            .with_id(id.clone())
+            .with_messages(vec![Message::user("send the welcome email")])
+    };
+    let started = durable
+        .start_or_resume::<Message>(options())
+        .await
+        .expect("start a new id");
+    assert_eq!(started.report.version, 0, "a new session is at version 0");
+    assert!(
+        started.report.in_doubt.is_empty(),
+        "nothing in doubt in a new session"
+    );
+    assert_eq!(started.session.messages().len(), 1, "the options' messages");
+    let s = spec("email", ReplayClass::UnsafeOnReplay);
+    let effects = Arc::new(AtomicUsize::new(0));
+    call_and_die(&started.session, &s, 1, None, &effects).await;
+    drop(started);
+
+    // The worker died holding the lease; another takes the same id over.
+    release_dead_lease(&store, &id).await;
+    let (next, _) = runtime(&store, "next");
+    let resumed = next
+        .start_or_resume::<Message>(
+            StartOptions::new()
+                .with_id(id.clone())
+                .with_messages(vec![Message::user("ignored: the session exists")]),
+        )
+        .await
+        .expect("resume the known id");
+    assert_eq!(resumed.session.id(), &id);
+    assert_eq!(
+        resumed.session.messages().len(),
+        1,
+        "the stored transcript, not the options'"
+    );
+    assert_eq!(
+        resumed
+            .report
+            .in_doubt
+            .iter()
+            .map(|d| d.call.identity.tool.as_str())
+            .collect::<Vec<_>>(),
+        ["email"],
+        "the call the dead worker left in doubt is reported"
+    );
+    // (Completing it would be refused: the recorded email was not replayed.) An operator
+    // cancels it instead.
+    resumed
+        .session
+        .cancel(Some("operator"))
+        .await
+        .expect("cancel");
+    assert_eq!(effects.load(Ordering::SeqCst), 1, "nothing ran again");
+
+    match next.start_or_resume::<Message>(options()).await {
+        Err(DurableError::Store(StoreError::NotResumable { .. })) => {}
+        other => panic!(
+            "a completed session must not be started or resumed: {:?}",
+            other.err()
+        ),
+    }
+    let bad = StartOptions::<Message>::new().with_id(crate::SessionId::new("bad\0id"));
+    match next.start_or_resume::<Message>(bad).await {
+        Err(DurableError::Store(StoreError::InvalidId { .. })) => {}
+        other => panic!("an invalid id must be refused: {:?}", other.err()),
+    }
+}
