@@ -1185,6 +1185,30 @@ pub async fn runtime_start_or_resume_starts_new_ids_and_resumes_known_ones(
             other.err()
         ),
     }
+    // Two workers racing to start one new id: one starts it, the other finds it leased
+    // (never a second session, never a raw database error).
+    let raced = super::session_id();
+    let (w1, _) = runtime(&store, "racer-1");
+    let (w2, _) = runtime(&store, "racer-2");
+    let options = |id: &crate::SessionId| StartOptions::<Message>::new().with_id(id.clone());
+    let (a, b) = tokio::join!(
+        w1.start_or_resume::<Message>(options(&raced)),
+        w2.start_or_resume::<Message>(options(&raced))
+    );
+    let won = [&a, &b].iter().filter(|r| r.is_ok()).count();
+    assert_eq!(
+        won,
+        1,
+        "exactly one racer holds the session: {:?} / {:?}",
+        a.as_ref().err(),
+        b.as_ref().err()
+    );
+    for lost in [a.as_ref().err(), b.as_ref().err()].into_iter().flatten() {
+        assert!(
+            matches!(lost, DurableError::Store(StoreError::Leased { .. })),
+            "the loser is told the session is leased: {lost:?}"
+        );
+    }
     let bad = StartOptions::<Message>::new().with_id(crate::SessionId::new("bad\0id"));
     match next.start_or_resume::<Message>(bad).await {
         Err(DurableError::Store(StoreError::InvalidId { .. })) => {}
