@@ -427,14 +427,21 @@ impl Durable {
             }
         };
         let version = checkpoint.meta.version;
+        let crate::store::Checkpoint {
+            messages,
+            plan,
+            budget,
+            state,
+            ..
+        } = checkpoint;
+        // Each snapshot is moved into its type, not cloned.
         let decoded = (|| {
-            let messages = checkpoint
-                .messages
-                .iter()
+            let messages = messages
+                .into_iter()
                 .map(|m| decode::<M>(&record.id, version, "message", m))
                 .collect::<Result<Vec<_>, _>>()?;
-            let plan = decode::<Plan>(&record.id, version, "plan", &checkpoint.plan)?;
-            let budget = decode::<Budget>(&record.id, version, "budget", &checkpoint.budget)?;
+            let plan = decode::<Plan>(&record.id, version, "plan", plan)?;
+            let budget = decode::<Budget>(&record.id, version, "budget", budget)?;
             Ok::<_, DurableError>((messages, plan, budget))
         })();
         let (messages, plan, budget) = match decoded {
@@ -444,13 +451,7 @@ impl Durable {
                 return Err(e);
             }
         };
-        let in_doubt = self
-            .store
-            .calls(&lease.session, None)
-            .await?
-            .into_iter()
-            .filter(|c| c.status == crate::store::CallStatus::Issued)
-            .collect::<Vec<_>>();
+        let in_doubt = self.store.issued_calls(&lease.session).await?;
         let report = ResumeReport::new(version, in_doubt.clone());
         tracing::info!(version, in_doubt = report.in_doubt.len(), "session resumed");
         let session = Session::assemble(
@@ -462,7 +463,7 @@ impl Durable {
             messages,
             plan,
             budget,
-            checkpoint.state,
+            state,
             in_doubt,
         );
         Ok(Resumed { session, report })
@@ -573,9 +574,9 @@ fn decode<T: DeserializeOwned>(
     session: &SessionId,
     version: i64,
     what: &str,
-    value: &Value,
+    value: Value,
 ) -> Result<T, DurableError> {
-    serde_json::from_value(value.clone()).map_err(|e| DurableError::Decode {
+    serde_json::from_value(value).map_err(|e| DurableError::Decode {
         session: session.clone(),
         what: format!("{what} at checkpoint version {version}"),
         detail: e.to_string(),

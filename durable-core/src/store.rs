@@ -845,6 +845,24 @@ pub trait CheckpointStore: Send + Sync + 'static {
         step: Option<i64>,
     ) -> Result<Vec<CallRecord>, StoreError>;
 
+    /// The session's rows with status `issued`, in issue order: what a resuming worker
+    /// must report as in doubt, whichever step they belong to.
+    ///
+    /// # Contract
+    /// As [`calls`](Self::calls) (read-only, one snapshot, the head's seal and the
+    /// journal's completeness checked, every returned row's seal checked), but returns
+    /// only the `issued` rows. A backend should answer from an index of the issued rows, so
+    /// that the cost does not grow with the journal; the default reads the whole journal
+    /// and filters it.
+    async fn issued_calls(&self, session: &SessionId) -> Result<Vec<CallRecord>, StoreError> {
+        Ok(self
+            .calls(session, None)
+            .await?
+            .into_iter()
+            .filter(|c| c.status == CallStatus::Issued)
+            .collect())
+    }
+
     /// Rows with status `issued` whose issuing lease is gone (expired, released or
     /// superseded), across sessions or for one session.
     ///
