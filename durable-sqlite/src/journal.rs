@@ -8,23 +8,22 @@ use durable_core::store::{
 };
 use durable_core::{CallId, SessionId, StoreError};
 use sqlx::SqliteConnection;
+use sqlx::sqlite::SqliteRow;
 
 use crate::SqliteStore;
 use crate::checkpoints;
 use crate::error::db;
+use crate::rows;
 use crate::rows::{call_cols, json, opt_json};
-use crate::seal::{self, RawCall, checked_call_record};
-use crate::tx::{self, WriteTx, now_sql};
+use crate::seal::{self, RawCall, checked_call_record, raw_call_cols};
+use crate::tx::{self, WriteTx, fenced_select, now_sql};
 
 pub(crate) async fn issue_call(
     store: &SqliteStore,
     fence: Fence<'_>,
     call: NewCall,
 ) -> Result<IssueOutcome, StoreError> {
-    let mut tx = WriteTx::begin(store.writer()).await?;
-    let now = tx.now;
-    let result = insert_call(tx.conn(), store.keyring(), now, fence, &call, None).await;
-    tx.finish(result).await
+    insert_call(store, fence, call, None).await
 }
 
 pub(crate) async fn record_call(
@@ -33,21 +32,34 @@ pub(crate) async fn record_call(
     call: NewCall,
     finish: FinishCall,
 ) -> Result<IssueOutcome, StoreError> {
-    let mut tx = WriteTx::begin(store.writer()).await?;
-    let now = tx.now;
-    let result = insert_call(tx.conn(), store.keyring(), now, fence, &call, Some(&finish)).await;
-    tx.finish(result).await
+    insert_call(store, fence, call, Some(finish)).await
 }
 
-/// Reads a journal row for a state change: checks its seal and that it belongs to the
-/// fenced session.
-async fn fenced_call(
-    conn: &mut SqliteConnection,
+/// The extra columns and join of a fenced write that changes journal row `c` (bound
+/// first): its sealed columns, `NULL` when there is no such row.
+macro_rules! fenced_call_select {
+    () => {
+        fenced_select!(
+            concat!(", ", raw_call_cols!()),
+            " LEFT JOIN durable_tool_calls c ON c.id = ?"
+        )
+    };
+}
+
+/// The journal row selected with [`fenced_call_select!`], for a state change: checks its
+/// seal and that it belongs to the fenced session.
+fn fenced_call(
+    row: &SqliteRow,
     ring: &Keyring,
     fence: Fence<'_>,
     call: &CallId,
 ) -> Result<RawCall, StoreError> {
-    let raw = seal::checked_call(conn, ring, call).await?;
+    let found: Option<String> = rows::col(row, "id", fence.session, None)?;
+    if found.is_none() {
+        return Err(StoreError::CallNotFound(call.clone()));
+    }
+    let raw = RawCall::from_row(row)?;
+    raw.check(ring)?;
     if raw.session != fence.session.as_str() {
         return Err(StoreError::LeaseLost {
             session: SessionId::new(raw.session),
@@ -63,11 +75,13 @@ pub(crate) async fn reissue_call(
     call: &CallId,
 ) -> Result<CallRecord, StoreError> {
     let ring = store.keyring();
-    let mut tx = WriteTx::begin(store.writer()).await?;
+    let (mut tx, _, row) =
+        WriteTx::begin_fenced(store.writer(), ring, fence, fenced_call_select!(), |q| {
+            q.bind(call.as_str())
+        })
+        .await?;
     let result = async {
-        let conn = tx.conn();
-        tx::fenced(&mut *conn, ring, fence).await?;
-        let mut raw = fenced_call(&mut *conn, ring, fence, call).await?;
+        let mut raw = fenced_call(&row, ring, fence, call)?;
         if !matches!(
             CallStatus::parse(&raw.status),
             Some(CallStatus::Issued | CallStatus::NotHappened)
@@ -83,6 +97,7 @@ pub(crate) async fn reissue_call(
         raw.error = None;
         raw.spend = None;
         raw.seal(ring)?;
+        let conn = tx.conn();
         sqlx::query(
             "UPDATE durable_tool_calls SET attempt = ?, status = 'issued', \
              fence = ?, finished_at = NULL, result = NULL, error = NULL, spend = NULL, \
@@ -101,6 +116,9 @@ pub(crate) async fn reissue_call(
     tx.finish(result).await
 }
 
+/// Records an issued call's outcome (and, atomically, a checkpoint). Without a
+/// checkpoint, two round trips: `BEGIN IMMEDIATE` with one `SELECT` (clock, fence, head,
+/// the row's sealed columns), then the `UPDATE` and `COMMIT`.
 pub(crate) async fn finish_call(
     store: &SqliteStore,
     fence: Fence<'_>,
@@ -109,53 +127,61 @@ pub(crate) async fn finish_call(
     checkpoint: Option<(i64, NewCheckpoint)>,
 ) -> Result<Option<CheckpointMeta>, StoreError> {
     let ring = store.keyring();
-    let mut tx = WriteTx::begin(store.writer()).await?;
+    let (status, result, error) = outcome_columns(&finish.outcome)?;
+    let spend = opt_json(finish.spend.as_ref())?;
+    let (mut tx, mut fenced, row) =
+        WriteTx::begin_fenced(store.writer(), ring, fence, fenced_call_select!(), |q| {
+            q.bind(call.as_str())
+        })
+        .await?;
     let now = tx.now;
-    let result = async {
-        let conn = tx.conn();
-        let mut fenced = tx::fenced(&mut *conn, ring, fence).await?;
-        let mut raw = fenced_call(&mut *conn, ring, fence, call).await?;
+    let checked = fenced_call(&row, ring, fence, call).and_then(|mut raw| {
         if raw.status != CallStatus::Issued.as_str() {
             return Err(StoreError::CallNotInDoubt {
                 call: call.clone(),
                 status: raw.status,
             });
         }
-        let (status, result, error) = outcome_columns(&finish.outcome)?;
         raw.status = status.as_str().to_owned();
         raw.result = result;
         raw.error = error;
-        raw.spend = opt_json(finish.spend.as_ref())?;
+        raw.spend = spend;
         raw.seal(ring)?;
-        sqlx::query(
+        Ok(raw)
+    });
+    let raw = match checked {
+        Ok(raw) => raw,
+        Err(e) => return tx.finish(Err(e)).await,
+    };
+    macro_rules! update_sql {
+        () => {
             "UPDATE durable_tool_calls SET status = ?, result = ?, error = ?, spend = ?, \
-             mac = ?, finished_at = ? WHERE id = ?",
-        )
-        .bind(&raw.status)
-        .bind(raw.result.as_deref())
-        .bind(raw.error.as_deref())
-        .bind(raw.spend.as_deref())
-        .bind(raw.mac.as_deref())
-        .bind(now)
-        .bind(call.as_str())
-        .execute(&mut *conn)
-        .await
-        .map_err(db)?;
-        match &checkpoint {
-            Some((expected, cp)) => Ok(Some(
-                checkpoints::append_checkpoint(
-                    conn,
-                    ring,
-                    now,
-                    fence.session,
-                    &mut fenced,
-                    *expected,
-                    cp,
-                )
-                .await?,
-            )),
-            None => Ok(None),
-        }
+             mac = ?, finished_at = ? WHERE id = ?"
+        };
+    }
+    let bind = |q: tx::SqliteQuery<'static>| {
+        q.bind(&raw.status)
+            .bind(raw.result.as_deref())
+            .bind(raw.error.as_deref())
+            .bind(raw.spend.as_deref())
+            .bind(raw.mac.as_deref())
+            .bind(now)
+            .bind(call.as_str())
+    };
+    let Some((expected, cp)) = checkpoint else {
+        tx.commit_with(concat!(update_sql!(), "; COMMIT"), bind)
+            .await?;
+        return Ok(None);
+    };
+    let result = async {
+        let conn = tx.conn();
+        bind(sqlx::query(update_sql!()))
+            .execute(&mut *conn)
+            .await
+            .map_err(db)?;
+        checkpoints::append_checkpoint(conn, ring, now, fence.session, &mut fenced, expected, &cp)
+            .await
+            .map(Some)
     }
     .await;
     tx.finish(result).await
@@ -234,19 +260,32 @@ pub(crate) async fn in_doubt(
         .collect()
 }
 
+/// The key-check column of a keyed call's first round trip: another call of the same
+/// tool that used the key with other arguments.
+macro_rules! key_holder_col {
+    () => {
+        ", (SELECT k.id FROM durable_tool_calls k WHERE k.tool_name = ? \
+         AND k.idempotency_key = ? AND k.input_hash <> ? ORDER BY k.issued_at, k.id LIMIT 1) \
+         AS key_holder"
+    };
+}
+
 /// `issue_call` (`finish = None`: status `issued`) and `record_call` (the outcome is
 /// written with the new row): fence check, idempotency-key check, then insert-or-get on
 /// the call identity. A new row is sealed at the next position of the session's journal,
 /// and the session head counts it.
+///
+/// Two round trips to SQLite's worker thread: `BEGIN IMMEDIATE` with one `SELECT` (the
+/// clock, the fence, the head and, for a keyed call, the key check), then the `INSERT`,
+/// the head's `UPDATE` (only if the row was inserted: `changes() = 1`) and `COMMIT`. The
+/// inserted row is returned as written, not read back.
 async fn insert_call(
-    conn: &mut SqliteConnection,
-    ring: &Keyring,
-    now: i64,
+    store: &SqliteStore,
     fence: Fence<'_>,
-    call: &NewCall,
-    finish: Option<&FinishCall>,
+    call: NewCall,
+    finish: Option<FinishCall>,
 ) -> Result<IssueOutcome, StoreError> {
-    let mut fenced = tx::fenced(&mut *conn, ring, fence).await?;
+    let ring = store.keyring();
     let identity = &call.identity;
     if identity.session != *fence.session {
         return Err(StoreError::LeaseLost {
@@ -254,38 +293,41 @@ async fn insert_call(
             token: fence.token,
         });
     }
-    if let Some(key) = &call.idempotency_key {
-        let holder: Option<String> = sqlx::query_scalar(
-            "SELECT id FROM durable_tool_calls WHERE tool_name = ? \
-             AND idempotency_key = ? AND input_hash <> ? ORDER BY issued_at, id LIMIT 1",
-        )
-        .bind(&identity.tool)
-        .bind(key)
-        .bind(&identity.input_hash)
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(db)?;
-        if let Some(existing) = holder {
-            return Err(StoreError::IdempotencyConflict {
-                tool: identity.tool.clone(),
-                key: key.clone(),
-                existing: CallId::new(existing),
-            });
-        }
-    }
-    let (status, result, error, spend, finished_at) = match finish {
-        None => (CallStatus::Issued, None, None, None, None),
+    // Serialized before the transaction: nothing below can fail on the values.
+    let args = json(&call.args)?;
+    let (status, result, error, spend) = match &finish {
+        None => (CallStatus::Issued, None, None, None),
         Some(finish) => {
             let (status, result, error) = outcome_columns(&finish.outcome)?;
-            (
-                status,
-                result,
-                error,
-                opt_json(finish.spend.as_ref())?,
-                Some(now),
-            )
+            (status, result, error, opt_json(finish.spend.as_ref())?)
         }
     };
+    let (tx, mut fenced, row) = match &call.idempotency_key {
+        None => WriteTx::begin_fenced(store.writer(), ring, fence, fenced_select!(), |q| q).await?,
+        Some(key) => {
+            WriteTx::begin_fenced(
+                store.writer(),
+                ring,
+                fence,
+                fenced_select!(key_holder_col!(), ""),
+                |q| q.bind(&identity.tool).bind(key).bind(&identity.input_hash),
+            )
+            .await?
+        }
+    };
+    if let Some(key) = &call.idempotency_key {
+        let holder: Option<String> = rows::col(&row, "key_holder", fence.session, None)?;
+        if let Some(existing) = holder {
+            return tx
+                .finish(Err(StoreError::IdempotencyConflict {
+                    tool: identity.tool.clone(),
+                    key: key.clone(),
+                    existing: CallId::new(existing),
+                }))
+                .await;
+        }
+    }
+    let now = tx.now;
     let seq = fenced.head.journal_rows + 1;
     let mut raw = RawCall {
         id: call.id.as_str().to_owned(),
@@ -297,7 +339,7 @@ async fn insert_call(
         ordinal: identity.ordinal,
         class: call.class.as_str().to_owned(),
         status: status.as_str().to_owned(),
-        args: json(&call.args)?,
+        args,
         key: call.idempotency_key.clone(),
         schema_hash: call.schema_hash.clone(),
         result,
@@ -307,45 +349,86 @@ async fn insert_call(
         seq,
         mac: None,
     };
-    raw.seal(ring)?;
-    let inserted = sqlx::query(
-        "INSERT INTO durable_tool_calls (id, session_id, kind, step, tool_name, input_hash, \
-         ordinal, replay_class, status, args, idempotency_key, schema_hash, result, error, \
-         spend, mac, attempt, fence, format, issued_at, finished_at, seq) \
-         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?) \
-         ON CONFLICT (session_id, step, tool_name, input_hash, ordinal) DO NOTHING",
-    )
-    .bind(&raw.id)
-    .bind(&raw.session)
-    .bind(&raw.kind)
-    .bind(raw.step)
-    .bind(&raw.tool)
-    .bind(&raw.input_hash)
-    .bind(raw.ordinal)
-    .bind(&raw.class)
-    .bind(&raw.status)
-    .bind(&raw.args)
-    .bind(raw.key.as_deref())
-    .bind(&raw.schema_hash)
-    .bind(raw.result.as_deref())
-    .bind(raw.error.as_deref())
-    .bind(raw.spend.as_deref())
-    .bind(raw.mac.as_deref())
-    .bind(fence.token)
-    .bind(FORMAT_VERSION)
-    .bind(now)
-    .bind(finished_at)
-    .bind(seq)
-    .execute(&mut *conn)
-    .await
-    .map_err(db)?;
-    if inserted.rows_affected() == 1 {
+    let sealed = raw.seal(ring).and_then(|()| {
         fenced.head.journal_rows = seq;
-        fenced.head.store(&mut *conn, ring).await?;
-        return Ok(IssueOutcome::Inserted(
-            load_call(conn, ring, &call.id).await?,
-        ));
+        fenced.head.reseal(ring)
+    });
+    if let Err(e) = sealed {
+        return tx.finish(Err(e)).await;
     }
+    let finished_at = finish.is_some().then_some(now);
+    let done = tx
+        .commit_with(
+            "INSERT INTO durable_tool_calls (id, session_id, kind, step, tool_name, input_hash, \
+             ordinal, replay_class, status, args, idempotency_key, schema_hash, result, error, \
+             spend, mac, attempt, fence, format, issued_at, finished_at, seq) \
+             VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?) \
+             ON CONFLICT (session_id, step, tool_name, input_hash, ordinal) DO NOTHING; \
+             UPDATE durable_sessions SET journal_rows = ?, head = ? \
+             WHERE id = ? AND changes() = 1; \
+             COMMIT",
+            |q| {
+                q.bind(&raw.id)
+                    .bind(&raw.session)
+                    .bind(&raw.kind)
+                    .bind(raw.step)
+                    .bind(&raw.tool)
+                    .bind(&raw.input_hash)
+                    .bind(raw.ordinal)
+                    .bind(&raw.class)
+                    .bind(&raw.status)
+                    .bind(&raw.args)
+                    .bind(raw.key.as_deref())
+                    .bind(&raw.schema_hash)
+                    .bind(raw.result.as_deref())
+                    .bind(raw.error.as_deref())
+                    .bind(raw.spend.as_deref())
+                    .bind(raw.mac.as_deref())
+                    .bind(fence.token)
+                    .bind(FORMAT_VERSION)
+                    .bind(now)
+                    .bind(finished_at)
+                    .bind(seq)
+                    .bind(fenced.head.journal_rows)
+                    .bind(fenced.head.head.as_deref())
+                    .bind(fence.session.as_str())
+            },
+        )
+        .await?;
+    // Nothing changed when the identity existed (`DO NOTHING`, then no head update):
+    // any other count is the insert and its head update.
+    if done.rows_affected() != 0 {
+        let (result, error, spend) = match finish {
+            None => (None, None, None),
+            Some(FinishCall {
+                outcome: CallOutcome::Completed(value),
+                spend,
+            }) => (Some(value), None, spend),
+            Some(FinishCall {
+                outcome: CallOutcome::Failed(value),
+                spend,
+            }) => (None, Some(value), spend),
+        };
+        return Ok(IssueOutcome::Inserted(CallRecord {
+            id: call.id,
+            kind: call.kind,
+            class: call.class,
+            status,
+            args: call.args,
+            idempotency_key: call.idempotency_key,
+            schema_hash: call.schema_hash,
+            result,
+            error,
+            spend,
+            mac: raw.mac,
+            attempt: 1,
+            fence: fence.token,
+            issued_at: now,
+            finished_at,
+            identity: call.identity,
+        }));
+    }
+    // The identity was there already: the existing row, as committed.
     let row = sqlx::query(concat!(
         "SELECT ",
         call_cols!(),
@@ -357,7 +440,7 @@ async fn insert_call(
     .bind(&identity.tool)
     .bind(&identity.input_hash)
     .bind(identity.ordinal)
-    .fetch_one(conn)
+    .fetch_one(store.writer())
     .await
     .map_err(db)?;
     Ok(IssueOutcome::Existing(checked_call_record(ring, &row)?))

@@ -193,13 +193,20 @@ impl HeadRow {
         )
     }
 
+    /// Seals the head as it now stands (write it with [`store`](Self::store), or as
+    /// part of a larger statement: `head`, `journal_rows`, `resolutions`).
+    pub(crate) fn reseal(&mut self, ring: &Keyring) -> Result<(), StoreError> {
+        self.head = Some(ring.seal(&self.fields())?);
+        Ok(())
+    }
+
     /// Seals the head as it now stands and writes it, with its counts.
     pub(crate) async fn store(
         &mut self,
         conn: &mut SqliteConnection,
         ring: &Keyring,
     ) -> Result<(), StoreError> {
-        self.head = Some(ring.seal(&self.fields())?);
+        self.reseal(ring)?;
         sqlx::query(
             "UPDATE durable_sessions SET journal_rows = ?, resolutions = ?, head = ? WHERE id = ?",
         )

@@ -13,7 +13,12 @@ use durable_core::integrity::Keyring;
 use durable_core::store::{Fence, SessionRecord};
 use durable_core::{SessionId, StoreError};
 use sqlx::pool::PoolConnection;
+use sqlx::query::Query;
+use sqlx::sqlite::{SqliteArguments, SqliteQueryResult, SqliteRow};
 use sqlx::{Sqlite, SqliteConnection, SqlitePool};
+
+/// A query on SQLite with its parameters.
+pub(crate) type SqliteQuery<'q> = Query<'q, Sqlite, SqliteArguments>;
 
 use crate::error::db;
 use crate::rows::{self, session_cols};
@@ -91,6 +96,83 @@ impl WriteTx {
         }
     }
 
+    /// Begins an immediate transaction and reads the fenced session in the same round
+    /// trip to SQLite's worker thread: `sql` is [`fenced_select!`]'s, `bind` binds the
+    /// extra columns' parameters; the session id is bound last. The database clock is
+    /// read by the same statement.
+    ///
+    /// Returns the transaction, the checked write credential and the row (for the extra
+    /// columns). [`StoreError::SessionNotFound`] or [`StoreError::LeaseLost`] (or a head
+    /// that does not check) rolls the transaction back.
+    pub(crate) async fn begin_fenced<'q>(
+        pool: &SqlitePool,
+        ring: &Keyring,
+        fence: Fence<'q>,
+        sql: &'static str,
+        bind: impl FnOnce(SqliteQuery<'q>) -> SqliteQuery<'q>,
+    ) -> Result<(Self, Fenced, SqliteRow), StoreError> {
+        debug_assert!(sql.starts_with("BEGIN IMMEDIATE; SELECT "));
+        let query = bind(sqlx::query(sql));
+        let conn = pool.acquire().await.map_err(db)?;
+        // As in `begin`: from here on a transaction may be open.
+        let mut tx = WriteTx {
+            conn,
+            open: true,
+            now: 0,
+        };
+        let row = match query
+            .bind(fence.session.as_str())
+            .fetch_optional(&mut *tx.conn)
+            .await
+        {
+            Ok(row) => row,
+            Err(e) => {
+                // BEGIN may have failed (nothing open) or the SELECT after it.
+                tx.rollback_if_open().await;
+                return Err(db(e));
+            }
+        };
+        let checked = row
+            .ok_or_else(|| StoreError::SessionNotFound(fence.session.clone()))
+            .and_then(|row| {
+                let fenced = fenced_row(&row, ring, fence)?;
+                let now: i64 = rows::col(&row, "now", fence.session, None)?;
+                Ok((fenced, now, row))
+            });
+        match checked {
+            Ok((fenced, now, row)) => {
+                tx.now = now;
+                Ok((tx, fenced, row))
+            }
+            Err(e) => {
+                tx.rollback().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Runs `sql` (parameters bound by `bind`), whose last statement is `COMMIT`, in one
+    /// round trip: the transaction's last writes and its commit. On an error the
+    /// transaction is rolled back (no statement after the failing one ran).
+    pub(crate) async fn commit_with<'q>(
+        mut self,
+        sql: &'static str,
+        bind: impl FnOnce(SqliteQuery<'q>) -> SqliteQuery<'q>,
+    ) -> Result<SqliteQueryResult, StoreError> {
+        debug_assert!(sql.ends_with("; COMMIT"));
+        let query = bind(sqlx::query(sql));
+        match query.execute(&mut *self.conn).await {
+            Ok(done) => {
+                self.open = false;
+                Ok(done)
+            }
+            Err(e) => {
+                self.rollback().await;
+                Err(db(e))
+            }
+        }
+    }
+
     /// The connection the transaction runs on.
     pub(crate) fn conn(&mut self) -> &mut SqliteConnection {
         &mut self.conn
@@ -116,6 +198,20 @@ impl WriteTx {
             Err(e) => {
                 self.rollback().await;
                 Err(e)
+            }
+        }
+    }
+
+    /// Rolls back after a failed `BEGIN IMMEDIATE; …` round trip, where it is not known
+    /// whether `BEGIN` ran: SQLite's "no transaction is active" means nothing is open.
+    async fn rollback_if_open(&mut self) {
+        match sqlx::query("ROLLBACK").execute(&mut *self.conn).await {
+            Ok(_) => self.open = false,
+            Err(sqlx::Error::Database(e)) if e.message().contains("no transaction is active") => {
+                self.open = false;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "sqlite ROLLBACK failed; closing the connection");
             }
         }
     }
@@ -165,6 +261,48 @@ pub(crate) struct Fenced {
     pub(crate) head: HeadRow,
 }
 
+/// The SQL of a fenced write's first round trip ([`WriteTx::begin_fenced`]): `BEGIN
+/// IMMEDIATE`, then one `SELECT` of the database clock (`now`), the session's fencing
+/// token, app version and head, plus `$cols` (each starting with `, `) from
+/// `durable_sessions s $join`, for the session bound last.
+macro_rules! fenced_select {
+    () => {
+        $crate::tx::fenced_select!("", "")
+    };
+    ($cols:expr, $join:expr) => {
+        concat!(
+            "BEGIN IMMEDIATE; SELECT ",
+            $crate::tx::now_sql!(),
+            " AS now, s.fence, s.app_version, ",
+            $crate::seal::head_cols!(),
+            $cols,
+            " FROM durable_sessions s",
+            $join,
+            " WHERE s.id = ?"
+        )
+    };
+}
+pub(crate) use fenced_select;
+
+/// Checks the write credential of a session row selected with [`fenced_select!`] (or
+/// `fenced`'s own query).
+fn fenced_row(row: &SqliteRow, ring: &Keyring, fence: Fence<'_>) -> Result<Fenced, StoreError> {
+    let current: i64 = rows::col(row, "fence", fence.session, None)?;
+    if current != fence.token {
+        return Err(StoreError::LeaseLost {
+            session: fence.session.clone(),
+            token: fence.token,
+        });
+    }
+    let head = seal::head_from_row(row, fence.session)?;
+    head.check(ring)?;
+    Ok(Fenced {
+        latest_version: head.latest_version,
+        app_version: rows::col(row, "app_version", fence.session, None)?,
+        head,
+    })
+}
+
 /// Checks a write credential: [`StoreError::SessionNotFound`] or
 /// [`StoreError::LeaseLost`] unless `fence.token` is the session's current token.
 ///
@@ -185,18 +323,5 @@ pub(crate) async fn fenced(
     .await
     .map_err(db)?
     .ok_or_else(|| StoreError::SessionNotFound(fence.session.clone()))?;
-    let current: i64 = rows::col(&row, "fence", fence.session, None)?;
-    if current != fence.token {
-        return Err(StoreError::LeaseLost {
-            session: fence.session.clone(),
-            token: fence.token,
-        });
-    }
-    let head = seal::head_from_row(&row, fence.session)?;
-    head.check(ring)?;
-    Ok(Fenced {
-        latest_version: head.latest_version,
-        app_version: rows::col(&row, "app_version", fence.session, None)?,
-        head,
-    })
+    fenced_row(&row, ring, fence)
 }
