@@ -19,7 +19,7 @@ use crate::error::{corrupt, db, unique_violation};
 use crate::keys;
 use crate::rows::{self, checkpoint_meta_cols, get, session_cols};
 use crate::seal::{self, RawCheckpoint};
-use crate::tx::{self, Lock, Locked, ttl_ms};
+use crate::tx::{self, Lock, Locked, Want, ttl_ms};
 
 pub(crate) async fn save_checkpoint(
     store: &PostgresStore,
@@ -27,9 +27,10 @@ pub(crate) async fn save_checkpoint(
     expected: i64,
     checkpoint: NewCheckpoint,
 ) -> Result<CheckpointMeta, StoreError> {
-    let mut tx = store.pool.begin().await.map_err(db)?;
+    let mut tx = tx::begin(&store.pool).await?;
     let ring = store.keyring();
-    let mut locked = tx::lock_fenced(&mut tx, ring, fence, Lock::Update).await?;
+    let mut locked =
+        tx::lock_fenced(&mut tx, ring, fence, Lock::Update, Want { tail: true }).await?;
     let now = locked.now;
     let meta = append_checkpoint(
         &mut tx,
@@ -208,7 +209,7 @@ pub(crate) async fn fork_session(
     // The source is checked before it is copied (head, chain, transcript), as SQLite's
     // fork does: a fork must not launder a forged transcript under fresh seals.
     load_checkpoint(store, id, Some(version)).await?;
-    let mut tx = store.pool.begin().await.map_err(db)?;
+    let mut tx = tx::begin(&store.pool).await?;
     let now = tx::now(&mut tx).await?;
     let source =
         sqlx::query("SELECT app_version, metadata, format FROM durable_sessions WHERE id = $1")
@@ -294,21 +295,7 @@ pub(crate) async fn fork_session(
     Ok((record, lease))
 }
 
-/// Where a session's transcript and checkpoint chain end: what the next checkpoint
-/// continues from.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct Tail {
-    /// The latest checkpoint's version (`None`: before version 0).
-    pub(crate) version: Option<i64>,
-    /// The last message's position (0: none).
-    pub(crate) last_seq: i64,
-    /// Messages in the transcript.
-    pub(crate) message_count: i64,
-    /// The last message's seal (`""`: none).
-    pub(crate) message_seal: String,
-    /// The latest checkpoint's seal (`""`: none, before version 0).
-    pub(crate) checkpoint_seal: String,
-}
+pub(crate) use crate::seal::Tail;
 
 /// The tail of checkpoint `version` of a session: its transcript's end and its seal.
 pub(crate) async fn tail(
@@ -350,43 +337,81 @@ pub(crate) async fn tail(
     })
 }
 
-/// Appends `messages` to a session's log after `tail`, each sealed and chained to the
-/// one before; moves `tail` to the new end.
-async fn append_messages(
-    conn: &mut PgConnection,
+/// A checkpoint and its new messages, sealed, ready to write: the messages go at
+/// `first_seq..`, each chained to the one before, the checkpoint after `tail`'s.
+struct Sealed {
+    version: i64,
+    /// The position of the first new message.
+    first_seq: i64,
+    texts: Vec<String>,
+    seals: Vec<String>,
+    row: CheckpointRowOwned,
+}
+
+/// [`CheckpointRow`]'s owned columns.
+struct CheckpointRowOwned {
+    last_seq: i64,
+    message_count: i64,
+    plan: String,
+    budget: String,
+    state: String,
+    seal: String,
+}
+
+/// Seals `checkpoint` (its messages appended after `tail`, the checkpoint chained to
+/// `tail`'s) and moves `tail` to it. Writes nothing.
+fn seal_checkpoint(
     ring: &Keyring,
     session: &SessionId,
+    app_version: &str,
     tail: &mut Tail,
-    messages: &[Value],
-    now: i64,
-) -> Result<(), StoreError> {
-    if messages.is_empty() {
-        return Ok(());
-    }
-    let texts: Vec<String> = messages.iter().map(Value::to_string).collect();
+    checkpoint: &NewCheckpoint,
+) -> Result<Sealed, StoreError> {
+    let version = tail.version.map_or(0, |v| v + 1);
+    let first_seq = tail.last_seq + 1;
+    let texts: Vec<String> = checkpoint.messages.iter().map(Value::to_string).collect();
     let mut seals = Vec::with_capacity(texts.len());
-    for (i, text) in texts.iter().enumerate() {
-        let seq = tail.last_seq + 1 + i as i64;
+    for text in &texts {
+        let seq = tail.last_seq + 1;
         tail.message_seal = seal::seal_message(ring, session, seq, text, &tail.message_seal)?;
         seals.push(tail.message_seal.clone());
+        tail.last_seq = seq;
+        tail.message_count += 1;
     }
-    sqlx::query(
-        "INSERT INTO durable_messages (session_id, seq, message, format, created_at, seal)
-         SELECT $1, $2 + t.ord, t.message, $3, $4, t.seal
-         FROM unnest($5::text[], $6::text[]) WITH ORDINALITY AS t(message, seal, ord)",
-    )
-    .bind(session.as_str())
-    .bind(tail.last_seq)
-    .bind(FORMAT_VERSION)
-    .bind(now)
-    .bind(&texts)
-    .bind(&seals)
-    .execute(&mut *conn)
-    .await
-    .map_err(db)?;
-    tail.last_seq += texts.len() as i64;
-    tail.message_count += texts.len() as i64;
-    Ok(())
+    let (plan, budget, state) = (
+        checkpoint.plan.to_string(),
+        checkpoint.budget.to_string(),
+        checkpoint.state.to_string(),
+    );
+    let sealed = RawCheckpoint {
+        session,
+        version,
+        last_seq: tail.last_seq,
+        message_count: tail.message_count,
+        last_message_seal: &tail.message_seal,
+        plan: &plan,
+        budget: &budget,
+        state: &state,
+        app_version,
+        previous: &tail.checkpoint_seal,
+    }
+    .seal(ring)?;
+    tail.checkpoint_seal.clone_from(&sealed);
+    tail.version = Some(version);
+    Ok(Sealed {
+        version,
+        first_seq,
+        texts,
+        seals,
+        row: CheckpointRowOwned {
+            last_seq: tail.last_seq,
+            message_count: tail.message_count,
+            plan,
+            budget,
+            state,
+            seal: sealed,
+        },
+    })
 }
 
 /// The stored form of a checkpoint row.
@@ -454,50 +479,47 @@ pub(crate) async fn insert_sealed_checkpoint(
     checkpoint: &NewCheckpoint,
     now: i64,
 ) -> Result<CheckpointMeta, StoreError> {
-    let version = tail.version.map_or(0, |v| v + 1);
-    append_messages(conn, ring, session, tail, &checkpoint.messages, now).await?;
-    let (plan, budget, state) = (
-        checkpoint.plan.to_string(),
-        checkpoint.budget.to_string(),
-        checkpoint.state.to_string(),
-    );
-    let sealed = RawCheckpoint {
-        session,
-        version,
-        last_seq: tail.last_seq,
-        message_count: tail.message_count,
-        last_message_seal: &tail.message_seal,
-        plan: &plan,
-        budget: &budget,
-        state: &state,
-        app_version,
-        previous: &tail.checkpoint_seal,
+    let sealed = seal_checkpoint(ring, session, app_version, tail, checkpoint)?;
+    if !sealed.texts.is_empty() {
+        sqlx::query(
+            "INSERT INTO durable_messages (session_id, seq, message, format, created_at, seal)
+             SELECT $1, $2 + t.ord - 1, t.message, $3, $4, t.seal
+             FROM unnest($5::text[], $6::text[]) WITH ORDINALITY AS t(message, seal, ord)",
+        )
+        .bind(session.as_str())
+        .bind(sealed.first_seq)
+        .bind(FORMAT_VERSION)
+        .bind(now)
+        .bind(&sealed.texts)
+        .bind(&sealed.seals)
+        .execute(&mut *conn)
+        .await
+        .map_err(db)?;
     }
-    .seal(ring)?;
-    let meta = insert_checkpoint(
+    let row = sealed.row;
+    insert_checkpoint(
         conn,
         CheckpointRow {
             session,
-            version,
-            last_seq: tail.last_seq,
-            message_count: tail.message_count,
-            plan,
-            budget,
-            state,
+            version: sealed.version,
+            last_seq: row.last_seq,
+            message_count: row.message_count,
+            plan: row.plan,
+            budget: row.budget,
+            state: row.state,
             app_version,
             format: FORMAT_VERSION,
-            seal: Some(sealed.clone()),
+            seal: Some(row.seal),
         },
         now,
     )
-    .await?;
-    tail.checkpoint_seal = sealed;
-    tail.version = Some(version);
-    Ok(meta)
+    .await
 }
 
-/// Compare-and-set append of checkpoint `expected + 1` to a session locked `FOR UPDATE`
-/// by [`lock_fenced`]: messages, checkpoint row, session row with its re-sealed head.
+/// Compare-and-set append of checkpoint `expected + 1` to a session locked by
+/// [`lock_fenced`](tx::lock_fenced) with [`Lock::Update`]: messages, checkpoint row and
+/// session row with its re-sealed head, written by one statement. Continues from
+/// `locked.tail` when the lock read it, else reads it.
 pub(crate) async fn append_checkpoint(
     conn: &mut PgConnection,
     ring: &Keyring,
@@ -514,33 +536,66 @@ pub(crate) async fn append_checkpoint(
             actual: locked.latest_version,
         });
     }
-    let version = expected + 1;
-    let mut tail = tail(conn, session, expected).await?;
-    let meta = insert_sealed_checkpoint(
-        conn,
-        ring,
-        session,
-        &locked.app_version,
-        &mut tail,
-        &checkpoint,
-        now,
-    )
-    .await?;
-    locked.latest_version = version;
+    let mut tail = match locked.tail.take() {
+        Some(tail) => tail,
+        None => tail(conn, session, expected).await?,
+    };
+    let sealed = seal_checkpoint(ring, session, &locked.app_version, &mut tail, &checkpoint)?;
+    let version = sealed.version;
     locked.head.latest_version = version;
-    locked.head.checkpoint_seal = tail.checkpoint_seal;
+    locked
+        .head
+        .checkpoint_seal
+        .clone_from(&tail.checkpoint_seal);
     locked.head.seal(ring)?;
-    sqlx::query(
-        "UPDATE durable_sessions
-         SET latest_version = $2, recovery_attempts = 0, updated_at = $3, head = $4
+    let result = sqlx::query(
+        "WITH messages AS ( \
+           INSERT INTO durable_messages (session_id, seq, message, format, created_at, seal) \
+           SELECT $1, $2 + t.ord - 1, t.message, $3, $4, t.seal \
+           FROM unnest($5::text[], $6::text[]) WITH ORDINALITY AS t(message, seal, ord)), \
+         checkpoint AS ( \
+           INSERT INTO durable_checkpoints (session_id, version, last_seq, message_count, \
+             plan, budget, state, app_version, format, created_at, seal) \
+           VALUES ($1, $7, $8, $9, $10, $11, $12, $13, $3, $4, $14)) \
+         UPDATE durable_sessions \
+         SET latest_version = $7, recovery_attempts = 0, updated_at = $4, head = $15 \
          WHERE id = $1",
     )
     .bind(session.as_str())
-    .bind(version)
+    .bind(sealed.first_seq)
+    .bind(FORMAT_VERSION)
     .bind(now)
+    .bind(&sealed.texts)
+    .bind(&sealed.seals)
+    .bind(version)
+    .bind(sealed.row.last_seq)
+    .bind(sealed.row.message_count)
+    .bind(&sealed.row.plan)
+    .bind(&sealed.row.budget)
+    .bind(&sealed.row.state)
+    .bind(&locked.app_version)
+    .bind(&sealed.row.seal)
     .bind(locked.head.head.as_deref())
     .execute(&mut *conn)
-    .await
-    .map_err(db)?;
-    Ok(meta)
+    .await;
+    match result {
+        Ok(_) => {}
+        Err(e) if unique_violation(&e).as_deref() == Some("durable_checkpoints_pkey") => {
+            return Err(StoreError::VersionConflict {
+                session: session.clone(),
+                expected,
+                actual: version,
+            });
+        }
+        Err(e) => return Err(db(e)),
+    }
+    locked.latest_version = version;
+    Ok(CheckpointMeta {
+        session: session.clone(),
+        version,
+        last_seq: sealed.row.last_seq,
+        message_count: sealed.row.message_count,
+        app_version: locked.app_version.clone(),
+        created_at: now,
+    })
 }

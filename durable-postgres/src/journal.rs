@@ -9,14 +9,16 @@ use durable_core::store::{
     CallOutcome, CallRecord, CallStatus, CheckpointMeta, FORMAT_VERSION, Fence, FinishCall,
     IssueOutcome, NewCall, NewCheckpoint,
 };
-use sqlx::postgres::PgConnection;
+use sqlx::postgres::{PgConnection, PgRow};
 
 use crate::PostgresStore;
 use crate::checkpoints;
-use crate::error::db;
+use crate::error::{db, invariant};
 use crate::rows::{call_cols, get};
-use crate::seal::{self, RawCall, checked_call_record, raw_call_cols};
-use crate::tx::{self, Lock};
+use crate::seal::{
+    self, RawCall, checked_call_record, head_cols, journal_extent_cols, raw_call_cols,
+};
+use crate::tx::{self, Lock, Want};
 
 pub(crate) async fn issue_call(
     store: &PostgresStore,
@@ -41,9 +43,30 @@ async fn insert_call(
     call: NewCall,
     finish: Option<FinishCall>,
 ) -> Result<IssueOutcome, StoreError> {
+    // The holder of the idempotency key under other arguments, the row and its head in
+    // one statement: it inserts the row only without such a holder, and counts it in the
+    // head only when it was inserted (not an identity already journaled).
+    const INSERT: &str = "WITH holder AS ( \
+           SELECT id FROM durable_tool_calls \
+           WHERE $11::text IS NOT NULL AND tool_name = $5 AND idempotency_key = $11 \
+             AND input_hash <> $6 \
+           ORDER BY issued_at, id LIMIT 1), \
+         ins AS ( \
+           INSERT INTO durable_tool_calls (id, session_id, kind, step, tool_name, input_hash, \
+             ordinal, replay_class, status, args, idempotency_key, schema_hash, attempt, \
+             fence, format, issued_at, result, error, spend, mac, finished_at, seq) \
+           SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, 1, $13, $14, $15, \
+                  $16, $17, $18, $19, $20, $21 \
+           WHERE NOT EXISTS (SELECT 1 FROM holder) \
+           ON CONFLICT (session_id, step, tool_name, input_hash, ordinal) DO NOTHING \
+           RETURNING seq), \
+         head AS ( \
+           UPDATE durable_sessions SET journal_rows = $21, head = $22 \
+           WHERE id = $2 AND EXISTS (SELECT 1 FROM ins)) \
+         SELECT (SELECT id FROM holder) AS holder, EXISTS (SELECT 1 FROM ins) AS inserted";
     let ring = store.keyring();
-    let mut tx = store.pool.begin().await.map_err(db)?;
-    let mut locked = tx::lock_fenced(&mut tx, ring, fence, Lock::Update).await?;
+    let mut tx = tx::begin(&store.pool).await?;
+    let locked = tx::lock_fenced(&mut tx, ring, fence, Lock::Update, Want::default()).await?;
     // A lease on one session cannot write into another's journal.
     if &call.identity.session != fence.session {
         return Err(StoreError::LeaseLost {
@@ -53,35 +76,18 @@ async fn insert_call(
     }
     let now = locked.now;
     let tool = &call.identity.tool;
-    let outcome = Stored::from(finish.as_ref());
     if let Some(key) = &call.idempotency_key {
-        // Serialize every use of this (tool, key) until commit, so two concurrent
-        // uses with different arguments cannot both pass the check below.
+        // Serialize every use of this (tool, key) until commit, so two concurrent uses
+        // with different arguments cannot both pass the holder check. A statement of its
+        // own: the check's snapshot must be taken after the lock is granted.
         sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended($1 || chr(31) || $2, 0))")
             .bind(tool)
             .bind(key)
             .execute(&mut *tx)
             .await
             .map_err(db)?;
-        let holder = sqlx::query(
-            "SELECT id FROM durable_tool_calls
-             WHERE tool_name = $1 AND idempotency_key = $2 AND input_hash <> $3
-             ORDER BY issued_at, id LIMIT 1",
-        )
-        .bind(tool)
-        .bind(key)
-        .bind(&call.identity.input_hash)
-        .fetch_optional(&mut *tx)
-        .await
-        .map_err(db)?;
-        if let Some(row) = holder {
-            return Err(StoreError::IdempotencyConflict {
-                tool: tool.clone(),
-                key: key.clone(),
-                existing: CallId::new(get::<String>(&row, "id")?),
-            });
-        }
     }
+    let stored = Stored::from(finish.as_ref());
     let seq = locked.head.journal_rows + 1;
     let mut raw = RawCall {
         id: call.id.as_str().to_owned(),
@@ -92,75 +98,98 @@ async fn insert_call(
         input_hash: call.identity.input_hash.clone(),
         ordinal: call.identity.ordinal,
         class: call.class.as_str().to_owned(),
-        status: outcome.status.as_str().to_owned(),
+        status: stored.status.as_str().to_owned(),
         args: call.args.to_string(),
         key: call.idempotency_key.clone(),
         schema_hash: call.schema_hash.clone(),
-        result: outcome.result,
-        error: outcome.error,
-        spend: outcome.spend,
+        result: stored.result,
+        error: stored.error,
+        spend: stored.spend,
         attempt: 1,
         seq,
         mac: None,
     };
     raw.seal(ring)?;
-    let inserted = sqlx::query(concat!(
-        "INSERT INTO durable_tool_calls (id, session_id, kind, step, tool_name, input_hash, \
-         ordinal, replay_class, status, args, idempotency_key, schema_hash, attempt, fence, \
-         format, issued_at, result, error, spend, mac, finished_at, seq) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, 1, $13, $14, $15, \
-                 $16, $17, $18, $19, $20, $21) \
-         ON CONFLICT (session_id, step, tool_name, input_hash, ordinal) DO NOTHING \
-         RETURNING ",
-        call_cols!()
-    ))
-    .bind(&raw.id)
-    .bind(&raw.session)
-    .bind(&raw.kind)
-    .bind(raw.step)
-    .bind(&raw.tool)
-    .bind(&raw.input_hash)
-    .bind(raw.ordinal)
-    .bind(&raw.class)
-    .bind(&raw.status)
-    .bind(&raw.args)
-    .bind(&raw.key)
-    .bind(&raw.schema_hash)
-    .bind(fence.token)
-    .bind(FORMAT_VERSION)
-    .bind(now)
-    .bind(&raw.result)
-    .bind(&raw.error)
-    .bind(&raw.spend)
-    .bind(&raw.mac)
-    .bind(finish.is_some().then_some(now))
-    .bind(seq)
-    .fetch_optional(&mut *tx)
-    .await
-    .map_err(db)?;
-    let outcome = match inserted {
-        Some(row) => {
-            locked.head.journal_rows = seq;
-            locked.head.store(&mut tx, ring).await?;
-            IssueOutcome::Inserted(checked_call_record(ring, &row)?)
-        }
-        None => {
-            let row = sqlx::query(concat!(
-                "SELECT ",
-                call_cols!(),
-                " FROM durable_tool_calls WHERE session_id = $1 AND step = $2 \
-                 AND tool_name = $3 AND input_hash = $4 AND ordinal = $5"
-            ))
-            .bind(call.identity.session.as_str())
-            .bind(call.identity.step)
-            .bind(tool)
-            .bind(&call.identity.input_hash)
-            .bind(call.identity.ordinal)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(db)?;
-            IssueOutcome::Existing(checked_call_record(ring, &row)?)
-        }
+    let mut head = locked.head.clone();
+    head.journal_rows = seq;
+    head.seal(ring)?;
+    let finished_at = finish.is_some().then_some(now);
+    let row = sqlx::query(INSERT)
+        .bind(&raw.id)
+        .bind(&raw.session)
+        .bind(&raw.kind)
+        .bind(raw.step)
+        .bind(&raw.tool)
+        .bind(&raw.input_hash)
+        .bind(raw.ordinal)
+        .bind(&raw.class)
+        .bind(&raw.status)
+        .bind(&raw.args)
+        .bind(&raw.key)
+        .bind(&raw.schema_hash)
+        .bind(fence.token)
+        .bind(FORMAT_VERSION)
+        .bind(now)
+        .bind(&raw.result)
+        .bind(&raw.error)
+        .bind(&raw.spend)
+        .bind(&raw.mac)
+        .bind(finished_at)
+        .bind(seq)
+        .bind(head.head.as_deref())
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(db)?;
+    if let Some(existing) = get::<Option<String>>(&row, "holder")? {
+        return Err(StoreError::IdempotencyConflict {
+            tool: tool.clone(),
+            key: call.idempotency_key.clone().unwrap_or_default(),
+            existing: CallId::new(existing),
+        });
+    }
+    let outcome = if get::<bool>(&row, "inserted")? {
+        // The row as written: nothing is read back.
+        let (result, error, spend) = match finish {
+            Some(FinishCall { outcome, spend }) => match outcome {
+                CallOutcome::Completed(v) => (Some(v), None, spend),
+                CallOutcome::Failed(v) => (None, Some(v), spend),
+            },
+            None => (None, None, None),
+        };
+        IssueOutcome::Inserted(CallRecord {
+            id: call.id,
+            kind: call.kind,
+            identity: call.identity,
+            class: call.class,
+            status: stored.status,
+            args: call.args,
+            idempotency_key: call.idempotency_key,
+            schema_hash: call.schema_hash,
+            result,
+            error,
+            spend,
+            mac: raw.mac,
+            attempt: 1,
+            fence: fence.token,
+            issued_at: now,
+            finished_at,
+        })
+    } else {
+        let row = sqlx::query(concat!(
+            "SELECT ",
+            call_cols!(),
+            " FROM durable_tool_calls WHERE session_id = $1 AND step = $2 \
+             AND tool_name = $3 AND input_hash = $4 AND ordinal = $5"
+        ))
+        .bind(call.identity.session.as_str())
+        .bind(call.identity.step)
+        .bind(tool)
+        .bind(&call.identity.input_hash)
+        .bind(call.identity.ordinal)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(db)?;
+        IssueOutcome::Existing(checked_call_record(ring, &row)?)
     };
     tx.commit().await.map_err(db)?;
     Ok(outcome)
@@ -172,9 +201,9 @@ pub(crate) async fn reissue_call(
     call: &CallId,
 ) -> Result<CallRecord, StoreError> {
     let ring = store.keyring();
-    let mut tx = store.pool.begin().await.map_err(db)?;
-    tx::lock_fenced(&mut tx, ring, fence, Lock::Share).await?;
-    let (mut raw, _) = lock_call(&mut tx, ring, call, Some(fence)).await?;
+    let mut tx = tx::begin(&store.pool).await?;
+    let (_, mut raw, _) =
+        lock_session_and_call(&mut tx, ring, fence, call, Lock::Share, Want::default()).await?;
     if !matches!(
         CallStatus::parse(&raw.status),
         Some(CallStatus::Issued | CallStatus::NotHappened)
@@ -216,14 +245,14 @@ pub(crate) async fn finish_call(
     checkpoint: Option<(i64, NewCheckpoint)>,
 ) -> Result<Option<CheckpointMeta>, StoreError> {
     let ring = store.keyring();
-    let mut tx = store.pool.begin().await.map_err(db)?;
-    let lock = if checkpoint.is_some() {
-        Lock::Update
+    let mut tx = tx::begin(&store.pool).await?;
+    let (lock, want) = if checkpoint.is_some() {
+        (Lock::Update, Want { tail: true })
     } else {
-        Lock::Share
+        (Lock::Share, Want::default())
     };
-    let mut locked = tx::lock_fenced(&mut tx, ring, fence, lock).await?;
-    let (mut raw, _) = lock_call(&mut tx, ring, call, Some(fence)).await?;
+    let (mut locked, mut raw, _) =
+        lock_session_and_call(&mut tx, ring, fence, call, lock, want).await?;
     if raw.status != CallStatus::Issued.as_str() {
         return Err(StoreError::CallNotInDoubt {
             call: call.clone(),
@@ -292,27 +321,178 @@ pub(crate) async fn calls(
     session: &SessionId,
     step: Option<i64>,
 ) -> Result<Vec<CallRecord>, StoreError> {
+    match step {
+        Some(step) => step_calls(store, session, step).await,
+        None => journal_calls(store, session, false).await,
+    }
+}
+
+pub(crate) async fn issued_calls(
+    store: &PostgresStore,
+    session: &SessionId,
+) -> Result<Vec<CallRecord>, StoreError> {
+    journal_calls(store, session, true).await
+}
+
+/// The whole journal of a session (or only its `issued` rows, from their partial index),
+/// checked complete: the head, the count of the session's rows (from the index of
+/// positions alone) and the rows in one statement, so one snapshot.
+async fn journal_calls(
+    store: &PostgresStore,
+    session: &SessionId,
+    issued_only: bool,
+) -> Result<Vec<CallRecord>, StoreError> {
+    const ALL: &str = concat!(
+        "WITH h AS (SELECT ",
+        head_cols!(),
+        " FROM durable_sessions s WHERE s.id = $1), \
+         e AS (SELECT ",
+        journal_extent_cols!(),
+        " FROM durable_tool_calls WHERE session_id = $1) \
+         SELECT h.*, e.*, c.* FROM h CROSS JOIN e \
+         LEFT JOIN durable_tool_calls c ON c.session_id = $1 ORDER BY c.seq"
+    );
+    const ISSUED: &str = concat!(
+        "WITH h AS (SELECT ",
+        head_cols!(),
+        " FROM durable_sessions s WHERE s.id = $1), \
+         e AS (SELECT ",
+        journal_extent_cols!(),
+        " FROM durable_tool_calls WHERE session_id = $1) \
+         SELECT h.*, e.*, c.* FROM h CROSS JOIN e \
+         LEFT JOIN durable_tool_calls c ON c.session_id = $1 AND c.status = 'issued' \
+         ORDER BY c.seq"
+    );
     let ring = store.keyring();
-    // One snapshot: the head, the completeness count and the rows agree.
-    let mut tx = tx::begin_snapshot(&store.pool).await?;
-    let head = seal::checked_head(&mut tx, ring, session).await?;
-    seal::check_journal_complete(&mut tx, &head).await?;
-    let found = sqlx::query(concat!(
-        "SELECT ",
+    let found = sqlx::query(if issued_only { ISSUED } else { ALL })
+        .bind(session.as_str())
+        .fetch_all(&store.pool)
+        .await
+        .map_err(db)?;
+    let first = found
+        .first()
+        .ok_or_else(|| StoreError::SessionNotFound(session.clone()))?;
+    let head = seal::head_from_row(first, session)?;
+    head.check(ring)?;
+    seal::journal_complete(&head, first)?;
+    checked_rows(ring, &found)
+}
+
+/// One step's rows, checked complete without reading the rest of the journal (see
+/// [`seal::step_complete`]): the head, the step's rows and the rows at either end of
+/// them, in one statement, so one snapshot. Every position is looked up by the unique
+/// index of `(session_id, seq)`, the step's rows by the identity index, which leads with
+/// `(session_id, step)`.
+async fn step_calls(
+    store: &PostgresStore,
+    session: &SessionId,
+    step: i64,
+) -> Result<Vec<CallRecord>, StoreError> {
+    const SQL: &str = concat!(
+        "WITH h AS (SELECT ",
+        head_cols!(),
+        " FROM durable_sessions s WHERE s.id = $1), \
+         r AS (SELECT ",
         call_cols!(),
-        " FROM durable_tool_calls WHERE session_id = $1 AND ($2::bigint IS NULL OR step = $2) \
-         ORDER BY seq"
+        " FROM durable_tool_calls WHERE session_id = $1 AND step = $2), \
+         e AS (SELECT count(*) AS step_rows, min(seq) AS step_first, max(seq) AS step_last \
+               FROM r) \
+         SELECT h.*, e.*, \
+           (SELECT step FROM durable_tool_calls \
+            WHERE session_id = $1 AND seq = e.step_first - 1) AS before_step, \
+           (SELECT step FROM durable_tool_calls \
+            WHERE session_id = $1 AND seq = e.step_last + 1) AS after_step, \
+           CASE WHEN e.step_rows = 0 THEN \
+             (SELECT max(seq) FROM durable_tool_calls WHERE session_id = $1 AND step = \
+               (SELECT max(step) FROM durable_tool_calls WHERE session_id = $1 AND step < $2)) \
+           END AS previous_seq, \
+           CASE WHEN e.step_rows = 0 THEN \
+             (SELECT min(seq) FROM durable_tool_calls WHERE session_id = $1 AND step = \
+               (SELECT min(step) FROM durable_tool_calls WHERE session_id = $1 AND step > $2)) \
+           END AS next_seq, \
+           r.* \
+         FROM h CROSS JOIN e LEFT JOIN r ON true ORDER BY r.seq"
+    );
+    let ring = store.keyring();
+    let found = sqlx::query(SQL)
+        .bind(session.as_str())
+        .bind(step)
+        .fetch_all(&store.pool)
+        .await
+        .map_err(db)?;
+    let head = step_head(ring, session, &found)?;
+    if step_extent(step, &found)?.check(&head).is_ok() {
+        return checked_rows(ring, &found);
+    }
+    // Not the layout the runtime writes (a step's rows in one run, between an earlier
+    // step's and a later one's), or rows are missing: read again in one snapshot with the
+    // whole journal's count. Steps written out of order (a store used directly) pass it.
+    let mut tx = tx::begin_snapshot(&store.pool).await?;
+    let found = sqlx::query(SQL)
+        .bind(session.as_str())
+        .bind(step)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db)?;
+    let whole = sqlx::query(concat!(
+        "SELECT ",
+        journal_extent_cols!(),
+        " FROM durable_tool_calls WHERE session_id = $1"
     ))
     .bind(session.as_str())
-    .bind(step)
-    .fetch_all(&mut *tx)
+    .fetch_one(&mut *tx)
     .await
     .map_err(db)?;
     tx.commit().await.map_err(db)?;
-    found
-        .iter()
-        .map(|row| checked_call_record(ring, row))
-        .collect()
+    let head = step_head(ring, session, &found)?;
+    if let Err(missing) = step_extent(step, &found)?.check(&head) {
+        // The step's own check names the missing position.
+        seal::journal_complete(&head, &whole).map_err(|_| missing)?;
+    }
+    checked_rows(ring, &found)
+}
+
+/// The checked head of a [`step_calls`] read.
+fn step_head(
+    ring: &Keyring,
+    session: &SessionId,
+    found: &[PgRow],
+) -> Result<seal::HeadRow, StoreError> {
+    let first = found
+        .first()
+        .ok_or_else(|| StoreError::SessionNotFound(session.clone()))?;
+    let head = seal::head_from_row(first, session)?;
+    head.check(ring)?;
+    Ok(head)
+}
+
+/// Where the step of a [`step_calls`] read sits in the journal.
+fn step_extent(step: i64, found: &[PgRow]) -> Result<seal::StepExtent, StoreError> {
+    let Some(first) = found.first() else {
+        return Err(invariant("a step read without its head row"));
+    };
+    Ok(seal::StepExtent {
+        step,
+        rows: get(first, "step_rows")?,
+        first: get(first, "step_first")?,
+        last: get(first, "step_last")?,
+        before: get(first, "before_step")?,
+        after: get(first, "after_step")?,
+        previous: get(first, "previous_seq")?,
+        next: get(first, "next_seq")?,
+    })
+}
+
+/// Decodes the journal rows of a read that joined them to its head (a row without an
+/// `id`: the session has none), each after checking its seal.
+fn checked_rows(ring: &Keyring, found: &[PgRow]) -> Result<Vec<CallRecord>, StoreError> {
+    let mut calls = Vec::with_capacity(found.len());
+    for row in found {
+        if get::<Option<String>>(row, "id")?.is_some() {
+            calls.push(checked_call_record(ring, row)?);
+        }
+    }
+    Ok(calls)
 }
 
 pub(crate) async fn in_doubt(
@@ -369,7 +549,65 @@ impl From<Option<&FinishCall>> for Stored {
     }
 }
 
-/// Locks a call row `FOR UPDATE`, checks its seal, and returns its sealed columns and
+/// Locks the session row (as `lock`, checking the fence and the head as
+/// [`tx::lock_fenced`] does) and then the call row (as [`lock_call`]) in one statement,
+/// the same lock order as every fenced write. Returns what both learn. When the statement
+/// finds no pair (no such session or call), the two are locked by statements of their own,
+/// which say which is missing.
+async fn lock_session_and_call(
+    conn: &mut PgConnection,
+    ring: &Keyring,
+    fence: Fence<'_>,
+    call: &CallId,
+    lock: Lock,
+    want: Want,
+) -> Result<(tx::Locked, RawCall, i64), StoreError> {
+    macro_rules! pair {
+        ({ $($tail:tt)* }, $lock:literal) => {
+            concat!(
+                "SELECT ",
+                tx::locked_cols!(),
+                $($tail)*,
+                ", c.id, c.session_id, c.kind, c.step, c.tool_name, c.input_hash, c.ordinal, \
+                 c.replay_class, c.status, c.args, c.idempotency_key, c.schema_hash, c.result, \
+                 c.error, c.spend, c.attempt, c.seq, c.mac, c.fence AS call_fence \
+                 FROM durable_sessions s JOIN durable_tool_calls c ON c.id = $2 \
+                 WHERE s.id = $1 FOR ",
+                $lock,
+                " OF s FOR NO KEY UPDATE OF c"
+            )
+        };
+    }
+    let sql = match (lock, want.tail) {
+        (Lock::Share, false) => pair!({ "" }, "SHARE"),
+        (Lock::Share, true) => pair!({ tx::tail_cols!() }, "SHARE"),
+        (Lock::Update, false) => pair!({ "" }, "NO KEY UPDATE"),
+        (Lock::Update, true) => pair!({ tx::tail_cols!() }, "NO KEY UPDATE"),
+    };
+    let found = sqlx::query(sql)
+        .bind(fence.session.as_str())
+        .bind(call.as_str())
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(db)?;
+    let Some(row) = found else {
+        let locked = tx::lock_fenced(&mut *conn, ring, fence, lock, want).await?;
+        let (raw, row_fence) = lock_call(&mut *conn, ring, call, Some(fence)).await?;
+        return Ok((locked, raw, row_fence));
+    };
+    let locked = tx::locked_from_row(&mut *conn, ring, fence, &row, want).await?;
+    let raw = RawCall::from_row(&row)?;
+    raw.check(ring)?;
+    if raw.session != fence.session.as_str() {
+        return Err(StoreError::LeaseLost {
+            session: SessionId::new(raw.session),
+            token: fence.token,
+        });
+    }
+    Ok((locked, raw, get(&row, "call_fence")?))
+}
+
+/// Locks a call row `FOR NO KEY UPDATE`, checks its seal, and returns its sealed columns and
 /// fence. With `fence`, a call of another session is [`StoreError::LeaseLost`]: a lease
 /// on one session cannot touch another's journal.
 pub(crate) async fn lock_call(
@@ -381,7 +619,7 @@ pub(crate) async fn lock_call(
     let row = sqlx::query(concat!(
         "SELECT ",
         raw_call_cols!(),
-        ", fence FROM durable_tool_calls WHERE id = $1 FOR UPDATE"
+        ", fence FROM durable_tool_calls WHERE id = $1 FOR NO KEY UPDATE"
     ))
     .bind(call.as_str())
     .fetch_optional(&mut *conn)

@@ -12,7 +12,7 @@ use sqlx::postgres::PgConnection;
 use crate::PostgresStore;
 use crate::error::db;
 use crate::rows::{self, get, session_cols};
-use crate::tx::{self, Lock, ttl_ms};
+use crate::tx::{self, Lock, Want, ttl_ms};
 
 pub(crate) async fn acquire_lease(
     store: &PostgresStore,
@@ -22,7 +22,7 @@ pub(crate) async fn acquire_lease(
     max_attempts: i32,
 ) -> Result<Lease, StoreError> {
     durable_core::validate::validate_owner(owner)?;
-    let mut tx = store.pool.begin().await.map_err(db)?;
+    let mut tx = tx::begin(&store.pool).await?;
     let now = tx::now(&mut tx).await?;
     let row = sqlx::query(
         "SELECT status, lease_owner, lease_expires_at, recovery_attempts
@@ -81,10 +81,16 @@ pub(crate) async fn renew_lease(
     lease: &Lease,
     ttl: Duration,
 ) -> Result<Lease, StoreError> {
-    let mut tx = store.pool.begin().await.map_err(db)?;
-    let now = tx::lock_fenced(&mut tx, store.keyring(), lease.fence(), Lock::Update)
-        .await?
-        .now;
+    let mut tx = tx::begin(&store.pool).await?;
+    let now = tx::lock_fenced(
+        &mut tx,
+        store.keyring(),
+        lease.fence(),
+        Lock::Update,
+        Want::default(),
+    )
+    .await?
+    .now;
     let expires = now.saturating_add(ttl_ms(ttl));
     // Lease bookkeeping is not a session update: `updated_at` stays (as in SQLite).
     sqlx::query("UPDATE durable_sessions SET lease_expires_at = $2 WHERE id = $1")
@@ -122,7 +128,7 @@ pub(crate) async fn claim_expired(
 ) -> Result<Option<Lease>, StoreError> {
     durable_core::validate::validate_owner(owner)?;
     loop {
-        let mut tx = store.pool.begin().await.map_err(db)?;
+        let mut tx = tx::begin(&store.pool).await?;
         let now = tx::now(&mut tx).await?;
         // SKIP LOCKED: a row another claimer is looking at is not a candidate for us,
         // so concurrent workers on many machines never claim the same session.
@@ -182,7 +188,7 @@ pub(crate) async fn unpark_session(
     store: &PostgresStore,
     id: &SessionId,
 ) -> Result<SessionRecord, StoreError> {
-    let mut tx = store.pool.begin().await.map_err(db)?;
+    let mut tx = tx::begin(&store.pool).await?;
     let now = tx::now(&mut tx).await?;
     let updated = sqlx::query(concat!(
         "UPDATE durable_sessions SET status = 'active', status_reason = NULL, \

@@ -85,7 +85,7 @@ pub(crate) async fn retarget_session(
     migrate: RetargetSession,
 ) -> Result<SessionRecord, StoreError> {
     migrate.validate()?;
-    let mut tx = store.pool.begin().await.map_err(db)?;
+    let mut tx = tx::begin(&store.pool).await?;
     let current = tx::session(&mut tx, &migrate.session, Some(Lock::Update)).await?;
     if current.app_version != migrate.from_version {
         return Err(StoreError::AppVersionMismatch {
@@ -197,7 +197,7 @@ pub(crate) async fn purge_session(
     id: &SessionId,
     retention: Duration,
 ) -> Result<PurgeOutcome, StoreError> {
-    let mut tx = store.pool.begin().await.map_err(db)?;
+    let mut tx = tx::begin(&store.pool).await?;
     let session = tx::session(&mut tx, id, Some(Lock::Update)).await?;
     if !session.status.is_terminal() {
         return Ok(PurgeOutcome::NotTerminal);

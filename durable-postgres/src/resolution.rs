@@ -21,7 +21,7 @@ pub(crate) async fn resolve_call(
 ) -> Result<CallRecord, StoreError> {
     resolve.validate()?;
     let ring = store.keyring();
-    let mut tx = store.pool.begin().await.map_err(db)?;
+    let mut tx = tx::begin(&store.pool).await?;
     let session = sqlx::query("SELECT session_id FROM durable_tool_calls WHERE id = $1")
         .bind(resolve.call.as_str())
         .fetch_optional(&mut *tx)

@@ -223,23 +223,38 @@ pub(crate) async fn checked_head(
     Ok(head)
 }
 
+/// The aggregates [`journal_complete`] reads, over one session's journal rows.
+macro_rules! journal_extent_cols {
+    () => {
+        "count(*) AS n, COALESCE(max(seq), 0) AS top, COALESCE(min(seq), 1) AS bottom"
+    };
+}
+pub(crate) use journal_extent_cols;
+
 /// Checks that the session's journal holds exactly rows `1..=head.journal_rows`: a
 /// deleted row leaves a gap or a short count, an inserted one a long count.
 pub(crate) async fn check_journal_complete(
     conn: &mut PgConnection,
     head: &HeadRow,
 ) -> Result<(), StoreError> {
-    let row = sqlx::query(
-        "SELECT count(*) AS n, COALESCE(max(seq), 0) AS top, COALESCE(min(seq), 1) AS bottom \
-         FROM durable_tool_calls WHERE session_id = $1",
-    )
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        journal_extent_cols!(),
+        " FROM durable_tool_calls WHERE session_id = $1"
+    ))
     .bind(head.session.as_str())
     .fetch_one(conn)
     .await
     .map_err(db)?;
-    let n: i64 = get(&row, "n")?;
-    let top: i64 = get(&row, "top")?;
-    let bottom: i64 = get(&row, "bottom")?;
+    journal_complete(head, &row)
+}
+
+/// Checks the [`journal_extent_cols!`] of a session against its head (see
+/// [`check_journal_complete`]).
+pub(crate) fn journal_complete(head: &HeadRow, row: &PgRow) -> Result<(), StoreError> {
+    let n: i64 = get(row, "n")?;
+    let top: i64 = get(row, "top")?;
+    let bottom: i64 = get(row, "bottom")?;
     if n != head.journal_rows || top != head.journal_rows || bottom != 1 {
         return Err(StoreError::Tampered {
             session: head.session.clone(),
@@ -251,6 +266,102 @@ pub(crate) async fn check_journal_complete(
         });
     }
     Ok(())
+}
+
+/// Where one step's rows sit in its session's journal, read beside them (see
+/// [`StepExtent::check`]). Positions are `seq`s.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StepExtent {
+    /// The step.
+    pub(crate) step: i64,
+    /// How many rows the step has.
+    pub(crate) rows: i64,
+    /// Its first and last row's position (`None` without rows).
+    pub(crate) first: Option<i64>,
+    pub(crate) last: Option<i64>,
+    /// The steps of the rows at `first - 1` and `last + 1` (`None`: no row there).
+    pub(crate) before: Option<i64>,
+    pub(crate) after: Option<i64>,
+    /// Without rows: the last position of the nearest earlier step and the first of the
+    /// nearest later one (`None`: there is none).
+    pub(crate) previous: Option<i64>,
+    pub(crate) next: Option<i64>,
+}
+
+impl StepExtent {
+    /// Checks that one step's rows are complete without counting the whole journal.
+    ///
+    /// The runtime only moves steps forward, so a step's rows are one run of positions,
+    /// after every earlier step's and before every later one's. With rows at `a..=b`:
+    /// `b - a + 1` of them, `b` within the head's count, and rows of an earlier step at
+    /// `a - 1` (unless `a` is 1) and of a later one at `b + 1` (unless `b` is the last). A
+    /// deleted first or last row leaves a missing neighbour, a deleted middle row a short
+    /// count. Without rows: the nearest earlier step's last row and the nearest later
+    /// step's first are adjacent, so a whole step deleted leaves a gap between them.
+    ///
+    /// An error names what is missing; it is conclusive only for that layout (a store
+    /// used directly may write steps out of order, and then the whole journal is counted).
+    pub(crate) fn check(&self, head: &HeadRow) -> Result<(), StoreError> {
+        let n = head.journal_rows;
+        let k = self.step;
+        let tampered = |detail: String| StoreError::Tampered {
+            session: head.session.clone(),
+            what: "the journal".to_owned(),
+            detail,
+        };
+        let (Some(a), Some(b)) = (self.first, self.last) else {
+            let p = self.previous.unwrap_or(0);
+            let q = self.next.unwrap_or(n + 1);
+            if q == p + 1 && p <= n {
+                return Ok(());
+            }
+            return Err(tampered(format!(
+                "step {k} has no rows, and the rows around it end at seq {p} and resume at seq {q} (the session head records {n} rows): the rows at seq {}..={} are missing",
+                p + 1,
+                q - 1
+            )));
+        };
+        if a < 1 || b > n {
+            return Err(tampered(format!(
+                "step {k} holds rows at seq {a}..={b} but the session head records {n} rows: rows were inserted"
+            )));
+        }
+        if self.rows != b - a + 1 {
+            return Err(tampered(format!(
+                "step {k} holds {} rows at seq {a}..={b}: a row between them is missing",
+                self.rows
+            )));
+        }
+        if a > 1 && self.before.is_none_or(|s| s >= k) {
+            return Err(tampered(format!(
+                "the row at seq {} (before step {k}'s first, seq {a}) is missing",
+                a - 1
+            )));
+        }
+        if b < n && self.after.is_none_or(|s| s <= k) {
+            return Err(tampered(format!(
+                "the row at seq {} (after step {k}'s last, seq {b}) is missing",
+                b + 1
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Where a session's transcript and checkpoint chain end: what the next checkpoint
+/// continues from.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Tail {
+    /// The latest checkpoint's version (`None`: before version 0).
+    pub(crate) version: Option<i64>,
+    /// The last message's position (0: none).
+    pub(crate) last_seq: i64,
+    /// Messages in the transcript.
+    pub(crate) message_count: i64,
+    /// The last message's seal (`""`: none).
+    pub(crate) message_seal: String,
+    /// The latest checkpoint's seal (`""`: none, before version 0).
+    pub(crate) checkpoint_seal: String,
 }
 
 /// The seal of message `seq`, chained to `previous`.

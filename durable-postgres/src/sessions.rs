@@ -12,14 +12,14 @@ use crate::checkpoints;
 use crate::error::db;
 use crate::rows::{self, session_cols};
 use crate::seal::HeadRow;
-use crate::tx::{self, Lock, ttl_ms};
+use crate::tx::{self, Lock, Want, ttl_ms};
 
 pub(crate) async fn create_session(
     store: &PostgresStore,
     new: NewSession,
 ) -> Result<(SessionRecord, Lease), StoreError> {
     durable_core::validate::validate_new_session(&new.id, &new.owner, &new.app_version)?;
-    let mut tx = store.pool.begin().await.map_err(db)?;
+    let mut tx = tx::begin(&store.pool).await?;
     let now = tx::now(&mut tx).await?;
     let expires = now.saturating_add(ttl_ms(new.lease_ttl));
     let row = sqlx::query(concat!(
@@ -116,10 +116,16 @@ pub(crate) async fn set_status(
     if let Some(reason) = reason {
         durable_core::validate::validate_text("status reason", reason)?;
     }
-    let mut tx = store.pool.begin().await.map_err(db)?;
-    let now = tx::lock_fenced(&mut tx, store.keyring(), fence, Lock::Update)
-        .await?
-        .now;
+    let mut tx = tx::begin(&store.pool).await?;
+    let now = tx::lock_fenced(
+        &mut tx,
+        store.keyring(),
+        fence,
+        Lock::Update,
+        Want::default(),
+    )
+    .await?
+    .now;
     let releases = status.is_terminal() || status == SessionStatus::Parked;
     sqlx::query(
         "UPDATE durable_sessions

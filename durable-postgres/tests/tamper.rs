@@ -56,16 +56,27 @@ impl Tamperer for Raw {
                     .await
             }
             Tamper::SwapCallSeqs { a, b } => {
-                sqlx::query(
-                    "UPDATE durable_tool_calls SET seq = CASE id \
-                 WHEN $1 THEN (SELECT seq FROM durable_tool_calls WHERE id = $2) \
-                 ELSE (SELECT seq FROM durable_tool_calls WHERE id = $1) END \
-                 WHERE id IN ($1, $2)",
-                )
-                .bind(a.as_str())
-                .bind(b.as_str())
-                .execute(pool)
-                .await
+                // One row at a time through a free position: `(session_id, seq)` is unique.
+                let seq = |id: &str| {
+                    sqlx::query_scalar::<_, i64>("SELECT seq FROM durable_tool_calls WHERE id = $1")
+                        .bind(id.to_owned())
+                        .fetch_one(pool)
+                };
+                let (x, y) = (
+                    seq(a.as_str()).await.expect("a's seq"),
+                    seq(b.as_str()).await.expect("b's seq"),
+                );
+                let mut tx = pool.begin().await.expect("begin");
+                let mut moved = Default::default();
+                for (id, to) in [(a, -x), (b, x), (a, y)] {
+                    moved = sqlx::query("UPDATE durable_tool_calls SET seq = $2 WHERE id = $1")
+                        .bind(id.as_str())
+                        .bind(to)
+                        .execute(&mut *tx)
+                        .await
+                        .expect("move a row");
+                }
+                tx.commit().await.map(|()| moved)
             }
             Tamper::SetMessage {
                 session,
