@@ -98,6 +98,7 @@ fn store_code(e: &StoreError) -> Code {
         | StoreError::VersionConflict { .. }
         | StoreError::CallNotInDoubt { .. }
         | StoreError::IdempotencyConflict { .. }
+        | StoreError::StepClosed { .. }
         | StoreError::AppVersionMismatch { .. }
         | StoreError::NotDurable { .. } => Code::Refused,
         StoreError::InvalidId { .. } | StoreError::InvalidText { .. } => Code::InvalidInput,

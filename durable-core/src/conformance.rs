@@ -196,6 +196,7 @@ macro_rules! __durable_conformance_cases {
             journal_finish_with_checkpoint_is_atomic,
             journal_reissue_bumps_attempt,
             journal_calls_filter_and_order,
+            journal_refuses_a_call_of_a_closed_step,
             journal_record_call_inserts_finished_row,
             // in doubt + resolution
             in_doubt_requires_a_lost_lease,

@@ -118,6 +118,23 @@ pub enum StoreError {
         /// The call that holds the key.
         existing: CallId,
     },
+    /// A call of a step that the session has already left: its journal holds rows of a
+    /// later step. Steps only move forward (a checkpoint advances them), which keeps a
+    /// step's rows contiguous in the journal; a call that started before a checkpoint
+    /// and reached the store after it (a cloned [`Journal`](crate::Journal) racing
+    /// [`Session::checkpoint`](crate::Session::checkpoint)) is refused, and nothing is
+    /// written.
+    #[error(
+        "call in step {step} of session `{session}` reached the store after step {latest} began: a checkpoint ended its step while it ran; finish a step's calls before checkpointing"
+    )]
+    StepClosed {
+        /// The session.
+        session: SessionId,
+        /// The call's step.
+        step: i64,
+        /// The step of the session's latest journal row.
+        latest: i64,
+    },
     /// The session is not on the app version the operation expects.
     #[error("session `{session}` is on app version `{actual}`, not `{expected}`")]
     AppVersionMismatch {

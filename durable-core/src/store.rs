@@ -785,6 +785,11 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// (and synced) before this returns. If `call.idempotency_key` is set and a row of
     /// the same tool holds that key with another `input_hash`, fails with
     /// [`StoreError::IdempotencyConflict`] and writes nothing.
+    ///
+    /// Steps only move forward: a call whose step is before the step of the session's
+    /// latest journal row is refused with [`StoreError::StepClosed`] and writes nothing.
+    /// So a step's rows are contiguous in the journal, which lets
+    /// [`calls`](Self::calls) check one step's completeness without reading the rest.
     async fn issue_call(&self, fence: Fence<'_>, call: NewCall)
     -> Result<IssueOutcome, StoreError>;
 
@@ -794,7 +799,8 @@ pub trait CheckpointStore: Send + Sync + 'static {
     ///
     /// # Contract
     /// One atomic, fenced transaction (one commit): insert-or-get on the identity
-    /// exactly as [`issue_call`](Self::issue_call), but a new row is written with status
+    /// exactly as [`issue_call`](Self::issue_call) (with its idempotency-key and step
+    /// checks), but a new row is written with status
     /// `completed`/`failed` from `finish`, attempt 1 and `finished_at` set.
     async fn record_call(
         &self,

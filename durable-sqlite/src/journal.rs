@@ -198,25 +198,70 @@ pub(crate) async fn calls(
     step: Option<i64>,
 ) -> Result<Vec<CallRecord>, StoreError> {
     let ring = store.keyring();
-    // One snapshot: the head, the completeness count and the rows agree.
+    // One snapshot: the head, the completeness checks and the rows agree.
+    let mut rtx = store.reader().begin().await.map_err(db)?;
+    let head = seal::checked_head(&mut rtx, ring, session).await?;
+    let found = match step {
+        // `+c.seq`: read the step by the identity index, which leads with
+        // (session_id, step), and sort its few rows; ordering by the position index
+        // would walk the whole session.
+        Some(step) => {
+            let found = sqlx::query(concat!(
+                "SELECT ",
+                call_cols!(),
+                " FROM durable_tool_calls c WHERE c.session_id = ? AND c.step = ? \
+                 ORDER BY +c.seq"
+            ))
+            .bind(session.as_str())
+            .bind(step)
+            .fetch_all(&mut *rtx)
+            .await
+            .map_err(db)?;
+            let seqs = found
+                .iter()
+                .map(|row| rows::col::<i64>(row, "seq", session, None))
+                .collect::<Result<Vec<_>, _>>()?;
+            seal::check_step_complete(&mut rtx, &head, step, &seqs).await?;
+            found
+        }
+        None => {
+            seal::check_journal_complete(&mut rtx, &head).await?;
+            sqlx::query(concat!(
+                "SELECT ",
+                call_cols!(),
+                " FROM durable_tool_calls c WHERE c.session_id = ? ORDER BY c.seq"
+            ))
+            .bind(session.as_str())
+            .fetch_all(&mut *rtx)
+            .await
+            .map_err(db)?
+        }
+    };
+    rtx.commit().await.map_err(db)?;
+    found
+        .iter()
+        .map(|row| checked_call_record(ring, row))
+        .collect()
+}
+
+/// The session's `issued` rows, from the partial index of issued rows: the head and the
+/// journal's completeness (counted from the position index alone) are checked in the
+/// same snapshot, so a deleted issued row is [`StoreError::Tampered`].
+pub(crate) async fn issued_calls(
+    store: &SqliteStore,
+    session: &SessionId,
+) -> Result<Vec<CallRecord>, StoreError> {
+    let ring = store.keyring();
     let mut rtx = store.reader().begin().await.map_err(db)?;
     let head = seal::checked_head(&mut rtx, ring, session).await?;
     seal::check_journal_complete(&mut rtx, &head).await?;
-    let found = match step {
-        Some(step) => sqlx::query(concat!(
-            "SELECT ",
-            call_cols!(),
-            " FROM durable_tool_calls c WHERE c.session_id = ? AND c.step = ? ORDER BY c.seq"
-        ))
-        .bind(session.as_str())
-        .bind(step),
-        None => sqlx::query(concat!(
-            "SELECT ",
-            call_cols!(),
-            " FROM durable_tool_calls c WHERE c.session_id = ? ORDER BY c.seq"
-        ))
-        .bind(session.as_str()),
-    }
+    let found = sqlx::query(concat!(
+        "SELECT ",
+        call_cols!(),
+        " FROM durable_tool_calls c WHERE c.session_id = ? AND c.status = 'issued' \
+         ORDER BY c.seq"
+    ))
+    .bind(session.as_str())
     .fetch_all(&mut *rtx)
     .await
     .map_err(db)?;
@@ -270,6 +315,15 @@ macro_rules! key_holder_col {
     };
 }
 
+/// The step of the session's latest journal row (by position, from the index), which a
+/// new row's step may not be before.
+macro_rules! latest_step_col {
+    () => {
+        ", (SELECT l.step FROM durable_tool_calls l WHERE l.session_id = s.id \
+         AND l.seq = s.journal_rows) AS latest_step"
+    };
+}
+
 /// `issue_call` (`finish = None`: status `issued`) and `record_call` (the outcome is
 /// written with the new row): fence check, idempotency-key check, then insert-or-get on
 /// the call identity. A new row is sealed at the next position of the session's journal,
@@ -303,18 +357,37 @@ async fn insert_call(
         }
     };
     let (tx, mut fenced, row) = match &call.idempotency_key {
-        None => WriteTx::begin_fenced(store.writer(), ring, fence, fenced_select!(), |q| q).await?,
+        None => {
+            WriteTx::begin_fenced(
+                store.writer(),
+                ring,
+                fence,
+                fenced_select!(latest_step_col!(), ""),
+                |q| q,
+            )
+            .await?
+        }
         Some(key) => {
             WriteTx::begin_fenced(
                 store.writer(),
                 ring,
                 fence,
-                fenced_select!(key_holder_col!(), ""),
+                fenced_select!(concat!(latest_step_col!(), key_holder_col!()), ""),
                 |q| q.bind(&identity.tool).bind(key).bind(&identity.input_hash),
             )
             .await?
         }
     };
+    let latest: Option<i64> = rows::col(&row, "latest_step", fence.session, None)?;
+    if let Some(latest) = latest.filter(|&latest| identity.step < latest) {
+        return tx
+            .finish(Err(StoreError::StepClosed {
+                session: identity.session.clone(),
+                step: identity.step,
+                latest,
+            }))
+            .await;
+    }
     if let Some(key) = &call.idempotency_key {
         let holder: Option<String> = rows::col(&row, "key_holder", fence.session, None)?;
         if let Some(existing) = holder {

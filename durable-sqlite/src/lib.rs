@@ -506,6 +506,6 @@ mod tests {
     #[test]
     fn migrations_use_our_tracking_table() {
         assert_eq!(migrations().table_name, MIGRATIONS_TABLE);
-        assert_eq!(schema_version(), 2, "0001_init and 0002_seals");
+        assert_eq!(schema_version(), 3, "0001_init, 0002_seals and 0003_speed");
     }
 }

@@ -295,6 +295,82 @@ pub(crate) async fn check_journal_complete(
     Ok(())
 }
 
+/// Checks that a step's rows, at positions `seqs` (ascending), are all of that step's
+/// rows, without reading the rest of the journal.
+///
+/// A step's rows are contiguous in the journal (steps only move forward: every row is
+/// written at its session's current step, which a checkpoint advances), so it suffices
+/// that they have no gap and that the positions just before and after them hold rows
+/// (of other steps) unless they are the journal's ends; for a step without rows, that
+/// the last row before it and the first after it are neighbours. A deleted row of the
+/// step, at its edge or inside it, or all of them, is [`StoreError::Tampered`].
+pub(crate) async fn check_step_complete(
+    conn: &mut SqliteConnection,
+    head: &HeadRow,
+    step: i64,
+    seqs: &[i64],
+) -> Result<(), StoreError> {
+    let n = head.journal_rows;
+    let tampered = |detail: String| StoreError::Tampered {
+        session: head.session.clone(),
+        what: format!("the journal (step {step})"),
+        detail,
+    };
+    let (Some(&first), Some(&last)) = (seqs.first(), seqs.last()) else {
+        let row = sqlx::query(
+            "SELECT \
+             (SELECT MAX(seq) FROM durable_tool_calls WHERE session_id = ?1 AND step = \
+               (SELECT step FROM durable_tool_calls WHERE session_id = ?1 AND step < ?2 \
+                ORDER BY step DESC LIMIT 1)) AS before, \
+             (SELECT MIN(seq) FROM durable_tool_calls WHERE session_id = ?1 AND step = \
+               (SELECT step FROM durable_tool_calls WHERE session_id = ?1 AND step > ?2 \
+                ORDER BY step LIMIT 1)) AS after",
+        )
+        .bind(head.session.as_str())
+        .bind(step)
+        .fetch_one(conn)
+        .await
+        .map_err(db)?;
+        let before: Option<i64> = row.try_get("before").map_err(db)?;
+        let after: Option<i64> = row.try_get("after").map_err(db)?;
+        let (before, after) = (before.unwrap_or(0), after.unwrap_or(n + 1));
+        if after != before + 1 || after > n + 1 {
+            return Err(tampered(format!(
+                "the step has no rows, but the journal jumps from position {before} to \
+                 {after} around it (the session head records {n} rows): rows were deleted"
+            )));
+        }
+        return Ok(());
+    };
+    let count = i64::try_from(seqs.len()).unwrap_or(i64::MAX);
+    if first < 1 || last > n || last - first + 1 != count {
+        return Err(tampered(format!(
+            "the step's {count} rows sit at positions {first}..={last} of a journal of {n} \
+             rows: rows were deleted or inserted"
+        )));
+    }
+    // The neighbours by position; 0 and n + 1 never hold a row.
+    let expected = i64::from(first > 1) + i64::from(last < n);
+    let found: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM durable_tool_calls WHERE session_id = ? AND seq IN (?, ?)",
+    )
+    .bind(head.session.as_str())
+    .bind(first - 1)
+    .bind(last + 1)
+    .fetch_one(conn)
+    .await
+    .map_err(db)?;
+    if found != expected {
+        return Err(tampered(format!(
+            "the rows next to the step's (positions {} and {}) are missing or extra: rows \
+             were deleted or inserted",
+            first - 1,
+            last + 1
+        )));
+    }
+    Ok(())
+}
+
 /// The seal of message `seq`, chained to `previous`.
 pub(crate) fn seal_message(
     ring: &Keyring,

@@ -177,6 +177,10 @@ impl CheckpointStore for SqliteStore {
         journal::calls(self, session, step).await
     }
 
+    async fn issued_calls(&self, session: &SessionId) -> Result<Vec<CallRecord>, StoreError> {
+        journal::issued_calls(self, session).await
+    }
+
     async fn in_doubt(&self, session: Option<&SessionId>) -> Result<Vec<CallRecord>, StoreError> {
         journal::in_doubt(self, session).await
     }

@@ -10,7 +10,7 @@ use durable_core::conformance::tamper::{Tamper, Tamperer, run_tamper_cases};
 use durable_core::integrity::Keyring;
 use durable_core::store::{CallOutcome, CheckpointStore, FinishCall};
 use durable_core::transcript::Message;
-use durable_core::{Durable, ReplayClass, StartOptions, StoreError, ToolSpec};
+use durable_core::{CallId, Durable, ReplayClass, StartOptions, StoreError, ToolSpec};
 use durable_sqlite::{SqliteStore, SqliteStoreOptions};
 use serde_json::json;
 use sqlx::{AssertSqlSafe, SqlitePool};
@@ -52,16 +52,29 @@ impl Tamperer for Raw {
                     .execute(pool)
                     .await
             }
-            Tamper::SwapCallSeqs { a, b } => sqlx::query(
-                "UPDATE durable_tool_calls SET seq = CASE id \
-                 WHEN ?1 THEN (SELECT seq FROM durable_tool_calls WHERE id = ?2) \
-                 ELSE (SELECT seq FROM durable_tool_calls WHERE id = ?1) END \
-                 WHERE id IN (?1, ?2)",
-            )
-            .bind(a.as_str())
-            .bind(b.as_str())
-            .execute(pool)
-            .await,
+            // Through a free position: positions are unique per session, checked row
+            // by row.
+            Tamper::SwapCallSeqs { a, b } => {
+                let seq = |id: &CallId| {
+                    sqlx::query_scalar::<_, i64>("SELECT seq FROM durable_tool_calls WHERE id = ?")
+                        .bind(id.as_str().to_owned())
+                        .fetch_one(pool)
+                };
+                let (seq_a, seq_b) = (seq(a).await.expect("seq a"), seq(b).await.expect("seq b"));
+                sqlx::query(
+                    "BEGIN; \
+                     UPDATE durable_tool_calls SET seq = -1 WHERE id = ?1; \
+                     UPDATE durable_tool_calls SET seq = ?3 WHERE id = ?2; \
+                     UPDATE durable_tool_calls SET seq = ?4 WHERE id = ?1; \
+                     COMMIT",
+                )
+                .bind(a.as_str())
+                .bind(b.as_str())
+                .bind(seq_a)
+                .bind(seq_b)
+                .execute(pool)
+                .await
+            }
             Tamper::SetMessage {
                 session,
                 seq,

@@ -166,11 +166,12 @@ pub async fn journal_identity_components_are_distinct(store: Arc<dyn CheckpointS
         tool_call(&session.id, 0, "t", "h", 0),
     )
     .await;
+    // The later step last: steps only move forward.
     let variants = [
         tool_call(&session.id, 0, "t", "h", 1),
-        tool_call(&session.id, 1, "t", "h", 0),
         tool_call(&session.id, 0, "u", "h", 0),
         tool_call(&session.id, 0, "t", "h2", 0),
+        tool_call(&session.id, 1, "t", "h", 0),
     ];
     for call in variants {
         let r = insert(&*store, lease.fence(), call).await;
@@ -266,7 +267,7 @@ pub async fn journal_idempotency_key_conflict(store: Arc<dyn CheckpointStore>) {
     // Same key, same hash, another step: the upstream sees the same request again.
     insert(&*store, lease.fence(), keyed(1, "pay", "amount-10", 0)).await;
     // The key belongs to a tool: another tool may use the same string.
-    insert(&*store, lease.fence(), keyed(0, "refund", "amount-99", 0)).await;
+    insert(&*store, lease.fence(), keyed(1, "refund", "amount-99", 0)).await;
     // Keys are upstream deduplication keys, so the check spans sessions.
     let (other, other_lease) = create(&*store, &owner("w2")).await;
     let mut cross = tool_call(&other.id, 0, "pay", "amount-77", 0);

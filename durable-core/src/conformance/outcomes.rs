@@ -304,13 +304,14 @@ pub async fn journal_reissue_bumps_attempt(store: Arc<dyn CheckpointStore>) {
 /// `calls` lists rows in issue order, optionally one step; model rows round-trip.
 pub async fn journal_calls_filter_and_order(store: Arc<dyn CheckpointStore>) {
     let (session, lease) = create(&*store, &owner("w")).await;
-    // Names and steps chosen so that neither id, name nor step order is issue order.
+    // Names chosen so that neither id nor name order is issue order; step 2 has no
+    // rows (steps only move forward, so a step's rows are contiguous).
     let plan = [
-        (2, "zeta"),
+        (1, "zeta"),
         (1, "alpha"),
-        (2, "alpha"),
-        (1, "mid"),
-        (1, "alpha"),
+        (3, "alpha"),
+        (3, "mid"),
+        (3, "alpha"),
     ];
     let mut issued = Vec::new();
     for (i, (step, tool)) in plan.into_iter().enumerate() {
@@ -328,7 +329,7 @@ pub async fn journal_calls_filter_and_order(store: Arc<dyn CheckpointStore>) {
         kind: CallKind::Model,
         identity: CallIdentity {
             session: session.id.clone(),
-            step: 1,
+            step: 3,
             tool: "model".to_owned(),
             input_hash: String::new(),
             ordinal: 0,
@@ -379,6 +380,23 @@ pub async fn journal_calls_filter_and_order(store: Arc<dyn CheckpointStore>) {
             .is_empty(),
         "calls of an empty step"
     );
+    assert!(
+        store
+            .calls(&session.id, Some(2))
+            .await
+            .expect("calls(step 2), between steps with rows")
+            .is_empty(),
+        "calls of an empty step between two others"
+    );
+    let step3 = store
+        .calls(&session.id, Some(3))
+        .await
+        .expect("calls(step 3)");
+    assert_eq!(
+        step3.iter().map(|r| &r.id).collect::<Vec<_>>(),
+        issued[2..].iter().map(|r| &r.id).collect::<Vec<_>>(),
+        "calls(Some(3)) must hold step 3, the model row last"
+    );
 
     // Finishing a row does not move it.
     store
@@ -390,6 +408,80 @@ pub async fn journal_calls_filter_and_order(store: Arc<dyn CheckpointStore>) {
         after.iter().map(|r| &r.id).collect::<Vec<_>>(),
         issued.iter().map(|r| &r.id).collect::<Vec<_>>(),
         "finishing a row reordered calls()"
+    );
+    // Every row was issued; the first one is finished now.
+    let issued_now = store.issued_calls(&session.id).await.expect("issued_calls");
+    assert_eq!(
+        issued_now.iter().map(|r| &r.id).collect::<Vec<_>>(),
+        issued[1..].iter().map(|r| &r.id).collect::<Vec<_>>(),
+        "issued_calls must hold exactly the rows still issued, in issue order"
+    );
+}
+
+/// Steps only move forward: a call of a step before the latest row's is refused with
+/// `StepClosed` by `issue_call` and `record_call`, and writes nothing; the same step and
+/// later ones are accepted.
+pub async fn journal_refuses_a_call_of_a_closed_step(store: Arc<dyn CheckpointStore>) {
+    let (session, lease) = create(&*store, &owner("w")).await;
+    insert(
+        &*store,
+        lease.fence(),
+        tool_call(&session.id, 4, "a", "h", 0),
+    )
+    .await;
+    let late = tool_call(&session.id, 3, "b", "h", 0);
+    for (how, got) in [
+        (
+            "issue_call",
+            store.issue_call(lease.fence(), late.clone()).await,
+        ),
+        (
+            "record_call",
+            store
+                .record_call(lease.fence(), late.clone(), completed(json!(1)))
+                .await,
+        ),
+    ] {
+        match got {
+            Err(StoreError::StepClosed {
+                session: s,
+                step,
+                latest,
+            }) => assert_eq!(
+                (s, step, latest),
+                (session.id.clone(), 3, 4),
+                "{how}: StepClosed fields"
+            ),
+            other => panic!(
+                "{how} of a call in step 3 after a row of step 4 must be StepClosed, got {other:?}"
+            ),
+        }
+    }
+    assert_eq!(
+        store.calls(&session.id, None).await.expect("calls").len(),
+        1,
+        "a refused call of a closed step wrote a row"
+    );
+    insert(
+        &*store,
+        lease.fence(),
+        tool_call(&session.id, 4, "c", "h", 0),
+    )
+    .await;
+    insert(
+        &*store,
+        lease.fence(),
+        tool_call(&session.id, 9, "d", "h", 0),
+    )
+    .await;
+    assert_eq!(
+        store
+            .calls(&session.id, Some(4))
+            .await
+            .expect("step 4")
+            .len(),
+        2,
+        "the latest step and later ones accept calls"
     );
 }
 

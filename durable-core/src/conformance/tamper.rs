@@ -405,4 +405,116 @@ pub async fn run_tamper_cases(store: Arc<dyn CheckpointStore>, tamperer: &dyn Ta
         Err(StoreError::Tampered { .. }) => {}
         other => panic!("deleted resolution: read as {other:?}"),
     }
+
+    step_reads_detect_deleted_rows(store, tamperer).await;
+}
+
+/// Journal layouts (rows per step, steps 1, 2, …), some generated from a fixed seed.
+fn step_layouts() -> Vec<Vec<usize>> {
+    let mut layouts = vec![vec![1], vec![3], vec![2, 0, 3, 1], vec![0, 1, 0, 0, 2]];
+    // A small LCG, so the layouts are the same on every run and every backend.
+    let mut x: u64 = 0x2545_f491_4f6c_dd1d;
+    for _ in 0..4 {
+        let steps = 2 + (x % 4) as usize;
+        let mut layout = Vec::with_capacity(steps);
+        for _ in 0..steps {
+            x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
+            layout.push(((x >> 33) % 4) as usize);
+        }
+        if layout.iter().all(|&n| n == 0) {
+            layout[0] = 1;
+        }
+        layouts.push(layout);
+    }
+    layouts
+}
+
+/// A session whose journal has `layout[i]` rows in step `i + 1`, written through the
+/// store; returns it and each row's (id, step).
+async fn session_with_layout(
+    store: &Arc<dyn CheckpointStore>,
+    layout: &[usize],
+) -> (SessionId, Vec<(CallId, i64)>) {
+    let (session, lease) = super::create(&**store, &super::owner("steps")).await;
+    let mut rows = Vec::new();
+    for (i, &n) in layout.iter().enumerate() {
+        let step = i as i64 + 1;
+        for ordinal in 0..n {
+            let call = super::tool_call(&session.id, step, "t", "h", ordinal as i64);
+            let row = super::journal::insert(&**store, lease.fence(), call).await;
+            rows.push((row.id, step));
+        }
+    }
+    (session.id, rows)
+}
+
+/// One step's rows are read without the rest of the journal (issue 11), yet a deleted
+/// row of that step is still detected: at its start, its end, inside it, or the whole
+/// step, for every row of a set of generated layouts (steps with and without rows).
+async fn step_reads_detect_deleted_rows(store: &Arc<dyn CheckpointStore>, tamperer: &dyn Tamperer) {
+    for layout in step_layouts() {
+        let steps = layout.len() as i64;
+        // Untouched, every step (and the one after the last) reads clean.
+        let (id, rows) = session_with_layout(store, &layout).await;
+        for step in 1..=steps + 1 {
+            let got = store.calls(&id, Some(step)).await.unwrap_or_else(|e| {
+                panic!("layout {layout:?}: step {step} of an untouched journal: {e}")
+            });
+            let want = rows.iter().filter(|(_, s)| *s == step).count();
+            assert_eq!(got.len(), want, "layout {layout:?}: rows of step {step}");
+        }
+        // Each row deleted in turn.
+        for victim in 0..rows.len() {
+            let (id, rows) = session_with_layout(store, &layout).await;
+            let (call, step) = rows[victim].clone();
+            tamperer
+                .apply(Tamper::DeleteCall { call: call.clone() })
+                .await;
+            match store.calls(&id, Some(step)).await {
+                Err(StoreError::Tampered { .. }) => {}
+                other => panic!(
+                    "layout {layout:?}: row {victim} (step {step}) deleted, the step read as {other:?}"
+                ),
+            }
+        }
+        // The issued rows (all of them here: `insert` issues) read as the whole
+        // journal; one deleted is detected, whichever step it was in.
+        let (id, rows) = session_with_layout(store, &layout).await;
+        let issued = store.issued_calls(&id).await.expect("issued_calls");
+        assert_eq!(
+            issued.iter().map(|r| &r.id).collect::<Vec<_>>(),
+            rows.iter().map(|(c, _)| c).collect::<Vec<_>>(),
+            "layout {layout:?}: issued_calls"
+        );
+        if let Some((call, step)) = rows.first() {
+            tamperer
+                .apply(Tamper::DeleteCall { call: call.clone() })
+                .await;
+            match store.issued_calls(&id).await {
+                Err(StoreError::Tampered { .. }) => {}
+                other => panic!(
+                    "layout {layout:?}: the issued row of step {step} deleted, issued_calls read {other:?}"
+                ),
+            }
+        }
+        // Each step with rows deleted whole.
+        for (i, &n) in layout.iter().enumerate() {
+            if n == 0 {
+                continue;
+            }
+            let step = i as i64 + 1;
+            let (id, rows) = session_with_layout(store, &layout).await;
+            for (call, _) in rows.iter().filter(|(_, s)| *s == step) {
+                tamperer
+                    .apply(Tamper::DeleteCall { call: call.clone() })
+                    .await;
+            }
+            match store.calls(&id, Some(step)).await {
+                Err(StoreError::Tampered { .. }) => {}
+                other => {
+                    panic!("layout {layout:?}: step {step} deleted whole, it read as {other:?}")
+                }
+            }
+        }
+    }
 }
