@@ -9,40 +9,56 @@ use durable_core::store::{
     Checkpoint, CheckpointMeta, FORMAT_VERSION, Fence, Lease, NewCheckpoint, SessionRecord,
 };
 use durable_core::{SessionId, StoreError};
-use sqlx::SqliteConnection;
+use sqlx::sqlite::{SqliteArguments, SqliteRow};
+use sqlx::{Arguments, AssertSqlSafe, SqliteConnection};
 
 use crate::SqliteStore;
 use crate::error::{check_format, corrupt, db, parse_json};
 use crate::keys;
 use crate::rows::{self, json, meta_cols, parse_snapshot_ref, snapshot_ref, snapshot_text};
 use crate::seal::{self, RawCheckpoint};
-use crate::tx::{self, Fenced, WriteTx, millis};
+use crate::tx::{self, Fenced, SqliteQuery, WriteTx, millis};
 
+/// Two round trips to SQLite's worker thread: `BEGIN IMMEDIATE` with one `SELECT` (clock,
+/// fence, head, the latest checkpoint's tail: see [`latest_checkpoint_select!`]), then
+/// the messages, the checkpoint, the session row and `COMMIT` ([`append_checkpoint`]).
 pub(crate) async fn save_checkpoint(
     store: &SqliteStore,
     fence: Fence<'_>,
     expected: i64,
     checkpoint: NewCheckpoint,
 ) -> Result<CheckpointMeta, StoreError> {
-    let mut tx = WriteTx::begin(store.writer()).await?;
+    let ring = store.keyring();
+    let (tx, mut fenced, row) = WriteTx::begin_fenced(
+        store.writer(),
+        ring,
+        fence,
+        latest_checkpoint_select!("", ""),
+        |q| q,
+    )
+    .await?;
     let now = tx.now;
-    let result = async {
-        let conn = tx.conn();
-        let ring = store.keyring();
-        let mut fenced = tx::fenced(&mut *conn, ring, fence).await?;
+    let mut statements = Statements::new();
+    let appended = LatestCheckpoint::from_row(&row, fence.session).and_then(|latest| {
         append_checkpoint(
-            conn,
+            &mut statements,
             ring,
             now,
             fence.session,
             &mut fenced,
+            &latest,
             expected,
             &checkpoint,
         )
-        .await
+    });
+    match appended {
+        Ok(meta) => {
+            statements.push("COMMIT");
+            tx.commit_with(statements.query()).await?;
+            Ok(meta)
+        }
+        Err(e) => tx.finish(Err(e)).await,
     }
-    .await;
-    tx.finish(result).await
 }
 
 pub(crate) async fn load_checkpoint(
@@ -316,12 +332,167 @@ pub(crate) async fn fork_session(
 
 /// Compare-and-set checkpoint write for a session whose fence was checked: fails with
 /// [`StoreError::VersionConflict`] unless the latest version is `expected`.
-pub(crate) async fn append_checkpoint(
-    conn: &mut SqliteConnection,
+/// The SQL of a fenced write that may append a checkpoint: [`fenced_select!`] with the
+/// session's number and the latest checkpoint's tail (joined as `p`): its position in
+/// the log, its seal, the seal of its last message and its snapshots resolved to their
+/// text (a stored `@k` is looked up in version `k`), with the version holding each
+/// (`…_holder`). `$cols` and `$join` add more, as in [`fenced_select!`].
+macro_rules! latest_checkpoint_select {
+    ($cols:expr, $join:expr) => {
+        $crate::tx::fenced_select!(
+            concat!(
+                ", s.num, p.version AS p_version, p.last_seq AS p_last_seq, \
+                 p.message_count AS p_message_count, \
+                 (SELECT m.seal FROM durable_messages m \
+                  WHERE m.session_num = s.num AND m.seq = p.last_seq) AS p_message_seal, \
+                 EXISTS (SELECT 1 FROM durable_messages m \
+                  WHERE m.session_num = s.num AND m.seq = p.last_seq) AS p_message_found",
+                $crate::checkpoints::snapshot_cols!("plan"),
+                $crate::checkpoints::snapshot_cols!("budget"),
+                $crate::checkpoints::snapshot_cols!("state"),
+                $cols
+            ),
+            concat!(
+                " LEFT JOIN durable_checkpoints p ON p.session_num = s.num \
+                 AND p.version = s.latest_version",
+                $join
+            )
+        )
+    };
+}
+pub(crate) use latest_checkpoint_select;
+
+/// The text of snapshot column `$c` of checkpoint `p` (a reference resolved) as
+/// `p_$c`, and the version holding it as `p_$c_holder` (see `rows::snapshot_ref`).
+macro_rules! snapshot_cols {
+    ($c:literal) => {
+        concat!(
+            ", CASE WHEN p.",
+            $c,
+            " LIKE '@%' THEN (SELECT h.",
+            $c,
+            " FROM durable_checkpoints h WHERE h.session_num = s.num \
+             AND h.version = CAST(substr(p.",
+            $c,
+            ", 2) AS INTEGER)) ELSE p.",
+            $c,
+            " END AS p_",
+            $c,
+            ", CASE WHEN p.",
+            $c,
+            " LIKE '@%' THEN CAST(substr(p.",
+            $c,
+            ", 2) AS INTEGER) ELSE p.version END AS p_",
+            $c,
+            "_holder"
+        )
+    };
+}
+pub(crate) use snapshot_cols;
+
+/// The latest checkpoint's tail, read with [`latest_checkpoint_select!`].
+pub(crate) struct LatestCheckpoint {
+    session_num: i64,
+    last_seq: i64,
+    message_count: i64,
+    /// The seal of the log's last message (`""` before the first).
+    message_seal: String,
+    /// Each snapshot's text and the version holding it, when it is text (a reference
+    /// that does not resolve to text is stored in full by the next checkpoint).
+    snapshots: [Option<(String, i64)>; 3],
+}
+
+impl LatestCheckpoint {
+    pub(crate) fn from_row(row: &SqliteRow, session: &SessionId) -> Result<Self, StoreError> {
+        let version: Option<i64> = rows::col(row, "p_version", session, None)?;
+        let Some(version) = version else {
+            let latest: i64 = rows::col(row, "latest_version", session, None)?;
+            return Err(StoreError::Tampered {
+                session: session.clone(),
+                what: format!("checkpoint {latest}"),
+                detail: "it is missing".to_owned(),
+            });
+        };
+        let v = Some(version);
+        let last_seq: i64 = rows::col(row, "p_last_seq", session, v)?;
+        let found: bool = rows::col(row, "p_message_found", session, v)?;
+        if last_seq > 0 && !found {
+            return Err(StoreError::Tampered {
+                session: session.clone(),
+                what: format!("message {last_seq}"),
+                detail: "it is missing from the transcript".to_owned(),
+            });
+        }
+        let snapshot = |column: &str| -> Result<Option<(String, i64)>, StoreError> {
+            let text: Option<String> = rows::col(row, &format!("p_{column}"), session, v)?;
+            let holder: i64 = rows::col(row, &format!("p_{column}_holder"), session, v)?;
+            Ok(text
+                .filter(|t| parse_snapshot_ref(t).is_none())
+                .map(|t| (t, holder)))
+        };
+        Ok(LatestCheckpoint {
+            session_num: rows::col(row, "num", session, v)?,
+            last_seq,
+            message_count: rows::col(row, "p_message_count", session, v)?,
+            message_seal: rows::col::<Option<String>>(row, "p_message_seal", session, v)?
+                .unwrap_or_default(),
+            snapshots: [snapshot("plan")?, snapshot("budget")?, snapshot("state")?],
+        })
+    }
+}
+
+/// Statements with their parameters, built up to be run in one round trip.
+pub(crate) struct Statements {
+    pub(crate) sql: String,
+    args: SqliteArguments,
+}
+
+impl Statements {
+    pub(crate) fn new() -> Self {
+        Statements {
+            sql: String::new(),
+            args: SqliteArguments::default(),
+        }
+    }
+
+    /// Appends `sql` (`; `-separated from what is there) and its parameters.
+    pub(crate) fn push(&mut self, sql: &str) -> &mut Self {
+        if !self.sql.is_empty() {
+            self.sql.push_str("; ");
+        }
+        self.sql.push_str(sql);
+        self
+    }
+
+    /// Binds the next parameter.
+    pub(crate) fn bind<T>(&mut self, value: T) -> Result<&mut Self, StoreError>
+    where
+        T: for<'a> sqlx::Encode<'a, sqlx::Sqlite> + sqlx::Type<sqlx::Sqlite>,
+    {
+        self.args
+            .add(value)
+            .map_err(|e| db(sqlx::Error::Encode(e)))?;
+        Ok(self)
+    }
+
+    /// The query, to run once.
+    pub(crate) fn query(self) -> SqliteQuery<'static> {
+        sqlx::query_with(AssertSqlSafe(self.sql), self.args)
+    }
+}
+
+/// Compare-and-set append of checkpoint `expected + 1` after `latest` (checked against
+/// the fenced session's latest version), with its messages: adds the statements that
+/// write it (the messages, the checkpoint and the session row with its re-sealed head)
+/// to `out`, for the caller to run in its transaction.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn append_checkpoint(
+    out: &mut Statements,
     ring: &Keyring,
     now: i64,
     session: &SessionId,
     fenced: &mut Fenced,
+    latest: &LatestCheckpoint,
     expected: i64,
     checkpoint: &NewCheckpoint,
 ) -> Result<CheckpointMeta, StoreError> {
@@ -333,30 +504,97 @@ pub(crate) async fn append_checkpoint(
         });
     }
     let version = expected + 1;
-    let (meta, checkpoint_seal) = insert_sealed_checkpoint(
-        &mut *conn,
-        ring,
-        now,
+    // Unchanged snapshots are stored as a reference to the version holding their text.
+    let mut stored = Vec::with_capacity(3);
+    let mut texts = Vec::with_capacity(3);
+    for (value, previous) in [&checkpoint.plan, &checkpoint.budget, &checkpoint.state]
+        .into_iter()
+        .zip(&latest.snapshots)
+    {
+        let text = json(value)?;
+        stored.push(match previous {
+            Some((previous, holder)) if *previous == text => snapshot_ref(*holder),
+            _ => text.clone(),
+        });
+        texts.push(text);
+    }
+    let (mut last_seq, mut message_count) = (latest.last_seq, latest.message_count);
+    let mut message_seal = latest.message_seal.clone();
+    if !checkpoint.messages.is_empty() {
+        out.push(
+            "INSERT INTO durable_messages (session_num, seq, message, format, created_at, seal) \
+             VALUES ",
+        );
+        for (i, message) in checkpoint.messages.iter().enumerate() {
+            last_seq += 1;
+            message_count += 1;
+            let text = json(message)?;
+            message_seal = seal::seal_message(ring, session, last_seq, &text, &message_seal)?;
+            out.sql.push_str(if i == 0 {
+                "(?, ?, ?, ?, ?, ?)"
+            } else {
+                ", (?, ?, ?, ?, ?, ?)"
+            });
+            out.bind(latest.session_num)?
+                .bind(last_seq)?
+                .bind(text)?
+                .bind(FORMAT_VERSION)?
+                .bind(now)?
+                .bind(message_seal.clone())?;
+        }
+    }
+    let checkpoint_seal = RawCheckpoint {
         session,
-        &fenced.app_version,
         version,
-        checkpoint,
+        last_seq,
+        message_count,
+        last_message_seal: &message_seal,
+        plan: &texts[0],
+        budget: &texts[1],
+        state: &texts[2],
+        app_version: &fenced.app_version,
+        previous: &fenced.head.checkpoint_seal,
+    }
+    .seal(ring)?;
+    let [plan, budget, state]: [String; 3] = stored
+        .try_into()
+        .map_err(|_| corrupt(session, Some(version), "snapshot columns"))?;
+    out.push(
+        "INSERT INTO durable_checkpoints (session_num, version, last_seq, message_count, plan, \
+         budget, state, app_version, format, created_at, seal) \
+         VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
     )
-    .await?;
-    sqlx::query(
-        "UPDATE durable_sessions SET latest_version = ?, recovery_attempts = 0, updated_at = ? \
-         WHERE id = ?",
-    )
-    .bind(version)
-    .bind(now)
-    .bind(session.as_str())
-    .execute(&mut *conn)
-    .await
-    .map_err(db)?;
+    .bind(latest.session_num)?
+    .bind(version)?
+    .bind(last_seq)?
+    .bind(message_count)?
+    .bind(plan)?
+    .bind(budget)?
+    .bind(state)?
+    .bind(fenced.app_version.clone())?
+    .bind(FORMAT_VERSION)?
+    .bind(now)?
+    .bind(checkpoint_seal.clone())?;
     fenced.latest_version = version;
     fenced.head.latest_version = version;
     fenced.head.checkpoint_seal = checkpoint_seal;
-    fenced.head.store(conn, ring).await?;
+    fenced.head.reseal(ring)?;
+    out.push(
+        "UPDATE durable_sessions SET latest_version = ?, recovery_attempts = 0, updated_at = ?, \
+         head = ? WHERE num = ?",
+    )
+    .bind(version)?
+    .bind(now)?
+    .bind(fenced.head.head.clone())?
+    .bind(latest.session_num)?;
+    let meta = CheckpointMeta {
+        session: session.clone(),
+        version,
+        last_seq,
+        message_count,
+        app_version: fenced.app_version.clone(),
+        created_at: now,
+    };
     Ok(meta)
 }
 

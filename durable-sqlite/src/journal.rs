@@ -11,12 +11,12 @@ use sqlx::SqliteConnection;
 use sqlx::sqlite::SqliteRow;
 
 use crate::SqliteStore;
-use crate::checkpoints;
+use crate::checkpoints::{self, LatestCheckpoint, Statements};
 use crate::error::db;
 use crate::rows;
 use crate::rows::{call_cols, json, opt_json};
 use crate::seal::{self, RawCall, checked_call_record, raw_call_cols};
-use crate::tx::{self, WriteTx, fenced_select, now_sql};
+use crate::tx::{WriteTx, fenced_select, now_sql};
 
 pub(crate) async fn issue_call(
     store: &SqliteStore,
@@ -116,9 +116,10 @@ pub(crate) async fn reissue_call(
     tx.finish(result).await
 }
 
-/// Records an issued call's outcome (and, atomically, a checkpoint). Without a
-/// checkpoint, two round trips: `BEGIN IMMEDIATE` with one `SELECT` (clock, fence, head,
-/// the row's sealed columns), then the `UPDATE` and `COMMIT`.
+/// Records an issued call's outcome (and, atomically, a checkpoint). Two round trips:
+/// `BEGIN IMMEDIATE` with one `SELECT` (clock, fence, head, the row's sealed columns and,
+/// with a checkpoint, the latest checkpoint's tail), then the `UPDATE`, the checkpoint's
+/// statements and `COMMIT`.
 pub(crate) async fn finish_call(
     store: &SqliteStore,
     fence: Fence<'_>,
@@ -129,13 +130,18 @@ pub(crate) async fn finish_call(
     let ring = store.keyring();
     let (status, result, error) = outcome_columns(&finish.outcome)?;
     let spend = opt_json(finish.spend.as_ref())?;
-    let (mut tx, mut fenced, row) =
-        WriteTx::begin_fenced(store.writer(), ring, fence, fenced_call_select!(), |q| {
-            q.bind(call.as_str())
-        })
-        .await?;
+    let sql = match checkpoint {
+        None => fenced_call_select!(),
+        Some(_) => checkpoints::latest_checkpoint_select!(
+            concat!(", ", raw_call_cols!()),
+            " LEFT JOIN durable_tool_calls c ON c.id = ?"
+        ),
+    };
+    let (tx, mut fenced, row) =
+        WriteTx::begin_fenced(store.writer(), ring, fence, sql, |q| q.bind(call.as_str())).await?;
     let now = tx.now;
-    let checked = fenced_call(&row, ring, fence, call).and_then(|mut raw| {
+    let mut out = Statements::new();
+    let written = fenced_call(&row, ring, fence, call).and_then(|mut raw| {
         if raw.status != CallStatus::Issued.as_str() {
             return Err(StoreError::CallNotInDoubt {
                 call: call.clone(),
@@ -147,44 +153,43 @@ pub(crate) async fn finish_call(
         raw.error = error;
         raw.spend = spend;
         raw.seal(ring)?;
-        Ok(raw)
-    });
-    let raw = match checked {
-        Ok(raw) => raw,
-        Err(e) => return tx.finish(Err(e)).await,
-    };
-    macro_rules! update_sql {
-        () => {
+        out.push(
             "UPDATE durable_tool_calls SET status = ?, result = ?, error = ?, spend = ?, \
-             mac = ?, finished_at = ? WHERE id = ?"
-        };
+             mac = ?, finished_at = ? WHERE id = ?",
+        )
+        .bind(raw.status)?
+        .bind(raw.result)?
+        .bind(raw.error)?
+        .bind(raw.spend)?
+        .bind(raw.mac)?
+        .bind(now)?
+        .bind(call.as_str().to_owned())?;
+        match &checkpoint {
+            None => Ok(None),
+            Some((expected, cp)) => {
+                let latest = LatestCheckpoint::from_row(&row, fence.session)?;
+                checkpoints::append_checkpoint(
+                    &mut out,
+                    ring,
+                    now,
+                    fence.session,
+                    &mut fenced,
+                    &latest,
+                    *expected,
+                    cp,
+                )
+                .map(Some)
+            }
+        }
+    });
+    match written {
+        Ok(meta) => {
+            out.push("COMMIT");
+            tx.commit_with(out.query()).await?;
+            Ok(meta)
+        }
+        Err(e) => tx.finish(Err(e)).await,
     }
-    let bind = |q: tx::SqliteQuery<'static>| {
-        q.bind(&raw.status)
-            .bind(raw.result.as_deref())
-            .bind(raw.error.as_deref())
-            .bind(raw.spend.as_deref())
-            .bind(raw.mac.as_deref())
-            .bind(now)
-            .bind(call.as_str())
-    };
-    let Some((expected, cp)) = checkpoint else {
-        tx.commit_with(concat!(update_sql!(), "; COMMIT"), bind)
-            .await?;
-        return Ok(None);
-    };
-    let result = async {
-        let conn = tx.conn();
-        bind(sqlx::query(update_sql!()))
-            .execute(&mut *conn)
-            .await
-            .map_err(db)?;
-        checkpoints::append_checkpoint(conn, ring, now, fence.session, &mut fenced, expected, &cp)
-            .await
-            .map(Some)
-    }
-    .await;
-    tx.finish(result).await
 }
 
 pub(crate) async fn call(store: &SqliteStore, id: &CallId) -> Result<CallRecord, StoreError> {
@@ -432,16 +437,15 @@ async fn insert_call(
     let finished_at = finish.is_some().then_some(now);
     let done = tx
         .commit_with(
-            "INSERT INTO durable_tool_calls (id, session_id, kind, step, tool_name, input_hash, \
+            sqlx::query("INSERT INTO durable_tool_calls (id, session_id, kind, step, tool_name, input_hash, \
              ordinal, replay_class, status, args, idempotency_key, schema_hash, result, error, \
              spend, mac, attempt, fence, format, issued_at, finished_at, seq) \
              VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?) \
              ON CONFLICT (session_id, step, tool_name, input_hash, ordinal) DO NOTHING; \
              UPDATE durable_sessions SET journal_rows = ?, head = ? \
              WHERE id = ? AND changes() = 1; \
-             COMMIT",
-            |q| {
-                q.bind(&raw.id)
+             COMMIT")
+            .bind(&raw.id)
                     .bind(&raw.session)
                     .bind(&raw.kind)
                     .bind(raw.step)
@@ -463,9 +467,8 @@ async fn insert_call(
                     .bind(finished_at)
                     .bind(seq)
                     .bind(fenced.head.journal_rows)
-                    .bind(fenced.head.head.as_deref())
-                    .bind(fence.session.as_str())
-            },
+            .bind(fenced.head.head.as_deref())
+            .bind(fence.session.as_str()),
         )
         .await?;
     // Nothing changed when the identity existed (`DO NOTHING`, then no head update):

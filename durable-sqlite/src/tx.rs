@@ -151,16 +151,13 @@ impl WriteTx {
         }
     }
 
-    /// Runs `sql` (parameters bound by `bind`), whose last statement is `COMMIT`, in one
-    /// round trip: the transaction's last writes and its commit. On an error the
-    /// transaction is rolled back (no statement after the failing one ran).
-    pub(crate) async fn commit_with<'q>(
+    /// Runs `query`, whose last statement is `COMMIT`, in one round trip: the
+    /// transaction's last writes and its commit. On an error the transaction is rolled
+    /// back (no statement after the failing one ran).
+    pub(crate) async fn commit_with(
         mut self,
-        sql: &'static str,
-        bind: impl FnOnce(SqliteQuery<'q>) -> SqliteQuery<'q>,
+        query: SqliteQuery<'_>,
     ) -> Result<SqliteQueryResult, StoreError> {
-        debug_assert!(sql.ends_with("; COMMIT"));
-        let query = bind(sqlx::query(sql));
         match query.execute(&mut *self.conn).await {
             Ok(done) => {
                 self.open = false;
