@@ -9,11 +9,17 @@
 //! - [`Report`] and [`Row`]: every figure with its baseline, ratio, target and pass/miss,
 //!   printed as text and Markdown and written as `<backend>.json`;
 //! - [`svg`]: small hand-written SVG plots (a line chart and a grouped bar chart), since no
-//!   plotting crate is in the offline registry.
+//!   plotting crate is in the offline registry;
+//! - [`harness`]: each figure measured the same way on every backend, against the raw
+//!   side a bench supplies as a [`harness::Baseline`];
+//! - [`workload`]: the durable side of each figure, the same on every backend (journaled
+//!   calls, agent turns, many sessions at once, resume). The raw side is each bench's own.
 
+pub mod harness;
 pub mod machine;
 mod report;
 pub mod svg;
+pub mod workload;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

@@ -73,6 +73,7 @@ impl Target {
         let op = if self.op == ">=" { "≥" } else { "≤" };
         match self.on {
             TargetOn::Ratio => format!("{op} {}× raw", number(self.value)),
+            TargetOn::Durable if unit == "×" => format!("{op} {}×", number(self.value)),
             TargetOn::Durable => format!("{op} {} {unit}", number(self.value)),
         }
     }

@@ -1,72 +1,105 @@
-//! Journal overhead on SQLite, as ratios against a raw sqlx baseline measured in the same
-//! run, on the same file system, with the same durability settings (WAL,
-//! `synchronous = FULL`, `BEGIN IMMEDIATE`).
+//! The journal on SQLite against raw sqlx, every figure measured next to its raw baseline
+//! in the same run, on the same file system, with the store's durability settings (WAL,
+//! `synchronous = FULL`, `BEGIN IMMEDIATE`, one writer connection), in interleaved rounds,
+//! each figure the median round (issue 11):
 //!
-//! `cargo bench -p durable-sqlite` prints:
-//! - µs per journaled call for each replay class, and the ratio to one raw
-//!   `BEGIN IMMEDIATE; INSERT; COMMIT` (targets: `pure` ≤ 1.2×, `unsafe_on_replay` ≤ 2.3×:
-//!   an unsafe call needs two durable commits, *issued* then the result);
-//! - µs per `unsafe_on_replay` call *followed by a checkpoint* holding its result message,
-//!   two ways: the call then `checkpoint()` (three commits: issued, result, checkpoint)
-//!   and `Session::checkpoint_after` (two: issued, then result and checkpoint together);
-//! - the database size after a 1,000-turn session of ~500-byte messages, as a ratio to the
-//!   message bytes (target ≤ 1.5×: linear, where a store copying the transcript into every
-//!   checkpoint grows quadratically).
+//! 1. `pure` call µs against one raw commit (target ≤ 1.10×);
+//! 2. `unsafe_on_replay` call µs against a raw two-commit pair (≤ 1.10×), and
+//!    `idempotent_with_key` (informational);
+//! 3. calls/s with 1, 8 and 32 sessions at once (a task each, with its own lease), `pure`
+//!    and `unsafe_on_replay`, against as many tasks committing one row each on one raw
+//!    file (targets at 32: ≥ 10,000 and ≥ 5,000);
+//! 4. an agent turn (journaled model reply, two messages pushed, a checkpoint) over 10,000
+//!    turns: µs of the first and last 100, and last ÷ first (≤ 1.10×), next to a raw turn
+//!    (one transaction: the reply into a journal table, the messages into a messages table);
+//! 5. storage ÷ message bytes of a 1,000-turn session (≤ 1.5×): what the session added to
+//!    the file after `PRAGMA wal_checkpoint(TRUNCATE)`, against the same messages in a raw
+//!    table;
+//! 6. `Durable::resume` of a 100, 1,000 and 10,000-turn session against selecting and
+//!    parsing the same messages raw (≤ 1.2×).
 //!
-//! `DURABLE_BENCH_CALLS` sets the number of calls per figure (default 400), run in 7 rounds
-//! that interleave the four figures (so background load hits them alike); each figure is
-//! the median round. `DURABLE_BENCH_DIR` sets where the databases go (default: here).
+//! `cargo bench -p durable-sqlite` writes `sqlite.json` and `sqlite-{turns,throughput,resume}.svg`
+//! to `DURABLE_BENCH_OUT` (default `target/durable-bench`). Knobs (environment):
+//!
+//! | variable | default | what |
+//! |---|---|---|
+//! | `DURABLE_BENCH_CALLS` | 700 | calls per latency figure (figures 1–2) |
+//! | `DURABLE_BENCH_ROUNDS` | 7 | interleaved rounds of the latency figures |
+//! | `DURABLE_BENCH_THROUGHPUT_CALLS` | 1920 | calls per throughput round, split over the sessions |
+//! | `DURABLE_BENCH_THROUGHPUT_ROUNDS` | 3 | interleaved throughput rounds |
+//! | `DURABLE_BENCH_TURNS` | 10000 | agent turns of figure 4, the longest session resumed |
+//! | `DURABLE_BENCH_STORAGE_TURNS` | 1000 | turns of the session measured in figure 5 |
+//! | `DURABLE_BENCH_RESUME_RUNS` | 7 | interleaved resumes of each session |
+//! | `DURABLE_BENCH_DIR` | the output directory | where the databases go (a temporary directory in it) |
+//! | `DURABLE_BENCH_OUT` | `target/durable-bench` | where the JSON and SVGs go |
 
+use std::path::Path;
 use std::str::FromStr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use durable_core::transcript::Message;
-use durable_core::{CheckpointStore, Durable, ReplayClass, StartOptions, ToolSpec};
+use durable_bench::harness::{self, Baseline, Targets};
+use durable_bench::{Report, env_usize, machine, out_dir, workload};
+use durable_core::{CheckpointStore, Durable, Message};
 use durable_sqlite::SqliteStore;
-use serde_json::json;
+use sqlx::SqlitePool;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 
-fn calls() -> usize {
-    std::env::var("DURABLE_BENCH_CALLS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(400)
+const TARGETS: Targets = Targets {
+    pure_per_s: 10_000.0,
+    unsafe_per_s: 5_000.0,
+    storage: 1.5,
+};
+
+/// The raw side: one file, the store's settings, one connection (the store's writer pool).
+struct Raw {
+    pool: SqlitePool,
+    payload: String,
+    /// Numbers the throughput rounds (their rows need ids of their own).
+    rounds: AtomicU64,
 }
 
-/// Raw baseline: one row per transaction, same settings as the store.
-async fn raw_pool(dir: &std::path::Path) -> sqlx::SqlitePool {
-    let options =
-        SqliteConnectOptions::from_str(&format!("sqlite://{}", dir.join("raw.db").display()))
+impl Raw {
+    async fn open(path: &Path) -> Raw {
+        let options = SqliteConnectOptions::from_str(&format!("sqlite://{}", path.display()))
             .expect("url")
             .create_if_missing(true)
+            .foreign_keys(true)
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(SqliteSynchronous::Full)
             .busy_timeout(Duration::from_secs(5));
-    let pool = SqlitePoolOptions::new()
-        .max_connections(1)
-        .connect_with(options)
-        .await
-        .expect("connect raw");
-    sqlx::query("CREATE TABLE rows (id TEXT PRIMARY KEY, payload TEXT NOT NULL)")
+        let pool = SqlitePoolOptions::new()
+            .max_connections(1)
+            .connect_with(options)
+            .await
+            .expect("connect raw");
+        sqlx::raw_sql(
+            "CREATE TABLE rows (id TEXT PRIMARY KEY, payload TEXT NOT NULL);
+             CREATE TABLE journal (session_id TEXT NOT NULL, step INTEGER NOT NULL,
+                 slot TEXT NOT NULL, body TEXT NOT NULL, PRIMARY KEY (session_id, step, slot));
+             CREATE TABLE messages (session_id TEXT NOT NULL, seq INTEGER NOT NULL,
+                 body TEXT NOT NULL, PRIMARY KEY (session_id, seq));",
+        )
         .execute(&pool)
         .await
-        .expect("create");
-    pool
-}
+        .expect("create the raw tables");
+        Raw {
+            pool,
+            payload: workload::result_payload().to_string(),
+            rounds: AtomicU64::new(0),
+        }
+    }
 
-async fn raw_round(pool: &sqlx::SqlitePool, round: usize, n: usize) -> Duration {
-    let mut conn = pool.acquire().await.expect("acquire");
-    let payload = json!({"n": 0, "result": {"ok": true, "text": "x".repeat(64)}}).to_string();
-    let start = Instant::now();
-    for i in (round * n)..((round + 1) * n) {
+    async fn commit_row(pool: &SqlitePool, id: String, payload: &str) {
+        let mut conn = pool.acquire().await.expect("acquire");
         sqlx::query("BEGIN IMMEDIATE")
             .execute(&mut *conn)
             .await
             .expect("begin");
         sqlx::query("INSERT INTO rows (id, payload) VALUES (?, ?)")
-            .bind(format!("row-{i}"))
-            .bind(&payload)
+            .bind(id)
+            .bind(payload)
             .execute(&mut *conn)
             .await
             .expect("insert");
@@ -75,209 +108,254 @@ async fn raw_round(pool: &sqlx::SqlitePool, round: usize, n: usize) -> Duration 
             .await
             .expect("commit");
     }
-    start.elapsed()
-}
-
-async fn journaled_setup(
-    dir: &std::path::Path,
-    class: ReplayClass,
-) -> (durable_core::Session<Message>, ToolSpec) {
-    let store: Arc<dyn CheckpointStore> = Arc::new(
-        SqliteStore::open(dir.join(format!("{class}.db")))
+    /// One turn in one transaction: the reply into the journal table (unless
+    /// `journal` is false: figure 5's raw side holds the messages only), the reply and
+    /// the tool result into the messages table.
+    async fn write_turn(&self, session: &str, turn: usize, journal: bool) {
+        let reply = workload::message_json(&workload::reply(turn));
+        let result = workload::message_json(&workload::tool_result(turn));
+        let seq = 2 * turn as i64;
+        let mut conn = self.pool.acquire().await.expect("acquire");
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut *conn)
             .await
-            .expect("open store"),
-    );
-    let durable = Durable::builder(store).owner("bench").build();
-    let session = durable
-        .start::<Message>(StartOptions::default())
-        .await
-        .expect("start");
-    let spec = ToolSpec::new(
-        "bench_tool",
-        "A tool whose body returns at once.",
-        class,
-        json!({"type": "object", "properties": {"n": {"type": "integer"}}}),
-    );
-    // warm-up: the step cache, the durability check, prepared statements
-    for i in 0..5 {
-        run_one(&session, &spec, 1_000_000 + i).await;
-    }
-    (session, spec)
-}
-
-async fn journaled_round(
-    session: &durable_core::Session<Message>,
-    spec: &ToolSpec,
-    round: usize,
-    n: usize,
-) -> Duration {
-    let start = Instant::now();
-    for i in (round * n)..((round + 1) * n) {
-        run_one(session, spec, i as i64).await;
-    }
-    start.elapsed()
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
-}
-
-async fn run_one(session: &durable_core::Session<Message>, spec: &ToolSpec, n: i64) {
-    run_on(session.journal(), spec, n).await;
-}
-
-async fn run_on(journal: &durable_core::Journal, spec: &ToolSpec, n: i64) {
-    let mut call = journal.tool(spec, json!({ "n": n }));
-    if spec.class == ReplayClass::IdempotentWithKey {
-        call = call.key(format!("key-{n}"));
-    }
-    call.run(|_ctx| async move { Ok::<_, String>(json!({"ok": true, "text": "x".repeat(64)})) })
-        .await
-        .expect("journaled call");
-}
-
-/// An unsafe call and a checkpoint holding its result, per iteration: the call then
-/// `checkpoint()`, or both through `checkpoint_after`.
-async fn turn_round(
-    session: &mut durable_core::Session<Message>,
-    spec: &ToolSpec,
-    atomic: bool,
-    round: usize,
-    n: usize,
-) -> Duration {
-    let start = Instant::now();
-    for i in (round * n)..((round + 1) * n) {
-        if atomic {
-            session
-                .checkpoint_after(
-                    async |journal| {
-                        run_on(journal, spec, i as i64).await;
-                        Ok::<_, durable_core::CallError<String>>(())
-                    },
-                    |outcome| Message::tool_outcome("call", outcome),
-                )
-                .await
-                .expect("call and checkpoint");
-        } else {
-            run_one(session, spec, i as i64).await;
-            session.push(Message::tool_result("call", json!({"ok": true}), false));
-            session.checkpoint().await.expect("checkpoint");
+            .expect("begin");
+        if journal {
+            sqlx::query(
+                "INSERT INTO journal (session_id, step, slot, body) VALUES (?, ?, '@model', ?)",
+            )
+            .bind(session)
+            .bind(turn as i64)
+            .bind(&reply)
+            .execute(&mut *conn)
+            .await
+            .expect("insert the reply");
         }
+        for (i, body) in [reply, result].into_iter().enumerate() {
+            sqlx::query("INSERT INTO messages (session_id, seq, body) VALUES (?, ?, ?)")
+                .bind(session)
+                .bind(seq + i as i64)
+                .bind(body)
+                .execute(&mut *conn)
+                .await
+                .expect("insert a message");
+        }
+        sqlx::query("COMMIT")
+            .execute(&mut *conn)
+            .await
+            .expect("commit");
     }
-    start.elapsed()
 }
 
-async fn size_after_turns(dir: &std::path::Path, turns: usize) -> (u64, u64) {
-    let path = dir.join("size.db");
-    let store = SqliteStore::open(&path).await.expect("open");
-    let durable = Durable::builder(Arc::new(store.clone()))
+impl Baseline for Raw {
+    async fn one_commit(&self, n: u64) {
+        Raw::commit_row(&self.pool, format!("one-{n}"), &self.payload).await;
+    }
+
+    async fn two_commits(&self, n: u64) {
+        let id = format!("two-{n}");
+        Raw::commit_row(&self.pool, id.clone(), "{}").await;
+        let mut conn = self.pool.acquire().await.expect("acquire");
+        sqlx::query("BEGIN IMMEDIATE")
+            .execute(&mut *conn)
+            .await
+            .expect("begin");
+        sqlx::query("UPDATE rows SET payload = ? WHERE id = ?")
+            .bind(&self.payload)
+            .bind(id)
+            .execute(&mut *conn)
+            .await
+            .expect("update");
+        sqlx::query("COMMIT")
+            .execute(&mut *conn)
+            .await
+            .expect("commit");
+    }
+
+    async fn throughput(&self, tasks: usize, per_task: usize) -> f64 {
+        let round = self.rounds.fetch_add(1, Ordering::Relaxed);
+        let started = Instant::now();
+        let handles: Vec<_> = (0..tasks)
+            .map(|task| {
+                let pool = self.pool.clone();
+                let payload = self.payload.clone();
+                tokio::spawn(async move {
+                    for i in 0..per_task {
+                        Raw::commit_row(&pool, format!("t-{round}-{task}-{i}"), &payload).await;
+                    }
+                })
+            })
+            .collect();
+        for handle in handles {
+            handle.await.expect("raw task");
+        }
+        (tasks * per_task) as f64 / started.elapsed().as_secs_f64()
+    }
+
+    async fn turn(&self, session: &str, turn: usize) {
+        self.write_turn(session, turn, true).await;
+    }
+
+    async fn read_messages(&self, session: &str) -> Vec<Message> {
+        let bodies: Vec<String> =
+            sqlx::query_scalar("SELECT body FROM messages WHERE session_id = ? ORDER BY seq")
+                .bind(session)
+                .fetch_all(&self.pool)
+                .await
+                .expect("select the messages");
+        bodies
+            .iter()
+            .map(|b| serde_json::from_str(b).expect("a message"))
+            .collect()
+    }
+}
+
+async fn store(path: &Path) -> (SqliteStore, Durable) {
+    let store = SqliteStore::open(path).await.expect("open the store");
+    let durable = Durable::builder(Arc::new(store.clone()) as Arc<dyn CheckpointStore>)
         .owner("bench")
         .build();
-    let mut session = durable
-        .start::<Message>(StartOptions::default())
-        .await
-        .expect("start");
-    let mut message_bytes = 0u64;
-    for turn in 0..turns {
-        let text = format!(
-            "turn {turn:05}: {}",
-            "lorem ipsum dolor sit amet ".repeat(18)
-        );
-        let message = Message::user(text);
-        message_bytes += serde_json::to_string(&message).expect("json").len() as u64;
-        session.push(message);
-        session.checkpoint().await.expect("checkpoint");
-    }
-    drop(session);
+    (store, durable)
+}
+
+/// The file's size after moving the WAL into it and truncating the WAL.
+async fn file_size(pool: &SqlitePool, path: &Path) -> u64 {
     sqlx::query("PRAGMA wal_checkpoint(TRUNCATE)")
-        .execute(store.pool())
+        .execute(pool)
         .await
         .expect("wal checkpoint");
+    std::fs::metadata(path).expect("file size").len()
+}
+
+/// Figure 5: what a `turns`-turn session adds to a fresh store, and the same messages to
+/// a fresh raw table, each file measured after `PRAGMA wal_checkpoint(TRUNCATE)`.
+async fn storage(report: &mut Report, dir: &Path, turns: usize) {
+    let path = dir.join("storage.db");
+    let (store, durable) = store(&path).await;
+    let empty = file_size(store.pool(), &path).await;
+    workload::agent_session(&durable, turns).await;
+    let full = file_size(store.pool(), &path).await;
     store.close().await;
-    let size = std::fs::metadata(&path).expect("db size").len();
-    (size, message_bytes)
+
+    let raw_path = dir.join("storage-raw.db");
+    let raw = Raw::open(&raw_path).await;
+    let raw_empty = file_size(&raw.pool, &raw_path).await;
+    let mut message_bytes = 0;
+    for turn in 0..turns {
+        for message in [workload::reply(turn), workload::tool_result(turn)] {
+            message_bytes += workload::message_json(&message).len() as u64;
+        }
+        raw.write_turn("storage", turn, false).await;
+    }
+    let raw_full = file_size(&raw.pool, &raw_path).await;
+    harness::storage(
+        report,
+        turns,
+        message_bytes,
+        full - empty,
+        raw_full.saturating_sub(raw_empty),
+        TARGETS.storage,
+        &format!(
+            "file growth after wal_checkpoint(TRUNCATE) (durable file {full} B, {empty} B empty)"
+        ),
+    );
 }
 
 fn main() {
-    let runtime = tokio::runtime::Builder::new_current_thread()
+    let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("runtime");
-    runtime.block_on(async {
-        let dir =
-            tempfile::tempdir_in(std::env::var("DURABLE_BENCH_DIR").unwrap_or_else(|_| ".".into()))
-                .expect("tempdir");
-        let n = calls();
-        println!(
-            "durable-sqlite journal benchmark ({n} calls per figure in 7 interleaved rounds, median round; dir {})",
-            dir.path().display()
-        );
-        // Rounds interleave the four figures so background load hits them alike; each
-        // figure is the median round.
-        const ROUNDS: usize = 7;
-        let per_round = n.div_ceil(ROUNDS);
-        let pool = raw_pool(dir.path()).await;
-        let classes = [
-            (ReplayClass::Pure, 1.2),
-            (ReplayClass::IdempotentWithKey, 2.3),
-            (ReplayClass::UnsafeOnReplay, 2.3),
-        ];
-        let mut setups = Vec::new();
-        for (class, _) in classes {
-            setups.push(journaled_setup(dir.path(), class).await);
+    runtime.block_on(run());
+}
+
+async fn run() {
+    let out = out_dir().expect("the output directory");
+    let base = std::env::var_os("DURABLE_BENCH_DIR").map_or_else(|| out.clone(), Into::into);
+    let dir = tempfile::tempdir_in(&base).expect("a temporary directory");
+    let calls = env_usize("DURABLE_BENCH_CALLS", 700);
+    let rounds = env_usize("DURABLE_BENCH_ROUNDS", 7).max(1);
+    let throughput_calls = env_usize("DURABLE_BENCH_THROUGHPUT_CALLS", 1920);
+    let throughput_rounds = env_usize("DURABLE_BENCH_THROUGHPUT_ROUNDS", 3).max(1);
+    let turns = env_usize("DURABLE_BENCH_TURNS", 10_000).max(100);
+    let storage_turns = env_usize("DURABLE_BENCH_STORAGE_TURNS", 1_000).max(1);
+    let resume_runs = env_usize("DURABLE_BENCH_RESUME_RUNS", 7).max(1);
+
+    let mut report = Report::new("sqlite");
+    let raw = Raw::open(&dir.path().join("raw.db")).await;
+    let sqlite_version: String = sqlx::query_scalar("SELECT sqlite_version()")
+        .fetch_one(&raw.pool)
+        .await
+        .expect("version");
+    for (name, value) in [
+        (
+            "sqlite_version",
+            serde_json::Value::from(sqlite_version.clone()),
+        ),
+        ("calls_per_latency_figure", calls.into()),
+        ("latency_rounds", rounds.into()),
+        ("throughput_calls_per_round", throughput_calls.into()),
+        ("throughput_rounds", throughput_rounds.into()),
+        ("turns", turns.into()),
+        ("storage_turns", storage_turns.into()),
+        ("resume_runs", resume_runs.into()),
+        (
+            "settings",
+            "WAL, synchronous=FULL, BEGIN IMMEDIATE, one writer connection".into(),
+        ),
+    ] {
+        report.setting(name, value);
+    }
+    println!(
+        "durable-sqlite bench: SQLite {sqlite_version}, {} cores, load average {}, databases in {}",
+        report.cores,
+        machine::load_text(report.load_before),
+        dir.path().display()
+    );
+
+    let (_calls_store, durable) = store(&dir.path().join("calls.db")).await;
+    eprintln!("latency: {calls} calls per figure in {rounds} rounds");
+    harness::latency(&mut report, &durable, &raw, calls, rounds).await;
+    eprintln!("throughput: {throughput_calls} calls per round, {throughput_rounds} rounds");
+    let throughput_svg = harness::throughput(
+        &mut report,
+        &durable,
+        &raw,
+        throughput_calls,
+        throughput_rounds,
+        TARGETS,
+    )
+    .await;
+
+    let (_turns_store, durable) = store(&dir.path().join("turns.db")).await;
+    eprintln!("agent turns: {turns}");
+    let (long, turns_svg) = harness::turns(&mut report, &durable, &raw, turns).await;
+    eprintln!("storage: {storage_turns} turns");
+    storage(&mut report, dir.path(), storage_turns).await;
+
+    eprintln!("resume: {resume_runs} runs each");
+    let mut sessions = Vec::new();
+    for length in [100, 1_000] {
+        if length < turns {
+            sessions.push(harness::build_session(&durable, &raw, length).await);
         }
-        let mut turns = Vec::new();
-        for name in ["turn_separate", "turn_atomic"] {
-            let sub = dir.path().join(name);
-            std::fs::create_dir(&sub).expect("mkdir");
-            turns.push(journaled_setup(&sub, ReplayClass::UnsafeOnReplay).await);
-        }
-        let mut raw_us = Vec::new();
-        let mut class_us = vec![Vec::new(); classes.len()];
-        let mut turn_us = vec![Vec::new(); 2];
-        let per = |d: Duration| d.as_secs_f64() * 1e6 / per_round as f64;
-        for round in 0..ROUNDS {
-            raw_us.push(per(raw_round(&pool, round, per_round).await));
-            for (i, (session, spec)) in setups.iter().enumerate() {
-                class_us[i].push(per(journaled_round(session, spec, round, per_round).await));
-            }
-            for (i, (session, spec)) in turns.iter_mut().enumerate() {
-                let atomic = i == 1;
-                turn_us[i].push(per(turn_round(session, spec, atomic, round, per_round).await));
-            }
-        }
-        let raw = median(raw_us);
-        println!(
-            "{:<34} {:>9.1} µs/call   1.00×",
-            "raw INSERT+COMMIT (baseline)", raw
-        );
-        for ((class, target), samples) in classes.iter().zip(class_us) {
-            let took = median(samples);
-            println!(
-                "{:<34} {:>9.1} µs/call   {:.2}×  (target ≤ {target}×)",
-                format!("journaled {class}"),
-                took,
-                took / raw
-            );
-        }
-        for (name, samples) in [
-            "unsafe + checkpoint()",
-            "unsafe + checkpoint_after (atomic)",
-        ]
-        .iter()
-        .zip(turn_us)
-        {
-            let took = median(samples);
-            println!("{name:<34} {took:>9.1} µs/call   {:.2}×", took / raw);
-        }
-        let (size, bytes) = size_after_turns(dir.path(), 1_000).await;
-        println!(
-            "{:<34} {:>9} bytes for {} message bytes: {:.2}×  (target ≤ 1.5×)",
-            "1,000-turn session, db size",
-            size,
-            bytes,
-            size as f64 / bytes as f64
-        );
-    });
+    }
+    sessions.push(long);
+    let resume_svg = harness::resume(&mut report, &durable, &raw, &sessions, resume_runs).await;
+
+    report.finish();
+    println!(
+        "load average: {} before, {} after",
+        machine::load_text(report.load_before),
+        machine::load_text(report.load_after)
+    );
+    harness::write(
+        &report,
+        &out,
+        &[
+            ("turns", turns_svg),
+            ("throughput", throughput_svg),
+            ("resume", resume_svg),
+        ],
+    );
 }

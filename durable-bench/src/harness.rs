@@ -1,0 +1,442 @@
+//! The figures both benches print, measured the same way on every backend: the durable
+//! side through [`workload`](crate::workload), the raw side through the bench's
+//! [`Baseline`], in interleaved rounds (so background load hits both alike), each figure
+//! the median round. Each function adds its rows to the [`Report`] and returns the SVG of
+//! its plot, if it has one.
+
+use std::future::Future;
+use std::time::{Duration, Instant};
+
+use durable_core::{Durable, Message, ReplayClass, SessionId};
+use serde_json::json;
+
+use crate::svg::{BarChart, LineChart, Series};
+use crate::workload::{self, micros_per};
+use crate::{Report, Row, Samples, Target};
+
+/// The raw sqlx side of every figure, in the backend's own SQL, with the durability
+/// settings the store uses.
+pub trait Baseline: Sync {
+    /// One row in one transaction (`BEGIN [IMMEDIATE]; INSERT; COMMIT`). `n` is unique.
+    fn one_commit(&self, n: u64) -> impl Future<Output = ()> + Send;
+    /// The raw shape of an unsafe call: a row inserted and committed, then updated and
+    /// committed (two transactions). `n` is unique.
+    fn two_commits(&self, n: u64) -> impl Future<Output = ()> + Send;
+    /// `tasks` tasks at once, each committing `per_task` single-row transactions; commits
+    /// per second.
+    fn throughput(&self, tasks: usize, per_task: usize) -> impl Future<Output = f64> + Send;
+    /// One agent turn in one transaction: the model's reply into a journal-like table,
+    /// the reply and the tool result into a messages table, for session `session`.
+    fn turn(&self, session: &str, turn: usize) -> impl Future<Output = ()> + Send;
+    /// The messages of `session` in order, each parsed into a [`Message`].
+    fn read_messages(&self, session: &str) -> impl Future<Output = Vec<Message>> + Send;
+}
+
+/// The durable side's targets that differ between backends.
+#[derive(Debug, Clone, Copy)]
+pub struct Targets {
+    /// Journaled `pure` calls per second with 32 sessions at once, at least.
+    pub pure_per_s: f64,
+    /// Journaled `unsafe_on_replay` calls per second with 32 sessions at once, at least.
+    pub unsafe_per_s: f64,
+    /// Storage ÷ message bytes of a 1,000-turn session, at most.
+    pub storage: f64,
+}
+
+/// Figures 1 and 2: µs per journaled call of each class against the raw commit (pure) and
+/// the raw two-commit pair (the other two), `calls` calls per figure in `rounds` rounds.
+pub async fn latency<B: Baseline>(
+    report: &mut Report,
+    durable: &Durable,
+    raw: &B,
+    calls: usize,
+    rounds: usize,
+) {
+    let per_round = calls.div_ceil(rounds).max(1);
+    let mut sessions = Vec::new();
+    for class in ReplayClass::ALL {
+        let session = workload::start(durable).await;
+        let spec = workload::spec(class);
+        // warm-up: the step cache, the durability check, prepared statements
+        for n in 0..5 {
+            workload::call(&session, &spec, 1_000_000_000 + n).await;
+        }
+        sessions.push((session, spec));
+    }
+    for n in 0..5 {
+        raw.one_commit(1_000_000_000 + n).await;
+        raw.two_commits(2_000_000_000 + n).await;
+    }
+    let mut samples = Samples::new();
+    for round in 0..rounds {
+        let from = (round * per_round) as u64;
+        let ids = from..from + per_round as u64;
+        let started = Instant::now();
+        for n in ids.clone() {
+            raw.one_commit(n).await;
+        }
+        samples.add("raw1", micros_per(started.elapsed(), per_round));
+        let started = Instant::now();
+        for n in ids.clone() {
+            raw.two_commits(n).await;
+        }
+        samples.add("raw2", micros_per(started.elapsed(), per_round));
+        for (session, spec) in &sessions {
+            let started = Instant::now();
+            for n in ids.clone() {
+                workload::call(session, spec, n).await;
+            }
+            samples.add(
+                spec.class.as_str(),
+                micros_per(started.elapsed(), per_round),
+            );
+        }
+    }
+    for (session, _) in sessions {
+        session.release().await.expect("release");
+    }
+    let (raw1, raw2) = (samples.median("raw1"), samples.median("raw2"));
+    report.push(
+        Row::new("`pure` call", "µs/call", samples.median("pure"), raw1)
+            .target(Target::ratio_at_most(1.10))
+            .note("raw: one commit"),
+    );
+    report.push(
+        Row::new(
+            "`unsafe_on_replay` call",
+            "µs/call",
+            samples.median("unsafe_on_replay"),
+            raw2,
+        )
+        .target(Target::ratio_at_most(1.10))
+        .note("raw: a two-commit pair"),
+    );
+    report.push(
+        Row::new(
+            "`idempotent_with_key` call (informational)",
+            "µs/call",
+            samples.median("idempotent_with_key"),
+            raw2,
+        )
+        .note("raw: a two-commit pair"),
+    );
+}
+
+/// Figure 3: calls per second with 1, 8 and 32 sessions at once (each a task with its own
+/// session and lease) for `pure` and `unsafe_on_replay`, against as many raw tasks doing one
+/// commit per row; `calls` calls per round split over the sessions.
+pub async fn throughput<B: Baseline>(
+    report: &mut Report,
+    durable: &Durable,
+    raw: &B,
+    calls: usize,
+    rounds: usize,
+    targets: Targets,
+) -> String {
+    const SESSIONS: [usize; 3] = [1, 8, 32];
+    let pure = workload::spec(ReplayClass::Pure);
+    let unsafe_ = workload::spec(ReplayClass::UnsafeOnReplay);
+    let mut medians = [Vec::new(), Vec::new(), Vec::new()];
+    for sessions in SESSIONS {
+        let per_session = (calls / sessions).max(1);
+        let mut samples = Samples::new();
+        for _ in 0..rounds {
+            samples.add("raw", raw.throughput(sessions, per_session).await);
+            let rate = workload::throughput(durable, &pure, sessions, per_session).await;
+            samples.add("pure", rate);
+            let rate = workload::throughput(durable, &unsafe_, sessions, per_session).await;
+            samples.add("unsafe", rate);
+        }
+        for (i, figure) in ["pure", "unsafe", "raw"].iter().enumerate() {
+            medians[i].push(samples.median(figure));
+        }
+        eprintln!(
+            "  {sessions:>2} sessions: pure {:.0}/s, unsafe {:.0}/s, raw {:.0}/s",
+            samples.median("pure"),
+            samples.median("unsafe"),
+            samples.median("raw")
+        );
+    }
+    let [pure_rates, unsafe_rates, raw_rates] = medians;
+    let last = SESSIONS.len() - 1;
+    report.push(
+        Row::new(
+            "`pure` calls/s, 32 sessions",
+            "calls/s",
+            pure_rates[last],
+            raw_rates[last],
+        )
+        .target(Target::at_least(targets.pure_per_s))
+        .note("raw: 32 tasks, one commit per row"),
+    );
+    report.push(
+        Row::new(
+            "`unsafe_on_replay` calls/s, 32 sessions",
+            "calls/s",
+            unsafe_rates[last],
+            raw_rates[last],
+        )
+        .target(Target::at_least(targets.unsafe_per_s))
+        .note("raw: 32 tasks, one commit per row"),
+    );
+    report.series.insert(
+        "throughput".into(),
+        json!({
+            "sessions": SESSIONS,
+            "pure_per_s": pure_rates,
+            "unsafe_on_replay_per_s": unsafe_rates,
+            "raw_commits_per_s": raw_rates,
+        }),
+    );
+    BarChart {
+        title: format!("{}: calls/s against sessions at once", report.backend),
+        x_label: "sessions at once (each a task with its own lease)".into(),
+        y_label: "calls per second".into(),
+        groups: SESSIONS.iter().map(ToString::to_string).collect(),
+        series: vec![
+            ("durable pure".into(), pure_rates),
+            ("durable unsafe_on_replay".into(), unsafe_rates),
+            ("raw: one commit per row".into(), raw_rates),
+        ],
+    }
+    .render()
+}
+
+/// A session built by [`turns`] on both sides, kept for [`resume`].
+#[derive(Debug, Clone)]
+pub struct BuiltSession {
+    /// The durable session (its lease released).
+    pub id: SessionId,
+    /// The raw side's session name.
+    pub raw: String,
+    /// Its turns.
+    pub turns: usize,
+}
+
+/// Figure 4: `turns` agent turns (a journaled model reply, two messages pushed, a
+/// checkpoint) on one session, in buckets of 100, each bucket followed by 100 raw turns;
+/// µs per turn of the first and last buckets and their ratio. Returns the session (for
+/// [`resume`]) and the plot.
+pub async fn turns<B: Baseline>(
+    report: &mut Report,
+    durable: &Durable,
+    raw: &B,
+    turns: usize,
+) -> (BuiltSession, String) {
+    const BUCKET: usize = 100;
+    // warm-up, on a session of its own
+    workload::agent_session(durable, 20).await;
+    for turn in 0..20 {
+        raw.turn("warm-up", turn).await;
+    }
+    let mut session = workload::start(durable).await;
+    let raw_name = format!("raw-{}", session.id());
+    let (mut durable_us, mut raw_us) = (Vec::new(), Vec::new());
+    for bucket in 0..turns.div_ceil(BUCKET) {
+        let range = bucket * BUCKET..((bucket + 1) * BUCKET).min(turns);
+        let started = Instant::now();
+        for turn in range.clone() {
+            workload::agent_turn(&mut session, turn).await;
+        }
+        durable_us.push(micros_per(started.elapsed(), range.len()));
+        let started = Instant::now();
+        for turn in range.clone() {
+            raw.turn(&raw_name, turn).await;
+        }
+        raw_us.push(micros_per(started.elapsed(), range.len()));
+        if bucket % 20 == 19 {
+            eprintln!(
+                "  turn {}: {:.0} µs/turn durable, {:.0} raw",
+                range.end, durable_us[bucket], raw_us[bucket]
+            );
+        }
+    }
+    let id = session.id().clone();
+    session.release().await.expect("release");
+    let (first, last) = (0, durable_us.len() - 1);
+    report.push(
+        Row::new(
+            "agent turn, first 100",
+            "µs/turn",
+            durable_us[first],
+            raw_us[first],
+        )
+        .note("raw: one transaction, the reply into a journal table, both messages into a messages table"),
+    );
+    report.push(Row::new(
+        format!("agent turn, last 100 of {turns}"),
+        "µs/turn",
+        durable_us[last],
+        raw_us[last],
+    ));
+    report.push(
+        Row::new(
+            "agent turn, last 100 ÷ first 100",
+            "×",
+            durable_us[last] / durable_us[first],
+            raw_us[last] / raw_us[first],
+        )
+        .target(Target::at_most(1.10)),
+    );
+    let points = |us: &[f64]| -> Vec<(f64, f64)> {
+        us.iter()
+            .enumerate()
+            .map(|(b, &v)| (((b + 1) * BUCKET).min(turns) as f64, v))
+            .collect()
+    };
+    let svg = LineChart {
+        title: format!("{}: cost per agent turn over {turns} turns", report.backend),
+        x_label: format!("turn (µs per turn, mean of each bucket of {BUCKET})"),
+        y_label: "µs per turn".into(),
+        log_x: false,
+        series: vec![
+            Series::new("durable turn", points(&durable_us)),
+            Series::new("raw turn", points(&raw_us)),
+        ],
+    }
+    .render();
+    report.series.insert(
+        "turns".into(),
+        json!({"bucket": BUCKET, "durable_us_per_turn": durable_us, "raw_us_per_turn": raw_us}),
+    );
+    (
+        BuiltSession {
+            id,
+            raw: raw_name,
+            turns,
+        },
+        svg,
+    )
+}
+
+/// Builds a session of `turns` agent turns on both sides (for [`resume`]).
+pub async fn build_session<B: Baseline>(durable: &Durable, raw: &B, turns: usize) -> BuiltSession {
+    let id = workload::agent_session(durable, turns).await;
+    let raw_name = format!("raw-{id}");
+    for turn in 0..turns {
+        raw.turn(&raw_name, turn).await;
+    }
+    BuiltSession {
+        id,
+        raw: raw_name,
+        turns,
+    }
+}
+
+/// Figure 6: `Durable::resume` of each session against reading and parsing its messages
+/// raw, `runs` interleaved runs each, the median.
+pub async fn resume<B: Baseline>(
+    report: &mut Report,
+    durable: &Durable,
+    raw: &B,
+    sessions: &[BuiltSession],
+    runs: usize,
+) -> String {
+    let mut samples = Samples::new();
+    for _ in 0..runs {
+        for s in sessions {
+            let took = workload::resume(durable, &s.id, 2 * s.turns).await;
+            samples.add(&format!("d{}", s.turns), millis(took));
+            let started = Instant::now();
+            let messages = raw.read_messages(&s.raw).await;
+            samples.add(&format!("r{}", s.turns), millis(started.elapsed()));
+            assert_eq!(messages.len(), 2 * s.turns, "raw transcript");
+        }
+    }
+    let (mut durable_ms, mut raw_ms) = (Vec::new(), Vec::new());
+    for s in sessions {
+        let (d, r) = (
+            samples.median(&format!("d{}", s.turns)),
+            samples.median(&format!("r{}", s.turns)),
+        );
+        report.push(
+            Row::new(
+                format!(
+                    "resume a {}-turn session",
+                    crate::report::number(s.turns as f64)
+                ),
+                "ms",
+                d,
+                r,
+            )
+            .target(Target::ratio_at_most(1.2))
+            .note("raw: select the session's messages, parse each into `Message`"),
+        );
+        durable_ms.push((s.turns as f64, d));
+        raw_ms.push((s.turns as f64, r));
+    }
+    report.series.insert(
+        "resume".into(),
+        json!({
+            "turns": sessions.iter().map(|s| s.turns).collect::<Vec<_>>(),
+            "durable_ms": durable_ms.iter().map(|p| p.1).collect::<Vec<_>>(),
+            "raw_ms": raw_ms.iter().map(|p| p.1).collect::<Vec<_>>(),
+        }),
+    );
+    LineChart {
+        title: format!("{}: resume time against session length", report.backend),
+        x_label: "turns in the session (2 messages each; log scale)".into(),
+        y_label: "ms to resume (median run)".into(),
+        log_x: true,
+        series: vec![
+            Series::new("Durable::resume", durable_ms),
+            Series::new("raw: read + parse messages", raw_ms),
+        ],
+    }
+    .render()
+}
+
+/// Figure 5's row: bytes the session added to the store and to the raw table, each ÷ the
+/// message bytes.
+pub fn storage(
+    report: &mut Report,
+    turns: usize,
+    message_bytes: u64,
+    durable_bytes: u64,
+    raw_bytes: u64,
+    target: f64,
+    how: &str,
+) {
+    let per = |b: u64| b as f64 / message_bytes as f64;
+    report.push(
+        Row::new(
+            format!(
+                "storage ÷ message bytes, {}-turn session",
+                crate::report::number(turns as f64)
+            ),
+            "×",
+            per(durable_bytes),
+            per(raw_bytes),
+        )
+        .target(Target::at_most(target))
+        .note(format!(
+            "{how}: durable {durable_bytes} B, raw table {raw_bytes} B, messages {message_bytes} B"
+        )),
+    );
+    report.series.insert(
+        "storage".into(),
+        json!({
+            "turns": turns,
+            "message_bytes": message_bytes,
+            "durable_bytes": durable_bytes,
+            "raw_bytes": raw_bytes,
+        }),
+    );
+}
+
+fn millis(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// Writes the report as `<backend>.json` and each `(name, svg)` as `<backend>-<name>.svg`
+/// into `dir`, and prints the Markdown table and the paths.
+pub fn write(report: &Report, dir: &std::path::Path, svgs: &[(&str, String)]) {
+    let path = report.write_json(dir).expect("write the JSON report");
+    println!("\n{}", report.markdown());
+    println!("wrote {}", path.display());
+    for (name, svg) in svgs {
+        let path = dir.join(format!("{}-{name}.svg", report.backend));
+        std::fs::write(&path, svg).expect("write an SVG");
+        println!("wrote {}", path.display());
+    }
+}
