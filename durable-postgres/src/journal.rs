@@ -64,14 +64,43 @@ async fn insert_call(
            UPDATE durable_sessions SET journal_rows = $21, head = $22 \
            WHERE id = $2 AND EXISTS (SELECT 1 FROM ins)) \
          SELECT (SELECT id FROM holder) AS holder, EXISTS (SELECT 1 FROM ins) AS inserted";
+    // The lock of `tx::lock_fenced`, with the step of the session's latest row (by
+    // position, from the unique index), which a new row's step may not be before.
+    const LOCK: &str = concat!(
+        "SELECT ",
+        tx::locked_cols!(),
+        ", (SELECT l.step FROM durable_tool_calls l WHERE l.session_id = s.id \
+            AND l.seq = s.journal_rows) AS latest_step \
+         FROM durable_sessions s WHERE s.id = $1 FOR NO KEY UPDATE"
+    );
     let ring = store.keyring();
     let mut tx = tx::begin(&store.pool).await?;
-    let locked = tx::lock_fenced(&mut tx, ring, fence, Lock::Update, Want::default()).await?;
+    let row = sqlx::query(LOCK)
+        .bind(fence.session.as_str())
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db)?
+        .ok_or_else(|| StoreError::SessionNotFound(fence.session.clone()))?;
+    let locked = tx::locked_from_row(&mut tx, ring, fence, &row, Want::default()).await?;
     // A lease on one session cannot write into another's journal.
     if &call.identity.session != fence.session {
         return Err(StoreError::LeaseLost {
             session: call.identity.session.clone(),
             token: fence.token,
+        });
+    }
+    let latest = match get::<Option<i64>>(&row, "latest_step")? {
+        Some(step) => Some(step),
+        None if locked.head.journal_rows == 0 => None,
+        // A statement that waited for the lock sees the latest row's position but not
+        // the row (see `tx::locked_from_row`): read it by a statement of its own.
+        None => Some(latest_step(&mut tx, &locked.head).await?),
+    };
+    if let Some(latest) = latest.filter(|&latest| call.identity.step < latest) {
+        return Err(StoreError::StepClosed {
+            session: call.identity.session.clone(),
+            step: call.identity.step,
+            latest,
         });
     }
     let now = locked.now;
@@ -193,6 +222,24 @@ async fn insert_call(
     };
     tx.commit().await.map_err(db)?;
     Ok(outcome)
+}
+
+/// The step of the session's latest journal row (at the head's last position).
+async fn latest_step(conn: &mut PgConnection, head: &seal::HeadRow) -> Result<i64, StoreError> {
+    sqlx::query_scalar("SELECT step FROM durable_tool_calls WHERE session_id = $1 AND seq = $2")
+        .bind(head.session.as_str())
+        .bind(head.journal_rows)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(db)?
+        .ok_or_else(|| StoreError::Tampered {
+            session: head.session.clone(),
+            what: "the journal".to_owned(),
+            detail: format!(
+                "the row at seq {} (the latest the session head records) is missing",
+                head.journal_rows
+            ),
+        })
 }
 
 pub(crate) async fn reissue_call(
