@@ -1,83 +1,104 @@
-//! Journal overhead on PostgreSQL, as ratios against a raw sqlx baseline measured in the
-//! same run, on the same server and database, with the same durability settings
-//! (`fsync` and `synchronous_commit` on).
+//! The journal on PostgreSQL against raw sqlx, every figure measured next to its raw
+//! baseline in the same run, on the same server and database, with the same durability
+//! settings (`fsync` and `synchronous_commit` on), in interleaved rounds, each figure the
+//! median round (issue 11):
 //!
-//! `cargo bench -p durable-postgres --features testing` prints:
-//! - µs per journaled call for each replay class, its ratio to one raw
-//!   `BEGIN; INSERT; COMMIT` on one connection, and the overhead in µs (a `pure` call is
-//!   one commit; `idempotent_with_key` and `unsafe_on_replay` need two durable commits,
-//!   *issued* before the effect and the result after);
-//! - throughput in journaled calls per second with 1, 8 and 32 sessions running at once
-//!   (each session a task with its own lease; calls cycle through the three classes), next
-//!   to raw `INSERT`+`COMMIT`s per second from as many concurrent connections.
+//! 1. `pure` call µs against one raw `BEGIN; INSERT; COMMIT` (target ≤ 1.10×);
+//! 2. `unsafe_on_replay` call µs against a raw two-commit pair (≤ 1.10×), and
+//!    `idempotent_with_key` (informational);
+//! 3. calls/s with 1, 8 and 32 sessions at once (a task each, with its own lease), `pure`
+//!    and `unsafe_on_replay`, against as many tasks committing one row each over as many
+//!    connections (targets at 32: ≥ 15,000 and ≥ 8,000);
+//! 4. an agent turn (journaled model reply, two messages pushed, a checkpoint) over 10,000
+//!    turns: µs of the first and last 100, and last ÷ first (≤ 1.10×), next to a raw turn
+//!    (one transaction: the reply into a journal table, the messages into a messages table);
+//! 5. storage ÷ message bytes of a 1,000-turn session (≤ 1.8×): what the session added to
+//!    `pg_total_relation_size` of the `durable_*` tables of a fresh database (VACUUMed
+//!    before and after), against the same messages in a raw table;
+//! 6. `Durable::resume` of a 100, 1,000 and 10,000-turn session against selecting and
+//!    parsing the same messages raw (≤ 1.2×).
 //!
-//! The server is `DATABASE_URL` when set, else a throwaway cluster started from the
-//! machine's PostgreSQL binaries (`durable_postgres::testing`). `DURABLE_BENCH_CALLS` sets
-//! the calls per latency figure (default 700), run in 7 rounds that interleave the figures
-//! (so background load hits them alike); each figure is the median round.
+//! `cargo bench -p durable-postgres --features testing` writes `postgres.json` and
+//! `postgres-{turns,throughput,resume}.svg` to `DURABLE_BENCH_OUT` (default
+//! `target/durable-bench`). The server is `DATABASE_URL` when set, else a throwaway cluster
+//! started from the machine's PostgreSQL binaries (`durable_postgres::testing`); each run
+//! uses fresh databases. Knobs (environment):
+//!
+//! | variable | default | what |
+//! |---|---|---|
+//! | `DURABLE_BENCH_CALLS` | 700 | calls per latency figure (figures 1–2) |
+//! | `DURABLE_BENCH_ROUNDS` | 7 | interleaved rounds of the latency figures |
+//! | `DURABLE_BENCH_THROUGHPUT_CALLS` | 1920 | calls per throughput round, split over the sessions |
+//! | `DURABLE_BENCH_THROUGHPUT_ROUNDS` | 3 | interleaved throughput rounds |
+//! | `DURABLE_BENCH_TURNS` | 10000 | agent turns of figure 4, the longest session resumed |
+//! | `DURABLE_BENCH_STORAGE_TURNS` | 1000 | turns of the session measured in figure 5 |
+//! | `DURABLE_BENCH_RESUME_RUNS` | 7 | interleaved resumes of each session |
+//! | `DURABLE_BENCH_OUT` | `target/durable-bench` | where the JSON and SVGs go |
+//! | `DATABASE_URL` | unset | a server to use instead of the throwaway cluster |
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
 
-use durable_core::transcript::Message;
-use durable_core::{CheckpointStore, Durable, ReplayClass, Session, StartOptions, ToolSpec};
+use durable_bench::harness::{self, Baseline, Targets};
+use durable_bench::{Report, env_usize, machine, out_dir, workload};
+use durable_core::{CheckpointStore, Durable, Message};
 use durable_postgres::testing::test_database;
 use durable_postgres::{PostgresStore, PostgresStoreOptions};
-use serde_json::json;
 use sqlx::PgPool;
 use sqlx::postgres::PgPoolOptions;
 
-const ROUNDS: usize = 7;
-const CONCURRENCY: [usize; 3] = [1, 8, 32];
-/// Rounds per throughput figure, and calls per session per round.
-const THROUGHPUT_ROUNDS: usize = 3;
-const THROUGHPUT_CALLS: usize = 960;
+const TARGETS: Targets = Targets {
+    pure_per_s: 15_000.0,
+    unsafe_per_s: 8_000.0,
+    storage: 1.8,
+};
 
-fn calls() -> usize {
-    std::env::var("DURABLE_BENCH_CALLS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(700)
+/// Connections of the store's pool and of the raw pool: one per session at 32, and spare.
+const POOL: u32 = 36;
+
+/// The raw side: tables in the same database as the store's, a pool of as many
+/// connections.
+struct Raw {
+    pool: PgPool,
+    payload: String,
+    /// Numbers the throughput rounds (their rows need ids of their own).
+    rounds: AtomicU64,
 }
 
-fn payload() -> String {
-    json!({"n": 0, "result": {"ok": true, "text": "x".repeat(64)}}).to_string()
-}
-
-/// One round trip: `SELECT 1` on one connection (to read the others in round trips).
-async fn round_trip(pool: &PgPool, n: usize) -> Duration {
-    let mut conn = pool.acquire().await.expect("acquire");
-    let start = Instant::now();
-    for _ in 0..n {
-        sqlx::query("SELECT 1")
-            .execute(&mut *conn)
+impl Raw {
+    async fn connect(url: &str) -> Raw {
+        let pool = PgPoolOptions::new()
+            .max_connections(POOL)
+            .connect(url)
             .await
-            .expect("select 1");
+            .expect("connect raw");
+        sqlx::raw_sql(
+            "CREATE TABLE bench_rows (id TEXT PRIMARY KEY, payload TEXT NOT NULL);
+             CREATE TABLE bench_journal (session_id TEXT NOT NULL, step BIGINT NOT NULL,
+                 slot TEXT NOT NULL, body TEXT NOT NULL, PRIMARY KEY (session_id, step, slot));
+             CREATE TABLE bench_messages (session_id TEXT NOT NULL, seq BIGINT NOT NULL,
+                 body TEXT NOT NULL, PRIMARY KEY (session_id, seq));",
+        )
+        .execute(&pool)
+        .await
+        .expect("create the raw tables");
+        Raw {
+            pool,
+            payload: workload::result_payload().to_string(),
+            rounds: AtomicU64::new(0),
+        }
     }
-    start.elapsed()
-}
 
-/// The load average, to judge how quiet the machine was.
-fn load() -> String {
-    std::fs::read_to_string("/proc/loadavg")
-        .ok()
-        .and_then(|l| l.split_whitespace().next().map(str::to_owned))
-        .unwrap_or_else(|| "?".into())
-}
-
-/// Raw baseline: one row per transaction.
-async fn raw_round(pool: &PgPool, tag: &str, n: usize) -> Duration {
-    let mut conn = pool.acquire().await.expect("acquire");
-    let payload = payload();
-    let start = Instant::now();
-    for i in 0..n {
+    async fn commit_row(pool: &PgPool, id: String, payload: &str) {
+        let mut conn = pool.acquire().await.expect("acquire");
         sqlx::query("BEGIN")
             .execute(&mut *conn)
             .await
             .expect("begin");
         sqlx::query("INSERT INTO bench_rows (id, payload) VALUES ($1, $2)")
-            .bind(format!("{tag}-{i}"))
-            .bind(&payload)
+            .bind(id)
+            .bind(payload)
             .execute(&mut *conn)
             .await
             .expect("insert");
@@ -86,91 +107,176 @@ async fn raw_round(pool: &PgPool, tag: &str, n: usize) -> Duration {
             .await
             .expect("commit");
     }
-    start.elapsed()
+
+    /// One turn in one transaction: the reply into the journal table (unless `journal`
+    /// is false: figure 5's raw side holds the messages only), the reply and the tool
+    /// result into the messages table.
+    async fn write_turn(&self, session: &str, turn: usize, journal: bool) {
+        let reply = workload::message_json(&workload::reply(turn));
+        let result = workload::message_json(&workload::tool_result(turn));
+        let seq = 2 * turn as i64;
+        let mut conn = self.pool.acquire().await.expect("acquire");
+        sqlx::query("BEGIN")
+            .execute(&mut *conn)
+            .await
+            .expect("begin");
+        if journal {
+            sqlx::query(
+                "INSERT INTO bench_journal (session_id, step, slot, body) VALUES ($1, $2, '@model', $3)",
+            )
+            .bind(session)
+            .bind(turn as i64)
+            .bind(&reply)
+            .execute(&mut *conn)
+            .await
+            .expect("insert the reply");
+        }
+        for (i, body) in [reply, result].into_iter().enumerate() {
+            sqlx::query("INSERT INTO bench_messages (session_id, seq, body) VALUES ($1, $2, $3)")
+                .bind(session)
+                .bind(seq + i as i64)
+                .bind(body)
+                .execute(&mut *conn)
+                .await
+                .expect("insert a message");
+        }
+        sqlx::query("COMMIT")
+            .execute(&mut *conn)
+            .await
+            .expect("commit");
+    }
 }
 
-fn spec(class: ReplayClass) -> ToolSpec {
-    ToolSpec::new(
-        format!("bench_{class}"),
-        "A tool whose body returns at once.",
-        class,
-        json!({"type": "object", "properties": {"n": {"type": "integer"}}}),
+impl Baseline for Raw {
+    async fn one_commit(&self, n: u64) {
+        Raw::commit_row(&self.pool, format!("one-{n}"), &self.payload).await;
+    }
+
+    async fn two_commits(&self, n: u64) {
+        let id = format!("two-{n}");
+        Raw::commit_row(&self.pool, id.clone(), "{}").await;
+        let mut conn = self.pool.acquire().await.expect("acquire");
+        sqlx::query("BEGIN")
+            .execute(&mut *conn)
+            .await
+            .expect("begin");
+        sqlx::query("UPDATE bench_rows SET payload = $1 WHERE id = $2")
+            .bind(&self.payload)
+            .bind(id)
+            .execute(&mut *conn)
+            .await
+            .expect("update");
+        sqlx::query("COMMIT")
+            .execute(&mut *conn)
+            .await
+            .expect("commit");
+    }
+
+    async fn throughput(&self, tasks: usize, per_task: usize) -> f64 {
+        let round = self.rounds.fetch_add(1, Ordering::Relaxed);
+        let started = Instant::now();
+        let handles: Vec<_> = (0..tasks)
+            .map(|task| {
+                let pool = self.pool.clone();
+                let payload = self.payload.clone();
+                tokio::spawn(async move {
+                    for i in 0..per_task {
+                        Raw::commit_row(&pool, format!("t-{round}-{task}-{i}"), &payload).await;
+                    }
+                })
+            })
+            .collect();
+        for handle in handles {
+            handle.await.expect("raw task");
+        }
+        (tasks * per_task) as f64 / started.elapsed().as_secs_f64()
+    }
+
+    async fn turn(&self, session: &str, turn: usize) {
+        self.write_turn(session, turn, true).await;
+    }
+
+    async fn read_messages(&self, session: &str) -> Vec<Message> {
+        let bodies: Vec<String> = sqlx::query_scalar(
+            "SELECT body FROM bench_messages WHERE session_id = $1 ORDER BY seq",
+        )
+        .bind(session)
+        .fetch_all(&self.pool)
+        .await
+        .expect("select the messages");
+        bodies
+            .iter()
+            .map(|b| serde_json::from_str(b).expect("a message"))
+            .collect()
+    }
+}
+
+async fn store(url: &str) -> (PostgresStore, Durable) {
+    let store = PostgresStore::connect_with(PostgresStoreOptions::new(url).max_connections(POOL))
+        .await
+        .expect("connect the store");
+    let durable = Durable::builder(Arc::new(store.clone()) as Arc<dyn CheckpointStore>)
+        .owner("bench")
+        .build();
+    (store, durable)
+}
+
+/// `pg_total_relation_size` (heap, indexes, TOAST, free-space and visibility maps) of the
+/// tables whose names are `LIKE pattern`, each VACUUMed first.
+async fn tables_size(pool: &PgPool, pattern: &str) -> u64 {
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT tablename::text FROM pg_tables WHERE schemaname = current_schema() AND tablename LIKE $1",
     )
+    .bind(pattern)
+    .fetch_all(pool)
+    .await
+    .expect("list the tables");
+    for table in &tables {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("VACUUM \"{table}\"")))
+            .execute(pool)
+            .await
+            .expect("vacuum");
+    }
+    let size: i64 = sqlx::query_scalar(
+        "SELECT COALESCE(SUM(pg_total_relation_size(quote_ident(tablename)))::bigint, 0)
+         FROM pg_tables WHERE schemaname = current_schema() AND tablename LIKE $1",
+    )
+    .bind(pattern)
+    .fetch_one(pool)
+    .await
+    .expect("table sizes");
+    u64::try_from(size).unwrap_or(0)
 }
 
-async fn session(durable: &Durable) -> Session<Message> {
-    durable
-        .start::<Message>(StartOptions::default())
-        .await
-        .expect("start")
-}
-
-async fn run_one(session: &Session<Message>, spec: &ToolSpec, n: i64) {
-    let mut call = session.journal().tool(spec, json!({ "n": n }));
-    if spec.class == ReplayClass::IdempotentWithKey {
-        call = call.key(format!("key-{n}"));
+/// Figure 5: what a `turns`-turn session adds to the `durable_*` tables of a fresh
+/// database, and the same messages to a raw table in it.
+async fn storage(report: &mut Report, turns: usize) {
+    let db = test_database().await;
+    let (store, durable) = store(db.url()).await;
+    let raw = Raw::connect(db.url()).await;
+    let empty = tables_size(store.pool(), "durable\\_%").await;
+    workload::agent_session(&durable, turns).await;
+    let full = tables_size(store.pool(), "durable\\_%").await;
+    let raw_empty = tables_size(&raw.pool, "bench\\_messages").await;
+    let mut message_bytes = 0;
+    for turn in 0..turns {
+        for message in [workload::reply(turn), workload::tool_result(turn)] {
+            message_bytes += workload::message_json(&message).len() as u64;
+        }
+        raw.write_turn("storage", turn, false).await;
     }
-    call.run(|_ctx| async move { Ok::<_, String>(json!({"ok": true, "text": "x".repeat(64)})) })
-        .await
-        .expect("journaled call");
-}
-
-async fn journaled_round(
-    session: &Session<Message>,
-    spec: &ToolSpec,
-    from: i64,
-    n: usize,
-) -> Duration {
-    let start = Instant::now();
-    for i in 0..n as i64 {
-        run_one(session, spec, from + i).await;
-    }
-    start.elapsed()
-}
-
-fn median(mut xs: Vec<f64>) -> f64 {
-    xs.sort_by(f64::total_cmp);
-    xs[xs.len() / 2]
-}
-
-/// `sessions` tasks, each running `per_session` calls cycling through the classes on a
-/// session of its own; journaled calls per second.
-async fn journaled_throughput(durable: &Durable, sessions: usize, per_session: usize) -> f64 {
-    let specs: Arc<[ToolSpec; 3]> = Arc::new(ReplayClass::ALL.map(spec));
-    let mut handles = Vec::with_capacity(sessions);
-    let mut ready = Vec::with_capacity(sessions);
-    for _ in 0..sessions {
-        ready.push(session(durable).await);
-    }
-    let start = Instant::now();
-    for s in ready {
-        let specs = Arc::clone(&specs);
-        handles.push(tokio::spawn(async move {
-            for i in 0..per_session {
-                run_one(&s, &specs[i % 3], i as i64).await;
-            }
-        }));
-    }
-    for h in handles {
-        h.await.expect("session task");
-    }
-    (sessions * per_session) as f64 / start.elapsed().as_secs_f64()
-}
-
-/// `connections` tasks, each committing `per_conn` single-row transactions.
-async fn raw_throughput(pool: &PgPool, tag: &str, connections: usize, per_conn: usize) -> f64 {
-    let start = Instant::now();
-    let handles: Vec<_> = (0..connections)
-        .map(|c| {
-            let pool = pool.clone();
-            let tag = format!("{tag}-{c}");
-            tokio::spawn(async move { raw_round(&pool, &tag, per_conn).await })
-        })
-        .collect();
-    for h in handles {
-        h.await.expect("raw task");
-    }
-    (connections * per_conn) as f64 / start.elapsed().as_secs_f64()
+    let raw_full = tables_size(&raw.pool, "bench\\_messages").await;
+    harness::storage(
+        report,
+        turns,
+        message_bytes,
+        full.saturating_sub(empty),
+        raw_full.saturating_sub(raw_empty),
+        TARGETS.storage,
+        &format!(
+            "growth of pg_total_relation_size, VACUUMed (durable_* tables {full} B, {empty} B empty)"
+        ),
+    );
 }
 
 fn main() {
@@ -178,109 +284,93 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    runtime.block_on(async {
-        let db = test_database().await;
-        let pool_size = CONCURRENCY[CONCURRENCY.len() - 1] as u32 + 4;
-        let store =
-            PostgresStore::connect_with(PostgresStoreOptions::new(db.url()).max_connections(pool_size))
-                .await
-        .expect("connect store");
-        let raw = PgPoolOptions::new()
-            .max_connections(pool_size)
-            .connect(db.url())
-            .await
-            .expect("connect raw");
-        sqlx::query("CREATE TABLE bench_rows (id TEXT PRIMARY KEY, payload TEXT NOT NULL)")
-            .execute(&raw)
-            .await
-            .expect("create");
-        let settings: (String, String) =
-            sqlx::query_as("SELECT current_setting('fsync'), current_setting('synchronous_commit')")
-                .fetch_one(&raw)
-                .await
-                .expect("settings");
-        let version: String = sqlx::query_scalar("SHOW server_version")
-            .fetch_one(&raw)
-            .await
-            .expect("version");
-        let n = calls();
-        let per_round = n.div_ceil(ROUNDS);
-        println!(
-            "durable-postgres journal benchmark: PostgreSQL {version}, fsync={} synchronous_commit={}, \
-             {n} calls per latency figure in {ROUNDS} interleaved rounds (median round); \
-             load average {}",
-            settings.0,
-            settings.1,
-            load()
-        );
-        let durable = Durable::builder(Arc::new(store.clone()) as Arc<dyn CheckpointStore>)
-            .owner("bench")
-            .build();
-        let classes = ReplayClass::ALL;
-        let mut setups = Vec::new();
-        for class in classes {
-            let s = session(&durable).await;
-            let spec = spec(class);
-            // warm-up: the step cache, the durability check, prepared statements
-            journaled_round(&s, &spec, 1_000_000, 5).await;
-            setups.push((s, spec));
-        }
-        raw_round(&raw, "warm", 5).await;
-        let per = |d: Duration| d.as_secs_f64() * 1e6 / per_round as f64;
-        let mut raw_us = Vec::new();
-        let mut rtt_us = Vec::new();
-        let mut class_us = vec![Vec::new(); classes.len()];
-        for round in 0..ROUNDS {
-            raw_us.push(per(raw_round(&raw, &format!("r{round}"), per_round).await));
-            rtt_us.push(per(round_trip(&raw, per_round).await));
-            for (i, (s, spec)) in setups.iter().enumerate() {
-                let from = (round * per_round) as i64;
-                class_us[i].push(per(journaled_round(s, spec, from, per_round).await));
-            }
-        }
-        drop(setups);
-        let raw_median = median(raw_us);
-        println!(
-            "{:<34} {:>8.1} µs/call   1.00×",
-            "raw INSERT+COMMIT (baseline)", raw_median
-        );
-        println!(
-            "{:<34} {:>8.1} µs/call   {:.2}×",
-            "one round trip (SELECT 1)",
-            median(rtt_us.clone()),
-            median(rtt_us) / raw_median
-        );
-        for (class, samples) in classes.iter().zip(class_us) {
-            let took = median(samples);
-            println!(
-                "{:<34} {:>8.1} µs/call   {:.2}×   overhead {:+.1} µs",
-                format!("journaled {class}"),
-                took,
-                took / raw_median,
-                took - raw_median
-            );
-        }
+    runtime.block_on(run());
+}
 
-        println!(
-            "throughput ({THROUGHPUT_ROUNDS} interleaved rounds, median; {THROUGHPUT_CALLS} calls per \
-             round split over the sessions; calls cycle pure → keyed → unsafe):"
-        );
-        for sessions in CONCURRENCY {
-            let per_session = THROUGHPUT_CALLS / sessions;
-            let (mut raw_rates, mut journal_rates) = (Vec::new(), Vec::new());
-            for round in 0..THROUGHPUT_ROUNDS {
-                raw_rates.push(
-                    raw_throughput(&raw, &format!("t{sessions}-{round}"), sessions, per_session).await,
-                );
-                journal_rates.push(journaled_throughput(&durable, sessions, per_session).await);
-            }
-            let (raw_rate, journal_rate) = (median(raw_rates), median(journal_rates));
-            println!(
-                "  {sessions:>2} session(s): {journal_rate:>7.0} journaled calls/s   \
-                 raw INSERT+COMMIT {raw_rate:>7.0}/s from {sessions} connection(s)   ({:.2}× raw)",
-                journal_rate / raw_rate
-            );
+async fn run() {
+    let out = out_dir().expect("the output directory");
+    let calls = env_usize("DURABLE_BENCH_CALLS", 700);
+    let rounds = env_usize("DURABLE_BENCH_ROUNDS", 7).max(1);
+    let throughput_calls = env_usize("DURABLE_BENCH_THROUGHPUT_CALLS", 1920);
+    let throughput_rounds = env_usize("DURABLE_BENCH_THROUGHPUT_ROUNDS", 3).max(1);
+    let turns = env_usize("DURABLE_BENCH_TURNS", 10_000).max(100);
+    let storage_turns = env_usize("DURABLE_BENCH_STORAGE_TURNS", 1_000).max(1);
+    let resume_runs = env_usize("DURABLE_BENCH_RESUME_RUNS", 7).max(1);
+
+    let mut report = Report::new("postgres");
+    let db = test_database().await;
+    let raw = Raw::connect(db.url()).await;
+    let (version, fsync, sync_commit): (String, String, String) = sqlx::query_as(
+        "SELECT current_setting('server_version'), current_setting('fsync'), \
+         current_setting('synchronous_commit')",
+    )
+    .fetch_one(&raw.pool)
+    .await
+    .expect("settings");
+    for (name, value) in [
+        ("server_version", serde_json::Value::from(version.clone())),
+        ("fsync", fsync.clone().into()),
+        ("synchronous_commit", sync_commit.clone().into()),
+        ("pool_connections", POOL.into()),
+        ("calls_per_latency_figure", calls.into()),
+        ("latency_rounds", rounds.into()),
+        ("throughput_calls_per_round", throughput_calls.into()),
+        ("throughput_rounds", throughput_rounds.into()),
+        ("turns", turns.into()),
+        ("storage_turns", storage_turns.into()),
+        ("resume_runs", resume_runs.into()),
+    ] {
+        report.setting(name, value);
+    }
+    println!(
+        "durable-postgres bench: PostgreSQL {version}, fsync={fsync} synchronous_commit={sync_commit}, \
+         {} cores, load average {}",
+        report.cores,
+        machine::load_text(report.load_before),
+    );
+
+    let (_store, durable) = store(db.url()).await;
+    eprintln!("latency: {calls} calls per figure in {rounds} rounds");
+    harness::latency(&mut report, &durable, &raw, calls, rounds).await;
+    eprintln!("throughput: {throughput_calls} calls per round, {throughput_rounds} rounds");
+    let throughput_svg = harness::throughput(
+        &mut report,
+        &durable,
+        &raw,
+        throughput_calls,
+        throughput_rounds,
+        TARGETS,
+    )
+    .await;
+
+    eprintln!("agent turns: {turns}");
+    let (long, turns_svg) = harness::turns(&mut report, &durable, &raw, turns).await;
+    eprintln!("storage: {storage_turns} turns");
+    storage(&mut report, storage_turns).await;
+
+    eprintln!("resume: {resume_runs} runs each");
+    let mut sessions = Vec::new();
+    for length in [100, 1_000] {
+        if length < turns {
+            sessions.push(harness::build_session(&durable, &raw, length).await);
         }
-        println!("load average at the end: {}", load());
-    });
+    }
+    sessions.push(long);
+    let resume_svg = harness::resume(&mut report, &durable, &raw, &sessions, resume_runs).await;
+
+    report.finish();
+    println!(
+        "load average: {} before, {} after",
+        machine::load_text(report.load_before),
+        machine::load_text(report.load_after)
+    );
+    harness::write(
+        &report,
+        &out,
+        &[
+            ("turns", turns_svg),
+            ("throughput", throughput_svg),
+            ("resume", resume_svg),
+        ],
+    );
 }
