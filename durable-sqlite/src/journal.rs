@@ -202,49 +202,79 @@ pub(crate) async fn calls(
     session: &SessionId,
     step: Option<i64>,
 ) -> Result<Vec<CallRecord>, StoreError> {
+    match step {
+        Some(step) => step_calls(store, session, step).await,
+        None => all_calls(store, session).await,
+    }
+}
+
+/// Every row of the session, with the whole journal's completeness checked.
+async fn all_calls(
+    store: &SqliteStore,
+    session: &SessionId,
+) -> Result<Vec<CallRecord>, StoreError> {
     let ring = store.keyring();
-    // One snapshot: the head, the completeness checks and the rows agree.
+    // One snapshot: the head, the completeness count and the rows agree.
     let mut rtx = store.reader().begin().await.map_err(db)?;
     let head = seal::checked_head(&mut rtx, ring, session).await?;
-    let found = match step {
-        // `+c.seq`: read the step by the identity index, which leads with
-        // (session_id, step), and sort its few rows; ordering by the position index
-        // would walk the whole session.
-        Some(step) => {
-            let found = sqlx::query(concat!(
-                "SELECT ",
-                call_cols!(),
-                " FROM durable_tool_calls c WHERE c.session_id = ? AND c.step = ? \
-                 ORDER BY +c.seq"
-            ))
-            .bind(session.as_str())
-            .bind(step)
-            .fetch_all(&mut *rtx)
-            .await
-            .map_err(db)?;
-            let seqs = found
-                .iter()
-                .map(|row| rows::col::<i64>(row, "seq", session, None))
-                .collect::<Result<Vec<_>, _>>()?;
-            seal::check_step_complete(&mut rtx, &head, step, &seqs).await?;
-            found
-        }
-        None => {
-            seal::check_journal_complete(&mut rtx, &head).await?;
-            sqlx::query(concat!(
-                "SELECT ",
-                call_cols!(),
-                " FROM durable_tool_calls c WHERE c.session_id = ? ORDER BY c.seq"
-            ))
-            .bind(session.as_str())
-            .fetch_all(&mut *rtx)
-            .await
-            .map_err(db)?
-        }
-    };
+    seal::check_journal_complete(&mut rtx, &head).await?;
+    let found = sqlx::query(concat!(
+        "SELECT ",
+        call_cols!(),
+        " FROM durable_tool_calls c WHERE c.session_id = ? ORDER BY c.seq"
+    ))
+    .bind(session.as_str())
+    .fetch_all(&mut *rtx)
+    .await
+    .map_err(db)?;
     rtx.commit().await.map_err(db)?;
     found
         .iter()
+        .map(|row| checked_call_record(ring, row))
+        .collect()
+}
+
+/// One step's rows, in one statement (one snapshot, one round trip): the session row
+/// with its head and [`seal::step_check_cols!`], joined to the step's rows (`NULL`
+/// columns when it has none). `+c.seq`: the rows are found by the identity index, which
+/// leads with (session_id, step), and sorted; ordering by the position index would walk
+/// the whole session.
+async fn step_calls(
+    store: &SqliteStore,
+    session: &SessionId,
+    step: i64,
+) -> Result<Vec<CallRecord>, StoreError> {
+    let ring = store.keyring();
+    let found = sqlx::query(concat!(
+        "SELECT ",
+        seal::head_cols!(),
+        seal::step_check_cols!(),
+        ", ",
+        call_cols!(),
+        " FROM durable_sessions s LEFT JOIN durable_tool_calls c \
+         ON c.session_id = s.id AND c.step = ?2 WHERE s.id = ?1 ORDER BY +c.seq"
+    ))
+    .bind(session.as_str())
+    .bind(step)
+    .fetch_all(store.reader())
+    .await
+    .map_err(db)?;
+    let first = found
+        .first()
+        .ok_or_else(|| StoreError::SessionNotFound(session.clone()))?;
+    let head = seal::head_from_row(first, session)?;
+    head.check(ring)?;
+    let mut rows = Vec::with_capacity(found.len());
+    let mut seqs = Vec::with_capacity(found.len());
+    for row in &found {
+        let seq: Option<i64> = rows::col(row, "seq", session, None)?;
+        if let Some(seq) = seq {
+            seqs.push(seq);
+            rows.push(row);
+        }
+    }
+    seal::StepCheck::from_row(first, session)?.check(&head, step, &seqs)?;
+    rows.into_iter()
         .map(|row| checked_call_record(ring, row))
         .collect()
 }
@@ -257,24 +287,35 @@ pub(crate) async fn issued_calls(
     session: &SessionId,
 ) -> Result<Vec<CallRecord>, StoreError> {
     let ring = store.keyring();
-    let mut rtx = store.reader().begin().await.map_err(db)?;
-    let head = seal::checked_head(&mut rtx, ring, session).await?;
-    seal::check_journal_complete(&mut rtx, &head).await?;
+    // One statement: the session row with its head and the journal's count, joined to
+    // its issued rows by the partial index (`NULL` columns when there are none).
     let found = sqlx::query(concat!(
         "SELECT ",
+        seal::head_cols!(),
+        seal::journal_count_cols!(),
+        ", ",
         call_cols!(),
-        " FROM durable_tool_calls c WHERE c.session_id = ? AND c.status = 'issued' \
-         ORDER BY c.seq"
+        " FROM durable_sessions s LEFT JOIN durable_tool_calls c \
+         ON c.session_id = s.id AND c.status = 'issued' WHERE s.id = ?1 ORDER BY c.seq"
     ))
     .bind(session.as_str())
-    .fetch_all(&mut *rtx)
+    .fetch_all(store.reader())
     .await
     .map_err(db)?;
-    rtx.commit().await.map_err(db)?;
-    found
-        .iter()
-        .map(|row| checked_call_record(ring, row))
-        .collect()
+    let first = found
+        .first()
+        .ok_or_else(|| StoreError::SessionNotFound(session.clone()))?;
+    let head = seal::head_from_row(first, session)?;
+    head.check(ring)?;
+    seal::JournalCount::from_row(first, session)?.check(&head)?;
+    let mut rows = Vec::new();
+    for row in &found {
+        let id: Option<String> = rows::col(row, "id", session, None)?;
+        if id.is_some() {
+            rows.push(checked_call_record(ring, row)?);
+        }
+    }
+    Ok(rows)
 }
 
 pub(crate) async fn in_doubt(

@@ -421,14 +421,19 @@ impl SqliteStore {
             open::checkpoint_truncate(&mut setup).await?;
         }
 
+        // No liveness ping per acquire (a round trip to the connection's worker thread):
+        // an embedded connection does not drop like a network one, and a broken one
+        // fails its first statement with a typed error all the same.
         let pool_options = move || {
-            SqlitePoolOptions::new().after_connect(move |conn, _meta| {
-                Box::pin(async move {
-                    open::verify(conn, expect)
-                        .await
-                        .map_err(|e| sqlx::Error::Configuration(Box::new(e)))
+            SqlitePoolOptions::new()
+                .test_before_acquire(false)
+                .after_connect(move |conn, _meta| {
+                    Box::pin(async move {
+                        open::verify(conn, expect)
+                            .await
+                            .map_err(|e| sqlx::Error::Configuration(Box::new(e)))
+                    })
                 })
-            })
         };
         let writer = pool_options()
             .max_connections(1)

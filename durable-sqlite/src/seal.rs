@@ -265,110 +265,149 @@ pub(crate) async fn checked_head(
     Ok(head)
 }
 
-/// Checks that the session's journal holds exactly rows `1..=head.journal_rows`: a
-/// deleted row leaves a gap or a short count, an inserted one a long count.
+/// Columns counting a session's journal (`?1`: the session id), read from the position
+/// index alone: for [`JournalCount`].
+macro_rules! journal_count_cols {
+    () => {
+        ", (SELECT COUNT(*) FROM durable_tool_calls WHERE session_id = ?1) AS journal_count, \
+         (SELECT COALESCE(MAX(seq), 0) FROM durable_tool_calls WHERE session_id = ?1) \
+         AS journal_top, \
+         (SELECT COALESCE(MIN(seq), 1) FROM durable_tool_calls WHERE session_id = ?1) \
+         AS journal_bottom"
+    };
+}
+pub(crate) use journal_count_cols;
+
+/// A session's journal as counted by [`journal_count_cols!`].
+pub(crate) struct JournalCount {
+    count: i64,
+    top: i64,
+    bottom: i64,
+}
+
+impl JournalCount {
+    pub(crate) fn from_row(row: &SqliteRow, session: &SessionId) -> Result<Self, StoreError> {
+        Ok(JournalCount {
+            count: rows::col(row, "journal_count", session, None)?,
+            top: rows::col(row, "journal_top", session, None)?,
+            bottom: rows::col(row, "journal_bottom", session, None)?,
+        })
+    }
+
+    /// Checks that the session's journal holds exactly rows `1..=head.journal_rows`: a
+    /// deleted row leaves a gap or a short count, an inserted one a long count.
+    pub(crate) fn check(&self, head: &HeadRow) -> Result<(), StoreError> {
+        let JournalCount { count, top, bottom } = *self;
+        if count != head.journal_rows || top != head.journal_rows || bottom != 1 {
+            return Err(StoreError::Tampered {
+                session: head.session.clone(),
+                what: "the journal".to_owned(),
+                detail: format!(
+                    "the session head records {} rows, the table holds {count} (seq {bottom}..={top}): rows were deleted or inserted",
+                    head.journal_rows
+                ),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Checks that the session's journal holds exactly rows `1..=head.journal_rows`.
 pub(crate) async fn check_journal_complete(
     conn: &mut SqliteConnection,
     head: &HeadRow,
 ) -> Result<(), StoreError> {
-    let row = sqlx::query(
-        "SELECT COUNT(*) AS n, COALESCE(MAX(seq), 0) AS top, COALESCE(MIN(seq), 1) AS bottom \
-         FROM durable_tool_calls WHERE session_id = ?",
-    )
-    .bind(head.session.as_str())
-    .fetch_one(conn)
-    .await
-    .map_err(db)?;
-    let n: i64 = row.try_get("n").map_err(db)?;
-    let top: i64 = row.try_get("top").map_err(db)?;
-    let bottom: i64 = row.try_get("bottom").map_err(db)?;
-    if n != head.journal_rows || top != head.journal_rows || bottom != 1 {
-        return Err(StoreError::Tampered {
-            session: head.session.clone(),
-            what: "the journal".to_owned(),
-            detail: format!(
-                "the session head records {} rows, the table holds {n} (seq {bottom}..={top}): rows were deleted or inserted",
-                head.journal_rows
-            ),
-        });
-    }
-    Ok(())
-}
-
-/// Checks that a step's rows, at positions `seqs` (ascending), are all of that step's
-/// rows, without reading the rest of the journal.
-///
-/// A step's rows are contiguous in the journal (steps only move forward: every row is
-/// written at its session's current step, which a checkpoint advances), so it suffices
-/// that they have no gap and that the positions just before and after them hold rows
-/// (of other steps) unless they are the journal's ends; for a step without rows, that
-/// the last row before it and the first after it are neighbours. A deleted row of the
-/// step, at its edge or inside it, or all of them, is [`StoreError::Tampered`].
-pub(crate) async fn check_step_complete(
-    conn: &mut SqliteConnection,
-    head: &HeadRow,
-    step: i64,
-    seqs: &[i64],
-) -> Result<(), StoreError> {
-    let n = head.journal_rows;
-    let tampered = |detail: String| StoreError::Tampered {
-        session: head.session.clone(),
-        what: format!("the journal (step {step})"),
-        detail,
-    };
-    let (Some(&first), Some(&last)) = (seqs.first(), seqs.last()) else {
-        let row = sqlx::query(
-            "SELECT \
-             (SELECT MAX(seq) FROM durable_tool_calls WHERE session_id = ?1 AND step = \
-               (SELECT step FROM durable_tool_calls WHERE session_id = ?1 AND step < ?2 \
-                ORDER BY step DESC LIMIT 1)) AS before, \
-             (SELECT MIN(seq) FROM durable_tool_calls WHERE session_id = ?1 AND step = \
-               (SELECT step FROM durable_tool_calls WHERE session_id = ?1 AND step > ?2 \
-                ORDER BY step LIMIT 1)) AS after",
-        )
+    let row = sqlx::query(concat!("SELECT 1", journal_count_cols!()))
         .bind(head.session.as_str())
-        .bind(step)
         .fetch_one(conn)
         .await
         .map_err(db)?;
-        let before: Option<i64> = row.try_get("before").map_err(db)?;
-        let after: Option<i64> = row.try_get("after").map_err(db)?;
-        let (before, after) = (before.unwrap_or(0), after.unwrap_or(n + 1));
-        if after != before + 1 || after > n + 1 {
+    JournalCount::from_row(&row, &head.session)?.check(head)
+}
+
+/// Columns for [`StepCheck`] (`?1`: the session id, `?2`: the step): how many of the
+/// positions next to the step's rows hold rows, and for a step
+/// without rows, the last position before it and the first after it. Each is a lookup
+/// in the identity or position index, whatever the journal's length (`+seq`: by the
+/// identity index and the step's few rows, not by walking the position index).
+macro_rules! step_check_cols {
+    () => {
+        ", (SELECT COUNT(*) FROM durable_tool_calls WHERE session_id = ?1 AND seq IN ( \
+           (SELECT MIN(+seq) FROM durable_tool_calls WHERE session_id = ?1 AND step = ?2) - 1, \
+           (SELECT MAX(+seq) FROM durable_tool_calls WHERE session_id = ?1 AND step = ?2) + 1)) \
+         AS step_neighbours, \
+         (SELECT MAX(+seq) FROM durable_tool_calls WHERE session_id = ?1 AND step = \
+           (SELECT step FROM durable_tool_calls WHERE session_id = ?1 AND step < ?2 \
+            ORDER BY step DESC LIMIT 1)) AS step_before, \
+         (SELECT MIN(+seq) FROM durable_tool_calls WHERE session_id = ?1 AND step = \
+           (SELECT step FROM durable_tool_calls WHERE session_id = ?1 AND step > ?2 \
+            ORDER BY step LIMIT 1)) AS step_after"
+    };
+}
+pub(crate) use step_check_cols;
+
+/// What [`step_check_cols!`] found around one step.
+pub(crate) struct StepCheck {
+    neighbours: i64,
+    before: Option<i64>,
+    after: Option<i64>,
+}
+
+impl StepCheck {
+    pub(crate) fn from_row(row: &SqliteRow, session: &SessionId) -> Result<Self, StoreError> {
+        Ok(StepCheck {
+            neighbours: rows::col(row, "step_neighbours", session, None)?,
+            before: rows::col(row, "step_before", session, None)?,
+            after: rows::col(row, "step_after", session, None)?,
+        })
+    }
+
+    /// Checks that a step's rows, at positions `seqs` (ascending, read in the same
+    /// statement), are all of that step's rows, without reading the rest of the journal.
+    ///
+    /// A step's rows are contiguous in the journal (steps only move forward: the store
+    /// refuses a row of an earlier step than its latest row's, `StoreError::StepClosed`),
+    /// so it suffices that they have no gap and that the positions just before and after
+    /// them hold rows (of other steps) unless they are the journal's ends; for a step
+    /// without rows, that the last row before it and the first after it are neighbours.
+    /// A deleted row of the step, at its edge or inside it, or all of them, is
+    /// [`StoreError::Tampered`].
+    pub(crate) fn check(&self, head: &HeadRow, step: i64, seqs: &[i64]) -> Result<(), StoreError> {
+        let n = head.journal_rows;
+        let tampered = |detail: String| StoreError::Tampered {
+            session: head.session.clone(),
+            what: format!("the journal (step {step})"),
+            detail,
+        };
+        let (Some(&first), Some(&last)) = (seqs.first(), seqs.last()) else {
+            let (before, after) = (self.before.unwrap_or(0), self.after.unwrap_or(n + 1));
+            if after != before + 1 || after > n + 1 {
+                return Err(tampered(format!(
+                    "the step has no rows, but the journal jumps from position {before} to \
+                     {after} around it (the session head records {n} rows): rows were deleted"
+                )));
+            }
+            return Ok(());
+        };
+        let count = i64::try_from(seqs.len()).unwrap_or(i64::MAX);
+        if first < 1 || last > n || last - first + 1 != count {
             return Err(tampered(format!(
-                "the step has no rows, but the journal jumps from position {before} to \
-                 {after} around it (the session head records {n} rows): rows were deleted"
+                "the step's {count} rows sit at positions {first}..={last} of a journal of {n} \
+                 rows: rows were deleted or inserted"
             )));
         }
-        return Ok(());
-    };
-    let count = i64::try_from(seqs.len()).unwrap_or(i64::MAX);
-    if first < 1 || last > n || last - first + 1 != count {
-        return Err(tampered(format!(
-            "the step's {count} rows sit at positions {first}..={last} of a journal of {n} \
-             rows: rows were deleted or inserted"
-        )));
+        // The neighbours by position; 0 and n + 1 never hold a row.
+        let expected = i64::from(first > 1) + i64::from(last < n);
+        if self.neighbours != expected {
+            return Err(tampered(format!(
+                "the rows next to the step's (positions {} and {}) are missing or extra: rows \
+                 were deleted or inserted",
+                first - 1,
+                last + 1
+            )));
+        }
+        Ok(())
     }
-    // The neighbours by position; 0 and n + 1 never hold a row.
-    let expected = i64::from(first > 1) + i64::from(last < n);
-    let found: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM durable_tool_calls WHERE session_id = ? AND seq IN (?, ?)",
-    )
-    .bind(head.session.as_str())
-    .bind(first - 1)
-    .bind(last + 1)
-    .fetch_one(conn)
-    .await
-    .map_err(db)?;
-    if found != expected {
-        return Err(tampered(format!(
-            "the rows next to the step's (positions {} and {}) are missing or extra: rows \
-             were deleted or inserted",
-            first - 1,
-            last + 1
-        )));
-    }
-    Ok(())
 }
 
 /// The seal of message `seq`, chained to `previous`.
