@@ -411,11 +411,13 @@ async fn journal_calls(
          ORDER BY c.seq"
     );
     let ring = store.keyring();
-    let found = sqlx::query(if issued_only { ISSUED } else { ALL })
-        .bind(session.as_str())
-        .fetch_all(&store.pool)
-        .await
-        .map_err(db)?;
+    let sql = if issued_only { ISSUED } else { ALL };
+    let found = tx::read(&store.pool, || {
+        sqlx::query(sql)
+            .bind(session.as_str())
+            .fetch_all(&store.pool)
+    })
+    .await?;
     let first = found
         .first()
         .ok_or_else(|| StoreError::SessionNotFound(session.clone()))?;
@@ -461,12 +463,13 @@ async fn step_calls(
          FROM h CROSS JOIN e LEFT JOIN r ON true ORDER BY r.seq"
     );
     let ring = store.keyring();
-    let found = sqlx::query(SQL)
-        .bind(session.as_str())
-        .bind(step)
-        .fetch_all(&store.pool)
-        .await
-        .map_err(db)?;
+    let found = tx::read(&store.pool, || {
+        sqlx::query(SQL)
+            .bind(session.as_str())
+            .bind(step)
+            .fetch_all(&store.pool)
+    })
+    .await?;
     let head = step_head(ring, session, &found)?;
     if step_extent(step, &found)?.check(&head).is_ok() {
         return checked_rows(ring, &found);

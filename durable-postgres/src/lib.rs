@@ -273,10 +273,10 @@ impl PostgresStore {
         };
         // No liveness ping before each acquire: it is a round trip of its own on every
         // journal write. A connection the server dropped while idle fails its first
-        // statement instead, which is always a `BEGIN` or a read: the `BEGIN` is retried
-        // once on a fresh connection (`tx::begin`), and a failed read changed nothing and
-        // is reported as a database error. The pool still checks each connection when it
-        // is released, and closes a broken one.
+        // statement instead, and nothing has happened yet: a `BEGIN` (`tx::begin`) and the
+        // one-statement journal reads (`tx::read`) are retried on another connection; other
+        // one-statement reads report a database error, which changed nothing. The pool
+        // checks each connection when it is released, and closes a broken one.
         let pool = PgPoolOptions::new()
             .test_before_acquire(false)
             .max_connections(options.max_connections)

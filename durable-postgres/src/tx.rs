@@ -37,25 +37,56 @@ pub(crate) async fn now(conn: &mut PgConnection) -> Result<i64, StoreError> {
 /// The pool does not ping a connection before handing it out (one round trip less per
 /// write; see `PostgresStore::connect_with`), so a connection the server dropped while it
 /// sat idle (a restart, an idle timeout) is found dead by this `BEGIN`. Nothing was sent
-/// but the `BEGIN`, so it is retried once on a fresh connection; the dead one is closed by
-/// the pool when it fails its release check.
+/// but the `BEGIN`, so it is retried on another connection, at most once per connection
+/// the pool holds (each dead one fails once: the pool closes it when it fails its
+/// release check) and once more on a new one.
 pub(crate) async fn begin(pool: &PgPool) -> Result<Transaction<'static, Postgres>, StoreError> {
-    match pool.begin().await {
-        Err(e) if connection_lost(&e) => pool.begin().await.map_err(db),
-        other => other.map_err(db),
-    }
+    begin_retrying(pool, None).await
 }
 
 /// Begins a read-only `REPEATABLE READ` transaction: every statement in it sees one
 /// snapshot, so a session's head and the rows it counts agree. (The isolation level is
-/// set by the `BEGIN` itself: no round trip of its own.) Retried once as [`begin`].
+/// set by the `BEGIN` itself: no round trip of its own.) Retried as [`begin`].
 pub(crate) async fn begin_snapshot(
     pool: &PgPool,
 ) -> Result<Transaction<'static, Postgres>, StoreError> {
-    const BEGIN: &str = "BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY";
-    match pool.begin_with(BEGIN).await {
-        Err(e) if connection_lost(&e) => pool.begin_with(BEGIN).await.map_err(db),
-        other => other.map_err(db),
+    begin_retrying(
+        pool,
+        Some("BEGIN ISOLATION LEVEL REPEATABLE READ, READ ONLY"),
+    )
+    .await
+}
+
+async fn begin_retrying(
+    pool: &PgPool,
+    statement: Option<&'static str>,
+) -> Result<Transaction<'static, Postgres>, StoreError> {
+    let mut tries = pool.size() + 1;
+    loop {
+        let begun = match statement {
+            None => pool.begin().await,
+            Some(begin) => pool.begin_with(begin).await,
+        };
+        match begun {
+            Err(e) if tries > 1 && connection_lost(&e) => tries -= 1,
+            other => return other.map_err(db),
+        }
+    }
+}
+
+/// Runs a read of one statement on the pool, retried as [`begin`] when the connection it
+/// got was dead (a read changes nothing, so running it again is safe).
+pub(crate) async fn read<T, F, Fut>(pool: &PgPool, read: F) -> Result<T, StoreError>
+where
+    F: Fn() -> Fut,
+    Fut: Future<Output = Result<T, sqlx::Error>>,
+{
+    let mut tries = pool.size() + 1;
+    loop {
+        match read().await {
+            Err(e) if tries > 1 && connection_lost(&e) => tries -= 1,
+            other => return other.map_err(db),
+        }
     }
 }
 
