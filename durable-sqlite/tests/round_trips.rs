@@ -1,0 +1,128 @@
+//! Round trips to SQLite per journal operation, counted from sqlx's own query log (one
+//! `sqlx::query` event per batch of statements sent to a connection's worker thread).
+//!
+//! Each round trip is a hop to that thread and back, which is what a journaled call
+//! costs beyond its commit (issue 11 measured ~200 µs per call outside SQLite with six
+//! of them). These counts are the contract of the write paths: a change that adds a
+//! statement to a hot path fails here, not only in a benchmark. One test, so that the
+//! process-wide subscriber counts nothing else.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use durable_core::transcript::Message;
+use durable_core::{Durable, ReplayClass, Session, StartOptions, ToolSpec};
+use durable_sqlite::SqliteStore;
+use serde_json::json;
+use tracing::span::{Attributes, Id, Record};
+use tracing::{Event, Metadata, Subscriber};
+
+static QUERIES: AtomicUsize = AtomicUsize::new(0);
+
+/// Counts sqlx's query events; records nothing else.
+struct QueryCounter;
+
+impl Subscriber for QueryCounter {
+    fn enabled(&self, metadata: &Metadata<'_>) -> bool {
+        metadata.target() == "sqlx::query"
+    }
+    fn new_span(&self, _: &Attributes<'_>) -> Id {
+        Id::from_u64(1)
+    }
+    fn record(&self, _: &Id, _: &Record<'_>) {}
+    fn record_follows_from(&self, _: &Id, _: &Id) {}
+    fn event(&self, event: &Event<'_>) {
+        if event.metadata().target() == "sqlx::query" {
+            QUERIES.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    fn enter(&self, _: &Id) {}
+    fn exit(&self, _: &Id) {}
+}
+
+/// Round trips made by `f`.
+async fn count<T>(f: impl AsyncFnOnce() -> T) -> (usize, T) {
+    let before = QUERIES.load(Ordering::SeqCst);
+    let out = f().await;
+    (QUERIES.load(Ordering::SeqCst) - before, out)
+}
+
+fn spec(name: &str, class: ReplayClass) -> ToolSpec {
+    ToolSpec::new(
+        name,
+        "A tool whose body returns at once.",
+        class,
+        json!({"type": "object", "properties": {"n": {"type": "integer"}}}),
+    )
+}
+
+async fn call(session: &Session<Message>, spec: &ToolSpec, n: i64) {
+    session
+        .journal()
+        .tool(spec, json!({ "n": n }))
+        .run(|_ctx| async move { Ok::<_, String>(json!({"ok": n})) })
+        .await
+        .expect("journaled call");
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn journal_operations_take_these_round_trips() {
+    tracing::subscriber::set_global_default(QueryCounter).expect("the only subscriber");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = SqliteStore::open(dir.path().join("trips.db"))
+        .await
+        .expect("open");
+    let durable = Durable::builder(Arc::new(store)).owner("trips").build();
+    let mut session = durable
+        .start::<Message>(StartOptions::new())
+        .await
+        .expect("start");
+    let pure = spec("lookup", ReplayClass::Pure);
+    let unsafe_ = spec("send", ReplayClass::UnsafeOnReplay);
+
+    // The first call of a step reads the step's rows: one statement.
+    let (first, ()) = count(async || call(&session, &pure, 0).await).await;
+    assert_eq!(
+        first,
+        1 + 2,
+        "first call of a step: the step read, then the write"
+    );
+
+    // BEGIN IMMEDIATE + the fenced SELECT; INSERT + head UPDATE + COMMIT.
+    let (trips, ()) = count(async || call(&session, &pure, 1).await).await;
+    assert_eq!(trips, 2, "a pure call (record_call)");
+
+    // The first unsafe call of a journal checks the store's durability settings once
+    // (two PRAGMAs); then issue_call and finish_call, two each.
+    let (trips, ()) = count(async || call(&session, &unsafe_, 2).await).await;
+    assert_eq!(trips, 2 + 4, "the first unsafe_on_replay call");
+    let (trips, ()) = count(async || call(&session, &unsafe_, 3).await).await;
+    assert_eq!(
+        trips, 4,
+        "an unsafe_on_replay call (issue_call, finish_call)"
+    );
+
+    // BEGIN IMMEDIATE + the fenced SELECT with the latest checkpoint's tail; the
+    // messages, the checkpoint, the session row and COMMIT.
+    session.push(Message::user("one"));
+    session.push(Message::user("two"));
+    let (trips, meta) = count(async || session.checkpoint().await).await;
+    meta.expect("checkpoint");
+    assert_eq!(trips, 2, "a checkpoint with two messages");
+
+    // Whatever the journal's length: a session of many steps costs the same per step.
+    for n in 0..50 {
+        call(&session, &pure, 100 + n).await;
+        session.push(Message::user(format!("turn {n}")));
+        session.checkpoint().await.expect("checkpoint");
+    }
+    let (trips, ()) = count(async || {
+        call(&session, &pure, 1_000).await;
+        call(&session, &pure, 1_001).await;
+    })
+    .await;
+    assert_eq!(trips, 1 + 2 + 2, "two calls of a step, 50 steps later");
+    let (trips, meta) = count(async || session.checkpoint().await).await;
+    meta.expect("checkpoint");
+    assert_eq!(trips, 2, "a checkpoint, 50 steps later");
+}
