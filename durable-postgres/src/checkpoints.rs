@@ -51,30 +51,47 @@ pub(crate) async fn load_checkpoint(
     id: &SessionId,
     version: Option<i64>,
 ) -> Result<Checkpoint, StoreError> {
-    let ring = store.keyring();
-    // One snapshot for every read: the head, the checkpoint and its transcript agree.
-    let mut tx = tx::begin_snapshot(&store.pool).await?;
-    let head = seal::checked_head(&mut tx, ring, id).await?;
-    let v = version.unwrap_or(head.latest_version);
-    // The previous version's seal, which this one's chains to, in the same round trip.
-    let row = sqlx::query(
-        "SELECT c.session_id, c.version, c.last_seq, c.message_count, c.app_version, \
+    // One statement, so one snapshot: the head, the checkpoint with the previous
+    // version's seal (which its own chains to) and its transcript, whose messages come
+    // as arrays in the one row.
+    const SQL: &str = concat!(
+        "WITH h AS (SELECT ",
+        seal::head_cols!(),
+        " FROM durable_sessions s WHERE s.id = $1) \
+         SELECT h.*, c.version IS NOT NULL AS found, \
+                c.session_id, c.version, c.last_seq, c.message_count, c.app_version, \
                 c.created_at, c.plan, c.budget, c.state, c.format AS cp_format, c.seal, \
-                p.seal AS previous_seal, p.version IS NOT NULL AS previous_found \
-         FROM durable_checkpoints c \
-         LEFT JOIN durable_checkpoints p ON p.session_id = c.session_id \
-                                        AND p.version = c.version - 1 \
-         WHERE c.session_id = $1 AND c.version = $2",
-    )
-    .bind(id.as_str())
-    .bind(v)
-    .fetch_optional(&mut *tx)
-    .await
-    .map_err(db)?
-    .ok_or_else(|| StoreError::VersionNotFound {
-        session: id.clone(),
-        version: v,
-    })?;
+                p.seal AS previous_seal, p.version IS NOT NULL AS previous_found, \
+                m.seqs, m.messages, m.formats, m.seals \
+         FROM h \
+         LEFT JOIN durable_checkpoints c \
+           ON c.session_id = $1 AND c.version = COALESCE($2, h.latest_version) \
+         LEFT JOIN durable_checkpoints p ON p.session_id = $1 AND p.version = c.version - 1 \
+         LEFT JOIN LATERAL ( \
+           SELECT array_agg(seq ORDER BY seq) AS seqs, \
+                  array_agg(message ORDER BY seq) AS messages, \
+                  array_agg(format ORDER BY seq) AS formats, \
+                  array_agg(seal ORDER BY seq) AS seals \
+           FROM durable_messages WHERE session_id = $1 AND seq <= c.last_seq) m ON true"
+    );
+    let ring = store.keyring();
+    let row = tx::read(&store.pool, || {
+        sqlx::query(SQL)
+            .bind(id.as_str())
+            .bind(version)
+            .fetch_optional(&store.pool)
+    })
+    .await?
+    .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
+    let head = seal::head_from_row(&row, id)?;
+    head.check(ring)?;
+    let v = version.unwrap_or(head.latest_version);
+    if !get::<bool>(&row, "found")? {
+        return Err(StoreError::VersionNotFound {
+            session: id.clone(),
+            version: v,
+        });
+    }
     let meta = rows::checkpoint_meta(&row)?;
     let format: i32 = get(&row, "cp_format")?;
     rows::check_format(id, Some(v), "the checkpoint", format)?;
@@ -99,21 +116,22 @@ pub(crate) async fn load_checkpoint(
     let plan = rows::json(id, Some(v), "the plan", &texts[0])?;
     let budget = rows::json(id, Some(v), "the budget", &texts[1])?;
     let state = rows::json(id, Some(v), "the state", &texts[2])?;
-    let logged = sqlx::query(
-        "SELECT seq, message, format, seal FROM durable_messages
-         WHERE session_id = $1 AND seq <= $2 ORDER BY seq",
-    )
-    .bind(id.as_str())
-    .bind(meta.last_seq)
-    .fetch_all(&mut *tx)
-    .await
-    .map_err(db)?;
-    tx.commit().await.map_err(db)?;
+    let seqs: Vec<i64> = get::<Option<Vec<i64>>>(&row, "seqs")?.unwrap_or_default();
+    let logged: Vec<String> = get::<Option<Vec<String>>>(&row, "messages")?.unwrap_or_default();
+    let formats: Vec<i32> = get::<Option<Vec<i32>>>(&row, "formats")?.unwrap_or_default();
+    let seals: Vec<Option<String>> =
+        get::<Option<Vec<Option<String>>>>(&row, "seals")?.unwrap_or_default();
     let mut messages = Vec::with_capacity(logged.len());
     // The chain: message n's seal covers message n-1's, from message 1 on.
     let mut chain = String::new();
-    for (i, row) in logged.iter().enumerate() {
-        let seq: i64 = get(row, "seq")?;
+    for (i, (((seq, text), format), stored)) in seqs
+        .iter()
+        .zip(&logged)
+        .zip(&formats)
+        .zip(seals)
+        .enumerate()
+    {
+        let seq = *seq;
         if i64::try_from(i + 1).ok() != Some(seq) {
             return Err(StoreError::Tampered {
                 session: id.clone(),
@@ -122,12 +140,10 @@ pub(crate) async fn load_checkpoint(
             });
         }
         let what = format!("message {seq}");
-        rows::check_format(id, Some(v), &what, get(row, "format")?)?;
-        let text: String = get(row, "message")?;
-        let stored: Option<String> = get(row, "seal")?;
-        seal::check_message(ring, id, seq, &text, &chain, stored.as_deref())?;
+        rows::check_format(id, Some(v), &what, *format)?;
+        seal::check_message(ring, id, seq, text, &chain, stored.as_deref())?;
         chain = stored.unwrap_or_default();
-        messages.push(rows::json(id, Some(v), &what, &text)?);
+        messages.push(rows::json(id, Some(v), &what, text)?);
     }
     if i64::try_from(logged.len()).ok() != Some(meta.last_seq) {
         return Err(StoreError::Tampered {

@@ -23,16 +23,20 @@ pub(crate) async fn acquire_lease(
 ) -> Result<Lease, StoreError> {
     durable_core::validate::validate_owner(owner)?;
     let mut tx = tx::begin(&store.pool).await?;
-    let now = tx::now(&mut tx).await?;
-    let row = sqlx::query(
-        "SELECT status, lease_owner, lease_expires_at, recovery_attempts
-         FROM durable_sessions WHERE id = $1 FOR UPDATE",
-    )
+    // The clock in the locking statement, one round trip less. A statement that waited
+    // for the lock may have read it before the wait: an earlier clock only makes another
+    // holder's lease look held a little longer and ours end a little sooner.
+    let row = sqlx::query(concat!(
+        "SELECT status, lease_owner, lease_expires_at, recovery_attempts, ",
+        tx::now_ms!(),
+        " AS now FROM durable_sessions WHERE id = $1 FOR NO KEY UPDATE"
+    ))
     .bind(id.as_str())
     .fetch_optional(&mut *tx)
     .await
     .map_err(db)?
     .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
+    let now: i64 = get(&row, "now")?;
     let status: String = get(&row, "status")?;
     let holder: Option<String> = get(&row, "lease_owner")?;
     let held_until: Option<i64> = get(&row, "lease_expires_at")?;

@@ -218,6 +218,34 @@ async fn statements_per_operation() {
         assert_eq!(renewed.fence, lease.fence);
         measure("renew_lease", log.since(from).await);
     }
+    // A resume on another worker: take the lease, read the session, its latest
+    // checkpoint and its issued rows.
+    for round in 0..2 {
+        store.release_lease(&lease).await.expect("release");
+        let from = log.len().await;
+        let taken = store
+            .acquire_lease(&session, "w", Duration::from_secs(600), 10)
+            .await
+            .expect("acquire");
+        let acquire = log.since(from).await;
+        let from = log.len().await;
+        store.session(&session).await.expect("session");
+        store.load_checkpoint(&session, None).await.expect("load");
+        store.issued_calls(&session).await.expect("issued");
+        let reads = log.since(from).await;
+        if round == 1 {
+            report.push(("acquire_lease", acquire));
+            report.push((
+                "resume reads (session, load_checkpoint, issued_calls)",
+                reads,
+            ));
+        }
+        store.release_lease(&taken).await.expect("release");
+        store
+            .acquire_lease(&session, "w", Duration::from_secs(600), 10)
+            .await
+            .expect("acquire");
+    }
     for (name, lines) in &report {
         println!("{name}: {} statements", lines.len());
         for line in lines {
