@@ -17,7 +17,7 @@ use crate::error::{check_format, corrupt, db, parse_json};
 use crate::keys;
 use crate::rows::{self, json, meta_cols, parse_snapshot_ref, snapshot_ref, snapshot_text};
 use crate::seal::{self, RawCheckpoint};
-use crate::tx::{self, Fenced, SqliteQuery, WriteTx, millis};
+use crate::tx::{self, Fenced, ReadTx, SqliteQuery, WriteTx, millis};
 
 /// Two round trips to SQLite's worker thread: `BEGIN IMMEDIATE` with one `SELECT` (clock,
 /// fence, head, the latest checkpoint's tail: see [`latest_checkpoint_select!`]), then
@@ -61,74 +61,114 @@ pub(crate) async fn save_checkpoint(
     }
 }
 
+/// Two round trips, one snapshot: `BEGIN` with one `SELECT` of the head, the checkpoint
+/// (snapshots resolved) and the previous version's seal; then the transcript and
+/// `COMMIT`.
 pub(crate) async fn load_checkpoint(
     store: &SqliteStore,
     id: &SessionId,
     version: Option<i64>,
 ) -> Result<Checkpoint, StoreError> {
     let ring = store.keyring();
-    // One snapshot for every read: the head, the checkpoint and its transcript agree.
-    let mut rtx = store.reader().begin().await.map_err(db)?;
-    let head = seal::checked_head(&mut rtx, ring, id).await?;
-    let version = version.unwrap_or(head.latest_version);
-    let row = sqlx::query(concat!(
-        "SELECT ",
-        meta_cols!(),
-        ", plan, budget, state, format, seal FROM durable_checkpoints \
-         WHERE session_num = (SELECT num FROM durable_sessions WHERE id = ?) AND version = ?"
-    ))
-    .bind(id.as_str())
-    .bind(version)
-    .fetch_optional(&mut *rtx)
-    .await
-    .map_err(db)?
-    .ok_or_else(|| StoreError::VersionNotFound {
-        session: id.clone(),
-        version,
-    })?;
-    let v = Some(version);
-    let format: i64 = rows::col(&row, "format", id, v)?;
-    check_format(format, id, v, "the checkpoint")?;
-    let meta = rows::checkpoint_meta(&row)?;
-    let mut texts = Vec::with_capacity(3);
-    for column in ["plan", "budget", "state"] {
-        let stored = rows::col::<String>(&row, column, id, v)?;
-        texts.push(rows::resolve_snapshot(&mut rtx, id, stored, column).await?);
-    }
-    let previous = if version > 0 {
-        let found: Option<Option<String>> = sqlx::query_scalar(
-            "SELECT seal FROM durable_checkpoints WHERE session_num = \
-             (SELECT num FROM durable_sessions WHERE id = ?) AND version = ?",
-        )
+    let (mut rtx, found) = ReadTx::begin_with(
+        store.reader(),
+        sqlx::query(concat!(
+            "BEGIN; SELECT ",
+            seal::head_cols!(),
+            ", s.num, s.id AS session_id, p.version, p.last_seq, p.message_count, \
+             p.app_version, p.created_at, p.format, p.seal AS p_seal, \
+             (SELECT q.seal FROM durable_checkpoints q WHERE q.session_num = s.num \
+              AND q.version = p.version - 1) AS previous_seal, \
+             EXISTS (SELECT 1 FROM durable_checkpoints q WHERE q.session_num = s.num \
+              AND q.version = p.version - 1) AS previous_found",
+            snapshot_cols!("plan"),
+            snapshot_cols!("budget"),
+            snapshot_cols!("state"),
+            " FROM durable_sessions s LEFT JOIN durable_checkpoints p \
+             ON p.session_num = s.num AND p.version = COALESCE(?2, s.latest_version) \
+             WHERE s.id = ?1"
+        ))
         .bind(id.as_str())
-        .bind(version - 1)
-        .fetch_optional(&mut *rtx)
-        .await
-        .map_err(db)?;
-        found
-            .ok_or_else(|| StoreError::Tampered {
+        .bind(version),
+    )
+    .await?;
+    let checked = (|| {
+        let row = found
+            .first()
+            .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
+        let head = seal::head_from_row(row, id)?;
+        head.check(ring)?;
+        let version = version.unwrap_or(head.latest_version);
+        let found_version: Option<i64> = rows::col(row, "version", id, None)?;
+        if found_version.is_none() {
+            return Err(StoreError::VersionNotFound {
+                session: id.clone(),
+                version,
+            });
+        }
+        let v = Some(version);
+        let format: i64 = rows::col(row, "format", id, v)?;
+        check_format(format, id, v, "the checkpoint")?;
+        let meta = rows::checkpoint_meta(row)?;
+        let num: i64 = rows::col(row, "num", id, v)?;
+        let previous_found: bool = rows::col(row, "previous_found", id, v)?;
+        let previous = if version == 0 {
+            String::new()
+        } else if previous_found {
+            rows::col::<Option<String>>(row, "previous_seal", id, v)?.unwrap_or_default()
+        } else {
+            return Err(StoreError::Tampered {
                 session: id.clone(),
                 what: format!("checkpoint {}", version - 1),
                 detail: "it is missing".to_owned(),
-            })?
-            .unwrap_or_default()
-    } else {
-        String::new()
+            });
+        };
+        let mut texts = Vec::with_capacity(3);
+        for column in ["plan", "budget", "state"] {
+            let text: Option<String> = rows::col(row, &format!("p_{column}"), id, v)?;
+            let holder: i64 = rows::col(row, &format!("p_{column}_holder"), id, v)?;
+            texts.push(match text {
+                Some(text) if parse_snapshot_ref(&text).is_none() => text,
+                Some(_) => {
+                    return Err(corrupt(
+                        id,
+                        Some(holder),
+                        format!("the {column} snapshot refers to another reference"),
+                    ));
+                }
+                None => {
+                    return Err(corrupt(
+                        id,
+                        Some(holder),
+                        format!("a {column} snapshot refers to missing version {holder}"),
+                    ));
+                }
+            });
+        }
+        let checkpoint_seal: Option<String> = rows::col(row, "p_seal", id, v)?;
+        Ok((version, meta, num, previous, texts, checkpoint_seal))
+    })();
+    let (version, meta, num, previous, texts, checkpoint_seal) = match checked {
+        Ok(checked) => checked,
+        Err(e) => {
+            rtx.rollback().await;
+            return Err(e);
+        }
     };
-    let checkpoint_seal: Option<String> = rows::col(&row, "seal", id, v)?;
+    let v = Some(version);
+    let logged = rtx
+        .finish_with(
+            sqlx::query(
+                "SELECT seq, message, format, seal FROM durable_messages \
+                 WHERE session_num = ? AND seq <= ? ORDER BY seq; COMMIT",
+            )
+            .bind(num)
+            .bind(meta.last_seq),
+        )
+        .await?;
     let plan = parse_json(&texts[0], id, v, "the plan")?;
     let budget = parse_json(&texts[1], id, v, "the budget")?;
     let state = parse_json(&texts[2], id, v, "the state")?;
-    let logged = sqlx::query(
-        "SELECT seq, message, format, seal FROM durable_messages \
-         WHERE session_num = (SELECT num FROM durable_sessions WHERE id = ?) AND seq <= ? ORDER BY seq",
-    )
-    .bind(id.as_str())
-    .bind(meta.last_seq)
-    .fetch_all(&mut *rtx)
-    .await
-    .map_err(db)?;
-    rtx.commit().await.map_err(db)?;
     let mut messages = Vec::with_capacity(logged.len());
     // The chain: message n's seal covers message n-1's, from message 1 on.
     let mut chain = String::new();

@@ -11,7 +11,7 @@ use sqlx::{Row, SqliteConnection};
 use crate::SqliteStore;
 use crate::error::db;
 use crate::rows::{self, session_cols};
-use crate::tx::{self, WriteTx, millis};
+use crate::tx::{self, WriteTx, fenced_select, millis, now_sql};
 
 /// Sessions a recovery may claim: active, and with no live lease.
 macro_rules! expired_where {
@@ -29,11 +29,24 @@ pub(crate) async fn acquire_lease(
     max_attempts: i32,
 ) -> Result<Lease, StoreError> {
     durable_core::validate::validate_owner(owner)?;
-    let mut tx = WriteTx::begin(store.writer()).await?;
+    let (mut tx, row) = WriteTx::begin_select(
+        store.writer(),
+        id,
+        concat!(
+            "BEGIN IMMEDIATE; SELECT ",
+            now_sql!(),
+            " AS now, ",
+            session_cols!(),
+            " FROM durable_sessions WHERE id = ?"
+        ),
+        |q| q.bind(id.as_str()),
+    )
+    .await?;
     let now = tx.now;
     let result = async {
+        let row = row.ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
+        let session = rows::session(&row)?;
         let conn = tx.conn();
-        let session = tx::session(conn, id).await?;
         if session.status != SessionStatus::Active {
             return Err(StoreError::NotResumable {
                 session: id.clone(),
@@ -74,25 +87,25 @@ pub(crate) async fn renew_lease(
     lease: &Lease,
     ttl: Duration,
 ) -> Result<Lease, StoreError> {
-    let mut tx = WriteTx::begin(store.writer()).await?;
-    let now = tx.now;
-    let result = async {
-        let conn = tx.conn();
-        tx::fenced(&mut *conn, store.keyring(), lease.fence()).await?;
-        let expires_at = now.saturating_add(millis(ttl));
-        sqlx::query("UPDATE durable_sessions SET lease_expires_at = ? WHERE id = ?")
+    let (tx, _, _) = WriteTx::begin_fenced(
+        store.writer(),
+        store.keyring(),
+        lease.fence(),
+        fenced_select!(),
+        |q| q,
+    )
+    .await?;
+    let expires_at = tx.now.saturating_add(millis(ttl));
+    tx.commit_with(
+        sqlx::query("UPDATE durable_sessions SET lease_expires_at = ? WHERE id = ?; COMMIT")
             .bind(expires_at)
-            .bind(lease.session.as_str())
-            .execute(conn)
-            .await
-            .map_err(db)?;
-        Ok(Lease {
-            expires_at,
-            ..lease.clone()
-        })
-    }
-    .await;
-    tx.finish(result).await
+            .bind(lease.session.as_str()),
+    )
+    .await?;
+    Ok(Lease {
+        expires_at,
+        ..lease.clone()
+    })
 }
 
 pub(crate) async fn release_lease(store: &SqliteStore, lease: &Lease) -> Result<(), StoreError> {

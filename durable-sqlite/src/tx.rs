@@ -96,6 +96,44 @@ impl WriteTx {
         }
     }
 
+    /// Begins an immediate transaction and runs one `SELECT` in the same round trip to
+    /// SQLite's worker thread: `sql` is `BEGIN IMMEDIATE; SELECT …` (selecting the
+    /// database clock as `now`), its parameters bound by `bind`. Returns the transaction
+    /// (its clock read from the row) and the row, if any.
+    pub(crate) async fn begin_select<'q>(
+        pool: &SqlitePool,
+        session: &SessionId,
+        sql: &'static str,
+        bind: impl FnOnce(SqliteQuery<'q>) -> SqliteQuery<'q>,
+    ) -> Result<(Self, Option<SqliteRow>), StoreError> {
+        debug_assert!(sql.starts_with("BEGIN IMMEDIATE; SELECT "));
+        let conn = pool.acquire().await.map_err(db)?;
+        // As in `begin`: from here on a transaction may be open.
+        let mut tx = WriteTx {
+            conn,
+            open: true,
+            now: 0,
+        };
+        let row = match bind(sqlx::query(sql)).fetch_optional(&mut *tx.conn).await {
+            Ok(row) => row,
+            Err(e) => {
+                // BEGIN may have failed (nothing open) or the SELECT after it.
+                tx.rollback_if_open().await;
+                return Err(db(e));
+            }
+        };
+        if let Some(row) = &row {
+            match rows::col(row, "now", session, None) {
+                Ok(now) => tx.now = now,
+                Err(e) => {
+                    tx.rollback().await;
+                    return Err(e);
+                }
+            }
+        }
+        Ok((tx, row))
+    }
+
     /// Begins an immediate transaction and reads the fenced session in the same round
     /// trip to SQLite's worker thread: `sql` is [`fenced_select!`]'s, `bind` binds the
     /// extra columns' parameters; the session id is bound last. The database clock is
@@ -111,43 +149,16 @@ impl WriteTx {
         sql: &'static str,
         bind: impl FnOnce(SqliteQuery<'q>) -> SqliteQuery<'q>,
     ) -> Result<(Self, Fenced, SqliteRow), StoreError> {
-        debug_assert!(sql.starts_with("BEGIN IMMEDIATE; SELECT "));
-        let query = bind(sqlx::query(sql));
-        let conn = pool.acquire().await.map_err(db)?;
-        // As in `begin`: from here on a transaction may be open.
-        let mut tx = WriteTx {
-            conn,
-            open: true,
-            now: 0,
-        };
-        let row = match query
-            .bind(fence.session.as_str())
-            .fetch_optional(&mut *tx.conn)
-            .await
-        {
-            Ok(row) => row,
-            Err(e) => {
-                // BEGIN may have failed (nothing open) or the SELECT after it.
-                tx.rollback_if_open().await;
-                return Err(db(e));
-            }
-        };
+        let (tx, row) = Self::begin_select(pool, fence.session, sql, |q| {
+            bind(q).bind(fence.session.as_str())
+        })
+        .await?;
         let checked = row
             .ok_or_else(|| StoreError::SessionNotFound(fence.session.clone()))
-            .and_then(|row| {
-                let fenced = fenced_row(&row, ring, fence)?;
-                let now: i64 = rows::col(&row, "now", fence.session, None)?;
-                Ok((fenced, now, row))
-            });
+            .and_then(|row| Ok((fenced_row(&row, ring, fence)?, row)));
         match checked {
-            Ok((fenced, now, row)) => {
-                tx.now = now;
-                Ok((tx, fenced, row))
-            }
-            Err(e) => {
-                tx.rollback().await;
-                Err(e)
-            }
+            Ok((fenced, row)) => Ok((tx, fenced, row)),
+            Err(e) => tx.finish(Err(e)).await,
         }
     }
 
@@ -225,6 +236,71 @@ impl WriteTx {
 }
 
 impl Drop for WriteTx {
+    fn drop(&mut self) {
+        if self.open {
+            self.conn.close_on_drop();
+        }
+    }
+}
+
+/// A read transaction (one snapshot across statements) on a pooled connection, begun
+/// with its first `SELECT` in one round trip and ended with its last `SELECT` in another:
+/// `BEGIN; SELECT …`, then `SELECT …; COMMIT`. Dropped while open (a cancelled future,
+/// a failed statement), its connection is closed rather than returned to the pool.
+pub(crate) struct ReadTx {
+    conn: PoolConnection<Sqlite>,
+    open: bool,
+}
+
+impl ReadTx {
+    /// Runs `query` (`BEGIN; SELECT …`) and returns its rows.
+    pub(crate) async fn begin_with(
+        pool: &SqlitePool,
+        query: SqliteQuery<'_>,
+    ) -> Result<(Self, Vec<SqliteRow>), StoreError> {
+        let conn = pool.acquire().await.map_err(db)?;
+        let mut tx = ReadTx { conn, open: true };
+        match query.fetch_all(&mut *tx.conn).await {
+            Ok(rows) => Ok((tx, rows)),
+            Err(e) => {
+                tx.rollback().await;
+                Err(db(e))
+            }
+        }
+    }
+
+    /// Runs `query` (`SELECT …; COMMIT`) and returns its rows.
+    pub(crate) async fn finish_with(
+        mut self,
+        query: SqliteQuery<'_>,
+    ) -> Result<Vec<SqliteRow>, StoreError> {
+        match query.fetch_all(&mut *self.conn).await {
+            Ok(rows) => {
+                self.open = false;
+                Ok(rows)
+            }
+            Err(e) => {
+                self.rollback().await;
+                Err(db(e))
+            }
+        }
+    }
+
+    /// Ends the transaction early (an error found in the first rows).
+    pub(crate) async fn rollback(&mut self) {
+        match sqlx::query("ROLLBACK").execute(&mut *self.conn).await {
+            Ok(_) => self.open = false,
+            Err(sqlx::Error::Database(e)) if e.message().contains("no transaction is active") => {
+                self.open = false;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "sqlite ROLLBACK failed; closing the connection");
+            }
+        }
+    }
+}
+
+impl Drop for ReadTx {
     fn drop(&mut self) {
         if self.open {
             self.conn.close_on_drop();

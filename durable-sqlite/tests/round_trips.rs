@@ -125,4 +125,18 @@ async fn journal_operations_take_these_round_trips() {
     let (trips, meta) = count(async || session.checkpoint().await).await;
     meta.expect("checkpoint");
     assert_eq!(trips, 2, "a checkpoint, 50 steps later");
+
+    // Resume: the lease (BEGIN IMMEDIATE + the session row; UPDATE; COMMIT), the session
+    // row, the checkpoint (BEGIN + head and checkpoint; transcript + COMMIT) and the
+    // issued rows (one statement).
+    // A resume first opens reader connections (sqlx returns a connection to its pool
+    // from a spawned task, so back-to-back reads may open another): warm them up.
+    let id = session.id().clone();
+    session.release().await.expect("release");
+    let warm = durable.resume::<Message>(&id).await.expect("resume");
+    warm.session.release().await.expect("release");
+    let (trips, resumed) = count(async || durable.resume::<Message>(&id).await).await;
+    let resumed = resumed.expect("resume");
+    assert_eq!(resumed.session.messages().len(), 2 + 50);
+    assert_eq!(trips, 3 + 1 + 2 + 1, "a resume");
 }
