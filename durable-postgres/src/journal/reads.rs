@@ -1,0 +1,233 @@
+//! Reads of the journal: one row, a session's whole journal or one step of it (checked
+//! complete, one statement each), its issued rows, and the store-wide in-doubt listing.
+
+use durable_core::StoreError;
+use durable_core::ids::{CallId, SessionId};
+use durable_core::integrity::Keyring;
+use durable_core::store::CallRecord;
+use sqlx::postgres::PgRow;
+
+use crate::PostgresStore;
+use crate::error::{db, invariant};
+use crate::rows::{call_cols, get};
+use crate::seal::{self, checked_call_record, head_cols, journal_extent_cols};
+use crate::tx;
+
+pub(crate) async fn call(store: &PostgresStore, id: &CallId) -> Result<CallRecord, StoreError> {
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        call_cols!(),
+        " FROM durable_tool_calls WHERE id = $1"
+    ))
+    .bind(id.as_str())
+    .fetch_optional(&store.pool)
+    .await
+    .map_err(db)?
+    .ok_or_else(|| StoreError::CallNotFound(id.clone()))?;
+    checked_call_record(store.keyring(), &row)
+}
+
+pub(crate) async fn calls(
+    store: &PostgresStore,
+    session: &SessionId,
+    step: Option<i64>,
+) -> Result<Vec<CallRecord>, StoreError> {
+    match step {
+        Some(step) => step_calls(store, session, step).await,
+        None => journal_calls(store, session, false).await,
+    }
+}
+
+pub(crate) async fn issued_calls(
+    store: &PostgresStore,
+    session: &SessionId,
+) -> Result<Vec<CallRecord>, StoreError> {
+    journal_calls(store, session, true).await
+}
+
+/// The whole journal of a session (or only its `issued` rows, from their partial index),
+/// checked complete: the head, the count of the session's rows (from the index of
+/// positions alone) and the rows in one statement, so one snapshot.
+async fn journal_calls(
+    store: &PostgresStore,
+    session: &SessionId,
+    issued_only: bool,
+) -> Result<Vec<CallRecord>, StoreError> {
+    const ALL: &str = concat!(
+        "WITH h AS (SELECT ",
+        head_cols!(),
+        " FROM durable_sessions s WHERE s.id = $1), \
+         e AS (SELECT ",
+        journal_extent_cols!(),
+        " FROM durable_tool_calls WHERE session_id = $1) \
+         SELECT h.*, e.*, c.* FROM h CROSS JOIN e \
+         LEFT JOIN durable_tool_calls c ON c.session_id = $1 ORDER BY c.seq"
+    );
+    const ISSUED: &str = concat!(
+        "WITH h AS (SELECT ",
+        head_cols!(),
+        " FROM durable_sessions s WHERE s.id = $1), \
+         e AS (SELECT ",
+        journal_extent_cols!(),
+        " FROM durable_tool_calls WHERE session_id = $1) \
+         SELECT h.*, e.*, c.* FROM h CROSS JOIN e \
+         LEFT JOIN durable_tool_calls c ON c.session_id = $1 AND c.status = 'issued' \
+         ORDER BY c.seq"
+    );
+    let ring = store.keyring();
+    let sql = if issued_only { ISSUED } else { ALL };
+    let found = tx::read(&store.pool, || {
+        sqlx::query(sql)
+            .bind(session.as_str())
+            .fetch_all(&store.pool)
+    })
+    .await?;
+    let first = found
+        .first()
+        .ok_or_else(|| StoreError::SessionNotFound(session.clone()))?;
+    let head = seal::head_from_row(first, session)?;
+    head.check(ring)?;
+    seal::journal_complete(&head, first)?;
+    checked_rows(ring, &found)
+}
+
+/// One step's rows, checked complete without reading the rest of the journal (see
+/// [`seal::step_complete`]): the head, the step's rows and the rows at either end of
+/// them, in one statement, so one snapshot. Every position is looked up by the unique
+/// index of `(session_id, seq)`, the step's rows by the identity index, which leads with
+/// `(session_id, step)`.
+async fn step_calls(
+    store: &PostgresStore,
+    session: &SessionId,
+    step: i64,
+) -> Result<Vec<CallRecord>, StoreError> {
+    const SQL: &str = concat!(
+        "WITH h AS (SELECT ",
+        head_cols!(),
+        " FROM durable_sessions s WHERE s.id = $1), \
+         r AS (SELECT ",
+        call_cols!(),
+        " FROM durable_tool_calls WHERE session_id = $1 AND step = $2), \
+         e AS (SELECT count(*) AS step_rows, min(seq) AS step_first, max(seq) AS step_last \
+               FROM r) \
+         SELECT h.*, e.*, \
+           (SELECT step FROM durable_tool_calls \
+            WHERE session_id = $1 AND seq = e.step_first - 1) AS before_step, \
+           (SELECT step FROM durable_tool_calls \
+            WHERE session_id = $1 AND seq = e.step_last + 1) AS after_step, \
+           CASE WHEN e.step_rows = 0 THEN \
+             (SELECT max(seq) FROM durable_tool_calls WHERE session_id = $1 AND step = \
+               (SELECT max(step) FROM durable_tool_calls WHERE session_id = $1 AND step < $2)) \
+           END AS previous_seq, \
+           CASE WHEN e.step_rows = 0 THEN \
+             (SELECT min(seq) FROM durable_tool_calls WHERE session_id = $1 AND step = \
+               (SELECT min(step) FROM durable_tool_calls WHERE session_id = $1 AND step > $2)) \
+           END AS next_seq, \
+           r.* \
+         FROM h CROSS JOIN e LEFT JOIN r ON true ORDER BY r.seq"
+    );
+    let ring = store.keyring();
+    let found = tx::read(&store.pool, || {
+        sqlx::query(SQL)
+            .bind(session.as_str())
+            .bind(step)
+            .fetch_all(&store.pool)
+    })
+    .await?;
+    let head = step_head(ring, session, &found)?;
+    if step_extent(step, &found)?.check(&head).is_ok() {
+        return checked_rows(ring, &found);
+    }
+    // Not the layout the runtime writes (a step's rows in one run, between an earlier
+    // step's and a later one's), or rows are missing: read again in one snapshot with the
+    // whole journal's count. Steps written out of order (a store used directly) pass it.
+    let mut tx = tx::begin_snapshot(&store.pool).await?;
+    let found = sqlx::query(SQL)
+        .bind(session.as_str())
+        .bind(step)
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(db)?;
+    let whole = sqlx::query(concat!(
+        "SELECT ",
+        journal_extent_cols!(),
+        " FROM durable_tool_calls WHERE session_id = $1"
+    ))
+    .bind(session.as_str())
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(db)?;
+    tx.commit().await.map_err(db)?;
+    let head = step_head(ring, session, &found)?;
+    if let Err(missing) = step_extent(step, &found)?.check(&head) {
+        // The step's own check names the missing position.
+        seal::journal_complete(&head, &whole).map_err(|_| missing)?;
+    }
+    checked_rows(ring, &found)
+}
+
+/// The checked head of a [`step_calls`] read.
+fn step_head(
+    ring: &Keyring,
+    session: &SessionId,
+    found: &[PgRow],
+) -> Result<seal::HeadRow, StoreError> {
+    let first = found
+        .first()
+        .ok_or_else(|| StoreError::SessionNotFound(session.clone()))?;
+    let head = seal::head_from_row(first, session)?;
+    head.check(ring)?;
+    Ok(head)
+}
+
+/// Where the step of a [`step_calls`] read sits in the journal.
+fn step_extent(step: i64, found: &[PgRow]) -> Result<seal::StepExtent, StoreError> {
+    let Some(first) = found.first() else {
+        return Err(invariant("a step read without its head row"));
+    };
+    Ok(seal::StepExtent {
+        step,
+        rows: get(first, "step_rows")?,
+        first: get(first, "step_first")?,
+        last: get(first, "step_last")?,
+        before: get(first, "before_step")?,
+        after: get(first, "after_step")?,
+        previous: get(first, "previous_seq")?,
+        next: get(first, "next_seq")?,
+    })
+}
+
+/// Decodes the journal rows of a read that joined them to its head (a row without an
+/// `id`: the session has none), each after checking its seal.
+fn checked_rows(ring: &Keyring, found: &[PgRow]) -> Result<Vec<CallRecord>, StoreError> {
+    let mut calls = Vec::with_capacity(found.len());
+    for row in found {
+        if get::<Option<String>>(row, "id")?.is_some() {
+            calls.push(checked_call_record(ring, row)?);
+        }
+    }
+    Ok(calls)
+}
+
+pub(crate) async fn in_doubt(
+    store: &PostgresStore,
+    session: Option<&SessionId>,
+) -> Result<Vec<CallRecord>, StoreError> {
+    let ring = store.keyring();
+    // `c.*`: the columns of `call_cols!`, unambiguous beside the join.
+    sqlx::query(concat!(
+        "SELECT c.* FROM durable_tool_calls c JOIN durable_sessions s ON s.id = c.session_id \
+         WHERE c.status = 'issued' AND ($1::text IS NULL OR c.session_id = $1) \
+           AND (s.fence <> c.fence OR s.lease_owner IS NULL OR s.lease_expires_at IS NULL \
+                OR s.lease_expires_at <= ",
+        tx::now_ms!(),
+        ") ORDER BY s.created_at, s.id, c.seq"
+    ))
+    .bind(session.map(SessionId::as_str))
+    .fetch_all(&store.pool)
+    .await
+    .map_err(db)?
+    .iter()
+    .map(|row| checked_call_record(ring, row))
+    .collect()
+}
