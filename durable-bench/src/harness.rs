@@ -380,7 +380,7 @@ pub async fn resume<B: Baseline>(
         log_x: true,
         series: vec![
             Series::new("Durable::resume", durable_ms),
-            Series::new("raw: read + parse messages", raw_ms),
+            Series::new("raw: select + parse", raw_ms),
         ],
     }
     .render()

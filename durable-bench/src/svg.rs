@@ -7,7 +7,7 @@ use std::fmt::Write as _;
 const WIDTH: f64 = 760.0;
 const HEIGHT: f64 = 420.0;
 const LEFT: f64 = 84.0;
-const RIGHT: f64 = 200.0;
+const RIGHT: f64 = 230.0;
 const TOP: f64 = 48.0;
 const BOTTOM: f64 = 62.0;
 const COLORS: [&str; 6] = [
@@ -347,8 +347,10 @@ fn tick_label(value: f64, step: f64) -> String {
     } else {
         (-step.log10().floor()) as usize
     };
-    if decimals == 0 {
+    if decimals == 0 && value.abs() >= 1_000.0 {
         crate::report::number(value.round())
+    } else if decimals == 0 {
+        format!("{value:.0}")
     } else {
         format!("{value:.decimals$}")
     }
@@ -512,5 +514,7 @@ mod tests {
         assert_eq!(nice_ticks(0.0, 0.0).0.last(), Some(&1.0));
         assert_eq!(tick_label(0.25, 0.05), "0.25");
         assert_eq!(tick_label(12_000.0, 2_000.0), "12,000");
+        assert_eq!(tick_label(0.0, 500.0), "0");
+        assert_eq!(tick_label(5.0, 5.0), "5");
     }
 }
