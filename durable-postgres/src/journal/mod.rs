@@ -2,6 +2,7 @@
 //! of rows, outcomes and re-issues here, the reads in [`reads`]. Operator resolutions are
 //! in [`crate::resolution`].
 
+mod fast;
 mod reads;
 
 pub(crate) use reads::{call, calls, in_doubt, issued_calls};
@@ -40,6 +41,20 @@ pub(crate) async fn record_call(
 }
 
 async fn insert_call(
+    store: &PostgresStore,
+    fence: Fence<'_>,
+    call: NewCall,
+    finish: Option<FinishCall>,
+) -> Result<IssueOutcome, StoreError> {
+    match fast::insert(store, fence, call, finish).await? {
+        fast::Insert::Written(record) => Ok(IssueOutcome::Inserted(record)),
+        fast::Insert::Declined(call, finish) => insert_locked(store, fence, call, finish).await,
+    }
+}
+
+/// [`insert_call`] in a transaction that locks the session row first: for keyed calls,
+/// and whenever the one-statement write declined (it decides what to report).
+async fn insert_locked(
     store: &PostgresStore,
     fence: Fence<'_>,
     call: NewCall,
@@ -118,28 +133,8 @@ async fn insert_call(
             .await
             .map_err(db)?;
     }
-    let stored = Stored::from(finish.as_ref());
     let seq = locked.head.journal_rows + 1;
-    let mut raw = RawCall {
-        id: call.id.as_str().to_owned(),
-        session: call.identity.session.as_str().to_owned(),
-        kind: call.kind.as_str().to_owned(),
-        step: call.identity.step,
-        tool: tool.clone(),
-        input_hash: call.identity.input_hash.clone(),
-        ordinal: call.identity.ordinal,
-        class: call.class.as_str().to_owned(),
-        status: stored.status.as_str().to_owned(),
-        args: call.args.to_string(),
-        key: call.idempotency_key.clone(),
-        schema_hash: call.schema_hash.clone(),
-        result: stored.result,
-        error: stored.error,
-        spend: stored.spend,
-        attempt: 1,
-        seq,
-        mac: None,
-    };
+    let mut raw = new_row(&call, finish.as_ref(), seq);
     raw.seal(ring)?;
     let mut head = locked.head.clone();
     head.journal_rows = seq;
@@ -180,31 +175,7 @@ async fn insert_call(
     }
     let outcome = if get::<bool>(&row, "inserted")? {
         // The row as written: nothing is read back.
-        let (result, error, spend) = match finish {
-            Some(FinishCall { outcome, spend }) => match outcome {
-                CallOutcome::Completed(v) => (Some(v), None, spend),
-                CallOutcome::Failed(v) => (None, Some(v), spend),
-            },
-            None => (None, None, None),
-        };
-        IssueOutcome::Inserted(CallRecord {
-            id: call.id,
-            kind: call.kind,
-            identity: call.identity,
-            class: call.class,
-            status: stored.status,
-            args: call.args,
-            idempotency_key: call.idempotency_key,
-            schema_hash: call.schema_hash,
-            result,
-            error,
-            spend,
-            mac: raw.mac,
-            attempt: 1,
-            fence: fence.token,
-            issued_at: now,
-            finished_at,
-        })
+        IssueOutcome::Inserted(written(call, finish, raw.mac, fence.token, now))
     } else {
         let row = sqlx::query(concat!(
             "SELECT ",
@@ -224,6 +195,69 @@ async fn insert_call(
     };
     tx.commit().await.map_err(db)?;
     Ok(outcome)
+}
+
+/// The sealed columns of a new row at position `seq` (status `issued` without `finish`),
+/// not yet sealed.
+fn new_row(call: &NewCall, finish: Option<&FinishCall>, seq: i64) -> RawCall {
+    let stored = Stored::from(finish);
+    RawCall {
+        id: call.id.as_str().to_owned(),
+        session: call.identity.session.as_str().to_owned(),
+        kind: call.kind.as_str().to_owned(),
+        step: call.identity.step,
+        tool: call.identity.tool.clone(),
+        input_hash: call.identity.input_hash.clone(),
+        ordinal: call.identity.ordinal,
+        class: call.class.as_str().to_owned(),
+        status: stored.status.as_str().to_owned(),
+        args: call.args.to_string(),
+        key: call.idempotency_key.clone(),
+        schema_hash: call.schema_hash.clone(),
+        result: stored.result,
+        error: stored.error,
+        spend: stored.spend,
+        attempt: 1,
+        seq,
+        mac: None,
+    }
+}
+
+/// The record of a row inserted from `call` (and `finish`) with seal `mac` at `now`, as
+/// written: nothing is read back.
+fn written(
+    call: NewCall,
+    finish: Option<FinishCall>,
+    mac: Option<String>,
+    fence: i64,
+    now: i64,
+) -> CallRecord {
+    let finished_at = finish.is_some().then_some(now);
+    let (status, result, error, spend) = match finish {
+        Some(FinishCall { outcome, spend }) => match outcome {
+            CallOutcome::Completed(v) => (CallStatus::Completed, Some(v), None, spend),
+            CallOutcome::Failed(v) => (CallStatus::Failed, None, Some(v), spend),
+        },
+        None => (CallStatus::Issued, None, None, None),
+    };
+    CallRecord {
+        id: call.id,
+        kind: call.kind,
+        identity: call.identity,
+        class: call.class,
+        status,
+        args: call.args,
+        idempotency_key: call.idempotency_key,
+        schema_hash: call.schema_hash,
+        result,
+        error,
+        spend,
+        mac,
+        attempt: 1,
+        fence,
+        issued_at: now,
+        finished_at,
+    }
 }
 
 /// The step of the session's latest journal row (at the head's last position).
@@ -293,6 +327,9 @@ pub(crate) async fn finish_call(
     finish: FinishCall,
     checkpoint: Option<(i64, NewCheckpoint)>,
 ) -> Result<Option<CheckpointMeta>, StoreError> {
+    if checkpoint.is_none() && fast::finish(store, fence, call, &finish).await? {
+        return Ok(None);
+    }
     let ring = store.keyring();
     let mut tx = tx::begin(&store.pool).await?;
     let (lock, want) = if checkpoint.is_some() {
