@@ -266,7 +266,7 @@ pub(crate) async fn locked_from_row(
 
 /// The tail read beside a checked head; `None` when a part is missing (the caller reads
 /// it again, and reports what is missing).
-fn read_tail(row: &PgRow, head: &HeadRow) -> Result<Option<Tail>, StoreError> {
+pub(crate) fn read_tail(row: &PgRow, head: &HeadRow) -> Result<Option<Tail>, StoreError> {
     let last_seq: Option<i64> = get(row, "tail_last_seq")?;
     let message_count: Option<i64> = get(row, "tail_message_count")?;
     let message_seal: Option<String> = get(row, "tail_message_seal")?;

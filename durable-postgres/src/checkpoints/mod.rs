@@ -3,6 +3,8 @@
 //! share. A checkpoint is read back with the session head, the checkpoint row, its
 //! transcript and the chain of seals between them, all from one snapshot.
 
+mod fast;
+
 use std::time::Duration;
 
 use durable_core::StoreError;
@@ -27,6 +29,9 @@ pub(crate) async fn save_checkpoint(
     expected: i64,
     checkpoint: NewCheckpoint,
 ) -> Result<CheckpointMeta, StoreError> {
+    if let Some(meta) = fast::save(store, fence, expected, &checkpoint).await? {
+        return Ok(meta);
+    }
     let mut tx = tx::begin(&store.pool).await?;
     let ring = store.keyring();
     let mut locked =
@@ -355,28 +360,28 @@ pub(crate) async fn tail(
 
 /// A checkpoint and its new messages, sealed, ready to write: the messages go at
 /// `first_seq..`, each chained to the one before, the checkpoint after `tail`'s.
-struct Sealed {
-    version: i64,
+pub(crate) struct Sealed {
+    pub(crate) version: i64,
     /// The position of the first new message.
-    first_seq: i64,
-    texts: Vec<String>,
-    seals: Vec<String>,
-    row: CheckpointRowOwned,
+    pub(crate) first_seq: i64,
+    pub(crate) texts: Vec<String>,
+    pub(crate) seals: Vec<String>,
+    pub(crate) row: CheckpointRowOwned,
 }
 
 /// [`CheckpointRow`]'s owned columns.
-struct CheckpointRowOwned {
-    last_seq: i64,
-    message_count: i64,
-    plan: String,
-    budget: String,
-    state: String,
-    seal: String,
+pub(crate) struct CheckpointRowOwned {
+    pub(crate) last_seq: i64,
+    pub(crate) message_count: i64,
+    pub(crate) plan: String,
+    pub(crate) budget: String,
+    pub(crate) state: String,
+    pub(crate) seal: String,
 }
 
 /// Seals `checkpoint` (its messages appended after `tail`, the checkpoint chained to
 /// `tail`'s) and moves `tail` to it. Writes nothing.
-fn seal_checkpoint(
+pub(crate) fn seal_checkpoint(
     ring: &Keyring,
     session: &SessionId,
     app_version: &str,
