@@ -28,7 +28,9 @@
 //!
 //! # Concurrency
 //! Leases are decided on the database clock (`clock_timestamp()`), fencing tokens are
-//! checked on every fenced write while the session row is locked, recovery uses
+//! checked on every fenced write while the session row is locked (a journal write or a
+//! checkpoint is one statement that writes only if the session is still as it was read,
+//! else a transaction that locks the row first), recovery uses
 //! `SELECT … FOR UPDATE SKIP LOCKED`, and checkpoints are compare-and-set under a row
 //! lock with the primary key as backstop. The default isolation level (READ COMMITTED)
 //! is enough.

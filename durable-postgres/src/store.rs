@@ -2,9 +2,12 @@
 //! into the module named after its part of the conformance suite (`sessions`, `leases`,
 //! `checkpoints`, `journal`, `resolution`, `maintenance`).
 //!
-//! Every fenced write locks its session row and checks the fencing token first
-//! ([`lock_fenced`](crate::tx::lock_fenced)); reads that touch more than one statement
-//! run in one `REPEATABLE READ` snapshot ([`begin_snapshot`](crate::tx::begin_snapshot)).
+//! Every fenced write checks the fencing token while its session row is locked: the
+//! journal writes and checkpoints first as one statement that writes only if the session
+//! is as an unlocked read found it (`journal::fast`, `checkpoints::fast`), else in a
+//! transaction that locks the row first ([`lock_fenced`](crate::tx::lock_fenced)). Reads
+//! are one statement each where they can be (one snapshot); the others run in one
+//! `REPEATABLE READ` snapshot ([`begin_snapshot`](crate::tx::begin_snapshot)).
 
 use std::time::Duration;
 

@@ -92,7 +92,7 @@ async fn journal_calls(
 }
 
 /// One step's rows, checked complete without reading the rest of the journal (see
-/// [`seal::step_complete`]): the head, the step's rows and the rows at either end of
+/// [`seal::StepExtent::check`]): the head, the step's rows and the rows at either end of
 /// them, in one statement, so one snapshot. Every position is looked up by the unique
 /// index of `(session_id, seq)`, the step's rows by the identity index, which leads with
 /// `(session_id, step)`.
