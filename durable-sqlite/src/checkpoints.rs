@@ -10,55 +10,66 @@ use durable_core::store::{
 };
 use durable_core::{SessionId, StoreError};
 use sqlx::sqlite::{SqliteArguments, SqliteRow};
-use sqlx::{Arguments, AssertSqlSafe, SqliteConnection};
+use sqlx::{Arguments, SqliteConnection};
 
 use crate::SqliteStore;
 use crate::error::{check_format, corrupt, db, parse_json};
 use crate::keys;
 use crate::rows::{self, json, meta_cols, parse_snapshot_ref, snapshot_ref, snapshot_text};
 use crate::seal::{self, RawCheckpoint};
-use crate::tx::{self, Fenced, ReadTx, SqliteQuery, WriteTx, millis};
+use crate::tx::{self, Fenced, ReadTx, WriteTx, millis};
 
-/// Two round trips to SQLite's worker thread: `BEGIN IMMEDIATE` with one `SELECT` (clock,
-/// fence, head, the latest checkpoint's tail: see [`latest_checkpoint_select!`]), then
-/// the messages, the checkpoint, the session row and `COMMIT` ([`append_checkpoint`]).
+/// A write of the process's group commit ([`crate::group`]), two round trips inside the
+/// batch's transaction: one `SELECT` (clock, fence, head, the latest checkpoint's tail:
+/// see [`latest_checkpoint_select!`]), then, in a savepoint, the messages, the checkpoint
+/// and the session row ([`append_checkpoint`]).
 pub(crate) async fn save_checkpoint(
     store: &SqliteStore,
     fence: Fence<'_>,
     expected: i64,
     checkpoint: NewCheckpoint,
 ) -> Result<CheckpointMeta, StoreError> {
-    let ring = store.keyring();
-    let (tx, mut fenced, row) = WriteTx::begin_fenced(
-        store.writer(),
-        ring,
-        fence,
-        latest_checkpoint_select!("", ""),
-        |q| q,
-    )
-    .await?;
-    let now = tx.now;
-    let mut statements = Statements::new();
-    let appended = LatestCheckpoint::from_row(&row, fence.session).and_then(|latest| {
-        append_checkpoint(
-            &mut statements,
-            ring,
-            now,
-            fence.session,
-            &mut fenced,
-            &latest,
-            expected,
-            &checkpoint,
-        )
-    });
-    match appended {
-        Ok(meta) => {
-            statements.push("COMMIT");
-            tx.commit_with(statements.query()).await?;
-            Ok(meta)
-        }
-        Err(e) => tx.finish(Err(e)).await,
-    }
+    let job_store = store.clone();
+    let (session, token) = (fence.session.clone(), fence.token);
+    store
+        .group()
+        .submit(move |conn, deliver| {
+            Box::pin(async move {
+                let fence = Fence {
+                    session: &session,
+                    token,
+                };
+                let ring = job_store.keyring();
+                let result = async {
+                    let (now, mut fenced, row) = conn
+                        .fenced(
+                            ring,
+                            fence,
+                            latest_checkpoint_select!("", ""),
+                            SqliteArguments::default(),
+                        )
+                        .await?;
+                    let latest = LatestCheckpoint::from_row(&row, fence.session)?;
+                    let mut out = Statements::new();
+                    let meta = append_checkpoint(
+                        &mut out,
+                        ring,
+                        now,
+                        fence.session,
+                        &mut fenced,
+                        &latest,
+                        expected,
+                        &checkpoint,
+                    )?;
+                    let (sql, args) = out.into_parts();
+                    conn.write(&sql, args).await?;
+                    Ok(meta)
+                }
+                .await;
+                deliver.done(result)
+            })
+        })
+        .await
 }
 
 /// Two round trips, one snapshot: `BEGIN` with one `SELECT` of the head, the checkpoint
@@ -515,9 +526,9 @@ impl Statements {
         Ok(self)
     }
 
-    /// The query, to run once.
-    pub(crate) fn query(self) -> SqliteQuery<'static> {
-        sqlx::query_with(AssertSqlSafe(self.sql), self.args)
+    /// The SQL and its parameters.
+    pub(crate) fn into_parts(self) -> (String, SqliteArguments) {
+        (self.sql, self.args)
     }
 }
 

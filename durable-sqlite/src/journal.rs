@@ -7,12 +7,14 @@ use durable_core::store::{
     IssueOutcome, NewCall, NewCheckpoint,
 };
 use durable_core::{CallId, SessionId, StoreError};
+use sqlx::Arguments;
 use sqlx::SqliteConnection;
-use sqlx::sqlite::SqliteRow;
+use sqlx::sqlite::{SqliteArguments, SqliteRow};
 
 use crate::SqliteStore;
 use crate::checkpoints::{self, LatestCheckpoint, Statements};
 use crate::error::db;
+use crate::group::BatchConn;
 use crate::rows;
 use crate::rows::{call_cols, json, opt_json};
 use crate::seal::{self, RawCall, checked_call_record, raw_call_cols};
@@ -75,11 +77,14 @@ pub(crate) async fn reissue_call(
     call: &CallId,
 ) -> Result<CallRecord, StoreError> {
     let ring = store.keyring();
-    let (mut tx, _, row) =
-        WriteTx::begin_fenced(store.writer(), ring, fence, fenced_call_select!(), |q| {
-            q.bind(call.as_str())
-        })
-        .await?;
+    let (mut tx, _, row) = WriteTx::begin_fenced(
+        store.writer(),
+        ring,
+        fence,
+        concat!("BEGIN IMMEDIATE; ", fenced_call_select!()),
+        |q| q.bind(call.as_str()),
+    )
+    .await?;
     let result = async {
         let mut raw = fenced_call(&row, ring, fence, call)?;
         if !matches!(
@@ -116,10 +121,11 @@ pub(crate) async fn reissue_call(
     tx.finish(result).await
 }
 
-/// Records an issued call's outcome (and, atomically, a checkpoint). Two round trips:
-/// `BEGIN IMMEDIATE` with one `SELECT` (clock, fence, head, the row's sealed columns and,
-/// with a checkpoint, the latest checkpoint's tail), then the `UPDATE`, the checkpoint's
-/// statements and `COMMIT`.
+/// Records an issued call's outcome (and, atomically, a checkpoint). A write of the
+/// process's group commit ([`crate::group`]), two round trips inside the batch's
+/// transaction: one `SELECT` (clock, fence, head, the row's sealed columns and, with a
+/// checkpoint, the latest checkpoint's tail), then, in a savepoint, the `UPDATE` and the
+/// checkpoint's statements.
 pub(crate) async fn finish_call(
     store: &SqliteStore,
     fence: Fence<'_>,
@@ -127,9 +133,49 @@ pub(crate) async fn finish_call(
     finish: FinishCall,
     checkpoint: Option<(i64, NewCheckpoint)>,
 ) -> Result<Option<CheckpointMeta>, StoreError> {
-    let ring = store.keyring();
     let (status, result, error) = outcome_columns(&finish.outcome)?;
-    let spend = opt_json(finish.spend.as_ref())?;
+    let outcome = Outcome {
+        status,
+        result,
+        error,
+        spend: opt_json(finish.spend.as_ref())?,
+    };
+    let job_store = store.clone();
+    let (session, token, call) = (fence.session.clone(), fence.token, call.clone());
+    store
+        .group()
+        .submit(move |conn, deliver| {
+            Box::pin(async move {
+                let fence = Fence {
+                    session: &session,
+                    token,
+                };
+                let result =
+                    write_finish(conn, job_store.keyring(), fence, &call, outcome, checkpoint)
+                        .await;
+                deliver.done(result)
+            })
+        })
+        .await
+}
+
+/// A recorded outcome's columns.
+struct Outcome {
+    status: CallStatus,
+    result: Option<String>,
+    error: Option<String>,
+    spend: Option<String>,
+}
+
+/// The statements of [`finish_call`], inside a batch.
+async fn write_finish(
+    conn: &mut BatchConn,
+    ring: &Keyring,
+    fence: Fence<'_>,
+    call: &CallId,
+    outcome: Outcome,
+    checkpoint: Option<(i64, NewCheckpoint)>,
+) -> Result<Option<CheckpointMeta>, StoreError> {
     let sql = match checkpoint {
         None => fenced_call_select!(),
         Some(_) => checkpoints::latest_checkpoint_select!(
@@ -137,59 +183,53 @@ pub(crate) async fn finish_call(
             " LEFT JOIN durable_tool_calls c ON c.id = ?"
         ),
     };
-    let (tx, mut fenced, row) =
-        WriteTx::begin_fenced(store.writer(), ring, fence, sql, |q| q.bind(call.as_str())).await?;
-    let now = tx.now;
-    let mut out = Statements::new();
-    let written = fenced_call(&row, ring, fence, call).and_then(|mut raw| {
-        if raw.status != CallStatus::Issued.as_str() {
-            return Err(StoreError::CallNotInDoubt {
-                call: call.clone(),
-                status: raw.status,
-            });
-        }
-        raw.status = status.as_str().to_owned();
-        raw.result = result;
-        raw.error = error;
-        raw.spend = spend;
-        raw.seal(ring)?;
-        out.push(
-            "UPDATE durable_tool_calls SET status = ?, result = ?, error = ?, spend = ?, \
-             mac = ?, finished_at = ? WHERE id = ?",
-        )
-        .bind(raw.status)?
-        .bind(raw.result)?
-        .bind(raw.error)?
-        .bind(raw.spend)?
-        .bind(raw.mac)?
-        .bind(now)?
-        .bind(call.as_str().to_owned())?;
-        match &checkpoint {
-            None => Ok(None),
-            Some((expected, cp)) => {
-                let latest = LatestCheckpoint::from_row(&row, fence.session)?;
-                checkpoints::append_checkpoint(
-                    &mut out,
-                    ring,
-                    now,
-                    fence.session,
-                    &mut fenced,
-                    &latest,
-                    *expected,
-                    cp,
-                )
-                .map(Some)
-            }
-        }
-    });
-    match written {
-        Ok(meta) => {
-            out.push("COMMIT");
-            tx.commit_with(out.query()).await?;
-            Ok(meta)
-        }
-        Err(e) => tx.finish(Err(e)).await,
+    let mut args = SqliteArguments::default();
+    args.add(call.as_str().to_owned())
+        .map_err(|e| db(sqlx::Error::Encode(e)))?;
+    let (now, mut fenced, row) = conn.fenced(ring, fence, sql, args).await?;
+    let mut raw = fenced_call(&row, ring, fence, call)?;
+    if raw.status != CallStatus::Issued.as_str() {
+        return Err(StoreError::CallNotInDoubt {
+            call: call.clone(),
+            status: raw.status,
+        });
     }
+    raw.status = outcome.status.as_str().to_owned();
+    raw.result = outcome.result;
+    raw.error = outcome.error;
+    raw.spend = outcome.spend;
+    raw.seal(ring)?;
+    let mut out = Statements::new();
+    out.push(
+        "UPDATE durable_tool_calls SET status = ?, result = ?, error = ?, spend = ?, \
+         mac = ?, finished_at = ? WHERE id = ?",
+    )
+    .bind(raw.status)?
+    .bind(raw.result)?
+    .bind(raw.error)?
+    .bind(raw.spend)?
+    .bind(raw.mac)?
+    .bind(now)?
+    .bind(call.as_str().to_owned())?;
+    let meta = match &checkpoint {
+        None => None,
+        Some((expected, cp)) => {
+            let latest = LatestCheckpoint::from_row(&row, fence.session)?;
+            Some(checkpoints::append_checkpoint(
+                &mut out,
+                ring,
+                now,
+                fence.session,
+                &mut fenced,
+                &latest,
+                *expected,
+                cp,
+            )?)
+        }
+    };
+    let (sql, args) = out.into_parts();
+    conn.write(&sql, args).await?;
+    Ok(meta)
 }
 
 pub(crate) async fn call(store: &SqliteStore, id: &CallId) -> Result<CallRecord, StoreError> {
@@ -371,29 +411,29 @@ macro_rules! latest_step_col {
 }
 
 /// `issue_call` (`finish = None`: status `issued`) and `record_call` (the outcome is
-/// written with the new row): fence check, idempotency-key check, then insert-or-get on
-/// the call identity. A new row is sealed at the next position of the session's journal,
-/// and the session head counts it.
+/// written with the new row): fence check, step check, idempotency-key check, then
+/// insert-or-get on the call identity. A new row is sealed at the next position of the
+/// session's journal, and the session head counts it.
 ///
-/// Two round trips to SQLite's worker thread: `BEGIN IMMEDIATE` with one `SELECT` (the
-/// clock, the fence, the head and, for a keyed call, the key check), then the `INSERT`,
-/// the head's `UPDATE` (only if the row was inserted: `changes() = 1`) and `COMMIT`. The
-/// inserted row is returned as written, not read back.
+/// A write of the process's group commit ([`crate::group`]), two round trips inside the
+/// batch's transaction: one `SELECT` (the clock, the fence, the head, the latest row's
+/// step and, for a keyed call, the key check), then, in a savepoint, the `INSERT …
+/// RETURNING` and the head's `UPDATE` (only if the row was inserted: `changes() = 1`).
+/// The inserted row is returned as written, not read back; an existing one is read once
+/// the batch has committed.
 async fn insert_call(
     store: &SqliteStore,
     fence: Fence<'_>,
     call: NewCall,
     finish: Option<FinishCall>,
 ) -> Result<IssueOutcome, StoreError> {
-    let ring = store.keyring();
-    let identity = &call.identity;
-    if identity.session != *fence.session {
+    if call.identity.session != *fence.session {
         return Err(StoreError::LeaseLost {
-            session: identity.session.clone(),
+            session: call.identity.session.clone(),
             token: fence.token,
         });
     }
-    // Serialized before the transaction: nothing below can fail on the values.
+    // Serialized before the batch: nothing there can fail on the values.
     let args = json(&call.args)?;
     let (status, result, error, spend) = match &finish {
         None => (CallStatus::Issued, None, None, None),
@@ -402,60 +442,14 @@ async fn insert_call(
             (status, result, error, opt_json(finish.spend.as_ref())?)
         }
     };
-    let (tx, mut fenced, row) = match &call.idempotency_key {
-        None => {
-            WriteTx::begin_fenced(
-                store.writer(),
-                ring,
-                fence,
-                fenced_select!(latest_step_col!(), ""),
-                |q| q,
-            )
-            .await?
-        }
-        Some(key) => {
-            WriteTx::begin_fenced(
-                store.writer(),
-                ring,
-                fence,
-                fenced_select!(concat!(latest_step_col!(), key_holder_col!()), ""),
-                |q| q.bind(&identity.tool).bind(key).bind(&identity.input_hash),
-            )
-            .await?
-        }
-    };
-    let latest: Option<i64> = rows::col(&row, "latest_step", fence.session, None)?;
-    if let Some(latest) = latest.filter(|&latest| identity.step < latest) {
-        return tx
-            .finish(Err(StoreError::StepClosed {
-                session: identity.session.clone(),
-                step: identity.step,
-                latest,
-            }))
-            .await;
-    }
-    if let Some(key) = &call.idempotency_key {
-        let holder: Option<String> = rows::col(&row, "key_holder", fence.session, None)?;
-        if let Some(existing) = holder {
-            return tx
-                .finish(Err(StoreError::IdempotencyConflict {
-                    tool: identity.tool.clone(),
-                    key: key.clone(),
-                    existing: CallId::new(existing),
-                }))
-                .await;
-        }
-    }
-    let now = tx.now;
-    let seq = fenced.head.journal_rows + 1;
-    let mut raw = RawCall {
+    let raw = RawCall {
         id: call.id.as_str().to_owned(),
-        session: identity.session.as_str().to_owned(),
+        session: call.identity.session.as_str().to_owned(),
         kind: call.kind.as_str().to_owned(),
-        step: identity.step,
-        tool: identity.tool.clone(),
-        input_hash: identity.input_hash.clone(),
-        ordinal: identity.ordinal,
+        step: call.identity.step,
+        tool: call.identity.tool.clone(),
+        input_hash: call.identity.input_hash.clone(),
+        ordinal: call.identity.ordinal,
         class: call.class.as_str().to_owned(),
         status: status.as_str().to_owned(),
         args,
@@ -465,102 +459,175 @@ async fn insert_call(
         error,
         spend,
         attempt: 1,
-        seq,
+        seq: 0,
         mac: None,
     };
-    let sealed = raw.seal(ring).and_then(|()| {
-        fenced.head.journal_rows = seq;
-        fenced.head.reseal(ring)
-    });
-    if let Err(e) = sealed {
-        return tx.finish(Err(e)).await;
+    let job_store = store.clone();
+    let (session, token) = (fence.session.clone(), fence.token);
+    let finished = finish.is_some();
+    let written = store
+        .group()
+        .submit(move |conn, deliver| {
+            Box::pin(async move {
+                let fence = Fence {
+                    session: &session,
+                    token,
+                };
+                let result = write_call(conn, job_store.keyring(), fence, raw, finished).await;
+                deliver.done(result)
+            })
+        })
+        .await?;
+    let Some((seq, mac, now)) = written else {
+        // The identity was there already: the existing row, as committed.
+        let identity = &call.identity;
+        let row = sqlx::query(concat!(
+            "SELECT ",
+            call_cols!(),
+            " FROM durable_tool_calls c WHERE c.session_id = ? AND c.step = ? \
+             AND c.tool_name = ? AND c.input_hash = ? AND c.ordinal = ?"
+        ))
+        .bind(identity.session.as_str())
+        .bind(identity.step)
+        .bind(&identity.tool)
+        .bind(&identity.input_hash)
+        .bind(identity.ordinal)
+        .fetch_one(store.reader())
+        .await
+        .map_err(db)?;
+        return Ok(IssueOutcome::Existing(checked_call_record(
+            store.keyring(),
+            &row,
+        )?));
+    };
+    debug_assert!(seq > 0);
+    let (result, error, spend) = match finish {
+        None => (None, None, None),
+        Some(FinishCall {
+            outcome: CallOutcome::Completed(value),
+            spend,
+        }) => (Some(value), None, spend),
+        Some(FinishCall {
+            outcome: CallOutcome::Failed(value),
+            spend,
+        }) => (None, Some(value), spend),
+    };
+    Ok(IssueOutcome::Inserted(CallRecord {
+        id: call.id,
+        kind: call.kind,
+        class: call.class,
+        status,
+        args: call.args,
+        idempotency_key: call.idempotency_key,
+        schema_hash: call.schema_hash,
+        result,
+        error,
+        spend,
+        mac: Some(mac),
+        attempt: 1,
+        fence: fence.token,
+        issued_at: now,
+        finished_at: finished.then_some(now),
+        identity: call.identity,
+    }))
+}
+
+/// The statements of [`insert_call`], inside a batch: `Some((seq, seal, now))` if the
+/// row was inserted, `None` if its identity existed.
+async fn write_call(
+    conn: &mut BatchConn,
+    ring: &Keyring,
+    fence: Fence<'_>,
+    mut raw: RawCall,
+    finished: bool,
+) -> Result<Option<(i64, String, i64)>, StoreError> {
+    let (now, mut fenced, row) = match &raw.key {
+        None => {
+            conn.fenced(
+                ring,
+                fence,
+                fenced_select!(latest_step_col!(), ""),
+                SqliteArguments::default(),
+            )
+            .await?
+        }
+        Some(key) => {
+            let mut args = SqliteArguments::default();
+            for value in [&raw.tool, key, &raw.input_hash] {
+                args.add(value.clone())
+                    .map_err(|e| db(sqlx::Error::Encode(e)))?;
+            }
+            conn.fenced(
+                ring,
+                fence,
+                fenced_select!(concat!(latest_step_col!(), key_holder_col!()), ""),
+                args,
+            )
+            .await?
+        }
+    };
+    let latest: Option<i64> = rows::col(&row, "latest_step", fence.session, None)?;
+    if let Some(latest) = latest.filter(|&latest| raw.step < latest) {
+        return Err(StoreError::StepClosed {
+            session: fence.session.clone(),
+            step: raw.step,
+            latest,
+        });
     }
-    let finished_at = finish.is_some().then_some(now);
-    let done = tx
-        .commit_with(
-            sqlx::query("INSERT INTO durable_tool_calls (id, session_id, kind, step, tool_name, input_hash, \
+    if let Some(key) = &raw.key {
+        let holder: Option<String> = rows::col(&row, "key_holder", fence.session, None)?;
+        if let Some(existing) = holder {
+            return Err(StoreError::IdempotencyConflict {
+                tool: raw.tool.clone(),
+                key: key.clone(),
+                existing: CallId::new(existing),
+            });
+        }
+    }
+    raw.seq = fenced.head.journal_rows + 1;
+    raw.seal(ring)?;
+    fenced.head.journal_rows = raw.seq;
+    fenced.head.reseal(ring)?;
+    let mut out = Statements::new();
+    out.push(
+        "INSERT INTO durable_tool_calls (id, session_id, kind, step, tool_name, input_hash, \
              ordinal, replay_class, status, args, idempotency_key, schema_hash, result, error, \
              spend, mac, attempt, fence, format, issued_at, finished_at, seq) \
              VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?, ?, ?, ?) \
-             ON CONFLICT (session_id, step, tool_name, input_hash, ordinal) DO NOTHING; \
-             UPDATE durable_sessions SET journal_rows = ?, head = ? \
-             WHERE id = ? AND changes() = 1; \
-             COMMIT")
-            .bind(&raw.id)
-                    .bind(&raw.session)
-                    .bind(&raw.kind)
-                    .bind(raw.step)
-                    .bind(&raw.tool)
-                    .bind(&raw.input_hash)
-                    .bind(raw.ordinal)
-                    .bind(&raw.class)
-                    .bind(&raw.status)
-                    .bind(&raw.args)
-                    .bind(raw.key.as_deref())
-                    .bind(&raw.schema_hash)
-                    .bind(raw.result.as_deref())
-                    .bind(raw.error.as_deref())
-                    .bind(raw.spend.as_deref())
-                    .bind(raw.mac.as_deref())
-                    .bind(fence.token)
-                    .bind(FORMAT_VERSION)
-                    .bind(now)
-                    .bind(finished_at)
-                    .bind(seq)
-                    .bind(fenced.head.journal_rows)
-            .bind(fenced.head.head.as_deref())
-            .bind(fence.session.as_str()),
-        )
-        .await?;
-    // Nothing changed when the identity existed (`DO NOTHING`, then no head update):
-    // any other count is the insert and its head update.
-    if done.rows_affected() != 0 {
-        let (result, error, spend) = match finish {
-            None => (None, None, None),
-            Some(FinishCall {
-                outcome: CallOutcome::Completed(value),
-                spend,
-            }) => (Some(value), None, spend),
-            Some(FinishCall {
-                outcome: CallOutcome::Failed(value),
-                spend,
-            }) => (None, Some(value), spend),
-        };
-        return Ok(IssueOutcome::Inserted(CallRecord {
-            id: call.id,
-            kind: call.kind,
-            class: call.class,
-            status,
-            args: call.args,
-            idempotency_key: call.idempotency_key,
-            schema_hash: call.schema_hash,
-            result,
-            error,
-            spend,
-            mac: raw.mac,
-            attempt: 1,
-            fence: fence.token,
-            issued_at: now,
-            finished_at,
-            identity: call.identity,
-        }));
-    }
-    // The identity was there already: the existing row, as committed.
-    let row = sqlx::query(concat!(
-        "SELECT ",
-        call_cols!(),
-        " FROM durable_tool_calls c WHERE c.session_id = ? AND c.step = ? \
-         AND c.tool_name = ? AND c.input_hash = ? AND c.ordinal = ?"
-    ))
-    .bind(identity.session.as_str())
-    .bind(identity.step)
-    .bind(&identity.tool)
-    .bind(&identity.input_hash)
-    .bind(identity.ordinal)
-    .fetch_one(store.writer())
-    .await
-    .map_err(db)?;
-    Ok(IssueOutcome::Existing(checked_call_record(ring, &row)?))
+             ON CONFLICT (session_id, step, tool_name, input_hash, ordinal) DO NOTHING \
+             RETURNING seq",
+    )
+    .bind(raw.id.clone())?
+    .bind(raw.session.clone())?
+    .bind(raw.kind.clone())?
+    .bind(raw.step)?
+    .bind(raw.tool.clone())?
+    .bind(raw.input_hash.clone())?
+    .bind(raw.ordinal)?
+    .bind(raw.class.clone())?
+    .bind(raw.status.clone())?
+    .bind(std::mem::take(&mut raw.args))?
+    .bind(raw.key.clone())?
+    .bind(raw.schema_hash.clone())?
+    .bind(raw.result.take())?
+    .bind(raw.error.take())?
+    .bind(raw.spend.take())?
+    .bind(raw.mac.clone())?
+    .bind(fence.token)?
+    .bind(FORMAT_VERSION)?
+    .bind(now)?
+    .bind(finished.then_some(now))?
+    .bind(raw.seq)?;
+    out.push(
+        "UPDATE durable_sessions SET journal_rows = ?, head = ? \
+             WHERE id = ? AND changes() = 1",
+    )
+    .bind(fenced.head.journal_rows)?
+    .bind(fenced.head.head.clone())?
+    .bind(fence.session.as_str().to_owned())?;
+    let (sql, args) = out.into_parts();
+    let rows = conn.write(&sql, args).await?;
+    Ok((!rows.is_empty()).then(|| (raw.seq, raw.mac.clone().unwrap_or_default(), now)))
 }
 
 /// Status, `result` and `error` columns of a recorded outcome.

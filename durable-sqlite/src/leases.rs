@@ -91,7 +91,7 @@ pub(crate) async fn renew_lease(
         store.writer(),
         store.keyring(),
         lease.fence(),
-        fenced_select!(),
+        concat!("BEGIN IMMEDIATE; ", fenced_select!()),
         |q| q,
     )
     .await?;

@@ -72,6 +72,7 @@ use sqlx::{ConnectOptions, Connection, SqliteConnection, SqlitePool};
 
 mod checkpoints;
 mod error;
+mod group;
 mod journal;
 mod keys;
 mod leases;
@@ -279,6 +280,8 @@ pub struct SqliteStore {
 struct Inner {
     /// One connection: every write transaction.
     writer: SqlitePool,
+    /// Batches journal writes and checkpoints into shared transactions on `writer`.
+    group: group::GroupWriter,
     /// Reads (the same pool as `writer` for in-memory stores).
     reader: SqlitePool,
     location: String,
@@ -453,6 +456,7 @@ impl SqliteStore {
         };
         Ok(SqliteStore {
             inner: Arc::new(Inner {
+                group: group::GroupWriter::spawn(writer.clone()),
                 writer,
                 reader,
                 location,
@@ -497,6 +501,11 @@ impl SqliteStore {
 
     fn writer(&self) -> &SqlitePool {
         &self.inner.writer
+    }
+
+    /// The group commit of the journal's writes and checkpoints.
+    fn group(&self) -> &group::GroupWriter {
+        &self.inner.group
     }
 
     fn reader(&self) -> &SqlitePool {

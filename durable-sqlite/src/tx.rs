@@ -334,8 +334,8 @@ pub(crate) struct Fenced {
     pub(crate) head: HeadRow,
 }
 
-/// The SQL of a fenced write's first round trip ([`WriteTx::begin_fenced`]): `BEGIN
-/// IMMEDIATE`, then one `SELECT` of the database clock (`now`), the session's fencing
+/// The `SELECT` a fenced write starts with ([`crate::group::BatchConn::fenced`], or after
+/// `BEGIN IMMEDIATE; ` in [`WriteTx::begin_fenced`]): the database clock (`now`), the session's fencing
 /// token, app version and head, plus `$cols` (each starting with `, `) from
 /// `durable_sessions s $join`, for the session bound last.
 macro_rules! fenced_select {
@@ -344,7 +344,7 @@ macro_rules! fenced_select {
     };
     ($cols:expr, $join:expr) => {
         concat!(
-            "BEGIN IMMEDIATE; SELECT ",
+            "SELECT ",
             $crate::tx::now_sql!(),
             " AS now, s.fence, s.app_version, ",
             $crate::seal::head_cols!(),
@@ -359,7 +359,11 @@ pub(crate) use fenced_select;
 
 /// Checks the write credential of a session row selected with [`fenced_select!`] (or
 /// `fenced`'s own query).
-fn fenced_row(row: &SqliteRow, ring: &Keyring, fence: Fence<'_>) -> Result<Fenced, StoreError> {
+pub(crate) fn fenced_row(
+    row: &SqliteRow,
+    ring: &Keyring,
+    fence: Fence<'_>,
+) -> Result<Fenced, StoreError> {
     let current: i64 = rows::col(row, "fence", fence.session, None)?;
     if current != fence.token {
         return Err(StoreError::LeaseLost {
