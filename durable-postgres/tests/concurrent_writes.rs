@@ -268,7 +268,7 @@ async fn a_writer_that_waited_for_a_checkpoint_sees_it() {
         let (store, lease) = (Arc::clone(&store), lease.clone());
         tokio::spawn(async move { store.save_checkpoint(lease.fence(), 0, checkpoint(1)).await })
     };
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    in_slow_trigger(&raw).await;
     let second = {
         let (store, lease) = (Arc::clone(&store), lease.clone());
         tokio::spawn(async move { store.save_checkpoint(lease.fence(), 0, checkpoint(2)).await })
@@ -304,7 +304,7 @@ async fn a_writer_that_waited_for_a_checkpoint_sees_it() {
         let (store, lease) = (Arc::clone(&store), lease.clone());
         tokio::spawn(async move { store.save_checkpoint(lease.fence(), 1, checkpoint(3)).await })
     };
-    tokio::time::sleep(Duration::from_millis(150)).await;
+    in_slow_trigger(&raw).await;
     let fourth = store.save_checkpoint(lease.fence(), 2, checkpoint(4)).await;
     assert_eq!(third.await.expect("third").expect("third").version, 2);
     assert_eq!(
@@ -314,4 +314,23 @@ async fn a_writer_that_waited_for_a_checkpoint_sees_it() {
     let cp = store.load_checkpoint(&id, None).await.expect("latest");
     assert_eq!(cp.messages.len(), 3);
     assert_eq!(store.calls(&id, None).await.expect("journal").len(), 1);
+}
+
+/// Waits until a backend of this database sleeps in the slow trigger (holding its
+/// transaction open).
+async fn in_slow_trigger(raw: &sqlx::postgres::PgPool) {
+    for _ in 0..400 {
+        let sleeping: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity \
+             WHERE datname = current_database() AND wait_event = 'PgSleep')",
+        )
+        .fetch_one(raw)
+        .await
+        .expect("pg_stat_activity");
+        if sleeping {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    panic!("no checkpoint reached the slow trigger within 10 s");
 }
