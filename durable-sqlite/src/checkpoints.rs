@@ -2,6 +2,7 @@
 //! append of a checkpoint with its messages that session creation and `finish_call`
 //! share.
 
+use std::borrow::Cow;
 use std::time::Duration;
 
 use durable_core::integrity::Keyring;
@@ -10,7 +11,7 @@ use durable_core::store::{
 };
 use durable_core::{SessionId, StoreError};
 use sqlx::sqlite::{SqliteArguments, SqliteRow};
-use sqlx::{Arguments, SqliteConnection};
+use sqlx::{Arguments, Row, SqliteConnection};
 
 use crate::SqliteStore;
 use crate::error::{check_format, corrupt, db, parse_json};
@@ -79,6 +80,102 @@ pub(crate) async fn load_checkpoint(
     store: &SqliteStore,
     id: &SessionId,
     version: Option<i64>,
+) -> Result<Checkpoint, StoreError> {
+    match load_checkpoint_as(store, id, version, Transcript::Aggregated).await {
+        // A transcript too long for one SQLite value (over SQLITE_MAX_LENGTH) is read
+        // row by row instead, in a new snapshot.
+        Err(StoreError::Database { .. }) => {
+            load_checkpoint_as(store, id, version, Transcript::Rows).await
+        }
+        other => other,
+    }
+}
+
+/// How [`load_checkpoint`] reads the transcript.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Transcript {
+    /// One row: every column aggregated in `seq` order (the messages concatenated,
+    /// split by their byte lengths). Rows cross from SQLite's worker thread one at a
+    /// time, so one row instead of thousands is most of the cost of a long read.
+    Aggregated,
+    /// A row per message.
+    Rows,
+}
+
+/// One message of the transcript as stored.
+struct Logged<'a> {
+    seq: i64,
+    format: i64,
+    text: Cow<'a, str>,
+    seal: Option<Cow<'a, str>>,
+}
+
+/// The transcript from its aggregated row (see [`Transcript::Aggregated`]).
+fn split_transcript<'a>(
+    row: &'a SqliteRow,
+    id: &SessionId,
+    v: Option<i64>,
+) -> Result<Vec<Logged<'a>>, StoreError> {
+    let n: i64 = rows::col(row, "n", id, v)?;
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    let text = |name: &str| -> Result<&'a str, StoreError> {
+        row.try_get::<&'a str, _>(name)
+            .map_err(|e| corrupt(id, v, format!("the transcript's `{name}`: {e}")))
+    };
+    let (seqs, formats, lengths, messages, seals) = (
+        text("seqs")?,
+        text("formats")?,
+        text("lengths")?,
+        text("messages")?,
+        text("seals")?,
+    );
+    let ints = |list: &str, what: &str| -> Result<Vec<i64>, StoreError> {
+        list.split(',')
+            .map(|x| x.parse::<i64>())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| corrupt(id, v, format!("the transcript's {what} do not parse")))
+    };
+    let (seqs, formats, lengths) = (
+        ints(seqs, "positions")?,
+        ints(formats, "formats")?,
+        ints(lengths, "lengths")?,
+    );
+    let seals: Vec<&str> = seals.split(',').collect();
+    let count = usize::try_from(n).unwrap_or(usize::MAX);
+    if [seqs.len(), formats.len(), lengths.len(), seals.len()] != [count; 4] {
+        return Err(StoreError::Tampered {
+            session: id.clone(),
+            what: "the transcript".to_owned(),
+            detail: "its seals do not split into one per message".to_owned(),
+        });
+    }
+    let mut out = Vec::with_capacity(count);
+    let mut at = 0usize;
+    for i in 0..count {
+        let len = usize::try_from(lengths[i]).unwrap_or(usize::MAX);
+        let end = at.saturating_add(len);
+        let piece = messages
+            .get(at..end)
+            .ok_or_else(|| corrupt(id, v, "the transcript's lengths do not add up"))?;
+        at = end;
+        out.push(Logged {
+            seq: seqs[i],
+            format: formats[i],
+            text: Cow::Borrowed(piece),
+            // `!` stands for a missing seal (a seal never contains one).
+            seal: (seals[i] != "!").then_some(Cow::Borrowed(seals[i])),
+        });
+    }
+    Ok(out)
+}
+
+async fn load_checkpoint_as(
+    store: &SqliteStore,
+    id: &SessionId,
+    version: Option<i64>,
+    how: Transcript,
 ) -> Result<Checkpoint, StoreError> {
     let ring = store.keyring();
     let (mut rtx, found) = ReadTx::begin_with(
@@ -167,24 +264,48 @@ pub(crate) async fn load_checkpoint(
         }
     };
     let v = Some(version);
-    let logged = rtx
-        .finish_with(
-            sqlx::query(
-                "SELECT seq, message, format, seal FROM durable_messages \
-                 WHERE session_num = ? AND seq <= ? ORDER BY seq; COMMIT",
-            )
-            .bind(num)
-            .bind(meta.last_seq),
-        )
+    let sql = match how {
+        Transcript::Aggregated => {
+            "SELECT COUNT(*) AS n, group_concat(seq, ',' ORDER BY seq) AS seqs, \
+             group_concat(format, ',' ORDER BY seq) AS formats, \
+             group_concat(octet_length(message), ',' ORDER BY seq) AS lengths, \
+             group_concat(message, '' ORDER BY seq) AS messages, \
+             group_concat(COALESCE(seal, '!'), ',' ORDER BY seq) AS seals \
+             FROM durable_messages WHERE session_num = ? AND seq <= ?; COMMIT"
+        }
+        Transcript::Rows => {
+            "SELECT seq, message, format, seal FROM durable_messages \
+             WHERE session_num = ? AND seq <= ? ORDER BY seq; COMMIT"
+        }
+    };
+    let found = rtx
+        .finish_with(sqlx::query(sql).bind(num).bind(meta.last_seq))
         .await?;
+    let logged = match how {
+        Transcript::Aggregated => match found.first() {
+            Some(row) => split_transcript(row, id, v)?,
+            None => Vec::new(),
+        },
+        Transcript::Rows => found
+            .iter()
+            .map(|row| {
+                Ok(Logged {
+                    seq: rows::col(row, "seq", id, v)?,
+                    format: rows::col(row, "format", id, v)?,
+                    text: Cow::Owned(rows::col::<String>(row, "message", id, v)?),
+                    seal: rows::col::<Option<String>>(row, "seal", id, v)?.map(Cow::Owned),
+                })
+            })
+            .collect::<Result<Vec<_>, StoreError>>()?,
+    };
     let plan = parse_json(&texts[0], id, v, "the plan")?;
     let budget = parse_json(&texts[1], id, v, "the budget")?;
     let state = parse_json(&texts[2], id, v, "the state")?;
     let mut messages = Vec::with_capacity(logged.len());
     // The chain: message n's seal covers message n-1's, from message 1 on.
-    let mut chain = String::new();
-    for (i, row) in logged.iter().enumerate() {
-        let seq: i64 = rows::col(row, "seq", id, v)?;
+    let mut chain: &str = "";
+    for (i, message) in logged.iter().enumerate() {
+        let seq = message.seq;
         if i64::try_from(i + 1).ok() != Some(seq) {
             return Err(StoreError::Tampered {
                 session: id.clone(),
@@ -192,14 +313,13 @@ pub(crate) async fn load_checkpoint(
                 detail: format!("it is missing from the transcript (next is {seq})"),
             });
         }
-        let what = format!("message {seq}");
-        check_format(rows::col(row, "format", id, v)?, id, v, &what)?;
-        let text = rows::col::<String>(row, "message", id, v)?;
-        let stored: Option<String> = rows::col(row, "seal", id, v)?;
-        seal::check_message(ring, id, seq, &text, &chain, stored.as_deref())?;
+        check_format(message.format, id, v, &format!("message {seq}"))?;
+        let stored = message.seal.as_deref();
+        seal::check_message(ring, id, seq, &message.text, chain, stored)?;
         chain = stored.unwrap_or_default();
-        messages.push(parse_json(&text, id, v, &what)?);
+        messages.push(parse_json(&message.text, id, v, &format!("message {seq}"))?);
     }
+    let chain = chain.to_owned();
     if i64::try_from(logged.len()).ok() != Some(meta.last_seq) {
         return Err(StoreError::Tampered {
             session: id.clone(),
