@@ -23,6 +23,18 @@ pub fn cores() -> usize {
     std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
 }
 
+/// The checkout being measured, as `git describe --always --dirty` prints it (`None`
+/// outside a git checkout).
+pub fn git_commit() -> Option<String> {
+    let out = std::process::Command::new("git")
+        .args(["describe", "--always", "--dirty"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()?;
+    let text = String::from_utf8(out.stdout).ok()?;
+    (out.status.success() && !text.trim().is_empty()).then(|| text.trim().to_owned())
+}
+
 /// Now, in UTC, as `YYYY-MM-DDTHH:MM:SSZ`.
 pub fn utc_now() -> String {
     let secs = SystemTime::now()

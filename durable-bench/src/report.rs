@@ -147,6 +147,8 @@ pub struct Report {
     pub date: String,
     /// Cores available to the bench.
     pub cores: usize,
+    /// The checkout measured (`git describe --always --dirty`), if known.
+    pub commit: Option<String>,
     /// Load averages (1, 5, 15 min) when the run started.
     pub load_before: Option<[f64; 3]>,
     /// Load averages when it ended.
@@ -166,6 +168,7 @@ impl Report {
             backend: backend.into(),
             date: machine::utc_now(),
             cores: machine::cores(),
+            commit: machine::git_commit(),
             load_before: machine::load_average(),
             load_after: None,
             settings: BTreeMap::new(),
