@@ -16,6 +16,9 @@
 //! a savepoint that cannot be rolled back) fails every write in it, and then none of
 //! them was written.
 //!
+//! A write that finds nothing being written runs at once, in its caller's task, as a
+//! batch of one; writes that arrive while a batch runs queue for the task's next one.
+//!
 //! Round trips: a lone write costs what it did before batching, two (its `SELECT`
 //! carries the batch's `BEGIN IMMEDIATE`, its writes the `COMMIT`); in a batch of n,
 //! each write costs two and the batch one more for its `COMMIT` (none when the last
@@ -76,6 +79,8 @@ pub(crate) struct Done {
 pub(crate) struct GroupWriter {
     queue: mpsc::UnboundedSender<Job>,
     pool: SqlitePool,
+    /// Held by whoever runs a batch: the task, or a caller that found it idle.
+    busy: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl fmt::Debug for Job {
@@ -89,8 +94,9 @@ impl GroupWriter {
     /// dropped.
     pub(crate) fn spawn(pool: SqlitePool) -> Self {
         let (queue, jobs) = mpsc::unbounded_channel();
-        tokio::spawn(run(pool.clone(), jobs));
-        GroupWriter { queue, pool }
+        let busy = Arc::new(tokio::sync::Mutex::new(()));
+        tokio::spawn(run(pool.clone(), jobs, Arc::clone(&busy)));
+        GroupWriter { queue, pool, busy }
     }
 
     /// Queues a write and waits until its batch has ended. `job` runs the write's
@@ -118,8 +124,13 @@ impl GroupWriter {
                 }
             }),
         };
-        if let Err(mpsc::error::SendError(job)) = self.queue.send(job) {
+        if let Ok(_idle) = self.busy.try_lock() {
+            // Nothing is being written: this write is a batch of its own, run here rather
+            // than handed to the task (on a multi-threaded runtime, another thread).
+            batch(&self.pool, vec![job]).await;
+        } else if let Err(mpsc::error::SendError(job)) = self.queue.send(job) {
             // The writer task is gone (its runtime shut down): a batch of its own, here.
+            let _busy = self.busy.lock().await;
             batch(&self.pool, vec![job]).await;
         }
         rx.await.unwrap_or_else(|_| {
@@ -163,8 +174,13 @@ impl<T: Send + 'static> Deliver<T> {
 }
 
 /// The writer task: a batch of whatever is queued, until every handle is dropped.
-async fn run(pool: SqlitePool, mut jobs: mpsc::UnboundedReceiver<Job>) {
+async fn run(
+    pool: SqlitePool,
+    mut jobs: mpsc::UnboundedReceiver<Job>,
+    busy: Arc<tokio::sync::Mutex<()>>,
+) {
     while let Some(first) = jobs.recv().await {
+        let _busy = busy.lock().await;
         let mut next = vec![first];
         while next.len() < MAX_BATCH {
             match jobs.try_recv() {
@@ -304,6 +320,11 @@ impl BatchConn {
         args.add(fence.session.as_str().to_owned())
             .map_err(|e| db(sqlx::Error::Encode(e)))?;
         let begin = self.state == TxState::Idle;
+        if begin {
+            // Until BEGIN's answer is in, a drop (a cancelled caller) must close the
+            // connection: BEGIN may have run.
+            self.state = TxState::Unknown;
+        }
         let found = if begin {
             sqlx::query_with(AssertSqlSafe(format!("BEGIN IMMEDIATE; {sql}")), args)
                 .fetch_optional(&mut *self.conn)
@@ -348,14 +369,18 @@ impl BatchConn {
         }
         let commit = if self.last { "; COMMIT" } else { "" };
         let wrapped = format!("SAVEPOINT durable_write; {sql}; RELEASE durable_write{commit}");
+        // Until the answer is in, a drop must close the connection.
+        self.state = TxState::Unknown;
         match sqlx::query_with(AssertSqlSafe(wrapped), args)
             .fetch_all(&mut *self.conn)
             .await
         {
             Ok(rows) => {
-                if self.last {
-                    self.state = TxState::Committed;
-                }
+                self.state = if self.last {
+                    TxState::Committed
+                } else {
+                    TxState::Open
+                };
                 Ok(rows)
             }
             Err(e) => {
@@ -365,10 +390,9 @@ impl BatchConn {
                     .execute(&mut *self.conn)
                     .await
                 {
-                    Ok(_) => {}
+                    Ok(_) => self.state = TxState::Open,
                     Err(error) => {
                         tracing::debug!(%error, "no write savepoint to roll back to");
-                        self.state = TxState::Unknown;
                     }
                 }
                 Err(db(e))
@@ -377,6 +401,7 @@ impl BatchConn {
     }
 
     async fn commit(&mut self) -> Result<(), StoreError> {
+        self.state = TxState::Unknown;
         match sqlx::query("COMMIT").execute(&mut *self.conn).await {
             Ok(_) => {
                 self.state = TxState::Committed;
@@ -391,6 +416,7 @@ impl BatchConn {
 
     /// Rolls back whatever is open; whether a transaction was open.
     async fn rollback(&mut self) -> bool {
+        self.state = TxState::Unknown;
         match sqlx::query("ROLLBACK").execute(&mut *self.conn).await {
             Ok(_) => {
                 self.state = TxState::Idle;
