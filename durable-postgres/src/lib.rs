@@ -57,6 +57,8 @@ mod keys;
 mod leases;
 mod maintenance;
 mod open;
+#[cfg(all(test, feature = "testing"))]
+mod plans;
 mod resolution;
 mod rows;
 mod seal;
@@ -284,6 +286,7 @@ impl PostgresStore {
             .max_connections(options.max_connections)
             .min_connections(options.min_connections)
             .acquire_timeout(options.acquire_timeout)
+            .after_connect(|conn, _| Box::pin(open::plan_for_fresh_tables(conn)))
             .connect_with(connect)
             .await
             .map_err(db)?;
@@ -295,6 +298,12 @@ impl PostgresStore {
 
     /// Uses an existing pool (for example your application's), bringing the schema up to
     /// date first. Rows are sealed with [`Keyring::from_env`].
+    ///
+    /// The pool's connections are used as they are: [`connect`](Self::connect) plans a
+    /// new connection's statements for their parameters while the tables have never been
+    /// analyzed (see `open::plan_for_fresh_tables`); with PostgreSQL's default generic
+    /// plans, an agent turn on a fresh database grows with the session until the first
+    /// ANALYZE. Run `ANALYZE` once the tables hold rows, or set `plan_cache_mode` on yours.
     ///
     /// # Errors
     /// As [`connect`](Self::connect).

@@ -16,6 +16,14 @@ use crate::rows::get;
 use crate::seal;
 use crate::tx;
 
+/// The read of [`save`]: `$1` the session.
+pub(crate) const SAVE_READ: &str = concat!(
+    "SELECT ",
+    tx::locked_cols!(),
+    tx::tail_cols!(),
+    " FROM durable_sessions s WHERE s.id = $1"
+);
+
 /// Writes checkpoint `expected + 1` in one statement. `Ok(None)`: not written, take the
 /// locking transaction.
 pub(super) async fn save(
@@ -24,12 +32,6 @@ pub(super) async fn save(
     expected: i64,
     checkpoint: &NewCheckpoint,
 ) -> Result<Option<CheckpointMeta>, StoreError> {
-    const READ: &str = concat!(
-        "SELECT ",
-        tx::locked_cols!(),
-        tx::tail_cols!(),
-        " FROM durable_sessions s WHERE s.id = $1"
-    );
     // The session's `UPDATE` locks its row and finds it as read (or changes nothing); the
     // messages and the checkpoint are inserted only with it.
     const WRITE: &str = concat!(
@@ -54,7 +56,7 @@ pub(super) async fn save(
     );
     let ring = store.keyring();
     let row = tx::read(&store.pool, || {
-        sqlx::query(READ)
+        sqlx::query(SAVE_READ)
             .bind(fence.session.as_str())
             .fetch_optional(&store.pool)
     })

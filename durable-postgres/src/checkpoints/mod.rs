@@ -3,7 +3,7 @@
 //! share. A checkpoint is read back with the session head, the checkpoint row, its
 //! transcript and the chain of seals between them, all from one snapshot.
 
-mod fast;
+pub(crate) mod fast;
 
 use std::time::Duration;
 

@@ -34,6 +34,19 @@ pub(super) enum Insert {
     Declined(NewCall, Option<FinishCall>),
 }
 
+/// The read of [`insert`]: `$1` the session, `$2`..`$5` the new row's step, tool, input
+/// hash and ordinal.
+pub(crate) const INSERT_READ: &str = concat!(
+    "SELECT s.fence AS session_fence, ",
+    seal::head_cols!(),
+    ", (SELECT l.step FROM durable_tool_calls l \
+        WHERE l.session_id = s.id AND l.seq = s.journal_rows) AS latest_step, \
+       EXISTS (SELECT 1 FROM durable_tool_calls c WHERE c.session_id = s.id \
+         AND c.step = $2 AND c.tool_name = $3 AND c.input_hash = $4 \
+         AND c.ordinal = $5) AS journaled \
+     FROM durable_sessions s WHERE s.id = $1"
+);
+
 /// Inserts a new row for `call` (with its outcome, if `finish`) in one statement.
 pub(super) async fn insert(
     store: &PostgresStore,
@@ -41,16 +54,6 @@ pub(super) async fn insert(
     call: NewCall,
     finish: Option<FinishCall>,
 ) -> Result<Insert, StoreError> {
-    const READ: &str = concat!(
-        "SELECT s.fence AS session_fence, ",
-        seal::head_cols!(),
-        ", (SELECT l.step FROM durable_tool_calls l \
-            WHERE l.session_id = s.id AND l.seq = s.journal_rows) AS latest_step, \
-           EXISTS (SELECT 1 FROM durable_tool_calls c WHERE c.session_id = s.id \
-             AND c.step = $2 AND c.tool_name = $3 AND c.input_hash = $4 \
-             AND c.ordinal = $5) AS journaled \
-         FROM durable_sessions s WHERE s.id = $1"
-    );
     // The head's `UPDATE` locks the session row and finds it as read (or changes
     // nothing); the row is inserted only with it.
     const WRITE: &str = concat!(
@@ -76,7 +79,7 @@ pub(super) async fn insert(
     let ring = store.keyring();
     let identity = &call.identity;
     let row = tx::read(&store.pool, || {
-        sqlx::query(READ)
+        sqlx::query(INSERT_READ)
             .bind(fence.session.as_str())
             .bind(identity.step)
             .bind(&identity.tool)

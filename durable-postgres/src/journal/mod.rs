@@ -2,8 +2,8 @@
 //! of rows, outcomes and re-issues here, the reads in [`reads`]. Operator resolutions are
 //! in [`crate::resolution`].
 
-mod fast;
-mod reads;
+pub(crate) mod fast;
+pub(crate) mod reads;
 
 pub(crate) use reads::{call, calls, in_doubt, issued_calls};
 

@@ -91,6 +91,33 @@ async fn journal_calls(
     checked_rows(ring, &found)
 }
 
+/// The statement of [`step_calls`]: `$1` the session, `$2` the step.
+pub(crate) const STEP_READ: &str = concat!(
+    "WITH h AS (SELECT ",
+    head_cols!(),
+    " FROM durable_sessions s WHERE s.id = $1), \
+     r AS (SELECT ",
+    call_cols!(),
+    " FROM durable_tool_calls WHERE session_id = $1 AND step = $2), \
+     e AS (SELECT count(*) AS step_rows, min(seq) AS step_first, max(seq) AS step_last \
+           FROM r) \
+     SELECT h.*, e.*, \
+       (SELECT step FROM durable_tool_calls \
+        WHERE session_id = $1 AND seq = e.step_first - 1) AS before_step, \
+       (SELECT step FROM durable_tool_calls \
+        WHERE session_id = $1 AND seq = e.step_last + 1) AS after_step, \
+       CASE WHEN e.step_rows = 0 THEN \
+         (SELECT max(seq) FROM durable_tool_calls WHERE session_id = $1 AND step = \
+           (SELECT max(step) FROM durable_tool_calls WHERE session_id = $1 AND step < $2)) \
+       END AS previous_seq, \
+       CASE WHEN e.step_rows = 0 THEN \
+         (SELECT min(seq) FROM durable_tool_calls WHERE session_id = $1 AND step = \
+           (SELECT min(step) FROM durable_tool_calls WHERE session_id = $1 AND step > $2)) \
+       END AS next_seq, \
+       r.* \
+     FROM h CROSS JOIN e LEFT JOIN r ON true ORDER BY r.seq"
+);
+
 /// One step's rows, checked complete without reading the rest of the journal (see
 /// [`seal::StepExtent::check`]): the head, the step's rows and the rows at either end of
 /// them, in one statement, so one snapshot. Every position is looked up by the unique
@@ -101,34 +128,9 @@ async fn step_calls(
     session: &SessionId,
     step: i64,
 ) -> Result<Vec<CallRecord>, StoreError> {
-    const SQL: &str = concat!(
-        "WITH h AS (SELECT ",
-        head_cols!(),
-        " FROM durable_sessions s WHERE s.id = $1), \
-         r AS (SELECT ",
-        call_cols!(),
-        " FROM durable_tool_calls WHERE session_id = $1 AND step = $2), \
-         e AS (SELECT count(*) AS step_rows, min(seq) AS step_first, max(seq) AS step_last \
-               FROM r) \
-         SELECT h.*, e.*, \
-           (SELECT step FROM durable_tool_calls \
-            WHERE session_id = $1 AND seq = e.step_first - 1) AS before_step, \
-           (SELECT step FROM durable_tool_calls \
-            WHERE session_id = $1 AND seq = e.step_last + 1) AS after_step, \
-           CASE WHEN e.step_rows = 0 THEN \
-             (SELECT max(seq) FROM durable_tool_calls WHERE session_id = $1 AND step = \
-               (SELECT max(step) FROM durable_tool_calls WHERE session_id = $1 AND step < $2)) \
-           END AS previous_seq, \
-           CASE WHEN e.step_rows = 0 THEN \
-             (SELECT min(seq) FROM durable_tool_calls WHERE session_id = $1 AND step = \
-               (SELECT min(step) FROM durable_tool_calls WHERE session_id = $1 AND step > $2)) \
-           END AS next_seq, \
-           r.* \
-         FROM h CROSS JOIN e LEFT JOIN r ON true ORDER BY r.seq"
-    );
     let ring = store.keyring();
     let found = tx::read(&store.pool, || {
-        sqlx::query(SQL)
+        sqlx::query(STEP_READ)
             .bind(session.as_str())
             .bind(step)
             .fetch_all(&store.pool)
@@ -142,7 +144,7 @@ async fn step_calls(
     // step's and a later one's), or rows are missing: read again in one snapshot with the
     // whole journal's count. Steps written out of order (a store used directly) pass it.
     let mut tx = tx::begin_snapshot(&store.pool).await?;
-    let found = sqlx::query(SQL)
+    let found = sqlx::query(STEP_READ)
         .bind(session.as_str())
         .bind(step)
         .fetch_all(&mut *tx)

@@ -1,0 +1,210 @@
+//! The plans of an agent turn's reads on a fresh database that was never analyzed
+//! (issue 11). A turn's statements are prepared by sqlx on the store's connections; a
+//! generic plan made while the tables were nearly empty looked rows up by `session_id`
+//! alone and filtered the rest, so a turn walked the session's whole journal until
+//! autovacuum's first ANALYZE replanned it. Not a timed test: each statement is run six
+//! times while the tables are small (where PostgreSQL's default `plan_cache_mode` would
+//! switch to its generic plan), the session then grows to a few thousand rows, and the
+//! plan of the prepared statement (`EXPLAIN (ANALYZE) EXECUTE`) must look every row up by
+//! an index, with nothing filtered out. Once the tables are analyzed, a new connection
+//! keeps the default, and the generic plans made from the statistics pass the same check.
+
+use std::time::Duration;
+
+use durable_core::ids::SessionId;
+use durable_core::store::{CheckpointStore, NewCheckpoint, NewSession};
+use serde_json::{Value, json};
+use sqlx::AssertSqlSafe;
+use sqlx::postgres::PgConnection;
+
+use crate::checkpoints::fast::SAVE_READ;
+use crate::journal::fast::INSERT_READ;
+use crate::journal::reads::STEP_READ;
+use crate::testing::test_database;
+
+/// The tables that grow with a session.
+const GROWING: [&str; 3] = [
+    "durable_tool_calls",
+    "durable_messages",
+    "durable_checkpoints",
+];
+
+/// Journal rows (one per step), checkpoints, and twice as many messages.
+const ROWS: i64 = 3000;
+
+/// Runs `sql` (one of the turn's reads) as the store does: prepared, with binds.
+async fn run(conn: &mut PgConnection, sql: &'static str, session: &str, step: i64) {
+    let query = sqlx::query(sql).bind(session);
+    let query = if sql == STEP_READ {
+        query.bind(step)
+    } else if sql == INSERT_READ {
+        query.bind(step).bind("model").bind("h").bind(0_i64)
+    } else {
+        query
+    };
+    query.fetch_all(conn).await.expect("run a turn's read");
+}
+
+/// The arguments of `sql` as SQL literals (for `EXECUTE`).
+fn literals(sql: &str, session: &str, step: i64) -> String {
+    if sql == STEP_READ {
+        format!("'{session}', {step}")
+    } else if sql == INSERT_READ {
+        format!("'{session}', {step}, 'model', 'h', 0")
+    } else {
+        format!("'{session}'")
+    }
+}
+
+/// Every scan of a growing table in `plan` (a node of `EXPLAIN (FORMAT JSON)`), as
+/// `(node type, relation, index condition, rows removed by its filter)`.
+fn scans(plan: &Value, out: &mut Vec<(String, String, String, i64)>) {
+    if let Some(relation) = plan["Relation Name"].as_str()
+        && GROWING.contains(&relation)
+    {
+        out.push((
+            plan["Node Type"].as_str().unwrap_or_default().to_owned(),
+            relation.to_owned(),
+            plan["Index Cond"].as_str().unwrap_or_default().to_owned(),
+            plan["Rows Removed by Filter"].as_i64().unwrap_or(0),
+        ));
+    }
+    for child in plan["Plans"].as_array().into_iter().flatten() {
+        scans(child, out);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turns_reads_use_their_indexes_before_any_analyze() {
+    let db = test_database().await;
+    let store = db.store().await.expect("connect the store");
+    let id = SessionId::random();
+    store
+        .create_session(NewSession {
+            id: id.clone(),
+            app_version: "v1".into(),
+            metadata: json!({}),
+            owner: "w".into(),
+            lease_ttl: Duration::from_secs(600),
+            initial: NewCheckpoint {
+                messages: vec![],
+                plan: json!({}),
+                budget: json!({}),
+                state: Value::Null,
+            },
+        })
+        .await
+        .expect("create a session");
+    let session = id.as_str();
+    let mut conn = store.pool().acquire().await.expect("a store connection");
+    let mode: String = sqlx::query_scalar("SHOW plan_cache_mode")
+        .fetch_one(&mut *conn)
+        .await
+        .expect("plan_cache_mode");
+    assert_eq!(mode, "force_custom_plan", "the store's connections");
+    for table in GROWING {
+        sqlx::raw_sql(AssertSqlSafe(format!(
+            "ALTER TABLE {table} SET (autovacuum_enabled = off)"
+        )))
+        .execute(&mut *conn)
+        .await
+        .expect("no autovacuum during the test");
+    }
+    let reads = [STEP_READ, INSERT_READ, SAVE_READ];
+    // Six executions while the tables are nearly empty: where the default plan cache
+    // mode makes (and keeps) its generic plan.
+    for sql in reads {
+        for step in 1..=6 {
+            run(&mut conn, sql, session, step).await;
+        }
+    }
+    // The session grows to ROWS turns (the rows need no valid seals: only plans are
+    // looked at), and nothing is analyzed.
+    sqlx::raw_sql(AssertSqlSafe(format!(
+        "INSERT INTO durable_tool_calls (id, session_id, kind, step, tool_name, input_hash, \
+           ordinal, replay_class, status, args, schema_hash, attempt, fence, format, \
+           issued_at, seq) \
+         SELECT 'call-' || n, '{session}', 'model', n, 'model', 'h', 0, 'pure', 'completed', \
+           '{{}}', 's', 1, 1, 1, 0, n FROM generate_series(1, {ROWS}) n; \
+         INSERT INTO durable_messages (session_id, seq, message, format, created_at) \
+         SELECT '{session}', n, '{{\"text\":\"a message\"}}', 1, 0 \
+         FROM generate_series(1, 2 * {ROWS}) n; \
+         INSERT INTO durable_checkpoints (session_id, version, last_seq, message_count, plan, \
+           budget, state, app_version, format, created_at) \
+         SELECT '{session}', n, 2 * n, 2 * n, '{{}}', '{{}}', 'null', 'v1', 1, 0 \
+         FROM generate_series(1, {ROWS}) n; \
+         UPDATE durable_sessions SET journal_rows = {ROWS}, latest_version = {ROWS} \
+         WHERE id = '{session}'"
+    )))
+    .execute(&mut *conn)
+    .await
+    .expect("grow the session");
+    let analyzed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_user_tables \
+         WHERE relname LIKE 'durable%' AND (last_analyze IS NOT NULL \
+           OR last_autoanalyze IS NOT NULL)",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .expect("pg_stat_user_tables");
+    assert_eq!(analyzed, 0, "no table may have been analyzed");
+    for sql in reads {
+        assert_indexed(&mut conn, sql, session, false).await;
+    }
+    drop(conn);
+    // Once the tables are analyzed, a new connection keeps PostgreSQL's default, and the
+    // generic plans it makes from the statistics use the same indexes.
+    sqlx::raw_sql(
+        "ANALYZE durable_sessions, durable_tool_calls, durable_messages, durable_checkpoints",
+    )
+    .execute(store.pool())
+    .await
+    .expect("analyze");
+    let store = db.store().await.expect("connect again");
+    let mut conn = store.pool().acquire().await.expect("a store connection");
+    let mode: String = sqlx::query_scalar("SHOW plan_cache_mode")
+        .fetch_one(&mut *conn)
+        .await
+        .expect("plan_cache_mode");
+    assert_eq!(
+        mode, "auto",
+        "the store's connections once the tables are analyzed"
+    );
+    for sql in reads {
+        for step in 1..=6 {
+            run(&mut conn, sql, session, ROWS + step).await;
+        }
+        assert_indexed(&mut conn, sql, session, true).await;
+    }
+}
+
+/// Asserts that the store's prepared statement `sql` on `conn` (with a generic plan or
+/// without one, as `generic`) reads every growing table by an index, filtering nothing
+/// out, at a new step after the session's last.
+async fn assert_indexed(conn: &mut PgConnection, sql: &str, session: &str, generic: bool) {
+    let (name, generic_plans): (String, i64) = sqlx::query_as(
+        "SELECT name, generic_plans FROM pg_prepared_statements WHERE statement = $1",
+    )
+    .bind(sql)
+    .fetch_one(&mut *conn)
+    .await
+    .expect("the store's prepared statement");
+    assert_eq!(generic_plans > 0, generic, "generic plans of {sql}");
+    let step = ROWS + 1;
+    let plan: Value = sqlx::query_scalar(AssertSqlSafe(format!(
+        "EXPLAIN (ANALYZE, FORMAT JSON) EXECUTE {name}({})",
+        literals(sql, session, step)
+    )))
+    .fetch_one(&mut *conn)
+    .await
+    .expect("explain the prepared statement");
+    let mut found = Vec::new();
+    scans(&plan[0]["Plan"], &mut found);
+    assert!(!found.is_empty(), "{sql} reads a growing table");
+    for (node, relation, cond, removed) in &found {
+        assert!(
+            node.starts_with("Index") && !cond.is_empty() && *removed == 0,
+            "{sql}: {node} of {relation} on {cond:?} filtered out {removed} rows; plan {plan:#}"
+        );
+    }
+}
