@@ -1,5 +1,5 @@
 //! The figures both benches print, measured the same way on every backend: the durable
-//! side through [`workload`](crate::workload), the raw side through the bench's
+//! side through [`workload`], the raw side through the bench's
 //! [`Baseline`], in interleaved rounds (so background load hits both alike), each figure
 //! the median round. Each function adds its rows to the [`Report`] and returns the SVG of
 //! its plot, if it has one.
