@@ -451,7 +451,17 @@ impl Durable {
                 return Err(e);
             }
         };
-        let in_doubt = self.store.issued_calls(&lease.session).await?;
+        // The whole journal, every seal checked: a row whose status or step was changed
+        // behind the store's back (an in-doubt call shown as completed, a row moved out of
+        // the step it guards) fails its seal here, before any step is replayed. The
+        // issued rows alone (`issued_calls`) would not show it.
+        let in_doubt = self
+            .store
+            .calls(&lease.session, None)
+            .await?
+            .into_iter()
+            .filter(|c| c.status == crate::store::CallStatus::Issued)
+            .collect::<Vec<_>>();
         let report = ResumeReport::new(version, in_doubt.clone());
         tracing::info!(version, in_doubt = report.in_doubt.len(), "session resumed");
         let session = Session::assemble(

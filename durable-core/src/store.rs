@@ -851,15 +851,19 @@ pub trait CheckpointStore: Send + Sync + 'static {
         step: Option<i64>,
     ) -> Result<Vec<CallRecord>, StoreError>;
 
-    /// The session's rows with status `issued`, in issue order: what a resuming worker
-    /// must report as in doubt, whichever step they belong to.
+    /// The session's rows whose stored status is `issued`, in issue order.
     ///
     /// # Contract
     /// As [`calls`](Self::calls) (read-only, one snapshot, the head's seal and the
-    /// journal's completeness checked, every returned row's seal checked), but returns
-    /// only the `issued` rows. A backend should answer from an index of the issued rows, so
+    /// journal's row count checked, every returned row's seal checked), but returns only
+    /// the `issued` rows. A backend should answer from an index of the issued rows, so
     /// that the cost does not grow with the journal; the default reads the whole journal
     /// and filters it.
+    ///
+    /// Not a replacement for [`calls`](Self::calls) where tampering matters: a row whose
+    /// status was changed behind the store's back (an in-doubt call shown as completed)
+    /// is not returned, so its broken seal is not seen here. The runtime's resume reads
+    /// the whole journal for that reason, until the session head counts its issued rows.
     async fn issued_calls(&self, session: &SessionId) -> Result<Vec<CallRecord>, StoreError> {
         Ok(self
             .calls(session, None)

@@ -49,6 +49,13 @@ impl Tamperer for Raw {
                     .execute(pool)
                     .await
             }
+            Tamper::MoveCall { call, step } => {
+                sqlx::query("UPDATE durable_tool_calls SET step = $1 WHERE id = $2")
+                    .bind(step)
+                    .bind(call.as_str())
+                    .execute(pool)
+                    .await
+            }
             Tamper::DeleteCall { call } => {
                 sqlx::query("DELETE FROM durable_tool_calls WHERE id = $1")
                     .bind(call.as_str())

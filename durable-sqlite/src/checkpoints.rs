@@ -691,17 +691,23 @@ pub(crate) fn append_checkpoint(
     }
     let (mut last_seq, mut message_count) = (latest.last_seq, latest.message_count);
     let mut message_seal = latest.message_seal.clone();
+    // At most MESSAGES_PER_INSERT rows per statement: SQLite takes at most 32,766
+    // parameters per statement, six per message here.
+    const MESSAGES_PER_INSERT: usize = 1_000;
     if !checkpoint.messages.is_empty() {
-        out.push(
-            "INSERT INTO durable_messages (session_num, seq, message, format, created_at, seal) \
-             VALUES ",
-        );
         for (i, message) in checkpoint.messages.iter().enumerate() {
+            let first = i % MESSAGES_PER_INSERT == 0;
+            if first {
+                out.push(
+                    "INSERT INTO durable_messages \
+                     (session_num, seq, message, format, created_at, seal) VALUES ",
+                );
+            }
             last_seq += 1;
             message_count += 1;
             let text = json(message)?;
             message_seal = seal::seal_message(ring, session, last_seq, &text, &message_seal)?;
-            out.sql.push_str(if i == 0 {
+            out.sql.push_str(if first {
                 "(?, ?, ?, ?, ?, ?)"
             } else {
                 ", (?, ?, ?, ?, ?, ?)"

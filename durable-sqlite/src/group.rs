@@ -342,10 +342,10 @@ impl BatchConn {
                 row
             }
             Err(e) => {
-                if begin {
-                    // Whether BEGIN ran is not known.
-                    self.state = TxState::Unknown;
-                }
+                // Whether BEGIN ran is not known; and a failed read in the middle of a
+                // batch may have rolled the batch back (SQLite does on I/O errors, a full
+                // disk, no memory): the batch is rolled back and the rest re-run.
+                self.state = TxState::Unknown;
                 return Err(db(e));
             }
         };

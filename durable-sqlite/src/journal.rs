@@ -248,30 +248,63 @@ pub(crate) async fn calls(
     }
 }
 
-/// Every row of the session, with the whole journal's completeness checked.
+/// Every row of the session, with the whole journal's completeness checked, in one
+/// statement (one snapshot, one round trip): the session row with its head and the
+/// journal's count, joined to its rows (`NULL` columns when there are none).
 async fn all_calls(
     store: &SqliteStore,
     session: &SessionId,
 ) -> Result<Vec<CallRecord>, StoreError> {
+    joined_calls(store, session, false).await
+}
+
+/// The session's rows (all of them, or the `issued` ones by the partial index) with the
+/// head and the journal's count, in one statement.
+async fn joined_calls(
+    store: &SqliteStore,
+    session: &SessionId,
+    issued_only: bool,
+) -> Result<Vec<CallRecord>, StoreError> {
+    macro_rules! joined_sql {
+        ($filter:literal) => {
+            concat!(
+                "SELECT ",
+                seal::head_cols!(),
+                seal::journal_count_cols!(),
+                ", ",
+                call_cols!(),
+                " FROM durable_sessions s LEFT JOIN durable_tool_calls c \
+                 ON c.session_id = s.id",
+                $filter,
+                " WHERE s.id = ?1 ORDER BY c.seq"
+            )
+        };
+    }
     let ring = store.keyring();
-    // One snapshot: the head, the completeness count and the rows agree.
-    let mut rtx = store.reader().begin().await.map_err(db)?;
-    let head = seal::checked_head(&mut rtx, ring, session).await?;
-    seal::check_journal_complete(&mut rtx, &head).await?;
-    let found = sqlx::query(concat!(
-        "SELECT ",
-        call_cols!(),
-        " FROM durable_tool_calls c WHERE c.session_id = ? ORDER BY c.seq"
-    ))
-    .bind(session.as_str())
-    .fetch_all(&mut *rtx)
-    .await
-    .map_err(db)?;
-    rtx.commit().await.map_err(db)?;
-    found
-        .iter()
-        .map(|row| checked_call_record(ring, row))
-        .collect()
+    let sql = if issued_only {
+        joined_sql!(" AND c.status = 'issued'")
+    } else {
+        joined_sql!("")
+    };
+    let found = sqlx::query(sql)
+        .bind(session.as_str())
+        .fetch_all(store.reader())
+        .await
+        .map_err(db)?;
+    let first = found
+        .first()
+        .ok_or_else(|| StoreError::SessionNotFound(session.clone()))?;
+    let head = seal::head_from_row(first, session)?;
+    head.check(ring)?;
+    seal::JournalCount::from_row(first, session)?.check(&head)?;
+    let mut rows = Vec::with_capacity(found.len());
+    for row in &found {
+        let id: Option<String> = rows::col(row, "id", session, None)?;
+        if id.is_some() {
+            rows.push(checked_call_record(ring, row)?);
+        }
+    }
+    Ok(rows)
 }
 
 /// One step's rows, in one statement (one snapshot, one round trip): the session row
@@ -313,7 +346,17 @@ async fn step_calls(
             rows.push(row);
         }
     }
-    seal::StepCheck::from_row(first, session)?.check(&head, step, &seqs)?;
+    if let Err(by_position) = seal::StepCheck::from_row(first, session)?.check(&head, step, &seqs) {
+        // A journal written before schema 3 may hold steps out of order, which the check
+        // by position cannot tell from deleted rows: the whole journal decides, every row
+        // and seal checked. Tampering fails there too (with its own detail).
+        tracing::debug!(%by_position, "step read: checking the whole journal");
+        let all = all_calls(store, session).await?;
+        return Ok(all
+            .into_iter()
+            .filter(|row| row.identity.step == step)
+            .collect());
+    }
     rows.into_iter()
         .map(|row| checked_call_record(ring, row))
         .collect()
@@ -326,36 +369,7 @@ pub(crate) async fn issued_calls(
     store: &SqliteStore,
     session: &SessionId,
 ) -> Result<Vec<CallRecord>, StoreError> {
-    let ring = store.keyring();
-    // One statement: the session row with its head and the journal's count, joined to
-    // its issued rows by the partial index (`NULL` columns when there are none).
-    let found = sqlx::query(concat!(
-        "SELECT ",
-        seal::head_cols!(),
-        seal::journal_count_cols!(),
-        ", ",
-        call_cols!(),
-        " FROM durable_sessions s LEFT JOIN durable_tool_calls c \
-         ON c.session_id = s.id AND c.status = 'issued' WHERE s.id = ?1 ORDER BY c.seq"
-    ))
-    .bind(session.as_str())
-    .fetch_all(store.reader())
-    .await
-    .map_err(db)?;
-    let first = found
-        .first()
-        .ok_or_else(|| StoreError::SessionNotFound(session.clone()))?;
-    let head = seal::head_from_row(first, session)?;
-    head.check(ring)?;
-    seal::JournalCount::from_row(first, session)?.check(&head)?;
-    let mut rows = Vec::new();
-    for row in &found {
-        let id: Option<String> = rows::col(row, "id", session, None)?;
-        if id.is_some() {
-            rows.push(checked_call_record(ring, row)?);
-        }
-    }
-    Ok(rows)
+    joined_calls(store, session, true).await
 }
 
 pub(crate) async fn in_doubt(

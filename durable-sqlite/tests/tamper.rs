@@ -46,6 +46,13 @@ impl Tamperer for Raw {
                     .execute(pool)
                     .await
             }
+            Tamper::MoveCall { call, step } => {
+                sqlx::query("UPDATE durable_tool_calls SET step = ? WHERE id = ?")
+                    .bind(step)
+                    .bind(call.as_str())
+                    .execute(pool)
+                    .await
+            }
             Tamper::DeleteCall { call } => {
                 sqlx::query("DELETE FROM durable_tool_calls WHERE id = ?")
                     .bind(call.as_str())

@@ -49,6 +49,14 @@ pub enum Tamper {
         /// The row.
         call: CallId,
     },
+    /// `UPDATE` a journal row's `step` (moves it out of the step it was recorded in; its
+    /// seal is left as it was).
+    MoveCall {
+        /// The row.
+        call: CallId,
+        /// The step it is moved to.
+        step: i64,
+    },
     /// Swap the `seq` of two journal rows (reorder them).
     SwapCallSeqs {
         /// One row.
@@ -310,6 +318,18 @@ pub async fn run_tamper_cases(store: Arc<dyn CheckpointStore>, tamperer: &dyn Ta
         })
         .await;
     rerun_is_refused(store, "deleted middle row", &id, 2, &effects).await;
+
+    // A completed row moved to an earlier step, its seal untouched: the step it was
+    // recorded in reads without it (its neighbours by position are all there), so only a
+    // check of every seal sees it. The resume must, before the step is replayed.
+    let (id, calls, effects) = transfers(store, &[1, 2]).await;
+    tamperer
+        .apply(Tamper::MoveCall {
+            call: calls[1].clone(),
+            step: -1,
+        })
+        .await;
+    rerun_is_refused(store, "row moved to another step", &id, 2, &effects).await;
 
     // Reordered rows.
     let (id, calls, effects) = transfers(store, &[1, 2]).await;
