@@ -291,11 +291,7 @@ async fn joined_calls(
         .fetch_all(store.reader())
         .await
         .map_err(db)?;
-    let first = found
-        .first()
-        .ok_or_else(|| StoreError::SessionNotFound(session.clone()))?;
-    let head = seal::head_from_row(first, session)?;
-    head.check(ring)?;
+    let (first, head) = head_row(&found, ring, session)?;
     seal::JournalCount::from_row(first, session)?.check(&head)?;
     let mut rows = Vec::with_capacity(found.len());
     for row in &found {
@@ -305,6 +301,21 @@ async fn joined_calls(
         }
     }
     Ok(rows)
+}
+
+/// The first row of a read that joins the session row to its journal rows, and the
+/// session head it carries, checked: [`StoreError::SessionNotFound`] without a row.
+fn head_row<'r>(
+    found: &'r [SqliteRow],
+    ring: &Keyring,
+    session: &SessionId,
+) -> Result<(&'r SqliteRow, seal::HeadRow), StoreError> {
+    let first = found
+        .first()
+        .ok_or_else(|| StoreError::SessionNotFound(session.clone()))?;
+    let head = seal::head_from_row(first, session)?;
+    head.check(ring)?;
+    Ok((first, head))
 }
 
 /// One step's rows, in one statement (one snapshot, one round trip): the session row
@@ -332,11 +343,7 @@ async fn step_calls(
     .fetch_all(store.reader())
     .await
     .map_err(db)?;
-    let first = found
-        .first()
-        .ok_or_else(|| StoreError::SessionNotFound(session.clone()))?;
-    let head = seal::head_from_row(first, session)?;
-    head.check(ring)?;
+    let (first, head) = head_row(&found, ring, session)?;
     let mut rows = Vec::with_capacity(found.len());
     let mut seqs = Vec::with_capacity(found.len());
     for row in &found {

@@ -1028,3 +1028,31 @@ async fn unchanged_snapshots_are_stored_once_and_every_version_still_loads() {
     assert_eq!(forked.budget, versions[3].1);
     assert_eq!(forked.state, versions[3].2);
 }
+
+/// A checkpoint may append more messages than SQLite takes parameters in one statement
+/// (32,766; six per message): they are written in several statements, in order, and
+/// read back whole.
+#[tokio::test]
+async fn a_checkpoint_with_thousands_of_new_messages_is_written_and_read_whole() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = file_store(&dir).await;
+    let id = SessionId::random();
+    let (_, lease) = store
+        .create_session(new_session(&id, "w"))
+        .await
+        .expect("create");
+    let many = NewCheckpoint {
+        messages: (0..6_000).map(|i| json!({"n": i})).collect(),
+        ..NewCheckpoint::default()
+    };
+    let meta = store
+        .save_checkpoint(lease.fence(), 0, many)
+        .await
+        .expect("a checkpoint of 6,000 new messages");
+    assert_eq!(meta.message_count, 6_001);
+    let loaded = store.load_checkpoint(&id, None).await.expect("load");
+    assert_eq!(loaded.messages.len(), 6_001);
+    for (i, message) in loaded.messages[1..].iter().enumerate() {
+        assert_eq!(message, &json!({"n": i}), "message {} in order", i + 1);
+    }
+}
