@@ -417,20 +417,11 @@ impl BatchConn {
     /// Rolls back whatever is open; whether a transaction was open.
     async fn rollback(&mut self) -> bool {
         self.state = TxState::Unknown;
-        match sqlx::query("ROLLBACK").execute(&mut *self.conn).await {
-            Ok(_) => {
-                self.state = TxState::Idle;
-                true
-            }
-            Err(sqlx::Error::Database(e)) if e.message().contains("no transaction is active") => {
-                self.state = TxState::Idle;
-                false
-            }
-            Err(error) => {
-                tracing::warn!(%error, "sqlite ROLLBACK failed; closing the connection");
-                false
-            }
+        let ended = tx::roll_back(&mut self.conn).await;
+        if ended != tx::RolledBack::Failed {
+            self.state = TxState::Idle;
         }
+        ended == tx::RolledBack::Done
     }
 }
 

@@ -213,14 +213,8 @@ impl WriteTx {
     /// Rolls back after a failed `BEGIN IMMEDIATE; …` round trip, where it is not known
     /// whether `BEGIN` ran: SQLite's "no transaction is active" means nothing is open.
     async fn rollback_if_open(&mut self) {
-        match sqlx::query("ROLLBACK").execute(&mut *self.conn).await {
-            Ok(_) => self.open = false,
-            Err(sqlx::Error::Database(e)) if e.message().contains("no transaction is active") => {
-                self.open = false;
-            }
-            Err(error) => {
-                tracing::warn!(%error, "sqlite ROLLBACK failed; closing the connection");
-            }
+        if roll_back(&mut self.conn).await != RolledBack::Failed {
+            self.open = false;
         }
     }
 
@@ -239,6 +233,31 @@ impl Drop for WriteTx {
     fn drop(&mut self) {
         if self.open {
             self.conn.close_on_drop();
+        }
+    }
+}
+
+/// How a `ROLLBACK` ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RolledBack {
+    /// A transaction was open and is rolled back.
+    Done,
+    /// No transaction was open (a `BEGIN` that failed, or SQLite rolled back itself).
+    NothingOpen,
+    /// `ROLLBACK` failed: the connection must be closed, not pooled.
+    Failed,
+}
+
+/// Rolls back whatever transaction `conn` has open, if any.
+pub(crate) async fn roll_back(conn: &mut SqliteConnection) -> RolledBack {
+    match sqlx::query("ROLLBACK").execute(conn).await {
+        Ok(_) => RolledBack::Done,
+        Err(sqlx::Error::Database(e)) if e.message().contains("no transaction is active") => {
+            RolledBack::NothingOpen
+        }
+        Err(error) => {
+            tracing::warn!(%error, "sqlite ROLLBACK failed; closing the connection");
+            RolledBack::Failed
         }
     }
 }
@@ -288,14 +307,8 @@ impl ReadTx {
 
     /// Ends the transaction early (an error found in the first rows).
     pub(crate) async fn rollback(&mut self) {
-        match sqlx::query("ROLLBACK").execute(&mut *self.conn).await {
-            Ok(_) => self.open = false,
-            Err(sqlx::Error::Database(e)) if e.message().contains("no transaction is active") => {
-                self.open = false;
-            }
-            Err(error) => {
-                tracing::warn!(%error, "sqlite ROLLBACK failed; closing the connection");
-            }
+        if roll_back(&mut self.conn).await != RolledBack::Failed {
+            self.open = false;
         }
     }
 }
