@@ -14,7 +14,10 @@
 //! - each **resolution** audit row over its decision and result, with its position
 //!   (the session head counts them, so a deleted one is detected);
 //! - the **session head**: how many journal rows, messages, checkpoints and resolutions
-//!   the session has, so that deleting the newest row of any of them shows.
+//!   the session has, so that deleting the newest row of any of them shows, and how many
+//!   of its journal rows are `issued` (in doubt after a crash), so that a resume can read
+//!   only those rows: a row whose status was changed to or from `issued` behind the
+//!   store's back changes that count (or is returned, and fails its own seal).
 //!
 //! Not sealed: the session row's status, lease, fencing token and app version (they
 //! change on every renewal; editing them can stop, restart or re-version a session, never
@@ -627,6 +630,12 @@ impl ResolutionFields<'_> {
 
 /// The session head: how much of each log the session has. Deleting the newest row of
 /// any log (which leaves no gap) changes a count and breaks this seal.
+///
+/// `issued_rows` counts the journal rows whose status is `issued`. A reader of the issued
+/// rows alone (a resume, [`issued_calls`](crate::CheckpointStore::issued_calls)) checks
+/// that it found exactly that many, each under its own seal: a row set to `issued`
+/// behind the store's back is returned and fails its seal, and a row set from `issued`
+/// to anything else (or deleted) leaves one fewer than the head says.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Head<'a> {
     /// Session id.
@@ -639,11 +648,20 @@ pub struct Head<'a> {
     pub checkpoint_seal: &'a str,
     /// Resolutions recorded.
     pub resolutions: i64,
+    /// Journal rows whose status is `issued`.
+    pub issued_rows: i64,
 }
 
 impl Head<'_> {
     /// The sealed bytes.
     pub fn fields(&self) -> Fields {
+        self.legacy_fields().int(self.issued_rows)
+    }
+
+    /// The sealed bytes of a head written before it counted its issued rows (store
+    /// schema 3 and earlier): `issued_rows` is left out. A store checks an old head this
+    /// way once, when it upgrades the head to [`fields`](Self::fields).
+    pub fn legacy_fields(&self) -> Fields {
         Fields::new("head")
             .str(self.session)
             .int(self.journal_rows)

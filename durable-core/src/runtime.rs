@@ -451,17 +451,17 @@ impl Durable {
                 return Err(e);
             }
         };
-        // The whole journal, every seal checked: a row whose status or step was changed
-        // behind the store's back (an in-doubt call shown as completed, a row moved out of
-        // the step it guards) fails its seal here, before any step is replayed. The
-        // issued rows alone (`issued_calls`) would not show it.
-        let in_doubt = self
-            .store
-            .calls(&lease.session, None)
-            .await?
-            .into_iter()
-            .filter(|c| c.status == crate::store::CallStatus::Issued)
-            .collect::<Vec<_>>();
+        // Only the issued rows, every one's seal checked and their number checked against
+        // the head's sealed count: an in-doubt row shown as completed (or deleted) behind
+        // the store's back leaves the count short, so the resume fails before any step is
+        // replayed. Other rows are checked when their step is read.
+        let in_doubt = match self.store.issued_calls(&lease.session).await {
+            Ok(rows) => rows,
+            Err(e) => {
+                let _ = self.store.release_lease(&lease).await;
+                return Err(e.into());
+            }
+        };
         let report = ResumeReport::new(version, in_doubt.clone());
         tracing::info!(version, in_doubt = report.in_doubt.len(), "session resumed");
         let session = Session::assemble(

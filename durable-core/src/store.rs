@@ -851,19 +851,23 @@ pub trait CheckpointStore: Send + Sync + 'static {
         step: Option<i64>,
     ) -> Result<Vec<CallRecord>, StoreError>;
 
-    /// The session's rows whose stored status is `issued`, in issue order.
+    /// The session's rows whose stored status is `issued`, in issue order: what a resume
+    /// reports as in doubt.
     ///
     /// # Contract
-    /// As [`calls`](Self::calls) (read-only, one snapshot, the head's seal and the
-    /// journal's row count checked, every returned row's seal checked), but returns only
-    /// the `issued` rows. A backend should answer from an index of the issued rows, so
-    /// that the cost does not grow with the journal; the default reads the whole journal
-    /// and filters it.
+    /// Read-only, from one snapshot. [`StoreError::SessionNotFound`] if the session does
+    /// not exist. The session head's seal is checked, every returned row's seal is
+    /// checked, and the number of rows returned must be the head's sealed count of
+    /// issued rows ([`Head::issued_rows`](crate::integrity::Head)): a row set to or from
+    /// `issued` behind the store's back, or a deleted issued row, is
+    /// [`StoreError::Tampered`]. A backend should answer from an index of the issued
+    /// rows, so that the cost does not grow with the journal; the default reads the
+    /// whole journal (every seal checked) and filters it.
     ///
-    /// Not a replacement for [`calls`](Self::calls) where tampering matters: a row whose
-    /// status was changed behind the store's back (an in-doubt call shown as completed)
-    /// is not returned, so its broken seal is not seen here. The runtime's resume reads
-    /// the whole journal for that reason, until the session head counts its issued rows.
+    /// What it does not see: a row changed between two statuses other than `issued`
+    /// (completed to failed, say), or moved to another step without being issued. Such a
+    /// row fails its seal when its step is read ([`calls`](Self::calls) with a step),
+    /// before the step's replay uses it.
     async fn issued_calls(&self, session: &SessionId) -> Result<Vec<CallRecord>, StoreError> {
         Ok(self
             .calls(session, None)

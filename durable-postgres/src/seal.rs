@@ -138,6 +138,8 @@ impl HeadRow {
             latest_version: self.latest_version,
             checkpoint_seal: &self.checkpoint_seal,
             resolutions: self.resolutions,
+            // Not counted yet on PostgreSQL (issue 11, in progress): see the SQLite store.
+            issued_rows: 0,
         }
         .fields()
     }

@@ -56,6 +56,13 @@ impl Tamperer for Raw {
                     .execute(pool)
                     .await
             }
+            Tamper::SetStatus { call, status } => {
+                sqlx::query("UPDATE durable_tool_calls SET status = $1 WHERE id = $2")
+                    .bind(status)
+                    .bind(call.as_str())
+                    .execute(pool)
+                    .await
+            }
             Tamper::DeleteCall { call } => {
                 sqlx::query("DELETE FROM durable_tool_calls WHERE id = $1")
                     .bind(call.as_str())

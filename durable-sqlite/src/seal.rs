@@ -179,6 +179,7 @@ impl HeadRow {
             latest_version: self.latest_version,
             checkpoint_seal: &self.checkpoint_seal,
             resolutions: self.resolutions,
+            issued_rows: 0,
         }
         .fields()
     }

@@ -53,6 +53,13 @@ impl Tamperer for Raw {
                     .execute(pool)
                     .await
             }
+            Tamper::SetStatus { call, status } => {
+                sqlx::query("UPDATE durable_tool_calls SET status = ? WHERE id = ?")
+                    .bind(status)
+                    .bind(call.as_str())
+                    .execute(pool)
+                    .await
+            }
             Tamper::DeleteCall { call } => {
                 sqlx::query("DELETE FROM durable_tool_calls WHERE id = ?")
                     .bind(call.as_str())

@@ -16,7 +16,10 @@ use crate::error::{DurableError, StoreError};
 use crate::ids::{CallId, SessionId};
 use crate::journal::CallError;
 use crate::replay::ReplayClass;
-use crate::store::{CheckpointStore, NewCheckpoint, NewSession, Resolution};
+use crate::store::{
+    CallOutcome, CallStatus, CheckpointStore, FinishCall, NewCheckpoint, NewSession, Resolution,
+    ResolveCall,
+};
 use crate::transcript::Message;
 
 use super::runtime::{call, call_and_die, release_dead_lease, runtime, spec, start};
@@ -56,6 +59,13 @@ pub enum Tamper {
         call: CallId,
         /// The step it is moved to.
         step: i64,
+    },
+    /// `UPDATE` a journal row's `status` (its seal is left as it was).
+    SetStatus {
+        /// The row.
+        call: CallId,
+        /// The new status (`issued`, `completed`, …).
+        status: String,
     },
     /// Swap the `seq` of two journal rows (reorder them).
     SwapCallSeqs {
@@ -331,6 +341,45 @@ pub async fn run_tamper_cases(store: Arc<dyn CheckpointStore>, tamperer: &dyn Ta
         .await;
     rerun_is_refused(store, "row moved to another step", &id, 2, &effects).await;
 
+    // The last row moved to an earlier step: the row after the current step's rows is of
+    // an earlier step, which steps that only move forward cannot produce.
+    let (id, calls, effects) = transfers(store, &[1, 2, 3]).await;
+    tamperer
+        .apply(Tamper::MoveCall {
+            call: calls[2].clone(),
+            step: 0,
+        })
+        .await;
+    rerun_is_refused(store, "last row moved to step 0", &id, 3, &effects).await;
+
+    // An in-doubt unsafe call shown as completed, its seal untouched: a resume that reads
+    // only the issued rows finds one fewer than the session head counts.
+    let (durable, _) = runtime(store, "first");
+    let session = start(&durable).await;
+    let effects = Arc::new(AtomicUsize::new(0));
+    let email = spec("email", ReplayClass::UnsafeOnReplay);
+    call_and_die(&session, &email, 7, None, &effects).await;
+    let id = session.id().clone();
+    let doubt = store.issued_calls(&id).await.expect("the in-doubt row");
+    drop(session);
+    release_dead_lease(store, &id).await;
+    tamperer
+        .apply(Tamper::SetStatus {
+            call: doubt[0].id.clone(),
+            status: "completed".into(),
+        })
+        .await;
+    let before = effects.load(Ordering::SeqCst);
+    let (durable, _) = runtime(store, "second");
+    match durable.resume::<Message>(&id).await {
+        Err(e) => assert!(
+            is_tampered(&e),
+            "in-doubt row shown as completed: resume failed, not as Tampered: {e}"
+        ),
+        Ok(_) => panic!("in-doubt row shown as completed: the resume did not see it"),
+    }
+    assert_eq!(effects.load(Ordering::SeqCst), before, "the email ran again");
+
     // Reordered rows.
     let (id, calls, effects) = transfers(store, &[1, 2]).await;
     tamperer
@@ -427,6 +476,7 @@ pub async fn run_tamper_cases(store: Arc<dyn CheckpointStore>, tamperer: &dyn Ta
     }
 
     step_reads_detect_deleted_rows(store, tamperer).await;
+    issued_reads_follow_every_status_change(store, tamperer).await;
 }
 
 /// Journal layouts (rows per step, steps 1, 2, …), some generated from a fixed seed.
@@ -533,6 +583,143 @@ async fn step_reads_detect_deleted_rows(store: &Arc<dyn CheckpointStore>, tamper
                 Err(StoreError::Tampered { .. }) => {}
                 other => {
                     panic!("layout {layout:?}: step {step} deleted whole, it read as {other:?}")
+                }
+            }
+        }
+    }
+}
+
+/// The journal statuses a row can be given behind the store's back.
+const STATUSES: [&str; 5] = ["issued", "completed", "failed", "not_happened", "resolved"];
+
+/// A seeded random program over one session's journal: issue a row, finish an issued row
+/// (completed or failed), resolve one (happened or did not happen), re-issue a row that
+/// did not happen. Returns the session and its rows' ids, in issue order. After every
+/// operation, `issued_calls` must equal the issued rows of the whole journal: the head's
+/// count of issued rows follows every way a status changes.
+async fn status_program(
+    store: &Arc<dyn CheckpointStore>,
+    seed: u64,
+    ops: usize,
+) -> (SessionId, Vec<CallId>) {
+    let (session, lease) = super::create(&**store, &super::owner("status")).await;
+    let mut x = seed;
+    let mut next = move |n: usize| {
+        x = x.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
+        ((x >> 33) as usize) % n.max(1)
+    };
+    let mut ids: Vec<CallId> = Vec::new();
+    for op in 0..ops {
+        let rows = store.calls(&session.id, None).await.expect("calls");
+        let with = |status: CallStatus| -> Vec<CallId> {
+            rows.iter()
+                .filter(|r| r.status == status)
+                .map(|r| r.id.clone())
+                .collect()
+        };
+        let (issued, not_happened) = (with(CallStatus::Issued), with(CallStatus::NotHappened));
+        let choice = next(5);
+        if choice == 0 || issued.is_empty() && not_happened.is_empty() {
+            let call = super::tool_call(&session.id, 1, "t", &format!("h{op}"), op as i64);
+            ids.push(super::journal::insert(&**store, lease.fence(), call).await.id);
+        } else if choice <= 2 && !issued.is_empty() {
+            let victim = &issued[next(issued.len())];
+            let outcome = if choice == 1 {
+                CallOutcome::Completed(json!({ "op": op }))
+            } else {
+                CallOutcome::Failed(json!({ "error": op }))
+            };
+            let finish = FinishCall {
+                outcome,
+                spend: None,
+            };
+            store
+                .finish_call(lease.fence(), victim, finish, None)
+                .await
+                .expect("finish an issued row");
+        } else if choice == 3 && !issued.is_empty() {
+            let victim = issued[next(issued.len())].clone();
+            let resolution = if next(2) == 0 {
+                Resolution::Happened {
+                    result: json!({ "op": op }),
+                }
+            } else {
+                Resolution::DidNotHappen
+            };
+            store
+                .resolve_call(ResolveCall {
+                    call: victim,
+                    resolution,
+                    by: "ops".into(),
+                    note: None,
+                })
+                .await
+                .expect("resolve an issued row");
+        } else if !not_happened.is_empty() {
+            let victim = &not_happened[next(not_happened.len())];
+            store
+                .reissue_call(lease.fence(), victim)
+                .await
+                .expect("re-issue a row that did not happen");
+        } else {
+            continue;
+        }
+        let whole = store.calls(&session.id, None).await.expect("calls");
+        let want: Vec<_> = whole
+            .iter()
+            .filter(|r| r.status == CallStatus::Issued)
+            .map(|r| &r.id)
+            .collect();
+        let got = store
+            .issued_calls(&session.id)
+            .await
+            .unwrap_or_else(|e| panic!("seed {seed:#x}, op {op}: issued_calls failed: {e}"));
+        assert_eq!(
+            got.iter().map(|r| &r.id).collect::<Vec<_>>(),
+            want,
+            "seed {seed:#x}, op {op}: issued_calls against the whole journal"
+        );
+    }
+    (session.id, ids)
+}
+
+/// Every row of seeded random journals given every other status behind the store's back
+/// (seal untouched): a change to or from `issued` makes `issued_calls` (what a resume
+/// reads) fail with `Tampered`, and any change makes the whole journal's read fail.
+async fn issued_reads_follow_every_status_change(
+    store: &Arc<dyn CheckpointStore>,
+    tamperer: &dyn Tamperer,
+) {
+    const OPS: usize = 12;
+    for seed in [0x5eed_0001_u64, 0x5eed_0002, 0x5eed_0003] {
+        let (id, ids) = status_program(store, seed, OPS).await;
+        let rows = store.calls(&id, None).await.expect("calls");
+        for (i, row) in rows.iter().enumerate() {
+            for status in STATUSES {
+                if status == row.status.as_str() {
+                    continue;
+                }
+                // The same program again (same seed): a fresh session to tamper with.
+                let (id, ids_again) = status_program(store, seed, OPS).await;
+                assert_eq!(ids_again.len(), ids.len(), "seed {seed:#x}: the program is deterministic");
+                let call = store.calls(&id, None).await.expect("calls")[i].id.clone();
+                tamperer
+                    .apply(Tamper::SetStatus {
+                        call,
+                        status: status.into(),
+                    })
+                    .await;
+                let from = row.status.as_str();
+                let case = format!("seed {seed:#x}: row {i} set from {from} to {status}");
+                if from == "issued" || status == "issued" {
+                    match store.issued_calls(&id).await {
+                        Err(StoreError::Tampered { .. }) => {}
+                        other => panic!("{case}: issued_calls read {other:?}"),
+                    }
+                }
+                match store.calls(&id, None).await {
+                    Err(StoreError::Tampered { .. }) => {}
+                    other => panic!("{case}: the whole journal read {other:?}"),
                 }
             }
         }
