@@ -758,10 +758,11 @@ pub(crate) fn append_checkpoint(
     fenced.head.reseal(ring)?;
     out.push(
         "UPDATE durable_sessions SET latest_version = ?, recovery_attempts = 0, updated_at = ?, \
-         head = ? WHERE num = ?",
+         issued_rows = ?, head = ? WHERE num = ?",
     )
     .bind(version)?
     .bind(now)?
+    .bind(fenced.head.issued_rows)?
     .bind(fenced.head.head.clone())?
     .bind(latest.session_num)?;
     let meta = CheckpointMeta {

@@ -77,7 +77,7 @@ pub(crate) async fn reissue_call(
     call: &CallId,
 ) -> Result<CallRecord, StoreError> {
     let ring = store.keyring();
-    let (mut tx, _, row) = WriteTx::begin_fenced(
+    let (mut tx, mut fenced, row) = WriteTx::begin_fenced(
         store.writer(),
         ring,
         fence,
@@ -87,15 +87,16 @@ pub(crate) async fn reissue_call(
     .await?;
     let result = async {
         let mut raw = fenced_call(&row, ring, fence, call)?;
-        if !matches!(
-            CallStatus::parse(&raw.status),
-            Some(CallStatus::Issued | CallStatus::NotHappened)
-        ) {
-            return Err(StoreError::CallNotInDoubt {
-                call: call.clone(),
-                status: raw.status,
-            });
-        }
+        let was_issued = match CallStatus::parse(&raw.status) {
+            Some(CallStatus::Issued) => true,
+            Some(CallStatus::NotHappened) => false,
+            _ => {
+                return Err(StoreError::CallNotInDoubt {
+                    call: call.clone(),
+                    status: raw.status,
+                });
+            }
+        };
         raw.attempt += 1;
         raw.status = CallStatus::Issued.as_str().to_owned();
         raw.result = None;
@@ -115,6 +116,10 @@ pub(crate) async fn reissue_call(
         .execute(&mut *conn)
         .await
         .map_err(db)?;
+        if !was_issued {
+            fenced.head.count_issued(1)?;
+            fenced.head.store(&mut *conn, ring).await?;
+        }
         load_call(conn, ring, call).await
     }
     .await;
@@ -199,6 +204,7 @@ async fn write_finish(
     raw.error = outcome.error;
     raw.spend = outcome.spend;
     raw.seal(ring)?;
+    fenced.head.count_issued(-1)?;
     let mut out = Statements::new();
     out.push(
         "UPDATE durable_tool_calls SET status = ?, result = ?, error = ?, spend = ?, \
@@ -211,8 +217,17 @@ async fn write_finish(
     .bind(raw.mac)?
     .bind(now)?
     .bind(call.as_str().to_owned())?;
+    // The head counts one issued row fewer; a checkpoint written with the outcome
+    // re-seals and writes it with its own changes.
     let meta = match &checkpoint {
-        None => None,
+        None => {
+            fenced.head.reseal(ring)?;
+            out.push("UPDATE durable_sessions SET issued_rows = ?, head = ? WHERE id = ?")
+                .bind(fenced.head.issued_rows)?
+                .bind(fenced.head.head.clone())?
+                .bind(fence.session.as_str().to_owned())?;
+            None
+        }
         Some((expected, cp)) => {
             let latest = LatestCheckpoint::from_row(&row, fence.session)?;
             Some(checkpoints::append_checkpoint(
@@ -255,42 +270,20 @@ async fn all_calls(
     store: &SqliteStore,
     session: &SessionId,
 ) -> Result<Vec<CallRecord>, StoreError> {
-    joined_calls(store, session, false).await
-}
-
-/// The session's rows (all of them, or the `issued` ones by the partial index) with the
-/// head and the journal's count, in one statement.
-async fn joined_calls(
-    store: &SqliteStore,
-    session: &SessionId,
-    issued_only: bool,
-) -> Result<Vec<CallRecord>, StoreError> {
-    macro_rules! joined_sql {
-        ($filter:literal) => {
-            concat!(
-                "SELECT ",
-                seal::head_cols!(),
-                seal::journal_count_cols!(),
-                ", ",
-                call_cols!(),
-                " FROM durable_sessions s LEFT JOIN durable_tool_calls c \
-                 ON c.session_id = s.id",
-                $filter,
-                " WHERE s.id = ?1 ORDER BY c.seq"
-            )
-        };
-    }
     let ring = store.keyring();
-    let sql = if issued_only {
-        joined_sql!(" AND c.status = 'issued'")
-    } else {
-        joined_sql!("")
-    };
-    let found = sqlx::query(sql)
-        .bind(session.as_str())
-        .fetch_all(store.reader())
-        .await
-        .map_err(db)?;
+    let found = sqlx::query(concat!(
+        "SELECT ",
+        seal::head_cols!(),
+        seal::journal_count_cols!(),
+        ", ",
+        call_cols!(),
+        " FROM durable_sessions s LEFT JOIN durable_tool_calls c \
+         ON c.session_id = s.id WHERE s.id = ?1 ORDER BY c.seq"
+    ))
+    .bind(session.as_str())
+    .fetch_all(store.reader())
+    .await
+    .map_err(db)?;
     let (first, head) = head_row(&found, ring, session)?;
     seal::JournalCount::from_row(first, session)?.check(&head)?;
     let mut rows = Vec::with_capacity(found.len());
@@ -300,6 +293,11 @@ async fn joined_calls(
             rows.push(checked_call_record(ring, row)?);
         }
     }
+    head.check_issued(
+        rows.iter()
+            .filter(|row| row.status == CallStatus::Issued)
+            .count(),
+    )?;
     Ok(rows)
 }
 
@@ -369,14 +367,38 @@ async fn step_calls(
         .collect()
 }
 
-/// The session's `issued` rows, from the partial index of issued rows: the head and the
-/// journal's completeness (counted from the position index alone) are checked in the
-/// same snapshot, so a deleted issued row is [`StoreError::Tampered`].
+/// The session's `issued` rows, from the partial index of issued rows, with the session
+/// head in the same statement (one snapshot): every row's seal is checked and their
+/// number must be the head's sealed count of issued rows, so a row set to or from
+/// `issued` behind the store's back, or a deleted issued row, is [`StoreError::Tampered`].
+/// Nothing here grows with the journal.
 pub(crate) async fn issued_calls(
     store: &SqliteStore,
     session: &SessionId,
 ) -> Result<Vec<CallRecord>, StoreError> {
-    joined_calls(store, session, true).await
+    let ring = store.keyring();
+    let found = sqlx::query(concat!(
+        "SELECT ",
+        seal::head_cols!(),
+        ", ",
+        call_cols!(),
+        " FROM durable_sessions s LEFT JOIN durable_tool_calls c \
+         ON c.session_id = s.id AND c.status = 'issued' WHERE s.id = ?1 ORDER BY c.seq"
+    ))
+    .bind(session.as_str())
+    .fetch_all(store.reader())
+    .await
+    .map_err(db)?;
+    let (_, head) = head_row(&found, ring, session)?;
+    let mut rows = Vec::with_capacity(found.len());
+    for row in &found {
+        let id: Option<String> = rows::col(row, "id", session, None)?;
+        if id.is_some() {
+            rows.push(checked_call_record(ring, row)?);
+        }
+    }
+    head.check_issued(rows.len())?;
+    Ok(rows)
 }
 
 pub(crate) async fn in_doubt(
@@ -608,6 +630,9 @@ async fn write_call(
     raw.seq = fenced.head.journal_rows + 1;
     raw.seal(ring)?;
     fenced.head.journal_rows = raw.seq;
+    if !finished {
+        fenced.head.count_issued(1)?;
+    }
     fenced.head.reseal(ring)?;
     let mut out = Statements::new();
     out.push(
@@ -640,10 +665,11 @@ async fn write_call(
     .bind(finished.then_some(now))?
     .bind(raw.seq)?;
     out.push(
-        "UPDATE durable_sessions SET journal_rows = ?, head = ? \
+        "UPDATE durable_sessions SET journal_rows = ?, issued_rows = ?, head = ? \
              WHERE id = ? AND changes() = 1",
     )
     .bind(fenced.head.journal_rows)?
+    .bind(fenced.head.issued_rows)?
     .bind(fenced.head.head.clone())?
     .bind(fence.session.as_str().to_owned())?;
     let (sql, args) = out.into_parts();

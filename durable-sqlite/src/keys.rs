@@ -59,6 +59,13 @@ pub(crate) async fn reseal_session(
         raw.seal(to)?;
         calls.push(raw);
     }
+    // The head's count of issued rows, as the (checked) rows have it; a head that counted
+    // them already must agree.
+    let issued = calls.iter().filter(|raw| raw.status == "issued").count();
+    if from.is_some() && head.issued_rows.is_some() {
+        head.check_issued(issued)?;
+    }
+    head.issued_rows = Some(i64::try_from(issued).unwrap_or(i64::MAX));
     for raw in &calls {
         raw.store_mac(&mut *conn).await?;
         count += 1;
@@ -292,7 +299,10 @@ async fn setup_keys_in(conn: &mut SqliteConnection, ring: Keyring) -> Result<Key
     let signing = ring.signing_id().to_owned();
     let current = meta(conn, "signing_key").await?;
     match ring.on_open(current.as_deref())? {
-        KeyAction::Keep => return Ok(ring),
+        KeyAction::Keep => {
+            upgrade_heads(conn, &ring).await?;
+            return Ok(ring);
+        }
         KeyAction::Rekey { from_id, from } => {
             let rows = reseal_all(conn, Some(&from), &ring).await?;
             log(
@@ -318,6 +328,81 @@ async fn setup_keys_in(conn: &mut SqliteConnection, ring: Keyring) -> Result<Key
     }
     set_meta(conn, "signing_key", &signing).await?;
     Ok(ring)
+}
+
+/// Counts the issued rows of every session whose head was written before schema 4 (its
+/// `issued_rows` is `NULL`) and re-seals that head with the count, in the open's
+/// transaction. Each such session is checked first, under the key that sealed it: its
+/// head under the old head format, its journal's completeness and every journal row's
+/// seal, so a status changed behind the store's back before the upgrade is not counted.
+/// A session that fails its checks keeps its old head, and every read or write of it
+/// fails with [`StoreError::Tampered`] (the head has no count); the other sessions are
+/// upgraded. Runs once per database (a partial index finds the old heads): every head the
+/// store writes afterwards carries its count.
+async fn upgrade_heads(conn: &mut SqliteConnection, ring: &Keyring) -> Result<(), StoreError> {
+    let sessions: Vec<String> = sqlx::query_scalar(
+        "SELECT id FROM durable_sessions WHERE issued_rows IS NULL ORDER BY num",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(db)?;
+    if sessions.is_empty() {
+        return Ok(());
+    }
+    let mut upgraded = 0usize;
+    for id in &sessions {
+        let session = SessionId::new(id.clone());
+        match upgrade_head(&mut *conn, ring, &session).await {
+            Ok(()) => upgraded += 1,
+            Err(e @ (StoreError::Tampered { .. } | StoreError::Corrupt { .. })) => {
+                tracing::error!(%session, error = %e, "session head not upgraded: it failed its checks; reads of it will fail as tampered");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    tracing::info!(
+        upgraded,
+        refused = sessions.len() - upgraded,
+        "counted the issued journal rows of the session heads written before schema 4"
+    );
+    Ok(())
+}
+
+/// [`upgrade_heads`] for one session.
+async fn upgrade_head(
+    conn: &mut SqliteConnection,
+    ring: &Keyring,
+    session: &SessionId,
+) -> Result<(), StoreError> {
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        head_cols!(),
+        " FROM durable_sessions s WHERE s.id = ?"
+    ))
+    .bind(session.as_str())
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(db)?;
+    let mut head = head_from_row(&row, session)?;
+    head.check(ring)?;
+    check_journal_complete(&mut *conn, &head).await?;
+    let found = sqlx::query(concat!(
+        "SELECT ",
+        raw_call_cols!(),
+        " FROM durable_tool_calls c WHERE c.session_id = ? ORDER BY c.seq"
+    ))
+    .bind(session.as_str())
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(db)?;
+    let mut issued = 0i64;
+    for row in &found {
+        let raw = RawCall::from_row(row)?;
+        raw.check(ring)?;
+        issued += i64::from(raw.status == "issued");
+    }
+    head.issued_rows = Some(issued);
+    head.store(&mut *conn, ring).await
 }
 
 async fn reseal_all(

@@ -520,6 +520,10 @@ mod tests {
     #[test]
     fn migrations_use_our_tracking_table() {
         assert_eq!(migrations().table_name, MIGRATIONS_TABLE);
-        assert_eq!(schema_version(), 3, "0001_init, 0002_seals and 0003_speed");
+        assert_eq!(
+            schema_version(),
+            4,
+            "0001_init, 0002_seals, 0003_speed and 0004_issued_rows"
+        );
     }
 }

@@ -94,6 +94,8 @@ pub(crate) async fn resolve_call(
         .await
         .map_err(db)?;
         head.resolutions = position;
+        // Resolved or not happened: no longer issued.
+        head.count_issued(-1)?;
         head.store(&mut *conn, ring).await?;
         load_call(conn, ring, id).await
     }

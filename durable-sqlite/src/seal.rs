@@ -167,21 +167,72 @@ pub(crate) struct HeadRow {
     pub(crate) journal_rows: i64,
     pub(crate) latest_version: i64,
     pub(crate) resolutions: i64,
+    /// Journal rows whose status is `issued`; `None` on a head written before schema 4
+    /// (sealed without the count: [`Head::legacy_fields`]), which the store upgrades when
+    /// it opens the database ([`crate::keys`]).
+    pub(crate) issued_rows: Option<i64>,
     pub(crate) checkpoint_seal: String,
     pub(crate) head: Option<String>,
 }
 
 impl HeadRow {
     fn fields(&self) -> Fields {
-        Head {
+        let head = Head {
             session: self.session.as_str(),
             journal_rows: self.journal_rows,
             latest_version: self.latest_version,
             checkpoint_seal: &self.checkpoint_seal,
             resolutions: self.resolutions,
-            issued_rows: 0,
+            issued_rows: self.issued_rows.unwrap_or(0),
+        };
+        match self.issued_rows {
+            Some(_) => head.fields(),
+            None => head.legacy_fields(),
         }
-        .fields()
+    }
+
+    /// Adds `delta` to the count of issued rows (a row issued: +1, finished or resolved:
+    /// −1). A head without the count (not upgraded) cannot be written: the store upgrades
+    /// every head when it opens the database, so this is corruption.
+    pub(crate) fn count_issued(&mut self, delta: i64) -> Result<(), StoreError> {
+        let Some(count) = self.issued_rows else {
+            return Err(self.not_counted());
+        };
+        self.issued_rows = Some(count + delta);
+        Ok(())
+    }
+
+    /// A head still without its count of issued rows: the store failed to check it when
+    /// it counted the heads of an older database, so it does not trust it.
+    fn not_counted(&self) -> StoreError {
+        StoreError::Tampered {
+            session: self.session.clone(),
+            what: "the session head".to_owned(),
+            detail: "it does not count its issued rows: when the store upgraded this \
+                     database (schema 4) the session failed its checks (its head, its \
+                     journal's completeness or a row's seal), so it was left as found; \
+                     inspect it with `durable verify`"
+                .to_owned(),
+        }
+    }
+
+    /// Checks that a read of the session's issued rows found as many as the head counts:
+    /// a row set to or from `issued` behind the store's back, or a deleted issued row,
+    /// leaves a different number (a row set to `issued` also fails its own seal).
+    pub(crate) fn check_issued(&self, found: usize) -> Result<(), StoreError> {
+        let found = i64::try_from(found).unwrap_or(i64::MAX);
+        match self.issued_rows {
+            Some(count) if count == found => Ok(()),
+            Some(count) => Err(StoreError::Tampered {
+                session: self.session.clone(),
+                what: "the journal's issued rows".to_owned(),
+                detail: format!(
+                    "the session head counts {count} issued rows, the journal holds \
+                     {found}: a row's status was changed, or an issued row deleted"
+                ),
+            }),
+            None => Err(self.not_counted()),
+        }
     }
 
     /// Checks the head's seal.
@@ -209,10 +260,12 @@ impl HeadRow {
     ) -> Result<(), StoreError> {
         self.reseal(ring)?;
         sqlx::query(
-            "UPDATE durable_sessions SET journal_rows = ?, resolutions = ?, head = ? WHERE id = ?",
+            "UPDATE durable_sessions SET journal_rows = ?, resolutions = ?, issued_rows = ?, \
+             head = ? WHERE id = ?",
         )
         .bind(self.journal_rows)
         .bind(self.resolutions)
+        .bind(self.issued_rows)
         .bind(self.head.as_deref())
         .bind(self.session.as_str())
         .execute(conn)
@@ -225,7 +278,7 @@ impl HeadRow {
 /// The columns [`head_from_row`] reads, from `durable_sessions s`.
 macro_rules! head_cols {
     () => {
-        "s.journal_rows, s.latest_version, s.resolutions, s.head, \
+        "s.journal_rows, s.latest_version, s.resolutions, s.issued_rows, s.head, \
          (SELECT k.seal FROM durable_checkpoints k WHERE k.session_num = s.num \
           AND k.version = s.latest_version) AS checkpoint_seal"
     };
@@ -239,6 +292,7 @@ pub(crate) fn head_from_row(row: &SqliteRow, session: &SessionId) -> Result<Head
         journal_rows: rows::col(row, "journal_rows", session, None)?,
         latest_version: rows::col(row, "latest_version", session, None)?,
         resolutions: rows::col(row, "resolutions", session, None)?,
+        issued_rows: rows::col(row, "issued_rows", session, None)?,
         head: rows::col(row, "head", session, None)?,
         checkpoint_seal: rows::col::<Option<String>>(row, "checkpoint_seal", session, None)?
             .unwrap_or_default(),
@@ -369,10 +423,11 @@ impl StepCheck {
     /// A step's rows are contiguous in the journal (steps only move forward: the store
     /// refuses a row of an earlier step than its latest row's, `StoreError::StepClosed`),
     /// so it suffices that they have no gap and that the positions just before and after
-    /// them hold rows (of other steps) unless they are the journal's ends; for a step
+    /// them hold the last row of the nearest earlier step and the first row of the
+    /// nearest later one, unless they are the journal's ends; for a step
     /// without rows, that the last row before it and the first after it are neighbours.
-    /// A deleted row of the step, at its edge or inside it, or all of them, is
-    /// [`StoreError::Tampered`].
+    /// A deleted row of the step, at its edge or inside it, or all of them, or a row moved
+    /// out of the step, is [`StoreError::Tampered`].
     pub(crate) fn check(&self, head: &HeadRow, step: i64, seqs: &[i64]) -> Result<(), StoreError> {
         let n = head.journal_rows;
         let tampered = |detail: String| StoreError::Tampered {
@@ -404,6 +459,24 @@ impl StepCheck {
                 "the rows next to the step's (positions {} and {}) are missing or extra: rows \
                  were deleted or inserted",
                 first - 1,
+                last + 1
+            )));
+        }
+        // Those neighbours are of an earlier and a later step: the last row of the
+        // nearest earlier step and the first of the nearest later one. A row moved out of
+        // the step to an earlier one (its seal untouched) would sit right after the
+        // step's rows, with a smaller step.
+        if first > 1 && self.before != Some(first - 1) {
+            return Err(tampered(format!(
+                "the row before the step's first (position {}) is not the last row of an \
+                 earlier step: a row was moved between steps",
+                first - 1
+            )));
+        }
+        if last < n && self.after != Some(last + 1) {
+            return Err(tampered(format!(
+                "the row after the step's last (position {}) is not the first row of a later \
+                 step: a row was moved between steps",
                 last + 1
             )));
         }

@@ -1,0 +1,207 @@
+//! Opening a database written by schema 3, whose session heads did not count their issued
+//! rows: the store counts and re-seals every head once, after checking the session, and a
+//! session that fails its checks is refused on its own while the others work.
+//!
+//! A schema-3 database is made from a schema-4 one the way schema 3 would have left it:
+//! the head re-sealed in the old format (`Head::legacy_fields`), the `issued_rows` column
+//! and its index dropped, migration 4 forgotten.
+
+use std::path::Path;
+use std::time::Duration;
+
+use durable_core::integrity::{Head, Keyring};
+use durable_core::store::{
+    CallIdentity, CallKind, CallOutcome, CallStatus, FinishCall, IssueOutcome, Lease, NewCall,
+    NewCheckpoint, NewSession,
+};
+use durable_core::{CallId, CheckpointStore, ReplayClass, SessionId, StoreError};
+use durable_sqlite::{SqliteStore, SqliteStoreOptions};
+use serde_json::json;
+use sqlx::{ConnectOptions, Row, SqliteConnection};
+
+const KEY: &[u8] = b"an application key of at least 32 bytes, for the upgrade test";
+
+fn ring() -> Keyring {
+    Keyring::with_app_key(KEY.to_vec()).expect("key")
+}
+
+async fn open(path: &Path) -> Result<SqliteStore, StoreError> {
+    SqliteStore::connect_with(SqliteStoreOptions::file(path).keyring(ring())).await
+}
+
+async fn raw(path: &Path) -> SqliteConnection {
+    sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(path)
+        .busy_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .expect("open a raw connection")
+}
+
+fn new_call(session: &SessionId, n: i64) -> NewCall {
+    NewCall {
+        id: CallId::random(),
+        kind: CallKind::Tool,
+        identity: CallIdentity {
+            session: session.clone(),
+            step: 1,
+            tool: "transfer".into(),
+            input_hash: format!("hash-{n}"),
+            ordinal: 0,
+        },
+        class: ReplayClass::UnsafeOnReplay,
+        args: json!({ "n": n }),
+        idempotency_key: None,
+        schema_hash: "schema-1".into(),
+    }
+}
+
+/// A session with `issued` rows left in doubt and `completed` rows finished; its lease.
+async fn session(store: &SqliteStore, issued: i64, completed: i64) -> (SessionId, Lease) {
+    let id = SessionId::random();
+    let (_, lease) = store
+        .create_session(NewSession {
+            id: id.clone(),
+            app_version: "v1".into(),
+            metadata: json!({}),
+            owner: "w1".into(),
+            lease_ttl: Duration::from_secs(60),
+            initial: NewCheckpoint {
+                messages: vec![json!({"role": "user", "content": "hi"})],
+                plan: json!({}),
+                budget: json!({}),
+                state: json!(null),
+            },
+        })
+        .await
+        .expect("create");
+    for n in 0..issued + completed {
+        let row = match store
+            .issue_call(lease.fence(), new_call(&id, n))
+            .await
+            .expect("issue")
+        {
+            IssueOutcome::Inserted(row) => row,
+            other => panic!("not inserted: {other:?}"),
+        };
+        if n >= issued {
+            let finish = FinishCall {
+                outcome: CallOutcome::Completed(json!({ "n": n })),
+                spend: None,
+            };
+            store
+                .finish_call(lease.fence(), &row.id, finish, None)
+                .await
+                .expect("finish");
+        }
+    }
+    (id, lease)
+}
+
+/// Rewrites the database as schema 3 left it: every head sealed without its count.
+async fn as_schema_3(path: &Path) {
+    let mut conn = raw(path).await;
+    let heads = sqlx::query(
+        "SELECT s.id, s.journal_rows, s.latest_version, s.resolutions, \
+         (SELECT k.seal FROM durable_checkpoints k WHERE k.session_num = s.num \
+          AND k.version = s.latest_version) AS checkpoint_seal FROM durable_sessions s",
+    )
+    .fetch_all(&mut conn)
+    .await
+    .expect("heads");
+    for row in heads {
+        let id: String = row.get("id");
+        let checkpoint_seal: String = row.get("checkpoint_seal");
+        let head = Head {
+            session: &id,
+            journal_rows: row.get("journal_rows"),
+            latest_version: row.get("latest_version"),
+            checkpoint_seal: &checkpoint_seal,
+            resolutions: row.get("resolutions"),
+            issued_rows: 0,
+        };
+        let seal = ring().seal(&head.legacy_fields()).expect("seal");
+        sqlx::query("UPDATE durable_sessions SET head = ? WHERE id = ?")
+            .bind(seal)
+            .bind(&id)
+            .execute(&mut conn)
+            .await
+            .expect("old head");
+    }
+    sqlx::query(
+        "DROP INDEX durable_sessions_uncounted; \
+         ALTER TABLE durable_sessions DROP COLUMN issued_rows; \
+         DELETE FROM durable_schema_migrations WHERE version = 4",
+    )
+    .execute(&mut conn)
+    .await
+    .expect("back to schema 3");
+}
+
+#[tokio::test]
+async fn a_schema_3_database_counts_its_issued_rows_when_opened() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("durable.db");
+    let store = open(&path).await.expect("open");
+    let (mixed, _) = session(&store, 2, 3).await;
+    let (quiet, _) = session(&store, 0, 0).await;
+    store.close().await;
+    as_schema_3(&path).await;
+
+    let store = open(&path).await.expect("open and upgrade");
+    let issued = store.issued_calls(&mixed).await.expect("issued_calls");
+    assert_eq!(issued.len(), 2, "the two rows left in doubt");
+    assert!(issued.iter().all(|r| r.status == CallStatus::Issued));
+    assert_eq!(store.calls(&mixed, None).await.expect("calls").len(), 5);
+    assert!(store.issued_calls(&quiet).await.expect("quiet").is_empty());
+    let counts: Vec<Option<i64>> =
+        sqlx::query_scalar("SELECT issued_rows FROM durable_sessions ORDER BY num")
+            .fetch_all(&mut raw(&path).await)
+            .await
+            .expect("counts");
+    assert_eq!(counts, [Some(2), Some(0)]);
+    store.close().await;
+    // Opening again counts nothing again and reads the same.
+    let store = open(&path).await.expect("reopen");
+    assert_eq!(store.issued_calls(&mixed).await.expect("again").len(), 2);
+}
+
+#[tokio::test]
+async fn an_edited_schema_3_session_is_refused_and_spares_the_others() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("durable.db");
+    let store = open(&path).await.expect("open");
+    let (edited, _) = session(&store, 1, 1).await;
+    let (intact, _) = session(&store, 1, 0).await;
+    store.close().await;
+    as_schema_3(&path).await;
+    // Before the upgrade, the in-doubt call of one session is shown as completed: counted
+    // as found, its resume would not report it.
+    sqlx::query(
+        "UPDATE durable_tool_calls SET status = 'completed' \
+         WHERE session_id = ? AND status = 'issued'",
+    )
+    .bind(edited.as_str())
+    .execute(&mut raw(&path).await)
+    .await
+    .expect("edit");
+
+    let store = open(&path).await.expect("the store opens");
+    for read in [
+        store.issued_calls(&edited).await.map(|_| ()),
+        store.calls(&edited, None).await.map(|_| ()),
+    ] {
+        match read {
+            Err(StoreError::Tampered { session, .. }) => assert_eq!(session, edited),
+            other => panic!("the edited session read as {other:?}"),
+        }
+    }
+    assert_eq!(
+        store
+            .issued_calls(&intact)
+            .await
+            .expect("the other session")
+            .len(),
+        1
+    );
+}
