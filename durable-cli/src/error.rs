@@ -89,6 +89,7 @@ fn store_code(e: &StoreError) -> Code {
     match e {
         StoreError::SessionNotFound(_)
         | StoreError::VersionNotFound { .. }
+        | StoreError::MessagesOutOfRange { .. }
         | StoreError::CallNotFound(_) => Code::NotFound,
         StoreError::SessionExists(_)
         | StoreError::Leased { .. }

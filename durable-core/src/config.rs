@@ -28,6 +28,8 @@ pub struct Config {
     pub observer: Option<CallObserver>,
     /// Whether a background task renews leases.
     pub renew_leases: bool,
+    /// How many of the transcript's last messages a resume loads (`None`: all of them).
+    pub resume_window: Option<usize>,
 }
 
 impl std::fmt::Debug for Config {
@@ -38,6 +40,7 @@ impl std::fmt::Debug for Config {
             .field("app_version", &self.app_version)
             .field("limits", &self.limits)
             .field("max_recovery_attempts", &self.max_recovery_attempts)
+            .field("resume_window", &self.resume_window)
             .finish_non_exhaustive()
     }
 }

@@ -95,6 +95,20 @@ pub enum StoreError {
         /// The version asked for.
         version: i64,
     },
+    /// Messages asked for outside a session's checkpointed transcript.
+    #[error(
+        "session `{session}` has no messages {from}..={to}: its latest checkpoint holds messages 1..={last_seq}; ask for positions from 1 up to that"
+    )]
+    MessagesOutOfRange {
+        /// The session.
+        session: SessionId,
+        /// The first position asked for.
+        from: i64,
+        /// The last position asked for.
+        to: i64,
+        /// The last message of the session's latest checkpoint (0: none).
+        last_seq: i64,
+    },
     /// No journal row with this id.
     #[error("call `{0}` not found")]
     CallNotFound(CallId),

@@ -70,6 +70,26 @@ impl DurableBuilder {
         self
     }
 
+    /// Makes a resume load only the last `messages` messages of the transcript, so that
+    /// resuming a session costs the same however long it has run (default: the whole
+    /// transcript). [`Session::messages`] then starts at
+    /// [`Session::first_position`]; [`Session::load_earlier`] reads earlier messages on
+    /// demand, checked like the rest. Checkpoints append to the log as before: the
+    /// messages not loaded stay in the transcript.
+    ///
+    /// A harness that sends the model only a recent window of the conversation (with a
+    /// summary kept in the plan or [`state`](Session::state)) never needs the rest.
+    ///
+    /// ```
+    /// # async fn run(store: std::sync::Arc<dyn durable_core::CheckpointStore>) {
+    /// let durable = durable_core::Durable::builder(store).resume_window(200).build();
+    /// # }
+    /// ```
+    pub fn resume_window(mut self, messages: usize) -> Self {
+        self.config.resume_window = Some(messages);
+        self
+    }
+
     /// Calls `observer` for every journal decision (executed, cache hit, re-executed,
     /// verified, refused): for narration, metrics or tests.
     pub fn on_call(mut self, observer: impl Fn(&CallEvent) + Send + Sync + 'static) -> Self {
@@ -230,6 +250,7 @@ impl Durable {
                 max_recovery_attempts: 5,
                 observer: None,
                 renew_leases: true,
+                resume_window: None,
             },
         }
     }
@@ -283,7 +304,7 @@ impl Durable {
             record,
             lease,
             0,
-            options.messages,
+            (1, options.messages),
             options.plan,
             options.budget,
             options.state,
@@ -419,7 +440,15 @@ impl Durable {
                 running: self.config.app_version.clone(),
             });
         }
-        let checkpoint = match self.store.load_checkpoint(&lease.session, None).await {
+        let loaded = match self.config.resume_window {
+            Some(window) => {
+                self.store
+                    .load_checkpoint_window(&lease.session, None, window)
+                    .await
+            }
+            None => self.store.load_checkpoint(&lease.session, None).await,
+        };
+        let checkpoint = match loaded {
             Ok(cp) => cp,
             Err(e) => {
                 let _ = self.store.release_lease(&lease).await;
@@ -427,6 +456,7 @@ impl Durable {
             }
         };
         let version = checkpoint.meta.version;
+        let first_position = checkpoint.meta.last_seq - checkpoint.messages.len() as i64 + 1;
         let crate::store::Checkpoint {
             messages,
             plan,
@@ -434,11 +464,16 @@ impl Durable {
             state,
             ..
         } = checkpoint;
-        // Each snapshot is moved into its type, not cloned.
+        // Each message is parsed once, from its stored text straight into `M`; each
+        // snapshot is moved into its type, not cloned.
         let decoded = (|| {
-            let messages = messages
-                .into_iter()
-                .map(|m| decode::<M>(&record.id, version, "message", m))
+            let messages = (first_position..)
+                .zip(&messages)
+                .map(|(position, m)| {
+                    m.decode::<M>().map_err(|e| {
+                        decode_error(&record.id, version, &format!("message {position}"), &e)
+                    })
+                })
                 .collect::<Result<Vec<_>, _>>()?;
             let plan = decode::<Plan>(&record.id, version, "plan", plan)?;
             let budget = decode::<Budget>(&record.id, version, "budget", budget)?;
@@ -470,7 +505,7 @@ impl Durable {
             record,
             lease,
             version,
-            messages,
+            (first_position, messages),
             plan,
             budget,
             state,
@@ -586,9 +621,18 @@ fn decode<T: DeserializeOwned>(
     what: &str,
     value: Value,
 ) -> Result<T, DurableError> {
-    serde_json::from_value(value).map_err(|e| DurableError::Decode {
+    serde_json::from_value(value).map_err(|e| decode_error(session, version, what, &e))
+}
+
+fn decode_error(
+    session: &SessionId,
+    version: i64,
+    what: &str,
+    e: &serde_json::Error,
+) -> DurableError {
+    DurableError::Decode {
         session: session.clone(),
         what: format!("{what} at checkpoint version {version}"),
         detail: e.to_string(),
-    })
+    }
 }

@@ -102,6 +102,9 @@ pub struct Session<M = crate::transcript::Message> {
     record: SessionRecord,
     journal: Journal,
     messages: Vec<M>,
+    /// The transcript position of `messages[0]` (1 unless a windowed resume left the
+    /// earlier messages unloaded).
+    first_position: i64,
     committed: usize,
     plan: Plan,
     budget: Budget,
@@ -139,7 +142,7 @@ where
         record: SessionRecord,
         lease: Lease,
         version: i64,
-        messages: Vec<M>,
+        (first_position, messages): (i64, Vec<M>),
         plan: Plan,
         budget: Budget,
         state: Value,
@@ -163,6 +166,7 @@ where
             record,
             journal,
             messages,
+            first_position,
             committed,
             plan,
             budget,
@@ -192,9 +196,56 @@ where
         &self.journal
     }
 
-    /// The transcript: checkpointed messages followed by this turn's.
+    /// The transcript: checkpointed messages followed by this turn's. After a resume
+    /// with a [window](crate::DurableBuilder::resume_window), the checkpointed part
+    /// starts at [`first_position`](Self::first_position); the messages before it are in
+    /// the store ([`load_earlier`](Self::load_earlier)).
     pub fn messages(&self) -> &[M] {
         &self.messages
+    }
+
+    /// The transcript position (1, 2, …) of the first message in
+    /// [`messages`](Self::messages): 1 unless a windowed resume left earlier messages
+    /// unloaded.
+    pub fn first_position(&self) -> i64 {
+        self.first_position
+    }
+
+    /// Reads up to `count` of the messages before [`first_position`](Self::first_position)
+    /// from the store (checked: each one's seal, chained) and puts them at the front of
+    /// [`messages`](Self::messages). Returns how many were loaded: fewer than `count` once
+    /// the transcript's start is reached, 0 after it.
+    ///
+    /// ```
+    /// # async fn run(mut session: durable_core::Session) -> Result<(), durable_core::DurableError> {
+    /// // The whole transcript, however the session was resumed.
+    /// while session.load_earlier(500).await? > 0 {}
+    /// assert_eq!(session.first_position(), 1);
+    /// # Ok(()) }
+    /// ```
+    pub async fn load_earlier(&mut self, count: usize) -> Result<usize, DurableError> {
+        let to = self.first_position - 1;
+        let from = (to - i64::try_from(count).unwrap_or(i64::MAX)).max(0) + 1;
+        if to < from {
+            return Ok(0);
+        }
+        let values = self.store.messages(&self.record.id, from, to).await?;
+        let earlier = values
+            .into_iter()
+            .enumerate()
+            .map(|(i, value)| {
+                serde_json::from_value::<M>(value).map_err(|e| DurableError::Decode {
+                    session: self.record.id.clone(),
+                    what: format!("message {}", from + i as i64),
+                    detail: e.to_string(),
+                })
+            })
+            .collect::<Result<Vec<M>, _>>()?;
+        let loaded = earlier.len();
+        self.messages.splice(0..0, earlier);
+        self.committed += loaded;
+        self.first_position = from;
+        Ok(loaded)
     }
 
     /// Messages pushed since the last checkpoint.

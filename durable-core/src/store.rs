@@ -17,6 +17,10 @@ use crate::error::StoreError;
 use crate::ids::{CallId, SessionId};
 use crate::replay::ReplayClass;
 
+mod message;
+
+pub use message::StoredMessage;
+
 /// The version of the JSON formats written by this release (messages, plan, budget,
 /// results). Stored with every JSON row; a reader that finds a larger number refuses it.
 pub const FORMAT_VERSION: i32 = 1;
@@ -186,8 +190,9 @@ pub struct CheckpointMeta {
 pub struct Checkpoint {
     /// Metadata.
     pub meta: CheckpointMeta,
-    /// The transcript (the log up to `meta.last_seq`).
-    pub messages: Vec<Value>,
+    /// The transcript (the log up to `meta.last_seq`), each message as its stored JSON
+    /// text, parsed by the reader ([`StoredMessage::decode`]).
+    pub messages: Vec<StoredMessage>,
     /// The plan snapshot.
     pub plan: Value,
     /// The budget snapshot.
@@ -568,6 +573,26 @@ pub struct Durability {
     pub unsafe_setting: Option<String>,
 }
 
+/// Checks a range of transcript positions asked of [`CheckpointStore::messages`]:
+/// `1 <= from <= to + 1` and `to <= last_seq` (the latest checkpoint's last message), or
+/// [`StoreError::MessagesOutOfRange`]. For backends.
+pub fn check_message_range(
+    session: &SessionId,
+    from: i64,
+    to: i64,
+    last_seq: i64,
+) -> Result<(), StoreError> {
+    if from < 1 || to > last_seq || from > to.saturating_add(1) {
+        return Err(StoreError::MessagesOutOfRange {
+            session: session.clone(),
+            from,
+            to,
+            last_seq,
+        });
+    }
+    Ok(())
+}
+
 /// A persistent home for sessions, checkpoints and the call journal.
 ///
 /// Every method is a single atomic transaction. Methods that write under a lease take a
@@ -739,11 +764,65 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// # Contract
     /// [`StoreError::VersionNotFound`] for a missing version;
     /// [`StoreError::Corrupt`] names the session and version when a row cannot be read.
+    /// Messages are returned as their stored text, seals checked but not parsed: a
+    /// message that is not JSON is reported by whoever parses it ([`StoredMessage`]).
     async fn load_checkpoint(
         &self,
         id: &SessionId,
         version: Option<i64>,
     ) -> Result<Checkpoint, StoreError>;
+
+    /// Loads a checkpoint (`None` = the latest) with only the last `window` messages of
+    /// its transcript, for a resume whose cost does not grow with the session. The first
+    /// message returned is at position `meta.last_seq - messages.len() + 1`; earlier ones
+    /// are read on demand with [`messages`](Self::messages).
+    ///
+    /// # Contract
+    /// As [`load_checkpoint`](Self::load_checkpoint), with `window` or fewer messages (all
+    /// of them when the transcript is shorter). The checkpoint's seal, the session head
+    /// and the returned messages are checked: each message's seal, chained from the stored
+    /// seal of the message before the window, the last one's against the checkpoint's
+    /// sealed transcript end. A message before the window is not read, so a change to it
+    /// is not seen here ([`messages`](Self::messages) sees it). A backend should read only
+    /// the window's rows; the default loads the whole transcript and keeps its tail.
+    async fn load_checkpoint_window(
+        &self,
+        id: &SessionId,
+        version: Option<i64>,
+        window: usize,
+    ) -> Result<Checkpoint, StoreError> {
+        let mut checkpoint = self.load_checkpoint(id, version).await?;
+        let skip = checkpoint.messages.len().saturating_sub(window);
+        checkpoint.messages.drain(..skip);
+        Ok(checkpoint)
+    }
+
+    /// Messages `from..=to` of a session's transcript (positions 1, 2, …), in order: the
+    /// history before a [windowed](Self::load_checkpoint_window) resume, on demand.
+    ///
+    /// # Contract
+    /// Read-only, one snapshot. [`StoreError::SessionNotFound`] if the session does not
+    /// exist; [`StoreError::MessagesOutOfRange`] unless `1 <= from` and `to <=` the latest
+    /// checkpoint's `last_seq` (`from = to + 1` asks for nothing and returns nothing).
+    /// Messages logged after the latest checkpoint are not part of the transcript. Every
+    /// returned message's seal is checked, chained from the stored seal of the message
+    /// before `from`, so a changed, deleted or reordered message in the range is
+    /// [`StoreError::Tampered`]. A backend should read only the range's rows; the default
+    /// loads the latest checkpoint's whole transcript.
+    async fn messages(&self, id: &SessionId, from: i64, to: i64) -> Result<Vec<Value>, StoreError> {
+        let checkpoint = self.load_checkpoint(id, None).await?;
+        let last_seq = checkpoint.meta.last_seq;
+        check_message_range(id, from, to, last_seq)?;
+        let first = checkpoint.meta.last_seq - checkpoint.messages.len() as i64 + 1;
+        let start = usize::try_from(from - first).unwrap_or(0);
+        let end = usize::try_from(to - first + 1).unwrap_or(0);
+        Ok(checkpoint
+            .message_values()?
+            .into_iter()
+            .skip(start)
+            .take(end.saturating_sub(start))
+            .collect())
+    }
 
     /// Lists checkpoint metadata, oldest first.
     ///
