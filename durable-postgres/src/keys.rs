@@ -38,7 +38,8 @@ pub(crate) async fn reseal_session(
     .map_err(db)?;
     let mut head = head_from_row(&row, session)?;
     if let Some(from) = from {
-        head.check(from)?;
+        // A head written before schema 4 is checked as it was sealed, and counted below.
+        head.check_sealed(from)?;
         check_journal_complete(&mut *conn, &head).await?;
     }
     // Journal rows.
@@ -53,15 +54,23 @@ pub(crate) async fn reseal_session(
     .map_err(db)?;
     let mut ids = Vec::with_capacity(found.len());
     let mut seals = Vec::with_capacity(found.len());
+    let mut issued = 0usize;
     for row in &found {
         let mut raw = RawCall::from_row(row)?;
         if let Some(from) = from {
             raw.check(from)?;
         }
+        issued += usize::from(raw.status == "issued");
         raw.seal(to)?;
         seals.push(raw.mac.unwrap_or_default());
         ids.push(raw.id);
     }
+    // The head's count of issued rows, as the (checked) rows have it; a head that counted
+    // them already must agree. A head written before schema 4 gets its count here.
+    if from.is_some() && head.issued_rows.is_some() {
+        head.check_issued(issued)?;
+    }
+    head.issued_rows = Some(i64::try_from(issued).unwrap_or(i64::MAX));
     if !ids.is_empty() {
         sqlx::query(
             "UPDATE durable_tool_calls c SET mac = u.seal \
@@ -305,7 +314,10 @@ async fn setup_keys_in(conn: &mut PgConnection, ring: Keyring) -> Result<Keyring
     let signing = ring.signing_id().to_owned();
     let current = meta(conn, "signing_key").await?;
     match ring.on_open(current.as_deref())? {
-        KeyAction::Keep => return Ok(ring),
+        KeyAction::Keep => {
+            upgrade_heads(conn, &ring).await?;
+            return Ok(ring);
+        }
         KeyAction::Rekey { from_id, from } => {
             let rows = reseal_all(conn, Some(&from), &ring).await?;
             let entry = Log {
@@ -335,6 +347,93 @@ async fn setup_keys_in(conn: &mut PgConnection, ring: Keyring) -> Result<Keyring
     }
     set_meta(conn, "signing_key", &signing).await?;
     Ok(ring)
+}
+
+/// Counts the issued rows of every session whose head was written before schema 4 (its
+/// `issued_rows` is `NULL`) and re-seals that head with the count, in the open's
+/// transaction, under its lock. Each such session is checked first: its head as it was
+/// sealed ([`Head::legacy_fields`](durable_core::integrity::Head::legacy_fields)), its
+/// journal's completeness and every journal row's seal, so a status changed behind the
+/// store's back before the upgrade is never counted. A session that fails its checks
+/// keeps its old head, and every read or write of it fails with
+/// [`StoreError::Tampered`] (the head has no count); the other sessions are upgraded.
+/// Runs once per database (a partial index finds the old heads): every head the store
+/// writes afterwards carries its count. (A store whose key changes at this open is
+/// counted by [`reseal_session`] instead.)
+async fn upgrade_heads(conn: &mut PgConnection, ring: &Keyring) -> Result<(), StoreError> {
+    let sessions: Vec<String> = sqlx::query_scalar(
+        "SELECT id FROM durable_sessions WHERE issued_rows IS NULL \
+         ORDER BY created_at, id FOR UPDATE",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(db)?;
+    if sessions.is_empty() {
+        return Ok(());
+    }
+    let mut upgraded = 0usize;
+    for id in &sessions {
+        let session = SessionId::new(id.clone());
+        // A savepoint per session: a refused one leaves nothing half-written.
+        sqlx::query("SAVEPOINT upgrade_head")
+            .execute(&mut *conn)
+            .await
+            .map_err(db)?;
+        match upgrade_head(&mut *conn, ring, &session).await {
+            Ok(()) => upgraded += 1,
+            Err(e @ (StoreError::Tampered { .. } | StoreError::Corrupt { .. })) => {
+                sqlx::query("ROLLBACK TO SAVEPOINT upgrade_head")
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(db)?;
+                tracing::error!(%session, error = %e, "session head not upgraded: it failed its checks; reads of it will fail as tampered");
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    tracing::info!(
+        upgraded,
+        refused = sessions.len() - upgraded,
+        "counted the issued journal rows of the session heads written before schema 4"
+    );
+    Ok(())
+}
+
+/// [`upgrade_heads`] for one session.
+async fn upgrade_head(
+    conn: &mut PgConnection,
+    ring: &Keyring,
+    session: &SessionId,
+) -> Result<(), StoreError> {
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        head_cols!(),
+        " FROM durable_sessions s WHERE s.id = $1"
+    ))
+    .bind(session.as_str())
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(db)?;
+    let mut head = head_from_row(&row, session)?;
+    head.check_sealed(ring)?;
+    check_journal_complete(&mut *conn, &head).await?;
+    let found = sqlx::query(concat!(
+        "SELECT ",
+        raw_call_cols!(),
+        " FROM durable_tool_calls WHERE session_id = $1 ORDER BY seq"
+    ))
+    .bind(session.as_str())
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(db)?;
+    let mut issued = 0i64;
+    for row in &found {
+        let raw = RawCall::from_row(row)?;
+        raw.check(ring)?;
+        issued += i64::from(raw.status == "issued");
+    }
+    head.issued_rows = Some(issued);
+    head.store(&mut *conn, ring).await
 }
 
 async fn reseal_all(

@@ -112,6 +112,8 @@ pub(crate) async fn resolve_call(
     .await
     .map_err(db)?;
     head.resolutions = position;
+    // Resolved or not happened: no longer issued.
+    head.count_issued(-1)?;
     head.store(&mut tx, ring).await?;
     tx.commit().await.map_err(db)?;
     Ok(updated)

@@ -126,26 +126,86 @@ pub(crate) struct HeadRow {
     pub(crate) journal_rows: i64,
     pub(crate) latest_version: i64,
     pub(crate) resolutions: i64,
+    /// Journal rows whose status is `issued`; `None` on a head written before schema 4
+    /// (sealed without the count: [`Head::legacy_fields`]), which the store upgrades when
+    /// a writer opens the database ([`crate::keys`]).
+    pub(crate) issued_rows: Option<i64>,
     pub(crate) checkpoint_seal: String,
     pub(crate) head: Option<String>,
 }
 
 impl HeadRow {
     fn fields(&self) -> Fields {
-        Head {
+        let head = Head {
             session: self.session.as_str(),
             journal_rows: self.journal_rows,
             latest_version: self.latest_version,
             checkpoint_seal: &self.checkpoint_seal,
             resolutions: self.resolutions,
-            // Not counted yet on PostgreSQL (issue 11, in progress): see the SQLite store.
-            issued_rows: 0,
+            issued_rows: self.issued_rows.unwrap_or(0),
+        };
+        match self.issued_rows {
+            Some(_) => head.fields(),
+            None => head.legacy_fields(),
         }
-        .fields()
     }
 
-    /// Checks the head's seal.
+    /// Adds `delta` to the count of issued rows (a row issued: +1; finished or resolved:
+    /// −1).
+    pub(crate) fn count_issued(&mut self, delta: i64) -> Result<(), StoreError> {
+        let Some(count) = self.issued_rows else {
+            return Err(self.not_counted());
+        };
+        self.issued_rows = Some(count + delta);
+        Ok(())
+    }
+
+    /// A head still without its count of issued rows: when a writer upgraded the
+    /// database, the session failed its checks, so it was left as found.
+    fn not_counted(&self) -> StoreError {
+        StoreError::Tampered {
+            session: self.session.clone(),
+            what: "the session head".to_owned(),
+            detail: "it does not count its issued rows: when the store upgraded this \
+                     database (schema 4) the session failed its checks (its head, its \
+                     journal's completeness or a row's seal), so it was left as found; \
+                     inspect it with `durable verify`"
+                .to_owned(),
+        }
+    }
+
+    /// Checks that a read of the session's issued rows found as many as the head counts:
+    /// a row set to or from `issued` behind the store's back, or a deleted issued row,
+    /// leaves a different number (a row set to `issued` also fails its own seal).
+    pub(crate) fn check_issued(&self, found: usize) -> Result<(), StoreError> {
+        let found = i64::try_from(found).unwrap_or(i64::MAX);
+        match self.issued_rows {
+            Some(count) if count == found => Ok(()),
+            Some(count) => Err(StoreError::Tampered {
+                session: self.session.clone(),
+                what: "the journal's issued rows".to_owned(),
+                detail: format!(
+                    "the session head counts {count} issued rows, the journal holds \
+                     {found}: a row's status was changed, or an issued row deleted"
+                ),
+            }),
+            None => Err(self.not_counted()),
+        }
+    }
+
+    /// Checks the head's seal. A head without its count of issued rows is refused: every
+    /// head a writer did not count when it upgraded the database failed its checks then.
     pub(crate) fn check(&self, ring: &Keyring) -> Result<(), StoreError> {
+        if self.issued_rows.is_none() {
+            return Err(self.not_counted());
+        }
+        self.check_sealed(ring)
+    }
+
+    /// Checks the head's seal, under the format it was written in: a head without its
+    /// count of issued rows (written before schema 4) under
+    /// [`Head::legacy_fields`]. Only for the upgrade of such heads ([`crate::keys`]).
+    pub(crate) fn check_sealed(&self, ring: &Keyring) -> Result<(), StoreError> {
         ring.verify(
             &self.session,
             || "the session head (its row counts and latest checkpoint)".to_owned(),
@@ -168,12 +228,13 @@ impl HeadRow {
     ) -> Result<(), StoreError> {
         self.seal(ring)?;
         sqlx::query(
-            "UPDATE durable_sessions SET journal_rows = $2, resolutions = $3, head = $4 \
-             WHERE id = $1",
+            "UPDATE durable_sessions SET journal_rows = $2, resolutions = $3, \
+             issued_rows = $4, head = $5 WHERE id = $1",
         )
         .bind(self.session.as_str())
         .bind(self.journal_rows)
         .bind(self.resolutions)
+        .bind(self.issued_rows)
         .bind(self.head.as_deref())
         .execute(conn)
         .await
@@ -185,7 +246,7 @@ impl HeadRow {
 /// The columns [`head_from_row`] reads, from `durable_sessions s`.
 macro_rules! head_cols {
     () => {
-        "s.journal_rows, s.latest_version, s.resolutions, s.head, \
+        "s.journal_rows, s.latest_version, s.resolutions, s.issued_rows, s.head, \
          (SELECT k.seal FROM durable_checkpoints k WHERE k.session_id = s.id \
           AND k.version = s.latest_version) AS checkpoint_seal"
     };
@@ -199,6 +260,7 @@ pub(crate) fn head_from_row(row: &PgRow, session: &SessionId) -> Result<HeadRow,
         journal_rows: get(row, "journal_rows")?,
         latest_version: get(row, "latest_version")?,
         resolutions: get(row, "resolutions")?,
+        issued_rows: get(row, "issued_rows")?,
         head: get(row, "head")?,
         checkpoint_seal: get::<Option<String>>(row, "checkpoint_seal")?.unwrap_or_default(),
     })

@@ -59,6 +59,7 @@ pub(crate) async fn create_session(
         journal_rows: 0,
         latest_version: 0,
         resolutions: 0,
+        issued_rows: Some(0),
         checkpoint_seal: tail.checkpoint_seal,
         head: None,
     }

@@ -106,12 +106,11 @@ pub(crate) fn ttl_ms(ttl: Duration) -> i64 {
     i64::try_from(ttl.as_millis()).unwrap_or(i64::MAX)
 }
 
-/// How a fenced write locks the session row until it commits.
+/// How a fenced write locks the session row until it commits. (Since schema 4 every
+/// fenced write changes the head, or the lease: a finished or re-issued row changes the
+/// head's count of issued rows, so no write takes a shared lock any more.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Lock {
-    /// `FOR SHARE`: concurrent changes of existing journal rows of one session proceed;
-    /// lease and head changes wait.
-    Share,
     /// `FOR NO KEY UPDATE`: the write changes the session row itself (its lease, status,
     /// or its head: a new journal row, checkpoint or resolution), never its key, so
     /// foreign-key checks of other sessions' rows are not blocked.
@@ -186,17 +185,6 @@ pub(crate) async fn lock_fenced(
     want: Want,
 ) -> Result<Locked, StoreError> {
     let sql = match (lock, want.tail) {
-        (Lock::Share, false) => concat!(
-            "SELECT ",
-            locked_cols!(),
-            " FROM durable_sessions s WHERE s.id = $1 FOR SHARE"
-        ),
-        (Lock::Share, true) => concat!(
-            "SELECT ",
-            locked_cols!(),
-            tail_cols!(),
-            " FROM durable_sessions s WHERE s.id = $1 FOR SHARE"
-        ),
         (Lock::Update, false) => concat!(
             "SELECT ",
             locked_cols!(),
@@ -298,11 +286,6 @@ pub(crate) async fn session(
             "SELECT ",
             session_cols!(),
             " FROM durable_sessions WHERE id = $1"
-        ),
-        Some(Lock::Share) => concat!(
-            "SELECT ",
-            session_cols!(),
-            " FROM durable_sessions WHERE id = $1 FOR SHARE"
         ),
         Some(Lock::Update) => concat!(
             "SELECT ",

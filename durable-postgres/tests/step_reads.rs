@@ -258,8 +258,15 @@ async fn issued_calls_reads_the_issued_rows_and_detects_a_deleted_one() {
     // The issued row of an older step, deleted behind the store's back: a resume must not
     // take the session for one with nothing in doubt.
     delete(&pool, &old).await;
+    // The head counts two issued rows; the partial index holds one.
     match store.issued_calls(&id).await {
-        Err(StoreError::Tampered { what, .. }) => assert_eq!(what, "the journal"),
+        Err(StoreError::Tampered { what, detail, .. }) => {
+            assert_eq!(what, "the journal's issued rows");
+            assert!(
+                detail.contains("counts 2 issued rows, the journal holds 1"),
+                "{detail}"
+            );
+        }
         other => panic!("expected Tampered, got {other:?}"),
     }
     assert!(matches!(

@@ -58,7 +58,7 @@ pub(super) async fn insert(
     // nothing); the row is inserted only with it.
     const WRITE: &str = concat!(
         "WITH head AS ( \
-           UPDATE durable_sessions SET journal_rows = $20, head = $21 \
+           UPDATE durable_sessions SET journal_rows = $20, head = $21, issued_rows = $24 \
            WHERE id = $2 AND fence = $13 AND journal_rows = $22 AND head = $23 \
              AND NOT EXISTS (SELECT 1 FROM durable_tool_calls WHERE session_id = $2 \
                AND step = $4 AND tool_name = $5 AND input_hash = $6 AND ordinal = $7) \
@@ -109,6 +109,9 @@ pub(super) async fn insert(
     raw.seal(ring)?;
     let mut next = head.clone();
     next.journal_rows = seq;
+    if finish.is_none() {
+        next.count_issued(1)?;
+    }
     next.seal(ring)?;
     let issued_at: Option<i64> = sqlx::query_scalar(WRITE)
         .bind(&raw.id)
@@ -134,6 +137,7 @@ pub(super) async fn insert(
         .bind(next.head.as_deref())
         .bind(head.journal_rows)
         .bind(head.head.as_deref())
+        .bind(next.issued_rows)
         .fetch_optional(&store.pool)
         .await
         .map_err(db)?;
@@ -159,18 +163,23 @@ pub(super) async fn finish(
            c.error, c.spend, c.attempt, c.seq, c.mac \
          FROM durable_sessions s JOIN durable_tool_calls c ON c.id = $2 WHERE s.id = $1"
     );
-    // The session row is locked `FOR SHARE` with the fence as read (as the locking
-    // transaction does) before the call row is changed, and only as read: still issued,
-    // under the seal that was checked.
+    // The session row is locked (as the locking transaction does) before the call row is
+    // changed, and only as read: the same fence and head (so the same count of issued
+    // rows). The call row changes only as read (still issued, under the seal that was
+    // checked), and the head, one issued row fewer, only with it.
     const WRITE: &str = concat!(
         "WITH lease AS ( \
-           SELECT id FROM durable_sessions WHERE id = $7 AND fence = $8 FOR SHARE) \
-         UPDATE durable_tool_calls SET status = $2, result = $3, error = $4, spend = $5, \
-           mac = $6, finished_at = ",
+           SELECT id FROM durable_sessions WHERE id = $7 AND fence = $8 AND head = $11 \
+           FOR NO KEY UPDATE), \
+         call AS ( \
+           UPDATE durable_tool_calls SET status = $2, result = $3, error = $4, spend = $5, \
+             mac = $6, finished_at = ",
         tx::now_ms!(),
         ", format = $9 \
-         WHERE id = $1 AND status = 'issued' AND mac = $10 \
-           AND EXISTS (SELECT 1 FROM lease)"
+           WHERE id = $1 AND status = 'issued' AND mac = $10 \
+             AND EXISTS (SELECT 1 FROM lease) RETURNING id) \
+         UPDATE durable_sessions SET issued_rows = $12, head = $13 \
+         WHERE id = $7 AND EXISTS (SELECT 1 FROM call)"
     );
     let ring = store.keyring();
     let row = tx::read(&store.pool, || {
@@ -193,9 +202,12 @@ pub(super) async fn finish(
     {
         return Ok(false);
     }
-    let Some(sealed) = raw.mac.clone() else {
+    let (Some(sealed), Some(read_head)) = (raw.mac.clone(), head.head.clone()) else {
         return Ok(false);
     };
+    let mut next = head.clone();
+    next.count_issued(-1)?;
+    next.seal(ring)?;
     let stored = Stored::from(Some(finish));
     raw.status = stored.status.as_str().to_owned();
     raw.result = stored.result;
@@ -213,6 +225,9 @@ pub(super) async fn finish(
         .bind(fence.token)
         .bind(FORMAT_VERSION)
         .bind(&sealed)
+        .bind(&read_head)
+        .bind(next.issued_rows)
+        .bind(next.head.as_deref())
         .execute(&store.pool)
         .await
         .map_err(db)?;

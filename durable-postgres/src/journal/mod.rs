@@ -78,7 +78,7 @@ async fn insert_locked(
            ON CONFLICT (session_id, step, tool_name, input_hash, ordinal) DO NOTHING \
            RETURNING seq), \
          head AS ( \
-           UPDATE durable_sessions SET journal_rows = $21, head = $22 \
+           UPDATE durable_sessions SET journal_rows = $21, head = $22, issued_rows = $23 \
            WHERE id = $2 AND EXISTS (SELECT 1 FROM ins)) \
          SELECT (SELECT id FROM holder) AS holder, EXISTS (SELECT 1 FROM ins) AS inserted";
     // The lock of `tx::lock_fenced`, with the step of the session's latest row (by
@@ -138,6 +138,10 @@ async fn insert_locked(
     raw.seal(ring)?;
     let mut head = locked.head.clone();
     head.journal_rows = seq;
+    if finish.is_none() {
+        // An issued row: the head counts it (a recorded outcome is not in doubt).
+        head.count_issued(1)?;
+    }
     head.seal(ring)?;
     let finished_at = finish.is_some().then_some(now);
     let row = sqlx::query(INSERT)
@@ -163,6 +167,7 @@ async fn insert_locked(
         .bind(finished_at)
         .bind(seq)
         .bind(head.head.as_deref())
+        .bind(head.issued_rows)
         .fetch_one(&mut *tx)
         .await
         .map_err(db)?;
@@ -285,17 +290,21 @@ pub(crate) async fn reissue_call(
 ) -> Result<CallRecord, StoreError> {
     let ring = store.keyring();
     let mut tx = tx::begin(&store.pool).await?;
-    let (_, mut raw, _) =
-        lock_session_and_call(&mut tx, ring, fence, call, Lock::Share, Want::default()).await?;
-    if !matches!(
-        CallStatus::parse(&raw.status),
-        Some(CallStatus::Issued | CallStatus::NotHappened)
-    ) {
-        return Err(StoreError::CallNotInDoubt {
-            call: call.clone(),
-            status: raw.status,
-        });
+    // The session row is locked for update: a row that did not happen is issued again,
+    // and the head counts it.
+    let (mut locked, mut raw, _) =
+        lock_session_and_call(&mut tx, ring, fence, call, Lock::Update, Want::default()).await?;
+    match CallStatus::parse(&raw.status) {
+        Some(CallStatus::Issued) => {}
+        Some(CallStatus::NotHappened) => locked.head.count_issued(1)?,
+        _ => {
+            return Err(StoreError::CallNotInDoubt {
+                call: call.clone(),
+                status: raw.status,
+            });
+        }
     }
+    locked.head.seal(ring)?;
     raw.attempt += 1;
     raw.status = CallStatus::Issued.as_str().to_owned();
     raw.result = None;
@@ -303,7 +312,9 @@ pub(crate) async fn reissue_call(
     raw.spend = None;
     raw.seal(ring)?;
     let row = sqlx::query(concat!(
-        "UPDATE durable_tool_calls SET attempt = $3, status = 'issued', fence = $2, \
+        "WITH head AS ( \
+           UPDATE durable_sessions SET issued_rows = $6, head = $7 WHERE id = $5) \
+         UPDATE durable_tool_calls SET attempt = $3, status = 'issued', fence = $2, \
          finished_at = NULL, result = NULL, error = NULL, spend = NULL, mac = $4 \
          WHERE id = $1 RETURNING ",
         call_cols!()
@@ -312,6 +323,9 @@ pub(crate) async fn reissue_call(
     .bind(fence.token)
     .bind(i32::try_from(raw.attempt).unwrap_or(i32::MAX))
     .bind(&raw.mac)
+    .bind(fence.session.as_str())
+    .bind(locked.head.issued_rows)
+    .bind(locked.head.head.as_deref())
     .fetch_one(&mut *tx)
     .await
     .map_err(db)?;
@@ -332,13 +346,12 @@ pub(crate) async fn finish_call(
     }
     let ring = store.keyring();
     let mut tx = tx::begin(&store.pool).await?;
-    let (lock, want) = if checkpoint.is_some() {
-        (Lock::Update, Want { tail: true })
-    } else {
-        (Lock::Share, Want::default())
+    // The session row is locked for update: the head counts one issued row fewer.
+    let want = Want {
+        tail: checkpoint.is_some(),
     };
     let (mut locked, mut raw, _) =
-        lock_session_and_call(&mut tx, ring, fence, call, lock, want).await?;
+        lock_session_and_call(&mut tx, ring, fence, call, Lock::Update, want).await?;
     if raw.status != CallStatus::Issued.as_str() {
         return Err(StoreError::CallNotInDoubt {
             call: call.clone(),
@@ -352,10 +365,18 @@ pub(crate) async fn finish_call(
     raw.error = stored.error;
     raw.spend = stored.spend;
     raw.seal(ring)?;
+    locked.head.count_issued(-1)?;
+    // The count is written by this statement; the head's seal too, or (with a
+    // checkpoint) by the checkpoint's write, sealed once over both changes.
+    locked.head.seal(ring)?;
     sqlx::query(
-        "UPDATE durable_tool_calls
-         SET status = $2, result = $3, error = $4, spend = $5, mac = $6, finished_at = $7,
-             format = $8
+        "WITH head AS ( \
+           UPDATE durable_sessions SET issued_rows = $10, \
+             head = CASE WHEN $12 THEN $11 ELSE head END \
+           WHERE id = $9) \
+         UPDATE durable_tool_calls \
+         SET status = $2, result = $3, error = $4, spend = $5, mac = $6, finished_at = $7, \
+             format = $8 \
          WHERE id = $1",
     )
     .bind(call.as_str())
@@ -366,6 +387,10 @@ pub(crate) async fn finish_call(
     .bind(&raw.mac)
     .bind(now)
     .bind(FORMAT_VERSION)
+    .bind(fence.session.as_str())
+    .bind(locked.head.issued_rows)
+    .bind(locked.head.head.as_deref())
+    .bind(checkpoint.is_none())
     .execute(&mut *tx)
     .await
     .map_err(db)?;
@@ -449,8 +474,6 @@ async fn lock_session_and_call(
         };
     }
     let sql = match (lock, want.tail) {
-        (Lock::Share, false) => pair!({ "" }, "SHARE"),
-        (Lock::Share, true) => pair!({ tx::tail_cols!() }, "SHARE"),
         (Lock::Update, false) => pair!({ "" }, "NO KEY UPDATE"),
         (Lock::Update, true) => pair!({ tx::tail_cols!() }, "NO KEY UPDATE"),
     };

@@ -34,24 +34,51 @@ pub(crate) async fn calls(
 ) -> Result<Vec<CallRecord>, StoreError> {
     match step {
         Some(step) => step_calls(store, session, step).await,
-        None => journal_calls(store, session, false).await,
+        None => journal_calls(store, session).await,
     }
 }
 
+/// The session's `issued` rows, from the partial index of issued rows alone, with the
+/// head in one statement (one snapshot): the head's seal, every row's seal, and their
+/// number against the head's sealed count of issued rows. A row set to or from `issued`
+/// behind the store's back, or a deleted issued row, is [`StoreError::Tampered`]. Nothing
+/// else of the journal is read, so the cost follows the rows in doubt, not the journal's
+/// length.
 pub(crate) async fn issued_calls(
     store: &PostgresStore,
     session: &SessionId,
 ) -> Result<Vec<CallRecord>, StoreError> {
-    journal_calls(store, session, true).await
+    const ISSUED: &str = concat!(
+        "WITH h AS (SELECT ",
+        head_cols!(),
+        " FROM durable_sessions s WHERE s.id = $1) \
+         SELECT h.*, c.* FROM h \
+         LEFT JOIN durable_tool_calls c ON c.session_id = $1 AND c.status = 'issued' \
+         ORDER BY c.seq"
+    );
+    let ring = store.keyring();
+    let found = tx::read(&store.pool, || {
+        sqlx::query(ISSUED)
+            .bind(session.as_str())
+            .fetch_all(&store.pool)
+    })
+    .await?;
+    let first = found
+        .first()
+        .ok_or_else(|| StoreError::SessionNotFound(session.clone()))?;
+    let head = seal::head_from_row(first, session)?;
+    head.check(ring)?;
+    let rows = checked_rows(ring, &found)?;
+    head.check_issued(rows.len())?;
+    Ok(rows)
 }
 
-/// The whole journal of a session (or only its `issued` rows, from their partial index),
-/// checked complete: the head, the count of the session's rows (from the index of
-/// positions alone) and the rows in one statement, so one snapshot.
+/// The whole journal of a session, checked complete: the head, the count of the
+/// session's rows (from the index of positions alone) and the rows in one statement, so
+/// one snapshot; every row's seal checked.
 async fn journal_calls(
     store: &PostgresStore,
     session: &SessionId,
-    issued_only: bool,
 ) -> Result<Vec<CallRecord>, StoreError> {
     const ALL: &str = concat!(
         "WITH h AS (SELECT ",
@@ -63,21 +90,9 @@ async fn journal_calls(
          SELECT h.*, e.*, c.* FROM h CROSS JOIN e \
          LEFT JOIN durable_tool_calls c ON c.session_id = $1 ORDER BY c.seq"
     );
-    const ISSUED: &str = concat!(
-        "WITH h AS (SELECT ",
-        head_cols!(),
-        " FROM durable_sessions s WHERE s.id = $1), \
-         e AS (SELECT ",
-        journal_extent_cols!(),
-        " FROM durable_tool_calls WHERE session_id = $1) \
-         SELECT h.*, e.*, c.* FROM h CROSS JOIN e \
-         LEFT JOIN durable_tool_calls c ON c.session_id = $1 AND c.status = 'issued' \
-         ORDER BY c.seq"
-    );
     let ring = store.keyring();
-    let sql = if issued_only { ISSUED } else { ALL };
     let found = tx::read(&store.pool, || {
-        sqlx::query(sql)
+        sqlx::query(ALL)
             .bind(session.as_str())
             .fetch_all(&store.pool)
     })
@@ -88,7 +103,16 @@ async fn journal_calls(
     let head = seal::head_from_row(first, session)?;
     head.check(ring)?;
     seal::journal_complete(&head, first)?;
-    checked_rows(ring, &found)
+    let rows = checked_rows(ring, &found)?;
+    // The head's count of issued rows agrees with the rows (each under its own seal).
+    if head.issued_rows.is_some() {
+        head.check_issued(
+            rows.iter()
+                .filter(|r| r.status == durable_core::store::CallStatus::Issued)
+                .count(),
+        )?;
+    }
+    Ok(rows)
 }
 
 /// The statement of [`step_calls`]: `$1` the session, `$2` the step.
@@ -137,33 +161,23 @@ async fn step_calls(
     })
     .await?;
     let head = step_head(ring, session, &found)?;
-    if step_extent(step, &found)?.check(&head).is_ok() {
-        return checked_rows(ring, &found);
-    }
-    // Not the layout the runtime writes (a step's rows in one run, between an earlier
-    // step's and a later one's), or rows are missing: read again in one snapshot with the
-    // whole journal's count. Steps written out of order (a store used directly) pass it.
-    let mut tx = tx::begin_snapshot(&store.pool).await?;
-    let found = sqlx::query(STEP_READ)
-        .bind(session.as_str())
-        .bind(step)
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(db)?;
-    let whole = sqlx::query(concat!(
-        "SELECT ",
-        journal_extent_cols!(),
-        " FROM durable_tool_calls WHERE session_id = $1"
-    ))
-    .bind(session.as_str())
-    .fetch_one(&mut *tx)
-    .await
-    .map_err(db)?;
-    tx.commit().await.map_err(db)?;
-    let head = step_head(ring, session, &found)?;
-    if let Err(missing) = step_extent(step, &found)?.check(&head) {
-        // The step's own check names the missing position.
-        seal::journal_complete(&head, &whole).map_err(|_| missing)?;
+    if let Err(by_position) = step_extent(step, &found)?.check(&head) {
+        // Not the layout the runtime writes (a step's rows in one run, after an earlier
+        // step's and before a later one's), or rows are missing or were moved to another
+        // step: the whole journal decides, every row and seal checked. A journal written
+        // before schema 3 with steps out of order (a store used directly) passes it; a row
+        // deleted, or moved out of this step with its seal untouched, fails it. Counting
+        // the whole journal is not enough: a moved row leaves the count as it was.
+        tracing::debug!(%by_position, "step read: checking the whole journal");
+        return match journal_calls(store, session).await {
+            Ok(all) => Ok(all
+                .into_iter()
+                .filter(|row| row.identity.step == step)
+                .collect()),
+            // Rows missing from the whole journal too: the step's own check names where.
+            Err(StoreError::Tampered { what, .. }) if what == "the journal" => Err(by_position),
+            Err(e) => Err(e),
+        };
     }
     checked_rows(ring, &found)
 }
