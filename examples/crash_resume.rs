@@ -344,7 +344,7 @@ async fn audit(db: &str, session: &str, world: &World, style: Style) -> Result<b
     let messages: Vec<Message> = checkpoint
         .messages
         .iter()
-        .map(|m| serde_json::from_value(m.clone()))
+        .map(|m| m.decode())
         .collect::<Result<_, _>>()?;
 
     let emails = world.deliveries("outbox")?;

@@ -197,7 +197,7 @@ pub mod store {
         CallIdentity, CallKind, CallOutcome, CallRecord, CallStatus, Checkpoint, CheckpointMeta,
         Durability, ErrorRecord, FORMAT_VERSION, Fence, FinishCall, IssueOutcome, Lease, NewCall,
         NewCheckpoint, NewError, NewSession, PurgeOutcome, Resolution, ResolutionRecord,
-        ResolveCall, RetargetSession, SessionFilter, SessionRecord, SessionStatus,
+        ResolveCall, RetargetSession, SessionFilter, SessionRecord, SessionStatus, StoredMessage,
     };
     pub use durable_core::validate::{
         validate_id, validate_new_session, validate_owner, validate_text,

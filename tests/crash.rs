@@ -504,8 +504,8 @@ fn latest_checkpoint(dir: &Path) -> (i64, Vec<String>) {
             .expect("load the latest checkpoint");
         let results = checkpoint
             .messages
-            .into_iter()
-            .map(|m| serde_json::from_value::<Message>(m).expect("a message"))
+            .iter()
+            .map(|m| m.decode::<Message>().expect("a message"))
             .flat_map(|m| {
                 m.tool_results()
                     .map(|r| r.call_id.clone())

@@ -523,8 +523,8 @@ async fn a_macro_tool_commits_its_result_with_the_checkpoint() {
         .expect("load");
     let messages: Vec<Message> = saved
         .messages
-        .into_iter()
-        .map(|m| serde_json::from_value(m).expect("a message"))
+        .iter()
+        .map(|m| m.decode().expect("a message"))
         .collect();
     assert_eq!(
         messages,

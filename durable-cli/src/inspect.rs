@@ -184,7 +184,19 @@ pub async fn show(store: &dyn CheckpointStore, json: bool, args: ShowArgs) -> Re
     let errors = store.errors(&id).await?;
     let total = checkpoint.messages.len();
     let tail_from = total.saturating_sub(args.tail);
-    let tail: Vec<Value> = checkpoint.messages[tail_from..].iter().map(mask).collect();
+    // Only the tail is parsed (messages are stored text); one that is not JSON is the
+    // same error a corrupt row is.
+    let shown_messages = (tail_from + 1..)
+        .zip(&checkpoint.messages[tail_from..])
+        .map(|(position, message)| {
+            message.to_value().map_err(|e| StoreError::Corrupt {
+                session: id.clone(),
+                version: Some(checkpoint.meta.version),
+                detail: format!("message {position} is not valid JSON: {e}"),
+            })
+        })
+        .collect::<Result<Vec<Value>, _>>()?;
+    let tail: Vec<Value> = shown_messages.iter().map(mask).collect();
 
     if json {
         return render::print_json(&json!({
@@ -298,7 +310,7 @@ pub async fn show(store: &dyn CheckpointStore, json: bool, args: ShowArgs) -> Re
             if total == 1 { "" } else { "s" }
         );
     }
-    for (i, message) in checkpoint.messages[tail_from..].iter().enumerate() {
+    for (i, message) in shown_messages.iter().enumerate() {
         let (role, lines) = render::message_lines(message);
         let number = format!("#{}", tail_from + i + 1);
         if lines.is_empty() {

@@ -85,7 +85,12 @@ async fn verify_one(
                 detail: "it is missing".to_owned(),
             });
         }
-        store.load_checkpoint(id, Some(meta.version)).await?;
+        // Loading checks the seals; the messages are stored text, parsed here so that one
+        // that is not JSON is reported too.
+        store
+            .load_checkpoint(id, Some(meta.version))
+            .await?
+            .message_values()?;
         check.checkpoints += 1;
     }
     if i64::try_from(versions.len()).ok() != latest.checked_add(1) {

@@ -484,7 +484,12 @@ async fn a_version_1_database_is_upgraded_and_adopted() {
         ]
     );
     assert_eq!(
-        store.load_checkpoint(&a, None).await.expect("a").messages,
+        store
+            .load_checkpoint(&a, None)
+            .await
+            .expect("a")
+            .message_values()
+            .expect("JSON"),
         [json!({"role": "user", "text": "hi"})]
     );
     assert_eq!(

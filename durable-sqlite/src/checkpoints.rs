@@ -8,6 +8,7 @@ use std::time::Duration;
 use durable_core::integrity::Keyring;
 use durable_core::store::{
     Checkpoint, CheckpointMeta, FORMAT_VERSION, Fence, Lease, NewCheckpoint, SessionRecord,
+    StoredMessage,
 };
 use durable_core::{SessionId, StoreError};
 use sqlx::sqlite::{SqliteArguments, SqliteRow};
@@ -301,10 +302,11 @@ async fn load_checkpoint_as(
     let plan = parse_json(&texts[0], id, v, "the plan")?;
     let budget = parse_json(&texts[1], id, v, "the budget")?;
     let state = parse_json(&texts[2], id, v, "the state")?;
-    let mut messages = Vec::with_capacity(logged.len());
+    let logged_len = logged.len();
+    let mut messages = Vec::with_capacity(logged_len);
     // The chain: message n's seal covers message n-1's, from message 1 on.
-    let mut chain: &str = "";
-    for (i, message) in logged.iter().enumerate() {
+    let mut chain: Cow<'_, str> = Cow::Borrowed("");
+    for (i, message) in logged.into_iter().enumerate() {
         let seq = message.seq;
         if i64::try_from(i + 1).ok() != Some(seq) {
             return Err(StoreError::Tampered {
@@ -315,19 +317,19 @@ async fn load_checkpoint_as(
         }
         check_format(message.format, id, v, &format!("message {seq}"))?;
         let stored = message.seal.as_deref();
-        seal::check_message(ring, id, seq, &message.text, chain, stored)?;
-        chain = stored.unwrap_or_default();
-        messages.push(parse_json(&message.text, id, v, &format!("message {seq}"))?);
+        seal::check_message(ring, id, seq, &message.text, &chain, stored)?;
+        chain = message.seal.unwrap_or_default();
+        // The text as sealed, not parsed: the reader parses it once, into its own type.
+        messages.push(StoredMessage::new(message.text.into_owned()));
     }
-    let chain = chain.to_owned();
-    if i64::try_from(logged.len()).ok() != Some(meta.last_seq) {
+    let chain = chain.into_owned();
+    if i64::try_from(logged_len).ok() != Some(meta.last_seq) {
         return Err(StoreError::Tampered {
             session: id.clone(),
             what: format!("the transcript of checkpoint {version}"),
             detail: format!(
                 "it ends at message {} but the log holds {}",
-                meta.last_seq,
-                logged.len()
+                meta.last_seq, logged_len
             ),
         });
     }

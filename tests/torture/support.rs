@@ -316,7 +316,8 @@ impl<'a> Subject<'a> {
             .block_on(self.db.store.load_checkpoint(&self.id(), None))
             .expect("latest checkpoint");
         Snapshot {
-            transcript: serde_json::to_vec(&cp.messages).expect("encode transcript"),
+            transcript: serde_json::to_vec(&cp.message_values().expect("JSON messages"))
+                .expect("encode transcript"),
             budget: cp.budget,
             plan: cp.plan,
             version: cp.meta.version,

@@ -86,9 +86,12 @@ pub async fn race(backend: Backend) {
             "{id}: contiguous versions, one written per trial"
         );
         let latest = store.load_checkpoint(id, Some(1)).await.expect("load v1");
-        let last: Message =
-            serde_json::from_value(latest.messages.last().cloned().expect("a message"))
-                .expect("message");
+        let last: Message = latest
+            .messages
+            .last()
+            .expect("a message")
+            .decode()
+            .expect("message");
         assert_eq!(
             last.text(),
             format!("written by {winner}"),

@@ -144,11 +144,7 @@ pub async fn zombie(backend: Backend) {
     let texts: Vec<String> = transcript
         .messages
         .iter()
-        .map(|m| {
-            serde_json::from_value::<Message>(m.clone())
-                .expect("message")
-                .text()
-        })
+        .map(|m| m.decode::<Message>().expect("message").text())
         .collect();
     assert_eq!(
         texts,

@@ -391,7 +391,7 @@ pub async fn resolve_end_to_end(store: &Arc<dyn CheckpointStore>, db: &str) {
     let messages: Vec<Message> = checkpoint
         .messages
         .iter()
-        .map(|m| serde_json::from_value(m.clone()).expect("message"))
+        .map(|m| m.decode().expect("message"))
         .collect();
     let texts: Vec<String> = messages.iter().map(Message::text).collect();
     assert!(

@@ -107,7 +107,7 @@ pub async fn runtime_checkpoint_after_commits_result_and_checkpoint_together(
     let stored: Vec<Message> = saved
         .messages
         .iter()
-        .map(|m| serde_json::from_value(m.clone()).expect("a message"))
+        .map(|m| m.decode().expect("a message"))
         .collect();
     assert_eq!(stored, expected);
     assert_eq!(

@@ -12,6 +12,14 @@ use super::{
 use crate::error::StoreError;
 use crate::store::{Checkpoint, CheckpointStore, NewCheckpoint};
 
+/// A loaded checkpoint's messages, each stored text parsed into a `Value` (to compare
+/// with the values written).
+pub(super) fn values(checkpoint: &Checkpoint) -> Vec<Value> {
+    checkpoint
+        .message_values()
+        .unwrap_or_else(|e| panic!("the stored messages are not JSON: {e}"))
+}
+
 /// Loads `version` (`None` = latest), panicking with context.
 pub(super) async fn load(
     store: &dyn CheckpointStore,
@@ -34,7 +42,7 @@ pub async fn checkpoint_initial_is_version_zero(store: Arc<dyn CheckpointStore>)
         let cp = load(&*store, &session.id, version).await;
         assert_eq!(cp.meta.session, session.id, "checkpoint session");
         assert_eq!(cp.meta.version, 0, "the initial checkpoint is version 0");
-        assert_eq!(cp.messages, new.initial.messages, "initial messages");
+        assert_eq!(values(&cp), new.initial.messages, "initial messages");
         assert_eq!(cp.plan, new.initial.plan, "initial plan");
         assert_eq!(cp.budget, new.initial.budget, "initial budget");
         assert_eq!(cp.state, new.initial.state, "initial state");
@@ -117,7 +125,7 @@ pub async fn checkpoint_cas_conflict_writes_nothing(store: Arc<dyn CheckpointSto
     assert_eq!(next.version, 2, "version after the conflicts");
     let cp = load(&*store, &session.id, None).await;
     assert_eq!(
-        cp.messages,
+        values(&cp),
         vec![message(0), message(1), message(2), message(3)],
         "messages of a refused save leaked into the log"
     );
@@ -173,7 +181,7 @@ pub async fn checkpoint_concurrent_writers_never_fork(store: Arc<dyn CheckpointS
         latest += 1;
         let cp = load(&*store, &session.id, None).await;
         assert_eq!(
-            cp.messages.last(),
+            values(&cp).last(),
             Some(msg),
             "the winner's message must end the transcript"
         );
@@ -231,7 +239,7 @@ pub async fn checkpoint_concurrent_writers_never_fork(store: Arc<dyn CheckpointS
         "list_checkpoints versions"
     );
     let cp = load(&*store, &session.id, None).await;
-    let tail: Vec<Value> = cp.messages[(2 + latest) as usize..].to_vec();
+    let tail: Vec<Value> = values(&cp)[(2 + latest) as usize..].to_vec();
     let winners: Vec<Value> = wins.into_iter().map(|(_, m)| m).collect();
     assert_eq!(
         tail, winners,
@@ -298,7 +306,7 @@ pub async fn checkpoint_old_versions_keep_their_transcript(store: Arc<dyn Checkp
     for (version, (messages, plan)) in expected.iter().enumerate() {
         let cp = load(&*store, &session.id, Some(version as i64)).await;
         assert_eq!(cp.meta.version, version as i64, "loaded version");
-        assert_eq!(&cp.messages, messages, "transcript of version {version}");
+        assert_eq!(&values(&cp), messages, "transcript of version {version}");
         assert_eq!(&cp.plan, plan, "plan of version {version}");
     }
 }
@@ -359,7 +367,7 @@ pub async fn checkpoint_json_round_trips_exactly(store: Arc<dyn CheckpointStore>
         .expect("save_checkpoint");
     let cp = load(&*store, &session.id, None).await;
     assert_eq!(cp.messages.len(), messages.len(), "message count");
-    for (i, (got, want)) in cp.messages.iter().zip(&messages).enumerate() {
+    for (i, (got, want)) in values(&cp).iter().zip(&messages).enumerate() {
         assert!(got == want, "message {i} changed in the round-trip");
         // With serde_json's `preserve_order` the serialization shows the stored key order.
         assert_eq!(
@@ -382,7 +390,7 @@ pub async fn checkpoint_json_round_trips_exactly(store: Arc<dyn CheckpointStore>
     }
     let v0 = load(&*store, &session.id, Some(0)).await;
     assert_eq!(
-        v0.messages,
+        values(&v0),
         messages[..3].to_vec(),
         "version 0 after the round-trip"
     );
@@ -487,7 +495,7 @@ pub async fn checkpoint_storage_is_linear(store: Arc<dyn CheckpointStore>) {
     }
     let all: Vec<Value> = (0..102).map(message).collect();
     let latest = load(&*store, &session.id, None).await;
-    assert_eq!(latest.messages, all, "latest transcript after 100 saves");
+    assert_eq!(values(&latest), all, "latest transcript after 100 saves");
     let listed = store
         .list_checkpoints(&session.id)
         .await
@@ -510,7 +518,7 @@ pub async fn checkpoint_storage_is_linear(store: Arc<dyn CheckpointStore>) {
     for v in [0, 1, 2, 37, 50, 99, 100] {
         let cp = load(&*store, &session.id, Some(v)).await;
         assert_eq!(
-            cp.messages,
+            values(&cp),
             all[..(2 + v) as usize].to_vec(),
             "transcript of version {v}"
         );

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 
-use super::checkpoints::load;
+use super::checkpoints::{load, values};
 use super::{LONG_TTL, checkpoint, create, expect_err, message, owner, read, session_id};
 use crate::error::StoreError;
 use crate::store::{CheckpointStore, SessionStatus};
@@ -89,10 +89,10 @@ pub async fn fork_copies_version_and_leaves_source_untouched(store: Arc<dyn Chec
         )
         .await
         .expect("save_checkpoint on the fork");
-    let mut expected = at.messages.clone();
+    let mut expected = values(&at);
     expected.push(json!("fork only"));
     assert_eq!(
-        load(&*store, &fork_id, None).await.messages,
+        values(&load(&*store, &fork_id, None).await),
         expected,
         "fork after a save"
     );
@@ -108,7 +108,7 @@ pub async fn fork_copies_version_and_leaves_source_untouched(store: Arc<dyn Chec
     );
     let latest = load(&*store, &source.id, None).await;
     assert_eq!(
-        latest.messages,
+        values(&latest),
         (0..5).map(message).collect::<Vec<_>>(),
         "fork changed the source's transcript"
     );
@@ -121,7 +121,7 @@ pub async fn fork_copies_version_and_leaves_source_untouched(store: Arc<dyn Chec
         .await
         .expect("save_checkpoint on the source after the fork");
     assert_eq!(
-        load(&*store, &fork_id, None).await.messages,
+        values(&load(&*store, &fork_id, None).await),
         expected,
         "a source save leaked into the fork"
     );

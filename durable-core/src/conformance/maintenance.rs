@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
+use super::checkpoints::values;
 use super::{
     CLOCK_SLACK_MS, MAX_ATTEMPTS, checkpoint, completed, create, create_with, expect_err, message,
     new_session, now, owner, read, session_id, system_ms, tool_call,
@@ -405,7 +406,7 @@ pub async fn purge_deletes_every_row(store: Arc<dyn CheckpointStore>) {
     let (_, lease) = create_with(&*store, again).await;
     let cp = store.load_checkpoint(&victim_id, None).await.expect("load");
     assert_eq!(
-        (cp.meta.version, cp.messages),
+        (cp.meta.version, values(&cp)),
         (0, vec![json!("only message")]),
         "a reused id must not see the purged transcript"
     );

@@ -4,6 +4,7 @@ use std::sync::Arc;
 
 use serde_json::json;
 
+use super::checkpoints::values;
 use super::journal::{insert, row};
 use super::{
     LONG_TTL, MAX_ATTEMPTS, checkpoint, completed, create, expect_err, message, owner, read,
@@ -214,11 +215,12 @@ pub async fn journal_finish_with_checkpoint_is_atomic(store: Arc<dyn CheckpointS
         .await
         .expect("finish_call retried with the right version");
     assert_eq!(
-        store
-            .load_checkpoint(&session.id, None)
-            .await
-            .expect("load")
-            .messages,
+        values(
+            &store
+                .load_checkpoint(&session.id, None)
+                .await
+                .expect("load")
+        ),
         (0..4).map(message).collect::<Vec<_>>(),
         "messages of the failed attempt leaked into the log"
     );

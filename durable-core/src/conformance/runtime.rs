@@ -716,6 +716,64 @@ pub async fn runtime_checkpoints_restore_transcript_plan_budget(store: Arc<dyn C
     assert_ne!(fork.id(), &id);
 }
 
+/// A stored message that does not decode into the session's message type (the type
+/// changed, or the row is not JSON at all: a buggy older release) fails the resume with
+/// `DurableError::Decode` naming the session, the version and the message, never a
+/// panic; the lease is released, so a resume with the right type then succeeds.
+pub async fn runtime_undecodable_message_fails_the_resume(store: Arc<dyn CheckpointStore>) {
+    /// A message type the stored messages do not fit.
+    #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+    struct Numbered {
+        n: u32,
+    }
+
+    let probe = Probe::new(Arc::clone(&store));
+    let probed: Arc<dyn CheckpointStore> = probe.clone();
+    let (durable, _) = runtime(&probed, "first");
+    let mut session = start(&durable).await;
+    session.push(Message::user("turn 1"));
+    session.push(Message::user("turn 2"));
+    session.checkpoint().await.expect("v1");
+    let id = session.id().clone();
+    session.release().await.expect("release");
+
+    let (other, _) = runtime(&probed, "second");
+    let expect_decode = |err: DurableError, message: &str| match err {
+        DurableError::Decode {
+            session,
+            what,
+            detail,
+        } => {
+            assert_eq!(session, id, "{what}: {detail}");
+            assert_eq!(
+                what,
+                format!("{message} at checkpoint version 1"),
+                "{detail}"
+            );
+        }
+        other => panic!("expected Decode for {message}, got {other:?}"),
+    };
+    let err = other
+        .resume::<Numbered>(&id)
+        .await
+        .expect_err("a message that does not fit the type");
+    expect_decode(err, "message 1");
+    probe.garble_next_load();
+    let err = other
+        .resume::<Message>(&id)
+        .await
+        .expect_err("a message that is not JSON");
+    expect_decode(err, "message 2");
+    let resumed = other
+        .resume::<Message>(&id)
+        .await
+        .expect("both failed resumes released the lease");
+    assert_eq!(
+        resumed.session.messages(),
+        &[Message::user("turn 1"), Message::user("turn 2")]
+    );
+}
+
 /// A session started on another app version is refused until retargeted (audited).
 pub async fn runtime_app_version_requires_migration(store: Arc<dyn CheckpointStore>) {
     let (durable, _) = runtime(&store, "v1-worker");

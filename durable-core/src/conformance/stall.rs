@@ -7,7 +7,8 @@
 //! the writing future at a known point (the write committed, the reply never arrived)
 //! instead of racing a timer against the store's I/O. It can also fail the next
 //! `finish_call` carrying a checkpoint without writing anything, as a dropped
-//! connection would.
+//! connection would, or garble the last message of the next checkpoint read, as a row
+//! written by a buggy older release would be.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -22,6 +23,7 @@ use crate::store::{
     CallRecord, Checkpoint, CheckpointMeta, CheckpointStore, Durability, ErrorRecord, Fence,
     FinishCall, IssueOutcome, Lease, NewCall, NewCheckpoint, NewError, NewSession, PurgeOutcome,
     ResolutionRecord, ResolveCall, RetargetSession, SessionFilter, SessionRecord, SessionStatus,
+    StoredMessage,
 };
 
 /// Wraps a real store; see the module docs.
@@ -29,6 +31,7 @@ pub(super) struct Probe {
     inner: Arc<dyn CheckpointStore>,
     armed: AtomicBool,
     fail_next: AtomicBool,
+    garble_next: AtomicBool,
     stalled: Notify,
     saves: AtomicUsize,
     finishes_with_checkpoint: AtomicUsize,
@@ -40,6 +43,7 @@ impl Probe {
             inner,
             armed: AtomicBool::new(false),
             fail_next: AtomicBool::new(false),
+            garble_next: AtomicBool::new(false),
             stalled: Notify::new(),
             saves: AtomicUsize::new(0),
             finishes_with_checkpoint: AtomicUsize::new(0),
@@ -54,6 +58,11 @@ impl Probe {
     /// The next `finish_call` carrying a checkpoint fails without writing anything.
     pub(super) fn fail_next_combined_write(&self) {
         self.fail_next.store(true, Ordering::SeqCst);
+    }
+
+    /// The next `load_checkpoint` returns its last message as text that is not JSON.
+    pub(super) fn garble_next_load(&self) {
+        self.garble_next.store(true, Ordering::SeqCst);
     }
 
     /// Resolves once an armed checkpoint write has committed and parked.
@@ -176,7 +185,13 @@ impl CheckpointStore for Probe {
         id: &SessionId,
         version: Option<i64>,
     ) -> Result<Checkpoint, StoreError> {
-        self.inner.load_checkpoint(id, version).await
+        let mut checkpoint = self.inner.load_checkpoint(id, version).await?;
+        if self.garble_next.swap(false, Ordering::SeqCst)
+            && let Some(last) = checkpoint.messages.last_mut()
+        {
+            *last = StoredMessage::new(r#"{"role": "user", "content": "#);
+        }
+        Ok(checkpoint)
     }
 
     async fn list_checkpoints(&self, id: &SessionId) -> Result<Vec<CheckpointMeta>, StoreError> {

@@ -184,22 +184,28 @@ pub enum FixtureError {
 
 impl Fixture {
     /// Builds the fixture of a loaded checkpoint with the given journal rows.
-    pub fn new(checkpoint: &crate::store::Checkpoint, calls: &[CallRecord]) -> Self {
+    ///
+    /// # Errors
+    /// [`StoreError::Corrupt`] for a message of the checkpoint that is not JSON.
+    pub fn new(
+        checkpoint: &crate::store::Checkpoint,
+        calls: &[CallRecord],
+    ) -> Result<Self, StoreError> {
         let meta = &checkpoint.meta;
-        Fixture {
+        Ok(Fixture {
             format: FIXTURE_FORMAT,
             durable: env!("CARGO_PKG_VERSION").to_owned(),
             session: meta.session.clone(),
             version: meta.version,
             app_version: meta.app_version.clone(),
             created_at: meta.created_at,
-            messages: checkpoint.messages.clone(),
+            messages: checkpoint.message_values()?,
             plan: checkpoint.plan.clone(),
             budget: checkpoint.budget.clone(),
             state: checkpoint.state.clone(),
             calls: calls.iter().map(FixtureCall::from).collect(),
             path: None,
-        }
+        })
     }
 
     /// Parses a fixture from JSON text; `path` only names the source in errors.
@@ -427,8 +433,12 @@ async fn export_versions(
             .filter(|c| c.identity.step >= meta.version && c.identity.step < next)
             .cloned()
             .collect();
-        match store.load_checkpoint(session, Some(meta.version)).await {
-            Ok(checkpoint) => exported.fixtures.push(Fixture::new(&checkpoint, &rows)),
+        let fixture = store
+            .load_checkpoint(session, Some(meta.version))
+            .await
+            .and_then(|checkpoint| Fixture::new(&checkpoint, &rows));
+        match fixture {
+            Ok(fixture) => exported.fixtures.push(fixture),
             Err(StoreError::Corrupt {
                 session,
                 version,

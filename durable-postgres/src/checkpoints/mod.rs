@@ -12,6 +12,7 @@ use durable_core::ids::SessionId;
 use durable_core::integrity::Keyring;
 use durable_core::store::{
     Checkpoint, CheckpointMeta, FORMAT_VERSION, Fence, Lease, NewCheckpoint, SessionRecord,
+    StoredMessage,
 };
 use serde_json::Value;
 use sqlx::postgres::PgConnection;
@@ -126,15 +127,12 @@ pub(crate) async fn load_checkpoint(
     let formats: Vec<i32> = get::<Option<Vec<i32>>>(&row, "formats")?.unwrap_or_default();
     let seals: Vec<Option<String>> =
         get::<Option<Vec<Option<String>>>>(&row, "seals")?.unwrap_or_default();
-    let mut messages = Vec::with_capacity(logged.len());
+    let logged_len = logged.len();
+    let mut messages = Vec::with_capacity(logged_len);
     // The chain: message n's seal covers message n-1's, from message 1 on.
     let mut chain = String::new();
-    for (i, (((seq, text), format), stored)) in seqs
-        .iter()
-        .zip(&logged)
-        .zip(&formats)
-        .zip(seals)
-        .enumerate()
+    for (i, (((seq, text), format), stored)) in
+        seqs.iter().zip(logged).zip(&formats).zip(seals).enumerate()
     {
         let seq = *seq;
         if i64::try_from(i + 1).ok() != Some(seq) {
@@ -146,18 +144,18 @@ pub(crate) async fn load_checkpoint(
         }
         let what = format!("message {seq}");
         rows::check_format(id, Some(v), &what, *format)?;
-        seal::check_message(ring, id, seq, text, &chain, stored.as_deref())?;
+        seal::check_message(ring, id, seq, &text, &chain, stored.as_deref())?;
         chain = stored.unwrap_or_default();
-        messages.push(rows::json(id, Some(v), &what, text)?);
+        // The text as sealed, not parsed: the reader parses it once, into its own type.
+        messages.push(StoredMessage::from(text));
     }
-    if i64::try_from(logged.len()).ok() != Some(meta.last_seq) {
+    if i64::try_from(logged_len).ok() != Some(meta.last_seq) {
         return Err(StoreError::Tampered {
             session: id.clone(),
             what: format!("the transcript of checkpoint {v}"),
             detail: format!(
                 "it ends at message {} but the log holds {}",
-                meta.last_seq,
-                logged.len()
+                meta.last_seq, logged_len
             ),
         });
     }
