@@ -28,8 +28,13 @@ pub trait Baseline: Sync {
     /// One agent turn in one transaction: the model's reply into a journal-like table,
     /// the reply and the tool result into a messages table, for session `session`.
     fn turn(&self, session: &str, turn: usize) -> impl Future<Output = ()> + Send;
-    /// The messages of `session` in order, each parsed into a [`Message`].
-    fn read_messages(&self, session: &str) -> impl Future<Output = Vec<Message>> + Send;
+    /// The messages of `session` in order (only the last `last` of them, if given), each
+    /// parsed into a [`Message`].
+    fn read_messages(
+        &self,
+        session: &str,
+        last: Option<usize>,
+    ) -> impl Future<Output = Vec<Message>> + Send;
 }
 
 /// The durable side's targets that differ between backends.
@@ -41,7 +46,13 @@ pub struct Targets {
     pub unsafe_per_s: f64,
     /// Storage ÷ message bytes of a 1,000-turn session, at most.
     pub storage: f64,
+    /// Milliseconds to resume a session of any length with a window of
+    /// [`RESUME_WINDOW`] messages, at most.
+    pub window_ms: f64,
 }
+
+/// The window of the bounded resume figure: the last 20 messages (ten turns).
+pub const RESUME_WINDOW: usize = 20;
 
 /// Figures 1 and 2: µs per journaled call of each class against the raw commit (pure) and
 /// the raw two-commit pair (the other two), `calls` calls per figure in `rounds` rounds.
@@ -372,16 +383,28 @@ pub async fn resume<B: Baseline>(
     raw: &B,
     sessions: &[BuiltSession],
     runs: usize,
+    window_ms_target: f64,
 ) -> String {
+    let windowed = Durable::builder(std::sync::Arc::clone(durable.store()))
+        .owner(durable.config().owner.clone())
+        .app_version(durable.config().app_version.clone())
+        .resume_window(RESUME_WINDOW)
+        .build();
     let mut samples = Samples::new();
     for _ in 0..runs {
         for s in sessions {
             let took = workload::resume(durable, &s.id, 2 * s.turns).await;
             samples.add(&format!("d{}", s.turns), millis(took));
             let started = Instant::now();
-            let messages = raw.read_messages(&s.raw).await;
+            let messages = raw.read_messages(&s.raw, None).await;
             samples.add(&format!("r{}", s.turns), millis(started.elapsed()));
             assert_eq!(messages.len(), 2 * s.turns, "raw transcript");
+            let took = workload::resume(&windowed, &s.id, RESUME_WINDOW).await;
+            samples.add(&format!("wd{}", s.turns), millis(took));
+            let started = Instant::now();
+            let messages = raw.read_messages(&s.raw, Some(RESUME_WINDOW)).await;
+            samples.add(&format!("wr{}", s.turns), millis(started.elapsed()));
+            assert_eq!(messages.len(), RESUME_WINDOW, "raw window");
         }
     }
     let (mut durable_ms, mut raw_ms) = (Vec::new(), Vec::new());
@@ -406,12 +429,37 @@ pub async fn resume<B: Baseline>(
         durable_ms.push((s.turns as f64, d));
         raw_ms.push((s.turns as f64, r));
     }
+    let (mut window_ms, mut raw_window_ms) = (Vec::new(), Vec::new());
+    for s in sessions {
+        let (d, r) = (
+            samples.median(&format!("wd{}", s.turns)),
+            samples.median(&format!("wr{}", s.turns)),
+        );
+        report.push(
+            Row::new(
+                format!(
+                    "resume a {}-turn session, window of {RESUME_WINDOW} messages",
+                    crate::report::number(s.turns as f64)
+                ),
+                "ms",
+                d,
+                r,
+            )
+            .target(Target::at_most(window_ms_target))
+            .note("`resume_window`; raw: select the last messages, parse each"),
+        );
+        window_ms.push((s.turns as f64, d));
+        raw_window_ms.push((s.turns as f64, r));
+    }
     report.series.insert(
         "resume".into(),
         json!({
             "turns": sessions.iter().map(|s| s.turns).collect::<Vec<_>>(),
             "durable_ms": durable_ms.iter().map(|p| p.1).collect::<Vec<_>>(),
             "raw_ms": raw_ms.iter().map(|p| p.1).collect::<Vec<_>>(),
+            "window": RESUME_WINDOW,
+            "window_ms": window_ms.iter().map(|p| p.1).collect::<Vec<_>>(),
+            "raw_window_ms": raw_window_ms.iter().map(|p| p.1).collect::<Vec<_>>(),
         }),
     );
     LineChart {
@@ -422,6 +470,8 @@ pub async fn resume<B: Baseline>(
         series: vec![
             Series::new("Durable::resume", durable_ms),
             Series::new("raw: select + parse", raw_ms),
+            Series::new("Durable::resume, window of 20", window_ms),
+            Series::new("raw: last 20", raw_window_ms),
         ],
     }
     .render()

@@ -58,6 +58,7 @@ mod runtime;
 mod sessions;
 mod stall;
 pub mod tamper;
+mod window;
 
 pub use checkpoint_after::*;
 pub use checkpoints::*;
@@ -72,6 +73,7 @@ pub use recovery::*;
 pub use resolution::*;
 pub use runtime::*;
 pub use sessions::*;
+pub use window::*;
 
 /// How long one case may run before it is reported as hung (a deadlocked store call).
 pub const CASE_TIMEOUT: Duration = Duration::from_secs(120);
@@ -224,6 +226,7 @@ macro_rules! __durable_conformance_cases {
             runtime_invalid_arguments_journal_nothing,
             runtime_lost_lease_stops_the_zombie,
             runtime_checkpoints_restore_transcript_plan_budget,
+            runtime_undecodable_message_fails_the_resume,
             runtime_app_version_requires_migration,
             runtime_secret_arguments_are_masked,
             runtime_start_or_resume_starts_new_ids_and_resumes_known_ones,
@@ -256,6 +259,11 @@ macro_rules! __durable_conformance_cases {
             runtime_checkpoint_after_other_handles_are_not_the_scope,
             runtime_checkpoint_after_commits_a_verified_result,
             runtime_checkpoint_after_does_not_end_a_step_with_an_unreplayed_call,
+            // a bounded resume: the transcript's tail, the rest on demand
+            runtime_resume_window_holds_the_tail_and_the_rest_on_demand,
+            runtime_resume_window_checkpoints_append_after_the_unloaded_messages,
+            runtime_resume_window_of_nothing,
+            store_messages_reads_a_checked_range,
         }
     };
 }

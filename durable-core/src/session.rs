@@ -229,12 +229,12 @@ where
         if to < from {
             return Ok(0);
         }
-        let values = self.store.messages(&self.record.id, from, to).await?;
-        let earlier = values
-            .into_iter()
+        let stored = self.store.messages(&self.record.id, from, to).await?;
+        let earlier = stored
+            .iter()
             .enumerate()
-            .map(|(i, value)| {
-                serde_json::from_value::<M>(value).map_err(|e| DurableError::Decode {
+            .map(|(i, message)| {
+                message.decode::<M>().map_err(|e| DurableError::Decode {
                     session: self.record.id.clone(),
                     what: format!("message {}", from + i as i64),
                     detail: e.to_string(),

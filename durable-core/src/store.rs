@@ -809,7 +809,12 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// before `from`, so a changed, deleted or reordered message in the range is
     /// [`StoreError::Tampered`]. A backend should read only the range's rows; the default
     /// loads the latest checkpoint's whole transcript.
-    async fn messages(&self, id: &SessionId, from: i64, to: i64) -> Result<Vec<Value>, StoreError> {
+    async fn messages(
+        &self,
+        id: &SessionId,
+        from: i64,
+        to: i64,
+    ) -> Result<Vec<StoredMessage>, StoreError> {
         let checkpoint = self.load_checkpoint(id, None).await?;
         let last_seq = checkpoint.meta.last_seq;
         check_message_range(id, from, to, last_seq)?;
@@ -817,7 +822,7 @@ pub trait CheckpointStore: Send + Sync + 'static {
         let start = usize::try_from(from - first).unwrap_or(0);
         let end = usize::try_from(to - first + 1).unwrap_or(0);
         Ok(checkpoint
-            .message_values()?
+            .messages
             .into_iter()
             .skip(start)
             .take(end.saturating_sub(start))

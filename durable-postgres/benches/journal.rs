@@ -16,7 +16,9 @@
 //!    `pg_total_relation_size` of the `durable_*` tables of a fresh database (VACUUMed
 //!    before and after), against the same messages in a raw table;
 //! 6. `Durable::resume` of a 100, 1,000 and 10,000-turn session against selecting and
-//!    parsing the same messages raw (≤ 1.2×).
+//!    parsing the same messages raw (≤ 1.2×);
+//! 7. the same resumes with `resume_window(20)` (the last 20 messages), against selecting
+//!    and parsing the last 20 raw (≤ 2 ms at any length).
 //!
 //! `cargo bench -p durable-postgres --features testing` writes `postgres.json` and
 //! `postgres-{turns,throughput,resume}.svg` to `DURABLE_BENCH_OUT` (default
@@ -52,6 +54,7 @@ const TARGETS: Targets = Targets {
     pure_per_s: 15_000.0,
     unsafe_per_s: 8_000.0,
     storage: 1.8,
+    window_ms: 2.0,
 };
 
 /// Connections of the store's pool and of the raw pool: one per session at 32, and spare.
@@ -196,11 +199,13 @@ impl Baseline for Raw {
         self.write_turn(session, turn, true).await;
     }
 
-    async fn read_messages(&self, session: &str) -> Vec<Message> {
+    async fn read_messages(&self, session: &str, last: Option<usize>) -> Vec<Message> {
         let bodies: Vec<String> = sqlx::query_scalar(
-            "SELECT body FROM bench_messages WHERE session_id = $1 ORDER BY seq",
+            "SELECT body FROM (SELECT seq, body FROM bench_messages WHERE session_id = $1 \
+             ORDER BY seq DESC LIMIT $2) m ORDER BY seq",
         )
         .bind(session)
+        .bind(last.map(|n| n as i64))
         .fetch_all(&self.pool)
         .await
         .expect("select the messages");
@@ -356,7 +361,15 @@ async fn run() {
         }
     }
     sessions.push(long);
-    let resume_svg = harness::resume(&mut report, &durable, &raw, &sessions, resume_runs).await;
+    let resume_svg = harness::resume(
+        &mut report,
+        &durable,
+        &raw,
+        &sessions,
+        resume_runs,
+        TARGETS.window_ms,
+    )
+    .await;
 
     report.finish();
     println!(

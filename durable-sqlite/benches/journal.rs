@@ -16,7 +16,9 @@
 //!    the file after `PRAGMA wal_checkpoint(TRUNCATE)`, against the same messages in a raw
 //!    table;
 //! 6. `Durable::resume` of a 100, 1,000 and 10,000-turn session against selecting and
-//!    parsing the same messages raw (≤ 1.2×).
+//!    parsing the same messages raw (≤ 1.2×);
+//! 7. the same resumes with `resume_window(20)` (the last 20 messages), against selecting
+//!    and parsing the last 20 raw (≤ 1 ms at any length).
 //!
 //! `cargo bench -p durable-sqlite` writes `sqlite.json` and `sqlite-{turns,throughput,resume}.svg`
 //! to `DURABLE_BENCH_OUT` (default `target/durable-bench`). Knobs (environment):
@@ -50,6 +52,7 @@ const TARGETS: Targets = Targets {
     pure_per_s: 10_000.0,
     unsafe_per_s: 5_000.0,
     storage: 1.5,
+    window_ms: 1.0,
 };
 
 /// The raw side: one file, the store's settings, one connection (the store's writer pool).
@@ -196,13 +199,16 @@ impl Baseline for Raw {
         self.write_turn(session, turn, true).await;
     }
 
-    async fn read_messages(&self, session: &str) -> Vec<Message> {
-        let bodies: Vec<String> =
-            sqlx::query_scalar("SELECT body FROM messages WHERE session_id = ? ORDER BY seq")
-                .bind(session)
-                .fetch_all(&self.pool)
-                .await
-                .expect("select the messages");
+    async fn read_messages(&self, session: &str, last: Option<usize>) -> Vec<Message> {
+        let bodies: Vec<String> = sqlx::query_scalar(
+            "SELECT body FROM (SELECT seq, body FROM messages WHERE session_id = ? \
+             ORDER BY seq DESC LIMIT ?) ORDER BY seq",
+        )
+        .bind(session)
+        .bind(last.map_or(-1, |n| n as i64))
+        .fetch_all(&self.pool)
+        .await
+        .expect("select the messages");
         bodies
             .iter()
             .map(|b| serde_json::from_str(b).expect("a message"))
@@ -341,7 +347,15 @@ async fn run() {
         }
     }
     sessions.push(long);
-    let resume_svg = harness::resume(&mut report, &durable, &raw, &sessions, resume_runs).await;
+    let resume_svg = harness::resume(
+        &mut report,
+        &durable,
+        &raw,
+        &sessions,
+        resume_runs,
+        TARGETS.window_ms,
+    )
+    .await;
 
     report.finish();
     println!(

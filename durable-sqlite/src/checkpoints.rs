@@ -82,11 +82,23 @@ pub(crate) async fn load_checkpoint(
     id: &SessionId,
     version: Option<i64>,
 ) -> Result<Checkpoint, StoreError> {
-    match load_checkpoint_as(store, id, version, Transcript::Aggregated).await {
+    load_checkpoint_window(store, id, version, None).await
+}
+
+/// [`load_checkpoint`] with only the transcript's last `window` messages (`None`: all),
+/// read by their primary key from the message before the window: the same two round
+/// trips, whatever the transcript's length.
+pub(crate) async fn load_checkpoint_window(
+    store: &SqliteStore,
+    id: &SessionId,
+    version: Option<i64>,
+    window: Option<usize>,
+) -> Result<Checkpoint, StoreError> {
+    match load_checkpoint_as(store, id, version, Transcript::Aggregated, window).await {
         // A transcript too long for one SQLite value (over SQLITE_MAX_LENGTH) is read
         // row by row instead, in a new snapshot.
         Err(StoreError::Database { .. }) => {
-            load_checkpoint_as(store, id, version, Transcript::Rows).await
+            load_checkpoint_as(store, id, version, Transcript::Rows, window).await
         }
         other => other,
     }
@@ -177,6 +189,7 @@ async fn load_checkpoint_as(
     id: &SessionId,
     version: Option<i64>,
     how: Transcript,
+    window: Option<usize>,
 ) -> Result<Checkpoint, StoreError> {
     let ring = store.keyring();
     let (mut rtx, found) = ReadTx::begin_with(
@@ -265,23 +278,33 @@ async fn load_checkpoint_as(
         }
     };
     let v = Some(version);
+    // The window's first position; the seal of the message before it starts the chain.
+    let from = match window {
+        Some(window) => (meta.last_seq - i64::try_from(window).unwrap_or(i64::MAX)).max(0) + 1,
+        None => 1,
+    };
     let sql = match how {
         Transcript::Aggregated => {
             "SELECT COUNT(*) AS n, group_concat(seq, ',' ORDER BY seq) AS seqs, \
              group_concat(format, ',' ORDER BY seq) AS formats, \
              group_concat(octet_length(message), ',' ORDER BY seq) AS lengths, \
              group_concat(message, '' ORDER BY seq) AS messages, \
-             group_concat(COALESCE(seal, '!'), ',' ORDER BY seq) AS seals \
-             FROM durable_messages WHERE session_num = ? AND seq <= ?; COMMIT"
+             group_concat(COALESCE(seal, '!'), ',' ORDER BY seq) AS seals, \
+             (SELECT COALESCE(a.seal, '!') FROM durable_messages a \
+              WHERE a.session_num = ?1 AND a.seq = ?2 - 1) AS anchor \
+             FROM durable_messages WHERE session_num = ?1 AND seq >= ?2 AND seq <= ?3; COMMIT"
         }
         Transcript::Rows => {
-            "SELECT seq, message, format, seal FROM durable_messages \
-             WHERE session_num = ? AND seq <= ? ORDER BY seq; COMMIT"
+            "SELECT seq, message, format, seal, \
+             (SELECT COALESCE(a.seal, '!') FROM durable_messages a \
+              WHERE a.session_num = ?1 AND a.seq = ?2 - 1) AS anchor FROM durable_messages \
+             WHERE session_num = ?1 AND seq >= ?2 AND seq <= ?3 ORDER BY seq; COMMIT"
         }
     };
     let found = rtx
-        .finish_with(sqlx::query(sql).bind(num).bind(meta.last_seq))
+        .finish_with(sqlx::query(sql).bind(num).bind(from).bind(meta.last_seq))
         .await?;
+    let anchor = message_anchor(found.first(), from, id, v)?;
     let logged = match how {
         Transcript::Aggregated => match found.first() {
             Some(row) => split_transcript(row, id, v)?,
@@ -304,14 +327,15 @@ async fn load_checkpoint_as(
     let state = parse_json(&texts[2], id, v, "the state")?;
     let logged_len = logged.len();
     let mut messages = Vec::with_capacity(logged_len);
-    // The chain: message n's seal covers message n-1's, from message 1 on.
-    let mut chain: Cow<'_, str> = Cow::Borrowed("");
+    // The chain: message n's seal covers message n-1's, from the window's first on.
+    let mut chain: Cow<'_, str> = Cow::Owned(anchor);
     for (i, message) in logged.into_iter().enumerate() {
         let seq = message.seq;
-        if i64::try_from(i + 1).ok() != Some(seq) {
+        let expected = from + i64::try_from(i).unwrap_or(i64::MAX);
+        if expected != seq {
             return Err(StoreError::Tampered {
                 session: id.clone(),
-                what: format!("message {}", i + 1),
+                what: format!("message {expected}"),
                 detail: format!("it is missing from the transcript (next is {seq})"),
             });
         }
@@ -323,13 +347,13 @@ async fn load_checkpoint_as(
         messages.push(StoredMessage::new(message.text.into_owned()));
     }
     let chain = chain.into_owned();
-    if i64::try_from(logged_len).ok() != Some(meta.last_seq) {
+    if i64::try_from(logged_len).ok() != Some(meta.last_seq - from + 1) {
         return Err(StoreError::Tampered {
             session: id.clone(),
             what: format!("the transcript of checkpoint {version}"),
             detail: format!(
-                "it ends at message {} but the log holds {}",
-                meta.last_seq, logged_len
+                "it ends at message {} but the log holds {logged_len} from message {from}",
+                meta.last_seq
             ),
         });
     }
@@ -346,7 +370,7 @@ async fn load_checkpoint_as(
         previous: &previous,
     }
     .check(ring, checkpoint_seal.as_deref())?;
-    if i64::try_from(messages.len()).ok() != Some(meta.message_count) {
+    if i64::try_from(messages.len()).ok() != Some(meta.message_count - (from - 1)) {
         return Err(corrupt(
             id,
             v,
@@ -365,6 +389,125 @@ async fn load_checkpoint_as(
         budget,
         state,
     })
+}
+
+/// The seal that starts the chain of a transcript read from position `from`: none for
+/// the first message; otherwise the stored seal of message `from - 1` (the `anchor`
+/// column of `row`), which must exist. Taken as stored: a changed one breaks the seal of
+/// message `from`.
+fn message_anchor(
+    row: Option<&SqliteRow>,
+    from: i64,
+    id: &SessionId,
+    version: Option<i64>,
+) -> Result<String, StoreError> {
+    if from <= 1 {
+        return Ok(String::new());
+    }
+    let anchor: Option<String> = match row {
+        Some(row) => rows::col(row, "anchor", id, version)?,
+        None => None,
+    };
+    match anchor.as_deref() {
+        Some("!") => Ok(String::new()),
+        Some(seal) => Ok(seal.to_owned()),
+        None => Err(StoreError::Tampered {
+            session: id.clone(),
+            what: format!("message {}", from - 1),
+            detail: "it is missing from the transcript".to_owned(),
+        }),
+    }
+}
+
+/// Messages `from..=to` of the latest checkpoint's transcript, in two round trips of one
+/// snapshot (the head and the latest checkpoint's end; then the range by primary key,
+/// with the seal of the message before it), checked by the chain from that seal.
+pub(crate) async fn messages(
+    store: &SqliteStore,
+    id: &SessionId,
+    from: i64,
+    to: i64,
+) -> Result<Vec<StoredMessage>, StoreError> {
+    let ring = store.keyring();
+    let (mut rtx, found) = ReadTx::begin_with(
+        store.reader(),
+        sqlx::query(concat!(
+            "BEGIN; SELECT ",
+            seal::head_cols!(),
+            ", s.num, (SELECT p.last_seq FROM durable_checkpoints p \
+             WHERE p.session_num = s.num AND p.version = s.latest_version) AS last_seq \
+             FROM durable_sessions s WHERE s.id = ?1"
+        ))
+        .bind(id.as_str()),
+    )
+    .await?;
+    let checked = (|| {
+        let row = found
+            .first()
+            .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
+        let head = seal::head_from_row(row, id)?;
+        head.check(ring)?;
+        let last_seq: Option<i64> = rows::col(row, "last_seq", id, None)?;
+        let last_seq = last_seq.ok_or_else(|| StoreError::Tampered {
+            session: id.clone(),
+            what: format!("checkpoint {}", head.latest_version),
+            detail: "it is missing".to_owned(),
+        })?;
+        durable_core::store::check_message_range(id, from, to, last_seq)?;
+        rows::col::<i64>(row, "num", id, None)
+    })();
+    let num = match checked {
+        Ok(_) if from > to => {
+            rtx.rollback().await;
+            return Ok(Vec::new());
+        }
+        Ok(num) => num,
+        Err(e) => {
+            rtx.rollback().await;
+            return Err(e);
+        }
+    };
+    let found = rtx
+        .finish_with(
+            sqlx::query(
+                "SELECT seq, message, format, seal, \
+                 (SELECT COALESCE(a.seal, '!') FROM durable_messages a \
+                  WHERE a.session_num = ?1 AND a.seq = ?2 - 1) AS anchor FROM durable_messages \
+                 WHERE session_num = ?1 AND seq >= ?2 AND seq <= ?3 ORDER BY seq; COMMIT",
+            )
+            .bind(num)
+            .bind(from)
+            .bind(to),
+        )
+        .await?;
+    let mut chain = message_anchor(found.first(), from, id, None)?;
+    let mut out = Vec::with_capacity(found.len());
+    for (i, row) in found.iter().enumerate() {
+        let expected = from + i64::try_from(i).unwrap_or(i64::MAX);
+        let seq: i64 = rows::col(row, "seq", id, None)?;
+        if seq != expected {
+            return Err(StoreError::Tampered {
+                session: id.clone(),
+                what: format!("message {expected}"),
+                detail: format!("it is missing from the transcript (next is {seq})"),
+            });
+        }
+        let format: i64 = rows::col(row, "format", id, None)?;
+        check_format(format, id, None, &format!("message {seq}"))?;
+        let text: String = rows::col(row, "message", id, None)?;
+        let stored: Option<String> = rows::col(row, "seal", id, None)?;
+        seal::check_message(ring, id, seq, &text, &chain, stored.as_deref())?;
+        chain = stored.unwrap_or_default();
+        out.push(StoredMessage::new(text));
+    }
+    if i64::try_from(out.len()).ok() != Some(to - from + 1) {
+        return Err(StoreError::Tampered {
+            session: id.clone(),
+            what: format!("message {}", from + i64::try_from(out.len()).unwrap_or(0)),
+            detail: format!("it is missing from the transcript (messages {from}..={to} asked)"),
+        });
+    }
+    Ok(out)
 }
 
 pub(crate) async fn list_checkpoints(

@@ -471,6 +471,7 @@ pub async fn run_tamper_cases(store: Arc<dyn CheckpointStore>, tamperer: &dyn Ta
 
     step_reads_detect_deleted_rows(store, tamperer).await;
     issued_reads_follow_every_status_change(store, tamperer).await;
+    super::window::window_reads_detect_changed_messages(store, tamperer).await;
 }
 
 /// Journal layouts (rows per step, steps 1, 2, …), some generated from a fixed seed.
