@@ -215,6 +215,64 @@ async fn a_step_read_detects_deleted_rows() {
     ));
 }
 
+/// A row moved to the neighbouring step behind the store's back, its seal untouched:
+/// the step it was recorded in still looks whole by position (its remaining rows are
+/// contiguous, with rows of an earlier and a later step around them), so the step read
+/// checks the seals of those neighbours too. Without it, a resume that reads only the
+/// issued rows would replay the step without the moved call, and run it again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_read_detects_a_row_moved_to_the_next_step() {
+    let db = test_database().await;
+    let store = db.store().await.expect("store");
+    let pool = raw(&db).await;
+    let setup = || async {
+        let (id, lease) = session(&store).await;
+        let written = steps(&store, lease.fence(), &id, 11).await;
+        (id, written)
+    };
+    let move_to = |call: CallId, step: i64| {
+        let pool = pool.clone();
+        async move {
+            // A fresh ordinal: the step's own rows already use the moved row's identity.
+            let done = sqlx::query(
+                "UPDATE durable_tool_calls SET step = $2, ordinal = ordinal + 100 WHERE id = $1",
+            )
+            .bind(call.as_str())
+            .bind(step)
+            .execute(&pool)
+            .await
+            .expect("move");
+            assert_eq!(done.rows_affected(), 1);
+        }
+    };
+    let tampered =
+        |what: &str, result: Result<Vec<durable_core::store::CallRecord>, StoreError>| match result
+        {
+            Err(StoreError::Tampered { what: found, .. }) => {
+                assert!(found.starts_with("journal row"), "{what}: {found}");
+            }
+            other => panic!("{what}: expected Tampered, got {other:?}"),
+        };
+    // Positions: step 1 → 1, step 2 → 2..=3, step 3 → 4..=6, step 5 → 7, step 6 → 8..=9,
+    // step 7 → 10..=12, step 9 → 13, step 10 → 14..=15, step 11 → 16..=18.
+    // Step 3's first row to step 2.
+    let (id, w) = setup().await;
+    move_to(w[3][0].clone(), 2).await;
+    tampered("step 3", store.calls(&id, Some(3)).await);
+    // Step 7's last row to step 9.
+    let (id, w) = setup().await;
+    move_to(w[7][2].clone(), 9).await;
+    tampered("step 7", store.calls(&id, Some(7)).await);
+    // Step 5's only row to step 3: step 5 reads no rows, between neighbours.
+    let (id, w) = setup().await;
+    move_to(w[5][0].clone(), 3).await;
+    tampered("step 5", store.calls(&id, Some(5)).await);
+    // Step 11's last row (the journal's last) to step 10.
+    let (id, w) = setup().await;
+    move_to(w[11][2].clone(), 10).await;
+    tampered("step 11", store.calls(&id, Some(11)).await);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn issued_calls_reads_the_issued_rows_and_detects_a_deleted_one() {
     let db = test_database().await;

@@ -115,7 +115,10 @@ async fn journal_calls(
     Ok(rows)
 }
 
-/// The statement of [`step_calls`]: `$1` the session, `$2` the step.
+/// The statement of [`step_calls`]: `$1` the session, `$2` the step. Returns the step's
+/// rows and its neighbours by position (the rows just before and after them, or for a
+/// step without rows the last row of the step before and the first of the step after),
+/// in position order, each row beside the head and the step's extent.
 pub(crate) const STEP_READ: &str = concat!(
     "WITH h AS (SELECT ",
     head_cols!(),
@@ -124,8 +127,8 @@ pub(crate) const STEP_READ: &str = concat!(
     call_cols!(),
     " FROM durable_tool_calls WHERE session_id = $1 AND step = $2), \
      e AS (SELECT count(*) AS step_rows, min(seq) AS step_first, max(seq) AS step_last \
-           FROM r) \
-     SELECT h.*, e.*, \
+           FROM r), \
+     x AS (SELECT e.*, \
        (SELECT step FROM durable_tool_calls \
         WHERE session_id = $1 AND seq = e.step_first - 1) AS before_step, \
        (SELECT step FROM durable_tool_calls \
@@ -137,14 +140,31 @@ pub(crate) const STEP_READ: &str = concat!(
        CASE WHEN e.step_rows = 0 THEN \
          (SELECT min(seq) FROM durable_tool_calls WHERE session_id = $1 AND step = \
            (SELECT min(step) FROM durable_tool_calls WHERE session_id = $1 AND step > $2)) \
-       END AS next_seq, \
-       r.* \
-     FROM h CROSS JOIN e LEFT JOIN r ON true ORDER BY r.seq"
+       END AS next_seq \
+       FROM e), \
+     n AS (SELECT ",
+    call_cols!(),
+    " FROM durable_tool_calls \
+         WHERE session_id = $1 AND seq = (SELECT step_first - 1 FROM x) \
+       UNION ALL SELECT ",
+    call_cols!(),
+    " FROM durable_tool_calls \
+         WHERE session_id = $1 AND seq = (SELECT step_last + 1 FROM x) \
+       UNION ALL SELECT ",
+    call_cols!(),
+    " FROM durable_tool_calls \
+         WHERE session_id = $1 AND seq = (SELECT previous_seq FROM x) \
+       UNION ALL SELECT ",
+    call_cols!(),
+    " FROM durable_tool_calls \
+         WHERE session_id = $1 AND seq = (SELECT next_seq FROM x)) \
+     SELECT h.*, x.*, u.* FROM h CROSS JOIN x \
+     LEFT JOIN (SELECT * FROM r UNION ALL SELECT * FROM n) u ON true ORDER BY u.seq"
 );
 
 /// One step's rows, checked complete without reading the rest of the journal (see
 /// [`seal::StepExtent::check`]): the head, the step's rows and the rows at either end of
-/// them, in one statement, so one snapshot. Every position is looked up by the unique
+/// them (whose seals are checked too), in one statement, so one snapshot. Every position is looked up by the unique
 /// index of `(session_id, seq)`, the step's rows by the identity index, which leads with
 /// `(session_id, step)`.
 async fn step_calls(
@@ -179,7 +199,13 @@ async fn step_calls(
             Err(e) => Err(e),
         };
     }
-    checked_rows(ring, &found)
+    // Every row's seal, the neighbours' too: a row moved out of this step to the next
+    // one (or the one before), its seal untouched, sits right there, and leaves this
+    // step looking whole by position.
+    Ok(checked_rows(ring, &found)?
+        .into_iter()
+        .filter(|row| row.identity.step == step)
+        .collect())
 }
 
 /// The checked head of a [`step_calls`] read.
