@@ -292,12 +292,12 @@ async fn load_checkpoint_as(
              group_concat(COALESCE(seal, '!'), ',' ORDER BY seq) AS seals, \
              (SELECT COALESCE(a.seal, '!') FROM durable_messages a \
               WHERE a.session_num = ?1 AND a.seq = ?2 - 1) AS anchor \
-             FROM durable_messages WHERE session_num = ?1 AND seq >= ?2 AND seq <= ?3; COMMIT"
+             FROM durable_transcript WHERE session_num = ?1 AND seq >= ?2 AND seq <= ?3; COMMIT"
         }
         Transcript::Rows => {
             "SELECT seq, message, format, seal, \
              (SELECT COALESCE(a.seal, '!') FROM durable_messages a \
-              WHERE a.session_num = ?1 AND a.seq = ?2 - 1) AS anchor FROM durable_messages \
+              WHERE a.session_num = ?1 AND a.seq = ?2 - 1) AS anchor FROM durable_transcript \
              WHERE session_num = ?1 AND seq >= ?2 AND seq <= ?3 ORDER BY seq; COMMIT"
         }
     };
@@ -472,7 +472,7 @@ pub(crate) async fn messages(
             sqlx::query(
                 "SELECT seq, message, format, seal, \
                  (SELECT COALESCE(a.seal, '!') FROM durable_messages a \
-                  WHERE a.session_num = ?1 AND a.seq = ?2 - 1) AS anchor FROM durable_messages \
+                  WHERE a.session_num = ?1 AND a.seq = ?2 - 1) AS anchor FROM durable_transcript \
                  WHERE session_num = ?1 AND seq >= ?2 AND seq <= ?3 ORDER BY seq; COMMIT",
             )
             .bind(num)
@@ -595,11 +595,13 @@ pub(crate) async fn fork_session(
         if inserted.rows_affected() == 0 {
             return Err(StoreError::SessionExists(new_id.clone()));
         }
-        // The transcript keeps its seqs and bytes; JSON is copied, not re-encoded.
+        // The transcript keeps its seqs and bytes; JSON is copied, not re-encoded. A
+        // message stored as a reference to a model row is copied as its text: the fork's
+        // journal starts empty.
         sqlx::query(
             "INSERT INTO durable_messages (session_num, seq, message, format, created_at) \
              SELECT (SELECT num FROM durable_sessions WHERE id = ?), seq, message, format, \
-             created_at FROM durable_messages WHERE session_num = (SELECT num FROM durable_sessions WHERE id = ?) AND seq <= ?",
+             created_at FROM durable_transcript WHERE session_num = (SELECT num FROM durable_sessions WHERE id = ?) AND seq <= ?",
         )
         .bind(new_id.as_str())
         .bind(id.as_str())
@@ -663,6 +665,7 @@ macro_rules! latest_checkpoint_select {
                   WHERE m.session_num = s.num AND m.seq = p.last_seq) AS p_message_seal, \
                  EXISTS (SELECT 1 FROM durable_messages m \
                   WHERE m.session_num = s.num AND m.seq = p.last_seq) AS p_message_found",
+                $crate::checkpoints::replies_cols!(),
                 $crate::checkpoints::snapshot_cols!("plan"),
                 $crate::checkpoints::snapshot_cols!("budget"),
                 $crate::checkpoints::snapshot_cols!("state"),
@@ -677,6 +680,25 @@ macro_rules! latest_checkpoint_select {
     };
 }
 pub(crate) use latest_checkpoint_select;
+
+/// The model replies of the step the next checkpoint ends (`step = latest_version`), by
+/// the identity index: their positions, their texts' byte lengths and their texts
+/// concatenated, in position order. A new message with the same text is stored as a
+/// reference to the row ([`LatestCheckpoint::reply`]).
+macro_rules! replies_cols {
+    () => {
+        ", (SELECT group_concat(r.seq, ',' ORDER BY r.seq) FROM durable_tool_calls r \
+           WHERE r.session_id = s.id AND r.step = s.latest_version AND r.kind = 'model' \
+           AND r.result IS NOT NULL) AS reply_seqs, \
+         (SELECT group_concat(octet_length(r.result), ',' ORDER BY r.seq) \
+           FROM durable_tool_calls r WHERE r.session_id = s.id AND r.step = s.latest_version \
+           AND r.kind = 'model' AND r.result IS NOT NULL) AS reply_lengths, \
+         (SELECT group_concat(r.result, '' ORDER BY r.seq) FROM durable_tool_calls r \
+           WHERE r.session_id = s.id AND r.step = s.latest_version AND r.kind = 'model' \
+           AND r.result IS NOT NULL) AS replies"
+    };
+}
+pub(crate) use replies_cols;
 
 /// The text of snapshot column `$c` of checkpoint `p` (a reference resolved) as
 /// `p_$c`, and the version holding it as `p_$c_holder` (see `rows::snapshot_ref`).
@@ -716,6 +738,8 @@ pub(crate) struct LatestCheckpoint {
     /// Each snapshot's text and the version holding it, when it is text (a reference
     /// that does not resolve to text is stored in full by the next checkpoint).
     snapshots: [Option<(String, i64)>; 3],
+    /// The step's model replies: each one's journal position and text.
+    replies: Vec<(i64, String)>,
 }
 
 impl LatestCheckpoint {
@@ -753,8 +777,42 @@ impl LatestCheckpoint {
             message_seal: rows::col::<Option<String>>(row, "p_message_seal", session, v)?
                 .unwrap_or_default(),
             snapshots: [snapshot("plan")?, snapshot("budget")?, snapshot("state")?],
+            replies: replies(row, session, v)?,
         })
     }
+
+    /// The journal position of the step's model reply whose text is `text`, if any.
+    fn reply(&self, text: &str) -> Option<i64> {
+        self.replies
+            .iter()
+            .find(|(_, reply)| reply == text)
+            .map(|(seq, _)| *seq)
+    }
+}
+
+/// The step's model replies from [`replies_cols!`], split by their byte lengths.
+fn replies(
+    row: &SqliteRow,
+    session: &SessionId,
+    version: Option<i64>,
+) -> Result<Vec<(i64, String)>, StoreError> {
+    let seqs: Option<String> = rows::col(row, "reply_seqs", session, version)?;
+    let lengths: Option<String> = rows::col(row, "reply_lengths", session, version)?;
+    let texts: Option<String> = rows::col(row, "replies", session, version)?;
+    let (Some(seqs), Some(lengths), Some(texts)) = (seqs, lengths, texts) else {
+        return Ok(Vec::new());
+    };
+    let bad = || corrupt(session, version, "the step's model replies do not add up");
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    for (seq, length) in seqs.split(',').zip(lengths.split(',')) {
+        let seq: i64 = seq.parse().map_err(|_| bad())?;
+        let length: usize = length.parse().map_err(|_| bad())?;
+        let text = texts.get(at..at + length).ok_or_else(bad)?;
+        at += length;
+        out.push((seq, text.to_owned()));
+    }
+    Ok(out)
 }
 
 /// Statements with their parameters, built up to be run in one round trip.
@@ -837,7 +895,7 @@ pub(crate) fn append_checkpoint(
     let (mut last_seq, mut message_count) = (latest.last_seq, latest.message_count);
     let mut message_seal = latest.message_seal.clone();
     // At most MESSAGES_PER_INSERT rows per statement: SQLite takes at most 32,766
-    // parameters per statement, six per message here.
+    // parameters per statement, seven per message here.
     const MESSAGES_PER_INSERT: usize = 1_000;
     if !checkpoint.messages.is_empty() {
         for (i, message) in checkpoint.messages.iter().enumerate() {
@@ -845,7 +903,7 @@ pub(crate) fn append_checkpoint(
             if first {
                 out.push(
                     "INSERT INTO durable_messages \
-                     (session_num, seq, message, format, created_at, seal) VALUES ",
+                     (session_num, seq, message, format, created_at, seal, call_seq) VALUES ",
                 );
             }
             last_seq += 1;
@@ -853,16 +911,20 @@ pub(crate) fn append_checkpoint(
             let text = json(message)?;
             message_seal = seal::seal_message(ring, session, last_seq, &text, &message_seal)?;
             out.sql.push_str(if first {
-                "(?, ?, ?, ?, ?, ?)"
+                "(?, ?, ?, ?, ?, ?, ?)"
             } else {
-                ", (?, ?, ?, ?, ?, ?)"
+                ", (?, ?, ?, ?, ?, ?, ?)"
             });
+            // The model's reply, recorded by the journal this step, is stored once: the
+            // message refers to its row (schema 5).
+            let reply = latest.reply(&text);
             out.bind(latest.session_num)?
                 .bind(last_seq)?
-                .bind(text)?
+                .bind(if reply.is_some() { String::new() } else { text })?
                 .bind(FORMAT_VERSION)?
                 .bind(now)?
-                .bind(message_seal.clone())?;
+                .bind(message_seal.clone())?
+                .bind(reply)?;
         }
     }
     let checkpoint_seal = RawCheckpoint {

@@ -72,7 +72,7 @@ pub(crate) async fn reseal_session(
     }
     // Messages, in order (chained).
     let found = sqlx::query(
-        "SELECT seq, message, seal FROM durable_messages WHERE session_num = \
+        "SELECT seq, message, seal FROM durable_transcript WHERE session_num = \
          (SELECT num FROM durable_sessions WHERE id = ?) ORDER BY seq",
     )
     .bind(session.as_str())

@@ -522,8 +522,8 @@ mod tests {
         assert_eq!(migrations().table_name, MIGRATIONS_TABLE);
         assert_eq!(
             schema_version(),
-            4,
-            "0001_init, 0002_seals, 0003_speed and 0004_issued_rows"
+            5,
+            "0001_init, 0002_seals, 0003_speed, 0004_issued_rows and 0005_replies_once"
         );
     }
 }

@@ -94,7 +94,8 @@ impl Tamperer for Raw {
                 seq,
                 message,
             } => sqlx::query(AssertSqlSafe(format!(
-                "UPDATE durable_messages SET message = ? WHERE session_num = {NUM} AND seq = ?"
+                "UPDATE durable_messages SET message = ?, call_seq = NULL \
+                 WHERE session_num = {NUM} AND seq = ?"
             )))
             .bind(message)
             .bind(session.as_str())

@@ -2,9 +2,10 @@
 //! rows: the store counts and re-seals every head once, after checking the session, and a
 //! session that fails its checks is refused on its own while the others work.
 //!
-//! A schema-3 database is made from a schema-4 one the way schema 3 would have left it:
+//! A schema-3 database is made from a current one the way schema 3 would have left it:
 //! the head re-sealed in the old format (`Head::legacy_fields`), the `issued_rows` column
-//! and its index dropped, migration 4 forgotten.
+//! and its index dropped (and schema 5's `call_seq` and view: these sessions have no model
+//! replies), migrations 4 and 5 forgotten.
 
 use std::path::Path;
 use std::time::Duration;
@@ -129,9 +130,11 @@ async fn as_schema_3(path: &Path) {
             .expect("old head");
     }
     sqlx::query(
-        "DROP INDEX durable_sessions_uncounted; \
+        "DROP VIEW durable_transcript; \
+         ALTER TABLE durable_messages DROP COLUMN call_seq; \
+         DROP INDEX durable_sessions_uncounted; \
          ALTER TABLE durable_sessions DROP COLUMN issued_rows; \
-         DELETE FROM durable_schema_migrations WHERE version = 4",
+         DELETE FROM durable_schema_migrations WHERE version >= 4",
     )
     .execute(&mut conn)
     .await
