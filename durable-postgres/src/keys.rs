@@ -9,7 +9,7 @@ use durable_core::{SessionId, StoreError};
 use sqlx::postgres::{PgConnection, PgPool};
 
 use crate::error::db;
-use crate::rows::get;
+use crate::rows::{self, get};
 use crate::seal::{
     self, RawCall, RawCheckpoint, check_journal_complete, head_cols, head_from_row, raw_call_cols,
     resolution_fields,
@@ -127,10 +127,18 @@ pub(crate) async fn reseal_session(
         count += seqs.len() as i64;
     }
     // Checkpoints, in order (chained).
-    let found = sqlx::query(
-        "SELECT version, last_seq, message_count, plan, budget, state, app_version, seal \
-         FROM durable_checkpoints WHERE session_id = $1 ORDER BY version",
-    )
+    // Snapshots stored as references to an earlier version are sealed as the text they
+    // name (and stay references).
+    let found = sqlx::query(concat!(
+        "SELECT k.version, k.last_seq, k.message_count, ",
+        rows::snapshot!("k", "plan"),
+        " AS plan, ",
+        rows::snapshot!("k", "budget"),
+        " AS budget, ",
+        rows::snapshot!("k", "state"),
+        " AS state, k.app_version, k.seal \
+         FROM durable_checkpoints k WHERE k.session_id = $1 ORDER BY k.version"
+    ))
     .bind(session.as_str())
     .fetch_all(&mut *conn)
     .await
@@ -142,9 +150,9 @@ pub(crate) async fn reseal_session(
     for row in &found {
         let version: i64 = get(row, "version")?;
         let last_seq: i64 = get(row, "last_seq")?;
-        let plan: String = get(row, "plan")?;
-        let budget: String = get(row, "budget")?;
-        let state: String = get(row, "state")?;
+        let plan = rows::snapshot_text(session, version, "the plan", get(row, "plan")?)?;
+        let budget = rows::snapshot_text(session, version, "the budget", get(row, "budget")?)?;
+        let state = rows::snapshot_text(session, version, "the state", get(row, "state")?)?;
         let app_version: String = get(row, "app_version")?;
         let message_count: i64 = get(row, "message_count")?;
         let stored: Option<String> = get(row, "seal")?;

@@ -23,6 +23,105 @@ macro_rules! session_cols {
 }
 pub(crate) use session_cols;
 
+/// A plan, budget or state of `durable_checkpoints` as stored: the JSON text, or `@k`, a
+/// reference to version `k` of the same session, which holds the same text (JSON never
+/// starts with `@`). A snapshot equal to the previous version's is stored as a reference
+/// (see [`stored_snapshot!`]), so a session whose plan, budget and state rarely change
+/// grows by a few bytes per checkpoint, not by their size. Seals cover the text.
+///
+/// `snapshot!("k", "plan")`: the text of column `plan` of the row aliased `k`, a
+/// reference resolved (`NULL` when it names no version, or a version holding a reference
+/// itself: [`snapshot_text`] says so).
+macro_rules! snapshot {
+    ($alias:literal, $col:literal) => {
+        concat!(
+            "CASE WHEN ",
+            $alias,
+            ".",
+            $col,
+            " ~ '^@[0-9]{1,18}$' THEN \
+               (SELECT r.",
+            $col,
+            " FROM durable_checkpoints r \
+                WHERE r.session_id = ",
+            $alias,
+            ".session_id \
+                  AND r.version = substr(",
+            $alias,
+            ".",
+            $col,
+            ", 2)::bigint \
+                  AND r.",
+            $col,
+            " !~ '^@') \
+             ELSE ",
+            $alias,
+            ".",
+            $col,
+            " END"
+        )
+    };
+}
+pub(crate) use snapshot;
+
+/// `stored_snapshot!("plan", "$9", "$1", "$6")`: what to store as column `plan` of
+/// version `$6` of session `$1` whose text is `$9`: a reference to the version holding
+/// the previous version's text when that text is the same (byte for byte), else the
+/// text. References always name a version that holds text.
+macro_rules! stored_snapshot {
+    ($col:literal, $text:literal, $session:literal, $version:literal) => {
+        concat!(
+            "COALESCE((SELECT CASE \
+               WHEN p.",
+            $col,
+            " ~ '^@[0-9]{1,18}$' THEN \
+                 CASE WHEN (SELECT r.",
+            $col,
+            " FROM durable_checkpoints r \
+                   WHERE r.session_id = p.session_id \
+                     AND r.version = substr(p.",
+            $col,
+            ", 2)::bigint) = ",
+            $text,
+            " \
+                 THEN p.",
+            $col,
+            " END \
+               WHEN p.",
+            $col,
+            " = ",
+            $text,
+            " THEN '@' || p.version END \
+             FROM durable_checkpoints p \
+             WHERE p.session_id = ",
+            $session,
+            " AND p.version = ",
+            $version,
+            " - 1), ",
+            $text,
+            ")"
+        )
+    };
+}
+pub(crate) use stored_snapshot;
+
+/// The text of a snapshot read with [`snapshot!`] (`None`: a reference that names no
+/// snapshot).
+pub(crate) fn snapshot_text(
+    session: &SessionId,
+    version: i64,
+    what: &str,
+    text: Option<String>,
+) -> Result<String, StoreError> {
+    text.ok_or_else(|| {
+        corrupt(
+            session,
+            Some(version),
+            format!("{what} refers to a version that holds no snapshot"),
+        )
+    })
+}
+
 /// Columns of `durable_tool_calls`, in the order [`call`] reads them.
 macro_rules! call_cols {
     () => {

@@ -137,7 +137,7 @@ async fn back_to_schema_3(pool: &PgPool) {
     }
     for sql in [
         "ALTER TABLE durable_sessions DROP COLUMN issued_rows",
-        "DELETE FROM durable_schema_migrations WHERE version = 4",
+        "DELETE FROM durable_schema_migrations WHERE version >= 4",
     ] {
         sqlx::query(sql).execute(pool).await.expect(sql);
     }

@@ -12,7 +12,7 @@ use durable_core::store::{CheckpointMeta, FORMAT_VERSION, Fence, NewCheckpoint};
 use super::seal_checkpoint;
 use crate::PostgresStore;
 use crate::error::db;
-use crate::rows::get;
+use crate::rows::{self, get};
 use crate::seal;
 use crate::tx;
 
@@ -51,7 +51,13 @@ pub(super) async fn save(
                 locked, clock) \
          INSERT INTO durable_checkpoints (session_id, version, last_seq, message_count, \
            plan, budget, state, app_version, format, created_at, seal) \
-         SELECT $1, $6, $7, $8, $9, $10, $11, $12, $3, clock.now, $13 FROM locked, clock \
+         SELECT $1, $6, $7, $8, ",
+        rows::stored_snapshot!("plan", "$9", "$1", "$6"),
+        ", ",
+        rows::stored_snapshot!("budget", "$10", "$1", "$6"),
+        ", ",
+        rows::stored_snapshot!("state", "$11", "$1", "$6"),
+        ", $12, $3, clock.now, $13 FROM locked, clock \
          RETURNING created_at"
     );
     let ring = store.keyring();

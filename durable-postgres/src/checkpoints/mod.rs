@@ -66,7 +66,13 @@ pub(crate) async fn load_checkpoint(
         " FROM durable_sessions s WHERE s.id = $1) \
          SELECT h.*, c.version IS NOT NULL AS found, \
                 c.session_id, c.version, c.last_seq, c.message_count, c.app_version, \
-                c.created_at, c.plan, c.budget, c.state, c.format AS cp_format, c.seal, \
+                c.created_at, ",
+        rows::snapshot!("c", "plan"),
+        " AS plan, ",
+        rows::snapshot!("c", "budget"),
+        " AS budget, ",
+        rows::snapshot!("c", "state"),
+        " AS state, c.format AS cp_format, c.seal, \
                 p.seal AS previous_seal, p.version IS NOT NULL AS previous_found, \
                 m.seqs, m.messages, m.formats, m.seals \
          FROM h \
@@ -115,9 +121,9 @@ pub(crate) async fn load_checkpoint(
     };
     let checkpoint_seal: Option<String> = get(&row, "seal")?;
     let texts: [String; 3] = [
-        get(&row, "plan")?,
-        get(&row, "budget")?,
-        get(&row, "state")?,
+        rows::snapshot_text(id, v, "the plan", get(&row, "plan")?)?,
+        rows::snapshot_text(id, v, "the budget", get(&row, "budget")?)?,
+        rows::snapshot_text(id, v, "the state", get(&row, "state")?)?,
     ];
     let plan = rows::json(id, Some(v), "the plan", &texts[0])?;
     let budget = rows::json(id, Some(v), "the budget", &texts[1])?;
@@ -237,10 +243,16 @@ pub(crate) async fn fork_session(
             .await
             .map_err(db)?
             .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
-    let cp = sqlx::query(
-        "SELECT last_seq, message_count, plan, budget, state, format FROM durable_checkpoints
-         WHERE session_id = $1 AND version = $2",
-    )
+    let cp = sqlx::query(concat!(
+        "SELECT c.last_seq, c.message_count, ",
+        rows::snapshot!("c", "plan"),
+        " AS plan, ",
+        rows::snapshot!("c", "budget"),
+        " AS budget, ",
+        rows::snapshot!("c", "state"),
+        " AS state, c.format FROM durable_checkpoints c \
+         WHERE c.session_id = $1 AND c.version = $2"
+    ))
     .bind(id.as_str())
     .bind(version)
     .fetch_optional(&mut *tx)
@@ -293,9 +305,9 @@ pub(crate) async fn fork_session(
             version: 0,
             last_seq,
             message_count: get(&cp, "message_count")?,
-            plan: get(&cp, "plan")?,
-            budget: get(&cp, "budget")?,
-            state: get(&cp, "state")?,
+            plan: rows::snapshot_text(id, version, "the plan", get(&cp, "plan")?)?,
+            budget: rows::snapshot_text(id, version, "the budget", get(&cp, "budget")?)?,
+            state: rows::snapshot_text(id, version, "the state", get(&cp, "state")?)?,
             app_version: &app_version,
             format: cp_format,
             seal: None,
@@ -567,7 +579,7 @@ pub(crate) async fn append_checkpoint(
         .checkpoint_seal
         .clone_from(&tail.checkpoint_seal);
     locked.head.seal(ring)?;
-    let result = sqlx::query(
+    let result = sqlx::query(concat!(
         "WITH messages AS ( \
            INSERT INTO durable_messages (session_id, seq, message, format, created_at, seal) \
            SELECT $1, $2 + t.ord - 1, t.message, $3, $4, t.seal \
@@ -575,11 +587,17 @@ pub(crate) async fn append_checkpoint(
          checkpoint AS ( \
            INSERT INTO durable_checkpoints (session_id, version, last_seq, message_count, \
              plan, budget, state, app_version, format, created_at, seal) \
-           VALUES ($1, $7, $8, $9, $10, $11, $12, $13, $3, $4, $14)) \
+           VALUES ($1, $7, $8, $9, ",
+        rows::stored_snapshot!("plan", "$10", "$1", "$7"),
+        ", ",
+        rows::stored_snapshot!("budget", "$11", "$1", "$7"),
+        ", ",
+        rows::stored_snapshot!("state", "$12", "$1", "$7"),
+        ", $13, $3, $4, $14)) \
          UPDATE durable_sessions \
          SET latest_version = $7, recovery_attempts = 0, updated_at = $4, head = $15 \
-         WHERE id = $1",
-    )
+         WHERE id = $1"
+    ))
     .bind(session.as_str())
     .bind(sealed.first_seq)
     .bind(FORMAT_VERSION)
