@@ -6,8 +6,10 @@
 //! times while the tables are small (where PostgreSQL's default `plan_cache_mode` would
 //! switch to its generic plan), the session then grows to a few thousand rows, and the
 //! plan of the prepared statement (`EXPLAIN (ANALYZE) EXECUTE`) must look every row up by
-//! an index, with nothing filtered out. Once the tables are analyzed, a new connection
-//! keeps the default, and the generic plans made from the statistics pass the same check.
+//! an index, with nothing filtered out (a bounded resume's window and a range of earlier
+//! messages: an index range scan of 20 of the session's 6,000 messages). Once the tables
+//! are analyzed, a new connection keeps the default, and the generic plans made from the
+//! statistics pass the same check.
 
 use std::time::Duration;
 
@@ -18,6 +20,7 @@ use sqlx::AssertSqlSafe;
 use sqlx::postgres::PgConnection;
 
 use crate::checkpoints::fast::SAVE_READ;
+use crate::checkpoints::reads::{RANGE_READ, WINDOW_READ};
 use crate::journal::fast::INSERT_READ;
 use crate::journal::reads::STEP_READ;
 use crate::testing::test_database;
@@ -39,6 +42,11 @@ async fn run(conn: &mut PgConnection, sql: &'static str, session: &str, step: i6
         query.bind(step)
     } else if sql == INSERT_READ {
         query.bind(step).bind("model").bind("h").bind(0_i64)
+    } else if sql == WINDOW_READ {
+        // The latest checkpoint's last 20 messages.
+        query.bind(None::<i64>).bind(20_i64)
+    } else if sql == RANGE_READ {
+        query.bind(1000_i64).bind(1019_i64)
     } else {
         query
     };
@@ -51,6 +59,10 @@ fn literals(sql: &str, session: &str, step: i64) -> String {
         format!("'{session}', {step}")
     } else if sql == INSERT_READ {
         format!("'{session}', {step}, 'model', 'h', 0")
+    } else if sql == WINDOW_READ {
+        format!("'{session}', NULL, 20")
+    } else if sql == RANGE_READ {
+        format!("'{session}', 1000, 1019")
     } else {
         format!("'{session}'")
     }
@@ -110,7 +122,7 @@ async fn a_turns_reads_use_their_indexes_before_any_analyze() {
         .await
         .expect("no autovacuum during the test");
     }
-    let reads = [STEP_READ, INSERT_READ, SAVE_READ];
+    let reads = [STEP_READ, INSERT_READ, SAVE_READ, WINDOW_READ, RANGE_READ];
     // Six executions while the tables are nearly empty: where the default plan cache
     // mode makes (and keeps) its generic plan.
     for sql in reads {

@@ -17,6 +17,7 @@ use durable_core::store::{
     CallRecord, Checkpoint, CheckpointMeta, Durability, ErrorRecord, Fence, FinishCall,
     IssueOutcome, Lease, NewCall, NewCheckpoint, NewError, NewSession, PurgeOutcome,
     ResolutionRecord, ResolveCall, RetargetSession, SessionFilter, SessionRecord, SessionStatus,
+    StoredMessage,
 };
 use durable_core::{CallId, CheckpointStore, SessionId, StoreError};
 
@@ -115,6 +116,24 @@ impl CheckpointStore for PostgresStore {
         version: Option<i64>,
     ) -> Result<Checkpoint, StoreError> {
         checkpoints::load_checkpoint(self, id, version).await
+    }
+
+    async fn load_checkpoint_window(
+        &self,
+        id: &SessionId,
+        version: Option<i64>,
+        window: usize,
+    ) -> Result<Checkpoint, StoreError> {
+        checkpoints::load_checkpoint_window(self, id, version, Some(window)).await
+    }
+
+    async fn messages(
+        &self,
+        id: &SessionId,
+        from: i64,
+        to: i64,
+    ) -> Result<Vec<StoredMessage>, StoreError> {
+        checkpoints::messages(self, id, from, to).await
     }
 
     async fn list_checkpoints(&self, id: &SessionId) -> Result<Vec<CheckpointMeta>, StoreError> {

@@ -218,6 +218,19 @@ async fn statements_per_operation() {
         measure("load_checkpoint", log.since(from).await);
 
         let from = log.len().await;
+        let window = store
+            .load_checkpoint_window(&session, None, 2)
+            .await
+            .expect("window");
+        assert_eq!(window.messages.len(), 2);
+        measure("load_checkpoint_window", log.since(from).await);
+
+        let from = log.len().await;
+        let range = store.messages(&session, 1, 2).await.expect("messages");
+        assert_eq!(range.len(), 2);
+        measure("messages", log.since(from).await);
+
+        let from = log.len().await;
         let renewed: Lease = store
             .renew_lease(&lease, Duration::from_secs(600))
             .await
@@ -240,7 +253,19 @@ async fn statements_per_operation() {
         store.load_checkpoint(&session, None).await.expect("load");
         store.issued_calls(&session).await.expect("issued");
         let reads = log.since(from).await;
+        let from = log.len().await;
+        store.session(&session).await.expect("session");
+        store
+            .load_checkpoint_window(&session, None, 20)
+            .await
+            .expect("window");
+        store.issued_calls(&session).await.expect("issued");
+        let windowed = log.since(from).await;
         if round == 1 {
+            report.push((
+                "windowed resume reads (session, load_checkpoint_window, issued_calls)",
+                windowed,
+            ));
             report.push(("acquire_lease", acquire));
             report.push((
                 "resume reads (session, load_checkpoint, issued_calls)",
@@ -269,9 +294,15 @@ async fn statements_per_operation() {
         ("calls(step)", 1),
         ("issued_calls", 1),
         ("load_checkpoint", 1),
+        ("load_checkpoint_window", 1),
+        ("messages", 1),
         ("renew_lease", 4),
         ("acquire_lease", 4),
         ("resume reads (session, load_checkpoint, issued_calls)", 3),
+        (
+            "windowed resume reads (session, load_checkpoint_window, issued_calls)",
+            3,
+        ),
     ];
     for (name, count) in expected {
         let lines = report

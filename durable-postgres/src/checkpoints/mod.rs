@@ -1,9 +1,12 @@
 //! Checkpoints: compare-and-set writes, snapshot reads and forks, and the sealed
 //! append of a checkpoint with its messages that session creation and `finish_call`
 //! share. A checkpoint is read back with the session head, the checkpoint row, its
-//! transcript and the chain of seals between them, all from one snapshot.
+//! transcript and the chain of seals between them, all from one snapshot (`reads`).
 
 pub(crate) mod fast;
+pub(crate) mod reads;
+
+pub(crate) use reads::{load_checkpoint, load_checkpoint_window, messages};
 
 use std::time::Duration;
 
@@ -11,14 +14,13 @@ use durable_core::StoreError;
 use durable_core::ids::SessionId;
 use durable_core::integrity::Keyring;
 use durable_core::store::{
-    Checkpoint, CheckpointMeta, FORMAT_VERSION, Fence, Lease, NewCheckpoint, SessionRecord,
-    StoredMessage,
+    CheckpointMeta, FORMAT_VERSION, Fence, Lease, NewCheckpoint, SessionRecord,
 };
 use serde_json::Value;
 use sqlx::postgres::PgConnection;
 
 use crate::PostgresStore;
-use crate::error::{corrupt, db, unique_violation};
+use crate::error::{db, unique_violation};
 use crate::keys;
 use crate::rows::{self, checkpoint_meta_cols, get, session_cols};
 use crate::seal::{self, RawCheckpoint};
@@ -50,154 +52,6 @@ pub(crate) async fn save_checkpoint(
     .await?;
     tx.commit().await.map_err(db)?;
     Ok(meta)
-}
-
-pub(crate) async fn load_checkpoint(
-    store: &PostgresStore,
-    id: &SessionId,
-    version: Option<i64>,
-) -> Result<Checkpoint, StoreError> {
-    // One statement, so one snapshot: the head, the checkpoint with the previous
-    // version's seal (which its own chains to) and its transcript, whose messages come
-    // as arrays in the one row.
-    const SQL: &str = concat!(
-        "WITH h AS (SELECT ",
-        seal::head_cols!(),
-        " FROM durable_sessions s WHERE s.id = $1) \
-         SELECT h.*, c.version IS NOT NULL AS found, \
-                c.session_id, c.version, c.last_seq, c.message_count, c.app_version, \
-                c.created_at, ",
-        rows::snapshot!("c", "plan"),
-        " AS plan, ",
-        rows::snapshot!("c", "budget"),
-        " AS budget, ",
-        rows::snapshot!("c", "state"),
-        " AS state, c.format AS cp_format, c.seal, \
-                p.seal AS previous_seal, p.version IS NOT NULL AS previous_found, \
-                m.seqs, m.messages, m.formats, m.seals \
-         FROM h \
-         LEFT JOIN durable_checkpoints c \
-           ON c.session_id = $1 AND c.version = COALESCE($2, h.latest_version) \
-         LEFT JOIN durable_checkpoints p ON p.session_id = $1 AND p.version = c.version - 1 \
-         LEFT JOIN LATERAL ( \
-           SELECT array_agg(seq ORDER BY seq) AS seqs, \
-                  array_agg(message ORDER BY seq) AS messages, \
-                  array_agg(format ORDER BY seq) AS formats, \
-                  array_agg(seal ORDER BY seq) AS seals \
-           FROM durable_messages WHERE session_id = $1 AND seq <= c.last_seq) m ON true"
-    );
-    let ring = store.keyring();
-    let row = tx::read(&store.pool, || {
-        sqlx::query(SQL)
-            .bind(id.as_str())
-            .bind(version)
-            .fetch_optional(&store.pool)
-    })
-    .await?
-    .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
-    let head = seal::head_from_row(&row, id)?;
-    head.check(ring)?;
-    let v = version.unwrap_or(head.latest_version);
-    if !get::<bool>(&row, "found")? {
-        return Err(StoreError::VersionNotFound {
-            session: id.clone(),
-            version: v,
-        });
-    }
-    let meta = rows::checkpoint_meta(&row)?;
-    let format: i32 = get(&row, "cp_format")?;
-    rows::check_format(id, Some(v), "the checkpoint", format)?;
-    let previous = if v > 0 {
-        if !get::<bool>(&row, "previous_found")? {
-            return Err(StoreError::Tampered {
-                session: id.clone(),
-                what: format!("checkpoint {}", v - 1),
-                detail: "it is missing".to_owned(),
-            });
-        }
-        get::<Option<String>>(&row, "previous_seal")?.unwrap_or_default()
-    } else {
-        String::new()
-    };
-    let checkpoint_seal: Option<String> = get(&row, "seal")?;
-    let texts: [String; 3] = [
-        rows::snapshot_text(id, v, "the plan", get(&row, "plan")?)?,
-        rows::snapshot_text(id, v, "the budget", get(&row, "budget")?)?,
-        rows::snapshot_text(id, v, "the state", get(&row, "state")?)?,
-    ];
-    let plan = rows::json(id, Some(v), "the plan", &texts[0])?;
-    let budget = rows::json(id, Some(v), "the budget", &texts[1])?;
-    let state = rows::json(id, Some(v), "the state", &texts[2])?;
-    let seqs: Vec<i64> = get::<Option<Vec<i64>>>(&row, "seqs")?.unwrap_or_default();
-    let logged: Vec<String> = get::<Option<Vec<String>>>(&row, "messages")?.unwrap_or_default();
-    let formats: Vec<i32> = get::<Option<Vec<i32>>>(&row, "formats")?.unwrap_or_default();
-    let seals: Vec<Option<String>> =
-        get::<Option<Vec<Option<String>>>>(&row, "seals")?.unwrap_or_default();
-    let logged_len = logged.len();
-    let mut messages = Vec::with_capacity(logged_len);
-    // The chain: message n's seal covers message n-1's, from message 1 on.
-    let mut chain = String::new();
-    for (i, (((seq, text), format), stored)) in
-        seqs.iter().zip(logged).zip(&formats).zip(seals).enumerate()
-    {
-        let seq = *seq;
-        if i64::try_from(i + 1).ok() != Some(seq) {
-            return Err(StoreError::Tampered {
-                session: id.clone(),
-                what: format!("message {}", i + 1),
-                detail: format!("it is missing from the transcript (next is {seq})"),
-            });
-        }
-        let what = format!("message {seq}");
-        rows::check_format(id, Some(v), &what, *format)?;
-        seal::check_message(ring, id, seq, &text, &chain, stored.as_deref())?;
-        chain = stored.unwrap_or_default();
-        // The text as sealed, not parsed: the reader parses it once, into its own type.
-        messages.push(StoredMessage::from(text));
-    }
-    if i64::try_from(logged_len).ok() != Some(meta.last_seq) {
-        return Err(StoreError::Tampered {
-            session: id.clone(),
-            what: format!("the transcript of checkpoint {v}"),
-            detail: format!(
-                "it ends at message {} but the log holds {}",
-                meta.last_seq, logged_len
-            ),
-        });
-    }
-    RawCheckpoint {
-        session: id,
-        version: v,
-        last_seq: meta.last_seq,
-        message_count: meta.message_count,
-        last_message_seal: &chain,
-        plan: &texts[0],
-        budget: &texts[1],
-        state: &texts[2],
-        app_version: &meta.app_version,
-        previous: &previous,
-    }
-    .check(ring, checkpoint_seal.as_deref())?;
-    if messages.len() as i64 != meta.message_count {
-        return Err(corrupt(
-            id,
-            Some(v),
-            format!(
-                "the log holds {} messages up to seq {} but the checkpoint records {}; \
-                 messages were deleted behind durable's back",
-                messages.len(),
-                meta.last_seq,
-                meta.message_count
-            ),
-        ));
-    }
-    Ok(Checkpoint {
-        meta,
-        messages,
-        plan,
-        budget,
-        state,
-    })
 }
 
 pub(crate) async fn list_checkpoints(
