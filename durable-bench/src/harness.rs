@@ -54,6 +54,10 @@ pub struct Targets {
 /// The window of the bounded resume figure: the last 20 messages (ten turns).
 pub const RESUME_WINDOW: usize = 20;
 
+/// Row numbers of the raw commits measured beside the resumes' leases (unused by the
+/// other figures).
+const LEASE_COMMITS: u64 = 1 << 40;
+
 /// Figures 1 and 2: µs per journaled call of each class against the raw commit (pure) and
 /// the raw two-commit pair (the other two), `calls` calls per figure in `rounds` rounds.
 pub async fn latency<B: Baseline>(
@@ -391,6 +395,7 @@ pub async fn resume<B: Baseline>(
         .resume_window(RESUME_WINDOW)
         .build();
     let mut samples = Samples::new();
+    let mut commits = 0;
     for _ in 0..runs {
         for s in sessions {
             let took = workload::resume(durable, &s.id, 2 * s.turns).await;
@@ -401,6 +406,13 @@ pub async fn resume<B: Baseline>(
             assert_eq!(messages.len(), 2 * s.turns, "raw transcript");
             let took = workload::resume(&windowed, &s.id, RESUME_WINDOW).await;
             samples.add(&format!("wd{}", s.turns), millis(took));
+            // What a resume must commit before it reads anything: the lease.
+            let took = workload::lease(durable, &s.id).await;
+            samples.add("lease", millis(took));
+            let started = Instant::now();
+            raw.one_commit(LEASE_COMMITS + commits).await;
+            samples.add("commit", millis(started.elapsed()));
+            commits += 1;
             let started = Instant::now();
             let messages = raw.read_messages(&s.raw, Some(RESUME_WINDOW)).await;
             samples.add(&format!("wr{}", s.turns), millis(started.elapsed()));
@@ -429,6 +441,15 @@ pub async fn resume<B: Baseline>(
         durable_ms.push((s.turns as f64, d));
         raw_ms.push((s.turns as f64, r));
     }
+    report.push(
+        Row::new(
+            "of which: taking the lease (informational)",
+            "ms",
+            samples.median("lease"),
+            samples.median("commit"),
+        )
+        .note("`acquire_lease` alone, which the raw read does not do; raw: one commit"),
+    );
     let (mut window_ms, mut raw_window_ms) = (Vec::new(), Vec::new());
     for s in sessions {
         let (d, r) = (

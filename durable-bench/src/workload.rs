@@ -154,3 +154,23 @@ pub async fn resume(durable: &Durable, id: &SessionId, messages: usize) -> Durat
     resumed.session.release().await.expect("release");
     took
 }
+
+/// How long taking the lease of released session `id` takes (`acquire_lease`: one durable
+/// commit); the lease is released again after the clock stops.
+pub async fn lease(durable: &Durable, id: &SessionId) -> Duration {
+    let store = durable.store();
+    let config = durable.config();
+    let started = Instant::now();
+    let lease = store
+        .acquire_lease(
+            id,
+            &config.owner,
+            config.lease_ttl,
+            config.max_recovery_attempts,
+        )
+        .await
+        .expect("take the lease");
+    let took = started.elapsed();
+    store.release_lease(&lease).await.expect("release");
+    took
+}

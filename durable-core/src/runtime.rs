@@ -425,7 +425,28 @@ impl Durable {
     where
         M: Serialize + DeserializeOwned + Clone,
     {
-        let record = match self.store.session(&lease.session).await {
+        // The three reads run at once (the lease is ours, so nothing they read can change
+        // under them), and their errors are reported in this order.
+        let load = async {
+            match self.config.resume_window {
+                Some(window) => {
+                    self.store
+                        .load_checkpoint_window(&lease.session, None, window)
+                        .await
+                }
+                None => self.store.load_checkpoint(&lease.session, None).await,
+            }
+        };
+        // Only the issued rows, every one's seal checked and their number checked against
+        // the head's sealed count: an in-doubt row shown as completed (or deleted) behind
+        // the store's back leaves the count short, so the resume fails before any step is
+        // replayed. Other rows are checked when their step is read.
+        let (record, loaded, issued) = tokio::join!(
+            self.store.session(&lease.session),
+            load,
+            self.store.issued_calls(&lease.session)
+        );
+        let record = match record {
             Ok(record) => record,
             Err(e) => {
                 let _ = self.store.release_lease(&lease).await;
@@ -440,14 +461,6 @@ impl Durable {
                 running: self.config.app_version.clone(),
             });
         }
-        let loaded = match self.config.resume_window {
-            Some(window) => {
-                self.store
-                    .load_checkpoint_window(&lease.session, None, window)
-                    .await
-            }
-            None => self.store.load_checkpoint(&lease.session, None).await,
-        };
         let checkpoint = match loaded {
             Ok(cp) => cp,
             Err(e) => {
@@ -486,11 +499,7 @@ impl Durable {
                 return Err(e);
             }
         };
-        // Only the issued rows, every one's seal checked and their number checked against
-        // the head's sealed count: an in-doubt row shown as completed (or deleted) behind
-        // the store's back leaves the count short, so the resume fails before any step is
-        // replayed. Other rows are checked when their step is read.
-        let in_doubt = match self.store.issued_calls(&lease.session).await {
+        let in_doubt = match issued {
             Ok(rows) => rows,
             Err(e) => {
                 let _ = self.store.release_lease(&lease).await;
