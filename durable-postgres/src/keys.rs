@@ -85,7 +85,7 @@ pub(crate) async fn reseal_session(
     }
     // Messages, in order (chained).
     let found = sqlx::query(
-        "SELECT seq, message, seal FROM durable_messages WHERE session_id = $1 ORDER BY seq",
+        "SELECT seq, message, seal FROM durable_transcript WHERE session_id = $1 ORDER BY seq",
     )
     .bind(session.as_str())
     .fetch_all(&mut *conn)

@@ -98,7 +98,8 @@ impl Tamperer for Raw {
                 message,
             } => {
                 sqlx::query(
-                    "UPDATE durable_messages SET message = $3 WHERE session_id = $1 AND seq = $2",
+                    "UPDATE durable_messages SET message = $3, call_seq = NULL \
+                     WHERE session_id = $1 AND seq = $2",
                 )
                 .bind(session.as_str())
                 .bind(seq)

@@ -102,8 +102,9 @@ async fn release(store: &PostgresStore, lease: &Lease) {
 }
 
 /// Turns the database back into what schema 3 wrote: every head sealed without its count
-/// (under the store's own key, as schema 3 sealed it), no `issued_rows` column, and the
-/// tracking table at version 3.
+/// (under the store's own key, as schema 3 sealed it), no `issued_rows` column (nor schema
+/// 6's `call_seq` and view: these sessions store no model replies), and the tracking table
+/// at version 3.
 async fn back_to_schema_3(pool: &PgPool) {
     let hex: String = sqlx::query_scalar("SELECT value FROM durable_meta WHERE name = 'store_key'")
         .fetch_one(pool)
@@ -135,7 +136,17 @@ async fn back_to_schema_3(pool: &PgPool) {
             .await
             .expect("an old head");
     }
+    let references: i64 = sqlx::query_scalar("SELECT count(call_seq) FROM durable_messages")
+        .fetch_one(pool)
+        .await
+        .expect("references");
+    assert_eq!(
+        references, 0,
+        "schema 6's columns are dropped with nothing in them"
+    );
     for sql in [
+        "DROP VIEW durable_transcript",
+        "ALTER TABLE durable_messages DROP COLUMN call_seq",
         "ALTER TABLE durable_sessions DROP COLUMN issued_rows",
         "DELETE FROM durable_schema_migrations WHERE version >= 4",
     ] {

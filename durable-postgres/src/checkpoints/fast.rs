@@ -9,7 +9,7 @@
 use durable_core::StoreError;
 use durable_core::store::{CheckpointMeta, FORMAT_VERSION, Fence, NewCheckpoint};
 
-use super::seal_checkpoint;
+use super::{insert_messages, seal_checkpoint};
 use crate::PostgresStore;
 use crate::error::db;
 use crate::rows::{self, get};
@@ -44,11 +44,18 @@ pub(super) async fn save(
                updated_at = (SELECT now FROM clock), head = $14 \
            WHERE id = $1 AND fence = $15 AND latest_version = $16 AND head = $17 \
            RETURNING id), \
-         messages AS ( \
-           INSERT INTO durable_messages (session_id, seq, message, format, created_at, seal) \
-           SELECT $1, $2 + t.ord - 1, t.message, $3, clock.now, t.seal \
-           FROM unnest($4::text[], $5::text[]) WITH ORDINALITY AS t(message, seal, ord), \
-                locked, clock) \
+         messages AS (",
+        insert_messages!(
+            "$1",
+            "$2",
+            "$3",
+            "clock.now",
+            "$4",
+            "$5",
+            "$6",
+            ", locked, clock"
+        ),
+        ") \
          INSERT INTO durable_checkpoints (session_id, version, last_seq, message_count, \
            plan, budget, state, app_version, format, created_at, seal) \
          SELECT $1, $6, $7, $8, ",

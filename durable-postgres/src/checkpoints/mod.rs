@@ -141,9 +141,11 @@ pub(crate) async fn fork_session(
     .ok_or_else(|| StoreError::SessionExists(new_id.clone()))?;
     let record = rows::session(&row)?;
     let last_seq: i64 = get(&cp, "last_seq")?;
+    // The transcript keeps its positions and bytes. A message stored as a reference to a
+    // model row is copied as its text: the fork's journal starts empty.
     sqlx::query(
         "INSERT INTO durable_messages (session_id, seq, message, format, created_at)
-         SELECT $1, seq, message, format, created_at FROM durable_messages
+         SELECT $1, seq, message, format, created_at FROM durable_transcript
          WHERE session_id = $2 AND seq <= $3",
     )
     .bind(new_id.as_str())
@@ -181,6 +183,46 @@ pub(crate) async fn fork_session(
 }
 
 pub(crate) use crate::seal::Tail;
+
+/// `insert_messages!(session, first_seq, format, created_at, texts, seals, version,
+/// more_from)`: the `INSERT` of a checkpoint's new messages (`texts` and their `seals`, at
+/// `first_seq..`) for checkpoint `version`, `more_from` appended to its `FROM` list. A
+/// message whose text equals the result of a `model` row of the step the checkpoint ends
+/// (`version - 1`, the latest version when it is written) is stored once (schema 6): as
+/// `''` with `call_seq`, the row's position, read back through the view
+/// `durable_transcript`. Decided in the statement, by the journal's identity index: no
+/// round trip added. The seal covers the text.
+macro_rules! insert_messages {
+    ($session:literal, $first:literal, $format:literal, $now:literal, $texts:literal,
+     $seals:literal, $version:literal, $more_from:literal) => {
+        concat!(
+            "INSERT INTO durable_messages \
+               (session_id, seq, message, format, created_at, seal, call_seq) \
+             SELECT ",
+            $session,
+            ", ",
+            $first,
+            " + t.ord - 1, CASE WHEN r.seq IS NULL THEN t.message ELSE '' END, ",
+            $format,
+            ", ",
+            $now,
+            ", t.seal, r.seq FROM unnest(",
+            $texts,
+            "::text[], ",
+            $seals,
+            "::text[]) WITH ORDINALITY AS t(message, seal, ord) \
+             LEFT JOIN LATERAL (SELECT c.seq FROM durable_tool_calls c \
+               WHERE c.session_id = ",
+            $session,
+            " AND c.step = ",
+            $version,
+            " - 1 AND c.kind = 'model' AND c.result = t.message \
+               ORDER BY c.seq LIMIT 1) r ON true",
+            $more_from
+        )
+    };
+}
+pub(crate) use insert_messages;
 
 /// The tail of checkpoint `version` of a session: its transcript's end and its seal.
 pub(crate) async fn tail(
@@ -434,10 +476,9 @@ pub(crate) async fn append_checkpoint(
         .clone_from(&tail.checkpoint_seal);
     locked.head.seal(ring)?;
     let result = sqlx::query(concat!(
-        "WITH messages AS ( \
-           INSERT INTO durable_messages (session_id, seq, message, format, created_at, seal) \
-           SELECT $1, $2 + t.ord - 1, t.message, $3, $4, t.seal \
-           FROM unnest($5::text[], $6::text[]) WITH ORDINALITY AS t(message, seal, ord)), \
+        "WITH messages AS (",
+        insert_messages!("$1", "$2", "$3", "$4", "$5", "$6", "$7", ""),
+        "), \
          checkpoint AS ( \
            INSERT INTO durable_checkpoints (session_id, version, last_seq, message_count, \
              plan, budget, state, app_version, format, created_at, seal) \

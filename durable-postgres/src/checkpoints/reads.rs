@@ -4,6 +4,8 @@
 //! seal (which its own chains to), the stored seal of the message before the first one
 //! read (which starts the chain) and the messages, as arrays in the one row, read by
 //! primary key from their first position: nothing read grows with the transcript.
+//! Message text is read through the view `durable_transcript` (schema 6), which reads a
+//! model reply stored once from its journal row.
 
 use durable_core::StoreError;
 use durable_core::ids::SessionId;
@@ -47,7 +49,7 @@ pub(crate) const WINDOW_READ: &str = concat!(
               array_agg(message ORDER BY seq) AS messages, \
               array_agg(format ORDER BY seq) AS formats, \
               array_agg(seal ORDER BY seq) AS seals \
-       FROM durable_messages \
+       FROM durable_transcript \
        WHERE session_id = $1 AND seq >= w.from_seq AND seq <= c.last_seq) m ON true"
 );
 
@@ -67,7 +69,7 @@ pub(crate) const RANGE_READ: &str = concat!(
               array_agg(message ORDER BY seq) AS messages, \
               array_agg(format ORDER BY seq) AS formats, \
               array_agg(seal ORDER BY seq) AS seals \
-       FROM durable_messages \
+       FROM durable_transcript \
        WHERE session_id = $1 AND seq >= $2::bigint AND seq <= $3::bigint \
          AND $2::bigint >= 1 AND $3::bigint <= c.last_seq) m ON true"
 );
