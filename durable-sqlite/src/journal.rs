@@ -317,10 +317,16 @@ fn head_row<'r>(
 }
 
 /// One step's rows, in one statement (one snapshot, one round trip): the session row
-/// with its head and [`seal::step_check_cols!`], joined to the step's rows (`NULL`
-/// columns when it has none). `+c.seq`: the rows are found by the identity index, which
-/// leads with (session_id, step), and sorted; ordering by the position index would walk
-/// the whole session.
+/// with its head and [`seal::step_check_cols!`], joined to the step's rows and to its
+/// neighbours by position (the rows just before and after the step's, and the nearest
+/// rows of the nearest earlier and later steps; `NULL` columns when there are none). The
+/// step's rows are found by the identity index, which leads with (session_id, step), and
+/// the neighbours by the position index; ordering by the position index would walk the
+/// whole session.
+///
+/// Every neighbour's seal is checked: a row moved out of the step to an earlier or a
+/// later one, its seal untouched, sits next to the step's rows (or, for a step left
+/// without rows, is the nearest row of another step), so its own seal tells.
 async fn step_calls(
     store: &SqliteStore,
     session: &SessionId,
@@ -333,8 +339,19 @@ async fn step_calls(
         seal::step_check_cols!(),
         ", ",
         call_cols!(),
-        " FROM durable_sessions s LEFT JOIN durable_tool_calls c \
-         ON c.session_id = s.id AND c.step = ?2 WHERE s.id = ?1 ORDER BY +c.seq"
+        " FROM durable_sessions s LEFT JOIN ( \
+           SELECT * FROM durable_tool_calls WHERE session_id = ?1 AND step = ?2 \
+           UNION ALL \
+           SELECT * FROM durable_tool_calls WHERE session_id = ?1 AND step <> ?2 AND seq IN ( \
+             (SELECT MIN(+seq) FROM durable_tool_calls WHERE session_id = ?1 AND step = ?2) - 1, \
+             (SELECT MAX(+seq) FROM durable_tool_calls WHERE session_id = ?1 AND step = ?2) + 1, \
+             (SELECT MAX(+seq) FROM durable_tool_calls WHERE session_id = ?1 AND step = \
+               (SELECT step FROM durable_tool_calls WHERE session_id = ?1 AND step < ?2 \
+                ORDER BY step DESC LIMIT 1)), \
+             (SELECT MIN(+seq) FROM durable_tool_calls WHERE session_id = ?1 AND step = \
+               (SELECT step FROM durable_tool_calls WHERE session_id = ?1 AND step > ?2 \
+                ORDER BY step LIMIT 1)))) c ON 1 \
+         WHERE s.id = ?1 ORDER BY c.seq"
     ))
     .bind(session.as_str())
     .bind(step)
@@ -346,9 +363,14 @@ async fn step_calls(
     let mut seqs = Vec::with_capacity(found.len());
     for row in &found {
         let seq: Option<i64> = rows::col(row, "seq", session, None)?;
-        if let Some(seq) = seq {
+        let Some(seq) = seq else { continue };
+        let row_step: i64 = rows::col(row, "step", session, None)?;
+        if row_step == step {
             seqs.push(seq);
             rows.push(row);
+        } else {
+            // A neighbour: only its seal matters here.
+            checked_call_record(ring, row)?;
         }
     }
     if let Err(by_position) = seal::StepCheck::from_row(first, session)?.check(&head, step, &seqs) {

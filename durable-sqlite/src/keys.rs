@@ -37,7 +37,7 @@ pub(crate) async fn reseal_session(
     .map_err(db)?;
     let mut head = head_from_row(&row, session)?;
     if let Some(from) = from {
-        head.check(from)?;
+        head.check_any_format(from)?;
         check_journal_complete(&mut *conn, &head).await?;
     }
     // Journal rows.
@@ -384,7 +384,7 @@ async fn upgrade_head(
     .await
     .map_err(db)?;
     let mut head = head_from_row(&row, session)?;
-    head.check(ring)?;
+    head.check_any_format(ring)?;
     check_journal_complete(&mut *conn, &head).await?;
     let found = sqlx::query(concat!(
         "SELECT ",

@@ -208,3 +208,60 @@ async fn an_edited_schema_3_session_is_refused_and_spares_the_others() {
         1
     );
 }
+
+/// A session refused at the upgrade (left uncounted) is refused on every read and write,
+/// as on PostgreSQL: it is not served, and no write re-seals its head in the old format.
+/// (Review finding: its old-format head passed the read check, and a checkpoint was
+/// written.)
+#[tokio::test]
+async fn a_refused_session_is_refused_on_every_read_and_write() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("durable.db");
+    let store = open(&path).await.expect("open");
+    let (edited, lease) = session(&store, 1, 1).await;
+    store.close().await;
+    as_schema_3(&path).await;
+    sqlx::query(
+        "UPDATE durable_tool_calls SET status = 'completed' \
+         WHERE session_id = ? AND status = 'issued'",
+    )
+    .bind(edited.as_str())
+    .execute(&mut raw(&path).await)
+    .await
+    .expect("edit");
+    let store = open(&path).await.expect("the store opens");
+    let load = store.load_checkpoint(&edited, None).await.map(|_| ());
+    let steps = store.calls(&edited, Some(1)).await.map(|_| ());
+    let range = store.messages(&edited, 1, 1).await.map(|_| ());
+    let saved = store
+        .save_checkpoint(
+            lease.fence(),
+            0,
+            NewCheckpoint {
+                messages: vec![json!({"role": "user", "content": "more"})],
+                plan: json!({}),
+                budget: json!({}),
+                state: json!(null),
+            },
+        )
+        .await
+        .map(|_| ());
+    for (what, result) in [
+        ("load_checkpoint", load),
+        ("a step read", steps),
+        ("messages", range),
+        ("save_checkpoint", saved),
+    ] {
+        match result {
+            Err(StoreError::Tampered { session, .. }) => assert_eq!(session, edited, "{what}"),
+            other => panic!("{what} of a session refused at the upgrade: {other:?}"),
+        }
+    }
+    let head: Option<i64> =
+        sqlx::query_scalar("SELECT issued_rows FROM durable_sessions WHERE id = ?")
+            .bind(edited.as_str())
+            .fetch_one(&mut raw(&path).await)
+            .await
+            .expect("head");
+    assert_eq!(head, None, "nothing re-sealed the head");
+}

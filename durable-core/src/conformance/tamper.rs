@@ -469,6 +469,7 @@ pub async fn run_tamper_cases(store: Arc<dyn CheckpointStore>, tamperer: &dyn Ta
         other => panic!("deleted resolution: read as {other:?}"),
     }
 
+    rows_moved_out_of_the_current_step(store, tamperer).await;
     step_reads_detect_deleted_rows(store, tamperer).await;
     issued_reads_follow_every_status_change(store, tamperer).await;
     super::window::window_reads_detect_changed_messages(store, tamperer).await;
@@ -733,6 +734,35 @@ async fn issued_reads_follow_every_status_change(
                     Err(StoreError::Tampered { .. }) => {}
                     other => panic!("{case}: the whole journal read {other:?}"),
                 }
+            }
+        }
+    }
+}
+
+/// Every row of the current step (of one, two and three rows) moved to an earlier and to
+/// a later step behind the store's back, seal untouched: re-running its call fails with
+/// `Tampered` and runs no effect. (Review finding: on SQLite the step's first or only row
+/// moved to an earlier step read as a step without it, and its call ran again; the last
+/// row moved to a later step was refused as `StepClosed`, which blames the harness.)
+async fn rows_moved_out_of_the_current_step(
+    store: &Arc<dyn CheckpointStore>,
+    tamperer: &dyn Tamperer,
+) {
+    for amounts in [&[1_i64][..], &[1, 2], &[1, 2, 3]] {
+        for victim in 0..amounts.len() {
+            for step in [-1, 1] {
+                let (id, calls, effects) = transfers(store, amounts).await;
+                tamperer
+                    .apply(Tamper::MoveCall {
+                        call: calls[victim].clone(),
+                        step,
+                    })
+                    .await;
+                let case = format!(
+                    "row {victim} of a step of {} moved to step {step}",
+                    amounts.len()
+                );
+                rerun_is_refused(store, &case, &id, amounts[victim], &effects).await;
             }
         }
     }
