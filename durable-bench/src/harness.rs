@@ -379,8 +379,10 @@ pub async fn build_session<B: Baseline>(durable: &Durable, raw: &B, turns: usize
     }
 }
 
-/// Figure 6: `Durable::resume` of each session against reading and parsing its messages
-/// raw, `runs` interleaved runs each, the median.
+/// Figures 6 and 7: `Durable::resume` of each session against reading and parsing its
+/// messages raw, whole and with a window of [`RESUME_WINDOW`] messages (`resume_window`),
+/// and the lease each resume takes, `runs` interleaved runs each, the median. Returns the
+/// plots of both figures.
 pub async fn resume<B: Baseline>(
     report: &mut Report,
     durable: &Durable,
@@ -388,7 +390,7 @@ pub async fn resume<B: Baseline>(
     sessions: &[BuiltSession],
     runs: usize,
     window_ms_target: f64,
-) -> String {
+) -> (String, String) {
     let windowed = Durable::builder(std::sync::Arc::clone(durable.store()))
         .owner(durable.config().owner.clone())
         .app_version(durable.config().app_version.clone())
@@ -483,7 +485,7 @@ pub async fn resume<B: Baseline>(
             "raw_window_ms": raw_window_ms.iter().map(|p| p.1).collect::<Vec<_>>(),
         }),
     );
-    LineChart {
+    let whole = LineChart {
         title: format!("{}: resume time against session length", report.backend),
         x_label: "turns in the session (2 messages each; log scale)".into(),
         y_label: "ms to resume (median run)".into(),
@@ -491,11 +493,24 @@ pub async fn resume<B: Baseline>(
         series: vec![
             Series::new("Durable::resume", durable_ms),
             Series::new("raw: select + parse", raw_ms),
-            Series::new("Durable::resume, window of 20", window_ms),
+        ],
+    }
+    .render();
+    let window = LineChart {
+        title: format!(
+            "{}: resume with a window of {RESUME_WINDOW} messages",
+            report.backend
+        ),
+        x_label: "turns in the session (2 messages each; log scale)".into(),
+        y_label: "ms to resume (median run)".into(),
+        log_x: true,
+        series: vec![
+            Series::new("resume_window(20)", window_ms),
             Series::new("raw: last 20", raw_window_ms),
         ],
     }
-    .render()
+    .render();
+    (whole, window)
 }
 
 /// Figure 5's row: bytes the session added to the store and to the raw table, each ÷ the

@@ -21,7 +21,7 @@
 //!    and parsing the last 20 raw (≤ 2 ms at any length).
 //!
 //! `cargo bench -p durable-postgres --features testing` writes `postgres.json` and
-//! `postgres-{turns,throughput,resume}.svg` to `DURABLE_BENCH_OUT` (default
+//! `postgres-{turns,throughput,resume,resume-window}.svg` to `DURABLE_BENCH_OUT` (default
 //! `target/durable-bench`). The server is `DATABASE_URL` when set, else a throwaway cluster
 //! started from the machine's PostgreSQL binaries (`durable_postgres::testing`); each run
 //! uses fresh databases. Knobs (environment):
@@ -361,7 +361,7 @@ async fn run() {
         }
     }
     sessions.push(long);
-    let resume_svg = harness::resume(
+    let (resume_svg, window_svg) = harness::resume(
         &mut report,
         &durable,
         &raw,
@@ -384,6 +384,7 @@ async fn run() {
             ("turns", turns_svg),
             ("throughput", throughput_svg),
             ("resume", resume_svg),
+            ("resume-window", window_svg),
         ],
     );
 }

@@ -20,8 +20,9 @@
 //! 7. the same resumes with `resume_window(20)` (the last 20 messages), against selecting
 //!    and parsing the last 20 raw (≤ 1 ms at any length).
 //!
-//! `cargo bench -p durable-sqlite` writes `sqlite.json` and `sqlite-{turns,throughput,resume}.svg`
-//! to `DURABLE_BENCH_OUT` (default `target/durable-bench`). Knobs (environment):
+//! `cargo bench -p durable-sqlite` writes `sqlite.json` and
+//! `sqlite-{turns,throughput,resume,resume-window}.svg` to `DURABLE_BENCH_OUT` (default
+//! `target/durable-bench`). Knobs (environment):
 //!
 //! | variable | default | what |
 //! |---|---|---|
@@ -347,7 +348,7 @@ async fn run() {
         }
     }
     sessions.push(long);
-    let resume_svg = harness::resume(
+    let (resume_svg, window_svg) = harness::resume(
         &mut report,
         &durable,
         &raw,
@@ -370,6 +371,7 @@ async fn run() {
             ("turns", turns_svg),
             ("throughput", throughput_svg),
             ("resume", resume_svg),
+            ("resume-window", window_svg),
         ],
     );
 }
