@@ -671,6 +671,69 @@ impl Head<'_> {
     }
 }
 
+/// The session head's count of issued rows, as a backend stores it: `None` on a head
+/// written before the count existed (store schema 3 and earlier), which a writer counts
+/// once when it upgrades the database. Shared by both backends' head rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IssuedCount(pub Option<i64>);
+
+impl IssuedCount {
+    /// The head's sealed bytes: [`Head::fields`] with the count, [`Head::legacy_fields`]
+    /// without (`head.issued_rows` is ignored).
+    pub fn fields(self, head: Head<'_>) -> Fields {
+        match self.0 {
+            Some(issued_rows) => Head {
+                issued_rows,
+                ..head
+            }
+            .fields(),
+            None => head.legacy_fields(),
+        }
+    }
+
+    /// The count after a row was issued (`+1`) or left `issued` (`−1`); a head without
+    /// its count cannot be written ([`uncounted`](Self::uncounted)).
+    pub fn add(self, session: &SessionId, delta: i64) -> Result<Self, StoreError> {
+        match self.0 {
+            Some(count) => Ok(IssuedCount(Some(count + delta))),
+            None => Err(Self::uncounted(session)),
+        }
+    }
+
+    /// Checks that a read of the session's issued rows found as many as the head counts:
+    /// a row set to or from `issued` behind the store's back, or a deleted issued row,
+    /// leaves a different number (a row set to `issued` also fails its own seal).
+    pub fn check(self, session: &SessionId, found: usize) -> Result<(), StoreError> {
+        let found = i64::try_from(found).unwrap_or(i64::MAX);
+        match self.0 {
+            Some(count) if count == found => Ok(()),
+            Some(count) => Err(StoreError::Tampered {
+                session: session.clone(),
+                what: "the journal's issued rows".to_owned(),
+                detail: format!(
+                    "the session head counts {count} issued rows, the journal holds \
+                     {found}: a row's status was changed, or an issued row deleted"
+                ),
+            }),
+            None => Err(Self::uncounted(session)),
+        }
+    }
+
+    /// A head still without its count: when a writer upgraded the database, the session
+    /// failed its checks, so it was left as found and is refused on every read and write.
+    pub fn uncounted(session: &SessionId) -> StoreError {
+        StoreError::Tampered {
+            session: session.clone(),
+            what: "the session head".to_owned(),
+            detail: "it does not count its issued rows: when the store upgraded this \
+                     database (schema 4) the session failed its checks (its head, its \
+                     journal's completeness or a row's seal), so it was left as found; \
+                     inspect it with `durable verify`"
+                .to_owned(),
+        }
+    }
+}
+
 /// Fresh random bytes for a store's own key (32, from the operating system).
 pub fn random_key() -> Result<Vec<u8>, StoreError> {
     let mut key = vec![0u8; 32];

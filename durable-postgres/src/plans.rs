@@ -90,23 +90,7 @@ fn scans(plan: &Value, out: &mut Vec<(String, String, String, i64)>) {
 async fn a_turns_reads_use_their_indexes_before_any_analyze() {
     let db = test_database().await;
     let store = db.store().await.expect("connect the store");
-    let id = SessionId::random();
-    store
-        .create_session(NewSession {
-            id: id.clone(),
-            app_version: "v1".into(),
-            metadata: json!({}),
-            owner: "w".into(),
-            lease_ttl: Duration::from_secs(600),
-            initial: NewCheckpoint {
-                messages: vec![],
-                plan: json!({}),
-                budget: json!({}),
-                state: Value::Null,
-            },
-        })
-        .await
-        .expect("create a session");
+    let id = new_session(&store).await;
     let session = id.as_str();
     let mut conn = store.pool().acquire().await.expect("a store connection");
     let mode: String = sqlx::query_scalar("SHOW plan_cache_mode")
@@ -181,6 +165,28 @@ async fn a_turns_reads_use_their_indexes_before_any_analyze() {
     }
 }
 
+/// A new empty session, leased to a worker for the test's length.
+async fn new_session(store: &crate::PostgresStore) -> SessionId {
+    let id = SessionId::random();
+    store
+        .create_session(NewSession {
+            id: id.clone(),
+            app_version: "v1".into(),
+            metadata: json!({}),
+            owner: "w".into(),
+            lease_ttl: Duration::from_secs(600),
+            initial: NewCheckpoint {
+                messages: vec![],
+                plan: json!({}),
+                budget: json!({}),
+                state: Value::Null,
+            },
+        })
+        .await
+        .expect("create a session");
+    id
+}
+
 /// Grows `session` to `rows` turns: a journal row, a checkpoint and two messages each
 /// (the rows need no valid seals: only plans are looked at; every other message refers
 /// to a model row, as a stored reply does).
@@ -229,27 +235,7 @@ fn join_filtered(plan: &Value) -> i64 {
 async fn a_session_newer_than_the_statistics_is_read_by_whole_keys() {
     let db = test_database().await;
     let store = db.store().await.expect("connect the store");
-    let mut ids = Vec::new();
-    for _ in 0..2 {
-        let id = SessionId::random();
-        store
-            .create_session(NewSession {
-                id: id.clone(),
-                app_version: "v1".into(),
-                metadata: json!({}),
-                owner: "w".into(),
-                lease_ttl: Duration::from_secs(600),
-                initial: NewCheckpoint {
-                    messages: vec![],
-                    plan: json!({}),
-                    budget: json!({}),
-                    state: Value::Null,
-                },
-            })
-            .await
-            .expect("create a session");
-        ids.push(id);
-    }
+    let ids = [new_session(&store).await, new_session(&store).await];
     let mut conn = store.pool().acquire().await.expect("a connection");
     for table in GROWING {
         sqlx::raw_sql(AssertSqlSafe(format!(

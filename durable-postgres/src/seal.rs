@@ -6,7 +6,8 @@
 //! exactly as the SQLite backend's does: the same rows give the same sealed fields.
 
 use durable_core::integrity::{
-    CallFields, CheckpointFields, Fields, Head, Keyring, ResolutionFields, message_fields,
+    CallFields, CheckpointFields, Fields, Head, IssuedCount, Keyring, ResolutionFields,
+    message_fields,
 };
 use durable_core::store::CallRecord;
 use durable_core::{SessionId, StoreError};
@@ -136,61 +137,32 @@ pub(crate) struct HeadRow {
 
 impl HeadRow {
     fn fields(&self) -> Fields {
-        let head = Head {
+        IssuedCount(self.issued_rows).fields(Head {
             session: self.session.as_str(),
             journal_rows: self.journal_rows,
             latest_version: self.latest_version,
             checkpoint_seal: &self.checkpoint_seal,
             resolutions: self.resolutions,
-            issued_rows: self.issued_rows.unwrap_or(0),
-        };
-        match self.issued_rows {
-            Some(_) => head.fields(),
-            None => head.legacy_fields(),
-        }
+            issued_rows: 0,
+        })
     }
 
     /// Adds `delta` to the count of issued rows (a row issued: +1; finished or resolved:
-    /// −1).
+    /// −1); a head without its count cannot be written ([`IssuedCount::add`]).
     pub(crate) fn count_issued(&mut self, delta: i64) -> Result<(), StoreError> {
-        let Some(count) = self.issued_rows else {
-            return Err(self.not_counted());
-        };
-        self.issued_rows = Some(count + delta);
+        self.issued_rows = IssuedCount(self.issued_rows).add(&self.session, delta)?.0;
         Ok(())
     }
 
-    /// A head still without its count of issued rows: when a writer upgraded the
-    /// database, the session failed its checks, so it was left as found.
+    /// A head still without its count of issued rows ([`IssuedCount::uncounted`]).
     fn not_counted(&self) -> StoreError {
-        StoreError::Tampered {
-            session: self.session.clone(),
-            what: "the session head".to_owned(),
-            detail: "it does not count its issued rows: when the store upgraded this \
-                     database (schema 4) the session failed its checks (its head, its \
-                     journal's completeness or a row's seal), so it was left as found; \
-                     inspect it with `durable verify`"
-                .to_owned(),
-        }
+        IssuedCount::uncounted(&self.session)
     }
 
-    /// Checks that a read of the session's issued rows found as many as the head counts:
-    /// a row set to or from `issued` behind the store's back, or a deleted issued row,
-    /// leaves a different number (a row set to `issued` also fails its own seal).
+    /// Checks that a read of the session's issued rows found as many as the head counts
+    /// ([`IssuedCount::check`]).
     pub(crate) fn check_issued(&self, found: usize) -> Result<(), StoreError> {
-        let found = i64::try_from(found).unwrap_or(i64::MAX);
-        match self.issued_rows {
-            Some(count) if count == found => Ok(()),
-            Some(count) => Err(StoreError::Tampered {
-                session: self.session.clone(),
-                what: "the journal's issued rows".to_owned(),
-                detail: format!(
-                    "the session head counts {count} issued rows, the journal holds \
-                     {found}: a row's status was changed, or an issued row deleted"
-                ),
-            }),
-            None => Err(self.not_counted()),
-        }
+        IssuedCount(self.issued_rows).check(&self.session, found)
     }
 
     /// Checks the head's seal. A head without its count of issued rows is refused: every
