@@ -85,7 +85,8 @@ pub(crate) async fn reseal_session(
     }
     // Messages, in order (chained).
     let found = sqlx::query(
-        "SELECT seq, message, seal FROM durable_transcript WHERE session_id = $1 ORDER BY seq",
+        "SELECT seq, message, seal FROM durable_transcript \
+         WHERE session_num = (SELECT num FROM durable_sessions WHERE id = $1) ORDER BY seq",
     )
     .bind(session.as_str())
     .fetch_all(&mut *conn)
@@ -116,7 +117,8 @@ pub(crate) async fn reseal_session(
         sqlx::query(
             "UPDATE durable_messages m SET seal = u.seal \
              FROM unnest($2::bigint[], $3::text[]) AS u(seq, seal) \
-             WHERE m.session_id = $1 AND m.seq = u.seq",
+             WHERE m.session_num = (SELECT num FROM durable_sessions WHERE id = $1) \
+               AND m.seq = u.seq",
         )
         .bind(session.as_str())
         .bind(&seqs)
@@ -137,7 +139,9 @@ pub(crate) async fn reseal_session(
         " AS budget, ",
         rows::snapshot!("k", "state"),
         " AS state, k.app_version, k.seal \
-         FROM durable_checkpoints k WHERE k.session_id = $1 ORDER BY k.version"
+         FROM durable_checkpoints k \
+         WHERE k.session_num = (SELECT num FROM durable_sessions WHERE id = $1) \
+         ORDER BY k.version"
     ))
     .bind(session.as_str())
     .fetch_all(&mut *conn)
@@ -203,7 +207,8 @@ pub(crate) async fn reseal_session(
         sqlx::query(
             "UPDATE durable_checkpoints k SET seal = u.seal \
              FROM unnest($2::bigint[], $3::text[]) AS u(version, seal) \
-             WHERE k.session_id = $1 AND k.version = u.version",
+             WHERE k.session_num = (SELECT num FROM durable_sessions WHERE id = $1) \
+               AND k.version = u.version",
         )
         .bind(session.as_str())
         .bind(&versions)

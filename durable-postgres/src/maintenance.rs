@@ -222,8 +222,10 @@ pub(crate) async fn purge_session(
         "DELETE FROM durable_migrations WHERE session_id = $1",
         "DELETE FROM durable_errors WHERE session_id = $1",
         "DELETE FROM durable_tool_calls WHERE session_id = $1",
-        "DELETE FROM durable_checkpoints WHERE session_id = $1",
-        "DELETE FROM durable_messages WHERE session_id = $1",
+        "DELETE FROM durable_checkpoints \
+         WHERE session_num = (SELECT num FROM durable_sessions WHERE id = $1)",
+        "DELETE FROM durable_messages \
+         WHERE session_num = (SELECT num FROM durable_sessions WHERE id = $1)",
         "DELETE FROM durable_sessions WHERE id = $1",
     ] {
         sqlx::query(sql)

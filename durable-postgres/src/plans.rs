@@ -197,15 +197,15 @@ async fn grow(conn: &mut PgConnection, session: &str, rows: i64) {
            issued_at, seq) \
          SELECT '{session}-' || n, '{session}', 'model', n, 'model', 'h', 0, 'pure', \
            'completed', '{{}}', 's', 1, 1, 1, 0, n FROM generate_series(1, {rows}) n; \
-         INSERT INTO durable_messages (session_id, seq, message, format, created_at, \
+         INSERT INTO durable_messages (session_num, seq, message, format, created_at, \
            call_seq) \
-         SELECT '{session}', n, CASE WHEN n % 2 = 1 THEN '' \
+         SELECT (SELECT num FROM durable_sessions WHERE id = '{session}'), n, CASE WHEN n % 2 = 1 THEN '' \
            ELSE '{{\"text\":\"a message\"}}' END, 1, 0, \
            CASE WHEN n % 2 = 1 THEN (n + 1) / 2 END \
          FROM generate_series(1, 2 * {rows}) n; \
-         INSERT INTO durable_checkpoints (session_id, version, last_seq, message_count, plan, \
+         INSERT INTO durable_checkpoints (session_num, version, last_seq, message_count, plan, \
            budget, state, app_version, format, created_at) \
-         SELECT '{session}', n, 2 * n, 2 * n, '{{}}', '{{}}', 'null', 'v1', 1, 0 \
+         SELECT (SELECT num FROM durable_sessions WHERE id = '{session}'), n, 2 * n, 2 * n, '{{}}', '{{}}', 'null', 'v1', 1, 0 \
          FROM generate_series(1, {rows}) n; \
          UPDATE durable_sessions SET journal_rows = {rows}, latest_version = {rows} \
          WHERE id = '{session}'"

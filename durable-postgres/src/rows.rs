@@ -23,6 +23,16 @@ macro_rules! session_cols {
 }
 pub(crate) use session_cols;
 
+/// `session_num!("$1")`: the key of the session whose id is `$1`, the integer that names
+/// it in `durable_messages` and `durable_checkpoints` (schema 7). One lookup by the
+/// sessions' unique index, planned once per statement.
+macro_rules! session_num {
+    ($id:literal) => {
+        concat!("(SELECT num FROM durable_sessions WHERE id = ", $id, ")")
+    };
+}
+pub(crate) use session_num;
+
 /// A plan, budget or state of `durable_checkpoints` as stored: the JSON text, or `@k`, a
 /// reference to version `k` of the same session, which holds the same text (JSON never
 /// starts with `@`). A snapshot equal to the previous version's is stored as a reference
@@ -43,9 +53,9 @@ macro_rules! snapshot {
                (SELECT r.",
             $col,
             " FROM durable_checkpoints r \
-                WHERE r.session_id = ",
+                WHERE r.session_num = ",
             $alias,
-            ".session_id \
+            ".session_num \
                   AND r.version = substr(",
             $alias,
             ".",
@@ -64,12 +74,13 @@ macro_rules! snapshot {
 }
 pub(crate) use snapshot;
 
-/// `stored_snapshot!("plan", "$9", "$1", "$6")`: what to store as column `plan` of
-/// version `$6` of session `$1` whose text is `$9`: a reference to the version holding
+/// `stored_snapshot!("plan", "$9", "l.num", "$6")`: what to store as column `plan` of
+/// version `$6` of the session whose key (`durable_sessions.num`) is `l.num` and whose
+/// text is `$9`: a reference to the version holding
 /// the previous version's text when that text is the same (byte for byte), else the
 /// text. References always name a version that holds text.
 macro_rules! stored_snapshot {
-    ($col:literal, $text:literal, $session:literal, $version:literal) => {
+    ($col:literal, $text:literal, $num:literal, $version:literal) => {
         concat!(
             "COALESCE((SELECT CASE \
                WHEN p.",
@@ -78,7 +89,7 @@ macro_rules! stored_snapshot {
                  CASE WHEN (SELECT r.",
             $col,
             " FROM durable_checkpoints r \
-                   WHERE r.session_id = p.session_id \
+                   WHERE r.session_num = p.session_num \
                      AND r.version = substr(p.",
             $col,
             ", 2)::bigint) = ",
@@ -93,8 +104,8 @@ macro_rules! stored_snapshot {
             $text,
             " THEN '@' || p.version END \
              FROM durable_checkpoints p \
-             WHERE p.session_id = ",
-            $session,
+             WHERE p.session_num = ",
+            $num,
             " AND p.version = ",
             $version,
             " - 1), ",
@@ -135,7 +146,7 @@ pub(crate) use call_cols;
 /// Columns of `durable_checkpoints` read as metadata by [`checkpoint_meta`].
 macro_rules! checkpoint_meta_cols {
     () => {
-        "session_id, version, last_seq, message_count, app_version, created_at"
+        "version, last_seq, message_count, app_version, created_at"
     };
 }
 pub(crate) use checkpoint_meta_cols;
@@ -216,10 +227,14 @@ pub(crate) fn session(row: &PgRow) -> Result<SessionRecord, StoreError> {
     })
 }
 
-/// Decodes checkpoint metadata.
-pub(crate) fn checkpoint_meta(row: &PgRow) -> Result<CheckpointMeta, StoreError> {
+/// Decodes the metadata of a checkpoint of `session` (the row names the session by its
+/// key).
+pub(crate) fn checkpoint_meta(
+    session: &SessionId,
+    row: &PgRow,
+) -> Result<CheckpointMeta, StoreError> {
     Ok(CheckpointMeta {
-        session: SessionId::new(get::<String>(row, "session_id")?),
+        session: session.clone(),
         version: get(row, "version")?,
         last_seq: get(row, "last_seq")?,
         message_count: get(row, "message_count")?,

@@ -219,7 +219,7 @@ impl HeadRow {
 macro_rules! head_cols {
     () => {
         "s.journal_rows, s.latest_version, s.resolutions, s.issued_rows, s.head, \
-         (SELECT k.seal FROM durable_checkpoints k WHERE k.session_id = s.id \
+         (SELECT k.seal FROM durable_checkpoints k WHERE k.session_num = s.num \
           AND k.version = s.latest_version) AS checkpoint_seal"
     };
 }

@@ -245,12 +245,12 @@ async fn corrupt_rows_name_their_session_and_others_still_load() {
         }
     };
     poke(
-        "UPDATE durable_checkpoints SET plan = '{\"unterminated' WHERE session_id = $1",
+        "UPDATE durable_checkpoints SET plan = '{\"unterminated' WHERE session_num = (SELECT num FROM durable_sessions WHERE id = $1)",
         &bad_plan,
     )
     .await;
     poke(
-        "UPDATE durable_checkpoints SET format = 99 WHERE session_id = $1",
+        "UPDATE durable_checkpoints SET format = 99 WHERE session_num = (SELECT num FROM durable_sessions WHERE id = $1)",
         &newer,
     )
     .await;
@@ -260,7 +260,7 @@ async fn corrupt_rows_name_their_session_and_others_still_load() {
     )
     .await;
     poke(
-        "UPDATE durable_messages SET message = '[1,' WHERE session_id = $1",
+        "UPDATE durable_messages SET message = '[1,' WHERE session_num = (SELECT num FROM durable_sessions WHERE id = $1)",
         &bad_msg,
     )
     .await;
@@ -322,7 +322,7 @@ async fn corrupt_rows_name_their_session_and_others_still_load() {
     .await
     .expect("create");
     poke(
-        "DELETE FROM durable_messages WHERE session_id = $1 AND seq = 2",
+        "DELETE FROM durable_messages WHERE session_num = (SELECT num FROM durable_sessions WHERE id = $1) AND seq = 2",
         &lost,
     )
     .await;
@@ -519,13 +519,15 @@ async fn smoke_every_method() {
     let messages = cp.message_values().expect("JSON");
     assert_eq!(messages.len(), 2);
     assert_eq!(messages[1], json!({"role": "assistant", "z": 1, "a": 2}));
-    let stored: String =
-        sqlx::query("SELECT message FROM durable_messages WHERE session_id = $1 AND seq = 2")
-            .bind(id.as_str())
-            .fetch_one(&raw(&db).await)
-            .await
-            .expect("stored message")
-            .get(0);
+    let stored: String = sqlx::query(
+        "SELECT message FROM durable_messages \
+             WHERE session_num = (SELECT num FROM durable_sessions WHERE id = $1) AND seq = 2",
+    )
+    .bind(id.as_str())
+    .fetch_one(&raw(&db).await)
+    .await
+    .expect("stored message")
+    .get(0);
     assert_eq!(
         stored,
         serde_json::to_string(&messages[1]).expect("json"),

@@ -76,7 +76,7 @@ async fn references(pool: &PgPool, id: &SessionId) -> (i64, i64) {
     sqlx::query_as(
         "SELECT COUNT(call_seq), COALESCE(SUM(CASE WHEN call_seq IS NOT NULL \
          THEN octet_length(message) END), 0)::bigint FROM durable_messages \
-         WHERE session_id = $1",
+         WHERE session_num = (SELECT num FROM durable_sessions WHERE id = $1)",
     )
     .bind(id.as_str())
     .fetch_one(pool)

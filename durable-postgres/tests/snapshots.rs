@@ -38,8 +38,8 @@ fn checkpoint(plan: Value, budget: Value, state: Value) -> NewCheckpoint {
 /// What each version's plan, budget and state column holds, by version.
 async fn stored(pool: &PgPool, id: &SessionId) -> Vec<(i64, String, String, String)> {
     sqlx::query_as(
-        "SELECT version, plan, budget, state FROM durable_checkpoints WHERE session_id = $1 \
-         ORDER BY version",
+        "SELECT version, plan, budget, state FROM durable_checkpoints \
+         WHERE session_num = (SELECT num FROM durable_sessions WHERE id = $1) ORDER BY version",
     )
     .bind(id.as_str())
     .fetch_all(pool)
@@ -179,20 +179,26 @@ async fn unchanged_snapshots_are_references_and_every_version_loads_its_own() {
 
     // A reference re-pointed behind the store's back is not returned: the seal covers
     // the text it names.
-    sqlx::query("UPDATE durable_checkpoints SET plan = '@3' WHERE session_id = $1 AND version = 7")
-        .bind(id.as_str())
-        .execute(&pool)
-        .await
-        .expect("re-point");
+    sqlx::query(
+        "UPDATE durable_checkpoints SET plan = '@3' \
+         WHERE session_num = (SELECT num FROM durable_sessions WHERE id = $1) AND version = 7",
+    )
+    .bind(id.as_str())
+    .execute(&pool)
+    .await
+    .expect("re-point");
     match store.load_checkpoint(&id, Some(7)).await {
         Err(StoreError::Tampered { .. }) => {}
         other => panic!("a re-pointed reference: {other:?}"),
     }
-    sqlx::query("UPDATE durable_checkpoints SET plan = '@6' WHERE session_id = $1 AND version = 7")
-        .bind(id.as_str())
-        .execute(&pool)
-        .await
-        .expect("restore");
+    sqlx::query(
+        "UPDATE durable_checkpoints SET plan = '@6' \
+         WHERE session_num = (SELECT num FROM durable_sessions WHERE id = $1) AND version = 7",
+    )
+    .bind(id.as_str())
+    .execute(&pool)
+    .await
+    .expect("restore");
 
     // The store's key changes: every checkpoint is re-sealed over the text its
     // references name, and they stay references.

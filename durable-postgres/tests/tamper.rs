@@ -99,7 +99,7 @@ impl Tamperer for Raw {
             } => {
                 sqlx::query(
                     "UPDATE durable_messages SET message = $3, call_seq = NULL \
-                     WHERE session_id = $1 AND seq = $2",
+                     WHERE session_num = (SELECT num FROM durable_sessions WHERE id = $1) AND seq = $2",
                 )
                 .bind(session.as_str())
                 .bind(seq)
@@ -108,7 +108,10 @@ impl Tamperer for Raw {
                 .await
             }
             Tamper::DeleteMessage { session, seq } => {
-                sqlx::query("DELETE FROM durable_messages WHERE session_id = $1 AND seq = $2")
+                sqlx::query(
+                    "DELETE FROM durable_messages \
+                     WHERE session_num = (SELECT num FROM durable_sessions WHERE id = $1) AND seq = $2",
+                )
                     .bind(session.as_str())
                     .bind(seq)
                     .execute(pool)
@@ -118,7 +121,8 @@ impl Tamperer for Raw {
                 sqlx::query(
                     "UPDATE durable_messages m SET message = o.message, seal = o.seal \
                  FROM durable_messages o \
-                 WHERE m.session_id = $1 AND o.session_id = $1 AND m.seq IN ($2, $3) \
+                 WHERE m.session_num = (SELECT num FROM durable_sessions WHERE id = $1) \
+                   AND o.session_num = m.session_num AND m.seq IN ($2, $3) \
                    AND o.seq = CASE m.seq WHEN $2 THEN $3 ELSE $2 END",
                 )
                 .bind(session.as_str())
@@ -132,7 +136,8 @@ impl Tamperer for Raw {
                 version,
                 plan,
             } => sqlx::query(
-                "UPDATE durable_checkpoints SET plan = $3 WHERE session_id = $1 AND version = $2",
+                "UPDATE durable_checkpoints SET plan = $3 \
+                 WHERE session_num = (SELECT num FROM durable_sessions WHERE id = $1) AND version = $2",
             )
             .bind(session.as_str())
             .bind(version)
@@ -141,7 +146,8 @@ impl Tamperer for Raw {
             .await,
             Tamper::RollBackCheckpoint { session } => {
                 sqlx::query(
-                    "DELETE FROM durable_checkpoints WHERE session_id = $1 AND version = \
+                    "DELETE FROM durable_checkpoints \
+                     WHERE session_num = (SELECT num FROM durable_sessions WHERE id = $1) AND version = \
                      (SELECT latest_version FROM durable_sessions WHERE id = $1)",
                 )
                 .bind(session.as_str())

@@ -19,6 +19,8 @@ use durable_postgres::{PostgresStore, PostgresStoreOptions};
 use serde_json::{Value, json};
 use sqlx::postgres::PgPool;
 
+mod schema_6;
+
 async fn open(db: &TestDatabase, ring: Keyring) -> Result<PostgresStore, StoreError> {
     PostgresStore::connect_with(PostgresStoreOptions::new(db.url()).keyring(ring)).await
 }
@@ -103,9 +105,10 @@ async fn release(store: &PostgresStore, lease: &Lease) {
 
 /// Turns the database back into what schema 3 wrote: every head sealed without its count
 /// (under the store's own key, as schema 3 sealed it), no `issued_rows` column (nor schema
-/// 6's `call_seq` and view: these sessions store no model replies), and the tracking table
-/// at version 3.
+/// 6's `call_seq` and view: these sessions store no model replies; nor schema 7's session
+/// key), and the tracking table at version 3.
 async fn back_to_schema_3(pool: &PgPool) {
+    schema_6::back_to_schema_6(pool).await;
     let hex: String = sqlx::query_scalar("SELECT value FROM durable_meta WHERE name = 'store_key'")
         .fetch_one(pool)
         .await

@@ -43,10 +43,11 @@ pub(super) async fn save(
            SET latest_version = $6, recovery_attempts = 0, \
                updated_at = (SELECT now FROM clock), head = $14 \
            WHERE id = $1 AND fence = $15 AND latest_version = $16 AND head = $17 \
-           RETURNING id), \
+           RETURNING num), \
          messages AS (",
         insert_messages!(
             "$1",
+            "locked.num",
             "$2",
             "$3",
             "clock.now",
@@ -56,14 +57,14 @@ pub(super) async fn save(
             ", locked, clock"
         ),
         ") \
-         INSERT INTO durable_checkpoints (session_id, version, last_seq, message_count, \
+         INSERT INTO durable_checkpoints (session_num, version, last_seq, message_count, \
            plan, budget, state, app_version, format, created_at, seal) \
-         SELECT $1, $6, $7, $8, ",
-        rows::stored_snapshot!("plan", "$9", "$1", "$6"),
+         SELECT locked.num, $6, $7, $8, ",
+        rows::stored_snapshot!("plan", "$9", "locked.num", "$6"),
         ", ",
-        rows::stored_snapshot!("budget", "$10", "$1", "$6"),
+        rows::stored_snapshot!("budget", "$10", "locked.num", "$6"),
         ", ",
-        rows::stored_snapshot!("state", "$11", "$1", "$6"),
+        rows::stored_snapshot!("state", "$11", "locked.num", "$6"),
         ", $12, $3, clock.now, $13 FROM locked, clock \
          RETURNING created_at"
     );

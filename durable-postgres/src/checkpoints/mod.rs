@@ -64,14 +64,16 @@ pub(crate) async fn list_checkpoints(
     sqlx::query(concat!(
         "SELECT ",
         checkpoint_meta_cols!(),
-        " FROM durable_checkpoints WHERE session_id = $1 ORDER BY version"
+        " FROM durable_checkpoints WHERE session_num = ",
+        rows::session_num!("$1"),
+        " ORDER BY version"
     ))
     .bind(id.as_str())
     .fetch_all(&mut *conn)
     .await
     .map_err(db)?
     .iter()
-    .map(rows::checkpoint_meta)
+    .map(|row| rows::checkpoint_meta(id, row))
     .collect()
 }
 
@@ -104,8 +106,9 @@ pub(crate) async fn fork_session(
         rows::snapshot!("c", "budget"),
         " AS budget, ",
         rows::snapshot!("c", "state"),
-        " AS state, c.format FROM durable_checkpoints c \
-         WHERE c.session_id = $1 AND c.version = $2"
+        " AS state, c.format FROM durable_checkpoints c WHERE c.session_num = ",
+        rows::session_num!("$1"),
+        " AND c.version = $2"
     ))
     .bind(id.as_str())
     .bind(version)
@@ -143,11 +146,15 @@ pub(crate) async fn fork_session(
     let last_seq: i64 = get(&cp, "last_seq")?;
     // The transcript keeps its positions and bytes. A message stored as a reference to a
     // model row is copied as its text: the fork's journal starts empty.
-    sqlx::query(
-        "INSERT INTO durable_messages (session_id, seq, message, format, created_at)
-         SELECT $1, seq, message, format, created_at FROM durable_transcript
-         WHERE session_id = $2 AND seq <= $3",
-    )
+    sqlx::query(concat!(
+        "INSERT INTO durable_messages (session_num, seq, message, format, created_at) \
+         SELECT ",
+        rows::session_num!("$1"),
+        ", seq, message, format, created_at FROM durable_transcript \
+         WHERE session_num = ",
+        rows::session_num!("$2"),
+        " AND seq <= $3"
+    ))
     .bind(new_id.as_str())
     .bind(id.as_str())
     .bind(last_seq)
@@ -184,22 +191,23 @@ pub(crate) async fn fork_session(
 
 pub(crate) use crate::seal::Tail;
 
-/// `insert_messages!(session, first_seq, format, created_at, texts, seals, version,
+/// `insert_messages!(session, num, first_seq, format, created_at, texts, seals, version,
 /// more_from)`: the `INSERT` of a checkpoint's new messages (`texts` and their `seals`, at
-/// `first_seq..`) for checkpoint `version`, `more_from` appended to its `FROM` list. A
+/// `first_seq..`) for checkpoint `version` of the session whose id is `session` and key
+/// `num`, `more_from` appended to its `FROM` list. A
 /// message whose text equals the result of a `model` row of the step the checkpoint ends
 /// (`version - 1`, the latest version when it is written) is stored once (schema 6): as
 /// `''` with `call_seq`, the row's position, read back through the view
 /// `durable_transcript`. Decided in the statement, by the journal's identity index: no
 /// round trip added. The seal covers the text.
 macro_rules! insert_messages {
-    ($session:literal, $first:literal, $format:literal, $now:literal, $texts:literal,
-     $seals:literal, $version:literal, $more_from:literal) => {
+    ($session:literal, $num:literal, $first:literal, $format:literal, $now:literal,
+     $texts:literal, $seals:literal, $version:literal, $more_from:literal) => {
         concat!(
             "INSERT INTO durable_messages \
-               (session_id, seq, message, format, created_at, seal, call_seq) \
+               (session_num, seq, message, format, created_at, seal, call_seq) \
              SELECT ",
-            $session,
+            $num,
             ", ",
             $first,
             " + t.ord - 1, CASE WHEN r.seq IS NULL THEN t.message ELSE '' END, ",
@@ -234,8 +242,9 @@ pub(crate) async fn tail(
         "SELECT k.last_seq, k.message_count, k.seal, m.seal AS message_seal, \
                 m.seq IS NOT NULL AS message_found \
          FROM durable_checkpoints k \
-         LEFT JOIN durable_messages m ON m.session_id = k.session_id AND m.seq = k.last_seq \
-         WHERE k.session_id = $1 AND k.version = $2",
+         LEFT JOIN durable_messages m ON m.session_num = k.session_num AND m.seq = k.last_seq \
+         WHERE k.session_num = (SELECT num FROM durable_sessions WHERE id = $1) \
+           AND k.version = $2",
     )
     .bind(session.as_str())
     .bind(version)
@@ -364,9 +373,11 @@ pub(crate) async fn insert_checkpoint(
     now: i64,
 ) -> Result<CheckpointMeta, StoreError> {
     let result = sqlx::query(concat!(
-        "INSERT INTO durable_checkpoints (session_id, version, last_seq, message_count, plan, \
+        "INSERT INTO durable_checkpoints (session_num, version, last_seq, message_count, plan, \
          budget, state, app_version, format, created_at, seal) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING ",
+         VALUES (",
+        rows::session_num!("$1"),
+        ", $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) RETURNING ",
         checkpoint_meta_cols!()
     ))
     .bind(row.session.as_str())
@@ -383,7 +394,7 @@ pub(crate) async fn insert_checkpoint(
     .fetch_one(&mut *conn)
     .await;
     match result {
-        Ok(r) => rows::checkpoint_meta(&r),
+        Ok(r) => rows::checkpoint_meta(row.session, &r),
         Err(e) if unique_violation(&e).is_some() => Err(StoreError::VersionConflict {
             session: row.session.clone(),
             expected: row.version - 1,
@@ -408,11 +419,13 @@ pub(crate) async fn insert_sealed_checkpoint(
 ) -> Result<CheckpointMeta, StoreError> {
     let sealed = seal_checkpoint(ring, session, app_version, tail, checkpoint)?;
     if !sealed.texts.is_empty() {
-        sqlx::query(
-            "INSERT INTO durable_messages (session_id, seq, message, format, created_at, seal)
-             SELECT $1, $2 + t.ord - 1, t.message, $3, $4, t.seal
-             FROM unnest($5::text[], $6::text[]) WITH ORDINALITY AS t(message, seal, ord)",
-        )
+        sqlx::query(concat!(
+            "INSERT INTO durable_messages (session_num, seq, message, format, created_at, seal) \
+             SELECT ",
+            rows::session_num!("$1"),
+            ", $2 + t.ord - 1, t.message, $3, $4, t.seal \
+             FROM unnest($5::text[], $6::text[]) WITH ORDINALITY AS t(message, seal, ord)"
+        ))
         .bind(session.as_str())
         .bind(sealed.first_seq)
         .bind(FORMAT_VERSION)
@@ -476,19 +489,20 @@ pub(crate) async fn append_checkpoint(
         .clone_from(&tail.checkpoint_seal);
     locked.head.seal(ring)?;
     let result = sqlx::query(concat!(
-        "WITH messages AS (",
-        insert_messages!("$1", "$2", "$3", "$4", "$5", "$6", "$7", ""),
+        "WITH k AS (SELECT num FROM durable_sessions WHERE id = $1), \
+         messages AS (",
+        insert_messages!("$1", "k.num", "$2", "$3", "$4", "$5", "$6", "$7", ", k"),
         "), \
          checkpoint AS ( \
-           INSERT INTO durable_checkpoints (session_id, version, last_seq, message_count, \
+           INSERT INTO durable_checkpoints (session_num, version, last_seq, message_count, \
              plan, budget, state, app_version, format, created_at, seal) \
-           VALUES ($1, $7, $8, $9, ",
-        rows::stored_snapshot!("plan", "$10", "$1", "$7"),
+           SELECT k.num, $7, $8, $9, ",
+        rows::stored_snapshot!("plan", "$10", "k.num", "$7"),
         ", ",
-        rows::stored_snapshot!("budget", "$11", "$1", "$7"),
+        rows::stored_snapshot!("budget", "$11", "k.num", "$7"),
         ", ",
-        rows::stored_snapshot!("state", "$12", "$1", "$7"),
-        ", $13, $3, $4, $14)) \
+        rows::stored_snapshot!("state", "$12", "k.num", "$7"),
+        ", $13, $3, $4, $14 FROM k) \
          UPDATE durable_sessions \
          SET latest_version = $7, recovery_attempts = 0, updated_at = $4, head = $15 \
          WHERE id = $1"

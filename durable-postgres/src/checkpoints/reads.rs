@@ -24,14 +24,14 @@ use crate::tx;
 /// The checkpoint, the previous one and the anchor are each a `LATERAL … LIMIT 1`, so
 /// they are looked up by their whole primary key. As plain joins, a session newer than
 /// the tables' statistics (estimated at one row) got a plan that found them by
-/// `session_id` alone and matched the version in a join filter: every checkpoint of the
+/// the session alone and matched the version in a join filter: every checkpoint of the
 /// session against every other, 270 ms at 1,000 turns (seen with `auto_explain`).
 pub(crate) const WINDOW_READ: &str = concat!(
-    "WITH h AS (SELECT ",
+    "WITH h AS (SELECT s.num, ",
     seal::head_cols!(),
     " FROM durable_sessions s WHERE s.id = $1) \
      SELECT h.*, c.version IS NOT NULL AS found, \
-            c.session_id, c.version, c.last_seq, c.message_count, c.app_version, \
+            c.version, c.last_seq, c.message_count, c.app_version, \
             c.created_at, ",
     rows::snapshot!("c", "plan"),
     " AS plan, ",
@@ -44,43 +44,44 @@ pub(crate) const WINDOW_READ: &str = concat!(
             m.seqs, m.messages, m.formats, m.seals \
      FROM h \
      LEFT JOIN LATERAL (SELECT * FROM durable_checkpoints \
-       WHERE session_id = $1 AND version = COALESCE($2, h.latest_version) LIMIT 1) c ON true \
+       WHERE session_num = h.num AND version = COALESCE($2, h.latest_version) LIMIT 1) c \
+       ON true \
      LEFT JOIN LATERAL (SELECT seal, version FROM durable_checkpoints \
-       WHERE session_id = $1 AND version = c.version - 1 LIMIT 1) p ON true \
+       WHERE session_num = h.num AND version = c.version - 1 LIMIT 1) p ON true \
      LEFT JOIN LATERAL ( \
        SELECT GREATEST(c.last_seq - COALESCE($3::bigint, c.last_seq), 0) + 1 AS from_seq) w \
        ON true \
      LEFT JOIN LATERAL (SELECT seal, seq FROM durable_messages \
-       WHERE session_id = $1 AND seq = w.from_seq - 1 LIMIT 1) a ON true \
+       WHERE session_num = h.num AND seq = w.from_seq - 1 LIMIT 1) a ON true \
      LEFT JOIN LATERAL ( \
        SELECT array_agg(seq ORDER BY seq) AS seqs, \
               array_agg(message ORDER BY seq) AS messages, \
               array_agg(format ORDER BY seq) AS formats, \
               array_agg(seal ORDER BY seq) AS seals \
        FROM durable_transcript \
-       WHERE session_id = $1 AND seq >= w.from_seq AND seq <= c.last_seq) m ON true"
+       WHERE session_num = h.num AND seq >= w.from_seq AND seq <= c.last_seq) m ON true"
 );
 
 /// The read of [`messages`]: `$1` the session, `$2..=$3` the range, read only when it is
 /// inside the latest checkpoint's transcript.
 pub(crate) const RANGE_READ: &str = concat!(
-    "WITH h AS (SELECT ",
+    "WITH h AS (SELECT s.num, ",
     seal::head_cols!(),
     " FROM durable_sessions s WHERE s.id = $1) \
      SELECT h.*, c.last_seq, a.seal AS anchor, a.seq IS NOT NULL AS anchor_found, \
             m.seqs, m.messages, m.formats, m.seals \
      FROM h \
      LEFT JOIN LATERAL (SELECT last_seq FROM durable_checkpoints \
-       WHERE session_id = $1 AND version = h.latest_version LIMIT 1) c ON true \
+       WHERE session_num = h.num AND version = h.latest_version LIMIT 1) c ON true \
      LEFT JOIN LATERAL (SELECT seal, seq FROM durable_messages \
-       WHERE session_id = $1 AND seq = $2::bigint - 1 LIMIT 1) a ON true \
+       WHERE session_num = h.num AND seq = $2::bigint - 1 LIMIT 1) a ON true \
      LEFT JOIN LATERAL ( \
        SELECT array_agg(seq ORDER BY seq) AS seqs, \
               array_agg(message ORDER BY seq) AS messages, \
               array_agg(format ORDER BY seq) AS formats, \
               array_agg(seal ORDER BY seq) AS seals \
        FROM durable_transcript \
-       WHERE session_id = $1 AND seq >= $2::bigint AND seq <= $3::bigint \
+       WHERE session_num = h.num AND seq >= $2::bigint AND seq <= $3::bigint \
          AND $2::bigint >= 1 AND $3::bigint <= c.last_seq) m ON true"
 );
 
@@ -123,7 +124,7 @@ pub(crate) async fn load_checkpoint_window(
             version: v,
         });
     }
-    let meta = rows::checkpoint_meta(&row)?;
+    let meta = rows::checkpoint_meta(id, &row)?;
     let format: i32 = get(&row, "cp_format")?;
     rows::check_format(id, Some(v), "the checkpoint", format)?;
     let previous = if v > 0 {
