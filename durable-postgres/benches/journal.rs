@@ -253,15 +253,46 @@ async fn tables_size(pool: &PgPool, pattern: &str) -> u64 {
     u64::try_from(size).unwrap_or(0)
 }
 
+/// Each `durable_*` table's bytes (VACUUMed by [`tables_size`] just before): its rows
+/// (heap and TOAST) and its indexes, by table name.
+async fn tables_breakdown(pool: &PgPool) -> Vec<(String, i64, i64)> {
+    sqlx::query_as(
+        "SELECT tablename::text, \
+           (pg_total_relation_size(quote_ident(tablename)) \
+            - pg_indexes_size(quote_ident(tablename)))::bigint, \
+           pg_indexes_size(quote_ident(tablename))::bigint \
+         FROM pg_tables WHERE schemaname = current_schema() AND tablename LIKE 'durable\\_%' \
+         ORDER BY tablename",
+    )
+    .fetch_all(pool)
+    .await
+    .expect("table sizes")
+}
+
 /// Figure 5: what a `turns`-turn session adds to the `durable_*` tables of a fresh
-/// database, and the same messages to a raw table in it.
+/// database, and the same messages to a raw table in it. Prints what each table grew by
+/// (rows and indexes), which says where the bytes above the messages' own go.
 async fn storage(report: &mut Report, turns: usize) {
     let db = test_database().await;
     let (store, durable) = store(db.url()).await;
     let raw = Raw::connect(db.url()).await;
     let empty = tables_size(store.pool(), "durable\\_%").await;
+    let before = tables_breakdown(store.pool()).await;
     workload::agent_session(&durable, turns).await;
     let full = tables_size(store.pool(), "durable\\_%").await;
+    for (table, rows, indexes) in tables_breakdown(store.pool()).await {
+        let (rows_0, indexes_0) = before
+            .iter()
+            .find(|(t, _, _)| *t == table)
+            .map_or((0, 0), |(_, r, i)| (*r, *i));
+        if rows > rows_0 || indexes > indexes_0 {
+            eprintln!(
+                "storage: {table} grew by {} B of rows, {} B of indexes",
+                rows - rows_0,
+                indexes - indexes_0
+            );
+        }
+    }
     let raw_empty = tables_size(&raw.pool, "bench\\_messages").await;
     let mut message_bytes = 0;
     for turn in 0..turns {
