@@ -186,7 +186,7 @@ pub mod schema {
 
 pub mod store {
     //! What a [`CheckpointStore`](crate::CheckpointStore) reads and writes: the records a
-    //! backend stores (sessions, leases, checkpoints, journal rows, resolutions), for
+    //! backend stores (sessions, leases, checkpoints, journal rows, resolutions, approvals), for
     //! inspection tools, and the validation every backend applies at its boundary. A
     //! backend of your own depends on `durable-core` itself (its seals and conformance
     //! suite are there; see ARCHITECTURE.md).
@@ -194,10 +194,12 @@ pub mod store {
     pub use durable_core::ids::MAX_ID_BYTES;
     pub use durable_core::redact::redact_url;
     pub use durable_core::store::{
-        CallIdentity, CallKind, CallOutcome, CallRecord, CallStatus, Checkpoint, CheckpointMeta,
-        Durability, ErrorRecord, FORMAT_VERSION, Fence, FinishCall, IssueOutcome, Lease, NewCall,
-        NewCheckpoint, NewError, NewSession, PurgeOutcome, Resolution, ResolutionRecord,
-        ResolveCall, RetargetSession, SessionFilter, SessionRecord, SessionStatus, StoredMessage,
+        Approval, ApprovalDecision, ApprovalEvent, ApprovalRecord, ApprovalRequest, CallIdentity,
+        CallKind, CallOutcome, CallRecord, CallStatus, Checkpoint, CheckpointMeta, DEADLINE,
+        DecideApproval, Decided, Durability, ErrorRecord, FORMAT_VERSION, Fence, FinishCall,
+        IssueOutcome, Lease, NewCall, NewCheckpoint, NewError, NewSession, PendingApproval,
+        PurgeOutcome, Resolution, ResolutionRecord, ResolveCall, RetargetSession, SessionFilter,
+        SessionRecord, SessionStatus, StoredMessage, Transition,
     };
     pub use durable_core::validate::{
         validate_id, validate_new_session, validate_owner, validate_text,

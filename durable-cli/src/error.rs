@@ -98,11 +98,16 @@ fn store_code(e: &StoreError) -> Code {
         | StoreError::NotParked { .. }
         | StoreError::VersionConflict { .. }
         | StoreError::CallNotInDoubt { .. }
+        | StoreError::NotAwaitingApproval { .. }
+        | StoreError::ApprovalExpired { .. }
+        | StoreError::ApprovalNotExpired { .. }
         | StoreError::IdempotencyConflict { .. }
         | StoreError::StepClosed { .. }
         | StoreError::AppVersionMismatch { .. }
         | StoreError::NotDurable { .. } => Code::Refused,
-        StoreError::InvalidId { .. } | StoreError::InvalidText { .. } => Code::InvalidInput,
+        StoreError::InvalidId { .. }
+        | StoreError::InvalidText { .. }
+        | StoreError::EmptyDenialReason { .. } => Code::InvalidInput,
         StoreError::SchemaTooNew { .. }
         | StoreError::SchemaTooOld { .. }
         | StoreError::NotAStore { .. }

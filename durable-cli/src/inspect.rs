@@ -2,7 +2,9 @@
 
 use std::collections::HashMap;
 
-use durable::store::{CallRecord, CallStatus, CheckpointMeta, SessionFilter, SessionRecord};
+use durable::store::{
+    ApprovalDecision, CallRecord, CallStatus, CheckpointMeta, Decided, SessionFilter, SessionRecord,
+};
 use durable::{CheckpointStore, Plan, SessionId, StoreError};
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -371,11 +373,21 @@ pub async fn show(store: &dyn CheckpointStore, json: bool, args: ShowArgs) -> Re
     Ok(())
 }
 
-/// A journal row for output: arguments masked, result replaced by its size in tables.
+/// A journal row for output: arguments (those asked and those an approval edited in)
+/// masked, result replaced by its size in tables.
 fn masked_call(call: &CallRecord) -> CallRecord {
+    let mut approval = call.approval.clone();
+    if let Some(Decided {
+        decision: ApprovalDecision::Approve { args: Some(args) },
+        ..
+    }) = approval.as_mut().and_then(|a| a.decision.as_mut())
+    {
+        *args = mask(args);
+    }
     CallRecord {
         args: mask(&call.args),
         result: call.result.as_ref().map(mask),
+        approval,
         ..call.clone()
     }
 }

@@ -43,6 +43,7 @@ use crate::store::{
     NewCheckpoint, NewSession, SessionRecord,
 };
 
+mod approval;
 mod checkpoint_after;
 mod checkpoints;
 mod fork;
@@ -60,6 +61,7 @@ mod stall;
 pub mod tamper;
 mod window;
 
+pub use approval::*;
 pub use checkpoint_after::*;
 pub use checkpoints::*;
 pub use fork::*;
@@ -205,6 +207,14 @@ macro_rules! __durable_conformance_cases {
             resolve_happened_records_result_and_audit,
             resolve_did_not_happen_allows_reissue,
             resolve_refuses_calls_not_in_doubt,
+            // approvals
+            approval_request_runs_nothing_and_is_pending,
+            approval_with_edited_args_is_issued_once,
+            approval_denial_is_the_recorded_outcome,
+            approval_two_decisions_at_once_one_wins,
+            approval_deadline_is_kept_on_the_store_clock,
+            approval_awaiting_session_holds_no_lease,
+            runtime_requested_and_approved_calls_are_not_run,
             // maintenance
             errors_round_trip_in_order,
             migrate_checks_version_and_renames_tools,

@@ -120,6 +120,42 @@ pub enum StoreError {
         /// Its status.
         status: String,
     },
+    /// A decision on a call that is not awaiting one: it was never requested, or it was
+    /// already approved, denied or expired (by another operator, say: of two decisions
+    /// taken at once, exactly one is applied).
+    #[error(
+        "call `{call}` is not awaiting approval (status `{status}`): it was already decided, or never needed a decision"
+    )]
+    NotAwaitingApproval {
+        /// The call.
+        call: CallId,
+        /// Its status.
+        status: String,
+    },
+    /// An approval or denial after the request's deadline: the request can only expire.
+    #[error(
+        "the approval request of call `{call}` expired at {deadline} (ms since the epoch, the store's clock); it can only be expired now"
+    )]
+    ApprovalExpired {
+        /// The call.
+        call: CallId,
+        /// Its deadline (ms).
+        deadline: i64,
+    },
+    /// An expiry before the request's deadline (or of a request without one).
+    #[error("the approval request of call `{call}` has not expired ({detail})")]
+    ApprovalNotExpired {
+        /// The call.
+        call: CallId,
+        /// Its deadline, or that it has none.
+        detail: String,
+    },
+    /// A denial without a reason: the reason is the tool result the model reads.
+    #[error("a denial needs a reason: the model reads it as the tool's result (call `{call}`)")]
+    EmptyDenialReason {
+        /// The call.
+        call: CallId,
+    },
     /// An idempotency key was reused with different arguments.
     #[error(
         "idempotency key `{key}` of tool `{tool}` was already used with other arguments (call `{existing}`); derive keys from every argument that changes the effect"
@@ -370,6 +406,18 @@ pub enum DurableError {
         refused_tool: String,
         /// Why the runtime refused.
         reason: String,
+    },
+    /// The call awaits a person's decision (its journal row is `requested`), or was
+    /// approved and is not run by this release's runtime yet: nothing ran. Decide it with
+    /// [`CheckpointStore::decide_approval`](crate::CheckpointStore::decide_approval).
+    #[error("call `{call}` of `{tool}` was not run: its approval is {status}; nothing ran")]
+    AwaitingApproval {
+        /// The call.
+        call: CallId,
+        /// Its tool.
+        tool: String,
+        /// `requested` (awaiting a decision) or `approved`.
+        status: String,
     },
     /// A re-run step, after asking the model anew, asked for a non-pure call that matches
     /// no record while a recorded non-pure call of that step has not been replayed: the

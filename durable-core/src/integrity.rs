@@ -517,12 +517,16 @@ pub struct CallFields<'a> {
     pub attempt: i64,
     /// Position in the session's journal (1, 2, …).
     pub seq: i64,
+    /// The call's approval (stored JSON text of [`Approval`](crate::store::Approval)),
+    /// for a call that needed one. Sealed after the other fields only when present, so
+    /// that rows without one keep the seals they were written with.
+    pub approval: Option<&'a str>,
 }
 
 impl CallFields<'_> {
     /// The sealed bytes.
     pub fn fields(&self) -> Fields {
-        Fields::new("call")
+        let fields = Fields::new("call")
             .str(self.id)
             .str(self.session)
             .str(self.kind)
@@ -539,7 +543,11 @@ impl CallFields<'_> {
             .opt(self.error)
             .opt(self.spend)
             .int(self.attempt)
-            .int(self.seq)
+            .int(self.seq);
+        match self.approval {
+            Some(approval) => fields.str("approval").str(approval),
+            None => fields,
+        }
     }
 }
 
@@ -628,6 +636,43 @@ impl ResolutionFields<'_> {
     }
 }
 
+/// What an approval audit row's seal covers (see
+/// [`ApprovalRecord`](crate::store::ApprovalRecord)).
+#[derive(Debug, Clone, Copy)]
+pub struct ApprovalFields<'a> {
+    /// The call.
+    pub call: &'a str,
+    /// Session id.
+    pub session: &'a str,
+    /// Position in the session's approval log (1, 2, …).
+    pub position: i64,
+    /// `requested`, `approved`, `denied` or `expired`.
+    pub event: &'a str,
+    /// Who asked or decided.
+    pub actor: &'a str,
+    /// Reasoning, reason or note.
+    pub note: Option<&'a str>,
+    /// Arguments before an edit (stored text).
+    pub args_before: Option<&'a str>,
+    /// Arguments approved by an edit (stored text).
+    pub args_after: Option<&'a str>,
+}
+
+impl ApprovalFields<'_> {
+    /// The sealed bytes.
+    pub fn fields(&self) -> Fields {
+        Fields::new("approval")
+            .str(self.call)
+            .str(self.session)
+            .int(self.position)
+            .str(self.event)
+            .str(self.actor)
+            .opt(self.note)
+            .opt(self.args_before)
+            .opt(self.args_after)
+    }
+}
+
 /// The session head: how much of each log the session has. Deleting the newest row of
 /// any log (which leaves no gap) changes a count and breaks this seal.
 ///
@@ -650,12 +695,20 @@ pub struct Head<'a> {
     pub resolutions: i64,
     /// Journal rows whose status is `issued`.
     pub issued_rows: i64,
+    /// Rows of the session's approval log (requests and decisions). Sealed after the
+    /// other fields only when not 0, so that heads of sessions without approvals keep
+    /// the seals they were written with.
+    pub approvals: i64,
 }
 
 impl Head<'_> {
     /// The sealed bytes.
     pub fn fields(&self) -> Fields {
-        self.legacy_fields().int(self.issued_rows)
+        let fields = self.legacy_fields().int(self.issued_rows);
+        match self.approvals {
+            0 => fields,
+            n => fields.str("approvals").int(n),
+        }
     }
 
     /// The sealed bytes of a head written before it counted its issued rows (store

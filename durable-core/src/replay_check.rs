@@ -372,7 +372,15 @@ impl<'t> ReplayCheck<'t> {
                 Some(Ok(_)) | None => {}
             }
         }
-        let in_doubt = matches!(call.status, CallStatus::Issued | CallStatus::NotHappened);
+        // Rows that may still run: in doubt, resolved as not happened, awaiting a decision or
+        // approved.
+        let in_doubt = matches!(
+            call.status,
+            CallStatus::Issued
+                | CallStatus::NotHappened
+                | CallStatus::Requested
+                | CallStatus::Approved
+        );
         if in_doubt && !call.schema_hash.is_empty() && call.schema_hash != spec.fingerprint {
             failures.push(FailureKind::SchemaChangedInDoubt {
                 recorded: call.schema_hash.clone(),

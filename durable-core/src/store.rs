@@ -17,8 +17,13 @@ use crate::error::StoreError;
 use crate::ids::{CallId, SessionId};
 use crate::replay::ReplayClass;
 
+mod approval;
 mod message;
 
+pub use approval::{
+    Approval, ApprovalDecision, ApprovalEvent, ApprovalRecord, ApprovalRequest, DEADLINE,
+    DecideApproval, Decided, PendingApproval, Transition,
+};
 pub use message::StoredMessage;
 
 /// The version of the JSON formats written by this release (messages, plan, budget,
@@ -39,6 +44,10 @@ pub enum SessionStatus {
     Cancelled,
     /// Dead-lettered: its recoveries kept dying; an operator must look at it.
     Parked,
+    /// Waiting for people to decide on its requested calls
+    /// ([`CallStatus::Requested`]); holds no lease. It becomes `active` again when the
+    /// last one is decided.
+    AwaitingApproval,
 }
 
 impl SessionStatus {
@@ -50,6 +59,7 @@ impl SessionStatus {
             SessionStatus::Failed => "failed",
             SessionStatus::Cancelled => "cancelled",
             SessionStatus::Parked => "parked",
+            SessionStatus::AwaitingApproval => "awaiting_approval",
         }
     }
 
@@ -61,6 +71,7 @@ impl SessionStatus {
             SessionStatus::Failed,
             SessionStatus::Cancelled,
             SessionStatus::Parked,
+            SessionStatus::AwaitingApproval,
         ]
         .into_iter()
         .find(|st| st.as_str() == s)
@@ -244,6 +255,15 @@ pub enum CallStatus {
     Resolved,
     /// An operator resolved an in-doubt call as *did not happen*: it may run again.
     NotHappened,
+    /// Journaled before execution, waiting for a person's decision
+    /// ([`approval`](crate::store::Approval)); nothing has run.
+    Requested,
+    /// A person approved it; nothing has run yet. The next replay of its step issues and
+    /// runs it once ([`CheckpointStore::reissue_call`]).
+    Approved,
+    /// A person denied it, or its deadline passed: the denial is its recorded error,
+    /// which replay returns.
+    Denied,
 }
 
 impl CallStatus {
@@ -255,6 +275,9 @@ impl CallStatus {
             CallStatus::Failed => "failed",
             CallStatus::Resolved => "resolved",
             CallStatus::NotHappened => "not_happened",
+            CallStatus::Requested => "requested",
+            CallStatus::Approved => "approved",
+            CallStatus::Denied => "denied",
         }
     }
 
@@ -266,6 +289,9 @@ impl CallStatus {
             CallStatus::Failed,
             CallStatus::Resolved,
             CallStatus::NotHappened,
+            CallStatus::Requested,
+            CallStatus::Approved,
+            CallStatus::Denied,
         ]
         .into_iter()
         .find(|st| st.as_str() == s)
@@ -275,7 +301,7 @@ impl CallStatus {
     pub const fn has_outcome(self) -> bool {
         matches!(
             self,
-            CallStatus::Completed | CallStatus::Failed | CallStatus::Resolved
+            CallStatus::Completed | CallStatus::Failed | CallStatus::Resolved | CallStatus::Denied
         )
     }
 }
@@ -351,6 +377,10 @@ pub struct CallRecord {
     pub issued_at: i64,
     /// When the outcome was recorded (ms).
     pub finished_at: Option<i64>,
+    /// The call's approval, for a call that needed one: the request and, once taken,
+    /// the decision (sealed with the row).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub approval: Option<Approval>,
 }
 
 /// Outcome of [`CheckpointStore::issue_call`].
@@ -660,7 +690,8 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// with the time left measured on the store's clock. The same owner is never refused:
     /// re-acquiring its own live lease gets a new token (the old one is stale), so a
     /// worker restarted under the same owner name takes its session back at once.
-    /// Refuses terminal and parked sessions with [`StoreError::NotResumable`].
+    /// Refuses terminal, parked and awaiting-approval sessions with
+    /// [`StoreError::NotResumable`].
     ///
     /// Recovery counting, the same rule as [`claim_expired`](Self::claim_expired): taking
     /// over a lease that was not given up with [`release_lease`](Self::release_lease)
@@ -738,8 +769,13 @@ pub trait CheckpointStore: Send + Sync + 'static {
     ///
     /// # Contract
     /// A reason holding NUL is [`StoreError::InvalidText`] before anything is written
-    /// ([`validate_text`](crate::validate::validate_text)). Fenced. When the new status is terminal or parked, releases the lease and bumps
-    /// the fencing token, so the former holder can write nothing more.
+    /// ([`validate_text`](crate::validate::validate_text)). Fenced. When the new status is
+    /// terminal, parked or awaiting approval, releases the lease and bumps the fencing
+    /// token, so the former holder can write nothing more.
+    ///
+    /// [`SessionStatus::AwaitingApproval`] is set only while the session has a requested
+    /// call: when every one was decided before this (an operator was quick), the session
+    /// stays `active`, its lease released all the same, and the next worker takes it.
     async fn set_status(
         &self,
         fence: Fence<'_>,
@@ -893,11 +929,14 @@ pub trait CheckpointStore: Send + Sync + 'static {
         finish: FinishCall,
     ) -> Result<IssueOutcome, StoreError>;
 
-    /// Re-issues an in-doubt (`issued`) or `not_happened` row for another execution:
-    /// attempt + 1, status `issued`, fence = the caller's token.
+    /// Re-issues an in-doubt (`issued`), `not_happened` or `approved` row for another
+    /// execution: attempt + 1, status `issued`, fence = the caller's token. An approved
+    /// row keeps its [`approval`](CallRecord::approval): the edited arguments it runs
+    /// with, if any.
     ///
     /// # Contract
-    /// Fenced. Fails with [`StoreError::CallNotInDoubt`] if the row has an outcome.
+    /// Fenced. Fails with [`StoreError::CallNotInDoubt`] if the row has an outcome or
+    /// still awaits a decision (`requested`).
     async fn reissue_call(&self, fence: Fence<'_>, call: &CallId)
     -> Result<CallRecord, StoreError>;
 
@@ -992,6 +1031,69 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// against the head: a deleted, reordered or altered resolution is
     /// [`StoreError::Tampered`].
     async fn resolutions(&self, session: &SessionId) -> Result<Vec<ResolutionRecord>, StoreError>;
+
+    /// Journals a call that needs a person's approval: inserts its row as
+    /// [`CallStatus::Requested`] with its [`Approval`] (nothing runs), or returns the row
+    /// that already holds this identity, whatever its status.
+    ///
+    /// # Contract
+    /// One atomic, fenced transaction (one commit), synced before it returns:
+    /// insert-or-get on the identity exactly as [`issue_call`](Self::issue_call) (with
+    /// its idempotency-key and step checks). A new row has attempt 0 (nothing ran), the
+    /// deadline `expires_in` after the store's clock, and a `requested` audit row at the
+    /// next position of the session's approval log, counted by the head.
+    /// [`ApprovalRequest::validate`] runs first. The session's status is not changed:
+    /// the harness parks it once every call of the turn is dispatched
+    /// ([`set_status`](Self::set_status) with [`SessionStatus::AwaitingApproval`]).
+    async fn request_call(
+        &self,
+        fence: Fence<'_>,
+        call: NewCall,
+        request: ApprovalRequest,
+    ) -> Result<IssueOutcome, StoreError>;
+
+    /// Applies a person's decision on a requested call and writes its audit row.
+    ///
+    /// # Contract
+    /// Atomic; not fenced (an operator decides, not the session's worker).
+    /// [`DecideApproval::validate`] runs first. Refuses with
+    /// [`StoreError::NotAwaitingApproval`] a call whose status is not `requested`: of two
+    /// decisions on one call taken at once, exactly one is applied and the other gets
+    /// this error. Decided on the store's clock: approving or denying after the deadline
+    /// is [`StoreError::ApprovalExpired`], expiring before it (or a request without one)
+    /// [`StoreError::ApprovalNotExpired`].
+    ///
+    /// `Approve` sets status `approved` and records the edited arguments, if any, in the
+    /// row's approval (the row's own arguments and identity stay those requested: a
+    /// replay of the turn asks with them). `Deny` and `Expire` set status `denied` with
+    /// the denial as the recorded error (`{"denied": reason, "by": who}`), which replay
+    /// returns to the model. The audit row (position, seal, head count) is written in the
+    /// same transaction. When no requested call is left in the session and its status is
+    /// [`SessionStatus::AwaitingApproval`], it becomes `active` again, in the same
+    /// transaction, with no lease: the next worker takes it.
+    async fn decide_approval(&self, decide: DecideApproval) -> Result<CallRecord, StoreError>;
+
+    /// Calls awaiting a decision (status `requested`), across sessions or for one:
+    /// oldest request first.
+    ///
+    /// # Contract
+    /// Read-only, one statement, from an index of the requested rows (the cost follows
+    /// the pending calls, not the journals). Every returned row's seal is checked
+    /// ([`StoreError::Tampered`]); `expired` is decided on the store's clock. A session
+    /// that does not exist has none (no error).
+    async fn pending_approvals(
+        &self,
+        session: Option<&SessionId>,
+    ) -> Result<Vec<PendingApproval>, StoreError>;
+
+    /// The approval log of a session: every request and decision, in the order written.
+    ///
+    /// # Contract
+    /// Read-only, from one snapshot. [`StoreError::SessionNotFound`] if the session does
+    /// not exist. The session head's seal is checked, and so is every row's seal at its
+    /// position and their number against the head: a deleted, reordered or altered
+    /// audit row is [`StoreError::Tampered`].
+    async fn approvals(&self, session: &SessionId) -> Result<Vec<ApprovalRecord>, StoreError>;
 
     /// Records an LLM/API error (retry history). Not fenced: errors are history.
     ///

@@ -20,6 +20,8 @@ pub struct SessionCheck {
     pub journal_rows: usize,
     /// Resolutions read.
     pub resolutions: usize,
+    /// Rows of the approval log read (requests and decisions).
+    pub approvals: usize,
     /// The first problem found (a broken seal, a gap, a row that does not decode), or
     /// `None` when everything holds.
     pub problem: Option<String>,
@@ -33,7 +35,7 @@ impl SessionCheck {
 }
 
 /// Verifies every session of `store` (or only `session`): each checkpoint with its
-/// transcript, the whole journal and the resolutions, through the store's own checked
+/// transcript, the whole journal, the resolutions and the approval log, through the store's own checked
 /// reads. A broken seal or a row that does not decode is reported per session; a store
 /// that cannot be read at all (or a missing key) is an `Err`.
 pub async fn verify_sessions(
@@ -56,6 +58,7 @@ pub async fn verify_sessions(
             checkpoints: 0,
             journal_rows: 0,
             resolutions: 0,
+            approvals: 0,
             problem: None,
         };
         match verify_one(store, &id, &mut check).await {
@@ -107,5 +110,6 @@ async fn verify_one(
     store.load_checkpoint(id, None).await?;
     check.journal_rows = store.calls(id, None).await?.len();
     check.resolutions = store.resolutions(id).await?.len();
+    check.approvals = store.approvals(id).await?.len();
     Ok(())
 }

@@ -11,8 +11,8 @@ use sqlx::postgres::{PgConnection, PgPool};
 use crate::error::db;
 use crate::rows::{self, get};
 use crate::seal::{
-    self, RawCall, RawCheckpoint, check_journal_complete, head_cols, head_from_row, raw_call_cols,
-    resolution_fields,
+    self, RawApproval, RawCall, RawCheckpoint, approval_cols, check_journal_complete, head_cols,
+    head_from_row, raw_call_cols, resolution_fields,
 };
 use crate::tx;
 
@@ -261,6 +261,41 @@ pub(crate) async fn reseal_session(
         sqlx::query(
             "UPDATE durable_resolutions r SET seal = u.seal \
              FROM unnest($1::bigint[], $2::text[]) AS u(id, seal) WHERE r.id = u.id",
+        )
+        .bind(&rowids)
+        .bind(&seals)
+        .execute(&mut *conn)
+        .await
+        .map_err(db)?;
+        count += rowids.len() as i64;
+    }
+    // The approval log, in position order: checked whole under the old key (every seal
+    // at its position, their number against the head), each row sealed again at its
+    // position.
+    let found = sqlx::query(concat!(
+        "SELECT ",
+        approval_cols!(),
+        " FROM durable_approvals WHERE session_id = $1 ORDER BY position"
+    ))
+    .bind(session.as_str())
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(db)?;
+    if let Some(from) = from {
+        seal::check_approvals(from, &head, &found)?;
+    }
+    let mut rowids = Vec::with_capacity(found.len());
+    let mut seals = Vec::with_capacity(found.len());
+    for row in &found {
+        let mut raw = RawApproval::from_row(row)?;
+        raw.seal(to, session)?;
+        rowids.push(get::<i64>(row, "id")?);
+        seals.push(raw.seal.unwrap_or_default());
+    }
+    if !rowids.is_empty() {
+        sqlx::query(
+            "UPDATE durable_approvals a SET seal = u.seal \
+             FROM unnest($1::bigint[], $2::text[]) AS u(id, seal) WHERE a.id = u.id",
         )
         .bind(&rowids)
         .bind(&seals)

@@ -50,6 +50,7 @@
 //!
 //! [`issue_call`]: durable_core::CheckpointStore::issue_call
 
+mod approval;
 mod checkpoints;
 mod error;
 mod journal;

@@ -218,6 +218,8 @@ pub(crate) async fn purge_session(
         return Ok(PurgeOutcome::CallInDoubt);
     }
     for sql in [
+        // The audit logs first: their rows name journal rows.
+        "DELETE FROM durable_approvals WHERE session_id = $1",
         "DELETE FROM durable_resolutions WHERE session_id = $1",
         "DELETE FROM durable_migrations WHERE session_id = $1",
         "DELETE FROM durable_errors WHERE session_id = $1",

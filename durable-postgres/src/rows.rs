@@ -5,8 +5,9 @@ use durable_core::StoreError;
 use durable_core::ids::{CallId, SessionId};
 use durable_core::replay::ReplayClass;
 use durable_core::store::{
-    CallIdentity, CallKind, CallRecord, CallStatus, CheckpointMeta, ErrorRecord, FORMAT_VERSION,
-    Resolution, ResolutionRecord, SessionRecord, SessionStatus,
+    Approval, ApprovalEvent, ApprovalRecord, CallIdentity, CallKind, CallRecord, CallStatus,
+    CheckpointMeta, ErrorRecord, FORMAT_VERSION, Resolution, ResolutionRecord, SessionRecord,
+    SessionStatus,
 };
 use serde_json::Value;
 use sqlx::Row;
@@ -138,7 +139,7 @@ macro_rules! call_cols {
     () => {
         "id, session_id, kind, step, tool_name, input_hash, ordinal, replay_class, status, \
          args, idempotency_key, schema_hash, result, error, spend, mac, attempt, fence, \
-         format, issued_at, finished_at, seq"
+         format, issued_at, finished_at, seq, approval"
     };
 }
 pub(crate) use call_cols;
@@ -268,6 +269,9 @@ pub(crate) fn call(row: &PgRow) -> Result<CallRecord, StoreError> {
     let result = json_opt(&session, &what("result"), get(row, "result")?)?;
     let error = json_opt(&session, &what("error"), get(row, "error")?)?;
     let spend = json_opt(&session, &what("spend"), get(row, "spend")?)?;
+    let approval = get::<Option<String>>(row, "approval")?
+        .map(|text| approval(&session, &id, &text))
+        .transpose()?;
     Ok(CallRecord {
         kind,
         identity: CallIdentity {
@@ -290,7 +294,25 @@ pub(crate) fn call(row: &PgRow) -> Result<CallRecord, StoreError> {
         fence: get(row, "fence")?,
         issued_at: get(row, "issued_at")?,
         finished_at: get(row, "finished_at")?,
+        approval,
         id,
+    })
+}
+
+/// Parses the stored `approval` of journal row `call`: the JSON text of an [`Approval`].
+/// Text that is not one (a newer release's shape, or a row edited and re-sealed by hand)
+/// is [`StoreError::Corrupt`] naming the row.
+pub(crate) fn approval(
+    session: &SessionId,
+    call: &CallId,
+    text: &str,
+) -> Result<Approval, StoreError> {
+    serde_json::from_str(text).map_err(|e| {
+        corrupt(
+            session,
+            None,
+            format!("`approval` of journal row `{call}` is not an approval: {e}"),
+        )
     })
 }
 
@@ -331,6 +353,39 @@ pub(crate) fn resolution(row: &PgRow) -> Result<ResolutionRecord, StoreError> {
         by: get(row, "resolved_by")?,
         note: get(row, "note")?,
         at: get(row, "created_at")?,
+    })
+}
+
+/// Decodes a `durable_approvals` row (its seal checked by the caller, at its position).
+pub(crate) fn approval_record(row: &PgRow) -> Result<ApprovalRecord, StoreError> {
+    let session = SessionId::new(get::<String>(row, "session_id")?);
+    let call = CallId::new(get::<String>(row, "call_id")?);
+    let position: i64 = get(row, "position")?;
+    let what = format!("approval log row {position} (call `{call}`)");
+    check_format(&session, None, &what, get(row, "format")?)?;
+    let event: String = get(row, "event")?;
+    let event = ApprovalEvent::parse(&event)
+        .ok_or_else(|| corrupt(&session, None, format!("{what}: unknown event `{event}`")))?;
+    let args_before = json_opt(
+        &session,
+        &format!("{what}: the arguments before"),
+        get(row, "args_before")?,
+    )?;
+    let args_after = json_opt(
+        &session,
+        &format!("{what}: the arguments approved"),
+        get(row, "args_after")?,
+    )?;
+    Ok(ApprovalRecord {
+        call,
+        position,
+        event,
+        by: get(row, "actor")?,
+        note: get(row, "note")?,
+        args_before,
+        args_after,
+        at: get(row, "created_at")?,
+        session,
     })
 }
 

@@ -6,10 +6,10 @@
 //! exactly as the SQLite backend's does: the same rows give the same sealed fields.
 
 use durable_core::integrity::{
-    CallFields, CheckpointFields, Fields, Head, IssuedCount, Keyring, ResolutionFields,
-    message_fields,
+    ApprovalFields, CallFields, CheckpointFields, Fields, Head, IssuedCount, Keyring,
+    ResolutionFields, message_fields,
 };
-use durable_core::store::CallRecord;
+use durable_core::store::{CallRecord, FORMAT_VERSION};
 use durable_core::{SessionId, StoreError};
 use sqlx::postgres::{PgConnection, PgRow};
 
@@ -36,6 +36,9 @@ pub(crate) struct RawCall {
     pub(crate) spend: Option<String>,
     pub(crate) attempt: i64,
     pub(crate) seq: i64,
+    /// The call's approval as stored (JSON text), for a call that needed one: sealed as
+    /// stored, so the seal covers the bytes a reader decodes.
+    pub(crate) approval: Option<String>,
     pub(crate) mac: Option<String>,
 }
 
@@ -43,7 +46,7 @@ pub(crate) struct RawCall {
 macro_rules! raw_call_cols {
     () => {
         "id, session_id, kind, step, tool_name, input_hash, ordinal, replay_class, status, \
-         args, idempotency_key, schema_hash, result, error, spend, attempt, seq, mac"
+         args, idempotency_key, schema_hash, result, error, spend, attempt, seq, approval, mac"
     };
 }
 pub(crate) use raw_call_cols;
@@ -69,6 +72,7 @@ impl RawCall {
             spend: get(row, "spend")?,
             attempt: i64::from(get::<i32>(row, "attempt")?),
             seq: get(row, "seq")?,
+            approval: get(row, "approval")?,
             mac: get(row, "mac")?,
         })
     }
@@ -92,6 +96,7 @@ impl RawCall {
             spend: self.spend.as_deref(),
             attempt: self.attempt,
             seq: self.seq,
+            approval: self.approval.as_deref(),
         }
         .fields()
     }
@@ -131,6 +136,9 @@ pub(crate) struct HeadRow {
     /// (sealed without the count: [`Head::legacy_fields`]), which the store upgrades when
     /// a writer opens the database ([`crate::keys`]).
     pub(crate) issued_rows: Option<i64>,
+    /// Rows of the session's approval log (schema 8; 0 before it, and for every session
+    /// without approvals, whose heads are sealed as before: [`Head::approvals`]).
+    pub(crate) approvals: i64,
     pub(crate) checkpoint_seal: String,
     pub(crate) head: Option<String>,
 }
@@ -144,6 +152,7 @@ impl HeadRow {
             checkpoint_seal: &self.checkpoint_seal,
             resolutions: self.resolutions,
             issued_rows: 0,
+            approvals: self.approvals,
         })
     }
 
@@ -178,6 +187,18 @@ impl HeadRow {
     /// count of issued rows (written before schema 4) under
     /// [`Head::legacy_fields`]. Only for the upgrade of such heads ([`crate::keys`]).
     pub(crate) fn check_sealed(&self, ring: &Keyring) -> Result<(), StoreError> {
+        if self.issued_rows.is_none() && self.approvals != 0 {
+            // A head of the old format was written before approvals existed: its seal
+            // does not cover the count, so a count there was set behind the store's back.
+            return Err(StoreError::Tampered {
+                session: self.session.clone(),
+                what: "the session head".to_owned(),
+                detail: format!(
+                    "it predates approvals but counts {} approval events",
+                    self.approvals
+                ),
+            });
+        }
         ring.verify(
             &self.session,
             || "the session head (its row counts and latest checkpoint)".to_owned(),
@@ -201,13 +222,14 @@ impl HeadRow {
         self.seal(ring)?;
         sqlx::query(
             "UPDATE durable_sessions SET journal_rows = $2, resolutions = $3, \
-             issued_rows = $4, head = $5 WHERE id = $1",
+             issued_rows = $4, head = $5, approvals = $6 WHERE id = $1",
         )
         .bind(self.session.as_str())
         .bind(self.journal_rows)
         .bind(self.resolutions)
         .bind(self.issued_rows)
         .bind(self.head.as_deref())
+        .bind(self.approvals)
         .execute(conn)
         .await
         .map_err(db)?;
@@ -218,7 +240,7 @@ impl HeadRow {
 /// The columns [`head_from_row`] reads, from `durable_sessions s`.
 macro_rules! head_cols {
     () => {
-        "s.journal_rows, s.latest_version, s.resolutions, s.issued_rows, s.head, \
+        "s.journal_rows, s.latest_version, s.resolutions, s.issued_rows, s.head, s.approvals, \
          (SELECT k.seal FROM durable_checkpoints k WHERE k.session_num = s.num \
           AND k.version = s.latest_version) AS checkpoint_seal"
     };
@@ -233,6 +255,7 @@ pub(crate) fn head_from_row(row: &PgRow, session: &SessionId) -> Result<HeadRow,
         latest_version: get(row, "latest_version")?,
         resolutions: get(row, "resolutions")?,
         issued_rows: get(row, "issued_rows")?,
+        approvals: get(row, "approvals")?,
         head: get(row, "head")?,
         checkpoint_seal: get::<Option<String>>(row, "checkpoint_seal")?.unwrap_or_default(),
     })
@@ -537,6 +560,158 @@ pub(crate) fn check_resolutions(
             detail: format!(
                 "the session head records {} resolutions, the table holds {}",
                 head.resolutions,
+                found.len()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// An approval log row's sealed columns (see [`ApprovalFields`]).
+#[derive(Debug, Clone)]
+pub(crate) struct RawApproval {
+    pub(crate) call: String,
+    pub(crate) position: i64,
+    pub(crate) event: String,
+    pub(crate) actor: String,
+    pub(crate) note: Option<String>,
+    pub(crate) args_before: Option<String>,
+    pub(crate) args_after: Option<String>,
+    pub(crate) seal: Option<String>,
+}
+
+/// Columns [`RawApproval::from_row`] reads (and [`rows::approval_record`] decodes).
+macro_rules! approval_cols {
+    () => {
+        "id, call_id, session_id, position, event, actor, note, args_before, args_after, \
+         format, created_at, seal"
+    };
+}
+pub(crate) use approval_cols;
+
+impl RawApproval {
+    /// Reads the sealed columns of a row selected with [`approval_cols!`].
+    pub(crate) fn from_row(row: &PgRow) -> Result<Self, StoreError> {
+        Ok(RawApproval {
+            call: get(row, "call_id")?,
+            position: get(row, "position")?,
+            event: get(row, "event")?,
+            actor: get(row, "actor")?,
+            note: get(row, "note")?,
+            args_before: get(row, "args_before")?,
+            args_after: get(row, "args_after")?,
+            seal: get(row, "seal")?,
+        })
+    }
+
+    /// The sealed bytes, at `position` of `session`'s log (the position the reader
+    /// expects, not the stored one: a row moved in the log fails its seal).
+    fn fields(&self, session: &SessionId, position: i64) -> Fields {
+        ApprovalFields {
+            call: &self.call,
+            session: session.as_str(),
+            position,
+            event: &self.event,
+            actor: &self.actor,
+            note: self.note.as_deref(),
+            args_before: self.args_before.as_deref(),
+            args_after: self.args_after.as_deref(),
+        }
+        .fields()
+    }
+
+    /// Seals the row at its own position.
+    pub(crate) fn seal(&mut self, ring: &Keyring, session: &SessionId) -> Result<(), StoreError> {
+        self.seal = Some(ring.seal(&self.fields(session, self.position))?);
+        Ok(())
+    }
+
+    /// Seals the row at its own position and writes it into `session`'s log (the caller
+    /// holds the session row and counts the row in the head, in the same transaction).
+    pub(crate) async fn insert(
+        &mut self,
+        conn: &mut PgConnection,
+        ring: &Keyring,
+        session: &SessionId,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        self.seal(ring, session)?;
+        sqlx::query(
+            "INSERT INTO durable_approvals (call_id, session_id, position, event, actor, note, \
+               args_before, args_after, format, created_at, seal) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+        )
+        .bind(&self.call)
+        .bind(session.as_str())
+        .bind(self.position)
+        .bind(&self.event)
+        .bind(&self.actor)
+        .bind(&self.note)
+        .bind(&self.args_before)
+        .bind(&self.args_after)
+        .bind(FORMAT_VERSION)
+        .bind(now)
+        .bind(&self.seal)
+        .execute(conn)
+        .await
+        .map_err(db)?;
+        Ok(())
+    }
+
+    /// Checks the row's seal at position `expected` of `session`'s log.
+    pub(crate) fn check(
+        &self,
+        ring: &Keyring,
+        session: &SessionId,
+        expected: i64,
+    ) -> Result<(), StoreError> {
+        ring.verify(
+            session,
+            || {
+                format!(
+                    "approval log row {} (call `{}`, {})",
+                    self.position, self.call, self.event
+                )
+            },
+            &self.fields(session, expected),
+            self.seal.as_deref(),
+        )
+    }
+}
+
+/// Checks the approval log of a session, read in position order, against the seals
+/// (each at its position 1, 2, …), the positions stored and the head's count: a row
+/// deleted, inserted, moved or altered is [`StoreError::Tampered`].
+pub(crate) fn check_approvals(
+    ring: &Keyring,
+    head: &HeadRow,
+    found: &[PgRow],
+) -> Result<(), StoreError> {
+    let session = &head.session;
+    for (i, row) in found.iter().enumerate() {
+        let raw = RawApproval::from_row(row)?;
+        let expected = i64::try_from(i + 1).unwrap_or(i64::MAX);
+        raw.check(ring, session, expected)?;
+        // The seal holds at the expected position; a stored position that says
+        // otherwise was edited (the row reads back at the position it was sealed at).
+        if raw.position != expected {
+            return Err(StoreError::Tampered {
+                session: session.clone(),
+                what: "the approval log".to_owned(),
+                detail: format!(
+                    "the row sealed at position {expected} (call `{}`) is stored at position {}",
+                    raw.call, raw.position
+                ),
+            });
+        }
+    }
+    if i64::try_from(found.len()).ok() != Some(head.approvals) {
+        return Err(StoreError::Tampered {
+            session: session.clone(),
+            what: "the approval log".to_owned(),
+            detail: format!(
+                "the session head records {} approval log rows, the table holds {}",
+                head.approvals,
                 found.len()
             ),
         });

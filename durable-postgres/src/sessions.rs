@@ -60,6 +60,7 @@ pub(crate) async fn create_session(
         latest_version: 0,
         resolutions: 0,
         issued_rows: Some(0),
+        approvals: 0,
         checkpoint_seal: tail.checkpoint_seal,
         head: None,
     }
@@ -127,10 +128,23 @@ pub(crate) async fn set_status(
     )
     .await?
     .now;
-    let releases = status.is_terminal() || status == SessionStatus::Parked;
+    // Terminal, parked or awaiting approval: the holder is done with the session, so the
+    // lease ends and the token moves on (a straggler of the holder writes nothing more).
+    let awaits = status == SessionStatus::AwaitingApproval;
+    let releases = status.is_terminal() || status == SessionStatus::Parked || awaits;
+    // Awaiting approval only while a requested row is left: every one decided already
+    // (an operator was quicker than this call), the session stays `active` for the next
+    // worker. Its lease is given up (no owner), not left to expire: a worker that takes
+    // it next is not recovering from a crash.
     sqlx::query(
-        "UPDATE durable_sessions
-         SET status = $2, status_reason = $3, updated_at = $4,
+        "WITH decided AS (
+           SELECT $6 AND NOT EXISTS (SELECT 1 FROM durable_tool_calls
+                                     WHERE session_id = $1 AND status = 'requested') AS none_left)
+         UPDATE durable_sessions
+         SET status = CASE WHEN (SELECT none_left FROM decided) THEN 'active' ELSE $2 END,
+             status_reason = CASE WHEN (SELECT none_left FROM decided) THEN NULL ELSE $3 END,
+             updated_at = $4,
+             lease_owner = CASE WHEN $6 THEN NULL ELSE lease_owner END,
              lease_expires_at = CASE WHEN $5 THEN $4 ELSE lease_expires_at END,
              fence = fence + CASE WHEN $5 THEN 1 ELSE 0 END
          WHERE id = $1",
@@ -140,6 +154,7 @@ pub(crate) async fn set_status(
     .bind(reason)
     .bind(now)
     .bind(releases)
+    .bind(awaits)
     .execute(&mut *tx)
     .await
     .map_err(db)?;

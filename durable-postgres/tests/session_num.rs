@@ -15,6 +15,7 @@ use serde_json::json;
 use sqlx::postgres::PgPool;
 
 mod schema_6;
+mod schema_7;
 
 fn durable(store: &PostgresStore) -> Durable {
     Durable::builder(Arc::new(store.clone()) as Arc<dyn CheckpointStore>)

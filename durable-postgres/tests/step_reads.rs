@@ -405,6 +405,7 @@ async fn a_version_2_database_is_upgraded() {
             "durable_tool_calls_issued",
             "durable_tool_calls_pkey",
             "durable_tool_calls_position",
+            "durable_tool_calls_requested",
         ]
     );
 }

@@ -20,6 +20,7 @@ use serde_json::{Value, json};
 use sqlx::postgres::PgPool;
 
 mod schema_6;
+mod schema_7;
 
 async fn open(db: &TestDatabase, ring: Keyring) -> Result<PostgresStore, StoreError> {
     PostgresStore::connect_with(PostgresStoreOptions::new(db.url()).keyring(ring)).await
@@ -130,6 +131,7 @@ async fn back_to_schema_3(pool: &PgPool) {
             checkpoint_seal: checkpoint_seal.as_deref().unwrap_or(""),
             resolutions,
             issued_rows: 0,
+            approvals: 0,
         };
         let seal = ring.seal(&old.legacy_fields()).expect("seal");
         sqlx::query("UPDATE durable_sessions SET head = $2 WHERE id = $1")

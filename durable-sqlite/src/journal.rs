@@ -3,8 +3,8 @@
 
 use durable_core::integrity::Keyring;
 use durable_core::store::{
-    CallOutcome, CallRecord, CallStatus, CheckpointMeta, FORMAT_VERSION, Fence, FinishCall,
-    IssueOutcome, NewCall, NewCheckpoint,
+    ApprovalEvent, CallOutcome, CallRecord, CallStatus, CheckpointMeta, FORMAT_VERSION, Fence,
+    FinishCall, IssueOutcome, NewCall, NewCheckpoint,
 };
 use durable_core::{CallId, SessionId, StoreError};
 use sqlx::Arguments;
@@ -12,6 +12,7 @@ use sqlx::SqliteConnection;
 use sqlx::sqlite::{SqliteArguments, SqliteRow};
 
 use crate::SqliteStore;
+use crate::approval;
 use crate::checkpoints::{self, LatestCheckpoint, Statements};
 use crate::error::db;
 use crate::group::BatchConn;
@@ -85,11 +86,15 @@ pub(crate) async fn reissue_call(
         |q| q.bind(call.as_str()),
     )
     .await?;
+    let tx_now = tx.now;
     let result = async {
         let mut raw = fenced_call(&row, ring, fence, call)?;
+        let approved = raw.status == CallStatus::Approved.as_str();
         let was_issued = match CallStatus::parse(&raw.status) {
             Some(CallStatus::Issued) => true,
-            Some(CallStatus::NotHappened) => false,
+            // Not issued: did not happen, or approved and never run (its approval, with
+            // any edited arguments, stays on the row).
+            Some(CallStatus::NotHappened | CallStatus::Approved) => false,
             _ => {
                 return Err(StoreError::CallNotInDoubt {
                     call: call.clone(),
@@ -116,6 +121,21 @@ pub(crate) async fn reissue_call(
         .execute(&mut *conn)
         .await
         .map_err(db)?;
+        if approved {
+            // The log says the approved call was issued: restoring the row's approved
+            // version afterwards is refused (`ApprovalEvent::check_row`).
+            let last = approval::last_event(&mut *conn, call).await?;
+            ApprovalEvent::check_row(fence.session, call, CallStatus::Approved, last)?;
+            let entry = approval::LogEntry {
+                call,
+                event: ApprovalEvent::Issued,
+                actor: "worker",
+                note: None,
+                args_before: None,
+                args_after: None,
+            };
+            approval::append(&mut *conn, ring, &mut fenced.head, entry, tx_now).await?;
+        }
         if !was_issued {
             fenced.head.count_issued(1)?;
             fenced.head.store(&mut *conn, ring).await?;
@@ -466,6 +486,8 @@ macro_rules! key_holder_col {
     };
 }
 
+pub(crate) use key_holder_col;
+
 /// The step of the session's latest journal row (by position, from the index), which a
 /// new row's step may not be before.
 macro_rules! latest_step_col {
@@ -474,6 +496,8 @@ macro_rules! latest_step_col {
          AND l.seq = s.journal_rows) AS latest_step"
     };
 }
+
+pub(crate) use latest_step_col;
 
 /// `issue_call` (`finish = None`: status `issued`) and `record_call` (the outcome is
 /// written with the new row): fence check, step check, idempotency-key check, then
@@ -508,24 +532,10 @@ async fn insert_call(
         }
     };
     let raw = RawCall {
-        id: call.id.as_str().to_owned(),
-        session: call.identity.session.as_str().to_owned(),
-        kind: call.kind.as_str().to_owned(),
-        step: call.identity.step,
-        tool: call.identity.tool.clone(),
-        input_hash: call.identity.input_hash.clone(),
-        ordinal: call.identity.ordinal,
-        class: call.class.as_str().to_owned(),
-        status: status.as_str().to_owned(),
-        args,
-        key: call.idempotency_key.clone(),
-        schema_hash: call.schema_hash.clone(),
         result,
         error,
         spend,
-        attempt: 1,
-        seq: 0,
-        mac: None,
+        ..new_row(&call, status, args, 1)
     };
     let job_store = store.clone();
     let (session, token) = (fence.session.clone(), fence.token);
@@ -594,7 +604,34 @@ async fn insert_call(
         issued_at: now,
         finished_at: finished.then_some(now),
         identity: call.identity,
+        approval: None,
     }))
+}
+
+/// The sealed columns of a new journal row for `call` (its `args` already serialized),
+/// with no outcome, approval or position yet.
+pub(crate) fn new_row(call: &NewCall, status: CallStatus, args: String, attempt: i64) -> RawCall {
+    RawCall {
+        id: call.id.as_str().to_owned(),
+        session: call.identity.session.as_str().to_owned(),
+        kind: call.kind.as_str().to_owned(),
+        step: call.identity.step,
+        tool: call.identity.tool.clone(),
+        input_hash: call.identity.input_hash.clone(),
+        ordinal: call.identity.ordinal,
+        class: call.class.as_str().to_owned(),
+        status: status.as_str().to_owned(),
+        args,
+        key: call.idempotency_key.clone(),
+        schema_hash: call.schema_hash.clone(),
+        result: None,
+        error: None,
+        spend: None,
+        attempt,
+        seq: 0,
+        mac: None,
+        approval: None,
+    }
 }
 
 /// The statements of [`insert_call`], inside a batch: `Some((seq, seal, now))` if the

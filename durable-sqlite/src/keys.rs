@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 
-use durable_core::integrity::{self, KeyAction, Keyring};
+use durable_core::integrity::{self, ApprovalFields, KeyAction, Keyring};
 use durable_core::{SessionId, StoreError};
 use sqlx::SqliteConnection;
 
@@ -226,6 +226,50 @@ pub(crate) async fn reseal_session(
             )?;
         }
         sqlx::query("UPDATE durable_resolutions SET seal = ? WHERE id = ?")
+            .bind(to.seal(&fields)?)
+            .bind(rowid)
+            .execute(&mut *conn)
+            .await
+            .map_err(db)?;
+        count += 1;
+    }
+    // The approval log.
+    let found = sqlx::query(
+        "SELECT id, call_id, position, event, actor, note, args_before, args_after, seal \
+         FROM durable_approvals WHERE session_id = ? ORDER BY position",
+    )
+    .bind(session.as_str())
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(db)?;
+    for row in &found {
+        let text = |name: &str| rows::col::<Option<String>>(row, name, session, None);
+        let rowid: i64 = rows::col(row, "id", session, None)?;
+        let call: String = rows::col(row, "call_id", session, None)?;
+        let position: i64 = rows::col(row, "position", session, None)?;
+        let event: String = rows::col(row, "event", session, None)?;
+        let actor: String = rows::col(row, "actor", session, None)?;
+        let (note, before, after) = (text("note")?, text("args_before")?, text("args_after")?);
+        let fields = ApprovalFields {
+            call: &call,
+            session: session.as_str(),
+            position,
+            event: &event,
+            actor: &actor,
+            note: note.as_deref(),
+            args_before: before.as_deref(),
+            args_after: after.as_deref(),
+        }
+        .fields();
+        if let Some(from) = from {
+            from.verify(
+                session,
+                || format!("approval event {position} (call `{call}`)"),
+                &fields,
+                text("seal")?.as_deref(),
+            )?;
+        }
+        sqlx::query("UPDATE durable_approvals SET seal = ? WHERE id = ?")
             .bind(to.seal(&fields)?)
             .bind(rowid)
             .execute(&mut *conn)

@@ -70,6 +70,7 @@ use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use sqlx::{ConnectOptions, Connection, SqliteConnection, SqlitePool};
 
+mod approval;
 mod checkpoints;
 mod error;
 mod group;
@@ -522,8 +523,9 @@ mod tests {
         assert_eq!(migrations().table_name, MIGRATIONS_TABLE);
         assert_eq!(
             schema_version(),
-            5,
-            "0001_init, 0002_seals, 0003_speed, 0004_issued_rows and 0005_replies_once"
+            6,
+            "0001_init, 0002_seals, 0003_speed, 0004_issued_rows, 0005_replies_once and \
+             0006_approvals"
         );
     }
 }

@@ -220,6 +220,7 @@ pub(crate) async fn purge_session(
             return Ok(PurgeOutcome::CallInDoubt);
         }
         for delete in [
+            "DELETE FROM durable_approvals WHERE session_id = ?",
             "DELETE FROM durable_resolutions WHERE session_id = ?",
             "DELETE FROM durable_migrations WHERE session_id = ?",
             "DELETE FROM durable_errors WHERE session_id = ?",

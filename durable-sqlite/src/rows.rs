@@ -7,8 +7,8 @@
 //! so one bad row never makes other sessions unreadable.
 
 use durable_core::store::{
-    CallIdentity, CallKind, CallRecord, CallStatus, CheckpointMeta, ErrorRecord, Resolution,
-    ResolutionRecord, SessionRecord, SessionStatus,
+    Approval, CallIdentity, CallKind, CallRecord, CallStatus, CheckpointMeta, ErrorRecord,
+    Resolution, ResolutionRecord, SessionRecord, SessionStatus,
 };
 use durable_core::{CallId, ReplayClass, SessionId, StoreError};
 use serde_json::Value;
@@ -32,7 +32,7 @@ macro_rules! call_cols {
         "c.id, c.session_id, c.kind, c.step, c.tool_name, c.input_hash, c.ordinal, \
          c.replay_class, c.status, c.args, c.idempotency_key, c.schema_hash, c.result, \
          c.error, c.spend, c.mac, c.attempt, c.fence, c.format, c.issued_at, c.finished_at, \
-         c.seq"
+         c.seq, c.approval"
     };
 }
 pub(crate) use call_cols;
@@ -168,7 +168,22 @@ pub(crate) fn call(row: &SqliteRow) -> Result<CallRecord, StoreError> {
         fence: col(row, "fence", s, None)?,
         issued_at: col(row, "issued_at", s, None)?,
         finished_at: col(row, "finished_at", s, None)?,
+        approval: approval(row, s, &id)?,
         id,
+    })
+}
+
+/// Decodes the `approval` column of a journal row (the JSON of an [`Approval`]).
+fn approval(row: &SqliteRow, s: &SessionId, id: &CallId) -> Result<Option<Approval>, StoreError> {
+    let Some(text) = col::<Option<String>>(row, "approval", s, None)? else {
+        return Ok(None);
+    };
+    serde_json::from_str(&text).map(Some).map_err(|e| {
+        corrupt(
+            s,
+            None,
+            format!("journal row `{id}`: its `approval` is not an approval ({e})"),
+        )
     })
 }
 

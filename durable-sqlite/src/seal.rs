@@ -37,6 +37,8 @@ pub(crate) struct RawCall {
     pub(crate) attempt: i64,
     pub(crate) seq: i64,
     pub(crate) mac: Option<String>,
+    /// The call's approval, as stored (JSON text), for a call that needed one.
+    pub(crate) approval: Option<String>,
 }
 
 /// Columns [`RawCall::from_row`] reads (alias `c`).
@@ -44,7 +46,7 @@ macro_rules! raw_call_cols {
     () => {
         "c.id, c.session_id, c.kind, c.step, c.tool_name, c.input_hash, c.ordinal, \
          c.replay_class, c.status, c.args, c.idempotency_key, c.schema_hash, c.result, \
-         c.error, c.spend, c.attempt, c.seq, c.mac"
+         c.error, c.spend, c.attempt, c.seq, c.mac, c.approval"
     };
 }
 pub(crate) use raw_call_cols;
@@ -75,6 +77,7 @@ impl RawCall {
             attempt: int("attempt")?,
             seq: int("seq")?,
             mac: opt("mac")?,
+            approval: opt("approval")?,
             session,
         })
     }
@@ -98,6 +101,7 @@ impl RawCall {
             spend: self.spend.as_deref(),
             attempt: self.attempt,
             seq: self.seq,
+            approval: self.approval.as_deref(),
         }
         .fields()
     }
@@ -172,6 +176,8 @@ pub(crate) struct HeadRow {
     /// (sealed without the count: [`Head::legacy_fields`]), which the store upgrades when
     /// it opens the database ([`crate::keys`]).
     pub(crate) issued_rows: Option<i64>,
+    /// Rows of the session's approval log (requests and decisions).
+    pub(crate) approvals: i64,
     pub(crate) checkpoint_seal: String,
     pub(crate) head: Option<String>,
 }
@@ -185,6 +191,7 @@ impl HeadRow {
             checkpoint_seal: &self.checkpoint_seal,
             resolutions: self.resolutions,
             issued_rows: 0,
+            approvals: self.approvals,
         })
     }
 
@@ -220,6 +227,18 @@ impl HeadRow {
     /// issued rows, or (`issued_rows` is `None`) the format before schema 4. Only for the
     /// upgrade and the re-sealing that count such heads.
     pub(crate) fn check_any_format(&self, ring: &Keyring) -> Result<(), StoreError> {
+        if self.issued_rows.is_none() && self.approvals != 0 {
+            // A head of the old format was written before approvals existed: its seal
+            // does not cover the count, so a count there was set behind the store's back.
+            return Err(StoreError::Tampered {
+                session: self.session.clone(),
+                what: "the session head".to_owned(),
+                detail: format!(
+                    "it predates approvals but counts {} approval events",
+                    self.approvals
+                ),
+            });
+        }
         ring.verify(
             &self.session,
             || "the session head (its row counts and latest checkpoint)".to_owned(),
@@ -244,11 +263,12 @@ impl HeadRow {
         self.reseal(ring)?;
         sqlx::query(
             "UPDATE durable_sessions SET journal_rows = ?, resolutions = ?, issued_rows = ?, \
-             head = ? WHERE id = ?",
+             approvals = ?, head = ? WHERE id = ?",
         )
         .bind(self.journal_rows)
         .bind(self.resolutions)
         .bind(self.issued_rows)
+        .bind(self.approvals)
         .bind(self.head.as_deref())
         .bind(self.session.as_str())
         .execute(conn)
@@ -261,7 +281,7 @@ impl HeadRow {
 /// The columns [`head_from_row`] reads, from `durable_sessions s`.
 macro_rules! head_cols {
     () => {
-        "s.journal_rows, s.latest_version, s.resolutions, s.issued_rows, s.head, \
+        "s.journal_rows, s.latest_version, s.resolutions, s.issued_rows, s.approvals, s.head, \
          (SELECT k.seal FROM durable_checkpoints k WHERE k.session_num = s.num \
           AND k.version = s.latest_version) AS checkpoint_seal"
     };
@@ -276,6 +296,7 @@ pub(crate) fn head_from_row(row: &SqliteRow, session: &SessionId) -> Result<Head
         latest_version: rows::col(row, "latest_version", session, None)?,
         resolutions: rows::col(row, "resolutions", session, None)?,
         issued_rows: rows::col(row, "issued_rows", session, None)?,
+        approvals: rows::col(row, "approvals", session, None)?,
         head: rows::col(row, "head", session, None)?,
         checkpoint_seal: rows::col::<Option<String>>(row, "checkpoint_seal", session, None)?
             .unwrap_or_default(),

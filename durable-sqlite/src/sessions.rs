@@ -62,6 +62,7 @@ pub(crate) async fn create_session(
             latest_version: 0,
             resolutions: 0,
             issued_rows: Some(0),
+            approvals: 0,
             checkpoint_seal,
             head: None,
         }
@@ -132,16 +133,25 @@ pub(crate) async fn set_status(
     let result = async {
         let conn = tx.conn();
         tx::fenced(&mut *conn, store.keyring(), fence).await?;
-        let release = status.is_terminal() || status == SessionStatus::Parked;
+        let awaiting = status == SessionStatus::AwaitingApproval;
+        let release = status.is_terminal() || status == SessionStatus::Parked || awaiting;
+        // Awaiting approval only while something is requested (an operator may have
+        // decided everything already); released either way, with no owner, so that the
+        // next worker's take is not a recovery.
         sqlx::query(
-            "UPDATE durable_sessions SET status = ?, status_reason = ?, updated_at = ?, \
-             lease_expires_at = CASE WHEN ? THEN ? ELSE lease_expires_at END, \
-             fence = fence + CASE WHEN ? THEN 1 ELSE 0 END WHERE id = ?",
+            "UPDATE durable_sessions SET \
+             status = CASE WHEN ?1 AND NOT EXISTS (SELECT 1 FROM durable_tool_calls \
+               WHERE session_id = ?6 AND status = 'requested') THEN 'active' ELSE ?2 END, \
+             status_reason = CASE WHEN ?1 AND NOT EXISTS (SELECT 1 FROM durable_tool_calls \
+               WHERE session_id = ?6 AND status = 'requested') THEN NULL ELSE ?3 END, \
+             updated_at = ?4, \
+             lease_expires_at = CASE WHEN ?5 THEN ?4 ELSE lease_expires_at END, \
+             lease_owner = CASE WHEN ?1 THEN NULL ELSE lease_owner END, \
+             fence = fence + CASE WHEN ?5 THEN 1 ELSE 0 END WHERE id = ?6",
         )
+        .bind(awaiting)
         .bind(status.as_str())
         .bind(reason)
-        .bind(now)
-        .bind(release)
         .bind(now)
         .bind(release)
         .bind(fence.session.as_str())

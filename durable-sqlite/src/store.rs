@@ -12,15 +12,17 @@ use std::time::Duration;
 use async_trait::async_trait;
 use durable_core::integrity::Keyring;
 use durable_core::store::{
-    CallRecord, Checkpoint, CheckpointMeta, Durability, ErrorRecord, Fence, FinishCall,
-    IssueOutcome, Lease, NewCall, NewCheckpoint, NewError, NewSession, PurgeOutcome,
-    ResolutionRecord, ResolveCall, RetargetSession, SessionFilter, SessionRecord, SessionStatus,
-    StoredMessage,
+    ApprovalRecord, ApprovalRequest, CallRecord, Checkpoint, CheckpointMeta, DecideApproval,
+    Durability, ErrorRecord, Fence, FinishCall, IssueOutcome, Lease, NewCall, NewCheckpoint,
+    NewError, NewSession, PendingApproval, PurgeOutcome, ResolutionRecord, ResolveCall,
+    RetargetSession, SessionFilter, SessionRecord, SessionStatus, StoredMessage,
 };
 use durable_core::{CallId, CheckpointStore, SessionId, StoreError};
 
 use crate::error::BACKEND;
-use crate::{SqliteStore, checkpoints, journal, leases, maintenance, resolution, sessions};
+use crate::{
+    SqliteStore, approval, checkpoints, journal, leases, maintenance, resolution, sessions,
+};
 
 #[async_trait]
 impl CheckpointStore for SqliteStore {
@@ -210,6 +212,30 @@ impl CheckpointStore for SqliteStore {
 
     async fn resolutions(&self, session: &SessionId) -> Result<Vec<ResolutionRecord>, StoreError> {
         resolution::resolutions(self, session).await
+    }
+
+    async fn request_call(
+        &self,
+        fence: Fence<'_>,
+        call: NewCall,
+        request: ApprovalRequest,
+    ) -> Result<IssueOutcome, StoreError> {
+        approval::request_call(self, fence, call, request).await
+    }
+
+    async fn decide_approval(&self, decide: DecideApproval) -> Result<CallRecord, StoreError> {
+        approval::decide_approval(self, decide).await
+    }
+
+    async fn pending_approvals(
+        &self,
+        session: Option<&SessionId>,
+    ) -> Result<Vec<PendingApproval>, StoreError> {
+        approval::pending_approvals(self, session).await
+    }
+
+    async fn approvals(&self, session: &SessionId) -> Result<Vec<ApprovalRecord>, StoreError> {
+        approval::approvals(self, session).await
     }
 
     async fn record_error(&self, error: NewError) -> Result<(), StoreError> {

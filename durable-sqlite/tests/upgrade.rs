@@ -99,7 +99,8 @@ async fn session(store: &SqliteStore, issued: i64, completed: i64) -> (SessionId
     (id, lease)
 }
 
-/// Rewrites the database as schema 3 left it: every head sealed without its count.
+/// Rewrites the database as schema 3 left it: every head sealed without its count, and
+/// nothing of schemas 4 to 6 (these sessions requested no approvals).
 async fn as_schema_3(path: &Path) {
     let mut conn = raw(path).await;
     let heads = sqlx::query(
@@ -120,6 +121,7 @@ async fn as_schema_3(path: &Path) {
             checkpoint_seal: &checkpoint_seal,
             resolutions: row.get("resolutions"),
             issued_rows: 0,
+            approvals: 0,
         };
         let seal = ring().seal(&head.legacy_fields()).expect("seal");
         sqlx::query("UPDATE durable_sessions SET head = ? WHERE id = ?")
@@ -130,7 +132,11 @@ async fn as_schema_3(path: &Path) {
             .expect("old head");
     }
     sqlx::query(
-        "DROP VIEW durable_transcript; \
+        "DROP TABLE durable_approvals; \
+         ALTER TABLE durable_sessions DROP COLUMN approvals; \
+         DROP INDEX durable_tool_calls_requested; \
+         ALTER TABLE durable_tool_calls DROP COLUMN approval; \
+         DROP VIEW durable_transcript; \
          ALTER TABLE durable_messages DROP COLUMN call_seq; \
          DROP INDEX durable_sessions_uncounted; \
          ALTER TABLE durable_sessions DROP COLUMN issued_rows; \

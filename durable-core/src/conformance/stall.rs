@@ -20,10 +20,10 @@ use tokio::sync::Notify;
 use crate::error::StoreError;
 use crate::ids::{CallId, SessionId};
 use crate::store::{
-    CallRecord, Checkpoint, CheckpointMeta, CheckpointStore, Durability, ErrorRecord, Fence,
-    FinishCall, IssueOutcome, Lease, NewCall, NewCheckpoint, NewError, NewSession, PurgeOutcome,
-    ResolutionRecord, ResolveCall, RetargetSession, SessionFilter, SessionRecord, SessionStatus,
-    StoredMessage,
+    ApprovalRecord, ApprovalRequest, CallRecord, Checkpoint, CheckpointMeta, CheckpointStore,
+    DecideApproval, Durability, ErrorRecord, Fence, FinishCall, IssueOutcome, Lease, NewCall,
+    NewCheckpoint, NewError, NewSession, PendingApproval, PurgeOutcome, ResolutionRecord,
+    ResolveCall, RetargetSession, SessionFilter, SessionRecord, SessionStatus, StoredMessage,
 };
 
 /// Wraps a real store; see the module docs.
@@ -285,6 +285,30 @@ impl CheckpointStore for Probe {
 
     async fn resolutions(&self, session: &SessionId) -> Result<Vec<ResolutionRecord>, StoreError> {
         self.inner.resolutions(session).await
+    }
+
+    async fn request_call(
+        &self,
+        fence: Fence<'_>,
+        call: NewCall,
+        request: ApprovalRequest,
+    ) -> Result<IssueOutcome, StoreError> {
+        self.inner.request_call(fence, call, request).await
+    }
+
+    async fn decide_approval(&self, decide: DecideApproval) -> Result<CallRecord, StoreError> {
+        self.inner.decide_approval(decide).await
+    }
+
+    async fn pending_approvals(
+        &self,
+        session: Option<&SessionId>,
+    ) -> Result<Vec<PendingApproval>, StoreError> {
+        self.inner.pending_approvals(session).await
+    }
+
+    async fn approvals(&self, session: &SessionId) -> Result<Vec<ApprovalRecord>, StoreError> {
+        self.inner.approvals(session).await
     }
 
     async fn record_error(&self, error: NewError) -> Result<(), StoreError> {

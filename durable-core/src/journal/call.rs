@@ -49,6 +49,9 @@ enum Decision {
     InDoubt(CallRecord),
     /// No row: run it (behind the barrier and the divergence check when not `pure`).
     Fresh,
+    /// A row awaiting a person's decision, or approved: nothing runs here (running an
+    /// approved call, with its edited arguments, is the approvals runtime's next step).
+    Approval(CallRecord),
 }
 
 impl<'j> ToolCall<'j> {
@@ -190,7 +193,7 @@ impl<'j> ToolCall<'j> {
             }
             .into());
         }
-        let (identity, decision, reservation) = journal.decide(spec, hash).await?;
+        let (identity, decision, mut reservation) = journal.decide(spec, hash).await?;
         match decision {
             Decision::Recorded(row) => journal.replay_recorded(row, reservation).await,
             Decision::InDoubt(row) => {
@@ -200,6 +203,18 @@ impl<'j> ToolCall<'j> {
             Decision::Fresh => {
                 self.run_fresh(identity, masked, reservation, &mut run, scope)
                     .await
+            }
+            Decision::Approval(row) => {
+                // Released, as for a refused in-doubt call: asked again (once it is
+                // decided), the call maps onto the same row.
+                reservation.release();
+                journal.emit(journal.event(&row, Outcome::Refused));
+                Err(DurableError::AwaitingApproval {
+                    call: row.id,
+                    tool: spec.name.clone(),
+                    status: row.status.as_str().to_owned(),
+                }
+                .into())
             }
         }
     }
@@ -459,6 +474,9 @@ impl Journal {
                 let current = self.refresh(&mut cache, &row.id).await?;
                 if current.status.has_outcome() {
                     Decision::Recorded(current)
+                } else if matches!(current.status, CallStatus::Requested | CallStatus::Approved) {
+                    cache.unreplayed.remove(&current.id);
+                    Decision::Approval(current)
                 } else {
                     cache.unreplayed.remove(&current.id);
                     Decision::InDoubt(current)
@@ -698,9 +716,12 @@ impl Journal {
         } else {
             self.emit(self.event(&row, Outcome::CacheHit));
             match row.status {
-                CallStatus::Failed => Err(CallError::Recorded(RecordedFailure {
-                    message: failure_message(row.error.as_ref()),
-                })),
+                // A denial (by a person or a deadline) is the call's recorded failure.
+                CallStatus::Failed | CallStatus::Denied => {
+                    Err(CallError::Recorded(RecordedFailure {
+                        message: failure_message(row.error.as_ref()),
+                    }))
+                }
                 _ => decode_result(&row, row.result.as_ref()),
             }
         }
@@ -778,7 +799,8 @@ fn this_attempt(row_attempt: i32, retries: u32) -> i32 {
 /// What a row with an outcome returns: its result, or its recorded failure.
 fn recorded_outcome<T: DeserializeOwned, E>(row: &CallRecord) -> Result<T, CallError<E>> {
     match row.status {
-        CallStatus::Failed => Err(CallError::Recorded(RecordedFailure {
+        // A denial (by a person or a deadline) is the call's recorded failure.
+        CallStatus::Failed | CallStatus::Denied => Err(CallError::Recorded(RecordedFailure {
             message: failure_message(row.error.as_ref()),
         })),
         _ => decode_result(row, row.result.as_ref()),

@@ -17,9 +17,9 @@
 
 use durable_core::StoreError;
 use durable_core::ids::CallId;
-use durable_core::store::{CallRecord, CallStatus, FORMAT_VERSION, Fence, FinishCall, NewCall};
+use durable_core::store::{CallStatus, FORMAT_VERSION, Fence, FinishCall, NewCall};
 
-use super::{Stored, new_row, written};
+use super::{Stored, new_row};
 use crate::PostgresStore;
 use crate::error::db;
 use crate::rows::get;
@@ -28,8 +28,16 @@ use crate::tx;
 
 /// What [`insert`] did.
 pub(super) enum Insert {
-    /// The row was inserted: its record, as written.
-    Written(CallRecord),
+    /// The row was inserted at `now` (the database clock) with seal `mac`: its record is
+    /// what was asked for, as written ([`written`](super::written)), nothing read back.
+    /// The parts, not the record: a record, with room for an approval, is twice their
+    /// size.
+    Written {
+        call: NewCall,
+        finish: Option<FinishCall>,
+        mac: Option<String>,
+        now: i64,
+    },
     /// Nothing was written: take the locking transaction with these.
     Declined(NewCall, Option<FinishCall>),
 }
@@ -142,7 +150,12 @@ pub(super) async fn insert(
         .await
         .map_err(db)?;
     Ok(match issued_at {
-        Some(now) => Insert::Written(written(call, finish, raw.mac, fence.token, now)),
+        Some(now) => Insert::Written {
+            call,
+            finish,
+            mac: raw.mac,
+            now,
+        },
         None => Insert::Declined(call, finish),
     })
 }
@@ -160,7 +173,7 @@ pub(super) async fn finish(
         seal::head_cols!(),
         ", c.id, c.session_id, c.kind, c.step, c.tool_name, c.input_hash, c.ordinal, \
            c.replay_class, c.status, c.args, c.idempotency_key, c.schema_hash, c.result, \
-           c.error, c.spend, c.attempt, c.seq, c.mac \
+           c.error, c.spend, c.attempt, c.seq, c.approval, c.mac \
          FROM durable_sessions s JOIN durable_tool_calls c ON c.id = $2 WHERE s.id = $1"
     );
     // The session row is locked (as the locking transaction does) before the call row is

@@ -11,16 +11,17 @@ use durable_core::StoreError;
 use durable_core::ids::{CallId, SessionId};
 use durable_core::integrity::Keyring;
 use durable_core::store::{
-    CallOutcome, CallRecord, CallStatus, CheckpointMeta, FORMAT_VERSION, Fence, FinishCall,
-    IssueOutcome, NewCall, NewCheckpoint,
+    Approval, ApprovalEvent, ApprovalRequest, CallOutcome, CallRecord, CallStatus, CheckpointMeta,
+    FORMAT_VERSION, Fence, FinishCall, IssueOutcome, NewCall, NewCheckpoint,
 };
 use sqlx::postgres::PgConnection;
 
 use crate::PostgresStore;
+use crate::approval;
 use crate::checkpoints;
-use crate::error::db;
+use crate::error::{db, invariant};
 use crate::rows::{call_cols, get};
-use crate::seal::{self, RawCall, checked_call_record, raw_call_cols};
+use crate::seal::{self, RawApproval, RawCall, checked_call_record, raw_call_cols};
 use crate::tx::{self, Lock, Want};
 
 pub(crate) async fn issue_call(
@@ -47,18 +48,55 @@ async fn insert_call(
     finish: Option<FinishCall>,
 ) -> Result<IssueOutcome, StoreError> {
     match fast::insert(store, fence, call, finish).await? {
-        fast::Insert::Written(record) => Ok(IssueOutcome::Inserted(record)),
-        fast::Insert::Declined(call, finish) => insert_locked(store, fence, call, finish).await,
+        fast::Insert::Written {
+            call,
+            finish,
+            mac,
+            now,
+        } => Ok(IssueOutcome::Inserted(written(
+            call,
+            finish,
+            mac,
+            fence.token,
+            now,
+        ))),
+        fast::Insert::Declined(call, finish) => {
+            let entry = finish.map_or(Entry::Issue, Entry::Record);
+            insert_locked(store, fence, call, entry).await
+        }
+    }
+}
+
+/// What a new journal row is written as, besides its call.
+pub(crate) enum Entry {
+    /// `issued`: about to run, counted by the head as in doubt until its outcome.
+    Issue,
+    /// With its outcome, already known ([`record_call`]).
+    Record(FinishCall),
+    /// `requested`: nothing runs until a person decides (`request_call`). The row
+    /// carries its [`Approval`], and its request is the next row of the session's
+    /// approval log, counted by the head.
+    Request(ApprovalRequest),
+}
+
+impl Entry {
+    /// The outcome a recorded row is written with.
+    fn finish(&self) -> Option<&FinishCall> {
+        match self {
+            Entry::Record(finish) => Some(finish),
+            Entry::Issue | Entry::Request(_) => None,
+        }
     }
 }
 
 /// [`insert_call`] in a transaction that locks the session row first: for keyed calls,
-/// and whenever the one-statement write declined (it decides what to report).
-async fn insert_locked(
+/// whenever the one-statement write declined (it decides what to report), and for
+/// requested rows, whose approval log row is written in the same transaction.
+pub(crate) async fn insert_locked(
     store: &PostgresStore,
     fence: Fence<'_>,
     call: NewCall,
-    finish: Option<FinishCall>,
+    entry: Entry,
 ) -> Result<IssueOutcome, StoreError> {
     // The holder of the idempotency key under other arguments, the row and its head in
     // one statement: it inserts the row only without such a holder, and counts it in the
@@ -71,14 +109,15 @@ async fn insert_locked(
          ins AS ( \
            INSERT INTO durable_tool_calls (id, session_id, kind, step, tool_name, input_hash, \
              ordinal, replay_class, status, args, idempotency_key, schema_hash, attempt, \
-             fence, format, issued_at, result, error, spend, mac, finished_at, seq) \
-           SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, 1, $13, $14, $15, \
-                  $16, $17, $18, $19, $20, $21 \
+             fence, format, issued_at, result, error, spend, mac, finished_at, seq, approval) \
+           SELECT $1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $24, $13, $14, $15, \
+                  $16, $17, $18, $19, $20, $21, $25 \
            WHERE NOT EXISTS (SELECT 1 FROM holder) \
            ON CONFLICT (session_id, step, tool_name, input_hash, ordinal) DO NOTHING \
            RETURNING seq), \
          head AS ( \
-           UPDATE durable_sessions SET journal_rows = $21, head = $22, issued_rows = $23 \
+           UPDATE durable_sessions SET journal_rows = $21, head = $22, issued_rows = $23, \
+             approvals = $26 \
            WHERE id = $2 AND EXISTS (SELECT 1 FROM ins)) \
          SELECT (SELECT id FROM holder) AS holder, EXISTS (SELECT 1 FROM ins) AS inserted";
     // The lock of `tx::lock_fenced`, with the step of the session's latest row (by
@@ -134,14 +173,25 @@ async fn insert_locked(
             .map_err(db)?;
     }
     let seq = locked.head.journal_rows + 1;
-    let mut raw = new_row(&call, finish.as_ref(), seq);
-    raw.seal(ring)?;
+    let mut raw = new_row(&call, entry.finish(), seq);
     let mut head = locked.head.clone();
     head.journal_rows = seq;
-    if finish.is_none() {
-        // An issued row: the head counts it (a recorded outcome is not in doubt).
-        head.count_issued(1)?;
-    }
+    let (finish, request) = match entry {
+        Entry::Issue => {
+            // An issued row: the head counts it (a recorded outcome is not in doubt).
+            head.count_issued(1)?;
+            (None, None)
+        }
+        Entry::Record(finish) => (Some(finish), None),
+        Entry::Request(asked) => {
+            // A requested row is not in doubt (nothing runs); its request is counted
+            // in the approval log.
+            let (approval, log) = requested(&mut raw, &asked, now, head.approvals + 1)?;
+            head.approvals = log.position;
+            (None, Some((approval, log)))
+        }
+    };
+    raw.seal(ring)?;
     head.seal(ring)?;
     let finished_at = finish.is_some().then_some(now);
     let row = sqlx::query(INSERT)
@@ -168,6 +218,9 @@ async fn insert_locked(
         .bind(seq)
         .bind(head.head.as_deref())
         .bind(head.issued_rows)
+        .bind(i32::try_from(raw.attempt).unwrap_or(i32::MAX))
+        .bind(&raw.approval)
+        .bind(head.approvals)
         .fetch_one(&mut *tx)
         .await
         .map_err(db)?;
@@ -180,7 +233,21 @@ async fn insert_locked(
     }
     let outcome = if get::<bool>(&row, "inserted")? {
         // The row as written: nothing is read back.
-        IssueOutcome::Inserted(written(call, finish, raw.mac, fence.token, now))
+        let record = written(call, finish, raw.mac, fence.token, now);
+        IssueOutcome::Inserted(match request {
+            Some((approval, mut log)) => {
+                // The request's row of the approval log: only with the row it asks
+                // about (an identity already journaled asks nothing again).
+                log.insert(&mut tx, ring, fence.session, now).await?;
+                CallRecord {
+                    status: CallStatus::Requested,
+                    attempt: 0,
+                    approval: Some(approval),
+                    ..record
+                }
+            }
+            None => record,
+        })
     } else {
         let row = sqlx::query(concat!(
             "SELECT ",
@@ -200,6 +267,41 @@ async fn insert_locked(
     };
     tx.commit().await.map_err(db)?;
     Ok(outcome)
+}
+
+/// Makes the new row `raw` a requested one (status `requested`, attempt 0: nothing ran,
+/// its approval as asked at `now`, the store's clock), and returns its [`Approval`] and
+/// the request's row of the approval log, at `position`, not yet sealed.
+fn requested(
+    raw: &mut RawCall,
+    asked: &ApprovalRequest,
+    now: i64,
+    position: i64,
+) -> Result<(Approval, RawApproval), StoreError> {
+    let approval = Approval {
+        asked_by: asked.asked_by.clone(),
+        reasoning: asked.reasoning.clone(),
+        requested_at: now,
+        deadline: asked.expires_in.map(|d| now.saturating_add(tx::ttl_ms(d))),
+        schema: asked.schema.clone(),
+        decision: None,
+    };
+    let text = serde_json::to_string(&approval)
+        .map_err(|e| invariant(format!("an approval that does not serialize: {e}")))?;
+    raw.status = CallStatus::Requested.as_str().to_owned();
+    raw.attempt = 0;
+    raw.approval = Some(text);
+    let log = RawApproval {
+        call: raw.id.clone(),
+        position,
+        event: ApprovalEvent::Requested.as_str().to_owned(),
+        actor: asked.asked_by.clone(),
+        note: asked.reasoning.clone(),
+        args_before: None,
+        args_after: None,
+        seal: None,
+    };
+    Ok((approval, log))
 }
 
 /// The sealed columns of a new row at position `seq` (status `issued` without `finish`),
@@ -224,6 +326,7 @@ fn new_row(call: &NewCall, finish: Option<&FinishCall>, seq: i64) -> RawCall {
         spend: stored.spend,
         attempt: 1,
         seq,
+        approval: None,
         mac: None,
     }
 }
@@ -262,6 +365,7 @@ fn written(
         fence,
         issued_at: now,
         finished_at,
+        approval: None,
     }
 }
 
@@ -297,6 +401,27 @@ pub(crate) async fn reissue_call(
     match CallStatus::parse(&raw.status) {
         Some(CallStatus::Issued) => {}
         Some(CallStatus::NotHappened) => locked.head.count_issued(1)?,
+        // Approved: nothing ran yet; its approval (any edited arguments) stays on the row.
+        // The log says it was issued, so the row's approved version put back afterwards
+        // is refused (`ApprovalEvent::check_row`).
+        Some(CallStatus::Approved) => {
+            let last = approval::last_event(&mut tx, call).await?;
+            ApprovalEvent::check_row(fence.session, call, CallStatus::Approved, last)?;
+            let now = tx::now(&mut tx).await?;
+            let mut log = RawApproval {
+                call: call.as_str().to_owned(),
+                position: locked.head.approvals + 1,
+                event: ApprovalEvent::Issued.as_str().to_owned(),
+                actor: "worker".to_owned(),
+                note: None,
+                args_before: None,
+                args_after: None,
+                seal: None,
+            };
+            log.insert(&mut tx, ring, fence.session, now).await?;
+            locked.head.approvals = log.position;
+            locked.head.count_issued(1)?;
+        }
         _ => {
             return Err(StoreError::CallNotInDoubt {
                 call: call.clone(),
@@ -313,7 +438,8 @@ pub(crate) async fn reissue_call(
     raw.seal(ring)?;
     let row = sqlx::query(concat!(
         "WITH head AS ( \
-           UPDATE durable_sessions SET issued_rows = $6, head = $7 WHERE id = $5) \
+           UPDATE durable_sessions SET issued_rows = $6, head = $7, approvals = $8 \
+           WHERE id = $5) \
          UPDATE durable_tool_calls SET attempt = $3, status = 'issued', fence = $2, \
          finished_at = NULL, result = NULL, error = NULL, spend = NULL, mac = $4 \
          WHERE id = $1 RETURNING ",
@@ -326,6 +452,7 @@ pub(crate) async fn reissue_call(
     .bind(fence.session.as_str())
     .bind(locked.head.issued_rows)
     .bind(locked.head.head.as_deref())
+    .bind(locked.head.approvals)
     .fetch_one(&mut *tx)
     .await
     .map_err(db)?;
@@ -465,7 +592,7 @@ async fn lock_session_and_call(
                 $($tail)*,
                 ", c.id, c.session_id, c.kind, c.step, c.tool_name, c.input_hash, c.ordinal, \
                  c.replay_class, c.status, c.args, c.idempotency_key, c.schema_hash, c.result, \
-                 c.error, c.spend, c.attempt, c.seq, c.mac, c.fence AS call_fence \
+                 c.error, c.spend, c.attempt, c.seq, c.approval, c.mac, c.fence AS call_fence \
                  FROM durable_sessions s JOIN durable_tool_calls c ON c.id = $2 \
                  WHERE s.id = $1 FOR ",
                 $lock,

@@ -47,8 +47,10 @@ const UNDO_7: [&str; 22] = [
     "SELECT 1 FROM durable_schema_migrations WHERE version >= 7",
 ];
 
-/// Undoes schema 7 (see [`UNDO_7`]); panics if anything of it is left.
+/// Undoes schema 8 ([`back_to_schema_7`](super::schema_7::back_to_schema_7)), then
+/// schema 7 (see [`UNDO_7`]); panics if anything of them is left.
 pub async fn back_to_schema_6(pool: &PgPool) {
+    super::schema_7::back_to_schema_7(pool).await;
     let mut tx = pool.begin().await.expect("a transaction");
     for sql in UNDO_7 {
         let rows = sqlx::query(sql).fetch_all(&mut *tx).await.expect(sql);

@@ -1,0 +1,38 @@
+//! Turns a database of this release back into what schema 7 wrote: no approvals (no
+//! `approval` column on journal rows, no count of them in the heads, no approval log),
+//! the tracking table at version 7. Shared by the upgrade tests.
+
+use sqlx::postgres::PgPool;
+
+/// The statements that undo schema 8, in order. Only a database without approvals can
+/// go back: a head that counts some is sealed with the count, which schema 7 never wrote.
+const UNDO_8: [&str; 9] = [
+    // What schema 7 could not have held: checked, not changed.
+    "SELECT 1 FROM durable_approvals",
+    "SELECT 1 FROM durable_sessions WHERE approvals <> 0",
+    "SELECT 1 FROM durable_tool_calls WHERE approval IS NOT NULL",
+    "DROP TABLE durable_approvals",
+    "DROP INDEX durable_tool_calls_requested",
+    "ALTER TABLE durable_tool_calls DROP COLUMN approval",
+    "ALTER TABLE durable_sessions DROP COLUMN approvals",
+    "DELETE FROM durable_schema_migrations WHERE version >= 8",
+    "SELECT 1 FROM information_schema.columns \
+     WHERE table_name IN ('durable_tool_calls', 'durable_sessions') \
+       AND column_name IN ('approval', 'approvals')",
+];
+
+/// Undoes schema 8 (see [`UNDO_8`]); panics if the database holds approvals, or if
+/// anything of schema 8 is left.
+pub async fn back_to_schema_7(pool: &PgPool) {
+    let mut tx = pool.begin().await.expect("a transaction");
+    for sql in UNDO_8 {
+        let rows = sqlx::query(sql).fetch_all(&mut *tx).await.expect(sql);
+        if sql.starts_with("SELECT") {
+            assert!(
+                rows.is_empty(),
+                "schema 8 holds what schema 7 cannot: {sql}"
+            );
+        }
+    }
+    tx.commit().await.expect("commit");
+}
