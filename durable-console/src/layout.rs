@@ -62,7 +62,10 @@ button:disabled { opacity: .5; cursor: not-allowed; }
 .notice.readonly { background: var(--warn-bg); color: var(--warn); border: 1px solid #f3c98b; }
 .notice.done { background: var(--ok-bg); color: var(--ok); border: 1px solid #a8d9b8; }
 .problem { background: var(--bad-bg); color: var(--bad); padding: 10px 14px; border-radius: 6px; }
-.split { display: grid; grid-template-columns: minmax(0, 3fr) minmax(320px, 2fr); gap: 20px; }
+.split { display: grid; grid-template-columns: minmax(0, 2fr) minmax(340px, 1fr); gap: 20px; }
+.scroll { overflow-x: auto; }
+td.args { max-width: 360px; }
+code.args { word-break: break-word; white-space: pre-wrap; }
 .card { background: var(--card); border: 1px solid var(--line); border-radius: 6px;
   padding: 12px 14px; margin-bottom: 14px; }
 .facts { display: grid; grid-template-columns: max-content 1fr; gap: 3px 16px; margin: 0; }
@@ -104,7 +107,7 @@ fn head(title: &str) -> Markup {
         head {
             meta charset="utf-8";
             meta name="viewport" content="width=device-width, initial-scale=1";
-            meta name="referrer" content="no-referrer";
+            meta name="referrer" content="same-origin";
             title { (title) " · durable console" }
             style { (PreEscaped(STYLE)) }
         }
@@ -173,7 +176,8 @@ pub(crate) fn csrf_field(viewer: &Viewer) -> Markup {
 }
 
 /// Headers on every response: no script may run (even if escaping failed somewhere), no
-/// framing, no sniffing, nothing cached, no referrer leaves the console.
+/// framing, no sniffing, nothing cached, no referrer leaves the console (`same-origin`, not
+/// `no-referrer`: under `no-referrer` a browser sends `Origin: null` with every form).
 pub(crate) async fn security_headers(mut response: Response) -> Response {
     let headers = response.headers_mut();
     let fixed = [
@@ -183,7 +187,7 @@ pub(crate) async fn security_headers(mut response: Response) -> Response {
         ),
         (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
         (header::X_FRAME_OPTIONS, "DENY"),
-        (header::REFERRER_POLICY, "no-referrer"),
+        (header::REFERRER_POLICY, "same-origin"),
         (header::CACHE_CONTROL, "no-store"),
     ];
     for (name, value) in fixed {

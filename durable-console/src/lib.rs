@@ -202,12 +202,18 @@ pub async fn serve(
     }
     let listener = tokio::net::TcpListener::bind(bind).await?;
     let local = listener.local_addr()?;
-    println!("durable console: http://{local}/");
-    if options.generated {
-        println!("token: {} (set {TOKEN_ENV} to choose one)", options.token);
-    }
-    if let Some(reason) = &options.read_only {
-        println!("read-only: {reason}");
+    {
+        // Not `println!`: a closed stdout (`durable serve | head -1`) must not stop the server.
+        use std::io::Write as _;
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "durable console: http://{local}/");
+        if options.generated {
+            let _ = writeln!(out, "token: {} (set {TOKEN_ENV} to choose one)", options.token);
+        }
+        if let Some(reason) = &options.read_only {
+            let _ = writeln!(out, "read-only: {reason}");
+        }
+        let _ = out.flush();
     }
     axum::serve(listener, router(store, options)).await
 }

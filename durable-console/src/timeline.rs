@@ -162,17 +162,17 @@ pub(crate) async fn page(
         div.split {
             div {
                 h2 { "Timeline" }
-                table #timeline {
+                div.scroll { table #timeline {
                     thead { tr {
-                        th { "At" } th { "Kind" } th { "Name" } th { "Class" } th { "Status" }
-                        th.num { "Attempt" } th { "Key" } th { "Took" } th { "Arguments" } th { "Result" }
+                        th { "At" } th { "Kind" } th { "Name · class" } th { "Status · attempt" }
+                        th { "Key" } th { "Took" } th { "Arguments" } th { "Result" }
                     } }
                     tbody {
                         @for event in &events {
                             (event_row(event, &in_doubt, viewed, &id, now))
                         }
                     }
-                }
+                } }
             }
             div {
                 h2 { "Checkpoint " (viewed) }
@@ -194,11 +194,11 @@ pub(crate) async fn page(
                         pre.plan { (visible(&plan.to_markdown(), 4000)) }
                     }
                 }
-                (fork_form(&state, &viewer, &id, viewed))
                 h2 { "Transcript (version " (viewed) ", " (messages.len()) " message" @if messages.len() != 1 { "s" } ")" }
                 div.transcript {
                     @for (n, m) in messages.iter().enumerate() { (message(n + 1, m)) }
                 }
+                (fork_form(&state, &viewer, &id, viewed))
             }
         }
     };
@@ -218,8 +218,8 @@ fn event_row(
                 td title=(time(meta.created_at)) { (age(meta.created_at, now)) }
                 td { "checkpoint" }
                 td { a href=(format!("{}?version={}", session_href(id), meta.version)) { "v" (meta.version) } }
-                td colspan="7" {
-                    (meta.message_count) " messages · plan " (plan.as_deref().unwrap_or("—"))
+                td colspan="5" {
+                    (meta.message_count) " message" @if meta.message_count != 1 { "s" } " · plan " (plan.as_deref().unwrap_or("—"))
                     " · budget " (budget.as_deref().unwrap_or("—"))
                 }
             }
@@ -238,16 +238,18 @@ fn event_row(
                 tr class=(if doubt { "call doubt" } else { "call" }) data-call=(c.id.as_str()) {
                     td title=(time(c.issued_at)) { (age(c.issued_at, now)) }
                     td { (kind) }
-                    td.mono { (visible(&c.identity.tool, 64)) }
-                    td { (c.class.as_str()) }
+                    td { span.mono { (visible(&c.identity.tool, 64)) } br; span.muted { (c.class.as_str()) } }
                     td {
                         @if doubt { span.pill.doubt { "issued (in doubt)" } }
                         @else { span class=(format!("pill {}", c.status.as_str())) { (c.status.as_str()) } }
+                        span.muted { " · " (c.attempt) }
                     }
-                    td.num { (c.attempt) }
                     td.mono { (c.idempotency_key.as_deref().map_or_else(|| "—".to_owned(), |k| visible(k, 64))) }
                     td { (took) }
-                    td { code.args { (compact(&c.args, ARGS)) } }
+                    td.args {
+                        @if c.args.is_null() { span.muted { "—" } }
+                        @else { code.args { (compact(&c.args, ARGS)) } }
+                    }
                     td { (result_size(c)) }
                 }
             }
@@ -257,7 +259,7 @@ fn event_row(
                 td title=(time(r.at)) { (age(r.at, now)) }
                 td { "resolution" }
                 td.mono { (visible(r.call.as_str(), 64)) }
-                td colspan="7" {
+                td colspan="5" {
                     @match &r.resolution {
                         Resolution::Happened { result } => { "happened " code { (compact(result, ARGS)) } }
                         Resolution::DidNotHappen => { "did not happen" }

@@ -69,7 +69,7 @@ pub fn email_args() -> Value {
     json!({
         "to": "ann@example.com",
         "subject": format!("Order o-17 {SCRIPT}"),
-        "body": "Your order o-17 is confirmed. Secret tracking code 8812.",
+        "body": "Your order o-17 is confirmed.",
         "auth": {"token": "tok-live-123"}
     })
 }
