@@ -50,10 +50,8 @@ fn serve(db: &str, extra: &[&str]) -> Served {
         .spawn()
         .expect("start durable serve");
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let mut next = || lines.next().and_then(Result::ok).unwrap_or_default();
-    let url = next();
-    let token = next();
-    drop(next);
+    let url = lines.next().and_then(Result::ok).unwrap_or_default();
+    let token = lines.next().and_then(Result::ok).unwrap_or_default();
     let url = url
         .strip_prefix("durable console: ")
         .unwrap_or_else(|| panic!("first line: {url:?}"))
@@ -79,8 +77,11 @@ fn get(url: &str, path: &str, token: Option<&str>) -> (u16, String) {
     let host = url.trim_start_matches("http://");
     let mut stream = TcpStream::connect(host).expect("connect");
     let auth = token.map_or_else(String::new, |t| format!("Authorization: Bearer {t}\r\n"));
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {host}\r\n{auth}Connection: close\r\n\r\n")
-        .expect("send");
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {host}\r\n{auth}Connection: close\r\n\r\n"
+    )
+    .expect("send");
     let mut reply = String::new();
     stream.read_to_string(&mut reply).expect("read");
     let status = reply
@@ -107,16 +108,25 @@ async fn serve_prints_its_url_and_token_and_needs_it() {
     assert_eq!(status, 401);
     let (status, page) = get(&served.url, "/", Some(&served.token));
     assert_eq!(status, 200, "{page}");
-    assert!(page.contains("s-doubt") && page.contains("s-done"), "{page}");
+    assert!(
+        page.contains("s-doubt") && page.contains("s-done"),
+        "{page}"
+    );
     let (status, page) = get(&served.url, "/in-doubt", Some(&served.token));
     assert_eq!(status, 200);
-    assert!(page.contains("send_email") && !page.contains("tok-live-123"), "{page}");
+    assert!(
+        page.contains("send_email") && !page.contains("tok-live-123"),
+        "{page}"
+    );
     assert!(!page.contains("Read-only"), "{page}");
     drop(served);
 
     let read_only = serve(db, &["--read-only"]);
     let (_, page) = get(&read_only.url, "/in-doubt", Some(&read_only.token));
-    assert!(page.contains("Read-only: </strong>started with --read-only"), "{page}");
+    assert!(
+        page.contains("Read-only: </strong>started with --read-only"),
+        "{page}"
+    );
 }
 
 #[test]
@@ -133,7 +143,12 @@ fn serve_refuses_a_remote_bind_unless_allowed() {
     );
     let out = durable_env(&["serve", "--help"], &[]);
     let help = String::from_utf8_lossy(&out.stdout);
-    for needle in ["--bind <ADDR>", "[default: 127.0.0.1:7878]", "--allow-remote", "DURABLE_CONSOLE_TOKEN"] {
+    for needle in [
+        "--bind <ADDR>",
+        "[default: 127.0.0.1:7878]",
+        "--allow-remote",
+        "DURABLE_CONSOLE_TOKEN",
+    ] {
         assert!(help.contains(needle), "{needle:?} in\n{help}");
     }
 }

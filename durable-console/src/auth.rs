@@ -53,7 +53,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn unhex(text: &str) -> Option<Vec<u8>> {
-    if text.len() % 2 != 0 || !text.is_ascii() {
+    if !text.len().is_multiple_of(2) || !text.is_ascii() {
         return None;
     }
     (0..text.len())
@@ -72,7 +72,10 @@ pub(crate) struct Auth {
 impl Auth {
     pub(crate) fn new(token: &str) -> Self {
         let key = unhex(&random_hex()).unwrap_or_default();
-        let token_tag = mac(&key, b"token", token.as_bytes()).finalize().into_bytes().to_vec();
+        let token_tag = mac(&key, b"token", token.as_bytes())
+            .finalize()
+            .into_bytes()
+            .to_vec();
         Auth {
             key,
             token_tag,
@@ -147,7 +150,11 @@ fn bearer(headers: &HeaderMap) -> Option<&str> {
 
 /// Middleware on every route but `/login`: a known login cookie or the bearer token, else
 /// a `GET` is sent to `/login` (`303`) and anything else is refused (`401`).
-pub(crate) async fn require(State(state): State<AppState>, mut req: Request, next: Next) -> Response {
+pub(crate) async fn require(
+    State(state): State<AppState>,
+    mut req: Request,
+    next: Next,
+) -> Response {
     let headers = req.headers();
     let who = if let Some(token) = bearer(headers) {
         state.auth.token_matches(token).then_some(Who::Bearer)
@@ -224,12 +231,12 @@ where
             .extract_with_state(state)
             .await
             .map_err(IntoResponse::into_response)?;
-        if let Who::Cookie(session) = &who {
-            if !state.auth.csrf_ok(session, form.csrf()) {
-                return Err(forbidden(
-                    "refused: the form's CSRF token is missing or wrong; reload the page and submit the form again",
-                ));
-            }
+        if let Who::Cookie(session) = &who
+            && !state.auth.csrf_ok(session, form.csrf())
+        {
+            return Err(forbidden(
+                "refused: the form's CSRF token is missing or wrong; reload the page and submit the form again",
+            ));
         }
         Ok(Posted(form))
     }
@@ -280,7 +287,10 @@ fn login_form(status: StatusCode, problem: Option<&str>) -> Response {
 /// `POST /login`: the token for a session cookie.
 pub(crate) async fn login(State(state): State<AppState>, Form(form): Form<LoginForm>) -> Response {
     if !state.auth.token_matches(form.token.trim()) {
-        return login_form(StatusCode::UNAUTHORIZED, Some("That is not the console's token."));
+        return login_form(
+            StatusCode::UNAUTHORIZED,
+            Some("That is not the console's token."),
+        );
     }
     let id = random_hex();
     state.auth.sessions().insert(id.clone());

@@ -39,10 +39,7 @@ pub(crate) async fn page(
     Query(query): Query<InboxQuery>,
 ) -> Result<Markup, PageError> {
     let store = state.store.as_ref();
-    let session = query
-        .session
-        .filter(|s| !s.is_empty())
-        .map(SessionId::new);
+    let session = query.session.filter(|s| !s.is_empty()).map(SessionId::new);
     if let Some(id) = &session {
         store.session(id).await?;
     }
@@ -69,7 +66,13 @@ pub(crate) async fn page(
             (call_card(&state, &viewer, call, now))
         }
     };
-    Ok(layout::page(&state, &viewer, Nav::InDoubt, "In doubt", body))
+    Ok(layout::page(
+        &state,
+        &viewer,
+        Nav::InDoubt,
+        "In doubt",
+        body,
+    ))
 }
 
 fn call_card(state: &AppState, viewer: &Viewer, call: &CallRecord, now: i64) -> Markup {
@@ -227,9 +230,9 @@ fn what_it_does(checked: &Checked, done: bool) -> String {
         Resolution::Happened { .. } => format!(
             "{head} as happened, by {by}: the next resume returns this result to the agent and runs nothing"
         ),
-        Resolution::DidNotHappen => format!(
-            "{head} as not happened, by {by}: the next resume runs the call again"
-        ),
+        Resolution::DidNotHappen => {
+            format!("{head} as not happened, by {by}: the next resume runs the call again")
+        }
     }
 }
 
@@ -295,5 +298,11 @@ pub(crate) async fn resolve(
             a href=(session_href(&checked.call.identity.session)) { "Open the session" }
         }
     };
-    Ok(layout::page(&state, &viewer, Nav::InDoubt, "Resolved", body))
+    Ok(layout::page(
+        &state,
+        &viewer,
+        Nav::InDoubt,
+        "Resolved",
+        body,
+    ))
 }

@@ -208,7 +208,11 @@ pub async fn serve(
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "durable console: http://{local}/");
         if options.generated {
-            let _ = writeln!(out, "token: {} (set {TOKEN_ENV} to choose one)", options.token);
+            let _ = writeln!(
+                out,
+                "token: {} (set {TOKEN_ENV} to choose one)",
+                options.token
+            );
         }
         if let Some(reason) = &options.read_only {
             let _ = writeln!(out, "read-only: {reason}");

@@ -151,7 +151,13 @@ pub(crate) async fn page(
             }
         }
     };
-    Ok(layout::page(&state, &viewer, Nav::Sessions, "Sessions", body))
+    Ok(layout::page(
+        &state,
+        &viewer,
+        Nav::Sessions,
+        "Sessions",
+        body,
+    ))
 }
 
 /// The timeline's address for a session.

@@ -125,7 +125,10 @@ pub(crate) async fn page(
     let messages: Vec<Value> = checkpoint
         .messages
         .iter()
-        .map(|m| m.to_value().unwrap_or_else(|e| Value::String(format!("(not JSON: {e})"))))
+        .map(|m| {
+            m.to_value()
+                .unwrap_or_else(|e| Value::String(format!("(not JSON: {e})")))
+        })
         .collect();
     let title = format!("Session {}", visible(id.as_str(), 64));
     let body = html! {

@@ -50,7 +50,10 @@ impl Driver {
         let addr = SocketAddr::from(([127, 0, 0, 1], port));
         let deadline = Instant::now() + Duration::from_secs(20);
         while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
-            assert!(Instant::now() < deadline, "chromedriver did not listen within 20 s");
+            assert!(
+                Instant::now() < deadline,
+                "chromedriver did not listen within 20 s"
+            );
             std::thread::sleep(Duration::from_millis(50));
         }
         driver
@@ -142,18 +145,49 @@ async fn an_operator_resolves_a_call_in_the_browser() {
     let client = driver.browser().await;
 
     // Without the token, every page leads to the login form.
-    client.goto(&format!("{base}/in-doubt")).await.expect("goto");
+    client
+        .goto(&format!("{base}/in-doubt"))
+        .await
+        .expect("goto");
     assert_eq!(path(&client).await, "/login");
     let page = client.source().await.expect("source");
     assert!(!page.contains("s-doubt"), "{page}");
     // A wrong token is refused.
-    client.find(Locator::Id("token")).await.expect("token field").send_keys("guess").await.expect("type");
-    client.find(Locator::Css("form button")).await.expect("button").click().await.expect("click");
-    assert!(text(&client, ".problem").await.contains("not the console's token"));
+    client
+        .find(Locator::Id("token"))
+        .await
+        .expect("token field")
+        .send_keys("guess")
+        .await
+        .expect("type");
+    client
+        .find(Locator::Css("form button"))
+        .await
+        .expect("button")
+        .click()
+        .await
+        .expect("click");
+    assert!(
+        text(&client, ".problem")
+            .await
+            .contains("not the console's token")
+    );
 
     // Log in with the token: the sessions page.
-    client.find(Locator::Id("token")).await.expect("token field").send_keys(TOKEN).await.expect("type");
-    client.find(Locator::Css("form button")).await.expect("button").click().await.expect("click");
+    client
+        .find(Locator::Id("token"))
+        .await
+        .expect("token field")
+        .send_keys(TOKEN)
+        .await
+        .expect("type");
+    client
+        .find(Locator::Css("form button"))
+        .await
+        .expect("button")
+        .click()
+        .await
+        .expect("click");
     assert_eq!(path(&client).await, "/");
     let sessions = text(&client, "#sessions").await;
     for id in ["s-done", "s-doubt", "s-refund"] {
@@ -173,18 +207,34 @@ async fn an_operator_resolves_a_call_in_the_browser() {
         .expect("click");
     assert_eq!(path(&client).await, "/sessions/s-doubt");
     let transcript = text(&client, ".transcript").await;
-    assert!(transcript.contains(&format!("Tell Ann her order o-17 is confirmed. {SCRIPT}")), "{transcript}");
+    assert!(
+        transcript.contains(&format!("Tell Ann her order o-17 is confirmed. {SCRIPT}")),
+        "{transcript}"
+    );
     let args = text(&client, "tr.doubt code.args").await;
     assert!(args.contains(SCRIPT), "{args}");
-    assert!(args.contains("\"token\":\"***\"") && args.contains("\"body\":\"<secret>\""), "{args}");
-    assert!(text(&client, "tr.doubt").await.contains("issued (in doubt)"));
-    let scripts = client.find_all(Locator::Css("script")).await.expect("find_all");
+    assert!(
+        args.contains("\"token\":\"***\"") && args.contains("\"body\":\"<secret>\""),
+        "{args}"
+    );
+    assert!(
+        text(&client, "tr.doubt")
+            .await
+            .contains("issued (in doubt)")
+    );
+    let scripts = client
+        .find_all(Locator::Css("script"))
+        .await
+        .expect("find_all");
     assert!(scripts.is_empty(), "no script element may exist");
     let page = client.source().await.expect("source");
     assert!(!page.contains("tok-live-123"));
 
     // The inbox: both calls in doubt.
-    client.goto(&format!("{base}/in-doubt")).await.expect("goto");
+    client
+        .goto(&format!("{base}/in-doubt"))
+        .await
+        .expect("goto");
     let doubt = format!(".card[data-call='{}']", s.doubt_call.id);
     let refund = format!(".card[data-call='{}']", s.refund_call.id);
     text(&client, &doubt).await;
@@ -200,21 +250,29 @@ async fn an_operator_resolves_a_call_in_the_browser() {
         .await
         .expect("strip the CSRF fields");
     client
-        .find(Locator::Css(&format!("{refund} form.did-not-happen button")))
+        .find(Locator::Css(&format!(
+            "{refund} form.did-not-happen button"
+        )))
         .await
         .expect("button")
         .click()
         .await
         .expect("click");
     let problem = text(&client, ".problem").await;
-    assert!(problem.contains("CSRF token is missing or wrong"), "{problem}");
+    assert!(
+        problem.contains("CSRF token is missing or wrong"),
+        "{problem}"
+    );
     assert_eq!(
         s.store.call(&s.refund_call.id).await.expect("call").status,
         CallStatus::Issued
     );
 
     // Did not happen: the confirmation says what it will do, and changes nothing yet.
-    client.goto(&format!("{base}/in-doubt")).await.expect("goto");
+    client
+        .goto(&format!("{base}/in-doubt"))
+        .await
+        .expect("goto");
     let form = format!("{doubt} form.did-not-happen");
     client
         .find(Locator::Css(&format!("{form} input[name=note]")))
@@ -223,7 +281,13 @@ async fn an_operator_resolves_a_call_in_the_browser() {
         .send_keys("not in the outbox")
         .await
         .expect("type");
-    client.find(Locator::Css(&format!("{form} button"))).await.expect("button").click().await.expect("click");
+    client
+        .find(Locator::Css(&format!("{form} button")))
+        .await
+        .expect("button")
+        .click()
+        .await
+        .expect("click");
     let consequence = text(&client, "#consequence").await;
     assert_eq!(
         consequence,
@@ -236,14 +300,32 @@ async fn an_operator_resolves_a_call_in_the_browser() {
         s.store.call(&s.doubt_call.id).await.expect("call").status,
         CallStatus::Issued
     );
-    client.find(Locator::Css("#confirm button")).await.expect("confirm").click().await.expect("click");
+    client
+        .find(Locator::Css("#confirm button"))
+        .await
+        .expect("confirm")
+        .click()
+        .await
+        .expect("click");
     let outcome = text(&client, "#outcome").await;
     assert!(outcome.starts_with("resolved call"), "{outcome}");
-    assert!(outcome.contains("as not happened, by console-op"), "{outcome}");
+    assert!(
+        outcome.contains("as not happened, by console-op"),
+        "{outcome}"
+    );
 
     // It left the inbox; the other call is still there.
-    client.goto(&format!("{base}/in-doubt")).await.expect("goto");
-    assert!(client.find_all(Locator::Css(&doubt)).await.expect("find_all").is_empty());
+    client
+        .goto(&format!("{base}/in-doubt"))
+        .await
+        .expect("goto");
+    assert!(
+        client
+            .find_all(Locator::Css(&doubt))
+            .await
+            .expect("find_all")
+            .is_empty()
+    );
     text(&client, &refund).await;
 
     // A worker resumes the session: the email runs again (it did not happen) and the
@@ -256,7 +338,10 @@ async fn an_operator_resolves_a_call_in_the_browser() {
     assert_eq!(s.sent.load(Ordering::SeqCst), before + 1, "sent once more");
     let resolutions = s.store.resolutions(&s.doubt).await.expect("resolutions");
     assert_eq!(resolutions.len(), 1);
-    assert!(matches!(resolutions[0].resolution, Resolution::DidNotHappen));
+    assert!(matches!(
+        resolutions[0].resolution,
+        Resolution::DidNotHappen
+    ));
     assert_eq!(resolutions[0].by, OPERATOR);
     assert_eq!(resolutions[0].note.as_deref(), Some("not in the outbox"));
     assert_eq!(
@@ -265,16 +350,37 @@ async fn an_operator_resolves_a_call_in_the_browser() {
     );
 
     // The timeline shows the resolution and the call's second attempt.
-    client.goto(&format!("{base}/sessions/s-doubt")).await.expect("goto");
+    client
+        .goto(&format!("{base}/sessions/s-doubt"))
+        .await
+        .expect("goto");
     let resolution = text(&client, "tr.resolution").await;
-    assert!(resolution.contains("did not happen") && resolution.contains(OPERATOR), "{resolution}");
-    assert!(client.find_all(Locator::Css("tr.doubt")).await.expect("find_all").is_empty());
+    assert!(
+        resolution.contains("did not happen") && resolution.contains(OPERATOR),
+        "{resolution}"
+    );
+    assert!(
+        client
+            .find_all(Locator::Css("tr.doubt"))
+            .await
+            .expect("find_all")
+            .is_empty()
+    );
     let page = client.source().await.expect("source");
-    assert!(!page.contains("tok-live-123"), "the transcript masks it too");
+    assert!(
+        !page.contains("tok-live-123"),
+        "the transcript masks it too"
+    );
     screenshot(&client, "timeline").await;
 
     // Logging out: the pages lead to the login form again.
-    client.find(Locator::Css("header.top form button")).await.expect("log out").click().await.expect("click");
+    client
+        .find(Locator::Css("header.top form button"))
+        .await
+        .expect("log out")
+        .click()
+        .await
+        .expect("click");
     client.goto(&format!("{base}/")).await.expect("goto");
     assert_eq!(path(&client).await, "/login");
 

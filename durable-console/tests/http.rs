@@ -159,7 +159,10 @@ async fn every_request_needs_the_token() {
     let cookie = login(&app).await;
     let reply = send(
         &app,
-        get("/").header(header::COOKIE, &cookie).body(Body::empty()).expect("request"),
+        get("/")
+            .header(header::COOKIE, &cookie)
+            .body(Body::empty())
+            .expect("request"),
     )
     .await;
     assert_eq!(reply.status, StatusCode::OK);
@@ -169,7 +172,10 @@ async fn every_request_needs_the_token() {
     assert_eq!(out.status, StatusCode::SEE_OTHER);
     let after = send(
         &app,
-        get("/").header(header::COOKIE, &cookie).body(Body::empty()).expect("request"),
+        get("/")
+            .header(header::COOKIE, &cookie)
+            .body(Body::empty())
+            .expect("request"),
     )
     .await;
     assert_eq!(after.status, StatusCode::SEE_OTHER);
@@ -192,7 +198,11 @@ async fn changes_need_the_csrf_token_and_a_confirmation() {
 
     let missing = send(&app, post(&resolve, Some(&cookie), &decision)).await;
     assert_eq!(missing.status, StatusCode::FORBIDDEN, "{}", missing.body);
-    assert!(missing.body.contains("CSRF token is missing or wrong"), "{}", missing.body);
+    assert!(
+        missing.body.contains("CSRF token is missing or wrong"),
+        "{}",
+        missing.body
+    );
     still_in_doubt().await;
 
     let mut wrong = decision.to_vec();
@@ -215,8 +225,10 @@ async fn changes_need_the_csrf_token_and_a_confirmation() {
     let mut good = decision.to_vec();
     good.push(("csrf", &csrf));
     let mut req = post(&resolve, Some(&cookie), &good);
-    req.headers_mut()
-        .insert(header::ORIGIN, "http://evil.example".parse().expect("header"));
+    req.headers_mut().insert(
+        header::ORIGIN,
+        "http://evil.example".parse().expect("header"),
+    );
     assert_eq!(send(&app, req).await.status, StatusCode::FORBIDDEN);
     still_in_doubt().await;
 
@@ -243,11 +255,19 @@ async fn changes_need_the_csrf_token_and_a_confirmation() {
     ];
     let reply = send(&app, post(&confirm, Some(&cookie), &happened)).await;
     assert_eq!(reply.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert!(reply.body.contains("the result is not valid JSON"), "{}", reply.body);
+    assert!(
+        reply.body.contains("the result is not valid JSON"),
+        "{}",
+        reply.body
+    );
 
     let reply = send(&app, post(&resolve, Some(&cookie), &good)).await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
-    assert!(reply.body.contains("as not happened, by console-op"), "{}", reply.body);
+    assert!(
+        reply.body.contains("as not happened, by console-op"),
+        "{}",
+        reply.body
+    );
     assert_eq!(
         s.store.call(&s.doubt_call.id).await.expect("call").status,
         CallStatus::NotHappened
@@ -256,27 +276,42 @@ async fn changes_need_the_csrf_token_and_a_confirmation() {
     let again = send(&app, post(&resolve, Some(&cookie), &good)).await;
     assert_eq!(again.status, StatusCode::CONFLICT);
     assert!(
-        again.body.contains("is not in doubt: it was already resolved as not happened"),
+        again
+            .body
+            .contains("is not in doubt: it was already resolved as not happened"),
         "{}",
         again.body
     );
 
     // Fork needs the token too, then works.
     let fork = "/sessions/s-done/fork";
-    let reply = send(&app, post(fork, Some(&cookie), &[("version", "1"), ("to", "s-fork")])).await;
+    let reply = send(
+        &app,
+        post(fork, Some(&cookie), &[("version", "1"), ("to", "s-fork")]),
+    )
+    .await;
     assert_eq!(reply.status, StatusCode::FORBIDDEN);
     let reply = send(
         &app,
-        post(fork, Some(&cookie), &[("version", "1"), ("to", "s-fork"), ("csrf", &csrf)]),
+        post(
+            fork,
+            Some(&cookie),
+            &[("version", "1"), ("to", "s-fork"), ("csrf", &csrf)],
+        ),
     )
     .await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
     assert!(
-        reply.body.contains("forked session <code>s-done</code> at version 1 into <code>s-fork</code>"),
+        reply
+            .body
+            .contains("forked session <code>s-done</code> at version 1 into <code>s-fork</code>"),
         "{}",
         reply.body
     );
-    let forked = s.store.load_checkpoint(&durable::SessionId::new("s-fork"), None).await;
+    let forked = s
+        .store
+        .load_checkpoint(&durable::SessionId::new("s-fork"), None)
+        .await;
     assert_eq!(forked.expect("the fork exists").meta.version, 0);
 }
 
@@ -285,18 +320,29 @@ async fn store_text_is_escaped_and_secrets_masked() {
     let s = scenario().await;
     let app = durable_console::router(Arc::clone(&s.store), options());
     let escaped = "&lt;script&gt;alert(1)&lt;/script&gt;";
-    for path in ["/sessions/s-doubt", "/in-doubt", "/sessions/s-doubt?version=0"] {
+    for path in [
+        "/sessions/s-doubt",
+        "/in-doubt",
+        "/sessions/s-doubt?version=0",
+    ] {
         let reply = send(&app, bearer(path)).await;
         assert_eq!(reply.status, StatusCode::OK, "{path}: {}", reply.body);
         assert!(!reply.body.contains("<script"), "{path}: {}", reply.body);
         assert!(reply.body.contains(escaped), "{path}: {}", reply.body);
-        for secret in ["tok-live-123"] {
-            assert!(!reply.body.contains(secret), "{path} shows {secret}");
-        }
+        assert!(
+            !reply.body.contains("tok-live-123"),
+            "{path} shows the token"
+        );
     }
     let timeline = send(&app, bearer("/sessions/s-doubt")).await.body;
-    assert!(timeline.contains("&quot;token&quot;:&quot;***&quot;"), "{timeline}");
-    assert!(timeline.contains("&quot;body&quot;:&quot;&lt;secret&gt;&quot;"), "{timeline}");
+    assert!(
+        timeline.contains("&quot;token&quot;:&quot;***&quot;"),
+        "{timeline}"
+    );
+    assert!(
+        timeline.contains("&quot;body&quot;:&quot;&lt;secret&gt;&quot;"),
+        "{timeline}"
+    );
     assert!(timeline.contains("issued (in doubt)"), "{timeline}");
     assert!(timeline.contains(SCRIPT.replace('<', "&lt;").replace('>', "&gt;").as_str()));
 
@@ -316,11 +362,18 @@ async fn store_text_is_escaped_and_secrets_masked() {
     assert!(v1.contains("Transcript (version 1, 4 messages)"), "{v1}");
     let missing = send(&app, bearer("/sessions/s-done?version=42")).await;
     assert_eq!(missing.status, StatusCode::NOT_FOUND);
-    assert!(missing.body.contains("has no checkpoint version 42"), "{}", missing.body);
+    assert!(
+        missing.body.contains("has no checkpoint version 42"),
+        "{}",
+        missing.body
+    );
 
     // Filters.
     let parked = send(&app, bearer("/?status=completed")).await.body;
-    assert!(parked.contains("s-done") && !parked.contains("s-refund"), "{parked}");
+    assert!(
+        parked.contains("s-done") && !parked.contains("s-refund"),
+        "{parked}"
+    );
     let other_app = send(&app, bearer("/?app_version=shop%2F9")).await.body;
     assert!(other_app.contains("No sessions match."), "{other_app}");
     let old = send(&app, bearer("/?older_than=1h")).await.body;
@@ -340,7 +393,10 @@ async fn a_read_only_console_says_so_and_changes_nothing() {
     );
     for path in ["/in-doubt", "/sessions/s-done"] {
         let body = send(&app, bearer(path)).await.body;
-        assert!(body.contains("Read-only: </strong>opened without DURABLE_MAC_KEY"), "{body}");
+        assert!(
+            body.contains("Read-only: </strong>opened without DURABLE_MAC_KEY"),
+            "{body}"
+        );
         assert!(body.contains("disabled"), "{body}");
     }
     let cookie = login(&app).await;
@@ -348,11 +404,19 @@ async fn a_read_only_console_says_so_and_changes_nothing() {
     let resolve = format!("/in-doubt/{}/resolve", s.doubt_call.id);
     let reply = send(
         &app,
-        post(&resolve, Some(&cookie), &[("decision", "did_not_happen"), ("by", "x"), ("csrf", &csrf)]),
+        post(
+            &resolve,
+            Some(&cookie),
+            &[("decision", "did_not_happen"), ("by", "x"), ("csrf", &csrf)],
+        ),
     )
     .await;
     assert_eq!(reply.status, StatusCode::FORBIDDEN);
-    assert!(reply.body.contains("this console is read-only"), "{}", reply.body);
+    assert!(
+        reply.body.contains("this console is read-only"),
+        "{}",
+        reply.body
+    );
     assert_eq!(
         s.store.call(&s.doubt_call.id).await.expect("call").status,
         CallStatus::Issued

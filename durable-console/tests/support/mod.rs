@@ -59,8 +59,10 @@ pub fn send_email() -> ToolSpec {
         "send_email",
         "Email the customer.",
         ReplayClass::UnsafeOnReplay,
-        object_schema(json!({"to": {"type": "string"}, "subject": {"type": "string"},
-            "body": {"type": "string"}, "auth": {"type": "object"}})),
+        object_schema(
+            json!({"to": {"type": "string"}, "subject": {"type": "string"},
+            "body": {"type": "string"}, "auth": {"type": "object"}}),
+        ),
     )
     .with_secret_args(["body"])
 }
@@ -197,7 +199,9 @@ async fn completed(store: &Arc<dyn CheckpointStore>) -> SessionId {
         .tool(&charge_card(), json!({"order_id": "o-17", "cents": 1200}))
         .key("charge:o-17")
         .run(|ctx| async move {
-            Ok::<_, String>(json!({"charge": format!("ch_{}", ctx.idempotency_key().unwrap_or("?"))}))
+            Ok::<_, String>(
+                json!({"charge": format!("ch_{}", ctx.idempotency_key().unwrap_or("?"))}),
+            )
         })
         .await
         .expect("charge");
@@ -277,20 +281,19 @@ pub async fn run_agent(
     crash: bool,
 ) -> AgentEnd {
     let worker = runtime(store, "agent");
-    let mut session = match worker.resume::<Message>(id).await {
-        Ok(resumed) => resumed.session,
-        Err(DurableError::Store(durable::StoreError::SessionNotFound(_))) => worker
-            .start(
-                StartOptions::new()
-                    .with_id(id.clone())
-                    .with_messages(vec![Message::user(format!(
-                        "Tell Ann her order o-17 is confirmed. {SCRIPT}"
-                    ))]),
-            )
-            .await
-            .expect("start"),
-        Err(e) => panic!("resume: {e}"),
-    };
+    let mut session =
+        match worker.resume::<Message>(id).await {
+            Ok(resumed) => resumed.session,
+            Err(DurableError::Store(durable::StoreError::SessionNotFound(_))) => {
+                worker
+                    .start(StartOptions::new().with_id(id.clone()).with_messages(vec![
+                        Message::user(format!("Tell Ann her order o-17 is confirmed. {SCRIPT}")),
+                    ]))
+                    .await
+                    .expect("start")
+            }
+            Err(e) => panic!("resume: {e}"),
+        };
     let turn: Message = session
         .model(|| async {
             Ok::<_, String>(Message::assistant(vec![
