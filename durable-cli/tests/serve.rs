@@ -152,3 +152,31 @@ fn serve_refuses_a_remote_bind_unless_allowed() {
         assert!(help.contains(needle), "{needle:?} in\n{help}");
     }
 }
+
+/// A store sealed with an application key refuses to open, even read-only, without that
+/// key (durable-core's `Keyring::readable`): `serve` says so in one line, as `resolve`
+/// does, and serves nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signed_store_needs_its_key() {
+    use durable::integrity::Keyring;
+    use durable::sqlite::SqliteStoreOptions;
+
+    let key = "console-test-key-0123456789";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("signed.db");
+    let ring = Keyring::with_app_key(key.as_bytes().to_vec()).expect("key");
+    let store = SqliteStore::connect_with(SqliteStoreOptions::file(&path).keyring(ring))
+        .await
+        .expect("create a signed store");
+    store.close().await;
+    let db = path.to_str().expect("utf-8 path");
+
+    let out = durable_env(&["--db", db, "serve", "--bind", "127.0.0.1:1"], &[]);
+    assert_eq!(out.status.code(), Some(6));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with("error: this store is sealed with key `app-")
+            && stderr.contains("DURABLE_MAC_KEY"),
+        "{stderr}"
+    );
+}

@@ -283,6 +283,26 @@ async fn changes_need_the_csrf_token_and_a_confirmation() {
         again.body
     );
 
+    // Happened, with a result: recorded as the call's result.
+    let refund = format!("/in-doubt/{}/resolve", s.refund_call.id);
+    let happened = [
+        ("decision", "happened"),
+        ("result", "{\"refund\": \"r-9\"}"),
+        ("note", "in the provider's dashboard"),
+        ("by", "alice"),
+        ("csrf", &csrf),
+    ];
+    let reply = send(&app, post(&refund, Some(&cookie), &happened)).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert!(
+        reply.body.contains("as happened, by alice: the next resume returns this result to the agent and runs nothing"),
+        "{}",
+        reply.body
+    );
+    let row = s.store.call(&s.refund_call.id).await.expect("call");
+    assert_eq!(row.status, CallStatus::Resolved);
+    assert_eq!(row.result, Some(serde_json::json!({"refund": "r-9"})));
+
     // Fork needs the token too, then works.
     let fork = "/sessions/s-done/fork";
     let reply = send(
