@@ -122,18 +122,41 @@ async fn screenshot(client: &Client, name: &str) {
     std::fs::write(dir.join(format!("{name}.png")), png).expect("write the screenshot");
 }
 
+/// The text of the first element matching `css`, waiting up to 10 s for it to appear (a
+/// click that submits a form returns before the next page is there); on a timeout the
+/// panic shows the page.
 async fn text(client: &Client, css: &str) -> String {
-    client
-        .find(Locator::Css(css))
-        .await
-        .unwrap_or_else(|e| panic!("no `{css}` on the page: {e}"))
-        .text()
-        .await
-        .expect("text")
+    let found = client
+        .wait()
+        .at_most(Duration::from_secs(10))
+        .every(Duration::from_millis(50))
+        .for_element(Locator::Css(css))
+        .await;
+    match found {
+        Ok(element) => element.text().await.expect("text"),
+        Err(e) => {
+            let url = client
+                .current_url()
+                .await
+                .map(|u| u.to_string())
+                .unwrap_or_default();
+            let page = client.source().await.unwrap_or_default();
+            panic!("no `{css}` on {url} within 10 s ({e}):\n{page}")
+        }
+    }
 }
 
-async fn path(client: &Client) -> String {
-    client.current_url().await.expect("url").path().to_owned()
+/// Waits up to 10 s for the browser to be at `expected` (a path), as after a click.
+async fn at(client: &Client, expected: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let path = client.current_url().await.expect("url").path().to_owned();
+        if path == expected {
+            return;
+        }
+        assert!(Instant::now() < deadline, "at {path}, expected {expected}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -149,7 +172,7 @@ async fn an_operator_resolves_a_call_in_the_browser() {
         .goto(&format!("{base}/in-doubt"))
         .await
         .expect("goto");
-    assert_eq!(path(&client).await, "/login");
+    at(&client, "/login").await;
     let page = client.source().await.expect("source");
     assert!(!page.contains("s-doubt"), "{page}");
     // A wrong token is refused.
@@ -188,7 +211,7 @@ async fn an_operator_resolves_a_call_in_the_browser() {
         .click()
         .await
         .expect("click");
-    assert_eq!(path(&client).await, "/");
+    at(&client, "/").await;
     let sessions = text(&client, "#sessions").await;
     for id in ["s-done", "s-doubt", "s-refund"] {
         assert!(sessions.contains(id), "{sessions}");
@@ -205,7 +228,7 @@ async fn an_operator_resolves_a_call_in_the_browser() {
         .click()
         .await
         .expect("click");
-    assert_eq!(path(&client).await, "/sessions/s-doubt");
+    at(&client, "/sessions/s-doubt").await;
     let transcript = text(&client, ".transcript").await;
     assert!(
         transcript.contains(&format!("Tell Ann her order o-17 is confirmed. {SCRIPT}")),
@@ -382,7 +405,7 @@ async fn an_operator_resolves_a_call_in_the_browser() {
         .await
         .expect("click");
     client.goto(&format!("{base}/")).await.expect("goto");
-    assert_eq!(path(&client).await, "/login");
+    at(&client, "/login").await;
 
     client.close().await.expect("close the browser");
     drop(driver);
