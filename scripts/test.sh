@@ -7,6 +7,10 @@
 # (loopback only, a port and directory of their own), or use DATABASE_URL when it is set.
 # On a machine without those binaries this script installs Debian's `postgresql` package
 # first: the PostgreSQL suite is mandatory, never skipped.
+#
+# The operator console's browser test (durable-console/tests/browser.rs) drives Debian's
+# `chromium` through `chromedriver`; this script installs `chromium` and `chromium-driver`
+# when `chromedriver` is missing (CHROMEDRIVER names another one). Never skipped either.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -31,6 +35,15 @@ if [ -z "${DATABASE_URL:-}" ] && ! have_pg_binaries; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends postgresql >/dev/null
   have_pg_binaries || { echo "scripts/test.sh: postgresql installed but initdb still not found" >&2; exit 1; }
+fi
+
+if [ -z "${CHROMEDRIVER:-}" ] && ! command -v chromedriver >/dev/null 2>&1; then
+  echo "scripts/test.sh: chromedriver not found; installing Debian's chromium and chromium-driver packages" >&2
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null
+  command -v chromedriver >/dev/null 2>&1 || { echo "scripts/test.sh: chromium-driver installed but chromedriver still not found" >&2; exit 1; }
 fi
 
 exec cargo test --workspace --all-features "$@"

@@ -22,6 +22,8 @@ mod inspect;
 mod open;
 mod operate;
 mod render;
+#[cfg(feature = "console")]
+mod serve;
 mod verify;
 
 use std::path::PathBuf;
@@ -59,6 +61,7 @@ Examples:
   durable --db agent.db resolve 5f0c… --happened --result '{\"id\": \"m-1\"}' --note 'in outbox'
   durable --db agent.db retarget 5f0c… --app-version shop/2 --map lookup=read_order --dry-run
   durable --db agent.db backup --to agent-backup.db
+  durable --db agent.db serve
   DURABLE_DB=postgres://durable@db/agents durable sessions --json";
 
 /// Inspect and operate durable agent sessions: list and show sessions, read the call
@@ -116,6 +119,10 @@ enum Command {
     /// Check every seal, chain and count of the store (or one session), offline.
     #[command(after_help = VERIFY_HELP)]
     Verify(VerifyArgs),
+    /// Serve the operator console in the browser: sessions, timelines, the in-doubt inbox.
+    #[cfg(feature = "console")]
+    #[command(after_help = SERVE_HELP)]
+    Serve(ServeArgs),
 }
 
 /// How a command uses the store.
@@ -131,6 +138,8 @@ impl Command {
     fn access(&self) -> Access {
         match self {
             Command::Resolve(_) | Command::Unpark(_) | Command::Fork(_) => Access::Write,
+            #[cfg(feature = "console")]
+            Command::Serve(_) => Access::Write,
             Command::Prune(a) if !a.dry_run => Access::Write,
             Command::Retarget(a) if !a.dry_run => Access::Write,
             Command::Sessions(_)
@@ -162,6 +171,42 @@ session through the store's checked reads, and reports per session `ok` or `TAMP
 with the first problem found (a changed, deleted, reordered or forged row). Then runs the
 database's own check (SQLite: `PRAGMA integrity_check`). Exits 7 if anything failed.
 Read-only: it never repairs; restore a backup taken before the change.";
+
+#[cfg(feature = "console")]
+const SERVE_HELP: &str = "\
+Serves the console on 127.0.0.1:7878 (--bind to change it; an address other than loopback
+also needs --allow-remote, and prints a warning: the console speaks plain HTTP). It prints
+its URL, and the token every request needs: $DURABLE_CONSOLE_TOKEN when set, else 32
+random bytes generated at start. Log in with the token in the browser (an HttpOnly,
+SameSite=Strict cookie), or send `Authorization: Bearer <token>` from scripts.
+
+Pages: the sessions (filtered by status, app version and age, with their calls in doubt),
+a session's timeline (journal rows, checkpoints and resolutions beside the transcript, any
+checkpoint version, fork from a version), and the calls in doubt with their decisions
+(happened with a result / did not happen), each shown before it is submitted. GET never
+changes anything; every change is a POST with a CSRF token. Store text is HTML-escaped
+and secrets are masked as in `show` and `calls`.
+
+The store is opened for writing, as `resolve` opens it (a signed store needs
+DURABLE_MAC_KEY). If it can only be opened read-only, or with --read-only, the console
+serves it read-only and says so on every form. Stop it with Ctrl-C.";
+
+#[cfg(feature = "console")]
+#[derive(Debug, Args)]
+struct ServeArgs {
+    /// The address and port to listen on.
+    #[arg(long, value_name = "ADDR", default_value = durable_console::DEFAULT_BIND, value_parser = serve::parse_bind)]
+    bind: std::net::SocketAddr,
+    /// Allow a --bind address other than loopback (reachable from other machines).
+    #[arg(long)]
+    allow_remote: bool,
+    /// Serve read-only: show everything, change nothing.
+    #[arg(long)]
+    read_only: bool,
+    /// Who decides, for the audit rows (default: $USER; each form can change it).
+    #[arg(long, value_name = "NAME")]
+    by: Option<String>,
+}
 
 #[derive(Debug, Args)]
 struct VerifyArgs {
@@ -443,11 +488,17 @@ fn renamed_command(e: &clap::Error) -> Option<&str> {
 
 async fn run(cli: Cli) -> Result<(), CliError> {
     let location = open::locate(cli.db, |name| std::env::var(name).ok())?;
-    let opened = open::open(&location, cli.command.access()).await?;
+    // The console opens the store itself: read-only when writing is refused.
+    let command = match cli.command {
+        #[cfg(feature = "console")]
+        Command::Serve(a) => return serve::serve(&location, a).await,
+        other => other,
+    };
+    let opened = open::open(&location, command.access()).await?;
     let json = cli.json;
     let shared = &opened.shared;
     let store = shared.as_ref();
-    match cli.command {
+    match command {
         Command::Sessions(a) => inspect::sessions(store, json, a).await,
         Command::Show(a) => inspect::show(store, json, a).await,
         Command::Calls(a) => inspect::calls(store, json, a).await,
@@ -460,5 +511,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Retarget(a) => operate::retarget(store, json, a).await,
         Command::Backup(a) => backup::backup(&opened, json, a).await,
         Command::Verify(a) => verify::verify(&opened, json, a).await,
+        #[cfg(feature = "console")]
+        Command::Serve(_) => unreachable!("served above"),
     }
 }

@@ -268,6 +268,17 @@ mod tests {
         );
     }
 
+    /// The console masks exactly as the CLI does: one rule, the same fixtures.
+    #[cfg(feature = "console")]
+    #[test]
+    fn masks_like_the_console() {
+        assert_eq!(SENSITIVE, durable_console::mask::SENSITIVE);
+        for (input, shown) in durable_console::mask::fixtures() {
+            assert_eq!(mask(&input), shown, "{input}");
+            assert_eq!(durable_console::mask::mask(&input), mask(&input), "{input}");
+        }
+    }
+
     #[test]
     fn times_sizes_and_truncation() {
         assert_eq!(time(0), "1970-01-01T00:00:00Z");

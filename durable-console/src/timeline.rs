@@ -1,0 +1,381 @@
+//! `/sessions/{id}`: a session's journal rows, checkpoints and resolutions in order, with
+//! the transcript of one checkpoint beside them; and the fork form.
+
+use std::time::Duration;
+
+use axum::extract::{Path, Query, State};
+use durable::store::{CallKind, CallRecord, CheckpointMeta, Resolution, ResolutionRecord};
+use durable::{Block, Message, Plan, SessionId, StoreError};
+use maud::{Markup, html};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::AppState;
+use crate::auth::{CsrfForm, Posted, Viewer};
+use crate::error::PageError;
+use crate::format::{age, budget, coarse, compact, plan_progress, pretty, size, time, visible};
+use crate::layout::{self, Nav, csrf_field};
+use crate::sessions::session_href;
+
+/// The lease owner recorded for the fork's first lease (given back at once), as the CLI's.
+const OWNER: &str = "durable-console";
+
+/// Plan and budget are read for at most this many of the newest checkpoints.
+const CHECKPOINTS_READ: usize = 100;
+
+/// Width of arguments in the timeline.
+const ARGS: usize = 240;
+
+#[derive(Deserialize)]
+pub(crate) struct Version {
+    version: Option<i64>,
+}
+
+/// One line of the timeline.
+enum Event<'a> {
+    Checkpoint {
+        meta: &'a CheckpointMeta,
+        plan: Option<String>,
+        budget: Option<String>,
+    },
+    Call(&'a CallRecord),
+    Resolution(&'a ResolutionRecord),
+}
+
+impl Event<'_> {
+    fn at(&self) -> i64 {
+        match self {
+            Event::Checkpoint { meta, .. } => meta.created_at,
+            Event::Call(c) => c.issued_at,
+            Event::Resolution(r) => r.at,
+        }
+    }
+}
+
+/// `GET /sessions/{id}?version=N`.
+pub(crate) async fn page(
+    State(state): State<AppState>,
+    viewer: Viewer,
+    Path(id): Path<String>,
+    Query(Version { version }): Query<Version>,
+) -> Result<Markup, PageError> {
+    let store = state.store.as_ref();
+    let id = SessionId::new(id);
+    let session = store.session(&id).await?;
+    let now = store.now().await?;
+    let checkpoint = store.load_checkpoint(&id, version).await?;
+    let viewed = checkpoint.meta.version;
+    let metas = store.list_checkpoints(&id).await?;
+    let calls = store.calls(&id, None).await?;
+    let in_doubt: Vec<_> = store
+        .in_doubt(Some(&id))
+        .await?
+        .into_iter()
+        .map(|c| c.id)
+        .collect();
+    let resolutions = store.resolutions(&id).await?;
+
+    // Checkpoint v(n) opens step n: each checkpoint, then the rows of its step, then the
+    // resolutions where they happened in time.
+    let read_from = metas.len().saturating_sub(CHECKPOINTS_READ);
+    let mut events = Vec::with_capacity(metas.len() + calls.len() + resolutions.len());
+    for (i, meta) in metas.iter().enumerate() {
+        let (plan, budget_text) = if meta.version == viewed {
+            (
+                Some(plan_progress(&checkpoint.plan)),
+                Some(budget(&checkpoint.budget)),
+            )
+        } else if i >= read_from {
+            match store.load_checkpoint(&id, Some(meta.version)).await {
+                Ok(cp) => (Some(plan_progress(&cp.plan)), Some(budget(&cp.budget))),
+                Err(StoreError::Corrupt { .. }) => (Some("(unreadable)".into()), None),
+                Err(e) => return Err(e.into()),
+            }
+        } else {
+            (None, None)
+        };
+        events.push(Event::Checkpoint {
+            meta,
+            plan,
+            budget: budget_text,
+        });
+        events.extend(
+            calls
+                .iter()
+                .filter(|c| c.identity.step == meta.version)
+                .map(Event::Call),
+        );
+    }
+    // Rows whose step has no checkpoint (none today; kept rather than hidden).
+    events.extend(
+        calls
+            .iter()
+            .filter(|c| !metas.iter().any(|m| m.version == c.identity.step))
+            .map(Event::Call),
+    );
+    for r in &resolutions {
+        let at = events
+            .iter()
+            .rposition(|e| e.at() <= r.at)
+            .map_or(0, |i| i + 1);
+        events.insert(at, Event::Resolution(r));
+    }
+
+    let plan = serde_json::from_value::<Plan>(checkpoint.plan.clone()).ok();
+    let messages: Vec<Value> = checkpoint
+        .messages
+        .iter()
+        .map(|m| {
+            m.to_value()
+                .unwrap_or_else(|e| Value::String(format!("(not JSON: {e})")))
+        })
+        .collect();
+    let title = format!("Session {}", visible(id.as_str(), 64));
+    let body = html! {
+        h1 { "Session " code { (visible(id.as_str(), 200)) } }
+        div.card {
+            dl.facts {
+                dt { "Status" }
+                dd {
+                    span class=(format!("pill {}", session.status.as_str())) { (session.status.as_str()) }
+                    @if let Some(reason) = &session.status_reason { " " span.muted { (visible(reason, 300)) } }
+                }
+                dt { "App version" } dd.mono { (visible(&session.app_version, 100)) }
+                dt { "Lease" }
+                dd {
+                    @match (&session.lease_owner, session.lease_expires_at) {
+                        (Some(owner), Some(until)) if until > now => { (visible(owner, 100)) ", live, expires " (age(until, now)) }
+                        (Some(owner), _) => { (visible(owner, 100)) ", expired" }
+                        (None, _) => { "—" }
+                    }
+                }
+                dt { "Created" } dd { (time(session.created_at)) " (" (age(session.created_at, now)) ")" }
+                dt { "Updated" } dd { (time(session.updated_at)) " (" (age(session.updated_at, now)) ")" }
+                dt { "In doubt" }
+                dd {
+                    @if in_doubt.is_empty() { "none" } @else {
+                        a.count href="/in-doubt" { (in_doubt.len()) " call" @if in_doubt.len() != 1 { "s" } } " — decide in the inbox"
+                    }
+                }
+                @if !session.metadata.is_null() {
+                    dt { "Metadata" } dd.mono { (compact(&session.metadata, 300)) }
+                }
+            }
+        }
+        div.split {
+            div {
+                h2 { "Timeline" }
+                div.scroll { table #timeline {
+                    thead { tr {
+                        th { "At" } th { "Kind" } th { "Name · class" } th { "Status · attempt" }
+                        th { "Key" } th { "Took" } th { "Arguments" } th { "Result" }
+                    } }
+                    tbody {
+                        @for event in &events {
+                            (event_row(event, &in_doubt, viewed, &id, now))
+                        }
+                    }
+                } }
+            }
+            div {
+                h2 { "Checkpoint " (viewed) }
+                p.versions {
+                    "Versions: "
+                    @for m in &metas {
+                        a class=(if m.version == viewed { "on" } else { "" })
+                          href=(format!("{}?version={}", session_href(&id), m.version)) { (m.version) }
+                    }
+                }
+                div.card {
+                    dl.facts {
+                        dt { "Created" } dd { (time(checkpoint.meta.created_at)) }
+                        dt { "Messages" } dd { (checkpoint.meta.message_count) }
+                        dt { "Plan" } dd { (plan_progress(&checkpoint.plan)) }
+                        dt { "Budget" } dd { (budget(&checkpoint.budget)) }
+                    }
+                    @if let Some(plan) = plan.filter(|p| !p.is_empty()) {
+                        pre.plan { (visible(&plan.to_markdown(), 4000)) }
+                    }
+                }
+                h2 { "Transcript (version " (viewed) ", " (messages.len()) " message" @if messages.len() != 1 { "s" } ")" }
+                div.transcript {
+                    @for (n, m) in messages.iter().enumerate() { (message(n + 1, m)) }
+                }
+                (fork_form(&state, &viewer, &id, viewed))
+            }
+        }
+    };
+    Ok(layout::page(&state, &viewer, Nav::Sessions, &title, body))
+}
+
+fn event_row(
+    event: &Event<'_>,
+    in_doubt: &[durable::CallId],
+    viewed: i64,
+    id: &SessionId,
+    now: i64,
+) -> Markup {
+    match event {
+        Event::Checkpoint { meta, plan, budget } => html! {
+            tr class=(if meta.version == viewed { "checkpoint viewed" } else { "checkpoint" }) {
+                td title=(time(meta.created_at)) { (age(meta.created_at, now)) }
+                td { "checkpoint" }
+                td { a href=(format!("{}?version={}", session_href(id), meta.version)) { "v" (meta.version) } }
+                td colspan="5" {
+                    (meta.message_count) " message" @if meta.message_count != 1 { "s" } " · plan " (plan.as_deref().unwrap_or("—"))
+                    " · budget " (budget.as_deref().unwrap_or("—"))
+                }
+            }
+        },
+        Event::Call(c) => {
+            let doubt = in_doubt.contains(&c.id);
+            let kind = match c.kind {
+                CallKind::Model => "model reply",
+                CallKind::Tool => "tool call",
+            };
+            let took = c.finished_at.map_or_else(
+                || "—".to_owned(),
+                |f| coarse(u64::try_from(f - c.issued_at).unwrap_or(0)),
+            );
+            html! {
+                tr class=(if doubt { "call doubt" } else { "call" }) data-call=(c.id.as_str()) {
+                    td title=(time(c.issued_at)) { (age(c.issued_at, now)) }
+                    td { (kind) }
+                    td { span.mono { (visible(&c.identity.tool, 64)) } br; span.muted { (c.class.as_str()) } }
+                    td {
+                        @if doubt { span.pill.doubt { "issued (in doubt)" } }
+                        @else { span class=(format!("pill {}", c.status.as_str())) { (c.status.as_str()) } }
+                        span.muted { " · " (c.attempt) }
+                    }
+                    td.mono { (c.idempotency_key.as_deref().map_or_else(|| "—".to_owned(), |k| visible(k, 64))) }
+                    td { (took) }
+                    td.args {
+                        @if c.args.is_null() { span.muted { "—" } }
+                        @else { code.args { (compact(&c.args, ARGS)) } }
+                    }
+                    td { (result_size(c)) }
+                }
+            }
+        }
+        Event::Resolution(r) => html! {
+            tr.resolution {
+                td title=(time(r.at)) { (age(r.at, now)) }
+                td { "resolution" }
+                td.mono { (visible(r.call.as_str(), 64)) }
+                td colspan="5" {
+                    @match &r.resolution {
+                        Resolution::Happened { result } => { "happened " code { (compact(result, ARGS)) } }
+                        Resolution::DidNotHappen => { "did not happen" }
+                    }
+                    " · by " (visible(&r.by, 64))
+                    @if let Some(note) = &r.note { " · " em { (visible(note, 300)) } }
+                }
+            }
+        },
+    }
+}
+
+fn result_size(call: &CallRecord) -> String {
+    match (&call.result, &call.error) {
+        (Some(v), _) => size(v.to_string().len()),
+        (None, Some(e)) => format!("error, {}", size(e.to_string().len())),
+        (None, None) => "—".into(),
+    }
+}
+
+/// One transcript message, secrets masked.
+fn message(n: usize, value: &Value) -> Markup {
+    let Ok(message) = serde_json::from_value::<Message>(value.clone()) else {
+        return html! {
+            div.msg { div.role { "#" (n) " (not a message)" } pre { (pretty(value, 4000)) } }
+        };
+    };
+    let role = serde_json::to_value(message.role)
+        .ok()
+        .and_then(|r| r.as_str().map(str::to_owned))
+        .unwrap_or_default();
+    html! {
+        div class=(format!("msg {role}")) {
+            div.role { "#" (n) " " (role) }
+            @for block in &message.content {
+                @match block {
+                    Block::Text { text } => { div.text { (visible(text, 20_000)) } }
+                    Block::Reasoning { text } => { div.text.muted { "(reasoning) " (visible(text, 20_000)) } }
+                    Block::ToolCall(call) => {
+                        div.mono { "→ " (visible(&call.name, 64)) "(" (compact(&call.arguments, 2000)) ") "
+                            span.muted { "[" (visible(&call.id, 64)) "]" } }
+                    }
+                    Block::ToolResult(result) => {
+                        div.mono { "← " span.muted { "[" (visible(&result.call_id, 64)) "]" }
+                            @if result.is_error { " error:" } " " (compact(&result.content, 2000)) }
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn fork_form(state: &AppState, viewer: &Viewer, id: &SessionId, viewed: i64) -> Markup {
+    html! {
+        div.card {
+            h2 { "Fork from a version" }
+            p.muted { "Starts a new session from a checkpoint of this one (same app version); a worker resumes it by its id." }
+            @if let Some(reason) = &state.read_only { (layout::read_only_notice(reason)) }
+            form.inline #fork method="post" action=(format!("{}/fork", session_href(id))) {
+                (csrf_field(viewer))
+                label { "From version" input type="number" name="version" value=(viewed) min="0" size="5"; }
+                label { "New session id" input type="text" name="to" placeholder="random UUID"; }
+                button type="submit" disabled[state.read_only.is_some()] { "Fork" }
+            }
+        }
+    }
+}
+
+#[derive(Deserialize)]
+pub(crate) struct ForkForm {
+    csrf: Option<String>,
+    version: i64,
+    #[serde(default)]
+    to: String,
+}
+
+impl CsrfForm for ForkForm {
+    fn csrf(&self) -> Option<&str> {
+        self.csrf.as_deref()
+    }
+}
+
+/// `POST /sessions/{id}/fork`.
+pub(crate) async fn fork(
+    State(state): State<AppState>,
+    viewer: Viewer,
+    Path(id): Path<String>,
+    Posted(form): Posted<ForkForm>,
+) -> Result<Markup, PageError> {
+    if let Some(reason) = &state.read_only {
+        return Err(PageError::read_only(reason));
+    }
+    let store = state.store.as_ref();
+    let from = SessionId::new(id);
+    let to = match form.to.trim() {
+        "" => SessionId::random(),
+        to => SessionId::new(to),
+    };
+    store.session(&from).await?;
+    let (_, lease) = store
+        .fork_session(&from, form.version, &to, OWNER, Duration::from_secs(1))
+        .await?;
+    // The fork is for a worker to pick up: give its lease back at once.
+    store.release_lease(&lease).await?;
+    let record = store.session(&to).await?;
+    let body = html! {
+        h1 { "Forked" }
+        p.notice.done {
+            "forked session " code { (visible(from.as_str(), 200)) } " at version " (form.version)
+            " into " code { (visible(to.as_str(), 200)) } " (app version " (visible(&record.app_version, 100))
+            "); resume it with its id"
+        }
+        p { a href=(session_href(&to)) { "Open the new session" } " · " a href=(session_href(&from)) { "Back" } }
+    };
+    Ok(layout::page(&state, &viewer, Nav::Sessions, "Forked", body))
+}

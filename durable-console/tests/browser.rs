@@ -1,0 +1,412 @@
+//! The console in a real headless browser: Debian's `chromium` driven over WebDriver by
+//! `chromedriver`, which the test starts on a free loopback port and stops on drop (as
+//! durable-postgres's harness starts a throwaway cluster). `scripts/test.sh` installs
+//! both packages when they are missing: this test is never skipped.
+//!
+//! One browser session for the whole file (chromium's start-up is the slow part).
+//! `DURABLE_SCREENSHOTS=1` writes the pages shown in the README to `docs/console/`.
+
+mod support;
+
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use durable::store::{CallStatus, Resolution, SessionStatus};
+use fantoccini::{Client, ClientBuilder, Locator};
+use serde_json::json;
+use support::{AgentEnd, OPERATOR, SCRIPT, TOKEN, options, run_agent, scenario, serve};
+
+/// A `chromedriver` process of our own, killed (with the browser it started) on drop.
+struct Driver {
+    child: Child,
+    url: String,
+}
+
+impl Driver {
+    fn start() -> Driver {
+        let binary = std::env::var("CHROMEDRIVER").unwrap_or_else(|_| "chromedriver".into());
+        let port = free_port();
+        let mut command = Command::new(&binary);
+        command
+            .arg(format!("--port={port}"))
+            .arg("--allowed-ips=127.0.0.1")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null());
+        // Its own process group, so that drop stops the browsers it started too.
+        std::os::unix::process::CommandExt::process_group(&mut command, 0);
+        let child = command.spawn().unwrap_or_else(|e| {
+            panic!(
+                "cannot start `{binary}` ({e}); install Debian's chromium and chromium-driver \
+                 (scripts/test.sh does), or set CHROMEDRIVER"
+            )
+        });
+        let driver = Driver {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+        };
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "chromedriver did not listen within 20 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        driver
+    }
+
+    async fn browser(&self) -> Client {
+        let mut args = vec![
+            "--headless=new",
+            "--disable-dev-shm-usage",
+            "--disable-gpu",
+            "--no-first-run",
+            "--window-size=1440,960",
+            "--hide-scrollbars",
+        ];
+        if is_root() {
+            // Chromium refuses to run its sandbox as root (containers, CI).
+            args.push("--no-sandbox");
+        }
+        let mut chrome = json!({ "args": args });
+        if let Ok(binary) = std::env::var("CHROME") {
+            chrome["binary"] = json!(binary);
+        }
+        let mut caps = serde_json::Map::new();
+        caps.insert("goog:chromeOptions".into(), chrome);
+        let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+        ClientBuilder::new(connector)
+            .capabilities(caps)
+            .connect(&self.url)
+            .await
+            .expect("a chromium session")
+    }
+}
+
+impl Drop for Driver {
+    fn drop(&mut self) {
+        let group = format!("-{}", self.child.id());
+        let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+}
+
+/// Writes a screenshot of the current page to `docs/console/<name>.png` when
+/// `DURABLE_SCREENSHOTS=1`.
+async fn screenshot(client: &Client, name: &str) {
+    if std::env::var("DURABLE_SCREENSHOTS").as_deref() != Ok("1") {
+        return;
+    }
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/console");
+    std::fs::create_dir_all(&dir).expect("docs/console");
+    let png = client.screenshot().await.expect("screenshot");
+    std::fs::write(dir.join(format!("{name}.png")), png).expect("write the screenshot");
+}
+
+/// The text of the first element matching `css`, waiting up to 10 s for it to appear (a
+/// click that submits a form returns before the next page is there); on a timeout the
+/// panic shows the page.
+async fn text(client: &Client, css: &str) -> String {
+    let found = client
+        .wait()
+        .at_most(Duration::from_secs(10))
+        .every(Duration::from_millis(50))
+        .for_element(Locator::Css(css))
+        .await;
+    match found {
+        Ok(element) => element.text().await.expect("text"),
+        Err(e) => {
+            let url = client
+                .current_url()
+                .await
+                .map(|u| u.to_string())
+                .unwrap_or_default();
+            let page = client.source().await.unwrap_or_default();
+            panic!("no `{css}` on {url} within 10 s ({e}):\n{page}")
+        }
+    }
+}
+
+/// Waits up to 10 s for the browser to be at `expected` (a path), as after a click.
+async fn at(client: &Client, expected: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let path = client.current_url().await.expect("url").path().to_owned();
+        if path == expected {
+            return;
+        }
+        assert!(Instant::now() < deadline, "at {path}, expected {expected}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_resolves_a_call_in_the_browser() {
+    let s = scenario().await;
+    let addr = serve(&s.store, options()).await;
+    let base = format!("http://{addr}");
+    let driver = Driver::start();
+    let client = driver.browser().await;
+
+    // Without the token, every page leads to the login form.
+    client
+        .goto(&format!("{base}/in-doubt"))
+        .await
+        .expect("goto");
+    at(&client, "/login").await;
+    let page = client.source().await.expect("source");
+    assert!(!page.contains("s-doubt"), "{page}");
+    // A wrong token is refused.
+    client
+        .find(Locator::Id("token"))
+        .await
+        .expect("token field")
+        .send_keys("guess")
+        .await
+        .expect("type");
+    client
+        .find(Locator::Css("form button"))
+        .await
+        .expect("button")
+        .click()
+        .await
+        .expect("click");
+    assert!(
+        text(&client, ".problem")
+            .await
+            .contains("not the console's token")
+    );
+
+    // Log in with the token: the sessions page.
+    client
+        .find(Locator::Id("token"))
+        .await
+        .expect("token field")
+        .send_keys(TOKEN)
+        .await
+        .expect("type");
+    client
+        .find(Locator::Css("form button"))
+        .await
+        .expect("button")
+        .click()
+        .await
+        .expect("click");
+    at(&client, "/").await;
+    let sessions = text(&client, "#sessions").await;
+    for id in ["s-done", "s-doubt", "s-refund"] {
+        assert!(sessions.contains(id), "{sessions}");
+    }
+    let doubt_row = text(&client, "#sessions tbody tr:nth-child(1)").await;
+    assert!(!doubt_row.is_empty());
+    screenshot(&client, "sessions").await;
+
+    // The in-doubt session's timeline: the call in doubt, and the attacker's markup as text.
+    client
+        .find(Locator::LinkText("s-doubt"))
+        .await
+        .expect("a link to s-doubt")
+        .click()
+        .await
+        .expect("click");
+    at(&client, "/sessions/s-doubt").await;
+    let transcript = text(&client, ".transcript").await;
+    assert!(
+        transcript.contains(&format!("Tell Ann her order o-17 is confirmed. {SCRIPT}")),
+        "{transcript}"
+    );
+    let args = text(&client, "tr.doubt code.args").await;
+    assert!(args.contains(SCRIPT), "{args}");
+    assert!(
+        args.contains("\"token\":\"***\"") && args.contains("\"body\":\"<secret>\""),
+        "{args}"
+    );
+    assert!(
+        text(&client, "tr.doubt")
+            .await
+            .contains("issued (in doubt)")
+    );
+    let scripts = client
+        .find_all(Locator::Css("script"))
+        .await
+        .expect("find_all");
+    assert!(scripts.is_empty(), "no script element may exist");
+    let page = client.source().await.expect("source");
+    assert!(!page.contains("tok-live-123"));
+
+    // The inbox: both calls in doubt.
+    client
+        .goto(&format!("{base}/in-doubt"))
+        .await
+        .expect("goto");
+    let doubt = format!(".card[data-call='{}']", s.doubt_call.id);
+    let refund = format!(".card[data-call='{}']", s.refund_call.id);
+    text(&client, &doubt).await;
+    text(&client, &refund).await;
+    screenshot(&client, "in-doubt").await;
+
+    // A form stripped of its CSRF token is refused, and changes nothing.
+    client
+        .execute(
+            "document.querySelectorAll('form.did-not-happen input[name=csrf]').forEach(e => e.remove()); return null;",
+            vec![],
+        )
+        .await
+        .expect("strip the CSRF fields");
+    client
+        .find(Locator::Css(&format!(
+            "{refund} form.did-not-happen button"
+        )))
+        .await
+        .expect("button")
+        .click()
+        .await
+        .expect("click");
+    let problem = text(&client, ".problem").await;
+    assert!(
+        problem.contains("CSRF token is missing or wrong"),
+        "{problem}"
+    );
+    assert_eq!(
+        s.store.call(&s.refund_call.id).await.expect("call").status,
+        CallStatus::Issued
+    );
+
+    // Did not happen: the confirmation says what it will do, and changes nothing yet.
+    client
+        .goto(&format!("{base}/in-doubt"))
+        .await
+        .expect("goto");
+    let form = format!("{doubt} form.did-not-happen");
+    client
+        .find(Locator::Css(&format!("{form} input[name=note]")))
+        .await
+        .expect("note")
+        .send_keys("not in the outbox")
+        .await
+        .expect("type");
+    client
+        .find(Locator::Css(&format!("{form} button")))
+        .await
+        .expect("button")
+        .click()
+        .await
+        .expect("click");
+    let consequence = text(&client, "#consequence").await;
+    assert_eq!(
+        consequence,
+        format!(
+            "Resolve call `{}` (`send_email` in session `s-doubt`) as not happened, by {OPERATOR}: the next resume runs the call again.",
+            s.doubt_call.id
+        )
+    );
+    assert_eq!(
+        s.store.call(&s.doubt_call.id).await.expect("call").status,
+        CallStatus::Issued
+    );
+    client
+        .find(Locator::Css("#confirm button"))
+        .await
+        .expect("confirm")
+        .click()
+        .await
+        .expect("click");
+    let outcome = text(&client, "#outcome").await;
+    assert!(outcome.starts_with("resolved call"), "{outcome}");
+    assert!(
+        outcome.contains("as not happened, by console-op"),
+        "{outcome}"
+    );
+
+    // It left the inbox; the other call is still there.
+    client
+        .goto(&format!("{base}/in-doubt"))
+        .await
+        .expect("goto");
+    assert!(
+        client
+            .find_all(Locator::Css(&doubt))
+            .await
+            .expect("find_all")
+            .is_empty()
+    );
+    text(&client, &refund).await;
+
+    // A worker resumes the session: the email runs again (it did not happen) and the
+    // session completes; the journal keeps the resolution.
+    let before = s.sent.load(Ordering::SeqCst);
+    match run_agent(&s.store, &s.doubt, &s.sent, false).await {
+        AgentEnd::Completed(result) => assert_eq!(result, json!({"id": "m-1"})),
+        other => panic!("the resumed agent must complete, got {other:?}"),
+    }
+    assert_eq!(s.sent.load(Ordering::SeqCst), before + 1, "sent once more");
+    let resolutions = s.store.resolutions(&s.doubt).await.expect("resolutions");
+    assert_eq!(resolutions.len(), 1);
+    assert!(matches!(
+        resolutions[0].resolution,
+        Resolution::DidNotHappen
+    ));
+    assert_eq!(resolutions[0].by, OPERATOR);
+    assert_eq!(resolutions[0].note.as_deref(), Some("not in the outbox"));
+    assert_eq!(
+        s.store.session(&s.doubt).await.expect("session").status,
+        SessionStatus::Completed
+    );
+
+    // The timeline shows the resolution and the call's second attempt.
+    client
+        .goto(&format!("{base}/sessions/s-doubt"))
+        .await
+        .expect("goto");
+    let resolution = text(&client, "tr.resolution").await;
+    assert!(
+        resolution.contains("did not happen") && resolution.contains(OPERATOR),
+        "{resolution}"
+    );
+    assert!(
+        client
+            .find_all(Locator::Css("tr.doubt"))
+            .await
+            .expect("find_all")
+            .is_empty()
+    );
+    let page = client.source().await.expect("source");
+    assert!(
+        !page.contains("tok-live-123"),
+        "the transcript masks it too"
+    );
+    screenshot(&client, "timeline").await;
+
+    // Logging out: the pages lead to the login form again.
+    client
+        .find(Locator::Css("header.top form button"))
+        .await
+        .expect("log out")
+        .click()
+        .await
+        .expect("click");
+    client.goto(&format!("{base}/")).await.expect("goto");
+    at(&client, "/login").await;
+
+    client.close().await.expect("close the browser");
+    drop(driver);
+}

@@ -1,0 +1,458 @@
+//! The console over plain HTTP (no browser): the token, the login cookie, CSRF, the
+//! confirmation step, escaping, masking and the read-only mode, against a real SQLite
+//! store file.
+
+mod support;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{HeaderMap, Method, Request, StatusCode, header};
+use durable::store::CallStatus;
+use support::{OPERATOR, SCRIPT, TOKEN, options, scenario};
+use tower::ServiceExt as _;
+
+struct Reply {
+    status: StatusCode,
+    headers: HeaderMap,
+    body: String,
+}
+
+async fn send(app: &Router, req: Request<Body>) -> Reply {
+    let response = app.clone().oneshot(req).await.expect("infallible");
+    let status = response.status();
+    let headers = response.headers().clone();
+    let bytes = axum::body::to_bytes(response.into_body(), 16 << 20)
+        .await
+        .expect("body");
+    Reply {
+        status,
+        headers,
+        body: String::from_utf8_lossy(&bytes).into_owned(),
+    }
+}
+
+fn get(path: &str) -> axum::http::request::Builder {
+    Request::builder().method(Method::GET).uri(path)
+}
+
+fn bearer(path: &str) -> Request<Body> {
+    get(path)
+        .header(header::AUTHORIZATION, format!("Bearer {TOKEN}"))
+        .body(Body::empty())
+        .expect("request")
+}
+
+fn post(path: &str, cookie: Option<&str>, form: &[(&str, &str)]) -> Request<Body> {
+    let body = form
+        .iter()
+        .map(|(k, v)| format!("{k}={}", durable_console_encode(v)))
+        .collect::<Vec<_>>()
+        .join("&");
+    let mut req = Request::builder()
+        .method(Method::POST)
+        .uri(path)
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .header(header::HOST, "127.0.0.1:7878");
+    if let Some(cookie) = cookie {
+        req = req.header(header::COOKIE, cookie);
+    }
+    req.body(Body::from(body)).expect("request")
+}
+
+/// `application/x-www-form-urlencoded` value encoding.
+fn durable_console_encode(text: &str) -> String {
+    text.bytes()
+        .map(|b| match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                char::from(b).to_string()
+            }
+            _ => format!("%{b:02X}"),
+        })
+        .collect()
+}
+
+/// Logs in with the token; the cookie to send back.
+async fn login(app: &Router) -> String {
+    let reply = send(app, post("/login", None, &[("token", TOKEN)])).await;
+    assert_eq!(reply.status, StatusCode::SEE_OTHER, "{}", reply.body);
+    let cookie = reply
+        .headers
+        .get(header::SET_COOKIE)
+        .and_then(|v| v.to_str().ok())
+        .expect("a session cookie")
+        .to_owned();
+    for attribute in ["HttpOnly", "SameSite=Strict", "Path=/"] {
+        assert!(cookie.contains(attribute), "{cookie}");
+    }
+    cookie.split(';').next().unwrap_or_default().to_owned()
+}
+
+/// The CSRF token of the forms on `path`, as the logged-in browser sees it.
+async fn csrf_of(app: &Router, cookie: &str, path: &str) -> String {
+    let reply = send(
+        app,
+        get(path)
+            .header(header::COOKIE, cookie)
+            .body(Body::empty())
+            .expect("request"),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let marker = "name=\"csrf\" value=\"";
+    let at = reply.body.find(marker).expect("a csrf field") + marker.len();
+    reply.body[at..]
+        .split('"')
+        .next()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn every_request_needs_the_token() {
+    let s = scenario().await;
+    let app = durable_console::router(Arc::clone(&s.store), options());
+    // A browser without the cookie is sent to the login form; nothing is shown.
+    for path in ["/", "/sessions/s-doubt", "/in-doubt"] {
+        let reply = send(&app, get(path).body(Body::empty()).expect("request")).await;
+        assert_eq!(reply.status, StatusCode::SEE_OTHER, "{path}");
+        assert_eq!(
+            reply.headers.get(header::LOCATION).map(|v| v.as_bytes()),
+            Some(&b"/login"[..])
+        );
+        assert!(!reply.body.contains("s-doubt"), "{}", reply.body);
+    }
+    let wrong = get("/")
+        .header(header::AUTHORIZATION, "Bearer nope")
+        .body(Body::empty())
+        .expect("request");
+    assert_eq!(send(&app, wrong).await.status, StatusCode::UNAUTHORIZED);
+    let forged = get("/")
+        .header(header::COOKIE, "durable_console=0123")
+        .body(Body::empty())
+        .expect("request");
+    assert_eq!(send(&app, forged).await.status, StatusCode::SEE_OTHER);
+    // A POST without credentials is refused and changes nothing.
+    let call = format!("/in-doubt/{}/resolve", s.doubt_call.id);
+    let reply = send(
+        &app,
+        post(&call, None, &[("decision", "did_not_happen"), ("by", "x")]),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED);
+    let bad_login = send(&app, post("/login", None, &[("token", "guess")])).await;
+    assert_eq!(bad_login.status, StatusCode::UNAUTHORIZED);
+    assert!(bad_login.headers.get(header::SET_COOKIE).is_none());
+
+    let reply = send(&app, bearer("/")).await;
+    assert_eq!(reply.status, StatusCode::OK);
+    assert!(reply.body.contains("s-doubt"), "{}", reply.body);
+    let csp = reply
+        .headers
+        .get(header::CONTENT_SECURITY_POLICY)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    assert!(csp.contains("default-src 'none'"), "{csp}");
+    assert!(!csp.contains("script-src"), "no script may run: {csp}");
+
+    let cookie = login(&app).await;
+    let reply = send(
+        &app,
+        get("/")
+            .header(header::COOKIE, &cookie)
+            .body(Body::empty())
+            .expect("request"),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK);
+    // Logging out ends the cookie's session.
+    let csrf = csrf_of(&app, &cookie, "/").await;
+    let out = send(&app, post("/logout", Some(&cookie), &[("csrf", &csrf)])).await;
+    assert_eq!(out.status, StatusCode::SEE_OTHER);
+    let after = send(
+        &app,
+        get("/")
+            .header(header::COOKIE, &cookie)
+            .body(Body::empty())
+            .expect("request"),
+    )
+    .await;
+    assert_eq!(after.status, StatusCode::SEE_OTHER);
+}
+
+#[tokio::test]
+async fn changes_need_the_csrf_token_and_a_confirmation() {
+    let s = scenario().await;
+    let app = durable_console::router(Arc::clone(&s.store), options());
+    let cookie = login(&app).await;
+    let csrf = csrf_of(&app, &cookie, "/in-doubt").await;
+    let resolve = format!("/in-doubt/{}/resolve", s.doubt_call.id);
+    let decision = [("decision", "did_not_happen"), ("by", OPERATOR)];
+    let still_in_doubt = || async {
+        assert_eq!(
+            s.store.call(&s.doubt_call.id).await.expect("call").status,
+            CallStatus::Issued
+        );
+    };
+
+    let missing = send(&app, post(&resolve, Some(&cookie), &decision)).await;
+    assert_eq!(missing.status, StatusCode::FORBIDDEN, "{}", missing.body);
+    assert!(
+        missing.body.contains("CSRF token is missing or wrong"),
+        "{}",
+        missing.body
+    );
+    still_in_doubt().await;
+
+    let mut wrong = decision.to_vec();
+    wrong.push(("csrf", "00ff"));
+    let reply = send(&app, post(&resolve, Some(&cookie), &wrong)).await;
+    assert_eq!(reply.status, StatusCode::FORBIDDEN);
+    still_in_doubt().await;
+
+    // Another login session's token is not this one's.
+    let other = login(&app).await;
+    let other_csrf = csrf_of(&app, &other, "/in-doubt").await;
+    assert_ne!(other_csrf, csrf);
+    let mut crossed = decision.to_vec();
+    crossed.push(("csrf", &other_csrf));
+    let reply = send(&app, post(&resolve, Some(&cookie), &crossed)).await;
+    assert_eq!(reply.status, StatusCode::FORBIDDEN);
+    still_in_doubt().await;
+
+    // The right token, sent from another site: refused.
+    let mut good = decision.to_vec();
+    good.push(("csrf", &csrf));
+    let mut req = post(&resolve, Some(&cookie), &good);
+    req.headers_mut().insert(
+        header::ORIGIN,
+        "http://evil.example".parse().expect("header"),
+    );
+    assert_eq!(send(&app, req).await.status, StatusCode::FORBIDDEN);
+    still_in_doubt().await;
+
+    // The confirmation says what will happen, and changes nothing.
+    let confirm = format!("/in-doubt/{}/confirm", s.doubt_call.id);
+    let reply = send(&app, post(&confirm, Some(&cookie), &good)).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert!(
+        reply.body.contains(&format!(
+            "Resolve call `{}` (`send_email` in session `s-doubt`) as not happened, by {OPERATOR}: the next resume runs the call again",
+            s.doubt_call.id
+        )),
+        "{}",
+        reply.body
+    );
+    still_in_doubt().await;
+
+    // A malformed result is refused before anything is read or written.
+    let happened = [
+        ("decision", "happened"),
+        ("result", "{\"id\": "),
+        ("by", OPERATOR),
+        ("csrf", &csrf),
+    ];
+    let reply = send(&app, post(&confirm, Some(&cookie), &happened)).await;
+    assert_eq!(reply.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(
+        reply.body.contains("the result is not valid JSON"),
+        "{}",
+        reply.body
+    );
+
+    let reply = send(&app, post(&resolve, Some(&cookie), &good)).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert!(
+        reply.body.contains("as not happened, by console-op"),
+        "{}",
+        reply.body
+    );
+    assert_eq!(
+        s.store.call(&s.doubt_call.id).await.expect("call").status,
+        CallStatus::NotHappened
+    );
+    // Twice: the CLI's refusal.
+    let again = send(&app, post(&resolve, Some(&cookie), &good)).await;
+    assert_eq!(again.status, StatusCode::CONFLICT);
+    assert!(
+        again
+            .body
+            .contains("is not in doubt: it was already resolved as not happened"),
+        "{}",
+        again.body
+    );
+
+    // Happened, with a result: recorded as the call's result.
+    let refund = format!("/in-doubt/{}/resolve", s.refund_call.id);
+    let happened = [
+        ("decision", "happened"),
+        ("result", "{\"refund\": \"r-9\"}"),
+        ("note", "in the provider's dashboard"),
+        ("by", "alice"),
+        ("csrf", &csrf),
+    ];
+    let reply = send(&app, post(&refund, Some(&cookie), &happened)).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert!(
+        reply.body.contains("as happened, by alice: the next resume returns this result to the agent and runs nothing"),
+        "{}",
+        reply.body
+    );
+    let row = s.store.call(&s.refund_call.id).await.expect("call");
+    assert_eq!(row.status, CallStatus::Resolved);
+    assert_eq!(row.result, Some(serde_json::json!({"refund": "r-9"})));
+
+    // Fork needs the token too, then works.
+    let fork = "/sessions/s-done/fork";
+    let reply = send(
+        &app,
+        post(fork, Some(&cookie), &[("version", "1"), ("to", "s-fork")]),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::FORBIDDEN);
+    let reply = send(
+        &app,
+        post(
+            fork,
+            Some(&cookie),
+            &[("version", "1"), ("to", "s-fork"), ("csrf", &csrf)],
+        ),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert!(
+        reply
+            .body
+            .contains("forked session <code>s-done</code> at version 1 into <code>s-fork</code>"),
+        "{}",
+        reply.body
+    );
+    let forked = s
+        .store
+        .load_checkpoint(&durable::SessionId::new("s-fork"), None)
+        .await;
+    assert_eq!(forked.expect("the fork exists").meta.version, 0);
+}
+
+#[tokio::test]
+async fn store_text_is_escaped_and_secrets_masked() {
+    let s = scenario().await;
+    let app = durable_console::router(Arc::clone(&s.store), options());
+    let escaped = "&lt;script&gt;alert(1)&lt;/script&gt;";
+    for path in [
+        "/sessions/s-doubt",
+        "/in-doubt",
+        "/sessions/s-doubt?version=0",
+    ] {
+        let reply = send(&app, bearer(path)).await;
+        assert_eq!(reply.status, StatusCode::OK, "{path}: {}", reply.body);
+        assert!(!reply.body.contains("<script"), "{path}: {}", reply.body);
+        assert!(reply.body.contains(escaped), "{path}: {}", reply.body);
+        assert!(
+            !reply.body.contains("tok-live-123"),
+            "{path} shows the token"
+        );
+    }
+    let timeline = send(&app, bearer("/sessions/s-doubt")).await.body;
+    assert!(
+        timeline.contains("&quot;token&quot;:&quot;***&quot;"),
+        "{timeline}"
+    );
+    assert!(
+        timeline.contains("&quot;body&quot;:&quot;&lt;secret&gt;&quot;"),
+        "{timeline}"
+    );
+    assert!(timeline.contains("issued (in doubt)"), "{timeline}");
+    assert!(timeline.contains(SCRIPT.replace('<', "&lt;").replace('>', "&gt;").as_str()));
+
+    let done = send(&app, bearer("/sessions/s-done")).await.body;
+    for needle in [
+        "model reply",
+        "tool call",
+        "idempotent_with_key",
+        "charge:o-17",
+        "2/2 steps, 0/1 checks",
+        "$0.0042 of $1.00, 1380 tokens of 50000",
+        "Transcript (version 3, 6 messages)",
+    ] {
+        assert!(done.contains(needle), "missing {needle:?}:\n{done}");
+    }
+    let v1 = send(&app, bearer("/sessions/s-done?version=1")).await.body;
+    assert!(v1.contains("Transcript (version 1, 4 messages)"), "{v1}");
+    let missing = send(&app, bearer("/sessions/s-done?version=42")).await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+    assert!(
+        missing.body.contains("has no checkpoint version 42"),
+        "{}",
+        missing.body
+    );
+
+    // Filters.
+    let parked = send(&app, bearer("/?status=completed")).await.body;
+    assert!(
+        parked.contains("s-done") && !parked.contains("s-refund"),
+        "{parked}"
+    );
+    let other_app = send(&app, bearer("/?app_version=shop%2F9")).await.body;
+    assert!(other_app.contains("No sessions match."), "{other_app}");
+    let old = send(&app, bearer("/?older_than=1h")).await.body;
+    assert!(old.contains("No sessions match."), "{old}");
+    let recent = send(&app, bearer("/?newer_than=1h")).await.body;
+    assert!(recent.contains("s-refund"), "{recent}");
+    let bad = send(&app, bearer("/?newer_than=soon")).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
+async fn a_read_only_console_says_so_and_changes_nothing() {
+    let s = scenario().await;
+    let app = durable_console::router(
+        Arc::clone(&s.store),
+        options().read_only("opened without DURABLE_MAC_KEY"),
+    );
+    for path in ["/in-doubt", "/sessions/s-done"] {
+        let body = send(&app, bearer(path)).await.body;
+        assert!(
+            body.contains("Read-only: </strong>opened without DURABLE_MAC_KEY"),
+            "{body}"
+        );
+        assert!(body.contains("disabled"), "{body}");
+    }
+    let cookie = login(&app).await;
+    let csrf = csrf_of(&app, &cookie, "/in-doubt").await;
+    let resolve = format!("/in-doubt/{}/resolve", s.doubt_call.id);
+    let reply = send(
+        &app,
+        post(
+            &resolve,
+            Some(&cookie),
+            &[("decision", "did_not_happen"), ("by", "x"), ("csrf", &csrf)],
+        ),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::FORBIDDEN);
+    assert!(
+        reply.body.contains("this console is read-only"),
+        "{}",
+        reply.body
+    );
+    assert_eq!(
+        s.store.call(&s.doubt_call.id).await.expect("call").status,
+        CallStatus::Issued
+    );
+}
+
+/// Store data reaches a page only through maud's escaping `(expr)`: `PreEscaped` appears
+/// in `layout.rs` alone (for the constant stylesheet).
+#[test]
+fn pre_escaped_only_in_the_layout() {
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    for entry in std::fs::read_dir(&src).expect("src") {
+        let path = entry.expect("entry").path();
+        let text = std::fs::read_to_string(&path).expect("read");
+        let named = text.contains("PreEscaped");
+        let layout = path.file_name().is_some_and(|n| n == "layout.rs");
+        assert!(!named || layout, "{} uses PreEscaped", path.display());
+    }
+}
