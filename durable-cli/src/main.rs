@@ -252,6 +252,7 @@ enum Status {
     Failed,
     Cancelled,
     Parked,
+    AwaitingApproval,
 }
 
 impl From<Status> for SessionStatus {
@@ -262,6 +263,7 @@ impl From<Status> for SessionStatus {
             Status::Failed => SessionStatus::Failed,
             Status::Cancelled => SessionStatus::Cancelled,
             Status::Parked => SessionStatus::Parked,
+            Status::AwaitingApproval => SessionStatus::AwaitingApproval,
         }
     }
 }

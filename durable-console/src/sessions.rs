@@ -19,6 +19,7 @@ use crate::layout::{self, Nav};
 const STATUSES: &[SessionStatus] = &[
     SessionStatus::Active,
     SessionStatus::Parked,
+    SessionStatus::AwaitingApproval,
     SessionStatus::Completed,
     SessionStatus::Failed,
     SessionStatus::Cancelled,
