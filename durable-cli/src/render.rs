@@ -8,7 +8,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use comfy_table::{ContentArrangement, Table, presets};
 use durable::{Block, Budget, Message, Plan};
 use serde::Serialize;
-use serde_json::{Map, Value};
+use serde_json::Value;
 
 use crate::display::{self, ID, NAME, TEXT, clip};
 use crate::error::{CliError, Code};
@@ -108,54 +108,10 @@ pub fn size(bytes: usize) -> String {
     }
 }
 
-/// Argument names that are masked wherever they appear, whatever the tool declared.
-const SENSITIVE: &[&str] = &[
-    "password",
-    "passwd",
-    "secret",
-    "token",
-    "api_key",
-    "apikey",
-    "authorization",
-    "credential",
-    "private_key",
-    "access_key",
-    "cookie",
-];
-
-fn is_sensitive(key: &str) -> bool {
-    let key = key.to_ascii_lowercase().replace('-', "_");
-    SENSITIVE.iter().any(|s| key.contains(s))
-}
-
-/// Arguments (or any JSON) with secrets hidden: values stored masked by the journal
-/// (`{"$secret": …}`, a tool's declared secret arguments) stay masked, and values under a
-/// key that looks sensitive (`password`, `token`, `api_key`, …) become `"***"`, at any
-/// depth (numbers, booleans and nulls stay: `input_tokens: 12` is no secret).
+/// Arguments (or any JSON) with secrets hidden, as the console hides them:
+/// [`durable::secret::mask_for_display`].
 pub fn mask(value: &Value) -> Value {
-    match value {
-        Value::Object(map) if is_stored_secret(map) => Value::String("<secret>".into()),
-        Value::Object(map) => Value::Object(
-            map.iter()
-                .map(|(k, v)| {
-                    // Counts and flags (`input_tokens: 12`) are not secrets.
-                    let hideable = !(v.is_null() || v.is_number() || v.is_boolean());
-                    let v = if hideable && is_sensitive(k) {
-                        Value::String("***".into())
-                    } else {
-                        mask(v)
-                    };
-                    (k.clone(), v)
-                })
-                .collect::<Map<_, _>>(),
-        ),
-        Value::Array(items) => Value::Array(items.iter().map(mask).collect()),
-        other => other.clone(),
-    }
-}
-
-fn is_stored_secret(map: &Map<String, Value>) -> bool {
-    map.len() == 1 && map.contains_key("$secret")
+    durable::secret::mask_for_display(value)
 }
 
 /// Compact JSON of the masked value, escaped and cut to `max` characters.
@@ -266,17 +222,6 @@ mod tests {
                 "password": null
             })
         );
-    }
-
-    /// The console masks exactly as the CLI does: one rule, the same fixtures.
-    #[cfg(feature = "console")]
-    #[test]
-    fn masks_like_the_console() {
-        assert_eq!(SENSITIVE, durable_console::mask::SENSITIVE);
-        for (input, shown) in durable_console::mask::fixtures() {
-            assert_eq!(mask(&input), shown, "{input}");
-            assert_eq!(durable_console::mask::mask(&input), mask(&input), "{input}");
-        }
     }
 
     #[test]

@@ -480,5 +480,64 @@ fn collect_texts(value: &Value, out: &mut Vec<String>) {
     }
 }
 
+/// Argument names whose values an operator's view hides wherever they appear, whatever
+/// the tool declared (see [`mask_for_display`]).
+pub const SENSITIVE_KEYS: &[&str] = &[
+    "password",
+    "passwd",
+    "secret",
+    "token",
+    "api_key",
+    "apikey",
+    "authorization",
+    "credential",
+    "private_key",
+    "access_key",
+    "cookie",
+];
+
+/// Whether a key looks sensitive: it contains one of [`SENSITIVE_KEYS`], ignoring case,
+/// with `-` read as `_`.
+pub fn is_sensitive_key(key: &str) -> bool {
+    let key = key.to_ascii_lowercase().replace('-', "_");
+    SENSITIVE_KEYS.iter().any(|s| key.contains(s))
+}
+
+/// Arguments (or any JSON) as an operator may see them, in the CLI and the console alike:
+/// values stored masked by the journal (`{"$secret": …}`, a tool's declared secret
+/// arguments) become `"<secret>"`, and values under a key that looks sensitive
+/// ([`is_sensitive_key`]) become `"***"`, at any depth. Numbers, booleans and nulls stay:
+/// `input_tokens: 12` is no secret.
+///
+/// ```
+/// use durable_core::secret::mask_for_display;
+/// use serde_json::json;
+///
+/// let shown = mask_for_display(&json!({"to": "ann", "body": {"$secret": "v1:…"}, "auth": {"token": "t"}}));
+/// assert_eq!(shown, json!({"to": "ann", "body": "<secret>", "auth": {"token": "***"}}));
+/// ```
+pub fn mask_for_display(value: &Value) -> Value {
+    match value {
+        Value::Object(map) if map.len() == 1 && map.contains_key("$secret") => {
+            Value::String("<secret>".into())
+        }
+        Value::Object(map) => Value::Object(
+            map.iter()
+                .map(|(k, v)| {
+                    let hideable = !(v.is_null() || v.is_number() || v.is_boolean());
+                    let v = if hideable && is_sensitive_key(k) {
+                        Value::String("***".into())
+                    } else {
+                        mask_for_display(v)
+                    };
+                    (k.clone(), v)
+                })
+                .collect::<Map<_, _>>(),
+        ),
+        Value::Array(items) => Value::Array(items.iter().map(mask_for_display).collect()),
+        other => other.clone(),
+    }
+}
+
 #[cfg(test)]
 mod tests;

@@ -218,3 +218,47 @@ fn paths_inside_an_argument() {
     assert!(!args::path_is_inside("$.pins", "pin"));
     assert!(args::path_is_inside("$[\"odd key\"].x", "odd key"));
 }
+
+/// Inputs and what an operator's view must show of them.
+fn display_fixtures() -> Vec<(Value, Value)> {
+    use serde_json::json;
+    vec![
+        (
+            json!({
+                "to": "ann@example.com",
+                "body": {"$secret": "v1:abc"},
+                "auth": {"api_key": "sk-123", "Access-Key": "x", "user": "ann"},
+                "headers": [{"Authorization": "Bearer t"}],
+                "token_count": 5,
+                "session_token": {"v": 1},
+                "password": null
+            }),
+            json!({
+                "to": "ann@example.com",
+                "body": "<secret>",
+                "auth": {"api_key": "***", "Access-Key": "***", "user": "ann"},
+                "headers": [{"Authorization": "***"}],
+                "token_count": 5,
+                "session_token": "***",
+                "password": null
+            }),
+        ),
+        (
+            json!([{"$secret": "x", "other": 1}, {"COOKIE": "c"}, {"Passwd": ["a"]}, "token"]),
+            json!([{"$secret": "***", "other": 1}, {"COOKIE": "***"}, {"Passwd": "***"}, "token"]),
+        ),
+        (
+            json!({"private-key": {"$secret": "k"}, "credentials": true, "nested": {"a": {"secret_sauce": "s"}}}),
+            json!({"private-key": "***", "credentials": true, "nested": {"a": {"secret_sauce": "***"}}}),
+        ),
+        (json!("plain"), json!("plain")),
+        (json!({"$secret": "only"}), json!("<secret>")),
+    ]
+}
+
+#[test]
+fn display_masking_hides_stored_and_sensitive_values() {
+    for (input, shown) in display_fixtures() {
+        assert_eq!(mask_for_display(&input), shown, "{input}");
+    }
+}
