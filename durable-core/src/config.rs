@@ -30,6 +30,10 @@ pub struct Config {
     pub renew_leases: bool,
     /// How many of the transcript's last messages a resume loads (`None`: all of them).
     pub resume_window: Option<usize>,
+    /// Which calls need a person's approval besides those whose tool says so.
+    pub approval_policy: Option<crate::approval::ApprovalPolicy>,
+    /// Called once a call's approval request is durable.
+    pub on_approval_requested: Option<crate::approval::ApprovalHook>,
 }
 
 impl std::fmt::Debug for Config {
@@ -41,6 +45,7 @@ impl std::fmt::Debug for Config {
             .field("limits", &self.limits)
             .field("max_recovery_attempts", &self.max_recovery_attempts)
             .field("resume_window", &self.resume_window)
+            .field("approval_policy", &self.approval_policy.is_some())
             .finish_non_exhaustive()
     }
 }

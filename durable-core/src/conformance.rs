@@ -214,7 +214,7 @@ macro_rules! __durable_conformance_cases {
             approval_two_decisions_at_once_one_wins,
             approval_deadline_is_kept_on_the_store_clock,
             approval_awaiting_session_holds_no_lease,
-            runtime_requested_and_approved_calls_are_not_run,
+            runtime_requested_calls_are_not_run,
             // maintenance
             errors_round_trip_in_order,
             migrate_checks_version_and_renames_tools,

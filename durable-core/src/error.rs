@@ -407,10 +407,15 @@ pub enum DurableError {
         /// Why the runtime refused.
         reason: String,
     },
-    /// The call awaits a person's decision (its journal row is `requested`), or was
-    /// approved and is not run by this release's runtime yet: nothing ran. Decide it with
-    /// [`CheckpointStore::decide_approval`](crate::CheckpointStore::decide_approval).
-    #[error("call `{call}` of `{tool}` was not run: its approval is {status}; nothing ran")]
+    /// The call awaits a person's decision (its journal row is `requested`): nothing ran.
+    /// Park the session with [`Session::await_approval`](crate::Session::await_approval);
+    /// a person decides with `durable approve` / `durable deny`, the console, or
+    /// [`Durable::approve`](crate::Durable::approve) / [`Durable::deny`](crate::Durable::deny).
+    /// See [`approval`](crate::approval).
+    #[error(
+        "call `{call}` of `{tool}` was not run: it awaits approval (status `{status}`); nothing ran. \
+         Park the session (`Session::await_approval`) until a person decides (`durable approve` / `durable deny`)"
+    )]
     AwaitingApproval {
         /// The call.
         call: CallId,
@@ -418,6 +423,21 @@ pub enum DurableError {
         tool: String,
         /// `requested` (awaiting a decision) or `approved`.
         status: String,
+    },
+    /// Arguments a person edited before approving a call do not fit the tool (see
+    /// [`check_edited_args`](crate::approval::check_edited_args)): nothing was decided.
+    #[error(
+        "edited arguments of call `{call}` (`{tool}`) refused at {path}: {detail}; nothing was decided"
+    )]
+    InvalidEdit {
+        /// The call.
+        call: CallId,
+        /// Its tool.
+        tool: String,
+        /// JSON path of the problem (`$` for the whole object).
+        path: String,
+        /// What is wrong.
+        detail: String,
     },
     /// A re-run step, after asking the model anew, asked for a non-pure call that matches
     /// no record while a recorded non-pure call of that step has not been replayed: the
@@ -573,6 +593,13 @@ impl DurableError {
     /// errors are never retryable: retrying them is the duplicate-email bug.
     pub fn is_retryable(&self) -> bool {
         matches!(self, DurableError::Store(StoreError::Database { .. }))
+    }
+
+    /// Whether the call was journaled as awaiting a person's approval
+    /// ([`DurableError::AwaitingApproval`]): nothing ran, and the harness parks the
+    /// session with [`Session::await_approval`](crate::Session::await_approval).
+    pub fn is_awaiting_approval(&self) -> bool {
+        matches!(self, DurableError::AwaitingApproval { .. })
     }
 }
 

@@ -25,6 +25,9 @@ pub enum Outcome {
     VerifiedHappened,
     /// In doubt `unsafe_on_replay`; the verify hook found no effect, so the call ran.
     VerifiedNotHappened,
+    /// Journaled as awaiting a person's approval; nothing ran (see
+    /// [`approval`](crate::approval)).
+    ApprovalRequested,
     /// Refused with [`DurableError::ReplayUnsafe`](crate::DurableError::ReplayUnsafe), [`DurableError::ReplayDiverged`](crate::DurableError::ReplayDiverged) or another refusal before anything ran.
     Refused,
 }
@@ -40,6 +43,7 @@ impl Outcome {
             Outcome::ReExecutedWithKey => "re_executed_with_key",
             Outcome::VerifiedHappened => "verified_happened",
             Outcome::VerifiedNotHappened => "verified_not_happened",
+            Outcome::ApprovalRequested => "approval_requested",
             Outcome::Refused => "refused",
         }
     }

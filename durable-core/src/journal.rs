@@ -137,6 +137,9 @@ pub struct Journal {
     pub(crate) inner: Arc<JournalInner>,
     /// The `checkpoint_after` scope this handle was given to, if any.
     pub(crate) scope: Option<u64>,
+    /// The model's reasoning, journaled with the approval requests of calls made on
+    /// this handle ([`with_reasoning`](Self::with_reasoning)).
+    pub(crate) reasoning: Option<Arc<str>>,
 }
 
 impl std::fmt::Debug for Journal {
@@ -186,6 +189,27 @@ impl Journal {
                 vault: crate::secret::Vault::default(),
             }),
             scope: None,
+            reasoning: None,
+        }
+    }
+
+    /// A handle whose calls journal `reasoning` (the model's text explaining them) with
+    /// any approval request they make, for the person who decides (see
+    /// [`approval`](crate::approval)); cut at
+    /// [`MAX_REASONING_BYTES`](crate::approval::MAX_REASONING_BYTES). Model text is
+    /// attacker-influenced: the CLI and the console show it escaped.
+    ///
+    /// ```no_run
+    /// # async fn f(session: &durable_core::Session<durable_core::Message>, tools: &durable_core::Toolbox,
+    /// #            calls: &[durable_core::ModelToolCall], reply_text: &str) {
+    /// let results = tools.dispatch_all(&session.journal().with_reasoning(reply_text), calls).await;
+    /// # }
+    /// ```
+    pub fn with_reasoning(&self, reasoning: impl Into<String>) -> Journal {
+        Journal {
+            inner: Arc::clone(&self.inner),
+            scope: self.scope,
+            reasoning: Some(Arc::from(reasoning.into())),
         }
     }
 
@@ -352,6 +376,8 @@ impl Journal {
             args,
             key: None,
             withheld: Vec::new(),
+            approval: None,
+            edits: None,
         }
     }
 

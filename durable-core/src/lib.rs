@@ -5,6 +5,7 @@
 //! Most users depend on the `durable` facade crate instead, which re-exports this crate
 //! together with the `#[durable_tool]` attribute and the backends.
 
+pub mod approval;
 pub mod args;
 pub mod canonical;
 pub mod config;

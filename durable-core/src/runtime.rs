@@ -17,8 +17,9 @@ use crate::ids::{CallId, SessionId};
 use crate::session::{ResumeReport, Resumed, Session};
 use crate::snapshot::{Budget, Plan};
 use crate::store::{
-    CallRecord, CheckpointStore, NewCheckpoint, NewSession, Resolution, ResolveCall,
-    RetargetSession, SessionRecord, SessionStatus,
+    ApprovalDecision, CallRecord, CallStatus, CheckpointStore, DEADLINE, DecideApproval,
+    NewCheckpoint, NewSession, PendingApproval, Resolution, ResolveCall, RetargetSession,
+    SessionRecord, SessionStatus,
 };
 
 /// Builds a [`Durable`].
@@ -101,6 +102,47 @@ impl DurableBuilder {
     /// holds its lease for one `lease_ttl` only (useful in tests of expiry).
     pub fn renew_leases(mut self, renew: bool) -> Self {
         self.config.renew_leases = renew;
+        self
+    }
+
+    /// Decides, per call, which calls need a person's approval besides those whose tool
+    /// says so (`#[durable_tool(approval = …)]`): given the tool and the call's arguments
+    /// (secret ones masked), return the request to journal, or `None` to run the call. A
+    /// `pure` call asked for is journaled too. See [`approval`](crate::approval).
+    ///
+    /// ```
+    /// use durable_core::approval::{self, RequestExt};
+    /// use std::time::Duration;
+    /// # fn f(store: std::sync::Arc<dyn durable_core::CheckpointStore>) {
+    /// // Every refund above 100 waits for a person, for at most a day.
+    /// let durable = durable_core::Durable::builder(store)
+    ///     .approval_policy(|tool, args| {
+    ///         (tool.name == "refund" && args["amount"].as_u64() > Some(100))
+    ///             .then(|| approval::request("policy: refunds above 100").with_deadline(Duration::from_secs(86_400)))
+    ///     })
+    ///     .build();
+    /// # }
+    /// ```
+    pub fn approval_policy(
+        mut self,
+        policy: impl Fn(&crate::tool::ToolSpec, &Value) -> Option<crate::store::ApprovalRequest>
+        + Send
+        + Sync
+        + 'static,
+    ) -> Self {
+        self.config.approval_policy = Some(Arc::new(policy));
+        self
+    }
+
+    /// Calls `hook` with the journal row (status `requested`, its approval set) once a
+    /// call's approval request is durable: notify a person (post to a webhook or a chat
+    /// channel from here; spawn anything slow, the call returns after the hook). Not
+    /// called again when a replay finds the request already journaled.
+    pub fn on_approval_requested(
+        mut self,
+        hook: impl Fn(&CallRecord) + Send + Sync + 'static,
+    ) -> Self {
+        self.config.on_approval_requested = Some(Arc::new(hook));
         self
     }
 
@@ -251,6 +293,8 @@ impl Durable {
                 observer: None,
                 renew_leases: true,
                 resume_window: None,
+                approval_policy: None,
+                on_approval_requested: None,
             },
         }
     }
@@ -567,6 +611,114 @@ impl Durable {
             tracing::info!(%session, "session unparked: no call is in doubt any more");
         }
         Ok(record)
+    }
+
+    /// Calls awaiting a person's decision (all sessions, or one), oldest request first;
+    /// `expired` says whether a deadline passed (see
+    /// [`expire_approvals`](Self::expire_approvals)).
+    pub async fn approvals(
+        &self,
+        session: Option<&SessionId>,
+    ) -> Result<Vec<PendingApproval>, DurableError> {
+        Ok(self.store.pending_approvals(session).await?)
+    }
+
+    /// Approves a requested call as `by`, with `edited` arguments instead of the
+    /// requested ones when `Some` (checked by
+    /// [`check_edited_args`](crate::approval::check_edited_args): valid against the
+    /// tool's schema, secret arguments unchanged; an edit equal to the request approves
+    /// it as requested). Audited with `by` and `note`. Once no call of the session awaits
+    /// a decision, it is `active` again and the next resume runs the call, exactly once.
+    ///
+    /// # Errors
+    /// [`DurableError::InvalidEdit`] (nothing decided);
+    /// [`StoreError::NotAwaitingApproval`] when the call is not awaiting a decision (of
+    /// two operators deciding at once, the second gets this);
+    /// [`StoreError::ApprovalExpired`] past its deadline.
+    pub async fn approve(
+        &self,
+        call: &CallId,
+        edited: Option<Value>,
+        by: &str,
+        note: Option<&str>,
+    ) -> Result<CallRecord, DurableError> {
+        let args = match edited {
+            None => None,
+            Some(edited) => {
+                let row = self.store.call(call).await?;
+                if row.status != CallStatus::Requested {
+                    return Err(StoreError::NotAwaitingApproval {
+                        call: call.clone(),
+                        status: row.status.as_str().to_owned(),
+                    }
+                    .into());
+                }
+                crate::approval::check_edited_args(&row, &edited, &self.config.limits)?
+            }
+        };
+        self.decide(call, ApprovalDecision::Approve { args }, by, note)
+            .await
+    }
+
+    /// Denies a requested call as `by`: it never runs, and `reason` becomes the tool
+    /// result the model reads on the next resume. Errors as for
+    /// [`approve`](Self::approve); an empty reason is
+    /// [`StoreError::EmptyDenialReason`].
+    pub async fn deny(
+        &self,
+        call: &CallId,
+        reason: &str,
+        by: &str,
+        note: Option<&str>,
+    ) -> Result<CallRecord, DurableError> {
+        let decision = ApprovalDecision::Deny {
+            reason: reason.to_owned(),
+        };
+        self.decide(call, decision, by, note).await
+    }
+
+    /// Denies every request whose deadline has passed (on the store's clock), by the
+    /// deadline (audited as `deadline`), across sessions or for one; returns the calls
+    /// expired now. A request decided meanwhile by a person is left to that decision.
+    pub async fn expire_approvals(
+        &self,
+        session: Option<&SessionId>,
+    ) -> Result<Vec<CallRecord>, DurableError> {
+        let mut expired = Vec::new();
+        for pending in self.store.pending_approvals(session).await? {
+            if !pending.expired {
+                continue;
+            }
+            match self
+                .decide(&pending.call.id, ApprovalDecision::Expire, DEADLINE, None)
+                .await
+            {
+                Ok(row) => expired.push(row),
+                Err(DurableError::Store(StoreError::NotAwaitingApproval { .. })) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(expired)
+    }
+
+    async fn decide(
+        &self,
+        call: &CallId,
+        decision: ApprovalDecision,
+        by: &str,
+        note: Option<&str>,
+    ) -> Result<CallRecord, DurableError> {
+        let row = self
+            .store
+            .decide_approval(DecideApproval {
+                call: call.clone(),
+                decision,
+                by: by.to_owned(),
+                note: note.map(str::to_owned),
+            })
+            .await?;
+        tracing::info!(call = %row.id, tool = %row.identity.tool, status = row.status.as_str(), by, "approval decided");
+        Ok(row)
     }
 
     /// Returns a parked session to `active` (an operator's decision, e.g. after fixing

@@ -550,6 +550,23 @@ where
         self.finish(SessionStatus::Parked, Some(reason)).await
     }
 
+    /// Parks the session until a person decides its calls awaiting approval (after a
+    /// call returned [`DurableError::AwaitingApproval`]; see
+    /// [`approval`](crate::approval)): status `awaiting_approval`, lease released, no
+    /// worker held. Call it once every call of the turn was dispatched, *without* a
+    /// checkpoint: the turn is replayed when the session resumes (the model's reply from
+    /// the journal, the calls that ran returning their recorded results, the approved
+    /// ones running once, the denied ones returning their denial).
+    ///
+    /// Once the last request is decided the session is `active` again with no lease:
+    /// [`Durable::resume`](crate::Durable::resume) or
+    /// [`recover_next`](crate::Durable::recover_next) continues it on any worker. If
+    /// every request was decided already, the session stays `active` and is only
+    /// released.
+    pub async fn await_approval(mut self) -> Result<(), DurableError> {
+        self.finish(SessionStatus::AwaitingApproval, None).await
+    }
+
     /// Gives the lease up without changing the status: another worker (or a later
     /// resume) may continue from the latest checkpoint.
     pub async fn release(mut self) -> Result<(), DurableError> {

@@ -940,6 +940,22 @@ pub trait CheckpointStore: Send + Sync + 'static {
     async fn reissue_call(&self, fence: Fence<'_>, call: &CallId)
     -> Result<CallRecord, StoreError>;
 
+    /// Issues an approved row to run, as [`reissue_call`](Self::reissue_call) does, with
+    /// `key` as its idempotency key when `Some`: the key a keyed tool derives from the
+    /// arguments a person edited (the row's own, requested arguments derived the old
+    /// one). The new key is sealed with the row, so a re-execution after a crash sends
+    /// the same key.
+    ///
+    /// # Contract
+    /// Fenced, atomic, and the `issued` audit row is written as for `reissue_call`. Fails
+    /// with [`StoreError::CallNotInDoubt`] unless the row is `approved`.
+    async fn issue_approved(
+        &self,
+        fence: Fence<'_>,
+        call: &CallId,
+        key: Option<String>,
+    ) -> Result<CallRecord, StoreError>;
+
     /// Records a call's outcome; optionally writes a checkpoint in the same transaction.
     ///
     /// # Contract

@@ -123,6 +123,8 @@ pub struct ToolContext {
     pub(crate) attempt: i32,
     pub(crate) idempotency_key: Option<String>,
     pub(crate) spend: Arc<Mutex<Option<Spend>>>,
+    /// The arguments a person edited before approving the call, if they did.
+    pub(crate) edited: Option<Arc<Value>>,
 }
 
 impl ToolContext {
@@ -145,7 +147,17 @@ impl ToolContext {
             attempt: 1,
             idempotency_key,
             spend: Arc::new(Mutex::new(None)),
+            edited: None,
         }
+    }
+
+    /// The arguments the call runs with when a person edited them before approving it
+    /// (clear values, checked against the tool's schema), else `None`: the call runs with
+    /// the arguments it was made with. `#[durable_tool]` tools receive the edited
+    /// arguments as their parameters; a hand-written tool reads them here (see
+    /// [`ToolCall::accept_edits`](crate::journal::ToolCall::accept_edits)).
+    pub fn edited_args(&self) -> Option<&Value> {
+        self.edited.as_deref()
     }
 
     /// The session the call belongs to.

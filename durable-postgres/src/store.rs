@@ -175,7 +175,16 @@ impl CheckpointStore for PostgresStore {
         fence: Fence<'_>,
         call: &CallId,
     ) -> Result<CallRecord, StoreError> {
-        journal::reissue_call(self, fence, call).await
+        journal::reissue_call(self, fence, call, None).await
+    }
+
+    async fn issue_approved(
+        &self,
+        fence: Fence<'_>,
+        call: &CallId,
+        key: Option<String>,
+    ) -> Result<CallRecord, StoreError> {
+        journal::reissue_call(self, fence, call, Some(key)).await
     }
 
     async fn finish_call(

@@ -72,10 +72,13 @@ fn fenced_call(
     Ok(raw)
 }
 
+/// `approved_key`: `Some(key)` for `CheckpointStore::issue_approved` (only an approved row,
+/// its key replaced when `key` is `Some`), `None` for `reissue_call`.
 pub(crate) async fn reissue_call(
     store: &SqliteStore,
     fence: Fence<'_>,
     call: &CallId,
+    approved_key: Option<Option<String>>,
 ) -> Result<CallRecord, StoreError> {
     let ring = store.keyring();
     let (mut tx, mut fenced, row) = WriteTx::begin_fenced(
@@ -90,6 +93,15 @@ pub(crate) async fn reissue_call(
     let result = async {
         let mut raw = fenced_call(&row, ring, fence, call)?;
         let approved = raw.status == CallStatus::Approved.as_str();
+        if approved_key.is_some() && !approved {
+            return Err(StoreError::CallNotInDoubt {
+                call: call.clone(),
+                status: raw.status,
+            });
+        }
+        if let Some(Some(key)) = &approved_key {
+            raw.key = Some(key.clone());
+        }
         let was_issued = match CallStatus::parse(&raw.status) {
             Some(CallStatus::Issued) => true,
             // Not issued: did not happen, or approved and never run (its approval, with
@@ -112,11 +124,12 @@ pub(crate) async fn reissue_call(
         sqlx::query(
             "UPDATE durable_tool_calls SET attempt = ?, status = 'issued', \
              fence = ?, finished_at = NULL, result = NULL, error = NULL, spend = NULL, \
-             mac = ? WHERE id = ?",
+             mac = ?, idempotency_key = ? WHERE id = ?",
         )
         .bind(raw.attempt)
         .bind(fence.token)
         .bind(raw.mac.as_deref())
+        .bind(raw.key.as_deref())
         .bind(call.as_str())
         .execute(&mut *conn)
         .await

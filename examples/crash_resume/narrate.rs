@@ -56,6 +56,7 @@ impl Narrator {
                 s.yellow("in doubt → verify hook: it never happened; ran once now")
             }
             Outcome::Refused => s.red("in doubt → needs an operator (ReplayUnsafe)"),
+            Outcome::ApprovalRequested => s.yellow("awaits a person's approval: nothing ran"),
         };
         self.line(&e.tool, e.class.as_str(), text);
     }

@@ -236,6 +236,15 @@ impl CheckpointStore for Probe {
         self.inner.reissue_call(fence, call).await
     }
 
+    async fn issue_approved(
+        &self,
+        fence: Fence<'_>,
+        call: &CallId,
+        key: Option<String>,
+    ) -> Result<CallRecord, StoreError> {
+        self.inner.issue_approved(fence, call, key).await
+    }
+
     async fn finish_call(
         &self,
         fence: Fence<'_>,

@@ -22,8 +22,8 @@ use crate::replay::ReplayClass;
 use crate::secret;
 use crate::snapshot::Spend;
 use crate::store::{
-    CallIdentity, CallKind, CallOutcome, CallRecord, CallStatus, CheckpointMeta, FinishCall,
-    IssueOutcome, NewCall, NewCheckpoint, NewError,
+    ApprovalRequest, CallIdentity, CallKind, CallOutcome, CallRecord, CallStatus, CheckpointMeta,
+    FinishCall, IssueOutcome, NewCall, NewCheckpoint, NewError,
 };
 use crate::tool::{ToolContext, ToolSpec, Verification};
 
@@ -37,7 +37,15 @@ pub struct ToolCall<'j> {
     /// Secret arguments that hold their masked form because this process does not hold
     /// their value (a replayed reply): the call may replay a recorded outcome, never run.
     pub(super) withheld: Vec<String>,
+    /// The approval this call needs before it runs, if the tool or the harness asks.
+    pub(super) approval: Option<ApprovalRequest>,
+    /// Takes arguments a person edited before approving (clear values): see
+    /// [`accept_edits`](ToolCall::accept_edits).
+    pub(super) edits: Option<EditCheck<'j>>,
 }
+
+/// What [`ToolCall::accept_edits`] is given.
+type EditCheck<'j> = Box<dyn FnOnce(&Value) -> Result<Option<String>, DurableError> + Send + 'j>;
 
 /// What the journal found for a call before anything ran: the row of DESIGN.md's
 /// decision table that applies.
@@ -49,8 +57,7 @@ enum Decision {
     InDoubt(CallRecord),
     /// No row: run it (behind the barrier and the divergence check when not `pure`).
     Fresh,
-    /// A row awaiting a person's decision, or approved: nothing runs here (running an
-    /// approved call, with its edited arguments, is the approvals runtime's next step).
+    /// A row awaiting a person's decision (nothing runs), or approved (it runs now, once).
     Approval(CallRecord),
 }
 
@@ -58,6 +65,35 @@ impl<'j> ToolCall<'j> {
     /// Sets the idempotency key (required for `idempotent_with_key` tools).
     pub fn key(mut self, key: impl Into<String>) -> Self {
         self.key = Some(key.into());
+        self
+    }
+
+    /// Journals the call as awaiting a person's approval instead of running it, when no
+    /// row holds it yet: it returns [`DurableError::AwaitingApproval`] and nothing runs
+    /// (see [`approval`](crate::approval)). The request's `schema` defaults to the tool's
+    /// argument schema, its `reasoning` to the handle's
+    /// ([`Journal::with_reasoning`]). A call found in the journal goes by its row: a
+    /// recorded outcome (or denial) is returned, an approved call runs.
+    pub fn require_approval(mut self, request: ApprovalRequest) -> Self {
+        self.approval = Some(request);
+        self
+    }
+
+    /// Accepts arguments a person edited before approving this call: `check` is given
+    /// them (clear values: secret arguments, which cannot be edited, hold the value this
+    /// call was made with), decodes them into the tool's argument type for the body to
+    /// run with ([`ToolContext::edited_args`] holds them too), and returns the
+    /// idempotency key derived from them (`None` for a tool without one). An error
+    /// refuses the call, nothing runs.
+    ///
+    /// `#[durable_tool]` sets it for every tool. A call approved with edits is refused
+    /// unless it is set: running the requested arguments would not be what the person
+    /// approved.
+    pub fn accept_edits(
+        mut self,
+        check: impl FnOnce(&Value) -> Result<Option<String>, DurableError> + Send + 'j,
+    ) -> Self {
+        self.edits = Some(Box::new(check));
         self
     }
 
@@ -204,6 +240,9 @@ impl<'j> ToolCall<'j> {
                 self.run_fresh(identity, masked, reservation, &mut run, scope)
                     .await
             }
+            Decision::Approval(row) if row.status == CallStatus::Approved => {
+                self.run_approved(row, reservation, &mut run, scope).await
+            }
             Decision::Approval(row) => {
                 // Released, as for a refused in-doubt call: asked again (once it is
                 // decided), the call maps onto the same row.
@@ -225,7 +264,7 @@ impl<'j> ToolCall<'j> {
     /// refused without an answer. Every re-execution with a side effect passes the
     /// session-wide barrier first.
     async fn settle_in_doubt<T, E, F, Fut, V, VFut>(
-        self,
+        mut self,
         row: CallRecord,
         mut reservation: Reservation,
         run: &mut F,
@@ -271,6 +310,21 @@ impl<'j> ToolCall<'j> {
             }
             return Err(secret::unavailable(&spec.name, Some(name)).into());
         }
+        // An approved call that ran with edited arguments runs (and is verified) with them
+        // again; the key stays the recorded one.
+        let edited = match self.take_edits(&row) {
+            Ok((_, edited)) => edited,
+            Err(refused) => {
+                reservation.release();
+                journal.emit(journal.event(&row, Outcome::Refused));
+                return Err(refused.into());
+            }
+        };
+        let verify_ctx = {
+            let mut ctx = journal.context(&row);
+            ctx.edited = edited.clone();
+            ctx
+        };
         let outcome = match (row.status, spec.class) {
             (CallStatus::NotHappened, _) => Outcome::ReExecuted,
             (_, ReplayClass::Pure) => Outcome::ReExecuted,
@@ -301,7 +355,7 @@ impl<'j> ToolCall<'j> {
                 }
                 Outcome::ReExecutedWithKey
             }
-            (_, ReplayClass::UnsafeOnReplay) => match verify(journal.context(&row)).await {
+            (_, ReplayClass::UnsafeOnReplay) => match verify(verify_ctx).await {
                 Verification::Happened(value) => {
                     reservation.keep();
                     let result = encode_result(spec, &value)?;
@@ -348,7 +402,7 @@ impl<'j> ToolCall<'j> {
         journal.ensure_durable(spec).await?;
         let (row, running) = journal.reissue(&row).await?;
         journal
-            .execute(spec, row, run, outcome, running, scope)
+            .execute(spec, row, run, outcome, running, scope, edited)
             .await
     }
 
@@ -356,7 +410,7 @@ impl<'j> ToolCall<'j> {
     /// session-wide barrier and the divergence check, is recorded *issued* (committed and
     /// synced), runs, and has its outcome recorded.
     async fn run_fresh<T, E, F, Fut>(
-        self,
+        mut self,
         identity: CallIdentity,
         masked: Value,
         mut reservation: Reservation,
@@ -386,6 +440,13 @@ impl<'j> ToolCall<'j> {
             idempotency_key: self.key.clone(),
             schema_hash: spec.fingerprint.clone(),
         };
+        let request = self.approval.take().or_else(|| {
+            let policy = journal.inner.config.approval_policy.as_ref()?;
+            policy(spec, &call.args)
+        });
+        if let Some(request) = request {
+            return journal.request(spec, call, request, reservation).await;
+        }
         if spec.class == ReplayClass::Pure {
             return journal
                 .execute_pure(spec, call, run, &mut reservation)
@@ -417,7 +478,7 @@ impl<'j> ToolCall<'j> {
                 tracing::Span::current().record("durable.call.id", row.id.as_str());
                 journal.failpoint("after_issued", &spec.name);
                 journal
-                    .execute(spec, row, run, Outcome::Executed, running, scope)
+                    .execute(spec, row, run, Outcome::Executed, running, scope, None)
                     .await
             }
             IssueOutcome::Existing(row) => {
@@ -443,7 +504,188 @@ impl<'j> ToolCall<'j> {
     }
 }
 
+impl ToolCall<'_> {
+    /// Approved: a person decided the call may run. It runs now, once, under its replay
+    /// class: behind the session-wide barrier, with the edited arguments if the person
+    /// edited them (and, for a keyed tool, the key derived from them, recorded with the
+    /// row before it runs).
+    async fn run_approved<T, E, F, Fut>(
+        mut self,
+        row: CallRecord,
+        mut reservation: Reservation,
+        run: &mut F,
+        scope: Option<&mut ScopeClaim>,
+    ) -> Result<T, CallError<E>>
+    where
+        T: Serialize + DeserializeOwned,
+        E: Display,
+        F: FnMut(ToolContext) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+    {
+        let journal = self.journal;
+        let spec = self.spec;
+        tracing::Span::current().record("durable.call.id", row.id.as_str());
+        let refuse = |reservation: &mut Reservation, error: DurableError| {
+            reservation.release();
+            journal.emit(journal.event(&row, Outcome::Refused));
+            Err(error.into())
+        };
+        if row.schema_hash != spec.fingerprint && !row.schema_hash.is_empty() {
+            let changed = DurableError::SchemaChanged {
+                tool: spec.name.clone(),
+                call: row.id.clone(),
+                recorded: row.schema_hash.clone(),
+                current: spec.fingerprint.clone(),
+            };
+            return refuse(&mut reservation, changed);
+        }
+        if let Some(name) = self.withheld.first() {
+            // Never run with a placeholder: the model is asked to send the call again,
+            // which maps onto this row.
+            let unavailable = secret::unavailable(&spec.name, Some(name));
+            return refuse(&mut reservation, unavailable);
+        }
+        let (key, edited) = match self.take_edits(&row) {
+            Ok(taken) => taken,
+            Err(refused) => return refuse(&mut reservation, refused),
+        };
+        if spec.class != ReplayClass::Pure
+            && let Err(refused) = journal.barrier(spec, Some(&row.id)).await
+        {
+            reservation.release();
+            return Err(refused.into());
+        }
+        reservation.keep();
+        journal.ensure_durable(spec).await?;
+        journal.failpoint("before_issue", &spec.name);
+        let lease = journal.lease();
+        let issued = journal
+            .inner
+            .store
+            .issue_approved(lease.fence(), &row.id, key)
+            .await
+            .map_err(|e| journal.note_store_error(e))?;
+        let running = IssuedHere::new(journal, &issued);
+        journal.remember(&issued).await;
+        journal.failpoint("after_issued", &spec.name);
+        journal
+            .execute(spec, issued, run, Outcome::Executed, running, scope, edited)
+            .await
+    }
+
+    /// The arguments a person edited before approving `row`, as the call runs with them
+    /// (clear: each secret argument, kept masked in the edit, holds this call's value),
+    /// with the idempotency key derived from them by [`accept_edits`](Self::accept_edits).
+    /// `(None, None)` when the approval edited nothing.
+    fn take_edits(
+        &mut self,
+        row: &CallRecord,
+    ) -> Result<(Option<String>, Option<Arc<Value>>), DurableError> {
+        let Some(edited) = row.approval.as_ref().and_then(|a| a.edited_args()) else {
+            return Ok((None, None));
+        };
+        let mut effective = edited.clone();
+        if let (Some(fields), Some(called)) = (effective.as_object_mut(), self.args.as_object()) {
+            for name in &self.spec.secret_args {
+                if fields.get(name).is_some_and(secret::is_masked)
+                    && let Some(value) = called.get(name)
+                {
+                    fields.insert(name.clone(), value.clone());
+                }
+            }
+        }
+        let Some(check) = self.edits.take() else {
+            return Err(DurableError::InvalidEdit {
+                call: row.id.clone(),
+                tool: self.spec.name.clone(),
+                path: "$".into(),
+                detail: "the call was approved with edited arguments, and this call site takes \
+                         no edits (`ToolCall::accept_edits`; `#[durable_tool]` tools do); nothing \
+                         ran, and running the requested arguments would not be what was approved"
+                    .into(),
+            });
+        };
+        let key = check(&effective)?;
+        if self.spec.class == ReplayClass::IdempotentWithKey && key.is_none() {
+            return Err(DurableError::InvalidEdit {
+                call: row.id.clone(),
+                tool: self.spec.name.clone(),
+                path: "$".into(),
+                detail: "an idempotent_with_key tool's `accept_edits` must derive the key from \
+                         the edited arguments; nothing ran"
+                    .into(),
+            });
+        }
+        Ok((key, Some(Arc::new(effective))))
+    }
+}
+
 impl Journal {
+    /// Journals `call` as awaiting a person's approval: nothing runs.
+    async fn request<T, E>(
+        &self,
+        spec: &ToolSpec,
+        call: NewCall,
+        mut request: ApprovalRequest,
+        mut reservation: Reservation,
+    ) -> Result<T, CallError<E>>
+    where
+        T: DeserializeOwned,
+    {
+        if request.schema.is_none() {
+            request.schema = Some(spec.input_schema.clone());
+        }
+        request.reasoning = request
+            .reasoning
+            .take()
+            .or_else(|| self.reasoning.as_deref().map(str::to_owned))
+            .map(|text| crate::approval::cap_reasoning(&text));
+        self.failpoint("before_request", &spec.name);
+        let lease = self.lease();
+        let requested = self
+            .inner
+            .store
+            .request_call(lease.fence(), call, request)
+            .await
+            .map_err(|e| self.note_store_error(e))?;
+        reservation.keep();
+        let row = match requested {
+            IssueOutcome::Inserted(row) => {
+                self.remember(&row).await;
+                tracing::Span::current().record("durable.call.id", row.id.as_str());
+                self.failpoint("after_requested", &spec.name);
+                self.emit(self.event(&row, Outcome::ApprovalRequested));
+                if let Some(hook) = &self.inner.config.on_approval_requested {
+                    hook(&row);
+                }
+                row
+            }
+            // Another holder of the same lease raced us (see `run_fresh`): go by its row.
+            IssueOutcome::Existing(row) if row.status.has_outcome() => {
+                self.charge(&row);
+                self.emit(self.event(&row, Outcome::CacheHit));
+                return recorded_outcome(&row);
+            }
+            IssueOutcome::Existing(row) if row.status == CallStatus::Requested => row,
+            IssueOutcome::Existing(row) => {
+                return Err(DurableError::ReplayUnsafe {
+                    call: row.id.clone(),
+                    tool: spec.name.clone(),
+                    class: spec.class,
+                    refused_tool: spec.name.clone(),
+                    reason: "another execution of the same call is in flight".into(),
+                }
+                .into());
+            }
+        };
+        Err(DurableError::AwaitingApproval {
+            call: row.id,
+            tool: spec.name.clone(),
+            status: row.status.as_str().to_owned(),
+        }
+        .into())
+    }
+
     /// Finds the row for this call (loading the step's rows on first use) and decides
     /// which arm of the table applies. A row found is replayed by this attempt: it no
     /// longer counts against the divergence check.
@@ -532,6 +774,7 @@ impl Journal {
             attempt: row.attempt,
             idempotency_key: row.idempotency_key.clone(),
             spend: Arc::new(Mutex::new(None)),
+            edited: None,
         }
     }
 
@@ -637,6 +880,7 @@ impl Journal {
         outcome: Outcome,
         running: IssuedHere<'_>,
         scope: Option<&mut ScopeClaim>,
+        edited: Option<Arc<Value>>,
     ) -> Result<T, CallError<E>>
     where
         T: Serialize + DeserializeOwned,
@@ -646,7 +890,8 @@ impl Journal {
     {
         // Until its outcome is recorded, this row is ours; if this future is dropped or
         // the outcome cannot be recorded, `running` hands it over to the barrier.
-        let ctx = self.context(&row);
+        let mut ctx = self.context(&row);
+        ctx.edited = edited;
         let (result, spend) = self.run_with_retry(spec, ctx, run).await;
         self.failpoint("after_effect", &spec.name);
         let (recorded, returned) = match result {
@@ -688,6 +933,7 @@ impl Journal {
             attempt: 1,
             idempotency_key: None,
             spend: Arc::new(Mutex::new(None)),
+            edited: None,
         };
         tracing::Span::current().record("durable.call.id", call.id.as_str());
         let (result, spend) = self.run_with_retry(spec, ctx, run).await;

@@ -89,6 +89,7 @@ impl Journal {
         Journal {
             inner: std::sync::Arc::clone(&self.inner),
             scope: Some(scope),
+            reasoning: self.reasoning.clone(),
         }
     }
 

@@ -387,10 +387,13 @@ async fn latest_step(conn: &mut PgConnection, head: &seal::HeadRow) -> Result<i6
         })
 }
 
+/// `approved_key`: `Some(key)` for `CheckpointStore::issue_approved` (only an approved
+/// row, its key replaced when `key` is `Some`), `None` for `reissue_call`.
 pub(crate) async fn reissue_call(
     store: &PostgresStore,
     fence: Fence<'_>,
     call: &CallId,
+    approved_key: Option<Option<String>>,
 ) -> Result<CallRecord, StoreError> {
     let ring = store.keyring();
     let mut tx = tx::begin(&store.pool).await?;
@@ -398,6 +401,15 @@ pub(crate) async fn reissue_call(
     // and the head counts it.
     let (mut locked, mut raw, _) =
         lock_session_and_call(&mut tx, ring, fence, call, Lock::Update, Want::default()).await?;
+    if approved_key.is_some() && raw.status != CallStatus::Approved.as_str() {
+        return Err(StoreError::CallNotInDoubt {
+            call: call.clone(),
+            status: raw.status,
+        });
+    }
+    if let Some(Some(key)) = &approved_key {
+        raw.key = Some(key.clone());
+    }
     match CallStatus::parse(&raw.status) {
         Some(CallStatus::Issued) => {}
         Some(CallStatus::NotHappened) => locked.head.count_issued(1)?,
@@ -441,8 +453,8 @@ pub(crate) async fn reissue_call(
            UPDATE durable_sessions SET issued_rows = $6, head = $7, approvals = $8 \
            WHERE id = $5) \
          UPDATE durable_tool_calls SET attempt = $3, status = 'issued', fence = $2, \
-         finished_at = NULL, result = NULL, error = NULL, spend = NULL, mac = $4 \
-         WHERE id = $1 RETURNING ",
+         finished_at = NULL, result = NULL, error = NULL, spend = NULL, mac = $4, \
+         idempotency_key = $9 WHERE id = $1 RETURNING ",
         call_cols!()
     ))
     .bind(call.as_str())
@@ -453,6 +465,7 @@ pub(crate) async fn reissue_call(
     .bind(locked.head.issued_rows)
     .bind(locked.head.head.as_deref())
     .bind(locked.head.approvals)
+    .bind(raw.key.as_deref())
     .fetch_one(&mut *tx)
     .await
     .map_err(db)?;
