@@ -44,6 +44,7 @@ use crate::store::{
 };
 
 mod approval;
+mod approval_runtime;
 mod checkpoint_after;
 mod checkpoints;
 mod fork;
@@ -62,6 +63,7 @@ pub mod tamper;
 mod window;
 
 pub use approval::*;
+pub use approval_runtime::*;
 pub use checkpoint_after::*;
 pub use checkpoints::*;
 pub use fork::*;
@@ -215,6 +217,12 @@ macro_rules! __durable_conformance_cases {
             approval_deadline_is_kept_on_the_store_clock,
             approval_awaiting_session_holds_no_lease,
             runtime_requested_calls_are_not_run,
+            runtime_approved_call_runs_once_on_the_next_worker,
+            runtime_edited_approval_runs_with_the_edit_and_its_key,
+            runtime_denied_call_returns_the_reason,
+            runtime_expired_request_is_denied_by_its_deadline,
+            runtime_calls_of_one_turn_await_together,
+            runtime_edits_need_a_call_site_that_takes_them,
             // maintenance
             errors_round_trip_in_order,
             migrate_checks_version_and_renames_tools,

@@ -648,9 +648,12 @@ impl Journal {
             .request_call(lease.fence(), call, request)
             .await
             .map_err(|e| self.note_store_error(e))?;
-        reservation.keep();
+        // A requested row hands its ordinal back, as a replay that finds it does: asked
+        // again before it is decided, the call maps onto the same row (not a second
+        // request). Decided, the row keeps its ordinal on the replay that runs or denies it.
         let row = match requested {
             IssueOutcome::Inserted(row) => {
+                reservation.release();
                 self.remember(&row).await;
                 tracing::Span::current().record("durable.call.id", row.id.as_str());
                 self.failpoint("after_requested", &spec.name);
@@ -662,12 +665,17 @@ impl Journal {
             }
             // Another holder of the same lease raced us (see `run_fresh`): go by its row.
             IssueOutcome::Existing(row) if row.status.has_outcome() => {
+                reservation.keep();
                 self.charge(&row);
                 self.emit(self.event(&row, Outcome::CacheHit));
                 return recorded_outcome(&row);
             }
-            IssueOutcome::Existing(row) if row.status == CallStatus::Requested => row,
+            IssueOutcome::Existing(row) if row.status == CallStatus::Requested => {
+                reservation.release();
+                row
+            }
             IssueOutcome::Existing(row) => {
+                reservation.release();
                 return Err(DurableError::ReplayUnsafe {
                     call: row.id.clone(),
                     tool: spec.name.clone(),
