@@ -424,7 +424,7 @@ pub async fn runtime_expired_request_is_denied_by_its_deadline(store: Arc<dyn Ch
     let session = start(&durable).await;
     let email = spec("send_email", ReplayClass::UnsafeOnReplay);
     let runs = Arc::new(AtomicUsize::new(0));
-    let request = approval::request("policy: night shift").with_deadline(Duration::from_millis(50));
+    let request = approval::request("policy: night shift").with_deadline(Duration::from_secs(3));
     let call = awaiting(ask(&session, &email, 1, Some(request.clone()), &runs).await);
     let id = session.id().clone();
     session.await_approval().await.expect("park");
