@@ -4,6 +4,7 @@
 //! cargo run --example crash_resume                      # killed after the email left
 //! cargo run --example crash_resume -- --crash-at after_issued::send_email
 //! cargo run --example crash_resume -- --no-verify      # the in-doubt email needs an operator
+//! cargo run --example crash_resume -- --approval       # the charge waits for a person's approval
 //! cargo run --example crash_resume -- --help            # every crash point
 //! ```
 //!
@@ -37,7 +38,7 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use clap::{CommandFactory, FromArgMatches, Parser};
-use durable::store::{CallKind, CallStatus, Resolution, SessionStatus};
+use durable::store::{ApprovalEvent, CallKind, CallStatus, Resolution, SessionStatus};
 use durable::{Budget, CheckpointStore, Durable, Message, Plan, Role, SessionId, Spend};
 
 use agent::Options;
@@ -64,7 +65,16 @@ struct Args {
     /// operator (this program plays one, checking the outbox).
     #[arg(long)]
     no_verify: bool,
+    /// The charge needs a person's approval: the first run parks the session before
+    /// charging, this program plays the operator (lists the request, approves it), and
+    /// the next run charges once. Adds the crash points `before_request::charge_card` and
+    /// `after_requested::charge_card`.
+    #[arg(long)]
+    approval: bool,
 }
+
+/// The tool whose calls need approval with `--approval`.
+const APPROVED_TOOL: &str = "charge_card";
 
 fn points_help() -> String {
     let script = Script::Demo;
@@ -142,7 +152,11 @@ fn demo(args: &Args) -> Result<bool, Error> {
         "none" => None,
         text => {
             let point = CrashPoint::parse(text)?;
-            let info = points::crash_points(Script::Demo)
+            let mut known = points::crash_points(Script::Demo);
+            if args.approval {
+                known.extend(points::approval_points(APPROVED_TOOL));
+            }
+            let info = known
                 .into_iter()
                 .find(|i| i.point == point)
                 .ok_or_else(|| {
@@ -191,6 +205,13 @@ fn demo(args: &Args) -> Result<bool, Error> {
     options.narrate = true;
     options.color = style.color();
     options.crash_at = crash.as_ref().map(|i| i.point.clone());
+    if args.approval {
+        options.approval = vec![APPROVED_TOOL.to_owned()];
+        println!(
+            "  {:<10} {APPROVED_TOOL} needs a person's approval",
+            "approval"
+        );
+    }
 
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -227,6 +248,11 @@ fn demo(args: &Args) -> Result<bool, Error> {
                 println!("{}", style.bold("operator"));
                 runtime.block_on(operator(&db, &session, &world, style))?;
             }
+            Ended::Exited(agent::EXIT_AWAITING) => {
+                println!();
+                println!("{}", style.bold("operator · approvals"));
+                runtime.block_on(approver(&db, &session, style))?;
+            }
             Ended::Exited(code) => return Err(format!("the agent exited with code {code}").into()),
         }
         // Later runs never crash: the point of the demo is the resume.
@@ -235,7 +261,7 @@ fn demo(args: &Args) -> Result<bool, Error> {
     if !completed {
         return Err("the session did not complete in 5 runs".into());
     }
-    let ok = runtime.block_on(audit(&db, &session, &world, style))?;
+    let ok = runtime.block_on(audit(&db, &session, &world, style, args.approval))?;
     println!(
         "\n{}",
         style.dim(&format!(
@@ -319,6 +345,90 @@ async fn operator(db: &str, session: &str, world: &World, style: Style) -> Resul
     Ok(())
 }
 
+/// What a person on call does with the parked session: list what awaits approval (as
+/// `durable approvals` does), then approve it (as `durable approve` does), with a note.
+async fn approver(db: &str, session: &str, style: Style) -> Result<(), Error> {
+    let store = durable::connect(db).await?;
+    let id = SessionId::new(session);
+    let status = store.session(&id).await?.status;
+    println!(
+        "{}",
+        style.dim(&format!(
+            "session {session} is {}: no worker holds it",
+            status.as_str()
+        ))
+    );
+    let durable = Durable::builder(store)
+        .owner("operator")
+        .app_version(agent::APP_VERSION)
+        .build();
+    println!(
+        "{}",
+        style.dim(&format!(
+            "$ durable --db {db} approvals --session {session}"
+        ))
+    );
+    let pending = durable.approvals(Some(&id)).await?;
+    for request in &pending {
+        let call = &request.call;
+        let approval = call.approval.as_ref();
+        let args = durable::secret::mask_for_display(&call.args);
+        println!(
+            "{}",
+            ui::row_styled(
+                style,
+                &call.identity.tool,
+                call.class.as_str(),
+                style.yellow(&format!(
+                    "awaits approval · asked by {} · args {args}",
+                    approval.map_or("?", |a| a.asked_by.as_str())
+                ))
+            )
+        );
+        if let Some(reasoning) = approval
+            .and_then(|a| a.reasoning.as_deref())
+            .filter(|r| !r.trim().is_empty())
+        {
+            let line: String = reasoning
+                .chars()
+                .filter(|c| !c.is_control())
+                .take(100)
+                .collect();
+            println!(
+                "{}",
+                ui::row_styled(style, "", "", style.dim(&format!("model: “{line}”")))
+            );
+        }
+    }
+    for request in pending {
+        let call = request.call.id;
+        println!(
+            "{}",
+            style.dim(&format!(
+                "$ durable --db {db} approve {call} --by operator --note 'amount matches the order'"
+            ))
+        );
+        let row = durable
+            .approve(&call, None, "operator", Some("amount matches the order"))
+            .await?;
+        println!(
+            "{}",
+            ui::row_styled(
+                style,
+                &row.identity.tool,
+                row.class.as_str(),
+                style.green("approved by operator: the next run charges once")
+            )
+        );
+    }
+    let status = durable.store().session(&id).await?.status;
+    println!(
+        "{}",
+        style.dim(&format!("session {session} is {} again", status.as_str()))
+    );
+    Ok(())
+}
+
 fn requests(n: usize) -> String {
     if n == 1 {
         "1 request".into()
@@ -332,7 +442,13 @@ fn usd(nano: u64) -> String {
 }
 
 /// Reads the outside world and the store, and prints what happened.
-async fn audit(db: &str, session: &str, world: &World, style: Style) -> Result<bool, Error> {
+async fn audit(
+    db: &str,
+    session: &str,
+    world: &World,
+    style: Style,
+    approval: bool,
+) -> Result<bool, Error> {
     let store: Arc<dyn CheckpointStore> = durable::connect(db).await?;
     let id = SessionId::new(session);
     let record = store.session(&id).await?;
@@ -450,7 +566,32 @@ async fn audit(db: &str, session: &str, world: &World, style: Style) -> Result<b
         versions.to_string(),
         format!("session {}", record.status.as_str()),
     );
-    Ok(emails.len() == 1
+    let mut approved_once = true;
+    if approval {
+        let log = store.approvals(&id).await?;
+        let count = |event| log.iter().filter(|r| r.event == event).count();
+        let (asked, approved, issued) = (
+            count(ApprovalEvent::Requested),
+            count(ApprovalEvent::Approved),
+            count(ApprovalEvent::Issued),
+        );
+        approved_once = asked == 1 && approved == 1 && issued == 1;
+        line(
+            approved_once,
+            "approvals",
+            approved.to_string(),
+            format!(
+                "audit log: {asked} requested, {approved} approved, {issued} issued to run ({})",
+                log.iter()
+                    .filter(|r| r.event == ApprovalEvent::Approved)
+                    .map(|r| format!("by {}", r.by))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        );
+    }
+    Ok(approved_once
+        && emails.len() == 1
         && email_runs == 1
         && applied(&payments) == 1
         && applied(&orders) == 1

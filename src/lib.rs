@@ -217,6 +217,7 @@ pub mod integrity {
     pub use durable_core::verify::{SessionCheck, verify_sessions};
 }
 
+pub use durable_core::approval;
 pub use durable_core::replay_check;
 pub use durable_core::secret;
 

@@ -25,8 +25,8 @@ pub enum Outcome {
     VerifiedHappened,
     /// In doubt `unsafe_on_replay`; the verify hook found no effect, so the call ran.
     VerifiedNotHappened,
-    /// Journaled as awaiting a person's approval; nothing ran (see
-    /// [`approval`](crate::approval)).
+    /// Awaits a person's approval (journaled now, or found journaled and not decided yet);
+    /// nothing ran (see [`approval`](crate::approval)).
     ApprovalRequested,
     /// Refused with [`DurableError::ReplayUnsafe`](crate::DurableError::ReplayUnsafe), [`DurableError::ReplayDiverged`](crate::DurableError::ReplayDiverged) or another refusal before anything ran.
     Refused,

@@ -22,7 +22,7 @@ use std::time::Duration;
 use durable::store::SessionStatus;
 use durable::{
     Budget, Durable, DurableError, Message, ModelToolCall, ReplayClass, Role, SessionId,
-    StartOptions, StoreError, ToolResult,
+    StartOptions, StoreError, ToolResult, approval,
 };
 use serde_json::json;
 
@@ -44,6 +44,9 @@ pub const EXIT_DONE: i32 = 0;
 pub const EXIT_OPERATOR: i32 = 3;
 /// Exit code: an in-doubt unsafe call needs an operator; the session was parked.
 pub const EXIT_PARKED: i32 = 4;
+/// Exit code: calls await a person's approval; the session is parked as
+/// `awaiting_approval` (no lease held).
+pub const EXIT_AWAITING: i32 = 5;
 
 const SYSTEM: &str = "You are an order assistant. Plan with plan_create, record progress with \
 step_update (evidence required), verify every postcondition before you finish.";
@@ -100,6 +103,8 @@ pub struct Options {
     pub narrate: bool,
     /// Colour the narration.
     pub color: bool,
+    /// Tools whose every call needs a person's approval (the runtime's approval policy).
+    pub approval: Vec<String>,
 }
 
 const ENV_CHILD: &str = "DURABLE_AGENT_CHILD";
@@ -131,6 +136,7 @@ impl Options {
             max_recoveries: 5,
             narrate: false,
             color: false,
+            approval: Vec::new(),
         }
     }
 
@@ -167,6 +173,7 @@ impl Options {
             )
             .env("DURABLE_AGENT_NARRATE", flag(self.narrate))
             .env("DURABLE_AGENT_COLOR", flag(self.color))
+            .env("DURABLE_AGENT_APPROVAL", self.approval.join(","))
             .env_remove("DURABLE_AGENT_CRASH_AT")
             .env_remove("DURABLE_AGENT_FREEZE_AFTER_EVENTS")
             .stdin(Stdio::null())
@@ -221,6 +228,12 @@ impl Options {
             },
             narrate: on("DURABLE_AGENT_NARRATE"),
             color: on("DURABLE_AGENT_COLOR"),
+            approval: std::env::var("DURABLE_AGENT_APPROVAL")
+                .unwrap_or_default()
+                .split(',')
+                .filter(|t| !t.is_empty())
+                .map(str::to_owned)
+                .collect(),
         })
     }
 }
@@ -323,10 +336,16 @@ async fn run(options: &Options) -> Result<i32, Error> {
     let observer = narrator.clone();
     let freeze_after = options.freeze_after_events;
     let events = AtomicUsize::new(0);
+    let needs_approval = options.approval.clone();
     let durable = Durable::builder(Arc::clone(&store))
         .owner(OWNER)
         .max_recovery_attempts(options.max_recoveries)
         .app_version(APP_VERSION)
+        .approval_policy(move |tool, _args| {
+            needs_approval
+                .contains(&tool.name)
+                .then(|| approval::request(format!("policy: {} needs a person", tool.name)))
+        })
         .on_call(move |e| {
             observer.event(e);
             let n = events.fetch_add(1, Ordering::SeqCst) + 1;
@@ -348,6 +367,15 @@ async fn run(options: &Options) -> Result<i32, Error> {
         Ok(record) if record.status == SessionStatus::Parked => {
             say("@@ done parked");
             return Ok(EXIT_PARKED);
+        }
+        Ok(record) if record.status == SessionStatus::AwaitingApproval => {
+            narrator.line(
+                "session",
+                "",
+                s.yellow("still awaiting a person's approval"),
+            );
+            say("@@ done awaiting");
+            return Ok(EXIT_AWAITING);
         }
         Ok(record) if record.status.is_terminal() => {
             return Err(format!("session {id} is {}", record.status.as_str()).into());
@@ -493,11 +521,26 @@ async fn run(options: &Options) -> Result<i32, Error> {
             .map(|(i, c)| (i, c.clone()))
             .collect();
         let batch: Vec<ModelToolCall> = journaled.iter().map(|(_, c)| c.clone()).collect();
-        let outcomes = toolbox.dispatch_all(session.journal(), &batch).await;
+        // The model's text explains its calls: journaled with any approval request.
+        let reasoning = session
+            .messages()
+            .last()
+            .map(Message::text)
+            .unwrap_or_default();
+        let journal = session.journal().with_reasoning(reasoning);
+        let outcomes = toolbox.dispatch_all(&journal, &batch).await;
         let mut refusal: Option<DurableError> = None;
+        let mut awaiting = Vec::new();
         for ((i, call), outcome) in journaled.iter().zip(outcomes) {
             match outcome {
                 Ok(result) => results[*i] = Some(result),
+                Err(DurableError::AwaitingApproval {
+                    call: row, tool, ..
+                }) => {
+                    // The observer narrated it (`approval_requested`).
+                    say(&format!("@@ awaiting {tool} {}", row.as_str()));
+                    awaiting.push(tool);
+                }
                 Err(e @ DurableError::ReplayUnsafe { .. }) => {
                     if let DurableError::ReplayUnsafe {
                         call: unresolved,
@@ -521,6 +564,20 @@ async fn run(options: &Options) -> Result<i32, Error> {
         }
         if let Some(e) = refusal {
             return stop_for_operator(session, options, &narrator, e).await;
+        }
+        if !awaiting.is_empty() {
+            // No checkpoint: once decided, the next run replays this turn.
+            session.await_approval().await?;
+            narrator.line(
+                "session",
+                "",
+                s.yellow(&format!(
+                    "parked: awaiting approval of {} (no worker held)",
+                    awaiting.join(", ")
+                )),
+            );
+            say("@@ done awaiting");
+            return Ok(EXIT_AWAITING);
         }
         if !plan_notes.is_empty() {
             narrator.line("plan", "", s.dim(&summarize_plan_notes(&plan_notes)));

@@ -87,6 +87,35 @@ impl PointInfo {
     }
 }
 
+/// The boundaries a call of `tool` passes before it runs when it needs approval: the
+/// request journaled or not (the boundaries after the approval are the tool's own).
+pub fn approval_points(tool: &'static str) -> Vec<PointInfo> {
+    let class = tools::toolbox(true)
+        .ok()
+        .and_then(|t| t.get(tool).map(|t| t.spec().class))
+        .unwrap_or(ReplayClass::UnsafeOnReplay);
+    [
+        (
+            "before_request",
+            format!("{tool}'s approval request is not journaled yet"),
+        ),
+        (
+            "after_requested",
+            format!("{tool} is journaled as awaiting approval; the session is not parked"),
+        ),
+    ]
+    .into_iter()
+    .map(|(boundary, meaning)| PointInfo {
+        point: CrashPoint {
+            failpoint: format!("durable::{boundary}::{tool}"),
+            nth: 1,
+        },
+        tool: Some((tool, class)),
+        meaning,
+    })
+    .collect()
+}
+
 /// Every journal boundary a crash-free run of `script` passes, in the order of the run's
 /// kinds: tools (conversation order), model replies, checkpoints.
 pub fn crash_points(script: Script) -> Vec<PointInfo> {

@@ -247,7 +247,7 @@ impl<'j> ToolCall<'j> {
                 // Released, as for a refused in-doubt call: asked again (once it is
                 // decided), the call maps onto the same row.
                 reservation.release();
-                journal.emit(journal.event(&row, Outcome::Refused));
+                journal.emit(journal.event(&row, Outcome::ApprovalRequested));
                 Err(DurableError::AwaitingApproval {
                     call: row.id,
                     tool: spec.name.clone(),
