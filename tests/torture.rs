@@ -15,6 +15,10 @@
 //! - **the model changes its mind**: after a crash behind an unsafe call's issued commit,
 //!   a re-asked model proposes other arguments or another unsafe tool: refused, 0
 //!   executions.
+//! - **approval crash points**: a keyed and an unsafe tool need approval; killed before
+//!   and after each request is journaled and at every boundary of each approved call's
+//!   run, then run to the end with a person approving: the transcript of the run without
+//!   approvals, byte for byte, every effect once, one request/approval/issue per tool.
 //!
 //! The world (outbox, chat, webhook, payment/stock/order receivers, a log of every tool
 //! run) lives in files outside the store: they are the ledger the checks trust.
@@ -131,6 +135,10 @@ fn main() {
         (
             "model_changes_its_mind",
             Box::new(move |b| cases::model_changes_its_mind(ctx_ref, b)),
+        ),
+        (
+            "approval_crash_points",
+            Box::new(move |b| cases::approval_crash_points(ctx_ref, b)),
         ),
     ];
     let (mut passed, mut failed) = (0, 0);

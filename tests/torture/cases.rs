@@ -7,7 +7,7 @@ use std::time::Duration;
 use durable::ReplayClass;
 use durable::store::{CallKind, CallStatus, SessionStatus};
 
-use super::agent::{EXIT_DONE, EXIT_OPERATOR, EXIT_PARKED, Mode, OnUnsafe};
+use super::agent::{EXIT_AWAITING, EXIT_DONE, EXIT_OPERATOR, EXIT_PARKED, Mode, OnUnsafe};
 use super::model::Script;
 use super::points::crash_points;
 use super::support::{
@@ -229,6 +229,131 @@ pub fn every_crash_point(ctx: &Ctx, backend: Backend) -> Result<Figures, Failure
     f.add("parked", 0);
     f.add(
         "transcripts identical",
+        format!("{}/{}", points.len(), points.len()),
+    );
+    Ok(f)
+}
+
+/// The tools whose calls need approval in [`approval_crash_points`]: a keyed one and an
+/// unsafe one.
+const APPROVED: [&str; 2] = ["charge_card", "send_email"];
+
+/// Runs the session to its end: a person approves what awaits approval, an operator
+/// resolves what is in doubt. Returns (runs, approvals, resolutions).
+fn finish_approving(
+    subject: &Subject,
+    options: &super::agent::Options,
+    what: &str,
+) -> Result<(usize, usize, usize), Failure> {
+    let (mut approvals, mut resolutions) = (0, 0);
+    for runs in 1..=10 {
+        let run = subject.run(options, Kill::Never);
+        match run.code {
+            Some(EXIT_DONE) => return Ok((runs, approvals, resolutions)),
+            Some(EXIT_AWAITING) => {
+                ensure!(
+                    subject.status() == SessionStatus::AwaitingApproval,
+                    "{what}: the run said it parked for approval, the session is {}",
+                    subject.status().as_str()
+                );
+                approvals += subject.approve_all();
+            }
+            Some(EXIT_OPERATOR) => resolutions += subject.operator(),
+            other => {
+                return Err(format!(
+                    "{what}: a run exited with {other:?}:\n{}",
+                    run.output()
+                ));
+            }
+        }
+    }
+    Err(format!("{what}: not completed after 10 runs"))
+}
+
+/// Every boundary of the approval path, killed in turn: before and after the request is
+/// journaled, and every boundary of the approved call's run (a keyed and an unsafe tool).
+/// Each session then runs to its end with a person approving: the final transcript is the
+/// crash-free run's without approvals, byte for byte, every effect happened once, and the
+/// approval log holds one request, one approval and one issue per tool.
+pub fn approval_crash_points(ctx: &Ctx, backend: Backend) -> Result<Figures, Failure> {
+    let db = ctx.db(backend);
+    let reference = reference(ctx, &db)?;
+    let mut points = Vec::new();
+    for tool in APPROVED {
+        points.extend(super::points::approval_points(tool));
+        points.extend(
+            crash_points(Script::Torture)
+                .into_iter()
+                .filter(|p| p.tool.is_some_and(|(t, _)| t == tool)),
+        );
+    }
+    let (mut kills, mut runs, mut approvals, mut resolutions) = (0, 0, 0, 0);
+    for info in &points {
+        let what = info.point.short();
+        let subject = Subject::new(ctx, &db);
+        let mut options = subject.options.clone();
+        options.approval = APPROVED.iter().map(|t| (*t).to_owned()).collect();
+        let mut crash = options.clone();
+        crash.crash_at = Some(info.point.clone());
+        // Run (approving between runs) until the point is reached and the child killed.
+        let mut killed = false;
+        for _ in 0..6 {
+            let run = subject.run(&crash, Kill::AtCrashPoint);
+            runs += 1;
+            if run.killed {
+                ensure!(
+                    run.crashed_at.as_deref() == Some(what.as_str()),
+                    "{what}: killed at {:?}",
+                    run.crashed_at
+                );
+                killed = true;
+                break;
+            }
+            match run.code {
+                Some(EXIT_AWAITING) => approvals += subject.approve_all(),
+                Some(EXIT_OPERATOR) => resolutions += subject.operator(),
+                other => {
+                    return Err(format!(
+                        "{what}: exited with {other:?} before the point:\n{}",
+                        run.output()
+                    ));
+                }
+            }
+        }
+        ensure!(killed, "{what}: the point was never reached");
+        kills += 1;
+        if let Some(check) = subject.integrity() {
+            ensure!(check == "ok", "{what}: PRAGMA integrity_check: {check}");
+        }
+        let (n, a, r) = finish_approving(&subject, &options, &what)?;
+        runs += n;
+        approvals += a;
+        resolutions += r;
+        same_end(&subject, &reference, &what)?;
+        let log = subject.approval_log();
+        for event in ["requested", "approved", "issued"] {
+            ensure!(
+                log.get(event) == Some(&APPROVED.len()),
+                "{what}: the approval log holds {log:?}, one `{event}` per tool expected"
+            );
+        }
+    }
+    let mut f = Figures::default();
+    f.add(
+        "points",
+        format!(
+            "{} (request and run boundaries of {})",
+            points.len(),
+            APPROVED.join(", ")
+        ),
+    );
+    f.add("kills", kills);
+    f.add("runs", runs);
+    f.add("approvals", approvals);
+    f.add("operator resolutions", resolutions);
+    f.add("duplicates", 0);
+    f.add(
+        "transcripts identical to the run without approvals",
         format!("{}/{}", points.len(), points.len()),
     );
     Ok(f)

@@ -365,6 +365,41 @@ impl<'a> Subject<'a> {
         resolved
     }
 
+    /// Approves every call of the session awaiting approval, as a person would: returns
+    /// how many.
+    pub fn approve_all(&self) -> usize {
+        let durable = Durable::builder(Arc::clone(&self.db.store))
+            .owner("approver")
+            .app_version(agent::APP_VERSION)
+            .build();
+        let pending = self
+            .ctx
+            .rt
+            .block_on(durable.approvals(Some(&self.id())))
+            .expect("pending approvals");
+        for request in &pending {
+            self.ctx
+                .rt
+                .block_on(durable.approve(&request.call.id, None, "torture-approver", None))
+                .expect("approve");
+        }
+        pending.len()
+    }
+
+    /// The session's approval log, by event name.
+    pub fn approval_log(&self) -> BTreeMap<&'static str, usize> {
+        let log = self
+            .ctx
+            .rt
+            .block_on(self.db.store.approvals(&self.id()))
+            .expect("approval log");
+        let mut counts = BTreeMap::new();
+        for row in log {
+            *counts.entry(row.event.as_str()).or_insert(0) += 1;
+        }
+        counts
+    }
+
     /// `PRAGMA integrity_check` on the SQLite file (`None` on Postgres).
     pub fn integrity(&self) -> Option<String> {
         let file = self.db.sqlite_file.as_ref()?;
