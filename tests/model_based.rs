@@ -5,9 +5,11 @@
 //! A program is a list of steps from a small vocabulary (`model_based/program.rs`): model
 //! turns proposing calls of each replay class, crashes at journal boundaries, restarts,
 //! re-asked models with changed arguments, tool schema changes, operator resolutions,
-//! verify hooks that know or cannot tell, forks, lost leases. An **ordinary** harness runs
+//! verify hooks that know or cannot tell, forks, lost leases, approvals (a policy that
+//! makes every call with a side effect await a person, who approves or denies). An **ordinary** harness runs
 //! it (`model_based/harness.rs`): it dispatches what the model proposes, feeds every
-//! refusal back as a tool result and checkpoints each turn. After every program:
+//! refusal back as a tool result and checkpoints each turn (a checkpoint refused because
+//! calls await approval parks the session instead). After every program:
 //!
 //! | property | checked against |
 //! |---|---|
@@ -17,6 +19,7 @@
 //! | `budget-once-per-row`: each checkpoint's spend is the previous one's plus the cost of each journal row its turn used, once per row | the costs carried in replies and results, the checkpoints |
 //! | `session-wide-barrier`: no new side effect starts while an unsafe call of its session is in doubt and unresolved | the journal, read as the effect starts |
 //! | `zombie-acts-not`: a worker that lost its lease starts no side effect | the ledger |
+//! | `undecided-or-denied-runs-not`: a call awaiting approval, or denied, took no effect | the ledger, the journal |
 //!
 //! `harness = false`. The corpus (`model_based/corpus/*.txt`, programs that once failed or
 //! are otherwise interesting) replays first, then generated programs, the same on each

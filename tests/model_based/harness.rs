@@ -56,6 +56,9 @@ pub enum TurnEnd {
     },
     /// The harness stopped (an error it cannot turn into a message, e.g. a lost lease).
     Stopped(String),
+    /// Calls of the turn await a person's approval: the checkpoint was refused, and the
+    /// harness parks the session.
+    Awaiting,
 }
 
 fn class_of(tool: &str) -> Option<Class> {
@@ -233,6 +236,9 @@ pub async fn turn(
             scene
                 .world
                 .tally(format!("checkpoint refused {}", error_kind(&e)));
+            if e.is_awaiting_approval() {
+                return TurnEnd::Awaiting;
+            }
             TurnEnd::Stopped(format!("checkpoint: {e}"))
         }
     }

@@ -14,11 +14,11 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use durable::store::{CallStatus, Resolution};
+use durable::store::{CallStatus, Resolution, SessionStatus};
 use durable::{Budget, CheckpointStore, Message, Session, SessionId, Spend, StartOptions};
 
 use crate::harness::{self, Model, Release, TurnEnd};
-use crate::program::{Class, Disrupt, Op, Schema, VerifyMode};
+use crate::program::{Class, Disrupt, Op, Schema, Verdict, VerifyMode};
 use crate::tools;
 use crate::world::{Property, Scene, Violation, World, found_result, release_dead_lease};
 
@@ -101,6 +101,13 @@ impl Interp {
             }
             agent.dead_lease = false;
         }
+        if let Ok(record) = world.store.session(&agent.id).await
+            && record.status == SessionStatus::AwaitingApproval
+        {
+            // No worker may take it until a person decides.
+            world.tally("turn skipped: awaiting approval");
+            return false;
+        }
         match world.worker(&name).resume::<Message>(&agent.id).await {
             Ok(resumed) => {
                 agent.live = Some((name, resumed.session));
@@ -181,6 +188,12 @@ impl Interp {
                 }
                 agent.live = Some((worker, session));
             }
+            Some(TurnEnd::Awaiting) => match session.await_approval().await {
+                Ok(()) => world.tally("parked awaiting approval"),
+                // A zombie's lease is gone: its successor holds the session.
+                Err(_) if taken.is_some() => world.tally("zombie could not park"),
+                Err(e) => world.violation(Property::Harness, format!("parking for approval: {e}")),
+            },
             Some(TurnEnd::Stopped(_reason)) => {
                 // A harness that cannot go on exits; a zombie is simply gone.
                 drop(session);
@@ -239,6 +252,35 @@ impl Interp {
                 .await
             {
                 world.violation(Property::Harness, format!("resolving {}: {e}", row.id));
+            }
+        }
+    }
+
+    /// A person decides every call of the focused session awaiting approval.
+    async fn decide(&mut self, verdict: Verdict) {
+        let world = Arc::clone(&self.world);
+        let name = self.worker_name();
+        let person = world.worker(&name);
+        let id = self.agents[self.focus].id.clone();
+        let pending = match person.approvals(Some(&id)).await {
+            Ok(pending) => pending,
+            Err(e) => {
+                world.violation(Property::Harness, format!("listing approvals: {e}"));
+                return;
+            }
+        };
+        for request in pending {
+            let call = &request.call.id;
+            let decided = match verdict {
+                Verdict::Approve => person.approve(call, None, "person", None).await,
+                Verdict::Deny => person.deny(call, "not now", "person", None).await,
+            };
+            match decided {
+                Ok(_) => world.tally(match verdict {
+                    Verdict::Approve => "person: approved",
+                    Verdict::Deny => "person: denied",
+                }),
+                Err(e) => world.violation(Property::Harness, format!("deciding {call}: {e}")),
             }
         }
     }
@@ -319,6 +361,11 @@ impl Interp {
             }
             Op::Fork { back } => self.fork(*back).await,
             Op::Switch => self.focus = (self.focus + 1) % self.agents.len(),
+            Op::Approvals(on) => self
+                .world
+                .approvals
+                .store(*on, std::sync::atomic::Ordering::SeqCst),
+            Op::Decide(verdict) => self.decide(*verdict).await,
         }
     }
 
@@ -333,6 +380,21 @@ impl Interp {
                     continue;
                 }
             };
+            for row in &rows {
+                if matches!(row.status, CallStatus::Requested | CallStatus::Denied)
+                    && let Some(effect) = world.effect_of(&row.id)
+                {
+                    world.violation(
+                        Property::Approval,
+                        format!(
+                            "call {} of {} is {} but took effect: {effect:?}",
+                            row.id,
+                            row.identity.tool,
+                            row.status.as_str()
+                        ),
+                    );
+                }
+            }
             for row in rows {
                 let recorded = matches!(row.status, CallStatus::Completed | CallStatus::Resolved);
                 if let (true, Some(result), Some(seen)) =

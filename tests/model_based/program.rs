@@ -101,6 +101,20 @@ pub enum Op {
     Fork { back: u8 },
     /// Work moves to the next session of the program (source or fork).
     Switch,
+    /// From now on, every call with a side effect needs a person's approval (`on`), or
+    /// none does (`off`): the runtime's approval policy of every new worker.
+    Approvals(bool),
+    /// A person decides every call of the session awaiting approval.
+    Decide(Verdict),
+}
+
+/// A person's decision in [`Op::Decide`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Verdict {
+    /// Approve as requested.
+    Approve,
+    /// Deny with a reason.
+    Deny,
 }
 
 impl fmt::Display for Disrupt {
@@ -134,6 +148,10 @@ impl fmt::Display for Op {
             Op::Verify(VerifyMode::Unknown) => f.write_str("verify unknown"),
             Op::Fork { back } => write!(f, "fork {back}"),
             Op::Switch => f.write_str("switch"),
+            Op::Approvals(true) => f.write_str("approvals on"),
+            Op::Approvals(false) => f.write_str("approvals off"),
+            Op::Decide(Verdict::Approve) => f.write_str("decide approve"),
+            Op::Decide(Verdict::Deny) => f.write_str("decide deny"),
         }
     }
 }
@@ -193,6 +211,10 @@ fn parse_op(line: &str) -> Result<Op, String> {
             back: n.parse().map_err(|e| format!("fork `{n}`: {e}"))?,
         },
         ("switch", None) => Op::Switch,
+        ("approvals", Some("on")) => Op::Approvals(true),
+        ("approvals", Some("off")) => Op::Approvals(false),
+        ("decide", Some("approve")) => Op::Decide(Verdict::Approve),
+        ("decide", Some("deny")) => Op::Decide(Verdict::Deny),
         _ => return Err(format!("cannot read step `{line}`")),
     };
     if let Some(extra) = words.next() {
@@ -251,6 +273,8 @@ fn op() -> impl Strategy<Value = Op> {
         3 => prop_oneof![Just(VerifyMode::Unknown), Just(VerifyMode::Truthful)].prop_map(Op::Verify),
         1 => (0u8..3).prop_map(|back| Op::Fork { back }),
         1 => Just(Op::Switch),
+        3 => prop_oneof![Just(true), Just(false)].prop_map(Op::Approvals),
+        4 => prop_oneof![Just(Verdict::Approve), Just(Verdict::Deny)].prop_map(Op::Decide),
     ]
 }
 

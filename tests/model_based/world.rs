@@ -40,6 +40,8 @@ pub enum Property {
     Barrier,
     /// A worker that lost its lease started no side effect.
     Zombie,
+    /// A call awaiting approval or denied took no effect.
+    Approval,
     /// The interpreter itself could not go on (a resume or a store read failed).
     Harness,
 }
@@ -53,6 +55,7 @@ impl Property {
             Property::BudgetOnce => "budget-once-per-row",
             Property::Barrier => "session-wide-barrier",
             Property::Zombie => "zombie-acts-not",
+            Property::Approval => "undecided-or-denied-runs-not",
             Property::Harness => "harness",
         }
     }
@@ -104,6 +107,10 @@ pub struct World {
     /// Makes ids unique across the programs sharing a store.
     pub tag: String,
     state: Mutex<State>,
+    /// Whether calls with a side effect need a person's approval ([`Op::Approvals`]).
+    ///
+    /// [`Op::Approvals`]: crate::program::Op::Approvals
+    pub approvals: Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl World {
@@ -112,6 +119,7 @@ impl World {
             store,
             tag,
             state: Mutex::default(),
+            approvals: Arc::default(),
         }
     }
 
@@ -146,10 +154,15 @@ impl World {
     /// A runtime for a worker named `owner`: leases are never renewed (a worker that
     /// stops is dead at once) and last far longer than a program.
     pub fn worker(&self, owner: &str) -> Durable {
+        let approvals = Arc::clone(&self.approvals);
         Durable::builder(Arc::clone(&self.store))
             .owner(owner)
             .lease_ttl(Duration::from_secs(600))
             .renew_leases(false)
+            .approval_policy(move |tool, _args| {
+                (approvals.load(Ordering::SeqCst) && tool.class != durable::ReplayClass::Pure)
+                    .then(|| durable::approval::request("mbt: side effects need a person"))
+            })
             .build()
     }
 

@@ -103,11 +103,29 @@ impl Journal {
     }
 
     /// Refuses to end the current step while one of its recorded calls with a side effect
-    /// was not replayed by this attempt, whether or not the model was asked anew.
+    /// was not replayed by this attempt, whether or not the model was asked anew
+    /// ([`DurableError::ReplayDiverged`]), or while one of its calls awaits approval or was
+    /// approved and has not run ([`DurableError::AwaitingApproval`]).
     pub(crate) async fn check_step_replayed(&self) -> Result<(), DurableError> {
         let mut cache = self.inner.cache.lock().await;
         self.load_step(&mut cache).await?;
-        self.first_unreplayed(&cache, "checkpoint")
+        self.first_unreplayed(&cache, "checkpoint")?;
+        // A call of this step awaiting a decision, or approved and not run yet: ending the
+        // step would leave it behind (approved, it would never run). The harness parks
+        // the session instead (`Session::await_approval`); the turn replays once decided.
+        if let Some(row) = cache
+            .rows
+            .values()
+            .filter(|r| matches!(r.status, CallStatus::Requested | CallStatus::Approved))
+            .min_by_key(|r| r.issued_at)
+        {
+            return Err(DurableError::AwaitingApproval {
+                call: row.id.clone(),
+                tool: row.identity.tool.clone(),
+                status: row.status.as_str().to_owned(),
+            });
+        }
+        Ok(())
     }
 
     fn first_unreplayed(&self, cache: &StepCache, refused_tool: &str) -> Result<(), DurableError> {

@@ -402,7 +402,14 @@ impl<'j> ToolCall<'j> {
         journal.ensure_durable(spec).await?;
         let (row, running) = journal.reissue(&row).await?;
         journal
-            .execute(spec, row, run, outcome, running, scope, edited)
+            .execute(
+                spec,
+                row,
+                run,
+                Execution { outcome, edited },
+                running,
+                scope,
+            )
             .await
     }
 
@@ -478,7 +485,7 @@ impl<'j> ToolCall<'j> {
                 tracing::Span::current().record("durable.call.id", row.id.as_str());
                 journal.failpoint("after_issued", &spec.name);
                 journal
-                    .execute(spec, row, run, Outcome::Executed, running, scope, None)
+                    .execute(spec, row, run, Execution::fresh(), running, scope)
                     .await
             }
             IssueOutcome::Existing(row) => {
@@ -569,7 +576,17 @@ impl ToolCall<'_> {
         journal.remember(&issued).await;
         journal.failpoint("after_issued", &spec.name);
         journal
-            .execute(spec, issued, run, Outcome::Executed, running, scope, edited)
+            .execute(
+                spec,
+                issued,
+                run,
+                Execution {
+                    outcome: Outcome::Executed,
+                    edited,
+                },
+                running,
+                scope,
+            )
             .await
     }
 
@@ -885,10 +902,9 @@ impl Journal {
         spec: &ToolSpec,
         row: CallRecord,
         run: &mut F,
-        outcome: Outcome,
+        execution: Execution,
         running: IssuedHere<'_>,
         scope: Option<&mut ScopeClaim>,
-        edited: Option<Arc<Value>>,
     ) -> Result<T, CallError<E>>
     where
         T: Serialize + DeserializeOwned,
@@ -898,6 +914,7 @@ impl Journal {
     {
         // Until its outcome is recorded, this row is ours; if this future is dropped or
         // the outcome cannot be recorded, `running` hands it over to the barrier.
+        let Execution { outcome, edited } = execution;
         let mut ctx = self.context(&row);
         ctx.edited = edited;
         let (result, spend) = self.run_with_retry(spec, ctx, run).await;
@@ -1021,6 +1038,23 @@ impl Journal {
                     return (result, spend);
                 }
             }
+        }
+    }
+}
+
+/// How an issued row is executed: what the run is reported as, and the arguments a
+/// person edited before approving it, if any.
+struct Execution {
+    outcome: Outcome,
+    edited: Option<Arc<Value>>,
+}
+
+impl Execution {
+    /// A first execution with the call's own arguments.
+    fn fresh() -> Self {
+        Execution {
+            outcome: Outcome::Executed,
+            edited: None,
         }
     }
 }
