@@ -375,7 +375,7 @@ pub async fn show(store: &dyn CheckpointStore, json: bool, args: ShowArgs) -> Re
 
 /// A journal row for output: arguments (those asked and those an approval edited in)
 /// masked, result replaced by its size in tables.
-fn masked_call(call: &CallRecord) -> CallRecord {
+pub(crate) fn masked_call(call: &CallRecord) -> CallRecord {
     let mut approval = call.approval.clone();
     if let Some(Decided {
         decision: ApprovalDecision::Approve { args: Some(args) },
