@@ -94,7 +94,8 @@ struct Cli {
 enum Command {
     /// List sessions, most recently updated first.
     Sessions(SessionsArgs),
-    /// Show one session: checkpoints, plan, budget and the transcript tail.
+    /// Show one session: checkpoints, plan, budget, the transcript tail, and its calls in
+    /// doubt or awaiting approval.
     Show(ShowArgs),
     /// List a session's journal: every tool call and model response.
     Calls(CallsArgs),
@@ -375,7 +376,10 @@ resume continues it.
 
 --expire denies, by the deadline (audited as `deadline`), every request whose deadline
 passed on the store's clock, and lists them; it opens the store for writing. Without it
-the command only reads.";
+the command only reads.
+
+--json prints the journal rows (arguments masked, reasoning whole) each with `expired`;
+with --expire, `{\"expired\": [rows], \"still_awaiting\": N}`.";
 
 #[derive(Debug, Args)]
 struct ApprovalsArgs {

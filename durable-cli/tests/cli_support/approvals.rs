@@ -286,6 +286,28 @@ pub async fn approvals_listing(store: &Arc<dyn CheckpointStore>, db: &str) {
     ids.sort_unstable();
     assert_eq!(ids, ["s-approve", "s-late"]);
 
+    // `show` lists a session's requests too, masked.
+    let out = run(db, &["show", "s-approve"]);
+    no_secrets("show", &out);
+    let text = out.ok();
+    let section = text
+        .find("Awaiting approval (2): `durable approvals --session s-approve`")
+        .map(|at| &text[at..])
+        .unwrap_or_else(|| panic!("no approval section:\n{text}"));
+    for needle in [
+        r.refund.as_str(),
+        r.notify.as_str(),
+        "\"card\":\"<secret>\"",
+    ] {
+        assert!(section.contains(needle), "{needle:?} missing:\n{section}");
+    }
+    let shown = run(db, &["show", "s-late", "--json"]).json();
+    assert_eq!(
+        shown["awaiting_approval"][0]["id"],
+        r.late.as_str(),
+        "{shown}"
+    );
+
     // Listing changed nothing.
     assert_eq!(row(store, &r.refund).await.status, CallStatus::Requested);
     assert_eq!(
@@ -440,6 +462,7 @@ pub async fn approve(store: &Arc<dyn CheckpointStore>, db: &str) {
     let shown = run(db, &["show", "s-approve", "--json"]).json();
     assert_eq!(shown["session"]["status"], "active", "{shown}");
     assert!(shown["session"]["lease_owner"].is_null(), "{shown}");
+    assert_eq!(shown["awaiting_approval"], json!([]), "{shown}");
     assert!(
         run(db, &["approvals", "--json"])
             .json()
