@@ -492,3 +492,41 @@ pub async fn deny(
     print_session_after(session, status, waiting);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn placeholders_kept_as_shown_stand_for_the_recorded_values() {
+        let requested = json!({
+            "amount": 500,
+            "card": {"$secret": "k1:abc"},
+            "auth": {"token": "t-1", "user": "ann"},
+            "items": [{"api_key": "k-2", "n": 1}],
+            "note": "***"
+        });
+        let edit = json!({
+            "amount": 50,
+            "card": "<secret>",
+            "auth": {"token": "***", "user": "bo"},
+            "items": [{"api_key": "***", "n": 2}, {"api_key": "***"}],
+            "note": "***",
+            "extra": "<secret>"
+        });
+        assert_eq!(
+            unhide(&edit, &requested),
+            json!({
+                "amount": 50,
+                "card": {"$secret": "k1:abc"},
+                "auth": {"token": "t-1", "user": "bo"},
+                "items": [{"api_key": "k-2", "n": 2}, {"api_key": "***"}],
+                "note": "***",
+                "extra": "<secret>"
+            })
+        );
+        // A changed value is the operator's, placeholder-looking or not.
+        let changed = json!({"card": "***", "auth": "<secret>"});
+        assert_eq!(unhide(&changed, &requested), changed);
+    }
+}
