@@ -145,6 +145,9 @@ impl From<DurableError> for CliError {
     fn from(e: DurableError) -> Self {
         match e {
             DurableError::Store(s) => s.into(),
+            e @ DurableError::InvalidEdit { .. } => {
+                CliError::new(Code::InvalidInput, e.to_string())
+            }
             other => CliError::new(Code::Failure, other.to_string()),
         }
     }

@@ -182,6 +182,7 @@ pub async fn show(store: &dyn CheckpointStore, json: bool, args: ShowArgs) -> Re
         });
     }
     let in_doubt = store.in_doubt(Some(&id)).await?;
+    let awaiting = store.pending_approvals(Some(&id)).await?;
     let resolutions = store.resolutions(&id).await?;
     let errors = store.errors(&id).await?;
     let total = checkpoint.messages.len();
@@ -211,6 +212,7 @@ pub async fn show(store: &dyn CheckpointStore, json: bool, args: ShowArgs) -> Re
             "message_count": total,
             "transcript_tail": tail,
             "in_doubt": in_doubt.iter().map(masked_call).collect::<Vec<_>>(),
+            "awaiting_approval": awaiting.iter().map(|p| masked_call(&p.call)).collect::<Vec<_>>(),
             "resolutions": resolutions,
             "errors": errors,
         }));
@@ -335,6 +337,33 @@ pub async fn show(store: &dyn CheckpointStore, json: bool, args: ShowArgs) -> Re
         );
         print_in_doubt(&in_doubt, now, false);
     }
+    if !awaiting.is_empty() {
+        outln!();
+        outln!(
+            "Awaiting approval ({}): `durable approvals --session {}` shows each request; decide with `durable approve <call>` or `durable deny <call> --reason …`",
+            awaiting.len(),
+            clip(id.as_str(), ID)
+        );
+        let mut t = table(["CALL", "STEP", "TOOL", "REQUESTED", "DEADLINE", "ARGS"]);
+        for p in &awaiting {
+            let c = &p.call;
+            let approval = c.approval.as_ref();
+            let deadline = match approval.and_then(|a| a.deadline) {
+                None => "-".to_owned(),
+                Some(at) if p.expired => format!("expired {}", age(at, now)),
+                Some(at) => age(at, now),
+            };
+            t.add_row(vec![
+                clip(c.id.as_str(), ID),
+                c.identity.step.to_string(),
+                clip(&c.identity.tool, NAME),
+                approval.map_or_else(|| "-".to_owned(), |a| age(a.requested_at, now)),
+                deadline,
+                render::compact(&c.args, 80),
+            ]);
+        }
+        render::print_table(&t);
+    }
     if !resolutions.is_empty() {
         outln!();
         outln!("Resolutions");
@@ -375,7 +404,7 @@ pub async fn show(store: &dyn CheckpointStore, json: bool, args: ShowArgs) -> Re
 
 /// A journal row for output: arguments (those asked and those an approval edited in)
 /// masked, result replaced by its size in tables.
-fn masked_call(call: &CallRecord) -> CallRecord {
+pub(crate) fn masked_call(call: &CallRecord) -> CallRecord {
     let mut approval = call.approval.clone();
     if let Some(Decided {
         decision: ApprovalDecision::Approve { args: Some(args) },

@@ -15,6 +15,7 @@ macro_rules! outln {
     }};
 }
 
+mod approvals;
 mod backup;
 mod display;
 mod error;
@@ -41,8 +42,10 @@ Exit codes:
   1  unexpected failure (a database error mid-command, corrupt data)
   2  usage error (unknown flag, missing argument, bad duration or mapping, no store given)
   3  not found (session, call or checkpoint version)
-  4  refused (call not in doubt, id already taken, app version changed meanwhile)
-  5  invalid input (malformed JSON result, unreadable file)
+  4  refused (call not in doubt or not awaiting approval, id already taken, app version
+     changed meanwhile, approval request past its deadline)
+  5  invalid input (malformed JSON result, edited arguments the tool does not accept, an
+     empty denial reason, unreadable file)
   6  database unavailable (no such file, not a durable store, cannot connect, unknown
      URL, schema too new, sealed with a key DURABLE_MAC_KEY does not hold)
   7  integrity check failed (a row was changed outside durable)
@@ -50,8 +53,8 @@ Exit codes:
 The store: --db, else the DURABLE_DB environment variable, else DATABASE_URL (the
 variable sqlx and most PostgreSQL tools read). An empty variable counts as unset.
 
-Commands that only read (sessions, show, calls, in-doubt, export, backup, verify, and
---dry-run) open the store read-only: they never create, migrate or change a database.
+Commands that only read (sessions, show, calls, in-doubt, approvals without --expire,
+export, backup, verify, and --dry-run) open the store read-only: they never create, migrate or change a database.
 Everything read from the store is shown with control characters escaped (`\\e`,
 `\\u{9b}`) and clipped in tables; --json keeps every value whole.
 
@@ -59,13 +62,17 @@ Examples:
   durable --db agent.db sessions --status active
   durable --db agent.db in-doubt
   durable --db agent.db resolve 5f0c… --happened --result '{\"id\": \"m-1\"}' --note 'in outbox'
+  durable --db agent.db approvals
+  durable --db agent.db approve 7c1e… --args '{\"amount\": 50, \"card\": \"<secret>\"}' --note 'capped'
+  durable --db agent.db deny 7c1e… --reason 'refunds above 100 need a ticket'
+  durable --db agent.db approvals --expire
   durable --db agent.db retarget 5f0c… --app-version shop/2 --map lookup=read_order --dry-run
   durable --db agent.db backup --to agent-backup.db
   durable --db agent.db serve
   DURABLE_DB=postgres://durable@db/agents durable sessions --json";
 
 /// Inspect and operate durable agent sessions: list and show sessions, read the call
-/// journal, resolve in-doubt calls, fork, export replay-check fixtures, prune, move a
+/// journal, resolve in-doubt calls, approve or deny calls awaiting approval, fork, export replay-check fixtures, prune, move a
 /// session to another app version, back up and verify the store.
 #[derive(Debug, Parser)]
 #[command(name = "durable", version, after_help = EXIT_CODES, max_term_width = 100)]
@@ -87,7 +94,8 @@ struct Cli {
 enum Command {
     /// List sessions, most recently updated first.
     Sessions(SessionsArgs),
-    /// Show one session: checkpoints, plan, budget and the transcript tail.
+    /// Show one session: checkpoints, plan, budget, the transcript tail, and its calls in
+    /// doubt or awaiting approval.
     Show(ShowArgs),
     /// List a session's journal: every tool call and model response.
     Calls(CallsArgs),
@@ -97,6 +105,16 @@ enum Command {
     /// Record what happened to an in-doubt call (audited with who, when and why).
     #[command(after_help = RESOLVE_HELP)]
     Resolve(ResolveArgs),
+    /// List calls awaiting a person's approval, oldest first (--expire: deny those past
+    /// their deadline).
+    #[command(after_help = APPROVALS_HELP)]
+    Approvals(ApprovalsArgs),
+    /// Approve a call awaiting approval, as requested or with edited arguments (audited).
+    #[command(after_help = APPROVE_HELP)]
+    Approve(ApproveArgs),
+    /// Deny a call awaiting approval; the reason is the tool result the model reads (audited).
+    #[command(after_help = DENY_HELP)]
+    Deny(DenyArgs),
     /// Return a parked session to active, so that a worker resumes it.
     #[command(after_help = UNPARK_HELP)]
     Unpark(UnparkArgs),
@@ -137,7 +155,12 @@ pub enum Access {
 impl Command {
     fn access(&self) -> Access {
         match self {
-            Command::Resolve(_) | Command::Unpark(_) | Command::Fork(_) => Access::Write,
+            Command::Resolve(_)
+            | Command::Approve(_)
+            | Command::Deny(_)
+            | Command::Unpark(_)
+            | Command::Fork(_) => Access::Write,
+            Command::Approvals(a) if a.expire => Access::Write,
             #[cfg(feature = "console")]
             Command::Serve(_) => Access::Write,
             Command::Prune(a) if !a.dry_run => Access::Write,
@@ -146,6 +169,7 @@ impl Command {
             | Command::Show(_)
             | Command::Calls(_)
             | Command::InDoubt(_)
+            | Command::Approvals(_)
             | Command::Export(_)
             | Command::Prune(_)
             | Command::Retarget(_)
@@ -252,6 +276,8 @@ enum Status {
     Failed,
     Cancelled,
     Parked,
+    /// Spelled as `sessions` shows it; `awaiting-approval` is accepted too.
+    #[value(name = "awaiting_approval", alias = "awaiting-approval")]
     AwaitingApproval,
 }
 
@@ -330,6 +356,89 @@ struct ResolveArgs {
     #[arg(long, value_name = "JSON|@FILE")]
     result: Option<String>,
     /// Why: what you checked (kept in the audit row).
+    #[arg(long)]
+    note: Option<String>,
+    /// Who decided (default: $USER).
+    #[arg(long, value_name = "NAME")]
+    by: Option<String>,
+}
+
+const APPROVALS_HELP: &str = "\
+A call that needs approval (its tool says so, the harness asked, or the runtime's approval
+policy) is journaled as requested and does not run; its session waits as
+`awaiting_approval` and holds no worker. Each request shows its call, session, tool and
+replay class, when it was requested and its deadline (`expired` once past), who asked,
+the model's reasoning and the requested arguments, secrets masked.
+
+Decide each one with `durable approve <CALL>` or `durable deny <CALL> --reason <TEXT>`.
+Once no call of a session awaits a decision, the session is active again and the next
+resume continues it.
+
+--expire denies, by the deadline (audited as `deadline`), every request whose deadline
+passed on the store's clock, and lists them; it opens the store for writing. Without it
+the command only reads.
+
+--json prints the journal rows (arguments masked, reasoning whole) each with `expired`;
+with --expire, `{\"expired\": [rows], \"still_awaiting\": N}`.";
+
+#[derive(Debug, Args)]
+struct ApprovalsArgs {
+    /// Only this session's calls.
+    #[arg(long, value_name = "ID")]
+    session: Option<String>,
+    /// Deny every request whose deadline has passed (writes).
+    #[arg(long)]
+    expire: bool,
+}
+
+const APPROVE_HELP: &str = "\
+Approves a call that awaits approval (see `durable approvals`). The next resume of its
+session runs the call once, under its replay class.
+
+--args replaces the requested arguments: a JSON object, checked against the tool's
+argument schema recorded with the request; a problem is reported with its JSON path and
+nothing is decided (exit 5). Values shown masked (`<secret>`, `***`) may be kept as shown:
+they stand for the recorded values, which are put back. A secret argument cannot be
+changed. The requested and the approved arguments are both kept in the audit log.
+
+A call that is no longer awaiting approval (decided meanwhile by another operator,
+expired, never requested) is refused with its status (exit 4), as is one past its
+deadline (`durable approvals --expire` denies those).
+
+The store seals the decision like every row it writes: a store sealed with an application
+key needs DURABLE_MAC_KEY, as for `resolve`.";
+
+#[derive(Debug, Args)]
+struct ApproveArgs {
+    /// The call's id (see `durable approvals`).
+    call: String,
+    /// Approve these arguments instead of the requested ones: JSON text, `@file` to read
+    /// them from a file, `@-` from stdin.
+    #[arg(long = "args", value_name = "JSON|@FILE")]
+    edited: Option<String>,
+    /// Why: what you checked (kept in the audit row).
+    #[arg(long)]
+    note: Option<String>,
+    /// Who decided (default: $USER).
+    #[arg(long, value_name = "NAME")]
+    by: Option<String>,
+}
+
+const DENY_HELP: &str = "\
+Denies a call that awaits approval (see `durable approvals`): it never runs. The reason
+becomes the call's recorded outcome, which the model reads as the tool's error result on
+the next resume (`not run: denied by <you>: <reason>`), so write it for the model. An
+empty reason is refused (exit 5); a call no longer awaiting approval is refused with its
+status (exit 4).";
+
+#[derive(Debug, Args)]
+struct DenyArgs {
+    /// The call's id (see `durable approvals`).
+    call: String,
+    /// Why not: the model reads it as the tool's result.
+    #[arg(long)]
+    reason: String,
+    /// A note for the audit row (not shown to the model).
     #[arg(long)]
     note: Option<String>,
     /// Who decided (default: $USER).
@@ -506,6 +615,9 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Calls(a) => inspect::calls(store, json, a).await,
         Command::InDoubt(a) => inspect::in_doubt(store, json, a).await,
         Command::Resolve(a) => operate::resolve(shared, json, a).await,
+        Command::Approvals(a) => approvals::approvals(shared, json, a).await,
+        Command::Approve(a) => approvals::approve(shared, json, a).await,
+        Command::Deny(a) => approvals::deny(shared, json, a).await,
         Command::Unpark(a) => operate::unpark(store, json, a).await,
         Command::Fork(a) => operate::fork(store, json, a).await,
         Command::Export(a) => operate::export(store, json, a).await,

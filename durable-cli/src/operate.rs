@@ -20,32 +20,40 @@ use crate::render::{self, age, table};
 use crate::{ExportArgs, ForkArgs, PruneArgs, ResolveArgs, RetargetArgs, UnparkArgs, operator};
 
 /// The lease owner recorded for the few writes this tool makes under a lease (fork).
-const CLI_OWNER: &str = "durable-cli";
+pub(crate) const CLI_OWNER: &str = "durable-cli";
 
 /// Reads `--result`: JSON text, `@file`, or `@-` for stdin; validated like tool
 /// arguments (no duplicate keys, NaN or out-of-range integers).
 fn read_result(raw: &str) -> Result<Value, CliError> {
+    read_json(
+        raw,
+        "--result",
+        "--result '{\"id\": \"m-1\"}', or a JSON string: '\"sent\"'",
+    )
+}
+
+/// Reads the JSON value of `flag`: JSON text, `@file`, or `@-` for stdin; validated like
+/// tool arguments (no duplicate keys, NaN or out-of-range integers). `example` completes
+/// the error message (`e.g. …`).
+pub(crate) fn read_json(raw: &str, flag: &str, example: &str) -> Result<Value, CliError> {
     let invalid = |m: String| CliError::new(Code::InvalidInput, m);
     let (text, source) = match raw.strip_prefix('@') {
         Some("-") => {
             let mut text = String::new();
             std::io::stdin()
                 .read_to_string(&mut text)
-                .map_err(|e| invalid(format!("cannot read --result from stdin: {e}")))?;
+                .map_err(|e| invalid(format!("cannot read {flag} from stdin: {e}")))?;
             (text, "stdin".to_owned())
         }
         Some(path) => (
             std::fs::read_to_string(path)
-                .map_err(|e| invalid(format!("cannot read --result file `{path}`: {e}")))?,
+                .map_err(|e| invalid(format!("cannot read {flag} file `{path}`: {e}")))?,
             format!("`{path}`"),
         ),
-        None => (raw.to_owned(), "--result".to_owned()),
+        None => (raw.to_owned(), flag.to_owned()),
     };
-    durable::json::parse_json(text.trim(), &ArgLimits::default()).map_err(|e| {
-        invalid(format!(
-            "{source} is not valid JSON ({e}); e.g. --result '{{\"id\": \"m-1\"}}', or a JSON string: '\"sent\"'"
-        ))
-    })
+    durable::json::parse_json(text.trim(), &ArgLimits::default())
+        .map_err(|e| invalid(format!("{source} is not valid JSON ({e}); e.g. {example}")))
 }
 
 pub async fn resolve(

@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use cli_support::{Run, durable_env, hardening, run, scenarios};
+use cli_support::{Run, approvals, durable_env, hardening, run, scenarios};
 use durable::CheckpointStore;
 use durable::sqlite::SqliteStore;
 
@@ -60,6 +60,18 @@ macro_rules! hardening {
 }
 
 hardening!(hostile_text);
+
+macro_rules! approvals {
+    ($($name:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            let (_dir, db, store) = sqlite().await;
+            approvals::$name(&store, &db).await;
+        }
+    )*};
+}
+
+approvals!(approvals_listing, approve, deny_and_refusals, expire);
 
 #[tokio::test]
 async fn sqlite_urls_are_accepted_in_every_spelling() {
@@ -182,6 +194,7 @@ fn every_command(elsewhere: &Path) -> Vec<Vec<String>> {
         "show s-1",
         "calls s-1",
         "in-doubt",
+        "approvals",
         "prune --older-than 1d --dry-run",
         "retarget s-1 --app-version v2 --dry-run",
         "unpark s-1",
@@ -189,6 +202,10 @@ fn every_command(elsewhere: &Path) -> Vec<Vec<String>> {
         "prune --older-than 1d",
         "retarget s-1 --app-version v2",
         "resolve c-1 --did-not-happen",
+        "approvals --expire",
+        "approve c-1",
+        "approve c-1 --args {}",
+        "deny c-1 --reason no",
     ]
     .iter()
     .map(|line| line.split(' ').map(str::to_owned).collect())
@@ -356,6 +373,10 @@ fn help_lists_commands_and_exit_codes() {
         "calls",
         "in-doubt",
         "resolve",
+        "approvals",
+        "approve",
+        "deny",
+        "durable --db agent.db approvals --expire",
         "fork",
         "export",
         "prune",
@@ -378,6 +399,17 @@ fn help_lists_commands_and_exit_codes() {
         "{}",
         resolve.stdout
     );
+    for (command, needle) in [
+        ("approvals", "--expire"),
+        (
+            "approve",
+            "Values shown masked (`<secret>`, `***`) may be kept as shown",
+        ),
+        ("deny", "--reason <REASON>"),
+    ] {
+        let help: Run = durable_env(&[command, "--help"], &[]).into();
+        assert!(words(help.ok()).contains(needle), "{}", help.stdout);
+    }
     let version: Run = durable_env(&["--version"], &[]).into();
     assert!(version.ok().starts_with("durable "), "{}", version.stdout);
 }

@@ -7,7 +7,7 @@ mod cli_support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cli_support::{hardening, run, scenarios};
+use cli_support::{approvals, hardening, run, scenarios};
 use durable::CheckpointStore;
 use durable_postgres::testing::test_database;
 
@@ -41,6 +41,18 @@ scenario!(
     retarget,
     unknown_things,
 );
+
+macro_rules! approvals {
+    ($($name:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            let (db, store) = postgres().await;
+            approvals::$name(&store, &db).await;
+        }
+    )*};
+}
+
+approvals!(approvals_listing, approve, deny_and_refusals, expire);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_text() {

@@ -4,6 +4,7 @@
 
 #![allow(dead_code)] // each test file uses its own subset
 
+pub mod approvals;
 pub mod hardening;
 pub mod scenarios;
 
