@@ -217,6 +217,18 @@ pub mod integrity {
     pub use durable_core::verify::{SessionCheck, verify_sessions};
 }
 
+pub mod approval {
+    //! Approvals at run time: a person decides on a call before it runs (see
+    //! [`Durable::approve`](crate::Durable::approve)): building a request for
+    //! [`DurableBuilder::approval_policy`](crate::DurableBuilder::approval_policy), and the
+    //! check an operator's edited arguments go through.
+
+    pub use durable_core::approval::{
+        ApprovalHook, ApprovalPolicy, MAX_REASONING_BYTES, RequestExt, check_edited_args, request,
+        tool_rule,
+    };
+}
+
 pub use durable_core::replay_check;
 pub use durable_core::secret;
 
