@@ -38,6 +38,7 @@
 
 mod approvals;
 mod auth;
+mod edit;
 mod error;
 mod format;
 mod inbox;

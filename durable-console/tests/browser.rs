@@ -547,6 +547,32 @@ async fn an_operator_resolves_a_call_in_the_browser() {
             .status,
         SessionStatus::Completed
     );
+    // Its timeline: the call's approval, and the log (requested, approved, issued).
+    client
+        .goto(&format!("{base}/sessions/refund-o-17"))
+        .await
+        .expect("goto");
+    let detail = text(&client, "tr.approval-detail").await;
+    assert!(
+        detail.contains("requested by policy: every refund needs a person")
+            && detail.contains(&format!("approved by {OPERATOR}")),
+        "{detail}"
+    );
+    let log: Vec<String> = {
+        let mut rows = Vec::new();
+        for row in client
+            .find_all(Locator::Css("tr.approval"))
+            .await
+            .expect("find_all")
+        {
+            rows.push(row.text().await.expect("text"));
+        }
+        rows
+    };
+    assert_eq!(log.len(), 3, "{log:?}");
+    for (row, event) in log.iter().zip(["requested", "approved", "issued"]) {
+        assert!(row.contains(event), "{row} is not {event}: {log:?}");
+    }
 
     // Logging out: the pages lead to the login form again.
     client
