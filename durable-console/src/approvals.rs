@@ -152,7 +152,7 @@ fn card(state: &AppState, viewer: &Viewer, pending: &PendingApproval, now: i64) 
                         p.muted { "The call never runs; the model reads your reason as the tool's result." }
                         (csrf_field(viewer))
                         input type="hidden" name="decision" value="deny";
-                        label { "Reason (the model reads it)" textarea name="reason" rows="2" {} }
+                        label { "Reason (the model reads it)" textarea name="reason" rows="2" required {} }
                         label { "Note" input type="text" name="note"; }
                         label { "By" input type="text" name="by" value=(state.operator); }
                         button.danger type="submit" disabled[disabled] { "Review: deny…" }
@@ -443,6 +443,9 @@ pub(crate) async fn confirm(
                 Choice::Deny { .. } | Choice::Expire => {
                     p #denial { "The model will read: " code { (visible(&denial_text(&checked), 2000)) } }
                 }
+            }
+            @if let Choice::Expire = &checked.choice {
+                p.muted { "Expiring sweeps the session: any other request of session " code { (visible(checked.call.identity.session.as_str(), 200)) } " past its deadline is expired with it." }
             }
             @if let Some(note) = &checked.note { p { "Note: " em { (visible(note, 1000)) } } }
             p.muted { "The store seals the decision like every row it writes, with who, when and why, in the session's approval log; it cannot be undone from the console." }
