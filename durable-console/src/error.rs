@@ -45,13 +45,16 @@ fn store_status(e: &StoreError) -> StatusCode {
         | StoreError::NotParked { .. }
         | StoreError::VersionConflict { .. }
         | StoreError::CallNotInDoubt { .. }
+        | StoreError::NotAwaitingApproval { .. }
+        | StoreError::ApprovalExpired { .. }
+        | StoreError::ApprovalNotExpired { .. }
         | StoreError::IdempotencyConflict { .. }
         | StoreError::StepClosed { .. }
         | StoreError::AppVersionMismatch { .. }
         | StoreError::NotDurable { .. } => StatusCode::CONFLICT,
-        StoreError::InvalidId { .. } | StoreError::InvalidText { .. } => {
-            StatusCode::UNPROCESSABLE_ENTITY
-        }
+        StoreError::InvalidId { .. }
+        | StoreError::InvalidText { .. }
+        | StoreError::EmptyDenialReason { .. } => StatusCode::UNPROCESSABLE_ENTITY,
         StoreError::ReadOnly { .. } | StoreError::KeyMissing { .. } => StatusCode::FORBIDDEN,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
@@ -67,6 +70,9 @@ impl From<DurableError> for PageError {
     fn from(e: DurableError) -> Self {
         match e {
             DurableError::Store(e) => e.into(),
+            e @ DurableError::InvalidEdit { .. } => {
+                PageError::new(StatusCode::UNPROCESSABLE_ENTITY, e.to_string())
+            }
             other => PageError::new(StatusCode::CONFLICT, other.to_string()),
         }
     }
@@ -79,7 +85,7 @@ impl IntoResponse for PageError {
             section.problem-page {
                 h1 { (self.status.as_u16()) " " (title) }
                 p.problem { (self.message) }
-                p { a href="/" { "Sessions" } " · " a href="/in-doubt" { "In doubt" } }
+                p { a href="/" { "Sessions" } " · " a href="/in-doubt" { "In doubt" } " · " a href="/approvals" { "Approvals" } }
             }
         };
         (self.status, layout::bare(title, body)).into_response()

@@ -132,6 +132,23 @@ pub(crate) fn pretty(value: &Value, max: usize) -> String {
     visible(&text, max)
 }
 
+/// Pretty JSON of the masked value for a form to edit: complete (never cut), with the
+/// characters [`visible`] shows escaped written as JSON `\uXXXX` escapes, so the text
+/// parses back to the same value.
+pub(crate) fn editable(value: &Value) -> String {
+    let masked = mask(value);
+    let text = serde_json::to_string_pretty(&masked).unwrap_or_else(|_| masked.to_string());
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if unsafe_char(c) {
+            out.push_str(&format!("\\u{:04x}", u32::from(c)));
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// A duration in ms since the epoch for `30d`, `12h`, `90m` (humantime's grammar).
 pub(crate) fn parse_duration(text: &str) -> Result<i64, String> {
     humantime::parse_duration(text.trim())
@@ -154,5 +171,13 @@ mod tests {
         assert_eq!(visible("abcdef", 3), "abc…");
         assert_eq!(parse_duration("2h"), Ok(7_200_000));
         assert!(parse_duration("soon").is_err());
+        let tricky = serde_json::json!({"a": "x\u{202e}y", "s": {"$secret": "k"}});
+        let text = editable(&tricky);
+        assert!(!text.contains('\u{202e}'), "{text}");
+        let back: Value = serde_json::from_str(&text).expect("parses");
+        assert_eq!(
+            back,
+            serde_json::json!({"a": "x\u{202e}y", "s": "<secret>"})
+        );
     }
 }

@@ -5,7 +5,7 @@
 //! [`Durable::resolve`], as `durable resolve` does. The same checks and refusals as the
 //! CLI's run before both.
 //!
-//! Pending approvals get an inbox of their own here once the store has them.
+//! Calls awaiting approval have an inbox of their own: [`crate::approvals`].
 
 use std::sync::Arc;
 
@@ -66,13 +66,7 @@ pub(crate) async fn page(
             (call_card(&state, &viewer, call, now))
         }
     };
-    Ok(layout::page(
-        &state,
-        &viewer,
-        Nav::InDoubt,
-        "In doubt",
-        body,
-    ))
+    Ok(layout::page(&state, &viewer, Nav::InDoubt, "In doubt", body).await)
 }
 
 fn call_card(state: &AppState, viewer: &Viewer, call: &CallRecord, now: i64) -> Markup {
@@ -268,7 +262,7 @@ pub(crate) async fn confirm(
             }
         }
     };
-    Ok(layout::page(&state, &viewer, Nav::InDoubt, "Confirm", body))
+    Ok(layout::page(&state, &viewer, Nav::InDoubt, "Confirm", body).await)
 }
 
 /// `POST /in-doubt/{call}/resolve`: records the decision.
@@ -298,11 +292,5 @@ pub(crate) async fn resolve(
             a href=(session_href(&checked.call.identity.session)) { "Open the session" }
         }
     };
-    Ok(layout::page(
-        &state,
-        &viewer,
-        Nav::InDoubt,
-        "Resolved",
-        body,
-    ))
+    Ok(layout::page(&state, &viewer, Nav::InDoubt, "Resolved", body).await)
 }

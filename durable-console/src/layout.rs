@@ -92,6 +92,18 @@ section.login, section.problem-page { max-width: 460px; margin: 80px auto; backg
   border: 1px solid var(--line); border-radius: 8px; padding: 24px 28px; }
 section.login form { display: flex; flex-direction: column; gap: 8px; }
 .versions a { margin-right: 6px; }
+header.top nav .badge { display: inline-block; min-width: 18px; padding: 0 6px; border-radius: 9px;
+  background: #f3c98b; color: #1d2330; font-size: 11px; font-weight: 700; text-align: center; }
+.pill.requested, .pill.awaiting_approval { background: var(--warn-bg); color: var(--warn); }
+.pill.approved { background: var(--ok-bg); color: var(--ok); }
+.pill.denied, .pill.expired { background: var(--bad-bg); color: var(--bad); }
+.decisions.three { grid-template-columns: 1fr 1.4fr 1fr; }
+.reasoning { white-space: pre-wrap; word-break: break-word; background: #fafbfc;
+  border-left: 3px solid var(--line); padding: 4px 10px; margin: 0; }
+table.diff td { font-family: ui-monospace, Menlo, Consolas, monospace; font-size: 12.5px; }
+td.before { background: var(--bad-bg); } td.after { background: var(--ok-bg); }
+tr.approval td { background: #fbf8ee; }
+tr.approval-detail td { background: #fdfbf4; font-size: 13px; }
 .versions a.on { font-weight: 700; text-decoration: none; color: var(--fg); }
 "#;
 
@@ -100,6 +112,28 @@ section.login form { display: flex; flex-direction: column; gap: 8px; }
 pub(crate) enum Nav {
     Sessions,
     InDoubt,
+    Approvals,
+}
+
+/// The counts the navigation shows: calls in doubt, calls awaiting approval (`None`
+/// when the store could not say).
+async fn counts(state: &AppState) -> (Option<usize>, Option<usize>) {
+    let store = state.store.as_ref();
+    let doubt = store.in_doubt(None).await.ok().map(|calls| {
+        calls
+            .iter()
+            .filter(|c| c.status == durable::store::CallStatus::Issued)
+            .count()
+    });
+    let pending = store.pending_approvals(None).await.ok().map(|p| p.len());
+    (doubt, pending)
+}
+
+/// ` (3)` after a navigation link, when there is something to decide.
+fn badge(count: Option<usize>) -> Markup {
+    html! {
+        @if let Some(n) = count.filter(|n| *n > 0) { " " span.badge { (n) } }
+    }
 }
 
 fn head(title: &str) -> Markup {
@@ -125,8 +159,9 @@ pub(crate) fn bare(title: &str, body: Markup) -> Markup {
     }
 }
 
-/// A page of the console: navigation, the read-only notice when it applies, `body`.
-pub(crate) fn page(
+/// A page of the console: navigation (with the counts of calls in doubt and awaiting
+/// approval), the read-only notice when it applies, `body`.
+pub(crate) async fn page(
     state: &AppState,
     viewer: &Viewer,
     nav: Nav,
@@ -134,6 +169,7 @@ pub(crate) fn page(
     body: Markup,
 ) -> Markup {
     let tab = |which: Nav| if which == nav { "on" } else { "" };
+    let (doubt, pending) = counts(state).await;
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -143,7 +179,8 @@ pub(crate) fn page(
                     span.brand { "durable console" }
                     nav {
                         a href="/" class=(tab(Nav::Sessions)) { "Sessions" }
-                        a href="/in-doubt" class=(tab(Nav::InDoubt)) { "In doubt" }
+                        a href="/in-doubt" class=(tab(Nav::InDoubt)) { "In doubt" (badge(doubt)) }
+                        a href="/approvals" class=(tab(Nav::Approvals)) { "Approvals" (badge(pending)) }
                     }
                     form method="post" action="/logout" {
                         input type="hidden" name="csrf" value=(viewer.csrf);

@@ -1,6 +1,7 @@
 //! The operator console of [`durable`](https://docs.rs/durable): the sessions of a store,
-//! each session's timeline (journal rows, checkpoints and resolutions beside its
-//! transcript) and the inbox of calls in doubt, in the browser.
+//! each session's timeline (journal rows, checkpoints, resolutions and approvals beside
+//! its transcript), the inbox of calls in doubt and the inbox of calls awaiting approval,
+//! in the browser.
 //!
 //! Run it with `durable serve --db agent.db`, or mount [`router`] in a program of your own:
 //!
@@ -35,7 +36,9 @@
 //! - A store the console could only open read-only ([`ConsoleOptions::read_only`]) is
 //!   served read-only: every form says so and every change is refused.
 
+mod approvals;
 mod auth;
+mod edit;
 mod error;
 mod format;
 mod inbox;
@@ -148,7 +151,8 @@ struct AppState {
 }
 
 /// The console's routes over `store`: `/` (sessions), `/sessions/{id}` (timeline,
-/// `?version=N`), `/in-doubt` (the inbox), their forms, and `/login`. Every route but
+/// `?version=N`), `/in-doubt` (the calls in doubt), `/approvals` (the calls awaiting
+/// approval), their forms, and `/login`. Every route but
 /// `/login` requires the token.
 pub fn router(store: Arc<dyn CheckpointStore>, options: ConsoleOptions) -> Router {
     let state = AppState {
@@ -164,6 +168,9 @@ pub fn router(store: Arc<dyn CheckpointStore>, options: ConsoleOptions) -> Route
         .route("/in-doubt", get(inbox::page))
         .route("/in-doubt/{call}/confirm", post(inbox::confirm))
         .route("/in-doubt/{call}/resolve", post(inbox::resolve))
+        .route("/approvals", get(approvals::page))
+        .route("/approvals/{call}/confirm", post(approvals::confirm))
+        .route("/approvals/{call}/decide", post(approvals::decide))
         .route("/logout", post(auth::logout))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),

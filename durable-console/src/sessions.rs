@@ -1,4 +1,5 @@
-//! `/`: the sessions, filtered by status, app version and age, with their calls in doubt.
+//! `/`: the sessions, filtered by status, app version and age, with their calls in doubt
+//! and their calls awaiting approval.
 
 use std::collections::HashMap;
 
@@ -81,6 +82,10 @@ pub(crate) async fn page(
     for call in store.in_doubt(None).await? {
         *doubt.entry(call.identity.session).or_default() += 1;
     }
+    let mut pending: HashMap<SessionId, usize> = HashMap::new();
+    for p in crate::approvals::runtime(&state).approvals(None).await? {
+        *pending.entry(p.call.identity.session).or_default() += 1;
+    }
 
     let body = html! {
         h1 { "Sessions" }
@@ -116,6 +121,7 @@ pub(crate) async fn page(
                 tbody {
                     @for s in &listed {
                         @let in_doubt = doubt.get(&s.id).copied().unwrap_or(0);
+                        @let awaiting = pending.get(&s.id).copied().unwrap_or(0);
                         tr {
                             td { a.mono href=(session_href(&s.id)) { (visible(s.id.as_str(), 64)) } }
                             td {
@@ -141,8 +147,11 @@ pub(crate) async fn page(
                                     a.count href=(format!("/in-doubt?session={}", encode(s.id.as_str()))) { (in_doubt) }
                                 } @else { span.muted { "0" } }
                             }
-                            // Pending approvals: none until the store has them.
-                            td.num { span.muted { "—" } }
+                            td.num.approvals {
+                                @if awaiting > 0 {
+                                    a.count href=(format!("/approvals?session={}", encode(s.id.as_str()))) { (awaiting) }
+                                } @else { span.muted { "0" } }
+                            }
                         }
                     }
                 }
@@ -152,13 +161,7 @@ pub(crate) async fn page(
             }
         }
     };
-    Ok(layout::page(
-        &state,
-        &viewer,
-        Nav::Sessions,
-        "Sessions",
-        body,
-    ))
+    Ok(layout::page(&state, &viewer, Nav::Sessions, "Sessions", body).await)
 }
 
 /// The timeline's address for a session.

@@ -1,10 +1,14 @@
-//! `/sessions/{id}`: a session's journal rows, checkpoints and resolutions in order, with
-//! the transcript of one checkpoint beside them; and the fork form.
+//! `/sessions/{id}`: a session's journal rows (with their approvals), checkpoints,
+//! resolutions and approval log in order, with the transcript of one checkpoint beside
+//! them; and the fork form.
 
 use std::time::Duration;
 
 use axum::extract::{Path, Query, State};
-use durable::store::{CallKind, CallRecord, CheckpointMeta, Resolution, ResolutionRecord};
+use durable::store::{
+    Approval, ApprovalDecision, ApprovalRecord, CallKind, CallRecord, CheckpointMeta, Resolution,
+    ResolutionRecord,
+};
 use durable::{Block, Message, Plan, SessionId, StoreError};
 use maud::{Markup, html};
 use serde::Deserialize;
@@ -40,6 +44,8 @@ enum Event<'a> {
     },
     Call(&'a CallRecord),
     Resolution(&'a ResolutionRecord),
+    /// An entry of the session's approval log.
+    Approval(&'a ApprovalRecord),
 }
 
 impl Event<'_> {
@@ -48,6 +54,7 @@ impl Event<'_> {
             Event::Checkpoint { meta, .. } => meta.created_at,
             Event::Call(c) => c.issued_at,
             Event::Resolution(r) => r.at,
+            Event::Approval(a) => a.at,
         }
     }
 }
@@ -74,6 +81,11 @@ pub(crate) async fn page(
         .map(|c| c.id)
         .collect();
     let resolutions = store.resolutions(&id).await?;
+    let approval_log = store.approvals(&id).await?;
+    let awaiting = calls
+        .iter()
+        .filter(|c| c.status == durable::store::CallStatus::Requested)
+        .count();
 
     // Checkpoint v(n) opens step n: each checkpoint, then the rows of its step, then the
     // resolutions where they happened in time.
@@ -120,6 +132,15 @@ pub(crate) async fn page(
             .map_or(0, |i| i + 1);
         events.insert(at, Event::Resolution(r));
     }
+    // The approval log after the row it is about (a request is logged with its row), else
+    // where it happened in time; the log's own order is kept.
+    for entry in &approval_log {
+        let at = events
+            .iter()
+            .rposition(|e| e.at() <= entry.at)
+            .map_or(0, |i| i + 1);
+        events.insert(at, Event::Approval(entry));
+    }
 
     let plan = serde_json::from_value::<Plan>(checkpoint.plan.clone()).ok();
     let messages: Vec<Value> = checkpoint
@@ -155,6 +176,12 @@ pub(crate) async fn page(
                 dd {
                     @if in_doubt.is_empty() { "none" } @else {
                         a.count href="/in-doubt" { (in_doubt.len()) " call" @if in_doubt.len() != 1 { "s" } } " — decide in the inbox"
+                    }
+                }
+                dt { "Awaiting approval" }
+                dd {
+                    @if awaiting == 0 { "none" } @else {
+                        a.count href=(format!("/approvals?session={}", crate::sessions::encode(id.as_str()))) { (awaiting) " call" @if awaiting != 1 { "s" } } " — decide in the approvals inbox"
                     }
                 }
                 @if !session.metadata.is_null() {
@@ -205,7 +232,7 @@ pub(crate) async fn page(
             }
         }
     };
-    Ok(layout::page(&state, &viewer, Nav::Sessions, &title, body))
+    Ok(layout::page(&state, &viewer, Nav::Sessions, &title, body).await)
 }
 
 fn event_row(
@@ -255,8 +282,24 @@ fn event_row(
                     }
                     td { (result_size(c)) }
                 }
+                @if let Some(approval) = &c.approval { (approval_row(approval, now)) }
             }
         }
+        Event::Approval(a) => html! {
+            tr.approval data-call=(a.call.as_str()) {
+                td title=(time(a.at)) { (age(a.at, now)) }
+                td { "approval #" (a.position) }
+                td.mono { (visible(a.call.as_str(), 64)) }
+                td colspan="5" {
+                    span class=(format!("pill {}", a.event.as_str())) { (a.event.as_str()) }
+                    " · by " (visible(&a.by, 64))
+                    @if let Some(note) = &a.note { " · " em { (visible(note, 300)) } }
+                    @if let Some(after) = &a.args_after {
+                        " · edited " code.args { (compact(a.args_before.as_ref().unwrap_or(&Value::Null), ARGS)) } " → " code.args { (compact(after, ARGS)) }
+                    }
+                }
+            }
+        },
         Event::Resolution(r) => html! {
             tr.resolution {
                 td title=(time(r.at)) { (age(r.at, now)) }
@@ -272,6 +315,44 @@ fn event_row(
                 }
             }
         },
+    }
+}
+
+/// The approval a journal row holds: the request and, once taken, the decision.
+fn approval_row(approval: &Approval, now: i64) -> Markup {
+    html! {
+        tr.approval-detail {
+            td {}
+            td.muted { "approval" }
+            td colspan="6" {
+                "requested by " (visible(&approval.asked_by, 100)) " " span title=(time(approval.requested_at)) { (age(approval.requested_at, now)) }
+                " · deadline "
+                @match approval.deadline {
+                    Some(at) => { span title=(time(at)) { (time(at)) " (" (age(at, now)) ")" } }
+                    None => { "none" }
+                }
+                @if let Some(reasoning) = &approval.reasoning {
+                    div { span.muted { "reasoning: " } span.reasoning-text { (visible(reasoning, 2000)) } }
+                }
+                div {
+                    @match &approval.decision {
+                        None => { span.pill.requested { "awaiting a decision" } " " a href="/approvals" { "decide" } }
+                        Some(d) => {
+                            @let event = match d.decision {
+                                ApprovalDecision::Approve { .. } => "approved",
+                                ApprovalDecision::Deny { .. } => "denied",
+                                ApprovalDecision::Expire => "expired",
+                            };
+                            span class=(format!("pill {event}")) { (event) }
+                            " by " (visible(&d.by, 64)) " at " (time(d.at))
+                            @if let Some(note) = &d.note { " · " em { (visible(note, 300)) } }
+                            @if let ApprovalDecision::Deny { reason } = &d.decision { " · reason: " em { (visible(reason, 300)) } }
+                            @if let Some(edited) = approval.edited_args() { " · edited arguments " code.args { (compact(edited, ARGS)) } }
+                        }
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -377,5 +458,5 @@ pub(crate) async fn fork(
         }
         p { a href=(session_href(&to)) { "Open the new session" } " · " a href=(session_href(&from)) { "Back" } }
     };
-    Ok(layout::page(&state, &viewer, Nav::Sessions, "Forked", body))
+    Ok(layout::page(&state, &viewer, Nav::Sessions, "Forked", body).await)
 }

@@ -5,15 +5,20 @@
 //!
 //! One browser session for the whole file (chromium's start-up is the slow part).
 //! `DURABLE_SCREENSHOTS=1` writes the pages shown in the README to `docs/console/`.
+//!
+//! The approvals part runs a real agent process, the `approval_agent` example (built by
+//! cargo into this test's target directory), against the same store file: once to park
+//! its refund awaiting approval, and again after the operator approved it in the browser.
 
 mod support;
 
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use durable::SessionId;
 use durable::store::{CallStatus, Resolution, SessionStatus};
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::json;
@@ -159,9 +164,84 @@ async fn at(client: &Client, expected: &str) {
     }
 }
 
+/// The `approval_agent` example, built by cargo into the target directory this test
+/// binary runs from (with its profile), so that it runs the code under test.
+fn agent_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("current exe");
+    // target/<profile>/deps/browser-… → target/<profile>
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("the test binary is in target/<profile>/deps");
+    let target_dir = profile_dir.parent().expect("target/");
+    let mut build = Command::new(env!("CARGO"));
+    build
+        .args([
+            "build",
+            "--quiet",
+            "-p",
+            "durable-console",
+            "--example",
+            "approval_agent",
+        ])
+        .arg("--target-dir")
+        .arg(target_dir);
+    match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") | None => {}
+        Some(profile) => {
+            build.args(["--profile", profile]);
+        }
+    }
+    let status = build.status().expect("run cargo");
+    assert!(
+        status.success(),
+        "cargo build --example approval_agent failed"
+    );
+    profile_dir.join("examples").join("approval_agent")
+}
+
+/// Runs the agent process once over the store file `db`; the line it printed.
+fn run_agent_process(binary: &Path, db: &Path, ledger: &Path) -> String {
+    let out = Command::new(binary)
+        .arg(db)
+        .arg(ledger)
+        .output()
+        .expect("run approval_agent");
+    let stdout = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert!(
+        out.status.success(),
+        "approval_agent failed: {stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    stdout
+}
+
+fn ledger_lines(ledger: &Path) -> usize {
+    std::fs::read_to_string(ledger)
+        .map(|t| t.lines().count())
+        .unwrap_or(0)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_resolves_a_call_in_the_browser() {
     let s = scenario().await;
+    // An agent process parks its refund awaiting approval, and exits.
+    let agent = agent_binary();
+    let ledger = s.dir.path().join("ledger.txt");
+    assert_eq!(
+        run_agent_process(&agent, &s.path, &ledger),
+        "awaiting approval"
+    );
+    assert_eq!(ledger_lines(&ledger), 0, "nothing ran");
+    let refund_session = SessionId::new("refund-o-17");
+    let requested = s
+        .store
+        .calls(&refund_session, None)
+        .await
+        .expect("calls")
+        .into_iter()
+        .find(|c| c.status == CallStatus::Requested)
+        .expect("a call awaiting approval");
     let addr = serve(&s.store, options()).await;
     let base = format!("http://{addr}");
     let driver = Driver::start();
@@ -395,6 +475,104 @@ async fn an_operator_resolves_a_call_in_the_browser() {
         "the transcript masks it too"
     );
     screenshot(&client, "timeline").await;
+
+    // The approvals inbox: the agent's refund, with who asked and the model's reasoning.
+    client
+        .goto(&format!("{base}/approvals"))
+        .await
+        .expect("goto");
+    let card = format!(".card.approval[data-call='{}']", requested.id);
+    let shown = text(&client, &card).await;
+    for needle in [
+        "issue_refund",
+        "refund-o-17",
+        "policy: every refund needs a person",
+        "The customer sent a photo of the broken item",
+    ] {
+        assert!(shown.contains(needle), "missing {needle:?}: {shown}");
+    }
+    screenshot(&client, "approvals").await;
+    // Approve: the confirmation says what will run, and decides nothing yet.
+    client
+        .find(Locator::Css(&format!("{card} form.approve button")))
+        .await
+        .expect("approve")
+        .click()
+        .await
+        .expect("click");
+    let consequence = text(&client, "#consequence").await;
+    assert_eq!(
+        consequence,
+        format!(
+            "Approve call `{}` (`issue_refund` in session `refund-o-17`) as requested, by {OPERATOR}: the next resume runs `issue_refund` once with these arguments.",
+            requested.id
+        )
+    );
+    assert!(text(&client, "#args").await.contains("\"amount\": 1200"));
+    assert_eq!(
+        s.store.call(&requested.id).await.expect("call").status,
+        CallStatus::Requested
+    );
+    screenshot(&client, "approval-confirm").await;
+    client
+        .find(Locator::Css("#confirm button"))
+        .await
+        .expect("confirm")
+        .click()
+        .await
+        .expect("click");
+    let outcome = text(&client, "#outcome").await;
+    assert!(outcome.starts_with("approved call"), "{outcome}");
+    assert!(
+        text(&client, "#next").await.contains("it is active again"),
+        "the session is no longer parked"
+    );
+    assert_eq!(
+        s.store.call(&requested.id).await.expect("call").status,
+        CallStatus::Approved
+    );
+
+    // A second agent process resumes the session: the refund runs exactly once.
+    let second = run_agent_process(&agent, &s.path, &ledger);
+    assert!(second.starts_with("completed:"), "{second}");
+    assert_eq!(ledger_lines(&ledger), 1, "the refund ran once");
+    let third = run_agent_process(&agent, &s.path, &ledger);
+    assert!(third.starts_with("nothing to do:"), "{third}");
+    assert_eq!(ledger_lines(&ledger), 1, "and never again");
+    assert_eq!(
+        s.store
+            .session(&refund_session)
+            .await
+            .expect("session")
+            .status,
+        SessionStatus::Completed
+    );
+    // Its timeline: the call's approval, and the log (requested, approved, issued).
+    client
+        .goto(&format!("{base}/sessions/refund-o-17"))
+        .await
+        .expect("goto");
+    let detail = text(&client, "tr.approval-detail").await;
+    assert!(
+        detail.contains("requested by policy: every refund needs a person")
+            && detail.contains(&format!("approved by {OPERATOR}")),
+        "{detail}"
+    );
+    let log: Vec<String> = {
+        let mut rows = Vec::new();
+        for row in client
+            .find_all(Locator::Css("tr.approval"))
+            .await
+            .expect("find_all")
+        {
+            rows.push(row.text().await.expect("text"));
+        }
+        rows
+    };
+    assert_eq!(log.len(), 3, "{log:?}");
+    for (row, event) in log.iter().zip(["requested", "approved", "issued"]) {
+        assert!(row.contains(event), "{row} is not {event}: {log:?}");
+    }
 
     // Logging out: the pages lead to the login form again.
     client

@@ -1,6 +1,6 @@
 //! The console over plain HTTP (no browser): the token, the login cookie, CSRF, the
-//! confirmation step, escaping, masking and the read-only mode, against a real SQLite
-//! store file.
+//! confirmation step, escaping, masking and the read-only mode, the approvals inbox,
+//! against a real SQLite store file.
 
 mod support;
 
@@ -9,8 +9,9 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{HeaderMap, Method, Request, StatusCode, header};
-use durable::store::CallStatus;
-use support::{OPERATOR, SCRIPT, TOKEN, options, scenario};
+use durable::store::{ApprovalEvent, CallStatus, SessionStatus};
+use serde_json::json;
+use support::{OPERATOR, SCRIPT, TOKEN, awaiting_approval, options, scenario};
 use tower::ServiceExt as _;
 
 struct Reply {
@@ -455,4 +456,403 @@ fn pre_escaped_only_in_the_layout() {
         let layout = path.file_name().is_some_and(|n| n == "layout.rs");
         assert!(!named || layout, "{} uses PreEscaped", path.display());
     }
+}
+
+/// The card number a refund is requested with: journaled masked, never shown.
+const CARD: &str = "4242424242424242";
+
+fn refund_args(amount: i64) -> serde_json::Value {
+    json!({"amount": amount, "card": CARD})
+}
+
+/// The body of `GET path` with a cookie.
+async fn page_of(app: &Router, cookie: &str, path: &str) -> Reply {
+    send(
+        app,
+        get(path)
+            .header(header::COOKIE, cookie)
+            .body(Body::empty())
+            .expect("request"),
+    )
+    .await
+}
+
+#[tokio::test]
+async fn the_approvals_inbox_lists_pending_calls_escaped_and_masked() {
+    let s = scenario().await;
+    let reasoning = format!("The customer is owed this. {SCRIPT}");
+    let call = awaiting_approval(&s.store, "s-approve", refund_args(1200), &reasoning, None).await;
+    let app = durable_console::router(Arc::clone(&s.store), options());
+
+    let inbox = send(&app, bearer("/approvals")).await;
+    assert_eq!(inbox.status, StatusCode::OK, "{}", inbox.body);
+    let body = &inbox.body;
+    for needle in [
+        call.id.as_str(),
+        "issue_refund",
+        "href=\"/sessions/s-approve\"",
+        "policy: refunds need a person",
+        "The customer is owed this. &lt;script&gt;alert(1)&lt;/script&gt;",
+        "&quot;card&quot;: &quot;&lt;secret&gt;&quot;",
+        "Review: approve…",
+        "Review: edit and approve…",
+        "Review: deny…",
+        "Approvals <span class=\"badge\">1</span>",
+    ] {
+        assert!(body.contains(needle), "missing {needle:?}:\n{body}");
+    }
+    assert!(!body.contains("<script"), "{body}");
+    assert!(!body.contains(CARD), "the card number is shown");
+
+    // The sessions page counts it, and the status filter finds the parked session.
+    let sessions = send(&app, bearer("/")).await.body;
+    assert!(
+        sessions.contains("href=\"/approvals?session=s-approve\">1</a>"),
+        "{sessions}"
+    );
+    let filtered = send(&app, bearer("/?status=awaiting_approval")).await.body;
+    assert!(
+        filtered.contains("s-approve") && !filtered.contains("s-done"),
+        "{filtered}"
+    );
+    let one = send(&app, bearer("/approvals?session=s-done")).await.body;
+    assert!(one.contains("No calls await approval."), "{one}");
+
+    // The timeline shows the request and the approval log.
+    let timeline = send(&app, bearer("/sessions/s-approve")).await.body;
+    for needle in [
+        "requested by policy: refunds need a person",
+        "awaiting a decision",
+        "approval #1",
+        "The customer is owed this. &lt;script&gt;",
+    ] {
+        assert!(timeline.contains(needle), "missing {needle:?}:\n{timeline}");
+    }
+    assert!(
+        !timeline.contains("<script") && !timeline.contains(CARD),
+        "{timeline}"
+    );
+}
+
+#[tokio::test]
+async fn approve_edit_and_deny_through_the_forms() {
+    let s = scenario().await;
+    let approve = awaiting_approval(&s.store, "s-a", refund_args(1200), "ok", None).await;
+    let edit = awaiting_approval(&s.store, "s-e", refund_args(1200), "ok", None).await;
+    let deny = awaiting_approval(&s.store, "s-d", refund_args(90_000), "ok", None).await;
+    let app = durable_console::router(Arc::clone(&s.store), options());
+    let cookie = login(&app).await;
+    let csrf = csrf_of(&app, &cookie, "/approvals").await;
+    let status = |id: durable::CallId| {
+        let store = Arc::clone(&s.store);
+        async move { store.call(&id).await.expect("call").status }
+    };
+
+    // Without the CSRF token: refused, nothing decided.
+    let decide = format!("/approvals/{}/decide", approve.id);
+    let bare = [("decision", "approve"), ("by", OPERATOR)];
+    let reply = send(&app, post(&decide, Some(&cookie), &bare)).await;
+    assert_eq!(reply.status, StatusCode::FORBIDDEN, "{}", reply.body);
+    assert_eq!(status(approve.id.clone()).await, CallStatus::Requested);
+
+    // Approve: the confirmation says what it does, and decides nothing.
+    let form = [("decision", "approve"), ("by", OPERATOR), ("csrf", &csrf)];
+    let confirm = format!("/approvals/{}/confirm", approve.id);
+    let reply = send(&app, post(&confirm, Some(&cookie), &form)).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert!(
+        reply.body.contains(&format!(
+            "Approve call `{}` (`issue_refund` in session `s-a`) as requested, by {OPERATOR}: the next resume runs `issue_refund` once with these arguments",
+            approve.id
+        )),
+        "{}",
+        reply.body
+    );
+    assert_eq!(status(approve.id.clone()).await, CallStatus::Requested);
+    let reply = send(&app, post(&decide, Some(&cookie), &form)).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert!(reply.body.contains("approved call"), "{}", reply.body);
+    assert!(reply.body.contains("it is active again"), "{}", reply.body);
+    assert_eq!(status(approve.id.clone()).await, CallStatus::Approved);
+    let session = s
+        .store
+        .session(&approve.identity.session)
+        .await
+        .expect("session");
+    assert_eq!(session.status, SessionStatus::Active);
+    // Deciding it again: refused, naming the status and who decided.
+    let again = send(&app, post(&decide, Some(&cookie), &form)).await;
+    assert_eq!(again.status, StatusCode::CONFLICT);
+    assert!(
+        again.body.contains(
+            "is not awaiting approval (status `approved`): it was already approved by console-op"
+        ),
+        "{}",
+        again.body
+    );
+
+    // Edit: an invalid edit shows the problem's path and decides nothing.
+    let confirm = format!("/approvals/{}/confirm", edit.id);
+    let decide = format!("/approvals/{}/decide", edit.id);
+    let invalid = r#"{"amount": "fifty", "card": "<secret>"}"#;
+    let form = [
+        ("decision", "edit"),
+        ("args", invalid),
+        ("by", OPERATOR),
+        ("csrf", &csrf),
+    ];
+    for path in [&confirm, &decide] {
+        let reply = send(&app, post(path, Some(&cookie), &form)).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{}",
+            reply.body
+        );
+        assert!(reply.body.contains("refused at $.amount"), "{}", reply.body);
+        assert!(reply.body.contains("nothing was decided"), "{}", reply.body);
+    }
+    // A secret cannot be changed either.
+    let planted = r#"{"amount": 5, "card": "1111"}"#;
+    let form = [
+        ("decision", "edit"),
+        ("args", planted),
+        ("by", OPERATOR),
+        ("csrf", &csrf),
+    ];
+    let reply = send(&app, post(&confirm, Some(&cookie), &form)).await;
+    assert_eq!(
+        reply.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{}",
+        reply.body
+    );
+    assert!(reply.body.contains("refused at $.card"), "{}", reply.body);
+    assert_eq!(status(edit.id.clone()).await, CallStatus::Requested);
+    // A valid edit: the confirmation shows the change, the decision records it.
+    let valid = "{\n  \"amount\": 500,\n  \"card\": \"<secret>\"\n}";
+    let form = [
+        ("decision", "edit"),
+        ("args", valid),
+        ("note", "half now"),
+        ("by", OPERATOR),
+        ("csrf", &csrf),
+    ];
+    let reply = send(&app, post(&confirm, Some(&cookie), &form)).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    for needle in [
+        "with edited arguments, by console-op: the next resume runs `issue_refund` once with the edited arguments",
+        "<td>$.amount</td><td class=\"before\">1200</td><td class=\"after\">500</td>",
+    ] {
+        assert!(
+            reply.body.contains(needle),
+            "missing {needle:?}:\n{}",
+            reply.body
+        );
+    }
+    assert!(!reply.body.contains(CARD), "{}", reply.body);
+    assert_eq!(status(edit.id.clone()).await, CallStatus::Requested);
+    let reply = send(&app, post(&decide, Some(&cookie), &form)).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let row = s.store.call(&edit.id).await.expect("call");
+    assert_eq!(row.status, CallStatus::Approved);
+    let edited = row
+        .approval
+        .as_ref()
+        .and_then(|a| a.edited_args())
+        .expect("edited");
+    assert_eq!(edited["amount"], json!(500));
+    assert_eq!(
+        edited["card"], edit.args["card"],
+        "the secret stays as recorded"
+    );
+    let log = s
+        .store
+        .approvals(&edit.identity.session)
+        .await
+        .expect("log");
+    let last = log.last().expect("a decision");
+    assert_eq!(last.event, ApprovalEvent::Approved);
+    assert_eq!(last.note.as_deref(), Some("half now"));
+
+    // Deny: a reason is required; the confirmation shows what the model will read.
+    let confirm = format!("/approvals/{}/confirm", deny.id);
+    let decide = format!("/approvals/{}/decide", deny.id);
+    let empty = [
+        ("decision", "deny"),
+        ("reason", "  "),
+        ("by", OPERATOR),
+        ("csrf", &csrf),
+    ];
+    for path in [&confirm, &decide] {
+        let reply = send(&app, post(path, Some(&cookie), &empty)).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{}",
+            reply.body
+        );
+        assert!(
+            reply.body.contains("a denial needs a reason"),
+            "{}",
+            reply.body
+        );
+    }
+    assert_eq!(status(deny.id.clone()).await, CallStatus::Requested);
+    let form = [
+        ("decision", "deny"),
+        ("reason", "over the refund limit"),
+        ("by", "alice"),
+        ("csrf", &csrf),
+    ];
+    let reply = send(&app, post(&confirm, Some(&cookie), &form)).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert!(
+        reply
+            .body
+            .contains("the model will read: not run: denied by alice: over the refund limit"),
+        "{}",
+        reply.body
+    );
+    assert_eq!(status(deny.id.clone()).await, CallStatus::Requested);
+    let reply = send(&app, post(&decide, Some(&cookie), &form)).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert!(reply.body.contains("denied call"), "{}", reply.body);
+    assert_eq!(status(deny.id.clone()).await, CallStatus::Denied);
+    let log = s
+        .store
+        .approvals(&deny.identity.session)
+        .await
+        .expect("log");
+    let last = log.last().expect("a decision");
+    assert_eq!(
+        (last.event, last.by.as_str()),
+        (ApprovalEvent::Denied, "alice")
+    );
+
+    // All decided: the inbox is empty, and the timeline shows the decisions.
+    let inbox = page_of(&app, &cookie, "/approvals").await.body;
+    assert!(inbox.contains("No calls await approval."), "{inbox}");
+    let timeline = page_of(&app, &cookie, "/sessions/s-e").await.body;
+    assert!(
+        timeline.contains("approved</span> by console-op"),
+        "{timeline}"
+    );
+    assert!(timeline.contains("edited arguments"), "{timeline}");
+}
+
+#[tokio::test]
+async fn of_two_decisions_at_once_the_loser_is_refused() {
+    let s = scenario().await;
+    let call = awaiting_approval(&s.store, "s-race", refund_args(1200), "ok", None).await;
+    let app = durable_console::router(Arc::clone(&s.store), options());
+    let (ann, bob) = (login(&app).await, login(&app).await);
+    let (ann_csrf, bob_csrf) = (
+        csrf_of(&app, &ann, "/approvals").await,
+        csrf_of(&app, &bob, "/approvals").await,
+    );
+    let decide = format!("/approvals/{}/decide", call.id);
+    let approve = [("decision", "approve"), ("by", "ann"), ("csrf", &ann_csrf)];
+    let deny = [
+        ("decision", "deny"),
+        ("reason", "no"),
+        ("by", "bob"),
+        ("csrf", &bob_csrf),
+    ];
+    let (a, b) = tokio::join!(
+        send(&app, post(&decide, Some(&ann), &approve)),
+        send(&app, post(&decide, Some(&bob), &deny)),
+    );
+    let row = s.store.call(&call.id).await.expect("call");
+    let (winner, loser, status, who) = match row.status {
+        CallStatus::Approved => (a, b, "approved", "ann"),
+        CallStatus::Denied => (b, a, "denied", "bob"),
+        other => panic!("undecided: {other:?}"),
+    };
+    assert_eq!(winner.status, StatusCode::OK, "{}", winner.body);
+    assert_eq!(loser.status, StatusCode::CONFLICT, "{}", loser.body);
+    assert!(
+        loser.body.contains(&format!(
+            "is not awaiting approval (status `{status}`): it was already {status} by {who}"
+        )),
+        "{}",
+        loser.body
+    );
+    let log = s
+        .store
+        .approvals(&call.identity.session)
+        .await
+        .expect("log");
+    assert_eq!(log.len(), 2, "one request, one decision: {log:?}");
+}
+
+#[tokio::test]
+async fn an_expired_request_can_only_be_expired() {
+    let s = scenario().await;
+    let call = awaiting_approval(
+        &s.store,
+        "s-late",
+        refund_args(1200),
+        "ok",
+        Some(std::time::Duration::from_millis(1)),
+    )
+    .await;
+    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    let app = durable_console::router(Arc::clone(&s.store), options());
+    let cookie = login(&app).await;
+    let inbox = page_of(&app, &cookie, "/approvals").await.body;
+    assert!(inbox.contains("Review: expire…"), "{inbox}");
+    assert!(!inbox.contains("Review: approve…"), "{inbox}");
+    let csrf = csrf_of(&app, &cookie, "/approvals").await;
+    let decide = format!("/approvals/{}/decide", call.id);
+    let late = [("decision", "approve"), ("by", OPERATOR), ("csrf", &csrf)];
+    let reply = send(&app, post(&decide, Some(&cookie), &late)).await;
+    assert_eq!(reply.status, StatusCode::CONFLICT, "{}", reply.body);
+    assert!(reply.body.contains("expire it instead"), "{}", reply.body);
+    let expire = [("decision", "expire"), ("csrf", &csrf)];
+    let confirm = format!("/approvals/{}/confirm", call.id);
+    let reply = send(&app, post(&confirm, Some(&cookie), &expire)).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert!(
+        reply.body.contains("denied by its deadline"),
+        "{}",
+        reply.body
+    );
+    assert_eq!(
+        s.store.call(&call.id).await.expect("call").status,
+        CallStatus::Requested
+    );
+    let reply = send(&app, post(&decide, Some(&cookie), &expire)).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let row = s.store.call(&call.id).await.expect("call");
+    assert_eq!(row.status, CallStatus::Denied);
+    let log = s
+        .store
+        .approvals(&call.identity.session)
+        .await
+        .expect("log");
+    assert_eq!(log.last().map(|r| r.event), Some(ApprovalEvent::Expired));
+}
+
+#[tokio::test]
+async fn a_read_only_console_decides_no_approval() {
+    let s = scenario().await;
+    let call = awaiting_approval(&s.store, "s-ro", refund_args(1200), "ok", None).await;
+    let app = durable_console::router(
+        Arc::clone(&s.store),
+        options().read_only("opened without DURABLE_MAC_KEY"),
+    );
+    let body = send(&app, bearer("/approvals")).await.body;
+    assert!(body.contains("Read-only: </strong>"), "{body}");
+    assert!(body.contains("disabled"), "{body}");
+    let cookie = login(&app).await;
+    let csrf = csrf_of(&app, &cookie, "/approvals").await;
+    let decide = format!("/approvals/{}/decide", call.id);
+    let form = [("decision", "approve"), ("by", OPERATOR), ("csrf", &csrf)];
+    let reply = send(&app, post(&decide, Some(&cookie), &form)).await;
+    assert_eq!(reply.status, StatusCode::FORBIDDEN);
+    assert_eq!(
+        s.store.call(&call.id).await.expect("call").status,
+        CallStatus::Requested
+    );
 }

@@ -1,7 +1,8 @@
 //! Shared by `tests/http.rs` and `tests/browser.rs`: a SQLite store file holding a
 //! completed session and two sessions whose workers died inside an `unsafe_on_replay`
 //! call (their leases released: the calls are in doubt), the console served on a free
-//! loopback port, and the small agent that resumes a session.
+//! loopback port, the small agent that resumes a session, and sessions parked on a call
+//! awaiting approval.
 
 #![allow(dead_code)] // each test file uses its own subset
 
@@ -339,6 +340,70 @@ pub async fn run_agent(
     ))]));
     session.complete().await.expect("complete");
     AgentEnd::Completed(result)
+}
+
+/// A refund a policy sends for approval: `amount` a required integer, `card` a secret
+/// argument (journaled masked).
+pub fn issue_refund() -> ToolSpec {
+    ToolSpec::new(
+        "issue_refund",
+        "Refund the customer.",
+        ReplayClass::UnsafeOnReplay,
+        json!({"type": "object", "properties": {"amount": {"type": "integer"},
+            "card": {"type": "string"}}, "required": ["amount"]}),
+    )
+    .with_secret_args(["card"])
+}
+
+/// Starts session `id`, whose one `issue_refund` call with `args` a policy sends for
+/// approval (with `deadline`, and the model's `reasoning`), and parks it with
+/// `await_approval`; the requested row.
+pub async fn awaiting_approval(
+    store: &Arc<dyn CheckpointStore>,
+    id: &str,
+    args: Value,
+    reasoning: &str,
+    deadline: Option<Duration>,
+) -> CallRecord {
+    use durable::approval::RequestExt as _;
+    let durable = Durable::builder(Arc::clone(store))
+        .owner("agent")
+        .app_version(APP)
+        .renew_leases(false)
+        .lease_ttl(Duration::from_secs(600))
+        .approval_policy(move |spec, _args| {
+            let request = durable::approval::request("policy: refunds need a person");
+            (spec.name == "issue_refund").then(|| match deadline {
+                Some(d) => request.with_deadline(d),
+                None => request,
+            })
+        })
+        .build();
+    let id = SessionId::new(id);
+    let session = durable
+        .start::<Message>(
+            StartOptions::new()
+                .with_id(id.clone())
+                .with_messages(vec![Message::user("Refund my last order.")]),
+        )
+        .await
+        .expect("start");
+    let spec = issue_refund();
+    let journal = session.journal().with_reasoning(reasoning);
+    let outcome = journal
+        .tool(&spec, args)
+        .run(|_ctx| async { Ok::<_, String>(json!({"refund": "r-1"})) })
+        .await;
+    match outcome {
+        Err(CallError::Durable(DurableError::AwaitingApproval { .. })) => {}
+        Err(e) => panic!("expected AwaitingApproval, got {e}"),
+        Ok(v) => panic!("expected AwaitingApproval, the call ran: {v}"),
+    }
+    session.await_approval().await.expect("park");
+    let mut rows = store.calls(&id, None).await.expect("calls");
+    rows.retain(|r| r.status == durable::store::CallStatus::Requested);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    rows.remove(0)
 }
 
 /// The console's options in the tests: a fixed token and operator.
