@@ -24,8 +24,6 @@ const REASONING_LINES: usize = 20;
 const ARGUMENT_LINES: usize = 40;
 /// Width of the one-line arguments in a decision's report.
 const ARGS: usize = 400;
-/// What [`mask`] puts in place of a hidden value.
-const PLACEHOLDERS: [&str; 2] = ["<secret>", "***"];
 
 /// The runtime the decisions go through; it writes no session of its own.
 fn runtime(store: &Arc<dyn CheckpointStore>) -> Durable {
@@ -298,36 +296,10 @@ async fn refused(store: &Arc<dyn CheckpointStore>, call: &CallRecord, e: Durable
     }
 }
 
-/// `edit` with every value shown masked (`<secret>`, `***`) where the requested
-/// arguments show the same placeholder put back to the recorded value: an operator edits
-/// what `approvals` showed, and a placeholder kept as shown means "unchanged".
+/// `edit` with what the listing's mask hid put back: a placeholder kept as shown means
+/// "unchanged" (see [`unmask_displayed`](durable::secret::unmask_displayed)).
 fn unhide(edit: &Value, requested: &Value) -> Value {
-    let shown = mask(requested);
-    let placeholder = |v: &Value| v.as_str().is_some_and(|s| PLACEHOLDERS.contains(&s));
-    if placeholder(edit) && &shown == edit {
-        return requested.clone();
-    }
-    match (edit, requested, &shown) {
-        (Value::Object(e), Value::Object(r), Value::Object(s)) => Value::Object(
-            e.iter()
-                .map(|(k, v)| {
-                    let restored = match (r.get(k), s.get(k)) {
-                        (Some(orig), Some(disp)) if placeholder(v) && disp == v => orig.clone(),
-                        (Some(orig), _) => unhide(v, orig),
-                        _ => v.clone(),
-                    };
-                    (k.clone(), restored)
-                })
-                .collect(),
-        ),
-        (Value::Array(e), Value::Array(r), _) => Value::Array(
-            e.iter()
-                .enumerate()
-                .map(|(i, v)| r.get(i).map_or_else(|| v.clone(), |orig| unhide(v, orig)))
-                .collect(),
-        ),
-        _ => edit.clone(),
-    }
+    durable::secret::unmask_displayed(edit.clone(), requested)
 }
 
 /// Where the session stands after a decision: its status, and how many of its calls

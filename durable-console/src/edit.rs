@@ -4,40 +4,11 @@
 use serde_json::Value;
 
 use crate::format::visible;
-use crate::mask::mask;
 
-/// Puts back what the display mask hid: wherever `edited` holds exactly what the
-/// operator was shown for a part of `original` (`"<secret>"`, `"***"`), that part of
-/// `original` (so an untouched secret stays as recorded).
+/// Puts back what the display mask hid (see
+/// [`unmask_displayed`](durable::secret::unmask_displayed)).
 pub(crate) fn unmask(edited: Value, original: &Value) -> Value {
-    if edited == mask(original) {
-        return original.clone();
-    }
-    match (edited, original) {
-        (Value::Object(fields), Value::Object(before)) => Value::Object(
-            fields
-                .into_iter()
-                .map(|(k, v)| {
-                    let v = match before.get(&k) {
-                        Some(b) => unmask(v, b),
-                        None => v,
-                    };
-                    (k, v)
-                })
-                .collect(),
-        ),
-        (Value::Array(items), Value::Array(before)) => Value::Array(
-            items
-                .into_iter()
-                .enumerate()
-                .map(|(i, v)| match before.get(i) {
-                    Some(b) => unmask(v, b),
-                    None => v,
-                })
-                .collect(),
-        ),
-        (edited, _) => edited,
-    }
+    durable::secret::unmask_displayed(edited, original)
 }
 
 /// One changed place of the arguments: its path, before and after (masked; `None`

@@ -539,5 +539,56 @@ pub fn mask_for_display(value: &Value) -> Value {
     }
 }
 
+/// Arguments an operator edited from what [`mask_for_display`] showed them, with what the
+/// mask hid put back: wherever `edited` holds exactly what was shown for a part of
+/// `original` (`"<secret>"`, `"***"`, or a whole object shown unchanged), that part of
+/// `original` stands. So an operator copies the arguments they were shown, changes one
+/// field, and the secrets they never saw stay as recorded; a value they did change is
+/// theirs (a secret changed that way is then refused by
+/// [`check_edited_args`](crate::approval::check_edited_args)).
+///
+/// ```
+/// use durable_core::secret::{mask_for_display, unmask_displayed};
+/// use serde_json::json;
+///
+/// let recorded = json!({"amount": 5, "card": {"$secret": "k1:abc"}, "auth": {"token": "t"}});
+/// let mut edit = mask_for_display(&recorded);
+/// edit["amount"] = json!(7);
+/// assert_eq!(
+///     unmask_displayed(edit, &recorded),
+///     json!({"amount": 7, "card": {"$secret": "k1:abc"}, "auth": {"token": "t"}})
+/// );
+/// ```
+pub fn unmask_displayed(edited: Value, original: &Value) -> Value {
+    if edited == mask_for_display(original) {
+        return original.clone();
+    }
+    match (edited, original) {
+        (Value::Object(fields), Value::Object(before)) => Value::Object(
+            fields
+                .into_iter()
+                .map(|(k, v)| {
+                    let v = match before.get(&k) {
+                        Some(b) => unmask_displayed(v, b),
+                        None => v,
+                    };
+                    (k, v)
+                })
+                .collect(),
+        ),
+        (Value::Array(items), Value::Array(before)) => Value::Array(
+            items
+                .into_iter()
+                .enumerate()
+                .map(|(i, v)| match before.get(i) {
+                    Some(b) => unmask_displayed(v, b),
+                    None => v,
+                })
+                .collect(),
+        ),
+        (edited, _) => edited,
+    }
+}
+
 #[cfg(test)]
 mod tests;
