@@ -560,23 +560,29 @@ pub fn mask_for_display(value: &Value) -> Value {
 /// );
 /// ```
 pub fn unmask_displayed(edited: Value, original: &Value) -> Value {
-    if edited == mask_for_display(original) {
+    // What the mask shows for a value depends on its key (`"token": "t"` shows `***`), so
+    // each field is compared with what was shown for it within its parent.
+    const PLACEHOLDERS: [&str; 2] = ["<secret>", "***"];
+    let placeholder = |v: &Value| v.as_str().is_some_and(|s| PLACEHOLDERS.contains(&s));
+    let shown = mask_for_display(original);
+    if placeholder(&edited) && shown == edited {
         return original.clone();
     }
-    match (edited, original) {
-        (Value::Object(fields), Value::Object(before)) => Value::Object(
+    match (edited, original, &shown) {
+        (Value::Object(fields), Value::Object(before), Value::Object(displayed)) => Value::Object(
             fields
                 .into_iter()
                 .map(|(k, v)| {
-                    let v = match before.get(&k) {
-                        Some(b) => unmask_displayed(v, b),
-                        None => v,
+                    let restored = match (before.get(&k), displayed.get(&k)) {
+                        (Some(b), Some(d)) if placeholder(&v) && d == &v => b.clone(),
+                        (Some(b), _) => unmask_displayed(v, b),
+                        _ => v,
                     };
-                    (k, v)
+                    (k, restored)
                 })
                 .collect(),
         ),
-        (Value::Array(items), Value::Array(before)) => Value::Array(
+        (Value::Array(items), Value::Array(before), _) => Value::Array(
             items
                 .into_iter()
                 .enumerate()
@@ -586,7 +592,7 @@ pub fn unmask_displayed(edited: Value, original: &Value) -> Value {
                 })
                 .collect(),
         ),
-        (edited, _) => edited,
+        (edited, _, _) => edited,
     }
 }
 
