@@ -16,7 +16,7 @@
 //! Declare tools with [`#[durable_tool]`](macro@durable_tool), run sessions with
 //! [`Durable`], dispatch a model's tool calls with a [`Toolbox`].
 //!
-//! Three rules hold whatever the harness does with an error (feed it back to the model,
+//! Four rules hold whatever the harness does with an error (feed it back to the model,
 //! checkpoint, ask again):
 //!
 //! - **The barrier is session-wide.** While any `unsafe_on_replay` call of a session is in
@@ -46,6 +46,13 @@
 //!   three calls share one hash), duplicate keys, integers JCS would round, lone
 //!   surrogates, too deep or too large documents are typed errors naming the JSON path,
 //!   and nothing is journaled for them.
+//! - **An approved call runs once, after a person decided.** A call that needs approval
+//!   ([`approval`]: the tool's `approval = …`, the runtime's policy, or the harness) is
+//!   journaled as requested and returns [`DurableError::AwaitingApproval`]; nothing runs,
+//!   and a checkpoint that would end its step is refused the same way, so the harness parks
+//!   the session ([`Session::await_approval`]) and the turn replays once a person decided:
+//!   the approved call runs exactly once (with the edited arguments, if any), a denied one
+//!   returns its denial to the model.
 //!
 //! ```no_run
 //! use durable::{Durable, Message, StartOptions, Toolbox, durable_tool};
