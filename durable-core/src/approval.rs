@@ -82,6 +82,21 @@ use crate::secret;
 use crate::store::{ApprovalRequest, CallRecord};
 use crate::tool::ToolSpec;
 
+/// The keyword under which a request's recorded argument schema lists the tool's secret
+/// arguments (JSON Schema validators ignore unknown keywords): an edit may not touch
+/// them, present or absent.
+pub const SECRET_ARGS_KEYWORD: &str = "x-durable-secret-args";
+
+/// The schema a request records: the tool's argument schema, with its secret arguments
+/// listed under [`SECRET_ARGS_KEYWORD`].
+pub(crate) fn recorded_schema(schema: &Value, secrets: &[String]) -> Value {
+    let mut schema = schema.clone();
+    if let (false, Some(object)) = (secrets.is_empty(), schema.as_object_mut()) {
+        object.insert(SECRET_ARGS_KEYWORD.to_owned(), serde_json::json!(secrets));
+    }
+    schema
+}
+
 /// Longest model reasoning journaled with a request, in bytes; longer text is cut at a
 /// character boundary and marked (it is shown to a person, not replayed).
 pub const MAX_REASONING_BYTES: usize = 16 * 1024;
@@ -133,8 +148,10 @@ impl RequestExt for ApprovalRequest {
 }
 
 /// The reasoning text as journaled: at most [`MAX_REASONING_BYTES`], cut at a character
-/// boundary and marked when longer.
+/// boundary and marked when longer; a NUL (which no store's text holds, and which a model
+/// can be made to write) becomes U+FFFD, so the request is journaled all the same.
 pub(crate) fn cap_reasoning(text: &str) -> String {
+    let text = &text.replace('\0', "\u{FFFD}");
     if text.len() <= MAX_REASONING_BYTES {
         return text.to_owned();
     }
@@ -181,17 +198,30 @@ pub fn check_edited_args(
         ));
     };
     args::check_value(edited, limits).map_err(|e| invalid(e.path.clone(), e.kind.to_string()))?;
-    // Secret arguments: the requested ones stay exactly as recorded (masked), and no new
-    // masked value may appear.
+    // Secret arguments (those masked in the request, and those the tool declares, which
+    // the request's schema lists): each stays exactly as requested, present or absent,
+    // and no new masked value may appear.
     let requested = call.args.as_object();
-    let secrets: Vec<&String> = requested
+    let schema = call.approval.as_ref().and_then(|a| a.schema.as_ref());
+    let mut secrets: Vec<String> = requested
         .map(|r| {
             r.iter()
                 .filter(|(_, v)| secret::is_masked(v))
-                .map(|(k, _)| k)
+                .map(|(k, _)| k.clone())
                 .collect()
         })
         .unwrap_or_default();
+    let declared = schema
+        .and_then(|s| s.get(SECRET_ARGS_KEYWORD))
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str);
+    for name in declared {
+        if !secrets.iter().any(|s| s == name) {
+            secrets.push(name.to_owned());
+        }
+    }
     for name in &secrets {
         let before = requested.and_then(|r| r.get(name.as_str()));
         if fields.get(name.as_str()) != before {
@@ -205,14 +235,14 @@ pub fn check_edited_args(
     }
     if let Some((name, _)) = fields
         .iter()
-        .find(|(k, v)| secret::is_masked(v) && !secrets.contains(k))
+        .find(|(k, v)| secret::is_masked(v) && !secrets.contains(*k))
     {
         return Err(invalid(
             format!("$.{name}"),
             "a masked secret value may only stay where the request had it".into(),
         ));
     }
-    let Some(schema) = call.approval.as_ref().and_then(|a| a.schema.as_ref()) else {
+    let Some(schema) = schema else {
         return Err(invalid(
             "$".into(),
             "the request recorded no argument schema, so an edit cannot be checked; approve it \
@@ -353,6 +383,28 @@ mod tests {
         assert!(check_edited_args(&row, &dropped, &limits).is_err());
         let planted = json!({"amount": 5, "card": card, "note": {"$secret": "k1:zzz"}});
         assert!(check_edited_args(&row, &planted, &limits).is_err());
+    }
+
+    #[test]
+    fn a_declared_secret_the_model_did_not_send_cannot_be_added() {
+        let schema = recorded_schema(
+            &json!({"type": "object", "properties": {"amount": {"type": "integer"}, "token": {"type": "string"}}}),
+            &["token".to_owned()],
+        );
+        let row = requested(json!({"amount": 5}), Some(schema));
+        let added = json!({"amount": 5, "token": "operator-chosen"});
+        let err = check_edited_args(&row, &added, &ArgLimits::default()).expect_err("refused");
+        assert!(
+            matches!(&err, DurableError::InvalidEdit { path, .. } if path == "$.token"),
+            "{err}"
+        );
+        let fine = json!({"amount": 6});
+        assert!(check_edited_args(&row, &fine, &ArgLimits::default()).is_ok());
+    }
+
+    #[test]
+    fn reasoning_with_nul_is_journaled_all_the_same() {
+        assert_eq!(cap_reasoning("a\0b"), "a\u{FFFD}b");
     }
 
     #[test]

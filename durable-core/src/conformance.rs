@@ -223,6 +223,8 @@ macro_rules! __durable_conformance_cases {
             runtime_expired_request_is_denied_by_its_deadline,
             runtime_calls_of_one_turn_await_together,
             runtime_edits_need_a_call_site_that_takes_them,
+            runtime_approved_call_that_cannot_run_is_denied,
+            runtime_checkpoint_after_keeps_the_step_open_for_a_request,
             // maintenance
             errors_round_trip_in_order,
             migrate_checks_version_and_renames_tools,

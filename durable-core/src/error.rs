@@ -424,6 +424,24 @@ pub enum DurableError {
         /// `requested` (awaiting a decision) or `approved`.
         status: String,
     },
+    /// A call a person approved cannot run as approved: its tool's argument schema changed
+    /// since the request, its edited arguments no longer decode into the tool's type, or
+    /// a secret argument's value is not held after a restart. Nothing ran; the row stays
+    /// approved, and the session's step cannot end until it is decided again: deny it
+    /// ([`Durable::deny`](crate::Durable::deny), `durable deny`), and the model reads the
+    /// denial.
+    #[error(
+        "call `{call}` of `{tool}` was approved but cannot run: {reason}; nothing ran. \
+         Deny it (`durable deny {call} --reason …`) so the session can go on"
+    )]
+    ApprovedCallRefused {
+        /// The call.
+        call: CallId,
+        /// Its tool.
+        tool: String,
+        /// Why it cannot run.
+        reason: String,
+    },
     /// Arguments a person edited before approving a call do not fit the tool (see
     /// [`check_edited_args`](crate::approval::check_edited_args)): nothing was decided.
     #[error(

@@ -453,7 +453,13 @@ where
             }
             Some(ScopeOutcome::Executed(executed)) => executed,
         };
-        // The call executed and its outcome is ours to record, with the checkpoint.
+        // The call executed and its outcome is ours to record, with the checkpoint, unless
+        // another call of the step awaits approval: then it is recorded on its own, and
+        // the step stays open for the approved call to run in.
+        if let Err(awaiting) = self.journal.check_approvals_settled().await {
+            self.journal.record_with_checkpoint(executed, None).await?;
+            return Err(awaiting.into());
+        }
         let made = message(executed.message_input().as_deref().map_err(String::as_str));
         let checkpoint = match self.checkpoint_with(&made, executed.spend()) {
             Ok(checkpoint) => checkpoint,

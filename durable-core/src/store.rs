@@ -1073,9 +1073,11 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// # Contract
     /// Atomic; not fenced (an operator decides, not the session's worker).
     /// [`DecideApproval::validate`] runs first. Refuses with
-    /// [`StoreError::NotAwaitingApproval`] a call whose status is not `requested`: of two
-    /// decisions on one call taken at once, exactly one is applied and the other gets
-    /// this error. Decided on the store's clock: approving or denying after the deadline
+    /// [`StoreError::NotAwaitingApproval`] a call whose status is not `requested` (but
+    /// `Deny` is also applied to an `approved` call that has not run: a call that cannot
+    /// run any more is denied so that its session goes on): of two decisions on one call
+    /// taken at once, exactly one is applied and the other gets this error. Decided on the
+    /// store's clock: approving or denying a request after the deadline
     /// is [`StoreError::ApprovalExpired`], expiring before it (or a request without one)
     /// [`StoreError::ApprovalNotExpired`].
     ///

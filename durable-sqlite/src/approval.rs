@@ -181,7 +181,7 @@ pub(crate) async fn decide_approval(
         let finished = (change.status == CallStatus::Denied).then_some(now);
         let updated = sqlx::query(
             "UPDATE durable_tool_calls SET status = ?, error = ?, approval = ?, mac = ?, \
-             finished_at = ? WHERE id = ? AND status = 'requested'",
+             finished_at = ? WHERE id = ? AND status = ?",
         )
         .bind(&raw.status)
         .bind(raw.error.as_deref())
@@ -189,6 +189,7 @@ pub(crate) async fn decide_approval(
         .bind(raw.mac.as_deref())
         .bind(finished)
         .bind(id.as_str())
+        .bind(status.as_str())
         .execute(&mut *conn)
         .await
         .map_err(db)?;

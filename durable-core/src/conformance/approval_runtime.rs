@@ -571,7 +571,7 @@ pub async fn runtime_edits_need_a_call_site_that_takes_them(store: Arc<dyn Check
     assert!(
         matches!(
             plain,
-            Err(CallError::Durable(DurableError::InvalidEdit { .. }))
+            Err(CallError::Durable(DurableError::ApprovedCallRefused { .. }))
         ),
         "{plain:?}"
     );
@@ -590,4 +590,156 @@ pub async fn runtime_edits_need_a_call_site_that_takes_them(store: Arc<dyn Check
     .expect("runs with the edit");
     assert_eq!(ran["n"], 8);
     assert_eq!(runs.load(Ordering::SeqCst), 1);
+}
+
+/// An approved call that cannot run as approved (here its edit no longer decodes into
+/// the tool's type) is refused, nothing runs, and the step cannot end; a person denies
+/// it (an approved call not yet run may still be denied), and the session goes on with
+/// the denial as the call's result.
+pub async fn runtime_approved_call_that_cannot_run_is_denied(store: Arc<dyn CheckpointStore>) {
+    let (durable, _) = runtime(&store, "first");
+    let session = start(&durable).await;
+    let refund = spec("refund", ReplayClass::UnsafeOnReplay);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let call = awaiting(
+        ask(
+            &session,
+            &refund,
+            9,
+            Some(approval::tool_rule(&refund)),
+            &runs,
+        )
+        .await,
+    );
+    let id = session.id().clone();
+    session.await_approval().await.expect("park");
+    // Valid against the schema (an integer), but this call site's type takes at most 2^31.
+    durable
+        .approve(&call, Some(json!({ "n": 1_u64 << 40 })), "alice", None)
+        .await
+        .expect("approve");
+    let mut session = resume(&store, &id, "second").await;
+    let narrow = session
+        .journal()
+        .tool(&refund, json!({ "n": 9 }))
+        .accept_edits(|edited| {
+            i32::try_from(edited["n"].as_i64().unwrap_or(i64::MAX))
+                .map(|_| None)
+                .map_err(|e| DurableError::Encode {
+                    what: "edited n".into(),
+                    detail: e.to_string(),
+                })
+        })
+        .run(|_ctx| async { Ok::<_, String>(json!("ran")) })
+        .await;
+    match narrow {
+        Err(CallError::Durable(DurableError::ApprovedCallRefused {
+            call: refused,
+            reason,
+            ..
+        })) => {
+            assert_eq!(refused, call);
+            assert!(reason.contains("edited n"), "{reason}");
+        }
+        other => panic!("expected ApprovedCallRefused, got {other:?}"),
+    }
+    let ended = session.checkpoint().await;
+    assert!(
+        matches!(ended, Err(DurableError::AwaitingApproval { ref status, .. }) if status == "approved"),
+        "the step cannot end past an approved call: {ended:?}"
+    );
+    durable
+        .deny(&call, "the edit does not fit the tool", "alice", None)
+        .await
+        .expect("an approved call that has not run can be denied");
+    drop(session);
+    release_dead_lease(&store, &id).await;
+    let mut session = resume(&store, &id, "third").await;
+    match ask(
+        &session,
+        &refund,
+        9,
+        Some(approval::tool_rule(&refund)),
+        &runs,
+    )
+    .await
+    {
+        Err(CallError::Recorded(failure)) => {
+            assert!(
+                failure.message.contains("does not fit"),
+                "{}",
+                failure.message
+            );
+        }
+        other => panic!("expected the recorded denial, got {other:?}"),
+    }
+    session.checkpoint().await.expect("the step ends");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
+/// `checkpoint_after` does not end a step that holds a call awaiting approval: its own
+/// call's outcome is recorded on its own and the scope returns `AwaitingApproval`, so the
+/// approved call still runs when the turn replays.
+pub async fn runtime_checkpoint_after_keeps_the_step_open_for_a_request(
+    store: Arc<dyn CheckpointStore>,
+) {
+    let (durable, _) = runtime(&store, "first");
+    let mut session = start(&durable).await;
+    let refund = spec("refund", ReplayClass::UnsafeOnReplay);
+    let email = spec("email", ReplayClass::UnsafeOnReplay);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let call = awaiting(
+        ask(
+            &session,
+            &refund,
+            5,
+            Some(approval::tool_rule(&refund)),
+            &runs,
+        )
+        .await,
+    );
+    let sent = Arc::clone(&runs);
+    let scoped = session
+        .checkpoint_after(
+            async |journal| {
+                journal
+                    .tool(&email, json!({ "n": 1 }))
+                    .run(move |_ctx| {
+                        let sent = Arc::clone(&sent);
+                        async move {
+                            sent.fetch_add(1, Ordering::SeqCst);
+                            Ok::<_, String>(json!({ "sent": true }))
+                        }
+                    })
+                    .await
+            },
+            |outcome| Message::tool_outcome("call_2", outcome),
+        )
+        .await;
+    assert!(
+        matches!(
+            scoped,
+            Err(CallError::Durable(DurableError::AwaitingApproval { .. }))
+        ),
+        "{scoped:?}"
+    );
+    assert_eq!(session.version(), 0, "no checkpoint ended the step");
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the email ran once");
+    let id = session.id().clone();
+    session.await_approval().await.expect("park");
+    durable
+        .approve(&call, None, "alice", None)
+        .await
+        .expect("approve");
+    let session = resume(&store, &id, "second").await;
+    ask(
+        &session,
+        &refund,
+        5,
+        Some(approval::tool_rule(&refund)),
+        &runs,
+    )
+    .await
+    .expect("the approved refund runs in the step it was asked in");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
 }

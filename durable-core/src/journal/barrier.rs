@@ -110,9 +110,23 @@ impl Journal {
         let mut cache = self.inner.cache.lock().await;
         self.load_step(&mut cache).await?;
         self.first_unreplayed(&cache, "checkpoint")?;
-        // A call of this step awaiting a decision, or approved and not run yet: ending the
-        // step would leave it behind (approved, it would never run). The harness parks
-        // the session instead (`Session::await_approval`); the turn replays once decided.
+        Self::first_undecided(&cache)
+    }
+
+    /// Refuses to end the current step while one of its calls awaits approval or was
+    /// approved and has not run ([`DurableError::AwaitingApproval`]): the check of
+    /// [`check_step_replayed`](Self::check_step_replayed) that also holds for
+    /// `checkpoint_after`, whose own call did run.
+    pub(crate) async fn check_approvals_settled(&self) -> Result<(), DurableError> {
+        let mut cache = self.inner.cache.lock().await;
+        self.load_step(&mut cache).await?;
+        Self::first_undecided(&cache)
+    }
+
+    /// A call of this step awaiting a decision, or approved and not run yet: ending the
+    /// step would leave it behind (approved, it would never run). The harness parks the
+    /// session instead (`Session::await_approval`); the turn replays once decided.
+    fn first_undecided(cache: &StepCache) -> Result<(), DurableError> {
         if let Some(row) = cache
             .rows
             .values()

@@ -535,7 +535,12 @@ impl ToolCall<'_> {
         let refuse = |reservation: &mut Reservation, error: DurableError| {
             reservation.release();
             journal.emit(journal.event(&row, Outcome::Refused));
-            Err(error.into())
+            Err(DurableError::ApprovedCallRefused {
+                call: row.id.clone(),
+                tool: spec.name.clone(),
+                reason: error.to_string(),
+            }
+            .into())
         };
         if row.schema_hash != spec.fingerprint && !row.schema_hash.is_empty() {
             let changed = DurableError::SchemaChanged {
@@ -602,8 +607,9 @@ impl ToolCall<'_> {
             return Ok((None, None));
         };
         let mut effective = edited.clone();
+        let secrets = secret::secret_args(&self.spec.name, &self.spec.secret_args);
         if let (Some(fields), Some(called)) = (effective.as_object_mut(), self.args.as_object()) {
-            for name in &self.spec.secret_args {
+            for name in &secrets {
                 if fields.get(name).is_some_and(secret::is_masked)
                     && let Some(value) = called.get(name)
                 {
@@ -649,9 +655,13 @@ impl Journal {
     where
         T: DeserializeOwned,
     {
-        if request.schema.is_none() {
-            request.schema = Some(spec.input_schema.clone());
-        }
+        let secrets = secret::secret_args(&spec.name, &spec.secret_args);
+        let schema = request
+            .schema
+            .take()
+            .unwrap_or_else(|| spec.input_schema.clone());
+        let secrets: Vec<String> = secrets.into_iter().collect();
+        request.schema = Some(crate::approval::recorded_schema(&schema, &secrets));
         request.reasoning = request
             .reasoning
             .take()

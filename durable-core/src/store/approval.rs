@@ -246,7 +246,11 @@ impl DecideApproval {
         approval: Option<&Approval>,
         now: i64,
     ) -> Result<Transition, StoreError> {
-        if status != CallStatus::Requested {
+        // An approved call that has not run may still be denied: when it cannot run (its
+        // tool changed, its edit no longer decodes), denying it is how the session goes on.
+        let revoking = status == CallStatus::Approved
+            && matches!(self.decision, ApprovalDecision::Deny { .. });
+        if status != CallStatus::Requested && !revoking {
             return Err(StoreError::NotAwaitingApproval {
                 call: self.call.clone(),
                 status: status.as_str().to_owned(),
@@ -260,7 +264,7 @@ impl DecideApproval {
                 self.call
             ),
         })?;
-        let expired = approval.deadline.is_some_and(|deadline| now >= deadline);
+        let expired = !revoking && approval.deadline.is_some_and(|deadline| now >= deadline);
         match (&self.decision, approval.deadline) {
             (ApprovalDecision::Expire, None) => {
                 return Err(StoreError::ApprovalNotExpired {
