@@ -250,6 +250,11 @@ fn not_awaiting(call: &CallRecord) -> CliError {
                 clip(&d.by, NAME),
                 render::time(d.at)
             ),
+            ApprovalDecision::Revoke { .. } => format!(
+                "its approval was revoked by {} at {}",
+                clip(&d.by, NAME),
+                render::time(d.at)
+            ),
             ApprovalDecision::Expire => {
                 format!("it expired undecided at {}", render::time(d.at))
             }
@@ -423,12 +428,26 @@ pub async fn deny(
         ));
     }
     let id = CallId::new(args.call);
-    let call = awaiting(store, &id).await?;
+    let call = if args.revoke {
+        let call = store.call(&id).await?;
+        if call.status != CallStatus::Approved {
+            return Err(not_awaiting(&call));
+        }
+        call
+    } else {
+        awaiting(store, &id).await?
+    };
     let durable = runtime(store);
-    let record = match durable
-        .deny(&id, &args.reason, &by, args.note.as_deref())
-        .await
-    {
+    let decided = if args.revoke {
+        durable
+            .revoke(&id, &args.reason, &by, args.note.as_deref())
+            .await
+    } else {
+        durable
+            .deny(&id, &args.reason, &by, args.note.as_deref())
+            .await
+    };
+    let record = match decided {
         Ok(record) => record,
         Err(e) => return Err(refused(store, &call, e).await),
     };

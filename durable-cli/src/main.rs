@@ -438,6 +438,11 @@ struct DenyArgs {
     /// Why not: the model reads it as the tool's result.
     #[arg(long)]
     reason: String,
+    /// Take back the approval of an approved call that has not run (the runtime refused
+    /// it as `ApprovedCallRefused`: its tool changed, its edit no longer decodes), so the
+    /// session can go on; without it only a call awaiting a decision is denied.
+    #[arg(long)]
+    revoke: bool,
     /// A note for the audit row (not shown to the model).
     #[arg(long)]
     note: Option<String>,

@@ -221,6 +221,7 @@ fn not_awaiting(row: &CallRecord) -> PageError {
             let verb = match d.decision {
                 ApprovalDecision::Approve { .. } => "approved",
                 ApprovalDecision::Deny { .. } => "denied",
+                ApprovalDecision::Revoke { .. } => "revoked",
                 ApprovalDecision::Expire => "expired",
             };
             format!(

@@ -341,12 +341,13 @@ fn approval_row(approval: &Approval, now: i64) -> Markup {
                             @let event = match d.decision {
                                 ApprovalDecision::Approve { .. } => "approved",
                                 ApprovalDecision::Deny { .. } => "denied",
+                                ApprovalDecision::Revoke { .. } => "revoked",
                                 ApprovalDecision::Expire => "expired",
                             };
                             span class=(format!("pill {event}")) { (event) }
                             " by " (visible(&d.by, 64)) " at " (time(d.at))
                             @if let Some(note) = &d.note { " · " em { (visible(note, 300)) } }
-                            @if let ApprovalDecision::Deny { reason } = &d.decision { " · reason: " em { (visible(reason, 300)) } }
+                            @if let ApprovalDecision::Deny { reason } | ApprovalDecision::Revoke { reason } = &d.decision { " · reason: " em { (visible(reason, 300)) } }
                             @if let Some(edited) = approval.edited_args() { " · edited arguments " code.args { (compact(edited, ARGS)) } }
                         }
                     }

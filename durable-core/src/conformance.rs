@@ -225,6 +225,7 @@ macro_rules! __durable_conformance_cases {
             runtime_edits_need_a_call_site_that_takes_them,
             runtime_approved_call_that_cannot_run_is_denied,
             runtime_checkpoint_after_keeps_the_step_open_for_a_request,
+            runtime_edited_key_held_by_another_call_is_refused,
             // maintenance
             errors_round_trip_in_order,
             migrate_checks_version_and_renames_tools,

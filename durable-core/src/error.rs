@@ -427,12 +427,12 @@ pub enum DurableError {
     /// A call a person approved cannot run as approved: its tool's argument schema changed
     /// since the request, its edited arguments no longer decode into the tool's type, or
     /// a secret argument's value is not held after a restart. Nothing ran; the row stays
-    /// approved, and the session's step cannot end until it is decided again: deny it
-    /// ([`Durable::deny`](crate::Durable::deny), `durable deny`), and the model reads the
-    /// denial.
+    /// approved, and the session's step cannot end until it is decided again: revoke the
+    /// approval ([`Durable::revoke`](crate::Durable::revoke), `durable deny --revoke`), and
+    /// the model reads the reason.
     #[error(
         "call `{call}` of `{tool}` was approved but cannot run: {reason}; nothing ran. \
-         Deny it (`durable deny {call} --reason …`) so the session can go on"
+         Revoke the approval (`durable deny {call} --revoke --reason …`) so the session can go on"
     )]
     ApprovedCallRefused {
         /// The call.

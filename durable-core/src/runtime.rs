@@ -677,6 +677,29 @@ impl Durable {
         self.decide(call, decision, by, note).await
     }
 
+    /// Takes back the approval of a call that has not run, as `by`: it never runs, and
+    /// `reason` becomes the tool result the model reads. For an approved call that cannot
+    /// run any more ([`DurableError::ApprovedCallRefused`]: its tool's schema changed,
+    /// its edited arguments no longer decode, a secret is not held after a restart): the
+    /// session's step cannot end until it is decided again.
+    ///
+    /// # Errors
+    /// [`StoreError::NotAwaitingApproval`] unless the call is `approved` (a requested one
+    /// is denied with [`deny`](Self::deny)); an empty reason is
+    /// [`StoreError::EmptyDenialReason`].
+    pub async fn revoke(
+        &self,
+        call: &CallId,
+        reason: &str,
+        by: &str,
+        note: Option<&str>,
+    ) -> Result<CallRecord, DurableError> {
+        let decision = ApprovalDecision::Revoke {
+            reason: reason.to_owned(),
+        };
+        self.decide(call, decision, by, note).await
+    }
+
     /// Denies every request whose deadline has passed (on the store's clock), by the
     /// deadline (audited as `deadline`), across sessions or for one; returns the calls
     /// expired now. A request decided meanwhile by a person is left to that decision.

@@ -322,6 +322,17 @@ pub struct CallIdentity {
     pub ordinal: i64,
 }
 
+/// The idempotency key an approved call runs with when a person edited its arguments
+/// (see [`CheckpointStore::issue_approved`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EditedKey {
+    /// The key derived from the edited arguments.
+    pub key: String,
+    /// The input hash of the edited arguments (masked as journaled), against which
+    /// another holder of the key is checked.
+    pub input_hash: String,
+}
+
 /// A journal row to insert with status [`CallStatus::Issued`].
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewCall {
@@ -941,19 +952,22 @@ pub trait CheckpointStore: Send + Sync + 'static {
     -> Result<CallRecord, StoreError>;
 
     /// Issues an approved row to run, as [`reissue_call`](Self::reissue_call) does, with
-    /// `key` as its idempotency key when `Some`: the key a keyed tool derives from the
-    /// arguments a person edited (the row's own, requested arguments derived the old
+    /// `key`'s key as its idempotency key when `Some`: the key a keyed tool derives from
+    /// the arguments a person edited (the row's own, requested arguments derived the old
     /// one). The new key is sealed with the row, so a re-execution after a crash sends
     /// the same key.
     ///
     /// # Contract
     /// Fenced, atomic, and the `issued` audit row is written as for `reissue_call`. Fails
-    /// with [`StoreError::CallNotInDoubt`] unless the row is `approved`.
+    /// with [`StoreError::CallNotInDoubt`] unless the row is `approved`, and with
+    /// [`StoreError::IdempotencyConflict`] when another call of the tool holds the new key
+    /// with arguments other than the edited ones (as [`issue_call`](Self::issue_call)
+    /// refuses it); the row then stays approved.
     async fn issue_approved(
         &self,
         fence: Fence<'_>,
         call: &CallId,
-        key: Option<String>,
+        key: Option<EditedKey>,
     ) -> Result<CallRecord, StoreError>;
 
     /// Records a call's outcome; optionally writes a checkpoint in the same transaction.
@@ -1073,11 +1087,10 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// # Contract
     /// Atomic; not fenced (an operator decides, not the session's worker).
     /// [`DecideApproval::validate`] runs first. Refuses with
-    /// [`StoreError::NotAwaitingApproval`] a call whose status is not `requested` (but
-    /// `Deny` is also applied to an `approved` call that has not run: a call that cannot
-    /// run any more is denied so that its session goes on): of two decisions on one call
-    /// taken at once, exactly one is applied and the other gets this error. Decided on the
-    /// store's clock: approving or denying a request after the deadline
+    /// [`StoreError::NotAwaitingApproval`] a call whose status is not `requested` (for
+    /// `Revoke`: not `approved`, an approved call that has not run): of two decisions on
+    /// one call taken at once, exactly one is applied and the other gets this error.
+    /// Decided on the store's clock: approving or denying a request after the deadline
     /// is [`StoreError::ApprovalExpired`], expiring before it (or a request without one)
     /// [`StoreError::ApprovalNotExpired`].
     ///

@@ -15,9 +15,9 @@ use async_trait::async_trait;
 use durable_core::integrity::Keyring;
 use durable_core::store::{
     ApprovalRecord, ApprovalRequest, CallRecord, Checkpoint, CheckpointMeta, DecideApproval,
-    Durability, ErrorRecord, Fence, FinishCall, IssueOutcome, Lease, NewCall, NewCheckpoint,
-    NewError, NewSession, PendingApproval, PurgeOutcome, ResolutionRecord, ResolveCall,
-    RetargetSession, SessionFilter, SessionRecord, SessionStatus, StoredMessage,
+    Durability, EditedKey, ErrorRecord, Fence, FinishCall, IssueOutcome, Lease, NewCall,
+    NewCheckpoint, NewError, NewSession, PendingApproval, PurgeOutcome, ResolutionRecord,
+    ResolveCall, RetargetSession, SessionFilter, SessionRecord, SessionStatus, StoredMessage,
 };
 use durable_core::{CallId, CheckpointStore, SessionId, StoreError};
 
@@ -182,7 +182,7 @@ impl CheckpointStore for PostgresStore {
         &self,
         fence: Fence<'_>,
         call: &CallId,
-        key: Option<String>,
+        key: Option<EditedKey>,
     ) -> Result<CallRecord, StoreError> {
         journal::reissue_call(self, fence, call, Some(key)).await
     }

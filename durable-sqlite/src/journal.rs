@@ -3,8 +3,8 @@
 
 use durable_core::integrity::Keyring;
 use durable_core::store::{
-    ApprovalEvent, CallOutcome, CallRecord, CallStatus, CheckpointMeta, FORMAT_VERSION, Fence,
-    FinishCall, IssueOutcome, NewCall, NewCheckpoint,
+    ApprovalEvent, CallOutcome, CallRecord, CallStatus, CheckpointMeta, EditedKey, FORMAT_VERSION,
+    Fence, FinishCall, IssueOutcome, NewCall, NewCheckpoint,
 };
 use durable_core::{CallId, SessionId, StoreError};
 use sqlx::Arguments;
@@ -78,7 +78,7 @@ pub(crate) async fn reissue_call(
     store: &SqliteStore,
     fence: Fence<'_>,
     call: &CallId,
-    approved_key: Option<Option<String>>,
+    approved_key: Option<Option<EditedKey>>,
 ) -> Result<CallRecord, StoreError> {
     let ring = store.keyring();
     let (mut tx, mut fenced, row) = WriteTx::begin_fenced(
@@ -99,8 +99,28 @@ pub(crate) async fn reissue_call(
                 status: raw.status,
             });
         }
-        if let Some(Some(key)) = &approved_key {
-            raw.key = Some(key.clone());
+        if let Some(Some(edited)) = &approved_key {
+            // Another call of the tool holding the key with other arguments: as
+            // `issue_call` refuses it, so is this (the row stays approved).
+            let holder: Option<String> = sqlx::query_scalar(
+                "SELECT id FROM durable_tool_calls WHERE tool_name = ? AND idempotency_key = ? \
+                 AND input_hash <> ? AND id <> ? ORDER BY issued_at, id LIMIT 1",
+            )
+            .bind(&raw.tool)
+            .bind(&edited.key)
+            .bind(&edited.input_hash)
+            .bind(call.as_str())
+            .fetch_optional(&mut *tx.conn())
+            .await
+            .map_err(db)?;
+            if let Some(existing) = holder {
+                return Err(StoreError::IdempotencyConflict {
+                    tool: raw.tool.clone(),
+                    key: edited.key.clone(),
+                    existing: CallId::new(existing),
+                });
+            }
+            raw.key = Some(edited.key.clone());
         }
         let was_issued = match CallStatus::parse(&raw.status) {
             Some(CallStatus::Issued) => true,

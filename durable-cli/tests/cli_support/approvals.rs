@@ -471,6 +471,31 @@ pub async fn approve(store: &Arc<dyn CheckpointStore>, db: &str) {
             .iter()
             .all(|p| p["identity"]["session"] != "s-approve")
     );
+
+    // An approved call that has not run can be revoked (when it cannot run as approved):
+    // denied, with the reason as what the model reads.
+    let out = run(
+        db,
+        &[
+            "deny",
+            refund,
+            "--revoke",
+            "--reason",
+            "the order was refunded by phone",
+            "--json",
+        ],
+    )
+    .json();
+    assert_eq!(out["status"], "denied", "{out}");
+    let revoked = row(store, &r.refund).await;
+    assert_eq!(revoked.status, CallStatus::Denied);
+    assert!(matches!(
+        revoked
+            .approval
+            .and_then(|a| a.decision)
+            .map(|d| d.decision),
+        Some(ApprovalDecision::Revoke { .. })
+    ));
 }
 
 /// `durable deny`, and every decision refused: empty reasons, decided calls (with their
@@ -522,6 +547,7 @@ pub async fn deny_and_refusals(store: &Arc<dyn CheckpointStore>, db: &str) {
     // Decided already: refused with its status and who decided, whatever is asked.
     for args in [
         &["deny", notify, "--reason", "again"][..],
+        &["deny", notify, "--revoke", "--reason", "again"][..],
         &["approve", notify],
     ] {
         run(db, args).fails(
@@ -529,6 +555,10 @@ pub async fn deny_and_refusals(store: &Arc<dyn CheckpointStore>, db: &str) {
             "is not awaiting approval (status `denied`): it was already denied by bob",
         );
     }
+
+    // Revoking is for an approved call that has not run; a requested one is denied.
+    run(db, &["deny", refund, "--revoke", "--reason", "x"])
+        .fails(4, "is not awaiting approval (status `requested`)");
 
     // Text output of a denial.
     let reason = "Refunds above 100 need a ticket.";

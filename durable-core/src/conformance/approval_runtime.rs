@@ -651,7 +651,11 @@ pub async fn runtime_approved_call_that_cannot_run_is_denied(store: Arc<dyn Chec
     durable
         .deny(&call, "the edit does not fit the tool", "alice", None)
         .await
-        .expect("an approved call that has not run can be denied");
+        .expect_err("deny is for requests: an approved call is revoked");
+    durable
+        .revoke(&call, "the edit does not fit the tool", "alice", None)
+        .await
+        .expect("an approved call that has not run can be revoked");
     drop(session);
     release_dead_lease(&store, &id).await;
     let mut session = resume(&store, &id, "third").await;
@@ -742,4 +746,73 @@ pub async fn runtime_checkpoint_after_keeps_the_step_open_for_a_request(
     .await
     .expect("the approved refund runs in the step it was asked in");
     assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+/// An edit whose derived key another call of the tool holds with other arguments is
+/// refused when the approved call would run (as a fresh call with those arguments would
+/// be): nothing runs, the row stays approved, and a person denies it.
+pub async fn runtime_edited_key_held_by_another_call_is_refused(store: Arc<dyn CheckpointStore>) {
+    let (durable, _) = runtime(&store, "first");
+    let charge = spec("charge", ReplayClass::IdempotentWithKey);
+    let runs = Arc::new(AtomicUsize::new(0));
+    // Another session charged under `key-2`, with other arguments.
+    let other = start(&durable).await;
+    let counted = Arc::clone(&runs);
+    other
+        .journal()
+        .tool(&charge, json!({ "n": 2, "memo": "phone order" }))
+        .key("key-2")
+        .run(move |_ctx| {
+            let counted = Arc::clone(&counted);
+            async move {
+                counted.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, String>(json!("charged"))
+            }
+        })
+        .await
+        .expect("the other charge");
+    let session = start(&durable).await;
+    let call = awaiting(
+        ask(
+            &session,
+            &charge,
+            5,
+            Some(approval::tool_rule(&charge)),
+            &runs,
+        )
+        .await,
+    );
+    let id = session.id().clone();
+    session.await_approval().await.expect("park");
+    durable
+        .approve(&call, Some(json!({ "n": 2 })), "alice", None)
+        .await
+        .expect("approve");
+    let session = resume(&store, &id, "second").await;
+    match ask(
+        &session,
+        &charge,
+        5,
+        Some(approval::tool_rule(&charge)),
+        &runs,
+    )
+    .await
+    {
+        Err(CallError::Durable(DurableError::ApprovedCallRefused { reason, .. })) => {
+            assert!(reason.contains("key-2"), "{reason}");
+        }
+        other => panic!("expected ApprovedCallRefused, got {other:?}"),
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "only the other charge ran");
+    let row = store.call(&call).await.expect("row");
+    assert_eq!(row.status, CallStatus::Approved);
+    assert_eq!(
+        row.idempotency_key.as_deref(),
+        Some("key-5"),
+        "the key is unchanged"
+    );
+    durable
+        .revoke(&call, "the order was charged by phone", "alice", None)
+        .await
+        .expect("revoke");
 }

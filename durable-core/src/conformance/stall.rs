@@ -21,8 +21,8 @@ use crate::error::StoreError;
 use crate::ids::{CallId, SessionId};
 use crate::store::{
     ApprovalRecord, ApprovalRequest, CallRecord, Checkpoint, CheckpointMeta, CheckpointStore,
-    DecideApproval, Durability, ErrorRecord, Fence, FinishCall, IssueOutcome, Lease, NewCall,
-    NewCheckpoint, NewError, NewSession, PendingApproval, PurgeOutcome, ResolutionRecord,
+    DecideApproval, Durability, EditedKey, ErrorRecord, Fence, FinishCall, IssueOutcome, Lease,
+    NewCall, NewCheckpoint, NewError, NewSession, PendingApproval, PurgeOutcome, ResolutionRecord,
     ResolveCall, RetargetSession, SessionFilter, SessionRecord, SessionStatus, StoredMessage,
 };
 
@@ -240,7 +240,7 @@ impl CheckpointStore for Probe {
         &self,
         fence: Fence<'_>,
         call: &CallId,
-        key: Option<String>,
+        key: Option<EditedKey>,
     ) -> Result<CallRecord, StoreError> {
         self.inner.issue_approved(fence, call, key).await
     }

@@ -16,14 +16,14 @@ use super::numbers::Reservation;
 use super::{CallError, Journal, Outcome, RecordedFailure, failure_message, lock};
 use crate::args;
 use crate::canonical;
-use crate::error::DurableError;
+use crate::error::{DurableError, StoreError};
 use crate::ids::CallId;
 use crate::replay::ReplayClass;
 use crate::secret;
 use crate::snapshot::Spend;
 use crate::store::{
     ApprovalRequest, CallIdentity, CallKind, CallOutcome, CallRecord, CallStatus, CheckpointMeta,
-    FinishCall, IssueOutcome, NewCall, NewCheckpoint, NewError,
+    EditedKey, FinishCall, IssueOutcome, NewCall, NewCheckpoint, NewError,
 };
 use crate::tool::{ToolContext, ToolSpec, Verification};
 
@@ -571,12 +571,19 @@ impl ToolCall<'_> {
         journal.ensure_durable(spec).await?;
         journal.failpoint("before_issue", &spec.name);
         let lease = journal.lease();
-        let issued = journal
+        let issued = match journal
             .inner
             .store
             .issue_approved(lease.fence(), &row.id, key)
             .await
-            .map_err(|e| journal.note_store_error(e))?;
+        {
+            Ok(issued) => issued,
+            // The edited arguments' key is another call's: the row stays approved.
+            Err(conflict @ StoreError::IdempotencyConflict { .. }) => {
+                return refuse(&mut reservation, conflict.into());
+            }
+            Err(e) => return Err(journal.note_store_error(e).into()),
+        };
         let running = IssuedHere::new(journal, &issued);
         journal.remember(&issued).await;
         journal.failpoint("after_issued", &spec.name);
@@ -602,7 +609,7 @@ impl ToolCall<'_> {
     fn take_edits(
         &mut self,
         row: &CallRecord,
-    ) -> Result<(Option<String>, Option<Arc<Value>>), DurableError> {
+    ) -> Result<(Option<EditedKey>, Option<Arc<Value>>), DurableError> {
         let Some(edited) = row.approval.as_ref().and_then(|a| a.edited_args()) else {
             return Ok((None, None));
         };
@@ -629,6 +636,13 @@ impl ToolCall<'_> {
             });
         };
         let key = check(&effective)?;
+        let input_hash = canonical::input_hash(edited).map_err(|e| DurableError::InvalidEdit {
+            call: row.id.clone(),
+            tool: self.spec.name.clone(),
+            path: e.path.clone(),
+            detail: e.kind.to_string(),
+        })?;
+        let key = key.map(|key| EditedKey { key, input_hash });
         if self.spec.class == ReplayClass::IdempotentWithKey && key.is_none() {
             return Err(DurableError::InvalidEdit {
                 call: row.id.clone(),

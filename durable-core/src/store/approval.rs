@@ -145,7 +145,9 @@ impl Decided {
     pub fn denial(&self, deadline: Option<i64>) -> Option<Value> {
         let reason = match &self.decision {
             ApprovalDecision::Approve { .. } => return None,
-            ApprovalDecision::Deny { reason } => reason.clone(),
+            ApprovalDecision::Deny { reason } | ApprovalDecision::Revoke { reason } => {
+                reason.clone()
+            }
             ApprovalDecision::Expire => match deadline {
                 Some(at) => format!("the approval request expired at {at} ms undecided"),
                 None => "the approval request expired undecided".to_owned(),
@@ -179,6 +181,14 @@ pub enum ApprovalDecision {
     /// Its deadline passed undecided: denied by the deadline. Refused before the
     /// deadline.
     Expire,
+    /// Take back an approval whose call has not run (it cannot run any more: its tool
+    /// changed, its edit no longer decodes): denied, the reason is what the model sees.
+    /// Only on an `approved` call; a `requested` one is denied with `Deny`, so two
+    /// people deciding at once never both succeed.
+    Revoke {
+        /// Why.
+        reason: String,
+    },
 }
 
 impl ApprovalDecision {
@@ -186,7 +196,9 @@ impl ApprovalDecision {
     pub const fn event(&self) -> ApprovalEvent {
         match self {
             ApprovalDecision::Approve { .. } => ApprovalEvent::Approved,
-            ApprovalDecision::Deny { .. } => ApprovalEvent::Denied,
+            ApprovalDecision::Deny { .. } | ApprovalDecision::Revoke { .. } => {
+                ApprovalEvent::Denied
+            }
             ApprovalDecision::Expire => ApprovalEvent::Expired,
         }
     }
@@ -218,7 +230,9 @@ impl DecideApproval {
         if let Some(note) = self.note.as_deref() {
             crate::validate::validate_text("approval note", note)?;
         }
-        if let ApprovalDecision::Deny { reason } = &self.decision {
+        if let ApprovalDecision::Deny { reason } | ApprovalDecision::Revoke { reason } =
+            &self.decision
+        {
             crate::validate::validate_text("denial reason", reason)?;
             if reason.trim().is_empty() {
                 return Err(StoreError::EmptyDenialReason {
@@ -246,11 +260,16 @@ impl DecideApproval {
         approval: Option<&Approval>,
         now: i64,
     ) -> Result<Transition, StoreError> {
-        // An approved call that has not run may still be denied: when it cannot run (its
-        // tool changed, its edit no longer decodes), denying it is how the session goes on.
-        let revoking = status == CallStatus::Approved
-            && matches!(self.decision, ApprovalDecision::Deny { .. });
-        if status != CallStatus::Requested && !revoking {
+        // An approved call that has not run may be revoked: when it cannot run (its tool
+        // changed, its edit no longer decodes), that is how the session goes on. Every
+        // other decision is on a requested call.
+        let revoking = matches!(self.decision, ApprovalDecision::Revoke { .. });
+        let expected = if revoking {
+            CallStatus::Approved
+        } else {
+            CallStatus::Requested
+        };
+        if status != expected {
             return Err(StoreError::NotAwaitingApproval {
                 call: self.call.clone(),
                 status: status.as_str().to_owned(),
@@ -303,7 +322,9 @@ impl DecideApproval {
             ApprovalDecision::Approve { args } => {
                 (CallStatus::Approved, self.note.clone(), args.clone())
             }
-            ApprovalDecision::Deny { reason } => (CallStatus::Denied, Some(reason.clone()), None),
+            ApprovalDecision::Deny { reason } | ApprovalDecision::Revoke { reason } => {
+                (CallStatus::Denied, Some(reason.clone()), None)
+            }
             ApprovalDecision::Expire => (CallStatus::Denied, self.note.clone(), None),
         };
         Ok(Transition {

@@ -12,7 +12,7 @@ use durable_core::ids::{CallId, SessionId};
 use durable_core::integrity::Keyring;
 use durable_core::store::{
     Approval, ApprovalEvent, ApprovalRequest, CallOutcome, CallRecord, CallStatus, CheckpointMeta,
-    FORMAT_VERSION, Fence, FinishCall, IssueOutcome, NewCall, NewCheckpoint,
+    EditedKey, FORMAT_VERSION, Fence, FinishCall, IssueOutcome, NewCall, NewCheckpoint,
 };
 use sqlx::postgres::PgConnection;
 
@@ -393,7 +393,7 @@ pub(crate) async fn reissue_call(
     store: &PostgresStore,
     fence: Fence<'_>,
     call: &CallId,
-    approved_key: Option<Option<String>>,
+    approved_key: Option<Option<EditedKey>>,
 ) -> Result<CallRecord, StoreError> {
     let ring = store.keyring();
     let mut tx = tx::begin(&store.pool).await?;
@@ -407,8 +407,28 @@ pub(crate) async fn reissue_call(
             status: raw.status,
         });
     }
-    if let Some(Some(key)) = &approved_key {
-        raw.key = Some(key.clone());
+    if let Some(Some(edited)) = &approved_key {
+        // Another call of the tool holding the key with other arguments: as `issue_call`
+        // refuses it, so is this (the row stays approved).
+        let holder: Option<String> = sqlx::query_scalar(
+            "SELECT id FROM durable_tool_calls WHERE tool_name = $1 AND idempotency_key = $2 \
+             AND input_hash <> $3 AND id <> $4 ORDER BY issued_at, id LIMIT 1",
+        )
+        .bind(&raw.tool)
+        .bind(&edited.key)
+        .bind(&edited.input_hash)
+        .bind(call.as_str())
+        .fetch_optional(&mut *tx)
+        .await
+        .map_err(db)?;
+        if let Some(existing) = holder {
+            return Err(StoreError::IdempotencyConflict {
+                tool: raw.tool.clone(),
+                key: edited.key.clone(),
+                existing: CallId::new(existing),
+            });
+        }
+        raw.key = Some(edited.key.clone());
     }
     match CallStatus::parse(&raw.status) {
         Some(CallStatus::Issued) => {}
