@@ -77,7 +77,7 @@ static WIRED: Mutex<Vec<(String, u64)>> = Mutex::new(Vec::new());
 /// Wire money to an account.
 #[durable_tool(replay = "unsafe_on_replay", approval = "required")]
 async fn wire_funds(to: String, cents: u64) -> Result<String, Failure> {
-    WIRED.lock().unwrap().push((to.clone(), cents));
+    WIRED.lock().expect("lock").push((to.clone(), cents));
     Ok(format!("wired {cents} to {to}"))
 }
 
@@ -91,7 +91,10 @@ async fn a_required_approval_parks_the_call_and_runs_it_once_with_the_edit() {
         .call(session.journal(), "acct-1".into(), 5_000)
         .await;
     assert!(awaiting(&first), "{first:?}");
-    assert!(WIRED.lock().unwrap().is_empty(), "the body must not run");
+    assert!(
+        WIRED.lock().expect("lock").is_empty(),
+        "the body must not run"
+    );
     session.await_approval().await.expect("park");
 
     let operator = runtime(&store, "operator");
@@ -127,7 +130,7 @@ async fn a_required_approval_parks_the_call_and_runs_it_once_with_the_edit() {
         .await
         .expect("recorded");
     assert_eq!(again, wired);
-    assert_eq!(*WIRED.lock().unwrap(), [("acct-1".to_owned(), 500)]);
+    assert_eq!(*WIRED.lock().expect("lock"), [("acct-1".to_owned(), 500)]);
     assert_eq!(
         store.call(&call).await.expect("row").status,
         CallStatus::Completed
@@ -147,7 +150,7 @@ static REFUNDED: Mutex<Vec<(String, u64, String)>> = Mutex::new(Vec::new());
 async fn refund(key: IdempotencyKey, order: String, cents: u64) -> Result<u64, Failure> {
     REFUNDED
         .lock()
-        .unwrap()
+        .expect("lock")
         .push((order, cents, key.as_str().to_owned()));
     Ok(cents)
 }
@@ -167,7 +170,7 @@ async fn an_approval_rule_decides_per_call_and_an_edit_re_derives_the_key() {
     let large = refund.call(session.journal(), "o-1".into(), 500).await;
     assert!(awaiting(&large), "{large:?}");
     assert_eq!(
-        *REFUNDED.lock().unwrap(),
+        *REFUNDED.lock().expect("lock"),
         [("o-1".to_owned(), 50, "refund:o-1:50".to_owned())]
     );
     session.await_approval().await.expect("park");
@@ -195,7 +198,7 @@ async fn an_approval_rule_decides_per_call_and_an_edit_re_derives_the_key() {
     assert!(!output.is_error, "{output:?}");
     assert_eq!(output.content, json!(90));
     assert_eq!(
-        *REFUNDED.lock().unwrap(),
+        *REFUNDED.lock().expect("lock"),
         [
             ("o-1".to_owned(), 50, "refund:o-1:50".to_owned()),
             ("o-1".to_owned(), 90, "refund:o-1:90".to_owned()),
@@ -213,7 +216,7 @@ static DELETED: Mutex<Vec<String>> = Mutex::new(Vec::new());
 /// Delete a customer's account.
 #[durable_tool(replay = "pure", approval = "required")]
 async fn delete_account(customer: String) -> Result<(), Failure> {
-    DELETED.lock().unwrap().push(customer);
+    DELETED.lock().expect("lock").push(customer);
     Ok(())
 }
 
@@ -251,7 +254,7 @@ async fn a_denied_call_returns_the_reason_to_the_model() {
         "{message}"
     );
     assert!(
-        DELETED.lock().unwrap().is_empty(),
+        DELETED.lock().expect("lock").is_empty(),
         "a denied call never runs"
     );
 }

@@ -319,14 +319,17 @@ mod tests {
         let card = json!({"$secret": "k1:abc"});
         let row = requested(json!({"amount": 500, "card": card}), Some(schema()));
         let limits = ArgLimits::default();
-        assert_eq!(check_edited_args(&row, &row.args, &limits).unwrap(), None);
+        assert_eq!(
+            check_edited_args(&row, &row.args, &limits).expect("accepted"),
+            None
+        );
         let lower = json!({"amount": 50, "card": card});
         assert_eq!(
-            check_edited_args(&row, &lower, &limits).unwrap(),
+            check_edited_args(&row, &lower, &limits).expect("accepted"),
             Some(lower.clone())
         );
         let bad = json!({"amount": "fifty", "card": card});
-        let err = check_edited_args(&row, &bad, &limits).unwrap_err();
+        let err = check_edited_args(&row, &bad, &limits).expect_err("refused");
         assert!(
             matches!(&err, DurableError::InvalidEdit { path, .. } if path == "$.amount"),
             "{err}"
@@ -344,7 +347,7 @@ mod tests {
         let row = requested(json!({"amount": 5, "card": card}), Some(schema()));
         let limits = ArgLimits::default();
         let changed = json!({"amount": 5, "card": "4242"});
-        let err = check_edited_args(&row, &changed, &limits).unwrap_err();
+        let err = check_edited_args(&row, &changed, &limits).expect_err("refused");
         assert!(err.to_string().contains("secret argument"), "{err}");
         let dropped = json!({"amount": 5});
         assert!(check_edited_args(&row, &dropped, &limits).is_err());
@@ -355,8 +358,8 @@ mod tests {
     #[test]
     fn an_edit_without_a_recorded_schema_is_refused() {
         let row = requested(json!({"amount": 5}), None);
-        let err =
-            check_edited_args(&row, &json!({"amount": 6}), &ArgLimits::default()).unwrap_err();
+        let err = check_edited_args(&row, &json!({"amount": 6}), &ArgLimits::default())
+            .expect_err("refused");
         assert!(err.to_string().contains("no argument schema"), "{err}");
     }
 

@@ -591,6 +591,50 @@ mod tests {
     }
 
     #[test]
+    fn edited_args_are_decoded_kept_and_keyed() {
+        let spec = spec();
+        let original = Args {
+            to: "a".into(),
+            cc: None,
+            items: vec![],
+        };
+        let slot = EditedArgs::<Args>::new();
+        assert_eq!(slot.or(&original), original);
+        let check = slot.check(&spec, |edited: &Args| Ok(Some(format!("k:{}", edited.to))));
+        let key = check(&json!({"to": "b", "items": [{"price": 3}]})).expect("decoded");
+        assert_eq!(key.as_deref(), Some("k:b"));
+        assert_eq!(slot.or(&original).to, "b");
+        assert_eq!(slot.or(&original).items, [Item { price: 3 }]);
+
+        let refused = EditedArgs::<Args>::new();
+        let check = refused.check(&spec, |_: &Args| Ok(None));
+        match check(&json!({"to": "b", "items": [{"price": "x"}]})) {
+            Err(DurableError::ArgumentsMismatch { path, .. }) => {
+                assert_eq!(path, "$.items[0].price");
+            }
+            other => panic!("expected ArgumentsMismatch, got {other:?}"),
+        }
+        assert_eq!(refused.or(&original), original);
+    }
+
+    #[test]
+    fn approval_rules_ask_with_the_tool_rule() {
+        fn large(args: &Args) -> bool {
+            args.items.iter().any(|i| i.price > 100)
+        }
+        let spec = spec();
+        let mut args = Args {
+            to: "a".into(),
+            cc: None,
+            items: vec![Item { price: 5 }],
+        };
+        assert!(rule_request(&spec, large, &args).is_none());
+        args.items.push(Item { price: 500 });
+        let request = rule_request(&spec, large, &args).expect("asked");
+        assert_eq!(request.asked_by, "tool send");
+    }
+
+    #[test]
     fn keys() {
         let args = Args {
             to: "a".into(),
