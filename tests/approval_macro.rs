@@ -10,13 +10,16 @@
 
 use std::sync::Arc;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use durable::sqlite::SqliteStore;
 use durable::store::CallStatus;
 use durable::{
     CallError, CallId, CheckpointStore, Durable, DurableError, IdempotencyKey, Message, Session,
-    SessionId, StartOptions, Tool, durable_tool,
+    SessionId, StartOptions, Tool, ToolContext, Verification, durable_tool,
 };
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 #[derive(Debug)]
@@ -257,4 +260,116 @@ async fn a_denied_call_returns_the_reason_to_the_model() {
         DELETED.lock().expect("lock").is_empty(),
         "a denied call never runs"
     );
+}
+
+// ---------------------------------------------------------------------------------------
+
+/// A notice to post (the struct-argument form).
+#[derive(Debug, Clone, Serialize, Deserialize, schemars::JsonSchema)]
+struct Notice {
+    /// The board.
+    board: String,
+    /// Hang after posting, like a crash before the result is recorded.
+    hang: bool,
+}
+
+static POSTED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+static VERIFIED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+static POSTING: AtomicBool = AtomicBool::new(false);
+
+/// Post a notice on a board.
+#[durable_tool(replay = "unsafe_on_replay", verify = notice_was_posted, approval = needs_review)]
+async fn post_notice(#[args] notice: Notice) -> Result<String, Failure> {
+    POSTED.lock().expect("lock").push(notice.board.clone());
+    if notice.hang {
+        POSTING.store(true, Ordering::SeqCst);
+        std::future::pending::<()>().await;
+    }
+    Ok(format!("posted on {}", notice.board))
+}
+
+fn needs_review(notice: &Notice) -> bool {
+    notice.board != "scratch"
+}
+
+#[allow(clippy::unused_async)] // verify hooks are async; this one needs no I/O
+async fn notice_was_posted(_ctx: &ToolContext, notice: &Notice) -> Verification<String> {
+    VERIFIED.lock().expect("lock").push(notice.board.clone());
+    if POSTED.lock().expect("lock").contains(&notice.board) {
+        Verification::Happened(format!("found on {}", notice.board))
+    } else {
+        Verification::DidNotHappen
+    }
+}
+
+#[tokio::test]
+async fn the_verify_hook_of_an_approved_call_sees_the_edited_arguments() {
+    let store = store().await;
+    let session = start(&store).await;
+    let id = session.id().clone();
+
+    let asked = post_notice
+        .call(
+            session.journal(),
+            Notice {
+                board: "general".into(),
+                hang: true,
+            },
+        )
+        .await;
+    assert!(awaiting(&asked), "{asked:?}");
+    session.await_approval().await.expect("park");
+    let operator = runtime(&store, "operator");
+    let call = pending(&operator, &id).await;
+    operator
+        .approve(
+            &call,
+            Some(json!({"board": "ops", "hang": true})),
+            "alice",
+            None,
+        )
+        .await
+        .expect("approve");
+
+    // The approved call posts with the edit, then its worker is lost before the result
+    // is recorded.
+    let session = resume(&store, &id).await;
+    let journal = session.journal().clone();
+    let task = tokio::spawn(async move {
+        post_notice
+            .call(
+                &journal,
+                Notice {
+                    board: "general".into(),
+                    hang: true,
+                },
+            )
+            .await
+    });
+    while !POSTING.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    task.abort();
+    assert!(task.await.is_err(), "the call was cut off");
+    assert_eq!(
+        store.call(&call).await.expect("row").status,
+        CallStatus::Issued
+    );
+
+    // In doubt on resume: the verify hook is asked about the edited arguments.
+    session.release().await.expect("release");
+    let session = resume(&store, &id).await;
+    let verified = post_notice
+        .call(
+            session.journal(),
+            Notice {
+                board: "general".into(),
+                hang: true,
+            },
+        )
+        .await
+        .expect("verified");
+    assert_eq!(verified, "found on ops");
+    assert_eq!(*POSTED.lock().expect("lock"), ["ops"]);
+    assert_eq!(*VERIFIED.lock().expect("lock"), ["ops"]);
 }
