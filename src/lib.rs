@@ -306,6 +306,7 @@ pub use durable_postgres as postgres;
 /// | `idempotency_key = <fn>` | required for, and only for, `idempotent_with_key` | derives the key the upstream API deduplicates on (see *Keys*) |
 /// | `verify = <path>` | only `unsafe_on_replay` | async hook asked whether an in-doubt call's effect happened (see *Verify hooks*) |
 /// | `retry = <expr>` | `pure` and `idempotent_with_key` only | a [`RetryPolicy`]: failed executions are retried with backoff. Refused on `unsafe_on_replay`: auto-retrying a call whose effect cannot be deduplicated is the duplicate-email bug |
+/// | `approval = "required"` or `approval = <path>` | any class | every call needs a person's approval before it runs, or when the fn `fn(&Args) -> bool` says so for the call's arguments (see *Approvals*) |
 /// | `name = "..."` | default: the fn name | the name the model calls; 1–64 of `A–Z a–z 0–9 _ -` |
 /// | `description = "..."` | default: the fn's doc comment | what the model reads about the tool |
 /// | `crate = "path"` | default: `::durable` | where the runtime is, for a crate that renames the dependency (`dur = { package = "durable", ... }` → `crate = "dur"`) |
@@ -440,6 +441,48 @@ pub use durable_postgres as postgres;
 /// [`Verification::DidNotHappen`] lets the call run now, [`Verification::Unknown`]
 /// surfaces it as [`DurableError::ReplayUnsafe`] for an operator.
 ///
+/// # Approvals
+///
+/// `approval = "required"` journals every call of the tool as *requested* instead of
+/// running it; `approval = needs_approval` names a `fn needs_approval(args: &Args) ->
+/// bool` over the argument struct (`&YourStruct` in the struct-argument form) that
+/// decides per call. A call that needs approval returns
+/// [`DurableError::AwaitingApproval`] (as `CallError::Durable`, or `Err` from
+/// [`Tool::invoke`]) and its body does not run; the harness parks the session with
+/// [`Session::await_approval`](crate::Session::await_approval). A person approves
+/// ([`Durable::approve`](crate::Durable::approve), `durable approve`), optionally with
+/// edited arguments, or denies with a reason. The resumed session replays the turn: an
+/// approved call runs once, with the edited arguments when there are some (decoded into
+/// the argument struct, and a keyed tool's key derived from them by its
+/// `idempotency_key` rule); a denied one returns the reason as the tool's error, which
+/// the model reads ([`ToolOutput`] with `is_error: true`). What runs after the approval
+/// still follows the replay class. See [`approval`](durable_core::approval) for the
+/// whole flow. A value other than `"required"` or a path is a compile error, and a fn
+/// of the wrong shape is reported at its path.
+///
+/// ```no_run
+/// # use durable::{IdempotencyKey, durable_tool};
+/// /// Refund an order; refunds above 100.00 need a person's approval.
+/// #[durable_tool(
+///     replay = "idempotent_with_key",
+///     idempotency_key = |a| format!("refund:{}:{}", a.order, a.cents),
+///     approval = large_refund,
+/// )]
+/// async fn refund(key: IdempotencyKey, order: String, cents: u64) -> Result<String, std::io::Error> {
+///     Ok(format!("refunded {cents} on {order} with key {key}"))
+/// }
+///
+/// fn large_refund(args: &RefundArgs) -> bool {
+///     args.cents > 10_000
+/// }
+///
+/// /// Delete a customer's account.
+/// #[durable_tool(replay = "unsafe_on_replay", approval = "required")]
+/// async fn delete_account(customer: String) -> Result<(), std::io::Error> {
+///     Ok(())
+/// }
+/// ```
+///
 /// # What it generates
 ///
 /// For `vis async fn send_email(...)`, in the same module and with the same visibility:
@@ -494,12 +537,13 @@ pub mod __private {
     //! through this module, so users need no direct dependency on serde, schemars or
     //! durable-core.
 
+    pub use durable_core::approval::tool_rule;
     pub use durable_core::tool::{IdempotencyKey, ToolContext, ToolSpec};
     pub use durable_core::tool_bounds::{
-        BoxFuture, ToolArgument, ToolErrorValue, ToolOutputValue, ToolReturn, args_schema,
-        assert_tool_argument, assert_tool_return, checked_key, decode_args, derive_key,
-        derive_key_with_session, doc_text, encode_args, run_tool, run_tool_keyed,
-        run_tool_verified, tool_output,
+        ApprovalRule, BoxFuture, EditedArgs, ToolArgument, ToolErrorValue, ToolOutputValue,
+        ToolReturn, args_schema, assert_tool_argument, assert_tool_return, checked_key,
+        decode_args, derive_key, derive_key_with_session, doc_text, encode_args, rule_request,
+        run_tool, run_tool_keyed, run_tool_verified, tool_output,
     };
     pub use durable_core::toolbox::{Tool, ToolOutput};
     pub use durable_core::{CallError, DurableError, Journal, ReplayClass, SessionId};

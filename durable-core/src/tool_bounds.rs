@@ -16,7 +16,7 @@
 use std::fmt::Display;
 use std::future::{Future, poll_fn};
 use std::pin::pin;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, OnceLock, PoisonError};
 use std::task::Poll;
 
 use futures_util::future::Either;
@@ -26,11 +26,13 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+use crate::approval::tool_rule;
 use crate::args::path::render_serde_path;
 use crate::args::{ArgumentErrorKind, to_journal_value};
 use crate::error::DurableError;
 use crate::ids::SessionId;
 use crate::journal::{CallError, ToolCall};
+use crate::store::ApprovalRequest;
 use crate::tool::{IdempotencyKey, ToolContext, ToolSpec, Verification};
 use crate::toolbox::ToolOutput;
 
@@ -198,6 +200,89 @@ pub fn checked_key(spec: &ToolSpec, key: String) -> Result<String, DurableError>
         });
     }
     Ok(key)
+}
+
+/// A per-call approval rule (`#[durable_tool(approval = needs_approval)]`): a fn over the
+/// tool's typed arguments saying whether this call needs a person's approval.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot decide whether a call needs approval",
+    label = "not a `fn(&{A}) -> bool`",
+    note = "`approval = <path>` names a fn that takes the tool's arguments and says whether the \
+            call needs approval: `fn(&{A}) -> bool`; for every call, write `approval = \"required\"`"
+)]
+pub trait ApprovalRule<A> {
+    /// Whether the call with `args` needs approval.
+    fn needs_approval(&self, args: &A) -> bool;
+}
+
+impl<A, F: Fn(&A) -> bool> ApprovalRule<A> for F {
+    fn needs_approval(&self, args: &A) -> bool {
+        self(args)
+    }
+}
+
+/// The request a tool's `approval = <rule>` journals for `args`, when the rule asks for
+/// one ([`tool_rule`]); `None` runs the call.
+pub fn rule_request<A, R: ApprovalRule<A>>(
+    spec: &ToolSpec,
+    rule: R,
+    args: &A,
+) -> Option<ApprovalRequest> {
+    rule.needs_approval(args).then(|| tool_rule(spec))
+}
+
+/// The arguments a generated tool's body runs with: the call's own, or those a person
+/// edited before approving it.
+///
+/// The journal hands edited arguments (as JSON) to the check [`check`](Self::check)
+/// returns ([`ToolCall::accept_edits`]) before anything runs; it decodes them, keeps
+/// them here and derives the call's idempotency key from them. The run (and verify)
+/// closures then take [`or`](Self::or) of the arguments the call was made with.
+pub struct EditedArgs<A> {
+    edited: OnceLock<A>,
+}
+
+impl<A> Default for EditedArgs<A> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<A> EditedArgs<A> {
+    /// An empty slot: the call runs with its own arguments unless an approval edits them.
+    pub fn new() -> Self {
+        EditedArgs {
+            edited: OnceLock::new(),
+        }
+    }
+}
+
+impl<A: DeserializeOwned + Clone + Send + Sync> EditedArgs<A> {
+    /// The check to give [`ToolCall::accept_edits`]: decodes the edited arguments with
+    /// [`decode_args`] (so a misfit is [`DurableError::ArgumentsMismatch`] naming the
+    /// JSON path), keeps them, and returns `key` of them: the idempotency key derived
+    /// from the edited arguments for a keyed tool, `Ok(None)` for the others.
+    pub fn check<'a, K>(
+        &'a self,
+        spec: &'a ToolSpec,
+        key: K,
+    ) -> impl FnOnce(&Value) -> Result<Option<String>, DurableError> + Send + 'a
+    where
+        K: FnOnce(&A) -> Result<Option<String>, DurableError> + Send + 'a,
+    {
+        move |edited: &Value| {
+            let args: A = decode_args(spec, edited)?;
+            let key = key(&args)?;
+            // The journal takes the edits once per call; a second value would be the same.
+            let _ = self.edited.set(args);
+            Ok(key)
+        }
+    }
+
+    /// The edited arguments when an approval edited them, else a clone of `original`.
+    pub fn or(&self, original: &A) -> A {
+        self.edited.get().unwrap_or(original).clone()
+    }
 }
 
 /// Compile-time check used by generated code: `T` is a [`ToolArgument`].
@@ -503,6 +588,50 @@ mod tests {
             tool_output::<_, String>(&spec, Ok(keys)),
             Err(DurableError::Encode { .. })
         ));
+    }
+
+    #[test]
+    fn edited_args_are_decoded_kept_and_keyed() {
+        let spec = spec();
+        let original = Args {
+            to: "a".into(),
+            cc: None,
+            items: vec![],
+        };
+        let slot = EditedArgs::<Args>::new();
+        assert_eq!(slot.or(&original), original);
+        let check = slot.check(&spec, |edited: &Args| Ok(Some(format!("k:{}", edited.to))));
+        let key = check(&json!({"to": "b", "items": [{"price": 3}]})).expect("decoded");
+        assert_eq!(key.as_deref(), Some("k:b"));
+        assert_eq!(slot.or(&original).to, "b");
+        assert_eq!(slot.or(&original).items, [Item { price: 3 }]);
+
+        let refused = EditedArgs::<Args>::new();
+        let check = refused.check(&spec, |_: &Args| Ok(None));
+        match check(&json!({"to": "b", "items": [{"price": "x"}]})) {
+            Err(DurableError::ArgumentsMismatch { path, .. }) => {
+                assert_eq!(path, "$.items[0].price");
+            }
+            other => panic!("expected ArgumentsMismatch, got {other:?}"),
+        }
+        assert_eq!(refused.or(&original), original);
+    }
+
+    #[test]
+    fn approval_rules_ask_with_the_tool_rule() {
+        fn large(args: &Args) -> bool {
+            args.items.iter().any(|i| i.price > 100)
+        }
+        let spec = spec();
+        let mut args = Args {
+            to: "a".into(),
+            cc: None,
+            items: vec![Item { price: 5 }],
+        };
+        assert!(rule_request(&spec, large, &args).is_none());
+        args.items.push(Item { price: 500 });
+        let request = rule_request(&spec, large, &args).expect("asked");
+        assert_eq!(request.asked_by, "tool send");
     }
 
     #[test]

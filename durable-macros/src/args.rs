@@ -5,6 +5,8 @@
 //   idempotency_key = <expr>               closure `|args| ..` / `|args, session| ..` or a fn path
 //   verify          = <expr>               async fn `(ctx: &ToolContext, args: &Args) -> Verification<T>`
 //   retry           = <expr>               a `RetryPolicy` value
+//   approval        = "required" | <path>  every call needs approval, or a fn `(&Args) -> bool`
+//                                          deciding per call (the string is checked in validate)
 //   name            = "<tool name>"        defaults to the fn name
 //   description     = "<text>"             defaults to the fn's doc comment
 //   crate           = "<path>"             the runtime root, defaults to `::durable`
@@ -25,6 +27,7 @@ enum Keyword {
     IdempotencyKey,
     Verify,
     Retry,
+    Approval,
     Name,
     Description,
     Crate,
@@ -36,6 +39,7 @@ const KEYS: &[(&str, Keyword)] = &[
     ("idempotency_key", Keyword::IdempotencyKey),
     ("verify", Keyword::Verify),
     ("retry", Keyword::Retry),
+    ("approval", Keyword::Approval),
     ("name", Keyword::Name),
     ("description", Keyword::Description),
     ("crate", Keyword::Crate),
@@ -84,12 +88,21 @@ impl<T> Slot<T> {
     }
 }
 
+/// The value of `approval = ...` as written.
+pub(crate) enum ApprovalArg {
+    /// A string: `"required"` (other strings are reported by validate).
+    Lit(LitStr),
+    /// The path of a fn deciding per call.
+    Rule(syn::Path),
+}
+
 /// The parsed attribute.
 pub(crate) struct ToolArgs {
     pub(crate) replay: Slot<LitStr>,
     pub(crate) idempotency_key: Slot<Expr>,
     pub(crate) verify: Slot<Expr>,
     pub(crate) retry: Slot<Expr>,
+    pub(crate) approval: Slot<ApprovalArg>,
     pub(crate) name: Slot<LitStr>,
     pub(crate) description: Slot<LitStr>,
     pub(crate) krate: Slot<syn::Path>,
@@ -102,6 +115,7 @@ impl ToolArgs {
             idempotency_key: Slot::new("idempotency_key"),
             verify: Slot::new("verify"),
             retry: Slot::new("retry"),
+            approval: Slot::new("approval"),
             name: Slot::new("name"),
             description: Slot::new("description"),
             krate: Slot::new("crate"),
@@ -151,6 +165,11 @@ fn parse_args(cx: &Ctxt, input: ParseStream<'_>) -> syn::Result<ToolArgs> {
             Some((_, Keyword::Retry)) => {
                 let value = input.parse()?;
                 args.retry.set(cx, key, value);
+            }
+            Some((_, Keyword::Approval)) => {
+                if let Some(value) = approval_value(cx, input)? {
+                    args.approval.set(cx, key, value);
+                }
             }
             Some((_, Keyword::Name)) => {
                 if let Some(lit) = string_value(cx, input, &key, "name = \"send_email\"")? {
@@ -203,6 +222,29 @@ fn string_value(
         format!("`{key}` takes a string literal, e.g. `{example}`"),
     );
     Ok(None)
+}
+
+/// Reads `approval`'s value: a string literal or a path; anything else is reported and
+/// skipped.
+fn approval_value(cx: &Ctxt, input: ParseStream<'_>) -> syn::Result<Option<ApprovalArg>> {
+    if input.peek(LitStr) {
+        return Ok(Some(ApprovalArg::Lit(input.parse()?)));
+    }
+    match input.parse::<Expr>()? {
+        Expr::Path(path) if path.qself.is_none() && path.attrs.is_empty() => {
+            Ok(Some(ApprovalArg::Rule(path.path)))
+        }
+        value => {
+            cx.error_spanned_by(&value, approval_forms());
+            Ok(None)
+        }
+    }
+}
+
+/// What `approval` accepts, for its error messages.
+pub(crate) fn approval_forms() -> &'static str {
+    "`approval` takes `\"required\"` (every call needs approval) or the path of a fn \
+     `fn(&Args) -> bool` deciding per call, e.g. `approval = needs_approval`"
 }
 
 /// The span of the whole attribute, for errors about a missing key.
@@ -263,7 +305,7 @@ mod tests {
             errors,
             [
                 "unknown `durable_tool` argument `colour`; supported arguments: `replay`, \
-              `idempotency_key`, `verify`, `retry`, `name`, `description`, `crate`"
+              `idempotency_key`, `verify`, `retry`, `approval`, `name`, `description`, `crate`"
             ]
         );
     }

@@ -17,7 +17,7 @@ use crate::ctxt::Ctxt;
 use crate::fallback;
 use crate::model::{Input, Output, ToolFn, unraw, upper_camel};
 use crate::paths::Paths;
-use crate::validate::{self, Checked, Class, KeyFn};
+use crate::validate::{self, Approval, Checked, Class, KeyFn};
 
 pub(crate) fn durable_tool(attr: TokenStream, item: TokenStream) -> TokenStream {
     let debug = std::env::var("DURABLE_MACROS_DEBUG").ok();
@@ -92,7 +92,7 @@ struct ArgsShape {
     ty: TokenStream,
     /// The generated struct (empty in the struct-argument form).
     definition: TokenStream,
-    /// `let <pattern> = clone of __durable_args;`, binding the user's parameter names.
+    /// The pattern binding the user's parameter names from an `Args` value.
     destructure: TokenStream,
     /// Expression building `Args` from the user's parameter names (typed `call`).
     construct: TokenStream,
@@ -210,7 +210,7 @@ fn args_shape(p: &Paths, tool: &ToolFn<'_>) -> ArgsShape {
             .unwrap_or_default();
         return ArgsShape {
             definition: TokenStream::new(),
-            destructure: quote!(let #name = ::core::clone::Clone::clone(&__durable_args);),
+            destructure: name.clone(),
             construct: name,
             ty,
         };
@@ -251,7 +251,7 @@ fn args_shape(p: &Paths, tool: &ToolFn<'_>) -> ArgsShape {
                 #(#fields,)*
             }
         },
-        destructure: quote!(let #args_ident { #(#names),* } = ::core::clone::Clone::clone(&__durable_args);),
+        destructure: quote!(#args_ident { #(#names),* }),
         construct: quote!(#args_ident { #(#names),* }),
     }
 }
@@ -406,15 +406,25 @@ fn dangerous_fn(tool: &ToolFn<'_>, ret: &TokenStream) -> TokenStream {
 //     #[doc(hidden)]
 //     async fn __durable_journaled(__durable_journal: &P::Journal, __durable_args: Args,
 //                                  __durable_value: P::Value) -> Result<T, P::CallError<E>> {
+//         // arguments a person edited before approving the call, if any
+//         let __durable_edited = P::EditedArgs::<Args>::new();
 //         let __durable_call = __durable_journal.tool(Self::spec(), __durable_value);
 //         // keyed: let __durable_call = __durable_call.key(Self::__durable_key(..)?);
+//         // approval = "required":
+//         //     let __durable_call = __durable_call.require_approval(P::tool_rule(Self::spec()));
+//         // approval = rule:
+//         //     let __durable_call = match P::rule_request::<Args, _>(spec, rule, &__durable_args)
+//         //         { Some(request) => __durable_call.require_approval(request), None => .. };
+//         let __durable_call = __durable_call.accept_edits(__durable_edited.check(Self::spec(),
+//             |edited| Ok(None)));   // keyed: Self::__durable_key(edited, session).map(Some)
 //         P::run_tool(__durable_call, |__durable_ctx: P::ToolContext| {
-//             let Args { to } = clone of __durable_args;
+//             let Args { to } = __durable_edited.or(&__durable_args);
 //             async move { P::ToolReturn::into_result(Self::__durable_body(&__durable_ctx, to).await) }
 //         }).await
 //         // keyed: P::run_tool_keyed, whose closure also takes `__durable_key: P::IdempotencyKey`
 //         //        (the recorded key) and passes it where the user declared `key: IdempotencyKey`;
-//         // verify: P::run_tool_verified(__durable_call, <run>, |__durable_ctx| verify(&ctx, &args))
+//         // verify: P::run_tool_verified(__durable_call, <run>, |__durable_ctx| verify(&ctx, &args)),
+//         //         `args` from `__durable_edited.or(&__durable_args)` too
 //     }
 fn journaled_fn(
     private: &TokenStream,
@@ -459,6 +469,46 @@ fn journaled_fn(
             };
         }
     });
+    let approval = checked.approval.as_ref().map(|approval| match approval {
+        Approval::Required => quote! {
+            let __durable_call =
+                __durable_call.require_approval(#private::tool_rule(Self::spec()));
+        },
+        Approval::Rule(path) => {
+            // Spanned on the path, so a fn of the wrong shape is reported there.
+            let request = quote_spanned! {path.span()=>
+                #private::rule_request::<#args_ty, _>(Self::spec(), #path, &__durable_args)
+            };
+            quote! {
+                let __durable_call = match #request {
+                    ::core::option::Option::Some(__durable_request) => {
+                        __durable_call.require_approval(__durable_request)
+                    }
+                    ::core::option::Option::None => __durable_call,
+                };
+            }
+        }
+    });
+    // An approved call with edited arguments runs with them (and a keyed one under the
+    // key derived from them): the journal hands them to this check before anything runs.
+    let edited_key = if checked.key.is_some() {
+        quote! {
+            Self::__durable_key(__durable_edited_args, __durable_session)
+                .map(::core::option::Option::Some)
+        }
+    } else {
+        quote! {
+            let _ = (__durable_edited_args, __durable_session);
+            ::core::result::Result::Ok(::core::option::Option::None)
+        }
+    };
+    let edits = quote! {
+        let __durable_session = __durable_journal.session_id();
+        let __durable_call = __durable_call.accept_edits(__durable_edited.check(
+            Self::spec(),
+            move |__durable_edited_args: &#args_ty| { #edited_key },
+        ));
+    };
     let body_args = tool.inputs.iter().map(|input| match input {
         Input::Context(c) if c.by_ref => quote!(&__durable_ctx),
         Input::Context(_) => quote!(__durable_ctx),
@@ -471,7 +521,7 @@ fn journaled_fn(
     let key_param = keyed.then(|| quote!(, __durable_key: #private::IdempotencyKey));
     let run = quote! {
         |__durable_ctx: #private::ToolContext #key_param| {
-            #destructure
+            let #destructure = __durable_edited.or(&__durable_args);
             async move {
                 #private::ToolReturn::into_result(Self::__durable_body(#(#body_args),*).await)
             }
@@ -494,8 +544,11 @@ fn journaled_fn(
                 quote_spanned!(verify.span()=> (#verify)(&__durable_ctx, __durable_args).await);
             let verify = quote! {
                 |__durable_ctx: #private::ToolContext| {
-                    let __durable_args = &__durable_args;
-                    async move { #check }
+                    let __durable_args = __durable_edited.or(&__durable_args);
+                    async move {
+                        let __durable_args = &__durable_args;
+                        #check
+                    }
                 }
             };
             let run_tool = quote_spanned!(out_span=> #private::run_tool_verified);
@@ -511,8 +564,11 @@ fn journaled_fn(
             __durable_args: #args_ty,
             __durable_value: #private::Value,
         ) -> #call_result {
+            let __durable_edited = #private::EditedArgs::<#args_ty>::new();
             let __durable_call = __durable_journal.tool(Self::spec(), __durable_value);
             #key
+            #approval
+            #edits
             #run_call
         }
     }

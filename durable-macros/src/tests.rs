@@ -326,3 +326,47 @@ fn the_key_parameter_is_supplied_by_the_runtime_not_the_model() {
     );
     assert!(text.contains("checked_key"), "{text}");
 }
+
+#[test]
+fn approval_and_edits_reach_the_journaled_call() {
+    let journaled = |attr: TokenStream| {
+        let file = expand(
+            attr,
+            quote!(
+                async fn refund(order: String, cents: u64) -> Result<u64, E> {
+                    Ok(cents)
+                }
+            ),
+        );
+        let text = quote!(#file).to_string();
+        let start = text
+            .find("async fn __durable_journaled")
+            .expect("journaled fn");
+        text[start..].to_owned()
+    };
+    let plain = journaled(quote!(replay = "pure"));
+    assert!(!plain.contains("require_approval"), "{plain}");
+    assert!(plain.contains("accept_edits"), "{plain}");
+    assert!(
+        plain.contains("__durable_edited . or (& __durable_args)"),
+        "{plain}"
+    );
+    let required = journaled(quote!(replay = "pure", approval = "required"));
+    assert!(
+        required.contains("require_approval (:: durable :: __private :: tool_rule"),
+        "{required}"
+    );
+    let rule = journaled(quote!(replay = "unsafe_on_replay", approval = rules::large));
+    assert!(
+        rule.contains("rule_request :: < RefundArgs , _ > (Self :: spec () , rules :: large"),
+        "{rule}"
+    );
+    let keyed = journaled(quote!(
+        replay = "idempotent_with_key",
+        idempotency_key = |a| a.order.clone()
+    ));
+    assert!(
+        keyed.contains("Self :: __durable_key (__durable_edited_args , __durable_session)"),
+        "{keyed}"
+    );
+}

@@ -7,7 +7,7 @@ use proc_macro2::{Delimiter, Span, TokenStream, TokenTree};
 use quote::ToTokens;
 use syn::{Expr, Ident, LitStr, Pat, Type};
 
-use crate::args::{Arg, ToolArgs, attribute_span};
+use crate::args::{ApprovalArg, Arg, ToolArgs, approval_forms, attribute_span};
 use crate::ctxt::Ctxt;
 use crate::model::{KeyForm, Param, ToolFn, unraw};
 
@@ -50,6 +50,14 @@ pub(crate) enum KeyFn<'a> {
     ArgsAndSession(&'a Expr),
 }
 
+/// When a call needs a person's approval before it runs.
+pub(crate) enum Approval<'a> {
+    /// `approval = "required"`: every call.
+    Required,
+    /// `approval = path`: when the fn says so for the call's arguments.
+    Rule(&'a syn::Path),
+}
+
 /// The attribute, checked against the fn: everything expand needs that is not already in
 /// the IR.
 pub(crate) struct Checked<'a> {
@@ -60,6 +68,7 @@ pub(crate) struct Checked<'a> {
     pub(crate) key: Option<KeyFn<'a>>,
     pub(crate) verify: Option<&'a Expr>,
     pub(crate) retry: Option<&'a Expr>,
+    pub(crate) approval: Option<Approval<'a>>,
     /// Names of `#[secret]` parameters.
     pub(crate) secrets: Vec<String>,
 }
@@ -78,6 +87,7 @@ pub(crate) fn validate<'a>(
     check_params(cx, tool);
     let key = check_key(cx, args, tool);
     let (name, name_span) = check_name(cx, args, tool);
+    let approval = check_approval(cx, args);
     if cx.has_errors() {
         return None;
     }
@@ -89,6 +99,7 @@ pub(crate) fn validate<'a>(
         key,
         verify: args.verify.get().map(|a| &a.value),
         retry: args.retry.get().map(|a| &a.value),
+        approval,
         secrets: tool
             .model_params()
             .filter(|p| p.secret.is_some())
@@ -168,6 +179,25 @@ fn check_class_rules(cx: &Ctxt, args: &ToolArgs, class: Class) {
              effect cannot be deduplicated is how one email gets sent twice; make the tool \
              `idempotent_with_key` or retry in the caller",
         );
+    }
+}
+
+// Allowed on every class: what runs after the approval still follows the class.
+fn check_approval<'a>(cx: &Ctxt, args: &'a ToolArgs) -> Option<Approval<'a>> {
+    match &args.approval.get()?.value {
+        ApprovalArg::Lit(lit) if lit.value() == "required" => Some(Approval::Required),
+        ApprovalArg::Lit(lit) => {
+            cx.error_spanned_by(
+                lit,
+                format!(
+                    "unknown `approval` value `{:?}`; {}",
+                    lit.value(),
+                    approval_forms()
+                ),
+            );
+            None
+        }
+        ApprovalArg::Rule(path) => Some(Approval::Rule(path)),
     }
 }
 

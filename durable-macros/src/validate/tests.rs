@@ -330,3 +330,45 @@ fn tool_names() {
         one(quote!(replay = "pure", name = "has space"), f).contains("not accepted by model APIs")
     );
 }
+
+#[test]
+fn approval_forms() {
+    let f = quote!(
+        async fn t(id: String) -> Result<u8, E> {
+            unreachable!()
+        }
+    );
+    for class in ["pure", "unsafe_on_replay"] {
+        assert!(errors(quote!(replay = #class, approval = "required"), f.clone()).is_empty());
+        assert!(errors(quote!(replay = #class, approval = rules::risky), f.clone()).is_empty());
+    }
+    assert!(
+        errors(
+            quote!(
+                replay = "idempotent_with_key",
+                idempotency_key = |a| a.id.clone(),
+                approval = "required"
+            ),
+            f.clone()
+        )
+        .is_empty()
+    );
+    assert_eq!(
+        one(quote!(replay = "pure", approval = "sometimes"), f.clone()),
+        "unknown `approval` value `\"sometimes\"`; `approval` takes `\"required\"` (every call \
+         needs approval) or the path of a fn `fn(&Args) -> bool` deciding per call, e.g. \
+         `approval = needs_approval`"
+    );
+    assert!(one(quote!(replay = "pure", approval = 3), f.clone()).starts_with("`approval` takes"));
+    assert!(
+        one(quote!(replay = "pure", approval = |a| true), f.clone())
+            .starts_with("`approval` takes")
+    );
+    assert!(
+        one(
+            quote!(replay = "pure", approval = "required", approval = risky),
+            f
+        )
+        .starts_with("duplicate `approval` argument")
+    );
+}
