@@ -225,7 +225,8 @@ where
     ///
     /// A failed claim (the store unreachable, a session on another app version) is logged
     /// and counted in [`PoolReport::failed`], and the pool tries again after the poll
-    /// interval.
+    /// interval. Dropping this future instead of resolving `shutdown` aborts the handlers
+    /// at once, as the deadline does.
     pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> PoolReport {
         let (trigger, signal) = ShutdownSignal::channel();
         let permits = Arc::new(Semaphore::new(self.concurrency));
