@@ -94,6 +94,8 @@ pub use durable_core::{
     Durable, DurableBuilder, InDoubtAction, InDoubtCall, Journal, ResumeReport, Resumed, Session,
     StartOptions,
 };
+// Worker pools.
+pub use durable_core::{PoolReport, ShutdownSignal, ShutdownTrigger, Worker};
 // Tools and dispatch.
 pub use durable_core::{
     IdempotencyKey, ModelToolCall, ReplayClass, RetryPolicy, Tool, ToolArguments, ToolContext,

@@ -11,6 +11,7 @@
 //! | `fleet` | 4 workers, 40 sessions, workers SIGKILLed at random and restarted: completed or parked, 0 duplicate unsafe effects, 0 lost results, keyed effects applied once |
 //! | `fleet_server_restart` | the same with the PostgreSQL server crashed and restarted (`pg_ctl restart -m immediate`) twice mid-run |
 //! | `poison` | 1 worker restarted under a stable owner resumes its session by id and dies, again and again: each restart re-acquires its own live lease at once and counts a recovery; the one past the bound parks the session (`StoreError::Parked`) |
+//! | `graceful` | a worker pool process is sent SIGTERM mid-run: it exits 0 having released every lease; a second pool process claims at once (well under the 30 s TTL) and completes all; effects once each (ledger) |
 //! | `synchronous_commit_off` | an unsafe tool refuses to run (`NotDurable` naming the setting) |
 //!
 //! The PostgreSQL cases need the `_postgres-testing` feature (`--all-features`, as
@@ -26,6 +27,8 @@ mod backend;
 mod durability;
 #[path = "workers/fleet.rs"]
 mod fleet;
+#[path = "workers/graceful.rs"]
+mod graceful;
 #[path = "workers/ledger.rs"]
 mod ledger;
 #[path = "workers/poison.rs"]
@@ -61,6 +64,9 @@ fn cases() -> Vec<(&'static str, Case)> {
         ("sqlite_poison", || {
             Box::pin(poison::poison(Backend::sqlite()))
         }),
+        ("sqlite_graceful", || {
+            Box::pin(graceful::graceful(Backend::sqlite()))
+        }),
     ];
     #[cfg(feature = "_postgres-testing")]
     cases.extend([
@@ -73,6 +79,9 @@ fn cases() -> Vec<(&'static str, Case)> {
         }),
         ("postgres_poison", || {
             Box::pin(async { poison::poison(Backend::postgres().await).await })
+        }),
+        ("postgres_graceful", || {
+            Box::pin(async { graceful::graceful(Backend::postgres().await).await })
         }),
         ("postgres_fleet", || {
             Box::pin(async { fleet::fleet(Backend::postgres().await, 0).await })

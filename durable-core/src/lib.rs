@@ -34,6 +34,7 @@ pub mod toolbox;
 pub mod transcript;
 pub mod validate;
 pub mod verify;
+pub mod worker;
 
 pub use args::{ArgLimits, ArgumentError, ArgumentErrorKind};
 pub use error::{DurableError, StoreError};
@@ -53,3 +54,4 @@ pub use toolbox::{
     ModelToolCall, Tool, ToolArguments, ToolOutput, ToolResult, Toolbox, ToolboxError,
 };
 pub use transcript::{Block, Message, Role, ToolCallBlock, ToolResultBlock};
+pub use worker::{PoolReport, ShutdownSignal, ShutdownTrigger, Worker};

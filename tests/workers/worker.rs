@@ -11,14 +11,18 @@
 //! - `zombie-b`: recovers the expired session and runs it to completion.
 //! - `poison`: resumes a session by id and dies at once holding its lease (a poison pill
 //!   crashing its worker); prints `parked <session>: <error>` when the resume parked it.
+//! - `pool`: a worker pool (`Durable::worker`, concurrency 2) driving every claimable
+//!   session, each handler releasing its session between steps once shutdown is
+//!   requested; stops gracefully on SIGTERM, or once no session is active; prints
+//!   `claimed`, `completed`, `released` lines and `pool stopped <report>`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use durable::Message;
 use durable::{
-    CallError, CheckpointStore, Durable, DurableError, ReplayClass, Session, SessionId,
-    StartOptions, StoreError, ToolContext, ToolSpec, Verification,
+    CallError, CheckpointStore, Durable, DurableError, ReplayClass, Resumed, Session, SessionId,
+    ShutdownSignal, StartOptions, StoreError, ToolContext, ToolSpec, Verification,
 };
 use serde_json::{Map, Value, json};
 
@@ -66,6 +70,7 @@ pub fn main(role: &str) -> i32 {
             "zombie-a" => zombie_a(&env).await,
             "zombie-b" => zombie_b(&env).await,
             "poison" => poison(&env).await,
+            "pool" => pool(&env).await,
             other => {
                 eprintln!("unknown {ROLE} `{other}`");
                 2
@@ -185,6 +190,8 @@ fn ledger_down(e: sqlx::Error) -> ! {
 enum Driven {
     Completed,
     Parked,
+    /// Shutdown was requested: released between steps.
+    Released,
     LeaseLost(DurableError),
     /// A store error (e.g. the server restarting): the session is left to recovery.
     Abandoned(DurableError),
@@ -211,6 +218,7 @@ async fn drive(
     ledger: &Ledger,
     owner: &str,
     pause: Option<Pause>,
+    shutdown: Option<&ShutdownSignal>,
 ) -> Driven {
     let id = session.id().to_string();
     let [read_spec, charge_spec, email_spec] = specs(uses_verify(&id));
@@ -219,6 +227,13 @@ async fn drive(
         _ => Map::new(),
     };
     while session.version() < STEPS {
+        // A safe point: the last step is checkpointed, nothing is in flight.
+        if shutdown.is_some_and(ShutdownSignal::is_shutting_down) {
+            return match session.release().await {
+                Ok(()) => Driven::Released,
+                Err(e) => ended(e),
+            };
+        }
         let step = session.version();
         let (charge_key, email_key) = effect_keys(&id, step);
         let journal = session.journal();
@@ -365,6 +380,7 @@ fn report(id: &SessionId, driven: &Driven) {
     match driven {
         Driven::Completed => println!("completed {id}"),
         Driven::Parked => println!("parked {id}"),
+        Driven::Released => println!("released {id}"),
         Driven::LeaseLost(e) => println!("lease lost on {id}: {e}"),
         Driven::Abandoned(e) => println!("abandoned {id}: {e}"),
     }
@@ -380,7 +396,7 @@ async fn fleet(env: &Env) -> i32 {
                 println!("recovered {id} at version {}", resumed.report.version);
                 report(
                     &id,
-                    &drive(resumed.session, &ledger, &env.owner, None).await,
+                    &drive(resumed.session, &ledger, &env.owner, None, None).await,
                 );
                 continue;
             }
@@ -406,7 +422,7 @@ async fn fleet(env: &Env) -> i32 {
                         println!("started {id}");
                         report(
                             &SessionId::new(&id),
-                            &drive(session, &ledger, &env.owner, None).await,
+                            &drive(session, &ledger, &env.owner, None, None).await,
                         );
                     }
                     Err(DurableError::Store(StoreError::SessionExists(_))) => {
@@ -523,7 +539,7 @@ async fn zombie_a(env: &Env) -> i32 {
         step: 1,
         wait: Duration::from_secs(3),
     };
-    let driven = drive(session, &ledger, &env.owner, Some(pause)).await;
+    let driven = drive(session, &ledger, &env.owner, Some(pause), None).await;
     report(&id, &driven);
     match driven {
         Driven::LeaseLost(_) => EXIT_LEASE_LOST,
@@ -547,7 +563,7 @@ async fn zombie_b(env: &Env) -> i32 {
                     resumed.report.version,
                     resumed.session.journal().fence_token()
                 );
-                let driven = drive(resumed.session, &ledger, &env.owner, None).await;
+                let driven = drive(resumed.session, &ledger, &env.owner, None, None).await;
                 report(&id, &driven);
                 return if matches!(driven, Driven::Completed) {
                     0
@@ -560,4 +576,46 @@ async fn zombie_b(env: &Env) -> i32 {
     }
     println!("nothing to recover in 20 s");
     1
+}
+
+async fn pool(env: &Env) -> i32 {
+    let (durable, ledger) = env.connect().await;
+    let store = Arc::clone(durable.store());
+    println!("worker {} up", env.owner);
+    let owner = env.owner.clone();
+    let handler = move |resumed: Resumed<Message>, shutdown: ShutdownSignal| {
+        let (ledger, owner) = (ledger.clone(), owner.clone());
+        async move {
+            let id = resumed.session.id().clone();
+            println!("claimed {id} at version {}", resumed.report.version);
+            let driven = drive(resumed.session, &ledger, &owner, None, Some(&shutdown)).await;
+            report(&id, &driven);
+            Ok(())
+        }
+    };
+    let stop = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        let idle = async {
+            while active_sessions(store.as_ref()).await != Some(0) {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        };
+        tokio::select! {
+            _ = term.recv() => println!("SIGTERM: stopping gracefully"),
+            () = idle => {}
+        }
+    };
+    let report = durable
+        .worker(handler)
+        .concurrency(2)
+        .poll_interval(Duration::from_millis(100))
+        .shutdown_deadline(Duration::from_secs(10))
+        .run_until(stop)
+        .await;
+    println!(
+        "pool stopped handled {} succeeded {} aborted {}",
+        report.handled, report.succeeded, report.aborted
+    );
+    0
 }
