@@ -251,7 +251,10 @@ fn demo(args: &Args) -> Result<bool, Error> {
             Ended::Exited(agent::EXIT_AWAITING) => {
                 println!();
                 println!("{}", style.bold("operator · approvals"));
-                runtime.block_on(approver(&db, &session, style))?;
+                match cli(&exe) {
+                    Some(cli) => approve_with_cli(&cli, &db, &session, style)?,
+                    None => runtime.block_on(approver(&db, &session, style))?,
+                }
             }
             Ended::Exited(code) => return Err(format!("the agent exited with code {code}").into()),
         }
@@ -345,8 +348,82 @@ async fn operator(db: &str, session: &str, world: &World, style: Style) -> Resul
     Ok(())
 }
 
-/// What a person on call does with the parked session: list what awaits approval (as
-/// `durable approvals` does), then approve it (as `durable approve` does), with a note.
+/// The `durable` command-line tool built beside this example (`target/<profile>/durable`,
+/// from `cargo build -p durable-cli`), if there is one.
+fn cli(exe: &Path) -> Option<std::path::PathBuf> {
+    let dir = exe.parent()?.parent()?;
+    let cli = dir.join(format!("durable{}", std::env::consts::EXE_SUFFIX));
+    cli.is_file().then_some(cli)
+}
+
+/// What a person on call does with the parked session, through the CLI: `durable
+/// approvals` lists what awaits approval, `durable approve` approves it with a note.
+fn approve_with_cli(cli: &Path, db: &str, session: &str, style: Style) -> Result<(), Error> {
+    let run = |args: &[&str]| -> Result<String, Error> {
+        let shown: Vec<String> = args
+            .iter()
+            .map(|a| {
+                if a.contains(' ') {
+                    format!("'{a}'")
+                } else {
+                    (*a).to_owned()
+                }
+            })
+            .collect();
+        println!(
+            "{}",
+            style.dim(&format!("$ durable --db {db} {}", shown.join(" ")))
+        );
+        let out = std::process::Command::new(cli)
+            .arg("--db")
+            .arg(db)
+            .args(args)
+            .env("NO_COLOR", "1")
+            .output()?;
+        if !out.status.success() {
+            return Err(format!(
+                "durable {} failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            )
+            .into());
+        }
+        Ok(String::from_utf8(out.stdout)?)
+    };
+    let listed = run(&["approvals", "--session", session])?;
+    for line in listed.lines() {
+        println!("    {line}");
+    }
+    let pending: serde_json::Value = {
+        let out = std::process::Command::new(cli)
+            .arg("--db")
+            .arg(db)
+            .args(["approvals", "--session", session, "--json"])
+            .output()?;
+        serde_json::from_slice(&out.stdout)?
+    };
+    for request in pending.as_array().into_iter().flatten() {
+        let Some(call) = request["id"].as_str() else {
+            continue;
+        };
+        let approved = run(&[
+            "approve",
+            call,
+            "--by",
+            "operator",
+            "--note",
+            "amount matches the order",
+        ])?;
+        for line in approved.lines() {
+            println!("    {line}");
+        }
+    }
+    Ok(())
+}
+
+/// What a person on call does with the parked session when the CLI is not built: list
+/// what awaits approval (as `durable approvals` does), then approve it (as `durable
+/// approve` does), with a note, through the same API.
 async fn approver(db: &str, session: &str, style: Style) -> Result<(), Error> {
     let store = durable::connect(db).await?;
     let id = SessionId::new(session);

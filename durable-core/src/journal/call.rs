@@ -680,6 +680,7 @@ impl Journal {
             .reasoning
             .take()
             .or_else(|| self.reasoning.as_deref().map(str::to_owned))
+            .filter(|text| !text.trim().is_empty())
             .map(|text| crate::approval::cap_reasoning(&text));
         self.failpoint("before_request", &spec.name);
         let lease = self.lease();
