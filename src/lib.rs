@@ -458,7 +458,7 @@ pub use durable_postgres as postgres;
 /// the argument struct, and a keyed tool's key derived from them by its
 /// `idempotency_key` rule); a denied one returns the reason as the tool's error, which
 /// the model reads ([`ToolOutput`] with `is_error: true`). What runs after the approval
-/// still follows the replay class. See [`approval`](durable_core::approval) for the
+/// still follows the replay class. See [`approval`] for the
 /// whole flow. A value other than `"required"` or a path is a compile error, and a fn
 /// of the wrong shape is reported at its path.
 ///

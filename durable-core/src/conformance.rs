@@ -216,6 +216,7 @@ macro_rules! __durable_conformance_cases {
             approval_two_decisions_at_once_one_wins,
             approval_deadline_is_kept_on_the_store_clock,
             approval_awaiting_session_holds_no_lease,
+            approval_ended_sessions_have_none_pending,
             runtime_requested_calls_are_not_run,
             runtime_approved_call_runs_once_on_the_next_worker,
             runtime_edited_approval_runs_with_the_edit_and_its_key,

@@ -1105,7 +1105,8 @@ pub trait CheckpointStore: Send + Sync + 'static {
     async fn decide_approval(&self, decide: DecideApproval) -> Result<CallRecord, StoreError>;
 
     /// Calls awaiting a decision (status `requested`), across sessions or for one:
-    /// oldest request first.
+    /// oldest request first. A session that ended (completed, failed, cancelled) has
+    /// none: its requests can never run.
     ///
     /// # Contract
     /// Read-only, one statement, from an index of the requested rows (the cost follows

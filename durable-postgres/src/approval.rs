@@ -169,6 +169,8 @@ pub(crate) async fn pending_approvals(
         tx::now_ms!(),
         " AS now FROM durable_tool_calls \
          WHERE status = 'requested' AND ($1::text IS NULL OR session_id = $1) \
+           AND EXISTS (SELECT 1 FROM durable_sessions s WHERE s.id = durable_tool_calls.session_id \
+             AND s.status NOT IN ('completed', 'failed', 'cancelled')) \
          ORDER BY issued_at, session_id, seq"
     );
     let ring = store.keyring();

@@ -245,7 +245,10 @@ pub(crate) async fn pending_approvals(
         " AS now, ",
         call_cols!(),
         " FROM durable_tool_calls c WHERE c.status = 'requested' \
-         AND (?1 IS NULL OR c.session_id = ?1) ORDER BY c.issued_at, c.session_id, c.seq"
+         AND (?1 IS NULL OR c.session_id = ?1) \
+         AND EXISTS (SELECT 1 FROM durable_sessions s WHERE s.id = c.session_id \
+           AND s.status NOT IN ('completed', 'failed', 'cancelled')) \
+         ORDER BY c.issued_at, c.session_id, c.seq"
     ))
     .bind(session.map(SessionId::as_str))
     .fetch_all(store.reader())

@@ -545,3 +545,30 @@ pub async fn runtime_requested_calls_are_not_run(store: Arc<dyn CheckpointStore>
         assert_eq!(runs.load(Ordering::SeqCst), 0, "the tool did not run");
     }
 }
+
+/// A session that ended has no pending approvals: its requests can never run, so the
+/// inbox does not offer them.
+pub async fn approval_ended_sessions_have_none_pending(store: Arc<dyn CheckpointStore>) {
+    let (session, lease) = create(&*store, &owner("ended")).await;
+    let row = requested(&*store, &lease, "refund", None).await;
+    let pending = store
+        .pending_approvals(Some(&session.id))
+        .await
+        .expect("pending");
+    assert_eq!(pending.len(), 1);
+    store
+        .set_status(
+            lease.fence(),
+            SessionStatus::Cancelled,
+            Some("customer left"),
+        )
+        .await
+        .expect("cancel");
+    let pending = store
+        .pending_approvals(Some(&session.id))
+        .await
+        .expect("pending");
+    assert!(pending.is_empty(), "{pending:?}");
+    let everywhere = store.pending_approvals(None).await.expect("pending");
+    assert!(everywhere.iter().all(|p| p.call.id != row.id));
+}
