@@ -338,3 +338,83 @@ async fn a_handler_ignoring_shutdown_is_aborted_at_the_deadline_mid_call() {
     );
     assert_eq!(SLOW_SENDS.load(Ordering::SeqCst), 1, "nothing ran twice");
 }
+
+/// Charge a card (the runtime's policy makes a person approve every charge first).
+#[durable_tool(replay = "unsafe_on_replay")]
+async fn charge(
+    /// Cents.
+    cents: u64,
+) -> Result<String, std::io::Error> {
+    CHARGES.fetch_add(1, Ordering::SeqCst);
+    Ok(format!("charged {cents}"))
+}
+
+static CHARGES: AtomicUsize = AtomicUsize::new(0);
+
+/// A session parked on an approval request with a deadline nobody meets: the pool,
+/// having nothing to claim, expires the request once its deadline passes; the session is
+/// active again, the pool claims it, and its handler reads the denial; the charge never
+/// runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pool_expires_requests_past_their_deadline() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = store(&dir).await;
+    let durable = Durable::builder(Arc::clone(&store))
+        .owner("pool-approvals")
+        .approval_policy(|tool, _| {
+            (tool.name == "charge").then(|| {
+                use durable::approval::RequestExt;
+                durable::approval::request("policy").with_deadline(Duration::from_millis(300))
+            })
+        })
+        .build();
+    let session = durable
+        .start::<Message>(StartOptions::new())
+        .await
+        .expect("start");
+    let id = session.id().clone();
+    let asked = charge.call(session.journal(), 500).await;
+    assert!(
+        matches!(&asked, Err(durable::CallError::Durable(e)) if e.is_awaiting_approval()),
+        "{asked:?}"
+    );
+    session.await_approval().await.expect("park");
+
+    let outcome: Arc<Mutex<Option<String>>> = Arc::default();
+    let done = Arc::new(Notify::new());
+    let handler = {
+        let (outcome, done) = (Arc::clone(&outcome), Arc::clone(&done));
+        move |resumed: Resumed<Message>, _signal: ShutdownSignal| {
+            let (outcome, done) = (Arc::clone(&outcome), Arc::clone(&done));
+            async move {
+                let session = resumed.session;
+                let result = charge.call(session.journal(), 500).await;
+                *outcome.lock().expect("lock") = Some(match result {
+                    Ok(v) => format!("ran: {v}"),
+                    Err(e) => e.to_string(),
+                });
+                session.complete().await?;
+                done.notify_one();
+                Ok::<(), DurableError>(())
+            }
+        }
+    };
+    let report = durable
+        .worker(handler)
+        .poll_interval(Duration::from_millis(50))
+        .run_until(async {
+            tokio::time::timeout(Duration::from_secs(30), done.notified())
+                .await
+                .expect("the session was handled");
+        })
+        .await;
+    assert_eq!(report.expired_approvals, 1, "{report:?}");
+    assert_eq!(report.handled, 1, "{report:?}");
+    let read = outcome.lock().expect("lock").clone().expect("handled");
+    assert!(read.contains("expired"), "{read}");
+    assert_eq!(CHARGES.load(Ordering::SeqCst), 0, "the charge never ran");
+    assert_eq!(
+        store.session(&id).await.expect("session").status,
+        SessionStatus::Completed
+    );
+}

@@ -42,7 +42,9 @@
 //! ([`Durable::submit`], [`Session::release`](crate::Session::release), an approval
 //! decided) or whose worker died (lease expired), oldest first, and runs the handler for
 //! each one in its own task, at most [`concurrency`](Worker::concurrency) at once. When
-//! nothing is claimable it polls again after [`poll_interval`](Worker::poll_interval).
+//! nothing is claimable it expires the approval requests past their deadline
+//! ([`Durable::expire_approvals`]: their sessions go on with the denial) and polls again
+//! after [`poll_interval`](Worker::poll_interval).
 //!
 //! # Graceful shutdown
 //!
@@ -133,6 +135,9 @@ pub struct PoolReport {
     pub aborted: usize,
     /// The sessions whose handler was aborted: their leases expire after the TTL.
     pub aborted_sessions: Vec<SessionId>,
+    /// Approval requests past their deadline that this pool expired (denied by the
+    /// deadline) while it had nothing to claim, so that their sessions go on.
+    pub expired_approvals: usize,
 }
 
 /// A worker pool over a [`Durable`]: built by [`Durable::worker`], run by
@@ -278,6 +283,19 @@ where
                 }
                 Ok(None) => {
                     drop(permit);
+                    // Nothing to claim: deny the approval requests past their deadline,
+                    // whose sessions then become claimable (the next poll takes them).
+                    match self.durable.expire_approvals(None).await {
+                        Ok(expired) if !expired.is_empty() => {
+                            tracing::info!(parent: &span, expired = expired.len(), "approval requests expired by their deadline");
+                            report.expired_approvals += expired.len();
+                            continue 'claim;
+                        }
+                        Ok(_) => {}
+                        Err(e) => {
+                            tracing::warn!(parent: &span, error = %e, "expiring approval requests failed");
+                        }
+                    }
                     if !self
                         .idle(&mut shutdown, &mut tasks, &mut running, &mut report)
                         .await
