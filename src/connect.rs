@@ -232,7 +232,9 @@ mod tests {
                 plan: serde_json::Value::Null,
                 budget: serde_json::Value::Null,
                 state: serde_json::Value::Null,
+                wake_at: None,
             },
+            queue: None,
         }
     }
 

@@ -355,6 +355,7 @@ fn checkpoint(tag: &str, messages: Vec<Value>) -> NewCheckpoint {
         plan: json!({"plan": tag, "steps": [tag, "done"]}),
         budget: json!({"tag": tag, "spent_usd": 0.25, "tokens": 1234}),
         state: json!({"state": tag}),
+        wake_at: None,
     }
 }
 
@@ -367,6 +368,7 @@ fn new_session(owner: &str, ttl: Duration) -> NewSession {
         owner: owner.to_owned(),
         lease_ttl: ttl,
         initial: checkpoint("initial", vec![message(0), message(1)]),
+        queue: None,
     }
 }
 

@@ -17,7 +17,7 @@ use crate::ids::{CallId, SessionId};
 use crate::session::{ResumeReport, Resumed, Session};
 use crate::snapshot::{Budget, Plan};
 use crate::store::{
-    ApprovalDecision, CallRecord, CallStatus, CheckpointStore, DEADLINE, DecideApproval,
+    ApprovalDecision, CallRecord, CallStatus, CheckpointStore, Claim, DEADLINE, DecideApproval,
     NewCheckpoint, NewSession, PendingApproval, Resolution, ResolveCall, RetargetSession,
     SessionRecord, SessionStatus,
 };
@@ -184,6 +184,11 @@ pub struct StartOptions<M> {
     pub budget: Budget,
     /// Application state.
     pub state: Value,
+    /// The queue ([`DEFAULT_QUEUE`](crate::store::DEFAULT_QUEUE) when `None`).
+    pub queue: Option<String>,
+    /// No worker's pool claims the session before this time (ms since the epoch,
+    /// database clock).
+    pub not_before: Option<i64>,
 }
 
 impl<M> Default for StartOptions<M> {
@@ -195,6 +200,8 @@ impl<M> Default for StartOptions<M> {
             plan: Plan::default(),
             budget: Budget::default(),
             state: Value::Null,
+            queue: None,
+            not_before: None,
         }
     }
 }
@@ -240,6 +247,25 @@ impl<M> StartOptions<M> {
     /// The application's own state, checkpointed with the transcript.
     pub fn with_state(mut self, state: Value) -> Self {
         self.state = state;
+        self
+    }
+
+    /// The queue the session runs in: pools may take from some queues only
+    /// ([`Worker::queues`](crate::worker::Worker::queues)), and a queue may have a
+    /// fleet-wide limit ([`Durable::set_queue_limit`]). A queue name is checked like an
+    /// id ([`validate_id`](crate::validate::validate_id)).
+    pub fn with_queue(mut self, queue: impl Into<String>) -> Self {
+        self.queue = Some(queue.into());
+        self
+    }
+
+    /// Delays the session: no pool claims it before `at` (ms since the epoch, on the
+    /// database's clock), as if it had gone to sleep at its start
+    /// ([`Session::sleep_until`](crate::Session::sleep_until)). Meant for
+    /// [`Durable::submit`]: a session [`start`](Durable::start)ed holds its lease and
+    /// runs at once.
+    pub fn with_not_before(mut self, at: i64) -> Self {
+        self.not_before = Some(at);
         self
     }
 }
@@ -329,7 +355,11 @@ impl Durable {
             plan: encode(&options.plan, "plan")?,
             budget: encode(&options.budget, "budget")?,
             state: options.state.clone(),
+            wake_at: options.not_before,
         };
+        if let Some(queue) = &options.queue {
+            crate::validate::validate_id("queue", queue)?;
+        }
         let (record, lease) = self
             .store
             .create_session(NewSession {
@@ -339,6 +369,7 @@ impl Durable {
                 owner: self.config.owner.clone(),
                 lease_ttl: self.config.lease_ttl,
                 initial,
+                queue: options.queue,
             })
             .await?;
         tracing::info!(session = %record.id, "session started");
@@ -436,18 +467,35 @@ impl Durable {
     /// resumes it. Sessions whose recoveries keep dying are parked after
     /// [`max_recovery_attempts`](DurableBuilder::max_recovery_attempts) (the count is
     /// shared with [`resume`](Self::resume); a checkpoint resets it).
+    ///
+    /// Only sessions of this runtime's [`app_version`](DurableBuilder::app_version) are
+    /// claimed (a session of another version is left to workers of its version, or to
+    /// [`retarget`](Self::retarget)), sessions asleep are left until their
+    /// wake-up time ([`Session::sleep_until`](crate::Session::sleep_until)), and a queue
+    /// at its fleet-wide limit ([`set_queue_limit`](Self::set_queue_limit)) gives none.
     pub async fn recover_next<M>(&self) -> Result<Option<Resumed<M>>, DurableError>
     where
         M: Serialize + DeserializeOwned + Clone,
     {
-        let claimed = self
-            .store
-            .claim_expired(
-                &self.config.owner,
-                self.config.lease_ttl,
-                self.config.max_recovery_attempts,
-            )
-            .await?;
+        self.claim_next(&[]).await
+    }
+
+    /// [`recover_next`](Self::recover_next), from the given queues only (any when empty).
+    pub(crate) async fn claim_next<M>(
+        &self,
+        queues: &[String],
+    ) -> Result<Option<Resumed<M>>, DurableError>
+    where
+        M: Serialize + DeserializeOwned + Clone,
+    {
+        let claim = Claim::new(
+            self.config.owner.clone(),
+            self.config.lease_ttl,
+            self.config.max_recovery_attempts,
+        )
+        .with_app_version(self.config.app_version.clone())
+        .with_queues(queues.iter().cloned());
+        let claimed = self.store.claim_expired(&claim).await?;
         match claimed {
             Some(lease) => self.resume_leased(lease).await.map(Some),
             None => Ok(None),
@@ -742,6 +790,38 @@ impl Durable {
             .await?;
         tracing::info!(call = %row.id, tool = %row.identity.tool, status = row.status.as_str(), by, "approval decided");
         Ok(row)
+    }
+
+    /// Sets (or, with `None`, removes) a queue's fleet-wide limit: at most `max_running`
+    /// of its sessions run at once across every worker of the store (the store enforces
+    /// it when a pool claims; see [`CheckpointStore::set_queue_limit`]).
+    ///
+    /// ```no_run
+    /// # async fn demo(durable: durable_core::Durable) -> Result<(), durable_core::DurableError> {
+    /// // The mail provider allows two concurrent senders: two email agents at most.
+    /// durable.set_queue_limit("email", Some(2)).await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn set_queue_limit(
+        &self,
+        queue: &str,
+        max_running: Option<u32>,
+    ) -> Result<(), DurableError> {
+        self.store.set_queue_limit(queue, max_running).await?;
+        tracing::info!(queue, ?max_running, "queue limit set");
+        Ok(())
+    }
+
+    /// How each queue stands: running, ready, sleeping, awaiting approval, parked, and
+    /// its limit ([`QueueInfo`](crate::store::QueueInfo)).
+    pub async fn queues(&self) -> Result<Vec<crate::store::QueueInfo>, DurableError> {
+        Ok(self.store.queues().await?)
+    }
+
+    /// Wakes a sleeping session now, so that the next pool claim takes it (an operator's
+    /// decision; see [`Session::sleep_until`](crate::Session::sleep_until)).
+    pub async fn wake(&self, session: &SessionId) -> Result<SessionRecord, DurableError> {
+        Ok(self.store.wake_session(session).await?)
     }
 
     /// Returns a parked session to `active` (an operator's decision, e.g. after fixing

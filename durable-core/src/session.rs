@@ -111,6 +111,8 @@ pub struct Session<M = crate::transcript::Message> {
     state: Value,
     version: i64,
     renewer: Option<tokio::task::JoinHandle<()>>,
+    /// See [`Session::woke_from`].
+    woke_from: Option<i64>,
 }
 
 impl<M> std::fmt::Debug for Session<M> {
@@ -161,8 +163,13 @@ where
             .flatten()
             .map(|handle| handle.spawn(renew_loop(journal.clone())));
         let committed = messages.len();
+        // Taken (this lease) at or after the wake-up time: the sleep is over.
+        let woke_from = record
+            .wake_at
+            .filter(|&at| record.lease_renewed_at.is_some_and(|taken| at <= taken));
         Session {
             store,
+            woke_from,
             record,
             journal,
             messages,
@@ -310,6 +317,7 @@ where
             plan: encode(&self.plan, "plan")?,
             budget: encode(&self.budget, "budget")?,
             state: self.state.clone(),
+            wake_at: None,
         })
     }
 
@@ -317,6 +325,13 @@ where
     /// transaction, compare-and-set on the version this handle holds. The next calls
     /// belong to a new step.
     pub async fn checkpoint(&mut self) -> Result<CheckpointMeta, DurableError> {
+        self.checkpoint_waking_at(None).await
+    }
+
+    async fn checkpoint_waking_at(
+        &mut self,
+        wake_at: Option<i64>,
+    ) -> Result<CheckpointMeta, DurableError> {
         let span = tracing::info_span!("checkpoint", session = %self.record.id, version = self.version + 1);
         if let Some(version) = self.journal.checkpoint_in_doubt() {
             return Err(DurableError::CheckpointInDoubt {
@@ -327,7 +342,8 @@ where
         // A re-run step whose recorded effects were not all replayed may not end: their
         // results would vanish from the conversation and the next step could repeat them.
         self.journal.check_step_replayed().await?;
-        let checkpoint = self.snapshot()?;
+        let mut checkpoint = self.snapshot()?;
+        checkpoint.wake_at = wake_at;
         #[cfg(feature = "failpoints")]
         fail::fail_point!("durable::before_checkpoint");
         let lease = self.journal.lease();
@@ -345,6 +361,7 @@ where
         fail::fail_point!("durable::after_checkpoint");
         self.version = meta.version;
         self.committed = self.messages.len();
+        self.woke_from = None;
         self.journal.enter_step(meta.version).await;
         Ok(meta)
     }
@@ -481,6 +498,7 @@ where
         self.messages.push(made);
         self.version = meta.version;
         self.committed = self.messages.len();
+        self.woke_from = None;
         self.journal.enter_step(meta.version).await;
         self.journal.set_checkpoint_in_doubt(None);
         result
@@ -571,6 +589,66 @@ where
     /// released.
     pub async fn await_approval(mut self) -> Result<(), DurableError> {
         self.finish(SessionStatus::AwaitingApproval, None).await
+    }
+
+    /// Puts the session to sleep until `at` (ms since the epoch, on the store's
+    /// clock): writes a checkpoint that carries the wake-up time (this turn's messages,
+    /// plan, budget and state, as [`checkpoint`](Self::checkpoint) does), then gives the
+    /// lease up. No worker is held while it sleeps; once `at` has passed, a worker pool
+    /// ([`Durable::worker`](crate::Durable::worker)) or
+    /// [`recover_next`](crate::Durable::recover_next) on any worker claims it and the
+    /// handler resumes from that checkpoint, where [`woke_from`](Self::woke_from) tells
+    /// it the sleep is over.
+    ///
+    /// The wake-up time is written in the same transaction as the checkpoint, so a crash
+    /// neither loses nor doubles it: before that commit the session has not gone to
+    /// sleep (the turn is replayed from the journal), after it the session sleeps until
+    /// `at` whether or not the lease was given up (a lease left behind expires first).
+    /// The next checkpoint clears the wake-up time. [`Durable::wake`](crate::Durable::wake)
+    /// (an operator's `durable wake`) ends a sleep early, and
+    /// [`resume`](crate::Durable::resume) by id takes a sleeping session at once.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # use durable_core::{DurableError, Message, Resumed, ShutdownSignal};
+    /// async fn follow_up(resumed: Resumed<Message>, _: ShutdownSignal) -> Result<(), DurableError> {
+    ///     let mut session = resumed.session;
+    ///     if session.woke_from().is_none() {
+    ///         session.push(Message::assistant("I'll check on the refund tomorrow."));
+    ///         // Checkpoint, sleep a day, release: any worker picks it up then.
+    ///         session.sleep(Duration::from_secs(24 * 3600)).await?;
+    ///         return Ok(());
+    ///     }
+    ///     // The day has passed: check the refund, …
+    ///     session.complete().await?;
+    ///     Ok(())
+    /// }
+    /// ```
+    pub async fn sleep_until(mut self, at: i64) -> Result<CheckpointMeta, DurableError> {
+        let meta = self.checkpoint_waking_at(Some(at)).await?;
+        self.stop_renewing();
+        let lease = self.journal.lease();
+        self.store.release_lease(&lease).await?;
+        tracing::info!(session = %self.record.id, wake_at = at, "session asleep");
+        Ok(meta)
+    }
+
+    /// [`sleep_until`](Self::sleep_until) the store's clock now plus `duration`.
+    pub async fn sleep(
+        self,
+        duration: std::time::Duration,
+    ) -> Result<CheckpointMeta, DurableError> {
+        let now = self.store.now().await?;
+        let ms = i64::try_from(duration.as_millis()).unwrap_or(i64::MAX);
+        self.sleep_until(now.saturating_add(ms)).await
+    }
+
+    /// The wake-up time of the sleep this session was resumed from, if its latest
+    /// checkpoint put it to sleep ([`sleep_until`](Self::sleep_until)) and that time has
+    /// passed on the store's clock when it was resumed; `None` otherwise, and after the
+    /// next checkpoint.
+    pub fn woke_from(&self) -> Option<i64> {
+        self.woke_from
     }
 
     /// Gives the lease up without changing the status: another worker (or a later

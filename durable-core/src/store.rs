@@ -19,12 +19,14 @@ use crate::replay::ReplayClass;
 
 mod approval;
 mod message;
+mod queue;
 
 pub use approval::{
     Approval, ApprovalDecision, ApprovalEvent, ApprovalRecord, ApprovalRequest, DEADLINE,
     DecideApproval, Decided, PendingApproval, Transition,
 };
 pub use message::StoredMessage;
+pub use queue::{Claim, QueueInfo, WorkEvents, WorkNotifier};
 
 /// The version of the JSON formats written by this release (messages, plan, budget,
 /// results). Stored with every JSON row; a reader that finds a larger number refuses it.
@@ -113,7 +115,19 @@ pub struct SessionRecord {
     pub created_at: i64,
     /// Last update time (ms).
     pub updated_at: i64,
+    /// The queue the session belongs to ([`DEFAULT_QUEUE`] unless it was started in
+    /// another).
+    pub queue: String,
+    /// When the session's sleep ends (ms, database clock), set by the latest checkpoint
+    /// ([`NewCheckpoint::wake_at`]); a claim does not take it before. Stays set once
+    /// past, until the next checkpoint: a resumed session reads from it that it woke up.
+    pub wake_at: Option<i64>,
+    /// When the current lease was last taken or renewed (ms, database clock).
+    pub lease_renewed_at: Option<i64>,
 }
+
+/// The queue of sessions started without one.
+pub const DEFAULT_QUEUE: &str = "default";
 
 /// What [`CheckpointStore::create_session`] needs.
 #[derive(Debug, Clone, PartialEq)]
@@ -128,8 +142,13 @@ pub struct NewSession {
     pub owner: String,
     /// How long that lease lasts.
     pub lease_ttl: Duration,
-    /// The initial checkpoint (version 0): plan, budget and first messages.
+    /// The initial checkpoint (version 0): plan, budget and first messages. Its
+    /// `wake_at` delays the session's first claim.
     pub initial: NewCheckpoint,
+    /// The queue the session belongs to (`None`: [`DEFAULT_QUEUE`]). Pools may claim
+    /// from some queues only, and a queue may have a fleet-wide limit
+    /// ([`CheckpointStore::set_queue_limit`]).
+    pub queue: Option<String>,
 }
 
 /// A lease on a session, proved by its fencing token.
@@ -176,6 +195,11 @@ pub struct NewCheckpoint {
     pub budget: Value,
     /// Application-defined state (JSON; `null` when unused).
     pub state: Value,
+    /// Parks the session until this time (ms since the epoch, database clock): no claim
+    /// takes it before ([`CheckpointStore::claim_expired`]). `None` clears a previous
+    /// one: every checkpoint sets the session's wake-up time to its own. See
+    /// [`Session::sleep_until`](crate::Session::sleep_until).
+    pub wake_at: Option<i64>,
 }
 
 /// Metadata of a stored checkpoint.
@@ -739,22 +763,76 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// No-op if the token is no longer current. Leaves the recovery counter alone.
     async fn release_lease(&self, lease: &Lease) -> Result<(), StoreError>;
 
-    /// Claims one active session whose lease expired or was released, for recovery.
+    /// Claims one active session whose lease expired or was released, for recovery or
+    /// for a worker pool, for `claim.owner` until `now + claim.ttl`.
     ///
     /// # Contract
-    /// Atomic and safe under concurrency (two claimers never get the same session).
-    /// Counts recoveries by the rule of [`acquire_lease`](Self::acquire_lease): claiming
-    /// a lease that expired without a release increments the session's recovery
-    /// counter, and when the counter already stands at `max_attempts` the session is
-    /// parked instead (status [`SessionStatus::Parked`], reason recorded) and the next
-    /// candidate is tried; claiming a released lease counts nothing. `None` when nothing
-    /// is recoverable.
-    async fn claim_expired(
+    /// [`Claim::validate`] runs first. Atomic and safe under concurrency (two claimers
+    /// never get the same session). Takes only a session that is:
+    /// - `active`, with its lease released or expired (`lease_expires_at <= now`);
+    /// - awake: no `wake_at`, or `wake_at <= now` on the database clock;
+    /// - of `claim.app_version` when set, and of one of `claim.queues` when not empty;
+    /// - in a queue below its fleet-wide limit ([`set_queue_limit`](Self::set_queue_limit)):
+    ///   fewer of the queue's active sessions hold a live lease than the limit, counted
+    ///   in a way that two concurrent claims cannot both take the last place.
+    ///
+    /// Oldest update first. Counts recoveries by the rule of
+    /// [`acquire_lease`](Self::acquire_lease): claiming a lease that expired without a
+    /// release increments the session's recovery counter, and when the counter already
+    /// stands at `max_attempts` the session is parked instead (status
+    /// [`SessionStatus::Parked`], reason recorded) and the next candidate is tried;
+    /// claiming a released lease counts nothing. `None` when nothing is claimable.
+    async fn claim_expired(&self, claim: &Claim) -> Result<Option<Lease>, StoreError>;
+
+    /// Sets (or, with `None`, removes) a queue's fleet-wide limit: at most `max_running`
+    /// of its active sessions leased at once, enforced by
+    /// [`claim_expired`](Self::claim_expired).
+    ///
+    /// # Contract
+    /// The name is checked with [`validate_id`](crate::validate::validate_id). The limit
+    /// binds claims only: a session started, or resumed by id, in a full queue is not
+    /// refused (it counts toward the limit while it holds its lease). Lowering a limit
+    /// below the sessions running stops new claims until enough of them finish.
+    async fn set_queue_limit(
         &self,
-        owner: &str,
-        ttl: Duration,
-        max_attempts: i32,
-    ) -> Result<Option<Lease>, StoreError>;
+        queue: &str,
+        max_running: Option<u32>,
+    ) -> Result<(), StoreError>;
+
+    /// Every queue with a session that is not terminal, or with a limit, by name, with
+    /// its figures at one moment of the database clock.
+    ///
+    /// # Contract
+    /// Read-only. Counts as [`QueueInfo`] documents them.
+    async fn queues(&self) -> Result<Vec<QueueInfo>, StoreError>;
+
+    /// The earliest wake-up time still to come among active sessions whose lease is
+    /// released or expired: when a pool with nothing to claim should look again.
+    ///
+    /// # Contract
+    /// Read-only; `None` when no such session sleeps.
+    async fn next_wake_at(&self) -> Result<Option<i64>, StoreError>;
+
+    /// Notifications that work may have become available, for idle worker pools.
+    ///
+    /// # Contract
+    /// A speed-up only (pools poll as well): `None` when the backend has none. A backend
+    /// that has them notifies after committing what can make a session claimable: a
+    /// session created, a lease released, an approval or resolution decided, a session
+    /// unparked or woken, a queue limit changed. Within one process at least; across
+    /// processes where the database can tell them (PostgreSQL's `LISTEN`/`NOTIFY`).
+    fn work_events(&self) -> Option<WorkEvents> {
+        None
+    }
+
+    /// Wakes a sleeping session now: its `wake_at` becomes the database clock's now, so
+    /// the next claim may take it. An operator's decision.
+    ///
+    /// # Contract
+    /// Atomic. [`StoreError::SessionNotFound`] if absent; [`StoreError::NotResumable`]
+    /// unless the session is `active`. A session that is not asleep is returned
+    /// unchanged.
+    async fn wake_session(&self, id: &SessionId) -> Result<SessionRecord, StoreError>;
 
     /// Returns a parked session to `active`: an operator's decision after looking at it
     /// (for example once its in-doubt call is resolved). Clears the recovery counter and
@@ -772,8 +850,9 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// Read-only: it takes nothing, so a listed session may be claimed by another worker
     /// before the caller acts on it (use [`claim_expired`](Self::claim_expired) to take
     /// one). Lists sessions with status `active` whose lease was released or has
-    /// `lease_expires_at <= now` on the database clock; parked and terminal sessions never
-    /// appear. Oldest update first, at most `limit` (a negative `limit` counts as 0).
+    /// `lease_expires_at <= now` on the database clock and that are not asleep
+    /// (`wake_at` unset or past); parked and terminal sessions never appear. Oldest
+    /// update first, at most `limit` (a negative `limit` counts as 0).
     async fn list_expired(&self, limit: i64) -> Result<Vec<SessionRecord>, StoreError>;
 
     /// Sets a session's status (e.g. completed), with a reason.

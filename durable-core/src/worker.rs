@@ -79,6 +79,7 @@ use crate::error::DurableError;
 use crate::ids::SessionId;
 use crate::runtime::{Durable, StartOptions};
 use crate::session::Resumed;
+use crate::store::WorkEvents;
 
 /// Tells a pool's handlers that the pool is shutting down: check it at safe points and
 /// return (after [`Session::release`](crate::Session::release)) when it is set.
@@ -149,6 +150,8 @@ pub struct Worker<M, H> {
     concurrency: usize,
     poll_interval: Duration,
     shutdown_deadline: Duration,
+    queues: Vec<String>,
+    hard_stop: Option<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>>,
     _messages: PhantomData<fn() -> M>,
 }
 
@@ -159,6 +162,7 @@ impl<M, H> std::fmt::Debug for Worker<M, H> {
             .field("concurrency", &self.concurrency)
             .field("poll_interval", &self.poll_interval)
             .field("shutdown_deadline", &self.shutdown_deadline)
+            .field("queues", &self.queues)
             .finish_non_exhaustive()
     }
 }
@@ -179,6 +183,8 @@ impl Durable {
             concurrency: 1,
             poll_interval: Duration::from_secs(1),
             shutdown_deadline: Duration::from_secs(30),
+            queues: Vec::new(),
+            hard_stop: None,
             _messages: PhantomData,
         }
     }
@@ -224,6 +230,22 @@ where
         self
     }
 
+    /// Claims only sessions of these queues ([`StartOptions::with_queue`]); every queue
+    /// by default.
+    pub fn queues<Q: Into<String>>(mut self, queues: impl IntoIterator<Item = Q>) -> Self {
+        self.queues = queues.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Stops hard when `stop` resolves during a graceful shutdown (a second SIGTERM or
+    /// Ctrl-C, say): the handlers still running are aborted at once, as at the
+    /// [`shutdown_deadline`](Self::shutdown_deadline). Polled only once the shutdown has
+    /// begun. See the example `worker_pool` for one signal stream feeding both.
+    pub fn hard_stop(mut self, stop: impl Future<Output = ()> + Send + 'static) -> Self {
+        self.hard_stop = Some(Box::pin(stop));
+        self
+    }
+
     /// Runs the pool until `shutdown` resolves, then shuts down gracefully (see the
     /// [module docs](self)) and reports what it did. Must run inside a tokio runtime;
     /// handlers run as tasks spawned on it.
@@ -232,7 +254,7 @@ where
     /// and counted in [`PoolReport::failed`], and the pool tries again after the poll
     /// interval. Dropping this future instead of resolving `shutdown` aborts the handlers
     /// at once, as the deadline does.
-    pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> PoolReport {
+    pub async fn run_until(mut self, shutdown: impl Future<Output = ()>) -> PoolReport {
         let (trigger, signal) = ShutdownSignal::channel();
         let permits = Arc::new(Semaphore::new(self.concurrency));
         let mut tasks: JoinSet<(SessionId, Result<(), DurableError>)> = JoinSet::new();
@@ -240,6 +262,7 @@ where
             std::collections::HashMap::new();
         let mut report = PoolReport::default();
         let mut shutdown = std::pin::pin!(shutdown);
+        let mut events = self.durable.store().work_events();
         let owner = self.durable.config.owner.clone();
         let span = tracing::info_span!("worker", %owner);
         tracing::info!(parent: &span, concurrency = self.concurrency, "worker pool started");
@@ -262,7 +285,7 @@ where
             };
             // The claim runs to its end (never dropped half-way, which could leave a
             // lease taken and nobody working on it).
-            match self.durable.recover_next::<M>().await {
+            match self.durable.claim_next::<M>(&self.queues).await {
                 Ok(Some(resumed)) => {
                     let id = resumed.session.id().clone();
                     tracing::info!(parent: &span, session = %id, "session claimed");
@@ -297,7 +320,13 @@ where
                         }
                     }
                     if !self
-                        .idle(&mut shutdown, &mut tasks, &mut running, &mut report)
+                        .idle(
+                            &mut shutdown,
+                            &mut events,
+                            &mut tasks,
+                            &mut running,
+                            &mut report,
+                        )
                         .await
                     {
                         break 'claim;
@@ -308,7 +337,13 @@ where
                     tracing::warn!(parent: &span, error = %e, "claiming a session failed");
                     report.failed += 1;
                     if !self
-                        .idle(&mut shutdown, &mut tasks, &mut running, &mut report)
+                        .idle(
+                            &mut shutdown,
+                            &mut events,
+                            &mut tasks,
+                            &mut running,
+                            &mut report,
+                        )
                         .await
                     {
                         break 'claim;
@@ -321,42 +356,78 @@ where
         tracing::info!(parent: &span, in_flight = tasks.len(), "worker pool shutting down");
         let deadline = tokio::time::sleep(self.shutdown_deadline);
         tokio::pin!(deadline);
+        let mut hard_stop = self
+            .hard_stop
+            .take()
+            .unwrap_or_else(|| Box::pin(std::future::pending()));
         while !tasks.is_empty() {
-            tokio::select! {
+            let why = tokio::select! {
                 biased;
-                Some(joined) = tasks.join_next_with_id() => settle(joined, &mut running, &mut report),
-                () = &mut deadline => {
-                    tracing::warn!(parent: &span, left = tasks.len(), "shutdown deadline passed; aborting handlers");
-                    tasks.abort_all();
-                    while let Some(joined) = tasks.join_next_with_id().await {
-                        settle(joined, &mut running, &mut report);
-                    }
+                Some(joined) = tasks.join_next_with_id() => {
+                    settle(joined, &mut running, &mut report);
+                    continue;
                 }
+                () = &mut deadline => "shutdown deadline passed",
+                () = &mut hard_stop => "hard stop requested",
+            };
+            tracing::warn!(parent: &span, left = tasks.len(), "{why}; aborting handlers");
+            tasks.abort_all();
+            while let Some(joined) = tasks.join_next_with_id().await {
+                settle(joined, &mut running, &mut report);
             }
         }
         tracing::info!(parent: &span, ?report, "worker pool stopped");
         report
     }
 
-    /// Waits one poll interval, reaping finished handlers; `false` if shutdown came.
+    /// Waits until work may be available, reaping finished handlers meanwhile: one
+    /// poll interval at most, less when a sleeping session is due sooner, and no longer
+    /// than the store's next notification ([`CheckpointStore::work_events`]) or a
+    /// handler's end (which frees a slot, and may free a place in a limited queue).
+    /// `false` if shutdown came.
+    ///
+    /// [`CheckpointStore::work_events`]: crate::store::CheckpointStore::work_events
     async fn idle<S: Future<Output = ()>>(
         &self,
         shutdown: &mut std::pin::Pin<&mut S>,
+        events: &mut Option<WorkEvents>,
         tasks: &mut JoinSet<(SessionId, Result<(), DurableError>)>,
         running: &mut std::collections::HashMap<tokio::task::Id, SessionId>,
         report: &mut PoolReport,
     ) -> bool {
-        let pause = tokio::time::sleep(self.poll_interval);
+        let wait = self.until_next_wake().await.min(self.poll_interval);
+        let pause = tokio::time::sleep(wait);
         tokio::pin!(pause);
-        loop {
-            tokio::select! {
-                biased;
-                () = shutdown.as_mut() => return false,
-                () = &mut pause => return true,
-                Some(joined) = tasks.join_next_with_id(), if !tasks.is_empty() => {
-                    settle(joined, running, report);
-                }
+        let notified = async {
+            match events {
+                Some(events) => events.changed().await,
+                None => std::future::pending().await,
             }
+        };
+        tokio::pin!(notified);
+        tokio::select! {
+            biased;
+            () = shutdown.as_mut() => false,
+            () = &mut pause => true,
+            () = &mut notified => true,
+            Some(joined) = tasks.join_next_with_id(), if !tasks.is_empty() => {
+                settle(joined, running, report);
+                true
+            }
+        }
+    }
+
+    /// How long until the earliest sleeping session is due (the poll interval when none
+    /// sleeps, or the store cannot say).
+    async fn until_next_wake(&self) -> Duration {
+        let store = self.durable.store();
+        let Ok(Some(at)) = store.next_wake_at().await else {
+            return self.poll_interval;
+        };
+        match store.now().await {
+            // A little past the due time: the claim compares on the store's clock.
+            Ok(now) => Duration::from_millis(u64::try_from(at - now).unwrap_or(0) + 1),
+            Err(_) => self.poll_interval,
         }
     }
 }

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use durable_core::StoreError;
 use durable_core::ids::SessionId;
-use durable_core::store::{Lease, SessionRecord, SessionStatus};
+use durable_core::store::{Claim, Lease, SessionRecord, SessionStatus};
 use sqlx::postgres::PgConnection;
 
 use crate::PostgresStore;
@@ -97,12 +97,15 @@ pub(crate) async fn renew_lease(
     .now;
     let expires = now.saturating_add(ttl_ms(ttl));
     // Lease bookkeeping is not a session update: `updated_at` stays (as in SQLite).
-    sqlx::query("UPDATE durable_sessions SET lease_expires_at = $2 WHERE id = $1")
-        .bind(lease.session.as_str())
-        .bind(expires)
-        .execute(&mut *tx)
-        .await
-        .map_err(db)?;
+    sqlx::query(
+        "UPDATE durable_sessions SET lease_expires_at = $2, lease_renewed_at = $3 WHERE id = $1",
+    )
+    .bind(lease.session.as_str())
+    .bind(expires)
+    .bind(now)
+    .execute(&mut *tx)
+    .await
+    .map_err(db)?;
     tx.commit().await.map_err(db)?;
     Ok(Lease {
         expires_at: expires,
@@ -126,25 +129,39 @@ pub(crate) async fn release_lease(store: &PostgresStore, lease: &Lease) -> Resul
 
 pub(crate) async fn claim_expired(
     store: &PostgresStore,
-    owner: &str,
-    ttl: Duration,
-    max_attempts: i32,
+    claim: &Claim,
 ) -> Result<Option<Lease>, StoreError> {
-    durable_core::validate::validate_owner(owner)?;
+    claim.validate()?;
+    let (owner, ttl, max_attempts) = (claim.owner.as_str(), claim.ttl, claim.max_attempts);
+    // Queues found full under their lock: not candidates again in this claim.
+    let mut full: Vec<String> = Vec::new();
     loop {
         let mut tx = tx::begin(&store.pool).await?;
         let now = tx::now(&mut tx).await?;
         // SKIP LOCKED: a row another claimer is looking at is not a candidate for us,
-        // so concurrent workers on many machines never claim the same session.
+        // so concurrent workers on many machines never claim the same session. A queue
+        // that looks full is passed over here; the count that decides is taken below,
+        // under the queue's lock.
         let Some(row) = sqlx::query(
-            "SELECT id, recovery_attempts, lease_owner FROM durable_sessions
+            "SELECT id, recovery_attempts, lease_owner, queue FROM durable_sessions s
              WHERE status = 'active'
                AND (lease_owner IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= $1)
+               AND (wake_at IS NULL OR wake_at <= $1)
+               AND ($2::text IS NULL OR app_version = $2)
+               AND (cardinality($3::text[]) = 0 OR queue = ANY($3))
+               AND NOT (queue = ANY($4))
+               AND NOT EXISTS (SELECT 1 FROM durable_queues q WHERE q.name = s.queue
+                 AND q.max_running <= (SELECT count(*) FROM durable_sessions r
+                   WHERE r.status = 'active' AND r.queue = s.queue
+                   AND r.lease_owner IS NOT NULL AND r.lease_expires_at > $1))
              ORDER BY updated_at, id
              LIMIT 1
              FOR UPDATE SKIP LOCKED",
         )
         .bind(now)
+        .bind(claim.app_version.as_deref())
+        .bind(&claim.queues)
+        .bind(&full)
         .fetch_optional(&mut *tx)
         .await
         .map_err(db)?
@@ -153,6 +170,12 @@ pub(crate) async fn claim_expired(
             return Ok(None);
         };
         let id = SessionId::new(get::<String>(&row, "id")?);
+        let queue: String = get(&row, "queue")?;
+        if queue_full(&mut tx, &queue, &id).await? {
+            tx.commit().await.map_err(db)?;
+            full.push(queue);
+            continue;
+        }
         let previous = Previous {
             recovery_attempts: get(&row, "recovery_attempts")?,
             unreleased: get::<Option<String>>(&row, "lease_owner")?.is_some(),
@@ -166,18 +189,51 @@ pub(crate) async fn claim_expired(
     }
 }
 
+/// Whether `queue` has no place left for `candidate`: its limit, if it has one, read
+/// under the queue row's lock (`FOR UPDATE`: claimers of the queue take turns), then
+/// its running sessions counted by a statement that sees every claim committed before
+/// the lock was granted.
+async fn queue_full(
+    conn: &mut PgConnection,
+    queue: &str,
+    candidate: &SessionId,
+) -> Result<bool, StoreError> {
+    let limit: Option<i64> =
+        sqlx::query_scalar("SELECT max_running FROM durable_queues WHERE name = $1 FOR UPDATE")
+            .bind(queue)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(db)?;
+    let Some(limit) = limit else {
+        return Ok(false);
+    };
+    let running: i64 = sqlx::query_scalar(concat!(
+        "SELECT count(*) FROM durable_sessions WHERE status = 'active' AND queue = $1 \
+         AND id <> $2 AND lease_owner IS NOT NULL AND lease_expires_at > ",
+        tx::now_ms!()
+    ))
+    .bind(queue)
+    .bind(candidate.as_str())
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(db)?;
+    Ok(running >= limit)
+}
+
 pub(crate) async fn list_expired(
     store: &PostgresStore,
     limit: i64,
 ) -> Result<Vec<SessionRecord>, StoreError> {
     sqlx::query(concat!(
-        "SELECT ",
-        session_cols!(),
-        " FROM durable_sessions \
-         WHERE status = 'active' AND (lease_owner IS NULL OR lease_expires_at IS NULL \
-               OR lease_expires_at <= ",
+        "WITH clock AS (SELECT ",
         tx::now_ms!(),
-        ") ORDER BY updated_at, id LIMIT $1"
+        " AS now) SELECT ",
+        session_cols!(),
+        " FROM durable_sessions, clock \
+         WHERE status = 'active' AND (lease_owner IS NULL OR lease_expires_at IS NULL \
+               OR lease_expires_at <= clock.now) \
+           AND (wake_at IS NULL OR wake_at <= clock.now) \
+         ORDER BY updated_at, id LIMIT $1"
     ))
     .bind(limit.max(0))
     .fetch_all(&store.pool)
@@ -277,6 +333,7 @@ pub(crate) async fn take_lease(
     let row = sqlx::query(
         "UPDATE durable_sessions
          SET fence = fence + 1, lease_owner = $2, lease_expires_at = $3, updated_at = $4,
+             lease_renewed_at = $4,
              recovery_attempts = recovery_attempts + CASE WHEN $5 THEN 1 ELSE 0 END
          WHERE id = $1 RETURNING fence",
     )

@@ -60,6 +60,7 @@ mod maintenance;
 mod open;
 #[cfg(all(test, feature = "testing"))]
 mod plans;
+mod queues;
 mod resolution;
 mod rows;
 mod seal;
@@ -237,9 +238,21 @@ pub struct PostgresStore {
     pool: PgPool,
     /// The keys rows are sealed and checked with, the store's own key bound.
     keyring: Arc<Keyring>,
+    /// Tells this process's idle worker pools that work may be available.
+    work: durable_core::store::WorkNotifier,
 }
 
 impl PostgresStore {
+    /// Tells this process's idle pools that a write made work available.
+    pub(crate) fn work_available(&self) {
+        self.work.notify();
+    }
+
+    /// A subscription to [`work_available`](Self::work_available).
+    pub(crate) fn work_subscribe(&self) -> durable_core::store::WorkEvents {
+        self.work.subscribe()
+    }
+
     /// Connects to `url` with default pool settings and brings the schema up to date.
     ///
     /// For inspection, open it read-only instead:
@@ -294,6 +307,7 @@ impl PostgresStore {
         Ok(Self {
             pool,
             keyring: Arc::new(keyring),
+            work: durable_core::store::WorkNotifier::new(),
         })
     }
 
@@ -318,6 +332,7 @@ impl PostgresStore {
         Ok(Self {
             pool,
             keyring: Arc::new(keyring),
+            work: durable_core::store::WorkNotifier::new(),
         })
     }
 

@@ -180,7 +180,9 @@ async fn new_session(store: &crate::PostgresStore) -> SessionId {
                 plan: json!({}),
                 budget: json!({}),
                 state: Value::Null,
+                wake_at: None,
             },
+            queue: None,
         })
         .await
         .expect("create a session");

@@ -19,7 +19,8 @@ use crate::error::{corrupt, db};
 macro_rules! session_cols {
     () => {
         "id, status, app_version, metadata, lease_owner, lease_expires_at, fence, \
-         recovery_attempts, status_reason, latest_version, created_at, updated_at, format"
+         recovery_attempts, status_reason, latest_version, created_at, updated_at, format, \
+         queue, wake_at, lease_renewed_at"
     };
 }
 pub(crate) use session_cols;
@@ -224,6 +225,9 @@ pub(crate) fn session(row: &PgRow) -> Result<SessionRecord, StoreError> {
         latest_version: get(row, "latest_version")?,
         created_at: get(row, "created_at")?,
         updated_at: get(row, "updated_at")?,
+        queue: get(row, "queue")?,
+        wake_at: get(row, "wake_at")?,
+        lease_renewed_at: get(row, "lease_renewed_at")?,
         id,
     })
 }

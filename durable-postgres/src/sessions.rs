@@ -4,7 +4,8 @@
 use durable_core::StoreError;
 use durable_core::ids::SessionId;
 use durable_core::store::{
-    FORMAT_VERSION, Fence, Lease, NewSession, SessionFilter, SessionRecord, SessionStatus,
+    DEFAULT_QUEUE, FORMAT_VERSION, Fence, Lease, NewSession, SessionFilter, SessionRecord,
+    SessionStatus,
 };
 
 use crate::PostgresStore;
@@ -19,14 +20,16 @@ pub(crate) async fn create_session(
     new: NewSession,
 ) -> Result<(SessionRecord, Lease), StoreError> {
     durable_core::validate::validate_new_session(&new.id, &new.owner, &new.app_version)?;
+    let queue = new.queue.as_deref().unwrap_or(DEFAULT_QUEUE);
+    durable_core::validate::validate_id("queue", queue)?;
     let mut tx = tx::begin(&store.pool).await?;
     let now = tx::now(&mut tx).await?;
     let expires = now.saturating_add(ttl_ms(new.lease_ttl));
     let row = sqlx::query(concat!(
         "INSERT INTO durable_sessions (id, status, app_version, metadata, lease_owner, \
          lease_expires_at, fence, recovery_attempts, status_reason, latest_version, \
-         created_at, updated_at, format) \
-         VALUES ($1, 'active', $2, $3, $4, $5, 1, 0, NULL, 0, $6, $6, $7) \
+         created_at, updated_at, format, queue, wake_at, lease_renewed_at) \
+         VALUES ($1, 'active', $2, $3, $4, $5, 1, 0, NULL, 0, $6, $6, $7, $8, $9, $6) \
          ON CONFLICT (id) DO NOTHING RETURNING ",
         session_cols!()
     ))
@@ -37,6 +40,8 @@ pub(crate) async fn create_session(
     .bind(expires)
     .bind(now)
     .bind(FORMAT_VERSION)
+    .bind(queue)
+    .bind(new.initial.wake_at)
     .fetch_optional(&mut *tx)
     .await
     .map_err(db)?

@@ -4,6 +4,7 @@
 //! the store's back, the log re-sealed under a new key and purged with its session, and
 //! a session that waited for approval taken back without counting a recovery.
 
+use durable_core::store::Claim;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -49,7 +50,9 @@ async fn session(store: &PostgresStore, name: &str) -> (SessionId, Lease) {
                 plan: json!({}),
                 budget: json!({}),
                 state: Value::Null,
+                wake_at: None,
             },
+            queue: None,
         })
         .await
         .expect("create");
@@ -403,7 +406,7 @@ async fn a_version_7_database_is_upgraded_and_reads_the_same() {
         .fetch_one(&pool)
         .await
         .expect("version");
-    assert_eq!(version, 8);
+    assert_eq!(version, 9);
     assert_eq!(heads(&pool).await, sealed, "no head was re-sealed");
     let after = (
         read_all(&store, &id).await,
@@ -727,7 +730,7 @@ async fn a_session_back_from_approval_is_taken_without_a_recovery() {
     ));
     assert!(
         store
-            .claim_expired("w2", TTL, 3)
+            .claim_expired(&Claim::new("w2", TTL, 3))
             .await
             .expect("claim")
             .is_none()
@@ -742,7 +745,7 @@ async fn a_session_back_from_approval_is_taken_without_a_recovery() {
         (SessionStatus::Active, None, None)
     );
     let taken = store
-        .claim_expired("w2", TTL, 3)
+        .claim_expired(&Claim::new("w2", TTL, 3))
         .await
         .expect("claim")
         .expect("the session is free");

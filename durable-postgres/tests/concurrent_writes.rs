@@ -51,6 +51,7 @@ fn checkpoint(n: usize) -> NewCheckpoint {
         plan: json!({}),
         budget: json!({}),
         state: json!(n),
+        wake_at: None,
     }
 }
 
@@ -75,7 +76,9 @@ async fn setup() -> (
                 plan: json!({}),
                 budget: json!({}),
                 state: Value::Null,
+                wake_at: None,
             },
+            queue: None,
         })
         .await
         .expect("create");

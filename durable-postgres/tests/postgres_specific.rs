@@ -2,6 +2,7 @@
 //! schema-version refusal, corrupt rows, `synchronous_commit`, and several stores (pools,
 //! like several machines) racing on one database. Each test has a database of its own.
 
+use durable_core::store::Claim;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -45,7 +46,9 @@ fn new_session(id: &SessionId, owner: &str, ttl: Duration, messages: Vec<Value>)
             plan: json!({"objective": "o", "steps": []}),
             budget: json!({"spent_usd": 0.0}),
             state: Value::Null,
+            wake_at: None,
         },
+        queue: None,
     }
 }
 
@@ -404,7 +407,7 @@ async fn two_machines_never_claim_the_same_session() {
         tasks.push(tokio::spawn(async move {
             let mut claimed = Vec::new();
             while let Some(lease) = store
-                .claim_expired(&format!("worker-{n}"), TTL, 5)
+                .claim_expired(&Claim::new(format!("worker-{n}"), TTL, 5))
                 .await
                 .expect("claim_expired")
             {
@@ -510,6 +513,7 @@ async fn smoke_every_method() {
                 plan: json!({"p": 1}),
                 budget: json!({"b": 1}),
                 state: json!({"s": 1}),
+                wake_at: None,
             },
         )
         .await
@@ -594,7 +598,7 @@ async fn smoke_every_method() {
     s.release_lease(&lease).await.expect("release_lease");
     assert_eq!(s.list_expired(10).await.expect("list_expired").len(), 1);
     let claimed = s
-        .claim_expired("w2", TTL, 3)
+        .claim_expired(&Claim::new("w2", TTL, 3))
         .await
         .expect("claim_expired")
         .expect("a session to claim");

@@ -187,6 +187,7 @@ async fn a_reply_finished_with_its_checkpoint_is_stored_once() {
         plan: json!({}),
         budget: json!({}),
         state: Value::Null,
+        wake_at: None,
     };
     let (_, lease) = store
         .create_session(NewSession {
@@ -196,6 +197,7 @@ async fn a_reply_finished_with_its_checkpoint_is_stored_once() {
             owner: "w".into(),
             lease_ttl: Duration::from_secs(600),
             initial: checkpoint(vec![json!(Message::user("start"))]),
+            queue: None,
         })
         .await
         .expect("create");

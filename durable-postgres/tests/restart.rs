@@ -53,7 +53,9 @@ async fn the_store_works_on_after_a_server_restart() {
                 plan: json!({}),
                 budget: json!({}),
                 state: Value::Null,
+                wake_at: None,
             },
+            queue: None,
         })
         .await
         .expect("create");

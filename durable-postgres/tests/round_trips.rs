@@ -98,6 +98,7 @@ fn checkpoint(text: &str) -> NewCheckpoint {
         plan: json!({}),
         budget: json!({}),
         state: Value::Null,
+        wake_at: None,
     }
 }
 
@@ -152,6 +153,7 @@ async fn statements_per_operation() {
             owner: "w".into(),
             lease_ttl: Duration::from_secs(600),
             initial: checkpoint("hi"),
+            queue: None,
         })
         .await
         .expect("create");

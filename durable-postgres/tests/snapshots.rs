@@ -32,6 +32,7 @@ fn checkpoint(plan: Value, budget: Value, state: Value) -> NewCheckpoint {
         plan,
         budget,
         state,
+        wake_at: None,
     }
 }
 
@@ -61,6 +62,7 @@ async fn unchanged_snapshots_are_references_and_every_version_loads_its_own() {
             owner: "w".into(),
             lease_ttl: Duration::from_secs(600),
             initial: checkpoint(plan(0), json!({ "usd": 0 }), Value::Null),
+            queue: None,
         })
         .await
         .expect("create");

@@ -39,7 +39,9 @@ async fn session(store: &PostgresStore) -> (SessionId, Lease) {
                 plan: json!({}),
                 budget: json!({}),
                 state: Value::Null,
+                wake_at: None,
             },
+            queue: None,
         })
         .await
         .expect("create");

@@ -66,7 +66,9 @@ async fn journal(store: &PostgresStore, name: &str) -> (SessionId, CallId) {
                 plan: serde_json::to_value(Plan::default()).expect("json"),
                 budget: serde_json::to_value(Budget::default()).expect("json"),
                 state: Value::Null,
+                wake_at: None,
             },
+            queue: None,
         })
         .await
         .expect("create");

@@ -578,14 +578,16 @@ pub(crate) async fn fork_session(
         let inserted = sqlx::query(
             "INSERT INTO durable_sessions (id, status, app_version, metadata, lease_owner, \
              lease_expires_at, fence, recovery_attempts, status_reason, latest_version, \
-             created_at, updated_at, format) \
-             SELECT ?, 'active', app_version, metadata, ?, ?, 1, 0, NULL, 0, ?, ?, format \
+             created_at, updated_at, format, queue, lease_renewed_at) \
+             SELECT ?, 'active', app_version, metadata, ?, ?, 1, 0, NULL, 0, ?, ?, format, \
+             queue, ? \
              FROM durable_sessions WHERE id = ? \
              ON CONFLICT (id) DO NOTHING",
         )
         .bind(new_id.as_str())
         .bind(owner)
         .bind(expires_at)
+        .bind(now)
         .bind(now)
         .bind(now)
         .bind(id.as_str())
@@ -965,10 +967,11 @@ pub(crate) fn append_checkpoint(
     fenced.head.reseal(ring)?;
     out.push(
         "UPDATE durable_sessions SET latest_version = ?, recovery_attempts = 0, updated_at = ?, \
-         issued_rows = ?, head = ? WHERE num = ?",
+         wake_at = ?, issued_rows = ?, head = ? WHERE num = ?",
     )
     .bind(version)?
     .bind(now)?
+    .bind(checkpoint.wake_at)?
     .bind(fenced.head.issued_rows)?
     .bind(fenced.head.head.clone())?
     .bind(latest.session_num)?;

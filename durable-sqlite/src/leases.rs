@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use durable_core::store::{Lease, SessionRecord, SessionStatus};
+use durable_core::store::{Claim, Lease, SessionRecord, SessionStatus};
 use durable_core::{SessionId, StoreError};
 use sqlx::{Row, SqliteConnection};
 
@@ -13,11 +13,12 @@ use crate::error::db;
 use crate::rows::{self, session_cols};
 use crate::tx::{self, WriteTx, fenced_select, millis, now_sql};
 
-/// Sessions a recovery may claim: active, and with no live lease.
+/// Sessions a recovery may claim: active, with no live lease, and awake (both bound to
+/// the same `now`, `?1`).
 macro_rules! expired_where {
     () => {
         " WHERE status = 'active' AND (lease_owner IS NULL OR lease_expires_at IS NULL \
-           OR lease_expires_at <= ?) "
+           OR lease_expires_at <= ?1) AND (wake_at IS NULL OR wake_at <= ?1) "
     };
 }
 
@@ -95,11 +96,16 @@ pub(crate) async fn renew_lease(
         |q| q,
     )
     .await?;
-    let expires_at = tx.now.saturating_add(millis(ttl));
+    let now = tx.now;
+    let expires_at = now.saturating_add(millis(ttl));
     tx.commit_with(
-        sqlx::query("UPDATE durable_sessions SET lease_expires_at = ? WHERE id = ?; COMMIT")
-            .bind(expires_at)
-            .bind(lease.session.as_str()),
+        sqlx::query(
+            "UPDATE durable_sessions SET lease_expires_at = ?, lease_renewed_at = ? \
+             WHERE id = ?; COMMIT",
+        )
+        .bind(expires_at)
+        .bind(now)
+        .bind(lease.session.as_str()),
     )
     .await?;
     Ok(Lease {
@@ -127,22 +133,34 @@ pub(crate) async fn release_lease(store: &SqliteStore, lease: &Lease) -> Result<
 
 pub(crate) async fn claim_expired(
     store: &SqliteStore,
-    owner: &str,
-    ttl: Duration,
-    max_attempts: i32,
+    claim: &Claim,
 ) -> Result<Option<Lease>, StoreError> {
-    durable_core::validate::validate_owner(owner)?;
+    claim.validate()?;
+    let (owner, ttl, max_attempts) = (claim.owner.as_str(), claim.ttl, claim.max_attempts);
+    // The queues the claim may take from, as a JSON array for `json_each` (NULL: any).
+    let queues = (!claim.queues.is_empty())
+        .then(|| serde_json::Value::from(claim.queues.clone()).to_string());
+    // One writer at a time (`BEGIN IMMEDIATE`): counting a queue's running sessions and
+    // taking one are atomic, so two claims never both take a queue's last place.
     let mut tx = WriteTx::begin(store.writer()).await?;
     let now = tx.now;
     let result = async {
         let conn = tx.conn();
         loop {
             let Some(row) = sqlx::query(concat!(
-                "SELECT id, fence, recovery_attempts, lease_owner FROM durable_sessions",
+                "SELECT id, fence, recovery_attempts, lease_owner FROM durable_sessions s",
                 expired_where!(),
-                "ORDER BY updated_at ASC, rowid ASC LIMIT 1"
+                "AND (?2 IS NULL OR app_version = ?2) \
+                 AND (?3 IS NULL OR queue IN (SELECT value FROM json_each(?3))) \
+                 AND NOT EXISTS (SELECT 1 FROM durable_queues q WHERE q.name = s.queue \
+                   AND q.max_running <= (SELECT count(*) FROM durable_sessions r \
+                     WHERE r.status = 'active' AND r.queue = s.queue \
+                     AND r.lease_owner IS NOT NULL AND r.lease_expires_at > ?1)) \
+                 ORDER BY updated_at ASC, rowid ASC LIMIT 1"
             ))
             .bind(now)
+            .bind(claim.app_version.as_deref())
+            .bind(queues.as_deref())
             .fetch_optional(&mut *conn)
             .await
             .map_err(db)?
@@ -174,7 +192,7 @@ pub(crate) async fn list_expired(
         session_cols!(),
         " FROM durable_sessions",
         expired_where!(),
-        "ORDER BY updated_at ASC, rowid ASC LIMIT ?"
+        "ORDER BY updated_at ASC, rowid ASC LIMIT ?2"
     ))
     .bind(tx::clock(store.reader()).await?)
     .bind(limit.max(0))
@@ -273,11 +291,13 @@ pub(crate) async fn take_lease(
     let expires_at = now.saturating_add(millis(ttl));
     sqlx::query(
         "UPDATE durable_sessions SET fence = ?, lease_owner = ?, lease_expires_at = ?, \
-         updated_at = ?, recovery_attempts = recovery_attempts + ? WHERE id = ?",
+         updated_at = ?, lease_renewed_at = ?, recovery_attempts = recovery_attempts + ? \
+         WHERE id = ?",
     )
     .bind(fence)
     .bind(owner)
     .bind(expires_at)
+    .bind(now)
     .bind(now)
     .bind(i32::from(previous.unreleased))
     .bind(id.as_str())

@@ -79,6 +79,7 @@ mod keys;
 mod leases;
 mod maintenance;
 mod open;
+mod queues;
 mod resolution;
 mod rows;
 mod seal;
@@ -291,6 +292,8 @@ struct Inner {
     read_only: bool,
     /// The keys rows are sealed and checked with, the store's own key bound.
     keyring: Keyring,
+    /// Tells this process's idle worker pools that work may be available.
+    work: durable_core::store::WorkNotifier,
     /// Keeps a shared-cache in-memory database alive while the store exists. Dropped
     /// last (fields drop in declaration order).
     _keeper: Option<Mutex<SqliteConnection>>,
@@ -465,6 +468,7 @@ impl SqliteStore {
                 accept_volatile: options.accept_volatile,
                 read_only,
                 keyring,
+                work: durable_core::store::WorkNotifier::new(),
                 _keeper: keeper,
             }),
         })
@@ -500,6 +504,16 @@ impl SqliteStore {
         &self.inner.keyring
     }
 
+    /// Tells this process's idle pools that a write made work available.
+    pub(crate) fn work_available(&self) {
+        self.inner.work.notify();
+    }
+
+    /// A subscription to [`work_available`](Self::work_available).
+    pub(crate) fn work_subscribe(&self) -> durable_core::store::WorkEvents {
+        self.inner.work.subscribe()
+    }
+
     fn writer(&self) -> &SqlitePool {
         &self.inner.writer
     }
@@ -523,9 +537,9 @@ mod tests {
         assert_eq!(migrations().table_name, MIGRATIONS_TABLE);
         assert_eq!(
             schema_version(),
-            6,
-            "0001_init, 0002_seals, 0003_speed, 0004_issued_rows, 0005_replies_once and \
-             0006_approvals"
+            7,
+            "0001_init, 0002_seals, 0003_speed, 0004_issued_rows, 0005_replies_once, \
+             0006_approvals and 0007_workers"
         );
     }
 }

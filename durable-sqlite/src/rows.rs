@@ -21,7 +21,8 @@ use crate::error::{check_format, corrupt, db, encode, parse_json};
 macro_rules! session_cols {
     () => {
         "id, status, app_version, metadata, lease_owner, lease_expires_at, fence, \
-         recovery_attempts, status_reason, latest_version, created_at, updated_at, format"
+         recovery_attempts, status_reason, latest_version, created_at, updated_at, format, \
+         queue, wake_at, lease_renewed_at"
     };
 }
 pub(crate) use session_cols;
@@ -89,6 +90,9 @@ pub(crate) fn session(row: &SqliteRow) -> Result<SessionRecord, StoreError> {
         latest_version: col(row, "latest_version", &id, None)?,
         created_at: col(row, "created_at", &id, None)?,
         updated_at: col(row, "updated_at", &id, None)?,
+        queue: col(row, "queue", &id, None)?,
+        wake_at: col(row, "wake_at", &id, None)?,
+        lease_renewed_at: col(row, "lease_renewed_at", &id, None)?,
         id,
     })
 }

@@ -2,7 +2,8 @@
 //! listing them, and setting their status.
 
 use durable_core::store::{
-    FORMAT_VERSION, Fence, Lease, NewSession, SessionFilter, SessionRecord, SessionStatus,
+    DEFAULT_QUEUE, FORMAT_VERSION, Fence, Lease, NewSession, SessionFilter, SessionRecord,
+    SessionStatus,
 };
 use durable_core::{SessionId, StoreError};
 use sqlx::AssertSqlSafe;
@@ -19,6 +20,8 @@ pub(crate) async fn create_session(
     new: NewSession,
 ) -> Result<(SessionRecord, Lease), StoreError> {
     durable_core::validate::validate_new_session(&new.id, &new.owner, &new.app_version)?;
+    let queue = new.queue.as_deref().unwrap_or(DEFAULT_QUEUE);
+    durable_core::validate::validate_id("queue", queue)?;
     let mut tx = WriteTx::begin(store.writer()).await?;
     let now = tx.now;
     let result = async {
@@ -27,8 +30,8 @@ pub(crate) async fn create_session(
         let inserted = sqlx::query(
             "INSERT INTO durable_sessions (id, status, app_version, metadata, lease_owner, \
              lease_expires_at, fence, recovery_attempts, status_reason, latest_version, \
-             created_at, updated_at, format) \
-             VALUES (?, 'active', ?, ?, ?, ?, 1, 0, NULL, 0, ?, ?, ?) \
+             created_at, updated_at, format, queue, wake_at, lease_renewed_at) \
+             VALUES (?, 'active', ?, ?, ?, ?, 1, 0, NULL, 0, ?, ?, ?, ?, ?, ?) \
              ON CONFLICT (id) DO NOTHING",
         )
         .bind(new.id.as_str())
@@ -39,6 +42,9 @@ pub(crate) async fn create_session(
         .bind(now)
         .bind(now)
         .bind(FORMAT_VERSION)
+        .bind(queue)
+        .bind(new.initial.wake_at)
+        .bind(now)
         .execute(&mut *conn)
         .await
         .map_err(db)?;

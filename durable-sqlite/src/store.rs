@@ -12,16 +12,17 @@ use std::time::Duration;
 use async_trait::async_trait;
 use durable_core::integrity::Keyring;
 use durable_core::store::{
-    ApprovalRecord, ApprovalRequest, CallRecord, Checkpoint, CheckpointMeta, DecideApproval,
+    ApprovalRecord, ApprovalRequest, CallRecord, Checkpoint, CheckpointMeta, Claim, DecideApproval,
     Durability, EditedKey, ErrorRecord, Fence, FinishCall, IssueOutcome, Lease, NewCall,
-    NewCheckpoint, NewError, NewSession, PendingApproval, PurgeOutcome, ResolutionRecord,
-    ResolveCall, RetargetSession, SessionFilter, SessionRecord, SessionStatus, StoredMessage,
+    NewCheckpoint, NewError, NewSession, PendingApproval, PurgeOutcome, QueueInfo,
+    ResolutionRecord, ResolveCall, RetargetSession, SessionFilter, SessionRecord, SessionStatus,
+    StoredMessage, WorkEvents,
 };
 use durable_core::{CallId, CheckpointStore, SessionId, StoreError};
 
 use crate::error::BACKEND;
 use crate::{
-    SqliteStore, approval, checkpoints, journal, leases, maintenance, resolution, sessions,
+    SqliteStore, approval, checkpoints, journal, leases, maintenance, queues, resolution, sessions,
 };
 
 #[async_trait]
@@ -43,7 +44,9 @@ impl CheckpointStore for SqliteStore {
     }
 
     async fn create_session(&self, new: NewSession) -> Result<(SessionRecord, Lease), StoreError> {
-        sessions::create_session(self, new).await
+        let created = sessions::create_session(self, new).await?;
+        self.work_available();
+        Ok(created)
     }
 
     async fn session(&self, id: &SessionId) -> Result<SessionRecord, StoreError> {
@@ -72,20 +75,47 @@ impl CheckpointStore for SqliteStore {
     }
 
     async fn release_lease(&self, lease: &Lease) -> Result<(), StoreError> {
-        leases::release_lease(self, lease).await
+        leases::release_lease(self, lease).await?;
+        self.work_available();
+        Ok(())
     }
 
-    async fn claim_expired(
+    async fn claim_expired(&self, claim: &Claim) -> Result<Option<Lease>, StoreError> {
+        leases::claim_expired(self, claim).await
+    }
+
+    async fn set_queue_limit(
         &self,
-        owner: &str,
-        ttl: Duration,
-        max_attempts: i32,
-    ) -> Result<Option<Lease>, StoreError> {
-        leases::claim_expired(self, owner, ttl, max_attempts).await
+        queue: &str,
+        max_running: Option<u32>,
+    ) -> Result<(), StoreError> {
+        queues::set_queue_limit(self, queue, max_running).await?;
+        self.work_available();
+        Ok(())
+    }
+
+    async fn queues(&self) -> Result<Vec<QueueInfo>, StoreError> {
+        queues::queues(self).await
+    }
+
+    async fn next_wake_at(&self) -> Result<Option<i64>, StoreError> {
+        queues::next_wake_at(self).await
+    }
+
+    fn work_events(&self) -> Option<WorkEvents> {
+        Some(self.work_subscribe())
+    }
+
+    async fn wake_session(&self, id: &SessionId) -> Result<SessionRecord, StoreError> {
+        let record = queues::wake_session(self, id).await?;
+        self.work_available();
+        Ok(record)
     }
 
     async fn unpark_session(&self, id: &SessionId) -> Result<SessionRecord, StoreError> {
-        leases::unpark_session(self, id).await
+        let record = leases::unpark_session(self, id).await?;
+        self.work_available();
+        Ok(record)
     }
 
     async fn list_expired(&self, limit: i64) -> Result<Vec<SessionRecord>, StoreError> {
@@ -98,7 +128,10 @@ impl CheckpointStore for SqliteStore {
         status: SessionStatus,
         reason: Option<&str>,
     ) -> Result<(), StoreError> {
-        sessions::set_status(self, fence, status, reason).await
+        sessions::set_status(self, fence, status, reason).await?;
+        // The lease is given up: for a session still active, or a place in its queue.
+        self.work_available();
+        Ok(())
     }
 
     async fn save_checkpoint(
@@ -216,7 +249,9 @@ impl CheckpointStore for SqliteStore {
     }
 
     async fn resolve_call(&self, resolve: ResolveCall) -> Result<CallRecord, StoreError> {
-        resolution::resolve_call(self, resolve).await
+        let row = resolution::resolve_call(self, resolve).await?;
+        self.work_available();
+        Ok(row)
     }
 
     async fn resolutions(&self, session: &SessionId) -> Result<Vec<ResolutionRecord>, StoreError> {
@@ -233,7 +268,9 @@ impl CheckpointStore for SqliteStore {
     }
 
     async fn decide_approval(&self, decide: DecideApproval) -> Result<CallRecord, StoreError> {
-        approval::decide_approval(self, decide).await
+        let row = approval::decide_approval(self, decide).await?;
+        self.work_available();
+        Ok(row)
     }
 
     async fn pending_approvals(

@@ -40,7 +40,9 @@ async fn journal(store: &SqliteStore) -> (SessionId, CallId, CallId) {
                 plan: json!({}),
                 budget: json!({}),
                 state: Value::Null,
+                wake_at: None,
             },
+            queue: None,
         })
         .await
         .expect("create");

@@ -96,6 +96,7 @@ async fn sessions(store: &SqliteStore, n: usize) -> Vec<Lease> {
             owner: "grouper".into(),
             lease_ttl: std::time::Duration::from_secs(60),
             initial: NewCheckpoint::default(),
+            queue: None,
         };
         let (_, lease) = store.create_session(new).await.expect("create");
         leases.push(lease);

@@ -24,7 +24,9 @@ fn new_session(id: &str) -> NewSession {
             plan: json!(null),
             budget: json!(null),
             state: json!(null),
+            wake_at: None,
         },
+        queue: None,
     }
 }
 

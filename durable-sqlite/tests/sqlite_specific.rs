@@ -3,6 +3,7 @@
 //! trait behaviour is covered by the conformance suite (`tests/conformance.rs`); the
 //! smoke test here only proves every method works end to end on both store kinds.
 
+use durable_core::store::Claim;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,7 +32,9 @@ fn new_session(id: &SessionId, owner: &str) -> NewSession {
             plan: json!({"objective": "greet"}),
             budget: json!({"usd": 0.0}),
             state: json!(null),
+            wake_at: None,
         },
+        queue: None,
     }
 }
 
@@ -115,6 +118,7 @@ async fn exercise_every_method(store: &dyn CheckpointStore) {
                 plan: json!({"objective": "greet", "done": true}),
                 budget: json!({"usd": 0.5}),
                 state: json!({"turn": 1}),
+                wake_at: None,
             },
         )
         .await
@@ -324,7 +328,7 @@ async fn exercise_every_method(store: &dyn CheckpointStore) {
     let expired = store.list_expired(100).await.expect("list_expired");
     assert!(expired.iter().any(|s| s.id == fork_id));
     let claimed: Option<Lease> = store
-        .claim_expired("w4", TTL, 3)
+        .claim_expired(&Claim::new("w4", TTL, 3))
         .await
         .expect("claim_expired");
     let claimed = claimed.expect("the fork is claimable");
@@ -801,6 +805,7 @@ async fn a_reopened_file_store_finds_everything() {
                     plan: json!({"steps": ["send"]}),
                     budget: json!({"usd": 0.01}),
                     state: json!({"k": [1, 2, 3]}),
+                    wake_at: None,
                 },
             )),
         )
@@ -974,6 +979,7 @@ async fn unchanged_snapshots_are_stored_once_and_every_version_still_loads() {
                     plan: plan.clone(),
                     budget: budget.clone(),
                     state: state.clone(),
+                    wake_at: None,
                 },
             )
             .await

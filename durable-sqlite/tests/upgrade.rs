@@ -72,7 +72,9 @@ async fn session(store: &SqliteStore, issued: i64, completed: i64) -> (SessionId
                 plan: json!({}),
                 budget: json!({}),
                 state: json!(null),
+                wake_at: None,
             },
+            queue: None,
         })
         .await
         .expect("create");
@@ -132,7 +134,13 @@ async fn as_schema_3(path: &Path) {
             .expect("old head");
     }
     sqlx::query(
-        "DROP TABLE durable_approvals; \
+        "DROP INDEX durable_sessions_sleeping; \
+         DROP INDEX durable_sessions_active_queue; \
+         DROP TABLE durable_queues; \
+         ALTER TABLE durable_sessions DROP COLUMN lease_renewed_at; \
+         ALTER TABLE durable_sessions DROP COLUMN wake_at; \
+         ALTER TABLE durable_sessions DROP COLUMN queue; \
+         DROP TABLE durable_approvals; \
          ALTER TABLE durable_sessions DROP COLUMN approvals; \
          DROP INDEX durable_tool_calls_requested; \
          ALTER TABLE durable_tool_calls DROP COLUMN approval; \
@@ -248,6 +256,7 @@ async fn a_refused_session_is_refused_on_every_read_and_write() {
                 plan: json!({}),
                 budget: json!({}),
                 state: json!(null),
+                wake_at: None,
             },
         )
         .await

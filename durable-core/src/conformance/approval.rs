@@ -3,6 +3,7 @@
 //! the store's clock; a session awaiting approval holds no lease and comes back when the
 //! last decision is taken.
 
+use crate::store::Claim;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -437,7 +438,7 @@ pub async fn approval_awaiting_session_holds_no_lease(store: Arc<dyn CheckpointS
     );
     assert!(
         store
-            .claim_expired("other", LONG_TTL, MAX_ATTEMPTS)
+            .claim_expired(&Claim::new("other", LONG_TTL, MAX_ATTEMPTS))
             .await
             .expect("claim")
             .is_none_or(|l| l.session != session.id),

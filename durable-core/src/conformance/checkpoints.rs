@@ -345,6 +345,7 @@ pub async fn checkpoint_json_round_trips_exactly(store: Arc<dyn CheckpointStore>
         plan: plan.clone(),
         budget: budget.clone(),
         state: state.clone(),
+        wake_at: None,
     };
     let (session, lease) = create_with(&*store, new.clone()).await;
     assert_eq!(
@@ -361,6 +362,7 @@ pub async fn checkpoint_json_round_trips_exactly(store: Arc<dyn CheckpointStore>
                 plan: plan.clone(),
                 budget: budget.clone(),
                 state: state.clone(),
+                wake_at: None,
             },
         )
         .await

@@ -1,6 +1,7 @@
 //! Cases: ids a user chooses (session ids, fork targets, owners, app versions) are
 //! validated at the store boundary, identically on every backend.
 
+use crate::store::Claim;
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
@@ -106,7 +107,9 @@ pub async fn ids_are_validated_before_the_database(store: Arc<dyn CheckpointStor
             "acquire_lease with a {name} owner"
         );
         expect_err!(
-            store.claim_expired(&id, LONG_TTL, MAX_ATTEMPTS).await,
+            store
+                .claim_expired(&Claim::new(&id, LONG_TTL, MAX_ATTEMPTS))
+                .await,
             StoreError::InvalidId { what: "owner", .. },
             "claim_expired with a {name} owner"
         );

@@ -1,6 +1,7 @@
 //! Cases: listing and claiming expired sessions, the poison-pill counter (shared by
 //! `claim_expired` and resuming by id).
 
+use crate::store::Claim;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,7 +28,7 @@ async fn claim_all(
     let mut leases = Vec::new();
     for _ in 0..bound {
         match store
-            .claim_expired(claimer, ttl, max_attempts)
+            .claim_expired(&Claim::new(claimer, ttl, max_attempts))
             .await
             .unwrap_or_else(|e| panic!("claim_expired({claimer}) failed: {e:?}"))
         {
@@ -265,7 +266,7 @@ pub async fn recovery_checkpoint_resets_attempts(store: Arc<dyn CheckpointStore>
     for ttl in [Duration::ZERO, LONG_TTL] {
         for _ in 0..1_000 {
             let lease = store
-                .claim_expired(&claimer, ttl, 10)
+                .claim_expired(&Claim::new(&claimer, ttl, 10))
                 .await
                 .expect("claim_expired")
                 .expect("claim_expired returned None with an expired session stored");

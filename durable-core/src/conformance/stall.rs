@@ -21,9 +21,10 @@ use crate::error::StoreError;
 use crate::ids::{CallId, SessionId};
 use crate::store::{
     ApprovalRecord, ApprovalRequest, CallRecord, Checkpoint, CheckpointMeta, CheckpointStore,
-    DecideApproval, Durability, EditedKey, ErrorRecord, Fence, FinishCall, IssueOutcome, Lease,
-    NewCall, NewCheckpoint, NewError, NewSession, PendingApproval, PurgeOutcome, ResolutionRecord,
-    ResolveCall, RetargetSession, SessionFilter, SessionRecord, SessionStatus, StoredMessage,
+    Claim, DecideApproval, Durability, EditedKey, ErrorRecord, Fence, FinishCall, IssueOutcome,
+    Lease, NewCall, NewCheckpoint, NewError, NewSession, PendingApproval, PurgeOutcome, QueueInfo,
+    ResolutionRecord, ResolveCall, RetargetSession, SessionFilter, SessionRecord, SessionStatus,
+    StoredMessage,
 };
 
 /// Wraps a real store; see the module docs.
@@ -139,13 +140,28 @@ impl CheckpointStore for Probe {
         self.inner.release_lease(lease).await
     }
 
-    async fn claim_expired(
+    async fn claim_expired(&self, claim: &Claim) -> Result<Option<Lease>, StoreError> {
+        self.inner.claim_expired(claim).await
+    }
+
+    async fn set_queue_limit(
         &self,
-        owner: &str,
-        ttl: Duration,
-        max_attempts: i32,
-    ) -> Result<Option<Lease>, StoreError> {
-        self.inner.claim_expired(owner, ttl, max_attempts).await
+        queue: &str,
+        max_running: Option<u32>,
+    ) -> Result<(), StoreError> {
+        self.inner.set_queue_limit(queue, max_running).await
+    }
+
+    async fn queues(&self) -> Result<Vec<QueueInfo>, StoreError> {
+        self.inner.queues().await
+    }
+
+    async fn next_wake_at(&self) -> Result<Option<i64>, StoreError> {
+        self.inner.next_wake_at().await
+    }
+
+    async fn wake_session(&self, id: &SessionId) -> Result<SessionRecord, StoreError> {
+        self.inner.wake_session(id).await
     }
 
     async fn unpark_session(&self, id: &SessionId) -> Result<SessionRecord, StoreError> {

@@ -219,7 +219,9 @@ async fn transcript(store: &Arc<dyn CheckpointStore>) -> SessionId {
                 plan: json!({"steps": []}),
                 budget: json!({}),
                 state: json!(null),
+                wake_at: None,
             },
+            queue: None,
         })
         .await
         .expect("create session");
@@ -235,6 +237,7 @@ async fn transcript(store: &Arc<dyn CheckpointStore>) -> SessionId {
                 plan: json!({"steps": ["pay"]}),
                 budget: json!({"usd": 1}),
                 state: json!({"paid": 5}),
+                wake_at: None,
             },
         )
         .await

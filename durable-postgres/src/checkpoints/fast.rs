@@ -41,7 +41,7 @@ pub(super) async fn save(
          locked AS ( \
            UPDATE durable_sessions \
            SET latest_version = $6, recovery_attempts = 0, \
-               updated_at = (SELECT now FROM clock), head = $14 \
+               updated_at = (SELECT now FROM clock), head = $14, wake_at = $18 \
            WHERE id = $1 AND fence = $15 AND latest_version = $16 AND head = $17 \
            RETURNING num), \
          messages AS (",
@@ -112,6 +112,7 @@ pub(super) async fn save(
         .bind(fence.token)
         .bind(expected)
         .bind(head.head.as_deref())
+        .bind(checkpoint.wake_at)
         .fetch_optional(&store.pool)
         .await
         .map_err(db)?;

@@ -92,13 +92,14 @@ pub(crate) async fn fork_session(
     load_checkpoint(store, id, Some(version)).await?;
     let mut tx = tx::begin(&store.pool).await?;
     let now = tx::now(&mut tx).await?;
-    let source =
-        sqlx::query("SELECT app_version, metadata, format FROM durable_sessions WHERE id = $1")
-            .bind(id.as_str())
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db)?
-            .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
+    let source = sqlx::query(
+        "SELECT app_version, metadata, format, queue FROM durable_sessions WHERE id = $1",
+    )
+    .bind(id.as_str())
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(db)?
+    .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
     let cp = sqlx::query(concat!(
         "SELECT c.last_seq, c.message_count, ",
         rows::snapshot!("c", "plan"),
@@ -126,8 +127,8 @@ pub(crate) async fn fork_session(
     let row = sqlx::query(concat!(
         "INSERT INTO durable_sessions (id, status, app_version, metadata, lease_owner, \
          lease_expires_at, fence, recovery_attempts, status_reason, latest_version, \
-         created_at, updated_at, format) \
-         VALUES ($1, 'active', $2, $3, $4, $5, 1, 0, NULL, 0, $6, $6, $7) \
+         created_at, updated_at, format, queue, lease_renewed_at) \
+         VALUES ($1, 'active', $2, $3, $4, $5, 1, 0, NULL, 0, $6, $6, $7, $8, $6) \
          ON CONFLICT (id) DO NOTHING RETURNING ",
         session_cols!()
     ))
@@ -138,6 +139,7 @@ pub(crate) async fn fork_session(
     .bind(expires)
     .bind(now)
     .bind(get::<i32>(&source, "format")?)
+    .bind(get::<String>(&source, "queue")?)
     .fetch_optional(&mut *tx)
     .await
     .map_err(db)?
@@ -504,7 +506,8 @@ pub(crate) async fn append_checkpoint(
         rows::stored_snapshot!("state", "$12", "k.num", "$7"),
         ", $13, $3, $4, $14 FROM k) \
          UPDATE durable_sessions \
-         SET latest_version = $7, recovery_attempts = 0, updated_at = $4, head = $15 \
+         SET latest_version = $7, recovery_attempts = 0, updated_at = $4, head = $15, \
+           wake_at = $16 \
          WHERE id = $1"
     ))
     .bind(session.as_str())
@@ -522,6 +525,7 @@ pub(crate) async fn append_checkpoint(
     .bind(&locked.app_version)
     .bind(&sealed.row.seal)
     .bind(locked.head.head.as_deref())
+    .bind(checkpoint.wake_at)
     .execute(&mut *conn)
     .await;
     match result {

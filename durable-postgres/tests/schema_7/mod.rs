@@ -1,6 +1,6 @@
 //! Turns a database of this release back into what schema 7 wrote: no approvals (no
 //! `approval` column on journal rows, no count of them in the heads, no approval log),
-//! the tracking table at version 7. Shared by the upgrade tests.
+//! no worker-pool columns, the tracking table at version 7. Shared by the upgrade tests.
 
 use sqlx::postgres::PgPool;
 
@@ -21,11 +21,23 @@ const UNDO_8: [&str; 9] = [
        AND column_name IN ('approval', 'approvals')",
 ];
 
-/// Undoes schema 8 (see [`UNDO_8`]); panics if the database holds approvals, or if
-/// anything of schema 8 is left.
+/// The statements that undo schema 9 (worker pools): its columns, table and indexes
+/// hold scheduling state only, dropped with whatever they hold.
+const UNDO_9: [&str; 7] = [
+    "DROP INDEX durable_sessions_sleeping",
+    "DROP INDEX durable_sessions_active_queue",
+    "DROP TABLE durable_queues",
+    "ALTER TABLE durable_sessions DROP COLUMN lease_renewed_at",
+    "ALTER TABLE durable_sessions DROP COLUMN wake_at",
+    "ALTER TABLE durable_sessions DROP COLUMN queue",
+    "DELETE FROM durable_schema_migrations WHERE version >= 9",
+];
+
+/// Undoes schemas 9 and 8 (see [`UNDO_9`], [`UNDO_8`]); panics if the database holds
+/// approvals, or if anything of schema 8 is left.
 pub async fn back_to_schema_7(pool: &PgPool) {
     let mut tx = pool.begin().await.expect("a transaction");
-    for sql in UNDO_8 {
+    for sql in UNDO_9.into_iter().chain(UNDO_8) {
         let rows = sqlx::query(sql).fetch_all(&mut *tx).await.expect(sql);
         if sql.starts_with("SELECT") {
             assert!(

@@ -1,0 +1,130 @@
+//! Queues and sleepers: fleet-wide queue limits, the figures operators watch, the next
+//! wake-up time and an operator's early wake-up.
+
+use durable_core::StoreError;
+use durable_core::ids::SessionId;
+use durable_core::store::{QueueInfo, SessionRecord, SessionStatus};
+
+use crate::PostgresStore;
+use crate::error::db;
+use crate::rows::{self, get, session_cols};
+use crate::tx;
+
+pub(crate) async fn set_queue_limit(
+    store: &PostgresStore,
+    queue: &str,
+    max_running: Option<u32>,
+) -> Result<(), StoreError> {
+    durable_core::validate::validate_id("queue", queue)?;
+    let query = match max_running {
+        Some(max) => sqlx::query(concat!(
+            "INSERT INTO durable_queues (name, max_running, updated_at) VALUES ($1, $2, ",
+            tx::now_ms!(),
+            ") ON CONFLICT (name) DO UPDATE SET max_running = excluded.max_running, \
+             updated_at = excluded.updated_at"
+        ))
+        .bind(queue)
+        .bind(i64::from(max)),
+        None => sqlx::query("DELETE FROM durable_queues WHERE name = $1").bind(queue),
+    };
+    query.execute(&store.pool).await.map_err(db)?;
+    Ok(())
+}
+
+pub(crate) async fn queues(store: &PostgresStore) -> Result<Vec<QueueInfo>, StoreError> {
+    // One statement, one snapshot: the limits and the counts agree with each other.
+    let rows = sqlx::query(concat!(
+        "WITH clock AS (SELECT ",
+        tx::now_ms!(),
+        " AS now), \
+         counts AS (SELECT queue, \
+           count(*) FILTER (WHERE status = 'active' AND lease_owner IS NOT NULL \
+             AND lease_expires_at > clock.now) AS running, \
+           count(*) FILTER (WHERE status = 'active' AND (lease_owner IS NULL \
+             OR lease_expires_at IS NULL OR lease_expires_at <= clock.now) \
+             AND (wake_at IS NULL OR wake_at <= clock.now)) AS ready, \
+           count(*) FILTER (WHERE status = 'active' AND (lease_owner IS NULL \
+             OR lease_expires_at IS NULL OR lease_expires_at <= clock.now) \
+             AND wake_at > clock.now) AS sleeping, \
+           count(*) FILTER (WHERE status = 'awaiting_approval') AS awaiting, \
+           count(*) FILTER (WHERE status = 'parked') AS parked, \
+           min(wake_at) FILTER (WHERE status = 'active' AND wake_at > clock.now) AS next_wake \
+           FROM durable_sessions, clock \
+           WHERE status IN ('active', 'awaiting_approval', 'parked') GROUP BY queue), \
+         names AS (SELECT queue AS name FROM counts UNION SELECT name FROM durable_queues) \
+         SELECT n.name, q.max_running, coalesce(c.running, 0) AS running, \
+           coalesce(c.ready, 0) AS ready, coalesce(c.sleeping, 0) AS sleeping, \
+           coalesce(c.awaiting, 0) AS awaiting, coalesce(c.parked, 0) AS parked, \
+           c.next_wake \
+         FROM names n LEFT JOIN counts c ON c.queue = n.name \
+         LEFT JOIN durable_queues q ON q.name = n.name ORDER BY n.name"
+    ))
+    .fetch_all(&store.pool)
+    .await
+    .map_err(db)?;
+    rows.iter()
+        .map(|row| {
+            let mut info = QueueInfo::new(get::<String>(row, "name")?);
+            info.max_running =
+                get::<Option<i64>>(row, "max_running")?.and_then(|max| u32::try_from(max).ok());
+            info.running = get(row, "running")?;
+            info.ready = get(row, "ready")?;
+            info.sleeping = get(row, "sleeping")?;
+            info.awaiting_approval = get(row, "awaiting")?;
+            info.parked = get(row, "parked")?;
+            info.next_wake_at = get(row, "next_wake")?;
+            Ok(info)
+        })
+        .collect()
+}
+
+pub(crate) async fn next_wake_at(store: &PostgresStore) -> Result<Option<i64>, StoreError> {
+    sqlx::query_scalar(concat!(
+        "WITH clock AS (SELECT ",
+        tx::now_ms!(),
+        " AS now) SELECT min(wake_at) FROM durable_sessions, clock \
+         WHERE status = 'active' AND wake_at IS NOT NULL AND wake_at > clock.now \
+           AND (lease_owner IS NULL OR lease_expires_at IS NULL \
+             OR lease_expires_at <= clock.now)"
+    ))
+    .fetch_one(&store.pool)
+    .await
+    .map_err(db)
+}
+
+pub(crate) async fn wake_session(
+    store: &PostgresStore,
+    id: &SessionId,
+) -> Result<SessionRecord, StoreError> {
+    let mut tx = tx::begin(&store.pool).await?;
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        session_cols!(),
+        " FROM durable_sessions WHERE id = $1 FOR NO KEY UPDATE"
+    ))
+    .bind(id.as_str())
+    .fetch_optional(&mut *tx)
+    .await
+    .map_err(db)?
+    .ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
+    let current = rows::session(&row)?;
+    if current.status != SessionStatus::Active {
+        return Err(StoreError::NotResumable {
+            session: id.clone(),
+            status: current.status.as_str().to_owned(),
+        });
+    }
+    let row = sqlx::query(concat!(
+        "WITH clock AS (SELECT ",
+        tx::now_ms!(),
+        " AS now) UPDATE durable_sessions SET wake_at = CASE WHEN wake_at > clock.now \
+         THEN clock.now ELSE wake_at END FROM clock WHERE id = $1 RETURNING ",
+        session_cols!()
+    ))
+    .bind(id.as_str())
+    .fetch_one(&mut *tx)
+    .await
+    .map_err(db)?;
+    tx.commit().await.map_err(db)?;
+    rows::session(&row)
+}

@@ -1,0 +1,33 @@
+-- durable schema, version 7: worker pools (queues with fleet-wide limits, durable
+-- sleep, the last renewal of a lease).
+--
+-- Columns with constant defaults or none: adding them rewrites nothing. Like the lease
+-- columns they are scheduling state, outside the head's seal: editing one can make a
+-- session run early, late or not at all, never replay an effect (the journal decides
+-- what a resumed session may do).
+
+-- The queue a session runs in: pools may claim from some queues only, and a queue may
+-- have a fleet-wide limit (durable_queues).
+ALTER TABLE durable_sessions ADD COLUMN queue TEXT NOT NULL DEFAULT 'default';
+
+-- When the session's sleep ends (ms, the database's clock): no claim takes it before.
+-- Written by a checkpoint (NULL clears it).
+ALTER TABLE durable_sessions ADD COLUMN wake_at INTEGER;
+
+-- When the current lease was last taken or renewed (ms): what operators read to tell a
+-- live worker from a dead one.
+ALTER TABLE durable_sessions ADD COLUMN lease_renewed_at INTEGER;
+
+-- Fleet-wide limits: at most max_running sessions of the queue leased at once, checked
+-- by every claim.
+CREATE TABLE durable_queues (
+    name        TEXT    PRIMARY KEY,
+    max_running INTEGER NOT NULL CHECK (max_running >= 0),
+    updated_at  INTEGER NOT NULL
+) STRICT;
+
+-- Counting a queue's running sessions, and its sleepers, without a scan of the table.
+CREATE INDEX durable_sessions_active_queue ON durable_sessions (queue, lease_expires_at)
+    WHERE status = 'active';
+CREATE INDEX durable_sessions_sleeping ON durable_sessions (wake_at)
+    WHERE status = 'active' AND wake_at IS NOT NULL;

@@ -1,0 +1,122 @@
+//! Queues and sleepers: fleet-wide queue limits, the figures operators watch, the next
+//! wake-up time and an operator's early wake-up.
+
+use durable_core::store::{QueueInfo, SessionRecord, SessionStatus};
+use durable_core::{SessionId, StoreError};
+use sqlx::Row;
+
+use crate::SqliteStore;
+use crate::error::db;
+use crate::tx::{self, WriteTx};
+
+pub(crate) async fn set_queue_limit(
+    store: &SqliteStore,
+    queue: &str,
+    max_running: Option<u32>,
+) -> Result<(), StoreError> {
+    durable_core::validate::validate_id("queue", queue)?;
+    let mut tx = WriteTx::begin(store.writer()).await?;
+    let now = tx.now;
+    let result = async {
+        let query = match max_running {
+            Some(max) => sqlx::query(
+                "INSERT INTO durable_queues (name, max_running, updated_at) VALUES (?, ?, ?) \
+                 ON CONFLICT (name) DO UPDATE SET max_running = excluded.max_running, \
+                 updated_at = excluded.updated_at",
+            )
+            .bind(queue)
+            .bind(i64::from(max))
+            .bind(now),
+            None => sqlx::query("DELETE FROM durable_queues WHERE name = ?").bind(queue),
+        };
+        query.execute(tx.conn()).await.map(|_| ()).map_err(db)
+    }
+    .await;
+    tx.finish(result).await
+}
+
+pub(crate) async fn queues(store: &SqliteStore) -> Result<Vec<QueueInfo>, StoreError> {
+    let now = tx::clock(store.reader()).await?;
+    // One statement, one snapshot: the limits and the counts agree with each other.
+    let rows = sqlx::query(
+        "WITH counts AS (SELECT queue, \
+           sum(status = 'active' AND lease_owner IS NOT NULL AND lease_expires_at > ?1) \
+             AS running, \
+           sum(status = 'active' AND (lease_owner IS NULL OR lease_expires_at IS NULL \
+             OR lease_expires_at <= ?1) AND (wake_at IS NULL OR wake_at <= ?1)) AS ready, \
+           sum(status = 'active' AND (lease_owner IS NULL OR lease_expires_at IS NULL \
+             OR lease_expires_at <= ?1) AND wake_at > ?1) AS sleeping, \
+           sum(status = 'awaiting_approval') AS awaiting, \
+           sum(status = 'parked') AS parked, \
+           min(CASE WHEN status = 'active' AND wake_at > ?1 THEN wake_at END) AS next_wake \
+           FROM durable_sessions WHERE status IN ('active', 'awaiting_approval', 'parked') \
+           GROUP BY queue), \
+         names AS (SELECT queue AS name FROM counts UNION SELECT name FROM durable_queues) \
+         SELECT n.name, q.max_running, coalesce(c.running, 0), coalesce(c.ready, 0), \
+           coalesce(c.sleeping, 0), coalesce(c.awaiting, 0), coalesce(c.parked, 0), \
+           c.next_wake \
+         FROM names n LEFT JOIN counts c ON c.queue = n.name \
+         LEFT JOIN durable_queues q ON q.name = n.name ORDER BY n.name",
+    )
+    .bind(now)
+    .fetch_all(store.reader())
+    .await
+    .map_err(db)?;
+    rows.iter()
+        .map(|row| {
+            let mut info = QueueInfo::new(row.try_get::<String, _>(0).map_err(db)?);
+            info.max_running = row
+                .try_get::<Option<i64>, _>(1)
+                .map_err(db)?
+                .and_then(|max| u32::try_from(max).ok());
+            info.running = row.try_get(2).map_err(db)?;
+            info.ready = row.try_get(3).map_err(db)?;
+            info.sleeping = row.try_get(4).map_err(db)?;
+            info.awaiting_approval = row.try_get(5).map_err(db)?;
+            info.parked = row.try_get(6).map_err(db)?;
+            info.next_wake_at = row.try_get(7).map_err(db)?;
+            Ok(info)
+        })
+        .collect()
+}
+
+pub(crate) async fn next_wake_at(store: &SqliteStore) -> Result<Option<i64>, StoreError> {
+    let now = tx::clock(store.reader()).await?;
+    sqlx::query_scalar(
+        "SELECT min(wake_at) FROM durable_sessions WHERE status = 'active' \
+         AND wake_at IS NOT NULL AND wake_at > ?1 \
+         AND (lease_owner IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= ?1)",
+    )
+    .bind(now)
+    .fetch_one(store.reader())
+    .await
+    .map_err(db)
+}
+
+pub(crate) async fn wake_session(
+    store: &SqliteStore,
+    id: &SessionId,
+) -> Result<SessionRecord, StoreError> {
+    let mut tx = WriteTx::begin(store.writer()).await?;
+    let now = tx.now;
+    let result = async {
+        let conn = tx.conn();
+        let current = tx::session(&mut *conn, id).await?;
+        if current.status != SessionStatus::Active {
+            return Err(StoreError::NotResumable {
+                session: id.clone(),
+                status: current.status.as_str().to_owned(),
+            });
+        }
+        sqlx::query("UPDATE durable_sessions SET wake_at = ? WHERE id = ? AND wake_at > ?")
+            .bind(now)
+            .bind(id.as_str())
+            .bind(now)
+            .execute(&mut *conn)
+            .await
+            .map_err(db)?;
+        tx::session(conn, id).await
+    }
+    .await;
+    tx.finish(result).await
+}
