@@ -61,6 +61,7 @@ mod sessions;
 mod stall;
 pub mod tamper;
 mod window;
+mod workers;
 
 pub use approval::*;
 pub use approval_runtime::*;
@@ -78,6 +79,7 @@ pub use resolution::*;
 pub use runtime::*;
 pub use sessions::*;
 pub use window::*;
+pub use workers::*;
 
 /// How long one case may run before it is reported as hung (a deadlocked store call).
 pub const CASE_TIMEOUT: Duration = Duration::from_secs(120);
@@ -177,6 +179,14 @@ macro_rules! __durable_conformance_cases {
             recovery_checkpoint_resets_attempts,
             recovery_resume_by_id_parks_a_poison_pill,
             recovery_released_lease_is_not_counted,
+            // worker pools: sleep, queues, limits
+            worker_sleeping_session_is_claimed_once_due,
+            worker_crash_after_sleeping_keeps_the_wake_up,
+            worker_wake_session_ends_a_sleep_early,
+            worker_claims_keep_to_their_app_version_and_queues,
+            worker_queue_limit_bounds_claims,
+            worker_concurrent_claims_respect_the_queue_limit,
+            worker_lease_renewed_at_tracks_take_and_renew,
             // checkpoints
             checkpoint_initial_is_version_zero,
             checkpoint_cas_conflict_writes_nothing,
