@@ -85,17 +85,22 @@ pub async fn rolling(backend: Backend) {
         })
         .collect();
     let mut exits = Vec::new();
+    // Sessions still active at each restart (so that each one landed mid-run).
+    let mut active_at = Vec::new();
     for restart in 0..ROUNDS * POOLS {
         // Let the fleet run a little between restarts.
         tokio::time::sleep(Duration::from_millis(300)).await;
         for w in &pools {
             lines.extend(tag(&w.owner, w.ready_lines()));
         }
-        let active = worker::active_sessions(store.as_ref()).await;
+        let active = worker::active_sessions(store.as_ref())
+            .await
+            .expect("active sessions");
         assert!(
-            active.is_some_and(|n| n > 0),
+            active > 0,
             "every session finished before restart {restart}: the deploy would test nothing"
         );
+        active_at.push(active);
         let slot = restart % POOLS;
         let old = &mut pools[slot];
         let term_sent = Instant::now();
@@ -209,8 +214,9 @@ pub async fn rolling(backend: Backend) {
         "rolling deploy ({}): {POOLS} pools × {CONCURRENCY_PER_POOL}, {} restarts ({ROUNDS} \
          rounds); SIGTERM → exit median {} ms max {} ms; {} handoffs, release → next claim \
          median {median} ms max {max} ms; {completed}/{SESSIONS} completed in {:.1} s \
-         ({:.2} sessions/s, {THINK} ms think per step, {STEPS} steps); emails {emails}, \
-         charges {charges}, duplicates 0, recoveries 0",
+         ({:.2} sessions/s, {THINK} ms think per step, {STEPS} steps; active at the \
+         restarts {active_at:?}); emails {emails}, charges {charges}, duplicates 0, \
+         recoveries 0",
         backend.name(),
         ROUNDS * POOLS,
         exit_ms[exit_ms.len() / 2],

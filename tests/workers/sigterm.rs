@@ -17,6 +17,7 @@
 //! doubt (the session is parked for an operator), the charge re-executes with the same
 //! key and the receiver applies it once. 0 duplicate effects.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -24,7 +25,7 @@ use durable::store::{CallKind, CallRecord, CallStatus, SessionFilter, SessionSta
 use durable::{CheckpointStore, Durable, Message, SessionId, StartOptions};
 
 use crate::backend::Backend;
-use crate::hook::{BLOCK, CONCURRENCY, DEADLINE_MS, GATE};
+use crate::hook::{BLOCK, CONCURRENCY, DEADLINE_MS, GATE, now_ms};
 use crate::ledger::{Arg, Ledger};
 use crate::proc::{Output, Worker, signal};
 use crate::worker::{self, STEPS, TOOLS};
@@ -331,6 +332,7 @@ pub async fn deadline(backend: Backend) {
     signal(a.pid(), "TERM");
     let status = a.wait(Duration::from_secs(20));
     let stopped = Instant::now();
+    let stopped_ms = now_ms();
     lines.extend(a.rest());
     assert!(status.success(), "pool-a exited with {status}: {lines:?}");
     let summary = pool_summary("pool-a", &lines);
@@ -351,7 +353,9 @@ pub async fn deadline(backend: Backend) {
     // Left as after a crash: leased by pool-a until the TTL, each held call in doubt,
     // its effect applied once.
     let now = store.now().await.expect("now");
-    let mut expires = i64::MIN;
+    // Per session, how long its lease had to run at pool-a's exit (each one was renewed
+    // on its own schedule, every TTL / 3).
+    let mut left = HashMap::new();
     for (session, tool) in ABORTED {
         let record = store
             .session(&SessionId::new(session))
@@ -360,13 +364,12 @@ pub async fn deadline(backend: Backend) {
         assert_eq!(record.lease_owner.as_deref(), Some("pool-a"), "{record:?}");
         let until = record.lease_expires_at.expect("lease expiry");
         assert!(until > now, "{session}: lease already expired: {record:?}");
-        expires = expires.max(until);
+        left.insert(session, until - now);
         let row = call_row(store.as_ref(), session, 0, tool)
             .await
             .expect("row");
         assert_eq!(row.status, CallStatus::Issued, "{session} {tool}: {row:?}");
     }
-    let left_ms = expires - now;
     let (charge_key, _) = worker::effect_keys("deadline-02", 0);
     assert_eq!(
         count(&ledger, "ledger_charges", "charge_key", &charge_key).await,
@@ -389,16 +392,35 @@ pub async fn deadline(backend: Backend) {
         &[(CONCURRENCY, "3")],
         Output::Lines,
     );
-    let (_, mut lines_b) = b.line_starting("claimed ", Duration::from_secs(20));
+    let (first, mut lines_b) = b.line_starting("claimed ", Duration::from_secs(20));
     let first_claim = stopped.elapsed();
+    lines_b.push(first);
     let status = b.wait(Duration::from_secs(30));
     lines_b.extend(b.rest());
     assert!(status.success(), "pool-b exited with {status}: {lines_b:?}");
-    assert!(
-        first_claim.as_millis() as i64 >= left_ms - 50,
-        "pool-b claimed {first_claim:?} after pool-a exited, before the leases expired \
-         ({left_ms} ms were left)"
-    );
+    // Each session claimed once its own lease expired, not before (nor a TTL late).
+    let mut waits = Vec::new();
+    for (session, _) in ABORTED {
+        let claimed = lines_b
+            .iter()
+            .find_map(|l| {
+                let rest = l.strip_prefix(&format!("claimed {session} "))?;
+                rest.rsplit_once(" t=")?.1.parse::<u128>().ok()
+            })
+            .unwrap_or_else(|| panic!("pool-b never claimed {session}: {lines_b:?}"));
+        let waited = i64::try_from(claimed - stopped_ms).expect("ms");
+        let left = left[session];
+        assert!(
+            waited >= left - 50,
+            "pool-b claimed {session} {waited} ms after pool-a exited, before its lease \
+             expired ({left} ms were left)"
+        );
+        assert!(
+            waited < left + DEADLINE_TTL.as_millis() as i64,
+            "{session}: claimed {waited} ms after pool-a exited ({left} ms were left)"
+        );
+        waits.push((left, waited));
+    }
 
     // deadline-00: the verify hook found the email sent; recorded, not sent again.
     let s0 = store
@@ -488,8 +510,8 @@ pub async fn deadline(backend: Backend) {
     assert_eq!(emails, 2 * STEPS + 1);
     println!(
         "sigterm past the deadline ({}): SIGTERM → exit {:.0} ms (deadline {} ms, aborted \
-         {}); leases left {left_ms} ms to run, pool-b's first claim {:.0} ms after pool-a \
-         exited; verified email recorded, unverified email in doubt (parked), charge \
+         {}); (lease left, claimed) ms after pool-a exited: {waits:?}, pool-b's first claim \
+         {:.0} ms after pool-a exited; verified email recorded, unverified email in doubt (parked), charge \
          attempts {attempts} applied 1; emails {emails}, duplicates 0",
         backend.name(),
         term_to_exit.as_secs_f64() * 1000.0,
