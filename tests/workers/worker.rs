@@ -596,6 +596,9 @@ async fn zombie_b(env: &Env) -> i32 {
 async fn pool(env: &Env) -> i32 {
     let (durable, ledger) = env.connect().await;
     let store = Arc::clone(durable.store());
+    // Before `up`: from then on the parent may send SIGTERM, which must not kill us.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM handler");
     println!("worker {} up", env.owner);
     let owner = env.owner.clone();
     let handler = move |resumed: Resumed<Message>, shutdown: ShutdownSignal| {
@@ -613,8 +616,6 @@ async fn pool(env: &Env) -> i32 {
         }
     };
     let stop = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
         let idle = async {
             while active_sessions(store.as_ref()).await != Some(0) {
                 tokio::time::sleep(Duration::from_millis(100)).await;
