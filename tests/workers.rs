@@ -14,7 +14,8 @@
 //! | `graceful` | a worker pool process is sent SIGTERM mid-run: it exits 0 having released every lease; a second pool process claims at once (well under the 30 s TTL) and completes all; effects once each (ledger) |
 //! | `sigterm_mid_{pure,keyed,unsafe,checkpoint}` | a pool process is held inside a tool call of each replay class (before its effect), or right before a checkpoint, and sent SIGTERM there: the call finishes and records once, the pool exits 0 with `aborted 0` and the session's lease released; a second pool claims it under 1 s (TTL 30 s) and completes everything; effects once each |
 //! | `sigterm_deadline` | three calls held past a 500 ms shutdown deadline, right after their effects: the pool aborts them (`aborted 3`) and exits, leaving their leases to expire (TTL 2 s); the next pool recovers them after the TTL: the verified email is found sent, the unverified one is in doubt (parked), the keyed charge re-executes with the same key and is applied once; 0 duplicates |
-//! | `rolling_deploy` | 3 pool processes, 30 sessions, the pools restarted one by one with SIGTERM for two full rounds: all completed, 0 recoveries, every release claimed again well under the TTL (median and max handoff, throughput printed), 0 duplicates |
+//! | `rolling_deploy` | 3 pool processes (16 sessions at most each), 30 sessions, the pools restarted one by one with SIGTERM for two full rounds: all completed, 0 recoveries, every release claimed again within 3 s (TTL 30 s; median and max handoff, throughput printed), 0 duplicates |
+//! | `rolling_deploy_saturated` | the same with 4 sessions at most per pool (12 slots for 30 sessions): a released session waits behind those not yet started (handoffs within 20 s) |
 //! | `synchronous_commit_off` | an unsafe tool refuses to run (`NotDurable` naming the setting) |
 //!
 //! The PostgreSQL cases need the `_postgres-testing` feature (`--all-features`, as
@@ -93,7 +94,10 @@ fn cases() -> Vec<(&'static str, Case)> {
             Box::pin(sigterm::deadline(Backend::sqlite()))
         }),
         ("sqlite_rolling_deploy", || {
-            Box::pin(rolling::rolling(Backend::sqlite()))
+            Box::pin(rolling::rolling(Backend::sqlite(), rolling::SPARE))
+        }),
+        ("sqlite_rolling_deploy_saturated", || {
+            Box::pin(rolling::rolling(Backend::sqlite(), rolling::SATURATED))
         }),
     ];
     #[cfg(feature = "_postgres-testing")]
@@ -129,7 +133,12 @@ fn cases() -> Vec<(&'static str, Case)> {
             Box::pin(async { sigterm::deadline(Backend::postgres().await).await })
         }),
         ("postgres_rolling_deploy", || {
-            Box::pin(async { rolling::rolling(Backend::postgres().await).await })
+            Box::pin(async { rolling::rolling(Backend::postgres().await, rolling::SPARE).await })
+        }),
+        ("postgres_rolling_deploy_saturated", || {
+            Box::pin(async {
+                rolling::rolling(Backend::postgres().await, rolling::SATURATED).await
+            })
         }),
         ("postgres_fleet", || {
             Box::pin(async { fleet::fleet(Backend::postgres().await, 0).await })

@@ -4,11 +4,18 @@
 //! at their next safe point (a step's think time is cut short by the shutdown request; a
 //! tool call in flight finishes first) and the other pools claim them.
 //!
+//! Run with spare capacity (16 sessions per pool: two pools hold every session, so a
+//! stopped pool's sessions find free slots at once and the handoff measures the lease,
+//! not a queue) and saturated (4 per pool, 12 slots for 30 sessions: a released session
+//! is claimed least recently updated first, so it waits behind every session not yet
+//! started).
+//!
 //! Measured: SIGTERM → exit per restart, the handoff latency (a `released` line to the
 //! next `claimed` line of the same session, from the wall-clock stamps the children
 //! print), throughput. Checked: every session completed, no lease left to expire (0
-//! recoveries), every handoff well under the TTL, 0 duplicate effects, keyed effects
-//! applied once.
+//! recoveries), every handoff under a bound (3 s with spare capacity, 20 s saturated; a
+//! lease left behind takes the 30 s TTL), 0 duplicate effects, keyed effects applied
+//! once.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -25,15 +32,14 @@ use crate::worker::{self, STEPS};
 const SESSIONS: usize = 30;
 const POOLS: usize = 3;
 const ROUNDS: usize = 2;
-/// Per pool: two pools hold every session, so a stopped pool's sessions find free slots
-/// at once and the handoff measures the lease, not a queue.
-const CONCURRENCY_PER_POOL: &str = "16";
+/// Per pool, with spare capacity: two pools hold every session.
+pub const SPARE: usize = 16;
+/// Per pool, saturated: 12 slots for 30 sessions.
+pub const SATURATED: usize = 4;
 /// Think time per step: sessions last long enough for the restarts to land mid-run.
 const THINK: &str = "1500";
 /// Long: a lease left behind would show as a handoff of 30 s.
 const TTL: Duration = Duration::from_secs(30);
-/// The bound asserted on every handoff (a lease left to expire takes the TTL).
-const HANDOFF_BOUND: Duration = Duration::from_secs(3);
 
 /// A stamped line: `<what> <session> … t=<ms>`.
 fn stamped(line: &str) -> Option<(&str, &str, u128)> {
@@ -43,7 +49,15 @@ fn stamped(line: &str) -> Option<(&str, &str, u128)> {
 }
 
 /// Runs the case.
-pub async fn rolling(backend: Backend) {
+/// Runs the case with `per_pool` sessions at most in each pool.
+pub async fn rolling(backend: Backend, per_pool: usize) {
+    // The bound asserted on every handoff (a lease left to expire takes the TTL).
+    let handoff_bound = if per_pool * (POOLS - 1) >= SESSIONS {
+        Duration::from_secs(3)
+    } else {
+        Duration::from_secs(20)
+    };
+    let concurrency = per_pool.to_string();
     let store = backend.store().await;
     let ledger = backend.ledger().await;
     let submitter = Durable::builder(Arc::clone(&store))
@@ -66,7 +80,7 @@ pub async fn rolling(backend: Backend) {
             &backend,
             &owner,
             TTL,
-            &[(CONCURRENCY, CONCURRENCY_PER_POOL), (THINK_MS, THINK)],
+            &[(CONCURRENCY, concurrency.as_str()), (THINK_MS, THINK)],
             Output::Lines,
         );
         let (_, before) = w.line_starting(&format!("worker {owner} up"), Duration::from_secs(30));
@@ -175,8 +189,8 @@ pub async fn rolling(backend: Backend) {
     let median = handoffs[handoffs.len() / 2];
     let max = *handoffs.last().expect("handoffs");
     assert!(
-        max < HANDOFF_BOUND.as_millis(),
-        "a handoff took {max} ms (bound {HANDOFF_BOUND:?}): {handoffs:?}"
+        max < handoff_bound.as_millis(),
+        "a handoff took {max} ms (bound {handoff_bound:?}): {handoffs:?}"
     );
 
     let sessions = store
@@ -211,7 +225,7 @@ pub async fn rolling(backend: Backend) {
     let mut exit_ms: Vec<u128> = exits.iter().map(Duration::as_millis).collect();
     exit_ms.sort_unstable();
     println!(
-        "rolling deploy ({}): {POOLS} pools × {CONCURRENCY_PER_POOL}, {} restarts ({ROUNDS} \
+        "rolling deploy ({}): {POOLS} pools × {per_pool}, {} restarts ({ROUNDS} \
          rounds); SIGTERM → exit median {} ms max {} ms; {} handoffs, release → next claim \
          median {median} ms max {max} ms; {completed}/{SESSIONS} completed in {:.1} s \
          ({:.2} sessions/s, {THINK} ms think per step, {STEPS} steps; active at the \
