@@ -11,9 +11,9 @@
 //! - `zombie-b`: recovers the expired session and runs it to completion.
 //! - `poison`: resumes a session by id and dies at once holding its lease (a poison pill
 //!   crashing its worker); prints `parked <session>: <error>` when the resume parked it.
-//! - `pool`: a worker pool (`Durable::worker`, concurrency 2) driving every claimable
-//!   session, each handler releasing its session between steps once shutdown is
-//!   requested; stops gracefully on SIGTERM, or once no session is active; prints
+//! - `pool`: a worker pool (`Durable::worker`, concurrency 2 by default) driving every
+//!   claimable session, each handler releasing its session between steps once shutdown
+//!   is requested; stops gracefully on SIGTERM, or once no session is active; prints
 //!   `claimed`, `completed`, `released` lines (each ending `t=<unix ms>`) and
 //!   `pool stopped <report>`. `tests/workers/hook.rs` tunes it (concurrency, shutdown
 //!   deadline, think time) and holds it at a precise point for the parent.
