@@ -12,6 +12,10 @@
 //! | `fleet_server_restart` | the same with the PostgreSQL server crashed and restarted (`pg_ctl restart -m immediate`) twice mid-run |
 //! | `poison` | 1 worker restarted under a stable owner resumes its session by id and dies, again and again: each restart re-acquires its own live lease at once and counts a recovery; the one past the bound parks the session (`StoreError::Parked`) |
 //! | `graceful` | a worker pool process is sent SIGTERM mid-run: it exits 0 having released every lease; a second pool process claims at once (well under the 30 s TTL) and completes all; effects once each (ledger) |
+//! | `sigterm_mid_{pure,keyed,unsafe,checkpoint}` | a pool process is held inside a tool call of each replay class (before its effect), or right before a checkpoint, and sent SIGTERM there: the call finishes and records once, the pool exits 0 with `aborted 0` and the session's lease released; a second pool claims it under 1 s (TTL 30 s) and completes everything; effects once each |
+//! | `sigterm_deadline` | three calls held past a 500 ms shutdown deadline, right after their effects: the pool aborts them (`aborted 3`) and exits, leaving their leases to expire (TTL 2 s); the next pool recovers them after the TTL: the verified email is found sent, the unverified one is in doubt (parked), the keyed charge re-executes with the same key and is applied once; 0 duplicates |
+//! | `rolling_deploy` | 3 pool processes (16 sessions at most each), 30 sessions, the pools restarted one by one with SIGTERM for two full rounds: all completed, 0 recoveries, every release claimed again within 3 s (TTL 30 s; median and max handoff, throughput printed), 0 duplicates |
+//! | `rolling_deploy_saturated` | the same with 4 sessions at most per pool (12 slots for 30 sessions): a released session waits behind those not yet started (handoffs within 20 s) |
 //! | `synchronous_commit_off` | an unsafe tool refuses to run (`NotDurable` naming the setting) |
 //!
 //! The PostgreSQL cases need the `_postgres-testing` feature (`--all-features`, as
@@ -29,6 +33,8 @@ mod durability;
 mod fleet;
 #[path = "workers/graceful.rs"]
 mod graceful;
+#[path = "workers/hook.rs"]
+mod hook;
 #[path = "workers/ledger.rs"]
 mod ledger;
 #[path = "workers/poison.rs"]
@@ -37,6 +43,10 @@ mod poison;
 mod proc;
 #[path = "workers/race.rs"]
 mod race;
+#[path = "workers/rolling.rs"]
+mod rolling;
+#[path = "workers/sigterm.rs"]
+mod sigterm;
 #[path = "workers/worker.rs"]
 mod worker;
 #[path = "workers/zombie.rs"]
@@ -48,6 +58,7 @@ use std::pin::Pin;
 use std::time::Instant;
 
 use backend::Backend;
+use sigterm::Point;
 
 type Case = fn() -> Pin<Box<dyn Future<Output = ()>>>;
 
@@ -67,6 +78,27 @@ fn cases() -> Vec<(&'static str, Case)> {
         ("sqlite_graceful", || {
             Box::pin(graceful::graceful(Backend::sqlite()))
         }),
+        ("sqlite_sigterm_mid_pure", || {
+            Box::pin(sigterm::mid_call(Backend::sqlite(), Point::Pure))
+        }),
+        ("sqlite_sigterm_mid_keyed", || {
+            Box::pin(sigterm::mid_call(Backend::sqlite(), Point::Keyed))
+        }),
+        ("sqlite_sigterm_mid_unsafe", || {
+            Box::pin(sigterm::mid_call(Backend::sqlite(), Point::Unsafe))
+        }),
+        ("sqlite_sigterm_mid_checkpoint", || {
+            Box::pin(sigterm::mid_call(Backend::sqlite(), Point::Checkpoint))
+        }),
+        ("sqlite_sigterm_deadline", || {
+            Box::pin(sigterm::deadline(Backend::sqlite()))
+        }),
+        ("sqlite_rolling_deploy", || {
+            Box::pin(rolling::rolling(Backend::sqlite(), rolling::SPARE))
+        }),
+        ("sqlite_rolling_deploy_saturated", || {
+            Box::pin(rolling::rolling(Backend::sqlite(), rolling::SATURATED))
+        }),
     ];
     #[cfg(feature = "_postgres-testing")]
     cases.extend([
@@ -82,6 +114,31 @@ fn cases() -> Vec<(&'static str, Case)> {
         }),
         ("postgres_graceful", || {
             Box::pin(async { graceful::graceful(Backend::postgres().await).await })
+        }),
+        ("postgres_sigterm_mid_pure", || {
+            Box::pin(async { sigterm::mid_call(Backend::postgres().await, Point::Pure).await })
+        }),
+        ("postgres_sigterm_mid_keyed", || {
+            Box::pin(async { sigterm::mid_call(Backend::postgres().await, Point::Keyed).await })
+        }),
+        ("postgres_sigterm_mid_unsafe", || {
+            Box::pin(async { sigterm::mid_call(Backend::postgres().await, Point::Unsafe).await })
+        }),
+        ("postgres_sigterm_mid_checkpoint", || {
+            Box::pin(async {
+                sigterm::mid_call(Backend::postgres().await, Point::Checkpoint).await
+            })
+        }),
+        ("postgres_sigterm_deadline", || {
+            Box::pin(async { sigterm::deadline(Backend::postgres().await).await })
+        }),
+        ("postgres_rolling_deploy", || {
+            Box::pin(async { rolling::rolling(Backend::postgres().await, rolling::SPARE).await })
+        }),
+        ("postgres_rolling_deploy_saturated", || {
+            Box::pin(async {
+                rolling::rolling(Backend::postgres().await, rolling::SATURATED).await
+            })
         }),
         ("postgres_fleet", || {
             Box::pin(async { fleet::fleet(Backend::postgres().await, 0).await })

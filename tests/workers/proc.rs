@@ -131,6 +131,14 @@ impl Worker {
         }
     }
 
+    /// The stdout lines printed so far and not yet read (never waits).
+    pub fn ready_lines(&self) -> Vec<String> {
+        self.lines
+            .as_ref()
+            .map(|rx| rx.try_iter().collect())
+            .unwrap_or_default()
+    }
+
     /// Every remaining stdout line (after the process exited).
     pub fn rest(&self) -> Vec<String> {
         self.lines

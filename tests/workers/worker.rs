@@ -11,10 +11,12 @@
 //! - `zombie-b`: recovers the expired session and runs it to completion.
 //! - `poison`: resumes a session by id and dies at once holding its lease (a poison pill
 //!   crashing its worker); prints `parked <session>: <error>` when the resume parked it.
-//! - `pool`: a worker pool (`Durable::worker`, concurrency 2) driving every claimable
-//!   session, each handler releasing its session between steps once shutdown is
-//!   requested; stops gracefully on SIGTERM, or once no session is active; prints
-//!   `claimed`, `completed`, `released` lines and `pool stopped <report>`.
+//! - `pool`: a worker pool (`Durable::worker`, concurrency 2 by default) driving every
+//!   claimable session, each handler releasing its session between steps once shutdown
+//!   is requested; stops gracefully on SIGTERM, or once no session is active; prints
+//!   `claimed`, `completed`, `released` lines (each ending `t=<unix ms>`) and
+//!   `pool stopped <report>`. `tests/workers/hook.rs` tunes it (concurrency, shutdown
+//!   deadline, think time) and holds it at a precise point for the parent.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,6 +28,7 @@ use durable::{
 };
 use serde_json::{Map, Value, json};
 
+use crate::hook::{self, When};
 use crate::ledger::{Ledger, random_below, uuid};
 
 pub const ROLE: &str = "DURABLE_WORKERS_ROLE";
@@ -227,6 +230,7 @@ async fn drive(
         _ => Map::new(),
     };
     while session.version() < STEPS {
+        hook::think(shutdown).await;
         // A safe point: the last step is checkpointed, nothing is in flight.
         if shutdown.is_some_and(ShutdownSignal::is_shutting_down) {
             return match session.release().await {
@@ -240,7 +244,9 @@ async fn drive(
         let read = journal
             .tool(&read_spec, json!({"account": id, "step": step}))
             .run(|_ctx| async {
+                hook::hold("read_account", When::Before, &id, step).await;
                 work().await;
+                hook::hold("read_account", When::After, &id, step).await;
                 Ok::<_, String>(json!({"token": uuid()}))
             })
             .await;
@@ -252,14 +258,16 @@ async fn drive(
                 )
                 .key(charge_key)
                 .run(|ctx: ToolContext| {
-                    let ledger = ledger.clone();
+                    let (ledger, id) = (ledger.clone(), id.clone());
                     async move {
                         work().await;
+                        hook::hold("charge_card", When::Before, &id, step).await;
                         let key = ctx.idempotency_key().unwrap_or_default();
                         let charge_id = ledger
                             .charge(key, i64::from(ctx.attempt()), owner)
                             .await
                             .unwrap_or_else(|e| ledger_down(e));
+                        hook::hold("charge_card", When::After, &id, step).await;
                         work().await;
                         Ok::<_, String>(json!({"charge_id": charge_id}))
                     }
@@ -283,9 +291,10 @@ async fn drive(
             .tool(&email_spec, json!({"to": id, "step": step}))
             .run_verified(
                 |ctx: ToolContext| {
-                    let (ledger, email_key) = (ledger.clone(), email_key.clone());
+                    let (ledger, email_key, id) = (ledger.clone(), email_key.clone(), id.clone());
                     async move {
                         work().await;
+                        hook::hold("send_email", When::Before, &id, step).await;
                         let receipt = ledger
                             .send_email(
                                 &email_key,
@@ -295,6 +304,7 @@ async fn drive(
                             )
                             .await
                             .unwrap_or_else(|e| ledger_down(e));
+                        hook::hold("send_email", When::After, &id, step).await;
                         work().await;
                         Ok::<_, String>(json!({"receipt": receipt}))
                     }
@@ -331,6 +341,7 @@ async fn drive(
         );
         session.set_state(Value::Object(state.clone()));
         session.push(Message::user(format!("step {step} done by {owner}")));
+        hook::hold("checkpoint", When::Before, &id, step).await;
         if let Err(e) = session.checkpoint().await {
             return ended(e);
         }
@@ -377,12 +388,16 @@ async fn stop(session: Session<Message>, e: CallError<String>, zombie: bool) -> 
 }
 
 fn report(id: &SessionId, driven: &Driven) {
+    println!("{}", outcome(id, driven));
+}
+
+fn outcome(id: &SessionId, driven: &Driven) -> String {
     match driven {
-        Driven::Completed => println!("completed {id}"),
-        Driven::Parked => println!("parked {id}"),
-        Driven::Released => println!("released {id}"),
-        Driven::LeaseLost(e) => println!("lease lost on {id}: {e}"),
-        Driven::Abandoned(e) => println!("abandoned {id}: {e}"),
+        Driven::Completed => format!("completed {id}"),
+        Driven::Parked => format!("parked {id}"),
+        Driven::Released => format!("released {id}"),
+        Driven::LeaseLost(e) => format!("lease lost on {id}: {e}"),
+        Driven::Abandoned(e) => format!("abandoned {id}: {e}"),
     }
 }
 
@@ -581,41 +596,48 @@ async fn zombie_b(env: &Env) -> i32 {
 async fn pool(env: &Env) -> i32 {
     let (durable, ledger) = env.connect().await;
     let store = Arc::clone(durable.store());
+    // Before `up`: from then on the parent may send SIGTERM, which must not kill us.
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("SIGTERM handler");
     println!("worker {} up", env.owner);
     let owner = env.owner.clone();
     let handler = move |resumed: Resumed<Message>, shutdown: ShutdownSignal| {
         let (ledger, owner) = (ledger.clone(), owner.clone());
         async move {
             let id = resumed.session.id().clone();
-            println!("claimed {id} at version {}", resumed.report.version);
+            println!(
+                "claimed {id} at version {} t={}",
+                resumed.report.version,
+                hook::now_ms()
+            );
             let driven = drive(resumed.session, &ledger, &owner, None, Some(&shutdown)).await;
-            report(&id, &driven);
+            println!("{} t={}", outcome(&id, &driven), hook::now_ms());
             Ok(())
         }
     };
     let stop = async {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
         let idle = async {
             while active_sessions(store.as_ref()).await != Some(0) {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
         };
         tokio::select! {
-            _ = term.recv() => println!("SIGTERM: stopping gracefully"),
+            _ = term.recv() => println!("SIGTERM: stopping gracefully t={}", hook::now_ms()),
             () = idle => {}
         }
     };
     let report = durable
         .worker(handler)
-        .concurrency(2)
+        .concurrency(hook::env_number(hook::CONCURRENCY).map_or(2, |n| n as usize))
         .poll_interval(Duration::from_millis(100))
-        .shutdown_deadline(Duration::from_secs(10))
+        .shutdown_deadline(Duration::from_millis(
+            hook::env_number(hook::DEADLINE_MS).unwrap_or(10_000),
+        ))
         .run_until(stop)
         .await;
     println!(
-        "pool stopped handled {} succeeded {} aborted {}",
-        report.handled, report.succeeded, report.aborted
+        "pool stopped handled {} succeeded {} failed {} aborted {}",
+        report.handled, report.succeeded, report.failed, report.aborted
     );
     0
 }
