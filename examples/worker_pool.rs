@@ -1,17 +1,20 @@
-//! A worker pool and a graceful restart, on SQLite.
+//! A worker pool, a graceful restart and a durable sleep, on SQLite.
 //!
 //! Six orders are submitted; a small scripted agent handles each in three turns (look the
-//! order up, charge the card, email a receipt), each turn checkpointed. A first pool
-//! (concurrency 2) is stopped after a short time, as a deploy would stop it: its handlers
-//! release their sessions at the next safe point, so a second pool takes them over at
-//! once instead of waiting out the lease (60 s here), and finishes them all. Every effect
-//! happens exactly once.
+//! order up, charge the card, email a receipt), each turn checkpointed, then sleeps half a
+//! second before it checks the delivery (no worker is held while it sleeps) and
+//! completes. A first pool (concurrency 2) is stopped after a short time, as a deploy
+//! would stop it: its handlers release their sessions at the next safe point, so a second
+//! pool takes them over at once instead of waiting out the lease (60 s here), wakes the
+//! sleepers when they are due, and finishes them all. Every effect happens exactly once.
 //!
 //! ```sh
 //! cargo run --example worker_pool
 //! ```
 //!
-//! Ctrl-C or SIGTERM stops either pool the same graceful way.
+//! Ctrl-C or SIGTERM stops either pool the same graceful way; a second one stops it hard
+//! (the handlers still running are aborted, as a kill would; the journal decides what
+//! their sessions may do when they resume).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -140,7 +143,20 @@ async fn agent(
                 )
                 .await
                 .map(|sent| json!(sent)),
+            3 => {
+                // Checkpoint (with the next turn's number), sleep, release: any worker
+                // resumes the session once it is due.
+                let meta = session.sleep(Duration::from_millis(500)).await?;
+                println!("[{pool}] {order}: asleep (checkpoint {})", meta.version);
+                return Ok(());
+            }
             _ => {
+                if let Some(due) = session.woke_from() {
+                    let late = session.record().lease_renewed_at.unwrap_or(due) - due;
+                    println!(
+                        "[{pool}] {order}: woke up {late} ms after it was due; delivery checked"
+                    );
+                }
                 session.complete().await?;
                 println!("[{pool}] {order}: completed");
                 if progress.completed.fetch_add(1, Ordering::SeqCst) + 1 == ORDERS {
@@ -158,19 +174,40 @@ async fn agent(
     }
 }
 
-/// Ctrl-C or SIGTERM.
-async fn signalled() {
-    #[cfg(unix)]
-    {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .expect("SIGTERM handler");
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
+/// Counts Ctrl-C and SIGTERM: the first stops a pool gracefully (`run_until`), the
+/// second hard (`hard_stop`).
+#[derive(Clone)]
+struct Signals(tokio::sync::watch::Receiver<usize>);
+
+impl Signals {
+    fn listen() -> Self {
+        let (tx, rx) = tokio::sync::watch::channel(0);
+        tokio::spawn(async move {
+            #[cfg(unix)]
+            let mut term =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                    .expect("SIGTERM handler");
+            loop {
+                #[cfg(unix)]
+                tokio::select! {
+                    _ = tokio::signal::ctrl_c() => {}
+                    _ = term.recv() => {}
+                }
+                #[cfg(not(unix))]
+                let _ = tokio::signal::ctrl_c().await;
+                tx.send_modify(|n| *n += 1);
+            }
+        });
+        Signals(rx)
+    }
+
+    /// Resolves once `n` signals came in all.
+    fn nth(&self, n: usize) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut rx = self.0.clone();
+        async move {
+            let _ = rx.wait_for(|count| *count >= n).await;
         }
     }
-    #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
 }
 
 #[tokio::main]
@@ -185,6 +222,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         released: Mutex::new(HashMap::new()),
         claimed: Mutex::new(Vec::new()),
     });
+    let signals = Signals::listen();
 
     let first = Durable::builder(Arc::clone(&store))
         .owner("pool-a")
@@ -207,10 +245,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .concurrency(2)
         .poll_interval(Duration::from_millis(200))
         .shutdown_deadline(Duration::from_secs(10))
+        .hard_stop(signals.nth(2))
         .run_until(async {
             tokio::select! {
                 () = tokio::time::sleep(Duration::from_secs(1)) => {}
-                () = signalled() => {}
+                () = signals.nth(1) => {}
             }
         })
         .await;
@@ -241,10 +280,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .concurrency(4)
         .poll_interval(Duration::from_millis(200))
         .shutdown_deadline(Duration::from_secs(10))
+        .hard_stop(signals.nth(2))
         .run_until(async {
             tokio::select! {
                 () = progress.all_done.notified() => {}
-                () = signalled() => {}
+                () = signals.nth(1) => {}
             }
         })
         .await;

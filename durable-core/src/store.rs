@@ -776,7 +776,9 @@ pub trait CheckpointStore: Send + Sync + 'static {
     ///   fewer of the queue's active sessions hold a live lease than the limit, counted
     ///   in a way that two concurrent claims cannot both take the last place.
     ///
-    /// Oldest update first. Counts recoveries by the rule of
+    /// Oldest session first (by creation): a session handed over mid-run (released,
+    /// recovered, woken) goes before work submitted after it, so a deploy's hand-overs
+    /// do not wait behind a backlog. Counts recoveries by the rule of
     /// [`acquire_lease`](Self::acquire_lease): claiming a lease that expired without a
     /// release increments the session's recovery counter, and when the counter already
     /// stands at `max_attempts` the session is parked instead (status

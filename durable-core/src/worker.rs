@@ -38,13 +38,24 @@
 //!
 //! # What the pool does
 //!
-//! It claims sessions with [`Durable::recover_next`]: active sessions that were released
-//! ([`Durable::submit`], [`Session::release`](crate::Session::release), an approval
-//! decided) or whose worker died (lease expired), oldest first, and runs the handler for
-//! each one in its own task, at most [`concurrency`](Worker::concurrency) at once. When
-//! nothing is claimable it expires the approval requests past their deadline
-//! ([`Durable::expire_approvals`]: their sessions go on with the denial) and polls again
-//! after [`poll_interval`](Worker::poll_interval).
+//! It claims sessions with [`Durable::recover_next`]'s rule: active sessions that were
+//! released ([`Durable::submit`], [`Session::release`](crate::Session::release), an
+//! approval decided), whose worker died (lease expired), or whose sleep is over
+//! ([`Session::sleep_until`](crate::Session::sleep_until)), of this runtime's app version
+//! and of the pool's [`queues`](Worker::queues), oldest first (by creation: a session
+//! handed over mid-run goes before work submitted after it). It runs the handler for
+//! each one in its own task, at most [`concurrency`](Worker::concurrency) at once. A
+//! queue with a fleet-wide limit ([`Durable::set_queue_limit`]) gives no more sessions
+//! than its limit to all pools of the store together; the store enforces it.
+//!
+//! When nothing is claimable it expires the approval requests past their deadline
+//! ([`Durable::expire_approvals`]: their sessions go on with the denial) and waits for
+//! work: until the store says some may have come
+//! ([`CheckpointStore::work_events`](crate::store::CheckpointStore::work_events): a
+//! session submitted or released, a decision taken, in this process, and across
+//! processes where the database can tell: PostgreSQL's `LISTEN`/`NOTIFY`), until the
+//! earliest sleeping session is due, or until a handler returns, and at most one
+//! [`poll_interval`](Worker::poll_interval): polling stays the safety net.
 //!
 //! # Graceful shutdown
 //!
@@ -58,6 +69,9 @@
 //! are dropped wherever they are, exactly as if the process had been killed there. Their
 //! leases expire after the TTL and the journal decides what a resume may do (a tool call
 //! interrupted after it was issued is in doubt, decided by its replay class).
+//!
+//! A second signal cuts the wait short: [`hard_stop`](Worker::hard_stop) aborts the
+//! handlers still running as soon as it resolves.
 //!
 //! A handler that returns without completing, parking, awaiting approval or releasing
 //! its session (an error, or a dropped session) leaves the lease to expire, as after a

@@ -154,7 +154,7 @@ pub(crate) async fn claim_expired(
                  AND q.max_running <= (SELECT count(*) FROM durable_sessions r
                    WHERE r.status = 'active' AND r.queue = s.queue
                    AND r.lease_owner IS NOT NULL AND r.lease_expires_at > $1))
-             ORDER BY updated_at, id
+             ORDER BY created_at, id
              LIMIT 1
              FOR UPDATE SKIP LOCKED",
         )

@@ -156,7 +156,7 @@ pub(crate) async fn claim_expired(
                    AND q.max_running <= (SELECT count(*) FROM durable_sessions r \
                      WHERE r.status = 'active' AND r.queue = s.queue \
                      AND r.lease_owner IS NOT NULL AND r.lease_expires_at > ?1)) \
-                 ORDER BY updated_at ASC, rowid ASC LIMIT 1"
+                 ORDER BY created_at ASC, rowid ASC LIMIT 1"
             ))
             .bind(now)
             .bind(claim.app_version.as_deref())

@@ -23,7 +23,8 @@ const UNDO_8: [&str; 9] = [
 
 /// The statements that undo schema 9 (worker pools): its columns, table and indexes
 /// hold scheduling state only, dropped with whatever they hold.
-const UNDO_9: [&str; 7] = [
+const UNDO_9: [&str; 8] = [
+    "DROP INDEX durable_sessions_claim",
     "DROP INDEX durable_sessions_sleeping",
     "DROP INDEX durable_sessions_active_queue",
     "DROP TABLE durable_queues",
