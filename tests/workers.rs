@@ -15,7 +15,9 @@
 //! | `sigterm_mid_{pure,keyed,unsafe,checkpoint}` | a pool process is held inside a tool call of each replay class (before its effect), or right before a checkpoint, and sent SIGTERM there: the call finishes and records once, the pool exits 0 with `aborted 0` and the session's lease released; a second pool claims it under 1 s (TTL 30 s) and completes everything; effects once each |
 //! | `sigterm_deadline` | three calls held past a 500 ms shutdown deadline, right after their effects: the pool aborts them (`aborted 3`) and exits, leaving their leases to expire (TTL 2 s); the next pool recovers them after the TTL: the verified email is found sent, the unverified one is in doubt (parked), the keyed charge re-executes with the same key and is applied once; 0 duplicates |
 //! | `rolling_deploy` | 3 pool processes (16 sessions at most each), 30 sessions, the pools restarted one by one with SIGTERM for two full rounds: all completed, 0 recoveries, every release claimed again within 3 s (TTL 30 s; median and max handoff, throughput printed), 0 duplicates |
-//! | `rolling_deploy_saturated` | the same with 4 sessions at most per pool (12 slots for 30 sessions): a released session waits behind those not yet started (handoffs within 20 s) |
+//! | `rolling_deploy_saturated` | the same with 4 sessions at most per pool (12 slots for 30 sessions): a released session goes before those not yet started (claims take the oldest by creation), handoffs within 3 s |
+//! | `fleet_limit` | 4 pool processes run 16 sessions of a queue limited to 3 and 8 of the default queue, one pool restarted with SIGTERM: the store, sampled every few ms, never has more than 3 of the limited queue leased, and has 3 at some point; the default queue runs past 3; effects once each |
+//! | `sleepers` | 12 sessions sleep 1.5 s after step 0; while they sleep one pool is SIGKILLed and the other stopped; two new pools wake each session exactly once, never before its wake-up time (store clock); effects once each |
 //! | `synchronous_commit_off` | an unsafe tool refuses to run (`NotDurable` naming the setting) |
 //!
 //! The PostgreSQL cases need the `_postgres-testing` feature (`--all-features`, as
@@ -41,6 +43,8 @@ mod ledger;
 mod poison;
 #[path = "workers/proc.rs"]
 mod proc;
+#[path = "workers/queues.rs"]
+mod queues;
 #[path = "workers/race.rs"]
 mod race;
 #[path = "workers/rolling.rs"]
@@ -99,6 +103,12 @@ fn cases() -> Vec<(&'static str, Case)> {
         ("sqlite_rolling_deploy_saturated", || {
             Box::pin(rolling::rolling(Backend::sqlite(), rolling::SATURATED))
         }),
+        ("sqlite_fleet_limit", || {
+            Box::pin(queues::fleet_limit(Backend::sqlite()))
+        }),
+        ("sqlite_sleepers", || {
+            Box::pin(queues::sleepers(Backend::sqlite()))
+        }),
     ];
     #[cfg(feature = "_postgres-testing")]
     cases.extend([
@@ -139,6 +149,12 @@ fn cases() -> Vec<(&'static str, Case)> {
             Box::pin(async {
                 rolling::rolling(Backend::postgres().await, rolling::SATURATED).await
             })
+        }),
+        ("postgres_fleet_limit", || {
+            Box::pin(async { queues::fleet_limit(Backend::postgres().await).await })
+        }),
+        ("postgres_sleepers", || {
+            Box::pin(async { queues::sleepers(Backend::postgres().await).await })
         }),
         ("postgres_fleet", || {
             Box::pin(async { fleet::fleet(Backend::postgres().await, 0).await })

@@ -11,6 +11,10 @@
 //!   cut short by a shutdown request: nothing is in flight then, so the handler releases.
 //! - `DURABLE_WORKERS_CONCURRENCY`, `DURABLE_WORKERS_DEADLINE_MS`: the pool's concurrency
 //!   (default 2) and shutdown deadline (default 10 s).
+//! - `DURABLE_WORKERS_SLEEP_MS`: every session sleeps this long after step 0 (the step's
+//!   checkpoint carries the wake-up time, the lease is given up); the child prints
+//!   `asleep <session> until=<ms>` then, and `woke <session> due=<ms> taken=<ms>` when a
+//!   pool resumes it after the sleep (both on the store's clock).
 
 use std::path::PathBuf;
 use std::sync::OnceLock;
@@ -23,6 +27,12 @@ pub const GATE: &str = "DURABLE_WORKERS_GATE";
 pub const THINK_MS: &str = "DURABLE_WORKERS_THINK_MS";
 pub const CONCURRENCY: &str = "DURABLE_WORKERS_CONCURRENCY";
 pub const DEADLINE_MS: &str = "DURABLE_WORKERS_DEADLINE_MS";
+pub const SLEEP_MS: &str = "DURABLE_WORKERS_SLEEP_MS";
+
+/// How long a session sleeps after step 0, if the parent asked for sleeps.
+pub fn sleep_after_step_0() -> Option<i64> {
+    env_number(SLEEP_MS).map(|ms| i64::try_from(ms).expect("SLEEP_MS fits an i64"))
+}
 
 /// Where, relative to the tool's effect on the ledger, a call is held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -195,6 +195,8 @@ enum Driven {
     Parked,
     /// Shutdown was requested: released between steps.
     Released,
+    /// Asleep after step 0 (`DURABLE_WORKERS_SLEEP_MS`), until the given time.
+    Asleep(i64),
     LeaseLost(DurableError),
     /// A store error (e.g. the server restarting): the session is left to recovery.
     Abandoned(DurableError),
@@ -229,6 +231,10 @@ async fn drive(
         Value::Object(map) => map.clone(),
         _ => Map::new(),
     };
+    if let Some(due) = session.woke_from() {
+        let taken = session.record().lease_renewed_at.unwrap_or_default();
+        println!("woke {id} due={due} taken={taken} t={}", hook::now_ms());
+    }
     while session.version() < STEPS {
         hook::think(shutdown).await;
         // A safe point: the last step is checkpointed, nothing is in flight.
@@ -342,6 +348,18 @@ async fn drive(
         session.set_state(Value::Object(state.clone()));
         session.push(Message::user(format!("step {step} done by {owner}")));
         hook::hold("checkpoint", When::Before, &id, step).await;
+        if let Some(ms) = hook::sleep_after_step_0().filter(|_| step == 0) {
+            // The step's checkpoint carries the wake-up time; the lease is given up.
+            let now = match session.journal().store().now().await {
+                Ok(now) => now,
+                Err(e) => return ended(e.into()),
+            };
+            let due = now + ms;
+            return match session.sleep_until(due).await {
+                Ok(_) => Driven::Asleep(due),
+                Err(e) => ended(e),
+            };
+        }
         if let Err(e) = session.checkpoint().await {
             return ended(e);
         }
@@ -396,6 +414,7 @@ fn outcome(id: &SessionId, driven: &Driven) -> String {
         Driven::Completed => format!("completed {id}"),
         Driven::Parked => format!("parked {id}"),
         Driven::Released => format!("released {id}"),
+        Driven::Asleep(due) => format!("asleep {id} until={due}"),
         Driven::LeaseLost(e) => format!("lease lost on {id}: {e}"),
         Driven::Abandoned(e) => format!("abandoned {id}: {e}"),
     }
