@@ -202,7 +202,7 @@ impl Signals {
     }
 
     /// Resolves once `n` signals came in all.
-    fn nth(&self, n: usize) -> impl std::future::Future<Output = ()> + Send + 'static {
+    fn nth(&self, n: usize) -> impl Future<Output = ()> + Send + 'static {
         let mut rx = self.0.clone();
         async move {
             let _ = rx.wait_for(|count| *count >= n).await;
