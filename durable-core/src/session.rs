@@ -610,11 +610,11 @@ where
     ///
     /// ```no_run
     /// # use std::time::Duration;
-    /// # use durable_core::{DurableError, Message, Resumed, ShutdownSignal};
+    /// # use durable_core::{Block, DurableError, Message, Resumed, ShutdownSignal};
     /// async fn follow_up(resumed: Resumed<Message>, _: ShutdownSignal) -> Result<(), DurableError> {
     ///     let mut session = resumed.session;
     ///     if session.woke_from().is_none() {
-    ///         session.push(Message::assistant("I'll check on the refund tomorrow."));
+    ///         session.push(Message::assistant(vec![Block::text("I'll check on the refund tomorrow.")]));
     ///         // Checkpoint, sleep a day, release: any worker picks it up then.
     ///         session.sleep(Duration::from_secs(24 * 3600)).await?;
     ///         return Ok(());
