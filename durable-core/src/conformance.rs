@@ -187,6 +187,7 @@ macro_rules! __durable_conformance_cases {
             worker_queue_limit_bounds_claims,
             worker_concurrent_claims_respect_the_queue_limit,
             worker_lease_renewed_at_tracks_take_and_renew,
+            worker_claims_match_a_model,
             // checkpoints
             checkpoint_initial_is_version_zero,
             checkpoint_cas_conflict_writes_nothing,

@@ -419,3 +419,223 @@ pub async fn worker_lease_renewed_at_tracks_take_and_renew(store: Arc<dyn Checkp
         .expect("renewed");
     assert!(renewed > taken, "a renewal at {renewed} after {taken}");
 }
+
+/// A seeded generator (SplitMix64): programs that are the same on every run and backend.
+struct Seeded(u64);
+
+impl Seeded {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+/// A session as the model sees it.
+struct Modelled {
+    id: SessionId,
+    queue: usize,
+    app_version: usize,
+    active: bool,
+    lease: Option<Lease>,
+    /// Its wake-up time has passed (or it has none).
+    awake: bool,
+    /// Its latest checkpoint version.
+    version: i64,
+}
+
+/// Random programs of submits (some delayed), releases, sleeps (due or not), wake-ups,
+/// completions, limit changes and claims with random queue and app-version filters, each
+/// claim checked against a model of the contract: the oldest session that is active,
+/// unleased, awake, of the claim's version and queues, in a queue below its limit (or
+/// none when there is no such session); and `queues()` checked against the model's
+/// counts. Times are an hour away or an hour past, so nothing depends on the clock.
+pub async fn worker_claims_match_a_model(store: Arc<dyn CheckpointStore>) {
+    const VERSIONS: [&str; 2] = ["v1", "v2"];
+    const HOUR: i64 = 3_600_000;
+    for seed in 0..16_u64 {
+        let mut rng = Seeded(seed);
+        let tag = owner(&format!("model-{seed}"));
+        let queues = [format!("{tag}-a"), format!("{tag}-b")];
+        let mut limits: [Option<u32>; 2] = [None, None];
+        let mut sessions: Vec<Modelled> = Vec::new();
+        let mut trace: Vec<String> = Vec::new();
+        for _ in 0..40 {
+            let held: Vec<usize> = (0..sessions.len())
+                .filter(|&i| sessions[i].active && sessions[i].lease.is_some())
+                .collect();
+            match rng.below(10) {
+                0..=2 => {
+                    // Submit, perhaps delayed (due already, or in an hour).
+                    let (queue, app_version) = (rng.below(2), rng.below(2));
+                    // Ids in creation order, so that ties of the creation time (same
+                    // millisecond) break the same way on every backend.
+                    let id = SessionId::new(format!("{tag}-{:03}", sessions.len()));
+                    let mut new = in_queue(&queues[queue], &owner("submit"), LONG_TTL);
+                    new.id = id.clone();
+                    new.app_version = VERSIONS[app_version].to_owned();
+                    let awake = match rng.below(4) {
+                        0 => {
+                            new.initial.wake_at = Some(now(&*store).await + HOUR);
+                            false
+                        }
+                        1 => {
+                            new.initial.wake_at = Some(now(&*store).await - HOUR);
+                            true
+                        }
+                        _ => true,
+                    };
+                    let (_, lease) = create_with(&*store, new).await;
+                    let keep = rng.below(4) == 0;
+                    if !keep {
+                        store.release_lease(&lease).await.expect("release_lease");
+                    }
+                    trace.push(format!(
+                        "submit {id} q{queue} {app_version} awake={awake} held={keep}"
+                    ));
+                    sessions.push(Modelled {
+                        id,
+                        queue,
+                        app_version,
+                        active: true,
+                        lease: keep.then_some(lease),
+                        awake,
+                        version: 0,
+                    });
+                }
+                3 if !held.is_empty() => {
+                    let s = &mut sessions[held[rng.below(held.len())]];
+                    let lease = s.lease.take().expect("held");
+                    match rng.below(3) {
+                        0 => {
+                            store.release_lease(&lease).await.expect("release_lease");
+                            trace.push(format!("release {}", s.id));
+                        }
+                        1 => {
+                            // Asleep for an hour, or "until" an hour ago.
+                            let due = rng.below(2) == 0;
+                            let at = now(&*store).await + if due { -HOUR } else { HOUR };
+                            let mut next = checkpoint("model", Vec::new());
+                            next.wake_at = Some(at);
+                            store
+                                .save_checkpoint(lease.fence(), s.version, next)
+                                .await
+                                .expect("a checkpoint with a wake-up time");
+                            s.version += 1;
+                            store.release_lease(&lease).await.expect("release_lease");
+                            s.awake = due;
+                            trace.push(format!("sleep {} due={due}", s.id));
+                        }
+                        _ => {
+                            store
+                                .set_status(lease.fence(), SessionStatus::Completed, None)
+                                .await
+                                .expect("complete");
+                            s.active = false;
+                            trace.push(format!("complete {}", s.id));
+                        }
+                    }
+                }
+                4 => {
+                    let queue = rng.below(2);
+                    let limit = [None, Some(0), Some(1), Some(2)][rng.below(4)];
+                    store
+                        .set_queue_limit(&queues[queue], limit)
+                        .await
+                        .expect("set_queue_limit");
+                    limits[queue] = limit;
+                    trace.push(format!("limit q{queue} {limit:?}"));
+                }
+                5 if !sessions.is_empty() => {
+                    let pick = rng.below(sessions.len());
+                    let s = &mut sessions[pick];
+                    let woken = store.wake_session(&s.id).await;
+                    if s.active {
+                        woken.expect("wake_session");
+                        s.awake = true;
+                    } else {
+                        assert!(
+                            matches!(woken, Err(StoreError::NotResumable { .. })),
+                            "wake_session of an ended session: {woken:?}"
+                        );
+                    }
+                    trace.push(format!("wake {}", s.id));
+                }
+                _ => {
+                    let filter: Vec<usize> = match rng.below(3) {
+                        0 => vec![0],
+                        1 => vec![1],
+                        _ => vec![0, 1],
+                    };
+                    let version = [None, Some(0), Some(1)][rng.below(3)];
+                    let mut claim = Claim::new(owner("claimer"), LONG_TTL, MAX_ATTEMPTS)
+                        .with_queues(filter.iter().map(|&q| queues[q].clone()));
+                    if let Some(v) = version {
+                        claim = claim.with_app_version(VERSIONS[v]);
+                    }
+                    let running = |q: usize, sessions: &[Modelled]| {
+                        sessions
+                            .iter()
+                            .filter(|s| s.active && s.queue == q && s.lease.is_some())
+                            .count()
+                    };
+                    let expected = (0..sessions.len()).find(|&i| {
+                        let s = &sessions[i];
+                        s.active
+                            && s.lease.is_none()
+                            && s.awake
+                            && filter.contains(&s.queue)
+                            && version.is_none_or(|v| v == s.app_version)
+                            && limits[s.queue]
+                                .is_none_or(|l| running(s.queue, &sessions) < l as usize)
+                    });
+                    let got = store.claim_expired(&claim).await.expect("claim_expired");
+                    trace.push(format!(
+                        "claim {filter:?} {version:?} -> {:?}",
+                        got.as_ref().map(|l| l.session.as_str())
+                    ));
+                    assert_eq!(
+                        got.as_ref().map(|l| &l.session),
+                        expected.map(|i| &sessions[i].id),
+                        "seed {seed}: the claim took another session than the contract \
+                         says\n{}",
+                        trace.join("\n")
+                    );
+                    if let (Some(lease), Some(i)) = (got, expected) {
+                        sessions[i].lease = Some(lease);
+                    }
+                }
+            }
+        }
+        // The operators' figures agree with the model.
+        let listed = store.queues().await.expect("queues");
+        for (q, name) in queues.iter().enumerate() {
+            let of = |f: &dyn Fn(&Modelled) -> bool| {
+                sessions.iter().filter(|s| s.queue == q && f(s)).count() as i64
+            };
+            let running = of(&|s| s.active && s.lease.is_some());
+            let ready = of(&|s| s.active && s.lease.is_none() && s.awake);
+            let sleeping = of(&|s| s.active && s.lease.is_none() && !s.awake);
+            match listed.iter().find(|info| &info.name == name) {
+                Some(info) => assert_eq!(
+                    (info.running, info.ready, info.sleeping, info.max_running),
+                    (running, ready, sleeping, limits[q]),
+                    "seed {seed}: queue {name}\n{}",
+                    trace.join("\n")
+                ),
+                None => assert_eq!(
+                    (running + ready + sleeping, limits[q]),
+                    (0, None),
+                    "seed {seed}: queue {name} not listed\n{}",
+                    trace.join("\n")
+                ),
+            }
+        }
+    }
+}
