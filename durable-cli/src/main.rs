@@ -45,7 +45,7 @@ Exit codes:
   2  usage error (unknown flag, missing argument, bad duration or mapping, no store given)
   3  not found (session, call or checkpoint version)
   4  refused (call not in doubt or not awaiting approval, id already taken, app version
-     changed meanwhile, approval request past its deadline)
+     changed meanwhile, approval request past its deadline, waking a session not active)
   5  invalid input (malformed JSON result, edited arguments the tool does not accept, an
      empty denial reason, unreadable file)
   6  database unavailable (no such file, not a durable store, cannot connect, unknown
