@@ -207,8 +207,8 @@ pub mod store {
         CallKind, CallOutcome, CallRecord, CallStatus, Checkpoint, CheckpointMeta, DEADLINE,
         DecideApproval, Decided, Durability, ErrorRecord, FORMAT_VERSION, Fence, FinishCall,
         IssueOutcome, Lease, NewCall, NewCheckpoint, NewError, NewSession, PendingApproval,
-        PurgeOutcome, Resolution, ResolutionRecord, ResolveCall, RetargetSession, SessionFilter,
-        SessionRecord, SessionStatus, StoredMessage, Transition,
+        PurgeOutcome, QueueInfo, Resolution, ResolutionRecord, ResolveCall, RetargetSession,
+        SessionFilter, SessionRecord, SessionStatus, StoredMessage, Transition,
     };
     pub use durable_core::validate::{
         validate_id, validate_new_session, validate_owner, validate_text,

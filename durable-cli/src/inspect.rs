@@ -201,9 +201,11 @@ pub async fn show(store: &dyn CheckpointStore, json: bool, args: ShowArgs) -> Re
         .collect::<Result<Vec<Value>, _>>()?;
     let tail: Vec<Value> = shown_messages.iter().map(mask).collect();
 
+    let asleep = crate::workers::asleep(&session, now);
     if json {
         return render::print_json(&json!({
             "session": session,
+            "asleep": asleep,
             "version": checkpoint.meta.version,
             "checkpoints": lines,
             "plan": checkpoint.plan,
@@ -225,15 +227,28 @@ pub async fn show(store: &dyn CheckpointStore, json: bool, args: ShowArgs) -> Re
     }
     outln!("status       {status}");
     outln!("app version  {}", clip(&session.app_version, NAME));
+    outln!("queue        {}", clip(&session.queue, NAME));
+    if let Some(until) = session.wake_at.filter(|_| asleep) {
+        outln!(
+            "asleep until {} ({}); `durable wake {}` ends the sleep now",
+            render::time(until),
+            age(until, now),
+            clip(id.as_str(), ID)
+        );
+    }
+    let renewed = session
+        .lease_renewed_at
+        .map(|at| format!(", last renewed {}", age(at, now)))
+        .unwrap_or_default();
     match (&session.lease_owner, session.lease_expires_at) {
         (Some(owner), Some(until)) if until > now => {
             outln!(
-                "lease        {}, live, expires {}",
+                "lease        {}, live, expires {}{renewed}",
                 clip(owner, NAME),
                 age(until, now)
             );
         }
-        (Some(owner), _) => outln!("lease        {}, expired", clip(owner, NAME)),
+        (Some(owner), _) => outln!("lease        {}, expired{renewed}", clip(owner, NAME)),
         (None, _) => outln!("lease        -"),
     }
     outln!(

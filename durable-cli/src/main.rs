@@ -26,6 +26,7 @@ mod render;
 #[cfg(feature = "console")]
 mod serve;
 mod verify;
+mod workers;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -35,6 +36,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use durable::store::SessionStatus;
 
 use crate::error::{CliError, Code};
+use crate::workers::{QueueLimitArgs, WakeArgs, WorkersArgs};
 
 const EXIT_CODES: &str = "\
 Exit codes:
@@ -43,7 +45,7 @@ Exit codes:
   2  usage error (unknown flag, missing argument, bad duration or mapping, no store given)
   3  not found (session, call or checkpoint version)
   4  refused (call not in doubt or not awaiting approval, id already taken, app version
-     changed meanwhile, approval request past its deadline)
+     changed meanwhile, approval request past its deadline, waking a session not active)
   5  invalid input (malformed JSON result, edited arguments the tool does not accept, an
      empty denial reason, unreadable file)
   6  database unavailable (no such file, not a durable store, cannot connect, unknown
@@ -54,7 +56,7 @@ The store: --db, else the DURABLE_DB environment variable, else DATABASE_URL (th
 variable sqlx and most PostgreSQL tools read). An empty variable counts as unset.
 
 Commands that only read (sessions, show, calls, in-doubt, approvals without --expire,
-export, backup, verify, and --dry-run) open the store read-only: they never create, migrate or change a database.
+workers, export, backup, verify, and --dry-run) open the store read-only: they never create, migrate or change a database.
 Everything read from the store is shown with control characters escaped (`\\e`,
 `\\u{9b}`) and clipped in tables; --json keeps every value whole.
 
@@ -67,13 +69,17 @@ Examples:
   durable --db agent.db deny 7c1e… --reason 'refunds above 100 need a ticket'
   durable --db agent.db approvals --expire
   durable --db agent.db retarget 5f0c… --app-version shop/2 --map lookup=read_order --dry-run
+  durable --db agent.db workers
+  durable --db agent.db queue-limit email 2
   durable --db agent.db backup --to agent-backup.db
   durable --db agent.db serve
   DURABLE_DB=postgres://durable@db/agents durable sessions --json";
 
 /// Inspect and operate durable agent sessions: list and show sessions, read the call
-/// journal, resolve in-doubt calls, approve or deny calls awaiting approval, fork, export replay-check fixtures, prune, move a
-/// session to another app version, back up and verify the store.
+/// journal, resolve in-doubt calls, approve or deny calls awaiting approval, watch worker
+/// pools (queues, leases, sleepers), wake a session, limit a queue, fork, export
+/// replay-check fixtures, prune, move a session to another app version, back up and
+/// verify the store.
 #[derive(Debug, Parser)]
 #[command(name = "durable", version, after_help = EXIT_CODES, max_term_width = 100)]
 struct Cli {
@@ -118,6 +124,16 @@ enum Command {
     /// Return a parked session to active, so that a worker resumes it.
     #[command(after_help = UNPARK_HELP)]
     Unpark(UnparkArgs),
+    /// Show the worker pools: queues with their limits and depths, who holds which lease
+    /// and when it last renewed, and the sleeping sessions with their due time.
+    #[command(after_help = workers::WORKERS_HELP)]
+    Workers(WorkersArgs),
+    /// End a session's sleep now, so that the next claim takes it.
+    #[command(after_help = workers::WAKE_HELP)]
+    Wake(WakeArgs),
+    /// Set (or --remove) a queue's fleet-wide limit of sessions running at once.
+    #[command(name = "queue-limit", after_help = workers::QUEUE_LIMIT_HELP)]
+    QueueLimit(QueueLimitArgs),
     /// Start a new session from a checkpoint of another one.
     Fork(ForkArgs),
     /// Write checkpoints as replay-check fixtures, one JSON file each.
@@ -159,6 +175,8 @@ impl Command {
             | Command::Approve(_)
             | Command::Deny(_)
             | Command::Unpark(_)
+            | Command::Wake(_)
+            | Command::QueueLimit(_)
             | Command::Fork(_) => Access::Write,
             Command::Approvals(a) if a.expire => Access::Write,
             #[cfg(feature = "console")]
@@ -170,6 +188,7 @@ impl Command {
             | Command::Calls(_)
             | Command::InDoubt(_)
             | Command::Approvals(_)
+            | Command::Workers(_)
             | Command::Export(_)
             | Command::Prune(_)
             | Command::Retarget(_)
@@ -206,8 +225,10 @@ SameSite=Strict cookie), or send `Authorization: Bearer <token>` from scripts.
 
 Pages: the sessions (filtered by status, app version and age, with their calls in doubt),
 a session's timeline (journal rows, checkpoints and resolutions beside the transcript, any
-checkpoint version, fork from a version), and the calls in doubt with their decisions
-(happened with a result / did not happen), each shown before it is submitted. GET never
+checkpoint version, fork from a version), the calls in doubt with their decisions
+(happened with a result / did not happen), the calls awaiting approval, and the worker
+pools (queues, leases, sleeping sessions with *wake now*), each change shown before it is
+submitted. GET never
 changes anything; every change is a POST with a CSRF token. Store text is HTML-escaped
 and secrets are masked as in `show` and `calls`.
 
@@ -624,6 +645,9 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Approve(a) => approvals::approve(shared, json, a).await,
         Command::Deny(a) => approvals::deny(shared, json, a).await,
         Command::Unpark(a) => operate::unpark(store, json, a).await,
+        Command::Workers(a) => workers::workers(store, json, a).await,
+        Command::Wake(a) => workers::wake(store, json, a).await,
+        Command::QueueLimit(a) => workers::queue_limit(store, json, a).await,
         Command::Fork(a) => operate::fork(store, json, a).await,
         Command::Export(a) => operate::export(store, json, a).await,
         Command::Prune(a) => operate::prune(store, json, a).await,

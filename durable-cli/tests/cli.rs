@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use cli_support::{Run, approvals, durable_env, hardening, run, scenarios};
+use cli_support::{Run, approvals, durable_env, hardening, run, scenarios, workers};
 use durable::CheckpointStore;
 use durable::sqlite::SqliteStore;
 
@@ -72,6 +72,18 @@ macro_rules! approvals {
 }
 
 approvals!(approvals_listing, approve, deny_and_refusals, expire);
+
+macro_rules! workers {
+    ($($name:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            let (_dir, db, store) = sqlite().await;
+            workers::$name(&store, &db).await;
+        }
+    )*};
+}
+
+workers!(workers, wake, queue_limit, show_queue_sleep_and_lease);
 
 #[tokio::test]
 async fn sqlite_urls_are_accepted_in_every_spelling() {
@@ -198,6 +210,10 @@ fn every_command(elsewhere: &Path) -> Vec<Vec<String>> {
         "prune --older-than 1d --dry-run",
         "retarget s-1 --app-version v2 --dry-run",
         "unpark s-1",
+        "workers",
+        "wake s-1",
+        "queue-limit q-1 2",
+        "queue-limit q-1 --remove",
         "fork s-1 --from-version 0 --to s-2",
         "prune --older-than 1d",
         "retarget s-1 --app-version v2",
@@ -381,6 +397,9 @@ fn help_lists_commands_and_exit_codes() {
         "export",
         "prune",
         "retarget",
+        "workers",
+        "wake",
+        "queue-limit",
         "Without --db: $DURABLE_DB, else $DATABASE_URL",
         "--db, else the DURABLE_DB environment variable, else DATABASE_URL",
         "Exit codes:",

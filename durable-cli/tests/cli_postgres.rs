@@ -7,7 +7,7 @@ mod cli_support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use cli_support::{approvals, hardening, run, scenarios};
+use cli_support::{approvals, hardening, run, scenarios, workers};
 use durable::CheckpointStore;
 use durable_postgres::testing::test_database;
 
@@ -53,6 +53,18 @@ macro_rules! approvals {
 }
 
 approvals!(approvals_listing, approve, deny_and_refusals, expire);
+
+macro_rules! workers {
+    ($($name:ident),* $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $name() {
+            let (db, store) = postgres().await;
+            workers::$name(&store, &db).await;
+        }
+    )*};
+}
+
+workers!(workers, wake, queue_limit, show_queue_sleep_and_lease);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_text() {

@@ -85,7 +85,7 @@ impl IntoResponse for PageError {
             section.problem-page {
                 h1 { (self.status.as_u16()) " " (title) }
                 p.problem { (self.message) }
-                p { a href="/" { "Sessions" } " · " a href="/in-doubt" { "In doubt" } " · " a href="/approvals" { "Approvals" } }
+                p { a href="/" { "Sessions" } " · " a href="/in-doubt" { "In doubt" } " · " a href="/approvals" { "Approvals" } " · " a href="/workers" { "Workers" } }
             }
         };
         (self.status, layout::bare(title, body)).into_response()

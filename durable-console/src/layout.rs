@@ -113,6 +113,7 @@ pub(crate) enum Nav {
     Sessions,
     InDoubt,
     Approvals,
+    Workers,
 }
 
 /// The counts the navigation shows: calls in doubt, calls awaiting approval (`None`
@@ -181,6 +182,7 @@ pub(crate) async fn page(
                         a href="/" class=(tab(Nav::Sessions)) { "Sessions" }
                         a href="/in-doubt" class=(tab(Nav::InDoubt)) { "In doubt" (badge(doubt)) }
                         a href="/approvals" class=(tab(Nav::Approvals)) { "Approvals" (badge(pending)) }
+                        a href="/workers" class=(tab(Nav::Workers)) { "Workers" }
                     }
                     form method="post" action="/logout" {
                         input type="hidden" name="csrf" value=(viewer.csrf);

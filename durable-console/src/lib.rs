@@ -1,7 +1,7 @@
 //! The operator console of [`durable`](https://docs.rs/durable): the sessions of a store,
 //! each session's timeline (journal rows, checkpoints, resolutions and approvals beside
-//! its transcript), the inbox of calls in doubt and the inbox of calls awaiting approval,
-//! in the browser.
+//! its transcript), the inbox of calls in doubt, the inbox of calls awaiting approval, and
+//! the worker pools (queues, leases, sleeping sessions), in the browser.
 //!
 //! Run it with `durable serve --db agent.db`, or mount [`router`] in a program of your own:
 //!
@@ -46,6 +46,7 @@ mod layout;
 pub mod mask;
 mod sessions;
 mod timeline;
+mod workers;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -152,8 +153,8 @@ struct AppState {
 
 /// The console's routes over `store`: `/` (sessions), `/sessions/{id}` (timeline,
 /// `?version=N`), `/in-doubt` (the calls in doubt), `/approvals` (the calls awaiting
-/// approval), their forms, and `/login`. Every route but
-/// `/login` requires the token.
+/// approval), `/workers` (queues, leases, sleeping sessions), their forms, and `/login`.
+/// Every route but `/login` requires the token.
 pub fn router(store: Arc<dyn CheckpointStore>, options: ConsoleOptions) -> Router {
     let state = AppState {
         store,
@@ -171,6 +172,9 @@ pub fn router(store: Arc<dyn CheckpointStore>, options: ConsoleOptions) -> Route
         .route("/approvals", get(approvals::page))
         .route("/approvals/{call}/confirm", post(approvals::confirm))
         .route("/approvals/{call}/decide", post(approvals::decide))
+        .route("/workers", get(workers::page))
+        .route("/workers/{session}/confirm", post(workers::confirm))
+        .route("/workers/{session}/wake", post(workers::wake))
         .route("/logout", post(auth::logout))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),

@@ -162,12 +162,20 @@ pub(crate) async fn page(
                     @if let Some(reason) = &session.status_reason { " " span.muted { (visible(reason, 300)) } }
                 }
                 dt { "App version" } dd.mono { (visible(&session.app_version, 100)) }
+                dt { "Queue" } dd.mono.queue { (visible(&session.queue, 100)) }
+                @if let Some(until) = session.wake_at.filter(|_| crate::workers::asleep(&session, now)) {
+                    dt { "Asleep until" }
+                    dd.asleep { (time(until)) " (" (age(until, now)) ") — " a href="/workers" { "wake it now from Workers" } }
+                }
                 dt { "Lease" }
-                dd {
+                dd.lease {
                     @match (&session.lease_owner, session.lease_expires_at) {
                         (Some(owner), Some(until)) if until > now => { (visible(owner, 100)) ", live, expires " (age(until, now)) }
                         (Some(owner), _) => { (visible(owner, 100)) ", expired" }
                         (None, _) => { "—" }
+                    }
+                    @if let (Some(_), Some(at)) = (&session.lease_owner, session.lease_renewed_at) {
+                        ", last renewed " (age(at, now))
                     }
                 }
                 dt { "Created" } dd { (time(session.created_at)) " (" (age(session.created_at, now)) ")" }

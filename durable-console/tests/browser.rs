@@ -6,6 +6,9 @@
 //! One browser session for the whole file (chromium's start-up is the slow part).
 //! `DURABLE_SCREENSHOTS=1` writes the pages shown in the README to `docs/console/`.
 //!
+//! The Workers page comes last: worker pools (queues with limits, leases, sleepers) are
+//! added to the store, and one sleeper is woken through its confirmation.
+//!
 //! The approvals part runs a real agent process, the `approval_agent` example (built by
 //! cargo into this test's target directory), against the same store file: once to park
 //! its refund awaiting approval, and again after the operator approved it in the browser.
@@ -573,6 +576,69 @@ async fn an_operator_resolves_a_call_in_the_browser() {
     for (row, event) in log.iter().zip(["requested", "approved", "issued"]) {
         assert!(row.contains(event), "{row} is not {event}: {log:?}");
     }
+
+    // The worker pools: the queues with their limits, who holds which lease, the
+    // sleepers; one is woken through its confirmation.
+    let pools = support::pools(&s.store).await;
+    client.goto(&format!("{base}/workers")).await.expect("goto");
+    let queues = text(&client, "#queues").await;
+    for needle in ["email", "support", "default"] {
+        assert!(queues.contains(needle), "missing {needle:?}: {queues}");
+    }
+    let owners = text(&client, "#owners").await;
+    for needle in ["worker-7", "ticket-4411", "ticket-4412", "in 9m"] {
+        assert!(owners.contains(needle), "missing {needle:?}: {owners}");
+    }
+    let sleeping = text(&client, "#sleeping").await;
+    for needle in ["reminder-o-17", "in 29m", "digest-ann", "in 1h"] {
+        assert!(sleeping.contains(needle), "missing {needle:?}: {sleeping}");
+    }
+    screenshot(&client, "workers").await;
+    client
+        .find(Locator::Css(
+            "tr[data-session='reminder-o-17'] form.wake button",
+        ))
+        .await
+        .expect("wake now")
+        .click()
+        .await
+        .expect("click");
+    let consequence = text(&client, "#consequence").await;
+    assert!(
+        consequence.starts_with("Wake session `reminder-o-17` (asleep until ")
+            && consequence.ends_with("the next claim of a pool serving queue `email` takes it."),
+        "{consequence}"
+    );
+    let asleep = |id: SessionId| {
+        let store = std::sync::Arc::clone(&s.store);
+        async move {
+            let record = store.session(&id).await.expect("session");
+            record.wake_at.expect("wake_at") > store.now().await.expect("now")
+        }
+    };
+    assert!(
+        asleep(pools.asleep[0].clone()).await,
+        "not woken before the confirmation"
+    );
+    client
+        .find(Locator::Css("#confirm button"))
+        .await
+        .expect("confirm")
+        .click()
+        .await
+        .expect("click");
+    let outcome = text(&client, "#outcome").await;
+    assert!(
+        outcome.starts_with("woke session `reminder-o-17`"),
+        "{outcome}"
+    );
+    assert!(!asleep(pools.asleep[0].clone()).await, "woken");
+    client.goto(&format!("{base}/workers")).await.expect("goto");
+    let sleeping = text(&client, "#sleeping").await;
+    assert!(
+        !sleeping.contains("reminder-o-17") && sleeping.contains("digest-ann"),
+        "{sleeping}"
+    );
 
     // Logging out: the pages lead to the login form again.
     client

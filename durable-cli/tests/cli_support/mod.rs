@@ -7,6 +7,7 @@
 pub mod approvals;
 pub mod hardening;
 pub mod scenarios;
+pub mod workers;
 
 use std::future::Future;
 use std::process::{Command, Output};

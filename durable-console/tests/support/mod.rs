@@ -6,6 +6,8 @@
 
 #![allow(dead_code)] // each test file uses its own subset
 
+pub mod http;
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -423,4 +425,60 @@ pub async fn serve(store: &Arc<dyn CheckpointStore>, options: ConsoleOptions) ->
         axum::serve(listener, app).await.expect("serve");
     });
     addr
+}
+
+/// What [`pools`] added.
+pub struct Pools {
+    /// Queue `email`, asleep for half an hour, then for two hours.
+    pub asleep: [SessionId; 2],
+    /// Queue `support`, leased by `worker-7` for ten minutes.
+    pub held: [SessionId; 2],
+}
+
+/// Worker pools at work: `worker-7` holds two sessions of queue `support`, two sessions
+/// of queue `email` sleep (half an hour, two hours), and the queues have limits (`email`
+/// 2, `support` 4).
+pub async fn pools(store: &Arc<dyn CheckpointStore>) -> Pools {
+    let held = [SessionId::new("ticket-4411"), SessionId::new("ticket-4412")];
+    let worker = runtime(store, "worker-7");
+    for id in &held {
+        let session = worker
+            .start::<Message>(
+                StartOptions::new()
+                    .with_id(id.clone())
+                    .with_queue("support")
+                    .with_messages(vec![Message::user("Answer the customer's ticket.")]),
+            )
+            .await
+            .expect("start a held session");
+        drop(session); // the lease stays live for ten minutes
+    }
+    let asleep = [
+        SessionId::new("reminder-o-17"),
+        SessionId::new("digest-ann"),
+    ];
+    for (id, minutes) in asleep.iter().zip([30, 120]) {
+        let session = runtime(store, "worker-3")
+            .start::<Message>(
+                StartOptions::new()
+                    .with_id(id.clone())
+                    .with_queue("email")
+                    .with_messages(vec![Message::user("Follow up later.")]),
+            )
+            .await
+            .expect("start a sleeper");
+        session
+            .sleep(Duration::from_secs(60 * minutes))
+            .await
+            .expect("sleep");
+    }
+    store
+        .set_queue_limit("email", Some(2))
+        .await
+        .expect("limit email");
+    store
+        .set_queue_limit("support", Some(4))
+        .await
+        .expect("limit support");
+    Pools { asleep, held }
 }

@@ -1,0 +1,351 @@
+//! `workers`, `wake`, `queue-limit` and what `show` says of queues, sleep and leases,
+//! against a store with sessions in two queues: one asleep, two leased by one owner, one
+//! ready, a limit on one queue.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use durable::{CheckpointStore, Durable, Message, SessionId, StartOptions};
+use serde_json::Value;
+
+use super::{APP, run};
+
+/// What [`populate`] made.
+struct Pool {
+    /// `email`, asleep for an hour, lease released.
+    asleep: SessionId,
+    /// Its wake-up time (ms, store clock).
+    wake_at: i64,
+}
+
+fn runtime(store: &Arc<dyn CheckpointStore>, owner: &str) -> Durable {
+    Durable::builder(Arc::clone(store))
+        .owner(owner)
+        .app_version(APP)
+        .renew_leases(false)
+        .lease_ttl(Duration::from_secs(600))
+        .build()
+}
+
+/// `s-held` (`email`) and `s-held-2` (`reports`) leased by `worker-1` for ten minutes;
+/// `s-asleep` (`email`) asleep for an hour; `s-ready` (`reports`) released; `s-finished`
+/// completed; a limit of 2 on `email`.
+async fn populate(store: &Arc<dyn CheckpointStore>) -> Pool {
+    let worker = runtime(store, "worker-1");
+    for (id, queue) in [("s-held", "email"), ("s-held-2", "reports")] {
+        let session = worker
+            .start::<Message>(
+                StartOptions::new()
+                    .with_id(SessionId::new(id))
+                    .with_queue(queue),
+            )
+            .await
+            .expect("start a held session");
+        drop(session); // the lease stays live for ten minutes
+    }
+    let asleep = SessionId::new("s-asleep");
+    let sleeper = runtime(store, "worker-2")
+        .start::<Message>(
+            StartOptions::new()
+                .with_id(asleep.clone())
+                .with_queue("email"),
+        )
+        .await
+        .expect("start s-asleep");
+    sleeper
+        .sleep(Duration::from_secs(3600))
+        .await
+        .expect("sleep");
+    let wake_at = store
+        .session(&asleep)
+        .await
+        .expect("session")
+        .wake_at
+        .expect("asleep");
+    worker
+        .submit::<Message>(
+            StartOptions::new()
+                .with_id(SessionId::new("s-ready"))
+                .with_queue("reports"),
+        )
+        .await
+        .expect("submit s-ready");
+    let finished = worker
+        .start::<Message>(StartOptions::new().with_id(SessionId::new("s-finished")))
+        .await
+        .expect("start s-finished");
+    finished.complete().await.expect("complete");
+    store
+        .set_queue_limit("email", Some(2))
+        .await
+        .expect("limit email");
+    Pool { asleep, wake_at }
+}
+
+/// The lines of section `name` of `workers` (up to the next blank line).
+fn section<'a>(text: &'a str, name: &str) -> Vec<&'a str> {
+    text.lines()
+        .skip_while(|l| *l != name)
+        .skip(1)
+        .take_while(|l| !l.is_empty())
+        .collect()
+}
+
+/// The words of the row of `lines` that starts with `first`.
+#[track_caller]
+fn row<'a>(lines: &[&'a str], first: &str) -> Vec<&'a str> {
+    lines
+        .iter()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|w| w.first() == Some(&first))
+        .unwrap_or_else(|| panic!("no row {first:?} in {lines:#?}"))
+}
+
+/// The queue named `name` of `workers --json`.
+fn queue<'a>(json: &'a Value, name: &str) -> &'a Value {
+    json["queues"]
+        .as_array()
+        .and_then(|q| q.iter().find(|q| q["name"] == name))
+        .unwrap_or_else(|| panic!("no queue {name}: {json}"))
+}
+
+pub async fn workers(store: &Arc<dyn CheckpointStore>, db: &str) {
+    let pool = populate(store).await;
+    let out = run(db, &["workers"]);
+    let text = out.ok();
+
+    let queues = section(text, "Queues");
+    assert_eq!(
+        row(&queues, "QUEUE"),
+        [
+            "QUEUE", "LIMIT", "RUNNING", "READY", "SLEEPING", "AWAITING", "APPROVAL", "PARKED",
+            "NEXT", "WAKE-UP"
+        ],
+        "{text}"
+    );
+    let email = row(&queues, "email");
+    // The limit, one running, none ready, one asleep, due within the hour.
+    assert_eq!(
+        email[..7],
+        ["email", "2", "1", "0", "1", "0", "0"],
+        "{text}"
+    );
+    assert_eq!(email[7..], ["in", "59m"], "{text}");
+    let reports = row(&queues, "reports");
+    assert_eq!(
+        reports,
+        ["reports", "-", "1", "1", "0", "0", "0", "-"],
+        "{text}"
+    );
+    assert!(
+        queues.iter().all(|l| !l.starts_with("default")),
+        "a queue of terminal sessions only is not listed: {text}"
+    );
+
+    let owners = section(text, "Workers");
+    let first = row(&owners, "worker-1");
+    // Owner, two sessions, the oldest renewal, then its first session.
+    assert_eq!(first[1], "2", "{text}");
+    assert!(first[3] == "ago" && first[4] == "s-held", "{text}");
+    assert!(
+        first.contains(&"email") && first.ends_with(&["in", "9m"]),
+        "{text}"
+    );
+    let second = row(&owners, "s-held-2");
+    assert!(
+        second.contains(&"reports") && second.ends_with(&["in", "9m"]),
+        "{text}"
+    );
+    assert!(
+        owners.iter().all(|l| !l.contains("worker-2")),
+        "a sleeper's released lease is nobody's: {text}"
+    );
+
+    let sleeping = section(text, "Sleeping");
+    let asleep = row(&sleeping, "s-asleep");
+    assert_eq!(asleep[1..4], ["email", "in", "59m"], "{text}");
+    assert_eq!(asleep[4], durable_time(pool.wake_at), "{text}");
+    assert_eq!(sleeping.len(), 3, "header, rule, one sleeper: {text}");
+
+    let json = run(db, &["workers", "--json"]).json();
+    assert!(json["now"].is_i64(), "{json}");
+    let email = queue(&json, "email");
+    assert_eq!(email["max_running"], 2, "{json}");
+    assert_eq!(
+        (&email["running"], &email["ready"], &email["sleeping"]),
+        (&1.into(), &0.into(), &1.into()),
+        "{json}"
+    );
+    assert_eq!(email["next_wake_at"], pool.wake_at, "{json}");
+    let reports = queue(&json, "reports");
+    assert_eq!(reports["max_running"], Value::Null, "{json}");
+    assert_eq!(reports["ready"], 1, "{json}");
+    let workers = json["workers"].as_array().expect("workers");
+    assert_eq!(workers.len(), 1, "{json}");
+    assert_eq!(workers[0]["owner"], "worker-1");
+    let held: Vec<(&str, &str)> = workers[0]["sessions"]
+        .as_array()
+        .expect("sessions")
+        .iter()
+        .map(|s| {
+            assert!(
+                s["lease_expires_at"].is_i64() && s["lease_renewed_at"].is_i64(),
+                "{s}"
+            );
+            (
+                s["session"].as_str().unwrap_or_default(),
+                s["queue"].as_str().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert_eq!(held, [("s-held", "email"), ("s-held-2", "reports")]);
+    assert!(workers[0]["oldest_renewal_at"].is_i64(), "{json}");
+    let sleeping = json["sleeping"].as_array().expect("sleeping");
+    assert_eq!(sleeping.len(), 1, "{json}");
+    assert_eq!(sleeping[0]["session"], "s-asleep");
+    assert_eq!(sleeping[0]["queue"], "email");
+    assert_eq!(sleeping[0]["wake_at"], pool.wake_at);
+}
+
+/// A wake-up time as the CLI prints it (`2026-11-24T08:00:00Z`).
+fn durable_time(ms: i64) -> String {
+    let at = std::time::UNIX_EPOCH + Duration::from_millis(u64::try_from(ms).expect("ms"));
+    humantime::format_rfc3339_seconds(at).to_string()
+}
+
+pub async fn wake(store: &Arc<dyn CheckpointStore>, db: &str) {
+    let pool = populate(store).await;
+    let id = pool.asleep.as_str();
+    let out = run(db, &["wake", id]);
+    let text = out.ok();
+    assert!(
+        text.contains("woke session `s-asleep` (asleep until ")
+            && text.contains("the next claim of a pool serving queue `email` takes it"),
+        "{text}"
+    );
+    let record = store.session(&pool.asleep).await.expect("session");
+    let now = store.now().await.expect("now");
+    assert!(
+        record.wake_at.is_some_and(|t| t <= now && t < pool.wake_at),
+        "{record:?}"
+    );
+    // No longer listed as sleeping; its queue counts it ready.
+    let json = run(db, &["workers", "--json"]).json();
+    assert_eq!(json["sleeping"], Value::Array(Vec::new()), "{json}");
+    let email = queue(&json, "email");
+    assert_eq!(
+        (&email["ready"], &email["sleeping"]),
+        (&1.into(), &0.into())
+    );
+    assert_eq!(email["next_wake_at"], Value::Null, "{json}");
+    let table = run(db, &["workers"]);
+    assert!(
+        table.ok().contains("Sleeping\n  no session is asleep"),
+        "{}",
+        table.stdout
+    );
+
+    // Again, and a running session: nothing to do.
+    let again = run(db, &["wake", id, "--json"]).json();
+    assert_eq!(again["woken"], false, "{again}");
+    let held = run(db, &["wake", "s-held"]);
+    assert!(
+        held.ok()
+            .contains("session `s-held` is not asleep: it is running, leased by `worker-1`"),
+        "{}",
+        held.stdout
+    );
+    run(db, &["wake", "s-finished"]).fails(4, "is completed, not active");
+    run(db, &["wake", "no-such-session"]).fails(3, "not found");
+}
+
+pub async fn queue_limit(store: &Arc<dyn CheckpointStore>, db: &str) {
+    populate(store).await;
+    let out = run(db, &["queue-limit", "reports", "1"]);
+    let text = out.ok();
+    assert!(
+        text.starts_with("queue `reports` limited to 1 session running at once"),
+        "{text}"
+    );
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        row(&lines, "reports"),
+        ["reports", "1", "1", "1", "0", "0", "0", "-"],
+        "{text}"
+    );
+    let json = run(db, &["workers", "--json"]).json();
+    assert_eq!(queue(&json, "reports")["max_running"], 1, "{json}");
+    let table = run(db, &["workers"]);
+    let queues = section(table.ok(), "Queues");
+    assert_eq!(row(&queues, "reports")[1], "1", "{}", table.stdout);
+
+    let removed = run(db, &["queue-limit", "reports", "--remove", "--json"]).json();
+    assert_eq!(removed["name"], "reports");
+    assert_eq!(removed["max_running"], Value::Null, "{removed}");
+    assert_eq!(removed["ready"], 1, "{removed}");
+    let json = run(db, &["workers", "--json"]).json();
+    assert_eq!(queue(&json, "reports")["max_running"], Value::Null);
+
+    // A queue with no session: listed for its limit, gone once the limit is.
+    let paused = run(db, &["queue-limit", "idle", "0"]);
+    assert!(
+        paused.ok().starts_with("queue `idle` paused"),
+        "{}",
+        paused.stdout
+    );
+    let json = run(db, &["workers", "--json"]).json();
+    assert_eq!(queue(&json, "idle")["max_running"], 0, "{json}");
+    run(db, &["queue-limit", "idle", "--remove"]).ok();
+    let json = run(db, &["workers", "--json"]).json();
+    let names: Vec<&str> = json["queues"]
+        .as_array()
+        .expect("queues")
+        .iter()
+        .filter_map(|q| q["name"].as_str())
+        .collect();
+    assert_eq!(names, ["email", "reports"], "{json}");
+
+    run(db, &["queue-limit", "reports"]).fails(2, "required");
+    run(db, &["queue-limit", "reports", "2", "--remove"]).fails(2, "cannot be used with");
+    run(db, &["queue-limit", "reports", "-1"]).fails(2, "");
+}
+
+pub async fn show_queue_sleep_and_lease(store: &Arc<dyn CheckpointStore>, db: &str) {
+    let pool = populate(store).await;
+    let asleep = run(db, &["show", pool.asleep.as_str()]);
+    let text = asleep.ok();
+    for needle in [
+        "queue        email",
+        &format!("asleep until {} (in 59m)", durable_time(pool.wake_at)),
+        "`durable wake s-asleep` ends the sleep now",
+        "lease        -",
+    ] {
+        assert!(text.contains(needle), "missing {needle:?} in:\n{text}");
+    }
+    let json = run(db, &["show", pool.asleep.as_str(), "--json"]).json();
+    assert_eq!(json["asleep"], true, "{json}");
+    assert_eq!(json["session"]["queue"], "email");
+    assert_eq!(json["session"]["wake_at"], pool.wake_at);
+
+    let held = run(db, &["show", "s-held-2"]);
+    let text = held.ok();
+    assert!(text.contains("queue        reports"), "{text}");
+    assert!(!text.contains("asleep until"), "{text}");
+    let lease = text
+        .lines()
+        .find(|l| l.starts_with("lease"))
+        .expect("a lease line");
+    assert!(
+        lease.starts_with("lease        worker-1, live, expires in 9m, last renewed ")
+            && lease.ends_with(" ago"),
+        "{lease}"
+    );
+    let json = run(db, &["show", "s-held-2", "--json"]).json();
+    assert_eq!(json["asleep"], false, "{json}");
+    assert!(json["session"]["lease_renewed_at"].is_i64(), "{json}");
+
+    // Once woken, the sleep is over (its time stays recorded until the next checkpoint).
+    run(db, &["wake", pool.asleep.as_str()]).ok();
+    let woken = run(db, &["show", pool.asleep.as_str()]);
+    assert!(!woken.ok().contains("asleep until"), "{}", woken.stdout);
+}
