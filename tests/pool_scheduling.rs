@@ -407,3 +407,105 @@ async fn a_second_signal_stops_the_pool_hard() {
         started.elapsed()
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_that_cannot_be_resumed_does_not_hold_the_pool_up() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = store(&dir).await;
+    let ttl = Duration::from_secs(30);
+    // Submitted with messages of another type: a string is not a `Message`.
+    let other = Durable::builder(Arc::clone(&store))
+        .owner("submitter")
+        .lease_ttl(ttl)
+        .build();
+    let bad = other
+        .submit(
+            StartOptions::<serde_json::Value>::new()
+                .with_messages(vec![serde_json::json!("not a message")]),
+        )
+        .await
+        .expect("submit");
+    let good = other.submit(task("fine")).await.expect("submit");
+
+    let durable = Durable::builder(Arc::clone(&store))
+        .owner("pool")
+        .lease_ttl(ttl)
+        .build();
+    let handled = Arc::new(Mutex::new(Vec::new()));
+    let report = durable
+        .worker({
+            let handled = Arc::clone(&handled);
+            move |resumed: Resumed<Message>, _: ShutdownSignal| {
+                let handled = Arc::clone(&handled);
+                async move {
+                    handled
+                        .lock()
+                        .expect("handled")
+                        .push(resumed.session.id().clone());
+                    resumed.session.complete().await?;
+                    Ok(())
+                }
+            }
+        })
+        .concurrency(2)
+        .poll_interval(Duration::from_millis(50))
+        .run_until(tokio::time::sleep(Duration::from_millis(800)))
+        .await;
+    // The bad session was claimed once, failed to resume, and kept its lease (to expire
+    // and count a recovery), so the pool went on to the good one, once.
+    assert_eq!(*handled.lock().expect("handled"), vec![good]);
+    assert_eq!(
+        report.failed, 1,
+        "one failed claim, not a loop of them: {report:?}"
+    );
+    let record = store.session(&bad).await.expect("session");
+    assert_eq!(record.lease_owner.as_deref(), Some("pool"), "{record:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn woke_from_tells_a_sleep_from_a_delayed_start() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = store(&dir).await;
+    let durable = Durable::builder(Arc::clone(&store)).owner("w").build();
+    // A delayed start (already due) is not a sleep.
+    let past = store.now().await.expect("now") - 1_000;
+    let id = durable
+        .submit(task("later").with_not_before(past))
+        .await
+        .expect("submit");
+    let resumed = durable
+        .recover_next::<Message>()
+        .await
+        .expect("claim")
+        .expect("the delayed session is due");
+    assert_eq!(resumed.session.id(), &id);
+    assert_eq!(
+        resumed.session.woke_from(),
+        None,
+        "a start is not a wake-up"
+    );
+    // Asleep for an hour, resumed by id at once: the sleep is over all the same.
+    resumed
+        .session
+        .sleep(Duration::from_secs(3600))
+        .await
+        .expect("sleep");
+    let due = store.session(&id).await.expect("session").wake_at;
+    assert!(
+        durable
+            .recover_next::<Message>()
+            .await
+            .expect("claim")
+            .is_none(),
+        "a pool does not take it before its time"
+    );
+    let early = durable.resume::<Message>(&id).await.expect("resume by id");
+    assert_eq!(
+        early.session.woke_from(),
+        due,
+        "resumed early, out of its sleep"
+    );
+    let mut session = early.session;
+    session.checkpoint().await.expect("checkpoint");
+    assert_eq!(session.woke_from(), None, "the next checkpoint moves on");
+}

@@ -188,6 +188,7 @@ macro_rules! __durable_conformance_cases {
             worker_concurrent_claims_respect_the_queue_limit,
             worker_lease_renewed_at_tracks_take_and_renew,
             worker_claims_match_a_model,
+            worker_an_expired_lease_in_a_limited_queue_is_not_renewed,
             // checkpoints
             checkpoint_initial_is_version_zero,
             checkpoint_cas_conflict_writes_nothing,

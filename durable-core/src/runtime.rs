@@ -460,7 +460,7 @@ impl Durable {
                 self.config.max_recovery_attempts,
             )
             .await?;
-        self.resume_leased(lease).await
+        self.resume_leased(lease, OnFailure::Release).await
     }
 
     /// Claims one session whose worker died (expired lease) or that was released, and
@@ -497,22 +497,36 @@ impl Durable {
         .with_queues(queues.iter().cloned());
         let claimed = self.store.claim_expired(&claim).await?;
         match claimed {
-            Some(lease) => self.resume_leased(lease).await.map(Some),
+            // A session that cannot be resumed (its messages no longer decode, a row fails
+            // its seal, …) keeps the lease: it expires, the next claim counts a recovery,
+            // and the poison-pill bound parks the session. Handed back at once, it would be
+            // the oldest session again and the next claim would take it again, forever.
+            Some(lease) => self
+                .resume_leased(lease, OnFailure::LetExpire)
+                .await
+                .map(Some),
             None => Ok(None),
         }
     }
 
-    async fn resume_leased<M>(&self, lease: crate::store::Lease) -> Result<Resumed<M>, DurableError>
+    async fn resume_leased<M>(
+        &self,
+        lease: crate::store::Lease,
+        on_failure: OnFailure,
+    ) -> Result<Resumed<M>, DurableError>
     where
         M: Serialize + DeserializeOwned + Clone,
     {
         let span = tracing::info_span!("resume", session = %lease.session);
-        self.resume_in_span(lease).instrument(span).await
+        self.resume_in_span(lease, on_failure)
+            .instrument(span)
+            .await
     }
 
     async fn resume_in_span<M>(
         &self,
         lease: crate::store::Lease,
+        on_failure: OnFailure,
     ) -> Result<Resumed<M>, DurableError>
     where
         M: Serialize + DeserializeOwned + Clone,
@@ -541,12 +555,12 @@ impl Durable {
         let record = match record {
             Ok(record) => record,
             Err(e) => {
-                let _ = self.store.release_lease(&lease).await;
+                on_failure.apply(&*self.store, &lease).await;
                 return Err(e.into());
             }
         };
         if record.app_version != self.config.app_version {
-            let _ = self.store.release_lease(&lease).await;
+            on_failure.apply(&*self.store, &lease).await;
             return Err(DurableError::AppVersionMismatch {
                 session: record.id,
                 recorded: record.app_version,
@@ -556,7 +570,7 @@ impl Durable {
         let checkpoint = match loaded {
             Ok(cp) => cp,
             Err(e) => {
-                let _ = self.store.release_lease(&lease).await;
+                on_failure.apply(&*self.store, &lease).await;
                 return Err(e.into());
             }
         };
@@ -587,14 +601,14 @@ impl Durable {
         let (messages, plan, budget) = match decoded {
             Ok(d) => d,
             Err(e) => {
-                let _ = self.store.release_lease(&lease).await;
+                on_failure.apply(&*self.store, &lease).await;
                 return Err(e);
             }
         };
         let in_doubt = match issued {
             Ok(rows) => rows,
             Err(e) => {
-                let _ = self.store.release_lease(&lease).await;
+                on_failure.apply(&*self.store, &lease).await;
                 return Err(e.into());
             }
         };
@@ -874,7 +888,7 @@ impl Durable {
                 self.config.lease_ttl,
             )
             .await?;
-        let resumed = self.resume_leased::<M>(lease).await?;
+        let resumed = self.resume_leased::<M>(lease, OnFailure::Release).await?;
         Ok(resumed.session)
     }
 }
@@ -898,5 +912,29 @@ fn decode_error(
         session: session.clone(),
         what: format!("{what} at checkpoint version {version}"),
         detail: e.to_string(),
+    }
+}
+
+/// What a resume that failed does with the lease it took.
+#[derive(Debug, Clone, Copy)]
+enum OnFailure {
+    /// Gives it back (a resume by id: the caller sees the error and decides).
+    Release,
+    /// Leaves it to expire (a claim: the next one counts a recovery, so a session that
+    /// cannot be resumed is parked after the bound instead of being claimed again at
+    /// once, forever).
+    LetExpire,
+}
+
+impl OnFailure {
+    async fn apply(self, store: &dyn CheckpointStore, lease: &crate::store::Lease) {
+        match self {
+            OnFailure::Release => {
+                let _ = store.release_lease(lease).await;
+            }
+            OnFailure::LetExpire => {
+                tracing::warn!(session = %lease.session, "resume failed; the lease is left to expire, and the next claim counts a recovery");
+            }
+        }
     }
 }

@@ -163,10 +163,9 @@ where
             .flatten()
             .map(|handle| handle.spawn(renew_loop(journal.clone())));
         let committed = messages.len();
-        // Taken (this lease) at or after the wake-up time: the sleep is over.
-        let woke_from = record
-            .wake_at
-            .filter(|&at| record.lease_renewed_at.is_some_and(|taken| at <= taken));
+        // The latest checkpoint put the session to sleep (version 0's wake-up time is a
+        // delayed start, not a sleep): this resume ends that sleep.
+        let woke_from = record.wake_at.filter(|_| record.latest_version > 0);
         Session {
             store,
             woke_from,
@@ -643,10 +642,16 @@ where
         self.sleep_until(now.saturating_add(ms)).await
     }
 
-    /// The wake-up time of the sleep this session was resumed from, if its latest
-    /// checkpoint put it to sleep ([`sleep_until`](Self::sleep_until)) and that time has
-    /// passed on the store's clock when it was resumed; `None` otherwise, and after the
-    /// next checkpoint.
+    /// The wake-up time of the sleep this resume ends: `Some` when the latest checkpoint
+    /// put the session to sleep ([`sleep_until`](Self::sleep_until)), `None` otherwise
+    /// (a session [submitted with a start time](crate::StartOptions::with_not_before) is
+    /// not waking from a sleep) and after the next checkpoint.
+    ///
+    /// A pool resumes a sleeper once its time has passed; an explicit
+    /// [`resume`](crate::Durable::resume) by id, or [`Durable::wake`](crate::Durable::wake),
+    /// ends the sleep early, and this says so all the same: the handler continues after
+    /// the sleep. To tell an early wake-up from a due one, compare with the store's clock
+    /// ([`CheckpointStore::now`](crate::CheckpointStore::now)).
     pub fn woke_from(&self) -> Option<i64> {
         self.woke_from
     }

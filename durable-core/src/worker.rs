@@ -141,8 +141,8 @@ pub struct PoolReport {
     pub handled: usize,
     /// Handlers that returned `Ok`.
     pub succeeded: usize,
-    /// Handlers that returned an error (logged), and claims that failed (e.g. a session
-    /// on another app version).
+    /// Handlers that returned an error (logged), and claims that failed (the store
+    /// unreachable, a claimed session that could not be resumed).
     pub failed: usize,
     /// Handlers that panicked (logged).
     pub panicked: usize,
@@ -264,9 +264,12 @@ where
     /// [module docs](self)) and reports what it did. Must run inside a tokio runtime;
     /// handlers run as tasks spawned on it.
     ///
-    /// A failed claim (the store unreachable, a session on another app version) is logged
-    /// and counted in [`PoolReport::failed`], and the pool tries again after the poll
-    /// interval. Dropping this future instead of resolving `shutdown` aborts the handlers
+    /// A failed claim is logged and counted in [`PoolReport::failed`], and the pool waits
+    /// for work as when nothing was claimable. The store unreachable: it tries again. A
+    /// claimed session that cannot be resumed (its messages no longer decode, a row fails
+    /// its seal check): its lease is left to expire, so the next claim counts a recovery
+    /// and the poison-pill bound parks it; meanwhile the pool goes on with other
+    /// sessions. Dropping this future instead of resolving `shutdown` aborts the handlers
     /// at once, as the deadline does.
     pub async fn run_until(mut self, shutdown: impl Future<Output = ()>) -> PoolReport {
         let (trigger, signal) = ShutdownSignal::channel();

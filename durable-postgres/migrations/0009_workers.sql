@@ -29,7 +29,7 @@ CREATE TABLE durable_queues (
 
 -- Claims take the oldest active session first (by creation: a session handed over
 -- mid-run goes before work submitted after it).
-CREATE INDEX durable_sessions_claim ON durable_sessions (created_at) WHERE status = 'active';
+CREATE INDEX durable_sessions_claim ON durable_sessions (created_at, id) WHERE status = 'active';
 
 -- Counting a queue's running sessions, and its sleepers, without a scan of the table.
 CREATE INDEX durable_sessions_active_queue ON durable_sessions (queue, lease_expires_at)

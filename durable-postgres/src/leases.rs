@@ -96,9 +96,13 @@ pub(crate) async fn renew_lease(
     .await?
     .now;
     let expires = now.saturating_add(ttl_ms(ttl));
-    // Lease bookkeeping is not a session update: `updated_at` stays (as in SQLite).
-    sqlx::query(
-        "UPDATE durable_sessions SET lease_expires_at = $2, lease_renewed_at = $3 WHERE id = $1",
+    // Lease bookkeeping is not a session update: `updated_at` stays (as in SQLite). An
+    // expired lease in a limited queue is not renewed: a claim may have counted its
+    // place free meanwhile and taken another session of the queue.
+    let renewed = sqlx::query(
+        "UPDATE durable_sessions SET lease_expires_at = $2, lease_renewed_at = $3 \
+         WHERE id = $1 AND NOT (coalesce(lease_expires_at <= $3, false) \
+           AND EXISTS (SELECT 1 FROM durable_queues q WHERE q.name = durable_sessions.queue))",
     )
     .bind(lease.session.as_str())
     .bind(expires)
@@ -106,6 +110,13 @@ pub(crate) async fn renew_lease(
     .execute(&mut *tx)
     .await
     .map_err(db)?;
+    if renewed.rows_affected() == 0 {
+        tx.rollback().await.map_err(db)?;
+        return Err(StoreError::LeaseLost {
+            session: lease.session.clone(),
+            token: lease.fence,
+        });
+    }
     tx.commit().await.map_err(db)?;
     Ok(Lease {
         expires_at: expires,
@@ -133,27 +144,40 @@ pub(crate) async fn claim_expired(
 ) -> Result<Option<Lease>, StoreError> {
     claim.validate()?;
     let (owner, ttl, max_attempts) = (claim.owner.as_str(), claim.ttl, claim.max_attempts);
-    // Queues found full under their lock: not candidates again in this claim.
-    let mut full: Vec<String> = Vec::new();
+    // Queues at their limit: not candidates in this claim. Counted once here (per
+    // limited queue, not per candidate row); a queue that fills meanwhile is caught by
+    // the count under its lock below, and joins the list.
+    let mut full: Vec<String> = sqlx::query_scalar(concat!(
+        "SELECT q.name FROM durable_queues q WHERE q.max_running <= \
+         (SELECT count(*) FROM durable_sessions r WHERE r.status = 'active' \
+          AND r.queue = q.name AND r.lease_owner IS NOT NULL AND r.lease_expires_at > ",
+        tx::now_ms!(),
+        ")"
+    ))
+    .fetch_all(&store.pool)
+    .await
+    .map_err(db)?;
     loop {
         let mut tx = tx::begin(&store.pool).await?;
+        // The count under the queue's lock must see every claim committed before the lock
+        // was granted: a fresh snapshot per statement, whatever the server's default.
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
         let now = tx::now(&mut tx).await?;
         // SKIP LOCKED: a row another claimer is looking at is not a candidate for us,
         // so concurrent workers on many machines never claim the same session. A queue
-        // that looks full is passed over here; the count that decides is taken below,
-        // under the queue's lock.
+        // found full is passed over here; the count that decides is taken below, under
+        // the queue's lock.
         let Some(row) = sqlx::query(
-            "SELECT id, recovery_attempts, lease_owner, queue FROM durable_sessions s
+            "SELECT id, recovery_attempts, lease_owner, queue FROM durable_sessions
              WHERE status = 'active'
                AND (lease_owner IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= $1)
                AND (wake_at IS NULL OR wake_at <= $1)
                AND ($2::text IS NULL OR app_version = $2)
                AND (cardinality($3::text[]) = 0 OR queue = ANY($3))
                AND NOT (queue = ANY($4))
-               AND NOT EXISTS (SELECT 1 FROM durable_queues q WHERE q.name = s.queue
-                 AND q.max_running <= (SELECT count(*) FROM durable_sessions r
-                   WHERE r.status = 'active' AND r.queue = s.queue
-                   AND r.lease_owner IS NOT NULL AND r.lease_expires_at > $1))
              ORDER BY created_at, id
              LIMIT 1
              FOR UPDATE SKIP LOCKED",

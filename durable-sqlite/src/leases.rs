@@ -88,15 +88,34 @@ pub(crate) async fn renew_lease(
     lease: &Lease,
     ttl: Duration,
 ) -> Result<Lease, StoreError> {
-    let (tx, _, _) = WriteTx::begin_fenced(
+    let (tx, _, row) = WriteTx::begin_fenced(
         store.writer(),
         store.keyring(),
         lease.fence(),
-        concat!("BEGIN IMMEDIATE; ", fenced_select!()),
+        concat!(
+            "BEGIN IMMEDIATE; ",
+            fenced_select!(
+                ", s.lease_expires_at, EXISTS (SELECT 1 FROM durable_queues q \
+                 WHERE q.name = s.queue) AS limited",
+                ""
+            )
+        ),
         |q| q,
     )
     .await?;
     let now = tx.now;
+    // An expired lease in a limited queue is not renewed: a claim may have counted its
+    // place free meanwhile and taken another session of the queue.
+    let expired: Option<i64> = rows::col(&row, "lease_expires_at", &lease.session, None)?;
+    let limited: bool = rows::col(&row, "limited", &lease.session, None)?;
+    if limited && expired.is_some_and(|at| at <= now) {
+        return tx
+            .finish(Err(StoreError::LeaseLost {
+                session: lease.session.clone(),
+                token: lease.fence,
+            }))
+            .await;
+    }
     let expires_at = now.saturating_add(millis(ttl));
     tx.commit_with(
         sqlx::query(
@@ -146,21 +165,30 @@ pub(crate) async fn claim_expired(
     let now = tx.now;
     let result = async {
         let conn = tx.conn();
+        // The queues at their limit, counted once (per limited queue, not per candidate
+        // row), as a JSON array for `json_each`.
+        let full: String = sqlx::query_scalar(
+            "SELECT json_group_array(q.name) FROM durable_queues q WHERE q.max_running <= \
+             (SELECT count(*) FROM durable_sessions r WHERE r.status = 'active' \
+              AND r.queue = q.name AND r.lease_owner IS NOT NULL AND r.lease_expires_at > ?1)",
+        )
+        .bind(now)
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db)?;
         loop {
             let Some(row) = sqlx::query(concat!(
-                "SELECT id, fence, recovery_attempts, lease_owner FROM durable_sessions s",
+                "SELECT id, fence, recovery_attempts, lease_owner FROM durable_sessions",
                 expired_where!(),
                 "AND (?2 IS NULL OR app_version = ?2) \
                  AND (?3 IS NULL OR queue IN (SELECT value FROM json_each(?3))) \
-                 AND NOT EXISTS (SELECT 1 FROM durable_queues q WHERE q.name = s.queue \
-                   AND q.max_running <= (SELECT count(*) FROM durable_sessions r \
-                     WHERE r.status = 'active' AND r.queue = s.queue \
-                     AND r.lease_owner IS NOT NULL AND r.lease_expires_at > ?1)) \
+                 AND queue NOT IN (SELECT value FROM json_each(?4)) \
                  ORDER BY created_at ASC, rowid ASC LIMIT 1"
             ))
             .bind(now)
             .bind(claim.app_version.as_deref())
             .bind(queues.as_deref())
+            .bind(full.as_str())
             .fetch_optional(&mut *conn)
             .await
             .map_err(db)?

@@ -639,3 +639,47 @@ pub async fn worker_claims_match_a_model(store: Arc<dyn CheckpointStore>) {
         }
     }
 }
+
+/// A lease that expired in a limited queue is not renewed (`LeaseLost`): a claim may
+/// have counted its place free meanwhile and taken another session of the queue, and
+/// the renewal would make the queue exceed its limit. Outside a limited queue, renewing
+/// a lease nobody took over still works.
+pub async fn worker_an_expired_lease_in_a_limited_queue_is_not_renewed(
+    store: Arc<dyn CheckpointStore>,
+) {
+    let queue = owner("renew-limited");
+    store
+        .set_queue_limit(&queue, Some(1))
+        .await
+        .expect("set_queue_limit");
+    let ttl = Duration::from_millis(100);
+    let waiting = submitted(&*store, &queue, 1).await;
+    let (stalled, lease) = create_with(&*store, in_queue(&queue, &owner("w1"), ttl)).await;
+    wait_past(&*store, lease.expires_at).await;
+    let taken = store
+        .claim_expired(&claim(&queue, "w2"))
+        .await
+        .expect("claim")
+        .expect("the stalled session's place is free");
+    assert_eq!(
+        taken.session, waiting[0],
+        "the older session waiting for the place"
+    );
+    assert_ne!(taken.session, stalled.id);
+    expect_err!(
+        store.renew_lease(&lease, LONG_TTL).await,
+        StoreError::LeaseLost { .. } => (),
+        "renewing an expired lease in a queue at its limit"
+    );
+    let queues = store.queues().await.expect("queues");
+    let info = queues.iter().find(|q| q.name == queue).expect("the queue");
+    assert_eq!(info.running, 1, "{info:?}");
+
+    let free = owner("renew-free");
+    let (_, lease) = create_with(&*store, in_queue(&free, &owner("w3"), ttl)).await;
+    wait_past(&*store, lease.expires_at).await;
+    store
+        .renew_lease(&lease, LONG_TTL)
+        .await
+        .expect("an expired lease nobody took, outside a limited queue, is renewed");
+}
