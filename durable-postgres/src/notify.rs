@@ -11,7 +11,9 @@
 //! the session back to work, a resolution recorded, a session unparked or woken, a queue
 //! limit set or lifted. The journal and checkpoint writes never notify: a transaction
 //! that notified takes a database-wide lock at commit, which would serialize every turn
-//! of every session.
+//! of every session. A sleeper coming due is no write at all: a pool that woke for the
+//! release after its sleep was checkpointed reads the next wake-up time
+//! (`next_wake_at`) and waits no longer than that.
 //!
 //! # The listener
 //! [`Listener::subscribe`] (behind `CheckpointStore::work_events`) starts, once per store
