@@ -418,3 +418,63 @@ async fn the_pool_expires_requests_past_their_deadline() {
         SessionStatus::Completed
     );
 }
+
+/// An idle pool polling every 30 s starts a session submitted in its own process at once:
+/// the store tells its pools when a write makes work available (issue 15).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_pool_starts_a_submitted_session_at_once() {
+    const POLL: Duration = Duration::from_secs(30);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = store(&dir).await;
+    let durable = Durable::builder(Arc::clone(&store))
+        .owner("pool-idle")
+        .build();
+    let (started, mut starts) = tokio::sync::mpsc::unbounded_channel();
+    let handler = move |resumed: Resumed<Message>, _signal: ShutdownSignal| {
+        let at = Instant::now();
+        let started = started.clone();
+        async move {
+            let _ = started.send((resumed.session.id().clone(), at));
+            resumed.session.complete().await.map(|_| ())
+        }
+    };
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    // In this task beside the submits: `run_until`'s future is not `Send`.
+    let pool = durable
+        .worker(handler)
+        .poll_interval(POLL)
+        .run_until(async {
+            let _ = stopped.await;
+        });
+    let submits = async {
+        // Its first claim found nothing: it waits.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        for n in 0..3 {
+            let id = durable
+                .submit(
+                    StartOptions::<Message>::new()
+                        .with_messages(vec![Message::user(format!("task {n}"))]),
+                )
+                .await
+                .expect("submit");
+            let submitted = Instant::now();
+            let (handled, at) = tokio::time::timeout(POLL + Duration::from_secs(5), starts.recv())
+                .await
+                .expect("started within the poll interval")
+                .expect("the pool runs");
+            assert_eq!(handled, id);
+            let after = at.saturating_duration_since(submitted);
+            assert!(
+                after < Duration::from_secs(1),
+                "submit {n}: the idle pool started the session {after:?} after it was submitted \
+             (it polls every {POLL:?}): it was not notified"
+            );
+            // Idle again before the next submit.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let _ = stop.send(());
+    };
+    let (report, ()) = tokio::join!(pool, submits);
+    assert_eq!(report.handled, 3, "{report:?}");
+    assert_eq!(report.succeeded, 3, "{report:?}");
+}

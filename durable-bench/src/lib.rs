@@ -13,12 +13,15 @@
 //! - [`harness`]: each figure measured the same way on every backend, against the raw
 //!   side a bench supplies as a [`harness::Baseline`];
 //! - [`workload`]: the durable side of each figure, the same on every backend (journaled
-//!   calls, agent turns, many sessions at once, resume). The raw side is each bench's own.
+//!   calls, agent turns, many sessions at once, resume). The raw side is each bench's own;
+//! - [`wakeup`]: how soon an idle worker pool starts a submitted session (the `wakeup`
+//!   benches), notified against polling only.
 
 pub mod harness;
 pub mod machine;
 mod report;
 pub mod svg;
+pub mod wakeup;
 pub mod workload;
 
 use std::collections::BTreeMap;

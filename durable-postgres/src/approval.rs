@@ -121,13 +121,18 @@ pub(crate) async fn decide_approval(
     if session_status == SessionStatus::AwaitingApproval.as_str() {
         // The last decision the session waited for: it goes back to work, its lease
         // free for the next worker (released, not lost: taking it is no recovery). The
-        // count sees this transaction's own update of the row.
-        sqlx::query(
-            "UPDATE durable_sessions SET status = 'active', status_reason = NULL, \
-               lease_owner = NULL, lease_expires_at = $2, updated_at = $2 \
+        // count sees this transaction's own update of the row. Idle pools are notified
+        // (at commit, by the same statement) only if the session went back to work.
+        sqlx::query(concat!(
+            "WITH resumed AS (UPDATE durable_sessions SET status = 'active', \
+               status_reason = NULL, lease_owner = NULL, lease_expires_at = $2, \
+               updated_at = $2 \
              WHERE id = $1 AND NOT EXISTS (SELECT 1 FROM durable_tool_calls \
-               WHERE session_id = $1 AND status = 'requested')",
-        )
+               WHERE session_id = $1 AND status = 'requested') RETURNING 1) \
+             SELECT ",
+            crate::notify::pg_notify!(),
+            " FROM resumed"
+        ))
         .bind(session.as_str())
         .bind(now)
         .execute(&mut *tx)

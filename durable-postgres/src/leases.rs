@@ -11,6 +11,7 @@ use sqlx::postgres::PgConnection;
 
 use crate::PostgresStore;
 use crate::error::db;
+use crate::notify;
 use crate::rows::{self, get, session_cols};
 use crate::tx::{self, Lock, Want, ttl_ms};
 
@@ -125,10 +126,14 @@ pub(crate) async fn renew_lease(
 }
 
 pub(crate) async fn release_lease(store: &PostgresStore, lease: &Lease) -> Result<(), StoreError> {
+    // One statement still: the notification goes with the release, and only if the
+    // lease was still this holder's.
     sqlx::query(concat!(
-        "UPDATE durable_sessions SET lease_owner = NULL, lease_expires_at = ",
+        "WITH released AS (UPDATE durable_sessions SET lease_owner = NULL, lease_expires_at = ",
         tx::now_ms!(),
-        " WHERE id = $1 AND fence = $2"
+        " WHERE id = $1 AND fence = $2 RETURNING 1) SELECT ",
+        notify::pg_notify!(),
+        " FROM released"
     ))
     .bind(lease.session.as_str())
     .bind(lease.fence)
@@ -273,7 +278,8 @@ pub(crate) async fn unpark_session(
     id: &SessionId,
 ) -> Result<SessionRecord, StoreError> {
     let mut tx = tx::begin(&store.pool).await?;
-    let now = tx::now(&mut tx).await?;
+    // Notifies at commit (a rollback on any error below sends nothing).
+    let now = tx::now_notifying(&mut tx).await?;
     let updated = sqlx::query(concat!(
         "UPDATE durable_sessions SET status = 'active', status_reason = NULL, \
          recovery_attempts = 0, lease_owner = NULL, lease_expires_at = NULL, \

@@ -57,6 +57,7 @@ mod journal;
 mod keys;
 mod leases;
 mod maintenance;
+mod notify;
 mod open;
 #[cfg(all(test, feature = "testing"))]
 mod plans;
@@ -134,6 +135,9 @@ pub struct PostgresStoreOptions {
     pub connect_timeout: Duration,
     /// Open for inspection only (default `false`): see [`read_only`](Self::read_only).
     pub read_only: bool,
+    /// Hear other processes' work notifications (default `true`): see
+    /// [`listen`](Self::listen).
+    pub listen: bool,
 }
 
 impl std::fmt::Debug for PostgresStoreOptions {
@@ -147,6 +151,7 @@ impl std::fmt::Debug for PostgresStoreOptions {
             .field("keyring", &self.keyring)
             .field("connect_timeout", &self.connect_timeout)
             .field("read_only", &self.read_only)
+            .field("listen", &self.listen)
             .finish()
     }
 }
@@ -163,6 +168,7 @@ impl PostgresStoreOptions {
             keyring: None,
             connect_timeout: Duration::from_secs(10),
             read_only: false,
+            listen: true,
         }
     }
 
@@ -208,6 +214,18 @@ impl PostgresStoreOptions {
         self
     }
 
+    /// Whether idle worker pools on this store hear the work that other processes make
+    /// available (default `true`): with it, the first pool started on the store opens one
+    /// more connection, outside the pool, that `LISTEN`s for the `NOTIFY` every store
+    /// sends when a session becomes claimable (see [`PostgresStore`]). Turn it off where
+    /// `LISTEN` cannot work, such as behind a connection pooler in transaction mode; the
+    /// pools then wake on this process's own writes and on their poll interval only.
+    /// A read-only store never listens.
+    pub fn listen(mut self, listen: bool) -> Self {
+        self.listen = listen;
+        self
+    }
+
     /// Seals rows with `keyring` (see [`durable_core::integrity`]).
     ///
     /// ```no_run
@@ -233,24 +251,50 @@ impl PostgresStoreOptions {
 /// A [`CheckpointStore`](durable_core::CheckpointStore) on PostgreSQL.
 ///
 /// Cheap to clone: clones share one connection pool.
+///
+/// # Waking idle worker pools
+/// A worker pool with nothing to claim waits for its poll interval or for the store's
+/// [`work_events`](durable_core::CheckpointStore::work_events), whichever comes first.
+/// Every write that can make a session claimable (a session created, a lease released, a
+/// session completed, failed, parked or set awaiting approval, the last approval it
+/// waited for decided, an in-doubt call resolved, a session unparked or woken, a queue
+/// limit changed) sends `NOTIFY durable_work` in its own transaction, so the notification
+/// is delivered when the write commits (never if it rolls back), and it costs no
+/// round trip of its own. The journal and checkpoint writes never notify: `NOTIFY`
+/// serializes the commits that send it.
+///
+/// The first [`work_events`](durable_core::CheckpointStore::work_events) call made inside
+/// a tokio runtime (a pool's start) starts one task per store, shared by its clones: it
+/// opens one connection of its own with the store's connect options (outside the pool,
+/// which it never takes a connection from), runs `LISTEN durable_work`, and passes every
+/// notification on to the store's pools, whichever process or machine sent it. When the
+/// connection fails it connects again (100 ms, doubling up to 10 s between attempts) and
+/// then wakes the pools once, since a notification sent meanwhile was lost. The task is
+/// aborted, and its connection closed, when the last clone of the store is dropped.
+/// Without a runtime at hand, and on a read-only store or one opened with
+/// [`listen(false)`](PostgresStoreOptions::listen), pools hear this process's own writes
+/// only. Notifications are a speed-up: pools poll as well, so a lost one costs at most a
+/// poll interval.
 #[derive(Debug, Clone)]
 pub struct PostgresStore {
     pool: PgPool,
     /// The keys rows are sealed and checked with, the store's own key bound.
     keyring: Arc<Keyring>,
-    /// Tells this process's idle worker pools that work may be available.
-    work: durable_core::store::WorkNotifier,
+    /// Tells idle worker pools that work may be available: this process's writes, and
+    /// (listening) every store's on the database.
+    listener: Arc<notify::Listener>,
 }
 
 impl PostgresStore {
-    /// Tells this process's idle pools that a write made work available.
+    /// Tells this process's idle pools that a write made work available (at once: the
+    /// `NOTIFY` of the write reaches them a little later through the listener).
     pub(crate) fn work_available(&self) {
-        self.work.notify();
+        self.listener.notify();
     }
 
-    /// A subscription to [`work_available`](Self::work_available).
+    /// A subscription to the store's work events (see [`PostgresStore`]).
     pub(crate) fn work_subscribe(&self) -> durable_core::store::WorkEvents {
-        self.work.subscribe()
+        self.listener.subscribe()
     }
 
     /// Connects to `url` with default pool settings and brings the schema up to date.
@@ -282,6 +326,8 @@ impl PostgresStore {
         if options.read_only {
             connect = connect.options([("default_transaction_read_only", "on")]);
         }
+        // A read-only store never claims: nothing to listen for.
+        let listen = (options.listen && !options.read_only).then(|| connect.clone());
         let keyring = resolve_keyring(options.keyring)?;
         let keyring = if options.read_only {
             let location = redact_url(&options.url);
@@ -307,7 +353,7 @@ impl PostgresStore {
         Ok(Self {
             pool,
             keyring: Arc::new(keyring),
-            work: durable_core::store::WorkNotifier::new(),
+            listener: notify::Listener::new(listen),
         })
     }
 
@@ -329,10 +375,12 @@ impl PostgresStore {
             resolve_keyring(None)?,
         )
         .await?;
+        // The listener connects as the pool does, on a connection of its own.
+        let listen = Some((*pool.connect_options()).clone());
         Ok(Self {
             pool,
             keyring: Arc::new(keyring),
-            work: durable_core::store::WorkNotifier::new(),
+            listener: notify::Listener::new(listen),
         })
     }
 

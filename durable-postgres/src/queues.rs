@@ -7,6 +7,7 @@ use durable_core::store::{QueueInfo, SessionRecord, SessionStatus};
 
 use crate::PostgresStore;
 use crate::error::db;
+use crate::notify;
 use crate::rows::{self, get, session_cols};
 use crate::tx;
 
@@ -16,16 +17,25 @@ pub(crate) async fn set_queue_limit(
     max_running: Option<u32>,
 ) -> Result<(), StoreError> {
     durable_core::validate::validate_id("queue", queue)?;
+    // One statement each, which notifies idle pools when it commits (a limit raised or
+    // lifted may let them claim).
     let query = match max_running {
         Some(max) => sqlx::query(concat!(
-            "INSERT INTO durable_queues (name, max_running, updated_at) VALUES ($1, $2, ",
+            "WITH limited AS (INSERT INTO durable_queues (name, max_running, updated_at) VALUES ($1, $2, ",
             tx::now_ms!(),
             ") ON CONFLICT (name) DO UPDATE SET max_running = excluded.max_running, \
-             updated_at = excluded.updated_at"
+             updated_at = excluded.updated_at RETURNING 1) SELECT ",
+            notify::pg_notify!(),
+            " FROM limited"
         ))
         .bind(queue)
         .bind(i64::from(max)),
-        None => sqlx::query("DELETE FROM durable_queues WHERE name = $1").bind(queue),
+        None => sqlx::query(concat!(
+            "WITH lifted AS (DELETE FROM durable_queues WHERE name = $1 RETURNING 1) SELECT ",
+            notify::pg_notify!(),
+            " FROM lifted"
+        ))
+        .bind(queue),
     };
     query.execute(&store.pool).await.map_err(db)?;
     Ok(())
@@ -114,10 +124,13 @@ pub(crate) async fn wake_session(
             status: current.status.as_str().to_owned(),
         });
     }
+    // The clock's statement notifies idle pools too (at commit).
     let row = sqlx::query(concat!(
         "WITH clock AS (SELECT ",
         tx::now_ms!(),
-        " AS now) UPDATE durable_sessions SET wake_at = CASE WHEN wake_at > clock.now \
+        " AS now, ",
+        notify::pg_notify!(),
+        ") UPDATE durable_sessions SET wake_at = CASE WHEN wake_at > clock.now \
          THEN clock.now ELSE wake_at END FROM clock WHERE id = $1 RETURNING ",
         session_cols!()
     ))

@@ -49,7 +49,9 @@ pub(crate) async fn resolve_call(
     }
     // Read after the lock is held (see `tx::lock_fenced`).
     let mut head = seal::checked_head(&mut tx, ring, &session).await?;
-    let now = tx::now(&mut tx).await?;
+    // Notifies at commit (a rollback on any error below sends nothing): the resolution
+    // may let the session's next worker go on.
+    let now = tx::now_notifying(&mut tx).await?;
     let fence: i64 = get(&owner, "fence")?;
     let holder: Option<String> = get(&owner, "lease_owner")?;
     let until: Option<i64> = get(&owner, "lease_expires_at")?;

@@ -23,7 +23,8 @@ pub(crate) async fn create_session(
     let queue = new.queue.as_deref().unwrap_or(DEFAULT_QUEUE);
     durable_core::validate::validate_id("queue", queue)?;
     let mut tx = tx::begin(&store.pool).await?;
-    let now = tx::now(&mut tx).await?;
+    // Notifies at commit (a rollback on any error below sends nothing).
+    let now = tx::now_notifying(&mut tx).await?;
     let expires = now.saturating_add(ttl_ms(new.lease_ttl));
     let row = sqlx::query(concat!(
         "INSERT INTO durable_sessions (id, status, app_version, metadata, lease_owner, \
@@ -140,11 +141,13 @@ pub(crate) async fn set_status(
     // Awaiting approval only while a requested row is left: every one decided already
     // (an operator was quicker than this call), the session stays `active` for the next
     // worker. Its lease is given up (no owner), not left to expire: a worker that takes
-    // it next is not recovering from a crash.
-    sqlx::query(
+    // it next is not recovering from a crash. A release notifies idle pools at commit
+    // (the session, or a place in its queue, is free), in the same statement.
+    sqlx::query(concat!(
         "WITH decided AS (
            SELECT $6 AND NOT EXISTS (SELECT 1 FROM durable_tool_calls
-                                     WHERE session_id = $1 AND status = 'requested') AS none_left)
+                                     WHERE session_id = $1 AND status = 'requested') AS none_left),
+         updated AS (
          UPDATE durable_sessions
          SET status = CASE WHEN (SELECT none_left FROM decided) THEN 'active' ELSE $2 END,
              status_reason = CASE WHEN (SELECT none_left FROM decided) THEN NULL ELSE $3 END,
@@ -152,8 +155,11 @@ pub(crate) async fn set_status(
              lease_owner = CASE WHEN $6 THEN NULL ELSE lease_owner END,
              lease_expires_at = CASE WHEN $5 THEN $4 ELSE lease_expires_at END,
              fence = fence + CASE WHEN $5 THEN 1 ELSE 0 END
-         WHERE id = $1",
-    )
+         WHERE id = $1 RETURNING 1)
+         SELECT ",
+        crate::notify::pg_notify!(),
+        " FROM updated WHERE $5"
+    ))
     .bind(fence.session.as_str())
     .bind(status.as_str())
     .bind(reason)

@@ -32,6 +32,23 @@ pub(crate) async fn now(conn: &mut PgConnection) -> Result<i64, StoreError> {
     get(&row, "now")
 }
 
+/// Reads the database clock and, in the same statement, notifies idle worker pools
+/// (`NOTIFY durable_work`, delivered when the caller's transaction commits; see
+/// [`notify`](crate::notify)): for the writes that can make a session claimable and read
+/// the clock anyway.
+pub(crate) async fn now_notifying(conn: &mut PgConnection) -> Result<i64, StoreError> {
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        now_ms!(),
+        " AS now, ",
+        crate::notify::pg_notify!()
+    ))
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(db)?;
+    get(&row, "now")
+}
+
 /// Begins a transaction on a pooled connection.
 ///
 /// The pool does not ping a connection before handing it out (one round trip less per

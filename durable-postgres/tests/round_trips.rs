@@ -61,7 +61,7 @@ impl Log {
             .filter(|l| l.contains("LOG:  statement: ") || l.contains("LOG:  execute "))
             .map(|l| {
                 let at = l.find("LOG:  ").unwrap_or(0);
-                l[at + 6..].chars().take(110).collect()
+                l[at + 6..].to_owned()
             })
             .collect()
     }
@@ -280,10 +280,57 @@ async fn statements_per_operation() {
             .await
             .expect("acquire");
     }
+    // The writes that wake idle pools on other processes (issue 15): the `NOTIFY` rides
+    // on a statement each sends anyway.
+    for round in 0..2 {
+        let from = log.len().await;
+        store
+            .set_queue_limit("mail", Some(2))
+            .await
+            .expect("set a limit");
+        let set = log.since(from).await;
+        let from = log.len().await;
+        store
+            .set_queue_limit("mail", None)
+            .await
+            .expect("lift the limit");
+        let lifted = log.since(from).await;
+        let from = log.len().await;
+        let (_, created) = store
+            .create_session(NewSession {
+                id: SessionId::random(),
+                app_version: "v1".into(),
+                metadata: json!({}),
+                owner: "w".into(),
+                lease_ttl: Duration::from_secs(600),
+                initial: checkpoint("hi"),
+                queue: None,
+            })
+            .await
+            .expect("create");
+        let create = log.since(from).await;
+        let from = log.len().await;
+        store.release_lease(&created).await.expect("release");
+        let release = log.since(from).await;
+        if round == 1 {
+            for (name, lines) in [
+                ("set_queue_limit (set)", set),
+                ("set_queue_limit (lifted)", lifted),
+                ("create_session", create),
+                ("release_lease", release),
+            ] {
+                assert!(
+                    lines.iter().any(|l| l.contains("pg_notify")),
+                    "{name} notifies: {lines:#?}"
+                );
+                report.push((name, lines));
+            }
+        }
+    }
     for (name, lines) in &report {
         println!("{name}: {} statements", lines.len());
         for line in lines {
-            println!("    {line}");
+            println!("    {}", line.chars().take(110).collect::<String>());
         }
     }
     // The contract of the write and read paths (issue 11): a statement added to one of
@@ -299,6 +346,10 @@ async fn statements_per_operation() {
         ("load_checkpoint_window", 1),
         ("messages", 1),
         ("renew_lease", 4),
+        ("set_queue_limit (set)", 1),
+        ("set_queue_limit (lifted)", 1),
+        ("create_session", 7),
+        ("release_lease", 1),
         ("acquire_lease", 4),
         ("resume reads (session, load_checkpoint, issued_calls)", 3),
         (
