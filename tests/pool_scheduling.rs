@@ -389,16 +389,20 @@ async fn a_second_signal_stops_the_pool_hard() {
         })
     };
     let started = Instant::now();
-    let report = durable
-        .worker(handler)
-        .poll_interval(Duration::from_millis(20))
-        .shutdown_deadline(Duration::from_secs(600))
-        .hard_stop({
-            let second = Arc::clone(&second);
-            async move { second.notified().await }
-        })
-        .run_until(async { first.notified().await })
-        .await;
+    // Spawned: the pool's future is `Send`.
+    let report = tokio::spawn(
+        durable
+            .worker(handler)
+            .poll_interval(Duration::from_millis(20))
+            .shutdown_deadline(Duration::from_secs(600))
+            .hard_stop({
+                let second = Arc::clone(&second);
+                async move { second.notified().await }
+            })
+            .run_until(async move { first.notified().await }),
+    )
+    .await
+    .expect("the pool task");
     signals.await.expect("signals");
     assert_eq!(report.aborted_sessions, vec![id], "{report:?}");
     assert!(

@@ -165,7 +165,9 @@ pub struct Worker<M, H> {
     poll_interval: Duration,
     shutdown_deadline: Duration,
     queues: Vec<String>,
-    hard_stop: Option<std::pin::Pin<Box<dyn Future<Output = ()> + Send>>>,
+    /// In a mutex only to be `Sync`: `run_until` borrows the worker across awaits, and
+    /// its future must be `Send` (to `tokio::spawn` it).
+    hard_stop: std::sync::Mutex<Option<HardStop>>,
     _messages: PhantomData<fn() -> M>,
 }
 
@@ -198,7 +200,7 @@ impl Durable {
             poll_interval: Duration::from_secs(1),
             shutdown_deadline: Duration::from_secs(30),
             queues: Vec::new(),
-            hard_stop: None,
+            hard_stop: std::sync::Mutex::new(None),
             _messages: PhantomData,
         }
     }
@@ -256,7 +258,7 @@ where
     /// [`shutdown_deadline`](Self::shutdown_deadline). Polled only once the shutdown has
     /// begun. See the example `worker_pool` for one signal stream feeding both.
     pub fn hard_stop(mut self, stop: impl Future<Output = ()> + Send + 'static) -> Self {
-        self.hard_stop = Some(Box::pin(stop));
+        self.hard_stop = std::sync::Mutex::new(Some(Box::pin(stop)));
         self
     }
 
@@ -271,7 +273,7 @@ where
     /// and the poison-pill bound parks it; meanwhile the pool goes on with other
     /// sessions. Dropping this future instead of resolving `shutdown` aborts the handlers
     /// at once, as the deadline does.
-    pub async fn run_until(mut self, shutdown: impl Future<Output = ()>) -> PoolReport {
+    pub async fn run_until(self, shutdown: impl Future<Output = ()>) -> PoolReport {
         let (trigger, signal) = ShutdownSignal::channel();
         let permits = Arc::new(Semaphore::new(self.concurrency));
         let mut tasks: JoinSet<(SessionId, Result<(), DurableError>)> = JoinSet::new();
@@ -375,6 +377,8 @@ where
         tokio::pin!(deadline);
         let mut hard_stop = self
             .hard_stop
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
             .take()
             .unwrap_or_else(|| Box::pin(std::future::pending()));
         while !tasks.is_empty() {
@@ -448,6 +452,9 @@ where
         }
     }
 }
+
+/// A second signal's future ([`Worker::hard_stop`]).
+type HardStop = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
 
 type Joined =
     Result<(tokio::task::Id, (SessionId, Result<(), DurableError>)), tokio::task::JoinError>;
