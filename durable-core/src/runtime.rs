@@ -612,7 +612,10 @@ impl Durable {
         let report = ResumeReport::new(version, in_doubt.clone());
         let span = tracing::Span::current();
         span.record(telemetry::DURABLE_SESSION_VERSION, version);
-        span.record(telemetry::DURABLE_RESUME_IN_DOUBT, report.in_doubt.len());
+        span.record(
+            telemetry::DURABLE_RESUME_IN_DOUBT,
+            i64::try_from(report.in_doubt.len()).unwrap_or(i64::MAX),
+        );
         tracing::info!(version, in_doubt = report.in_doubt.len(), "session resumed");
         let session = Session::assemble(
             Arc::clone(&self.store),

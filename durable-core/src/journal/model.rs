@@ -113,9 +113,18 @@ impl Journal {
             };
             let spend = spend(&value);
             if let Some(spend) = &spend {
+                // As `i64`: OpenTelemetry has no unsigned integers (`tracing-opentelemetry`
+                // would export a `u64` as text).
+                let tokens = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
                 let span = tracing::Span::current();
-                span.record(telemetry::GEN_AI_USAGE_INPUT_TOKENS, spend.input_tokens());
-                span.record(telemetry::GEN_AI_USAGE_OUTPUT_TOKENS, spend.output_tokens());
+                span.record(
+                    telemetry::GEN_AI_USAGE_INPUT_TOKENS,
+                    tokens(spend.input_tokens()),
+                );
+                span.record(
+                    telemetry::GEN_AI_USAGE_OUTPUT_TOKENS,
+                    tokens(spend.output_tokens()),
+                );
             }
             let row = match self
                 .record(call, CallOutcome::Completed(result), spend)
