@@ -568,7 +568,9 @@ impl Journal {
     }
 }
 
-/// Records a refusal on the current span (the call's) when no event reports it.
+/// Records a refusal on the current span (the call's) where no [`CallEvent`] reports it
+/// (a refusal before the journal decided anything, or one the observer is not told of).
+/// It takes the refusal to read as `.inspect_err(refused_span)`.
 fn refused_span(_refused: &DurableError) {
     crate::telemetry::record_outcome(Outcome::Refused);
 }
