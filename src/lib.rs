@@ -229,6 +229,7 @@ pub mod integrity {
 pub use durable_core::approval;
 pub use durable_core::replay_check;
 pub use durable_core::secret;
+pub use durable_core::telemetry;
 
 /// The embedded SQLite store ([`SqliteStore`](sqlite::SqliteStore)).
 #[cfg(feature = "sqlite")]

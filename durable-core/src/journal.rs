@@ -140,6 +140,12 @@ pub struct Journal {
     /// The model's reasoning, journaled with the approval requests of calls made on
     /// this handle ([`with_reasoning`](Self::with_reasoning)).
     pub(crate) reasoning: Option<Arc<str>>,
+    /// The model's id for the tool call made on this handle, for traces
+    /// ([`with_tool_call_id`](Self::with_tool_call_id)).
+    pub(crate) tool_call_id: Option<Arc<str>>,
+    /// The model asked by the model calls made on this handle, for traces
+    /// ([`with_model_name`](Self::with_model_name)).
+    pub(crate) model_name: Option<Arc<str>>,
 }
 
 impl std::fmt::Debug for Journal {
@@ -190,6 +196,8 @@ impl Journal {
             }),
             scope: None,
             reasoning: None,
+            tool_call_id: None,
+            model_name: None,
         }
     }
 
@@ -207,9 +215,41 @@ impl Journal {
     /// ```
     pub fn with_reasoning(&self, reasoning: impl Into<String>) -> Journal {
         Journal {
-            inner: Arc::clone(&self.inner),
-            scope: self.scope,
             reasoning: Some(Arc::from(reasoning.into())),
+            ..self.clone()
+        }
+    }
+
+    /// A handle whose tool calls carry `id`, the model's id for the call (OpenAI's
+    /// `call_…`, Anthropic's `toolu_…`), as the
+    /// [`gen_ai.tool.call.id`](crate::telemetry::GEN_AI_TOOL_CALL_ID) of their
+    /// `execute_tool` span. Only traces see it; the journal identifies a call by its
+    /// arguments and position. [`Toolbox::dispatch`](crate::Toolbox::dispatch) sets it
+    /// from [`ModelToolCall::id`](crate::ModelToolCall); for one call,
+    /// [`ToolCall::call_id`] does the same.
+    pub fn with_tool_call_id(&self, id: impl Into<Arc<str>>) -> Journal {
+        Journal {
+            tool_call_id: Some(id.into()),
+            ..self.clone()
+        }
+    }
+
+    /// A handle whose model calls ([`model`](Self::model),
+    /// [`model_with_spend`](Self::model_with_spend)) name `model` in their `chat` span
+    /// ([`gen_ai.request.model`](crate::telemetry::GEN_AI_REQUEST_MODEL), and the span's
+    /// OpenTelemetry name `chat {model}`). Only traces see it: a model reply is journaled
+    /// by its position, whatever model gave it.
+    ///
+    /// ```no_run
+    /// # async fn f(session: &durable_core::Session<durable_core::Message>) -> Result<(), Box<dyn std::error::Error>> {
+    /// # async fn ask() -> Result<durable_core::Message, std::io::Error> { unreachable!() }
+    /// let reply = session.journal().with_model_name("gpt-4o-mini").model(ask).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_model_name(&self, model: impl Into<Arc<str>>) -> Journal {
+        Journal {
+            model_name: Some(model.into()),
+            ..self.clone()
         }
     }
 
@@ -339,8 +379,14 @@ impl Journal {
         DurableError::Store(e)
     }
 
+    /// Reports a decision: on the current span (the call's) and to the observer.
     fn emit(&self, event: CallEvent) {
-        tracing::Span::current().record("durable.replay.outcome", event.outcome.as_str());
+        crate::telemetry::record_outcome(event.outcome);
+        self.notify(event);
+    }
+
+    /// Reports a decision to the observer only (the call's span has closed).
+    fn notify(&self, event: CallEvent) {
         if let Some(observer) = &self.inner.config.observer {
             observer(&event);
         }
@@ -375,6 +421,7 @@ impl Journal {
             spec,
             args,
             key: None,
+            call_id: self.tool_call_id.clone(),
             withheld: Vec::new(),
             approval: None,
             edits: None,
@@ -508,13 +555,24 @@ impl Journal {
             .map_err(|e| self.note_store_error(e))?;
         match setting {
             None => Ok(()),
-            Some(setting) => Err(StoreError::NotDurable {
-                backend: store.backend(),
-                setting: setting.clone(),
+            Some(setting) => {
+                let refused = StoreError::NotDurable {
+                    backend: store.backend(),
+                    setting: setting.clone(),
+                }
+                .into();
+                refused_span(&refused);
+                Err(refused)
             }
-            .into()),
         }
     }
+}
+
+/// Records a refusal on the current span (the call's) where no [`CallEvent`] reports it
+/// (a refusal before the journal decided anything, or one the observer is not told of).
+/// It takes the refusal to read as `.inspect_err(refused_span)`.
+fn refused_span(_refused: &DurableError) {
+    crate::telemetry::record_outcome(Outcome::Refused);
 }
 
 /// A row's spend as stored (`Spend` always serializes; `null` would only mean a bug).

@@ -28,6 +28,7 @@ pub mod secret;
 pub mod session;
 pub mod snapshot;
 pub mod store;
+pub mod telemetry;
 pub mod tool;
 pub mod tool_bounds;
 pub mod toolbox;

@@ -21,6 +21,7 @@ use crate::store::{
     NewCheckpoint, NewSession, PendingApproval, Resolution, ResolveCall, RetargetSession,
     SessionRecord, SessionStatus,
 };
+use crate::telemetry;
 
 /// Builds a [`Durable`].
 #[must_use]
@@ -517,10 +518,21 @@ impl Durable {
     where
         M: Serialize + DeserializeOwned + Clone,
     {
-        let span = tracing::info_span!("resume", session = %lease.session);
-        self.resume_in_span(lease, on_failure)
-            .instrument(span)
-            .await
+        let span = tracing::info_span!(
+            telemetry::RESUME,
+            { telemetry::GEN_AI_CONVERSATION_ID } = lease.session.as_str(),
+            { telemetry::DURABLE_SESSION_VERSION } = tracing::field::Empty,
+            { telemetry::DURABLE_RESUME_IN_DOUBT } = tracing::field::Empty,
+            { telemetry::ERROR_TYPE } = tracing::field::Empty,
+        );
+        let resumed = self
+            .resume_in_span(lease, on_failure)
+            .instrument(span.clone())
+            .await;
+        if let Err(e) = &resumed {
+            span.record(telemetry::ERROR_TYPE, telemetry::durable_error_type(e));
+        }
+        resumed
     }
 
     async fn resume_in_span<M>(
@@ -613,6 +625,12 @@ impl Durable {
             }
         };
         let report = ResumeReport::new(version, in_doubt.clone());
+        let span = tracing::Span::current();
+        span.record(telemetry::DURABLE_SESSION_VERSION, version);
+        span.record(
+            telemetry::DURABLE_RESUME_IN_DOUBT,
+            i64::try_from(report.in_doubt.len()).unwrap_or(i64::MAX),
+        );
         tracing::info!(version, in_doubt = report.in_doubt.len(), "session resumed");
         let session = Session::assemble(
             Arc::clone(&self.store),

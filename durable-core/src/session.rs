@@ -19,6 +19,7 @@ use crate::snapshot::{Budget, Plan, Spend};
 use crate::store::{
     CallRecord, CheckpointMeta, CheckpointStore, Lease, NewCheckpoint, SessionRecord, SessionStatus,
 };
+use crate::telemetry;
 
 /// What the runtime will do with an in-doubt call when its step is re-run.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -331,7 +332,31 @@ where
         &mut self,
         wake_at: Option<i64>,
     ) -> Result<CheckpointMeta, DurableError> {
-        let span = tracing::info_span!("checkpoint", session = %self.record.id, version = self.version + 1);
+        let span = self.checkpoint_span();
+        let written = self
+            .write_checkpoint(wake_at)
+            .instrument(span.clone())
+            .await;
+        if let Err(e) = &written {
+            span.record(telemetry::ERROR_TYPE, telemetry::durable_error_type(e));
+        }
+        written
+    }
+
+    /// The span of writing the next checkpoint (see [`telemetry`]).
+    fn checkpoint_span(&self) -> tracing::Span {
+        tracing::info_span!(
+            telemetry::CHECKPOINT,
+            { telemetry::GEN_AI_CONVERSATION_ID } = self.record.id.as_str(),
+            { telemetry::DURABLE_SESSION_VERSION } = self.version + 1,
+            { telemetry::ERROR_TYPE } = tracing::field::Empty,
+        )
+    }
+
+    async fn write_checkpoint(
+        &mut self,
+        wake_at: Option<i64>,
+    ) -> Result<CheckpointMeta, DurableError> {
         if let Some(version) = self.journal.checkpoint_in_doubt() {
             return Err(DurableError::CheckpointInDoubt {
                 session: self.record.id.clone(),
@@ -352,7 +377,6 @@ where
         let saved = self
             .store
             .save_checkpoint(lease.fence(), self.version, checkpoint)
-            .instrument(span)
             .await;
         self.journal.set_checkpoint_in_doubt(None);
         let meta = saved.map_err(|e| self.lost(e))?;
@@ -485,14 +509,22 @@ where
                 return Err(e.into());
             }
         };
-        let meta = self
+        let span = self.checkpoint_span();
+        let written = self
             .journal
             .record_with_checkpoint(executed, Some((self.version, checkpoint)))
-            .await?
-            .ok_or_else(|| DurableError::Encode {
-                what: "checkpoint_after".into(),
-                detail: "the store wrote the result without its checkpoint".into(),
-            })?;
+            .instrument(span.clone())
+            .await
+            .and_then(|meta| {
+                meta.ok_or_else(|| DurableError::Encode {
+                    what: "checkpoint_after".into(),
+                    detail: "the store wrote the result without its checkpoint".into(),
+                })
+            });
+        if let Err(e) = &written {
+            span.record(telemetry::ERROR_TYPE, telemetry::durable_error_type(e));
+        }
+        let meta = written?;
         // The result and the checkpoint committed together: adopt the version.
         self.messages.push(made);
         self.version = meta.version;

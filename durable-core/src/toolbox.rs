@@ -318,6 +318,8 @@ impl Toolbox {
             args,
             withheld,
         } = self.prepare(journal, call)?;
+        // The model's call id, for the call's span (see `telemetry`).
+        let journal = &journal.with_tool_call_id(call.id.as_str());
         let output = if withheld.is_empty() {
             tool.invoke(journal, args).await?
         } else {

@@ -25,6 +25,7 @@ use crate::store::{
     ApprovalRequest, CallIdentity, CallKind, CallOutcome, CallRecord, CallStatus, CheckpointMeta,
     EditedKey, FinishCall, IssueOutcome, NewCall, NewCheckpoint, NewError,
 };
+use crate::telemetry;
 use crate::tool::{ToolContext, ToolSpec, Verification};
 
 /// A tool call being built: see [`Journal::tool`].
@@ -34,6 +35,8 @@ pub struct ToolCall<'j> {
     pub(super) spec: &'j ToolSpec,
     pub(super) args: Value,
     pub(super) key: Option<String>,
+    /// The model's id for this call, for its span (see [`call_id`](ToolCall::call_id)).
+    pub(super) call_id: Option<Arc<str>>,
     /// Secret arguments that hold their masked form because this process does not hold
     /// their value (a replayed reply): the call may replay a recorded outcome, never run.
     pub(super) withheld: Vec<String>,
@@ -65,6 +68,16 @@ impl<'j> ToolCall<'j> {
     /// Sets the idempotency key (required for `idempotent_with_key` tools).
     pub fn key(mut self, key: impl Into<String>) -> Self {
         self.key = Some(key.into());
+        self
+    }
+
+    /// Sets the model's id for this call (OpenAI's `call_…`, Anthropic's `toolu_…`), which
+    /// its `execute_tool` span carries as
+    /// [`gen_ai.tool.call.id`](crate::telemetry::GEN_AI_TOOL_CALL_ID). Only traces see
+    /// it; the journal identifies a call by its arguments and position. Defaults to the
+    /// handle's ([`Journal::with_tool_call_id`]).
+    pub fn call_id(mut self, id: impl Into<Arc<str>>) -> Self {
+        self.call_id = Some(id.into());
         self
     }
 
@@ -141,24 +154,33 @@ impl<'j> ToolCall<'j> {
         V: FnOnce(ToolContext) -> VFut,
         VFut: Future<Output = Verification<T>>,
     {
-        let span = tracing::info_span!(
-            "execute_tool",
-            otel.name = %format!("execute_tool {}", self.spec.name),
-            gen_ai.operation.name = "execute_tool",
-            gen_ai.tool.name = %self.spec.name,
-            durable.replay.class = self.spec.class.as_str(),
-            durable.replay.outcome = tracing::field::Empty,
-            durable.call.id = tracing::field::Empty,
-        );
+        let span = tool_span(self.journal, self.spec, self.call_id.as_deref());
         let journal = self.journal;
         let spec = self.spec;
-        let Some(mut claim) = journal.claim_scope(&spec.name)? else {
-            return self.run_inner(run, verify, None).instrument(span).await;
+        let mut claim = match journal.claim_scope(&spec.name) {
+            Ok(claim) => claim,
+            Err(refused) => {
+                span.in_scope(|| super::refused_span(&refused));
+                span.record(
+                    telemetry::ERROR_TYPE,
+                    telemetry::durable_error_type(&refused),
+                );
+                return Err(refused.into());
+            }
         };
         let result = self
-            .run_inner(run, verify, Some(&mut claim))
-            .instrument(span)
+            .run_inner(run, verify, claim.as_mut())
+            .instrument(span.clone())
             .await;
+        if let Err(e) = &result {
+            span.record(
+                telemetry::ERROR_TYPE,
+                telemetry::call_error_type(e, telemetry::ERROR_TYPE_TOOL),
+            );
+        }
+        let Some(mut claim) = claim else {
+            return result;
+        };
         if claim.outcome.is_none() {
             // Nothing left to record with the checkpoint (a recorded result returned, a
             // `pure` call's single insert, a verified result): the message is made of
@@ -192,16 +214,20 @@ impl<'j> ToolCall<'j> {
     {
         let journal = self.journal;
         let spec = self.spec;
-        journal.check_lease()?;
+        journal.check_lease().inspect_err(super::refused_span)?;
         let limits = journal.inner.config.limits;
-        let invalid = |source| DurableError::InvalidArguments {
-            tool: spec.name.clone(),
-            source: secret::redact_argument_error(
-                &spec.name,
-                &spec.secret_args,
-                Some(&self.args),
-                source,
-            ),
+        let invalid = |source| {
+            let refused = DurableError::InvalidArguments {
+                tool: spec.name.clone(),
+                source: secret::redact_argument_error(
+                    &spec.name,
+                    &spec.secret_args,
+                    Some(&self.args),
+                    source,
+                ),
+            };
+            super::refused_span(&refused);
+            refused
         };
         args::check_value(&self.args, &limits).map_err(invalid)?;
         // The row and the input hash carry secret arguments masked (a keyed digest): the
@@ -213,7 +239,8 @@ impl<'j> ToolCall<'j> {
             self.args.clone()
         } else {
             let keyring = journal.inner.store.keyring();
-            secret::mask_args(keyring, &spec.name, &secrets, &self.withheld, &self.args)?
+            secret::mask_args(keyring, &spec.name, &secrets, &self.withheld, &self.args)
+                .inspect_err(super::refused_span)?
         };
         let hash = canonical::input_hash(&masked).map_err(invalid)?;
         // A call whose secrets are withheld only ever replays a recorded outcome, which
@@ -222,12 +249,13 @@ impl<'j> ToolCall<'j> {
             && self.key.is_none()
             && self.withheld.is_empty()
         {
-            return Err(DurableError::Encode {
+            let refused = DurableError::Encode {
                 what: format!("call of `{}`", spec.name),
                 detail: "an idempotent_with_key tool needs an idempotency key: call `.key(...)`"
                     .into(),
-            }
-            .into());
+            };
+            super::refused_span(&refused);
+            return Err(refused.into());
         }
         let (identity, decision, mut reservation) = journal.decide(spec, hash).await?;
         match decision {
@@ -281,15 +309,16 @@ impl<'j> ToolCall<'j> {
     {
         let journal = self.journal;
         let spec = self.spec;
-        tracing::Span::current().record("durable.call.id", row.id.as_str());
+        tracing::Span::current().record(telemetry::DURABLE_CALL_ID, row.id.as_str());
         if row.schema_hash != spec.fingerprint && !row.schema_hash.is_empty() {
-            return Err(DurableError::SchemaChanged {
+            let refused = DurableError::SchemaChanged {
                 tool: spec.name.clone(),
                 call: row.id.clone(),
                 recorded: row.schema_hash.clone(),
                 current: spec.fingerprint.clone(),
-            }
-            .into());
+            };
+            super::refused_span(&refused);
+            return Err(refused.into());
         }
         if let Some(name) = self.withheld.first() {
             // Settling it would run the tool (or its verify hook) without the value.
@@ -395,6 +424,7 @@ impl<'j> ToolCall<'j> {
             && let Err(refused) = journal.barrier(spec, Some(&row.id)).await
         {
             reservation.release();
+            super::refused_span(&refused);
             return Err(refused.into());
         }
         // The row holds this ordinal from here on.
@@ -482,7 +512,7 @@ impl<'j> ToolCall<'j> {
             IssueOutcome::Inserted(row) => {
                 let running = IssuedHere::new(journal, &row);
                 journal.remember(&row).await;
-                tracing::Span::current().record("durable.call.id", row.id.as_str());
+                tracing::Span::current().record(telemetry::DURABLE_CALL_ID, row.id.as_str());
                 journal.failpoint("after_issued", &spec.name);
                 journal
                     .execute(spec, row, run, Execution::fresh(), running, scope)
@@ -497,14 +527,15 @@ impl<'j> ToolCall<'j> {
                     journal.emit(journal.event(&row, Outcome::CacheHit));
                     recorded_outcome(&row)
                 } else {
-                    Err(DurableError::ReplayUnsafe {
+                    let refused = DurableError::ReplayUnsafe {
                         call: row.id.clone(),
                         tool: spec.name.clone(),
                         class: spec.class,
                         refused_tool: spec.name.clone(),
                         reason: "another execution of the same call is in flight".into(),
-                    }
-                    .into())
+                    };
+                    super::refused_span(&refused);
+                    Err(refused.into())
                 }
             }
         }
@@ -531,7 +562,7 @@ impl ToolCall<'_> {
     {
         let journal = self.journal;
         let spec = self.spec;
-        tracing::Span::current().record("durable.call.id", row.id.as_str());
+        tracing::Span::current().record(telemetry::DURABLE_CALL_ID, row.id.as_str());
         let refuse = |reservation: &mut Reservation, error: DurableError| {
             reservation.release();
             journal.emit(journal.event(&row, Outcome::Refused));
@@ -565,6 +596,7 @@ impl ToolCall<'_> {
             && let Err(refused) = journal.barrier(spec, Some(&row.id)).await
         {
             reservation.release();
+            super::refused_span(&refused);
             return Err(refused.into());
         }
         reservation.keep();
@@ -697,7 +729,7 @@ impl Journal {
             IssueOutcome::Inserted(row) => {
                 reservation.release();
                 self.remember(&row).await;
-                tracing::Span::current().record("durable.call.id", row.id.as_str());
+                tracing::Span::current().record(telemetry::DURABLE_CALL_ID, row.id.as_str());
                 self.failpoint("after_requested", &spec.name);
                 self.emit(self.event(&row, Outcome::ApprovalRequested));
                 if let Some(hook) = &self.inner.config.on_approval_requested {
@@ -718,14 +750,15 @@ impl Journal {
             }
             IssueOutcome::Existing(row) => {
                 reservation.release();
-                return Err(DurableError::ReplayUnsafe {
+                let refused = DurableError::ReplayUnsafe {
                     call: row.id.clone(),
                     tool: spec.name.clone(),
                     class: spec.class,
                     refused_tool: spec.name.clone(),
                     reason: "another execution of the same call is in flight".into(),
-                }
-                .into());
+                };
+                super::refused_span(&refused);
+                return Err(refused.into());
             }
         };
         Err(DurableError::AwaitingApproval {
@@ -790,7 +823,7 @@ impl Journal {
         mut reservation: Reservation,
     ) -> Result<T, CallError<E>> {
         reservation.keep();
-        tracing::Span::current().record("durable.call.id", row.id.as_str());
+        tracing::Span::current().record(telemetry::DURABLE_CALL_ID, row.id.as_str());
         // The store checked the row's seal when it read it (a broken seal fails the read).
         let delivered = recorded_outcome::<T, E>(&row);
         let undelivered = matches!(&delivered, Err(CallError::Durable(_)));
@@ -860,6 +893,8 @@ impl Journal {
             && self.scope_claimed()
             && self.step_replayed().await
         {
+            // Decided: the session records it with its checkpoint, after this span.
+            telemetry::record_outcome(event);
             // Ours until the session records it (or hands it to the barrier).
             lock(&self.inner.issued_here).insert(row.id.clone());
             lock(&self.inner.doubts).retain(|r| r.id != row.id);
@@ -985,7 +1020,7 @@ impl Journal {
             spend: Arc::new(Mutex::new(None)),
             edited: None,
         };
-        tracing::Span::current().record("durable.call.id", call.id.as_str());
+        tracing::Span::current().record(telemetry::DURABLE_CALL_ID, call.id.as_str());
         let (result, spend) = self.run_with_retry(spec, ctx, run).await;
         let (outcome, tool_err) = match result {
             Ok(value) => (
@@ -1154,4 +1189,23 @@ impl Drop for IssuedHere<'_> {
             self.journal.hand_to_barrier(&self.row);
         }
     }
+}
+
+/// The `execute_tool` span of a call of `spec` (see [`telemetry`]).
+fn tool_span(journal: &Journal, spec: &ToolSpec, call_id: Option<&str>) -> tracing::Span {
+    tracing::info_span!(
+        telemetry::EXECUTE_TOOL,
+        { telemetry::OTEL_NAME } = %format_args!("{} {}", telemetry::OPERATION_EXECUTE_TOOL, spec.name),
+        { telemetry::GEN_AI_OPERATION_NAME } = telemetry::OPERATION_EXECUTE_TOOL,
+        { telemetry::GEN_AI_TOOL_NAME } = spec.name.as_str(),
+        { telemetry::GEN_AI_TOOL_TYPE } = telemetry::TOOL_TYPE_FUNCTION,
+        { telemetry::GEN_AI_TOOL_CALL_ID } = call_id,
+        { telemetry::GEN_AI_CONVERSATION_ID } = journal.inner.session.as_str(),
+        { telemetry::DURABLE_REPLAY_CLASS } = spec.class.as_str(),
+        { telemetry::DURABLE_STEP } = journal.step(),
+        { telemetry::DURABLE_REPLAY_OUTCOME } = tracing::field::Empty,
+        { telemetry::DURABLE_CALL_OUTCOME } = tracing::field::Empty,
+        { telemetry::DURABLE_CALL_ID } = tracing::field::Empty,
+        { telemetry::ERROR_TYPE } = tracing::field::Empty,
+    )
 }

@@ -90,6 +90,8 @@ impl Journal {
             inner: std::sync::Arc::clone(&self.inner),
             scope: Some(scope),
             reasoning: self.reasoning.clone(),
+            tool_call_id: self.tool_call_id.clone(),
+            model_name: self.model_name.clone(),
         }
     }
 
@@ -186,7 +188,9 @@ impl Journal {
         let written = self.write_outcome(&row, outcome, spend, checkpoint).await;
         match written {
             Ok((finished, meta)) => {
-                self.emit(self.event(&finished, event));
+                // The call's span closed when the call handed its outcome to the scope
+                // (and recorded it there).
+                self.notify(self.event(&finished, event));
                 Ok(meta)
             }
             Err(e) => {

@@ -18,6 +18,7 @@ use crate::ids::CallId;
 use crate::replay::ReplayClass;
 use crate::snapshot::Spend;
 use crate::store::{CallIdentity, CallKind, CallOutcome, CallStatus, IssueOutcome, NewCall};
+use crate::telemetry;
 
 impl Journal {
     /// Journals a model response by its position in the step: on a re-run turn the
@@ -51,29 +52,25 @@ impl Journal {
         Fut: Future<Output = Result<R, E>>,
         S: FnOnce(&R) -> Option<Spend>,
     {
-        self.check_lease()?;
         let step = self.step();
-        let (identity, mut reservation) = {
-            let mut cache = self.inner.cache.lock().await;
-            self.load_step(&mut cache).await?;
-            let reservation =
-                Reservation::take(&self.inner.numbers, (MODEL_SLOT.to_owned(), String::new()));
-            let identity = CallIdentity {
-                session: self.inner.session.clone(),
-                step,
-                tool: MODEL_SLOT.to_owned(),
-                input_hash: String::new(),
-                ordinal: reservation.number(),
+        let span = self.chat_span(step);
+        let call = async {
+            self.check_lease().inspect_err(super::refused_span)?;
+            let (identity, mut reservation) = {
+                let mut cache = self.inner.cache.lock().await;
+                self.load_step(&mut cache).await?;
+                let reservation =
+                    Reservation::take(&self.inner.numbers, (MODEL_SLOT.to_owned(), String::new()));
+                let identity = CallIdentity {
+                    session: self.inner.session.clone(),
+                    step,
+                    tool: MODEL_SLOT.to_owned(),
+                    input_hash: String::new(),
+                    ordinal: reservation.number(),
+                };
+                (identity, reservation)
             };
-            (identity, reservation)
-        };
-        let span = tracing::info_span!(
-            "model_call",
-            durable.step = step,
-            durable.position = identity.ordinal,
-            durable.replay.outcome = tracing::field::Empty
-        );
-        async move {
+            tracing::Span::current().record(telemetry::DURABLE_MODEL_POSITION, identity.ordinal);
             let recorded = {
                 let mut cache = self.inner.cache.lock().await;
                 let row = cache
@@ -88,6 +85,7 @@ impl Journal {
             };
             if let Some(row) = recorded {
                 reservation.keep();
+                tracing::Span::current().record(telemetry::DURABLE_CALL_ID, row.id.as_str());
                 self.charge(&row);
                 self.emit(self.event(&row, Outcome::CacheHit));
                 return decode_result(&row, row.result.as_ref());
@@ -113,13 +111,29 @@ impl Journal {
                 idempotency_key: None,
                 schema_hash: String::new(),
             };
+            let spend = spend(&value);
+            if let Some(spend) = &spend {
+                // As `i64`: OpenTelemetry has no unsigned integers (`tracing-opentelemetry`
+                // would export a `u64` as text).
+                let tokens = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+                let span = tracing::Span::current();
+                span.record(
+                    telemetry::GEN_AI_USAGE_INPUT_TOKENS,
+                    tokens(spend.input_tokens()),
+                );
+                span.record(
+                    telemetry::GEN_AI_USAGE_OUTPUT_TOKENS,
+                    tokens(spend.output_tokens()),
+                );
+            }
             let row = match self
-                .record(call, CallOutcome::Completed(result), spend(&value))
+                .record(call, CallOutcome::Completed(result), spend)
                 .await?
             {
                 IssueOutcome::Inserted(row) | IssueOutcome::Existing(row) => row,
             };
             reservation.keep();
+            tracing::Span::current().record(telemetry::DURABLE_CALL_ID, row.id.as_str());
             self.failpoint("after_model_recorded", MODEL_SLOT);
             self.charge(&row);
             {
@@ -129,8 +143,39 @@ impl Journal {
             }
             self.emit(self.event(&row, Outcome::Executed));
             decode_result(&row, row.result.as_ref())
+        };
+        let result = call.instrument(span.clone()).await;
+        if let Err(e) = &result {
+            span.record(
+                telemetry::ERROR_TYPE,
+                telemetry::call_error_type(e, telemetry::ERROR_TYPE_MODEL),
+            );
         }
-        .instrument(span)
-        .await
+        result
+    }
+
+    /// The `chat` span of a model call in `step` (see [`telemetry`]).
+    fn chat_span(&self, step: i64) -> tracing::Span {
+        let model = self.model_name.as_deref();
+        tracing::info_span!(
+            telemetry::CHAT,
+            { telemetry::OTEL_NAME } = %format_args!(
+                "{}{}{}",
+                telemetry::OPERATION_CHAT,
+                if model.is_some() { " " } else { "" },
+                model.unwrap_or_default()
+            ),
+            { telemetry::GEN_AI_OPERATION_NAME } = telemetry::OPERATION_CHAT,
+            { telemetry::GEN_AI_REQUEST_MODEL } = model,
+            { telemetry::GEN_AI_CONVERSATION_ID } = self.inner.session.as_str(),
+            { telemetry::DURABLE_STEP } = step,
+            { telemetry::DURABLE_MODEL_POSITION } = tracing::field::Empty,
+            { telemetry::GEN_AI_USAGE_INPUT_TOKENS } = tracing::field::Empty,
+            { telemetry::GEN_AI_USAGE_OUTPUT_TOKENS } = tracing::field::Empty,
+            { telemetry::DURABLE_REPLAY_OUTCOME } = tracing::field::Empty,
+            { telemetry::DURABLE_CALL_OUTCOME } = tracing::field::Empty,
+            { telemetry::DURABLE_CALL_ID } = tracing::field::Empty,
+            { telemetry::ERROR_TYPE } = tracing::field::Empty,
+        )
     }
 }
