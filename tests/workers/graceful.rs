@@ -98,25 +98,7 @@ pub async fn graceful(backend: Backend) {
         .count();
     assert_eq!(completed, SESSIONS, "{sessions:?}");
     assert!(sessions.iter().all(|s| s.recovery_attempts == 0));
-    let effects = STEPS * SESSIONS as i64;
-    let duplicates = ledger
-        .scalar(
-            "SELECT count(*) FROM (SELECT effect_key FROM ledger_emails GROUP BY effect_key \
-             HAVING count(*) > 1) AS d",
-            &[],
-        )
-        .await
-        .expect("duplicates");
-    let emails = ledger
-        .scalar("SELECT count(*) FROM ledger_emails", &[])
-        .await
-        .expect("emails");
-    let charges = ledger
-        .scalar("SELECT count(*) FROM ledger_charges", &[])
-        .await
-        .expect("charges");
-    assert_eq!(duplicates, 0);
-    assert_eq!((emails, charges), (effects, effects));
+    let (emails, charges) = ledger.assert_effects_once(STEPS * SESSIONS as i64).await;
     println!(
         "graceful ({}): SIGTERM → exit {:.0} ms, {released} released, {left} left; \
          pool-b's first claim {:.1} ms after it was up ({:.0} ms after pool-a exited, \

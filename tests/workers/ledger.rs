@@ -49,6 +49,30 @@ const TABLES: [&str; 4] = [
 ];
 
 impl Ledger {
+    /// Asserts that `effects` emails and `effects` charges were made, no email twice;
+    /// returns the two counts (what the pool cases check after their run).
+    pub async fn assert_effects_once(&self, effects: i64) -> (i64, i64) {
+        let duplicates = self
+            .scalar(
+                "SELECT count(*) FROM (SELECT effect_key FROM ledger_emails GROUP BY effect_key \
+                 HAVING count(*) > 1) AS d",
+                &[],
+            )
+            .await
+            .expect("duplicates");
+        let emails = self
+            .scalar("SELECT count(*) FROM ledger_emails", &[])
+            .await
+            .expect("emails");
+        let charges = self
+            .scalar("SELECT count(*) FROM ledger_charges", &[])
+            .await
+            .expect("charges");
+        assert_eq!(duplicates, 0, "an email was sent twice");
+        assert_eq!((emails, charges), (effects, effects));
+        (emails, charges)
+    }
+
     /// Connects to `sqlite:<path>` or `postgres://…`.
     pub async fn open(url: &str) -> Result<Self, sqlx::Error> {
         if let Some(path) = url.strip_prefix("sqlite:") {

@@ -20,7 +20,6 @@ use durable::{Durable, Message, SessionId, StartOptions};
 
 use crate::backend::Backend;
 use crate::hook::{CONCURRENCY, SLEEP_MS, THINK_MS};
-use crate::ledger::Ledger;
 use crate::proc::{Output, Worker, signal};
 use crate::worker::{self, STEPS};
 
@@ -59,30 +58,6 @@ async fn submit(durable: &Durable, prefix: &str, count: usize, queue: Option<&st
         }
         durable.submit(options).await.expect("submit");
     }
-}
-
-/// Every effect of `sessions` sessions happened exactly once.
-async fn effects_once(ledger: &Ledger, sessions: usize) -> (i64, i64) {
-    let duplicates = ledger
-        .scalar(
-            "SELECT count(*) FROM (SELECT effect_key FROM ledger_emails GROUP BY effect_key \
-             HAVING count(*) > 1) AS d",
-            &[],
-        )
-        .await
-        .expect("duplicates");
-    let emails = ledger
-        .scalar("SELECT count(*) FROM ledger_emails", &[])
-        .await
-        .expect("emails");
-    let charges = ledger
-        .scalar("SELECT count(*) FROM ledger_charges", &[])
-        .await
-        .expect("charges");
-    assert_eq!(duplicates, 0, "an email was sent twice");
-    let effects = STEPS * sessions as i64;
-    assert_eq!((emails, charges), (effects, effects));
-    (emails, charges)
 }
 
 /// Runs `fleet_limit`.
@@ -170,7 +145,9 @@ pub async fn fleet_limit(backend: Backend) {
         default > i64::from(LIMIT),
         "the default queue ({default} at most) was held back too"
     );
-    let (emails, charges) = effects_once(&ledger, LIMITED + UNLIMITED).await;
+    let (emails, charges) = ledger
+        .assert_effects_once(STEPS * (LIMITED + UNLIMITED) as i64)
+        .await;
     println!(
         "fleet_limit ({}): 4 pools, {LIMITED} sessions limited to {LIMIT} + {UNLIMITED} \
          unlimited, one restart; at most {scarce} of the limited queue running and {default} \
@@ -265,7 +242,7 @@ pub async fn sleepers(backend: Backend) {
             .all(|s| s.status == SessionStatus::Completed),
         "{sessions:?}"
     );
-    let (emails, charges) = effects_once(&ledger, SESSIONS).await;
+    let (emails, charges) = ledger.assert_effects_once(STEPS * SESSIONS as i64).await;
     println!(
         "sleepers ({}): {SESSIONS} sessions slept 1.5 s while their workers were killed and \
          stopped; each woke once, {}–{} ms after its wake-up time (median {} ms); emails \
