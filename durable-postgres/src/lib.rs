@@ -268,7 +268,7 @@ impl PostgresStoreOptions {
 /// opens one connection of its own with the store's connect options (outside the pool,
 /// which it never takes a connection from), runs `LISTEN durable_work`, and passes every
 /// notification on to the store's pools, whichever process or machine sent it. When the
-/// connection fails it connects again (100 ms, doubling up to 10 s between attempts) and
+/// connection fails it connects again (100 ms, doubling up to 1 s between attempts) and
 /// then wakes the pools once, since a notification sent meanwhile was lost. The task is
 /// aborted, and its connection closed, when the last clone of the store is dropped.
 /// Without a runtime at hand, and on a read-only store or one opened with

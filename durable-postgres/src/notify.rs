@@ -21,7 +21,7 @@
 //! pool with the store's connect options: never one of the store's connections, which a
 //! `LISTEN` would hold for good) that runs `LISTEN durable_work` and bumps the store's
 //! [`WorkNotifier`] on each notification. On any error it drops the connection, waits
-//! (100 ms, doubling up to 10 s) and connects again; once it listens again (and once
+//! (100 ms, doubling up to 1 s) and connects again; once it listens again (and once
 //! after the first `LISTEN`) it bumps the notifier, since a notification sent meanwhile
 //! was lost. The task is aborted when the last clone of the store is dropped. Pools poll
 //! as well, so a lost notification only costs latency.
@@ -44,8 +44,10 @@ macro_rules! pg_notify {
 }
 pub(crate) use pg_notify;
 
-/// The first pause before connecting again after an error, and the longest.
-const BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(10));
+/// The first pause before connecting again after an error, and the longest: a second,
+/// so that a server back from a restart is heard again within about a second (a refused
+/// connection attempt costs next to nothing).
+const BACKOFF: (Duration, Duration) = (Duration::from_millis(100), Duration::from_secs(1));
 
 /// How long one attempt to connect may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
