@@ -98,8 +98,8 @@ pub use durable_core::{
 pub use durable_core::{PoolReport, ShutdownSignal, ShutdownTrigger, Worker};
 // Tools and dispatch.
 pub use durable_core::{
-    IdempotencyKey, ModelToolCall, ReplayClass, RetryPolicy, Tool, ToolArguments, ToolContext,
-    ToolOutput, ToolResult, ToolSpec, Toolbox, Verification,
+    Definitions, IdempotencyKey, ModelToolCall, ReplayClass, RetryPolicy, Tool, ToolArguments,
+    ToolContext, ToolOutput, ToolResult, ToolSpec, Toolbox, Verification,
 };
 // The function only: `durable_core::retry` is also a module, which re-exporting the name
 // from the crate root would bring along as a second path to `RetryPolicy` and the rest.
@@ -132,6 +132,7 @@ pub mod error {
     //! | [`ArgumentError`] (+ [`ArgumentErrorKind`]) | JSON that cannot be journaled exactly; inside `DurableError::InvalidArguments` / `InvalidValue` |
     //! | [`ToolboxError`] | [`Toolbox::with`](crate::Toolbox::with) |
     //! | [`SchemaError`] (+ [`SchemaErrorKind`]) | tool names and schemas a provider would refuse |
+    //! | [`IncompleteExport`] | [`Definitions::all`](crate::Definitions::all): tools a dialect cannot express |
     //! | [`PlanError`] | plan operations (messages written for the model) |
     //! | [`BudgetExceeded`], [`InvalidAmount`] | budget checks and amounts |
     //! | [`RetryError`] | [`retry`](crate::retry()) |
@@ -149,7 +150,7 @@ pub mod error {
     pub use durable_core::retry::RetryError;
     pub use durable_core::schema::{SchemaError, SchemaErrorKind};
     pub use durable_core::snapshot::{BudgetExceeded, InvalidAmount, PlanError};
-    pub use durable_core::toolbox::ToolboxError;
+    pub use durable_core::toolbox::{IncompleteExport, ToolboxError};
     pub use durable_core::{ArgumentError, ArgumentErrorKind};
 }
 
