@@ -86,14 +86,12 @@ async fn main() -> ExitCode {
 
 async fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let dir = tempfile::tempdir()?;
-    let stub = match &args.base_url {
-        Some(_) => None,
-        None => Some(Stub::start(demo_script()).await?),
-    };
-    let base_url = match (&args.base_url, &stub) {
-        (Some(url), _) => url.clone(),
-        (None, Some(stub)) => stub.base_url(),
-        (None, None) => unreachable!("a stub is started when no base URL is given"),
+    let (base_url, stub) = match args.base_url {
+        Some(url) => (url, None),
+        None => {
+            let stub = Stub::start(demo_script()).await?;
+            (stub.base_url(), Some(stub))
+        }
     };
     let options = agent::Options {
         store: args.store.unwrap_or_else(|| dir.path().join("agent.db")),

@@ -1,7 +1,7 @@
 //! Typed adapters between `durable` and [async-openai]'s Chat Completions types, for an
 //! agent that talks to an OpenAI-compatible provider without a framework.
 //!
-//! Five conversions, each a function; nothing here talks to the network (the crate
+//! One function per conversion; nothing here talks to the network (the crate
 //! depends on async-openai's types only, so it adds no HTTP client and no TLS):
 //!
 //! | from | to | with |
@@ -267,12 +267,7 @@ pub fn reply_message(
 /// # Ok::<(), serde_json::Error>(())
 /// ```
 pub fn tool_calls(message: &ChatCompletionResponseMessage) -> Vec<ModelToolCall> {
-    message
-        .tool_calls
-        .iter()
-        .flatten()
-        .map(tool_call)
-        .collect()
+    message.tool_calls.iter().flatten().map(tool_call).collect()
 }
 
 /// One tool call of an assistant message (response or request), arguments as raw text.

@@ -86,10 +86,7 @@ fn tool_calls_keep_the_raw_argument_text_so_dispatch_sees_the_duplicate_key() {
     assert_eq!(calls.len(), 2);
     assert_eq!(calls[0].id, "call_1");
     assert_eq!(calls[0].arguments, ToolArguments::Text(raw.into()));
-    assert_eq!(
-        calls[1].arguments,
-        ToolArguments::Text("free text".into())
-    );
+    assert_eq!(calls[1].arguments, ToolArguments::Text("free text".into()));
     // The text check refuses what a parsed value would have hidden.
     let err = durable::json::parse_arguments(raw, &Default::default()).expect_err("duplicate");
     assert_eq!(err.path, "$.sku");
@@ -121,7 +118,12 @@ fn the_assistant_message_goes_into_the_transcript_with_its_tool_calls_unchanged(
     let ChatCompletionRequestMessage::Assistant(assistant) = &request else {
         panic!("an assistant message: {request:?}");
     };
-    let calls: Vec<_> = assistant.tool_calls.iter().flatten().map(tool_call).collect();
+    let calls: Vec<_> = assistant
+        .tool_calls
+        .iter()
+        .flatten()
+        .map(tool_call)
+        .collect();
     assert_eq!(calls, tool_calls(&message));
     assert!(matches!(
         assistant.tool_calls.as_deref(),
@@ -167,7 +169,11 @@ fn usage_becomes_spend() {
     let response = response(json!({"role": "assistant", "content": "hi"}));
     let tokens = spend(&response).expect("usage");
     assert_eq!(
-        (tokens.nano_usd(), tokens.input_tokens(), tokens.output_tokens()),
+        (
+            tokens.nano_usd(),
+            tokens.input_tokens(),
+            tokens.output_tokens()
+        ),
         (0, 120, 30)
     );
     let priced = Pricing::nano_usd_per_token(2_500, 10_000)

@@ -34,6 +34,9 @@ const CHILD: &str = "DURABLE_OPENAI_CHILD";
 const SESSION: &str = "order-o-17";
 const LIMIT: Duration = Duration::from_secs(120);
 
+/// One case: an async fn of the parent.
+type Case = fn() -> std::pin::Pin<Box<dyn Future<Output = ()>>>;
+
 fn main() {
     if std::env::var_os(CHILD).is_some() {
         std::process::exit(child());
@@ -46,7 +49,7 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    let cases: [(&str, fn() -> std::pin::Pin<Box<dyn Future<Output = ()>>>); 3] = [
+    let cases: [(&str, Case); 3] = [
         (
             "killed_after_the_first_model_reply_the_resumed_run_does_not_ask_again",
             || Box::pin(killed_after_the_first_model_reply_the_resumed_run_does_not_ask_again()),
@@ -199,7 +202,10 @@ impl World {
             .await
             .expect("the agent ends in time")
             .expect("wait");
-        (out.status, String::from_utf8_lossy(&out.stderr).into_owned())
+        (
+            out.status,
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     }
 
     /// The ledger's rows: `(kind, call id, detail)`.
@@ -288,7 +294,11 @@ async fn killed_after_the_first_model_reply_the_resumed_run_does_not_ask_again()
 async fn killed_after_the_email_left_it_is_refused_then_verified_never_sent_twice() {
     let world = World::new(shop_script()).await;
     world.kill_at("after_email_effect").await;
-    assert_eq!(world.count("email").await, 1, "the email left before the kill");
+    assert_eq!(
+        world.count("email").await,
+        1,
+        "the email left before the kill"
+    );
     assert_eq!(world.stub.requests().len(), 2);
 
     // Without its verify hook the email is in doubt: refused, not sent again.
@@ -296,7 +306,11 @@ async fn killed_after_the_email_left_it_is_refused_then_verified_never_sent_twic
     assert_eq!(status.code(), Some(3), "{stderr}");
     assert!(stderr.contains("replay unsafe"), "{stderr}");
     assert!(stderr.contains("send_email"), "{stderr}");
-    assert_eq!(world.count("email").await, 1, "an email in doubt was re-sent");
+    assert_eq!(
+        world.count("email").await,
+        1,
+        "an email in doubt was re-sent"
+    );
 
     // With it, the hook finds the email in the mail server's log: its result is
     // recorded and returned to the model, and the email is not sent again.
@@ -313,7 +327,10 @@ async fn killed_after_the_email_left_it_is_refused_then_verified_never_sent_twic
         "a recorded reply was asked again"
     );
     let answer = tool_answer(&requests[2], "call_3");
-    assert!(answer.contains("@ledger>"), "the verified receipt: {answer}");
+    assert!(
+        answer.contains("@ledger>"),
+        "the verified receipt: {answer}"
+    );
 }
 
 async fn duplicate_keys_are_an_error_result_the_model_reads_and_nothing_is_journaled() {
