@@ -91,7 +91,8 @@
 //! Where the client gives you the text, use it:
 //!
 //! - **The raw HTTP body.** If you call the Messages API yourself, read each `tool_use`
-//!   block's `input` as text (a `serde_json::value::RawValue` field keeps it verbatim)
+//!   block's `input` as text (a `Box<serde_json::value::RawValue>` field, with
+//!   serde_json's `raw_value` feature, keeps it verbatim)
 //!   and dispatch `ModelToolCall::new(id, name, ToolArguments::Text(raw.get().into()))`.
 //! - **Streaming.** With `stream: true`, a `tool_use` block's input arrives as
 //!   `input_json_delta` events whose `partial_json` strings, concatenated in order, are
@@ -220,7 +221,7 @@ pub fn chat_tools(toolbox: &Toolbox) -> ChatTools {
 /// A response that holds no choice: the provider answered, but with no message.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "the chat completion `{id}` holds no choice; ask again (the empty response was journaled, so a re-run turn returns it too: start the turn over with a new request)"
+    "the chat completion `{id}` holds no choice; ask the model again (the empty response is journaled at its position in the turn, and the next model call takes the next position, so it is asked anew)"
 )]
 pub struct EmptyResponse {
     /// The response's id.
