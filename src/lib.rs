@@ -82,6 +82,7 @@
 //! |---|---|---|
 //! | `sqlite` | yes | [`sqlite`]: the embedded SQLite store |
 //! | `postgres` | no | `postgres`: the PostgreSQL store, for many workers on many machines |
+//! | `openai` | no | `openai`: typed adapters for async-openai's Chat Completions types |
 //!
 //! [`connect`] opens whichever of them a URL names.
 
@@ -241,6 +242,12 @@ pub use durable_sqlite as sqlite;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use durable_postgres as postgres;
+
+/// Typed adapters for async-openai's Chat Completions types: tool definitions, tool
+/// calls from the raw argument text, tool messages, usage as [`Spend`].
+#[cfg(feature = "openai")]
+#[cfg_attr(docsrs, doc(cfg(feature = "openai")))]
+pub use durable_openai as openai;
 
 /// Turns an `async fn` into a durable tool: a JSON schema for its arguments, a replay
 /// class, an idempotency-key rule and a journaling wrapper.

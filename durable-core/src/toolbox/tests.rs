@@ -129,8 +129,14 @@ fn exports_are_in_name_order() {
     };
     assert_eq!(err.tool, "headers");
     assert_eq!(err.pointer, "/properties/h/additionalProperties");
-    assert!(matches!(err.kind, crate::SchemaErrorKind::OpenMap(_)), "{err}");
-    assert_eq!(tools.openai_response_tools().skipped(), std::slice::from_ref(err));
+    assert!(
+        matches!(err.kind, crate::SchemaErrorKind::OpenMap(_)),
+        "{err}"
+    );
+    assert_eq!(
+        tools.openai_response_tools().skipped(),
+        std::slice::from_ref(err)
+    );
     // `all` refuses the partial export, naming the tool and what to change.
     let whole = openai.clone().all().expect_err("partial");
     assert_eq!(whole.skipped, std::slice::from_ref(err));
