@@ -82,6 +82,7 @@
 //! |---|---|---|
 //! | `sqlite` | yes | [`sqlite`]: the embedded SQLite store |
 //! | `postgres` | no | `postgres`: the PostgreSQL store, for many workers on many machines |
+//! | `rig` | no | `rig`: `#[durable_tool]`s as rig tools and a journaled rig completion model |
 //!
 //! [`connect`] opens whichever of them a URL names.
 
@@ -240,6 +241,12 @@ pub use durable_sqlite as sqlite;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use durable_postgres as postgres;
+
+/// rig agents on durable: tools bound to a session's journal, a journaled completion
+/// model (`DurableRig`).
+#[cfg(feature = "rig")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rig")))]
+pub use durable_rig as rig;
 
 /// Turns an `async fn` into a durable tool: a JSON schema for its arguments, a replay
 /// class, an idempotency-key rule and a journaling wrapper.
