@@ -201,3 +201,29 @@ async fn a_recorded_reply_round_trips_and_the_inner_model_is_not_asked() {
         "call_1"
     );
 }
+
+#[tokio::test]
+async fn a_streamed_run_is_refused_with_an_error_that_says_to_use_run() {
+    use futures_util::StreamExt;
+
+    let stub = Stub::start(script()).await.expect("stub");
+    let dir = tempfile::tempdir().expect("dir");
+    let durable = runtime(&dir).await;
+    let session = durable
+        .start::<Value>(StartOptions::new().with_id(SessionId::new("streamed")))
+        .await
+        .expect("session");
+    let rig = DurableRig::new(session.journal().clone(), toolbox());
+    let agent = rig.agent(chat(&stub)).expect("tools").build();
+    let mut stream = agent.prompt(PROMPT).stream();
+    let mut error = None;
+    while let Some(item) = stream.next().await {
+        if let Err(e) = item {
+            error = Some(e.to_string());
+            break;
+        }
+    }
+    let error = error.expect("the streamed run fails");
+    assert!(error.contains("run the agent with `run()`"), "{error}");
+    assert!(stub.requests().is_empty(), "the model was not asked");
+}
