@@ -25,18 +25,25 @@
 //!
 //! ```no_run
 //! use std::sync::Arc;
+//! use durable_core::{Session, Toolbox};
 //! use durable_rig::DurableRig;
 //! use rig_core::providers::openai::OpenAIConfig;
 //!
-//! # async fn demo(session: &durable_core::Session<serde_json::Value>, toolbox: durable_core::Toolbox)
+//! # async fn demo(mut session: Session<serde_json::Value>, toolbox: Toolbox)
 //! # -> Result<(), Box<dyn std::error::Error>> {
-//! let model = OpenAIConfig::new("key").with_base_url("http://127.0.0.1:8080/v1");
-//! # let model: rig_core::DynModel<rig_core::operation::Completion> = todo!();
-//! let rig = DurableRig::new(session.journal(), Arc::new(toolbox));
+//! let model = OpenAIConfig::new("sk-...").client().chat("gpt-4o-mini");
+//! let rig = DurableRig::new(session.journal().clone(), Arc::new(toolbox));
 //! let agent = rig.agent(model)?.preamble("You run a shop.").build();
 //! match agent.prompt("Order a mug for ada@example.com").max_turns(5).run().await {
-//!     Ok(reply) => println!("{}", reply.output()),
-//!     Err(error) => return Err(rig.take_error().map_or_else(|| error.into(), Into::into)),
+//!     Ok(reply) => {
+//!         session.push(serde_json::json!({"role": "assistant", "content": reply.output()}));
+//!         session.checkpoint().await?;
+//!     }
+//!     // A durable refusal (e.g. `ReplayUnsafe`: an operator decides), typed.
+//!     Err(error) => match rig.take_error() {
+//!         Some(durable) => return Err(durable.into()),
+//!         None => return Err(error.into()),
+//!     },
 //! }
 //! # Ok(()) }
 //! ```
@@ -64,6 +71,9 @@ use rig_core::operation::Completion;
 
 pub use model::{JournaledModel, spend_of};
 pub use tools::DurableTool;
+/// The rig crates this one is built against (`rig-core`, `rig-agent` 0.44), for a harness
+/// that wants their exact versions.
+pub use {rig_agent, rig_core};
 
 use shared::Shared;
 
@@ -198,5 +208,11 @@ pub enum Error {
     Schema(#[from] SchemaError),
     /// rig refused to register a tool.
     #[error("rig refused a durable tool: {0}")]
-    Rig(#[from] ErrorReport),
+    Rig(Box<ErrorReport>),
+}
+
+impl From<ErrorReport> for Error {
+    fn from(report: ErrorReport) -> Self {
+        Error::Rig(Box::new(report))
+    }
 }

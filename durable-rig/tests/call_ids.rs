@@ -64,7 +64,9 @@ impl<S: tracing::Subscriber + for<'a> LookupSpan<'a>> Layer<S> for Capture {
         let Some(Slot(slot)) = span.extensions().get::<Slot>().copied() else {
             return;
         };
-        let mut fields = Fields(std::mem::take(&mut self.spans.lock().expect("capture")[slot]));
+        let mut fields = Fields(std::mem::take(
+            &mut self.spans.lock().expect("capture")[slot],
+        ));
         values.record(&mut fields);
         self.spans.lock().expect("capture")[slot] = fields.0;
     }
@@ -117,7 +119,10 @@ async fn the_models_call_ids_and_model_name_reach_durables_spans() {
     );
     let chats: Vec<_> = spans
         .iter()
-        .filter(|s| s.get(otel::OTEL_NAME).is_some_and(|n| n.starts_with("chat")))
+        .filter(|s| {
+            s.get(otel::OTEL_NAME)
+                .is_some_and(|n| n.starts_with("chat"))
+        })
         .collect();
     assert_eq!(chats.len(), 2, "{spans:#?}");
     for chat in chats {
@@ -126,7 +131,8 @@ async fn the_models_call_ids_and_model_name_reach_durables_spans() {
             Some("stub-model")
         );
         assert_eq!(
-            chat.get(otel::GEN_AI_USAGE_INPUT_TOKENS).map(String::as_str),
+            chat.get(otel::GEN_AI_USAGE_INPUT_TOKENS)
+                .map(String::as_str),
             Some("120")
         );
     }

@@ -229,6 +229,9 @@ async fn killed_after_the_email_left() {
     assert!(email["content"].to_string().contains("msg-o-1"), "{email}");
 }
 
+/// A scenario, boxed so the cases fit in one list.
+type Case = fn() -> std::pin::Pin<Box<dyn Future<Output = ()>>>;
+
 fn main() -> ExitCode {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -239,7 +242,7 @@ fn main() -> ExitCode {
         let code = runtime.block_on(child());
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
-    let cases: [(&str, fn() -> std::pin::Pin<Box<dyn Future<Output = ()>>>); 2] = [
+    let cases: [(&str, Case); 2] = [
         ("killed_after_the_first_reply", || {
             Box::pin(killed_after_the_first_reply())
         }),
