@@ -11,11 +11,15 @@
 //!   returned, `pure` and `idempotent_with_key` tools re-run safely, an
 //!   `unsafe_on_replay` call left in doubt by a crash is refused until an operator
 //!   resolves it. The arguments dispatched are the text the provider sent, taken from
-//!   the journaled reply (rig itself hands tools a re-serialization, which hides
-//!   duplicate keys), and the model's call id is passed through (for traces).
+//!   the journaled reply by call id (rig itself hands tools a re-serialization, in which
+//!   a duplicate key has vanished), and the model's call id is passed through, for the
+//!   `execute_tool` span. Both need the [`CallIds`] hook and the [`JournaledModel`] of
+//!   the same binding, which [`DurableRig::agent`] installs; without them a tool gets
+//!   rig's re-serialized arguments and a call id of its own.
 //! - **What the model reads**: a tool's result; a tool failure (now or recorded) as a
-//!   failed result `{"error": ...}`; an unknown tool or bad arguments as a failed result
-//!   saying what is wrong ([`ToolResult::refused`](durable_core::ToolResult::refused)).
+//!   failed result `{"error": ...}`; bad arguments as a failed result saying what is
+//!   wrong and where ([`ToolResult::refused`](durable_core::ToolResult::refused)). A
+//!   tool the agent does not have is answered by rig itself, before any handler.
 //!   Any other durable error (a store failure, `ReplayUnsafe`, a lost lease) stops the
 //!   run: rig's prompt fails, and [`DurableRig::take_error`] gives the typed error.
 //!
