@@ -227,3 +227,41 @@ async fn a_streamed_run_is_refused_with_an_error_that_says_to_use_run() {
     assert!(error.contains("run the agent with `run()`"), "{error}");
     assert!(stub.requests().is_empty(), "the model was not asked");
 }
+
+#[tokio::test]
+async fn a_tool_failure_is_text_the_model_reads_and_is_replayed_as_recorded() {
+    let stub = Stub::start(Script::new([
+        Reply::tool_calls([("call_gone", "lookup", r#"{"sku":"GONE-1"}"#)]),
+        Reply::text("That item does not exist."),
+    ]))
+    .await
+    .expect("stub");
+    let dir = tempfile::tempdir().expect("dir");
+    let durable = runtime(&dir).await;
+    let id = SessionId::new("gone");
+    let session = durable
+        .start::<Value>(StartOptions::new().with_id(id.clone()))
+        .await
+        .expect("session");
+    assert_eq!(
+        run_agent(session.journal(), &stub).await.as_deref(),
+        Ok("That item does not exist.")
+    );
+    let results = tool_messages(&stub.requests()[1]);
+    assert_eq!(
+        results,
+        [(
+            "call_gone".to_owned(),
+            r#"{"error":"no such SKU: GONE-1"}"#.to_owned()
+        )]
+    );
+    // Re-run: the recorded failure is what the tool returns; it does not run again.
+    drop(session);
+    let resumed = durable.resume::<Value>(&id).await.expect("resume").session;
+    assert_eq!(
+        run_agent(resumed.journal(), &stub).await.as_deref(),
+        Ok("That item does not exist.")
+    );
+    assert_eq!(stub.requests().len(), 2);
+    assert_eq!(effects(&ledger_path(), "gone").await, ["lookup"]);
+}

@@ -93,6 +93,9 @@ pub async fn lookup(
     record(ctx.session_id().as_str(), "lookup", &sku)
         .await
         .map_err(io)?;
+    if sku == "GONE-1" {
+        return Err(std::io::Error::other("no such SKU: GONE-1"));
+    }
     Ok(json!({"sku": sku, "price_cents": 1200, "in_stock": true}))
 }
 
