@@ -83,6 +83,7 @@
 //! | `sqlite` | yes | [`sqlite`]: the embedded SQLite store |
 //! | `postgres` | no | `postgres`: the PostgreSQL store, for many workers on many machines |
 //! | `openai` | no | `openai`: typed adapters for async-openai's Chat Completions types |
+//! | `rig` | no | `rig`: `#[durable_tool]`s as rig tools and a journaled rig completion model |
 //!
 //! [`connect`] opens whichever of them a URL names.
 
@@ -248,6 +249,11 @@ pub use durable_postgres as postgres;
 #[cfg(feature = "openai")]
 #[cfg_attr(docsrs, doc(cfg(feature = "openai")))]
 pub use durable_openai as openai;
+/// rig agents on durable: tools bound to a session's journal, a journaled completion
+/// model (`DurableRig`).
+#[cfg(feature = "rig")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rig")))]
+pub use durable_rig as rig;
 
 /// Turns an `async fn` into a durable tool: a JSON schema for its arguments, a replay
 /// class, an idempotency-key rule and a journaling wrapper.
