@@ -49,6 +49,9 @@ pub enum Reply {
     Text(String),
     /// An HTTP error with an OpenAI-style error body.
     Error(u16, String),
+    /// HTTP 200 with `choices: []` the first time this turn is asked, then the inner
+    /// reply (as some OpenAI-compatible providers do now and then).
+    EmptyThen(Box<Reply>),
 }
 
 impl Reply {
@@ -66,6 +69,11 @@ impl Reply {
     /// An assistant message with this text.
     pub fn text(text: impl Into<String>) -> Self {
         Reply::Text(text.into())
+    }
+
+    /// An empty response (`choices: []`) the first time, then `reply`.
+    pub fn empty_then(reply: Reply) -> Self {
+        Reply::EmptyThen(Box::new(reply))
     }
 }
 
@@ -85,15 +93,7 @@ impl Script {
 
     /// The reply for a request body; past the end of the script, a 400 error saying so.
     pub fn reply(&self, request: &Value) -> Reply {
-        let turn = request
-            .get("messages")
-            .and_then(Value::as_array)
-            .map_or(0, |messages| {
-                messages
-                    .iter()
-                    .filter(|m| m.get("role").and_then(Value::as_str) == Some("assistant"))
-                    .count()
-            });
+        let turn = assistant_messages(request);
         self.replies.get(turn).cloned().unwrap_or_else(|| {
             Reply::Error(
                 400,
@@ -104,6 +104,18 @@ impl Script {
             )
         })
     }
+}
+
+fn assistant_messages(request: &Value) -> usize {
+    request
+        .get("messages")
+        .and_then(Value::as_array)
+        .map_or(0, |messages| {
+            messages
+                .iter()
+                .filter(|m| m.get("role").and_then(Value::as_str) == Some("assistant"))
+                .count()
+        })
 }
 
 /// Token usage reported for every reply: prompt, completion.
@@ -187,8 +199,24 @@ async fn completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Response
         .and_then(Value::as_str)
         .unwrap_or("stub-model")
         .to_owned();
-    let (message, finish_reason) = match shared.script.reply(&request) {
+    let mut reply = shared.script.reply(&request);
+    let mut empty = false;
+    if let Reply::EmptyThen(then) = reply {
+        // The request is logged: the first of its turn is the only one so far.
+        let turn = assistant_messages(&request);
+        let asked = shared
+            .log
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+            .filter(|r| assistant_messages(r) == turn)
+            .count();
+        empty = asked == 1;
+        reply = *then;
+    }
+    let (message, finish_reason) = match reply {
         Reply::Error(status, message) => return error(status, &message),
+        Reply::EmptyThen(_) => return error(500, "the stub's script nests `EmptyThen`"),
         Reply::Text(text) => (
             json!({"role": "assistant", "content": text, "refusal": null}),
             "stop",
@@ -213,7 +241,9 @@ async fn completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Response
         "object": "chat.completion",
         "created": 1_700_000_000,
         "model": model,
-        "choices": [{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": null}],
+        "choices": if empty { json!([]) } else {
+            json!([{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": null}])
+        },
         "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
                   "total_tokens": prompt + completion},
     });

@@ -20,6 +20,13 @@
 //! The whole [`CreateChatCompletionResponse`] is journaled by `model_with_spend`: a
 //! re-run turn gets it back from the journal and the provider is not asked again.
 //!
+//! An empty response (`choices: []`, which some compatible providers send with HTTP 200)
+//! is journaled too, so the turn asks again in a bounded loop rather than failing: the
+//! journal keys model replies by their position in the turn, so each new ask is a new
+//! position, and a re-run turn replays the empty replies and the good one in order.
+//! Failing on the first empty reply instead would replay that same empty reply on every
+//! resume, and the session could never move on.
+//!
 //! ```no_run
 //! use async_openai::config::OpenAIConfig;
 //! use async_openai::types::chat::{ChatCompletionRequestMessage, CreateChatCompletionRequest};
@@ -35,19 +42,30 @@
 //! let request = CreateChatCompletionRequest {
 //!     model: "gpt-4o-mini".into(),
 //!     messages: session.messages().to_vec(),
-//!     tools: Some(tools.request_tools()),
+//!     tools: tools.request_tools(), // `None` when no tool is offered
 //!     ..Default::default()
 //! };
 //! // `chat` is `|r| client.chat().create(r)` with async-openai's client.
-//! let response = session
-//!     .journal()
-//!     .with_model_name("gpt-4o-mini")
-//!     .model_with_spend(|| chat(request), durable_openai::spend)
-//!     .await?;
+//! // An empty response is journaled like any other: ask again, a bounded number of times.
+//! let mut attempts = 0;
+//! let response = loop {
+//!     attempts += 1;
+//!     let response = session
+//!         .journal()
+//!         .with_model_name("gpt-4o-mini")
+//!         .model_with_spend(|| chat(request.clone()), durable_openai::spend)
+//!         .await?;
+//!     match durable_openai::reply_message(&response) {
+//!         Err(durable_openai::ReplyError::Empty(_)) if attempts < 3 => continue,
+//!         Err(e) => return Err(e.into()),
+//!         Ok(_) => break response,
+//!     }
+//! };
 //! let reply = durable_openai::reply_message(&response)?;
 //! let calls = durable_openai::tool_calls(reply); // raw argument text: duplicate keys caught
 //! session.push(durable_openai::assistant_message(reply));
-//! for (call, outcome) in calls.iter().zip(toolbox.dispatch_all(session.journal(), &calls).await) {
+//! // Only the offered tools run: a call to a skipped tool is refused as unknown.
+//! for (call, outcome) in calls.iter().zip(tools.dispatch_all(toolbox, session.journal(), &calls).await) {
 //!     // Unknown tool or bad arguments: an error result the model reads. Anything else
 //!     // (a call in doubt, a store failure) stops the harness.
 //!     let result = outcome.or_else(|e| ToolResult::refused(call, &e).ok_or(e))?;
@@ -113,7 +131,9 @@ use async_openai::types::chat::{
 };
 use durable_core::schema::{self, SchemaError};
 use durable_core::toolbox::IncompleteExport;
-use durable_core::{ModelToolCall, Spend, ToolArguments, ToolResult, Toolbox};
+use durable_core::{
+    DurableError, Journal, ModelToolCall, Spend, ToolArguments, ToolResult, Toolbox,
+};
 use serde_json::Value;
 
 /// async-openai, as this crate sees it (its Chat Completions types). Add `async-openai`
@@ -126,8 +146,15 @@ pub use async_openai;
 /// One tool strict mode cannot express (a free `serde_json::Value` argument, a map)
 /// does not cost the others: it is left out of [`tools`](Self::tools) and listed in
 /// [`skipped`](Self::skipped) with a [`SchemaError`] naming the tool, the schema node and
-/// what to change. The model never hears of it. Check `skipped` once at startup, or
-/// refuse a partial export with [`all`](Self::all).
+/// what to change. Check `skipped` once at startup, or refuse a partial export with
+/// [`all`](Self::all).
+///
+/// A skipped tool is not in the request, but it is still registered in the toolbox:
+/// `Toolbox::dispatch_all` would run a call to it (a model can name a tool it was not
+/// offered), and its unknown-tool error lists every registered tool, skipped ones
+/// included. Dispatch with [`ChatTools::dispatch_all`] instead: it runs only the
+/// offered tools ([`offers`](Self::offers)) and refuses any other call as an unknown
+/// tool, listing only the offered names.
 ///
 /// ```no_run
 /// # fn demo(toolbox: &durable_core::Toolbox) -> Result<(), durable_core::toolbox::IncompleteExport> {
@@ -136,7 +163,7 @@ pub use async_openai;
 ///     eprintln!("not offered to the model: {skipped}");
 /// }
 /// // `CreateChatCompletionRequest::tools`:
-/// let request_tools = tools.request_tools();
+/// let request_tools = tools.request_tools(); // `None` when every tool is skipped
 /// // Or every tool, or an error listing each one left out:
 /// let every_tool = durable_openai::chat_tools(toolbox).all()?;
 /// # let _ = (request_tools, every_tool); Ok(()) }
@@ -159,13 +186,73 @@ impl ChatTools {
         &self.skipped
     }
 
-    /// The exported definitions as `CreateChatCompletionRequest::tools` takes them.
-    pub fn request_tools(&self) -> Vec<ChatCompletionTools> {
-        self.tools
+    /// The exported definitions as `CreateChatCompletionRequest::tools` takes them;
+    /// `None` when there is none (OpenAI refuses an empty `tools` list).
+    pub fn request_tools(&self) -> Option<Vec<ChatCompletionTools>> {
+        if self.tools.is_empty() {
+            return None;
+        }
+        Some(
+            self.tools
+                .iter()
+                .cloned()
+                .map(ChatCompletionTools::Function)
+                .collect(),
+        )
+    }
+
+    /// Whether a tool of this name is offered to the model (exported, not skipped).
+    pub fn offers(&self, name: &str) -> bool {
+        self.tools.iter().any(|tool| tool.function.name == name)
+    }
+
+    /// Dispatches one turn's calls like `Toolbox::dispatch_all` (results in the order of
+    /// `calls`, one per call), but only to the offered tools: a call naming any other
+    /// tool (a skipped one, one not registered, a [custom tool call](tool_call)) runs
+    /// nothing, journals nothing, and is
+    /// [`UnknownTool`](DurableError::UnknownTool) listing only the offered names, an
+    /// error result the model reads (`ToolResult::refused`).
+    pub async fn dispatch_all(
+        &self,
+        toolbox: &Toolbox,
+        journal: &Journal,
+        calls: &[ModelToolCall],
+    ) -> Vec<Result<ToolResult, DurableError>> {
+        let offered: Vec<ModelToolCall> = calls
             .iter()
+            .filter(|call| self.offers(&call.name))
             .cloned()
-            .map(ChatCompletionTools::Function)
+            .collect();
+        let mut outcomes = toolbox.dispatch_all(journal, &offered).await.into_iter();
+        calls
+            .iter()
+            .map(|call| {
+                let unknown = || Err(self.unknown_tool(&call.name));
+                if self.offers(&call.name) {
+                    outcomes.next().unwrap_or_else(unknown)
+                } else {
+                    unknown()
+                }
+            })
             .collect()
+    }
+
+    fn unknown_tool(&self, name: &str) -> DurableError {
+        let name = match name.char_indices().nth(64) {
+            None => name.to_owned(),
+            Some((cut, _)) => format!("{}…", &name[..cut]),
+        };
+        let available = if self.tools.is_empty() {
+            "(none)".to_owned()
+        } else {
+            let names: Vec<&str> = self
+                .tools
+                .iter()
+                .map(|t| t.function.name.as_str())
+                .collect();
+            names.join(", ")
+        };
+        DurableError::UnknownTool { name, available }
     }
 
     /// The exported definitions, leaving out the skipped tools.
@@ -219,29 +306,68 @@ pub fn chat_tools(toolbox: &Toolbox) -> ChatTools {
 }
 
 /// A response that holds no choice: the provider answered, but with no message.
+///
+/// The empty response is journaled like any other, so a turn that stops on it replays
+/// it on every resume: ask the model again within the turn instead, a bounded number of
+/// times (see the [crate docs](crate#a-turn)).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
-    "the chat completion `{id}` holds no choice; ask the model again (the empty response is journaled at its position in the turn, and the next model call takes the next position, so it is asked anew)"
+    "the chat completion `{id}` holds no choice; ask the model again within the same turn, a bounded number of times (the empty response is journaled at its position, so the next model call is a new position and asks anew; stopping here would replay this empty response on every resume)"
 )]
+#[non_exhaustive]
 pub struct EmptyResponse {
     /// The response's id.
     pub id: String,
 }
 
+/// Why a response's reply cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReplyError {
+    /// The response holds no choice: ask again (see [`EmptyResponse`]).
+    #[error(transparent)]
+    Empty(#[from] EmptyResponse),
+    /// The reply asks for a call through the deprecated `function_call` field only
+    /// (no `tool_calls`): it has no call id and is not supported. Send the tools as
+    /// `tools` (as [`ChatTools::request_tools`] does), not the deprecated `functions`.
+    #[error(
+        "the chat completion `{id}` asks for `{name}` through the deprecated `function_call` field, which is not supported: send the tools as `tools` (not `functions`) so the model answers with `tool_calls`"
+    )]
+    DeprecatedFunctionCall {
+        /// The response's id.
+        id: String,
+        /// The function the reply names.
+        name: String,
+    },
+}
+
 /// The message of the response's first choice (an agent asks for one choice, `n = 1`).
 ///
 /// # Errors
-/// [`EmptyResponse`] when `choices` is empty.
+/// [`ReplyError::Empty`] when `choices` is empty (ask again); and
+/// [`ReplyError::DeprecatedFunctionCall`] when the message carries the deprecated
+/// `function_call` and no `tool_calls` (it would otherwise read as a final answer with
+/// no call).
 pub fn reply_message(
     response: &CreateChatCompletionResponse,
-) -> Result<&ChatCompletionResponseMessage, EmptyResponse> {
-    response
+) -> Result<&ChatCompletionResponseMessage, ReplyError> {
+    let message = response
         .choices
         .first()
         .map(|choice| &choice.message)
         .ok_or_else(|| EmptyResponse {
             id: response.id.clone(),
-        })
+        })?;
+    #[allow(deprecated)]
+    if let Some(call) = &message.function_call
+        && message.tool_calls.as_ref().is_none_or(Vec::is_empty)
+    {
+        return Err(ReplyError::DeprecatedFunctionCall {
+            id: response.id.clone(),
+            name: call.name.clone(),
+        });
+    }
+    Ok(message)
 }
 
 /// The tool calls an assistant message asks for, in order, each with its arguments as
@@ -249,8 +375,9 @@ pub fn reply_message(
 /// them before anything is journaled (duplicate keys, NaN, integers beyond ±(2^53−1)):
 /// see the [crate docs](crate#why-the-raw-argument-text).
 ///
-/// The deprecated single `function_call` field (it has no call id) is not read. See
-/// [`tool_call`] for custom tools.
+/// The deprecated single `function_call` field (it has no call id) is not read here;
+/// [`reply_message`] refuses a reply that carries only that. See [`tool_call`] for
+/// custom tools.
 ///
 /// ```
 /// use async_openai::types::chat::ChatCompletionResponseMessage;
@@ -273,11 +400,12 @@ pub fn tool_calls(message: &ChatCompletionResponseMessage) -> Vec<ModelToolCall>
 
 /// One tool call of an assistant message (response or request), arguments as raw text.
 ///
-/// A custom tool call (free-text input, not JSON) becomes a call with its input as the
-/// argument text: a toolbox of `#[durable_tool]`s exports function tools only, so it is
-/// refused at dispatch ([`UnknownTool`](durable_core::DurableError::UnknownTool) or
-/// [`InvalidArguments`](durable_core::DurableError::InvalidArguments)), an error result
-/// the model can read.
+/// A custom tool call (free-text input, not JSON) never reaches a registered tool: a
+/// toolbox of `#[durable_tool]`s exports function tools only, so the call is named
+/// `custom:<name>` (a colon, which no registered tool name can hold) with its input as
+/// the argument text, and dispatch refuses it as
+/// [`UnknownTool`](durable_core::DurableError::UnknownTool), an error result the model
+/// reads. A custom call named like a function tool does not run that tool.
 pub fn tool_call(call: &ChatCompletionMessageToolCalls) -> ModelToolCall {
     match call {
         ChatCompletionMessageToolCalls::Function(call) => ModelToolCall::new(
@@ -287,11 +415,15 @@ pub fn tool_call(call: &ChatCompletionMessageToolCalls) -> ModelToolCall {
         ),
         ChatCompletionMessageToolCalls::Custom(call) => ModelToolCall::new(
             call.id.clone(),
-            call.custom_tool.name.clone(),
+            format!("{CUSTOM_PREFIX}{}", call.custom_tool.name),
             ToolArguments::Text(call.custom_tool.input.clone()),
         ),
     }
 }
+
+/// The prefix of a custom tool call's name ([`tool_call`]): no registered tool name
+/// holds a colon.
+pub const CUSTOM_PREFIX: &str = "custom:";
 
 /// The tool message answering one call: `{"role": "tool", "tool_call_id", "content"}`,
 /// the content as text (a JSON string as is, anything else as compact JSON; a refused
@@ -307,7 +439,9 @@ pub fn tool_message(result: &ToolResult) -> ChatCompletionRequestToolMessage {
 }
 
 /// The assistant's reply as the request message that carries it in the transcript:
-/// its text, refusal, tool calls (their argument text unchanged) and audio id.
+/// its text, refusal, tool calls (their argument text unchanged) and audio id. An empty
+/// `tool_calls` list is dropped (OpenAI refuses `"tool_calls": []` in a request, and the
+/// message stays in the transcript of every later request).
 pub fn assistant_message(message: &ChatCompletionResponseMessage) -> ChatCompletionRequestMessage {
     ChatCompletionRequestMessage::Assistant(ChatCompletionRequestAssistantMessage {
         content: message
@@ -321,7 +455,7 @@ pub fn assistant_message(message: &ChatCompletionResponseMessage) -> ChatComplet
             .map(|audio| ChatCompletionRequestAssistantMessageAudio {
                 id: audio.id.clone(),
             }),
-        tool_calls: message.tool_calls.clone(),
+        tool_calls: message.tool_calls.clone().filter(|calls| !calls.is_empty()),
         ..Default::default()
     })
 }
@@ -348,26 +482,55 @@ pub fn spend(response: &CreateChatCompletionResponse) -> Option<Spend> {
 /// assert_eq!(spend.nano_usd(), 1_000 * 150 + 100 * 600);
 /// assert_eq!((spend.input_tokens(), spend.output_tokens()), (1_000, 100));
 /// ```
+///
+/// Cached prompt tokens (`prompt_tokens_details.cached_tokens`) are charged at the full
+/// input price unless [`with_cached_input`](Pricing::with_cached_input) sets their own:
+/// the default is an upper bound on what the provider bills.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Pricing {
     input: u64,
     output: u64,
+    cached_input: Option<u64>,
 }
 
 impl Pricing {
     /// A price per input (prompt) token and per output (completion) token, in
     /// nano-dollars (USD per million tokens × 1000).
     pub const fn nano_usd_per_token(input: u64, output: u64) -> Self {
-        Pricing { input, output }
+        Pricing {
+            input,
+            output,
+            cached_input: None,
+        }
+    }
+
+    /// The price of a cached prompt token, in nano-dollars (e.g. half the input price);
+    /// without it, cached tokens cost the full input price.
+    #[must_use]
+    pub const fn with_cached_input(mut self, nano_per_token: u64) -> Self {
+        self.cached_input = Some(nano_per_token);
+        self
     }
 
     /// The spend of one usage report (saturating at `u64::MAX` nano-dollars).
     pub fn spend_of(&self, usage: &CompletionUsage) -> Spend {
         let input = u64::from(usage.prompt_tokens);
         let output = u64::from(usage.completion_tokens);
-        let cost = input
-            .saturating_mul(self.input)
-            .saturating_add(output.saturating_mul(self.output));
+        let input_cost = match self.cached_input {
+            None => input.saturating_mul(self.input),
+            Some(cached_price) => {
+                let cached = usage
+                    .prompt_tokens_details
+                    .as_ref()
+                    .and_then(|details| details.cached_tokens)
+                    .map_or(0, u64::from)
+                    .min(input);
+                cached
+                    .saturating_mul(cached_price)
+                    .saturating_add(input.saturating_sub(cached).saturating_mul(self.input))
+            }
+        };
+        let cost = input_cost.saturating_add(output.saturating_mul(self.output));
         Spend::from_nano_usd(cost, input, output)
     }
 

@@ -14,7 +14,12 @@
 //!   sent twice (the email declared `pure` → resumed, it is sent again);
 //! - duplicate keys in the model's argument text are an error result the model reads,
 //!   nothing journaled, nothing sent (arguments parsed into a `Value` first → the email
-//!   goes out to the last `to`).
+//!   goes out to the last `to`);
+//! - the recorded spend counts each model reply once across a crash (checked against
+//!   a journal that charges a replayed reply again);
+//! - an empty response (`choices: []`) recorded before a crash does not block the
+//!   session: the resumed turn replays it and asks again (the agent stopping on the
+//!   first empty response → the resumed run replays it and fails every time).
 
 use std::path::PathBuf;
 use std::process::{ExitStatus, Stdio};
@@ -49,7 +54,7 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    let cases: [(&str, Case); 3] = [
+    let cases: [(&str, Case); 5] = [
         (
             "killed_after_the_first_model_reply_the_resumed_run_does_not_ask_again",
             || Box::pin(killed_after_the_first_model_reply_the_resumed_run_does_not_ask_again()),
@@ -57,6 +62,14 @@ fn main() {
         (
             "killed_after_the_email_left_it_is_refused_then_verified_never_sent_twice",
             || Box::pin(killed_after_the_email_left_it_is_refused_then_verified_never_sent_twice()),
+        ),
+        (
+            "killed_before_the_checkpoint_the_turn_reruns_and_spend_is_counted_once",
+            || Box::pin(killed_before_the_checkpoint_the_turn_reruns_and_spend_is_counted_once()),
+        ),
+        (
+            "an_empty_response_recorded_before_a_crash_is_asked_again_on_resume",
+            || Box::pin(an_empty_response_recorded_before_a_crash_is_asked_again_on_resume()),
         ),
         (
             "duplicate_keys_are_an_error_result_the_model_reads_and_nothing_is_journaled",
@@ -217,6 +230,32 @@ impl World {
             .expect("read the ledger")
     }
 
+    /// The session's recorded budget (its latest checkpoint).
+    async fn budget(&self) -> durable::Budget {
+        let store = durable::connect(&format!("sqlite:{}", self.store().display()))
+            .await
+            .expect("store");
+        let checkpoint = store
+            .load_checkpoint(&SessionId::new(SESSION), None)
+            .await
+            .expect("checkpoint");
+        serde_json::from_value(checkpoint.budget).expect("a budget")
+    }
+
+    /// The model replies in the journal.
+    async fn model_rows(&self) -> usize {
+        let store = durable::connect(&format!("sqlite:{}", self.store().display()))
+            .await
+            .expect("store");
+        let rows = store
+            .calls(&SessionId::new(SESSION), None)
+            .await
+            .expect("journal");
+        rows.iter()
+            .filter(|r| r.identity.tool == durable::runtime::MODEL_SLOT)
+            .count()
+    }
+
     async fn count(&self, kind: &str) -> usize {
         self.effects()
             .await
@@ -289,6 +328,59 @@ async fn killed_after_the_first_model_reply_the_resumed_run_does_not_ask_again()
         .map(|t| t["function"]["name"].clone())
         .collect();
     assert_eq!(names, ["charge", "lookup", "send_email"]);
+    // Three replies, each counted once: the replayed first one is not charged again.
+    let (prompt, completion) = durable_openai_stub::USAGE;
+    assert_eq!(
+        world.budget().await.total_tokens(),
+        3 * (prompt + completion)
+    );
+}
+
+async fn killed_before_the_checkpoint_the_turn_reruns_and_spend_is_counted_once() {
+    let world = World::new(shop_script()).await;
+    world.kill_at("before_checkpoint").await;
+    assert_eq!(world.stub.requests().len(), 1, "killed in the first turn");
+
+    let (status, stderr) = world.run(true).await;
+    assert!(status.success(), "{status:?}\n{stderr}");
+    assert_eq!(
+        (world.asked(0), world.asked(1), world.asked(2)),
+        (1, 1, 1),
+        "a recorded reply was asked again"
+    );
+    assert_eq!(world.count("charge").await, 1);
+    assert_eq!(world.count("email").await, 1);
+    assert_eq!(world.model_rows().await, 3);
+    let (prompt, completion) = durable_openai_stub::USAGE;
+    assert_eq!(
+        world.budget().await.total_tokens(),
+        3 * (prompt + completion),
+        "a replayed reply was charged again"
+    );
+}
+
+async fn an_empty_response_recorded_before_a_crash_is_asked_again_on_resume() {
+    let mut replies = vec![Reply::empty_then(Reply::tool_calls([(
+        "call_1",
+        "lookup",
+        r#"{"sku":"A-1"}"#,
+    )]))];
+    replies.push(Reply::text("A-1 is in stock."));
+    let world = World::new(Script::new(replies)).await;
+    // Killed right after the empty response was journaled.
+    world.kill_at("after_model").await;
+    assert_eq!(world.stub.requests().len(), 1);
+
+    let (status, stderr) = world.run(true).await;
+    assert!(status.success(), "{status:?}\n{stderr}");
+    // The empty response is replayed, the turn asks again (a new journal position).
+    assert_eq!((world.asked(0), world.asked(1)), (2, 1));
+    assert_eq!(world.model_rows().await, 3);
+    let (prompt, completion) = durable_openai_stub::USAGE;
+    assert_eq!(
+        world.budget().await.total_tokens(),
+        3 * (prompt + completion)
+    );
 }
 
 async fn killed_after_the_email_left_it_is_refused_then_verified_never_sent_twice() {

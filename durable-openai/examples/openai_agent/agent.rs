@@ -35,8 +35,9 @@ pub struct Options {
     /// The model name sent with each request.
     pub model: String,
     /// Stop (print `paused at <point>`, then wait to be killed) at `after_model` (the
-    /// first model reply recorded) or `after_email_effect` (the email's ledger row
-    /// written, its result not yet recorded).
+    /// first model reply recorded), `after_email_effect` (the email's ledger row
+    /// written, its result not yet recorded) or `before_checkpoint` (the first turn's
+    /// tool messages pushed, not yet checkpointed).
     pub pause_at: Option<String>,
     /// Whether the email's verify hook may look in the ledger (without it, an email in
     /// doubt is refused until an operator resolves it).
@@ -227,11 +228,19 @@ pub async fn open_ledger(path: &std::path::Path) -> Result<SqlitePool, sqlx::Err
     Ok(pool)
 }
 
+/// The most turns one session may take before the agent gives up.
+pub const MAX_TURNS: usize = 16;
+
+/// How often one turn asks the model again after an empty response (`choices: []`).
+pub const MAX_ASKS: usize = 3;
+
 /// Runs the session to the end (or resumes it), one checkpoint per turn; returns the
 /// number of turns this process ran.
 ///
 /// # Errors
-/// A store or model failure, or a refusal the harness must handle: an email in doubt
+/// A store or model failure, a session still running after [`MAX_TURNS`] turns, a
+/// model that answered [`MAX_ASKS`] empty responses in a row, or a refusal the harness
+/// must handle: an email in doubt
 /// that its verify hook cannot settle is [`DurableError::ReplayUnsafe`] (an operator
 /// resolves it with `durable resolve`, then the agent is run again).
 pub async fn run(options: Options) -> Result<usize, Box<dyn std::error::Error + Send + Sync>> {
@@ -269,20 +278,39 @@ pub async fn run(options: Options) -> Result<usize, Box<dyn std::error::Error + 
     let mut turns = 0;
     loop {
         turns += 1;
+        // Counted per process: a resumed session gets `MAX_TURNS` more.
+        if turns > MAX_TURNS {
+            return Err(format!(
+                "the session `{}` is still asking for tools after {MAX_TURNS} turns; giving up",
+                options.session
+            )
+            .into());
+        }
         let request = CreateChatCompletionRequest {
             model: options.model.clone(),
             messages: session.messages().to_vec(),
-            tools: Some(tools.request_tools()),
+            tools: tools.request_tools(),
             ..Default::default()
         };
         // Journaled: a re-run turn gets the recorded response, the model is not asked.
+        // An empty response is journaled too: ask again (a new position in the journal,
+        // so a re-run turn replays the empty response, then the next one).
         let chat = client.chat();
-        let response = session
-            .journal()
-            .with_model_name(options.model.clone())
-            .model_with_spend(|| chat.create(request), durable_openai::spend)
-            .await?;
-        pause("after_model").await;
+        let mut asks = 0;
+        let response = loop {
+            asks += 1;
+            let response = session
+                .journal()
+                .with_model_name(options.model.clone())
+                .model_with_spend(|| chat.create(request.clone()), durable_openai::spend)
+                .await?;
+            pause("after_model").await;
+            match durable_openai::reply_message(&response) {
+                Err(durable_openai::ReplyError::Empty(_)) if asks < MAX_ASKS => continue,
+                Err(e) => return Err(e.into()),
+                Ok(_) => break response,
+            }
+        };
         let reply = durable_openai::reply_message(&response)?;
         let calls = durable_openai::tool_calls(reply);
         session.push(durable_openai::assistant_message(reply));
@@ -290,13 +318,18 @@ pub async fn run(options: Options) -> Result<usize, Box<dyn std::error::Error + 
             session.checkpoint().await?;
             break;
         }
-        let outcomes = toolbox.dispatch_all(session.journal(), &calls).await;
+        // Only the offered tools run: a call to `track_event` (left out) or a custom
+        // tool call is refused as an unknown tool.
+        let outcomes = tools
+            .dispatch_all(&toolbox, session.journal(), &calls)
+            .await;
         for (call, outcome) in calls.iter().zip(outcomes) {
             // Unknown tool or bad arguments (a duplicate key): an error result the model
             // reads. Anything else (an email in doubt, a store failure) stops the run.
             let result = outcome.or_else(|e| ToolResult::refused(call, &e).ok_or(e))?;
             session.push(durable_openai::tool_message(&result).into());
         }
+        pause("before_checkpoint").await;
         session.checkpoint().await?;
     }
     session.complete().await?;
