@@ -54,7 +54,7 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    let cases: [(&str, Case); 5] = [
+    let cases: [(&str, Case); 6] = [
         (
             "killed_after_the_first_model_reply_the_resumed_run_does_not_ask_again",
             || Box::pin(killed_after_the_first_model_reply_the_resumed_run_does_not_ask_again()),
@@ -70,6 +70,10 @@ fn main() {
         (
             "an_empty_response_recorded_before_a_crash_is_asked_again_on_resume",
             || Box::pin(an_empty_response_recorded_before_a_crash_is_asked_again_on_resume()),
+        ),
+        (
+            "a_model_that_never_stops_asking_for_tools_hits_the_turn_cap",
+            || Box::pin(a_model_that_never_stops_asking_for_tools_hits_the_turn_cap()),
         ),
         (
             "duplicate_keys_are_an_error_result_the_model_reads_and_nothing_is_journaled",
@@ -457,4 +461,17 @@ async fn duplicate_keys_are_an_error_result_the_model_reads_and_nothing_is_journ
         .expect("journal");
     let tools: Vec<_> = rows.iter().map(|r| r.identity.tool.as_str()).collect();
     assert_eq!(tools, [durable::runtime::MODEL_SLOT; 2]);
+}
+
+async fn a_model_that_never_stops_asking_for_tools_hits_the_turn_cap() {
+    let lookups =
+        (0..=agent::MAX_TURNS).map(|_| Reply::tool_calls([("call", "lookup", r#"{"sku":"A-1"}"#)]));
+    let world = World::new(Script::new(lookups)).await;
+    let (status, stderr) = world.run(true).await;
+    assert_eq!(status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains(&format!("after {} turns", agent::MAX_TURNS)),
+        "{stderr}"
+    );
+    assert_eq!(world.stub.requests().len(), agent::MAX_TURNS);
 }
