@@ -377,9 +377,12 @@ impl Toolbox {
 ///
 /// One tool that a dialect cannot express does not cost the others: it is left out of
 /// [`tools`](Self::tools) and listed in [`skipped`](Self::skipped) with a
-/// [`SchemaError`] naming the tool, the schema node and what to change. A model never
-/// hears of a skipped tool (so it does not call it); check `skipped` once at startup,
-/// or refuse a partial export with [`all`](Self::all).
+/// [`SchemaError`] naming the tool, the schema node and what to change. A skipped tool
+/// is not offered to the model, but it stays registered: a call to it (a model can name
+/// any tool) still dispatches, and an unknown tool's error lists it among the registered
+/// names. Check `skipped` once at startup and leave such a tool out of the toolbox if
+/// the model must not reach it (`durable::openai::ChatTools::dispatch_all` dispatches
+/// only what was offered), or refuse a partial export with [`all`](Self::all).
 ///
 /// ```
 /// # use durable_core::toolbox::Toolbox;
