@@ -15,7 +15,7 @@ use std::sync::OnceLock;
 use std::time::Duration;
 
 use durable_mcp::DurableMcpServer;
-use durable::{Durable, IdempotencyKey, Toolbox, durable_tool};
+use durable::{Durable, IdempotencyKey, ToolContext, Toolbox, durable_tool};
 use serde::{Deserialize, Serialize};
 
 mod ledger;
@@ -71,12 +71,15 @@ pub struct Charge {
     pub order_id: String,
     /// The key the provider deduplicated on.
     pub key: String,
+    /// The journal's execution attempt of this call (2 when a crash interrupted the first).
+    pub attempt: i32,
 }
 
 /// Charge an order; the provider (the ledger) charges each idempotency key once, and logs
 /// every attempt.
 #[durable_tool(replay = "idempotent_with_key", idempotency_key = |a| format!("charge:{}", a.order_id))]
 async fn charge(
+    ctx: &ToolContext,
     key: IdempotencyKey,
     /// The order to charge.
     order_id: String,
@@ -98,6 +101,7 @@ async fn charge(
     Ok(Charge {
         order_id,
         key: key.into_string(),
+        attempt: ctx.attempt(),
     })
 }
 

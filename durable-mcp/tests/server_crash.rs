@@ -82,6 +82,7 @@ async fn keyed_call_in_doubt_reexecutes_with_its_key(transport: Transport) {
     let server = world.server(transport, false).await;
     let charged = structured(call(&server.peer(), "charge", args.clone(), Some("charge-5")).await);
     assert_eq!(charged["key"], json!("charge:o-5"), "re-executed with the recorded key");
+    assert_eq!(charged["attempt"], json!(2), "the same journaled call, executed again");
     let again = structured(call(&server.peer(), "charge", args, Some("charge-5")).await);
     assert_eq!(again, charged);
     assert_eq!(world.effects("charge").await, 1);
