@@ -5,7 +5,7 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use durable::store::Resolution;
@@ -30,24 +30,25 @@ pub enum Transport {
     Http,
 }
 
-/// An example binary, built if a filtered `cargo test` did not build the examples.
+/// An example binary, up to date: `cargo test` builds the examples only when it runs every
+/// target (`--test x` builds none), so the first call builds them (a no-op when they are
+/// fresh), and a test never runs a stale server.
 pub fn example(name: &str) -> PathBuf {
-    let deps = std::env::current_exe().expect("test binary path");
-    let dir = deps
-        .parent()
-        .and_then(Path::parent)
-        .expect("target dir")
-        .join("examples");
-    let bin = dir.join(name);
-    if !bin.exists() {
+    static BUILT: OnceLock<()> = OnceLock::new();
+    BUILT.get_or_init(|| {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let status = std::process::Command::new(cargo)
-            .args(["build", "-p", "durable-mcp", "--examples"])
+            .args(["build", "--quiet", "-p", "durable-mcp", "--examples"])
             .status()
             .expect("cargo build --examples");
         assert!(status.success(), "building the examples failed");
-    }
-    bin
+    });
+    let deps = std::env::current_exe().expect("test binary path");
+    deps.parent()
+        .and_then(Path::parent)
+        .expect("target dir")
+        .join("examples")
+        .join(name)
 }
 
 /// A directory with the server's store, its ledger and the gate.
