@@ -82,6 +82,7 @@
 //! |---|---|---|
 //! | `sqlite` | yes | [`sqlite`]: the embedded SQLite store |
 //! | `postgres` | no | `postgres`: the PostgreSQL store, for many workers on many machines |
+//! | `mcp` | no | `mcp`: serve a [`Toolbox`] over MCP, call remote MCP tools durably (rmcp) |
 //!
 //! [`connect`] opens whichever of them a URL names.
 
@@ -240,6 +241,13 @@ pub use durable_sqlite as sqlite;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use durable_postgres as postgres;
+
+/// MCP, both directions (rmcp): serve a [`Toolbox`] as an MCP server with journaled,
+/// exactly-once calls ([`DurableMcpServer`](mcp::DurableMcpServer)), and call a remote
+/// server's tools durably ([`RemoteTools`](mcp::RemoteTools)).
+#[cfg(feature = "mcp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mcp")))]
+pub use durable_mcp as mcp;
 
 /// Turns an `async fn` into a durable tool: a JSON schema for its arguments, a replay
 /// class, an idempotency-key rule and a journaling wrapper.

@@ -266,14 +266,16 @@ impl Toolbox {
 
     /// The tool called `name`, or [`DurableError::UnknownTool`].
     fn find(&self, name: &str) -> Result<&Arc<dyn Tool>, DurableError> {
-        self.tools.get(name).ok_or_else(|| DurableError::UnknownTool {
-            name: quoted_name(name),
-            available: if self.tools.is_empty() {
-                "(none)".to_owned()
-            } else {
-                self.names().collect::<Vec<_>>().join(", ")
-            },
-        })
+        self.tools
+            .get(name)
+            .ok_or_else(|| DurableError::UnknownTool {
+                name: quoted_name(name),
+                available: if self.tools.is_empty() {
+                    "(none)".to_owned()
+                } else {
+                    self.names().collect::<Vec<_>>().join(", ")
+                },
+            })
     }
 
     /// Checks a call as [`dispatch`](Self::dispatch) does before anything is journaled,

@@ -53,14 +53,20 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
         .stdout(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
-        .map_err(|e| format!("cannot start {} (build the examples first): {e}", server_bin.display()))?;
+        .map_err(|e| {
+            format!(
+                "cannot start {} (build the examples first): {e}",
+                server_bin.display()
+            )
+        })?;
     let (Some(stdout), Some(stdin)) = (child.stdout.take(), child.stdin.take()) else {
         return Err("no pipes to the server".into());
     };
     let client: Client = ().serve((stdout, stdin)).await?;
 
     // The agent's side: its own store, one session, the remote tools in a toolbox.
-    let store = durable::connect(&format!("sqlite:{}", dir.path().join("agent.db").display())).await?;
+    let store =
+        durable::connect(&format!("sqlite:{}", dir.path().join("agent.db").display())).await?;
     let durable = Durable::builder(store).owner("mcp-example-agent").build();
     let toolbox = RemoteTools::new(client.peer().clone())
         .class("lookup", ReplayClass::Pure)
@@ -72,7 +78,11 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     let calls = [
         ModelToolCall::new("c1", "lookup", json!({"sku": "mug"})),
         ModelToolCall::new("c2", "charge", json!({"order_id": "o-17", "cents": 1200})),
-        ModelToolCall::new("c3", "send_email", json!({"to": "ann@example.com", "body": "Paid."})),
+        ModelToolCall::new(
+            "c3",
+            "send_email",
+            json!({"to": "ann@example.com", "body": "Paid."}),
+        ),
     ];
     for result in toolbox.dispatch_all(session.journal(), &calls).await {
         let result = result?;
@@ -98,7 +108,10 @@ async fn demo() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-async fn call_with_id(peer: &Peer<RoleClient>, id: &str) -> Result<String, Box<dyn std::error::Error>> {
+async fn call_with_id(
+    peer: &Peer<RoleClient>,
+    id: &str,
+) -> Result<String, Box<dyn std::error::Error>> {
     let mut meta = RequestMetaObject::new();
     meta.insert(CALL_ID_META.into(), json!(id));
     let arguments = json!({"to": "bob@example.com", "body": "Shipped."});
@@ -118,7 +131,12 @@ async fn agent(args: &[String]) -> Result<i32, Box<dyn std::error::Error>> {
             .cloned()
             .ok_or_else(|| format!("{name} <value> is required"))
     };
-    let (store, url, id, tool) = (flag("--store")?, flag("--url")?, flag("--session")?, flag("--tool")?);
+    let (store, url, id, tool) = (
+        flag("--store")?,
+        flag("--url")?,
+        flag("--session")?,
+        flag("--tool")?,
+    );
     let client: Client = ().serve(StreamableHttpClientTransport::from_uri(url)).await?;
     let store = durable::connect(&format!("sqlite:{}", Path::new(&store).display())).await?;
     let durable = Durable::builder(store).owner("mcp-example-agent").build();

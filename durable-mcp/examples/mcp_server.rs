@@ -14,8 +14,8 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use durable_mcp::DurableMcpServer;
 use durable::{Durable, IdempotencyKey, ToolContext, Toolbox, durable_tool};
+use durable_mcp::DurableMcpServer;
 use serde::{Deserialize, Serialize};
 
 mod ledger;
@@ -158,7 +158,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let store = durable::connect(&format!("sqlite:{}", flags.store.display())).await?;
     // A stable owner: a restarted server takes its sessions back at once.
     let durable = Durable::builder(store).owner("mcp-example-server").build();
-    let toolbox = Toolbox::new().with(lookup)?.with(charge)?.with(send_email)?;
+    let toolbox = Toolbox::new()
+        .with(lookup)?
+        .with(charge)?
+        .with(send_email)?;
     let server = DurableMcpServer::builder(durable, toolbox, "example")
         .start()
         .await?;
@@ -168,8 +171,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let listener = tokio::net::TcpListener::bind(&addr).await?;
             // The test reads the bound address (the port may be 0).
             println!("listening on http://{}/mcp", listener.local_addr()?);
-            let router = axum::Router::new()
-                .nest_service("/mcp", server.http_service(Default::default()));
+            let router =
+                axum::Router::new().nest_service("/mcp", server.http_service(Default::default()));
             axum::serve(listener, router).await?;
         }
     }

@@ -71,10 +71,16 @@ mod tests {
     #[test]
     fn reads_a_string_and_refuses_other_shapes() {
         assert_eq!(
-            client_call_id(&meta(json!("c-1"))).ok().flatten().as_deref(),
+            client_call_id(&meta(json!("c-1")))
+                .ok()
+                .flatten()
+                .as_deref(),
             Some("c-1")
         );
-        assert_eq!(client_call_id(&RequestMetaObject::default()).ok(), Some(None));
+        assert_eq!(
+            client_call_id(&RequestMetaObject::default()).ok(),
+            Some(None)
+        );
         for bad in [json!(""), json!(7), json!("a\0b"), json!("x".repeat(2000))] {
             let err = client_call_id(&meta(bad)).err();
             assert_eq!(err.map(|e| e.code), Some(codes::INVALID_PARAMS));

@@ -71,9 +71,7 @@ pub(crate) fn to_mcp(error: &DurableError, call: &str, session: &str) -> ErrorDa
                 "session": session,
             })),
         ),
-        DurableError::Store(StoreError::Leased {
-            remaining_ms, ..
-        }) => ErrorData::new(
+        DurableError::Store(StoreError::Leased { remaining_ms, .. }) => ErrorData::new(
             codes::BUSY,
             format!(
                 "call `{call}` was not run: {error}. It is in flight on another worker, or a \
@@ -82,10 +80,14 @@ pub(crate) fn to_mcp(error: &DurableError, call: &str, session: &str) -> ErrorDa
             ),
             Some(json!({"durable": "busy", "session": session, "retry_after_ms": remaining_ms})),
         ),
-        DurableError::AwaitingApproval { call: row, tool, .. } => ErrorData::new(
+        DurableError::AwaitingApproval {
+            call: row, tool, ..
+        } => ErrorData::new(
             codes::AWAITING_APPROVAL,
             format!("call `{call}` was not run: {error}"),
-            Some(json!({"durable": "awaiting_approval", "call": row.as_str(), "tool": tool, "session": session})),
+            Some(
+                json!({"durable": "awaiting_approval", "call": row.as_str(), "tool": tool, "session": session}),
+            ),
         ),
         other => ErrorData::new(
             codes::DURABLE,
@@ -115,8 +117,11 @@ pub enum ServeError {
         session: String,
         /// Why.
         #[source]
-        source: DurableError,
+        source: Box<DurableError>,
     },
+    /// A tool definition does not read as an MCP tool (rmcp's `Tool`).
+    #[error("cannot publish tool definitions over MCP: {0}")]
+    ToolDefinition(String),
     /// The transport failed.
     #[error("MCP transport failed: {0}")]
     Transport(String),

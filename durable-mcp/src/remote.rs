@@ -5,15 +5,13 @@ use std::sync::{Arc, Mutex};
 
 use durable_core::tool::ToolSpec;
 use durable_core::{
-    DurableError, Journal, ReplayClass, Tool, ToolContext, ToolOutput, Toolbox,
-    canonical,
+    DurableError, Journal, ReplayClass, Tool, ToolContext, ToolOutput, Toolbox, canonical,
 };
+use rmcp::RoleClient;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ErrorCode, RequestMetaObject,
-    Tool as McpTool,
+    CallToolRequestParams, CallToolResult, ErrorCode, RequestMetaObject, Tool as McpTool,
 };
 use rmcp::service::{Peer, ServiceError};
-use rmcp::RoleClient;
 use serde_json::{Value, json};
 use tokio::sync::oneshot;
 
@@ -176,14 +174,16 @@ impl RemoteTool {
         };
         let mut meta = RequestMetaObject::new();
         meta.insert(CALL_ID_META.into(), json!(ctx.call_id().as_str()));
-        let mut params = CallToolRequestParams::new(self.spec.name.clone()).with_arguments(arguments);
+        let mut params =
+            CallToolRequestParams::new(self.spec.name.clone()).with_arguments(arguments);
         params.meta = Some(meta);
         match self.peer.call_tool(params).await {
             Ok(result) if result.is_error == Some(true) => Err(Remote::Failed(text_of(&result))),
             Ok(result) => Ok(value_of(result)),
-            Err(ServiceError::McpError(e)) if definite(e.code) => {
-                Err(Remote::Failed(format!("refused by the MCP server: {}", e.message)))
-            }
+            Err(ServiceError::McpError(e)) if definite(e.code) => Err(Remote::Failed(format!(
+                "refused by the MCP server: {}",
+                e.message
+            ))),
             Err(e) => Err(Remote::Unknown(e.to_string())),
         }
     }
@@ -209,7 +209,9 @@ impl std::fmt::Display for RemoteFailure {
 
 /// Error codes after which the server certainly did not run the call.
 fn definite(code: ErrorCode) -> bool {
-    code == codes::INVALID_PARAMS || code == ErrorCode::METHOD_NOT_FOUND || code == codes::CALL_ID_REUSED
+    code == codes::INVALID_PARAMS
+        || code == ErrorCode::METHOD_NOT_FOUND
+        || code == codes::CALL_ID_REUSED
 }
 
 fn text_of(result: &CallToolResult) -> String {

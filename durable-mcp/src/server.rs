@@ -69,26 +69,21 @@ impl DurableMcpServerBuilder {
     /// for a session id or prefix the store would refuse, [`ServeError::Session`] when the
     /// session cannot be opened (e.g. another server holds it).
     pub async fn start(self) -> Result<DurableMcpServer, ServeError> {
-        let session = self
-            .session
-            .unwrap_or_else(|| format!("mcp-{}", self.name));
+        let session = self.session.unwrap_or_else(|| format!("mcp-{}", self.name));
         let call_prefix = self
             .call_prefix
             .unwrap_or_else(|| format!("mcp-{}-call-", self.name));
         durable_core::validate::validate_id("session id", &session)
             .map_err(ServeError::InvalidId)?;
-        durable_core::validate::validate_id(
-            "call session id",
-            &call_session_id(&call_prefix, "x"),
-        )
-        .map_err(ServeError::InvalidId)?;
+        durable_core::validate::validate_id("call session id", &call_session_id(&call_prefix, "x"))
+            .map_err(ServeError::InvalidId)?;
         let tools = self
             .toolbox
             .mcp_tools()?
             .into_iter()
             .map(|tool| {
                 serde_json::from_value::<McpTool>(tool)
-                    .map_err(|e| ServeError::Transport(format!("tool definition: {e}")))
+                    .map_err(|e| ServeError::ToolDefinition(e.to_string()))
             })
             .collect::<Result<Vec<_>, _>>()?;
         let mut implementation = Implementation::new(self.name.clone(), self.version.clone());
@@ -255,7 +250,7 @@ impl Inner {
     async fn open_server_session(&self) -> Result<Session<Message>, ServeError> {
         let failed = |source| ServeError::Session {
             session: self.session_id.to_string(),
-            source,
+            source: Box::new(source),
         };
         let options = StartOptions::new()
             .with_id(self.session_id.clone())
@@ -318,7 +313,11 @@ impl Inner {
     }
 
     /// A call with a call id: its own session, step 0, created or resumed.
-    async fn call_with_id(&self, call_id: &str, call: &ModelToolCall) -> Result<ToolResult, ErrorData> {
+    async fn call_with_id(
+        &self,
+        call_id: &str,
+        call: &ModelToolCall,
+    ) -> Result<ToolResult, ErrorData> {
         let session_id = call_session_id(&self.call_prefix, call_id);
         let lock = self.lock_for(&session_id);
         let guard = lock.lock().await;
@@ -432,7 +431,10 @@ fn is_fatal(error: &DurableError) -> bool {
 /// The MCP result of a call that reached an outcome.
 fn mcp_result(result: &ToolResult) -> Result<CallToolResult, ErrorData> {
     serde_json::from_value(result.mcp_result()).map_err(|e| {
-        ErrorData::internal_error(format!("cannot encode the result of `{}`: {e}", result.name), None)
+        ErrorData::internal_error(
+            format!("cannot encode the result of `{}`: {e}", result.name),
+            None,
+        )
     })
 }
 

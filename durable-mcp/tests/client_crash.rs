@@ -27,7 +27,14 @@ impl Agent<'_> {
             .arg("agent")
             .arg("--store")
             .arg(self.world.dir.path().join("agent.db"))
-            .args(["--url", &self.url, "--session", self.session, "--tool", self.tool])
+            .args([
+                "--url",
+                &self.url,
+                "--session",
+                self.session,
+                "--tool",
+                self.tool,
+            ])
             .kill_on_drop(true);
         command
     }
@@ -68,30 +75,62 @@ fn stdout(output: &Output) -> String {
 async fn unsafe_remote_call_in_doubt_after_the_agent_died() {
     let world = World::new();
     let (server, url) = http_server(&world).await;
-    let agent = Agent { world: &world, url, session: "agent-email", tool: "send_email" };
+    let agent = Agent {
+        world: &world,
+        url,
+        session: "agent-email",
+        tool: "send_email",
+    };
     agent.crash().await;
     world.release();
 
     let resumed = agent.run().await;
-    assert_eq!(resumed.status.code(), Some(3), "refused as in doubt: {}", stdout(&resumed));
+    assert_eq!(
+        resumed.status.code(),
+        Some(3),
+        "refused as in doubt: {}",
+        stdout(&resumed)
+    );
     let out = stdout(&resumed);
-    let call = out.trim().strip_prefix("in doubt: ").expect("names the call").to_owned();
+    let call = out
+        .trim()
+        .strip_prefix("in doubt: ")
+        .expect("names the call")
+        .to_owned();
     assert_eq!(world.effects("email").await, 1);
 
     // The agent's own store: the operator resolves the agent's row.
-    let agent_store = durable::connect(&format!("sqlite:{}", world.dir.path().join("agent.db").display()))
-        .await
-        .expect("agent store");
+    let agent_store = durable::connect(&format!(
+        "sqlite:{}",
+        world.dir.path().join("agent.db").display()
+    ))
+    .await
+    .expect("agent store");
     durable::Durable::builder(agent_store)
         .owner("operator")
         .build()
-        .resolve(&durable::CallId::new(call), Resolution::Happened { result: json!({"message_id": 1}) }, "test", None)
+        .resolve(
+            &durable::CallId::new(call),
+            Resolution::Happened {
+                result: json!({"message_id": 1}),
+            },
+            "test",
+            None,
+        )
         .await
         .expect("resolve");
     let done = agent.run().await;
     assert_eq!(done.status.code(), Some(0), "{}", stdout(&done));
-    assert!(stdout(&done).contains(r#"{"message_id":1}"#), "{}", stdout(&done));
-    assert_eq!(world.effects("email").await, 1, "one email, whatever happened to the agent");
+    assert!(
+        stdout(&done).contains(r#"{"message_id":1}"#),
+        "{}",
+        stdout(&done)
+    );
+    assert_eq!(
+        world.effects("email").await,
+        1,
+        "one email, whatever happened to the agent"
+    );
     server.kill().await;
 }
 
@@ -102,13 +141,22 @@ async fn unsafe_remote_call_in_doubt_after_the_agent_died() {
 async fn keyed_remote_call_reexecuted_once_end_to_end() {
     let world = World::new();
     let (server, url) = http_server(&world).await;
-    let agent = Agent { world: &world, url, session: "agent-charge", tool: "charge" };
+    let agent = Agent {
+        world: &world,
+        url,
+        session: "agent-charge",
+        tool: "charge",
+    };
     agent.crash().await;
     world.release();
 
     let resumed = agent.run().await;
     assert_eq!(resumed.status.code(), Some(0), "{}", stdout(&resumed));
-    assert!(stdout(&resumed).contains("charge:o-99"), "{}", stdout(&resumed));
+    assert!(
+        stdout(&resumed).contains("charge:o-99"),
+        "{}",
+        stdout(&resumed)
+    );
     assert_eq!(world.effects("charge").await, 1);
     assert_eq!(
         world.effects("charge_attempt").await,

@@ -17,11 +17,13 @@ fn email(to: &str) -> serde_json::Value {
 async fn retry_after_restart_returns_the_recorded_result(transport: Transport) {
     let world = World::new();
     let server = world.server(transport, false).await;
-    let first = structured(call(&server.peer(), "send_email", email("ann@x"), Some("mail-1")).await);
+    let first =
+        structured(call(&server.peer(), "send_email", email("ann@x"), Some("mail-1")).await);
     server.kill().await;
 
     let server = world.server(transport, false).await;
-    let again = structured(call(&server.peer(), "send_email", email("ann@x"), Some("mail-1")).await);
+    let again =
+        structured(call(&server.peer(), "send_email", email("ann@x"), Some("mail-1")).await);
     assert_eq!(again, first, "the retry returns the first call's result");
     assert_eq!(world.effects("email").await, 1, "one email for one call id");
     server.kill().await;
@@ -34,34 +36,55 @@ async fn unsafe_call_in_doubt_waits_for_the_operator(transport: Transport) {
     let world = World::new();
     let server = world.server(transport, true).await;
     let peer = server.peer();
-    let pending = tokio::spawn(async move { call(&peer, "send_email", email("bob@x"), Some("mail-2")).await });
+    let pending =
+        tokio::spawn(
+            async move { call(&peer, "send_email", email("bob@x"), Some("mail-2")).await },
+        );
     world.reached("send_email").await;
     server.kill().await;
     let _ = pending.await;
     assert_eq!(world.effects("email").await, 1);
 
     let server = world.server(transport, false).await;
-    let refused = mcp_error(call(&server.peer(), "send_email", email("bob@x"), Some("mail-2")).await);
+    let refused =
+        mcp_error(call(&server.peer(), "send_email", email("bob@x"), Some("mail-2")).await);
     assert_eq!(refused.code, codes::IN_DOUBT, "{refused:?}");
     let data = refused.data.clone().expect("data");
     let in_doubt = data["call"].as_str().expect("the in-doubt call").to_owned();
     assert!(refused.message.contains("mail-2"), "{}", refused.message);
     assert!(
-        refused.message.contains(&format!("durable resolve {in_doubt}")),
+        refused
+            .message
+            .contains(&format!("durable resolve {in_doubt}")),
         "the message says what an operator does: {}",
         refused.message
     );
     assert_eq!(data["session"], json!(call_session("mail-2")));
 
-    let reused = mcp_error(call(&server.peer(), "send_email", email("eve@x"), Some("mail-2")).await);
+    let reused =
+        mcp_error(call(&server.peer(), "send_email", email("eve@x"), Some("mail-2")).await);
     assert_eq!(reused.code, codes::CALL_ID_REUSED, "{reused:?}");
-    assert_eq!(world.effects("email").await, 1, "neither refusal sent an email");
+    assert_eq!(
+        world.effects("email").await,
+        1,
+        "neither refusal sent an email"
+    );
 
     world
-        .resolve(&in_doubt, Resolution::Happened { result: json!({"message_id": 777}) })
+        .resolve(
+            &in_doubt,
+            Resolution::Happened {
+                result: json!({"message_id": 777}),
+            },
+        )
         .await;
-    let resolved = structured(call(&server.peer(), "send_email", email("bob@x"), Some("mail-2")).await);
-    assert_eq!(resolved, json!({"message_id": 777}), "the operator's result");
+    let resolved =
+        structured(call(&server.peer(), "send_email", email("bob@x"), Some("mail-2")).await);
+    assert_eq!(
+        resolved,
+        json!({"message_id": 777}),
+        "the operator's result"
+    );
     assert_eq!(world.effects("email").await, 1);
     server.kill().await;
 }
@@ -81,12 +104,24 @@ async fn keyed_call_in_doubt_reexecutes_with_its_key(transport: Transport) {
 
     let server = world.server(transport, false).await;
     let charged = structured(call(&server.peer(), "charge", args.clone(), Some("charge-5")).await);
-    assert_eq!(charged["key"], json!("charge:o-5"), "re-executed with the recorded key");
-    assert_eq!(charged["attempt"], json!(2), "the same journaled call, executed again");
+    assert_eq!(
+        charged["key"],
+        json!("charge:o-5"),
+        "re-executed with the recorded key"
+    );
+    assert_eq!(
+        charged["attempt"],
+        json!(2),
+        "the same journaled call, executed again"
+    );
     let again = structured(call(&server.peer(), "charge", args, Some("charge-5")).await);
     assert_eq!(again, charged);
     assert_eq!(world.effects("charge").await, 1);
-    assert_eq!(world.effects("charge_attempt").await, 2, "the crashed attempt and one re-execution");
+    assert_eq!(
+        world.effects("charge_attempt").await,
+        2,
+        "the crashed attempt and one re-execution"
+    );
     server.kill().await;
 }
 
@@ -97,7 +132,8 @@ async fn without_call_id_the_barrier_holds_until_resolved(transport: Transport) 
     let world = World::new();
     let server = world.server(transport, true).await;
     let peer = server.peer();
-    let pending = tokio::spawn(async move { call(&peer, "send_email", email("dan@x"), None).await });
+    let pending =
+        tokio::spawn(async move { call(&peer, "send_email", email("dan@x"), None).await });
     world.reached("send_email").await;
     server.kill().await;
     let _ = pending.await;
@@ -107,13 +143,27 @@ async fn without_call_id_the_barrier_holds_until_resolved(transport: Transport) 
     let refused = mcp_error(call(&server.peer(), "charge", charge.clone(), None).await);
     assert_eq!(refused.code, codes::IN_DOUBT, "{refused:?}");
     let data = refused.data.clone().expect("data");
-    assert_eq!(data["tool"], json!("send_email"), "names the in-doubt call's tool");
+    assert_eq!(
+        data["tool"],
+        json!("send_email"),
+        "names the in-doubt call's tool"
+    );
     assert_eq!(data["refused_tool"], json!("charge"));
     assert_eq!(data["session"], json!("mcp-example"));
     let in_doubt = data["call"].as_str().expect("call").to_owned();
-    assert!(refused.message.contains(&format!("durable resolve {in_doubt}")), "{}", refused.message);
+    assert!(
+        refused
+            .message
+            .contains(&format!("durable resolve {in_doubt}")),
+        "{}",
+        refused.message
+    );
     let retry = mcp_error(call(&server.peer(), "send_email", email("dan@x"), None).await);
-    assert_eq!(retry.code, codes::IN_DOUBT, "a resend without call id is refused too");
+    assert_eq!(
+        retry.code,
+        codes::IN_DOUBT,
+        "a resend without call id is refused too"
+    );
     let price = structured(call(&server.peer(), "lookup", json!({"sku": "mug"}), None).await);
     assert_eq!(price["sku"], json!("mug"), "pure calls still run");
     assert_eq!(world.effects("charge").await, 0);
@@ -123,7 +173,11 @@ async fn without_call_id_the_barrier_holds_until_resolved(transport: Transport) 
     let charged = structured(call(&server.peer(), "charge", charge, None).await);
     assert_eq!(charged["order_id"], json!("o-6"));
     assert_eq!(world.effects("charge").await, 1);
-    assert_eq!(world.effects("email").await, 1, "the resolved email was not sent again");
+    assert_eq!(
+        world.effects("email").await,
+        1,
+        "the resolved email was not sent again"
+    );
     server.kill().await;
 }
 

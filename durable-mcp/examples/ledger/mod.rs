@@ -49,11 +49,12 @@ impl Ledger {
 
     /// Whether a row of `kind` with `key` exists.
     pub async fn exists(&self, kind: &str, key: &str) -> Result<bool, sqlx::Error> {
-        let (n,): (i64,) = sqlx::query_as("SELECT COUNT(*) FROM effects WHERE kind = ? AND key = ?")
-            .bind(kind)
-            .bind(key)
-            .fetch_one(&self.pool)
-            .await?;
+        let (n,): (i64,) =
+            sqlx::query_as("SELECT COUNT(*) FROM effects WHERE kind = ? AND key = ?")
+                .bind(kind)
+                .bind(key)
+                .fetch_one(&self.pool)
+                .await?;
         Ok(n > 0)
     }
 

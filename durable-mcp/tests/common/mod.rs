@@ -124,8 +124,7 @@ impl World {
                 assert!(line.starts_with("listening on "), "{line}");
                 let endpoint = url_text(&line);
                 url = Some(endpoint.clone());
-                ()
-                    .serve(StreamableHttpClientTransport::from_uri(endpoint))
+                ().serve(StreamableHttpClientTransport::from_uri(endpoint))
                     .await
                     .expect("MCP handshake over HTTP")
             }
@@ -166,7 +165,12 @@ impl World {
 
     /// The journal rows of a session (none if it does not exist).
     pub async fn rows(&self, session: &str) -> usize {
-        match self.store().await.calls(&SessionId::new(session), None).await {
+        match self
+            .store()
+            .await
+            .calls(&SessionId::new(session), None)
+            .await
+        {
             Ok(rows) => rows.len(),
             Err(durable::StoreError::SessionNotFound(_)) => 0,
             Err(e) => panic!("reading the journal: {e}"),
