@@ -143,6 +143,8 @@ async fn agent(args: &[String]) -> Result<i32, Box<dyn std::error::Error>> {
     // The example server annotates its tools from their replay classes; this agent trusts it.
     let toolbox: Toolbox = RemoteTools::new(client.peer().clone())
         .trust_annotations()
+        // A server that died mid-call is noticed by the timeout (the call is left in doubt).
+        .timeout(std::time::Duration::from_secs(5))
         .toolbox()
         .await?;
     let mut session = durable

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use durable_core::tool::ToolSpec;
 use durable_core::{
@@ -55,7 +56,11 @@ pub struct RemoteTools {
     peer: Peer<RoleClient>,
     classes: BTreeMap<String, ReplayClass>,
     trust: bool,
+    timeout: Duration,
 }
+
+/// How long a remote call may take by default before its outcome counts as unknown.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(300);
 
 impl RemoteTools {
     /// The tools of the server `peer` is connected to (e.g.
@@ -65,7 +70,18 @@ impl RemoteTools {
             peer,
             classes: BTreeMap::new(),
             trust: false,
+            timeout: DEFAULT_CALL_TIMEOUT,
         }
+    }
+
+    /// How long one remote call may take (default [`DEFAULT_CALL_TIMEOUT`]). A call
+    /// that takes longer is abandoned and its outcome is unknown: a `pure` call records
+    /// a failure, any other is left in doubt. This is also how a server that died
+    /// mid-call is noticed: rmcp's streamable HTTP client may keep waiting for a
+    /// response that never comes.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
     }
 
     /// The replay class of the tool `name`: what you know about its effect.
@@ -113,7 +129,7 @@ impl RemoteTools {
                     .get(tool.name.as_ref())
                     .copied()
                     .unwrap_or_else(|| class_from_annotations(&tool, self.trust));
-                RemoteTool::new(self.peer.clone(), &tool, class)
+                RemoteTool::new(self.peer.clone(), &tool, class, self.timeout)
             })
             .collect())
     }
@@ -156,15 +172,17 @@ fn class_from_annotations(tool: &McpTool, trust: bool) -> ReplayClass {
 pub struct RemoteTool {
     peer: Peer<RoleClient>,
     spec: ToolSpec,
+    timeout: Duration,
 }
 
 impl RemoteTool {
-    fn new(peer: Peer<RoleClient>, tool: &McpTool, class: ReplayClass) -> Self {
+    fn new(peer: Peer<RoleClient>, tool: &McpTool, class: ReplayClass, timeout: Duration) -> Self {
         let schema = Value::Object((*tool.input_schema).clone());
         let description = tool.description.as_deref().unwrap_or_default();
         RemoteTool {
             peer,
             spec: ToolSpec::new(tool.name.to_string(), description, class, schema),
+            timeout,
         }
     }
 
@@ -177,7 +195,14 @@ impl RemoteTool {
         let mut params =
             CallToolRequestParams::new(self.spec.name.clone()).with_arguments(arguments);
         params.meta = Some(meta);
-        match self.peer.call_tool(params).await {
+        let Ok(answer) = tokio::time::timeout(self.timeout, self.peer.call_tool(params)).await
+        else {
+            return Err(Remote::Unknown(format!(
+                "no answer within {} ms",
+                self.timeout.as_millis()
+            )));
+        };
+        match answer {
             Ok(result) if result.is_error == Some(true) => Err(Remote::Failed(text_of(&result))),
             Ok(result) => Ok(value_of(result)),
             Err(ServiceError::McpError(e)) if definite(e.code) => Err(Remote::Failed(format!(

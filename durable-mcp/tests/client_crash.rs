@@ -165,3 +165,48 @@ async fn keyed_remote_call_reexecuted_once_end_to_end() {
     );
     server.kill().await;
 }
+
+/// The server killed under a running agent: the remote call's outcome is unknown, so the
+/// agent's call is left in doubt (refused, not recorded as a failure the model would
+/// retry), and stays so after the server's restart; one email.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_killed_under_the_agent_leaves_its_call_in_doubt() {
+    let world = World::new();
+    let (server, url) = http_server(&world).await;
+    let mut agent = Agent {
+        world: &world,
+        url,
+        session: "agent-lost",
+        tool: "send_email",
+    };
+    let child = agent
+        .command()
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn the agent");
+    world.reached("send_email").await;
+    server.kill().await;
+    let lost = tokio::time::timeout(Duration::from_secs(120), child.wait_with_output())
+        .await
+        .expect("the agent notices the lost server")
+        .expect("agent output");
+    assert_eq!(
+        lost.status.code(),
+        Some(3),
+        "left in doubt: {}",
+        stdout(&lost)
+    );
+    assert!(stdout(&lost).starts_with("in doubt: "), "{}", stdout(&lost));
+
+    let server = world.server(Transport::Http, false).await;
+    agent.url = server_url(&server);
+    let resumed = agent.run().await;
+    assert_eq!(
+        resumed.status.code(),
+        Some(3),
+        "still in doubt: {}",
+        stdout(&resumed)
+    );
+    assert_eq!(world.effects("email").await, 1);
+    server.kill().await;
+}
