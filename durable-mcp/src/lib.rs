@@ -68,6 +68,10 @@
 //! `pure` calls still run. Without a call id a retry is a new call: a client that needs
 //! retries sends call ids.
 //!
+//! Every call runs to its end in a task of its own, whatever becomes of its request: a
+//! client that disconnects or cancels does not leave the call half-run, and its retry with
+//! the same call id gets the recorded result.
+//!
 //! ## MCP sessions and clients
 //!
 //! Neither the client nor the MCP session (`Mcp-Session-Id` over HTTP, the connection

@@ -165,7 +165,8 @@ fn class_from_annotations(tool: &McpTool, trust: bool) -> ReplayClass {
 /// of a single text block, else the content blocks as JSON; a result with `isError` is a
 /// tool failure (recorded, returned on replay). A refusal the server answers as an
 /// invalid-params error is a recorded failure too (nothing ran there). A lost connection,
-/// or a durable server answering that the call is in doubt, leaves an
+/// no answer within the [timeout](RemoteTools::timeout), or a durable server answering
+/// that the call is in doubt (or busy), leaves an
 /// `idempotent_with_key` or `unsafe_on_replay` call in doubt (its outcome is unknown) and
 /// returns [`DurableError::ReplayUnsafe`]; a `pure` call records the failure.
 #[derive(Debug, Clone)]

@@ -234,10 +234,19 @@ impl DurableMcpServer {
             .check(&call)
             .map_err(|e| to_mcp(&e, &shown, ""))?;
         call.arguments = ToolArguments::Json(checked);
-        let result = match call_id {
-            Some(id) => self.inner.call_with_id(&id, &call).await?,
-            None => self.inner.call_in_server_session(&call).await?,
-        };
+        // The call runs to its end in a task of its own, whatever becomes of the request
+        // (a client that disconnects or cancels): its outcome is recorded, so the
+        // client's retry with the same call id gets the result instead of a refusal.
+        let inner = Arc::clone(&self.inner);
+        let running = tokio::spawn(async move {
+            match call_id {
+                Some(id) => inner.call_with_id(&id, &call).await,
+                None => inner.call_in_server_session(&call).await,
+            }
+        });
+        let result = running.await.map_err(|e| {
+            ErrorData::internal_error(format!("call `{shown}` failed in the server: {e}"), None)
+        })??;
         mcp_result(&result)
     }
 }
