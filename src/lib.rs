@@ -83,6 +83,8 @@
 //! | `sqlite` | yes | [`sqlite`]: the embedded SQLite store |
 //! | `postgres` | no | `postgres`: the PostgreSQL store, for many workers on many machines |
 //! | `mcp` | no | `mcp`: serve a [`Toolbox`] over MCP, call remote MCP tools durably (rmcp) |
+//! | `openai` | no | `openai`: typed adapters for async-openai's Chat Completions types |
+//! | `rig` | no | `rig`: `#[durable_tool]`s as rig tools and a journaled rig completion model |
 //!
 //! [`connect`] opens whichever of them a URL names.
 
@@ -99,8 +101,8 @@ pub use durable_core::{
 pub use durable_core::{PoolReport, ShutdownSignal, ShutdownTrigger, Worker};
 // Tools and dispatch.
 pub use durable_core::{
-    IdempotencyKey, ModelToolCall, ReplayClass, RetryPolicy, Tool, ToolArguments, ToolContext,
-    ToolOutput, ToolResult, ToolSpec, Toolbox, Verification,
+    Definitions, IdempotencyKey, ModelToolCall, ReplayClass, RetryPolicy, Tool, ToolArguments,
+    ToolContext, ToolOutput, ToolResult, ToolSpec, Toolbox, Verification,
 };
 // The function only: `durable_core::retry` is also a module, which re-exporting the name
 // from the crate root would bring along as a second path to `RetryPolicy` and the rest.
@@ -133,6 +135,7 @@ pub mod error {
     //! | [`ArgumentError`] (+ [`ArgumentErrorKind`]) | JSON that cannot be journaled exactly; inside `DurableError::InvalidArguments` / `InvalidValue` |
     //! | [`ToolboxError`] | [`Toolbox::with`](crate::Toolbox::with) |
     //! | [`SchemaError`] (+ [`SchemaErrorKind`]) | tool names and schemas a provider would refuse |
+    //! | [`IncompleteExport`] | [`Definitions::all`](crate::Definitions::all): tools a dialect cannot express |
     //! | [`PlanError`] | plan operations (messages written for the model) |
     //! | [`BudgetExceeded`], [`InvalidAmount`] | budget checks and amounts |
     //! | [`RetryError`] | [`retry`](crate::retry()) |
@@ -150,7 +153,7 @@ pub mod error {
     pub use durable_core::retry::RetryError;
     pub use durable_core::schema::{SchemaError, SchemaErrorKind};
     pub use durable_core::snapshot::{BudgetExceeded, InvalidAmount, PlanError};
-    pub use durable_core::toolbox::ToolboxError;
+    pub use durable_core::toolbox::{IncompleteExport, ToolboxError};
     pub use durable_core::{ArgumentError, ArgumentErrorKind};
 }
 
@@ -248,6 +251,17 @@ pub use durable_postgres as postgres;
 #[cfg(feature = "mcp")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mcp")))]
 pub use durable_mcp as mcp;
+
+/// Typed adapters for async-openai's Chat Completions types: tool definitions, tool
+/// calls from the raw argument text, tool messages, usage as [`Spend`].
+#[cfg(feature = "openai")]
+#[cfg_attr(docsrs, doc(cfg(feature = "openai")))]
+pub use durable_openai as openai;
+/// rig agents on durable: tools bound to a session's journal, a journaled completion
+/// model (`DurableRig`).
+#[cfg(feature = "rig")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rig")))]
+pub use durable_rig as rig;
 
 /// Turns an `async fn` into a durable tool: a JSON schema for its arguments, a replay
 /// class, an idempotency-key rule and a journaling wrapper.

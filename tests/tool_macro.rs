@@ -13,11 +13,13 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
+use durable::error::SchemaErrorKind;
 use durable::sqlite::SqliteStore;
 use durable::store::CallStatus;
 use durable::{
     CallError, CheckpointStore, Durable, DurableError, IdempotencyKey, Message, ReplayClass,
-    RetryPolicy, Session, SessionId, StartOptions, Tool, ToolContext, Verification, durable_tool,
+    RetryPolicy, Session, SessionId, StartOptions, Tool, ToolContext, Toolbox, Verification,
+    durable_tool,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -456,6 +458,52 @@ async fn specs_schemas_and_the_escape_hatch() {
     .expect("join")
     .expect("invoke");
     assert_eq!(output.content, json!(["CDG→OSL (attempt 1)"]));
+}
+
+/// Records an event with free-form properties (a `Value`: strict mode cannot say it).
+#[durable_tool(replay = "pure")]
+async fn track_event(name: String, properties: serde_json::Value) -> Result<bool, Failure> {
+    let _ = (name, properties);
+    Ok(true)
+}
+
+#[test]
+fn a_tool_strict_mode_cannot_express_costs_only_itself() {
+    let toolbox = Toolbox::new()
+        .with(lookup)
+        .and_then(|t| t.with(track_event))
+        .and_then(|t| t.with(send_mail))
+        .expect("register");
+    for (dialect, definitions, name) in [
+        ("chat", toolbox.openai_tools(), "/function/name"),
+        ("responses", toolbox.openai_response_tools(), "/name"),
+    ] {
+        let names: Vec<_> = definitions
+            .tools()
+            .iter()
+            .filter_map(|t| t.pointer(name).and_then(serde_json::Value::as_str))
+            .collect();
+        assert_eq!(names, ["lookup", "send_mail"], "{dialect}");
+        let [skipped] = definitions.skipped() else {
+            panic!("{dialect}: {:?}", definitions.skipped());
+        };
+        assert_eq!(
+            (skipped.tool.as_str(), skipped.pointer.as_str()),
+            ("track_event", "/properties/properties"),
+            "{dialect}"
+        );
+        assert_eq!(skipped.kind, SchemaErrorKind::AnyValue, "{dialect}");
+        assert!(
+            skipped
+                .to_string()
+                .contains("use a typed field, or a string holding JSON"),
+            "{skipped}"
+        );
+        assert!(definitions.all().is_err(), "{dialect}");
+    }
+    // The other dialects carry a free value: every tool.
+    assert_eq!(toolbox.anthropic_tools().all().map(|t| t.len()), Ok(3));
+    assert_eq!(toolbox.mcp_tools().all().map(|t| t.len()), Ok(3));
 }
 
 /// The replay check's hooks: `check_args` decodes like `invoke` (path of the bad field),

@@ -52,7 +52,8 @@ pub use snapshot::{
 pub use store::CheckpointStore;
 pub use tool::{IdempotencyKey, ToolContext, ToolSpec, Verification};
 pub use toolbox::{
-    ModelToolCall, Tool, ToolArguments, ToolOutput, ToolResult, Toolbox, ToolboxError,
+    Definitions, IncompleteExport, ModelToolCall, Tool, ToolArguments, ToolOutput, ToolResult,
+    Toolbox, ToolboxError,
 };
 pub use transcript::{Block, Message, Role, ToolCallBlock, ToolResultBlock};
 pub use worker::{PoolReport, ShutdownSignal, ShutdownTrigger, Worker};

@@ -56,7 +56,7 @@
 //! # async fn demo(session: &mut Session<Message>, read_file: impl Tool, send_email: impl Tool)
 //! # -> Result<(), Box<dyn std::error::Error>> {
 //! let tools = Toolbox::new().with(read_file)?.with(send_email)?;
-//! let definitions = tools.openai_tools()?; // send with the request
+//! let definitions = tools.openai_tools().all()?; // send with the request
 //!
 //! // The model answered with an assistant message holding tool calls:
 //! let reply: Message = session.model(|| async { call_the_model(&definitions).await }).await?;
@@ -205,29 +205,51 @@ impl Toolbox {
 
     /// OpenAI Chat Completions tool definitions, strict mode
     /// ([`schema::openai_function`]), in name order.
-    pub fn openai_tools(&self) -> Result<Vec<Value>, SchemaError> {
-        self.specs().map(schema::openai_function).collect()
+    ///
+    /// A tool strict mode cannot express (a free `serde_json::Value` argument, a map) is
+    /// left out and listed in [`Definitions::skipped`] with the reason; the others are
+    /// exported. Use [`Definitions::all`] to refuse a partial export instead.
+    pub fn openai_tools(&self) -> Definitions {
+        self.export(schema::openai_function)
     }
 
     /// OpenAI Responses API tool definitions, strict mode
-    /// ([`schema::openai_response_tool`]), in name order.
-    pub fn openai_response_tools(&self) -> Result<Vec<Value>, SchemaError> {
-        self.specs().map(schema::openai_response_tool).collect()
+    /// ([`schema::openai_response_tool`]), in name order; what cannot be exported is in
+    /// [`Definitions::skipped`].
+    pub fn openai_response_tools(&self) -> Definitions {
+        self.export(schema::openai_response_tool)
     }
 
-    /// Anthropic tool definitions ([`schema::anthropic_tool`]), in name order.
-    pub fn anthropic_tools(&self) -> Result<Vec<Value>, SchemaError> {
-        self.specs().map(schema::anthropic_tool).collect()
+    /// Anthropic tool definitions ([`schema::anthropic_tool`]), in name order; what
+    /// cannot be exported is in [`Definitions::skipped`].
+    pub fn anthropic_tools(&self) -> Definitions {
+        self.export(schema::anthropic_tool)
     }
 
-    /// MCP tools ([`schema::mcp_tool`]), in name order.
-    pub fn mcp_tools(&self) -> Result<Vec<Value>, SchemaError> {
-        self.specs().map(schema::mcp_tool).collect()
+    /// MCP tools ([`schema::mcp_tool`]), in name order; what cannot be exported is in
+    /// [`Definitions::skipped`].
+    pub fn mcp_tools(&self) -> Definitions {
+        self.export(schema::mcp_tool)
     }
 
-    /// The result of an MCP `tools/list` request: `{"tools": [...]}`.
-    pub fn mcp_tools_list(&self) -> Result<Value, SchemaError> {
-        Ok(json!({ "tools": self.mcp_tools()? }))
+    /// The result of an MCP `tools/list` request, `{"tools": [...]}`, with every tool.
+    ///
+    /// # Errors
+    /// [`IncompleteExport`] when a tool cannot be exported (see [`mcp_tools`](Self::mcp_tools)
+    /// for a partial list).
+    pub fn mcp_tools_list(&self) -> Result<Value, IncompleteExport> {
+        Ok(json!({ "tools": self.mcp_tools().all()? }))
+    }
+
+    fn export(&self, dialect: fn(&ToolSpec) -> Result<Value, SchemaError>) -> Definitions {
+        let mut definitions = Definitions::default();
+        for spec in self.specs() {
+            match dialect(spec) {
+                Ok(tool) => definitions.tools.push(tool),
+                Err(error) => definitions.skipped.push(error),
+            }
+        }
+        definitions
     }
 
     /// Validates a call's arguments and finds its tool, journaling nothing; puts back the
@@ -373,6 +395,90 @@ impl Toolbox {
         calls: &[ModelToolCall],
     ) -> Vec<Result<ToolResult, DurableError>> {
         join_all(calls.iter().map(|call| self.dispatch(journal, call))).await
+    }
+}
+
+/// Tool definitions exported in one dialect, and the tools that dialect cannot express.
+///
+/// One tool that a dialect cannot express does not cost the others: it is left out of
+/// [`tools`](Self::tools) and listed in [`skipped`](Self::skipped) with a
+/// [`SchemaError`] naming the tool, the schema node and what to change. A model never
+/// hears of a skipped tool (so it does not call it); check `skipped` once at startup,
+/// or refuse a partial export with [`all`](Self::all).
+///
+/// ```
+/// # use durable_core::toolbox::Toolbox;
+/// # fn demo(tools: &Toolbox) -> Result<(), Box<dyn std::error::Error>> {
+/// let definitions = tools.openai_tools();
+/// for skipped in definitions.skipped() {
+///     eprintln!("not offered to the model: {skipped}");
+/// }
+/// let request_tools = definitions.into_tools();
+///
+/// // Or: every tool, or an error listing each one that cannot be exported.
+/// let request_tools = tools.openai_tools().all()?;
+/// # let _ = request_tools; Ok(()) }
+/// ```
+#[derive(Debug, Clone, Default, PartialEq)]
+#[must_use = "a tool the dialect cannot express is only reported in `skipped()`"]
+pub struct Definitions {
+    tools: Vec<Value>,
+    skipped: Vec<SchemaError>,
+}
+
+impl Definitions {
+    /// The exported definitions, in name order.
+    pub fn tools(&self) -> &[Value] {
+        &self.tools
+    }
+
+    /// The tools left out, each with why (in name order).
+    pub fn skipped(&self) -> &[SchemaError] {
+        &self.skipped
+    }
+
+    /// The exported definitions, leaving out the skipped tools.
+    pub fn into_tools(self) -> Vec<Value> {
+        self.tools
+    }
+
+    /// Every tool's definition.
+    ///
+    /// # Errors
+    /// [`IncompleteExport`], listing every tool that could not be exported.
+    pub fn all(self) -> Result<Vec<Value>, IncompleteExport> {
+        if self.skipped.is_empty() {
+            Ok(self.tools)
+        } else {
+            Err(IncompleteExport {
+                skipped: self.skipped,
+            })
+        }
+    }
+}
+
+/// Some tools of a toolbox cannot be exported in a dialect ([`Definitions::all`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub struct IncompleteExport {
+    /// Each tool left out, with why.
+    pub skipped: Vec<SchemaError>,
+}
+
+impl fmt::Display for IncompleteExport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.skipped.len();
+        write!(
+            f,
+            "{n} tool{} cannot be exported in this dialect: ",
+            if n == 1 { "" } else { "s" }
+        )?;
+        for (i, error) in self.skipped.iter().enumerate() {
+            if i > 0 {
+                f.write_str("; ")?;
+            }
+            write!(f, "{error}")?;
+        }
+        Ok(())
     }
 }
 

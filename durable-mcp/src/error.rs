@@ -1,7 +1,7 @@
 //! Errors: what a refused `tools/call` answers (JSON-RPC error codes and their `data`),
 //! and the errors of building a server or a remote toolbox.
 
-use durable_core::{DurableError, SchemaError, StoreError, ToolboxError};
+use durable_core::{DurableError, IncompleteExport, StoreError, ToolboxError};
 use rmcp::ErrorData;
 use serde_json::json;
 
@@ -101,9 +101,9 @@ pub(crate) fn to_mcp(error: &DurableError, call: &str, session: &str) -> ErrorDa
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ServeError {
-    /// A tool's schema cannot be published as an MCP tool.
+    /// A tool's schema cannot be published as an MCP tool (each such tool is listed).
     #[error("cannot publish the toolbox over MCP: {0}")]
-    Schema(#[from] SchemaError),
+    Schema(#[from] IncompleteExport),
     /// The server's session id or call-session prefix is not a valid id.
     #[error("invalid server configuration: {0}; choose another server name, session id or prefix")]
     InvalidId(StoreError),

@@ -79,7 +79,8 @@ impl DurableMcpServerBuilder {
             .map_err(ServeError::InvalidId)?;
         let tools = self
             .toolbox
-            .mcp_tools()?
+            .mcp_tools()
+            .all()?
             .into_iter()
             .map(|tool| {
                 serde_json::from_value::<McpTool>(tool)

@@ -426,7 +426,7 @@ async fn run(options: &Options) -> Result<i32, Error> {
         }
         Err(e) => return Err(e.into()),
     };
-    let definitions = toolbox.anthropic_tools()?;
+    let definitions = toolbox.anthropic_tools().all()?;
 
     loop {
         // A crash after the last checkpoint but before the status was written: the

@@ -81,20 +81,23 @@ fn exports_are_in_name_order() {
     let expected = ["charge", "read", "send_email"];
     assert_eq!(
         names(
-            tools.openai_tools().expect("openai"),
+            tools.openai_tools().all().expect("openai"),
             |t| &t["function"]["name"]
         ),
         expected
     );
     assert_eq!(
         names(
-            tools.openai_response_tools().expect("responses"),
+            tools.openai_response_tools().all().expect("responses"),
             |t| &t["name"]
         ),
         expected
     );
     assert_eq!(
-        names(tools.anthropic_tools().expect("anthropic"), |t| &t["name"]),
+        names(
+            tools.anthropic_tools().all().expect("anthropic"),
+            |t| &t["name"]
+        ),
         expected
     );
     let list = tools.mcp_tools_list().expect("mcp");
@@ -115,10 +118,42 @@ fn exports_are_in_name_order() {
         json!({"type": "object", "properties": {"h": {"type": "object", "additionalProperties": {"type": "string"}}}}),
     ));
     let tools = tools.with(map).expect("register");
-    let err = tools.openai_tools().expect_err("map");
+    let openai = tools.openai_tools();
+    // The others are still exported, in name order; the map is listed with its reason.
+    assert_eq!(
+        names(openai.tools().to_vec(), |t| &t["function"]["name"]),
+        expected
+    );
+    let [err] = openai.skipped() else {
+        panic!("one tool skipped: {:?}", openai.skipped());
+    };
     assert_eq!(err.tool, "headers");
     assert_eq!(err.pointer, "/properties/h/additionalProperties");
-    assert!(tools.anthropic_tools().is_ok());
+    assert!(
+        matches!(err.kind, crate::SchemaErrorKind::OpenMap(_)),
+        "{err}"
+    );
+    assert_eq!(
+        tools.openai_response_tools().skipped(),
+        std::slice::from_ref(err)
+    );
+    // `all` refuses the partial export, naming the tool and what to change.
+    let whole = openai.clone().all().expect_err("partial");
+    assert_eq!(whole.skipped, std::slice::from_ref(err));
+    let text = whole.to_string();
+    assert!(
+        text.starts_with("1 tool cannot be exported in this dialect: tool `headers`: schema at `/properties/h/additionalProperties`")
+            && text.contains("use a struct with named fields"),
+        "{text}"
+    );
+    // Anthropic and MCP express maps: every tool.
+    assert_eq!(tools.anthropic_tools().all().map(|t| t.len()), Ok(4));
+    assert_eq!(
+        tools
+            .mcp_tools_list()
+            .map(|l| l["tools"].as_array().map(Vec::len)),
+        Ok(Some(4))
+    );
 }
 
 #[test]

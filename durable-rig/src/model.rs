@@ -1,0 +1,153 @@
+//! A rig completion model whose replies go through a session's journal.
+
+use std::sync::Arc;
+
+use durable_core::snapshot::Spend;
+use durable_core::{CallError, Journal};
+use rig_core::DynModel;
+use rig_core::completion::{CompletionRequest, CompletionResponse, ModelRef, Usage};
+use rig_core::effect::{EffectKind, FamilyDescriptor, HandlerDescriptor, Outcome, family};
+use rig_core::error::{ErrorKind, ErrorReport};
+use rig_core::operation::Completion;
+use rig_core::serve::{Dispatch, Reply, Serve};
+
+use crate::shared::Shared;
+
+/// A rig completion model journaled by durable: the model handler (rig's [`Serve`],
+/// completion family) that a rig agent asks for each reply.
+///
+/// Each reply is recorded by its position in the session's step
+/// ([`Journal::model_with_spend`]) under the inner model's id
+/// ([`Journal::with_model_name`]); a re-run turn gets the recorded replies back and the
+/// inner model is not asked. What is recorded is rig's [`CompletionResponse`] as
+/// serde writes it: the assistant content (`choice`), the `usage`, the `origin`, the
+/// finish reason and `raw`, the provider's response document. The spend charged to the
+/// session is the reply's `usage`: input and output tokens, and its cost in USD when
+/// the provider reported one.
+///
+/// Streaming is not journaled: a streamed completion (rig's `stream()` runs) is refused
+/// with an error saying so; run the agent with `run()`.
+///
+/// Built by [`DurableRig::model`](crate::DurableRig::model).
+pub struct JournaledModel {
+    label: ModelRef,
+    inner: DynModel<Completion>,
+    journal: Journal,
+    shared: Arc<Shared>,
+}
+
+impl std::fmt::Debug for JournaledModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JournaledModel")
+            .field("label", &self.label)
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What a reply cost: its tokens, and its cost when the provider reported one (a cost
+/// that is not a finite, non-negative amount is left out, the tokens still count).
+pub fn spend_of(usage: &Usage) -> Spend {
+    let input = usage.input_tokens.unwrap_or(0);
+    let output = usage.output_tokens.unwrap_or(0);
+    usage
+        .cost
+        .and_then(|cost| Spend::new(cost.total, input, output).ok())
+        .unwrap_or(Spend::from_nano_usd(0, input, output))
+}
+
+impl JournaledModel {
+    pub(crate) fn new(
+        label: ModelRef,
+        inner: DynModel<Completion>,
+        journal: &Journal,
+        shared: Arc<Shared>,
+    ) -> Self {
+        let journal = match inner.id() {
+            Some(id) => journal.with_model_name(id),
+            None => journal.clone(),
+        };
+        JournaledModel {
+            label,
+            inner,
+            journal,
+            shared,
+        }
+    }
+
+    /// Asks the journal for the next reply: the recorded one on a re-run turn, else the
+    /// inner model's, recorded before it is returned.
+    ///
+    /// # Errors
+    /// The inner model's error (nothing is recorded), or the journal's (the run stops;
+    /// the typed error waits in [`DurableRig::take_error`](crate::DurableRig::take_error)).
+    pub async fn complete(
+        &self,
+        request: CompletionRequest,
+    ) -> Result<CompletionResponse, ErrorReport> {
+        let reply = self
+            .journal
+            .model_with_spend(
+                || self.inner.call(request),
+                |response: &CompletionResponse| Some(spend_of(&response.usage)),
+            )
+            .await;
+        match reply {
+            Ok(response) => {
+                self.shared.note_reply(&response.raw);
+                Ok(response)
+            }
+            Err(CallError::Tool(error)) => Err(ErrorReport::from(error)),
+            Err(CallError::Recorded(failure)) => Err(ErrorReport::new(
+                ErrorKind::Provider,
+                format!("recorded model failure: {}", failure.message),
+            )),
+            Err(CallError::Durable(error)) => {
+                let report = ErrorReport::new(
+                    ErrorKind::HandlerUnavailable,
+                    format!("durable stopped the run at a model reply: {error}"),
+                )
+                .with_retryable(false);
+                self.shared.stopped(error);
+                Err(report)
+            }
+        }
+    }
+}
+
+impl Serve for JournaledModel {
+    type Family = family::Completion;
+
+    fn descriptor(&self) -> HandlerDescriptor {
+        HandlerDescriptor {
+            key: rig_core::effect::model_key(self.label.as_str()),
+            family: FamilyDescriptor::Completion {
+                model: self.label.clone(),
+                capabilities: self.inner.capabilities().completion,
+            },
+            layers: Vec::new(),
+        }
+    }
+
+    async fn serve(&self, kind: EffectKind, _dispatch: Dispatch) -> Reply {
+        match kind {
+            EffectKind::Completion {
+                request,
+                stream: false,
+            } => Reply::Outcome(self.complete(request).await.map(Outcome::Completion)),
+            EffectKind::Completion { stream: true, .. } => Reply::Outcome(Err(ErrorReport::new(
+                ErrorKind::HandlerUnavailable,
+                "durable journals whole completions, not streams: run the agent with \
+                     `run()` instead of `stream()`",
+            )
+            .with_retryable(false))),
+            other => Reply::Outcome(Err(ErrorReport::new(
+                ErrorKind::HandlerUnavailable,
+                format!(
+                    "a journaled completion model cannot serve a `{}` effect",
+                    other.name()
+                ),
+            ))),
+        }
+    }
+}

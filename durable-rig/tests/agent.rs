@@ -1,0 +1,267 @@
+//! rig's own agent loop (multi-turn, with tools) against the canned OpenAI-compatible
+//! server on loopback, through rig's Chat Completions client, inside durable sessions.
+
+mod common;
+
+use std::sync::Arc;
+
+use durable::{CheckpointStore, Durable, SessionId, StartOptions};
+use durable_openai_stub::{Reply, Script, Stub};
+use durable_rig::DurableRig;
+use rig_core::completion::CompletionRequest;
+use rig_core::providers::openai::OpenAIConfig;
+use rig_core::providers::openai::wire::Chat;
+use serde_json::{Value, json};
+
+use common::{FINAL, PROMPT, effects, ledger_path, script, toolbox};
+
+fn chat(stub: &Stub) -> rig_core::Model<Chat> {
+    OpenAIConfig::new("test-key")
+        .with_base_url(stub.base_url())
+        .client()
+        .chat("stub-model")
+}
+
+async fn runtime(dir: &tempfile::TempDir) -> Durable {
+    let url = format!("sqlite:{}", dir.path().join("store.db").display());
+    let store: Arc<dyn CheckpointStore> = durable::connect(&url).await.expect("store");
+    Durable::builder(store).owner("rig-tests").build()
+}
+
+/// One rig run in `session`'s journal; the reply's text.
+async fn run_agent(journal: &durable::Journal, stub: &Stub) -> Result<String, String> {
+    let rig = DurableRig::new(journal.clone(), toolbox());
+    let agent = rig
+        .agent(chat(stub))
+        .expect("tools")
+        .preamble("You run a shop.")
+        .build();
+    match agent.prompt(PROMPT).max_turns(5).run().await {
+        Ok(reply) => Ok(reply.output()),
+        Err(error) => Err(match rig.take_error() {
+            Some(durable) => format!("durable: {durable}"),
+            None => format!("rig: {error}"),
+        }),
+    }
+}
+
+/// The tool messages of a request body, `(call id, content)`.
+fn tool_messages(body: &Value) -> Vec<(String, String)> {
+    body["messages"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|m| m["role"] == "tool")
+        .map(|m| {
+            let content = match &m["content"] {
+                Value::String(text) => text.clone(),
+                other => other.to_string(),
+            };
+            (m["tool_call_id"].as_str().unwrap_or("").to_owned(), content)
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn a_run_is_journaled_and_a_rerun_asks_the_model_nothing_and_runs_no_tool() {
+    let stub = Stub::start(script()).await.expect("stub");
+    let dir = tempfile::tempdir().expect("dir");
+    let durable = runtime(&dir).await;
+    let id = SessionId::new("order-1");
+    let session = durable
+        .start::<Value>(StartOptions::new().with_id(id.clone()))
+        .await
+        .expect("session");
+
+    assert_eq!(
+        run_agent(session.journal(), &stub).await.as_deref(),
+        Ok(FINAL)
+    );
+    let requests = stub.requests();
+    assert_eq!(requests.len(), 2, "two model turns");
+    // The tool results reached the model in its second request, by the model's call ids.
+    let results = tool_messages(&requests[1]);
+    let ids: Vec<&str> = results.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(ids, ["call_lookup", "call_email", "call_charge"]);
+    assert!(results[0].1.contains("\"price_cents\":1200"), "{results:?}");
+    assert!(results[2].1.contains("ch_o-1_1200"), "{results:?}");
+    // The definitions rig sent are durable's schemas.
+    let tools = requests[0]["tools"].as_array().expect("tools sent");
+    let charge = tools
+        .iter()
+        .find(|t| t["function"]["name"] == "charge")
+        .expect("charge defined");
+    assert_eq!(
+        charge["function"]["parameters"]["required"],
+        json!(["order", "cents"])
+    );
+    let ledger = ledger_path();
+    assert_eq!(
+        effects(&ledger, id.as_str()).await,
+        ["lookup", "send_email", "charge"]
+    );
+
+    // The worker dies before its checkpoint; the run is re-run in a resumed session.
+    drop(session);
+    let mut resumed = durable.resume::<Value>(&id).await.expect("resume").session;
+    assert_eq!(
+        run_agent(resumed.journal(), &stub).await.as_deref(),
+        Ok(FINAL)
+    );
+    assert_eq!(
+        stub.requests().len(),
+        2,
+        "the recorded replies were replayed"
+    );
+    assert_eq!(
+        effects(&ledger, id.as_str()).await,
+        ["lookup", "send_email", "charge"],
+        "no tool ran again"
+    );
+    // The spend of both replies, from the provider's usage, charged once.
+    resumed.push(json!({"role": "assistant", "content": FINAL}));
+    resumed.checkpoint().await.expect("checkpoint");
+    let (input, output) = durable_openai_stub::USAGE;
+    assert_eq!(resumed.budget().total_tokens(), 2 * (input + output));
+}
+
+#[tokio::test]
+async fn duplicate_keys_in_the_raw_arguments_are_refused_to_the_model() {
+    let stub = Stub::start(Script::new([
+        Reply::tool_calls([(
+            "call_dup",
+            "charge",
+            r#"{"order":"o-1","order":"o-2","cents":1}"#,
+        )]),
+        Reply::text("I will ask again."),
+    ]))
+    .await
+    .expect("stub");
+    let dir = tempfile::tempdir().expect("dir");
+    let durable = runtime(&dir).await;
+    let session = durable
+        .start::<Value>(StartOptions::new().with_id(SessionId::new("dup")))
+        .await
+        .expect("session");
+    assert_eq!(
+        run_agent(session.journal(), &stub).await.as_deref(),
+        Ok("I will ask again.")
+    );
+    // rig parses the arguments (the last `order` wins) before a tool sees them; the
+    // raw text from the journaled reply is what durable checked.
+    let results = tool_messages(&stub.requests()[1]);
+    assert_eq!(results.len(), 1);
+    assert!(
+        results[0].1.contains("`order` appears more than once"),
+        "{results:?}"
+    );
+    assert!(
+        effects(&ledger_path(), "dup").await.is_empty(),
+        "nothing charged"
+    );
+}
+
+#[tokio::test]
+async fn a_recorded_reply_round_trips_and_the_inner_model_is_not_asked() {
+    let stub = Stub::start(Script::new([Reply::tool_calls([(
+        "call_1",
+        "lookup",
+        r#"{"sku":"MUG-1"}"#,
+    )])]))
+    .await
+    .expect("stub");
+    let dir = tempfile::tempdir().expect("dir");
+    let durable = runtime(&dir).await;
+    let id = SessionId::new("round-trip");
+    let session = durable
+        .start::<Value>(StartOptions::new().with_id(id.clone()))
+        .await
+        .expect("session");
+    let rig = DurableRig::new(session.journal().clone(), toolbox());
+    let first = rig
+        .model("default", chat(&stub))
+        .complete(CompletionRequest::new("Is MUG-1 in stock?"))
+        .await
+        .expect("reply");
+    drop(session);
+    let resumed = durable.resume::<Value>(&id).await.expect("resume").session;
+    let rig = DurableRig::new(resumed.journal().clone(), toolbox());
+    let replayed = rig
+        .model("default", chat(&stub))
+        .complete(CompletionRequest::new("Is MUG-1 in stock?"))
+        .await
+        .expect("replayed");
+    assert_eq!(stub.requests().len(), 1, "asked once");
+    assert_eq!(
+        first, replayed,
+        "the whole CompletionResponse, raw document included"
+    );
+    assert_eq!(
+        replayed.raw["choices"][0]["message"]["tool_calls"][0]["id"],
+        "call_1"
+    );
+}
+
+#[tokio::test]
+async fn a_streamed_run_is_refused_with_an_error_that_says_to_use_run() {
+    use futures_util::StreamExt;
+
+    let stub = Stub::start(script()).await.expect("stub");
+    let dir = tempfile::tempdir().expect("dir");
+    let durable = runtime(&dir).await;
+    let session = durable
+        .start::<Value>(StartOptions::new().with_id(SessionId::new("streamed")))
+        .await
+        .expect("session");
+    let rig = DurableRig::new(session.journal().clone(), toolbox());
+    let agent = rig.agent(chat(&stub)).expect("tools").build();
+    let mut stream = agent.prompt(PROMPT).stream();
+    let mut error = None;
+    while let Some(item) = stream.next().await {
+        if let Err(e) = item {
+            error = Some(e.to_string());
+            break;
+        }
+    }
+    let error = error.expect("the streamed run fails");
+    assert!(error.contains("run the agent with `run()`"), "{error}");
+    assert!(stub.requests().is_empty(), "the model was not asked");
+}
+
+#[tokio::test]
+async fn a_tool_failure_is_text_the_model_reads_and_is_replayed_as_recorded() {
+    let stub = Stub::start(Script::new([
+        Reply::tool_calls([("call_gone", "lookup", r#"{"sku":"GONE-1"}"#)]),
+        Reply::text("That item does not exist."),
+    ]))
+    .await
+    .expect("stub");
+    let dir = tempfile::tempdir().expect("dir");
+    let durable = runtime(&dir).await;
+    let id = SessionId::new("gone");
+    let session = durable
+        .start::<Value>(StartOptions::new().with_id(id.clone()))
+        .await
+        .expect("session");
+    assert_eq!(
+        run_agent(session.journal(), &stub).await.as_deref(),
+        Ok("That item does not exist.")
+    );
+    let results = tool_messages(&stub.requests()[1]);
+    assert_eq!(
+        results,
+        [(
+            "call_gone".to_owned(),
+            r#"{"error":"no such SKU: GONE-1"}"#.to_owned()
+        )]
+    );
+    // Re-run: the recorded failure is what the tool returns; it does not run again.
+    drop(session);
+    let resumed = durable.resume::<Value>(&id).await.expect("resume").session;
+    assert_eq!(
+        run_agent(resumed.journal(), &stub).await.as_deref(),
+        Ok("That item does not exist.")
+    );
+    assert_eq!(stub.requests().len(), 2);
+    assert_eq!(effects(&ledger_path(), "gone").await, ["lookup"]);
+}
