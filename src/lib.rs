@@ -82,6 +82,7 @@
 //! |---|---|---|
 //! | `sqlite` | yes | [`sqlite`]: the embedded SQLite store |
 //! | `postgres` | no | `postgres`: the PostgreSQL store, for many workers on many machines |
+//! | `mcp` | no | `mcp`: serve a [`Toolbox`] over MCP, call remote MCP tools durably (rmcp) |
 //! | `openai` | no | `openai`: typed adapters for async-openai's Chat Completions types |
 //! | `rig` | no | `rig`: `#[durable_tool]`s as rig tools and a journaled rig completion model |
 //!
@@ -243,6 +244,13 @@ pub use durable_sqlite as sqlite;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use durable_postgres as postgres;
+
+/// MCP, both directions (rmcp): serve a [`Toolbox`] as an MCP server with journaled,
+/// exactly-once calls ([`DurableMcpServer`](mcp::DurableMcpServer)), and call a remote
+/// server's tools durably ([`RemoteTools`](mcp::RemoteTools)).
+#[cfg(feature = "mcp")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mcp")))]
+pub use durable_mcp as mcp;
 
 /// Typed adapters for async-openai's Chat Completions types: tool definitions, tool
 /// calls from the raw argument text, tool messages, usage as [`Spend`].

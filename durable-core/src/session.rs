@@ -328,13 +328,41 @@ where
         self.checkpoint_waking_at(None).await
     }
 
+    /// Like [`checkpoint`](Self::checkpoint), but ends the step even when this attempt
+    /// did not replay every recorded call with a side effect of it: their rows stay in
+    /// the journal (an in-doubt `unsafe_on_replay` one keeps holding the session-wide
+    /// barrier, in every later step, until it is settled), and the session moves on
+    /// without their results.
+    ///
+    /// For harnesses whose steps are independent requests rather than turns of one
+    /// conversation, such as an MCP server's own session (`durable-mcp`): the client of a
+    /// request a crash interrupted is gone, and no re-run will ever ask for that call
+    /// again, so there is no conversation its result could drop out of. Anywhere else
+    /// it drops a recorded effect from the conversation unseen, which is what
+    /// [`DurableError::ReplayDiverged`] protects against: use
+    /// [`checkpoint`](Self::checkpoint). Calls awaiting approval still refuse it
+    /// ([`DurableError::AwaitingApproval`]).
+    pub async fn dangerous_checkpoint_unreplayed(
+        &mut self,
+    ) -> Result<CheckpointMeta, DurableError> {
+        let span = self.checkpoint_span();
+        let written = self
+            .write_checkpoint(None, false)
+            .instrument(span.clone())
+            .await;
+        if let Err(e) = &written {
+            span.record(telemetry::ERROR_TYPE, telemetry::durable_error_type(e));
+        }
+        written
+    }
+
     async fn checkpoint_waking_at(
         &mut self,
         wake_at: Option<i64>,
     ) -> Result<CheckpointMeta, DurableError> {
         let span = self.checkpoint_span();
         let written = self
-            .write_checkpoint(wake_at)
+            .write_checkpoint(wake_at, true)
             .instrument(span.clone())
             .await;
         if let Err(e) = &written {
@@ -353,9 +381,13 @@ where
         )
     }
 
+    /// Writes the next checkpoint; `replayed` refuses a step whose recorded calls were
+    /// not all replayed (false only for
+    /// [`dangerous_checkpoint_unreplayed`](Self::dangerous_checkpoint_unreplayed)).
     async fn write_checkpoint(
         &mut self,
         wake_at: Option<i64>,
+        replayed: bool,
     ) -> Result<CheckpointMeta, DurableError> {
         if let Some(version) = self.journal.checkpoint_in_doubt() {
             return Err(DurableError::CheckpointInDoubt {
@@ -365,7 +397,11 @@ where
         }
         // A re-run step whose recorded effects were not all replayed may not end: their
         // results would vanish from the conversation and the next step could repeat them.
-        self.journal.check_step_replayed().await?;
+        if replayed {
+            self.journal.check_step_replayed().await?;
+        } else {
+            self.journal.check_approvals_settled().await?;
+        }
         let mut checkpoint = self.snapshot()?;
         checkpoint.wake_at = wake_at;
         #[cfg(feature = "failpoints")]

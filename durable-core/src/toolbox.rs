@@ -260,17 +260,7 @@ impl Toolbox {
         journal: &Journal,
         call: &ModelToolCall,
     ) -> Result<Prepared<'_>, DurableError> {
-        let Some(tool) = self.tools.get(&call.name) else {
-            let available = if self.tools.is_empty() {
-                "(none)".to_owned()
-            } else {
-                self.names().collect::<Vec<_>>().join(", ")
-            };
-            return Err(DurableError::UnknownTool {
-                name: quoted_name(&call.name),
-                available,
-            });
-        };
+        let tool = self.find(&call.name)?;
         let spec = tool.spec();
         let secrets = secret::secret_args(&spec.name, &spec.secret_args);
         let vault = &journal.inner.vault;
@@ -294,6 +284,41 @@ impl Toolbox {
             args,
             withheld: missing,
         })
+    }
+
+    /// The tool called `name`, or [`DurableError::UnknownTool`].
+    fn find(&self, name: &str) -> Result<&Arc<dyn Tool>, DurableError> {
+        self.tools
+            .get(name)
+            .ok_or_else(|| DurableError::UnknownTool {
+                name: quoted_name(name),
+                available: if self.tools.is_empty() {
+                    "(none)".to_owned()
+                } else {
+                    self.names().collect::<Vec<_>>().join(", ")
+                },
+            })
+    }
+
+    /// Checks a call as [`dispatch`](Self::dispatch) does before anything is journaled,
+    /// and as the tool does before it journals (its [`Tool::check_args`]), journaling
+    /// nothing and needing no session: for a harness that creates a session per call
+    /// (an MCP server), so that a call the client got wrong leaves nothing behind.
+    /// Returns the arguments as dispatch hashes them (`null` for an optional argument
+    /// removed).
+    ///
+    /// Masked secret arguments are not put back (no journal holds their values here).
+    ///
+    /// # Errors
+    /// [`DurableError::UnknownTool`], [`DurableError::InvalidArguments`] and
+    /// [`DurableError::ArgumentsMismatch`], each naming the JSON path.
+    pub fn check(&self, call: &ModelToolCall) -> Result<Value, DurableError> {
+        let tool = self.find(&call.name)?;
+        let spec = tool.spec();
+        let mut args = self.parse(spec, &call.arguments)?;
+        schema::drop_optional_nulls(&spec.input_schema, &mut args);
+        tool.check_args(&args)?;
+        Ok(args)
     }
 
     /// Parses and checks arguments; an error quotes nothing of a secret argument.

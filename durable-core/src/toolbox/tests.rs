@@ -288,3 +288,75 @@ fn dispatch_futures_are_send(tools: &Toolbox, journal: &Journal, calls: &[ModelT
     fn assert_send_sync<T: Send + Sync + Clone>() {}
     assert_send_sync::<Toolbox>();
 }
+
+/// A tool whose `check_args` refuses a `q` that is not a string, as a generated tool's
+/// deserialization would.
+struct Checked(ToolSpec);
+
+impl Tool for Checked {
+    fn spec(&self) -> &ToolSpec {
+        &self.0
+    }
+
+    fn invoke<'a>(
+        &'a self,
+        journal: &'a Journal,
+        args: Value,
+    ) -> BoxFuture<'a, Result<ToolOutput, DurableError>> {
+        let _ = (journal, args);
+        Box::pin(async { Err(DurableError::BudgetExceeded("not invoked".into())) })
+    }
+
+    fn check_args(&self, args: &Value) -> Result<(), DurableError> {
+        if args.get("q").is_some_and(Value::is_string) {
+            Ok(())
+        } else {
+            Err(DurableError::ArgumentsMismatch {
+                tool: self.0.name.clone(),
+                path: "$.q".into(),
+                message: "expected a string".into(),
+            })
+        }
+    }
+}
+
+#[test]
+fn check_refuses_what_dispatch_would_and_returns_the_hashed_arguments() {
+    let spec = ToolSpec::new(
+        "search",
+        "Search.",
+        ReplayClass::Pure,
+        json!({"type": "object", "properties": {"q": {"type": "string"}, "n": {"type": "integer"}}, "required": ["q"]}),
+    );
+    let tools = Toolbox::new().with(Checked(spec)).expect("register");
+    let check = |name: &str, args: ToolArguments| tools.check(&ModelToolCall::new("c", name, args));
+
+    let ok = check(
+        "search",
+        ToolArguments::Text(r#"{"q": "tea", "n": null}"#.into()),
+    );
+    assert_eq!(
+        ok.ok(),
+        Some(json!({"q": "tea"})),
+        "null for an optional argument dropped"
+    );
+    assert!(matches!(
+        check("find", json!({"q": "tea"}).into()),
+        Err(DurableError::UnknownTool { .. })
+    ));
+    match check(
+        "search",
+        ToolArguments::Text(r#"{"q": "a", "q": "b"}"#.into()),
+    ) {
+        Err(DurableError::InvalidArguments { source, .. }) => assert_eq!(source.path, "$.q"),
+        other => panic!("duplicate key: {other:?}"),
+    }
+    match check("search", json!({"q": 7}).into()) {
+        Err(DurableError::ArgumentsMismatch { path, .. }) => assert_eq!(path, "$.q"),
+        other => panic!("wrong type: {other:?}"),
+    }
+    assert!(matches!(
+        check("search", json!([1]).into()),
+        Err(DurableError::InvalidArguments { .. })
+    ));
+}

@@ -1,0 +1,111 @@
+#![cfg_attr(docsrs, feature(doc_cfg))]
+//! MCP for `durable`, both directions, on [rmcp](https://docs.rs/rmcp) (the official Rust
+//! MCP SDK): serve a [`Toolbox`](durable_core::Toolbox) as an MCP server whose
+//! `tools/call`s are journaled ([`DurableMcpServer`]), and call a remote MCP server's tools
+//! as durable tools ([`RemoteTools`]). Reached as `durable::mcp` with the facade's `mcp`
+//! feature.
+//!
+//! # Serving a toolbox
+//!
+//! ```no_run
+//! # async fn demo(durable: durable_core::Durable, toolbox: durable_core::Toolbox) -> Result<(), Box<dyn std::error::Error>> {
+//! use durable_mcp::DurableMcpServer;
+//!
+//! let server = DurableMcpServer::builder(durable, toolbox, "billing").start().await?;
+//! server.serve_stdio().await?; // or mount `server.http_service(Default::default())`
+//! # Ok(()) }
+//! ```
+//!
+//! `tools/list` is [`Toolbox::mcp_tools`](durable_core::Toolbox::mcp_tools): each tool's
+//! `inputSchema`, and annotations derived from its replay class
+//! ([`McpAnnotations::for_class`](durable_core::McpAnnotations::for_class)).
+//!
+//! ## Exactly once: a call id per call
+//!
+//! A client that sends a call id in the request's `_meta`, under [`CALL_ID_META`]
+//! (`{"_meta": {"durable/callId": "order-17-email"}}`), gets exactly-once across
+//! dropped connections and server restarts. The call runs in a durable session of its
+//! own, `<prefix><first 32 hex digits of the SHA-256 of the call id>` (prefix
+//! `mcp-<server name>-call-` by default, [`call_session_prefix`](DurableMcpServerBuilder::call_session_prefix)),
+//! created or resumed with [`start_or_resume`](durable_core::Durable::start_or_resume);
+//! the call is the session's only call, in step 0, and the session is released (never
+//! checkpointed) after each attempt, so a retry re-runs step 0 and the journal decides:
+//!
+//! - a recorded result (or recorded tool failure) is returned; nothing runs again;
+//! - a `pure` call in doubt runs again; an `idempotent_with_key` one runs again with its
+//!   recorded key;
+//! - an `unsafe_on_replay` call in doubt (the server died while it ran) is refused with
+//!   [`codes::IN_DOUBT`], whose message and `data.call` name the durable call an operator
+//!   resolves (`durable resolve <call> --happened --result <json>` or
+//!   `--did-not-happen`); a retry after that returns the operator's result, or runs the
+//!   call if it did not happen;
+//! - the same call id with another tool or other arguments is refused with
+//!   [`codes::CALL_ID_REUSED`], and nothing runs (the session's metadata records the tool
+//!   and a hash of the arguments; the values of secret arguments are left out of it).
+//!
+//! Two requests with the same call id at once are serialized in the server: the second
+//! waits, then gets the first's recorded result. A server replica or a restarted server
+//! under another owner name finds the session leased and answers [`codes::BUSY`] until
+//! the lease expires: give the server's runtime a stable
+//! [`owner`](durable_core::DurableBuilder::owner).
+//!
+//! ## Calls without a call id: the server's session
+//!
+//! A call without a call id runs in the server's own long-lived session
+//! ([`session_id`](DurableMcpServerBuilder::session_id), default `mcp-<server name>`,
+//! stable across restarts), one step per call: a checkpoint follows every call that
+//! reached an outcome. Such calls are **serialized** through the session, in arrival
+//! order (one step, one call: the journal's identities stay simple and a crash leaves at
+//! most one call in doubt); calls with a call id run concurrently beside them, each in
+//! its own session.
+//!
+//! On start the server resumes its session and moves it to a fresh step
+//! ([`Session::dangerous_checkpoint_unreplayed`](durable_core::Session::dangerous_checkpoint_unreplayed):
+//! a step is one request, and a request a crash interrupted is never asked for again,
+//! since its client is gone). The session-wide barrier applies exactly as in-process: an
+//! `unsafe_on_replay` call the crash left in doubt makes every later call with a side
+//! effect fail with [`codes::IN_DOUBT`] (naming it) until an operator resolves it;
+//! `pure` calls still run. Without a call id a retry is a new call: a client that needs
+//! retries sends call ids.
+//!
+//! Every call runs to its end in a task of its own, whatever becomes of its request: a
+//! client that disconnects or cancels does not leave the call half-run, and its retry with
+//! the same call id gets the recorded result.
+//!
+//! ## MCP sessions and clients
+//!
+//! Neither the client nor the MCP session (`Mcp-Session-Id` over HTTP, the connection
+//! over stdio) keys anything durable: an MCP session does not survive a server restart,
+//! and a client may reconnect under another one. Only the call id does, so every client
+//! of one server shares its session and its barrier, and two clients sending the same
+//! call id get the same call.
+//!
+//! ## Refusals
+//!
+//! A call the client got wrong (unknown tool, arguments that are not exact JSON or do not
+//! fit the tool's type, a malformed call id) is a JSON-RPC error [`codes::INVALID_PARAMS`]
+//! whose message names the JSON path (also in `data.path`); it is refused before any
+//! session is touched, so nothing is journaled ([`Toolbox::check`](durable_core::Toolbox::check)).
+//! A tool that ran and failed is a normal result with `isError: true`. The other codes are
+//! in [`codes`].
+//!
+//! # Calling remote tools
+//!
+//! [`RemoteTools`] wraps the tools of a connected server (any rmcp client transport) as
+//! durable [`Tool`](durable_core::Tool)s, journaled like any tool in the session that
+//! dispatches them; see its docs for how each tool's replay class is chosen. Each call
+//! carries its durable call id under [`CALL_ID_META`], so a durable server on the other
+//! side deduplicates re-sent calls end to end.
+
+mod call_id;
+mod error;
+mod remote;
+mod server;
+
+pub use call_id::{CALL_ID_META, MAX_CALL_ID_BYTES};
+pub use error::{RemoteToolsError, ServeError, codes};
+pub use remote::{DEFAULT_CALL_TIMEOUT, RemoteTool, RemoteTools};
+pub use server::{DurableMcpServer, DurableMcpServerBuilder};
+
+/// The rmcp crate this one is built on (the version whose types its API uses).
+pub use rmcp;

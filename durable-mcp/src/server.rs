@@ -1,0 +1,474 @@
+//! [`DurableMcpServer`]: a [`Toolbox`] served over MCP, every `tools/call` journaled.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex as StdMutex};
+
+use durable_core::{
+    Durable, DurableError, Message, ModelToolCall, Session, SessionId, StartOptions, ToolArguments,
+    ToolResult, Toolbox, canonical,
+};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
+    PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool as McpTool,
+};
+use rmcp::service::RequestContext;
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use rmcp::{ErrorData, RoleServer, ServerHandler, ServiceExt};
+use serde_json::{Value, json};
+use tokio::sync::Mutex;
+
+use crate::call_id::{call_session_id, client_call_id};
+use crate::error::{ServeError, codes, to_mcp};
+
+/// Configures a [`DurableMcpServer`]: `DurableMcpServer::builder(durable, toolbox, "name")`.
+#[derive(Debug)]
+pub struct DurableMcpServerBuilder {
+    durable: Durable,
+    toolbox: Toolbox,
+    name: String,
+    version: String,
+    instructions: Option<String>,
+    session: Option<String>,
+    call_prefix: Option<String>,
+}
+
+impl DurableMcpServerBuilder {
+    /// The server version announced to clients (default: this crate's version).
+    pub fn version(mut self, version: impl Into<String>) -> Self {
+        self.version = version.into();
+        self
+    }
+
+    /// Instructions announced to clients in the `initialize` result.
+    pub fn instructions(mut self, instructions: impl Into<String>) -> Self {
+        self.instructions = Some(instructions.into());
+        self
+    }
+
+    /// The id of the server's own session, where calls without a call id run (default
+    /// `mcp-<name>`). Keep it stable across restarts: its journal holds the barrier.
+    pub fn session_id(mut self, id: impl Into<String>) -> Self {
+        self.session = Some(id.into());
+        self
+    }
+
+    /// The prefix of the sessions of calls with a call id (default `mcp-<name>-call-`);
+    /// each such session is this prefix and 32 hex digits of the call id's SHA-256.
+    pub fn call_session_prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.call_prefix = Some(prefix.into());
+        self
+    }
+
+    /// Checks the configuration, builds the `tools/list` answer, and opens the server's
+    /// own session: resumed if it exists (its in-doubt calls hold the barrier again),
+    /// then moved to a fresh step.
+    ///
+    /// # Errors
+    /// [`ServeError::Schema`] for a tool MCP cannot describe, [`ServeError::InvalidId`]
+    /// for a session id or prefix the store would refuse, [`ServeError::Session`] when the
+    /// session cannot be opened (e.g. another server holds it).
+    pub async fn start(self) -> Result<DurableMcpServer, ServeError> {
+        let session = self.session.unwrap_or_else(|| format!("mcp-{}", self.name));
+        let call_prefix = self
+            .call_prefix
+            .unwrap_or_else(|| format!("mcp-{}-call-", self.name));
+        durable_core::validate::validate_id("session id", &session)
+            .map_err(ServeError::InvalidId)?;
+        durable_core::validate::validate_id("call session id", &call_session_id(&call_prefix, "x"))
+            .map_err(ServeError::InvalidId)?;
+        let tools = self
+            .toolbox
+            .mcp_tools()
+            .all()?
+            .into_iter()
+            .map(|tool| {
+                serde_json::from_value::<McpTool>(tool)
+                    .map_err(|e| ServeError::ToolDefinition(e.to_string()))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let mut implementation = Implementation::new(self.name.clone(), self.version.clone());
+        implementation.title = Some(self.name.clone());
+        let mut info = ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(implementation);
+        if let Some(instructions) = self.instructions {
+            info = info.with_instructions(instructions);
+        }
+        let server = DurableMcpServer {
+            inner: Arc::new(Inner {
+                durable: self.durable,
+                toolbox: self.toolbox,
+                info,
+                tools,
+                session_id: SessionId::new(session),
+                call_prefix,
+                server_session: Mutex::new(None),
+                call_locks: StdMutex::new(HashMap::new()),
+            }),
+        };
+        let opened = server.inner.open_server_session().await?;
+        *server.inner.server_session.lock().await = Some(opened);
+        Ok(server)
+    }
+}
+
+/// A [`Toolbox`] served as an MCP server; every `tools/call` is journaled in a durable
+/// session (see the [crate docs](crate) for the design).
+///
+/// Cheap to clone: clones share the sessions. Serve it over stdio with
+/// [`serve_stdio`](Self::serve_stdio), over streamable HTTP with
+/// [`http_service`](Self::http_service), or over any rmcp transport with
+/// [`rmcp::ServiceExt::serve`] (it implements [`ServerHandler`]).
+#[derive(Clone, Debug)]
+pub struct DurableMcpServer {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    durable: Durable,
+    toolbox: Toolbox,
+    info: ServerConfig,
+    tools: Vec<McpTool>,
+    session_id: SessionId,
+    call_prefix: String,
+    /// The server's own session; `None` after an error left the handle unusable (the
+    /// next call resumes it).
+    server_session: Mutex<Option<Session<Message>>>,
+    /// One lock per call session in use, so that two requests with the same call id
+    /// never hold its lease at once (the second waits, then replays the first's result).
+    call_locks: StdMutex<HashMap<String, Arc<Mutex<()>>>>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DurableMcpServer")
+            .field("session", &self.session_id)
+            .field("call_prefix", &self.call_prefix)
+            .field("toolbox", &self.toolbox)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DurableMcpServer {
+    /// Starts configuring a server named `name` (announced to clients, and the default
+    /// of its session ids) for `toolbox`, journaling through `durable`.
+    ///
+    /// Give `durable` a stable [`owner`](durable_core::DurableBuilder::owner): a server
+    /// restarted under the same owner takes its sessions back at once, where the default
+    /// `host-pid` owner waits out the crashed process's leases (calls are refused with
+    /// [`codes::BUSY`] meanwhile).
+    pub fn builder(
+        durable: Durable,
+        toolbox: Toolbox,
+        name: impl Into<String>,
+    ) -> DurableMcpServerBuilder {
+        DurableMcpServerBuilder {
+            durable,
+            toolbox,
+            name: name.into(),
+            version: env!("CARGO_PKG_VERSION").into(),
+            instructions: None,
+            session: None,
+            call_prefix: None,
+        }
+    }
+
+    /// The server's own session (where calls without a call id run).
+    pub fn session_id(&self) -> &SessionId {
+        &self.inner.session_id
+    }
+
+    /// The session a call with client call id `call_id` runs in.
+    pub fn call_session_id(&self, call_id: &str) -> SessionId {
+        SessionId::new(call_session_id(&self.inner.call_prefix, call_id))
+    }
+
+    /// Serves one client over this process's stdin and stdout until it disconnects.
+    ///
+    /// # Errors
+    /// [`ServeError::Transport`] if the MCP handshake or the transport fails.
+    pub async fn serve_stdio(self) -> Result<(), ServeError> {
+        let running = self
+            .serve(rmcp::transport::stdio())
+            .await
+            .map_err(|e| ServeError::Transport(e.to_string()))?;
+        running
+            .waiting()
+            .await
+            .map_err(|e| ServeError::Transport(e.to_string()))?;
+        Ok(())
+    }
+
+    /// The streamable HTTP transport as a tower service: mount it in an HTTP server,
+    /// e.g. `axum::Router::new().nest_service("/mcp", server.http_service(Default::default()))`.
+    /// Every MCP session (`Mcp-Session-Id`) is served by a clone of this server.
+    pub fn http_service(
+        &self,
+        config: StreamableHttpServerConfig,
+    ) -> StreamableHttpService<DurableMcpServer, LocalSessionManager> {
+        let server = self.clone();
+        StreamableHttpService::new(move || Ok(server.clone()), Default::default(), config)
+    }
+
+    /// Runs one `tools/call`: the entry point of [`ServerHandler::call_tool`], usable
+    /// directly. `request_id` names the call in traces and errors when it carries no
+    /// call id.
+    ///
+    /// # Errors
+    /// An MCP error for a call that was refused (see [`codes`]); a tool that ran and
+    /// failed is an `Ok` result with `isError`.
+    pub async fn call(
+        &self,
+        params: CallToolRequestParams,
+        meta: &rmcp::model::RequestMetaObject,
+        request_id: &str,
+    ) -> Result<CallToolResult, ErrorData> {
+        let call_id = client_call_id(meta)?;
+        let arguments = Value::Object(params.arguments.unwrap_or_default());
+        let name = params.name.into_owned();
+        let shown = call_id.as_deref().unwrap_or(request_id).to_owned();
+        // Everything a client can get wrong is refused here, before any session exists.
+        let mut call = ModelToolCall::new(shown.clone(), name, arguments);
+        let checked = self
+            .inner
+            .toolbox
+            .check(&call)
+            .map_err(|e| to_mcp(&e, &shown, ""))?;
+        call.arguments = ToolArguments::Json(checked);
+        // The call runs to its end in a task of its own, whatever becomes of the request
+        // (a client that disconnects or cancels): its outcome is recorded, so the
+        // client's retry with the same call id gets the result instead of a refusal.
+        let inner = Arc::clone(&self.inner);
+        let running = tokio::spawn(async move {
+            match call_id {
+                Some(id) => inner.call_with_id(&id, &call).await,
+                None => inner.call_in_server_session(&call).await,
+            }
+        });
+        let result = running.await.map_err(|e| {
+            ErrorData::internal_error(format!("call `{shown}` failed in the server: {e}"), None)
+        })??;
+        mcp_result(&result)
+    }
+}
+
+impl Inner {
+    /// Opens the server's session and moves it to a fresh step. The steps of this session
+    /// are independent requests: the calls of a step a crash interrupted are not asked for
+    /// again (their clients are gone), so the step ends without replaying them; an
+    /// in-doubt unsafe call among them holds the session-wide barrier until resolved.
+    async fn open_server_session(&self) -> Result<Session<Message>, ServeError> {
+        let failed = |source| ServeError::Session {
+            session: self.session_id.to_string(),
+            source: Box::new(source),
+        };
+        let options = StartOptions::new()
+            .with_id(self.session_id.clone())
+            .with_metadata(json!({"mcp": {"server": self.info.server_info.name}}));
+        let resumed = self
+            .durable
+            .start_or_resume::<Message>(options)
+            .await
+            .map_err(failed)?;
+        for doubt in &resumed.report.in_doubt {
+            tracing::warn!(
+                session = %self.session_id,
+                call = %doubt.call.id,
+                tool = %doubt.call.identity.tool,
+                "an MCP call was in doubt when the server stopped; calls with a side effect are \
+                 refused until it is resolved (`durable resolve`)"
+            );
+        }
+        let mut session = resumed.session;
+        session
+            .dangerous_checkpoint_unreplayed()
+            .await
+            .map_err(failed)?;
+        Ok(session)
+    }
+
+    /// A call without a call id: one step of the server's session, calls serialized.
+    async fn call_in_server_session(&self, call: &ModelToolCall) -> Result<ToolResult, ErrorData> {
+        let session_name = self.session_id.as_str();
+        let mut slot = self.server_session.lock().await;
+        if slot.is_none() {
+            let opened = self.open_server_session().await.map_err(|e| {
+                ErrorData::new(
+                    codes::DURABLE,
+                    format!("call `{}` was not run: {e}", call.id),
+                    Some(json!({"durable": "durable", "session": session_name})),
+                )
+            })?;
+            *slot = Some(opened);
+        }
+        let Some(session) = slot.as_mut() else {
+            return Err(ErrorData::internal_error("server session not open", None));
+        };
+        let dispatched = self.toolbox.dispatch(session.journal(), call).await;
+        let result = match dispatched {
+            Ok(result) => result,
+            Err(e) => {
+                if is_fatal(&e) {
+                    *slot = None;
+                }
+                return Err(to_mcp(&e, &call.id, session_name));
+            }
+        };
+        // One step per call: the next call starts from a checkpoint after this one.
+        if let Err(e) = session.dangerous_checkpoint_unreplayed().await {
+            tracing::warn!(session = session_name, error = %e, "checkpoint after an MCP call failed; the session is reopened for the next call");
+            *slot = None;
+        }
+        Ok(result)
+    }
+
+    /// A call with a call id: its own session, step 0, created or resumed.
+    async fn call_with_id(
+        &self,
+        call_id: &str,
+        call: &ModelToolCall,
+    ) -> Result<ToolResult, ErrorData> {
+        let session_id = call_session_id(&self.call_prefix, call_id);
+        let lock = self.lock_for(&session_id);
+        let guard = lock.lock().await;
+        let outcome = self.run_call_session(call_id, &session_id, call).await;
+        drop(guard);
+        self.unlock(&session_id, lock);
+        outcome
+    }
+
+    async fn run_call_session(
+        &self,
+        call_id: &str,
+        session_id: &str,
+        call: &ModelToolCall,
+    ) -> Result<ToolResult, ErrorData> {
+        let refused = |e: DurableError| to_mcp(&e, call_id, session_id);
+        let fingerprint = self.fingerprint(call).map_err(refused)?;
+        let options = StartOptions::new()
+            .with_id(SessionId::new(session_id))
+            .with_metadata(json!({"mcp": {
+                "server": self.info.server_info.name,
+                "call_id": call_id,
+                "tool": call.name,
+                "arguments": fingerprint,
+            }}));
+        let session = self
+            .durable
+            .start_or_resume::<Message>(options)
+            .await
+            .map_err(refused)?
+            .session;
+        let recorded = &session.record().metadata["mcp"];
+        if recorded["tool"] != json!(call.name) || recorded["arguments"] != json!(fingerprint) {
+            let first = recorded["tool"].as_str().unwrap_or("?").to_owned();
+            release(session).await;
+            return Err(ErrorData::new(
+                codes::CALL_ID_REUSED,
+                format!(
+                    "call `{call_id}` was not run: this call id was first sent for `{first}` with \
+                     other arguments, and a call id names one call; send a new call id for a new call"
+                ),
+                Some(json!({"durable": "call_id_reused", "session": session_id, "tool": first})),
+            ));
+        }
+        let dispatched = self.toolbox.dispatch(session.journal(), call).await;
+        release(session).await;
+        dispatched.map_err(refused)
+    }
+
+    /// What a call id's session records of its call: `"v1:…"` over the tool name and the
+    /// arguments, with the values of secret arguments left out (the session metadata is
+    /// not masked).
+    fn fingerprint(&self, call: &ModelToolCall) -> Result<String, DurableError> {
+        let mut arguments = match &call.arguments {
+            ToolArguments::Json(value) => value.clone(),
+            ToolArguments::Text(text) => Value::String(text.clone()),
+        };
+        if let (Some(tool), Value::Object(map)) = (self.toolbox.get(&call.name), &mut arguments) {
+            for secret in &tool.spec().secret_args {
+                if let Some(value) = map.get_mut(secret) {
+                    *value = json!("(secret)");
+                }
+            }
+        }
+        canonical::input_hash(&json!({"tool": call.name, "arguments": arguments})).map_err(
+            |source| DurableError::InvalidArguments {
+                tool: call.name.clone(),
+                source,
+            },
+        )
+    }
+
+    fn lock_for(&self, session: &str) -> Arc<Mutex<()>> {
+        let mut locks = self
+            .call_locks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        Arc::clone(locks.entry(session.to_owned()).or_default())
+    }
+
+    /// Forgets a call's lock once no request waits on it.
+    fn unlock(&self, session: &str, lock: Arc<Mutex<()>>) {
+        let mut locks = self
+            .call_locks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        // Ours and the map's: nobody else holds or waits for it.
+        if Arc::strong_count(&lock) == 2 {
+            locks.remove(session);
+        }
+    }
+}
+
+/// Gives a call session's lease up, so that a retry (on this server or another) resumes it
+/// at once. A failure only delays that retry until the lease expires.
+async fn release(session: Session<Message>) {
+    let id = session.id().clone();
+    if let Err(e) = session.release().await {
+        tracing::warn!(session = %id, error = %e, "releasing an MCP call's session failed; a retry waits for its lease to expire");
+    }
+}
+
+/// Whether the session handle is unusable after `error` (it must be resumed).
+fn is_fatal(error: &DurableError) -> bool {
+    matches!(
+        error,
+        DurableError::Store(_) | DurableError::CheckpointInDoubt { .. }
+    )
+}
+
+/// The MCP result of a call that reached an outcome.
+fn mcp_result(result: &ToolResult) -> Result<CallToolResult, ErrorData> {
+    serde_json::from_value(result.mcp_result()).map_err(|e| {
+        ErrorData::internal_error(
+            format!("cannot encode the result of `{}`: {e}", result.name),
+            None,
+        )
+    })
+}
+
+impl ServerHandler for DurableMcpServer {
+    fn get_info(&self) -> ServerConfig {
+        self.inner.info.clone()
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(self.inner.tools.clone()))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let request_id = context.id.to_string();
+        self.call(request, &context.meta, &request_id)
+            .await
+            .map(Into::into)
+    }
+}
