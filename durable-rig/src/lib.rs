@@ -98,10 +98,15 @@ pub struct DurableRig {
 impl DurableRig {
     /// Binds `toolbox` to `journal` (a session's [`journal`](durable_core::Session::journal)).
     pub fn new(journal: Journal, toolbox: Arc<Toolbox>) -> Self {
+        let secret_tools = toolbox
+            .specs()
+            .filter(|spec| !spec.secret_args.is_empty())
+            .map(|spec| spec.name.clone())
+            .collect();
         DurableRig {
             journal,
             toolbox,
-            shared: Arc::default(),
+            shared: Arc::new(Shared::new(secret_tools)),
         }
     }
 
