@@ -109,7 +109,10 @@ impl JournaledModel {
             Err(CallError::Durable(error)) => {
                 let report = ErrorReport::new(
                     ErrorKind::HandlerUnavailable,
-                    format!("durable stopped the run at a model reply: {error}"),
+                    format!(
+                        "durable stopped the run at a model reply: {error} \
+                         (`DurableRig::take_error` gives the typed error)"
+                    ),
                 )
                 .with_retryable(false);
                 self.shared.stopped(error);

@@ -106,7 +106,11 @@ impl DurableTool {
     fn stop(&self, error: DurableError) -> ErrorReport {
         let report = ErrorReport::new(
             ErrorKind::HandlerUnavailable,
-            format!("durable stopped the run at tool `{}`: {error}", self.name),
+            format!(
+                "durable stopped the run at tool `{}`: {error} \
+                 (`DurableRig::take_error` gives the typed error)",
+                self.name
+            ),
         )
         .with_retryable(false);
         self.shared.stopped(error);

@@ -64,15 +64,15 @@ async fn two_calls_with_one_call_id_each_run_with_their_own_arguments() {
         Reply::text("sent"),
     ]))
     .await
-    .unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    .expect("stub");
+    let dir = tempfile::tempdir().expect("tempdir");
     let durable = runtime(&dir).await;
     let session = durable
         .start::<Value>(StartOptions::new().with_id(SessionId::new("review-dupid")))
         .await
-        .unwrap();
+        .expect("session");
     let rig = DurableRig::new(session.journal().clone(), toolbox());
-    let agent = rig.agent(chat(&stub)).unwrap().build();
+    let agent = rig.agent(chat(&stub)).expect("tools").build();
     agent.prompt("x").max_turns(3).run().await.expect("run");
     let mut sent = details(&ledger_path(), "review-dupid").await;
     sent.sort();
@@ -93,15 +93,15 @@ async fn two_calls_with_one_call_id_to_two_tools_each_get_their_own_arguments() 
         Reply::text("done"),
     ]))
     .await
-    .unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    .expect("stub");
+    let dir = tempfile::tempdir().expect("tempdir");
     let durable = runtime(&dir).await;
     let session = durable
         .start::<Value>(StartOptions::new().with_id(SessionId::new("review-dupid-tools")))
         .await
-        .unwrap();
+        .expect("session");
     let rig = DurableRig::new(session.journal().clone(), toolbox());
-    let agent = rig.agent(chat(&stub)).unwrap().build();
+    let agent = rig.agent(chat(&stub)).expect("tools").build();
     agent.prompt("x").max_turns(3).run().await.expect("run");
     let results = tool_messages(&stub, 1);
     assert_eq!(results.len(), 2, "{results:?}");
@@ -141,15 +141,19 @@ async fn a_hook_that_rewrites_the_arguments_wins() {
         Reply::text("sent"),
     ]))
     .await
-    .unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    .expect("stub");
+    let dir = tempfile::tempdir().expect("tempdir");
     let durable = runtime(&dir).await;
     let session = durable
         .start::<Value>(StartOptions::new().with_id(SessionId::new("review-patch")))
         .await
-        .unwrap();
+        .expect("session");
     let rig = DurableRig::new(session.journal().clone(), toolbox());
-    let agent = rig.agent(chat(&stub)).unwrap().add_hook(Redirect).build();
+    let agent = rig
+        .agent(chat(&stub))
+        .expect("tools")
+        .add_hook(Redirect)
+        .build();
     agent.prompt("x").max_turns(3).run().await.expect("run");
     assert_eq!(
         details(&ledger_path(), "review-patch").await,
@@ -165,15 +169,15 @@ async fn a_call_id_reused_by_a_later_reply_gets_that_replys_arguments() {
         Reply::text("done"),
     ]))
     .await
-    .unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    .expect("stub");
+    let dir = tempfile::tempdir().expect("tempdir");
     let durable = runtime(&dir).await;
     let session = durable
         .start::<Value>(StartOptions::new().with_id(SessionId::new("review-reuse")))
         .await
-        .unwrap();
+        .expect("session");
     let rig = DurableRig::new(session.journal().clone(), toolbox());
-    let agent = rig.agent(chat(&stub)).unwrap().build();
+    let agent = rig.agent(chat(&stub)).expect("tools").build();
     agent.prompt("x").max_turns(4).run().await.expect("run");
     let results = tool_messages(&stub, 2);
     assert_eq!(results.len(), 2, "{results:?}");
@@ -194,16 +198,16 @@ async fn blank_argument_text_is_no_arguments() {
         Reply::text("done"),
     ]))
     .await
-    .unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    .expect("stub");
+    let dir = tempfile::tempdir().expect("tempdir");
     let durable = runtime(&dir).await;
     let session = durable
         .start::<Value>(StartOptions::new().with_id(SessionId::new("review-blank")))
         .await
-        .unwrap();
-    let tools = Arc::new(durable::Toolbox::new().with(is_open).unwrap());
+        .expect("session");
+    let tools = Arc::new(durable::Toolbox::new().with(is_open).expect("toolbox"));
     let rig = DurableRig::new(session.journal().clone(), tools);
-    let agent = rig.agent(chat(&stub)).unwrap().build();
+    let agent = rig.agent(chat(&stub)).expect("tools").build();
     agent.prompt("x").max_turns(3).run().await.expect("run");
     let results = tool_messages(&stub, 1);
     assert_eq!(results.len(), 1, "{results:?}");
@@ -234,22 +238,22 @@ async fn a_secret_in_malformed_arguments_never_reaches_the_store() {
         Reply::text("done"),
     ]))
     .await
-    .unwrap();
-    let dir = tempfile::tempdir().unwrap();
+    .expect("stub");
+    let dir = tempfile::tempdir().expect("tempdir");
     let durable = runtime(&dir).await;
     let session = durable
         .start::<Value>(StartOptions::new().with_id(SessionId::new("review-secret")))
         .await
-        .unwrap();
-    let tools = Arc::new(durable::Toolbox::new().with(login).unwrap());
+        .expect("session");
+    let tools = Arc::new(durable::Toolbox::new().with(login).expect("toolbox"));
     let rig = DurableRig::new(session.journal().clone(), tools);
-    let agent = rig.agent(chat(&stub)).unwrap().build();
+    let agent = rig.agent(chat(&stub)).expect("tools").build();
     agent.prompt("x").max_turns(3).run().await.expect("run");
     let results = tool_messages(&stub, 1);
     eprintln!("tool results: {results:?}");
     drop(session);
     drop(durable);
-    let mut bytes = std::fs::read(dir.path().join("store.db")).unwrap();
+    let mut bytes = std::fs::read(dir.path().join("store.db")).expect("store file");
     if let Ok(wal) = std::fs::read(dir.path().join("store.db-wal")) {
         bytes.extend(wal);
     }
