@@ -1,5 +1,6 @@
 //! The adversarial review's cases: duplicate call ids, argument-rewriting hooks, call ids
-//! reused across replies, blank argument text, and a secret in malformed arguments.
+//! reused across replies, blank argument text, a secret in malformed arguments, journaled
+//! routes and the stopping error of a past run.
 
 mod common;
 
@@ -8,7 +9,9 @@ use std::sync::Arc;
 use durable::{CheckpointStore, Durable, SessionId, StartOptions};
 use durable_openai_stub::{Reply, Script, Stub};
 use durable_rig::DurableRig;
-use rig_agent::agent::{AgentHook, DispatchAction, DispatchEvent, HookContext};
+use rig_agent::agent::{
+    AgentHook, DispatchAction, DispatchEvent, HookContext, RunStart, RunStartAction,
+};
 use rig_core::effect::EffectKind;
 use rig_core::providers::openai::OpenAIConfig;
 use rig_core::providers::openai::wire::Chat;
@@ -263,4 +266,98 @@ async fn a_secret_in_malformed_arguments_never_reaches_the_store() {
         !text.contains("hunter2-SECRET"),
         "the secret is in the store"
     );
+}
+
+/// One run over the route `fast` (journaled with `DurableRig::route` when `journaled`,
+/// else with rig's own `model_route`), in `journal`.
+async fn run_fast(journal: &durable::Journal, stub: &Stub, journaled: bool) {
+    let rig = DurableRig::new(journal.clone(), toolbox());
+    let builder = rig.agent(chat(stub)).expect("tools");
+    let builder = if journaled {
+        rig.route(builder, "fast", chat(stub))
+    } else {
+        builder.model_route("fast", chat(stub))
+    };
+    let agent = builder.build();
+    let reply = agent
+        .prompt("x")
+        .using_model("fast")
+        .max_turns(3)
+        .run()
+        .await
+        .expect("run");
+    assert_eq!(reply.output(), "done");
+}
+
+#[tokio::test]
+async fn a_route_added_with_durable_rig_route_is_journaled() {
+    for journaled in [true, false] {
+        let stub = Stub::start(Script::new([Reply::text("done"), Reply::text("done")]))
+            .await
+            .expect("stub");
+        let dir = tempfile::tempdir().expect("tempdir");
+        let durable = runtime(&dir).await;
+        let id = SessionId::new(format!("review-route-{journaled}"));
+        let session = durable
+            .start::<Value>(StartOptions::new().with_id(id.clone()))
+            .await
+            .expect("session");
+        run_fast(session.journal(), &stub, journaled).await;
+        drop(session);
+        let resumed = durable.resume::<Value>(&id).await.expect("resume").session;
+        run_fast(resumed.journal(), &stub, journaled).await;
+        // Journaled: the re-run's reply comes from the journal; rig's own route asks again.
+        let asked = if journaled { 1 } else { 2 };
+        assert_eq!(stub.requests().len(), asked, "journaled: {journaled}");
+    }
+}
+
+/// A hook that stops every run but the first before it asks the model.
+#[derive(Clone, Default)]
+struct OnlyTheFirstRun(Arc<std::sync::atomic::AtomicUsize>);
+
+impl AgentHook for OnlyTheFirstRun {
+    async fn on_run_start(&self, _ctx: &HookContext, _event: RunStart<'_>) -> RunStartAction {
+        if self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst) == 0 {
+            RunStartAction::Continue
+        } else {
+            RunStartAction::stop("one run only")
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_new_run_forgets_the_last_runs_error() {
+    let stub = Stub::start(Script::new([Reply::text("done")]))
+        .await
+        .expect("stub");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let durable = runtime(&dir).await;
+    let id = SessionId::new("review-error");
+    let session = durable
+        .start::<Value>(StartOptions::new().with_id(id.clone()))
+        .await
+        .expect("session");
+    let rig = DurableRig::new(session.journal().clone(), toolbox());
+    let agent = rig
+        .agent(chat(&stub))
+        .expect("tools")
+        .add_hook(OnlyTheFirstRun::default())
+        .build();
+    // Another worker takes the session over: the run stops at the first reply.
+    let _other = durable.resume::<Value>(&id).await.expect("take over");
+    let error = agent
+        .prompt("x")
+        .max_turns(3)
+        .run()
+        .await
+        .expect_err("the lease is lost");
+    assert!(
+        error.to_string().contains("DurableRig::take_error"),
+        "{error}"
+    );
+    // The error is not taken; the next run (stopped by the hook before any model call)
+    // starts without it.
+    let _ = agent.prompt("x").max_turns(3).run().await;
+    assert!(rig.take_error().is_none());
 }
