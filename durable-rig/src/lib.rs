@@ -114,7 +114,7 @@ const DEFAULT_MODEL: &str = "default";
 /// A [`Toolbox`] and rig models bound to one session's [`Journal`].
 ///
 /// Cheap to clone (clones share the binding). Make one per session (per resumed
-/// session, with the new session's journal).
+/// session, with the new session's journal), and run one prompt at a time with it.
 #[derive(Clone, Debug)]
 pub struct DurableRig {
     journal: Journal,
@@ -239,7 +239,8 @@ impl DurableRig {
 }
 
 /// The rig hook that notes the model's call id of each tool dispatch for the
-/// [`DurableTool`]s of the same [`DurableRig`] (built by [`DurableRig::call_ids`]).
+/// [`DurableTool`]s of the same [`DurableRig`] (built by [`DurableRig::call_ids`]); it
+/// forgets the id at the dispatch's outcome, and the last run's error when a run starts.
 #[derive(Debug, Clone)]
 pub struct CallIds {
     shared: Arc<Shared>,
