@@ -6,16 +6,24 @@
 //!
 //! - **The model's replies are journaled** ([`JournaledModel`]): recorded by position
 //!   in the step on the first run, returned from the journal on a re-run turn (the
-//!   provider is not asked again), the spend taken from the reply's `usage`.
+//!   provider is not asked again), the spend taken from the reply's `usage`. This holds
+//!   for the agent's default model and for the routes added with [`DurableRig::route`];
+//!   a route added with rig's own `model_route` is **not** journaled.
 //! - **Every tool call goes through [`Toolbox::dispatch`]**: recorded results are
 //!   returned, `pure` and `idempotent_with_key` tools re-run safely, an
 //!   `unsafe_on_replay` call left in doubt by a crash is refused until an operator
 //!   resolves it. The arguments dispatched are the text the provider sent, taken from
 //!   the journaled reply by call id (rig itself hands tools a re-serialization, in which
-//!   a duplicate key has vanished), and the model's call id is passed through, for the
-//!   `execute_tool` span. Both need the [`CallIds`] hook and the [`JournaledModel`] of
-//!   the same binding, which [`DurableRig::agent`] installs; without them a tool gets
-//!   rig's re-serialized arguments and a call id of its own.
+//!   a duplicate key has vanished), when rig dispatches what it read from that text;
+//!   when a hook rewrote the arguments (`DispatchAction::Patch`), rig's arguments are
+//!   dispatched. Blank text is `{}`, as rig reads it. The model's call id is passed
+//!   through, for the `execute_tool` span. Both need the [`CallIds`] hook and the
+//!   [`JournaledModel`] of the same binding, which [`DurableRig::agent`] installs;
+//!   without them a tool gets rig's re-serialized arguments and a call id of its own.
+//! - **Secrets**: `#[secret]` arguments are masked in the journaled replies by durable's
+//!   vault; arguments to a tool with secret arguments that are not a JSON object (which
+//!   rig keeps as text, `invalid_arguments`) are replaced by a placeholder before the
+//!   reply is journaled, and the model is told the call was malformed.
 //! - **What the model reads**: a tool's result; a tool failure (now or recorded) as a
 //!   failed result `{"error": ...}`; bad arguments as a failed result saying what is
 //!   wrong and where ([`ToolResult::refused`](durable_core::ToolResult::refused)). A
@@ -26,6 +34,22 @@
 //! A rig run is one step of the session: run the prompt, then checkpoint. A process that
 //! dies mid-run resumes the session and runs the same prompt again; the journal makes
 //! the re-run cheap and safe.
+//!
+//! # Rules
+//!
+//! - **Resume with the same prompt, preamble and tools.** Replies are matched by
+//!   position in the step, not by request: a re-run with another prompt gets the
+//!   recorded replies of the first run back, silently.
+//! - **Keep `tool_concurrency` at 1** (rig's default). Identical calls of one turn are
+//!   told apart by the order they reach the journal; with concurrent tools that is the
+//!   order they finish, which a re-run may not repeat, so a re-run could hand one call
+//!   the other's recorded result. Nothing stops a run with more; the binding cannot see
+//!   the setting.
+//! - **One run at a time per binding**: the call ids, the last reply's arguments and
+//!   the stopping error are the binding's, not the run's. Make a [`DurableRig`] per
+//!   concurrent run (and session).
+//! - **Model selection must repeat on a re-run**: every journaled route shares the
+//!   step's positions, so a hook that selects routes must select the same ones again.
 //!
 //! ```no_run
 //! use std::sync::Arc;
@@ -64,7 +88,10 @@ use durable_core::schema::SchemaError;
 use durable_core::{DurableError, Journal, Toolbox};
 use rig_agent::AgentBuilder;
 use rig_agent::agent::WithToolServerHandle;
-use rig_agent::agent::{AgentHook, DispatchAction, DispatchEvent, HookContext};
+use rig_agent::agent::{
+    AgentHook, DispatchAction, DispatchEvent, HookContext, OutcomeAction, OutcomeEvent, RunStart,
+    RunStartAction,
+};
 use rig_agent::tool::RegisteredTool;
 use rig_agent::tool::server::{ToolServer, ToolServerHandle};
 use rig_core::DynModel;
@@ -87,7 +114,7 @@ const DEFAULT_MODEL: &str = "default";
 /// A [`Toolbox`] and rig models bound to one session's [`Journal`].
 ///
 /// Cheap to clone (clones share the binding). Make one per session (per resumed
-/// session, with the new session's journal).
+/// session, with the new session's journal), and run one prompt at a time with it.
 #[derive(Clone, Debug)]
 pub struct DurableRig {
     journal: Journal,
@@ -98,10 +125,15 @@ pub struct DurableRig {
 impl DurableRig {
     /// Binds `toolbox` to `journal` (a session's [`journal`](durable_core::Session::journal)).
     pub fn new(journal: Journal, toolbox: Arc<Toolbox>) -> Self {
+        let secret_tools = toolbox
+            .specs()
+            .filter(|spec| !spec.secret_args.is_empty())
+            .map(|spec| spec.name.clone())
+            .collect();
         DurableRig {
             journal,
             toolbox,
-            shared: Arc::default(),
+            shared: Arc::new(Shared::new(secret_tools)),
         }
     }
 
@@ -151,11 +183,16 @@ impl DurableRig {
     }
 
     /// rig's agent builder over `model`, journaled, with the toolbox's tools and the
-    /// [`call_ids`](Self::call_ids) hook. Go on configuring it as any rig agent.
+    /// [`call_ids`](Self::call_ids) hook. Go on configuring it as any rig agent; add
+    /// other models with [`route`](Self::route), not rig's `model_route` (unjournaled).
     ///
     /// The model is registered as rig registers an agent's default model, then its
     /// handler is replaced by the [`JournaledModel`] under the same label, so rig keeps
-    /// the model's id and capabilities and every completion goes through the journal.
+    /// the model's id and capabilities and the default model's completions go through
+    /// the journal.
+    ///
+    /// Run it with rig's default `tool_concurrency` of 1 (see the crate docs): with
+    /// more, identical calls of one turn may get each other's results on a re-run.
     ///
     /// # Errors
     /// As [`tool_server`](Self::tool_server).
@@ -171,8 +208,26 @@ impl DurableRig {
             .tool_server_handle(self.tool_server()?))
     }
 
+    /// `builder` with `model` as the route `label`, journaled (rig's `model_route`, with
+    /// its handler replaced by the [`JournaledModel`], as [`agent`](Self::agent) does
+    /// for the default model).
+    pub fn route<S>(
+        &self,
+        builder: AgentBuilder<S>,
+        label: impl Into<ModelRef>,
+        model: impl Into<DynModel<Completion>>,
+    ) -> AgentBuilder<S> {
+        let label = label.into();
+        let model = model.into();
+        let journaled = self.model(label.clone(), model.clone());
+        builder
+            .model_route(label.clone(), model)
+            .model_route_handler(label, journaled)
+    }
+
     /// The durable error that stopped the last run (store failure, `ReplayUnsafe`,
-    /// lease lost, ...), once: rig's own error only carries its message.
+    /// lease lost, ...), once: rig's own error only carries its message. A new run (with
+    /// the [`CallIds`] hook) forgets an error not taken.
     pub fn take_error(&self) -> Option<DurableError> {
         self.shared.take_error()
     }
@@ -184,7 +239,8 @@ impl DurableRig {
 }
 
 /// The rig hook that notes the model's call id of each tool dispatch for the
-/// [`DurableTool`]s of the same [`DurableRig`] (built by [`DurableRig::call_ids`]).
+/// [`DurableTool`]s of the same [`DurableRig`] (built by [`DurableRig::call_ids`]); it
+/// forgets the id at the dispatch's outcome, and the last run's error when a run starts.
 #[derive(Debug, Clone)]
 pub struct CallIds {
     shared: Arc<Shared>,
@@ -200,6 +256,17 @@ impl AgentHook for CallIds {
             self.shared.note_call_id(event.id, call_id.to_string());
         }
         DispatchAction::Proceed
+    }
+
+    async fn on_outcome(&self, _ctx: &HookContext, event: OutcomeEvent<'_>) -> OutcomeAction {
+        // A dispatch no durable tool served (rig answered it, or a hook did).
+        self.shared.take_call_id(event.id);
+        OutcomeAction::Proceed
+    }
+
+    async fn on_run_start(&self, _ctx: &HookContext, _event: RunStart<'_>) -> RunStartAction {
+        self.shared.take_error();
+        RunStartAction::Continue
     }
 }
 

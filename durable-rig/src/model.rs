@@ -88,13 +88,17 @@ impl JournaledModel {
         let reply = self
             .journal
             .model_with_spend(
-                || self.inner.call(request),
+                || async {
+                    let mut response = self.inner.call(request).await?;
+                    self.shared.withhold_invalid_arguments(&mut response);
+                    Ok::<_, rig_core::error::ProviderError>(response)
+                },
                 |response: &CompletionResponse| Some(spend_of(&response.usage)),
             )
             .await;
         match reply {
             Ok(response) => {
-                self.shared.note_reply(&response.raw);
+                self.shared.note_reply(&response);
                 Ok(response)
             }
             Err(CallError::Tool(error)) => Err(ErrorReport::from(error)),
@@ -105,7 +109,10 @@ impl JournaledModel {
             Err(CallError::Durable(error)) => {
                 let report = ErrorReport::new(
                     ErrorKind::HandlerUnavailable,
-                    format!("durable stopped the run at a model reply: {error}"),
+                    format!(
+                        "durable stopped the run at a model reply: {error} \
+                         (`DurableRig::take_error` gives the typed error)"
+                    ),
                 )
                 .with_retryable(false);
                 self.shared.stopped(error);

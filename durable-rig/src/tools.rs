@@ -70,13 +70,14 @@ impl DurableTool {
 
     async fn call(&self, name: String, rig_args: String, dispatch: &Dispatch) -> Reply {
         // The model's call id, noted by `CallIds` when rig announced the dispatch; the
-        // raw argument text, from the journaled reply that asked for the call (rig
-        // hands tools a re-serialization, which would hide duplicate keys).
+        // raw argument text, from the journaled reply that asked for the call, when rig
+        // dispatches what it read from it (rig hands tools a re-serialization, which
+        // would hide duplicate keys); rig's arguments when a hook rewrote them.
         let call_id = self.shared.take_call_id(dispatch.id());
-        let arguments = call_id
-            .as_deref()
-            .and_then(|id| self.shared.raw_arguments(id))
-            .unwrap_or(ToolArguments::Text(rig_args));
+        let arguments = match &call_id {
+            Some(id) => self.shared.arguments(id, &name, rig_args),
+            None => ToolArguments::Text(rig_args),
+        };
         let call = ModelToolCall {
             id: call_id.unwrap_or_else(|| format!("rig-{}", dispatch.id().as_u64())),
             name,
@@ -105,7 +106,11 @@ impl DurableTool {
     fn stop(&self, error: DurableError) -> ErrorReport {
         let report = ErrorReport::new(
             ErrorKind::HandlerUnavailable,
-            format!("durable stopped the run at tool `{}`: {error}", self.name),
+            format!(
+                "durable stopped the run at tool `{}`: {error} \
+                 (`DurableRig::take_error` gives the typed error)",
+                self.name
+            ),
         )
         .with_retryable(false);
         self.shared.stopped(error);

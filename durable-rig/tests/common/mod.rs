@@ -67,6 +67,19 @@ pub async fn effects(path: &Path, session: &str) -> Vec<String> {
         .collect()
 }
 
+/// The details of the effects of `session` (an email's recipient, ...), in order.
+pub async fn details(path: &Path, session: &str) -> Vec<String> {
+    let mut conn = connect(path).await.expect("ledger");
+    sqlx::query("SELECT detail FROM effects WHERE session = ? ORDER BY n")
+        .bind(session)
+        .fetch_all(&mut conn)
+        .await
+        .expect("ledger rows")
+        .iter()
+        .map(|row| row.get::<String, _>(0))
+        .collect()
+}
+
 /// A crash point: with `DURABLE_RIG_CRASH_AT=<point>`, print `CRASH_POINT <point>` and
 /// wait to be killed.
 async fn crash_point(point: &str) {
