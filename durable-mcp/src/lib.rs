@@ -62,10 +62,20 @@
 //! On start the server resumes its session and moves it to a fresh step
 //! ([`Session::dangerous_checkpoint_unreplayed`](durable_core::Session::dangerous_checkpoint_unreplayed):
 //! a step is one request, and a request a crash interrupted is never asked for again,
-//! since its client is gone). The session-wide barrier applies exactly as in-process: an
-//! `unsafe_on_replay` call the crash left in doubt makes every later call with a side
-//! effect fail with [`codes::IN_DOUBT`] (naming it) until an operator resolves it;
-//! `pure` calls still run. Without a call id a retry is a new call: a client that needs
+//! since its client is gone).
+//!
+//! ## The barrier is server-wide
+//!
+//! An `unsafe_on_replay` call in doubt anywhere on this server (in its own session, or in
+//! any call session under its prefix) makes every later call with a side effect fail
+//! with [`codes::IN_DOUBT`] (naming the in-doubt call and the `durable resolve` command)
+//! until an operator resolves it, **with or without a call id**: a call id does not
+//! bypass the barrier, and call id A in doubt bars call id B. `pure` calls still run.
+//! Before each non-pure call the server asks the store for in-doubt calls
+//! ([`Durable::in_doubt`](durable_core::Durable::in_doubt)), leaving out the calls that
+//! run in this process right now. On start it takes back (and gives up) the call
+//! sessions a crashed run under the same owner left leased with calls issued, so that
+//! the store sees their calls as in doubt. Without a call id a retry is a new call: a client that needs
 //! retries sends call ids.
 //!
 //! Every call runs to its end in a task of its own, whatever becomes of its request: a

@@ -1,11 +1,12 @@
 //! [`DurableMcpServer`]: a [`Toolbox`] served over MCP, every `tools/call` journaled.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex as StdMutex};
 
+use durable_core::store::{SessionFilter, SessionStatus};
 use durable_core::{
-    Durable, DurableError, Message, ModelToolCall, Session, SessionId, StartOptions, ToolArguments,
-    ToolResult, Toolbox, canonical,
+    Durable, DurableError, Message, ModelToolCall, ReplayClass, Session, SessionId, StartOptions,
+    ToolArguments, ToolResult, Toolbox, canonical,
 };
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
@@ -104,10 +105,12 @@ impl DurableMcpServerBuilder {
                 call_prefix,
                 server_session: Mutex::new(None),
                 call_locks: StdMutex::new(HashMap::new()),
+                running: StdMutex::new(HashSet::new()),
             }),
         };
         let opened = server.inner.open_server_session().await?;
         *server.inner.server_session.lock().await = Some(opened);
+        server.inner.reclaim_call_sessions().await;
         Ok(server)
     }
 }
@@ -137,6 +140,9 @@ struct Inner {
     /// One lock per call session in use, so that two requests with the same call id
     /// never hold its lease at once (the second waits, then replays the first's result).
     call_locks: StdMutex<HashMap<String, Arc<Mutex<()>>>>,
+    /// The call sessions whose call runs in this process right now: their rows are not
+    /// in doubt, whatever the store says of their lease.
+    running: StdMutex<HashSet<String>>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -287,6 +293,52 @@ impl Inner {
         Ok(session)
     }
 
+    /// Takes back, and gives up at once, the call sessions a crashed run of this server
+    /// left leased under this same owner with calls issued: their lease would stay live
+    /// (the same owner), so the store would not see their calls as in doubt and the
+    /// server-wide barrier would miss them. Released, their in-doubt calls hold the
+    /// barrier until resolved. Best effort: a failure is logged.
+    async fn reclaim_call_sessions(&self) {
+        let store = self.durable.store();
+        let owner = match store.session(&self.session_id).await {
+            Ok(record) => record.lease_owner,
+            Err(e) => {
+                tracing::warn!(session = %self.session_id, error = %e, "cannot read the server's session; call sessions left by a crash are not reclaimed");
+                return;
+            }
+        };
+        let Some(owner) = owner else { return };
+        let filter = SessionFilter::new().with_statuses(vec![SessionStatus::Active]);
+        let sessions = match store.list_sessions(&filter).await {
+            Ok(sessions) => sessions,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list sessions; call sessions left by a crash are not reclaimed");
+                return;
+            }
+        };
+        for record in sessions {
+            if !record.id.as_str().starts_with(&self.call_prefix)
+                || record.lease_owner.as_deref() != Some(owner.as_str())
+            {
+                continue;
+            }
+            match store.issued_calls(&record.id).await {
+                Ok(issued) if issued.is_empty() => continue,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(session = %record.id, error = %e, "cannot read a call session's journal");
+                    continue;
+                }
+            }
+            match self.durable.resume::<Message>(&record.id).await {
+                Ok(resumed) => release(resumed.session).await,
+                Err(e) => {
+                    tracing::warn!(session = %record.id, error = %e, "cannot reclaim a call session left by a crash");
+                }
+            }
+        }
+    }
+
     /// A call without a call id: one step of the server's session, calls serialized.
     async fn call_in_server_session(&self, call: &ModelToolCall) -> Result<ToolResult, ErrorData> {
         let session_name = self.session_id.as_str();
@@ -304,6 +356,7 @@ impl Inner {
         let Some(session) = slot.as_mut() else {
             return Err(ErrorData::internal_error("server session not open", None));
         };
+        self.barrier(call, None).await?;
         let dispatched = self.toolbox.dispatch(session.journal(), call).await;
         let result = match dispatched {
             Ok(result) => result,
@@ -331,7 +384,12 @@ impl Inner {
         let session_id = call_session_id(&self.call_prefix, call_id);
         let lock = self.lock_for(&session_id);
         let guard = lock.lock().await;
-        let outcome = self.run_call_session(call_id, &session_id, call).await;
+        self.running_set().insert(session_id.clone());
+        let outcome = match self.barrier(call, Some(&session_id)).await {
+            Ok(()) => self.run_call_session(call_id, &session_id, call).await,
+            Err(e) => Err(e),
+        };
+        self.running_set().remove(&session_id);
         drop(guard);
         self.unlock(&session_id, lock);
         outcome
@@ -398,6 +456,55 @@ impl Inner {
                 source,
             },
         )
+    }
+
+    fn running_set(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.running
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The server-wide barrier: a call with a side effect is refused while an
+    /// `unsafe_on_replay` call of this server is in doubt, in the server's session or in
+    /// any call session (with or without a call id: a call id does not bypass it). Calls
+    /// running in this process right now are not in doubt, nor is `own` (the call's own
+    /// session, whose replay decides for itself). `pure` calls are never refused.
+    async fn barrier(&self, call: &ModelToolCall, own: Option<&str>) -> Result<(), ErrorData> {
+        let class = self
+            .toolbox
+            .get(&call.name)
+            .map_or(ReplayClass::UnsafeOnReplay, |tool| tool.spec().class);
+        if class == ReplayClass::Pure {
+            return Ok(());
+        }
+        let rows = self
+            .durable
+            .in_doubt(None)
+            .await
+            .map_err(|e| to_mcp(&e, &call.id, own.unwrap_or(self.session_id.as_str())))?;
+        let running = self.running_set().clone();
+        let blocking = rows.into_iter().find(|row| {
+            let session = row.identity.session.as_str();
+            row.class == ReplayClass::UnsafeOnReplay
+                && (session == self.session_id.as_str() || session.starts_with(&self.call_prefix))
+                && Some(session) != own
+                && !running.contains(session)
+        });
+        let Some(row) = blocking else {
+            return Ok(());
+        };
+        let error = DurableError::ReplayUnsafe {
+            call: row.id.clone(),
+            tool: row.identity.tool.clone(),
+            class: row.class,
+            refused_tool: call.name.clone(),
+            reason: format!(
+                "the barrier is server-wide: nothing with a side effect runs on this server \
+                 (with or without a call id) beside an unresolved unsafe call (in session `{}`)",
+                row.identity.session
+            ),
+        };
+        Err(to_mcp(&error, &call.id, row.identity.session.as_str()))
     }
 
     fn lock_for(&self, session: &str) -> Arc<Mutex<()>> {
