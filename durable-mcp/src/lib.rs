@@ -41,7 +41,9 @@
 //!   call if it did not happen;
 //! - the same call id with another tool or other arguments is refused with
 //!   [`codes::CALL_ID_REUSED`], and nothing runs (the session's metadata records the tool
-//!   and a hash of the arguments; the values of secret arguments are left out of it).
+//!   and a hash of the arguments, in which each secret argument's value is a keyed
+//!   digest under the store's own key: a changed secret is another call, and the value
+//!   is not recoverable from the metadata without the store).
 //!
 //! Two requests with the same call id at once are serialized in the server: the second
 //! waits, then gets the first's recorded result. A server replica or a restarted server

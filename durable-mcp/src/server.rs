@@ -436,17 +436,34 @@ impl Inner {
     }
 
     /// What a call id's session records of its call: `"v1:…"` over the tool name and the
-    /// arguments, with the values of secret arguments left out (the session metadata is
-    /// not masked).
+    /// arguments, each secret argument's value replaced by a keyed digest of it (HMAC
+    /// under the store's own key: the session metadata is not masked, and the value must
+    /// not be recoverable from it, yet another secret value must be another call).
     fn fingerprint(&self, call: &ModelToolCall) -> Result<String, DurableError> {
         let mut arguments = match &call.arguments {
             ToolArguments::Json(value) => value.clone(),
             ToolArguments::Text(text) => Value::String(text.clone()),
         };
         if let (Some(tool), Value::Object(map)) = (self.toolbox.get(&call.name), &mut arguments) {
+            let keyring = self.durable.store().keyring();
             for secret in &tool.spec().secret_args {
                 if let Some(value) = map.get_mut(secret) {
-                    *value = json!("(secret)");
+                    // A keyed digest (the store's own key, which never rotates): another
+                    // secret value is another call, and a dictionary over the metadata is
+                    // useless without the store.
+                    let hash = canonical::input_hash(value).map_err(|source| {
+                        DurableError::InvalidArguments {
+                            tool: call.name.clone(),
+                            source,
+                        }
+                    })?;
+                    let digest = keyring
+                        .digest(
+                            &format!("mcp-call-secret:{}.{secret}", call.name),
+                            hash.as_bytes(),
+                        )
+                        .map_err(DurableError::Store)?;
+                    *value = json!({ "(secret)": digest });
                 }
             }
         }

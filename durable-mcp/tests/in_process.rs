@@ -1,0 +1,133 @@
+//! Calls through `DurableMcpServer::call`, in process (no transport): call ids and secret
+//! arguments, approvals without a call id, call sessions finished once their call is.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use durable::{Durable, Toolbox, durable_tool};
+use durable_mcp::rmcp::ErrorData;
+use durable_mcp::rmcp::model::{CallToolRequestParams, CallToolResult, RequestMetaObject};
+use durable_mcp::{CALL_ID_META, DurableMcpServer, codes};
+use serde_json::{Value, json};
+
+static LOGINS: AtomicUsize = AtomicUsize::new(0);
+static SENT: AtomicUsize = AtomicUsize::new(0);
+
+/// Logs in (counts the logins).
+#[durable_tool(replay = "unsafe_on_replay")]
+async fn login(user: String, #[secret] token: String) -> Result<String, std::io::Error> {
+    let _ = token;
+    LOGINS.fetch_add(1, Ordering::SeqCst);
+    Ok(format!("welcome {user}"))
+}
+
+/// Sends a message (counts them).
+#[durable_tool(replay = "unsafe_on_replay")]
+async fn send(to: String) -> Result<usize, std::io::Error> {
+    let _ = to;
+    Ok(SENT.fetch_add(1, Ordering::SeqCst) + 1)
+}
+
+fn params(name: &str, args: Value) -> CallToolRequestParams {
+    let Value::Object(map) = args else {
+        panic!("object arguments")
+    };
+    CallToolRequestParams::new(name.to_owned()).with_arguments(map)
+}
+
+fn meta(id: Option<&str>) -> RequestMetaObject {
+    let mut meta = RequestMetaObject::new();
+    if let Some(id) = id {
+        meta.insert(CALL_ID_META.into(), json!(id));
+    }
+    meta
+}
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    durable: Durable,
+    server: DurableMcpServer,
+}
+
+async fn setup(name: &str) -> Setup {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = durable::connect(&format!("sqlite:{}", dir.path().join("s.db").display()))
+        .await
+        .expect("store");
+    let durable = Durable::builder(store)
+        .owner("in-process")
+        .approval_policy(|tool, args| {
+            (tool.name == "send" && args["to"] == "boss")
+                .then(|| durable::approval::request("needs a person"))
+        })
+        .build();
+    let toolbox = Toolbox::new()
+        .with(login)
+        .expect("login")
+        .with(send)
+        .expect("send");
+    let server = DurableMcpServer::builder(durable.clone(), toolbox, name)
+        .start()
+        .await
+        .expect("start");
+    Setup {
+        _dir: dir,
+        durable,
+        server,
+    }
+}
+
+async fn call(
+    server: &DurableMcpServer,
+    tool: &str,
+    args: Value,
+    id: Option<&str>,
+) -> Result<CallToolResult, ErrorData> {
+    server.call(params(tool, args), &meta(id), "req").await
+}
+
+/// The same call id with only a secret argument changed is another call: refused with
+/// `CALL_ID_REUSED`, and nothing runs again. The same secret again returns the result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_secret_is_another_call() {
+    let setup = setup("secret").await;
+    let first = call(
+        &setup.server,
+        "login",
+        json!({"user": "u", "token": "t1"}),
+        Some("login-1"),
+    )
+    .await
+    .expect("first login");
+    let before = LOGINS.load(Ordering::SeqCst);
+    let again = call(
+        &setup.server,
+        "login",
+        json!({"user": "u", "token": "t1"}),
+        Some("login-1"),
+    )
+    .await
+    .expect("the same call again");
+    assert_eq!(again.content, first.content);
+    let refused = call(
+        &setup.server,
+        "login",
+        json!({"user": "u", "token": "t2"}),
+        Some("login-1"),
+    )
+    .await
+    .expect_err("another secret under the same call id");
+    assert_eq!(refused.code, codes::CALL_ID_REUSED, "{refused:?}");
+    assert_eq!(LOGINS.load(Ordering::SeqCst), before, "nothing ran again");
+    // The metadata does not hold the secret in clear.
+    let record = setup
+        .durable
+        .store()
+        .session(&setup.server.call_session_id("login-1"))
+        .await
+        .expect("the call session");
+    assert!(
+        !record.metadata.to_string().contains("t1"),
+        "{}",
+        record.metadata
+    );
+}
