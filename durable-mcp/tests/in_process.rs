@@ -11,6 +11,16 @@ use serde_json::{Value, json};
 
 static LOGINS: AtomicUsize = AtomicUsize::new(0);
 static SENT: AtomicUsize = AtomicUsize::new(0);
+static SLOW: AtomicUsize = AtomicUsize::new(0);
+
+/// A pure lookup whose first call never answers in time.
+#[durable_tool(replay = "pure")]
+async fn slow(sku: String) -> Result<String, std::io::Error> {
+    if SLOW.fetch_add(1, Ordering::SeqCst) == 0 {
+        tokio::time::sleep(std::time::Duration::from_secs(3)).await;
+    }
+    Ok(format!("price of {sku}"))
+}
 
 /// Logs in (counts the logins).
 #[durable_tool(replay = "unsafe_on_replay")]
@@ -130,4 +140,60 @@ async fn a_changed_secret_is_another_call() {
         "{}",
         record.metadata
     );
+}
+
+/// A `pure` remote call that times out is not recorded (its outcome is unknown): the next
+/// attempt in the same session runs it again and gets the answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pure_remote_call_that_timed_out_runs_again() {
+    use durable::{Message, ModelToolCall, ReplayClass, StartOptions};
+    use durable_mcp::RemoteTools;
+    use durable_mcp::rmcp::ServiceExt;
+
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = durable::connect(&format!("sqlite:{}", dir.path().join("r.db").display()))
+        .await
+        .expect("store");
+    let remote_durable = Durable::builder(store).owner("remote").build();
+    let toolbox = Toolbox::new().with(slow).expect("slow");
+    let remote = DurableMcpServer::builder(remote_durable, toolbox, "remote")
+        .start()
+        .await
+        .expect("remote server");
+    let (server_io, client_io) = tokio::io::duplex(1 << 16);
+    tokio::spawn(async move {
+        if let Ok(running) = remote.serve(server_io).await {
+            let _ = running.waiting().await;
+        }
+    });
+    let client = ().serve(client_io).await.expect("MCP handshake");
+    let tools = RemoteTools::new(client.peer().clone())
+        .class("slow", ReplayClass::Pure)
+        .timeout(std::time::Duration::from_millis(300))
+        .toolbox()
+        .await
+        .expect("remote tools");
+
+    let local = setup("local").await;
+    let session = local
+        .durable
+        .start::<Message>(StartOptions::default())
+        .await
+        .expect("session");
+    let call = ModelToolCall::new("c1", "slow", json!({"sku": "mug"}));
+    let lost = tools.dispatch(session.journal(), &call).await;
+    assert!(lost.is_err(), "an unknown outcome is an error: {lost:?}");
+    let rows = local
+        .durable
+        .store()
+        .calls(session.id(), None)
+        .await
+        .expect("rows");
+    assert!(rows.is_empty(), "nothing recorded: {rows:?}");
+    let again = tools
+        .dispatch(session.journal(), &call)
+        .await
+        .expect("the second attempt runs");
+    assert!(!again.is_error(), "{again:?}");
+    assert!(again.content_text().contains("price of mug"), "{again:?}");
 }
