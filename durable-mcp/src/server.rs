@@ -357,9 +357,33 @@ impl Inner {
             return Err(ErrorData::internal_error("server session not open", None));
         };
         self.barrier(call, None).await?;
+        // A call that needs a person's approval must wait for the decision in a session
+        // of its own (a call id's): its `requested` row in the shared step would refuse
+        // every later call's checkpoint. Refused before anything is journaled when the
+        // runtime's policy says so.
+        if self.policy_requires_approval(call) {
+            return Err(call_id_required(call));
+        }
         let dispatched = self.toolbox.dispatch(session.journal(), call).await;
         let result = match dispatched {
             Ok(result) => result,
+            Err(DurableError::AwaitingApproval { call: row, .. }) => {
+                // The tool itself asked for approval (seen only once journaled): deny the
+                // request at once, so that the step can end, and tell the client to send
+                // a call id.
+                let reason = "durable-mcp: a call that needs approval must be sent with a call \
+                              id; this request had none, so it was refused";
+                if let Err(e) = self.durable.deny(&row, reason, "durable-mcp", None).await {
+                    tracing::warn!(session = session_name, call = %row, error = %e, "denying an approval request made without a call id failed; the server session is reopened");
+                    *slot = None;
+                    return Err(call_id_required(call));
+                }
+                if let Err(e) = session.dangerous_checkpoint_unreplayed().await {
+                    tracing::warn!(session = session_name, error = %e, "checkpoint after an MCP call failed; the session is reopened for the next call");
+                    *slot = None;
+                }
+                return Err(call_id_required(call));
+            }
             Err(e) => {
                 if is_fatal(&e) {
                     *slot = None;
@@ -475,6 +499,21 @@ impl Inner {
         )
     }
 
+    /// Whether the runtime's approval policy asks for a person's decision on `call`.
+    fn policy_requires_approval(&self, call: &ModelToolCall) -> bool {
+        let (Some(policy), Some(tool)) = (
+            self.durable.config().approval_policy.as_ref(),
+            self.toolbox.get(&call.name),
+        ) else {
+            return false;
+        };
+        let arguments = match &call.arguments {
+            ToolArguments::Json(value) => value.clone(),
+            ToolArguments::Text(text) => Value::String(text.clone()),
+        };
+        policy(tool.spec(), &arguments).is_some()
+    }
+
     fn running_set(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
         self.running
             .lock()
@@ -552,6 +591,23 @@ async fn release(session: Session<Message>) {
     if let Err(e) = session.release().await {
         tracing::warn!(session = %id, error = %e, "releasing an MCP call's session failed; a retry waits for its lease to expire");
     }
+}
+
+/// The refusal of a call without a call id that needs a person's approval.
+fn call_id_required(call: &ModelToolCall) -> ErrorData {
+    ErrorData::new(
+        codes::CALL_ID_REQUIRED,
+        format!(
+            "call `{}` (`{}`) was not run: it needs a person's approval, and only a call sent \
+             with a call id (`_meta[\"{}\"]`) can wait for one. Send it with a call id; it is \
+             refused with AWAITING_APPROVAL until a person decides, then the same call id \
+             runs it (or returns the denial)",
+            call.id,
+            call.name,
+            crate::CALL_ID_META
+        ),
+        Some(json!({"durable": "call_id_required", "tool": call.name})),
+    )
 }
 
 /// Whether the session handle is unusable after `error` (it must be resumed).

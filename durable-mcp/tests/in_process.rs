@@ -12,6 +12,14 @@ use serde_json::{Value, json};
 static LOGINS: AtomicUsize = AtomicUsize::new(0);
 static SENT: AtomicUsize = AtomicUsize::new(0);
 static SLOW: AtomicUsize = AtomicUsize::new(0);
+static TRANSFERS: AtomicUsize = AtomicUsize::new(0);
+
+/// Moves money; always needs a person's approval.
+#[durable_tool(replay = "unsafe_on_replay", approval = "required")]
+async fn transfer(cents: u64) -> Result<u64, std::io::Error> {
+    TRANSFERS.fetch_add(1, Ordering::SeqCst);
+    Ok(cents)
+}
 
 /// A pure lookup whose first call never answers in time.
 #[durable_tool(replay = "pure")]
@@ -74,7 +82,9 @@ async fn setup(name: &str) -> Setup {
         .with(login)
         .expect("login")
         .with(send)
-        .expect("send");
+        .expect("send")
+        .with(transfer)
+        .expect("transfer");
     let server = DurableMcpServer::builder(durable.clone(), toolbox, name)
         .start()
         .await
@@ -196,4 +206,61 @@ async fn a_pure_remote_call_that_timed_out_runs_again() {
         .expect("the second attempt runs");
     assert!(!again.is_error(), "{again:?}");
     assert!(again.content_text().contains("price of mug"), "{again:?}");
+}
+
+/// A call that needs approval sent without a call id is refused (the policy's: before
+/// anything is journaled; the tool's own: its request denied at once), and later calls
+/// without a call id still run. With a call id it waits for the decision, with a message
+/// an MCP client can act on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approval_without_a_call_id_is_refused_and_does_not_wedge() {
+    let setup = setup("approval").await;
+    let refused = call(&setup.server, "send", json!({"to": "boss"}), None)
+        .await
+        .expect_err("needs approval");
+    assert_eq!(refused.code, codes::CALL_ID_REQUIRED, "{refused:?}");
+    assert!(refused.message.contains("call id"), "{}", refused.message);
+    let ran = call(&setup.server, "send", json!({"to": "a"}), None)
+        .await
+        .expect("a later call without call id runs");
+    assert_ne!(ran.is_error, Some(true), "{ran:?}");
+
+    let refused = call(&setup.server, "transfer", json!({"cents": 5}), None)
+        .await
+        .expect_err("the tool asks for approval");
+    assert_eq!(refused.code, codes::CALL_ID_REQUIRED, "{refused:?}");
+    assert_eq!(TRANSFERS.load(Ordering::SeqCst), 0);
+    let ran = call(&setup.server, "send", json!({"to": "b"}), None)
+        .await
+        .expect("a later call without call id runs");
+    assert_ne!(ran.is_error, Some(true), "{ran:?}");
+
+    let waiting = call(&setup.server, "transfer", json!({"cents": 7}), Some("t-1"))
+        .await
+        .expect_err("awaits approval");
+    assert_eq!(waiting.code, codes::AWAITING_APPROVAL, "{waiting:?}");
+    assert!(
+        !waiting.message.contains("Session::await_approval"),
+        "{}",
+        waiting.message
+    );
+    let row = waiting.data.as_ref().expect("data")["call"]
+        .as_str()
+        .expect("call")
+        .to_owned();
+    assert!(
+        waiting.message.contains(&format!("durable approve {row}")),
+        "{}",
+        waiting.message
+    );
+    setup
+        .durable
+        .approve(&durable::CallId::new(row), None, "tester", None)
+        .await
+        .expect("approve");
+    let ran = call(&setup.server, "transfer", json!({"cents": 7}), Some("t-1"))
+        .await
+        .expect("runs once approved");
+    assert_ne!(ran.is_error, Some(true), "{ran:?}");
+    assert_eq!(TRANSFERS.load(Ordering::SeqCst), 1);
 }
