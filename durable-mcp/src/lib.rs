@@ -77,8 +77,18 @@
 //! ([`Durable::in_doubt`](durable_core::Durable::in_doubt)), leaving out the calls that
 //! run in this process right now. On start it takes back (and gives up) the call
 //! sessions a crashed run under the same owner left leased with calls issued, so that
-//! the store sees their calls as in doubt. Without a call id a retry is a new call: a client that needs
-//! retries sends call ids.
+//! the store sees their calls as in doubt.
+//!
+//! Without a call id a retry is a new call: a client that needs retries sends call ids.
+//!
+//! A call that needs a person's approval must be sent with a call id: the call id's
+//! session waits for the decision ([`codes::AWAITING_APPROVAL`], naming the durable call
+//! to approve or deny), and the same call id sent again once decided runs it or returns
+//! the denial. Without a call id it is refused with [`codes::CALL_ID_REQUIRED`]: before
+//! anything is journaled when the runtime's
+//! [`approval_policy`](durable_core::DurableBuilder::approval_policy) asks for it; when
+//! the tool itself asks (`approval = "required"`), its request is denied at once (by
+//! `durable-mcp`, audited), so that later calls without a call id are not held up.
 //!
 //! Every call runs to its end in a task of its own, whatever becomes of its request: a
 //! client that disconnects or cancels does not leave the call half-run, and its retry with
