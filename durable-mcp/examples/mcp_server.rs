@@ -173,8 +173,35 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             println!("listening on http://{}/mcp", listener.local_addr()?);
             let router =
                 axum::Router::new().nest_service("/mcp", server.http_service(Default::default()));
-            axum::serve(listener, router).await?;
+            // On Ctrl-C (or SIGTERM): stop taking requests, then let the calls in flight
+            // end and record their outcomes before the process exits.
+            axum::serve(listener, router)
+                .with_graceful_shutdown(shutdown())
+                .await?;
+            server.drain().await;
         }
     }
     Ok(())
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                term.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
 }

@@ -92,7 +92,11 @@
 //!
 //! Every call runs to its end in a task of its own, whatever becomes of its request: a
 //! client that disconnects or cancels does not leave the call half-run, and its retry with
-//! the same call id gets the recorded result.
+//! the same call id gets the recorded result. The server counts these tasks:
+//! [`serve_stdio`](DurableMcpServer::serve_stdio) waits for them before it returns, and
+//! over HTTP the process calls [`drain`](DurableMcpServer::drain) after the HTTP server
+//! stopped (graceful shutdown) and before it exits; a runtime dropped while calls run
+//! leaves them in doubt, as a crash would.
 //!
 //! ## MCP sessions and clients
 //!

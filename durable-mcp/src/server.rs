@@ -106,6 +106,7 @@ impl DurableMcpServerBuilder {
                 server_session: Mutex::new(None),
                 call_locks: StdMutex::new(HashMap::new()),
                 running: StdMutex::new(HashSet::new()),
+                in_flight: InFlight::default(),
             }),
         };
         let opened = server.inner.open_server_session().await?;
@@ -143,6 +144,41 @@ struct Inner {
     /// The call sessions whose call runs in this process right now: their rows are not
     /// in doubt, whatever the store says of their lease.
     running: StdMutex<HashSet<String>>,
+    /// The calls running in tasks of their own, for [`DurableMcpServer::drain`].
+    in_flight: InFlight,
+}
+
+/// A count of the calls in flight and a signal when it drops to zero.
+#[derive(Default)]
+struct InFlight {
+    count: std::sync::atomic::AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+/// One call in flight, counted for as long as it lives.
+struct InFlightGuard(Arc<Inner>);
+
+impl InFlightGuard {
+    fn new(inner: Arc<Inner>) -> Self {
+        inner
+            .in_flight
+            .count
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        InFlightGuard(inner)
+    }
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        let in_flight = &self.0.in_flight;
+        if in_flight
+            .count
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst)
+            == 1
+        {
+            in_flight.idle.notify_waiters();
+        }
+    }
 }
 
 impl std::fmt::Debug for Inner {
@@ -189,20 +225,52 @@ impl DurableMcpServer {
         SessionId::new(call_session_id(&self.inner.call_prefix, call_id))
     }
 
-    /// Serves one client over this process's stdin and stdout until it disconnects.
+    /// Serves one client over this process's stdin and stdout until it disconnects, then
+    /// waits for the calls still in flight to end ([`drain`](Self::drain)).
     ///
     /// # Errors
     /// [`ServeError::Transport`] if the MCP handshake or the transport fails.
     pub async fn serve_stdio(self) -> Result<(), ServeError> {
+        let this = self.clone();
         let running = self
             .serve(rmcp::transport::stdio())
             .await
             .map_err(|e| ServeError::Transport(e.to_string()))?;
-        running
+        let waited = running
             .waiting()
             .await
-            .map_err(|e| ServeError::Transport(e.to_string()))?;
+            .map_err(|e| ServeError::Transport(e.to_string()));
+        // A call whose client went away still runs to its end, and records its outcome.
+        this.drain().await;
+        waited?;
         Ok(())
+    }
+
+    /// Waits until no call is in flight on this server (nor on its clones). Every call
+    /// runs to its end in a task of its own, whatever becomes of its request, so that its
+    /// outcome is recorded; a process that returns from `main` (dropping the runtime)
+    /// while calls run leaves them in doubt. [`serve_stdio`](Self::serve_stdio) drains
+    /// before it returns; over HTTP, stop accepting requests (e.g. axum's graceful
+    /// shutdown), then call `drain` before the process exits.
+    pub async fn drain(&self) {
+        let in_flight = &self.inner.in_flight;
+        loop {
+            let idle = in_flight.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if in_flight.count.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
+
+    /// The number of calls in flight on this server (and its clones).
+    pub fn in_flight(&self) -> usize {
+        self.inner
+            .in_flight
+            .count
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The streamable HTTP transport as a tower service: mount it in an HTTP server,
@@ -245,7 +313,9 @@ impl DurableMcpServer {
         // (a client that disconnects or cancels): its outcome is recorded, so the
         // client's retry with the same call id gets the result instead of a refusal.
         let inner = Arc::clone(&self.inner);
+        let guard = InFlightGuard::new(Arc::clone(&self.inner));
         let running = tokio::spawn(async move {
+            let _guard = guard;
             match call_id {
                 Some(id) => inner.call_with_id(&id, &call).await,
                 None => inner.call_in_server_session(&call).await,
