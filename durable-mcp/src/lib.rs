@@ -27,9 +27,13 @@
 //! dropped connections and server restarts. The call runs in a durable session of its
 //! own, `<prefix><first 32 hex digits of the SHA-256 of the call id>` (prefix
 //! `mcp-<server name>-call-` by default, [`call_session_prefix`](DurableMcpServerBuilder::call_session_prefix)),
-//! created or resumed with [`start_or_resume`](durable_core::Durable::start_or_resume);
-//! the call is the session's only call, in step 0, and the session is released (never
-//! checkpointed) after each attempt, so a retry re-runs step 0 and the journal decides:
+//! created or resumed with [`start_or_resume`](durable_core::Durable::start_or_resume)
+//! in the [`CALL_QUEUE`] queue (`mcp`); the call is the session's only call, in step 0.
+//! Once the call has a definite outcome (a result or a recorded tool failure) the
+//! session is completed: no pool or [`recover_next`](durable_core::Durable::recover_next)
+//! claims it, it can be purged, and a retry reads the recorded outcome from the store.
+//! Otherwise (in doubt, awaiting approval, refused) the session is released, so a retry
+//! re-runs step 0 and the journal decides:
 //!
 //! - a recorded result (or recorded tool failure) is returned; nothing runs again;
 //! - a `pure` call in doubt runs again; an `idempotent_with_key` one runs again with its
@@ -131,7 +135,7 @@ mod server;
 pub use call_id::{CALL_ID_META, MAX_CALL_ID_BYTES};
 pub use error::{RemoteToolsError, ServeError, codes};
 pub use remote::{DEFAULT_CALL_TIMEOUT, RemoteTool, RemoteTools};
-pub use server::{DurableMcpServer, DurableMcpServerBuilder};
+pub use server::{CALL_QUEUE, DurableMcpServer, DurableMcpServerBuilder};
 
 /// The rmcp crate this one is built on (the version whose types its API uses).
 pub use rmcp;

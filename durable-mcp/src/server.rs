@@ -3,10 +3,10 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex as StdMutex};
 
-use durable_core::store::{SessionFilter, SessionStatus};
+use durable_core::store::{CallStatus, SessionFilter, SessionStatus};
 use durable_core::{
     Durable, DurableError, Message, ModelToolCall, ReplayClass, Session, SessionId, StartOptions,
-    ToolArguments, ToolResult, Toolbox, canonical,
+    ToolArguments, ToolOutput, ToolResult, Toolbox, canonical,
 };
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
@@ -21,6 +21,10 @@ use tokio::sync::Mutex;
 
 use crate::call_id::{call_session_id, client_call_id};
 use crate::error::{ServeError, codes, to_mcp};
+
+/// The queue of call sessions (calls with a call id): pools taking from their own queues
+/// leave them alone.
+pub const CALL_QUEUE: &str = "mcp";
 
 /// Configures a [`DurableMcpServer`]: `DurableMcpServer::builder(durable, toolbox, "name")`.
 #[derive(Debug)]
@@ -497,8 +501,35 @@ impl Inner {
     ) -> Result<ToolResult, ErrorData> {
         let refused = |e: DurableError| to_mcp(&e, call_id, session_id);
         let fingerprint = self.fingerprint(call).map_err(refused)?;
+        let reused = |first: &str| {
+            ErrorData::new(
+                codes::CALL_ID_REUSED,
+                format!(
+                    "call `{call_id}` was not run: this call id was first sent for `{first}` with \
+                     other arguments, and a call id names one call; send a new call id for a new call"
+                ),
+                Some(json!({"durable": "call_id_reused", "session": session_id, "tool": first})),
+            )
+        };
+        let same_call = |metadata: &Value| {
+            let recorded = &metadata["mcp"];
+            if recorded["tool"] == json!(call.name) && recorded["arguments"] == json!(fingerprint) {
+                Ok(())
+            } else {
+                Err(reused(recorded["tool"].as_str().unwrap_or("?")))
+            }
+        };
+        let id = SessionId::new(session_id);
+        // A call with a definite outcome completed its session: a retry reads the result.
+        if let Ok(record) = self.durable.store().session(&id).await
+            && record.status == SessionStatus::Completed
+        {
+            same_call(&record.metadata)?;
+            return self.recorded_result(&id, call).await.map_err(refused);
+        }
         let options = StartOptions::new()
-            .with_id(SessionId::new(session_id))
+            .with_id(id.clone())
+            .with_queue(CALL_QUEUE)
             .with_metadata(json!({"mcp": {
                 "server": self.info.server_info.name,
                 "call_id": call_id,
@@ -511,22 +542,62 @@ impl Inner {
             .await
             .map_err(refused)?
             .session;
-        let recorded = &session.record().metadata["mcp"];
-        if recorded["tool"] != json!(call.name) || recorded["arguments"] != json!(fingerprint) {
-            let first = recorded["tool"].as_str().unwrap_or("?").to_owned();
+        if let Err(e) = same_call(&session.record().metadata) {
             release(session).await;
-            return Err(ErrorData::new(
-                codes::CALL_ID_REUSED,
-                format!(
-                    "call `{call_id}` was not run: this call id was first sent for `{first}` with \
-                     other arguments, and a call id names one call; send a new call id for a new call"
-                ),
-                Some(json!({"durable": "call_id_reused", "session": session_id, "tool": first})),
-            ));
+            return Err(e);
         }
         let dispatched = self.toolbox.dispatch(session.journal(), call).await;
-        release(session).await;
-        dispatched.map_err(refused)
+        match dispatched {
+            Ok(result) => {
+                // A definite outcome (a result, or a recorded tool failure): the session
+                // is done, so no pool or `recover_next` claims it, and it can be purged.
+                if let Err(e) = session.complete().await {
+                    tracing::warn!(session = session_id, error = %e, "completing an MCP call's session failed; a retry replays its recorded result");
+                }
+                Ok(result)
+            }
+            Err(e) => {
+                release(session).await;
+                Err(refused(e))
+            }
+        }
+    }
+
+    /// The recorded outcome of a completed call session's call.
+    async fn recorded_result(
+        &self,
+        session: &SessionId,
+        call: &ModelToolCall,
+    ) -> Result<ToolResult, DurableError> {
+        let rows = self.durable.store().calls(session, Some(0)).await?;
+        let row = rows
+            .into_iter()
+            .find(|row| row.identity.tool == call.name && row.status.has_outcome())
+            .ok_or_else(|| {
+                DurableError::Store(durable_core::StoreError::CallNotFound(
+                    durable_core::CallId::new(format!("{session}: step 0, `{}`", call.name)),
+                ))
+            })?;
+        let output = match row.status {
+            CallStatus::Failed | CallStatus::Denied => ToolOutput {
+                content: json!({"error": row
+                    .error
+                    .as_ref()
+                    .and_then(|e| e.get("message"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("the call failed")}),
+                is_error: true,
+            },
+            _ => ToolOutput {
+                content: row.result.unwrap_or(Value::Null),
+                is_error: false,
+            },
+        };
+        Ok(ToolResult {
+            call_id: call.id.clone(),
+            name: call.name.clone(),
+            output,
+        })
     }
 
     /// What a call id's session records of its call: `"v1:…"` over the tool name and the

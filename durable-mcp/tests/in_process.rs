@@ -264,3 +264,34 @@ async fn approval_without_a_call_id_is_refused_and_does_not_wedge() {
     assert_ne!(ran.is_error, Some(true), "{ran:?}");
     assert_eq!(TRANSFERS.load(Ordering::SeqCst), 1);
 }
+
+/// A call with a call id and a definite outcome completes its session (in the `mcp`
+/// queue): `recover_next` does not claim it, and a retry returns the recorded result.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_call_completes_its_session() {
+    let setup = setup("finish").await;
+    let first = call(&setup.server, "send", json!({"to": "fin"}), Some("fin-1"))
+        .await
+        .expect("runs");
+    let id = setup.server.call_session_id("fin-1");
+    let record = setup.durable.store().session(&id).await.expect("session");
+    assert_eq!(record.status, durable::store::SessionStatus::Completed);
+    assert_eq!(record.queue, durable_mcp::CALL_QUEUE);
+    let claimed = setup
+        .durable
+        .recover_next::<durable::Message>()
+        .await
+        .expect("recover_next");
+    assert!(claimed.is_none(), "nothing to claim");
+    let before = SENT.load(Ordering::SeqCst);
+    let again = call(&setup.server, "send", json!({"to": "fin"}), Some("fin-1"))
+        .await
+        .expect("the recorded result");
+    assert_eq!(again.content, first.content);
+    assert_eq!(again.structured_content, first.structured_content);
+    assert_eq!(SENT.load(Ordering::SeqCst), before, "nothing ran again");
+    let reused = call(&setup.server, "send", json!({"to": "other"}), Some("fin-1"))
+        .await
+        .expect_err("another call under the same id");
+    assert_eq!(reused.code, codes::CALL_ID_REUSED);
+}
