@@ -140,8 +140,12 @@ pub enum ServeError {
 fn leased_hint(error: &DurableError) -> &'static str {
     match error {
         DurableError::Store(StoreError::Leased { .. }) => {
-            " (another server holds it: give each server its own name, or this server a stable \
-             `DurableBuilder::owner` so that a restart takes its session back at once)"
+            " (another server holds it. A second replica of this server: give each replica its \
+             own `session_id(..)` but keep the server name (or `call_session_prefix`) shared, so \
+             that a retried call id lands on the same call session. This server restarted after \
+             a crash: with the default `host-pid` owner it is refused until the crashed \
+             process's lease expires; give the runtime a stable `DurableBuilder::owner` so that \
+             a restart takes its session back at once)"
         }
         _ => "",
     }

@@ -50,10 +50,26 @@
 //!   is not recoverable from the metadata without the store).
 //!
 //! Two requests with the same call id at once are serialized in the server: the second
-//! waits, then gets the first's recorded result. A server replica or a restarted server
-//! under another owner name finds the session leased and answers [`codes::BUSY`] until
-//! the lease expires: give the server's runtime a stable
-//! [`owner`](durable_core::DurableBuilder::owner).
+//! waits, then gets the first's recorded result. The same call id sent to another replica
+//! while the first still runs it finds its session leased and answers [`codes::BUSY`]
+//! (retry later).
+//!
+//! Call ids must be **globally unique** (UUIDs, say): they are not namespaced per client
+//! or per MCP session, so two clients that pick the same call id get the same call (the
+//! second gets the first's result, or [`codes::CALL_ID_REUSED`] for other arguments).
+//!
+//! ## Replicas and restarts
+//!
+//! The server's own session is held by one process at a time: a second replica cannot
+//! [`start`](DurableMcpServerBuilder::start) under the same server session
+//! ([`ServeError::Session`], `Leased`). Give each replica its own
+//! [`session_id`](DurableMcpServerBuilder::session_id), but keep the server name (or
+//! [`call_session_prefix`](DurableMcpServerBuilder::call_session_prefix)) shared, so that a
+//! call id retried on another replica lands on the same call session. A server restarted
+//! after a crash under the default `host-pid` owner cannot `start` either (the crashed
+//! process's lease on its session is live: `Leased`) until that lease expires; give the
+//! server's runtime a stable [`owner`](durable_core::DurableBuilder::owner), per replica,
+//! so that a restart takes its sessions back at once.
 //!
 //! ## Calls without a call id: the server's session
 //!
@@ -126,6 +142,11 @@
 //! dispatches them; see its docs for how each tool's replay class is chosen. Each call
 //! carries its durable call id under [`CALL_ID_META`], so a durable server on the other
 //! side deduplicates re-sent calls end to end.
+//!
+//! Remote tools have no secret arguments: MCP has no way to mark one, so every argument
+//! of a remote call is journaled in clear (in the local store). Keep secrets out of
+//! remote tools' arguments, or wrap such a tool in a local `#[durable_tool]` with a
+//! `#[secret]` argument.
 
 mod call_id;
 mod error;

@@ -52,7 +52,9 @@ impl DurableMcpServerBuilder {
     }
 
     /// The id of the server's own session, where calls without a call id run (default
-    /// `mcp-<name>`). Keep it stable across restarts: its journal holds the barrier.
+    /// `mcp-<name>`). Keep it stable across restarts: its journal holds the barrier. One
+    /// process holds it at a time: give each replica its own (and keep the name or the
+    /// [`call_session_prefix`](Self::call_session_prefix) shared).
     pub fn session_id(mut self, id: impl Into<String>) -> Self {
         self.session = Some(id.into());
         self
@@ -199,10 +201,14 @@ impl DurableMcpServer {
     /// Starts configuring a server named `name` (announced to clients, and the default
     /// of its session ids) for `toolbox`, journaling through `durable`.
     ///
-    /// Give `durable` a stable [`owner`](durable_core::DurableBuilder::owner): a server
-    /// restarted under the same owner takes its sessions back at once, where the default
-    /// `host-pid` owner waits out the crashed process's leases (calls are refused with
-    /// [`codes::BUSY`] meanwhile).
+    /// Give `durable` a stable [`owner`](durable_core::DurableBuilder::owner) (one per
+    /// replica): a server restarted under the same owner takes its sessions back at once,
+    /// where with the default `host-pid` owner [`start`](DurableMcpServerBuilder::start)
+    /// fails ([`ServeError::Session`], `Leased`) until the crashed process's lease on the
+    /// server's session expires. Replicas: each its own
+    /// [`session_id`](DurableMcpServerBuilder::session_id), the same name (or
+    /// [`call_session_prefix`](DurableMcpServerBuilder::call_session_prefix)); see the
+    /// [crate docs](crate#replicas-and-restarts).
     pub fn builder(
         durable: Durable,
         toolbox: Toolbox,
