@@ -155,7 +155,7 @@ mod server;
 
 pub use call_id::{CALL_ID_META, MAX_CALL_ID_BYTES};
 pub use error::{RemoteToolsError, ServeError, codes};
-pub use remote::{DEFAULT_CALL_TIMEOUT, RemoteTool, RemoteTools};
+pub use remote::{DEFAULT_CALL_TIMEOUT, RemoteTool, RemoteTools, SkippedTool};
 pub use server::{CALL_QUEUE, DurableMcpServer, DurableMcpServerBuilder};
 
 /// The rmcp crate this one is built on (the version whose types its API uses).

@@ -76,8 +76,8 @@ impl RemoteTools {
 
     /// How long one remote call may take (default [`DEFAULT_CALL_TIMEOUT`]). A call
     /// that takes longer is abandoned and its outcome is unknown: a `pure` call is not
-    /// recorded (the next attempt runs it again), any other is left in doubt. This is also how a server that died
-    /// mid-call is noticed: rmcp's streamable HTTP client may keep waiting for a
+    /// recorded (the next attempt runs it again), any other is left in doubt. This is
+    /// also how a server that died mid-call is noticed: rmcp's streamable HTTP client may keep waiting for a
     /// response that never comes.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
@@ -134,18 +134,47 @@ impl RemoteTools {
             .collect())
     }
 
-    /// The server's tools in a new [`Toolbox`].
+    /// The server's tools in a new [`Toolbox`]. A tool whose name a toolbox refuses
+    /// (MCP allows `.` and `/` in names, durable does not) is skipped, with a warning;
+    /// [`toolbox_with_report`](Self::toolbox_with_report) says which.
     ///
     /// # Errors
-    /// As [`tools`](Self::tools), and [`RemoteToolsError::Toolbox`] for a tool name a
-    /// toolbox refuses.
+    /// As [`tools`](Self::tools).
     pub async fn toolbox(self) -> Result<Toolbox, RemoteToolsError> {
-        let mut toolbox = Toolbox::new();
-        for tool in self.tools().await? {
-            toolbox.register(tool)?;
-        }
-        Ok(toolbox)
+        Ok(self.toolbox_with_report().await?.0)
     }
+
+    /// The server's tools in a new [`Toolbox`], and the tools skipped (each with why).
+    ///
+    /// # Errors
+    /// As [`tools`](Self::tools).
+    pub async fn toolbox_with_report(
+        self,
+    ) -> Result<(Toolbox, Vec<SkippedTool>), RemoteToolsError> {
+        let mut toolbox = Toolbox::new();
+        let mut skipped = Vec::new();
+        for tool in self.tools().await? {
+            let name = tool.spec.name.clone();
+            if let Err(e) = toolbox.register(tool) {
+                tracing::warn!(tool = %name, error = %e, "a remote MCP tool was skipped: durable cannot register it");
+                skipped.push(SkippedTool {
+                    name,
+                    reason: e.to_string(),
+                });
+            }
+        }
+        Ok((toolbox, skipped))
+    }
+}
+
+/// A remote tool [`RemoteTools::toolbox_with_report`] left out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SkippedTool {
+    /// The tool's name on the server.
+    pub name: String,
+    /// Why the toolbox refused it (e.g. a `.` or `/` in its name).
+    pub reason: String,
 }
 
 /// The class a tool's annotations imply when they are trusted; `unsafe_on_replay`

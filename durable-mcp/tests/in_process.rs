@@ -295,3 +295,79 @@ async fn a_finished_call_completes_its_session() {
         .expect_err("another call under the same id");
     assert_eq!(reused.code, codes::CALL_ID_REUSED);
 }
+
+/// A remote server listing tools whose names durable refuses (`.`, `/`) beside one it
+/// takes; `readOnlyHint` on all of them.
+struct Dotted;
+
+impl durable_mcp::rmcp::ServerHandler for Dotted {
+    fn get_info(&self) -> durable_mcp::rmcp::model::ServerConfig {
+        durable_mcp::rmcp::model::ServerConfig::new(
+            durable_mcp::rmcp::model::ServerCapabilities::builder()
+                .enable_tools()
+                .build(),
+        )
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<durable_mcp::rmcp::model::PaginatedRequestParams>,
+        _context: durable_mcp::rmcp::service::RequestContext<durable_mcp::rmcp::RoleServer>,
+    ) -> Result<durable_mcp::rmcp::model::ListToolsResult, ErrorData> {
+        let schema = json!({"type": "object", "properties": {}});
+        let Value::Object(schema) = schema else {
+            unreachable!()
+        };
+        let tools = ["ok_tool", "ns.get", "ns/put"]
+            .into_iter()
+            .map(|name| {
+                let mut tool = durable_mcp::rmcp::model::Tool::new(name, "a tool", schema.clone());
+                tool.annotations =
+                    Some(durable_mcp::rmcp::model::ToolAnnotations::new().read_only(true));
+                tool
+            })
+            .collect();
+        Ok(durable_mcp::rmcp::model::ListToolsResult::with_all_items(
+            tools,
+        ))
+    }
+}
+
+/// Remote tools durable cannot name are skipped with a report, the others kept; and
+/// annotations are ignored by default (`readOnlyHint` without `trust_annotations` is
+/// still `unsafe_on_replay`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_tools_with_foreign_names_are_skipped() {
+    use durable::ReplayClass;
+    use durable_mcp::RemoteTools;
+    use durable_mcp::rmcp::ServiceExt;
+
+    let (server_io, client_io) = tokio::io::duplex(1 << 16);
+    tokio::spawn(async move {
+        if let Ok(running) = Dotted.serve(server_io).await {
+            let _ = running.waiting().await;
+        }
+    });
+    let client = ().serve(client_io).await.expect("MCP handshake");
+    let (toolbox, skipped) = RemoteTools::new(client.peer().clone())
+        .toolbox_with_report()
+        .await
+        .expect("the usable tools");
+    let names: Vec<&str> = skipped.iter().map(|s| s.name.as_str()).collect();
+    assert_eq!(names, ["ns.get", "ns/put"], "{skipped:?}");
+    let kept = toolbox.get("ok_tool").expect("ok_tool kept");
+    assert_eq!(
+        kept.spec().class,
+        ReplayClass::UnsafeOnReplay,
+        "annotations are ignored by default"
+    );
+    let trusted = RemoteTools::new(client.peer().clone())
+        .trust_annotations()
+        .toolbox()
+        .await
+        .expect("toolbox");
+    assert_eq!(
+        trusted.get("ok_tool").expect("ok_tool").spec().class,
+        ReplayClass::Pure
+    );
+}
