@@ -300,10 +300,10 @@ async fn a_finished_call_completes_its_session() {
 /// takes; `readOnlyHint` on all of them.
 struct Dotted;
 
-impl durable_mcp::rmcp::ServerHandler for Dotted {
-    fn get_info(&self) -> durable_mcp::rmcp::model::ServerConfig {
-        durable_mcp::rmcp::model::ServerConfig::new(
-            durable_mcp::rmcp::model::ServerCapabilities::builder()
+impl rmcp::ServerHandler for Dotted {
+    fn get_info(&self) -> rmcp::model::ServerConfig {
+        rmcp::model::ServerConfig::new(
+            rmcp::model::ServerCapabilities::builder()
                 .enable_tools()
                 .build(),
         )
@@ -311,9 +311,9 @@ impl durable_mcp::rmcp::ServerHandler for Dotted {
 
     async fn list_tools(
         &self,
-        _request: Option<durable_mcp::rmcp::model::PaginatedRequestParams>,
-        _context: durable_mcp::rmcp::service::RequestContext<durable_mcp::rmcp::RoleServer>,
-    ) -> Result<durable_mcp::rmcp::model::ListToolsResult, ErrorData> {
+        _request: Option<rmcp::model::PaginatedRequestParams>,
+        _context: rmcp::service::RequestContext<rmcp::RoleServer>,
+    ) -> Result<rmcp::model::ListToolsResult, ErrorData> {
         let schema = json!({"type": "object", "properties": {}});
         let Value::Object(schema) = schema else {
             unreachable!()
@@ -321,15 +321,12 @@ impl durable_mcp::rmcp::ServerHandler for Dotted {
         let tools = ["ok_tool", "ns.get", "ns/put"]
             .into_iter()
             .map(|name| {
-                let mut tool = durable_mcp::rmcp::model::Tool::new(name, "a tool", schema.clone());
-                tool.annotations =
-                    Some(durable_mcp::rmcp::model::ToolAnnotations::new().read_only(true));
+                let mut tool = rmcp::model::Tool::new(name, "a tool", schema.clone());
+                tool.annotations = Some(rmcp::model::ToolAnnotations::new().read_only(true));
                 tool
             })
             .collect();
-        Ok(durable_mcp::rmcp::model::ListToolsResult::with_all_items(
-            tools,
-        ))
+        Ok(rmcp::model::ListToolsResult::with_all_items(tools))
     }
 }
 
