@@ -165,6 +165,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let server = DurableMcpServer::builder(durable, toolbox, "example")
         .start()
         .await?;
+    // Tests: the number of calls in flight, written next to the gate (so that a test
+    // knows a second request reached the server before it releases the first).
+    if let Some(dir) = std::env::var_os("DURABLE_MCP_EXAMPLE_HOLD").map(PathBuf::from) {
+        let watched = server.clone();
+        tokio::spawn(async move {
+            loop {
+                let count = watched.in_flight().to_string();
+                let _ = tokio::fs::write(dir.join("in-flight.tmp"), count).await;
+                let _ = tokio::fs::rename(dir.join("in-flight.tmp"), dir.join("in-flight")).await;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+    }
     match flags.http {
         None => server.serve_stdio().await?,
         Some(addr) => {
