@@ -165,6 +165,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let server = DurableMcpServer::builder(durable, toolbox, "example")
         .start()
         .await?;
+    // Tests: the number of calls in flight, written next to the gate (so that a test
+    // knows a second request reached the server before it releases the first).
+    if let Some(dir) = std::env::var_os("DURABLE_MCP_EXAMPLE_HOLD").map(PathBuf::from) {
+        let watched = server.clone();
+        tokio::spawn(async move {
+            loop {
+                let count = watched.in_flight().to_string();
+                let _ = tokio::fs::write(dir.join("in-flight.tmp"), count).await;
+                let _ = tokio::fs::rename(dir.join("in-flight.tmp"), dir.join("in-flight")).await;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        });
+    }
     match flags.http {
         None => server.serve_stdio().await?,
         Some(addr) => {
@@ -173,8 +186,35 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             println!("listening on http://{}/mcp", listener.local_addr()?);
             let router =
                 axum::Router::new().nest_service("/mcp", server.http_service(Default::default()));
-            axum::serve(listener, router).await?;
+            // On Ctrl-C (or SIGTERM): stop taking requests, then let the calls in flight
+            // end and record their outcomes before the process exits.
+            axum::serve(listener, router)
+                .with_graceful_shutdown(shutdown())
+                .await?;
+            server.drain().await;
         }
     }
     Ok(())
+}
+
+/// Resolves on Ctrl-C or SIGTERM.
+async fn shutdown() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => {
+                term.recv().await;
+            }
+            Err(_) => std::future::pending().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
 }

@@ -32,6 +32,11 @@ pub mod codes {
     /// `-32014`, `"durable"`: any other refusal of the runtime (store unavailable, lease
     /// lost, budget exceeded, …). The message says what to do.
     pub const DURABLE: ErrorCode = ErrorCode(-32014);
+    /// `-32015`, `"call_id_required"`: a call without a call id that needs a person's
+    /// approval: nothing was run (nor
+    /// journaled, when the runtime's policy asked for the approval). Send it with a call
+    /// id (`_meta["durable/callId"]`): that call waits for the decision.
+    pub const CALL_ID_REQUIRED: ErrorCode = ErrorCode(-32015);
 }
 
 /// What the server answers for a runtime error of the call named `call` (the client's
@@ -84,7 +89,12 @@ pub(crate) fn to_mcp(error: &DurableError, call: &str, session: &str) -> ErrorDa
             call: row, tool, ..
         } => ErrorData::new(
             codes::AWAITING_APPROVAL,
-            format!("call `{call}` was not run: {error}"),
+            format!(
+                "call `{call}` (`{tool}`) was not run: it awaits a person's decision (durable \
+                 call `{row}`: `durable approve {row}` or `durable deny {row} --reason <text>`, or \
+                 the console); nothing ran. Send the same call id again once decided: an \
+                 approved call runs then, a denied one returns the denial"
+            ),
             Some(
                 json!({"durable": "awaiting_approval", "call": row.as_str(), "tool": tool, "session": session}),
             ),
@@ -130,8 +140,12 @@ pub enum ServeError {
 fn leased_hint(error: &DurableError) -> &'static str {
     match error {
         DurableError::Store(StoreError::Leased { .. }) => {
-            " (another server holds it: give each server its own name, or this server a stable \
-             `DurableBuilder::owner` so that a restart takes its session back at once)"
+            " (another server holds it. A second replica of this server: give each replica its \
+             own `session_id(..)` but keep the server name (or `call_session_prefix`) shared, so \
+             that a retried call id lands on the same call session. This server restarted after \
+             a crash: with the default `host-pid` owner it is refused until the crashed \
+             process's lease expires; give the runtime a stable `DurableBuilder::owner` so that \
+             a restart takes its session back at once)"
         }
         _ => "",
     }

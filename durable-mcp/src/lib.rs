@@ -27,9 +27,13 @@
 //! dropped connections and server restarts. The call runs in a durable session of its
 //! own, `<prefix><first 32 hex digits of the SHA-256 of the call id>` (prefix
 //! `mcp-<server name>-call-` by default, [`call_session_prefix`](DurableMcpServerBuilder::call_session_prefix)),
-//! created or resumed with [`start_or_resume`](durable_core::Durable::start_or_resume);
-//! the call is the session's only call, in step 0, and the session is released (never
-//! checkpointed) after each attempt, so a retry re-runs step 0 and the journal decides:
+//! created or resumed with [`start_or_resume`](durable_core::Durable::start_or_resume)
+//! in the [`CALL_QUEUE`] queue (`mcp`); the call is the session's only call, in step 0.
+//! Once the call has a definite outcome (a result or a recorded tool failure) the
+//! session is completed: no pool or [`recover_next`](durable_core::Durable::recover_next)
+//! claims it, it can be purged, and a retry reads the recorded outcome from the store.
+//! Otherwise (in doubt, awaiting approval, refused) the session is released, so a retry
+//! re-runs step 0 and the journal decides:
 //!
 //! - a recorded result (or recorded tool failure) is returned; nothing runs again;
 //! - a `pure` call in doubt runs again; an `idempotent_with_key` one runs again with its
@@ -41,13 +45,31 @@
 //!   call if it did not happen;
 //! - the same call id with another tool or other arguments is refused with
 //!   [`codes::CALL_ID_REUSED`], and nothing runs (the session's metadata records the tool
-//!   and a hash of the arguments; the values of secret arguments are left out of it).
+//!   and a hash of the arguments, in which each secret argument's value is a keyed
+//!   digest under the store's own key: a changed secret is another call, and the value
+//!   is not recoverable from the metadata without the store).
 //!
 //! Two requests with the same call id at once are serialized in the server: the second
-//! waits, then gets the first's recorded result. A server replica or a restarted server
-//! under another owner name finds the session leased and answers [`codes::BUSY`] until
-//! the lease expires: give the server's runtime a stable
-//! [`owner`](durable_core::DurableBuilder::owner).
+//! waits, then gets the first's recorded result. The same call id sent to another replica
+//! while the first still runs it finds its session leased and answers [`codes::BUSY`]
+//! (retry later).
+//!
+//! Call ids must be **globally unique** (UUIDs, say): they are not namespaced per client
+//! or per MCP session, so two clients that pick the same call id get the same call (the
+//! second gets the first's result, or [`codes::CALL_ID_REUSED`] for other arguments).
+//!
+//! ## Replicas and restarts
+//!
+//! The server's own session is held by one process at a time: a second replica cannot
+//! [`start`](DurableMcpServerBuilder::start) under the same server session
+//! ([`ServeError::Session`], `Leased`). Give each replica its own
+//! [`session_id`](DurableMcpServerBuilder::session_id), but keep the server name (or
+//! [`call_session_prefix`](DurableMcpServerBuilder::call_session_prefix)) shared, so that a
+//! call id retried on another replica lands on the same call session. A server restarted
+//! after a crash under the default `host-pid` owner cannot `start` either (the crashed
+//! process's lease on its session is live: `Leased`) until that lease expires; give the
+//! server's runtime a stable [`owner`](durable_core::DurableBuilder::owner), per replica,
+//! so that a restart takes its sessions back at once.
 //!
 //! ## Calls without a call id: the server's session
 //!
@@ -62,15 +84,39 @@
 //! On start the server resumes its session and moves it to a fresh step
 //! ([`Session::dangerous_checkpoint_unreplayed`](durable_core::Session::dangerous_checkpoint_unreplayed):
 //! a step is one request, and a request a crash interrupted is never asked for again,
-//! since its client is gone). The session-wide barrier applies exactly as in-process: an
-//! `unsafe_on_replay` call the crash left in doubt makes every later call with a side
-//! effect fail with [`codes::IN_DOUBT`] (naming it) until an operator resolves it;
-//! `pure` calls still run. Without a call id a retry is a new call: a client that needs
-//! retries sends call ids.
+//! since its client is gone).
+//!
+//! ## The barrier is server-wide
+//!
+//! An `unsafe_on_replay` call in doubt anywhere on this server (in its own session, or in
+//! any call session under its prefix) makes every later call with a side effect fail
+//! with [`codes::IN_DOUBT`] (naming the in-doubt call and the `durable resolve` command)
+//! until an operator resolves it, **with or without a call id**: a call id does not
+//! bypass the barrier, and call id A in doubt bars call id B. `pure` calls still run.
+//! Before each non-pure call the server asks the store for in-doubt calls
+//! ([`Durable::in_doubt`](durable_core::Durable::in_doubt)), leaving out the calls that
+//! run in this process right now. On start it takes back (and gives up) the call
+//! sessions a crashed run under the same owner left leased with calls issued, so that
+//! the store sees their calls as in doubt.
+//!
+//! Without a call id a retry is a new call: a client that needs retries sends call ids.
+//!
+//! A call that needs a person's approval must be sent with a call id: the call id's
+//! session waits for the decision ([`codes::AWAITING_APPROVAL`], naming the durable call
+//! to approve or deny), and the same call id sent again once decided runs it or returns
+//! the denial. Without a call id it is refused with [`codes::CALL_ID_REQUIRED`]: before
+//! anything is journaled when the runtime's
+//! [`approval_policy`](durable_core::DurableBuilder::approval_policy) asks for it; when
+//! the tool itself asks (`approval = "required"`), its request is denied at once (by
+//! `durable-mcp`, audited), so that later calls without a call id are not held up.
 //!
 //! Every call runs to its end in a task of its own, whatever becomes of its request: a
 //! client that disconnects or cancels does not leave the call half-run, and its retry with
-//! the same call id gets the recorded result.
+//! the same call id gets the recorded result. The server counts these tasks:
+//! [`serve_stdio`](DurableMcpServer::serve_stdio) waits for them before it returns, and
+//! over HTTP the process calls [`drain`](DurableMcpServer::drain) after the HTTP server
+//! stopped (graceful shutdown) and before it exits; a runtime dropped while calls run
+//! leaves them in doubt, as a crash would.
 //!
 //! ## MCP sessions and clients
 //!
@@ -96,6 +142,11 @@
 //! dispatches them; see its docs for how each tool's replay class is chosen. Each call
 //! carries its durable call id under [`CALL_ID_META`], so a durable server on the other
 //! side deduplicates re-sent calls end to end.
+//!
+//! Remote tools have no secret arguments: MCP has no way to mark one, so every argument
+//! of a remote call is journaled in clear (in the local store). Keep secrets out of
+//! remote tools' arguments, or wrap such a tool in a local `#[durable_tool]` with a
+//! `#[secret]` argument.
 
 mod call_id;
 mod error;
@@ -104,8 +155,8 @@ mod server;
 
 pub use call_id::{CALL_ID_META, MAX_CALL_ID_BYTES};
 pub use error::{RemoteToolsError, ServeError, codes};
-pub use remote::{DEFAULT_CALL_TIMEOUT, RemoteTool, RemoteTools};
-pub use server::{DurableMcpServer, DurableMcpServerBuilder};
+pub use remote::{DEFAULT_CALL_TIMEOUT, RemoteTool, RemoteTools, SkippedTool};
+pub use server::{CALL_QUEUE, DurableMcpServer, DurableMcpServerBuilder};
 
 /// The rmcp crate this one is built on (the version whose types its API uses).
 pub use rmcp;

@@ -75,9 +75,9 @@ impl RemoteTools {
     }
 
     /// How long one remote call may take (default [`DEFAULT_CALL_TIMEOUT`]). A call
-    /// that takes longer is abandoned and its outcome is unknown: a `pure` call records
-    /// a failure, any other is left in doubt. This is also how a server that died
-    /// mid-call is noticed: rmcp's streamable HTTP client may keep waiting for a
+    /// that takes longer is abandoned and its outcome is unknown: a `pure` call is not
+    /// recorded (the next attempt runs it again), any other is left in doubt. This is
+    /// also how a server that died mid-call is noticed: rmcp's streamable HTTP client may keep waiting for a
     /// response that never comes.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
@@ -134,18 +134,47 @@ impl RemoteTools {
             .collect())
     }
 
-    /// The server's tools in a new [`Toolbox`].
+    /// The server's tools in a new [`Toolbox`]. A tool whose name a toolbox refuses
+    /// (MCP allows `.` and `/` in names, durable does not) is skipped, with a warning;
+    /// [`toolbox_with_report`](Self::toolbox_with_report) says which.
     ///
     /// # Errors
-    /// As [`tools`](Self::tools), and [`RemoteToolsError::Toolbox`] for a tool name a
-    /// toolbox refuses.
+    /// As [`tools`](Self::tools).
     pub async fn toolbox(self) -> Result<Toolbox, RemoteToolsError> {
-        let mut toolbox = Toolbox::new();
-        for tool in self.tools().await? {
-            toolbox.register(tool)?;
-        }
-        Ok(toolbox)
+        Ok(self.toolbox_with_report().await?.0)
     }
+
+    /// The server's tools in a new [`Toolbox`], and the tools skipped (each with why).
+    ///
+    /// # Errors
+    /// As [`tools`](Self::tools).
+    pub async fn toolbox_with_report(
+        self,
+    ) -> Result<(Toolbox, Vec<SkippedTool>), RemoteToolsError> {
+        let mut toolbox = Toolbox::new();
+        let mut skipped = Vec::new();
+        for tool in self.tools().await? {
+            let name = tool.spec.name.clone();
+            if let Err(e) = toolbox.register(tool) {
+                tracing::warn!(tool = %name, error = %e, "a remote MCP tool was skipped: durable cannot register it");
+                skipped.push(SkippedTool {
+                    name,
+                    reason: e.to_string(),
+                });
+            }
+        }
+        Ok((toolbox, skipped))
+    }
+}
+
+/// A remote tool [`RemoteTools::toolbox_with_report`] left out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct SkippedTool {
+    /// The tool's name on the server.
+    pub name: String,
+    /// Why the toolbox refused it (e.g. a `.` or `/` in its name).
+    pub reason: String,
 }
 
 /// The class a tool's annotations imply when they are trusted; `unsafe_on_replay`
@@ -168,7 +197,9 @@ fn class_from_annotations(tool: &McpTool, trust: bool) -> ReplayClass {
 /// no answer within the [timeout](RemoteTools::timeout), or a durable server answering
 /// that the call is in doubt (or busy), leaves an
 /// `idempotent_with_key` or `unsafe_on_replay` call in doubt (its outcome is unknown) and
-/// returns [`DurableError::ReplayUnsafe`]; a `pure` call records the failure.
+/// returns [`DurableError::ReplayUnsafe`]. A `pure` call whose outcome is unknown is not
+/// recorded at all: it returns a transient [`StoreError::Database`](durable_core::StoreError::Database)
+/// error (backend `remote MCP server`), and the next attempt runs it again.
 #[derive(Debug, Clone)]
 pub struct RemoteTool {
     peer: Peer<RoleClient>,
@@ -222,6 +253,18 @@ enum Remote {
     /// The outcome is unknown (connection lost, the server's call is in doubt).
     Unknown(String),
 }
+
+/// A `pure` remote call whose outcome is unknown (not recorded; the next attempt re-runs it).
+#[derive(Debug)]
+struct UnknownOutcome(String);
+
+impl std::fmt::Display for UnknownOutcome {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UnknownOutcome {}
 
 /// A failure recorded in the journal.
 #[derive(Debug)]
@@ -306,7 +349,6 @@ impl Tool for RemoteTool {
                     match self.call_remote(ctx, args).await {
                         Ok(value) => Ok(value),
                         Err(Remote::Failed(message)) => Err(RemoteFailure(message)),
-                        Err(Remote::Unknown(message)) if pure => Err(RemoteFailure(message)),
                         Err(Remote::Unknown(message)) => {
                             let sender = unknown_tx.lock().ok().and_then(|mut s| s.take());
                             if let Some(sender) = sender {
@@ -320,16 +362,29 @@ impl Tool for RemoteTool {
             tokio::pin!(run);
             tokio::select! {
                 biased;
-                Ok((message, row)) = unknown_rx => Err(DurableError::ReplayUnsafe {
-                    call: row,
-                    tool: spec.name.clone(),
-                    class: spec.class,
-                    refused_tool: spec.name.clone(),
-                    reason: format!(
-                        "the MCP call's outcome is unknown ({message}), so it is in doubt; \
-                         resuming the session re-executes an `idempotent_with_key` call with the \
-                         same call id, and an `unsafe_on_replay` one waits for an operator"
-                    ),
+                Ok((message, row)) = unknown_rx => Err(if pure {
+                    // A `pure` call is recorded only once it has an outcome: nothing was
+                    // written, so the next attempt runs it again.
+                    DurableError::Store(durable_core::StoreError::database(
+                        "remote MCP server",
+                        UnknownOutcome(format!(
+                            "`{}`: the outcome is unknown ({message}); nothing was recorded, \
+                             so the next attempt runs this pure call again",
+                            spec.name
+                        )),
+                    ))
+                } else {
+                    DurableError::ReplayUnsafe {
+                        call: row,
+                        tool: spec.name.clone(),
+                        class: spec.class,
+                        refused_tool: spec.name.clone(),
+                        reason: format!(
+                            "the MCP call's outcome is unknown ({message}), so it is in doubt; \
+                             resuming the session re-executes an `idempotent_with_key` call with the \
+                             same call id, and an `unsafe_on_replay` one waits for an operator"
+                        ),
+                    }
                 }),
                 outcome = &mut run => ToolOutput::from_call::<Value, RemoteFailure>(spec, outcome),
             }

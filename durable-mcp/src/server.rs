@@ -1,11 +1,12 @@
 //! [`DurableMcpServer`]: a [`Toolbox`] served over MCP, every `tools/call` journaled.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex as StdMutex};
 
+use durable_core::store::{CallStatus, SessionFilter, SessionStatus};
 use durable_core::{
-    Durable, DurableError, Message, ModelToolCall, Session, SessionId, StartOptions, ToolArguments,
-    ToolResult, Toolbox, canonical,
+    Durable, DurableError, Message, ModelToolCall, ReplayClass, Session, SessionId, StartOptions,
+    ToolArguments, ToolOutput, ToolResult, Toolbox, canonical,
 };
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, ListToolsResult,
@@ -20,6 +21,10 @@ use tokio::sync::Mutex;
 
 use crate::call_id::{call_session_id, client_call_id};
 use crate::error::{ServeError, codes, to_mcp};
+
+/// The queue of call sessions (calls with a call id): pools taking from their own queues
+/// leave them alone.
+pub const CALL_QUEUE: &str = "mcp";
 
 /// Configures a [`DurableMcpServer`]: `DurableMcpServer::builder(durable, toolbox, "name")`.
 #[derive(Debug)]
@@ -47,7 +52,9 @@ impl DurableMcpServerBuilder {
     }
 
     /// The id of the server's own session, where calls without a call id run (default
-    /// `mcp-<name>`). Keep it stable across restarts: its journal holds the barrier.
+    /// `mcp-<name>`). Keep it stable across restarts: its journal holds the barrier. One
+    /// process holds it at a time: give each replica its own (and keep the name or the
+    /// [`call_session_prefix`](Self::call_session_prefix) shared).
     pub fn session_id(mut self, id: impl Into<String>) -> Self {
         self.session = Some(id.into());
         self
@@ -104,10 +111,13 @@ impl DurableMcpServerBuilder {
                 call_prefix,
                 server_session: Mutex::new(None),
                 call_locks: StdMutex::new(HashMap::new()),
+                running: StdMutex::new(HashSet::new()),
+                in_flight: InFlight::default(),
             }),
         };
         let opened = server.inner.open_server_session().await?;
         *server.inner.server_session.lock().await = Some(opened);
+        server.inner.reclaim_call_sessions().await;
         Ok(server)
     }
 }
@@ -137,6 +147,44 @@ struct Inner {
     /// One lock per call session in use, so that two requests with the same call id
     /// never hold its lease at once (the second waits, then replays the first's result).
     call_locks: StdMutex<HashMap<String, Arc<Mutex<()>>>>,
+    /// The call sessions whose call runs in this process right now: their rows are not
+    /// in doubt, whatever the store says of their lease.
+    running: StdMutex<HashSet<String>>,
+    /// The calls running in tasks of their own, for [`DurableMcpServer::drain`].
+    in_flight: InFlight,
+}
+
+/// A count of the calls in flight and a signal when it drops to zero.
+#[derive(Default)]
+struct InFlight {
+    count: std::sync::atomic::AtomicUsize,
+    idle: tokio::sync::Notify,
+}
+
+/// One call in flight, counted for as long as it lives.
+struct InFlightGuard(Arc<Inner>);
+
+impl InFlightGuard {
+    fn new(inner: Arc<Inner>) -> Self {
+        inner
+            .in_flight
+            .count
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        InFlightGuard(inner)
+    }
+}
+
+impl Drop for InFlightGuard {
+    fn drop(&mut self) {
+        let in_flight = &self.0.in_flight;
+        if in_flight
+            .count
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst)
+            == 1
+        {
+            in_flight.idle.notify_waiters();
+        }
+    }
 }
 
 impl std::fmt::Debug for Inner {
@@ -153,10 +201,14 @@ impl DurableMcpServer {
     /// Starts configuring a server named `name` (announced to clients, and the default
     /// of its session ids) for `toolbox`, journaling through `durable`.
     ///
-    /// Give `durable` a stable [`owner`](durable_core::DurableBuilder::owner): a server
-    /// restarted under the same owner takes its sessions back at once, where the default
-    /// `host-pid` owner waits out the crashed process's leases (calls are refused with
-    /// [`codes::BUSY`] meanwhile).
+    /// Give `durable` a stable [`owner`](durable_core::DurableBuilder::owner) (one per
+    /// replica): a server restarted under the same owner takes its sessions back at once,
+    /// where with the default `host-pid` owner [`start`](DurableMcpServerBuilder::start)
+    /// fails ([`ServeError::Session`], `Leased`) until the crashed process's lease on the
+    /// server's session expires. Replicas: each its own
+    /// [`session_id`](DurableMcpServerBuilder::session_id), the same name (or
+    /// [`call_session_prefix`](DurableMcpServerBuilder::call_session_prefix)); see the
+    /// [crate docs](crate#replicas-and-restarts).
     pub fn builder(
         durable: Durable,
         toolbox: Toolbox,
@@ -183,20 +235,52 @@ impl DurableMcpServer {
         SessionId::new(call_session_id(&self.inner.call_prefix, call_id))
     }
 
-    /// Serves one client over this process's stdin and stdout until it disconnects.
+    /// Serves one client over this process's stdin and stdout until it disconnects, then
+    /// waits for the calls still in flight to end ([`drain`](Self::drain)).
     ///
     /// # Errors
     /// [`ServeError::Transport`] if the MCP handshake or the transport fails.
     pub async fn serve_stdio(self) -> Result<(), ServeError> {
+        let this = self.clone();
         let running = self
             .serve(rmcp::transport::stdio())
             .await
             .map_err(|e| ServeError::Transport(e.to_string()))?;
-        running
+        let waited = running
             .waiting()
             .await
-            .map_err(|e| ServeError::Transport(e.to_string()))?;
+            .map_err(|e| ServeError::Transport(e.to_string()));
+        // A call whose client went away still runs to its end, and records its outcome.
+        this.drain().await;
+        waited?;
         Ok(())
+    }
+
+    /// Waits until no call is in flight on this server (nor on its clones). Every call
+    /// runs to its end in a task of its own, whatever becomes of its request, so that its
+    /// outcome is recorded; a process that returns from `main` (dropping the runtime)
+    /// while calls run leaves them in doubt. [`serve_stdio`](Self::serve_stdio) drains
+    /// before it returns; over HTTP, stop accepting requests (e.g. axum's graceful
+    /// shutdown), then call `drain` before the process exits.
+    pub async fn drain(&self) {
+        let in_flight = &self.inner.in_flight;
+        loop {
+            let idle = in_flight.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if in_flight.count.load(std::sync::atomic::Ordering::SeqCst) == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
+
+    /// The number of calls in flight on this server (and its clones).
+    pub fn in_flight(&self) -> usize {
+        self.inner
+            .in_flight
+            .count
+            .load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// The streamable HTTP transport as a tower service: mount it in an HTTP server,
@@ -239,7 +323,9 @@ impl DurableMcpServer {
         // (a client that disconnects or cancels): its outcome is recorded, so the
         // client's retry with the same call id gets the result instead of a refusal.
         let inner = Arc::clone(&self.inner);
+        let guard = InFlightGuard::new(Arc::clone(&self.inner));
         let running = tokio::spawn(async move {
+            let _guard = guard;
             match call_id {
                 Some(id) => inner.call_with_id(&id, &call).await,
                 None => inner.call_in_server_session(&call).await,
@@ -287,6 +373,52 @@ impl Inner {
         Ok(session)
     }
 
+    /// Takes back, and gives up at once, the call sessions a crashed run of this server
+    /// left leased under this same owner with calls issued: their lease would stay live
+    /// (the same owner), so the store would not see their calls as in doubt and the
+    /// server-wide barrier would miss them. Released, their in-doubt calls hold the
+    /// barrier until resolved. Best effort: a failure is logged.
+    async fn reclaim_call_sessions(&self) {
+        let store = self.durable.store();
+        let owner = match store.session(&self.session_id).await {
+            Ok(record) => record.lease_owner,
+            Err(e) => {
+                tracing::warn!(session = %self.session_id, error = %e, "cannot read the server's session; call sessions left by a crash are not reclaimed");
+                return;
+            }
+        };
+        let Some(owner) = owner else { return };
+        let filter = SessionFilter::new().with_statuses(vec![SessionStatus::Active]);
+        let sessions = match store.list_sessions(&filter).await {
+            Ok(sessions) => sessions,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list sessions; call sessions left by a crash are not reclaimed");
+                return;
+            }
+        };
+        for record in sessions {
+            if !record.id.as_str().starts_with(&self.call_prefix)
+                || record.lease_owner.as_deref() != Some(owner.as_str())
+            {
+                continue;
+            }
+            match store.issued_calls(&record.id).await {
+                Ok(issued) if issued.is_empty() => continue,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(session = %record.id, error = %e, "cannot read a call session's journal");
+                    continue;
+                }
+            }
+            match self.durable.resume::<Message>(&record.id).await {
+                Ok(resumed) => release(resumed.session).await,
+                Err(e) => {
+                    tracing::warn!(session = %record.id, error = %e, "cannot reclaim a call session left by a crash");
+                }
+            }
+        }
+    }
+
     /// A call without a call id: one step of the server's session, calls serialized.
     async fn call_in_server_session(&self, call: &ModelToolCall) -> Result<ToolResult, ErrorData> {
         let session_name = self.session_id.as_str();
@@ -304,9 +436,34 @@ impl Inner {
         let Some(session) = slot.as_mut() else {
             return Err(ErrorData::internal_error("server session not open", None));
         };
+        self.barrier(call, None).await?;
+        // A call that needs a person's approval must wait for the decision in a session
+        // of its own (a call id's): its `requested` row in the shared step would refuse
+        // every later call's checkpoint. Refused before anything is journaled when the
+        // runtime's policy says so.
+        if self.policy_requires_approval(call) {
+            return Err(call_id_required(call));
+        }
         let dispatched = self.toolbox.dispatch(session.journal(), call).await;
         let result = match dispatched {
             Ok(result) => result,
+            Err(DurableError::AwaitingApproval { call: row, .. }) => {
+                // The tool itself asked for approval (seen only once journaled): deny the
+                // request at once, so that the step can end, and tell the client to send
+                // a call id.
+                let reason = "durable-mcp: a call that needs approval must be sent with a call \
+                              id; this request had none, so it was refused";
+                if let Err(e) = self.durable.deny(&row, reason, "durable-mcp", None).await {
+                    tracing::warn!(session = session_name, call = %row, error = %e, "denying an approval request made without a call id failed; the server session is reopened");
+                    *slot = None;
+                    return Err(call_id_required(call));
+                }
+                if let Err(e) = session.dangerous_checkpoint_unreplayed().await {
+                    tracing::warn!(session = session_name, error = %e, "checkpoint after an MCP call failed; the session is reopened for the next call");
+                    *slot = None;
+                }
+                return Err(call_id_required(call));
+            }
             Err(e) => {
                 if is_fatal(&e) {
                     *slot = None;
@@ -331,7 +488,12 @@ impl Inner {
         let session_id = call_session_id(&self.call_prefix, call_id);
         let lock = self.lock_for(&session_id);
         let guard = lock.lock().await;
-        let outcome = self.run_call_session(call_id, &session_id, call).await;
+        self.running_set().insert(session_id.clone());
+        let outcome = match self.barrier(call, Some(&session_id)).await {
+            Ok(()) => self.run_call_session(call_id, &session_id, call).await,
+            Err(e) => Err(e),
+        };
+        self.running_set().remove(&session_id);
         drop(guard);
         self.unlock(&session_id, lock);
         outcome
@@ -345,8 +507,35 @@ impl Inner {
     ) -> Result<ToolResult, ErrorData> {
         let refused = |e: DurableError| to_mcp(&e, call_id, session_id);
         let fingerprint = self.fingerprint(call).map_err(refused)?;
+        let reused = |first: &str| {
+            ErrorData::new(
+                codes::CALL_ID_REUSED,
+                format!(
+                    "call `{call_id}` was not run: this call id was first sent for `{first}` with \
+                     other arguments, and a call id names one call; send a new call id for a new call"
+                ),
+                Some(json!({"durable": "call_id_reused", "session": session_id, "tool": first})),
+            )
+        };
+        let same_call = |metadata: &Value| {
+            let recorded = &metadata["mcp"];
+            if recorded["tool"] == json!(call.name) && recorded["arguments"] == json!(fingerprint) {
+                Ok(())
+            } else {
+                Err(reused(recorded["tool"].as_str().unwrap_or("?")))
+            }
+        };
+        let id = SessionId::new(session_id);
+        // A call with a definite outcome completed its session: a retry reads the result.
+        if let Ok(record) = self.durable.store().session(&id).await
+            && record.status == SessionStatus::Completed
+        {
+            same_call(&record.metadata)?;
+            return self.recorded_result(&id, call).await.map_err(refused);
+        }
         let options = StartOptions::new()
-            .with_id(SessionId::new(session_id))
+            .with_id(id.clone())
+            .with_queue(CALL_QUEUE)
             .with_metadata(json!({"mcp": {
                 "server": self.info.server_info.name,
                 "call_id": call_id,
@@ -359,36 +548,93 @@ impl Inner {
             .await
             .map_err(refused)?
             .session;
-        let recorded = &session.record().metadata["mcp"];
-        if recorded["tool"] != json!(call.name) || recorded["arguments"] != json!(fingerprint) {
-            let first = recorded["tool"].as_str().unwrap_or("?").to_owned();
+        if let Err(e) = same_call(&session.record().metadata) {
             release(session).await;
-            return Err(ErrorData::new(
-                codes::CALL_ID_REUSED,
-                format!(
-                    "call `{call_id}` was not run: this call id was first sent for `{first}` with \
-                     other arguments, and a call id names one call; send a new call id for a new call"
-                ),
-                Some(json!({"durable": "call_id_reused", "session": session_id, "tool": first})),
-            ));
+            return Err(e);
         }
         let dispatched = self.toolbox.dispatch(session.journal(), call).await;
-        release(session).await;
-        dispatched.map_err(refused)
+        match dispatched {
+            Ok(result) => {
+                // A definite outcome (a result, or a recorded tool failure): the session
+                // is done, so no pool or `recover_next` claims it, and it can be purged.
+                if let Err(e) = session.complete().await {
+                    tracing::warn!(session = session_id, error = %e, "completing an MCP call's session failed; a retry replays its recorded result");
+                }
+                Ok(result)
+            }
+            Err(e) => {
+                release(session).await;
+                Err(refused(e))
+            }
+        }
+    }
+
+    /// The recorded outcome of a completed call session's call.
+    async fn recorded_result(
+        &self,
+        session: &SessionId,
+        call: &ModelToolCall,
+    ) -> Result<ToolResult, DurableError> {
+        let rows = self.durable.store().calls(session, Some(0)).await?;
+        let row = rows
+            .into_iter()
+            .find(|row| row.identity.tool == call.name && row.status.has_outcome())
+            .ok_or_else(|| {
+                DurableError::Store(durable_core::StoreError::CallNotFound(
+                    durable_core::CallId::new(format!("{session}: step 0, `{}`", call.name)),
+                ))
+            })?;
+        let output = match row.status {
+            CallStatus::Failed | CallStatus::Denied => ToolOutput {
+                content: json!({"error": row
+                    .error
+                    .as_ref()
+                    .and_then(|e| e.get("message"))
+                    .and_then(Value::as_str)
+                    .unwrap_or("the call failed")}),
+                is_error: true,
+            },
+            _ => ToolOutput {
+                content: row.result.unwrap_or(Value::Null),
+                is_error: false,
+            },
+        };
+        Ok(ToolResult {
+            call_id: call.id.clone(),
+            name: call.name.clone(),
+            output,
+        })
     }
 
     /// What a call id's session records of its call: `"v1:…"` over the tool name and the
-    /// arguments, with the values of secret arguments left out (the session metadata is
-    /// not masked).
+    /// arguments, each secret argument's value replaced by a keyed digest of it (HMAC
+    /// under the store's own key: the session metadata is not masked, and the value must
+    /// not be recoverable from it, yet another secret value must be another call).
     fn fingerprint(&self, call: &ModelToolCall) -> Result<String, DurableError> {
         let mut arguments = match &call.arguments {
             ToolArguments::Json(value) => value.clone(),
             ToolArguments::Text(text) => Value::String(text.clone()),
         };
         if let (Some(tool), Value::Object(map)) = (self.toolbox.get(&call.name), &mut arguments) {
+            let keyring = self.durable.store().keyring();
             for secret in &tool.spec().secret_args {
                 if let Some(value) = map.get_mut(secret) {
-                    *value = json!("(secret)");
+                    // A keyed digest (the store's own key, which never rotates): another
+                    // secret value is another call, and a dictionary over the metadata is
+                    // useless without the store.
+                    let hash = canonical::input_hash(value).map_err(|source| {
+                        DurableError::InvalidArguments {
+                            tool: call.name.clone(),
+                            source,
+                        }
+                    })?;
+                    let digest = keyring
+                        .digest(
+                            &format!("mcp-call-secret:{}.{secret}", call.name),
+                            hash.as_bytes(),
+                        )
+                        .map_err(DurableError::Store)?;
+                    *value = json!({ "(secret)": digest });
                 }
             }
         }
@@ -398,6 +644,70 @@ impl Inner {
                 source,
             },
         )
+    }
+
+    /// Whether the runtime's approval policy asks for a person's decision on `call`.
+    fn policy_requires_approval(&self, call: &ModelToolCall) -> bool {
+        let (Some(policy), Some(tool)) = (
+            self.durable.config().approval_policy.as_ref(),
+            self.toolbox.get(&call.name),
+        ) else {
+            return false;
+        };
+        let arguments = match &call.arguments {
+            ToolArguments::Json(value) => value.clone(),
+            ToolArguments::Text(text) => Value::String(text.clone()),
+        };
+        policy(tool.spec(), &arguments).is_some()
+    }
+
+    fn running_set(&self) -> std::sync::MutexGuard<'_, HashSet<String>> {
+        self.running
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The server-wide barrier: a call with a side effect is refused while an
+    /// `unsafe_on_replay` call of this server is in doubt, in the server's session or in
+    /// any call session (with or without a call id: a call id does not bypass it). Calls
+    /// running in this process right now are not in doubt, nor is `own` (the call's own
+    /// session, whose replay decides for itself). `pure` calls are never refused.
+    async fn barrier(&self, call: &ModelToolCall, own: Option<&str>) -> Result<(), ErrorData> {
+        let class = self
+            .toolbox
+            .get(&call.name)
+            .map_or(ReplayClass::UnsafeOnReplay, |tool| tool.spec().class);
+        if class == ReplayClass::Pure {
+            return Ok(());
+        }
+        let rows = self
+            .durable
+            .in_doubt(None)
+            .await
+            .map_err(|e| to_mcp(&e, &call.id, own.unwrap_or(self.session_id.as_str())))?;
+        let running = self.running_set().clone();
+        let blocking = rows.into_iter().find(|row| {
+            let session = row.identity.session.as_str();
+            row.class == ReplayClass::UnsafeOnReplay
+                && (session == self.session_id.as_str() || session.starts_with(&self.call_prefix))
+                && Some(session) != own
+                && !running.contains(session)
+        });
+        let Some(row) = blocking else {
+            return Ok(());
+        };
+        let error = DurableError::ReplayUnsafe {
+            call: row.id.clone(),
+            tool: row.identity.tool.clone(),
+            class: row.class,
+            refused_tool: call.name.clone(),
+            reason: format!(
+                "the barrier is server-wide: nothing with a side effect runs on this server \
+                 (with or without a call id) beside an unresolved unsafe call (in session `{}`)",
+                row.identity.session
+            ),
+        };
+        Err(to_mcp(&error, &call.id, row.identity.session.as_str()))
     }
 
     fn lock_for(&self, session: &str) -> Arc<Mutex<()>> {
@@ -428,6 +738,23 @@ async fn release(session: Session<Message>) {
     if let Err(e) = session.release().await {
         tracing::warn!(session = %id, error = %e, "releasing an MCP call's session failed; a retry waits for its lease to expire");
     }
+}
+
+/// The refusal of a call without a call id that needs a person's approval.
+fn call_id_required(call: &ModelToolCall) -> ErrorData {
+    ErrorData::new(
+        codes::CALL_ID_REQUIRED,
+        format!(
+            "call `{}` (`{}`) was not run: it needs a person's approval, and only a call sent \
+             with a call id (`_meta[\"{}\"]`) can wait for one. Send it with a call id; it is \
+             refused with AWAITING_APPROVAL until a person decides, then the same call id \
+             runs it (or returns the denial)",
+            call.id,
+            call.name,
+            crate::CALL_ID_META
+        ),
+        Some(json!({"durable": "call_id_required", "tool": call.name})),
+    )
 }
 
 /// Whether the session handle is unusable after `error` (it must be resumed).

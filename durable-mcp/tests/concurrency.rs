@@ -17,6 +17,9 @@ async fn the_same_call_id_twice_at_once_runs_once(transport: Transport) {
     world.reached("send_email").await;
     let second =
         tokio::spawn(async move { call(&peer_b, "send_email", args_b, Some("both")).await });
+    // The second request reached the server (it waits there for the first) before the
+    // first is released.
+    world.in_flight(2).await;
     // The lookup without a call id is not queued behind the held call.
     let price = structured(call(&server.peer(), "lookup", json!({"sku": "mug"}), None).await);
     assert_eq!(price["sku"], json!("mug"));

@@ -181,9 +181,105 @@ async fn without_call_id_the_barrier_holds_until_resolved(transport: Transport) 
     server.kill().await;
 }
 
+/// The barrier is server-wide: a call id does not bypass it. An unsafe call left in doubt
+/// without a call id bars a call with a fresh call id; an unsafe call in doubt under call
+/// id A bars a call under call id B; pure calls still run; after the resolution, they run.
+async fn a_call_id_does_not_bypass_the_barrier(transport: Transport) {
+    let world = World::new();
+    let server = world.server(transport, true).await;
+    let peer = server.peer();
+    let pending =
+        tokio::spawn(async move { call(&peer, "send_email", email("gus@x"), None).await });
+    world.reached("send_email").await;
+    server.kill().await;
+    let _ = pending.await;
+
+    let server = world.server(transport, false).await;
+    let refused = mcp_error(
+        call(
+            &server.peer(),
+            "send_email",
+            email("hal@x"),
+            Some("fresh-1"),
+        )
+        .await,
+    );
+    assert_eq!(refused.code, codes::IN_DOUBT, "{refused:?}");
+    let data = refused.data.clone().expect("data");
+    assert_eq!(data["session"], json!("mcp-example"));
+    let in_doubt = data["call"].as_str().expect("call").to_owned();
+    assert!(
+        refused
+            .message
+            .contains(&format!("durable resolve {in_doubt}")),
+        "{}",
+        refused.message
+    );
+    let price = structured(
+        call(
+            &server.peer(),
+            "lookup",
+            json!({"sku": "mug"}),
+            Some("look-1"),
+        )
+        .await,
+    );
+    assert_eq!(price["sku"], json!("mug"), "pure calls still run");
+    assert_eq!(world.effects("email").await, 1);
+    world.resolve(&in_doubt, Resolution::DidNotHappen).await;
+    structured(
+        call(
+            &server.peer(),
+            "send_email",
+            email("hal@x"),
+            Some("fresh-1"),
+        )
+        .await,
+    );
+    assert_eq!(world.effects("email").await, 2);
+    server.kill().await;
+
+    // Call id A in doubt bars call id B.
+    std::fs::remove_file(world.gate().join("reached-send_email")).expect("reset the gate");
+    let server = world.server(transport, true).await;
+    let peer = server.peer();
+    let pending =
+        tokio::spawn(async move { call(&peer, "send_email", email("ida@x"), Some("A")).await });
+    world.reached("send_email").await;
+    server.kill().await;
+    let _ = pending.await;
+    assert_eq!(world.effects("email").await, 3);
+
+    let server = world.server(transport, false).await;
+    let refused = mcp_error(call(&server.peer(), "send_email", email("jo@x"), Some("B")).await);
+    assert_eq!(refused.code, codes::IN_DOUBT, "{refused:?}");
+    let data = refused.data.clone().expect("data");
+    assert_eq!(data["session"], json!(call_session("A")));
+    let without_id = mcp_error(call(&server.peer(), "send_email", email("kim@x"), None).await);
+    assert_eq!(without_id.code, codes::IN_DOUBT, "{without_id:?}");
+    assert_eq!(
+        world.effects("email").await,
+        3,
+        "nothing ran beside the doubt"
+    );
+    let in_doubt = data["call"].as_str().expect("call").to_owned();
+    world
+        .resolve(
+            &in_doubt,
+            Resolution::Happened {
+                result: json!({"message_id": 1}),
+            },
+        )
+        .await;
+    structured(call(&server.peer(), "send_email", email("jo@x"), Some("B")).await);
+    assert_eq!(world.effects("email").await, 4);
+    server.kill().await;
+}
+
 both_transports! {
     retry_after_restart_returns_the_recorded_result => super::retry_after_restart_returns_the_recorded_result;
     unsafe_call_in_doubt_waits_for_the_operator => super::unsafe_call_in_doubt_waits_for_the_operator;
     keyed_call_in_doubt_reexecutes_with_its_key => super::keyed_call_in_doubt_reexecutes_with_its_key;
     without_call_id_the_barrier_holds_until_resolved => super::without_call_id_the_barrier_holds_until_resolved;
+    a_call_id_does_not_bypass_the_barrier => super::a_call_id_does_not_bypass_the_barrier;
 }

@@ -145,6 +145,26 @@ impl World {
         }
     }
 
+    /// Waits until at least `count` calls are in flight in a held server.
+    pub async fn in_flight(&self, count: usize) {
+        let file = self.gate().join("in-flight");
+        let start = Instant::now();
+        loop {
+            let seen = std::fs::read_to_string(&file)
+                .ok()
+                .and_then(|text| text.trim().parse::<usize>().ok())
+                .unwrap_or(0);
+            if seen >= count {
+                return;
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(60),
+                "{count} calls never were in flight at once (last seen {seen})"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// Lets held effects finish.
     pub fn release(&self) {
         std::fs::write(self.gate().join("release"), b"").expect("release");
