@@ -194,7 +194,11 @@ impl Strict<'_> {
                     properties.insert(name.clone(), strict);
                 }
             }
-            let names: Vec<Value> = properties.keys().cloned().map(Value::String).collect();
+            // Sorted, whatever the map keeps: with serde_json's `preserve_order` (which
+            // another crate of the build may turn on) keys come in declaration order.
+            let mut names: Vec<String> = properties.keys().cloned().collect();
+            names.sort();
+            let names: Vec<Value> = names.into_iter().map(Value::String).collect();
             out.insert("type".into(), "object".into());
             out.insert("properties".into(), Value::Object(properties));
             out.insert("required".into(), Value::Array(names));
