@@ -95,7 +95,7 @@ impl Sink for Sha256 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::args::walk::Count;
+    use crate::args::walk::{Count, dismantle};
     use crate::args::{ArgLimits, check_value, parse_arguments, parse_json};
     use serde_json::json;
 
@@ -314,15 +314,31 @@ mod tests {
         assert!(check_value(&deeper, &generous).is_err());
     }
 
+    /// `{"items": … {"items": {}} …}`, `depth` levels, built without recursion.
+    fn deep_schema(depth: usize) -> Value {
+        let mut schema = json!({});
+        for _ in 0..depth {
+            let mut outer = serde_json::Map::new();
+            outer.insert("items".into(), schema);
+            schema = Value::Object(outer);
+        }
+        schema
+    }
+
     #[test]
     fn deep_schema_fingerprint_falls_back_without_recursion() {
-        let mut schema = json!({});
-        for _ in 0..1_000 {
-            schema = json!({ "items": schema });
-        }
+        // Deep enough to overflow a 2 MiB test thread in a debug build if anything on
+        // the path (the fingerprint, cloning, serialising or dropping the value)
+        // recursed once per level.
+        const DEPTH: usize = 20_000;
+        let schema = deep_schema(DEPTH);
         let fingerprint = schema_fingerprint(&schema);
-        assert!(fingerprint.starts_with("v1:"));
-        assert_eq!(fingerprint, schema_fingerprint(&schema.clone()));
+        let text = format!("{}{{}}{}", r#"{"items":"#.repeat(DEPTH), "}".repeat(DEPTH));
+        assert_eq!(fingerprint, v1_hex(&Sha256::digest(text.as_bytes())));
+        let again = deep_schema(DEPTH);
+        assert_eq!(fingerprint, schema_fingerprint(&again));
+        dismantle(schema);
+        dismantle(again);
     }
 
     #[test]

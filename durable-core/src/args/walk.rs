@@ -11,6 +11,21 @@ use serde_json::Value;
 use super::path::{Segment, render_path};
 use super::{ArgumentError, ArgumentErrorKind, MAX_SAFE_INTEGER};
 
+/// Drops a value of any depth on a constant stack. `Value`'s own `Drop` recurses once
+/// per level, so a value too deep for the journal (refused by the walk) would overflow
+/// the thread that drops it; this takes it apart level by level instead.
+#[cfg(test)]
+pub(crate) fn dismantle(value: Value) {
+    let mut stack = vec![value];
+    while let Some(value) = stack.pop() {
+        match value {
+            Value::Array(items) => stack.extend(items),
+            Value::Object(map) => stack.extend(map.into_iter().map(|(_, v)| v)),
+            _ => {}
+        }
+    }
+}
+
 /// Where the walk writes the compact JSON text.
 pub(crate) trait Sink {
     /// Whether the sink wants the text at all (checking alone does not).
