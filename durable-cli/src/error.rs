@@ -112,7 +112,7 @@ fn store_code(e: &StoreError) -> Code {
         | StoreError::SchemaTooOld { .. }
         | StoreError::NotAStore { .. }
         | StoreError::KeyMissing { .. } => Code::Unavailable,
-        StoreError::Tampered { .. } => Code::Integrity,
+        StoreError::Tampered { .. } | StoreError::RolledBack { .. } => Code::Integrity,
         _ => Code::Failure,
     }
 }

@@ -153,6 +153,10 @@ enum Command {
     /// Check every seal, chain and count of the store (or one session), offline.
     #[command(after_help = VERIFY_HELP)]
     Verify(VerifyArgs),
+    /// Let a rolled-back SQLite store run again: park every session whose effects the
+    /// rollback made unknown (audited), then rebuild its witness.
+    #[command(name = "acknowledge-rollback", after_help = ACK_HELP)]
+    AcknowledgeRollback(AckArgs),
     /// Serve the operator console in the browser: sessions, timelines, the in-doubt inbox.
     #[cfg(feature = "console")]
     #[command(after_help = SERVE_HELP)]
@@ -194,6 +198,8 @@ impl Command {
             | Command::Retarget(_)
             | Command::Backup(_)
             | Command::Verify(_) => Access::Read,
+            // Opened by the command itself: a writer's ordinary open refuses the store.
+            Command::AcknowledgeRollback(_) => Access::Write,
         }
     }
 }
@@ -207,6 +213,23 @@ durable schema) before the command reports the sessions and bytes copied. Copyin
 
 PostgreSQL: prints the `pg_dump` command for the durable tables (password redacted) and
 writes nothing.";
+
+const ACK_HELP: &str = "\
+A SQLite store keeps a rollback witness beside its file (`<file>-witness`): every call
+whose effect may have run is noted there once its *issued* row is committed. A store that
+lost rows (its `-wal` deleted, the `.db` file copied or restored alone, a backup put
+back) no longer matches its witness, and every worker refuses to open it
+(`... was rolled back: ...`) rather than run those effects a second time.
+
+Stop every worker, then run this command. It parks each session with lost calls (its
+status reason names them), recreates parked any session lost entirely (so starting it
+again by id is refused), and audits the decision in the integrity log (`durable verify`
+shows it). With no witness at all (the store was moved or restored without it) it cannot
+know which sessions are affected and parks every unfinished one, unless --intact says the
+copy is complete. Then check each parked session's effects at their source, and
+`durable unpark` it. If the lost `-wal` still exists somewhere, put it back instead.
+
+PostgreSQL has no witness file: a restored or promoted database is not detected here.";
 
 const VERIFY_HELP: &str = "\
 Reads every checkpoint with its transcript, the whole journal and the resolutions of each
@@ -546,6 +569,18 @@ struct RetargetArgs {
     by: Option<String>,
 }
 
+/// `durable acknowledge-rollback`.
+#[derive(Debug, Args)]
+struct AckArgs {
+    /// The operator states that the database is complete (moved or restored with every
+    /// write): nothing is parked. Only for a store without a usable witness.
+    #[arg(long)]
+    intact: bool,
+    /// Who acknowledges (default: $USER).
+    #[arg(long, value_name = "NAME")]
+    by: Option<String>,
+}
+
 /// `30d`, `12h`, `90m`, `1w`, `2h30m`: humantime's grammar, which also formats the
 /// timestamps we print, so one small crate covers both.
 fn parse_duration(text: &str) -> Result<Duration, String> {
@@ -629,6 +664,10 @@ async fn run(cli: Cli) -> Result<(), CliError> {
     let command = match cli.command {
         #[cfg(feature = "console")]
         Command::Serve(a) => return serve::serve(&location, a).await,
+        Command::AcknowledgeRollback(a) => {
+            return operate::acknowledge_rollback(&location, cli.json, operator(a.by)?, a.intact)
+                .await;
+        }
         other => other,
     };
     let opened = open::open(&location, command.access()).await?;
@@ -656,5 +695,6 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Verify(a) => verify::verify(&opened, json, a).await,
         #[cfg(feature = "console")]
         Command::Serve(_) => unreachable!("served above"),
+        Command::AcknowledgeRollback(_) => unreachable!("acknowledged above"),
     }
 }

@@ -74,6 +74,14 @@ fn target(url: &str) -> Target<'_> {
     Target::SqliteFile(url)
 }
 
+/// The SQLite file a `--db` value names, if it names one.
+pub fn sqlite_file(url: &str) -> Option<&str> {
+    match target(url) {
+        Target::SqliteFile(path) => Some(path),
+        _ => None,
+    }
+}
+
 /// The environment variable read when `--db` is absent.
 pub const DB_ENV: &str = "DURABLE_DB";
 /// The environment variable read when neither `--db` nor [`DB_ENV`] is given: the one

@@ -291,6 +291,20 @@ pub enum StoreError {
         /// What was found there.
         detail: String,
     },
+    /// The store was rolled back: its witness (a record kept outside the database of every
+    /// effect the store acknowledged) names journal rows the database no longer holds, or
+    /// the database expects a witness that is gone. A lost `-wal`, a database file copied
+    /// without it, a restored backup or a different store at the same path all look like
+    /// this. Nothing runs until an operator acknowledges the rollback (`durable
+    /// acknowledge-rollback`), which parks every session whose effects are unknown instead
+    /// of letting a worker run them again.
+    #[error("`{location}` was rolled back: {detail}")]
+    RolledBack {
+        /// The store's location.
+        location: String,
+        /// What was lost, and what to do.
+        detail: String,
+    },
     /// A read-only open found a schema older than this release reads; a writer upgrades it.
     #[error(
         "the {backend} database schema is at version {found}, older than this release reads ({supported}); \

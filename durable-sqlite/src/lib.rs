@@ -86,8 +86,10 @@ mod seal;
 mod sessions;
 mod store;
 mod tx;
+mod witness;
 
 pub use maintenance::Backup;
+pub use witness::{LostCall, RollbackReport};
 
 use error::{BACKEND, db, migrate};
 
@@ -142,6 +144,7 @@ pub struct SqliteStoreOptions {
     accept_volatile: bool,
     create_if_missing: bool,
     read_only: bool,
+    witness: witness::OnOpen,
 }
 
 impl SqliteStoreOptions {
@@ -166,6 +169,7 @@ impl SqliteStoreOptions {
             accept_volatile: false,
             create_if_missing: true,
             read_only: false,
+            witness: witness::OnOpen::Check,
         }
     }
 
@@ -292,6 +296,11 @@ struct Inner {
     read_only: bool,
     /// The keys rows are sealed and checked with, the store's own key bound.
     keyring: Keyring,
+    /// The rollback witness a file store's writer appends to (`None`: in memory, or
+    /// read-only).
+    witness: Option<witness::Witness>,
+    /// What the open found when it compared the database with its witness.
+    rollback: RollbackReport,
     /// Tells this process's idle worker pools that work may be available.
     work: durable_core::store::WorkNotifier,
     /// Keeps a shared-cache in-memory database alive while the store exists. Dropped
@@ -424,6 +433,20 @@ impl SqliteStore {
         } else {
             keys::setup_keys(&mut setup, keyring).await?
         };
+        // The rollback witness (see `witness`): a writer refuses a database that lost
+        // acknowledged effects; a reader reports it.
+        let (witness, rollback) = match &options.target {
+            Target::File(path) if read_only => (None, witness::inspect(&mut setup, path).await?),
+            Target::File(path) => {
+                let (witness, report) =
+                    witness::open(&mut setup, path, created, options.witness).await?;
+                (Some(witness), report)
+            }
+            Target::Memory => (None, RollbackReport::default()),
+        };
+        if rollback.rolled_back() && read_only {
+            tracing::warn!(store = %location, "the store was rolled back (see `durable verify`); a writer refuses to open it until `durable acknowledge-rollback`");
+        }
         if created {
             open::checkpoint_truncate(&mut setup).await?;
         }
@@ -468,6 +491,8 @@ impl SqliteStore {
                 accept_volatile: options.accept_volatile,
                 read_only,
                 keyring,
+                witness,
+                rollback,
                 work: durable_core::store::WorkNotifier::new(),
                 _keeper: keeper,
             }),
@@ -498,6 +523,79 @@ impl SqliteStore {
     pub async fn close(&self) {
         self.inner.writer.close().await;
         self.inner.reader.close().await;
+    }
+
+    /// What opening the store found when it compared the database with its rollback
+    /// witness (see [`acknowledge_rollback`](Self::acknowledge_rollback)). A writer's open
+    /// refuses a rollback, so on a writer this is empty unless the store was opened to
+    /// acknowledge one; a read-only open reports it here and opens anyway, for inspection.
+    pub fn rollback_report(&self) -> &RollbackReport {
+        &self.inner.rollback
+    }
+
+    /// Acknowledges that the store at `path` was rolled back (a lost `-wal`, a copy of the
+    /// `.db` file alone, a restored backup; see [`StoreError::RolledBack`]), so that it can
+    /// run again without running a lost effect a second time:
+    ///
+    /// - every session the witness shows lost calls for is **parked** (no worker resumes
+    ///   it until `durable unpark`), with the lost calls named in its status reason; a
+    ///   session lost entirely is recreated, empty and parked, so that starting it again
+    ///   by id is refused instead of running its effects afresh;
+    /// - with no usable witness (the database was moved or restored without it) the store
+    ///   cannot know which sessions lost what: every session that is not finished is
+    ///   parked, unless `intact` says the copy is complete (the operator's word, audited);
+    /// - the decision is audited in `durable_integrity_log` (who, what was lost), and the
+    ///   witness is rebuilt from the database as it now is.
+    ///
+    /// Stop every worker first. Returns what was found.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), durable_core::StoreError> {
+    /// let report = durable_sqlite::SqliteStore::acknowledge_rollback("agent.db", "ops@example.com", false).await?;
+    /// for lost in &report.lost {
+    ///     println!("session {} lost call {} (attempt {})", lost.session, lost.call, lost.attempt);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn acknowledge_rollback(
+        path: impl AsRef<Path>,
+        by: &str,
+        intact: bool,
+    ) -> Result<RollbackReport, StoreError> {
+        let path = path.as_ref();
+        durable_core::validate::validate_owner(by)?;
+        let mut options = SqliteStoreOptions::file(path).create_if_missing(false);
+        options.witness = witness::OnOpen::Acknowledge;
+        let store = Self::connect_with(options).await?;
+        let report = store.inner.rollback.clone();
+        let result = maintenance::acknowledge_rollback(&store, &report, by, intact).await;
+        store.close().await;
+        result.map(|()| report)
+    }
+
+    /// Appends an effect that may now run to the rollback witness.
+    pub(crate) fn witness_call(
+        &self,
+        record: &durable_core::store::CallRecord,
+    ) -> Result<(), StoreError> {
+        match &self.inner.witness {
+            Some(witness) if record.class != durable_core::ReplayClass::Pure => {
+                witness.call(record)
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// Appends a purged session's tombstone to the rollback witness.
+    pub(crate) fn witness_purge(
+        &self,
+        session: &durable_core::SessionId,
+    ) -> Result<(), StoreError> {
+        match &self.inner.witness {
+            Some(witness) => witness.purged(session.as_str()),
+            None => Ok(()),
+        }
     }
 
     pub(crate) fn keyring(&self) -> &Keyring {

@@ -458,3 +458,137 @@ async fn check(path: &Path) -> Result<Backup, StoreError> {
         schema_version: schema_version.unwrap_or(0),
     })
 }
+
+/// The status reason of a session parked by an acknowledged rollback.
+fn rollback_reason(calls: &[&crate::LostCall]) -> String {
+    if calls.is_empty() {
+        return "rolled back: the store was restored or moved without its witness, so its \
+                effects since are unknown; check them, then `durable unpark`"
+            .to_owned();
+    }
+    let mut named: Vec<String> = calls
+        .iter()
+        .take(5)
+        .map(|l| format!("`{}` (attempt {})", l.call, l.attempt))
+        .collect();
+    if calls.len() > 5 {
+        named.push(format!("and {} more", calls.len() - 5));
+    }
+    format!(
+        "rolled back: the store lost call(s) {} whose effects may have run; check them, then `durable unpark`",
+        named.join(", ")
+    )
+}
+
+/// [`SqliteStore::acknowledge_rollback`]: parks what the rollback may have made unknown,
+/// recreates (parked) the sessions lost entirely, and audits the decision.
+pub(crate) async fn acknowledge_rollback(
+    store: &SqliteStore,
+    report: &crate::RollbackReport,
+    by: &str,
+    intact: bool,
+) -> Result<(), StoreError> {
+    use durable_core::CheckpointStore;
+    use durable_core::store::{NewCheckpoint, NewSession};
+
+    let mut missing: Vec<&str> = report
+        .lost
+        .iter()
+        .filter(|l| l.session_missing)
+        .map(|l| l.session.as_str())
+        .collect();
+    missing.dedup();
+    for session in missing {
+        let new = NewSession {
+            id: SessionId::new(session),
+            app_version: "rolled-back".to_owned(),
+            metadata: serde_json::json!({"durable": {"rolled_back": true}}),
+            owner: by.to_owned(),
+            lease_ttl: Duration::from_secs(1),
+            initial: NewCheckpoint::default(),
+            queue: None,
+        };
+        match store.create_session(new).await {
+            Ok((_, lease)) => store.release_lease(&lease).await?,
+            Err(StoreError::SessionExists(_)) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let unknown = report.witness_missing || report.foreign_witness;
+    let mut tx = WriteTx::begin(store.writer()).await?;
+    let now = tx.now;
+    let result = async {
+        let conn = tx.conn();
+        let park = "UPDATE durable_sessions SET status = 'parked', status_reason = ?, \
+                    lease_owner = NULL, lease_expires_at = NULL, fence = fence + 1, updated_at = ? \
+                    WHERE id = ? AND status NOT IN ('completed', 'failed', 'cancelled')";
+        let mut parked = 0u64;
+        for session in report.sessions() {
+            let calls: Vec<&crate::LostCall> =
+                report.lost.iter().filter(|l| l.session == session).collect();
+            parked += sqlx::query(park)
+                .bind(rollback_reason(&calls))
+                .bind(now)
+                .bind(&session)
+                .execute(&mut *conn)
+                .await
+                .map_err(db)?
+                .rows_affected();
+        }
+        if unknown && !intact {
+            parked += sqlx::query(
+                "UPDATE durable_sessions SET status = 'parked', status_reason = ?, \
+                 lease_owner = NULL, lease_expires_at = NULL, fence = fence + 1, updated_at = ? \
+                 WHERE status NOT IN ('completed', 'failed', 'cancelled', 'parked')",
+            )
+            .bind(rollback_reason(&[]))
+            .bind(now)
+            .execute(&mut *conn)
+            .await
+            .map_err(db)?
+            .rows_affected();
+        }
+        let detail = if unknown {
+            format!(
+                "rollback acknowledged by `{by}`: no usable witness ({}); {}; {parked} session(s) parked",
+                if report.foreign_witness {
+                    "it belonged to another store"
+                } else {
+                    "it was missing"
+                },
+                if intact {
+                    "the operator stated the copy is complete"
+                } else {
+                    "every unfinished session parked"
+                }
+            )
+        } else {
+            format!(
+                "rollback acknowledged by `{by}`: {} call(s) in {} session(s) lost ({}); {parked} session(s) parked",
+                report.lost.len(),
+                report.sessions().len(),
+                report
+                    .lost
+                    .iter()
+                    .take(20)
+                    .map(|l| format!("{}/{}#{}", l.session, l.call, l.attempt))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        };
+        sqlx::query(
+            "INSERT INTO durable_integrity_log (event, from_key, to_key, rows, detail, created_at) \
+             VALUES ('rollback', NULL, 'witness', ?, ?, ?)",
+        )
+        .bind(i64::try_from(parked).unwrap_or(i64::MAX))
+        .bind(detail)
+        .bind(now)
+        .execute(&mut *conn)
+        .await
+        .map_err(db)?;
+        tracing::warn!(by, parked, lost = report.lost.len(), "rollback acknowledged");
+        Ok(())
+    }
+    .await;
+    tx.finish(result).await
+}

@@ -189,7 +189,12 @@ impl CheckpointStore for SqliteStore {
         fence: Fence<'_>,
         call: NewCall,
     ) -> Result<IssueOutcome, StoreError> {
-        journal::issue_call(self, fence, call).await
+        let outcome = journal::issue_call(self, fence, call).await?;
+        if let IssueOutcome::Inserted(record) = &outcome {
+            // Committed and synced; the witness learns of it before the effect may run.
+            self.witness_call(record)?;
+        }
+        Ok(outcome)
     }
 
     async fn record_call(
@@ -206,7 +211,9 @@ impl CheckpointStore for SqliteStore {
         fence: Fence<'_>,
         call: &CallId,
     ) -> Result<CallRecord, StoreError> {
-        journal::reissue_call(self, fence, call, None).await
+        let record = journal::reissue_call(self, fence, call, None).await?;
+        self.witness_call(&record)?;
+        Ok(record)
     }
 
     async fn issue_approved(
@@ -215,7 +222,9 @@ impl CheckpointStore for SqliteStore {
         call: &CallId,
         key: Option<EditedKey>,
     ) -> Result<CallRecord, StoreError> {
-        journal::reissue_call(self, fence, call, Some(key)).await
+        let record = journal::reissue_call(self, fence, call, Some(key)).await?;
+        self.witness_call(&record)?;
+        Ok(record)
     }
 
     async fn finish_call(
@@ -304,6 +313,10 @@ impl CheckpointStore for SqliteStore {
         id: &SessionId,
         retention: Duration,
     ) -> Result<PurgeOutcome, StoreError> {
-        maintenance::purge_session(self, id, retention).await
+        let outcome = maintenance::purge_session(self, id, retention).await?;
+        if outcome == PurgeOutcome::Purged {
+            self.witness_purge(id)?;
+        }
+        Ok(outcome)
     }
 }
