@@ -211,6 +211,12 @@ refused. The copy is then opened read-only and checked (`PRAGMA integrity_check`
 durable schema) before the command reports the sessions and bytes copied. Copying the
 `.db` file yourself is not a backup: acknowledged writes may still be in the `-wal` file.
 
+Restoring a backup is a rollback: every effect that ran after the copy was taken is
+missing from it, and a worker that trusted it would run those effects again. A restored
+store therefore refuses every writer (its rollback witness, `<store>-witness`, names the
+calls it lost; restored elsewhere, it has no witness at all) until an operator runs
+`durable acknowledge-rollback`, which parks the sessions whose effects became unknown.
+
 PostgreSQL: prints the `pg_dump` command for the durable tables (password redacted) and
 writes nothing.";
 

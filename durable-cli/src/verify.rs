@@ -57,6 +57,41 @@ async fn database_check(opened: &Opened) -> Result<DatabaseCheck, CliError> {
     }
 }
 
+/// The rollback witness (SQLite): whether the database still holds every effect its
+/// witness saw acknowledged. `None` where the backend keeps none.
+fn rollback_check(opened: &Opened) -> Option<(bool, String)> {
+    match &opened.kind {
+        #[cfg(feature = "sqlite")]
+        Kind::Sqlite { store, .. } => {
+            let report = store.rollback_report();
+            Some(if !report.rolled_back() {
+                (true, "ok".to_owned())
+            } else if report.witness_missing {
+                (
+                    false,
+                    "the database expects a witness file and it is gone (moved, copied or restored without it)".to_owned(),
+                )
+            } else {
+                (
+                    false,
+                    format!(
+                        "{} witnessed call(s) in {} session(s) are missing{}",
+                        report.lost.len(),
+                        report.sessions().len(),
+                        if report.foreign_witness {
+                            ", and the witness belongs to another store"
+                        } else {
+                            ""
+                        }
+                    ),
+                )
+            })
+        }
+        #[allow(unreachable_patterns)]
+        _ => None,
+    }
+}
+
 fn line(check: &SessionCheck) -> Value {
     json!({
         "session": check.session,
@@ -74,9 +109,12 @@ pub async fn verify(opened: &Opened, json: bool, args: VerifyArgs) -> Result<(),
     let database = database_check(opened).await?;
     let failed = checks.iter().filter(|c| !c.is_ok()).count();
     let database_failed = database.ok == Some(false);
+    let rollback = rollback_check(opened);
+    let rolled_back = rollback.as_ref().is_some_and(|(ok, _)| !ok);
     if json {
         render::print_json(&json!({
-            "ok": failed == 0 && !database_failed,
+            "ok": failed == 0 && !database_failed && !rolled_back,
+            "rollback_witness": rollback.as_ref().map(|(ok, detail)| json!({"ok": ok, "detail": detail})),
             "sessions": checks.iter().map(line).collect::<Vec<_>>(),
             "database": {
                 "check": database.name,
@@ -114,11 +152,25 @@ pub async fn verify(opened: &Opened, json: bool, args: VerifyArgs) -> Result<(),
             None => clip(&database.detail.join("; "), TEXT),
         };
         outln!("database ({}): {verdict}", database.name);
+        if let Some((ok, detail)) = &rollback {
+            let verdict = if *ok {
+                detail.clone()
+            } else {
+                format!("ROLLED BACK: {}", clip(detail, TEXT))
+            };
+            outln!("rollback witness: {verdict}");
+        }
         outln!(
             "{} session{} verified, {failed} failed",
             checks.len(),
             if checks.len() == 1 { "" } else { "s" }
         );
+    }
+    if rolled_back {
+        return Err(CliError::new(
+            Code::Integrity,
+            "the store was rolled back (listed above): writers refuse it; stop every worker, then `durable acknowledge-rollback` (restoring a backup does not help: it is a rollback too)",
+        ));
     }
     if failed > 0 || database_failed {
         let mut what = Vec::new();

@@ -704,3 +704,55 @@ async fn a_wrong_app_key_is_refused_in_one_line() {
         out.fails(6, "is sealed with key `app-");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restored_backup_is_refused_until_acknowledged() {
+    let (dir, db, store) = sqlite().await;
+    cli_support::populate(&store).await;
+    let copy = dir.path().join("restored.db");
+    let copy_arg = copy.to_str().expect("utf-8");
+    run(&db, &["backup", "--to", copy_arg]).ok();
+    drop(store);
+
+    // The copy, put where a restore puts it, has no witness: verify says so, and says
+    // what to do.
+    let verify = run(copy_arg, &["verify"]);
+    assert_eq!(verify.code, 7, "{}\n{}", verify.stdout, verify.stderr);
+    assert!(
+        verify.stdout.contains("rollback witness: ROLLED BACK"),
+        "{}",
+        verify.stdout
+    );
+    assert!(
+        verify.stderr.contains("acknowledge-rollback"),
+        "{}",
+        verify.stderr
+    );
+    // A writer refuses it.
+    run(copy_arg, &["unpark", "anything"]).fails(7, "was rolled back");
+
+    let ack = run(copy_arg, &["acknowledge-rollback", "--by", "ops", "--json"]).json();
+    assert_eq!(ack["witness_missing"], true, "{ack}");
+    let sessions = run(copy_arg, &["sessions", "--json"]).json();
+    let rows = sessions.as_array().expect("rows");
+    assert!(!rows.is_empty());
+    for row in rows {
+        let status = row["status"].as_str().unwrap_or_default();
+        assert!(
+            ["parked", "completed", "failed", "cancelled"].contains(&status),
+            "an unfinished session was left runnable after a restore: {row}"
+        );
+    }
+    let verify = run(copy_arg, &["verify"]);
+    assert!(
+        verify.ok().contains("rollback witness: ok"),
+        "{}",
+        verify.stdout
+    );
+    // `acknowledge-rollback` on a PostgreSQL URL is a usage error.
+    run(
+        "postgres://u:secret@127.0.0.1:1/db",
+        &["acknowledge-rollback", "--by", "ops"],
+    )
+    .fails(2, "SQLite");
+}
