@@ -153,8 +153,8 @@ enum Command {
     /// Check every seal, chain and count of the store (or one session), offline.
     #[command(after_help = VERIFY_HELP)]
     Verify(VerifyArgs),
-    /// Let a rolled-back SQLite store run again: park every session whose effects the
-    /// rollback made unknown (audited), then rebuild its witness.
+    /// Let a rolled-back store run again: park every session whose effects the rollback
+    /// made unknown (audited).
     #[command(name = "acknowledge-rollback", after_help = ACK_HELP)]
     AcknowledgeRollback(AckArgs),
     /// Serve the operator console in the browser: sessions, timelines, the in-doubt inbox.
@@ -221,21 +221,29 @@ PostgreSQL: prints the `pg_dump` command for the durable tables (password redact
 writes nothing.";
 
 const ACK_HELP: &str = "\
-A SQLite store keeps a rollback witness beside its file (`<file>-witness`): every call
-whose effect may have run is noted there once its *issued* row is committed. A store that
-lost rows (its `-wal` deleted, the `.db` file copied or restored alone, a backup put
-back) no longer matches its witness, and every worker refuses to open it
-(`... was rolled back: ...`) rather than run those effects a second time.
+A store notices when it was rolled back, and every worker then refuses to open it
+(`... was rolled back: ...`) rather than run lost effects a second time:
 
-Stop every worker, then run this command. It parks each session with lost calls (its
-status reason names them), recreates parked any session lost entirely (so starting it
-again by id is refused), and audits the decision in the integrity log (`durable verify`
-shows it). With no witness at all (the store was moved or restored without it) it cannot
+SQLite keeps a rollback witness beside its file (`<file>-witness`): every call whose
+effect may run is noted there once its *issued* row is committed. A store that lost rows
+(its `-wal` deleted, the `.db` file copied or restored alone, a backup put back, a new
+store at an old path) no longer matches it. This command parks each session with lost
+calls (its status reason names them), recreates parked any session lost entirely (so
+starting it again by id is refused), audits the decision in the integrity log and
+rebuilds the witness. With no witness at all (moved or restored without it) it cannot
 know which sessions are affected and parks every unfinished one, unless --intact says the
-copy is complete. Then check each parked session's effects at their source, and
-`durable unpark` it. If the lost `-wal` still exists somewhere, put it back instead.
+copy is complete.
 
-PostgreSQL has no witness file: a restored or promoted database is not detected here.";
+PostgreSQL records where the store lives (cluster, timeline, database and table OIDs): a
+dump restored with pg_restore, a point-in-time recovery, a promoted replica or a copy in
+another database is refused. This command parks every unfinished session, unless
+--intact says nothing was lost (a planned switchover with synchronous replication), audits
+the decision and records the new place. A file-system snapshot of the whole cluster put
+back as it was is not detected.
+
+Stop every worker first. Then check each parked session's effects at their source and
+`durable unpark` it. If the lost `-wal` (or the old database) still exists, put it back
+instead.";
 
 const VERIFY_HELP: &str = "\
 Reads every checkpoint with its transcript, the whole journal and the resolutions of each

@@ -510,87 +510,129 @@ fn print_renames(renames: &[Value]) {
     }
 }
 
-/// `durable acknowledge-rollback`: SQLite only (PostgreSQL keeps no witness).
+/// `durable acknowledge-rollback`: SQLite (its witness file) or PostgreSQL (where the
+/// store lives).
 pub async fn acknowledge_rollback(
     location: &crate::open::Location,
     json: bool,
     by: String,
     intact: bool,
 ) -> Result<(), CliError> {
-    let Some(path) = crate::open::sqlite_file(&location.url) else {
-        return Err(CliError::new(
-            Code::Usage,
-            "acknowledge-rollback applies to a SQLite store file; a PostgreSQL database keeps no rollback witness",
-        ));
-    };
-    #[cfg(feature = "sqlite")]
-    {
-        let report = durable::sqlite::SqliteStore::acknowledge_rollback(path, &by, intact)
+    if let Some(path) = crate::open::sqlite_file(&location.url) {
+        return acknowledge_sqlite(path, json, by, intact).await;
+    }
+    #[cfg(feature = "postgres")]
+    if location.url.starts_with("postgres://") || location.url.starts_with("postgresql://") {
+        let options = durable::postgres::PostgresStoreOptions::new(location.url.clone());
+        let report = durable::postgres::PostgresStore::acknowledge_rollback(options, &by, intact)
             .await
             .map_err(CliError::open)?;
         if json {
-            let lost: Vec<Value> = report
-                .lost
-                .iter()
-                .map(|l| {
-                    json!({
-                        "session": l.session,
-                        "call": l.call,
-                        "attempt": l.attempt,
-                        "session_missing": l.session_missing,
-                    })
-                })
-                .collect();
             return render::print_json(&json!({
                 "rolled_back": report.rolled_back(),
-                "witness_missing": report.witness_missing,
-                "foreign_witness": report.foreign_witness,
-                "lost": lost,
-                "parked_sessions": report.sessions(),
+                "changes": report.changes,
+                "intact": intact,
                 "by": by,
             }));
         }
         if !report.rolled_back() {
-            outln!("no rollback found: the database matches its witness; nothing was parked");
-            return Ok(());
-        }
-        if report.witness_missing || report.foreign_witness {
-            if intact {
-                outln!(
-                    "acknowledged: no usable witness; on your word (--intact) nothing was parked; a new witness was written"
-                );
-            } else {
-                outln!(
-                    "acknowledged: no usable witness, so every unfinished session was parked; check each one's effects, then `durable unpark` it"
-                );
-            }
-            return Ok(());
-        }
-        for lost in &report.lost {
             outln!(
-                "lost: call `{}` (attempt {}) of session `{}`{}",
-                clip(&lost.call, ID),
-                lost.attempt,
-                clip(&lost.session, ID),
-                if lost.session_missing {
-                    " (session recreated, empty)"
-                } else {
-                    ""
-                }
+                "no rollback found: the database is where the store last ran; nothing was parked"
+            );
+            return Ok(());
+        }
+        for change in &report.changes {
+            outln!("changed: {}", clip(change, NAME));
+        }
+        if intact {
+            outln!(
+                "acknowledged: on your word (--intact) nothing was parked; the new place is recorded"
+            );
+        } else {
+            outln!(
+                "acknowledged: every unfinished session was parked; check each one's effects, then `durable unpark` it"
             );
         }
+        return Ok(());
+    }
+    Err(CliError::new(
+        Code::Usage,
+        "acknowledge-rollback needs a SQLite store file or a postgres:// URL",
+    ))
+}
+
+#[cfg(not(feature = "sqlite"))]
+async fn acknowledge_sqlite(_: &str, _: bool, _: String, _: bool) -> Result<(), CliError> {
+    Err(CliError::new(
+        Code::Unavailable,
+        "this `durable` binary was built without SQLite support",
+    ))
+}
+
+#[cfg(feature = "sqlite")]
+async fn acknowledge_sqlite(
+    path: &str,
+    json: bool,
+    by: String,
+    intact: bool,
+) -> Result<(), CliError> {
+    let report = durable::sqlite::SqliteStore::acknowledge_rollback(path, &by, intact)
+        .await
+        .map_err(CliError::open)?;
+    if json {
+        let lost: Vec<Value> = report
+            .lost
+            .iter()
+            .map(|l| {
+                json!({
+                    "session": l.session,
+                    "call": l.call,
+                    "attempt": l.attempt,
+                    "session_missing": l.session_missing,
+                })
+            })
+            .collect();
+        return render::print_json(&json!({
+            "rolled_back": report.rolled_back(),
+            "witness_missing": report.witness_missing,
+            "foreign_witness": report.foreign_witness,
+            "lost": lost,
+            "parked_sessions": report.sessions(),
+            "by": by,
+        }));
+    }
+    if !report.rolled_back() {
+        outln!("no rollback found: the database matches its witness; nothing was parked");
+        return Ok(());
+    }
+    for lost in &report.lost {
         outln!(
-            "acknowledged: {} session(s) parked; check each lost call's effect at its source, then `durable unpark` the session",
-            report.sessions().len()
+            "lost: call `{}` (attempt {}) of session `{}`{}",
+            clip(&lost.call, ID),
+            lost.attempt,
+            clip(&lost.session, ID),
+            if lost.session_missing {
+                " (session recreated, empty)"
+            } else {
+                ""
+            }
         );
-        Ok(())
     }
-    #[cfg(not(feature = "sqlite"))]
-    {
-        let _ = (path, json, by, intact);
-        Err(CliError::new(
-            Code::Unavailable,
-            "this `durable` binary was built without SQLite support",
-        ))
+    if report.witness_missing || report.foreign_witness {
+        if intact {
+            outln!(
+                "acknowledged: no usable witness; on your word (--intact) nothing more was parked; a new witness was written"
+            );
+        } else {
+            outln!(
+                "acknowledged: no usable witness, so every unfinished session was parked; check each one's effects, then `durable unpark` it"
+            );
+        }
+        return Ok(());
     }
+    outln!(
+        "acknowledged: {} session(s) parked; check each lost call's effect at its source, then `durable unpark` the session",
+        report.sessions().len()
+    );
+    Ok(())
 }

@@ -57,10 +57,19 @@ async fn database_check(opened: &Opened) -> Result<DatabaseCheck, CliError> {
     }
 }
 
-/// The rollback witness (SQLite): whether the database still holds every effect its
-/// witness saw acknowledged. `None` where the backend keeps none.
-fn rollback_check(opened: &Opened) -> Option<(bool, String)> {
-    match &opened.kind {
+/// The rollback witness: whether the database still holds every effect its witness saw
+/// acknowledged (SQLite), or is where the store last ran (PostgreSQL).
+async fn rollback_check(opened: &Opened) -> Result<Option<(bool, String)>, CliError> {
+    #[cfg(feature = "postgres")]
+    if let Kind::Postgres { store, .. } = &opened.kind {
+        let report = store.placement_report().await?;
+        return Ok(Some(if report.rolled_back() {
+            (false, report.changes.join("; "))
+        } else {
+            (true, "ok".to_owned())
+        }));
+    }
+    Ok(match &opened.kind {
         #[cfg(feature = "sqlite")]
         Kind::Sqlite { store, .. } => {
             let report = store.rollback_report();
@@ -89,7 +98,7 @@ fn rollback_check(opened: &Opened) -> Option<(bool, String)> {
         }
         #[allow(unreachable_patterns)]
         _ => None,
-    }
+    })
 }
 
 fn line(check: &SessionCheck) -> Value {
@@ -109,7 +118,7 @@ pub async fn verify(opened: &Opened, json: bool, args: VerifyArgs) -> Result<(),
     let database = database_check(opened).await?;
     let failed = checks.iter().filter(|c| !c.is_ok()).count();
     let database_failed = database.ok == Some(false);
-    let rollback = rollback_check(opened);
+    let rollback = rollback_check(opened).await?;
     let rolled_back = rollback.as_ref().is_some_and(|(ok, _)| !ok);
     if json {
         render::print_json(&json!({

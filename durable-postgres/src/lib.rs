@@ -71,6 +71,7 @@ mod store;
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
 mod tx;
+mod witness;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -85,6 +86,7 @@ use crate::error::{BACKEND, db};
 
 use durable_core::redact::redact_url;
 pub use maintenance::IndexCheck;
+pub use witness::PlacementReport;
 
 /// The table that records applied migrations.
 pub const MIGRATIONS_TABLE: &str = "durable_schema_migrations";
@@ -384,6 +386,88 @@ impl PostgresStore {
         })
     }
 
+    /// Acknowledges that the store's database was restored or swapped (see
+    /// [`StoreError::RolledBack`]: restored from a dump or into another server, recovered
+    /// to a point in time, a replica promoted), so that workers can open it again without
+    /// running a lost effect a second time. In one transaction: every session that is not
+    /// finished is **parked** (no worker resumes it until `durable unpark`), unless
+    /// `intact` states that nothing was lost (the operator's word, e.g. a planned
+    /// switchover with synchronous replication); the decision is audited in
+    /// `durable_integrity_log`; the new place is recorded. Stop every worker first.
+    ///
+    /// Returns what changed (empty when nothing did: then nothing is parked).
+    pub async fn acknowledge_rollback(
+        options: PostgresStoreOptions,
+        by: &str,
+        intact: bool,
+    ) -> Result<PlacementReport, StoreError> {
+        durable_core::validate::validate_owner(by)?;
+        let connect: PgConnectOptions = options
+            .url
+            .parse()
+            .map_err(|e| open::bad_url(&options.url, e))?;
+        let location = redact_url(&options.url);
+        let pool = open::setup_pool(&connect, options.connect_timeout).await?;
+        let result = async {
+            let mut tx = pool.begin().await.map_err(db)?;
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('durable placement', 0))")
+                .execute(&mut *tx)
+                .await
+                .map_err(db)?;
+            let report = witness::check(&mut tx, &location, true).await?;
+            if report.rolled_back() {
+                let now = tx::now(&mut tx).await?;
+                let parked = if intact {
+                    0
+                } else {
+                    sqlx::query(
+                        "UPDATE durable_sessions SET status = 'parked', status_reason = $1,                          lease_owner = NULL, lease_expires_at = NULL, fence = fence + 1,                          updated_at = $2                          WHERE status NOT IN ('completed', 'failed', 'cancelled', 'parked')",
+                    )
+                    .bind(
+                        "rolled back: the database was restored or swapped, so the effects of                          writes acknowledged before the switch are unknown; check them, then                          `durable unpark`",
+                    )
+                    .bind(now)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db)?
+                    .rows_affected()
+                };
+                let detail = format!(
+                    "rollback acknowledged by `{by}`: {}; {}",
+                    report.changes.join("; "),
+                    if intact {
+                        "the operator stated nothing was lost".to_owned()
+                    } else {
+                        format!("{parked} unfinished session(s) parked")
+                    }
+                );
+                sqlx::query(
+                    "INSERT INTO durable_integrity_log                      (event, from_key, to_key, rows, detail, created_at)                      VALUES ('rollback', NULL, 'placement', $1, $2, $3)",
+                )
+                .bind(i64::try_from(parked).unwrap_or(i64::MAX))
+                .bind(detail)
+                .bind(now)
+                .execute(&mut *tx)
+                .await
+                .map_err(db)?;
+                tracing::warn!(by, parked, "rollback acknowledged");
+            }
+            tx.commit().await.map_err(db)?;
+            Ok(report)
+        }
+        .await;
+        pool.close().await;
+        result
+    }
+
+    /// Whether the database is where the store last ran (see
+    /// [`acknowledge_rollback`](Self::acknowledge_rollback)); reads only, so it works on a
+    /// read-only store (`durable verify`).
+    pub async fn placement_report(&self) -> Result<PlacementReport, StoreError> {
+        let mut conn = self.pool.acquire().await.map_err(db)?;
+        witness::inspect(&mut conn).await
+    }
+
     /// The connection pool.
     pub fn pool(&self) -> &PgPool {
         &self.pool
@@ -433,7 +517,16 @@ async fn setup(
             .run(&pool)
             .await
             .map_err(|e| error::migrate(e, supported))?;
-        keys::setup_keys(&pool, keyring).await
+        let keyring = keys::setup_keys(&pool, keyring).await?;
+        // Where the store lives: a restored or swapped database is refused (`witness`).
+        let mut tx = pool.begin().await.map_err(db)?;
+        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('durable placement', 0))")
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
+        witness::check(&mut tx, &open::address(options), false).await?;
+        tx.commit().await.map_err(db)?;
+        Ok(keyring)
     }
     .await;
     pool.close().await;
