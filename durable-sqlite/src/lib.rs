@@ -142,6 +142,29 @@ pub struct SqliteStoreOptions {
     accept_volatile: bool,
     create_if_missing: bool,
     read_only: bool,
+    /// Test-only settings (see the `testing` feature); the defaults otherwise.
+    testing: Testing,
+}
+
+/// What the `testing` feature may change; outside tests these are always the defaults.
+#[derive(Debug, Clone)]
+struct Testing {
+    /// An SQLite VFS registered by the test (a crash-simulating one).
+    vfs: Option<String>,
+    /// The `synchronous` level connections run with (`FULL` outside tests).
+    synchronous: SqliteSynchronous,
+    /// Report the store durable whatever its `synchronous` level.
+    report_durable: bool,
+}
+
+impl Default for Testing {
+    fn default() -> Self {
+        Testing {
+            vfs: None,
+            synchronous: SqliteSynchronous::Full,
+            report_durable: false,
+        }
+    }
 }
 
 impl SqliteStoreOptions {
@@ -166,6 +189,7 @@ impl SqliteStoreOptions {
             accept_volatile: false,
             create_if_missing: true,
             read_only: false,
+            testing: Testing::default(),
         }
     }
 
@@ -229,6 +253,48 @@ impl SqliteStoreOptions {
         self.read_only = read_only;
         self
     }
+
+    /// Test-only (feature `testing`): open the file through the SQLite VFS registered
+    /// under `name`, such as the power-cut simulator of durable's own tests.
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub fn vfs(mut self, name: impl Into<String>) -> Self {
+        self.testing.vfs = Some(name.into());
+        self
+    }
+
+    /// Test-only (feature `testing`), **loses acknowledged writes on power loss**: run
+    /// every connection with `synchronous = level` instead of `FULL`, and open instead
+    /// of refusing with [`StoreError::NotDurable`]. [`durability`](durable_core::CheckpointStore::durability)
+    /// still names the setting, so unsafe tools still refuse, unless
+    /// [`dangerous_report_durable`](Self::dangerous_report_durable) is set too.
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub fn dangerous_synchronous(mut self, level: SqliteSynchronous) -> Self {
+        self.testing.synchronous = level;
+        self
+    }
+
+    /// Test-only (feature `testing`), **lets unsafe tools run on a store that can lose
+    /// their *issued* rows**: [`durability`](durable_core::CheckpointStore::durability)
+    /// reports the store durable whatever its settings, as a store that never checked
+    /// them would. It exists so the power-loss tests can show what the check prevents.
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
+    pub fn dangerous_report_durable(mut self, report: bool) -> Self {
+        self.testing.report_durable = report;
+        self
+    }
+}
+
+/// The value `PRAGMA synchronous` reads back for `level`.
+fn synchronous_level(level: SqliteSynchronous) -> i64 {
+    match level {
+        SqliteSynchronous::Off => 0,
+        SqliteSynchronous::Normal => 1,
+        SqliteSynchronous::Full => 2,
+        SqliteSynchronous::Extra => 3,
+    }
 }
 
 /// Refuses a newer schema, then applies pending migrations, all under one
@@ -289,6 +355,8 @@ struct Inner {
     location: String,
     in_memory: bool,
     accept_volatile: bool,
+    /// Test-only: report the store durable whatever its settings.
+    report_durable: bool,
     read_only: bool,
     /// The keys rows are sealed and checked with, the store's own key bound.
     keyring: Keyring,
@@ -339,10 +407,13 @@ impl SqliteStore {
 
     /// Opens a store with explicit options.
     pub async fn connect_with(options: SqliteStoreOptions) -> Result<Self, StoreError> {
-        let base = SqliteConnectOptions::new()
+        let mut base = SqliteConnectOptions::new()
             .foreign_keys(true)
-            .synchronous(SqliteSynchronous::Full)
+            .synchronous(options.testing.synchronous)
             .busy_timeout(options.busy_timeout);
+        if let Some(vfs) = &options.testing.vfs {
+            base = base.vfs(vfs.clone());
+        }
         let read_only = options.read_only;
         let mut created = false;
         let (connect, location, in_memory) = match &options.target {
@@ -397,6 +468,7 @@ impl SqliteStore {
         let expect = open::Expect {
             // A reader checks what a writer set, but does not require WAL of it.
             wal: !in_memory && !read_only,
+            synchronous: synchronous_level(options.testing.synchronous),
             busy_timeout_ms: i64::try_from(options.busy_timeout.as_millis())
                 .unwrap_or(i64::MAX)
                 .min(i64::from(i32::MAX)),
@@ -466,6 +538,7 @@ impl SqliteStore {
                 location,
                 in_memory,
                 accept_volatile: options.accept_volatile,
+                report_durable: options.testing.report_durable,
                 read_only,
                 keyring,
                 work: durable_core::store::WorkNotifier::new(),
