@@ -99,12 +99,7 @@ unsafe fn parts<'a>(
     // `state` holds a strong count until `x_close`; `real` was opened successfully.
     unsafe {
         let f = &*(file as *const CutFile);
-        (
-            &*f.disk,
-            f.state.as_ref(),
-            f.real,
-            &*(*f.real).pMethods,
-        )
+        (&*f.disk, f.state.as_ref(), f.real, &*(*f.real).pMethods)
     }
 }
 
@@ -139,7 +134,8 @@ unsafe extern "C" fn x_open(
             close_real(real);
             return rc;
         }
-        let tracked = ffi::SQLITE_OPEN_MAIN_DB | ffi::SQLITE_OPEN_WAL | ffi::SQLITE_OPEN_MAIN_JOURNAL;
+        let tracked =
+            ffi::SQLITE_OPEN_MAIN_DB | ffi::SQLITE_OPEN_WAL | ffi::SQLITE_OPEN_MAIN_JOURNAL;
         if !name.is_null() && flags & tracked != 0 {
             let path = PathBuf::from(CStr::from_ptr(name).to_string_lossy().into_owned());
             match app.disk.attach(&path) {
@@ -181,8 +177,9 @@ unsafe extern "C" fn x_delete(
             return ffi::SQLITE_IOERR_DELETE;
         }
         if !name.is_null() {
-            app.disk
-                .forget(&PathBuf::from(CStr::from_ptr(name).to_string_lossy().into_owned()));
+            app.disk.forget(&PathBuf::from(
+                CStr::from_ptr(name).to_string_lossy().into_owned(),
+            ));
         }
         match (*app.real).xDelete {
             Some(delete) => delete(app.real, name, sync_dir),
@@ -215,9 +212,9 @@ unsafe extern "C" fn x_read(
     // SAFETY: forwarded as given.
     unsafe {
         let (_, _, real, methods) = parts(file);
-        methods
-            .xRead
-            .map_or(ffi::SQLITE_IOERR_READ, |read| read(real, buf, amount, offset))
+        methods.xRead.map_or(ffi::SQLITE_IOERR_READ, |read| {
+            read(real, buf, amount, offset)
+        })
     }
 }
 
@@ -295,7 +292,10 @@ unsafe extern "C" fn x_sync(file: *mut ffi::sqlite3_file, flags: c_int) -> c_int
     }
 }
 
-unsafe extern "C" fn x_file_size(file: *mut ffi::sqlite3_file, size: *mut ffi::sqlite3_int64) -> c_int {
+unsafe extern "C" fn x_file_size(
+    file: *mut ffi::sqlite3_file,
+    size: *mut ffi::sqlite3_int64,
+) -> c_int {
     // SAFETY: forwarded as given.
     unsafe {
         let (_, _, real, methods) = parts(file);
@@ -309,7 +309,9 @@ unsafe extern "C" fn x_lock(file: *mut ffi::sqlite3_file, level: c_int) -> c_int
     // SAFETY: forwarded as given.
     unsafe {
         let (_, _, real, methods) = parts(file);
-        methods.xLock.map_or(ffi::SQLITE_IOERR_LOCK, |f| f(real, level))
+        methods
+            .xLock
+            .map_or(ffi::SQLITE_IOERR_LOCK, |f| f(real, level))
     }
 }
 
@@ -317,7 +319,9 @@ unsafe extern "C" fn x_unlock(file: *mut ffi::sqlite3_file, level: c_int) -> c_i
     // SAFETY: forwarded as given.
     unsafe {
         let (_, _, real, methods) = parts(file);
-        methods.xUnlock.map_or(ffi::SQLITE_IOERR_UNLOCK, |f| f(real, level))
+        methods
+            .xUnlock
+            .map_or(ffi::SQLITE_IOERR_UNLOCK, |f| f(real, level))
     }
 }
 
@@ -371,9 +375,9 @@ unsafe extern "C" fn x_shm_map(
     // SAFETY: forwarded as given (only present when the real methods have it).
     unsafe {
         let (_, _, real, methods) = parts(file);
-        methods
-            .xShmMap
-            .map_or(ffi::SQLITE_IOERR_SHMMAP, |f| f(real, region, size, extend, out))
+        methods.xShmMap.map_or(ffi::SQLITE_IOERR_SHMMAP, |f| {
+            f(real, region, size, extend, out)
+        })
     }
 }
 
@@ -406,7 +410,9 @@ unsafe extern "C" fn x_shm_unmap(file: *mut ffi::sqlite3_file, delete: c_int) ->
     // SAFETY: forwarded as given.
     unsafe {
         let (_, _, real, methods) = parts(file);
-        methods.xShmUnmap.map_or(ffi::SQLITE_OK, |f| f(real, delete))
+        methods
+            .xShmUnmap
+            .map_or(ffi::SQLITE_OK, |f| f(real, delete))
     }
 }
 
@@ -437,7 +443,9 @@ unsafe extern "C" fn x_unfetch(
     // SAFETY: forwarded as given.
     unsafe {
         let (_, _, real, methods) = parts(file);
-        methods.xUnfetch.map_or(ffi::SQLITE_OK, |f| f(real, offset, page))
+        methods
+            .xUnfetch
+            .map_or(ffi::SQLITE_OK, |f| f(real, offset, page))
     }
 }
 
@@ -458,8 +466,16 @@ const fn methods(version: c_int) -> ffi::sqlite3_io_methods {
         xDeviceCharacteristics: Some(x_device_characteristics),
         xShmMap: if version >= 2 { Some(x_shm_map) } else { None },
         xShmLock: if version >= 2 { Some(x_shm_lock) } else { None },
-        xShmBarrier: if version >= 2 { Some(x_shm_barrier) } else { None },
-        xShmUnmap: if version >= 2 { Some(x_shm_unmap) } else { None },
+        xShmBarrier: if version >= 2 {
+            Some(x_shm_barrier)
+        } else {
+            None
+        },
+        xShmUnmap: if version >= 2 {
+            Some(x_shm_unmap)
+        } else {
+            None
+        },
         xFetch: if version >= 3 { Some(x_fetch) } else { None },
         xUnfetch: if version >= 3 { Some(x_unfetch) } else { None },
     }
@@ -467,4 +483,3 @@ const fn methods(version: c_int) -> ffi::sqlite3_io_methods {
 
 /// One method table per `iVersion` the real file may report (1 to 3).
 static METHODS: [ffi::sqlite3_io_methods; 3] = [methods(1), methods(2), methods(3)];
-

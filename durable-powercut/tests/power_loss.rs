@@ -56,7 +56,8 @@ fn main() {
         .skip(1)
         .filter(|a| !a.starts_with('-'))
         .collect();
-    let wanted = |name: &str| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()));
+    let wanted =
+        |name: &str| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str()));
     let seed = seed_from("DURABLE_SEED").unwrap_or_else(|| {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)

@@ -30,7 +30,9 @@ pub async fn full(seed: u64, cuts: u64, only_run: Option<u64>) -> bool {
     let mut total = Figures::default();
     let run_seeds: Vec<u64> = match only_run {
         Some(run) => vec![run],
-        None => (0..cuts.div_ceil(CYCLES)).map(|_| master.next_u64()).collect(),
+        None => (0..cuts.div_ceil(CYCLES))
+            .map(|_| master.next_u64())
+            .collect(),
     };
     for run_seed in run_seeds {
         let figures = tier::run(FULL, &power, run_seed, CYCLES, true).await;
@@ -45,7 +47,8 @@ pub async fn full(seed: u64, cuts: u64, only_run: Option<u64>) -> bool {
          {} unsynced sectors lost, {} kept, {} filled with garbage; \
          {} acknowledged issued rows checked ({} distinct effects), {} acknowledged checkpoints checked; \
          lost issued rows: {}, lost checkpoints: {}, duplicate emails: {}, charges under two keys: {}; \
-         loud refusals: {}; in-doubt emails settled from the ledger: {}",
+         loud refusals: {} (and {} empty files refused after a cut during creation); \
+         in-doubt emails settled from the ledger: {}",
         total.cuts,
         total.runs,
         total.drop_cuts,
@@ -63,6 +66,7 @@ pub async fn full(seed: u64, cuts: u64, only_run: Option<u64>) -> bool {
         total.duplicates,
         total.key_mismatches,
         total.loud,
+        total.empty_at_creation,
         total.in_doubt_resolved,
     );
     for failure in &total.failures {
@@ -114,9 +118,9 @@ pub async fn lowered_refuses_unsafe() -> bool {
         })
         .await;
     let ok = match &result {
-        Err(CallError::Durable(DurableError::Store(StoreError::NotDurable { setting, .. }))) => {
-            setting == "synchronous = normal" && !ran.load(Ordering::SeqCst)
-        }
+        Err(CallError::Durable(DurableError::Store(StoreError::NotDurable {
+            setting, ..
+        }))) => setting == "synchronous = normal" && !ran.load(Ordering::SeqCst),
         _ => false,
     };
     let rows = durable
@@ -126,7 +130,10 @@ pub async fn lowered_refuses_unsafe() -> bool {
         .expect("calls");
     let ok = ok && rows.is_empty();
     match &result {
-        Err(e) => println!("lowered_refuses_unsafe: {} ({e})", if ok { "ok" } else { "FAILED" }),
+        Err(e) => println!(
+            "lowered_refuses_unsafe: {} ({e})",
+            if ok { "ok" } else { "FAILED" }
+        ),
         Ok(v) => println!("lowered_refuses_unsafe: FAILED: the unsafe tool ran and returned {v}"),
     }
     ok
@@ -174,7 +181,11 @@ pub async fn lowered_loses(seed: u64) -> bool {
             total.lost_checkpoints,
             total.duplicates,
             total.loud,
-            if found { "the tier detects the losses" } else { "FAILED: the tier found no loss" },
+            if found {
+                "the tier detects the losses"
+            } else {
+                "FAILED: the tier found no loss"
+            },
         );
         if let Some(example) = total.failures.first() {
             println!("lowered_loses:   e.g. {example}");

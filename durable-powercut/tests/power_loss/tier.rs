@@ -69,6 +69,9 @@ pub struct Figures {
     pub key_mismatches: u64,
     /// Refusals after a cut: the store did not open, or integrity/verify found damage.
     pub loud: u64,
+    /// Cuts during the store's creation that left an empty file, refused on reopen
+    /// (`NotAStore`) before anything was acknowledged; the file is then removed.
+    pub empty_at_creation: u64,
     pub in_doubt_resolved: u64,
     pub pure_runs: u64,
     /// Problems that fail the case, each with the run seed.
@@ -94,6 +97,7 @@ impl Figures {
         self.duplicates += other.duplicates;
         self.key_mismatches += other.key_mismatches;
         self.loud += other.loud;
+        self.empty_at_creation += other.empty_at_creation;
         self.in_doubt_resolved += other.in_doubt_resolved;
         self.pure_runs += other.pure_runs;
         self.failures.extend(other.failures);
@@ -123,7 +127,13 @@ async fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
 }
 
 /// One run: `cycles` cuts on one store. `strict`: every loss or damage is a failure.
-pub async fn run(mode: Mode, power: &PowerCut, run_seed: u64, cycles: u64, strict: bool) -> Figures {
+pub async fn run(
+    mode: Mode,
+    power: &PowerCut,
+    run_seed: u64,
+    cycles: u64,
+    strict: bool,
+) -> Figures {
     let mut rng = Rng::new(run_seed);
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("agent.db");
@@ -189,15 +199,25 @@ pub async fn run(mode: Mode, power: &PowerCut, run_seed: u64, cycles: u64, stric
                 })
                 .await;
                 if !power.is_cut() {
-                    let why = if cut { "every worker stopped" } else { "30 s passed" };
+                    let why = if cut {
+                        "every worker stopped"
+                    } else {
+                        "30 s passed"
+                    };
                     fail(&mut fig, format!("cycle {cycle}: {why} before the cut"));
                     power.cut_now();
                 }
                 for task in tasks {
                     let abort = task.abort_handle();
-                    if tokio::time::timeout(Duration::from_secs(10), task).await.is_err() {
+                    if tokio::time::timeout(Duration::from_secs(10), task)
+                        .await
+                        .is_err()
+                    {
                         abort.abort();
-                        fail(&mut fig, format!("cycle {cycle}: a worker did not stop after the cut"));
+                        fail(
+                            &mut fig,
+                            format!("cycle {cycle}: a worker did not stop after the cut"),
+                        );
                     }
                 }
                 drop(durable);
@@ -206,13 +226,22 @@ pub async fn run(mode: Mode, power: &PowerCut, run_seed: u64, cycles: u64, stric
             // The power went while opening.
             Err(_) if power.is_cut() => {}
             Err(e) => {
-                fail(&mut fig, format!("cycle {cycle}: the store did not open with the power on: {e}"));
+                fail(
+                    &mut fig,
+                    format!("cycle {cycle}: the store did not open with the power on: {e}"),
+                );
                 return fig;
             }
         }
         fig.ops += power.ops();
         if !wait_for(Duration::from_secs(10), || power.open_handles() == 0).await {
-            fail(&mut fig, format!("cycle {cycle}: {} file handles still open after closing the store", power.open_handles()));
+            fail(
+                &mut fig,
+                format!(
+                    "cycle {cycle}: {} file handles still open after closing the store",
+                    power.open_handles()
+                ),
+            );
             return fig;
         }
         let policy = if rng.below(2) == 0 {
@@ -231,7 +260,10 @@ pub async fn run(mode: Mode, power: &PowerCut, run_seed: u64, cycles: u64, stric
             fig.cuts_at_creation += 1;
         }
         for problem in lock(&world.unexpected).drain(..) {
-            fail(&mut fig, format!("cycle {cycle}: with the power on: {problem}"));
+            fail(
+                &mut fig,
+                format!("cycle {cycle}: with the power on: {problem}"),
+            );
         }
         match check(&path, mode, power, &world, created, &mut fig).await {
             Checked::Sound => created = true,
@@ -245,7 +277,10 @@ pub async fn run(mode: Mode, power: &PowerCut, run_seed: u64, cycles: u64, stric
             }
         }
         if strict && (fig.lost_issued + fig.lost_checkpoints > 0) {
-            fail(&mut fig, format!("cycle {cycle} ({policy:?}): acknowledged rows lost"));
+            fail(
+                &mut fig,
+                format!("cycle {cycle} ({policy:?}): acknowledged rows lost"),
+            );
             break;
         }
     }
@@ -255,7 +290,11 @@ pub async fn run(mode: Mode, power: &PowerCut, run_seed: u64, cycles: u64, stric
     let mut keys: BTreeMap<(String, i64), BTreeSet<Option<String>>> = BTreeMap::new();
     for effect in &ledger {
         match effect.tool {
-            "send" => *sends.entry((effect.session.clone(), effect.turn)).or_default() += 1,
+            "send" => {
+                *sends
+                    .entry((effect.session.clone(), effect.turn))
+                    .or_default() += 1
+            }
             _ => {
                 keys.entry((effect.session.clone(), effect.turn))
                     .or_default()
@@ -304,7 +343,7 @@ async fn check(
         // (`NotAStore`: durable never turns an existing empty file into a store), and
         // nothing was acknowledged, so nothing can be lost. The run starts over.
         Err(StoreError::NotAStore { .. }) if !created => {
-            fig.loud += 1;
+            fig.empty_at_creation += 1;
             std::fs::remove_file(path).expect("remove the empty store file");
             return Checked::NeverCreated;
         }
@@ -349,12 +388,18 @@ async fn check_open(store: &SqliteStore, world: &World, fig: &mut Figures) -> Re
         .await
         .map_err(|e| format!("verify: {e}"))?;
     if let Some(bad) = checks.iter().find(|c| !c.is_ok()) {
-        return Err(format!("verify: session {}: {:?}", bad.session, bad.problem));
+        return Err(format!(
+            "verify: session {}: {:?}",
+            bad.session, bad.problem
+        ));
     }
     let ledger = lock(&world.ledger).clone();
     let mut by_session: BTreeMap<&str, Vec<&workload::Effect>> = BTreeMap::new();
     for effect in &ledger {
-        by_session.entry(effect.session.as_str()).or_default().push(effect);
+        by_session
+            .entry(effect.session.as_str())
+            .or_default()
+            .push(effect);
     }
     for (session, effects) in by_session {
         let rows = match store.calls(&SessionId::new(session), None).await {
@@ -394,7 +439,11 @@ async fn check_open(store: &SqliteStore, world: &World, fig: &mut Figures) -> Re
             Err(StoreError::SessionNotFound(_)) => true,
             Err(e) => return Err(format!("session {session}: {e}")),
         };
-        if lost && fig.lost_seen.insert((session.clone(), version, "checkpoint")) {
+        if lost
+            && fig
+                .lost_seen
+                .insert((session.clone(), version, "checkpoint"))
+        {
             fig.lost_checkpoints += 1;
             fig.failures_note(format!(
                 "{session}: acknowledged checkpoint {version} (or its completion) is gone"

@@ -128,12 +128,7 @@ pub async fn worker(
 }
 
 /// Runs session `id` (resumed if the store has it, else started) to completion.
-async fn session(
-    durable: &Durable,
-    world: &World,
-    tools: &Tools,
-    id: &str,
-) -> Result<(), String> {
+async fn session(durable: &Durable, world: &World, tools: &Tools, id: &str) -> Result<(), String> {
     let sid = SessionId::new(id);
     let mut session = match durable.store().session(&sid).await {
         Ok(record) if record.status == SessionStatus::Completed => return Ok(()),
