@@ -43,7 +43,7 @@ pub async fn full(seed: u64, cuts: u64, only_run: Option<u64>) -> bool {
         }
     }
     println!(
-        "full: {} cuts in {} runs ({} drop-all, {} torn; {} during store creation) after {} write operations; \
+        "full: {} cuts in {} runs ({} drop-all, {} torn; {} during store creation) after {} write operations and {} WAL checkpoints; \
          {} unsynced sectors lost, {} kept, {} filled with garbage; \
          {} acknowledged issued rows checked ({} distinct effects), {} acknowledged checkpoints checked; \
          lost issued rows: {}, lost checkpoints: {}, duplicate emails: {}, charges under two keys: {}; \
@@ -55,6 +55,7 @@ pub async fn full(seed: u64, cuts: u64, only_run: Option<u64>) -> bool {
         total.tear_cuts,
         total.cuts_at_creation,
         total.ops,
+        total.wal_checkpoints,
         total.sectors_lost,
         total.sectors_kept,
         total.garbage_sectors,
