@@ -128,7 +128,7 @@ async fn checkpointer(pool: sqlx::SqlitePool, power: PowerCut) -> u64 {
     while !power.is_cut() {
         tokio::time::sleep(Duration::from_millis(3)).await;
         round += 1;
-        let sql = if round % 4 == 0 {
+        let sql = if round.is_multiple_of(4) {
             "PRAGMA wal_checkpoint(TRUNCATE)"
         } else {
             "PRAGMA wal_checkpoint(PASSIVE)"
