@@ -18,9 +18,10 @@
 //! The model, as in SQLite's own crash tests (`src/test6.c`): what was synced survives;
 //! of what was written since, each 512-byte sector independently survives or not; a
 //! file that grew may keep or lose its growth, with zeros or garbage where a lost write
-//! would have been. Deletions are durable at once (they happen only after SQLite synced
-//! what they make redundant). The real `fsync` is never called: the host does not lose
-//! power, the model decides.
+//! would have been. Directory entries are not modelled: a file's creation and deletion
+//! are durable at once (SQLite deletes a WAL only after syncing what it makes redundant,
+//! and a file whose creation is lost reads as an empty one). The real `fsync` is never
+//! called: the host does not lose power, the model decides.
 //!
 //! The shim is the only `unsafe` code in the workspace, in `src/vfs.rs`; this crate is
 //! not published.
