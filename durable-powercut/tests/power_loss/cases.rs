@@ -153,7 +153,7 @@ pub async fn lowered_loses(seed: u64) -> bool {
                 report_durable: true,
             },
             "powercut-normal",
-            6,
+            10,
         ),
         (
             Mode {

@@ -2,7 +2,8 @@
 //!
 //! Each worker task drives one session at a time through turns of: a journaled model
 //! reply, a `pure` lookup, an `idempotent_with_key` charge, an `unsafe_on_replay` send,
-//! a message and a checkpoint; after `TURNS` turns the session completes and the task
+//! a message and a checkpoint (in odd turns, the send's outcome and the checkpoint in
+//! one commit, `checkpoint_after`); after `TURNS` turns the session completes and the task
 //! starts the next one. A tool body appends to the ledger the moment it runs, which for
 //! the keyed and the unsafe tool is after the store acknowledged its *issued* row. The
 //! ledger lives in this process's memory, off the simulated disk: the cut never touches
@@ -206,26 +207,39 @@ async fn session(durable: &Durable, world: &World, tools: &Tools, id: &str) -> R
             })
             .await
             .map_err(call_error("charge"))?;
-        session
-            .journal()
-            .tool(&tools.send, args)
-            .run(|_ctx| async {
-                lock(&world.ledger).push(Effect {
-                    session: id.to_owned(),
-                    turn,
-                    tool: "send",
-                    key: None,
-                });
-                Ok::<_, String>(json!({"sent": turn}))
-            })
-            .await
-            .map_err(call_error("send"))?;
-        session.push(Message::user(format!("turn {turn} done")));
-        let meta = session
-            .checkpoint()
-            .await
-            .map_err(|e| format!("checkpoint: {e}"))?;
-        lock(&world.checkpoints).insert(id.to_owned(), meta.version);
+        let send = async |journal: &durable_core::Journal| {
+            journal
+                .tool(&tools.send, args.clone())
+                .run(|_ctx| async {
+                    lock(&world.ledger).push(Effect {
+                        session: id.to_owned(),
+                        turn,
+                        tool: "send",
+                        key: None,
+                    });
+                    Ok::<_, String>(json!({"sent": turn}))
+                })
+                .await
+        };
+        let version = if turn % 2 == 1 {
+            // The email's outcome and the checkpoint in one commit.
+            session
+                .checkpoint_after(send, |outcome| {
+                    Message::tool_outcome(format!("send-{turn}"), outcome)
+                })
+                .await
+                .map_err(call_error("send with checkpoint"))?;
+            session.version()
+        } else {
+            send(session.journal()).await.map_err(call_error("send"))?;
+            session.push(Message::user(format!("turn {turn} done")));
+            session
+                .checkpoint()
+                .await
+                .map_err(|e| format!("checkpoint: {e}"))?
+                .version
+        };
+        lock(&world.checkpoints).insert(id.to_owned(), version);
     }
 }
 
