@@ -67,7 +67,7 @@ use std::time::Duration;
 use durable_core::StoreError;
 use durable_core::integrity::Keyring;
 use sqlx::migrate::Migrator;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::{ConnectOptions, Connection, SqliteConnection, SqlitePool};
 
 mod approval;
@@ -85,6 +85,7 @@ mod rows;
 mod seal;
 mod sessions;
 mod store;
+mod testing;
 mod tx;
 
 pub use maintenance::Backup;
@@ -143,28 +144,7 @@ pub struct SqliteStoreOptions {
     create_if_missing: bool,
     read_only: bool,
     /// Test-only settings (see the `testing` feature); the defaults otherwise.
-    testing: Testing,
-}
-
-/// What the `testing` feature may change; outside tests these are always the defaults.
-#[derive(Debug, Clone)]
-struct Testing {
-    /// An SQLite VFS registered by the test (a crash-simulating one).
-    vfs: Option<String>,
-    /// The `synchronous` level connections run with (`FULL` outside tests).
-    synchronous: SqliteSynchronous,
-    /// Report the store durable whatever its `synchronous` level.
-    report_durable: bool,
-}
-
-impl Default for Testing {
-    fn default() -> Self {
-        Testing {
-            vfs: None,
-            synchronous: SqliteSynchronous::Full,
-            report_durable: false,
-        }
-    }
+    testing: testing::Testing,
 }
 
 impl SqliteStoreOptions {
@@ -189,7 +169,7 @@ impl SqliteStoreOptions {
             accept_volatile: false,
             create_if_missing: true,
             read_only: false,
-            testing: Testing::default(),
+            testing: testing::Testing::default(),
         }
     }
 
@@ -252,48 +232,6 @@ impl SqliteStoreOptions {
     pub fn read_only(mut self, read_only: bool) -> Self {
         self.read_only = read_only;
         self
-    }
-
-    /// Test-only (feature `testing`): open the file through the SQLite VFS registered
-    /// under `name`, such as the power-cut simulator of durable's own tests.
-    #[cfg(feature = "testing")]
-    #[doc(hidden)]
-    pub fn vfs(mut self, name: impl Into<String>) -> Self {
-        self.testing.vfs = Some(name.into());
-        self
-    }
-
-    /// Test-only (feature `testing`), **loses acknowledged writes on power loss**: run
-    /// every connection with `synchronous = level` instead of `FULL`, and open instead
-    /// of refusing with [`StoreError::NotDurable`]. [`durability`](durable_core::CheckpointStore::durability)
-    /// still names the setting, so unsafe tools still refuse, unless
-    /// [`dangerous_report_durable`](Self::dangerous_report_durable) is set too.
-    #[cfg(feature = "testing")]
-    #[doc(hidden)]
-    pub fn dangerous_synchronous(mut self, level: SqliteSynchronous) -> Self {
-        self.testing.synchronous = level;
-        self
-    }
-
-    /// Test-only (feature `testing`), **lets unsafe tools run on a store that can lose
-    /// their *issued* rows**: [`durability`](durable_core::CheckpointStore::durability)
-    /// reports the store durable whatever its settings, as a store that never checked
-    /// them would. It exists so the power-loss tests can show what the check prevents.
-    #[cfg(feature = "testing")]
-    #[doc(hidden)]
-    pub fn dangerous_report_durable(mut self, report: bool) -> Self {
-        self.testing.report_durable = report;
-        self
-    }
-}
-
-/// The value `PRAGMA synchronous` reads back for `level`.
-fn synchronous_level(level: SqliteSynchronous) -> i64 {
-    match level {
-        SqliteSynchronous::Off => 0,
-        SqliteSynchronous::Normal => 1,
-        SqliteSynchronous::Full => 2,
-        SqliteSynchronous::Extra => 3,
     }
 }
 
@@ -468,7 +406,7 @@ impl SqliteStore {
         let expect = open::Expect {
             // A reader checks what a writer set, but does not require WAL of it.
             wal: !in_memory && !read_only,
-            synchronous: synchronous_level(options.testing.synchronous),
+            synchronous: testing::synchronous_level(options.testing.synchronous),
             busy_timeout_ms: i64::try_from(options.busy_timeout.as_millis())
                 .unwrap_or(i64::MAX)
                 .min(i64::from(i32::MAX)),
