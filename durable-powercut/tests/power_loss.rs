@@ -22,8 +22,9 @@
 //! Environment: `DURABLE_POWER_CUTS` (cuts of the `full` case, default 300; long mode:
 //! thousands), `DURABLE_SEED` (the master seed, decimal or `0x…`), `DURABLE_POWER_RUN`
 //! (replays one run, by the run seed a failure prints). A seed fixes the cut points, the
-//! workload's shape and every torn sector; with more than one worker the interleaving of
-//! sessions in group-committed batches still varies between runs of one seed.
+//! policies, the tear decisions and the workload's shape; with more than one worker the
+//! interleaving of sessions in group-committed batches (and so which bytes are unsynced
+//! at a cut) still varies between runs of one seed.
 
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 

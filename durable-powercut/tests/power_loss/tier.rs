@@ -289,7 +289,10 @@ pub async fn run(
             fig.tear_cuts += 1;
             Policy::Tear
         };
-        let report = power.restart(policy, &mut rng).expect("apply the cut");
+        // The torn sectors from a generator of the cycle's own, so that the main one
+        // (cut points, policies) does not drift with how many sectors were unsynced.
+        let mut tear = Rng::new(rng.next_u64());
+        let report = power.restart(policy, &mut tear).expect("apply the cut");
         fig.cuts += 1;
         fig.sectors_lost += report.lost;
         fig.sectors_kept += report.kept;
