@@ -67,7 +67,7 @@ use std::time::Duration;
 use durable_core::StoreError;
 use durable_core::integrity::Keyring;
 use sqlx::migrate::Migrator;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::{ConnectOptions, Connection, SqliteConnection, SqlitePool};
 
 mod approval;
@@ -85,6 +85,7 @@ mod rows;
 mod seal;
 mod sessions;
 mod store;
+mod testing;
 mod tx;
 mod witness;
 
@@ -145,6 +146,8 @@ pub struct SqliteStoreOptions {
     create_if_missing: bool,
     read_only: bool,
     witness: witness::OnOpen,
+    /// Test-only settings (see the `testing` feature); the defaults otherwise.
+    testing: testing::Testing,
 }
 
 impl SqliteStoreOptions {
@@ -170,6 +173,7 @@ impl SqliteStoreOptions {
             create_if_missing: true,
             read_only: false,
             witness: witness::OnOpen::Check,
+            testing: testing::Testing::default(),
         }
     }
 
@@ -293,6 +297,8 @@ struct Inner {
     location: String,
     in_memory: bool,
     accept_volatile: bool,
+    /// Test-only: report the store durable whatever its settings.
+    report_durable: bool,
     read_only: bool,
     /// The keys rows are sealed and checked with, the store's own key bound.
     keyring: Keyring,
@@ -348,10 +354,13 @@ impl SqliteStore {
 
     /// Opens a store with explicit options.
     pub async fn connect_with(options: SqliteStoreOptions) -> Result<Self, StoreError> {
-        let base = SqliteConnectOptions::new()
+        let mut base = SqliteConnectOptions::new()
             .foreign_keys(true)
-            .synchronous(SqliteSynchronous::Full)
+            .synchronous(options.testing.synchronous)
             .busy_timeout(options.busy_timeout);
+        if let Some(vfs) = &options.testing.vfs {
+            base = base.vfs(vfs.clone());
+        }
         let read_only = options.read_only;
         let mut created = false;
         let (connect, location, in_memory) = match &options.target {
@@ -406,6 +415,7 @@ impl SqliteStore {
         let expect = open::Expect {
             // A reader checks what a writer set, but does not require WAL of it.
             wal: !in_memory && !read_only,
+            synchronous: testing::synchronous_level(options.testing.synchronous),
             busy_timeout_ms: i64::try_from(options.busy_timeout.as_millis())
                 .unwrap_or(i64::MAX)
                 .min(i64::from(i32::MAX)),
@@ -489,6 +499,7 @@ impl SqliteStore {
                 location,
                 in_memory,
                 accept_volatile: options.accept_volatile,
+                report_durable: options.testing.report_durable,
                 read_only,
                 keyring,
                 witness,

@@ -51,7 +51,7 @@ pub(crate) async fn durability(store: &SqliteStore) -> Result<Durability, StoreE
         })
     } else if mode != "wal" {
         Some(format!("journal_mode = {mode}"))
-    } else if sync < 2 {
+    } else if sync < 2 && !store.inner.report_durable {
         Some(format!("synchronous = {}", synchronous_name(sync)))
     } else {
         None

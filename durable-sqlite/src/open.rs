@@ -255,6 +255,8 @@ pub(crate) async fn read_only_keys(
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Expect {
     pub(crate) wal: bool,
+    /// The lowest `synchronous` level accepted: `FULL` (2), unless a test lowered it.
+    pub(crate) synchronous: i64,
     pub(crate) busy_timeout_ms: i64,
 }
 
@@ -285,7 +287,7 @@ pub(crate) async fn verify(conn: &mut SqliteConnection, expect: Expect) -> Resul
         .fetch_one(&mut *conn)
         .await
         .map_err(db)?;
-    if sync < 2 {
+    if sync < expect.synchronous.min(2) {
         return Err(StoreError::NotDurable {
             backend: BACKEND,
             setting: format!("synchronous = {}", synchronous_name(sync)),
@@ -352,6 +354,7 @@ mod tests {
 
     const EXPECT: Expect = Expect {
         wal: true,
+        synchronous: 2,
         busy_timeout_ms: 5_000,
     };
 
