@@ -69,6 +69,9 @@ pub struct Figures {
     pub key_mismatches: u64,
     /// Refusals after a cut: the store did not open, or integrity/verify found damage.
     pub loud: u64,
+    /// Of those, refusals by the rollback witness (`StoreError::RolledBack`): acknowledged
+    /// effects missing from the database, named; their calls count in `lost_issued`.
+    pub witness_refusals: u64,
     /// Cuts during the store's creation that left an empty file, refused on reopen
     /// (`NotAStore`) before anything was acknowledged; the file is then removed.
     pub empty_at_creation: u64,
@@ -100,6 +103,7 @@ impl Figures {
         self.duplicates += other.duplicates;
         self.key_mismatches += other.key_mismatches;
         self.loud += other.loud;
+        self.witness_refusals += other.witness_refusals;
         self.empty_at_creation += other.empty_at_creation;
         self.in_doubt_resolved += other.in_doubt_resolved;
         self.pure_runs += other.pure_runs;
@@ -390,6 +394,21 @@ async fn check(
         }
         Err(e) => {
             fig.loud += 1;
+            if matches!(e, StoreError::RolledBack { .. }) {
+                // The witness saw effects the database lost: count them as lost rows
+                // (found loudly, by name), as the checks below would have.
+                fig.witness_refusals += 1;
+                if let Ok(reader) = SqliteStore::connect_with(
+                    SqliteStoreOptions::file(path)
+                        .vfs(power.vfs_name())
+                        .read_only(true),
+                )
+                .await
+                {
+                    fig.lost_issued += reader.rollback_report().lost.len() as u64;
+                    reader.close().await;
+                }
+            }
             fig.failures_note(format!("the store does not open after the cut: {e}"));
             return Checked::Refused;
         }
