@@ -286,8 +286,12 @@ impl Keyring {
         self.check(fields, seal).map_err(|broken| match broken {
             Broken::UnknownKey(id) if id.starts_with("app-") && !self.has_app_key() => {
                 StoreError::KeyMissing {
+                    detail: format!(
+                        "{} of session `{session}` is sealed with it; set `{MAC_KEY_ENV}` \
+                         (or the store options' key ring) to that key",
+                        what()
+                    ),
                     key: id,
-                    detail: format!("{} of session `{session}` is sealed with it", what()),
                 }
             }
             broken => StoreError::Tampered {
@@ -319,14 +323,99 @@ impl Keyring {
     }
 }
 
-/// What opening a store means for a [`Keyring`] (its store key bound), given the id of
-/// the key the store is sealed with (`durable_meta.signing_key`; `None` for a store
-/// written before seals). One rule for every backend, writers and readers alike.
+/// What a writer found when it opened a store: the facts [`Keyring::on_open`] decides on.
+/// Each backend gathers them in the transaction that sets the keys up.
+///
+/// # Why "the seals migration ran in this open" is the witness for adoption
+///
+/// Sealing rows *as found* (adoption) is only safe for rows written before seals
+/// existed. The database itself cannot prove that: an attacker with write access can
+/// null every seal, every head and delete both `durable_meta` rows, and the store then
+/// looks exactly like one written before seals. What the attacker cannot produce from
+/// outside is the opener's own observation that the migration which introduced seals
+/// (schema version 2) was applied by this very open, in the same transaction as the
+/// key setup: rolling the tracking table back makes the migration run again, which fails
+/// on the tables it creates. So adoption needs [`seals_migrated_now`](Self::seals_migrated_now),
+/// or a store with no session at all (nothing to seal). Everything else that lacks its
+/// `signing_key` row is refused, or recovered by checking every row under a key this
+/// process holds ([`KeyAction::Restore`]). An attacker who rebuilds the whole database
+/// (schema, tracking table and rows) is outside what seals in the database can detect.
+#[derive(Debug, Clone, Copy, Default)]
+#[non_exhaustive]
+pub struct OpenFacts<'a> {
+    /// `durable_meta.signing_key`: the id of the key the store is sealed with.
+    pub signing_key: Option<&'a str>,
+    /// The migration that introduced seals was applied by this open, in the transaction
+    /// that sets the keys up: the store's rows genuinely predate seals.
+    pub seals_migrated_now: bool,
+    /// Sessions in the store.
+    pub sessions: i64,
+    /// The key id of a seal found on a session head (`None` when no head carries one).
+    pub sealed_with: Option<&'a str>,
+}
+
+impl<'a> OpenFacts<'a> {
+    /// The facts of a store whose `durable_meta.signing_key` is `signing_key` (the other
+    /// facts matter only when it is missing).
+    pub fn signed(signing_key: Option<&'a str>) -> Self {
+        OpenFacts {
+            signing_key,
+            ..OpenFacts::default()
+        }
+    }
+
+    /// Sets [`seals_migrated_now`](Self::seals_migrated_now).
+    pub fn migrated_now(mut self, yes: bool) -> Self {
+        self.seals_migrated_now = yes;
+        self
+    }
+
+    /// Sets [`sessions`](Self::sessions) and [`sealed_with`](Self::sealed_with).
+    pub fn holding(mut self, sessions: i64, sealed_with: Option<&'a str>) -> Self {
+        self.sessions = sessions;
+        self.sealed_with = sealed_with;
+        self
+    }
+
+    /// Whether a missing `durable_meta.store_key` may be created afresh: only when the
+    /// store's rows predate seals or there are none. A new store key for a store that
+    /// holds sealed sessions would make every seal fail (or, with an application key,
+    /// change the digests of secret arguments and so the identities of recorded calls).
+    pub fn may_create_store_key(&self) -> bool {
+        self.seals_migrated_now || (self.sessions == 0 && self.signing_key.is_none())
+    }
+
+    /// The refusal for a store whose own key (`durable_meta.store_key`) is missing while
+    /// it holds sealed sessions.
+    pub fn store_key_missing(&self) -> StoreError {
+        let sealed = self
+            .signing_key
+            .or(self.sealed_with)
+            .unwrap_or("an unknown key");
+        StoreError::KeyMissing {
+            key: "store".into(),
+            detail: format!(
+                "the store's own key (the `store_key` row of `durable_meta`) is missing, \
+                 while the store holds {} session(s) sealed with `{sealed}`; durable never \
+                 makes a new one for a store in use (the rows could no longer be checked, \
+                 and calls with secret arguments would change identity and run again). \
+                 Restore the `durable_meta` rows from a backup of this store (`durable \
+                 backup` copies them), or copy them back from a replica; to look at the \
+                 sessions meanwhile, use the CLI's read-only `--unverified` flag",
+                self.sessions
+            ),
+        }
+    }
+}
+
+/// What opening a store means for a [`Keyring`] (its store key bound). One rule for
+/// every backend ([`Keyring::on_open`]).
 #[derive(Debug, Clone)]
 pub enum KeyAction {
     /// The store is sealed with the ring's signing key: nothing to do.
     Keep,
-    /// The store was never sealed: seal every row as found (audited as `adopt`).
+    /// The store was never sealed (its sealing migration ran in this open) or holds no
+    /// session: seal every row as found (audited as `adopt`).
     Adopt,
     /// The store is sealed with another key this ring can check (the store's own key
     /// when an application key is turned on, or a previous application key): check
@@ -337,16 +426,69 @@ pub enum KeyAction {
         /// A ring that checks rows sealed with it.
         from: Keyring,
     },
+    /// The `signing_key` row of `durable_meta` is missing, but the rows carry seals of a
+    /// key this ring holds (`from_id`, read from a session head and trusted for nothing):
+    /// check every row of every session under `from`, re-seal under the signing key and
+    /// write the `signing_key` row back (audited as `restore`). A row that fails is
+    /// [`StoreError::Tampered`], naming it; nothing is sealed as found.
+    Restore {
+        /// The key the rows' seals name.
+        from_id: String,
+        /// A ring that checks rows sealed with it.
+        from: Keyring,
+    },
 }
 
 impl Keyring {
-    /// The plan for a writer opening a store sealed with `current`; `Err`
-    /// ([`StoreError::KeyMissing`], naming the key) when this ring cannot take it over.
-    pub fn on_open(&self, current: Option<&str>) -> Result<KeyAction, StoreError> {
-        let signing = self.signing_id();
-        let Some(current) = current else {
+    /// The plan for a writer opening a store, given what it found there; `Err`
+    /// ([`StoreError::KeyMissing`], naming the key and the way out) when this ring cannot
+    /// take the store over.
+    pub fn on_open(&self, facts: &OpenFacts<'_>) -> Result<KeyAction, StoreError> {
+        if let Some(current) = facts.signing_key {
+            return self.plan_for(current);
+        }
+        if facts.seals_migrated_now || facts.sessions == 0 {
             return Ok(KeyAction::Adopt);
+        }
+        let Some(sealed) = facts.sealed_with else {
+            return Err(StoreError::KeyMissing {
+                key: "signing_key".into(),
+                detail: format!(
+                    "the `signing_key` row of `durable_meta` is missing and none of the \
+                     store's {} session head(s) carries a seal, while the store's schema \
+                     was not upgraded from before seals by this open: its seals were \
+                     removed outside durable, and durable never seals rows as found in a \
+                     store that had seals. Restore the store from a backup, or inspect it \
+                     with the CLI's read-only `--unverified` flag",
+                    facts.sessions
+                ),
+            });
         };
+        let restore_advice = |detail: String| {
+            format!(
+                "the `signing_key` row of `durable_meta` is missing, and the rows' seals \
+                 name `{sealed}`: {detail}; with that key configured, a writer checks \
+                 every row under it and writes the row back"
+            )
+        };
+        match self.plan_for(sealed) {
+            Ok(KeyAction::Keep) => Ok(KeyAction::Restore {
+                from_id: sealed.to_owned(),
+                from: self.clone(),
+            }),
+            Ok(KeyAction::Rekey { from_id, from }) => Ok(KeyAction::Restore { from_id, from }),
+            Ok(other) => Ok(other),
+            Err(StoreError::KeyMissing { key, detail }) => Err(StoreError::KeyMissing {
+                key,
+                detail: restore_advice(detail),
+            }),
+            Err(other) => Err(other),
+        }
+    }
+
+    /// The plan for a store whose `signing_key` row names `current`.
+    fn plan_for(&self, current: &str) -> Result<KeyAction, StoreError> {
+        let signing = self.signing_id();
         if current == signing {
             return Ok(KeyAction::Keep);
         }
@@ -355,9 +497,12 @@ impl Keyring {
             detail,
         };
         if current.starts_with("app-") && !self.has_app_key() {
-            return Err(missing(
-                "this process has no application key and cannot sign".to_owned(),
-            ));
+            return Err(missing(format!(
+                "this process has no application key and cannot sign; set `{MAC_KEY_ENV}` \
+                 (or the store options' key ring) to that key. If it is lost, the rows \
+                 cannot be authenticated any more: inspect them with the CLI's read-only \
+                 `--unverified` flag and restore a backup whose key you hold"
+            )));
         }
         let from = match (&self.store, self.only(current)) {
             (Some(store), _) if store.id == current => Keyring {
@@ -369,9 +514,24 @@ impl Keyring {
                 store: self.store.clone(),
                 ..only
             },
+            _ if current.starts_with("store-") => {
+                return Err(missing(format!(
+                    "the store is sealed with its own key `{current}`, but the `store_key` \
+                     row of `durable_meta` holds `{}`: the row was changed or replaced. \
+                     A previous-key list cannot help (`{PREVIOUS_MAC_KEYS_ENV}` takes \
+                     application keys). Put the original `store_key` row back from a \
+                     backup of this store (`durable backup` copies it); to look at the \
+                     sessions meanwhile, use the CLI's read-only `--unverified` flag",
+                    self.store_key_id().unwrap_or("none")
+                )));
+            }
             _ => {
                 return Err(missing(format!(
-                    "this process signs with `{signing}`; to rotate, pass `{current}` as a previous key (`{PREVIOUS_MAC_KEYS_ENV}`)"
+                    "this process signs with `{signing}`. To rotate from `{current}`, set \
+                     `{MAC_KEY_ENV}` to the new key and `{PREVIOUS_MAC_KEYS_ENV}` to the \
+                     old one, with the fleet stopped; if `{current}` is lost, the rows \
+                     cannot be authenticated any more: inspect them with the CLI's \
+                     read-only `--unverified` flag and restore a backup whose key you hold"
                 )));
             }
         };
@@ -382,14 +542,18 @@ impl Keyring {
     }
 
     /// For a reader, which re-seals nothing: `Ok` only when the store is sealed with this
-    /// ring's signing key (or was never sealed); otherwise [`StoreError::KeyMissing`], so
-    /// a wrong key is one clear line, never a `Tampered` on every read.
+    /// ring's signing key (or names no key: its rows are then checked under this ring as
+    /// they are read, and fail if they do not hold); otherwise [`StoreError::KeyMissing`],
+    /// so a wrong key is one clear line, never a `Tampered` on every read.
     pub fn readable(&self, current: Option<&str>) -> Result<(), StoreError> {
-        match self.on_open(current)? {
-            KeyAction::Keep | KeyAction::Adopt => Ok(()),
+        let Some(current) = current else {
+            return Ok(());
+        };
+        match self.plan_for(current)? {
+            KeyAction::Keep | KeyAction::Adopt | KeyAction::Restore { .. } => Ok(()),
             KeyAction::Rekey { from_id, .. } => Err(StoreError::KeyMissing {
                 detail: format!(
-                    "this process has key `{}`, and a read-only open re-seals nothing; open the store once with a writer to move it to that key, or read it with `{from_id}`",
+                    "this process has key `{}`, and a read-only open re-seals nothing; open the store once with a writer (the fleet stopped) to move it to that key, or read it with `{from_id}`",
                     self.signing_id()
                 ),
                 key: from_id,
@@ -787,6 +951,121 @@ impl IssuedCount {
     }
 }
 
+/// One row of a store's integrity log (`durable_integrity_log`): a key event of the
+/// whole store (`adopt`, `rekey`, `restore`, `seal_log`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct IntegrityEvent {
+    /// Position (the table's row id).
+    pub id: i64,
+    /// What happened.
+    pub event: String,
+    /// The key the rows were sealed with before, if any.
+    pub from_key: Option<String>,
+    /// The key they are sealed with after.
+    pub to_key: String,
+    /// Rows checked or sealed.
+    pub rows: i64,
+    /// What it means.
+    pub detail: String,
+    /// When (the store's clock, milliseconds since the Unix epoch).
+    pub created_at: i64,
+}
+
+impl IntegrityEvent {
+    /// An event as read from its table.
+    pub fn new(
+        id: i64,
+        event: String,
+        from_key: Option<String>,
+        to_key: String,
+        rows: i64,
+        detail: String,
+        created_at: i64,
+    ) -> Self {
+        IntegrityEvent {
+            id,
+            event,
+            from_key,
+            to_key,
+            rows,
+            detail,
+            created_at,
+        }
+    }
+}
+
+/// The `durable_meta` row that holds the integrity log's seal.
+pub const INTEGRITY_LOG_SEAL: &str = "integrity_log";
+
+/// The sealed bytes of a store's whole integrity log, in order. One seal (kept in
+/// `durable_meta` as [`INTEGRITY_LOG_SEAL`], re-made by every writer that appends an
+/// event) covers every row and their number, so an edited, inserted, reordered or deleted
+/// row (the newest one too) breaks it.
+pub fn integrity_log_fields(events: &[IntegrityEvent]) -> Fields {
+    let mut fields = Fields::new("integrity log").int(i64::try_from(events.len()).unwrap_or(i64::MAX));
+    for e in events {
+        fields = fields
+            .int(e.id)
+            .str(&e.event)
+            .opt(e.from_key.as_deref())
+            .str(&e.to_key)
+            .int(e.rows)
+            .str(&e.detail)
+            .int(e.created_at);
+    }
+    fields
+}
+
+/// A store's integrity log as read back, with the check of its seal.
+#[derive(Debug, Clone, serde::Serialize)]
+#[non_exhaustive]
+pub struct IntegrityLog {
+    /// The events, oldest first.
+    pub events: Vec<IntegrityEvent>,
+    /// Why the log's seal does not hold (`None`: it holds, or the log is empty).
+    pub problem: Option<String>,
+}
+
+impl IntegrityLog {
+    /// Checks `events` against the log's `seal` under `ring`.
+    pub fn check(ring: &Keyring, events: Vec<IntegrityEvent>, seal: Option<&str>) -> Self {
+        let problem = match seal {
+            None if events.is_empty() => None,
+            None => Some(format!(
+                "the log holds {} event(s) but no seal (the `{INTEGRITY_LOG_SEAL}` row of \
+                 `durable_meta` is missing): it was deleted, or the store was last written \
+                 by a release that did not seal its log (a writer seals it once, as \
+                 found, audited as `seal_log`)",
+                events.len()
+            )),
+            Some(seal) => ring
+                .check(&integrity_log_fields(&events), Some(seal))
+                .err()
+                .map(|broken| {
+                    format!(
+                        "{broken}: an event was edited, added, reordered or deleted outside durable"
+                    )
+                }),
+        };
+        IntegrityLog { events, problem }
+    }
+
+    /// Whether the log's seal holds.
+    pub fn is_ok(&self) -> bool {
+        self.problem.is_none()
+    }
+
+    /// The error a writer that must extend the log returns when it does not hold.
+    pub fn refused(&self) -> Option<StoreError> {
+        self.problem.as_ref().map(|detail| StoreError::Tampered {
+            session: SessionId::new("(integrity log)"),
+            what: "the store's integrity log (`durable_integrity_log`)".to_owned(),
+            detail: detail.clone(),
+        })
+    }
+}
+
 /// Fresh random bytes for a store's own key (32, from the operating system).
 pub fn random_key() -> Result<Vec<u8>, StoreError> {
     let mut key = vec![0u8; 32];
@@ -907,25 +1186,37 @@ mod tests {
     #[test]
     fn one_plan_for_every_opener() {
         let store = ring();
-        assert!(matches!(store.on_open(None), Ok(KeyAction::Adopt)));
+        let signed = |id| OpenFacts::signed(Some(id));
+        // A new store, or one whose sealing migration ran in this open: adopted.
         assert!(matches!(
-            store.on_open(Some(store.signing_id())),
+            store.on_open(&OpenFacts::signed(None)),
+            Ok(KeyAction::Adopt)
+        ));
+        assert!(matches!(
+            store.on_open(&OpenFacts::signed(None).migrated_now(true).holding(3, None)),
+            Ok(KeyAction::Adopt)
+        ));
+        assert!(matches!(
+            store.on_open(&signed(store.signing_id())),
             Ok(KeyAction::Keep)
         ));
         let app1 = ring().app_key(vec![1; 32]).expect("key");
         // Turning the key on: the store key's seals are checked, then re-sealed.
         assert!(matches!(
-            app1.on_open(Some(store.signing_id())),
+            app1.on_open(&signed(store.signing_id())),
             Ok(KeyAction::Rekey { .. })
         ));
         // Without the app key, a sealed store is refused, naming the key.
-        let err = store.on_open(Some(app1.signing_id())).expect_err("no key");
+        let err = store
+            .on_open(&signed(app1.signing_id()))
+            .expect_err("no key");
         assert!(matches!(&err, StoreError::KeyMissing { key, .. } if key == app1.signing_id()));
         // Another app key without the old one as previous: refused; with it: rotation.
         let app2 = ring().app_key(vec![2; 32]).expect("key");
-        assert!(app2.on_open(Some(app1.signing_id())).is_err());
+        assert!(app2.on_open(&signed(app1.signing_id())).is_err());
         let rotating = app2.clone().previous_app_key(vec![1; 32]).expect("key");
-        let Ok(KeyAction::Rekey { from, .. }) = rotating.on_open(Some(app1.signing_id())) else {
+        let Ok(KeyAction::Rekey { from, .. }) = rotating.on_open(&signed(app1.signing_id()))
+        else {
             panic!("rotation is a rekey");
         };
         let f = Fields::new("x").str("y");
@@ -935,6 +1226,60 @@ mod tests {
         assert!(app2.readable(Some(app2.signing_id())).is_ok());
         assert!(rotating.readable(Some(app1.signing_id())).is_err());
         assert!(app1.readable(Some(store.signing_id())).is_err());
+    }
+
+    #[test]
+    fn a_store_with_sessions_and_no_signing_key_is_never_adopted() {
+        let app1 = ring().app_key(vec![1; 32]).expect("key");
+        // Seals removed everywhere: refused, naming the missing row.
+        let err = app1
+            .on_open(&OpenFacts::signed(None).holding(2, None))
+            .expect_err("never sealed as found");
+        assert!(matches!(&err, StoreError::KeyMissing { key, .. } if key == "signing_key"));
+        // The rows name a key this process holds: every row is checked, then restored.
+        assert!(matches!(
+            app1.on_open(&OpenFacts::signed(None).holding(2, Some(app1.signing_id()))),
+            Ok(KeyAction::Restore { .. })
+        ));
+        // ... or one it does not: refused, naming it.
+        let store = ring();
+        let err = store
+            .on_open(&OpenFacts::signed(None).holding(2, Some(app1.signing_id())))
+            .expect_err("no key");
+        assert!(matches!(&err, StoreError::KeyMissing { key, .. } if key == app1.signing_id()));
+        assert!(err.to_string().contains("signing_key"), "{err}");
+        // A missing store key is created only when nothing is sealed yet.
+        assert!(OpenFacts::signed(None).may_create_store_key());
+        assert!(!OpenFacts::signed(None).holding(1, None).may_create_store_key());
+        assert!(!OpenFacts::signed(Some("app-1")).may_create_store_key());
+    }
+
+    #[test]
+    fn a_changed_store_key_gives_advice_that_works() {
+        let old = ring();
+        let new = Keyring::none().bind_store_key(vec![8; 32]);
+        let err = new
+            .on_open(&OpenFacts::signed(Some(old.signing_id())))
+            .expect_err("another store key");
+        let text = err.to_string();
+        assert!(text.contains("`store_key` row"), "{text}");
+        assert!(!text.contains("as a previous key"), "{text}");
+    }
+
+    #[test]
+    fn the_integrity_log_seal_shows_an_edit_or_a_deletion() {
+        let r = ring();
+        let events: Vec<_> = (1..=2)
+            .map(|i| IntegrityEvent::new(i, "rekey".into(), None, "k".into(), 3, "d".into(), 5))
+            .collect();
+        let seal = r.seal(&integrity_log_fields(&events)).expect("seal");
+        assert!(IntegrityLog::check(&r, events.clone(), Some(&seal)).is_ok());
+        let mut edited = events.clone();
+        edited[0].rows = 4;
+        assert!(!IntegrityLog::check(&r, edited, Some(&seal)).is_ok());
+        assert!(!IntegrityLog::check(&r, events[..1].to_vec(), Some(&seal)).is_ok());
+        assert!(!IntegrityLog::check(&r, events, None).is_ok());
+        assert!(IntegrityLog::check(&r, Vec::new(), None).is_ok());
     }
 
     #[test]
