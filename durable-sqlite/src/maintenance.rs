@@ -253,6 +253,14 @@ impl SqliteStore {
             .await
             .map_err(db)
     }
+
+    /// The store's integrity log (`durable_integrity_log`: every adoption, re-keying and
+    /// restored key row), with the check of the seal that covers the whole log under
+    /// this store's keys. Read in one read transaction; changes nothing.
+    pub async fn integrity_log(&self) -> Result<durable_core::integrity::IntegrityLog, StoreError> {
+        let mut conn = self.reader().acquire().await.map_err(db)?;
+        crate::keys::read_log(&mut conn, &self.inner.keyring).await
+    }
 }
 
 /// What [`SqliteStore::backup_to`] wrote, after checking it.
