@@ -405,9 +405,15 @@ fn resolve_keyring(keyring: Option<Keyring>) -> Result<Keyring, StoreError> {
     }
 }
 
+/// The schema version whose migration introduced seals (`0002_seals.sql`).
+const SEALS_VERSION: i64 = 2;
+
 /// Refuses a newer schema, applies pending migrations on a dedicated connection, then
 /// binds the store's own key into `keyring` and makes sure every row is sealed with its
-/// signing key ([`keys::setup_keys`]).
+/// signing key ([`keys::setup_keys_in`]), all in one transaction holding
+/// [`keys::SETUP_LOCK`]: "the sealing migration ran in this transaction" is then the
+/// witness that the rows predate seals (nothing outside the process can forge it), and
+/// no crash can come between the migration and the sealing.
 async fn setup(
     options: &PgConnectOptions,
     connect_timeout: Duration,
@@ -420,7 +426,13 @@ async fn setup(
     // pooled connection ever keeps it.
     let pool = open::setup_pool(options, connect_timeout).await?;
     let result = async {
-        if let Some(found) = applied_version(&pool).await?
+        let mut tx = pool.begin().await.map_err(db)?;
+        sqlx::query(keys::SETUP_LOCK)
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
+        let before = applied_version(&mut tx).await?;
+        if let Some(found) = before
             && found > supported
         {
             return Err(StoreError::SchemaTooNew {
@@ -429,11 +441,15 @@ async fn setup(
                 supported,
             });
         }
+        // Each migration runs in a savepoint of this transaction.
         migrator
-            .run(&pool)
+            .run_direct(None, &mut *tx, false)
             .await
             .map_err(|e| error::migrate(e, supported))?;
-        keys::setup_keys(&pool, keyring).await
+        let migrated_now = before.unwrap_or(0) < SEALS_VERSION;
+        let ring = keys::setup_keys_in(&mut tx, keyring, migrated_now).await?;
+        tx.commit().await.map_err(db)?;
+        Ok(ring)
     }
     .await;
     pool.close().await;
@@ -441,10 +457,10 @@ async fn setup(
 }
 
 /// The newest version recorded in the tracking table, if the table exists.
-async fn applied_version(pool: &PgPool) -> Result<Option<i64>, StoreError> {
+async fn applied_version(conn: &mut sqlx::PgConnection) -> Result<Option<i64>, StoreError> {
     let exists: bool = sqlx::query("SELECT to_regclass($1) IS NOT NULL")
         .bind(MIGRATIONS_TABLE)
-        .fetch_one(pool)
+        .fetch_one(&mut *conn)
         .await
         .map_err(db)?
         .try_get(0)
@@ -453,7 +469,7 @@ async fn applied_version(pool: &PgPool) -> Result<Option<i64>, StoreError> {
         return Ok(None);
     }
     sqlx::query("SELECT max(version) FROM durable_schema_migrations")
-        .fetch_one(pool)
+        .fetch_one(&mut *conn)
         .await
         .map_err(db)?
         .try_get(0)

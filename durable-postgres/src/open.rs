@@ -105,7 +105,11 @@ pub(crate) async fn check_read_only(
     let pool = setup_pool(options, timeout).await?;
     let result = async {
         let supported = newest_migration(&migrations());
-        match applied_version(&pool).await? {
+        let found = {
+            let mut conn = pool.acquire().await.map_err(db)?;
+            applied_version(&mut conn).await?
+        };
+        match found {
             None => Err(StoreError::NotAStore {
                 location: location.to_owned(),
                 detail: format!(
