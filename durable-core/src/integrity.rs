@@ -114,6 +114,8 @@ pub struct Keyring {
     app: Option<Key>,
     previous: Vec<Key>,
     store: Option<Key>,
+    /// Checks nothing and signs nothing ([`Keyring::dangerous_unverified`]).
+    unverified: bool,
 }
 
 impl fmt::Debug for Keyring {
@@ -125,6 +127,7 @@ impl fmt::Debug for Keyring {
                 &self.previous.iter().map(|k| &k.id).collect::<Vec<_>>(),
             )
             .field("store", &self.store.as_ref().map(|k| &k.id))
+            .field("unverified", &self.unverified)
             .finish()
     }
 }
@@ -183,6 +186,20 @@ impl Keyring {
         Ok(ring)
     }
 
+    /// A ring that accepts every row without checking its seal, and cannot sign: for a
+    /// **read-only** open of a store whose key is lost, to inspect what it holds. Nothing
+    /// read through it is authenticated (a forged row reads like a real one), so a tool
+    /// that shows it must say so. A writer refuses it ([`StoreError::KeyMissing`]).
+    pub fn dangerous_unverified(mut self) -> Self {
+        self.unverified = true;
+        self
+    }
+
+    /// Whether this ring checks nothing ([`dangerous_unverified`](Self::dangerous_unverified)).
+    pub fn is_unverified(&self) -> bool {
+        self.unverified
+    }
+
     /// Whether an application key signs.
     pub fn has_app_key(&self) -> bool {
         self.app.is_some()
@@ -225,6 +242,7 @@ impl Keyring {
             app: Some(key.clone()),
             previous: Vec::new(),
             store: None,
+            unverified: false,
         })
     }
 
@@ -234,6 +252,9 @@ impl Keyring {
     }
 
     fn signing(&self) -> Result<&Key, StoreError> {
+        if self.unverified {
+            return Err(unverified_writer());
+        }
         self.app
             .as_ref()
             .or(self.store.as_ref())
@@ -264,6 +285,9 @@ impl Keyring {
 
     /// Checks a seal over `fields`; `Err` says why it does not hold.
     pub fn check(&self, fields: &Fields, seal: Option<&str>) -> Result<(), Broken> {
+        if self.unverified {
+            return Ok(());
+        }
         let seal = seal.ok_or(Broken::Missing)?;
         let (id, tag) = seal.split_once(':').ok_or(Broken::Malformed)?;
         let key = self
@@ -444,6 +468,9 @@ impl Keyring {
     /// ([`StoreError::KeyMissing`], naming the key and the way out) when this ring cannot
     /// take the store over.
     pub fn on_open(&self, facts: &OpenFacts<'_>) -> Result<KeyAction, StoreError> {
+        if self.unverified {
+            return Err(unverified_writer());
+        }
         if let Some(current) = facts.signing_key {
             return self.plan_for(current);
         }
@@ -509,6 +536,7 @@ impl Keyring {
                 app: None,
                 previous: Vec::new(),
                 store: Some(store.clone()),
+                unverified: false,
             },
             (_, Some(only)) => Keyring {
                 store: self.store.clone(),
@@ -546,6 +574,9 @@ impl Keyring {
     /// they are read, and fail if they do not hold); otherwise [`StoreError::KeyMissing`],
     /// so a wrong key is one clear line, never a `Tampered` on every read.
     pub fn readable(&self, current: Option<&str>) -> Result<(), StoreError> {
+        if self.unverified {
+            return Ok(());
+        }
         let Some(current) = current else {
             return Ok(());
         };
@@ -567,6 +598,15 @@ impl Keyring {
             key: "store".into(),
             detail: "the store's own key in `durable_meta` is not hex; the table was edited".into(),
         })
+    }
+}
+
+fn unverified_writer() -> StoreError {
+    StoreError::KeyMissing {
+        key: "unverified".into(),
+        detail: "an unverified key ring (`dangerous_unverified`) only reads, and only in a \
+                 read-only open; configure the store's key to write"
+            .into(),
     }
 }
 
