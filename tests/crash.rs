@@ -579,15 +579,16 @@ fn forged_row_with_deleted_key_row() {
     const KEY: &str = "0123456789abcdef-crash-test-key";
     let dir = tempfile::tempdir().expect("tempdir");
     let point = "durable::after_result::send_email";
-    assert_crashed(&run_child_env(dir.path(), Some(point), false, Some(KEY)), point);
+    assert_crashed(
+        &run_child_env(dir.path(), Some(point), false, Some(KEY)),
+        point,
+    );
     assert_eq!(count(&ledger(dir.path()), "email"), 1);
     current_thread().block_on(async {
-        let pool = sqlx::SqlitePool::connect(&format!(
-            "sqlite:{}",
-            dir.path().join("agent.db").display()
-        ))
-        .await
-        .expect("raw pool");
+        let pool =
+            sqlx::SqlitePool::connect(&format!("sqlite:{}", dir.path().join("agent.db").display()))
+                .await
+                .expect("raw pool");
         for sql in [
             "UPDATE durable_tool_calls SET status = 'not_happened', result = NULL, mac = NULL \
              WHERE tool_name = 'send_email'",

@@ -196,14 +196,10 @@ async fn sqlite(
         // under the old key and decides).
         (
             Access::Write,
-            Err(
-                durable::StoreError::SchemaTooOld { .. } | durable::StoreError::KeyMissing { .. },
-            ),
-        ) => {
-            SqliteStore::connect_with(options)
-                .await
-                .map_err(CliError::open)?
-        }
+            Err(durable::StoreError::SchemaTooOld { .. } | durable::StoreError::KeyMissing { .. }),
+        ) => SqliteStore::connect_with(options)
+            .await
+            .map_err(CliError::open)?,
         (Access::Write, Err(e)) => return Err(CliError::open(e)),
     };
     Ok(Opened {
@@ -252,14 +248,10 @@ async fn postgres(
         // under the old key and decides).
         (
             Access::Write,
-            Err(
-                durable::StoreError::SchemaTooOld { .. } | durable::StoreError::KeyMissing { .. },
-            ),
-        ) => {
-            PostgresStore::connect_with(options)
-                .await
-                .map_err(CliError::open)?
-        }
+            Err(durable::StoreError::SchemaTooOld { .. } | durable::StoreError::KeyMissing { .. }),
+        ) => PostgresStore::connect_with(options)
+            .await
+            .map_err(CliError::open)?,
         (Access::Write, Err(e)) => return Err(CliError::open(e)),
     };
     Ok(Opened {

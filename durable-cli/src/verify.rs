@@ -117,9 +117,7 @@ pub async fn rekey(opened: &Opened, json: bool) -> Result<(), CliError> {
                 e.rows,
                 render::time(e.created_at)
             ),
-            _ => outln!(
-                "the store was already sealed with the configured key: nothing to re-seal"
-            ),
+            _ => outln!("the store was already sealed with the configured key: nothing to re-seal"),
         }
         print_log(&log);
     }

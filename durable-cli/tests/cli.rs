@@ -734,7 +734,10 @@ async fn rekey_rotates_and_unverified_reads_a_store_whose_key_is_lost() {
     assert!(text.contains("rekey from `app-"), "{text}");
     let out: Run = durable_env(&["--db", db, "verify"], &[("DURABLE_MAC_KEY", NEW_KEY)]).into();
     let text = out.ok();
-    assert!(text.contains("integrity log: ok (1 event, sealed)"), "{text}");
+    assert!(
+        text.contains("integrity log: ok (1 event, sealed)"),
+        "{text}"
+    );
     assert!(text.contains("4 sessions verified, 0 failed"), "{text}");
     let out: Run = durable_env(
         &["--db", db, "verify", "--json"],
@@ -768,5 +771,9 @@ async fn rekey_rotates_and_unverified_reads_a_store_whose_key_is_lost() {
     pool.close().await;
     let out: Run = durable_env(&["--db", db, "verify"], &[("DURABLE_MAC_KEY", NEW_KEY)]).into();
     out.fails(7, "integrity log");
-    assert!(out.stdout.contains("integrity log: FAILED"), "{}", out.stdout);
+    assert!(
+        out.stdout.contains("integrity log: FAILED"),
+        "{}",
+        out.stdout
+    );
 }

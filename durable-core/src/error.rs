@@ -221,9 +221,7 @@ pub enum StoreError {
     },
     /// The store is sealed with a key this process does not have, or a key row of the
     /// store is missing; the detail says what to do.
-    #[error(
-        "key `{key}` is missing or unusable: {detail}"
-    )]
+    #[error("key `{key}` is missing or unusable: {detail}")]
     KeyMissing {
         /// The id of the missing key (`app-…`, `store-…`), `store` (the store's own key
         /// row), `signing_key` (the row naming the signing key) or the variable at fault.

@@ -1043,7 +1043,8 @@ pub const INTEGRITY_LOG_SEAL: &str = "integrity_log";
 /// event) covers every row and their number, so an edited, inserted, reordered or deleted
 /// row (the newest one too) breaks it.
 pub fn integrity_log_fields(events: &[IntegrityEvent]) -> Fields {
-    let mut fields = Fields::new("integrity log").int(i64::try_from(events.len()).unwrap_or(i64::MAX));
+    let mut fields =
+        Fields::new("integrity log").int(i64::try_from(events.len()).unwrap_or(i64::MAX));
     for e in events {
         fields = fields
             .int(e.id)
@@ -1255,8 +1256,7 @@ mod tests {
         let app2 = ring().app_key(vec![2; 32]).expect("key");
         assert!(app2.on_open(&signed(app1.signing_id())).is_err());
         let rotating = app2.clone().previous_app_key(vec![1; 32]).expect("key");
-        let Ok(KeyAction::Rekey { from, .. }) = rotating.on_open(&signed(app1.signing_id()))
-        else {
+        let Ok(KeyAction::Rekey { from, .. }) = rotating.on_open(&signed(app1.signing_id())) else {
             panic!("rotation is a rekey");
         };
         let f = Fields::new("x").str("y");
@@ -1290,7 +1290,11 @@ mod tests {
         assert!(err.to_string().contains("signing_key"), "{err}");
         // A missing store key is created only when nothing is sealed yet.
         assert!(OpenFacts::signed(None).may_create_store_key());
-        assert!(!OpenFacts::signed(None).holding(1, None).may_create_store_key());
+        assert!(
+            !OpenFacts::signed(None)
+                .holding(1, None)
+                .may_create_store_key()
+        );
         assert!(!OpenFacts::signed(Some("app-1")).may_create_store_key());
     }
 

@@ -600,7 +600,11 @@ fn seal_log_event(events: usize) -> Log<'static> {
 /// Seals, as found and audited, a non-empty integrity log that has no seal (written
 /// before logs were sealed). A log whose seal does not hold is left as found: it decides
 /// nothing, and `durable verify` reports it.
-async fn seal_legacy_log(conn: &mut PgConnection, ring: &Keyring, now: i64) -> Result<(), StoreError> {
+async fn seal_legacy_log(
+    conn: &mut PgConnection,
+    ring: &Keyring,
+    now: i64,
+) -> Result<(), StoreError> {
     if meta(conn, INTEGRITY_LOG_SEAL).await?.is_some() {
         return Ok(());
     }

@@ -400,13 +400,17 @@ async fn a_deleted_signing_key_row_never_seals_a_forged_row() {
     let id = one_call(&store).await;
     exec(store.pool(), &[FORGE, NO_SIGNING_KEY]).await;
     store.pool().close().await;
-    let err = open(&db, app(1)).await.expect_err("the forged row is named");
+    let err = open(&db, app(1))
+        .await
+        .expect_err("the forged row is named");
     let StoreError::Tampered { session, what, .. } = &err else {
         panic!("expected Tampered, got {err:?}");
     };
     assert_eq!(session, &id);
     assert!(what.contains("journal row"), "{what}");
-    let err = open(&db, Keyring::none()).await.expect_err("without the key");
+    let err = open(&db, Keyring::none())
+        .await
+        .expect_err("without the key");
     assert!(
         matches!(&err, StoreError::KeyMissing { key, .. } if key == app(1).signing_id()),
         "{err:?}"
@@ -456,7 +460,10 @@ async fn a_deleted_signing_key_row_is_restored_after_every_row_is_checked() {
         let log = store.integrity_log().await.expect("log");
         assert!(log.is_ok(), "{log:?}");
         assert_eq!(
-            log.events.iter().map(|e| e.event.as_str()).collect::<Vec<_>>(),
+            log.events
+                .iter()
+                .map(|e| e.event.as_str())
+                .collect::<Vec<_>>(),
             ["restore"]
         );
     }
@@ -544,13 +551,24 @@ async fn rotation_rekeys_a_session_with_messages() {
     let log = store.integrity_log().await.expect("log");
     assert!(log.is_ok(), "{log:?}");
     assert_eq!(
-        log.events.iter().map(|e| e.event.as_str()).collect::<Vec<_>>(),
+        log.events
+            .iter()
+            .map(|e| e.event.as_str())
+            .collect::<Vec<_>>(),
         ["rekey", "rekey"]
     );
     // The log is sealed as a whole: an edited or a deleted event shows.
-    exec(store.pool(), &["UPDATE durable_integrity_log SET rows = rows + 1"]).await;
+    exec(
+        store.pool(),
+        &["UPDATE durable_integrity_log SET rows = rows + 1"],
+    )
+    .await;
     assert!(!store.integrity_log().await.expect("log").is_ok());
-    exec(store.pool(), &["UPDATE durable_integrity_log SET rows = rows - 1"]).await;
+    exec(
+        store.pool(),
+        &["UPDATE durable_integrity_log SET rows = rows - 1"],
+    )
+    .await;
     assert!(store.integrity_log().await.expect("log").is_ok());
     exec(
         store.pool(),

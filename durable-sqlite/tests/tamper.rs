@@ -327,7 +327,8 @@ async fn exec(store: &SqliteStore, sqls: &[&str]) {
     }
 }
 
-const FORGE: &str = "UPDATE durable_tool_calls SET status = 'not_happened', result = NULL, mac = NULL";
+const FORGE: &str =
+    "UPDATE durable_tool_calls SET status = 'not_happened', result = NULL, mac = NULL";
 const NO_SIGNING_KEY: &str = "DELETE FROM durable_meta WHERE name = 'signing_key'";
 
 /// Issue 30 case 1: a completed unsafe call set back to `not_happened` (its seal
@@ -342,7 +343,9 @@ async fn a_deleted_signing_key_row_never_seals_a_forged_row() {
     let id = one_call(&store).await;
     exec(&store, &[FORGE, NO_SIGNING_KEY]).await;
     store.close().await;
-    let err = open(&path, app(1)).await.expect_err("the forged row is named");
+    let err = open(&path, app(1))
+        .await
+        .expect_err("the forged row is named");
     let StoreError::Tampered { session, what, .. } = &err else {
         panic!("expected Tampered, got {err:?}");
     };
@@ -406,7 +409,10 @@ async fn a_deleted_signing_key_row_is_restored_after_every_row_is_checked() {
         let log = store.integrity_log().await.expect("log");
         assert!(log.is_ok(), "{log:?}");
         assert_eq!(
-            log.events.iter().map(|e| e.event.as_str()).collect::<Vec<_>>(),
+            log.events
+                .iter()
+                .map(|e| e.event.as_str())
+                .collect::<Vec<_>>(),
             ["restore"]
         );
         let signing: String =
@@ -445,11 +451,13 @@ async fn a_version_1_store_is_adopted_once_audited() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("d.db");
     {
-        let mut conn = sqlx::ConnectOptions::connect(&sqlx::sqlite::SqliteConnectOptions::new()
-            .filename(&path)
-            .create_if_missing(true))
-            .await
-            .expect("raw");
+        let mut conn = sqlx::ConnectOptions::connect(
+            &sqlx::sqlite::SqliteConnectOptions::new()
+                .filename(&path)
+                .create_if_missing(true),
+        )
+        .await
+        .expect("raw");
         let mut first = durable_sqlite::migrations();
         first.migrations = std::borrow::Cow::Owned(
             first
@@ -486,11 +494,16 @@ async fn a_version_1_store_is_adopted_once_audited() {
     let log = store.integrity_log().await.expect("log");
     assert!(log.is_ok(), "{log:?}");
     assert_eq!(
-        log.events.iter().map(|e| e.event.as_str()).collect::<Vec<_>>(),
+        log.events
+            .iter()
+            .map(|e| e.event.as_str())
+            .collect::<Vec<_>>(),
         ["adopt"]
     );
     store.close().await;
-    open(&path, app(1)).await.expect("opens again, nothing to do");
+    open(&path, app(1))
+        .await
+        .expect("opens again, nothing to do");
 }
 
 /// Every seal, message head and head nulled as well as the key rows deleted: that looks
@@ -546,7 +559,10 @@ async fn rotation_rekeys_a_session_with_messages() {
     let log = store.integrity_log().await.expect("log");
     assert!(log.is_ok(), "{log:?}");
     assert_eq!(
-        log.events.iter().map(|e| e.event.as_str()).collect::<Vec<_>>(),
+        log.events
+            .iter()
+            .map(|e| e.event.as_str())
+            .collect::<Vec<_>>(),
         ["rekey", "rekey"]
     );
 }
@@ -584,10 +600,18 @@ async fn the_integrity_log_is_sealed() {
     let rotated = app(2).previous_app_key(vec![1; 32]).expect("previous");
     let store = open(&path, rotated).await.expect("rotate");
     assert!(store.integrity_log().await.expect("log").is_ok());
-    exec(&store, &["UPDATE durable_integrity_log SET rows = rows + 1 WHERE id = 1"]).await;
+    exec(
+        &store,
+        &["UPDATE durable_integrity_log SET rows = rows + 1 WHERE id = 1"],
+    )
+    .await;
     let log = store.integrity_log().await.expect("log");
     assert!(!log.is_ok(), "an edited event shows: {log:?}");
-    exec(&store, &["UPDATE durable_integrity_log SET rows = rows - 1 WHERE id = 1"]).await;
+    exec(
+        &store,
+        &["UPDATE durable_integrity_log SET rows = rows - 1 WHERE id = 1"],
+    )
+    .await;
     assert!(store.integrity_log().await.expect("log").is_ok());
     exec(&store, &["DELETE FROM durable_integrity_log WHERE id = 2"]).await;
     let log = store.integrity_log().await.expect("log");
