@@ -595,9 +595,12 @@ async fn reseal_log(conn: &mut SqliteConnection, to: &Keyring) -> Result<(), Sto
     set_meta(conn, INTEGRITY_LOG_SEAL, &seal).await
 }
 
+/// A row of `durable_integrity_log`: id, event, from key, to key, rows, detail, time.
+type LogRow = (i64, String, Option<String>, String, i64, String, i64);
+
 /// Every event of the integrity log, oldest first.
 async fn log_events(conn: &mut SqliteConnection) -> Result<Vec<IntegrityEvent>, StoreError> {
-    let rows: Vec<(i64, String, Option<String>, String, i64, String, i64)> = sqlx::query_as(
+    let rows: Vec<LogRow> = sqlx::query_as(
         "SELECT id, event, from_key, to_key, rows, detail, created_at \
          FROM durable_integrity_log ORDER BY id",
     )
