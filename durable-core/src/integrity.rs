@@ -45,6 +45,14 @@
 //! in one transaction, after checking every row under the old one, and writes an audit
 //! row (`durable_integrity_log`). Keys can only be dropped this way, never silently.
 //!
+//! A missing key row never reads as "no seals yet" ([`Keyring::on_open`], [`OpenFacts`]):
+//! rows are sealed as found only in the transaction whose migration introduced seals; a
+//! missing `signing_key` row is written back only after every row checks under the key
+//! the seals name ([`KeyAction::Restore`]); a missing or changed `store_key` row is
+//! refused. The integrity log is sealed as a whole ([`IntegrityLog`]). A read-only open
+//! of a store whose key is lost can skip every check ([`Keyring::dangerous_unverified`]),
+//! and says so.
+//!
 //! The keyed digests of secret arguments ([`Keyring::digest`]) use the store's own key,
 //! which never rotates, so call identities stay stable across application-key rotation.
 

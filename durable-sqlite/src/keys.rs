@@ -1,6 +1,7 @@
 //! The store's keys: loading (or creating) its own key at open, sealing a database that
 //! was never sealed, re-sealing one under a new key, and re-sealing a session whose rows
-//! were copied (a fork). Every re-sealing is audited in `durable_integrity_log`.
+//! were copied (a fork). Every re-sealing is audited in `durable_integrity_log`,
+//! which is sealed as a whole (its seal in `durable_meta`).
 
 use std::collections::HashMap;
 
