@@ -699,3 +699,38 @@ async fn verify_reports_each_session() {
         .expect("verify one");
     assert_eq!(one.len(), 1);
 }
+
+/// The witness for adoption cannot be faked from the database: rolling the migrations
+/// table back to schema 1 (so that the sealing migration would "run in this open") makes
+/// that migration fail on the tables it creates, and nothing is sealed as found.
+#[tokio::test]
+async fn a_rolled_back_migrations_table_does_not_fake_a_version_1_store() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("d.db");
+    let store = open(&path, app(1)).await.expect("open");
+    one_call(&store).await;
+    exec(
+        &store,
+        &[
+            FORGE,
+            "UPDATE durable_messages SET seal = NULL",
+            "UPDATE durable_checkpoints SET seal = NULL",
+            "UPDATE durable_sessions SET head = NULL",
+            "DELETE FROM durable_meta",
+            "DELETE FROM durable_schema_migrations WHERE version >= 2",
+        ],
+    )
+    .await;
+    store.close().await;
+    let err = open(&path, app(1)).await.expect_err("never adopted");
+    assert!(!matches!(err, StoreError::Tampered { .. }), "{err:?}");
+    let raw = SqlitePool::connect(&format!("sqlite:{}", path.display()))
+        .await
+        .expect("raw");
+    let sealed: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM durable_tool_calls WHERE mac IS NOT NULL")
+            .fetch_one(&raw)
+            .await
+            .expect("count");
+    assert_eq!(sealed, 0, "the forged row was not sealed");
+}
