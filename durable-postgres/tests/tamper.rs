@@ -443,6 +443,20 @@ async fn a_store_key_store_with_deleted_key_rows_is_refused() {
         .await
         .expect("meta");
     assert_eq!(keys, 0, "no new store key was made");
+    // Only the store key row gone: a reader says so in one line too (not a `Tampered`
+    // on every read), with the same advice.
+    exec(
+        &pool,
+        &["INSERT INTO durable_meta (name, value) VALUES ('signing_key', 'store-0badc0de')"],
+    )
+    .await;
+    let err = PostgresStore::connect_with(PostgresStoreOptions::new(db.url()).read_only(true))
+        .await
+        .expect_err("a reader without the store key");
+    assert!(
+        matches!(&err, StoreError::KeyMissing { key, .. } if key == "store"),
+        "{err:?}"
+    );
 }
 
 /// Only the `signing_key` row deleted, the rows intact: a writer holding the key checks

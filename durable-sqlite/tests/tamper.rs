@@ -388,6 +388,24 @@ async fn a_store_key_store_with_deleted_key_rows_is_refused() {
         matches!(&err, StoreError::KeyMissing { key, .. } if key == "store"),
         "{err:?}"
     );
+    // Only the store key row gone: a reader says so in one line too (not a `Tampered`
+    // on every read), with the same advice.
+    let raw = SqlitePool::connect(&format!("sqlite:{}", path.display()))
+        .await
+        .expect("raw");
+    sqlx::query("INSERT INTO durable_meta (name, value) VALUES ('signing_key', 'store-0badc0de')")
+        .execute(&raw)
+        .await
+        .expect("signing key row back");
+    raw.close().await;
+    let err = SqliteStore::open_read_only(&path)
+        .await
+        .expect_err("a reader without the store key");
+    assert!(
+        matches!(&err, StoreError::KeyMissing { key, .. } if key == "store"),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("durable backup"), "{err}");
     let text = err.to_string();
     assert!(text.contains("durable backup"), "{text}");
     assert!(!text.contains("as a previous key"), "{text}");
