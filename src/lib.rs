@@ -225,7 +225,8 @@ pub mod integrity {
     //! what they do not, is in the README's security section and [`Keyring`]'s crate.
 
     pub use durable_core::integrity::{
-        Keyring, MAC_KEY_ENV, MIN_KEY_LEN, PREVIOUS_MAC_KEYS_ENV, key_id, random_key,
+        IntegrityEvent, IntegrityLog, Keyring, MAC_KEY_ENV, MIN_KEY_LEN, PREVIOUS_MAC_KEYS_ENV,
+        key_id, random_key,
     };
     pub use durable_core::verify::{SessionCheck, verify_sessions};
 }

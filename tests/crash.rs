@@ -261,13 +261,23 @@ fn run_child(dir: &Path, crash_at: Option<&str>) -> Run {
 
 /// `atomic`: the email goes through `Session::checkpoint_after`.
 fn run_child_with(dir: &Path, crash_at: Option<&str>, atomic: bool) -> Run {
+    run_child_env(dir, crash_at, atomic, None)
+}
+
+/// `mac_key`: the worker seals with this application key (`DURABLE_MAC_KEY`).
+fn run_child_env(dir: &Path, crash_at: Option<&str>, atomic: bool, mac_key: Option<&str>) -> Run {
     let exe = std::env::current_exe().expect("current exe");
     let mut cmd = Command::new(exe);
     cmd.env("DURABLE_CRASH_CHILD", "1")
         .env("DURABLE_CRASH_DB", dir.join("agent.db"))
         .env("DURABLE_CRASH_LEDGER", dir.join("ledger.txt"))
         .env_remove("DURABLE_CRASH_AT")
-        .env_remove("DURABLE_CRASH_CHECKPOINT_AFTER");
+        .env_remove("DURABLE_CRASH_CHECKPOINT_AFTER")
+        .env_remove("DURABLE_MAC_KEY")
+        .env_remove("DURABLE_PREVIOUS_MAC_KEYS");
+    if let Some(key) = mac_key {
+        cmd.env("DURABLE_MAC_KEY", key);
+    }
     if let Some(point) = crash_at {
         cmd.env("DURABLE_CRASH_AT", point);
     }
@@ -561,8 +571,53 @@ fn atomic_result_and_checkpoint() {
     assert_eq!(count(&ledger(dir.path()), "email"), 1, "never sent twice");
 }
 
+/// Issue 30 case 1, end to end: the email was sent and its result recorded (the worker
+/// died right after, the turn unfinished); then, from outside, its row is set back to
+/// `not_happened` (seal nulled) and the `signing_key` row deleted. A fresh worker with the
+/// key must refuse the store rather than seal the forged row and send the email again.
+fn forged_row_with_deleted_key_row() {
+    const KEY: &str = "0123456789abcdef-crash-test-key";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let point = "durable::after_result::send_email";
+    assert_crashed(
+        &run_child_env(dir.path(), Some(point), false, Some(KEY)),
+        point,
+    );
+    assert_eq!(count(&ledger(dir.path()), "email"), 1);
+    current_thread().block_on(async {
+        let pool =
+            sqlx::SqlitePool::connect(&format!("sqlite:{}", dir.path().join("agent.db").display()))
+                .await
+                .expect("raw pool");
+        for sql in [
+            "UPDATE durable_tool_calls SET status = 'not_happened', result = NULL, mac = NULL \
+             WHERE tool_name = 'send_email'",
+            "DELETE FROM durable_meta WHERE name = 'signing_key'",
+        ] {
+            let done = sqlx::query(sql).execute(&pool).await.expect(sql);
+            assert_eq!(done.rows_affected(), 1, "{sql}");
+        }
+        pool.close().await;
+    });
+    let runs: Vec<Run> = (0..2)
+        .map(|_| run_child_env(dir.path(), None, false, Some(KEY)))
+        .collect();
+    assert_eq!(count(&ledger(dir.path()), "email"), 1, "never sent twice");
+    for resumed in runs {
+        assert!(
+            !resumed.status.success(),
+            "the worker must refuse the store: {}",
+            resumed.stdout
+        );
+    }
+}
+
 fn parent() {
-    let cases: [(&str, fn()); 5] = [
+    let cases: [(&str, fn()); 6] = [
+        (
+            "forged_row_with_deleted_signing_key_is_refused_never_resent",
+            forged_row_with_deleted_key_row,
+        ),
         (
             "crash_after_issued_unsafe_surfaces_replay_unsafe",
             after_issued_unsafe,

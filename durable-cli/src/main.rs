@@ -92,6 +92,11 @@ struct Cli {
     #[arg(long, global = true)]
     json: bool,
 
+    /// Read a store whose key is lost without checking its seals (read-only commands
+    /// only). Nothing shown is authenticated: every output is marked UNVERIFIED.
+    #[arg(long, global = true)]
+    unverified: bool,
+
     #[command(subcommand)]
     command: Command,
 }
@@ -157,6 +162,9 @@ enum Command {
     /// made unknown (audited).
     #[command(name = "acknowledge-rollback", after_help = ACK_HELP)]
     AcknowledgeRollback(AckArgs),
+    /// Move the store to the key in DURABLE_MAC_KEY (rotation, or turning a key on).
+    #[command(after_help = REKEY_HELP)]
+    Rekey,
     /// Serve the operator console in the browser: sessions, timelines, the in-doubt inbox.
     #[cfg(feature = "console")]
     #[command(after_help = SERVE_HELP)]
@@ -181,7 +189,8 @@ impl Command {
             | Command::Unpark(_)
             | Command::Wake(_)
             | Command::QueueLimit(_)
-            | Command::Fork(_) => Access::Write,
+            | Command::Fork(_)
+            | Command::Rekey => Access::Write,
             Command::Approvals(a) if a.expire => Access::Write,
             #[cfg(feature = "console")]
             Command::Serve(_) => Access::Write,
@@ -248,9 +257,24 @@ instead.";
 const VERIFY_HELP: &str = "\
 Reads every checkpoint with its transcript, the whole journal and the resolutions of each
 session through the store's checked reads, and reports per session `ok` or `TAMPERED`
-with the first problem found (a changed, deleted, reordered or forged row). Then runs the
-database's own check (SQLite: `PRAGMA integrity_check`). Exits 7 if anything failed.
-Read-only: it never repairs; restore a backup taken before the change.";
+with the first problem found (a changed, deleted, reordered or forged row). Then shows
+the store's integrity log (every adoption, re-keying and restored key row) and checks the
+seal over it, and runs the database's own check (SQLite: `PRAGMA integrity_check`).
+Exits 7 if anything failed. Read-only: it never repairs; restore a backup taken before
+the change.";
+
+const REKEY_HELP: &str = "\
+Opens the store for writing with the keys of the environment, which moves it to
+DURABLE_MAC_KEY: every row is checked under the key it is sealed with now and re-sealed
+under the new one, in one transaction, audited in the integrity log (`durable verify`
+shows it).
+
+  Rotating:        DURABLE_MAC_KEY=<new> DURABLE_PREVIOUS_MAC_KEYS=<old> durable rekey
+  Turning a key on over the store's own key: DURABLE_MAC_KEY=<new> durable rekey
+
+Stop every worker first: a worker still running with the old key fails its next write
+with an integrity error, which can leave an unsafe call in doubt. Start the workers again
+with the new key (the old one is no longer accepted).";
 
 #[cfg(feature = "console")]
 const SERVE_HELP: &str = "\
@@ -684,7 +708,23 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         }
         other => other,
     };
-    let opened = open::open(&location, command.access()).await?;
+    if cli.unverified {
+        if command.access() == Access::Write {
+            return Err(CliError::new(
+                Code::Usage,
+                "--unverified only reads: it cannot be used with a command that writes",
+            ));
+        }
+        if matches!(command, Command::Verify(_) | Command::Backup(_)) {
+            return Err(CliError::new(
+                Code::Usage,
+                "--unverified skips the seals that `verify` checks and `backup` copies: \
+                 use it with sessions, show, calls, in-doubt, approvals, workers or export",
+            ));
+        }
+        render::mark_unverified(cli.json);
+    }
+    let opened = open::open(&location, command.access(), cli.unverified).await?;
     let json = cli.json;
     let shared = &opened.shared;
     let store = shared.as_ref();
@@ -707,6 +747,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Retarget(a) => operate::retarget(store, json, a).await,
         Command::Backup(a) => backup::backup(&opened, json, a).await,
         Command::Verify(a) => verify::verify(&opened, json, a).await,
+        Command::Rekey => verify::rekey(&opened, json).await,
         #[cfg(feature = "console")]
         Command::Serve(_) => unreachable!("served above"),
         Command::AcknowledgeRollback(_) => unreachable!("acknowledged above"),

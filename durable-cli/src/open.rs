@@ -128,13 +128,23 @@ pub fn locate(
 }
 
 /// Opens the store at `location` for a command with `access`.
-pub async fn open(location: &Location, access: Access) -> Result<Opened, CliError> {
+///
+/// `unverified` (read-only commands only) reads without checking seals
+/// ([`Keyring::dangerous_unverified`]), for a store whose key is lost.
+pub async fn open(
+    location: &Location,
+    access: Access,
+    unverified: bool,
+) -> Result<Opened, CliError> {
     let url = location.url.as_str();
     let source = location.source;
     // Whatever goes wrong from here, its report never shows the URL's password.
     error::hide_password_of(url);
-    let keyring = Keyring::from_env()
+    let mut keyring = Keyring::from_env()
         .map_err(|e| CliError::new(Code::Usage, format!("{MAC_KEY_ENV}: {e}")))?;
+    if unverified && access == Access::Read {
+        keyring = keyring.dangerous_unverified();
+    }
     match target(url) {
         Target::SqliteFile(path) => sqlite(path, source, access, keyring).await,
         Target::Postgres => postgres(url, source, access, keyring).await,
@@ -189,12 +199,15 @@ async fn sqlite(
                 .await
                 .map_err(CliError::open)?
         }
-        // A durable store a writer upgrades.
-        (Access::Write, Err(durable::StoreError::SchemaTooOld { .. })) => {
-            SqliteStore::connect_with(options)
-                .await
-                .map_err(CliError::open)?
-        }
+        // A durable store a writer upgrades, or moves to the configured key (a reader
+        // re-seals nothing, so it refuses a key rotation; the writer checks every row
+        // under the old key and decides).
+        (
+            Access::Write,
+            Err(durable::StoreError::SchemaTooOld { .. } | durable::StoreError::KeyMissing { .. }),
+        ) => SqliteStore::connect_with(options)
+            .await
+            .map_err(CliError::open)?,
         (Access::Write, Err(e)) => return Err(CliError::open(e)),
     };
     Ok(Opened {
@@ -238,11 +251,15 @@ async fn postgres(
                 .await
                 .map_err(CliError::open)?
         }
-        (Access::Write, Err(durable::StoreError::SchemaTooOld { .. })) => {
-            PostgresStore::connect_with(options)
-                .await
-                .map_err(CliError::open)?
-        }
+        // A durable store a writer upgrades, or moves to the configured key (a reader
+        // re-seals nothing, so it refuses a key rotation; the writer checks every row
+        // under the old key and decides).
+        (
+            Access::Write,
+            Err(durable::StoreError::SchemaTooOld { .. } | durable::StoreError::KeyMissing { .. }),
+        ) => PostgresStore::connect_with(options)
+            .await
+            .map_err(CliError::open)?,
         (Access::Write, Err(e)) => return Err(CliError::open(e)),
     };
     Ok(Opened {

@@ -59,7 +59,47 @@ pub fn print_table(table: &Table) {
 
 /// Prints `value` as pretty JSON on stdout: every value whole and exact, control
 /// characters as JSON escapes ([`display::json_text`]).
+static UNVERIFIED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Marks every output of this run as read without checking seals (`--unverified`): a
+/// warning on stderr now, a first line `UNVERIFIED: …` before human output, and
+/// `"unverified": true` in every JSON object printed.
+pub fn mark_unverified(json: bool) {
+    UNVERIFIED.store(true, std::sync::atomic::Ordering::Relaxed);
+    eprintln!(
+        "warning: --unverified: seals are not checked; what follows may have been changed \
+         outside durable and must not be trusted to decide what ran"
+    );
+    if !json {
+        outln!("UNVERIFIED (seals not checked; nothing below is authenticated)");
+    }
+}
+
+fn unverified() -> bool {
+    UNVERIFIED.load(std::sync::atomic::Ordering::Relaxed)
+}
+
 pub fn print_json<T: Serialize>(value: &T) -> Result<(), CliError> {
+    if unverified() {
+        let marked = match serde_json::to_value(value) {
+            Ok(Value::Object(mut map)) => {
+                map.insert("unverified".into(), Value::Bool(true));
+                Value::Object(map)
+            }
+            Ok(other) => serde_json::json!({"unverified": true, "items": other}),
+            Err(e) => {
+                return Err(CliError::new(
+                    Code::Failure,
+                    format!("cannot encode JSON output: {e}"),
+                ));
+            }
+        };
+        return print_json_text(&marked);
+    }
+    print_json_text(value)
+}
+
+fn print_json_text<T: Serialize>(value: &T) -> Result<(), CliError> {
     let text = serde_json::to_string_pretty(value)
         .map_err(|e| CliError::new(Code::Failure, format!("cannot encode JSON output: {e}")))?;
     outln!("{}", display::json_text(&text));

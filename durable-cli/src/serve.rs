@@ -24,29 +24,30 @@ pub async fn serve(location: &Location, args: ServeArgs) -> Result<(), CliError>
         ));
     }
     let (opened, read_only) = if args.read_only {
-        let opened = open::open(location, Access::Read).await?;
+        let opened = open::open(location, Access::Read, false).await?;
         (opened, Some("started with --read-only".to_owned()))
     } else {
-        match open::open(location, Access::Write).await {
+        match open::open(location, Access::Write, false).await {
             Ok(opened) => (opened, None),
             // Refused for writing (e.g. a file we may not write): serve what can be read.
-            Err(e) if e.code == Code::Unavailable => match open::open(location, Access::Read).await
-            {
-                Ok(opened) => {
-                    eprintln!(
-                        "warning: the store cannot be opened for writing ({}); serving it read-only",
-                        crate::display::clip(&e.message, crate::display::LINE)
-                    );
-                    (
-                        opened,
-                        Some(format!(
-                            "the store could not be opened for writing: {}",
-                            e.message
-                        )),
-                    )
+            Err(e) if e.code == Code::Unavailable => {
+                match open::open(location, Access::Read, false).await {
+                    Ok(opened) => {
+                        eprintln!(
+                            "warning: the store cannot be opened for writing ({}); serving it read-only",
+                            crate::display::clip(&e.message, crate::display::LINE)
+                        );
+                        (
+                            opened,
+                            Some(format!(
+                                "the store could not be opened for writing: {}",
+                                e.message
+                            )),
+                        )
+                    }
+                    Err(_) => return Err(e),
                 }
-                Err(_) => return Err(e),
-            },
+            }
             Err(e) => return Err(e),
         }
     };

@@ -2,11 +2,11 @@
 //! offline, plus the database's own consistency check.
 
 use durable::SessionId;
-use durable::integrity::{SessionCheck, verify_sessions};
+use durable::integrity::{IntegrityLog, SessionCheck, verify_sessions};
 use serde_json::{Value, json};
 
 use crate::VerifyArgs;
-use crate::display::{ID, TEXT, clip};
+use crate::display::{self, ID, TEXT, clip};
 use crate::error::{CliError, Code};
 use crate::open::{Kind, Opened};
 use crate::render::{self, table};
@@ -101,6 +101,76 @@ async fn rollback_check(opened: &Opened) -> Result<Option<(bool, String)>, CliEr
     })
 }
 
+/// The store's integrity log with the check of its seal.
+async fn integrity_log(opened: &Opened) -> Result<IntegrityLog, CliError> {
+    Ok(match &opened.kind {
+        #[cfg(feature = "sqlite")]
+        Kind::Sqlite { store, .. } => store.integrity_log().await?,
+        #[cfg(feature = "postgres")]
+        Kind::Postgres { store, .. } => store.integrity_log().await?,
+        #[cfg(not(any(feature = "sqlite", feature = "postgres")))]
+        Kind::None(never) => match *never {},
+    })
+}
+
+fn print_log(log: &IntegrityLog) {
+    if !log.events.is_empty() {
+        let mut t = table(["#", "EVENT", "FROM KEY", "TO KEY", "ROWS", "AT", "DETAIL"]);
+        for e in &log.events {
+            t.add_row(vec![
+                e.id.to_string(),
+                clip(&e.event, ID),
+                clip(e.from_key.as_deref().unwrap_or("-"), ID),
+                clip(&e.to_key, ID),
+                e.rows.to_string(),
+                render::time(e.created_at),
+                clip(&e.detail, TEXT),
+            ]);
+        }
+        render::print_table(&t);
+    }
+    match &log.problem {
+        None => outln!(
+            "integrity log: ok ({} event{}, sealed)",
+            log.events.len(),
+            if log.events.len() == 1 { "" } else { "s" }
+        ),
+        Some(problem) => outln!("integrity log: FAILED: {}", clip(problem, TEXT)),
+    }
+}
+
+/// `durable rekey`: the writer's open has moved the store to the configured key (or
+/// refused); report the key it is sealed with and the integrity log's newest event.
+pub async fn rekey(opened: &Opened, json: bool) -> Result<(), CliError> {
+    let log = integrity_log(opened).await?;
+    let newest = log.events.last();
+    if json {
+        render::print_json(&json!({
+            "ok": log.is_ok(),
+            "sealed_with": newest.map(|e| e.to_key.clone()),
+            "newest_event": newest,
+            "integrity_log_problem": log.problem,
+        }))?;
+    } else {
+        match newest {
+            Some(e) if e.event == "rekey" || e.event == "restore" => outln!(
+                "sealed with `{}`; newest integrity event: {} from `{}` ({} rows, {})",
+                display::escape(&e.to_key),
+                display::escape(&e.event),
+                display::escape(e.from_key.as_deref().unwrap_or("-")),
+                e.rows,
+                render::time(e.created_at)
+            ),
+            _ => outln!("the store was already sealed with the configured key: nothing to re-seal"),
+        }
+        print_log(&log);
+    }
+    match log.refused() {
+        Some(e) => Err(e.into()),
+        None => Ok(()),
+    }
+}
+
 fn line(check: &SessionCheck) -> Value {
     json!({
         "session": check.session,
@@ -116,15 +186,22 @@ pub async fn verify(opened: &Opened, json: bool, args: VerifyArgs) -> Result<(),
     let session = args.session.map(SessionId::new);
     let checks = verify_sessions(opened.shared.as_ref(), session.as_ref()).await?;
     let database = database_check(opened).await?;
+    let log = integrity_log(opened).await?;
     let failed = checks.iter().filter(|c| !c.is_ok()).count();
     let database_failed = database.ok == Some(false);
     let rollback = rollback_check(opened).await?;
     let rolled_back = rollback.as_ref().is_some_and(|(ok, _)| !ok);
+    let log_failed = !log.is_ok();
     if json {
         render::print_json(&json!({
-            "ok": failed == 0 && !database_failed && !rolled_back,
+            "ok": failed == 0 && !database_failed && !log_failed && !rolled_back,
             "rollback_witness": rollback.as_ref().map(|(ok, detail)| json!({"ok": ok, "detail": detail})),
             "sessions": checks.iter().map(line).collect::<Vec<_>>(),
+            "integrity_log": {
+                "ok": log.is_ok(),
+                "problem": log.problem,
+                "events": log.events,
+            },
             "database": {
                 "check": database.name,
                 "ok": database.ok,
@@ -155,6 +232,7 @@ pub async fn verify(opened: &Opened, json: bool, args: VerifyArgs) -> Result<(),
             }
             render::print_table(&t);
         }
+        print_log(&log);
         let verdict = match database.ok {
             Some(true) => "ok".to_owned(),
             Some(false) => format!("FAILED: {}", clip(&database.detail.join("; "), TEXT)),
@@ -181,7 +259,7 @@ pub async fn verify(opened: &Opened, json: bool, args: VerifyArgs) -> Result<(),
             "the store was rolled back (listed above): writers refuse it; stop every worker, then `durable acknowledge-rollback` (restoring a backup does not help: it is a rollback too)",
         ));
     }
-    if failed > 0 || database_failed {
+    if failed > 0 || database_failed || log_failed {
         let mut what = Vec::new();
         if failed > 0 {
             what.push(format!(
@@ -193,10 +271,13 @@ pub async fn verify(opened: &Opened, json: bool, args: VerifyArgs) -> Result<(),
         if database_failed {
             what.push(format!("the database failed `{}`", database.name));
         }
+        if log_failed {
+            what.push("the integrity log's seal does not hold".to_owned());
+        }
         return Err(CliError::new(
             Code::Integrity,
             format!(
-                "integrity check failed: {} (listed above); the store was changed outside durable: restore from a backup",
+                "integrity check failed: {} (listed above); the store was changed outside durable: restore from a backup (a restore is a rollback: then `durable acknowledge-rollback`)",
                 what.join(", ")
             ),
         ));

@@ -460,7 +460,7 @@ async fn a_store_sealed_with_an_app_key_needs_it() {
         &["sessions"][..],
         &["resolve", p.doubt_call.id.as_str(), "--did-not-happen"],
     ] {
-        run(db, args).fails(6, "is sealed with key `app-");
+        run(db, args).fails(6, "key `app-");
     }
     with("short", &["sessions"]).fails(2, "DURABLE_MAC_KEY");
 
@@ -701,7 +701,7 @@ async fn a_wrong_app_key_is_refused_in_one_line() {
         let out: Run =
             durable_env(&all, &[("DURABLE_MAC_KEY", "another-key-of-enough-length")]).into();
         // The key is wrong, the store was not changed: say so, not "tampered".
-        out.fails(6, "is sealed with key `app-");
+        out.fails(6, "key `app-");
     }
 }
 
@@ -759,5 +759,78 @@ async fn a_restored_backup_is_refused_until_acknowledged() {
         !unreachable.stderr.contains("secret"),
         "{}",
         unreachable.stderr
+    );
+}
+
+/// Issue 31 items 2 and 4 from the CLI: `durable rekey` rotates a store whose sessions
+/// have messages (K1 → K2, K1 as previous), `verify` shows the audited rotation; with
+/// the key lost, `--unverified` still lists the sessions, marked as unverified, and
+/// refuses to write.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rekey_rotates_and_unverified_reads_a_store_whose_key_is_lost() {
+    use durable::integrity::Keyring;
+    use durable::sqlite::SqliteStoreOptions;
+
+    const NEW_KEY: &str = "fedcba9876543210-cli-new-key";
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("keyed.db");
+    let keyed = SqliteStoreOptions::file(&path)
+        .keyring(Keyring::with_app_key(APP_KEY.as_bytes().to_vec()).expect("key"));
+    let store = SqliteStore::connect_with(keyed).await.expect("open keyed");
+    let shared: Arc<dyn CheckpointStore> = Arc::new(store.clone());
+    cli_support::populate(&shared).await;
+    store.close().await;
+    drop(shared);
+    let db = path.to_str().expect("utf-8");
+    let rotating = [
+        ("DURABLE_MAC_KEY", NEW_KEY),
+        ("DURABLE_PREVIOUS_MAC_KEYS", APP_KEY),
+    ];
+    let out: Run = durable_env(&["--db", db, "rekey"], &rotating).into();
+    let text = out.ok();
+    assert!(text.contains("rekey from `app-"), "{text}");
+    let out: Run = durable_env(&["--db", db, "verify"], &[("DURABLE_MAC_KEY", NEW_KEY)]).into();
+    let text = out.ok();
+    assert!(
+        text.contains("integrity log: ok (1 event, sealed)"),
+        "{text}"
+    );
+    assert!(text.contains("4 sessions verified, 0 failed"), "{text}");
+    let out: Run = durable_env(
+        &["--db", db, "verify", "--json"],
+        &[("DURABLE_MAC_KEY", NEW_KEY)],
+    )
+    .into();
+    let report = out.json();
+    assert_eq!(report["integrity_log"]["ok"], true, "{report}");
+    assert_eq!(report["integrity_log"]["events"][0]["event"], "rekey");
+
+    // The key lost: nothing lists, unless unverified, which says so and never writes.
+    run(db, &["sessions"]).fails(6, "key `app-");
+    let out = run(db, &["--unverified", "sessions"]);
+    let text = out.ok();
+    assert!(text.starts_with("UNVERIFIED"), "{text}");
+    assert!(text.contains("s-done"), "{text}");
+    assert!(out.stderr.contains("--unverified"), "{}", out.stderr);
+    let listed = run(db, &["--unverified", "sessions", "--json"]).json();
+    assert_eq!(listed["unverified"], true, "{listed}");
+    run(db, &["--unverified", "unpark", "s-done"]).fails(2, "--unverified only reads");
+    run(db, &["--unverified", "verify"]).fails(2, "--unverified");
+
+    // An edited integrity log fails `verify`.
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite:{db}"))
+        .await
+        .expect("raw pool");
+    sqlx::query("UPDATE durable_integrity_log SET rows = 0")
+        .execute(&pool)
+        .await
+        .expect("edit the log");
+    pool.close().await;
+    let out: Run = durable_env(&["--db", db, "verify"], &[("DURABLE_MAC_KEY", NEW_KEY)]).into();
+    out.fails(7, "integrity log");
+    assert!(
+        out.stdout.contains("integrity log: FAILED"),
+        "{}",
+        out.stdout
     );
 }

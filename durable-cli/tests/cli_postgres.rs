@@ -198,3 +198,36 @@ async fn a_newer_schema_is_refused() {
         "postgres database schema is at version 9999, newer than this release supports",
     );
 }
+
+/// Issue 31 items 2 and 4 on PostgreSQL: `durable rekey` turns an application key on over
+/// the store's own key (rows with messages), `verify` shows the audited event; without
+/// the key only `--unverified` lists the sessions, marked so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rekey_and_unverified() {
+    use cli_support::{Run, durable_env};
+
+    const KEY: &str = "0123456789abcdef-cli-pg-key";
+    let database = test_database().await;
+    let store: Arc<dyn CheckpointStore> = Arc::new(database.store().await.expect("store"));
+    cli_support::populate(&store).await;
+    drop(store);
+    let db = database.url();
+    let out: Run = durable_env(&["--db", db, "rekey"], &[("DURABLE_MAC_KEY", KEY)]).into();
+    assert!(out.ok().contains("rekey from `store-"), "{}", out.stdout);
+    let out: Run = durable_env(
+        &["--db", db, "verify", "--json"],
+        &[("DURABLE_MAC_KEY", KEY)],
+    )
+    .into();
+    let report = out.json();
+    assert_eq!(report["ok"], true, "{report}");
+    assert_eq!(report["integrity_log"]["events"][0]["event"], "rekey");
+    run(db, &["sessions"]).fails(6, "key `app-");
+    let listed = run(db, &["--unverified", "sessions", "--json"]).json();
+    assert_eq!(listed["unverified"], true, "{listed}");
+    assert_eq!(
+        listed["items"].as_array().map(Vec::len),
+        Some(4),
+        "{listed}"
+    );
+}

@@ -219,12 +219,12 @@ pub enum StoreError {
         /// Why it does not hold.
         detail: String,
     },
-    /// The store is sealed with a key this writer does not have.
-    #[error(
-        "this store is sealed with key `{key}` ({detail}); configure that key (`DURABLE_MAC_KEY` or the store options' key ring) to open it"
-    )]
+    /// The store is sealed with a key this process does not have, or a key row of the
+    /// store is missing; the detail says what to do.
+    #[error("key `{key}` is missing or unusable: {detail}")]
     KeyMissing {
-        /// The id of the missing key (`app-…`), or `store`.
+        /// The id of the missing key (`app-…`, `store-…`), `store` (the store's own key
+        /// row), `signing_key` (the row naming the signing key) or the variable at fault.
         key: String,
         /// What needs it.
         detail: String,

@@ -45,6 +45,14 @@
 //! in one transaction, after checking every row under the old one, and writes an audit
 //! row (`durable_integrity_log`). Keys can only be dropped this way, never silently.
 //!
+//! A missing key row never reads as "no seals yet" ([`Keyring::on_open`], [`OpenFacts`]):
+//! rows are sealed as found only in the transaction whose migration introduced seals; a
+//! missing `signing_key` row is written back only after every row checks under the key
+//! the seals name ([`KeyAction::Restore`]); a missing or changed `store_key` row is
+//! refused. The integrity log is sealed as a whole ([`IntegrityLog`]). A read-only open
+//! of a store whose key is lost can skip every check ([`Keyring::dangerous_unverified`]),
+//! and says so.
+//!
 //! The keyed digests of secret arguments ([`Keyring::digest`]) use the store's own key,
 //! which never rotates, so call identities stay stable across application-key rotation.
 
@@ -55,6 +63,12 @@ use sha2::Sha256;
 
 use crate::error::StoreError;
 use crate::ids::SessionId;
+
+mod log;
+mod open;
+
+pub use log::{INTEGRITY_LOG_SEAL, IntegrityEvent, IntegrityLog, integrity_log_fields};
+pub use open::{KeyAction, OpenFacts};
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -114,6 +128,8 @@ pub struct Keyring {
     app: Option<Key>,
     previous: Vec<Key>,
     store: Option<Key>,
+    /// Checks nothing and signs nothing ([`Keyring::dangerous_unverified`]).
+    unverified: bool,
 }
 
 impl fmt::Debug for Keyring {
@@ -125,6 +141,7 @@ impl fmt::Debug for Keyring {
                 &self.previous.iter().map(|k| &k.id).collect::<Vec<_>>(),
             )
             .field("store", &self.store.as_ref().map(|k| &k.id))
+            .field("unverified", &self.unverified)
             .finish()
     }
 }
@@ -183,6 +200,20 @@ impl Keyring {
         Ok(ring)
     }
 
+    /// A ring that accepts every row without checking its seal, and cannot sign: for a
+    /// **read-only** open of a store whose key is lost, to inspect what it holds. Nothing
+    /// read through it is authenticated (a forged row reads like a real one), so a tool
+    /// that shows it must say so. A writer refuses it ([`StoreError::KeyMissing`]).
+    pub fn dangerous_unverified(mut self) -> Self {
+        self.unverified = true;
+        self
+    }
+
+    /// Whether this ring checks nothing ([`dangerous_unverified`](Self::dangerous_unverified)).
+    pub fn is_unverified(&self) -> bool {
+        self.unverified
+    }
+
     /// Whether an application key signs.
     pub fn has_app_key(&self) -> bool {
         self.app.is_some()
@@ -225,6 +256,7 @@ impl Keyring {
             app: Some(key.clone()),
             previous: Vec::new(),
             store: None,
+            unverified: false,
         })
     }
 
@@ -234,6 +266,9 @@ impl Keyring {
     }
 
     fn signing(&self) -> Result<&Key, StoreError> {
+        if self.unverified {
+            return Err(unverified_writer());
+        }
         self.app
             .as_ref()
             .or(self.store.as_ref())
@@ -264,6 +299,9 @@ impl Keyring {
 
     /// Checks a seal over `fields`; `Err` says why it does not hold.
     pub fn check(&self, fields: &Fields, seal: Option<&str>) -> Result<(), Broken> {
+        if self.unverified {
+            return Ok(());
+        }
         let seal = seal.ok_or(Broken::Missing)?;
         let (id, tag) = seal.split_once(':').ok_or(Broken::Malformed)?;
         let key = self
@@ -286,8 +324,12 @@ impl Keyring {
         self.check(fields, seal).map_err(|broken| match broken {
             Broken::UnknownKey(id) if id.starts_with("app-") && !self.has_app_key() => {
                 StoreError::KeyMissing {
+                    detail: format!(
+                        "{} of session `{session}` is sealed with it; set `{MAC_KEY_ENV}` \
+                         (or the store options' key ring) to that key",
+                        what()
+                    ),
                     key: id,
-                    detail: format!("{} of session `{session}` is sealed with it", what()),
                 }
             }
             broken => StoreError::Tampered {
@@ -319,90 +361,22 @@ impl Keyring {
     }
 }
 
-/// What opening a store means for a [`Keyring`] (its store key bound), given the id of
-/// the key the store is sealed with (`durable_meta.signing_key`; `None` for a store
-/// written before seals). One rule for every backend, writers and readers alike.
-#[derive(Debug, Clone)]
-pub enum KeyAction {
-    /// The store is sealed with the ring's signing key: nothing to do.
-    Keep,
-    /// The store was never sealed: seal every row as found (audited as `adopt`).
-    Adopt,
-    /// The store is sealed with another key this ring can check (the store's own key
-    /// when an application key is turned on, or a previous application key): check
-    /// every row under `from`, re-seal under the signing key (audited as `rekey`).
-    Rekey {
-        /// The key the store is sealed with now.
-        from_id: String,
-        /// A ring that checks rows sealed with it.
-        from: Keyring,
-    },
-}
-
 impl Keyring {
-    /// The plan for a writer opening a store sealed with `current`; `Err`
-    /// ([`StoreError::KeyMissing`], naming the key) when this ring cannot take it over.
-    pub fn on_open(&self, current: Option<&str>) -> Result<KeyAction, StoreError> {
-        let signing = self.signing_id();
-        let Some(current) = current else {
-            return Ok(KeyAction::Adopt);
-        };
-        if current == signing {
-            return Ok(KeyAction::Keep);
-        }
-        let missing = |detail: String| StoreError::KeyMissing {
-            key: current.to_owned(),
-            detail,
-        };
-        if current.starts_with("app-") && !self.has_app_key() {
-            return Err(missing(
-                "this process has no application key and cannot sign".to_owned(),
-            ));
-        }
-        let from = match (&self.store, self.only(current)) {
-            (Some(store), _) if store.id == current => Keyring {
-                app: None,
-                previous: Vec::new(),
-                store: Some(store.clone()),
-            },
-            (_, Some(only)) => Keyring {
-                store: self.store.clone(),
-                ..only
-            },
-            _ => {
-                return Err(missing(format!(
-                    "this process signs with `{signing}`; to rotate, pass `{current}` as a previous key (`{PREVIOUS_MAC_KEYS_ENV}`)"
-                )));
-            }
-        };
-        Ok(KeyAction::Rekey {
-            from_id: current.to_owned(),
-            from,
-        })
-    }
-
-    /// For a reader, which re-seals nothing: `Ok` only when the store is sealed with this
-    /// ring's signing key (or was never sealed); otherwise [`StoreError::KeyMissing`], so
-    /// a wrong key is one clear line, never a `Tampered` on every read.
-    pub fn readable(&self, current: Option<&str>) -> Result<(), StoreError> {
-        match self.on_open(current)? {
-            KeyAction::Keep | KeyAction::Adopt => Ok(()),
-            KeyAction::Rekey { from_id, .. } => Err(StoreError::KeyMissing {
-                detail: format!(
-                    "this process has key `{}`, and a read-only open re-seals nothing; open the store once with a writer to move it to that key, or read it with `{from_id}`",
-                    self.signing_id()
-                ),
-                key: from_id,
-            }),
-        }
-    }
-
     /// Decodes the store's own key as kept in `durable_meta` (hex).
     pub fn store_key_from_hex(hex: &str) -> Result<Vec<u8>, StoreError> {
         unhex(hex).ok_or_else(|| StoreError::KeyMissing {
             key: "store".into(),
             detail: "the store's own key in `durable_meta` is not hex; the table was edited".into(),
         })
+    }
+}
+
+fn unverified_writer() -> StoreError {
+    StoreError::KeyMissing {
+        key: "unverified".into(),
+        detail: "an unverified key ring (`dangerous_unverified`) only reads, and only in a \
+                 read-only open; configure the store's key to write"
+            .into(),
     }
 }
 
@@ -907,25 +881,36 @@ mod tests {
     #[test]
     fn one_plan_for_every_opener() {
         let store = ring();
-        assert!(matches!(store.on_open(None), Ok(KeyAction::Adopt)));
+        let signed = |id| OpenFacts::signed(Some(id));
+        // A new store, or one whose sealing migration ran in this open: adopted.
         assert!(matches!(
-            store.on_open(Some(store.signing_id())),
+            store.on_open(&OpenFacts::signed(None)),
+            Ok(KeyAction::Adopt)
+        ));
+        assert!(matches!(
+            store.on_open(&OpenFacts::signed(None).migrated_now(true).holding(3, None)),
+            Ok(KeyAction::Adopt)
+        ));
+        assert!(matches!(
+            store.on_open(&signed(store.signing_id())),
             Ok(KeyAction::Keep)
         ));
         let app1 = ring().app_key(vec![1; 32]).expect("key");
         // Turning the key on: the store key's seals are checked, then re-sealed.
         assert!(matches!(
-            app1.on_open(Some(store.signing_id())),
+            app1.on_open(&signed(store.signing_id())),
             Ok(KeyAction::Rekey { .. })
         ));
         // Without the app key, a sealed store is refused, naming the key.
-        let err = store.on_open(Some(app1.signing_id())).expect_err("no key");
+        let err = store
+            .on_open(&signed(app1.signing_id()))
+            .expect_err("no key");
         assert!(matches!(&err, StoreError::KeyMissing { key, .. } if key == app1.signing_id()));
         // Another app key without the old one as previous: refused; with it: rotation.
         let app2 = ring().app_key(vec![2; 32]).expect("key");
-        assert!(app2.on_open(Some(app1.signing_id())).is_err());
+        assert!(app2.on_open(&signed(app1.signing_id())).is_err());
         let rotating = app2.clone().previous_app_key(vec![1; 32]).expect("key");
-        let Ok(KeyAction::Rekey { from, .. }) = rotating.on_open(Some(app1.signing_id())) else {
+        let Ok(KeyAction::Rekey { from, .. }) = rotating.on_open(&signed(app1.signing_id())) else {
             panic!("rotation is a rekey");
         };
         let f = Fields::new("x").str("y");
@@ -935,6 +920,64 @@ mod tests {
         assert!(app2.readable(Some(app2.signing_id())).is_ok());
         assert!(rotating.readable(Some(app1.signing_id())).is_err());
         assert!(app1.readable(Some(store.signing_id())).is_err());
+    }
+
+    #[test]
+    fn a_store_with_sessions_and_no_signing_key_is_never_adopted() {
+        let app1 = ring().app_key(vec![1; 32]).expect("key");
+        // Seals removed everywhere: refused, naming the missing row.
+        let err = app1
+            .on_open(&OpenFacts::signed(None).holding(2, None))
+            .expect_err("never sealed as found");
+        assert!(matches!(&err, StoreError::KeyMissing { key, .. } if key == "signing_key"));
+        // The rows name a key this process holds: every row is checked, then restored.
+        assert!(matches!(
+            app1.on_open(&OpenFacts::signed(None).holding(2, Some(app1.signing_id()))),
+            Ok(KeyAction::Restore { .. })
+        ));
+        // ... or one it does not: refused, naming it.
+        let store = ring();
+        let err = store
+            .on_open(&OpenFacts::signed(None).holding(2, Some(app1.signing_id())))
+            .expect_err("no key");
+        assert!(matches!(&err, StoreError::KeyMissing { key, .. } if key == app1.signing_id()));
+        assert!(err.to_string().contains("signing_key"), "{err}");
+        // A missing store key is created only when nothing is sealed yet.
+        assert!(OpenFacts::signed(None).may_create_store_key());
+        assert!(
+            !OpenFacts::signed(None)
+                .holding(1, None)
+                .may_create_store_key()
+        );
+        assert!(!OpenFacts::signed(Some("app-1")).may_create_store_key());
+    }
+
+    #[test]
+    fn a_changed_store_key_gives_advice_that_works() {
+        let old = ring();
+        let new = Keyring::none().bind_store_key(vec![8; 32]);
+        let err = new
+            .on_open(&OpenFacts::signed(Some(old.signing_id())))
+            .expect_err("another store key");
+        let text = err.to_string();
+        assert!(text.contains("`store_key` row"), "{text}");
+        assert!(!text.contains("as a previous key"), "{text}");
+    }
+
+    #[test]
+    fn the_integrity_log_seal_shows_an_edit_or_a_deletion() {
+        let r = ring();
+        let events: Vec<_> = (1..=2)
+            .map(|i| IntegrityEvent::new(i, "rekey".into(), None, "k".into(), 3, "d".into(), 5))
+            .collect();
+        let seal = r.seal(&integrity_log_fields(&events)).expect("seal");
+        assert!(IntegrityLog::check(&r, events.clone(), Some(&seal)).is_ok());
+        let mut edited = events.clone();
+        edited[0].rows = 4;
+        assert!(!IntegrityLog::check(&r, edited, Some(&seal)).is_ok());
+        assert!(!IntegrityLog::check(&r, events[..1].to_vec(), Some(&seal)).is_ok());
+        assert!(!IntegrityLog::check(&r, events, None).is_ok());
+        assert!(IntegrityLog::check(&r, Vec::new(), None).is_ok());
     }
 
     #[test]

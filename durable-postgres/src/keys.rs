@@ -1,12 +1,15 @@
 //! The store's keys: loading (or creating) its own key at connect, sealing a database
 //! that was never sealed, re-sealing one under a new key, and re-sealing a session whose
-//! rows were copied (a fork). Every re-sealing is audited in `durable_integrity_log`.
+//! rows were copied (a fork). Every re-sealing is audited in `durable_integrity_log`,
+//! which is sealed as a whole (its seal in `durable_meta`).
 
 use std::collections::HashMap;
 
-use durable_core::integrity::{self, KeyAction, Keyring};
+use durable_core::integrity::{
+    self, INTEGRITY_LOG_SEAL, IntegrityEvent, IntegrityLog, KeyAction, Keyring, OpenFacts,
+};
 use durable_core::{SessionId, StoreError};
-use sqlx::postgres::{PgConnection, PgPool};
+use sqlx::postgres::PgConnection;
 
 use crate::error::db;
 use crate::rows::{self, get};
@@ -331,39 +334,59 @@ async fn set_meta(conn: &mut PgConnection, name: &str, value: &str) -> Result<()
     Ok(())
 }
 
+/// The advisory lock every connector takes, in the transaction that migrates the schema
+/// and sets the keys up, so concurrent connectors do this once and each sees the other's
+/// result.
+pub(crate) const SETUP_LOCK: &str =
+    "SELECT pg_advisory_xact_lock(hashtextextended('durable setup_keys', 0))";
+
 /// Loads (or creates) the store's own key, binds it into `ring`, and makes sure every
-/// row is sealed with `ring`'s signing key: seals a database that was never sealed,
+/// row is sealed with `ring`'s signing key: seals a database whose rows predate seals,
 /// re-seals one sealed with a key `ring` can check (an application key turned on, or
-/// rotated), and refuses one sealed with a key `ring` does not hold. Runs in one
-/// transaction holding a transaction-level advisory lock, so concurrent connectors do
-/// this once and each sees the other's result.
-pub(crate) async fn setup_keys(pool: &PgPool, ring: Keyring) -> Result<Keyring, StoreError> {
-    let mut tx = pool.begin().await.map_err(db)?;
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('durable setup_keys', 0))")
-        .execute(&mut *tx)
+/// rotated), restores a missing `signing_key` row after checking every row, and refuses
+/// the rest ([`Keyring::on_open`]). Runs in the connector's setup transaction (the one
+/// that migrated the schema, holding [`SETUP_LOCK`]), so `seals_migrated_now` (the
+/// sealing migration ran in this transaction) is the witness that the rows genuinely
+/// predate seals, and no crash can come between the migration and the sealing.
+pub(crate) async fn setup_keys_in(
+    conn: &mut PgConnection,
+    ring: Keyring,
+    seals_migrated_now: bool,
+) -> Result<Keyring, StoreError> {
+    let current = meta(conn, "signing_key").await?;
+    let sessions: i64 = sqlx::query_scalar("SELECT count(*) FROM durable_sessions")
+        .fetch_one(&mut *conn)
         .await
         .map_err(db)?;
-    let ring = setup_keys_in(&mut tx, ring).await?;
-    tx.commit().await.map_err(db)?;
-    Ok(ring)
-}
-
-async fn setup_keys_in(conn: &mut PgConnection, ring: Keyring) -> Result<Keyring, StoreError> {
+    let head: Option<String> = sqlx::query_scalar(
+        "SELECT head FROM durable_sessions WHERE head IS NOT NULL ORDER BY created_at, id LIMIT 1",
+    )
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(db)?;
+    let sealed_with = head
+        .as_deref()
+        .and_then(|seal| seal.split_once(':'))
+        .map(|(id, _)| id);
+    let facts = OpenFacts::signed(current.as_deref())
+        .migrated_now(seals_migrated_now)
+        .holding(sessions, sealed_with);
     let store_key = match meta(conn, "store_key").await? {
         Some(hex) => Keyring::store_key_from_hex(&hex)?,
-        None => {
+        None if facts.may_create_store_key() => {
             let key = integrity::random_key()?;
             set_meta(conn, "store_key", &integrity::hex(&key)).await?;
             key
         }
+        None => return Err(facts.store_key_missing()),
     };
     let ring = ring.bind_store_key(store_key);
     let now = tx::now(conn).await?;
     let signing = ring.signing_id().to_owned();
-    let current = meta(conn, "signing_key").await?;
-    match ring.on_open(current.as_deref())? {
+    match ring.on_open(&facts)? {
         KeyAction::Keep => {
             upgrade_heads(conn, &ring).await?;
+            seal_legacy_log(conn, &ring, now).await?;
             return Ok(ring);
         }
         KeyAction::Rekey { from_id, from } => {
@@ -375,8 +398,20 @@ async fn setup_keys_in(conn: &mut PgConnection, ring: Keyring) -> Result<Keyring
                 rows,
                 detail: "every row was checked under the old key, then re-sealed under the new one",
             };
-            entry.write(conn, now).await?;
+            entry.append(conn, &from, &ring, now).await?;
             tracing::warn!(from = %from_id, to = %signing, rows, "re-sealed the store under a new key");
+        }
+        KeyAction::Restore { from_id, from } => {
+            let rows = reseal_all(conn, Some(&from), &ring).await?;
+            let entry = Log {
+                event: "restore",
+                from: Some(&from_id),
+                to: &signing,
+                rows,
+                detail: "the `signing_key` row of `durable_meta` was missing: every row was checked under the key its seals name, re-sealed under the signing key, and the row written back",
+            };
+            entry.append(conn, &from, &ring, now).await?;
+            tracing::warn!(from = %from_id, to = %signing, rows, "restored the missing signing_key row after checking every row");
         }
         KeyAction::Adopt => {
             let rows = reseal_all(conn, None, &ring).await?;
@@ -388,7 +423,7 @@ async fn setup_keys_in(conn: &mut PgConnection, ring: Keyring) -> Result<Keyring
                     rows,
                     detail: "rows written before tamper evidence (schema version 1) were sealed as found; their content before this point is not authenticated",
                 };
-                entry.write(conn, now).await?;
+                entry.append(conn, &ring, &ring, now).await?;
                 tracing::warn!(to = %signing, rows, "sealed a store written without seals");
             }
         }
@@ -502,7 +537,29 @@ async fn reseal_all(
     Ok(rows)
 }
 
-/// An audit row of `durable_integrity_log`.
+/// Appends an operator's event (a rollback acknowledged) to the sealed integrity log,
+/// checking the log as it stands and re-sealing it under `ring`.
+pub(crate) async fn append_log(
+    conn: &mut PgConnection,
+    ring: &Keyring,
+    event: &str,
+    to: &str,
+    rows: i64,
+    detail: &str,
+    now: i64,
+) -> Result<(), StoreError> {
+    Log {
+        event,
+        from: None,
+        to,
+        rows,
+        detail,
+    }
+    .append(conn, ring, ring, now)
+    .await
+}
+
+/// An event of `durable_integrity_log`.
 struct Log<'a> {
     event: &'a str,
     from: Option<&'a str>,
@@ -512,7 +569,29 @@ struct Log<'a> {
 }
 
 impl Log<'_> {
-    async fn write(&self, conn: &mut PgConnection, now: i64) -> Result<(), StoreError> {
+    /// Appends the event and re-seals the whole log under `to`, after checking the log
+    /// as it stands under `check` (the key that sealed it). A log that does not hold is
+    /// refused; one written before the log was sealed is sealed as found first, audited
+    /// as `seal_log`.
+    async fn append(
+        &self,
+        conn: &mut PgConnection,
+        check: &Keyring,
+        to: &Keyring,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        let log = read_log(conn, check).await?;
+        if let Some(refused) = log.refused() {
+            if meta(conn, INTEGRITY_LOG_SEAL).await?.is_some() {
+                return Err(refused);
+            }
+            seal_log_event(log.events.len()).insert(conn, now).await?;
+        }
+        self.insert(conn, now).await?;
+        reseal_log(conn, to).await
+    }
+
+    async fn insert(&self, conn: &mut PgConnection, now: i64) -> Result<(), StoreError> {
         sqlx::query(
             "INSERT INTO durable_integrity_log (event, from_key, to_key, rows, detail, created_at) \
              VALUES ($1, $2, $3, $4, $5, $6)",
@@ -528,4 +607,70 @@ impl Log<'_> {
         .map_err(db)?;
         Ok(())
     }
+}
+
+/// The event that records sealing a log written before logs were sealed.
+fn seal_log_event(events: usize) -> Log<'static> {
+    Log {
+        event: "seal_log",
+        from: None,
+        to: "-",
+        rows: i64::try_from(events).unwrap_or(i64::MAX),
+        detail: "the events above were written before this log was sealed: they were sealed as found, and are not authenticated",
+    }
+}
+
+/// Seals, as found and audited, a non-empty integrity log that has no seal (written
+/// before logs were sealed). A log whose seal does not hold is left as found: it decides
+/// nothing, and `durable verify` reports it.
+async fn seal_legacy_log(
+    conn: &mut PgConnection,
+    ring: &Keyring,
+    now: i64,
+) -> Result<(), StoreError> {
+    if meta(conn, INTEGRITY_LOG_SEAL).await?.is_some() {
+        return Ok(());
+    }
+    let log = read_log(conn, ring).await?;
+    if log.events.is_empty() {
+        return Ok(());
+    }
+    seal_log_event(log.events.len()).insert(conn, now).await?;
+    reseal_log(conn, ring).await
+}
+
+async fn reseal_log(conn: &mut PgConnection, to: &Keyring) -> Result<(), StoreError> {
+    let events = log_events(conn).await?;
+    let seal = to.seal(&integrity::integrity_log_fields(&events))?;
+    set_meta(conn, INTEGRITY_LOG_SEAL, &seal).await
+}
+
+/// A row of `durable_integrity_log`: id, event, from key, to key, rows, detail, time.
+type LogRow = (i64, String, Option<String>, String, i64, String, i64);
+
+/// Every event of the integrity log, oldest first.
+async fn log_events(conn: &mut PgConnection) -> Result<Vec<IntegrityEvent>, StoreError> {
+    let rows: Vec<LogRow> = sqlx::query_as(
+        "SELECT id, event, from_key, to_key, rows, detail, created_at \
+         FROM durable_integrity_log ORDER BY id",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(db)?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, event, from, to, rows, detail, at)| {
+            IntegrityEvent::new(id, event, from, to, rows, detail, at)
+        })
+        .collect())
+}
+
+/// The integrity log with the check of its seal under `ring`.
+pub(crate) async fn read_log(
+    conn: &mut PgConnection,
+    ring: &Keyring,
+) -> Result<IntegrityLog, StoreError> {
+    let events = log_events(conn).await?;
+    let seal = meta(conn, INTEGRITY_LOG_SEAL).await?;
+    Ok(IntegrityLog::check(ring, events, seal.as_deref()))
 }

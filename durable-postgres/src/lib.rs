@@ -410,7 +410,7 @@ impl PostgresStore {
         let pool = open::setup_pool(&connect, options.connect_timeout).await?;
         let result = async {
             let mut tx = pool.begin().await.map_err(db)?;
-            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('durable placement', 0))")
+            sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('durable setup_keys', 0))")
                 .execute(&mut *tx)
                 .await
                 .map_err(db)?;
@@ -441,15 +441,19 @@ impl PostgresStore {
                         format!("{parked} unfinished session(s) parked")
                     }
                 );
-                sqlx::query(
-                    "INSERT INTO durable_integrity_log                      (event, from_key, to_key, rows, detail, created_at)                      VALUES ('rollback', NULL, 'placement', $1, $2, $3)",
+                // The store's keys, as a writer binds them, to seal the audit event.
+                let ring = keys::setup_keys_in(&mut tx, resolve_keyring(options.keyring.clone())?, false)
+                    .await?;
+                keys::append_log(
+                    &mut tx,
+                    &ring,
+                    "rollback",
+                    "placement",
+                    i64::try_from(parked).unwrap_or(i64::MAX),
+                    &detail,
+                    now,
                 )
-                .bind(i64::try_from(parked).unwrap_or(i64::MAX))
-                .bind(detail)
-                .bind(now)
-                .execute(&mut *tx)
-                .await
-                .map_err(db)?;
+                .await?;
                 tracing::warn!(by, parked, "rollback acknowledged");
             }
             tx.commit().await.map_err(db)?;
@@ -489,9 +493,15 @@ fn resolve_keyring(keyring: Option<Keyring>) -> Result<Keyring, StoreError> {
     }
 }
 
+/// The schema version whose migration introduced seals (`0002_seals.sql`).
+const SEALS_VERSION: i64 = 2;
+
 /// Refuses a newer schema, applies pending migrations on a dedicated connection, then
 /// binds the store's own key into `keyring` and makes sure every row is sealed with its
-/// signing key ([`keys::setup_keys`]).
+/// signing key ([`keys::setup_keys_in`]), all in one transaction holding
+/// [`keys::SETUP_LOCK`]: "the sealing migration ran in this transaction" is then the
+/// witness that the rows predate seals (nothing outside the process can forge it), and
+/// no crash can come between the migration and the sealing.
 async fn setup(
     options: &PgConnectOptions,
     connect_timeout: Duration,
@@ -504,7 +514,13 @@ async fn setup(
     // pooled connection ever keeps it.
     let pool = open::setup_pool(options, connect_timeout).await?;
     let result = async {
-        if let Some(found) = applied_version(&pool).await?
+        let mut tx = pool.begin().await.map_err(db)?;
+        sqlx::query(keys::SETUP_LOCK)
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
+        let before = applied_version(&mut tx).await?;
+        if let Some(found) = before
             && found > supported
         {
             return Err(StoreError::SchemaTooNew {
@@ -513,20 +529,17 @@ async fn setup(
                 supported,
             });
         }
+        // Each migration runs in a savepoint of this transaction.
         migrator
-            .run(&pool)
+            .run_direct(None, &mut *tx, false)
             .await
             .map_err(|e| error::migrate(e, supported))?;
-        let keyring = keys::setup_keys(&pool, keyring).await?;
+        let migrated_now = before.unwrap_or(0) < SEALS_VERSION;
+        let ring = keys::setup_keys_in(&mut tx, keyring, migrated_now).await?;
         // Where the store lives: a restored or swapped database is refused (`witness`).
-        let mut tx = pool.begin().await.map_err(db)?;
-        sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('durable placement', 0))")
-            .execute(&mut *tx)
-            .await
-            .map_err(db)?;
         witness::check(&mut tx, &open::address(options), false).await?;
         tx.commit().await.map_err(db)?;
-        Ok(keyring)
+        Ok(ring)
     }
     .await;
     pool.close().await;
@@ -534,10 +547,10 @@ async fn setup(
 }
 
 /// The newest version recorded in the tracking table, if the table exists.
-async fn applied_version(pool: &PgPool) -> Result<Option<i64>, StoreError> {
+async fn applied_version(conn: &mut sqlx::PgConnection) -> Result<Option<i64>, StoreError> {
     let exists: bool = sqlx::query("SELECT to_regclass($1) IS NOT NULL")
         .bind(MIGRATIONS_TABLE)
-        .fetch_one(pool)
+        .fetch_one(&mut *conn)
         .await
         .map_err(db)?
         .try_get(0)
@@ -546,7 +559,7 @@ async fn applied_version(pool: &PgPool) -> Result<Option<i64>, StoreError> {
         return Ok(None);
     }
     sqlx::query("SELECT max(version) FROM durable_schema_migrations")
-        .fetch_one(pool)
+        .fetch_one(&mut *conn)
         .await
         .map_err(db)?
         .try_get(0)

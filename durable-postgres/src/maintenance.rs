@@ -260,6 +260,20 @@ pub enum IndexCheck {
 }
 
 impl PostgresStore {
+    /// The store's integrity log (`durable_integrity_log`: every adoption, re-keying and
+    /// restored key row), with the check of the seal that covers the whole log under
+    /// this store's keys. Changes nothing.
+    pub async fn integrity_log(&self) -> Result<durable_core::integrity::IntegrityLog, StoreError> {
+        let mut tx = self.pool().begin().await.map_err(db)?;
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
+        let log = crate::keys::read_log(&mut tx, self.keyring()).await?;
+        tx.commit().await.map_err(db)?;
+        Ok(log)
+    }
+
     /// Runs `amcheck`'s `bt_index_check` with `heapallindexed` on every index of the
     /// store's tables: an index that misses a row, or a corrupt page, is reported.
     ///

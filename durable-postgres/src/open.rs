@@ -105,7 +105,11 @@ pub(crate) async fn check_read_only(
     let pool = setup_pool(options, timeout).await?;
     let result = async {
         let supported = newest_migration(&migrations());
-        match applied_version(&pool).await? {
+        let found = {
+            let mut conn = pool.acquire().await.map_err(db)?;
+            applied_version(&mut conn).await?
+        };
+        match found {
             None => Err(StoreError::NotAStore {
                 location: location.to_owned(),
                 detail: format!(
@@ -145,17 +149,31 @@ async fn read_only_keys(pool: &PgPool, ring: Keyring) -> Result<Keyring, StoreEr
             .fetch_optional(pool)
             .await
             .map_err(db)?;
-    let Some(hex) = hex else {
-        return Ok(ring);
-    };
-    let ring = ring.bind_store_key(Keyring::store_key_from_hex(&hex)?);
-    // A reader re-seals nothing: a store sealed with another key is one clear line
-    // (`KeyMissing`), never a `Tampered` on every read.
     let signing: Option<String> =
         sqlx::query_scalar("SELECT value FROM durable_meta WHERE name = 'signing_key'")
             .fetch_optional(pool)
             .await
             .map_err(db)?;
+    let Some(hex) = hex else {
+        // No store key: a store no writer has sealed yet, or one whose key row is gone.
+        // Rows sealed with the store's own key cannot be checked without it: one clear
+        // line, not a `Tampered` on every read.
+        if ring.is_unverified() || !signing.as_deref().is_some_and(|s| s.starts_with("store-")) {
+            return Ok(ring);
+        }
+        let sessions: i64 = sqlx::query_scalar("SELECT count(*) FROM durable_sessions")
+            .fetch_one(pool)
+            .await
+            .map_err(db)?;
+        return Err(
+            durable_core::integrity::OpenFacts::signed(signing.as_deref())
+                .holding(sessions, None)
+                .store_key_missing(),
+        );
+    };
+    let ring = ring.bind_store_key(Keyring::store_key_from_hex(&hex)?);
+    // A reader re-seals nothing: a store sealed with another key is one clear line
+    // (`KeyMissing`), never a `Tampered` on every read.
     ring.readable(signing.as_deref())?;
     Ok(ring)
 }

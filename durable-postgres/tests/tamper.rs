@@ -376,29 +376,220 @@ async fn concurrent_connectors_set_the_keys_up_once() {
     assert_eq!(keys, 2, "one store key, one signing key");
 }
 
+async fn exec(pool: &PgPool, sqls: &[&str]) {
+    for sql in sqls {
+        sqlx::query(sqlx::AssertSqlSafe(*sql))
+            .execute(pool)
+            .await
+            .expect(sql);
+    }
+}
+
+const FORGE: &str =
+    "UPDATE durable_tool_calls SET status = 'not_happened', result = NULL, mac = NULL";
+const NO_SIGNING_KEY: &str = "DELETE FROM durable_meta WHERE name = 'signing_key'";
+
+/// Issue 30 case 1: a completed unsafe call set back to `not_happened` (its seal
+/// nulled) and the `signing_key` row deleted. The next writer must not seal the forged
+/// row as found: with the key it checks every row and names the forged one; without it,
+/// it names the missing key. Nothing opens, so nothing runs again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_store_without_seals_is_adopted_once_audited() {
+async fn a_deleted_signing_key_row_never_seals_a_forged_row() {
+    let db = test_database().await;
+    let store = open(&db, app(1)).await.expect("open");
+    let id = one_call(&store).await;
+    exec(store.pool(), &[FORGE, NO_SIGNING_KEY]).await;
+    store.pool().close().await;
+    let err = open(&db, app(1))
+        .await
+        .expect_err("the forged row is named");
+    let StoreError::Tampered { session, what, .. } = &err else {
+        panic!("expected Tampered, got {err:?}");
+    };
+    assert_eq!(session, &id);
+    assert!(what.contains("journal row"), "{what}");
+    let err = open(&db, Keyring::none())
+        .await
+        .expect_err("without the key");
+    assert!(
+        matches!(&err, StoreError::KeyMissing { key, .. } if key == app(1).signing_id()),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("signing_key"), "{err}");
+    assert!(open(&db, app(1)).await.is_err(), "still refused");
+}
+
+/// The same with the store's own key: the signing key row deleted next to a forged row,
+/// or both key rows deleted, is refused, with advice that works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_key_store_with_deleted_key_rows_is_refused() {
     let db = test_database().await;
     let store = open(&db, Keyring::none()).await.expect("open");
-    let id = one_call(&store).await;
-    // Simulate a store written by the release before seals: no seals, no signing key.
-    for sql in [
-        "UPDATE durable_tool_calls SET mac = NULL",
-        "UPDATE durable_messages SET seal = NULL",
-        "UPDATE durable_checkpoints SET seal = NULL",
-        "UPDATE durable_sessions SET head = NULL",
-        "DELETE FROM durable_meta WHERE name = 'signing_key'",
-    ] {
-        sqlx::query(sql).execute(store.pool()).await.expect(sql);
-    }
+    one_call(&store).await;
+    exec(store.pool(), &[FORGE, NO_SIGNING_KEY]).await;
     store.pool().close().await;
-    let store = open(&db, Keyring::none()).await.expect("adopts");
-    pay_replays(&store, &id).await;
-    let events: Vec<String> = sqlx::query_scalar("SELECT event FROM durable_integrity_log")
-        .fetch_all(store.pool())
+    let err = open(&db, Keyring::none()).await.expect_err("forged row");
+    assert!(matches!(err, StoreError::Tampered { .. }), "{err:?}");
+    let pool = raw(&db).await;
+    exec(&pool, &["DELETE FROM durable_meta"]).await;
+    let err = open(&db, Keyring::none()).await.expect_err("no key rows");
+    assert!(
+        matches!(&err, StoreError::KeyMissing { key, .. } if key == "store"),
+        "{err:?}"
+    );
+    assert!(!err.to_string().contains("as a previous key"), "{err}");
+    let keys: i64 = sqlx::query_scalar("SELECT count(*) FROM durable_meta")
+        .fetch_one(&pool)
         .await
-        .expect("log");
-    assert_eq!(events, ["adopt"]);
+        .expect("meta");
+    assert_eq!(keys, 0, "no new store key was made");
+    // Only the store key row gone: a reader says so in one line too (not a `Tampered`
+    // on every read), with the same advice.
+    exec(
+        &pool,
+        &["INSERT INTO durable_meta (name, value) VALUES ('signing_key', 'store-0badc0de')"],
+    )
+    .await;
+    let err = PostgresStore::connect_with(PostgresStoreOptions::new(db.url()).read_only(true))
+        .await
+        .expect_err("a reader without the store key");
+    assert!(
+        matches!(&err, StoreError::KeyMissing { key, .. } if key == "store"),
+        "{err:?}"
+    );
+}
+
+/// Only the `signing_key` row deleted, the rows intact: a writer holding the key checks
+/// every row, writes the row back and audits it; the recorded result still replays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_signing_key_row_is_restored_after_every_row_is_checked() {
+    for ring in [app(1), Keyring::none()] {
+        let db = test_database().await;
+        let store = open(&db, ring.clone()).await.expect("open");
+        let id = one_call(&store).await;
+        exec(store.pool(), &[NO_SIGNING_KEY]).await;
+        store.pool().close().await;
+        let store = open(&db, ring.clone()).await.expect("restored");
+        pay_replays(&store, &id).await;
+        let log = store.integrity_log().await.expect("log");
+        assert!(log.is_ok(), "{log:?}");
+        assert_eq!(
+            log.events
+                .iter()
+                .map(|e| e.event.as_str())
+                .collect::<Vec<_>>(),
+            ["restore"]
+        );
+    }
+}
+
+/// A changed `store_key` row: the advice names the row and a backup, not a previous key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_store_key_gives_advice_that_works() {
+    let db = test_database().await;
+    let store = open(&db, Keyring::none()).await.expect("open");
+    one_call(&store).await;
+    exec(
+        store.pool(),
+        &["UPDATE durable_meta SET value = '00112233445566778899aabbccddeeff' WHERE name = 'store_key'"],
+    )
+    .await;
+    store.pool().close().await;
+    let err = open(&db, Keyring::none()).await.expect_err("changed key");
+    let text = err.to_string();
+    assert!(matches!(err, StoreError::KeyMissing { .. }), "{err:?}");
+    assert!(text.contains("`store_key` row"), "{text}");
+    assert!(!text.contains("as a previous key"), "{text}");
+}
+
+/// Every seal and head nulled as well as the key rows deleted: that looks like a store
+/// written before seals, but its sealing migration did not run in this open, so it is
+/// refused, never adopted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_whose_seals_were_all_removed_is_refused_not_adopted() {
+    let db = test_database().await;
+    let store = open(&db, app(1)).await.expect("open");
+    one_call(&store).await;
+    exec(
+        store.pool(),
+        &[
+            FORGE,
+            "UPDATE durable_messages SET seal = NULL",
+            "UPDATE durable_checkpoints SET seal = NULL",
+            "UPDATE durable_sessions SET head = NULL",
+            NO_SIGNING_KEY,
+        ],
+    )
+    .await;
+    store.pool().close().await;
+    let err = open(&db, app(1)).await.expect_err("never adopted");
+    assert!(
+        matches!(&err, StoreError::KeyMissing { key, .. } if key == "signing_key"),
+        "{err:?}"
+    );
+}
+
+/// Issue 31 item 2 on PostgreSQL: rotating a session with messages and checkpoints,
+/// store key → K1 → K2 (K1 as previous).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rotation_rekeys_a_session_with_messages() {
+    let db = test_database().await;
+    let store = open(&db, Keyring::none()).await.expect("open");
+    let shared: Arc<dyn CheckpointStore> = Arc::new(store.clone());
+    let durable = Durable::builder(shared)
+        .owner("w")
+        .app_version("v1")
+        .build();
+    let mut options = StartOptions::default();
+    options.messages = vec![Message::user("start")];
+    let mut session = durable.start::<Message>(options).await.expect("start");
+    session.push(Message::user("one"));
+    session.checkpoint().await.expect("checkpoint");
+    session.push(Message::user("two"));
+    session.push(Message::user("three"));
+    session.checkpoint().await.expect("checkpoint");
+    let id = session.id().clone();
+    session.release().await.expect("release");
+    store.pool().close().await;
+    let store = open(&db, app(1)).await.expect("store key → K1");
+    store.load_checkpoint(&id, None).await.expect("reads");
+    store.pool().close().await;
+    let rotated = app(2).previous_app_key(vec![1; 32]).expect("previous");
+    let store = open(&db, rotated).await.expect("K1 → K2");
+    let loaded = store.load_checkpoint(&id, None).await.expect("reads");
+    assert_eq!(loaded.message_values().expect("JSON").len(), 4);
+    let report = durable_core::verify::verify_sessions(&store, None)
+        .await
+        .expect("verify");
+    assert!(report.iter().all(|c| c.is_ok()), "{report:?}");
+    let log = store.integrity_log().await.expect("log");
+    assert!(log.is_ok(), "{log:?}");
+    assert_eq!(
+        log.events
+            .iter()
+            .map(|e| e.event.as_str())
+            .collect::<Vec<_>>(),
+        ["rekey", "rekey"]
+    );
+    // The log is sealed as a whole: an edited or a deleted event shows.
+    exec(
+        store.pool(),
+        &["UPDATE durable_integrity_log SET rows = rows + 1"],
+    )
+    .await;
+    assert!(!store.integrity_log().await.expect("log").is_ok());
+    exec(
+        store.pool(),
+        &["UPDATE durable_integrity_log SET rows = rows - 1"],
+    )
+    .await;
+    assert!(store.integrity_log().await.expect("log").is_ok());
+    exec(
+        store.pool(),
+        &["DELETE FROM durable_integrity_log WHERE id = (SELECT max(id) FROM durable_integrity_log)"],
+    )
+    .await;
+    assert!(!store.integrity_log().await.expect("log").is_ok());
 }
 
 /// A database at schema version 1 (one table-wide `seq`, outcome-only MACs) with two

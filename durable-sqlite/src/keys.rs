@@ -1,10 +1,14 @@
 //! The store's keys: loading (or creating) its own key at open, sealing a database that
 //! was never sealed, re-sealing one under a new key, and re-sealing a session whose rows
-//! were copied (a fork). Every re-sealing is audited in `durable_integrity_log`.
+//! were copied (a fork). Every re-sealing is audited in `durable_integrity_log`,
+//! which is sealed as a whole (its seal in `durable_meta`).
 
 use std::collections::HashMap;
 
-use durable_core::integrity::{self, ApprovalFields, KeyAction, Keyring};
+use durable_core::integrity::{
+    self, ApprovalFields, INTEGRITY_LOG_SEAL, IntegrityEvent, IntegrityLog, KeyAction, Keyring,
+    OpenFacts,
+};
 use durable_core::{SessionId, StoreError};
 use sqlx::SqliteConnection;
 
@@ -12,7 +16,7 @@ use crate::error::db;
 use crate::rows;
 use crate::seal::{
     RawCall, RawCheckpoint, check_journal_complete, check_message, head_cols, head_from_row,
-    message_seal_at, raw_call_cols, resolution_fields, seal_message,
+    raw_call_cols, resolution_fields, seal_message,
 };
 use crate::tx;
 
@@ -83,6 +87,11 @@ pub(crate) async fn reseal_session(
     let mut new_previous = String::new();
     let mut message_seals = HashMap::new();
     message_seals.insert(0i64, String::new());
+    // The seals as they were before this re-sealing: a checkpoint's seal covers its
+    // transcript's last message seal, and the table holds the new ones once they are
+    // written below.
+    let mut old_message_seals = HashMap::new();
+    old_message_seals.insert(0i64, String::new());
     let mut sealed_messages = Vec::with_capacity(found.len());
     for row in &found {
         let seq: i64 = rows::col(row, "seq", session, None)?;
@@ -92,6 +101,7 @@ pub(crate) async fn reseal_session(
             check_message(from, session, seq, &text, &old_previous, seal.as_deref())?;
         }
         old_previous = seal.unwrap_or_default();
+        old_message_seals.insert(seq, old_previous.clone());
         let new = seal_message(to, session, seq, &text, &new_previous)?;
         new_previous = new.clone();
         message_seals.insert(seq, new.clone());
@@ -136,13 +146,20 @@ pub(crate) async fn reseal_session(
         let message_count: i64 = rows::col(row, "message_count", session, v)?;
         let seal: Option<String> = rows::col(row, "seal", session, v)?;
         if let Some(from) = from {
-            let old_last = message_seal_at(conn, session, last_seq).await?;
+            let old_last =
+                old_message_seals
+                    .get(&last_seq)
+                    .ok_or_else(|| StoreError::Tampered {
+                        session: session.clone(),
+                        what: format!("message {last_seq}"),
+                        detail: "it is missing from the transcript".to_owned(),
+                    })?;
             RawCheckpoint {
                 session,
                 version,
                 last_seq,
                 message_count,
-                last_message_seal: &old_last,
+                last_message_seal: old_last,
                 plan: &texts[0],
                 budget: &texts[1],
                 state: &texts[2],
@@ -311,61 +328,89 @@ async fn set_meta(conn: &mut SqliteConnection, name: &str, value: &str) -> Resul
 }
 
 /// Loads (or creates) the store's own key, binds it into `ring`, and makes sure every
-/// row is sealed with `ring`'s signing key: seals a database that was never sealed,
+/// row is sealed with `ring`'s signing key: seals a database whose rows predate seals,
 /// re-seals one sealed with a key `ring` can check (an application key turned on, or
-/// rotated), and refuses one sealed with a key `ring` does not hold. Runs in one
-/// `BEGIN IMMEDIATE` transaction, so concurrent openers do this once.
-pub(crate) async fn setup_keys(
+/// rotated), restores a missing `signing_key` row after checking every row, and refuses
+/// the rest ([`Keyring::on_open`]). Runs inside the open's `BEGIN IMMEDIATE` transaction
+/// (the one that migrated the schema), so concurrent openers do this once, and
+/// `seals_migrated_now` (the sealing migration ran in this transaction) is the witness
+/// that the rows genuinely predate seals.
+pub(crate) async fn setup_keys_in(
     conn: &mut SqliteConnection,
     ring: Keyring,
+    seals_migrated_now: bool,
 ) -> Result<Keyring, StoreError> {
-    sqlx::query("BEGIN IMMEDIATE")
-        .execute(&mut *conn)
+    let current = meta(conn, "signing_key").await?;
+    let sessions: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM durable_sessions")
+        .fetch_one(&mut *conn)
         .await
         .map_err(db)?;
-    let result = setup_keys_in(&mut *conn, ring).await;
-    let end = if result.is_ok() { "COMMIT" } else { "ROLLBACK" };
-    sqlx::query(end).execute(&mut *conn).await.map_err(db)?;
-    result
-}
-
-async fn setup_keys_in(conn: &mut SqliteConnection, ring: Keyring) -> Result<Keyring, StoreError> {
+    let head: Option<String> = sqlx::query_scalar(
+        "SELECT head FROM durable_sessions WHERE head IS NOT NULL ORDER BY num LIMIT 1",
+    )
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(db)?;
+    let sealed_with = head
+        .as_deref()
+        .and_then(|seal| seal.split_once(':'))
+        .map(|(id, _)| id);
+    let facts = OpenFacts::signed(current.as_deref())
+        .migrated_now(seals_migrated_now)
+        .holding(sessions, sealed_with);
     let store_key = match meta(conn, "store_key").await? {
         Some(hex) => Keyring::store_key_from_hex(&hex)?,
-        None => {
+        None if facts.may_create_store_key() => {
             let key = integrity::random_key()?;
             set_meta(conn, "store_key", &integrity::hex(&key)).await?;
             key
         }
+        None => return Err(facts.store_key_missing()),
     };
     let ring = ring.bind_store_key(store_key);
     let now = tx::now(conn).await?;
     let signing = ring.signing_id().to_owned();
-    let current = meta(conn, "signing_key").await?;
-    match ring.on_open(current.as_deref())? {
+    match ring.on_open(&facts)? {
         KeyAction::Keep => {
             upgrade_heads(conn, &ring).await?;
+            seal_legacy_log(conn, &ring, now).await?;
             return Ok(ring);
         }
         KeyAction::Rekey { from_id, from } => {
             let rows = reseal_all(conn, Some(&from), &ring).await?;
-            log(
-                conn,
-                now,
-                "rekey",
-                Some(&from_id),
-                &signing,
+            let entry = Log {
+                event: "rekey",
+                from: Some(&from_id),
+                to: &signing,
                 rows,
-                "every row was checked under the old key, then re-sealed under the new one",
-            )
-            .await?;
+                detail: "every row was checked under the old key, then re-sealed under the new one",
+            };
+            entry.append(conn, &from, &ring, now).await?;
             tracing::warn!(from = %from_id, to = %signing, rows, "re-sealed the store under a new key");
+        }
+        KeyAction::Restore { from_id, from } => {
+            let rows = reseal_all(conn, Some(&from), &ring).await?;
+            let entry = Log {
+                event: "restore",
+                from: Some(&from_id),
+                to: &signing,
+                rows,
+                detail: "the `signing_key` row of `durable_meta` was missing: every row was checked under the key its seals name, re-sealed under the signing key, and the row written back",
+            };
+            entry.append(conn, &from, &ring, now).await?;
+            tracing::warn!(from = %from_id, to = %signing, rows, "restored the missing signing_key row after checking every row");
         }
         KeyAction::Adopt => {
             let rows = reseal_all(conn, None, &ring).await?;
             if rows > 0 {
-                log(conn, now, "adopt", None, &signing, rows,
-                    "rows written before tamper evidence (schema version 1) were sealed as found; their content before this point is not authenticated").await?;
+                let entry = Log {
+                    event: "adopt",
+                    from: None,
+                    to: &signing,
+                    rows,
+                    detail: "rows written before tamper evidence (schema version 1) were sealed as found; their content before this point is not authenticated",
+                };
+                entry.append(conn, &ring, &ring, now).await?;
                 tracing::warn!(to = %signing, rows, "sealed a store written without seals");
             }
         }
@@ -465,27 +510,140 @@ async fn reseal_all(
     Ok(rows)
 }
 
-async fn log(
+/// Appends an operator's event (a rollback acknowledged) to the sealed integrity log,
+/// checking the log as it stands and re-sealing it under `ring`.
+pub(crate) async fn append_log(
     conn: &mut SqliteConnection,
-    now: i64,
+    ring: &Keyring,
     event: &str,
-    from: Option<&str>,
     to: &str,
     rows: i64,
     detail: &str,
+    now: i64,
 ) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO durable_integrity_log (event, from_key, to_key, rows, detail, created_at) \
-         VALUES (?, ?, ?, ?, ?, ?)",
+    Log {
+        event,
+        from: None,
+        to,
+        rows,
+        detail,
+    }
+    .append(conn, ring, ring, now)
+    .await
+}
+
+/// An event of `durable_integrity_log`.
+struct Log<'a> {
+    event: &'a str,
+    from: Option<&'a str>,
+    to: &'a str,
+    rows: i64,
+    detail: &'a str,
+}
+
+impl Log<'_> {
+    /// Appends the event and re-seals the whole log under `to`, after checking the log
+    /// as it stands under `check` (the key that sealed it). A log that does not hold is
+    /// refused; one written before the log was sealed is sealed as found first, audited
+    /// as `seal_log`.
+    async fn append(
+        &self,
+        conn: &mut SqliteConnection,
+        check: &Keyring,
+        to: &Keyring,
+        now: i64,
+    ) -> Result<(), StoreError> {
+        let log = read_log(conn, check).await?;
+        if let Some(refused) = log.refused() {
+            if meta(conn, INTEGRITY_LOG_SEAL).await?.is_some() {
+                return Err(refused);
+            }
+            seal_log_event(log.events.len()).insert(conn, now).await?;
+        }
+        self.insert(conn, now).await?;
+        reseal_log(conn, to).await
+    }
+
+    async fn insert(&self, conn: &mut SqliteConnection, now: i64) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO durable_integrity_log (event, from_key, to_key, rows, detail, created_at) \
+             VALUES (?, ?, ?, ?, ?, ?)",
+        )
+        .bind(self.event)
+        .bind(self.from)
+        .bind(self.to)
+        .bind(self.rows)
+        .bind(self.detail)
+        .bind(now)
+        .execute(conn)
+        .await
+        .map_err(db)?;
+        Ok(())
+    }
+}
+
+/// The event that records sealing a log written before logs were sealed.
+fn seal_log_event(events: usize) -> Log<'static> {
+    Log {
+        event: "seal_log",
+        from: None,
+        to: "-",
+        rows: i64::try_from(events).unwrap_or(i64::MAX),
+        detail: "the events above were written before this log was sealed: they were sealed as found, and are not authenticated",
+    }
+}
+
+/// Seals, as found and audited, a non-empty integrity log that has no seal (written
+/// before logs were sealed). A log whose seal does not hold is left as found: it decides
+/// nothing, and `durable verify` reports it.
+async fn seal_legacy_log(
+    conn: &mut SqliteConnection,
+    ring: &Keyring,
+    now: i64,
+) -> Result<(), StoreError> {
+    if meta(conn, INTEGRITY_LOG_SEAL).await?.is_some() {
+        return Ok(());
+    }
+    let log = read_log(conn, ring).await?;
+    if log.events.is_empty() {
+        return Ok(());
+    }
+    seal_log_event(log.events.len()).insert(conn, now).await?;
+    reseal_log(conn, ring).await
+}
+
+async fn reseal_log(conn: &mut SqliteConnection, to: &Keyring) -> Result<(), StoreError> {
+    let events = log_events(conn).await?;
+    let seal = to.seal(&integrity::integrity_log_fields(&events))?;
+    set_meta(conn, INTEGRITY_LOG_SEAL, &seal).await
+}
+
+/// A row of `durable_integrity_log`: id, event, from key, to key, rows, detail, time.
+type LogRow = (i64, String, Option<String>, String, i64, String, i64);
+
+/// Every event of the integrity log, oldest first.
+async fn log_events(conn: &mut SqliteConnection) -> Result<Vec<IntegrityEvent>, StoreError> {
+    let rows: Vec<LogRow> = sqlx::query_as(
+        "SELECT id, event, from_key, to_key, rows, detail, created_at \
+         FROM durable_integrity_log ORDER BY id",
     )
-    .bind(event)
-    .bind(from)
-    .bind(to)
-    .bind(rows)
-    .bind(detail)
-    .bind(now)
-    .execute(conn)
+    .fetch_all(&mut *conn)
     .await
     .map_err(db)?;
-    Ok(())
+    Ok(rows
+        .into_iter()
+        .map(|(id, event, from, to, rows, detail, at)| {
+            IntegrityEvent::new(id, event, from, to, rows, detail, at)
+        })
+        .collect())
+}
+
+/// The integrity log with the check of its seal under `ring`.
+pub(crate) async fn read_log(
+    conn: &mut SqliteConnection,
+    ring: &Keyring,
+) -> Result<IntegrityLog, StoreError> {
+    let events = log_events(conn).await?;
+    let seal = meta(conn, INTEGRITY_LOG_SEAL).await?;
+    Ok(IntegrityLog::check(ring, events, seal.as_deref()))
 }

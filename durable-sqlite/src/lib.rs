@@ -239,9 +239,15 @@ impl SqliteStoreOptions {
     }
 }
 
-/// Refuses a newer schema, then applies pending migrations, all under one
-/// `BEGIN IMMEDIATE` so that concurrent openers of one file migrate it exactly once.
-async fn setup_schema(conn: &mut SqliteConnection) -> Result<(), StoreError> {
+/// The schema version whose migration introduced seals (`0002_seals.sql`).
+const SEALS_VERSION: i64 = 2;
+
+/// Refuses a newer schema, applies pending migrations, then sets the keys up
+/// ([`keys::setup_keys_in`]), all under one `BEGIN IMMEDIATE` so that concurrent openers
+/// of one file do it exactly once, and so that "the sealing migration ran in this
+/// transaction" (the witness that the rows predate seals, which nothing outside the
+/// process can forge) cannot be lost to a crash between the migration and the sealing.
+async fn setup_schema(conn: &mut SqliteConnection, ring: Keyring) -> Result<Keyring, StoreError> {
     let migrator = migrations();
     let supported = schema_version();
     let mut tx = conn.begin_with("BEGIN IMMEDIATE").await.map_err(db)?;
@@ -252,12 +258,14 @@ async fn setup_schema(conn: &mut SqliteConnection) -> Result<(), StoreError> {
     .fetch_one(&mut *tx)
     .await
     .map_err(db)?;
+    let mut before = 0;
     if tracked {
         let found: Option<i64> =
             sqlx::query_scalar("SELECT MAX(version) FROM durable_schema_migrations")
                 .fetch_one(&mut *tx)
                 .await
                 .map_err(db)?;
+        before = found.unwrap_or(0);
         if let Some(found) = found.filter(|&found| found > supported) {
             // Nothing was written; end the transaction before refusing.
             tx.rollback().await.map_err(db)?;
@@ -274,7 +282,9 @@ async fn setup_schema(conn: &mut SqliteConnection) -> Result<(), StoreError> {
         .run_direct(None, &mut *tx, false)
         .await
         .map_err(migrate)?;
-    tx.commit().await.map_err(db)
+    let ring = keys::setup_keys_in(&mut tx, ring, before < SEALS_VERSION).await?;
+    tx.commit().await.map_err(db)?;
+    Ok(ring)
 }
 
 /// A [`CheckpointStore`](durable_core::CheckpointStore) on SQLite.
@@ -426,11 +436,6 @@ impl SqliteStore {
         // acquire timeout).
         let mut setup = connect.connect().await.map_err(db)?;
         open::verify(&mut setup, expect).await?;
-        if read_only {
-            open::check_schema(&mut setup, &location).await?;
-        } else {
-            setup_schema(&mut setup).await?;
-        }
         let keyring = match options.keyring.clone() {
             Some(ring) => ring,
             None => Keyring::from_env().map_err(|e| StoreError::KeyMissing {
@@ -439,9 +444,10 @@ impl SqliteStore {
             })?,
         };
         let keyring = if read_only {
+            open::check_schema(&mut setup, &location).await?;
             open::read_only_keys(&mut setup, keyring).await?
         } else {
-            keys::setup_keys(&mut setup, keyring).await?
+            setup_schema(&mut setup, keyring).await?
         };
         // The rollback witness (see `witness`): a writer refuses a database that lost
         // acknowledged effects; a reader reports it.

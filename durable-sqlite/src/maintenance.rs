@@ -253,6 +253,14 @@ impl SqliteStore {
             .await
             .map_err(db)
     }
+
+    /// The store's integrity log (`durable_integrity_log`: every adoption, re-keying and
+    /// restored key row), with the check of the seal that covers the whole log under
+    /// this store's keys. Read in one read transaction; changes nothing.
+    pub async fn integrity_log(&self) -> Result<durable_core::integrity::IntegrityLog, StoreError> {
+        let mut conn = self.reader().acquire().await.map_err(db)?;
+        crate::keys::read_log(&mut conn, &self.inner.keyring).await
+    }
 }
 
 /// What [`SqliteStore::backup_to`] wrote, after checking it.
@@ -576,16 +584,16 @@ pub(crate) async fn acknowledge_rollback(
                     .join(", ")
             )
         };
-        sqlx::query(
-            "INSERT INTO durable_integrity_log (event, from_key, to_key, rows, detail, created_at) \
-             VALUES ('rollback', NULL, 'witness', ?, ?, ?)",
+        crate::keys::append_log(
+            &mut *conn,
+            store.keyring(),
+            "rollback",
+            "witness",
+            i64::try_from(parked).unwrap_or(i64::MAX),
+            &detail,
+            now,
         )
-        .bind(i64::try_from(parked).unwrap_or(i64::MAX))
-        .bind(detail)
-        .bind(now)
-        .execute(&mut *conn)
-        .await
-        .map_err(db)?;
+        .await?;
         tracing::warn!(by, parked, lost = report.lost.len(), "rollback acknowledged");
         Ok(())
     }

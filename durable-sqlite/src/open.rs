@@ -238,15 +238,29 @@ pub(crate) async fn read_only_keys(
             .fetch_optional(&mut *conn)
             .await
             .map_err(db)?;
-    let Some(hex) = hex else {
-        return Ok(ring);
-    };
-    let ring = ring.bind_store_key(durable_core::integrity::Keyring::store_key_from_hex(&hex)?);
     let signing: Option<String> =
         sqlx::query_scalar("SELECT value FROM durable_meta WHERE name = 'signing_key'")
             .fetch_optional(&mut *conn)
             .await
             .map_err(db)?;
+    let Some(hex) = hex else {
+        // No store key: a store no writer has sealed yet, or one whose key row is gone.
+        // Rows sealed with the store's own key cannot be checked without it: one clear
+        // line, not a `Tampered` on every read.
+        if ring.is_unverified() || !signing.as_deref().is_some_and(|s| s.starts_with("store-")) {
+            return Ok(ring);
+        }
+        let sessions: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM durable_sessions")
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(db)?;
+        return Err(
+            durable_core::integrity::OpenFacts::signed(signing.as_deref())
+                .holding(sessions, None)
+                .store_key_missing(),
+        );
+    };
+    let ring = ring.bind_store_key(durable_core::integrity::Keyring::store_key_from_hex(&hex)?);
     ring.readable(signing.as_deref())?;
     Ok(ring)
 }

@@ -292,24 +292,9 @@ async fn turning_a_key_on_and_rotating_it_reseals_and_audits() {
     ));
 }
 
-#[tokio::test]
-async fn a_store_without_seals_is_adopted_once_audited() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let path = dir.path().join("d.db");
-    let store = open(&path, Keyring::none()).await.expect("open");
-    let id = one_call(&store).await;
-    // Simulate a store written by the release before seals: no seals, no signing key.
-    for sql in [
-        "UPDATE durable_tool_calls SET mac = NULL",
-        "UPDATE durable_messages SET seal = NULL",
-        "UPDATE durable_checkpoints SET seal = NULL",
-        "UPDATE durable_sessions SET head = NULL",
-        "DELETE FROM durable_meta WHERE name = 'signing_key'",
-    ] {
-        sqlx::query(sql).execute(store.pool()).await.expect(sql);
-    }
-    store.close().await;
-    let store = open(&path, Keyring::none()).await.expect("adopts");
+/// Resumes `id` and runs its `pay` call again: a recorded result comes back; the body
+/// runs only if the journal says it never happened. Returns how often the body ran.
+async fn pay_again(store: &SqliteStore, id: &durable_core::SessionId) -> usize {
     let pay = ToolSpec::new("pay", "pay", ReplayClass::UnsafeOnReplay, json!({}));
     let runs = Arc::new(AtomicUsize::new(0));
     let shared: Arc<dyn CheckpointStore> = Arc::new(store.clone());
@@ -317,7 +302,7 @@ async fn a_store_without_seals_is_adopted_once_audited() {
         .owner("w")
         .app_version("v1")
         .build();
-    let resumed = durable.resume::<Message>(&id).await.expect("resume");
+    let resumed = durable.resume::<Message>(id).await.expect("resume");
     let counter = Arc::clone(&runs);
     let out = resumed
         .session
@@ -330,12 +315,325 @@ async fn a_store_without_seals_is_adopted_once_audited() {
         .await
         .expect("replays");
     assert_eq!(out, json!("paid"));
-    assert_eq!(runs.load(Ordering::SeqCst), 0, "replayed, not re-run");
-    let events: Vec<String> = sqlx::query_scalar("SELECT event FROM durable_integrity_log")
-        .fetch_all(store.pool())
+    runs.load(Ordering::SeqCst)
+}
+
+async fn exec(store: &SqliteStore, sqls: &[&str]) {
+    for sql in sqls {
+        sqlx::query(AssertSqlSafe(*sql))
+            .execute(store.pool())
+            .await
+            .expect(sql);
+    }
+}
+
+const FORGE: &str =
+    "UPDATE durable_tool_calls SET status = 'not_happened', result = NULL, mac = NULL";
+const NO_SIGNING_KEY: &str = "DELETE FROM durable_meta WHERE name = 'signing_key'";
+
+/// Issue 30 case 1: a completed unsafe call set back to `not_happened` (its seal
+/// nulled) and the `signing_key` row deleted. The next writer must not seal the forged
+/// row as found: with the key it checks every row and names the forged one; without it,
+/// it names the missing key. Nothing opens, so nothing runs again.
+#[tokio::test]
+async fn a_deleted_signing_key_row_never_seals_a_forged_row() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("d.db");
+    let store = open(&path, app(1)).await.expect("open");
+    let id = one_call(&store).await;
+    exec(&store, &[FORGE, NO_SIGNING_KEY]).await;
+    store.close().await;
+    let err = open(&path, app(1))
         .await
-        .expect("log");
-    assert_eq!(events, ["adopt"]);
+        .expect_err("the forged row is named");
+    let StoreError::Tampered { session, what, .. } = &err else {
+        panic!("expected Tampered, got {err:?}");
+    };
+    assert_eq!(session, &id);
+    assert!(what.contains("journal row"), "{what}");
+    let err = open(&path, Keyring::none())
+        .await
+        .expect_err("without the key");
+    assert!(
+        matches!(&err, StoreError::KeyMissing { key, .. } if key == app(1).signing_id()),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("signing_key"), "{err}");
+    // Still refused on the next try: nothing was sealed or written back.
+    assert!(open(&path, app(1)).await.is_err());
+}
+
+/// The same with the store's own key: deleting both key rows, or the signing key row
+/// next to a forged row, is refused.
+#[tokio::test]
+async fn a_store_key_store_with_deleted_key_rows_is_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("d.db");
+    let store = open(&path, Keyring::none()).await.expect("open");
+    one_call(&store).await;
+    exec(&store, &[FORGE, NO_SIGNING_KEY]).await;
+    store.close().await;
+    let err = open(&path, Keyring::none()).await.expect_err("forged row");
+    assert!(matches!(err, StoreError::Tampered { .. }), "{err:?}");
+    let raw = SqlitePool::connect(&format!("sqlite:{}", path.display()))
+        .await
+        .expect("raw");
+    sqlx::query("DELETE FROM durable_meta")
+        .execute(&raw)
+        .await
+        .expect("delete both rows");
+    raw.close().await;
+    let err = open(&path, Keyring::none()).await.expect_err("no key rows");
+    assert!(
+        matches!(&err, StoreError::KeyMissing { key, .. } if key == "store"),
+        "{err:?}"
+    );
+    // Only the store key row gone: a reader says so in one line too (not a `Tampered`
+    // on every read), with the same advice.
+    let raw = SqlitePool::connect(&format!("sqlite:{}", path.display()))
+        .await
+        .expect("raw");
+    sqlx::query("INSERT INTO durable_meta (name, value) VALUES ('signing_key', 'store-0badc0de')")
+        .execute(&raw)
+        .await
+        .expect("signing key row back");
+    raw.close().await;
+    let err = SqliteStore::open_read_only(&path)
+        .await
+        .expect_err("a reader without the store key");
+    assert!(
+        matches!(&err, StoreError::KeyMissing { key, .. } if key == "store"),
+        "{err:?}"
+    );
+    assert!(err.to_string().contains("durable backup"), "{err}");
+    let text = err.to_string();
+    assert!(text.contains("durable backup"), "{text}");
+    assert!(!text.contains("as a previous key"), "{text}");
+}
+
+/// Only the `signing_key` row deleted, the rows intact: a writer holding the key checks
+/// every row, writes the row back and audits it; the recorded result still replays.
+#[tokio::test]
+async fn a_deleted_signing_key_row_is_restored_after_every_row_is_checked() {
+    for ring in [app(1), Keyring::none()] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("d.db");
+        let store = open(&path, ring.clone()).await.expect("open");
+        let id = one_call(&store).await;
+        exec(&store, &[NO_SIGNING_KEY]).await;
+        store.close().await;
+        let store = open(&path, ring.clone()).await.expect("restored");
+        assert_eq!(pay_again(&store, &id).await, 0, "replayed, not re-run");
+        let log = store.integrity_log().await.expect("log");
+        assert!(log.is_ok(), "{log:?}");
+        assert_eq!(
+            log.events
+                .iter()
+                .map(|e| e.event.as_str())
+                .collect::<Vec<_>>(),
+            ["restore"]
+        );
+        let signing: String =
+            sqlx::query_scalar("SELECT value FROM durable_meta WHERE name = 'signing_key'")
+                .fetch_one(store.pool())
+                .await
+                .expect("written back");
+        assert!(signing.starts_with(if ring.has_app_key() { "app-" } else { "store-" }));
+    }
+}
+
+/// A changed `store_key` row: the advice names the row and a backup, not a previous key.
+#[tokio::test]
+async fn a_changed_store_key_gives_advice_that_works() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("d.db");
+    let store = open(&path, Keyring::none()).await.expect("open");
+    one_call(&store).await;
+    exec(
+        &store,
+        &["UPDATE durable_meta SET value = '00112233445566778899aabbccddeeff' WHERE name = 'store_key'"],
+    )
+    .await;
+    store.close().await;
+    let err = open(&path, Keyring::none()).await.expect_err("changed key");
+    let text = err.to_string();
+    assert!(matches!(err, StoreError::KeyMissing { .. }), "{err:?}");
+    assert!(text.contains("`store_key` row"), "{text}");
+    assert!(!text.contains("as a previous key"), "{text}");
+}
+
+/// A store written by schema version 1 (no seals, no key rows) is adopted once, audited,
+/// because its sealing migration runs in the opening transaction.
+#[tokio::test]
+async fn a_version_1_store_is_adopted_once_audited() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("d.db");
+    {
+        let mut conn = sqlx::ConnectOptions::connect(
+            &sqlx::sqlite::SqliteConnectOptions::new()
+                .filename(&path)
+                .create_if_missing(true),
+        )
+        .await
+        .expect("raw");
+        let mut first = durable_sqlite::migrations();
+        first.migrations = std::borrow::Cow::Owned(
+            first
+                .migrations
+                .iter()
+                .filter(|m| m.version == 1)
+                .cloned()
+                .collect(),
+        );
+        first.run(&mut conn).await.expect("schema version 1");
+        sqlx::query(
+            "INSERT INTO durable_sessions (num, id, status, app_version, metadata, fence, \
+             latest_version, created_at, updated_at, format) \
+             VALUES (1, 'a', 'active', 'v1', '{}', 1, 0, 1, 1, 1)",
+        )
+        .execute(&mut conn)
+        .await
+        .expect("session");
+        sqlx::query(
+            "INSERT INTO durable_checkpoints (session_num, version, last_seq, message_count, \
+             plan, budget, state, app_version, format, created_at) \
+             VALUES (1, 0, 0, 0, '{}', '{}', 'null', 'v1', 1, 1)",
+        )
+        .execute(&mut conn)
+        .await
+        .expect("checkpoint");
+        sqlx::Connection::close(conn).await.expect("close");
+    }
+    let store = open(&path, app(1)).await.expect("adopts");
+    store
+        .load_checkpoint(&durable_core::SessionId::new("a"), None)
+        .await
+        .expect("reads");
+    let log = store.integrity_log().await.expect("log");
+    assert!(log.is_ok(), "{log:?}");
+    assert_eq!(
+        log.events
+            .iter()
+            .map(|e| e.event.as_str())
+            .collect::<Vec<_>>(),
+        ["adopt"]
+    );
+    store.close().await;
+    open(&path, app(1))
+        .await
+        .expect("opens again, nothing to do");
+}
+
+/// Every seal, message head and head nulled as well as the key rows deleted: that looks
+/// like a store written before seals, but its sealing migration did not run in this
+/// open, so it is refused, never adopted.
+#[tokio::test]
+async fn a_store_whose_seals_were_all_removed_is_refused_not_adopted() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("d.db");
+    let store = open(&path, app(1)).await.expect("open");
+    one_call(&store).await;
+    exec(
+        &store,
+        &[
+            FORGE,
+            "UPDATE durable_tool_calls SET mac = NULL",
+            "UPDATE durable_messages SET seal = NULL",
+            "UPDATE durable_checkpoints SET seal = NULL",
+            "UPDATE durable_sessions SET head = NULL",
+            NO_SIGNING_KEY,
+        ],
+    )
+    .await;
+    store.close().await;
+    let err = open(&path, app(1)).await.expect_err("never adopted");
+    assert!(
+        matches!(&err, StoreError::KeyMissing { key, .. } if key == "signing_key"),
+        "{err:?}"
+    );
+}
+
+/// Issue 31 item 2: rotating a session that has messages and checkpoints, K1 → K2 (K1 as
+/// previous) and store key → application key, checks each checkpoint against the old
+/// transcript seals, not the new ones.
+#[tokio::test]
+async fn rotation_rekeys_a_session_with_messages() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("d.db");
+    let store = open(&path, Keyring::none()).await.expect("open");
+    let id = with_messages(&store).await;
+    store.close().await;
+    let store = open(&path, app(1)).await.expect("store key → K1");
+    store.load_checkpoint(&id, None).await.expect("reads");
+    store.close().await;
+    let rotated = app(2).previous_app_key(vec![1; 32]).expect("previous");
+    let store = open(&path, rotated).await.expect("K1 → K2");
+    let loaded = store.load_checkpoint(&id, None).await.expect("reads");
+    assert_eq!(loaded.message_values().expect("JSON").len(), 4);
+    let report = durable_core::verify::verify_sessions(&store, None)
+        .await
+        .expect("verify");
+    assert!(report.iter().all(|c| c.is_ok()), "{report:?}");
+    let log = store.integrity_log().await.expect("log");
+    assert!(log.is_ok(), "{log:?}");
+    assert_eq!(
+        log.events
+            .iter()
+            .map(|e| e.event.as_str())
+            .collect::<Vec<_>>(),
+        ["rekey", "rekey"]
+    );
+}
+
+/// A session with four messages over two checkpoints.
+async fn with_messages(store: &SqliteStore) -> durable_core::SessionId {
+    let shared: Arc<dyn CheckpointStore> = Arc::new(store.clone());
+    let durable = Durable::builder(shared)
+        .owner("w")
+        .app_version("v1")
+        .build();
+    let mut options = StartOptions::default();
+    options.messages = vec![Message::user("start")];
+    let mut session = durable.start::<Message>(options).await.expect("start");
+    session.push(Message::user("one"));
+    session.checkpoint().await.expect("checkpoint");
+    session.push(Message::user("two"));
+    session.push(Message::user("three"));
+    session.checkpoint().await.expect("checkpoint");
+    let id = session.id().clone();
+    session.release().await.expect("release");
+    id
+}
+
+/// The integrity log is sealed as a whole: an edited or deleted event shows.
+#[tokio::test]
+async fn the_integrity_log_is_sealed() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("d.db");
+    let store = open(&path, Keyring::none()).await.expect("open");
+    one_call(&store).await;
+    store.close().await;
+    let store = open(&path, app(1)).await.expect("rekey");
+    store.close().await;
+    let rotated = app(2).previous_app_key(vec![1; 32]).expect("previous");
+    let store = open(&path, rotated).await.expect("rotate");
+    assert!(store.integrity_log().await.expect("log").is_ok());
+    exec(
+        &store,
+        &["UPDATE durable_integrity_log SET rows = rows + 1 WHERE id = 1"],
+    )
+    .await;
+    let log = store.integrity_log().await.expect("log");
+    assert!(!log.is_ok(), "an edited event shows: {log:?}");
+    exec(
+        &store,
+        &["UPDATE durable_integrity_log SET rows = rows - 1 WHERE id = 1"],
+    )
+    .await;
+    assert!(store.integrity_log().await.expect("log").is_ok());
+    exec(&store, &["DELETE FROM durable_integrity_log WHERE id = 2"]).await;
+    let log = store.integrity_log().await.expect("log");
+    assert!(!log.is_ok(), "a deleted event shows: {log:?}");
 }
 
 #[tokio::test]
@@ -418,4 +716,39 @@ async fn verify_reports_each_session() {
         .await
         .expect("verify one");
     assert_eq!(one.len(), 1);
+}
+
+/// The witness for adoption cannot be faked from the database: rolling the migrations
+/// table back to schema 1 (so that the sealing migration would "run in this open") makes
+/// that migration fail on the tables it creates, and nothing is sealed as found.
+#[tokio::test]
+async fn a_rolled_back_migrations_table_does_not_fake_a_version_1_store() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("d.db");
+    let store = open(&path, app(1)).await.expect("open");
+    one_call(&store).await;
+    exec(
+        &store,
+        &[
+            FORGE,
+            "UPDATE durable_messages SET seal = NULL",
+            "UPDATE durable_checkpoints SET seal = NULL",
+            "UPDATE durable_sessions SET head = NULL",
+            "DELETE FROM durable_meta",
+            "DELETE FROM durable_schema_migrations WHERE version >= 2",
+        ],
+    )
+    .await;
+    store.close().await;
+    let err = open(&path, app(1)).await.expect_err("never adopted");
+    assert!(!matches!(err, StoreError::Tampered { .. }), "{err:?}");
+    let raw = SqlitePool::connect(&format!("sqlite:{}", path.display()))
+        .await
+        .expect("raw");
+    let sealed: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM durable_tool_calls WHERE mac IS NOT NULL")
+            .fetch_one(&raw)
+            .await
+            .expect("count");
+    assert_eq!(sealed, 0, "the forged row was not sealed");
 }
