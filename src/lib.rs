@@ -94,8 +94,8 @@
 pub use connect::{connect, connect_read_only};
 // Runtime and sessions.
 pub use durable_core::{
-    Durable, DurableBuilder, InDoubtAction, InDoubtCall, Journal, ResumeReport, Resumed, Session,
-    StartOptions,
+    Durable, DurableBuilder, ForkOptions, InDoubtAction, InDoubtCall, Journal, ResumeReport,
+    Resumed, Session, StartOptions,
 };
 // Worker pools.
 pub use durable_core::{PoolReport, ShutdownSignal, ShutdownTrigger, Worker};
@@ -209,8 +209,8 @@ pub mod store {
     pub use durable_core::store::{
         Approval, ApprovalDecision, ApprovalEvent, ApprovalRecord, ApprovalRequest, CallIdentity,
         CallKind, CallOutcome, CallRecord, CallStatus, Checkpoint, CheckpointMeta, DEADLINE,
-        DecideApproval, Decided, Durability, ErrorRecord, FORMAT_VERSION, Fence, FinishCall,
-        IssueOutcome, Lease, NewCall, NewCheckpoint, NewError, NewSession, PendingApproval,
+        CARRIED_STEP, DecideApproval, Decided, Durability, ErrorRecord, FORMAT_VERSION, Fence,
+        FinishCall, ForkEntry, ForkFate, ForkPlan, ForkSession, IssueOutcome, Lease, NewCall, NewCheckpoint, NewError, NewSession, PendingApproval,
         PurgeOutcome, QueueInfo, Resolution, ResolutionRecord, ResolveCall, RetargetSession,
         SessionFilter, SessionRecord, SessionStatus, StoredMessage, Transition,
     };

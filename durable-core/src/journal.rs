@@ -126,6 +126,9 @@ pub(crate) struct JournalInner {
     scopes: std::sync::atomic::AtomicU64,
     charged: Mutex<HashSet<CallId>>,
     durable_checked: tokio::sync::OnceCell<Option<String>>,
+    /// The rows of [`CARRIED_STEP`](crate::store::CARRIED_STEP): a fork's parent's effects
+    /// it never runs again, read once, on the first fresh call with a side effect.
+    carried: tokio::sync::OnceCell<Vec<CallRecord>>,
     /// The clear values of the secret arguments masked in this session's model replies
     /// (memory only; see [`secret`](crate::secret)).
     pub(crate) vault: crate::secret::Vault,
@@ -192,6 +195,7 @@ impl Journal {
                 scopes: std::sync::atomic::AtomicU64::new(0),
                 charged: Mutex::new(HashSet::new()),
                 durable_checked: tokio::sync::OnceCell::new(),
+                carried: tokio::sync::OnceCell::new(),
                 vault: crate::secret::Vault::default(),
             }),
             scope: None,
