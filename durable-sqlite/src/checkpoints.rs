@@ -679,7 +679,7 @@ async fn copy_journal(
             "INSERT INTO durable_tool_calls (id, session_id, kind, step, tool_name, input_hash, \
              ordinal, replay_class, status, args, idempotency_key, schema_hash, result, error, \
              spend, mac, attempt, fence, format, issued_at, finished_at, seq, approval) \
-             SELECT ?, ?, kind, ?, tool_name, input_hash, ordinal, replay_class, status, args, \
+             SELECT ?, ?, kind, ?, tool_name, input_hash, COALESCE(?, ordinal), replay_class, status, args, \
              idempotency_key, schema_hash, result, error, spend, NULL, attempt, 1, format, \
              issued_at, finished_at, ?, approval \
              FROM durable_tool_calls WHERE id = ? AND session_id = ? AND mac IS ?",
@@ -687,6 +687,7 @@ async fn copy_journal(
         .bind(copy.to.as_str())
         .bind(new_id.as_str())
         .bind(copy.step)
+        .bind(copy.ordinal)
         .bind(copy.seq)
         .bind(copy.from.as_str())
         .bind(source.as_str())

@@ -15,7 +15,8 @@
 //!   something else while one of them is unreplayed is refused as a divergence;
 //! - rows of later steps, in-doubt rows of earlier steps and rows the parent itself
 //!   carried from its own parent go to the fork's [`CARRIED_STEP`] (`-1`, a step the fork
-//!   never runs, before its first) ([`ForkFate::Carried`]): an in-doubt one bars every
+//!   never runs, before its first; numbered by their position there, so rows of several
+//!   steps never share an identity) ([`ForkFate::Carried`]): an in-doubt one bars every
 //!   call with a side effect in the fork until it is resolved (in the fork), and a fresh
 //!   call of the fork with the same tool and arguments as a carried effect is refused
 //!   ([`DurableError::InheritedEffect`](crate::DurableError::InheritedEffect)), whatever
@@ -269,6 +270,11 @@ pub struct ForkCopy {
     pub step: i64,
     /// Its position in the fork's journal, from 1.
     pub seq: i64,
+    /// Its ordinal in the fork: `None` keeps the source's (an inherited row keeps its
+    /// identity but the step); a carried row gets its position among the carried rows,
+    /// since rows of several source steps share [`CARRIED_STEP`] and could otherwise
+    /// share an identity.
+    pub ordinal: Option<i64>,
 }
 
 /// The rows a fork of `fork.source` at `fork.version` copies, from `rows` (the source's
@@ -286,12 +292,14 @@ pub fn copies(fork: &ForkSession, rows: &[CallRecord]) -> Result<Vec<ForkCopy>, 
                 .iter()
                 .find(|r| r.id == entry.call)
                 .ok_or_else(|| StoreError::CallNotFound(entry.call.clone()))?;
+            let at = i64::try_from(out.len()).unwrap_or(i64::MAX);
             out.push(ForkCopy {
                 from: row.id.clone(),
                 mac: row.mac.clone(),
                 to: CallId::random(),
                 step: fork_step(wanted).unwrap_or(CARRIED_STEP),
-                seq: i64::try_from(out.len()).unwrap_or(i64::MAX) + 1,
+                seq: at + 1,
+                ordinal: (wanted == ForkFate::Carried).then_some(at),
             });
         }
     }

@@ -223,9 +223,9 @@ async fn copy_journal(
             "INSERT INTO durable_tool_calls (id, session_id, kind, step, tool_name, input_hash, \
              ordinal, replay_class, status, args, idempotency_key, schema_hash, result, error, \
              spend, mac, attempt, fence, format, issued_at, finished_at, seq, approval) \
-             SELECT $1, $2, kind, $3, tool_name, input_hash, ordinal, replay_class, status, args, \
-             idempotency_key, schema_hash, result, error, spend, NULL, attempt, 1, format, \
-             issued_at, finished_at, $4, approval \
+             SELECT $1, $2, kind, $3, tool_name, input_hash, COALESCE($8, ordinal), \
+             replay_class, status, args, idempotency_key, schema_hash, result, error, spend, \
+             NULL, attempt, 1, format, issued_at, finished_at, $4, approval \
              FROM durable_tool_calls WHERE id = $5 AND session_id = $6 \
              AND mac IS NOT DISTINCT FROM $7",
         )
@@ -236,6 +236,7 @@ async fn copy_journal(
         .bind(copy.from.as_str())
         .bind(source.as_str())
         .bind(copy.mac.as_deref())
+        .bind(copy.ordinal)
         .execute(&mut *conn)
         .await
         .map_err(db)?;
