@@ -384,7 +384,7 @@ impl Durable {
             options.plan,
             options.budget,
             options.state,
-            Vec::new(),
+            (Vec::new(), true),
         ))
     }
 
@@ -642,7 +642,7 @@ impl Durable {
             plan,
             budget,
             state,
-            in_doubt,
+            (in_doubt, false),
         );
         Ok(Resumed { session, report })
     }
