@@ -215,12 +215,13 @@ pub mod store {
     pub use durable_core::ids::MAX_ID_BYTES;
     pub use durable_core::redact::redact_url;
     pub use durable_core::store::{
-        Approval, ApprovalDecision, ApprovalEvent, ApprovalRecord, ApprovalRequest, CallIdentity,
-        CallKind, CallOutcome, CallRecord, CallStatus, Checkpoint, CheckpointMeta, DEADLINE,
-        CARRIED_STEP, DecideApproval, Decided, Durability, ErrorRecord, FORMAT_VERSION, Fence,
-        FinishCall, ForkEntry, ForkFate, ForkPlan, ForkSession, IssueOutcome, Lease, NewCall, NewCheckpoint, NewError, NewSession, PendingApproval,
-        PurgeOutcome, QueueInfo, Resolution, ResolutionRecord, ResolveCall, RetargetSession,
-        SessionFilter, SessionRecord, SessionStatus, StoredMessage, Transition,
+        Approval, ApprovalDecision, ApprovalEvent, ApprovalRecord, ApprovalRequest, CARRIED_STEP,
+        CallIdentity, CallKind, CallOutcome, CallRecord, CallStatus, Checkpoint, CheckpointMeta,
+        DEADLINE, DecideApproval, Decided, Durability, ErrorRecord, FORMAT_VERSION, Fence,
+        FinishCall, ForkEntry, ForkFate, ForkPlan, ForkSession, IssueOutcome, Lease, NewCall,
+        NewCheckpoint, NewError, NewSession, PendingApproval, PurgeOutcome, QueueInfo, Resolution,
+        ResolutionRecord, ResolveCall, RetargetSession, SessionFilter, SessionRecord,
+        SessionStatus, StoredMessage, Transition,
     };
     pub use durable_core::validate::{
         validate_id, validate_new_session, validate_owner, validate_text,

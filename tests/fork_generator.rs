@@ -174,7 +174,10 @@ async fn case(program: Program) -> Result<(), String> {
             call(&parent, &ledger, (t, i), *op, die).await;
         }
         if t < last {
-            parent.checkpoint().await.map_err(|e| format!("parent checkpoint: {e}"))?;
+            parent
+                .checkpoint()
+                .await
+                .map_err(|e| format!("parent checkpoint: {e}"))?;
         }
     }
     drop(parent); // dies in flight, lease live

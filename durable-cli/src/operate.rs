@@ -216,9 +216,8 @@ pub async fn fork(store: &dyn CheckpointStore, json: bool, args: ForkArgs) -> Re
     store.release_lease(&lease).await?;
     let record = store.session(&to).await?;
     if json {
-        let mut out = serde_json::to_value(&record).map_err(|e| {
-            CliError::new(Code::Failure, format!("cannot encode JSON output: {e}"))
-        })?;
+        let mut out = serde_json::to_value(&record)
+            .map_err(|e| CliError::new(Code::Failure, format!("cannot encode JSON output: {e}")))?;
         if let Some(map) = out.as_object_mut() {
             map.insert(
                 "parent_effects".to_owned(),

@@ -206,7 +206,16 @@ async fn forks_never_resend(db: &str, store: &Arc<dyn CheckpointStore>) {
     let out = run(
         db,
         &[
-            "fork", "p", "--from-version", "1", "--to", "f3", "--rerun", &call, "--by", "alice",
+            "fork",
+            "p",
+            "--from-version",
+            "1",
+            "--to",
+            "f3",
+            "--rerun",
+            &call,
+            "--by",
+            "alice",
         ],
     );
     assert!(out.ok().contains("MAY RUN AGAIN"), "{}", out.stdout);
@@ -218,7 +227,12 @@ async fn forks_never_resend(db: &str, store: &Arc<dyn CheckpointStore>) {
     run(
         db,
         &[
-            "fork", "p", "--from-version", "1", "--rerun", "no-such-call",
+            "fork",
+            "p",
+            "--from-version",
+            "1",
+            "--rerun",
+            "no-such-call",
         ],
     )
     .fails(5, "--rerun no-such-call");

@@ -18,8 +18,8 @@ use crate::session::{ResumeReport, Resumed, Session};
 use crate::snapshot::{Budget, Plan};
 use crate::store::{
     ApprovalDecision, CallRecord, CallStatus, CheckpointStore, Claim, DEADLINE, DecideApproval,
-    ForkPlan, ForkSession, NewCheckpoint, NewSession, PendingApproval, Resolution, ResolveCall, RetargetSession,
-    SessionRecord, SessionStatus,
+    ForkPlan, ForkSession, NewCheckpoint, NewSession, PendingApproval, Resolution, ResolveCall,
+    RetargetSession, SessionRecord, SessionStatus,
 };
 use crate::telemetry;
 
@@ -928,9 +928,8 @@ impl Durable {
         // The version must exist before anything is said about it.
         self.store.load_checkpoint(session, Some(version)).await?;
         let rows = self.store.calls(session, None).await?;
-        ForkPlan::new(session.clone(), version, &rows, rerun).map_err(|unknown| {
-            DurableError::Store(StoreError::CallNotFound(unknown[0].clone()))
-        })
+        ForkPlan::new(session.clone(), version, &rows, rerun)
+            .map_err(|unknown| DurableError::Store(StoreError::CallNotFound(unknown[0].clone())))
     }
 
     /// Forks `session` at `version` as [`fork`](Self::fork) does, with the options of an

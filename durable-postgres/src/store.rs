@@ -15,8 +15,8 @@ use async_trait::async_trait;
 use durable_core::integrity::Keyring;
 use durable_core::store::{
     ApprovalRecord, ApprovalRequest, CallRecord, Checkpoint, CheckpointMeta, Claim, DecideApproval,
-    Durability, EditedKey, ErrorRecord, Fence, FinishCall, ForkSession, IssueOutcome, Lease, NewCall,
-    NewCheckpoint, NewError, NewSession, PendingApproval, PurgeOutcome, QueueInfo,
+    Durability, EditedKey, ErrorRecord, Fence, FinishCall, ForkSession, IssueOutcome, Lease,
+    NewCall, NewCheckpoint, NewError, NewSession, PendingApproval, PurgeOutcome, QueueInfo,
     ResolutionRecord, ResolveCall, RetargetSession, SessionFilter, SessionRecord, SessionStatus,
     StoredMessage, WorkEvents,
 };

@@ -6,8 +6,8 @@ use std::borrow::Cow;
 
 use durable_core::integrity::Keyring;
 use durable_core::store::{
-    Checkpoint, CheckpointMeta, FORMAT_VERSION, Fence, ForkCopy, ForkSession, Lease,
-    NewCheckpoint, SessionRecord, StoredMessage, fork_audit_map, fork_copies,
+    Checkpoint, CheckpointMeta, FORMAT_VERSION, Fence, ForkCopy, ForkSession, Lease, NewCheckpoint,
+    SessionRecord, StoredMessage, fork_audit_map, fork_copies,
 };
 use durable_core::{CallId, SessionId, StoreError};
 use sqlx::sqlite::{SqliteArguments, SqliteRow};
@@ -720,11 +720,13 @@ async fn copy_journal(
     .bind(new_id.as_str())
     .bind(app_version)
     .bind(app_version)
-    .bind(serde_json::to_string(&step_map).map_err(|e| StoreError::Corrupt {
-        session: new_id.clone(),
-        version: None,
-        detail: format!("the fork's audit row could not be encoded: {e}"),
-    })?)
+    .bind(
+        serde_json::to_string(&step_map).map_err(|e| StoreError::Corrupt {
+            session: new_id.clone(),
+            version: None,
+            detail: format!("the fork's audit row could not be encoded: {e}"),
+        })?,
+    )
     .bind(&fork.by)
     .bind(FORMAT_VERSION)
     .bind(now)

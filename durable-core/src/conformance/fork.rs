@@ -6,8 +6,8 @@ use serde_json::json;
 
 use super::checkpoints::{load, values};
 use super::{LONG_TTL, checkpoint, create, expect_err, message, owner, read, session_id};
-use crate::error::StoreError;
 use crate::error::DurableError;
+use crate::error::StoreError;
 use crate::store::{CallStatus, CheckpointStore, SessionStatus};
 
 /// A fork's version 0 equals the source version; the source is untouched, the fork is
@@ -246,7 +246,10 @@ pub async fn fork_never_repeats_a_parent_effect_after_the_fork_point(
     parent.checkpoint().await.expect("v3");
     // The same intent in a later turn: a second carried row of the same identity but
     // the step.
-    ledger.call(&parent, &email(), 2).await.expect("email 2 again");
+    ledger
+        .call(&parent, &email(), 2)
+        .await
+        .expect("email 2 again");
     parent.checkpoint().await.expect("v4");
     let id = parent.id().clone();
     parent.release().await.expect("release");
@@ -312,8 +315,14 @@ pub async fn fork_never_repeats_a_parent_effect_after_the_fork_point(
         .fork::<crate::Message>(&forks[0], 0, None)
         .await
         .expect("fork of a fork");
-    ledger.call(&grandchild, &email(), 1).await.expect("replays");
-    ledger.call(&grandchild, &charge(), 1).await.expect("replays");
+    ledger
+        .call(&grandchild, &email(), 1)
+        .await
+        .expect("replays");
+    ledger
+        .call(&grandchild, &charge(), 1)
+        .await
+        .expect("replays");
     let mut grandchild = grandchild;
     grandchild.checkpoint().await.expect("ends");
     let refused = ledger.call(&grandchild, &email(), 2).await;
@@ -327,7 +336,11 @@ pub async fn fork_never_repeats_a_parent_effect_after_the_fork_point(
         "{refused:?}"
     );
     assert_eq!(ledger.count("email", 1), 1);
-    assert_eq!(ledger.count("email", 2), 2, "the parent's two emails, nothing more");
+    assert_eq!(
+        ledger.count("email", 2),
+        2,
+        "the parent's two emails, nothing more"
+    );
     // Sealed like any session: the offline check finds every fork clean.
     for check in crate::verify::verify_sessions(&*store, None)
         .await
@@ -400,7 +413,9 @@ pub async fn fork_from_the_last_checkpoint_keeps_the_in_flight_turn(
     operator
         .resolve(
             &in_doubt[0].id,
-            crate::store::Resolution::Happened { result: json!({"n": 2}) },
+            crate::store::Resolution::Happened {
+                result: json!({"n": 2}),
+            },
             "ops",
             None,
         )
@@ -416,7 +431,10 @@ pub async fn fork_from_the_last_checkpoint_keeps_the_in_flight_turn(
         ledger.call(&fork, &email(), 2).await.expect("resolved"),
         json!({"n": 2})
     );
-    ledger.call(&fork, &email(), 3).await.expect("the barrier lifted");
+    ledger
+        .call(&fork, &email(), 3)
+        .await
+        .expect("the barrier lifted");
     assert_eq!(
         operator.in_doubt(Some(&id)).await.expect("parent").len(),
         1,
@@ -483,7 +501,9 @@ pub async fn fork_rerun_runs_only_the_named_call_again(store: Arc<dyn Checkpoint
 
     let (operator, _) = runtime(&store, "operator");
     expect_err!(
-        operator.fork_plan(&id, 1, &[crate::CallId::new("nope")]).await,
+        operator
+            .fork_plan(&id, 1, &[crate::CallId::new("nope")])
+            .await,
         DurableError::Store(StoreError::CallNotFound(_)),
         "a rerun of a call the source does not hold"
     );
@@ -506,7 +526,11 @@ pub async fn fork_rerun_runs_only_the_named_call_again(store: Arc<dyn Checkpoint
     ledger.call(&fork, &email(), 1).await.expect("replayed");
     ledger.call(&fork, &email(), 2).await.expect("run again");
     assert_eq!(ledger.count("email", 1), 1, "not named: not run again");
-    assert_eq!(ledger.count("email", 2), 2, "named: run again, deliberately");
+    assert_eq!(
+        ledger.count("email", 2),
+        2,
+        "named: run again, deliberately"
+    );
     let copied = store.calls(fork.id(), None).await.expect("fork rows");
     assert_eq!(copied.len(), 2, "one inherited row, one new: {copied:?}");
 }

@@ -604,9 +604,7 @@ impl ToolCall<'_> {
             return Err(refused.into());
         }
         if spec.class != ReplayClass::Pure
-            && let Err(refused) = journal
-                .check_carried(spec, &row.identity.input_hash)
-                .await
+            && let Err(refused) = journal.check_carried(spec, &row.identity.input_hash).await
         {
             reservation.release();
             super::refused_span(&refused);

@@ -309,9 +309,7 @@ pub fn copies(fork: &ForkSession, rows: &[CallRecord]) -> Result<Vec<ForkCopy>, 
 /// What a fate means for a row of this status, in words for the operator.
 pub fn effect(fate: ForkFate, status: CallStatus) -> &'static str {
     match (fate, status) {
-        (ForkFate::Rerun, _) => {
-            "MAY RUN AGAIN: an operator lets the fork run it again (audited)"
-        }
+        (ForkFate::Rerun, _) => "MAY RUN AGAIN: an operator lets the fork run it again (audited)",
         (ForkFate::Left, _) => "left: nothing the fork could repeat",
         (ForkFate::Inherited, CallStatus::Issued) => {
             "stays in doubt: the re-run asks its verify hook or is refused until it is resolved in the fork; no effect runs beside it"
@@ -319,9 +317,7 @@ pub fn effect(fate: ForkFate, status: CallStatus) -> &'static str {
         (ForkFate::Inherited, CallStatus::NotHappened) => {
             "may run again: an operator resolved it as not happened"
         }
-        (ForkFate::Inherited, _) => {
-            "not run again: the re-run turn gets its recorded outcome back"
-        }
+        (ForkFate::Inherited, _) => "not run again: the re-run turn gets its recorded outcome back",
         (ForkFate::Carried, CallStatus::Issued) => {
             "stays in doubt: no effect runs in the fork until it is resolved in the fork"
         }
@@ -384,7 +380,11 @@ mod tests {
                     (4, ForkFate::Carried),
                     (CARRIED_STEP, ForkFate::Carried),
                 ] {
-                    let want = if nothing_ran { ForkFate::Left } else { expected };
+                    let want = if nothing_ran {
+                        ForkFate::Left
+                    } else {
+                        expected
+                    };
                     assert_eq!(
                         fate(CallKind::Tool, class, status, step, 3, false),
                         want,

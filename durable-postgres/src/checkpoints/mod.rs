@@ -8,7 +8,6 @@ pub(crate) mod reads;
 
 pub(crate) use reads::{load_checkpoint, load_checkpoint_window, messages};
 
-
 use durable_core::StoreError;
 use durable_core::ids::{CallId, SessionId};
 use durable_core::integrity::Keyring;
