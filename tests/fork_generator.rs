@@ -9,8 +9,9 @@
 //! (it replays, refuses, or waits for an operator). With the fork's journal starting
 //! empty (the bug of issue 30, case 3) this finds a duplicate within a few cases.
 //!
-//! `PROPTEST_CASES` sets the number of programs (default 64); a failure prints the
-//! shrunk program.
+//! On SQLite (in memory) and, with the `_postgres-testing` feature, on PostgreSQL.
+//! `PROPTEST_CASES` sets the number of programs (default 64 on SQLite, 24 on PostgreSQL);
+//! a failure prints the shrunk program.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex};
@@ -151,12 +152,7 @@ async fn rerun(session: &mut Session<Message>, program: &Program, ledger: &Share
     }
 }
 
-async fn case(program: Program) -> Result<(), String> {
-    let store: Arc<dyn CheckpointStore> = Arc::new(
-        SqliteStore::open_in_memory()
-            .await
-            .map_err(|e| e.to_string())?,
-    );
+async fn case(store: Arc<dyn CheckpointStore>, program: Program) -> Result<(), String> {
     let ledger: Shared = Arc::default();
     let durable = Durable::builder(Arc::clone(&store))
         .owner("parent")
@@ -221,7 +217,44 @@ proptest! {
             .enable_all()
             .build()
             .expect("runtime");
-        if let Err(found) = runtime.block_on(case(program)) {
+        let found = runtime.block_on(async {
+            let store: Arc<dyn CheckpointStore> = Arc::new(
+                SqliteStore::open_in_memory().await.map_err(|e| e.to_string())?,
+            );
+            case(store, program).await
+        });
+        if let Err(found) = found {
+            prop_assert!(false, "{}", found);
+        }
+    }
+}
+
+// PostgreSQL (the throwaway cluster of `durable_postgres::testing`, a fresh database per
+// program): fewer programs, each a real server round trip per write.
+#[cfg(feature = "_postgres-testing")]
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("PROPTEST_CASES").ok().and_then(|c| c.parse().ok()).unwrap_or(24),
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn postgres_forks_never_repeat_a_parent_effect(program in program()) {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let found = runtime.block_on(async {
+            let database = durable_postgres::testing::test_database().await;
+            let store: Arc<dyn CheckpointStore> =
+                Arc::new(database.store().await.map_err(|e| e.to_string())?);
+            let found = case(store, program).await;
+            drop(database);
+            found
+        });
+        if let Err(found) = found {
             prop_assert!(false, "{}", found);
         }
     }
