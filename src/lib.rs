@@ -39,7 +39,15 @@
 //!   see a re-ask. The ways out are
 //!   explicit: make the recorded call replay again (a `#[serde(alias = "…")]` for a
 //!   renamed argument lets its record decode and match, and the replay check accepts it),
-//!   or an operator's decision (fork the session from its last checkpoint).
+//!   or an operator's decision (fork the session from its last checkpoint, letting the
+//!   fork run the unreplayed call again: `durable fork --rerun`, audited).
+//! - **A fork never repeats an effect of its parent.** [`Durable::fork`] copies the
+//!   parent's calls with a side effect from the forked version on into the fork's journal:
+//!   the re-run turn gets recorded results back and keeps in-doubt calls in doubt, and a
+//!   later call that would repeat one of the parent's effects is refused
+//!   ([`DurableError::InheritedEffect`]). [`Durable::fork_plan`] (`durable fork
+//!   --dry-run`) says what a fork will do before it is made; [`Durable::fork_with`] lets an
+//!   operator name calls the fork may run again (audited).
 //! - **Only exact values enter the journal.** Arguments, results, model replies,
 //!   messages, plan, budget and state are checked with the same rules as a model's JSON
 //!   text: NaN and ±Infinity (which `serde_json` would silently turn into `null`, making
@@ -94,8 +102,8 @@
 pub use connect::{connect, connect_read_only};
 // Runtime and sessions.
 pub use durable_core::{
-    Durable, DurableBuilder, InDoubtAction, InDoubtCall, Journal, ResumeReport, Resumed, Session,
-    StartOptions,
+    Durable, DurableBuilder, ForkOptions, InDoubtAction, InDoubtCall, Journal, ResumeReport,
+    Resumed, Session, StartOptions,
 };
 // Worker pools.
 pub use durable_core::{PoolReport, ShutdownSignal, ShutdownTrigger, Worker};
@@ -207,12 +215,13 @@ pub mod store {
     pub use durable_core::ids::MAX_ID_BYTES;
     pub use durable_core::redact::redact_url;
     pub use durable_core::store::{
-        Approval, ApprovalDecision, ApprovalEvent, ApprovalRecord, ApprovalRequest, CallIdentity,
-        CallKind, CallOutcome, CallRecord, CallStatus, Checkpoint, CheckpointMeta, DEADLINE,
-        DecideApproval, Decided, Durability, ErrorRecord, FORMAT_VERSION, Fence, FinishCall,
-        IssueOutcome, Lease, NewCall, NewCheckpoint, NewError, NewSession, PendingApproval,
-        PurgeOutcome, QueueInfo, Resolution, ResolutionRecord, ResolveCall, RetargetSession,
-        SessionFilter, SessionRecord, SessionStatus, StoredMessage, Transition,
+        Approval, ApprovalDecision, ApprovalEvent, ApprovalRecord, ApprovalRequest, CARRIED_STEP,
+        CallIdentity, CallKind, CallOutcome, CallRecord, CallStatus, Checkpoint, CheckpointMeta,
+        DEADLINE, DecideApproval, Decided, Durability, ErrorRecord, FORMAT_VERSION, Fence,
+        FinishCall, ForkEntry, ForkFate, ForkPlan, ForkSession, IssueOutcome, Lease, NewCall,
+        NewCheckpoint, NewError, NewSession, PendingApproval, PurgeOutcome, QueueInfo, Resolution,
+        ResolutionRecord, ResolveCall, RetargetSession, SessionFilter, SessionRecord,
+        SessionStatus, StoredMessage, Transition,
     };
     pub use durable_core::validate::{
         validate_id, validate_new_session, validate_owner, validate_text,

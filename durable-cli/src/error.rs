@@ -104,7 +104,8 @@ fn store_code(e: &StoreError) -> Code {
         | StoreError::IdempotencyConflict { .. }
         | StoreError::StepClosed { .. }
         | StoreError::AppVersionMismatch { .. }
-        | StoreError::NotDurable { .. } => Code::Refused,
+        | StoreError::NotDurable { .. }
+        | StoreError::ForkSourceChanged(_) => Code::Refused,
         StoreError::InvalidId { .. }
         | StoreError::InvalidText { .. }
         | StoreError::EmptyDenialReason { .. } => Code::InvalidInput,

@@ -139,7 +139,9 @@ enum Command {
     /// Set (or --remove) a queue's fleet-wide limit of sessions running at once.
     #[command(name = "queue-limit", after_help = workers::QUEUE_LIMIT_HELP)]
     QueueLimit(QueueLimitArgs),
-    /// Start a new session from a checkpoint of another one.
+    /// Start a new session from a checkpoint of another one; it never repeats the
+    /// parent's effects (--dry-run shows what it inherits).
+    #[command(after_help = FORK_HELP)]
     Fork(ForkArgs),
     /// Write checkpoints as replay-check fixtures, one JSON file each.
     #[command(after_help = EXPORT_HELP)]
@@ -339,6 +341,27 @@ happened (the outbox, the payment provider…), then:
 The store seals the resolution like every row it writes. If the application seals the
 store with its own key (DURABLE_MAC_KEY, or a key ring in the store options), set
 DURABLE_MAC_KEY to the same key: without it the store refuses to open.";
+
+const FORK_HELP: &str = "\
+A fork never repeats an effect of its parent. Its version 0 is the parent's version N,
+and its first turn re-runs the turn the parent ran from N. The parent's calls with a side
+effect (idempotent_with_key, unsafe_on_replay) from version N on are inherited, and the
+command lists them, with what will happen to each, before it forks:
+
+  not run again   the re-run turn gets the recorded outcome back; a later call of the
+                  fork with the same tool and arguments is refused (InheritedEffect)
+  stays in doubt  an in-doubt call blocks every effect of the fork until it is resolved
+                  in the fork (durable resolve <call in the fork>)
+  MAY RUN AGAIN   --rerun <call>: the operator lets the fork run it again (audited)
+
+Pure calls and model replies are not inherited: the fork asks the model anew. If the
+re-asked model chooses other calls while an inherited one of the re-run turn is
+unreplayed, the fork refuses them (ReplayDiverged) until an operator forks again with
+--rerun for that call. Fork a session that no worker is running: effects the parent
+records after the fork are not the fork's to know.
+
+  durable fork s-1 --from-version 3 --dry-run
+  durable fork s-1 --from-version 3 --to s-1-retry --rerun 5f0c… --by alice";
 
 const EXPORT_HELP: &str = "\
 Each file holds one checkpoint in fixture format 1 (`{\"format\": 1, \"session\": …,
@@ -554,6 +577,17 @@ struct ForkArgs {
     /// The new session's id (default: a random UUID).
     #[arg(long, value_name = "ID")]
     to: Option<String>,
+    /// Let the fork run this call of the parent again (repeatable; audited with the fork).
+    /// Without it, the fork inherits the call and never repeats its effect.
+    #[arg(long, value_name = "CALL")]
+    rerun: Vec<String>,
+    /// Show what the fork would do with the parent's effects, and write nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// Who forks, for the audit row (default: $USER, or `durable-cli`; required with
+    /// --rerun when $USER is not set).
+    #[arg(long, value_name = "NAME")]
+    by: Option<String>,
 }
 
 #[derive(Debug, Args)]

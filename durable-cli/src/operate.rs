@@ -8,7 +8,8 @@ use std::time::Duration;
 use durable::json::ArgLimits;
 use durable::replay_check::{self, Exported};
 use durable::store::{
-    CallStatus, PurgeOutcome, Resolution, RetargetSession, SessionFilter, SessionStatus,
+    CallStatus, ForkPlan, ForkSession, PurgeOutcome, Resolution, RetargetSession, SessionFilter,
+    SessionStatus,
 };
 use durable::{CallId, CheckpointStore, Durable, SessionId};
 use serde::Serialize;
@@ -162,30 +163,105 @@ pub async fn unpark(
 pub async fn fork(store: &dyn CheckpointStore, json: bool, args: ForkArgs) -> Result<(), CliError> {
     let from = SessionId::new(args.session);
     let to = args.to.map_or_else(SessionId::random, SessionId::new);
+    let version = args.from_version;
     store.session(&from).await?;
-    let (_, lease) = store
-        .fork_session(
-            &from,
-            args.from_version,
-            &to,
-            CLI_OWNER,
-            Duration::from_secs(1),
+    let rerun: Vec<CallId> = args.rerun.into_iter().map(CallId::new).collect();
+    let by = if rerun.is_empty() {
+        operator(args.by).unwrap_or_else(|_| CLI_OWNER.to_owned())
+    } else {
+        operator(args.by)?
+    };
+    // What the fork will do with the parent's effects, said before it is done.
+    store.load_checkpoint(&from, Some(version)).await?;
+    let rows = store.calls(&from, None).await?;
+    let plan = ForkPlan::new(from.clone(), version, &rows, &rerun).map_err(|unknown| {
+        CliError::new(
+            Code::InvalidInput,
+            format!(
+                "--rerun {}: not a call of `{}` that a fork at version {version} would inherit \
+                 (see `durable fork {} --from-version {version} --dry-run`)",
+                clip(unknown[0].as_str(), ID),
+                clip(from.as_str(), ID),
+                clip(from.as_str(), ID),
+            ),
         )
-        .await?;
+    })?;
+    if args.dry_run {
+        if json {
+            return render::print_json(&json!({
+                "dry_run": true,
+                "session": from,
+                "from_version": version,
+                "parent_effects": plan.entries,
+            }));
+        }
+        print_fork_plan(&plan);
+        outln!("dry run: nothing was written");
+        return Ok(());
+    }
+    if !json {
+        print_fork_plan(&plan);
+    }
+    let request = ForkSession::new(
+        from.clone(),
+        version,
+        to.clone(),
+        CLI_OWNER,
+        Duration::from_secs(1),
+    )
+    .rerun(rerun)
+    .by(by);
+    let (_, lease) = store.fork_session_with(&request).await?;
     // The fork is for a worker to pick up: give its lease back at once.
     store.release_lease(&lease).await?;
     let record = store.session(&to).await?;
     if json {
-        return render::print_json(&record);
+        let mut out = serde_json::to_value(&record)
+            .map_err(|e| CliError::new(Code::Failure, format!("cannot encode JSON output: {e}")))?;
+        if let Some(map) = out.as_object_mut() {
+            map.insert(
+                "parent_effects".to_owned(),
+                serde_json::to_value(&plan.entries).unwrap_or(Value::Null),
+            );
+        }
+        return render::print_json(&out);
     }
     outln!(
         "forked session `{}` at version {} into `{}` (app version {}); resume it with its id",
         clip(from.as_str(), ID),
-        args.from_version,
+        version,
         clip(to.as_str(), ID),
         clip(&record.app_version, NAME)
     );
     Ok(())
+}
+
+/// Prints what a fork does with each of the parent's effects.
+fn print_fork_plan(plan: &ForkPlan) {
+    if plan.entries.is_empty() {
+        outln!(
+            "session `{}` recorded no effect from version {} on: the fork inherits nothing it could repeat",
+            clip(plan.source.as_str(), ID),
+            plan.version
+        );
+        return;
+    }
+    outln!(
+        "the parent's effects from version {} on, and what the fork does with each:",
+        plan.version
+    );
+    let mut t = table(["CALL", "TOOL", "CLASS", "STEP", "STATUS", "IN THE FORK"]);
+    for e in &plan.entries {
+        t.add_row([
+            clip(e.call.as_str(), ID),
+            clip(&e.tool, NAME),
+            e.class.as_str().to_owned(),
+            e.step.to_string(),
+            e.status.as_str().to_owned(),
+            e.effect.clone(),
+        ]);
+    }
+    render::print_table(&t);
 }
 
 #[derive(Serialize)]

@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use axum::extract::{Path, Query, State};
 use durable::store::{
-    Approval, ApprovalDecision, ApprovalRecord, CallKind, CallRecord, CheckpointMeta, Resolution,
-    ResolutionRecord,
+    Approval, ApprovalDecision, ApprovalRecord, CallKind, CallRecord, CheckpointMeta, ForkPlan,
+    ForkSession, Resolution, ResolutionRecord,
 };
 use durable::{Block, Message, Plan, SessionId, StoreError};
 use maud::{Markup, html};
@@ -236,7 +236,7 @@ pub(crate) async fn page(
                 div.transcript {
                     @for (n, m) in messages.iter().enumerate() { (message(n + 1, m)) }
                 }
-                (fork_form(&state, &viewer, &id, viewed))
+                (fork_form(&state, &viewer, &id, viewed, &calls))
             }
         }
     };
@@ -405,11 +405,48 @@ fn message(n: usize, value: &Value) -> Markup {
     }
 }
 
-fn fork_form(state: &AppState, viewer: &Viewer, id: &SessionId, viewed: i64) -> Markup {
+/// What a fork at `version` does with the parent's effects, as a table (or a line when
+/// there are none).
+fn fork_effects(plan: &ForkPlan) -> Markup {
+    html! {
+        @if plan.entries.is_empty() {
+            p { "This session recorded no effect from version " (plan.version) " on: the fork inherits nothing it could repeat." }
+        } @else {
+            p { "The parent's effects from version " (plan.version) " on, and what the fork does with each (a fork never repeats them):" }
+            div.scroll { table.fork-effects {
+                thead { tr { th { "Call" } th { "Tool" } th { "Class" } th { "Step" } th { "Status" } th { "In the fork" } } }
+                tbody {
+                    @for e in &plan.entries {
+                        tr {
+                            td { code { (visible(e.call.as_str(), 100)) } }
+                            td { (visible(&e.tool, 100)) }
+                            td { (e.class.as_str()) }
+                            td { (e.step) }
+                            td { (e.status.as_str()) }
+                            td { (e.effect) }
+                        }
+                    }
+                }
+            } }
+        }
+    }
+}
+
+fn fork_form(
+    state: &AppState,
+    viewer: &Viewer,
+    id: &SessionId,
+    viewed: i64,
+    calls: &[CallRecord],
+) -> Markup {
+    let plan = ForkPlan::new(id.clone(), viewed, calls, &[]).ok();
     html! {
         div.card {
             h2 { "Fork from a version" }
-            p.muted { "Starts a new session from a checkpoint of this one (same app version); a worker resumes it by its id." }
+            p.muted { "Starts a new session from a checkpoint of this one (same app version); a worker resumes it by its id. \
+                       The fork inherits the parent's effects from that version on: recorded results come back, in-doubt calls stay in doubt, \
+                       and a call that would repeat one is refused. To let a fork run one again, use `durable fork --rerun` (audited)." }
+            @if let Some(plan) = &plan { (fork_effects(plan)) }
             @if let Some(reason) = &state.read_only { (layout::read_only_notice(reason)) }
             form.inline #fork method="post" action=(format!("{}/fork", session_href(id))) {
                 (csrf_field(viewer))
@@ -452,9 +489,22 @@ pub(crate) async fn fork(
         to => SessionId::new(to),
     };
     store.session(&from).await?;
-    let (_, lease) = store
-        .fork_session(&from, form.version, &to, OWNER, Duration::from_secs(1))
-        .await?;
+    store.load_checkpoint(&from, Some(form.version)).await?;
+    let plan = ForkPlan::new(
+        from.clone(),
+        form.version,
+        &store.calls(&from, None).await?,
+        &[],
+    )
+    .ok();
+    let request = ForkSession::new(
+        from.clone(),
+        form.version,
+        to.clone(),
+        OWNER,
+        Duration::from_secs(1),
+    );
+    let (_, lease) = store.fork_session_with(&request).await?;
     // The fork is for a worker to pick up: give its lease back at once.
     store.release_lease(&lease).await?;
     let record = store.session(&to).await?;
@@ -465,6 +515,7 @@ pub(crate) async fn fork(
             " into " code { (visible(to.as_str(), 200)) } " (app version " (visible(&record.app_version, 100))
             "); resume it with its id"
         }
+        @if let Some(plan) = &plan { (fork_effects(plan)) }
         p { a href=(session_href(&to)) { "Open the new session" } " · " a href=(session_href(&from)) { "Back" } }
     };
     Ok(layout::page(&state, &viewer, Nav::Sessions, "Forked", body).await)

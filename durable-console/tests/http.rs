@@ -237,6 +237,25 @@ async fn changes_need_the_csrf_token_and_a_confirmation() {
         .load_checkpoint(&durable::SessionId::new("s-fork"), None)
         .await;
     assert_eq!(forked.expect("the fork exists").meta.version, 0);
+    // The page says what the fork did with the parent's effects, as the form did before.
+    let plan = durable::store::ForkPlan::new(
+        durable::SessionId::new("s-done"),
+        1,
+        &s.store
+            .calls(&durable::SessionId::new("s-done"), None)
+            .await
+            .expect("calls"),
+        &[],
+    )
+    .expect("plan");
+    let said = if plan.entries.is_empty() {
+        "the fork inherits nothing it could repeat"
+    } else {
+        "and what the fork does with each (a fork never repeats them)"
+    };
+    assert!(reply.body.contains(said), "{said}: {}", reply.body);
+    let page = send(&app, bearer("/sessions/s-done?version=1")).await;
+    assert!(page.body.contains(said), "{said}: {}", page.body);
 }
 
 #[tokio::test]

@@ -200,6 +200,10 @@ macro_rules! __durable_conformance_cases {
             checkpoint_storage_is_linear,
             fork_copies_version_and_leaves_source_untouched,
             fork_missing_version_is_refused,
+            fork_never_repeats_a_parent_effect_after_the_fork_point,
+            fork_from_the_last_checkpoint_keeps_the_in_flight_turn,
+            fork_keeps_the_barrier_of_an_earlier_in_doubt_call,
+            fork_rerun_runs_only_the_named_call_again,
             // ids
             ids_are_validated_before_the_database,
             free_text_with_nul_is_refused_before_the_database,

@@ -109,6 +109,12 @@ pub enum StoreError {
         /// The last message of the session's latest checkpoint (0: none).
         last_seq: i64,
     },
+    /// The session being forked changed while the fork was made (a call was recorded or
+    /// settled between the check of its journal and the copy): nothing was written.
+    #[error(
+        "session `{0}` changed while it was being forked (a call was recorded or settled meanwhile); nothing was written: fork it again"
+    )]
+    ForkSourceChanged(SessionId),
     /// No journal row with this id.
     #[error("call `{0}` not found")]
     CallNotFound(CallId),
@@ -480,11 +486,15 @@ pub enum DurableError {
     ///
     /// Never retried automatically. Ways out: make the recorded call replay again (a
     /// `#[serde(alias = "...")]` for a renamed field lets its record decode and match), or
-    /// an operator's explicit decision (fork the session from its last checkpoint).
+    /// an operator's explicit decision: fork the session from its last checkpoint letting
+    /// the fork run the recorded call again (`durable fork … --rerun <recorded>`, audited;
+    /// a fork without it inherits the record and diverges the same way, see
+    /// [`store::ForkSession`](crate::store::ForkSession)).
     #[error(
         "replay diverged in step {step} of session `{session}`: the re-run asks for `{refused_tool}`, which matches no recorded call, \
          while recorded call `{recorded}` of `{recorded_tool}` has not been replayed; nothing ran. \
-         Make the recorded call replay (e.g. a `#[serde(alias)]` for a renamed argument) or let an operator decide (`durable fork`)"
+         Make the recorded call replay (e.g. a `#[serde(alias)]` for a renamed argument), or let an operator decide that its effect may happen again: \
+         `durable fork {session} --from-version {step} --rerun {recorded}` (audited; see `durable fork --dry-run`)"
     )]
     ReplayDiverged {
         /// The session.
@@ -496,6 +506,27 @@ pub enum DurableError {
         /// Its tool.
         recorded_tool: String,
         /// What was refused: the tool asked for, or `checkpoint`.
+        refused_tool: String,
+    },
+    /// A fork asked for a call with a side effect whose tool and arguments are those of an
+    /// effect its parent ran after the fork point (carried into the fork, see
+    /// [`store::ForkSession`](crate::store::ForkSession)): a fork never repeats an effect
+    /// of its parent. Nothing ran. Never retried automatically. If the effect must happen
+    /// again, an operator forks the parent again letting it run
+    /// (`durable fork <parent> --from-version N --rerun <parent call>`, audited); an
+    /// in-doubt carried call is resolved in the fork instead (`durable resolve`).
+    #[error(
+        "`{refused_tool}` was not run: the session this one was forked from already ran it with these arguments \
+         after the fork point (carried as call `{call}`, status `{status}`), and a fork never repeats its parent's effects; nothing ran. \
+         To run it again deliberately, fork the parent again with `durable fork <parent> --from-version N --rerun <parent call>` \
+         (`durable fork --dry-run` lists the parent's calls)"
+    )]
+    InheritedEffect {
+        /// The carried call in the fork's journal.
+        call: CallId,
+        /// Its status.
+        status: String,
+        /// The tool whose call was refused.
         refused_tool: String,
     },
     /// The tool's argument schema changed since the call was recorded.

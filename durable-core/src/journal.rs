@@ -126,6 +126,10 @@ pub(crate) struct JournalInner {
     scopes: std::sync::atomic::AtomicU64,
     charged: Mutex<HashSet<CallId>>,
     durable_checked: tokio::sync::OnceCell<Option<String>>,
+    /// The rows of [`CARRIED_STEP`](crate::store::CARRIED_STEP): a fork's parent's effects
+    /// it never runs again, read once, on the first fresh call with a side effect after
+    /// a resume (a journal that started its session knows there are none).
+    carried: tokio::sync::OnceCell<Vec<CallRecord>>,
     /// The clear values of the secret arguments masked in this session's model replies
     /// (memory only; see [`secret`](crate::secret)).
     pub(crate) vault: crate::secret::Vault,
@@ -168,6 +172,7 @@ impl Journal {
         lease: Lease,
         step: i64,
         in_doubt: Vec<CallRecord>,
+        started: bool,
     ) -> Self {
         let deadline = Instant::now() + lease_margin(config.lease_ttl);
         Journal {
@@ -192,6 +197,8 @@ impl Journal {
                 scopes: std::sync::atomic::AtomicU64::new(0),
                 charged: Mutex::new(HashSet::new()),
                 durable_checked: tokio::sync::OnceCell::new(),
+                // A session this journal started holds no carried row: nothing to read.
+                carried: tokio::sync::OnceCell::new_with(started.then(Vec::new)),
                 vault: crate::secret::Vault::default(),
             }),
             scope: None,

@@ -18,8 +18,8 @@ use crate::session::{ResumeReport, Resumed, Session};
 use crate::snapshot::{Budget, Plan};
 use crate::store::{
     ApprovalDecision, CallRecord, CallStatus, CheckpointStore, Claim, DEADLINE, DecideApproval,
-    NewCheckpoint, NewSession, PendingApproval, Resolution, ResolveCall, RetargetSession,
-    SessionRecord, SessionStatus,
+    ForkPlan, ForkSession, NewCheckpoint, NewSession, PendingApproval, Resolution, ResolveCall,
+    RetargetSession, SessionRecord, SessionStatus,
 };
 use crate::telemetry;
 
@@ -384,7 +384,7 @@ impl Durable {
             options.plan,
             options.budget,
             options.state,
-            Vec::new(),
+            (Vec::new(), true),
         ))
     }
 
@@ -642,7 +642,7 @@ impl Durable {
             plan,
             budget,
             state,
-            in_doubt,
+            (in_doubt, false),
         );
         Ok(Resumed { session, report })
     }
@@ -885,6 +885,20 @@ impl Durable {
     }
 
     /// Forks `session` at `version` into a new session leased to this worker.
+    ///
+    /// **A fork never repeats an effect of its parent.** The fork's version 0 is the
+    /// parent's version `version` and its first turn (step 0) re-runs the turn the parent
+    /// ran from there, asking the model anew. The parent's calls with a side effect made
+    /// from that version on are inherited: those of the re-run turn by identity (a
+    /// recorded result comes back, an in-doubt call stays in doubt and bars the fork's
+    /// effects until it is resolved or verified, and a re-run that asks for something else
+    /// while one is unreplayed is refused as [`DurableError::ReplayDiverged`]), those of
+    /// later turns by tool and arguments (a fork call that would repeat one is refused with
+    /// [`DurableError::InheritedEffect`]); the parent's in-doubt calls of earlier turns
+    /// keep barring the fork's effects. `pure` calls and model replies are not inherited.
+    /// See [`store::ForkSession`](crate::store::ForkSession) for the rule and
+    /// [`fork_plan`](Self::fork_plan) to see what it does to a given session before
+    /// forking it; [`fork_with`](Self::fork_with) lets an operator run chosen calls again.
     pub async fn fork<M>(
         &self,
         session: &SessionId,
@@ -894,20 +908,101 @@ impl Durable {
     where
         M: Serialize + DeserializeOwned + Clone,
     {
-        let new_id = new_id.unwrap_or_else(SessionId::random);
+        let options = ForkOptions {
+            new_id,
+            ..ForkOptions::default()
+        };
+        Ok(self.fork_with(session, version, options).await?.0)
+    }
+
+    /// What forking `session` at `version` would do with each of its calls with a side
+    /// effect, `rerun` being the calls an operator would let the fork run again. Reads
+    /// only (every row checked under its seal). A `rerun` call the fork would not copy
+    /// anyway (or not a call of `session`) is [`StoreError::CallNotFound`].
+    pub async fn fork_plan(
+        &self,
+        session: &SessionId,
+        version: i64,
+        rerun: &[CallId],
+    ) -> Result<ForkPlan, DurableError> {
+        // The version must exist before anything is said about it.
+        self.store.load_checkpoint(session, Some(version)).await?;
+        let rows = self.store.calls(session, None).await?;
+        ForkPlan::new(session.clone(), version, &rows, rerun)
+            .map_err(|unknown| DurableError::Store(StoreError::CallNotFound(unknown[0].clone())))
+    }
+
+    /// Forks `session` at `version` as [`fork`](Self::fork) does, with the options of an
+    /// operator: the new id, the calls the fork may run again
+    /// ([`ForkOptions::rerun`], audited with the fork) and who forks. Returns the new
+    /// session and the plan that was applied (computed just before the fork's
+    /// transaction, which applies the same rule).
+    pub async fn fork_with<M>(
+        &self,
+        session: &SessionId,
+        version: i64,
+        options: ForkOptions,
+    ) -> Result<(Session<M>, ForkPlan), DurableError>
+    where
+        M: Serialize + DeserializeOwned + Clone,
+    {
+        let new_id = options.new_id.unwrap_or_else(SessionId::random);
         new_id.validate()?;
-        let (_, lease) = self
-            .store
-            .fork_session(
-                session,
-                version,
-                &new_id,
-                &self.config.owner,
-                self.config.lease_ttl,
-            )
-            .await?;
+        let plan = self.fork_plan(session, version, &options.rerun).await?;
+        let by = options.by.unwrap_or_else(|| self.config.owner.clone());
+        let request = ForkSession::new(
+            session.clone(),
+            version,
+            new_id,
+            self.config.owner.clone(),
+            self.config.lease_ttl,
+        )
+        .rerun(options.rerun)
+        .by(by);
+        let (_, lease) = self.store.fork_session_with(&request).await?;
         let resumed = self.resume_leased::<M>(lease, OnFailure::Release).await?;
-        Ok(resumed.session)
+        Ok((resumed.session, plan))
+    }
+}
+
+/// An operator's options for [`Durable::fork_with`].
+#[derive(Debug, Clone, Default)]
+#[non_exhaustive]
+pub struct ForkOptions {
+    /// The new session's id (random if `None`).
+    pub new_id: Option<SessionId>,
+    /// Calls of the parent the fork may run again (not inherited; audited). Each must be
+    /// a call the fork would otherwise inherit ([`Durable::fork_plan`] lists them).
+    pub rerun: Vec<CallId>,
+    /// Who forks, for the audit (this worker's owner name if `None`).
+    pub by: Option<String>,
+}
+
+impl ForkOptions {
+    /// Default options: a random id, nothing run again, this worker as who forks.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The new session's id.
+    #[must_use]
+    pub fn new_id(mut self, id: SessionId) -> Self {
+        self.new_id = Some(id);
+        self
+    }
+
+    /// Lets the fork run these calls of the parent again (audited).
+    #[must_use]
+    pub fn rerun(mut self, calls: impl IntoIterator<Item = CallId>) -> Self {
+        self.rerun.extend(calls);
+        self
+    }
+
+    /// Who forks, for the audit.
+    #[must_use]
+    pub fn by(mut self, by: impl Into<String>) -> Self {
+        self.by = Some(by.into());
+        self
     }
 }
 

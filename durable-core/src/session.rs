@@ -149,7 +149,7 @@ where
         plan: Plan,
         budget: Budget,
         state: Value,
-        in_doubt: Vec<CallRecord>,
+        (in_doubt, started): (Vec<CallRecord>, bool),
     ) -> Self {
         let journal = Journal::new(
             Arc::clone(&store),
@@ -157,6 +157,7 @@ where
             lease,
             version,
             in_doubt,
+            started,
         );
         let renewer = config
             .renew_leases

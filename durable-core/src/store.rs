@@ -18,12 +18,18 @@ use crate::ids::{CallId, SessionId};
 use crate::replay::ReplayClass;
 
 mod approval;
+mod fork;
 mod message;
 mod queue;
 
 pub use approval::{
     Approval, ApprovalDecision, ApprovalEvent, ApprovalRecord, ApprovalRequest, DEADLINE,
     DecideApproval, Decided, PendingApproval, Transition,
+};
+pub use fork::{
+    CARRIED_STEP, FORK_AUDIT_MARK, FORK_AUDIT_RERUN, ForkCopy, ForkEntry, ForkFate, ForkPlan,
+    ForkSession, audit_map as fork_audit_map, copies as fork_copies, effect as fork_effect,
+    fate as fork_fate, fork_step,
 };
 pub use message::StoredMessage;
 pub use queue::{Claim, QueueInfo, WorkEvents, WorkNotifier};
@@ -965,21 +971,9 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// [`load_checkpoint`](Self::load_checkpoint) checks a checkpoint and its transcript.
     async fn list_checkpoints(&self, id: &SessionId) -> Result<Vec<CheckpointMeta>, StoreError>;
 
-    /// Creates session `new_id` from version `version` of `id`: its version 0 is that
-    /// checkpoint (transcript copied), leased to `owner`.
-    ///
-    /// # Contract
-    /// `new_id` ([`SessionId::validate`]) and `owner`
-    /// ([`validate_owner`](crate::validate::validate_owner)) are checked before anything is
-    /// written. Atomic: the new session row, its transcript (the source's log up to that
-    /// checkpoint, bytes unchanged), its version 0 and their seals under the store's
-    /// signing key are written in one transaction, all or nothing. Not fenced: it needs
-    /// no lease on the source, and leaves the source untouched. The new session is
-    /// `active` on the source's app version with its metadata, fencing token 1 and a
-    /// recovery counter of 0. [`StoreError::SessionNotFound`] if `id` does not exist,
-    /// [`StoreError::VersionNotFound`] if it has no version `version`,
-    /// [`StoreError::SessionExists`] if `new_id` is taken, [`StoreError::Corrupt`] for a
-    /// checkpoint of a newer format.
+    /// Creates session `new_id` from version `version` of `id`, inheriting every effect of
+    /// `id` (no operator rerun): [`fork_session_with`](Self::fork_session_with) with
+    /// [`ForkSession::new`], `owner` named in the audit.
     async fn fork_session(
         &self,
         id: &SessionId,
@@ -987,6 +981,51 @@ pub trait CheckpointStore: Send + Sync + 'static {
         new_id: &SessionId,
         owner: &str,
         ttl: Duration,
+    ) -> Result<(SessionRecord, Lease), StoreError> {
+        self.fork_session_with(&ForkSession::new(
+            id.clone(),
+            version,
+            new_id.clone(),
+            owner,
+            ttl,
+        ))
+        .await
+    }
+
+    /// Creates session `fork.new_id` from version `fork.version` of `fork.source`: its
+    /// version 0 is that checkpoint (transcript copied), leased to `fork.owner`, and its
+    /// journal holds the source's effects the fork must not repeat.
+    ///
+    /// # Contract
+    /// `new_id` ([`SessionId::validate`]) and `owner`
+    /// ([`validate_owner`](crate::validate::validate_owner)) are checked before anything is
+    /// written. Atomic: the new session row, its transcript (the source's log up to that
+    /// checkpoint, bytes unchanged), its version 0, its journal and their seals under the
+    /// store's signing key are written in one transaction, all or nothing. Not fenced: it
+    /// needs no lease on the source, and leaves the source untouched. The new session is
+    /// `active` on the source's app version with its metadata, fencing token 1 and a
+    /// recovery counter of 0.
+    ///
+    /// **The parent's effects** ([`ForkFate`], decided by [`fork_fate`] for each of the
+    /// source's journal rows, each checked under its seal first): a row
+    /// [`ForkFate::Inherited`] is copied into step 0, one [`ForkFate::Carried`] into
+    /// [`CARRIED_STEP`], carried rows first, each in the source's journal order, with a
+    /// new id and everything else (identity but the step, class, status, arguments, key,
+    /// schema fingerprint, outcome, spend, attempt, approval, times) unchanged; rows
+    /// [`ForkFate::Rerun`] and [`ForkFate::Left`] are not copied. The head counts the
+    /// copied rows and their issued ones. An audit row (`durable_migrations`, step map
+    /// from [`fork_audit_map`]) names `fork.by`, the source and version, every copied
+    /// call with the source's call it came from, and every rerun.
+    ///
+    /// [`StoreError::SessionNotFound`] if `id` does not exist,
+    /// [`StoreError::VersionNotFound`] if it has no version `version`,
+    /// [`StoreError::SessionExists`] if `new_id` is taken, [`StoreError::CallNotFound`]
+    /// for a `rerun` call that is not one of the source's rows the fork would copy,
+    /// [`StoreError::Corrupt`] for a checkpoint of a newer format,
+    /// [`StoreError::Tampered`] if the source's transcript or journal fails its seals.
+    async fn fork_session_with(
+        &self,
+        fork: &ForkSession,
     ) -> Result<(SessionRecord, Lease), StoreError>;
 
     /// Inserts a journal row as *issued*, or returns the row with the same identity.

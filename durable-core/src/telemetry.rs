@@ -145,6 +145,7 @@ pub const fn durable_error_type(error: &DurableError) -> &'static str {
         DurableError::ApprovedCallRefused { .. } => "ApprovedCallRefused",
         DurableError::InvalidEdit { .. } => "InvalidEdit",
         DurableError::ReplayDiverged { .. } => "ReplayDiverged",
+        DurableError::InheritedEffect { .. } => "InheritedEffect",
         DurableError::SchemaChanged { .. } => "SchemaChanged",
         DurableError::AppVersionMismatch { .. } => "AppVersionMismatch",
         DurableError::Decode { .. } => "Decode",

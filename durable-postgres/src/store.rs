@@ -15,8 +15,8 @@ use async_trait::async_trait;
 use durable_core::integrity::Keyring;
 use durable_core::store::{
     ApprovalRecord, ApprovalRequest, CallRecord, Checkpoint, CheckpointMeta, Claim, DecideApproval,
-    Durability, EditedKey, ErrorRecord, Fence, FinishCall, IssueOutcome, Lease, NewCall,
-    NewCheckpoint, NewError, NewSession, PendingApproval, PurgeOutcome, QueueInfo,
+    Durability, EditedKey, ErrorRecord, Fence, FinishCall, ForkSession, IssueOutcome, Lease,
+    NewCall, NewCheckpoint, NewError, NewSession, PendingApproval, PurgeOutcome, QueueInfo,
     ResolutionRecord, ResolveCall, RetargetSession, SessionFilter, SessionRecord, SessionStatus,
     StoredMessage, WorkEvents,
 };
@@ -176,15 +176,11 @@ impl CheckpointStore for PostgresStore {
         checkpoints::list_checkpoints(self, id).await
     }
 
-    async fn fork_session(
+    async fn fork_session_with(
         &self,
-        id: &SessionId,
-        version: i64,
-        new_id: &SessionId,
-        owner: &str,
-        ttl: Duration,
+        fork: &ForkSession,
     ) -> Result<(SessionRecord, Lease), StoreError> {
-        checkpoints::fork_session(self, id, version, new_id, owner, ttl).await
+        checkpoints::fork_session(self, fork).await
     }
 
     async fn issue_call(

@@ -3,14 +3,13 @@
 //! share.
 
 use std::borrow::Cow;
-use std::time::Duration;
 
 use durable_core::integrity::Keyring;
 use durable_core::store::{
-    Checkpoint, CheckpointMeta, FORMAT_VERSION, Fence, Lease, NewCheckpoint, SessionRecord,
-    StoredMessage,
+    Checkpoint, CheckpointMeta, FORMAT_VERSION, Fence, ForkCopy, ForkSession, Lease, NewCheckpoint,
+    SessionRecord, StoredMessage, fork_audit_map, fork_copies,
 };
-use durable_core::{SessionId, StoreError};
+use durable_core::{CallId, SessionId, StoreError};
 use sqlx::sqlite::{SqliteArguments, SqliteRow};
 use sqlx::{Arguments, Row, SqliteConnection};
 
@@ -539,17 +538,17 @@ pub(crate) async fn list_checkpoints(
 
 pub(crate) async fn fork_session(
     store: &SqliteStore,
-    id: &SessionId,
-    version: i64,
-    new_id: &SessionId,
-    owner: &str,
-    ttl: Duration,
+    fork: &ForkSession,
 ) -> Result<(SessionRecord, Lease), StoreError> {
+    let (id, version, new_id) = (&fork.source, fork.version, &fork.new_id);
+    let (owner, ttl) = (fork.owner.as_str(), fork.ttl);
     new_id.validate()?;
     durable_core::validate::validate_owner(owner)?;
     // The source is checked before it is copied: a fork must not launder a forged
-    // transcript under fresh seals.
+    // transcript or journal under fresh seals.
     load_checkpoint(store, id, Some(version)).await?;
+    let source_rows = crate::journal::calls(store, id, None).await?;
+    let copies = fork_copies(fork, &source_rows)?;
     let ring = store.keyring();
     let mut tx = WriteTx::begin(store.writer()).await?;
     let now = tx.now;
@@ -598,8 +597,8 @@ pub(crate) async fn fork_session(
             return Err(StoreError::SessionExists(new_id.clone()));
         }
         // The transcript keeps its seqs and bytes; JSON is copied, not re-encoded. A
-        // message stored as a reference to a model row is copied as its text: the fork's
-        // journal starts empty.
+        // message stored as a reference to a model row is copied as its text: the fork
+        // inherits no model row.
         sqlx::query(
             "INSERT INTO durable_messages (session_num, seq, message, format, created_at) \
              SELECT (SELECT num FROM durable_sessions WHERE id = ?), seq, message, format, \
@@ -636,6 +635,8 @@ pub(crate) async fn fork_session(
         .execute(&mut *conn)
         .await
         .map_err(db)?;
+        copy_journal(&mut *conn, fork, &copies, source_rows.len(), &source.app_version, now)
+            .await?;
         keys::reseal_session(&mut *conn, None, ring, new_id).await?;
         let record = tx::session(conn, new_id).await?;
         let lease = Lease {
@@ -648,6 +649,91 @@ pub(crate) async fn fork_session(
     }
     .await;
     tx.finish(result).await
+}
+
+/// Copies the source's effects a fork must not repeat into its journal (rows `copies`,
+/// from [`fork_copies`]), sets the new head's journal count (the caller re-seals the
+/// session) and writes the fork's audit row. Each row is copied only if it still holds
+/// the seal it was checked under, and only if the source's journal still has
+/// `checked_rows` rows: otherwise [`StoreError::ForkSourceChanged`], nothing written.
+async fn copy_journal(
+    conn: &mut SqliteConnection,
+    fork: &ForkSession,
+    copies: &[ForkCopy],
+    checked_rows: usize,
+    app_version: &str,
+    now: i64,
+) -> Result<(), StoreError> {
+    let (source, new_id) = (&fork.source, &fork.new_id);
+    let rows_now: i64 =
+        sqlx::query_scalar("SELECT COUNT(*) FROM durable_tool_calls WHERE session_id = ?")
+            .bind(source.as_str())
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(db)?;
+    if usize::try_from(rows_now).ok() != Some(checked_rows) {
+        return Err(StoreError::ForkSourceChanged(source.clone()));
+    }
+    for copy in copies {
+        let done = sqlx::query(
+            "INSERT INTO durable_tool_calls (id, session_id, kind, step, tool_name, input_hash, \
+             ordinal, replay_class, status, args, idempotency_key, schema_hash, result, error, \
+             spend, mac, attempt, fence, format, issued_at, finished_at, seq, approval) \
+             SELECT ?, ?, kind, ?, tool_name, input_hash, COALESCE(?, ordinal), replay_class, status, args, \
+             idempotency_key, schema_hash, result, error, spend, NULL, attempt, 1, format, \
+             issued_at, finished_at, ?, approval \
+             FROM durable_tool_calls WHERE id = ? AND session_id = ? AND mac IS ?",
+        )
+        .bind(copy.to.as_str())
+        .bind(new_id.as_str())
+        .bind(copy.step)
+        .bind(copy.ordinal)
+        .bind(copy.seq)
+        .bind(copy.from.as_str())
+        .bind(source.as_str())
+        .bind(copy.mac.as_deref())
+        .execute(&mut *conn)
+        .await
+        .map_err(db)?;
+        if done.rows_affected() != 1 {
+            return Err(StoreError::ForkSourceChanged(source.clone()));
+        }
+    }
+    sqlx::query("UPDATE durable_sessions SET journal_rows = ? WHERE id = ?")
+        .bind(i64::try_from(copies.len()).unwrap_or(i64::MAX))
+        .bind(new_id.as_str())
+        .execute(&mut *conn)
+        .await
+        .map_err(db)?;
+    let pairs: Vec<(CallId, CallId)> = copies
+        .iter()
+        .map(|c| (c.from.clone(), c.to.clone()))
+        .collect();
+    let step_map: Vec<[String; 2]> = fork_audit_map(source, fork.version, &pairs, &fork.rerun)
+        .into_iter()
+        .map(|(a, b)| [a, b])
+        .collect();
+    sqlx::query(
+        "INSERT INTO durable_migrations (session_id, from_version, to_version, step_map, \
+         migrated_by, format, created_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+    )
+    .bind(new_id.as_str())
+    .bind(app_version)
+    .bind(app_version)
+    .bind(
+        serde_json::to_string(&step_map).map_err(|e| StoreError::Corrupt {
+            session: new_id.clone(),
+            version: None,
+            detail: format!("the fork's audit row could not be encoded: {e}"),
+        })?,
+    )
+    .bind(&fork.by)
+    .bind(FORMAT_VERSION)
+    .bind(now)
+    .execute(&mut *conn)
+    .await
+    .map_err(db)?;
+    Ok(())
 }
 
 /// Compare-and-set checkpoint write for a session whose fence was checked: fails with

@@ -6,10 +6,13 @@
 //! next worker releases that lease (as its expiry would) and resumes. A worker that loses
 //! its lease goes on with its turn as a zombie while its successor holds the session.
 //!
-//! **Forks get fresh intents.** A fork is a new conversation with its own journal: its
-//! model proposes intents of its own, so the fork's effects never count against the
-//! source's intents (an email sent in the source and one sent in a fork are two emails
-//! by design). The budget a fork starts with is the source's at the forked version.
+//! **Forks get fresh intents.** A fork is a new conversation: its model proposes intents
+//! of its own, so the fork's effects never count against the source's intents (an email
+//! sent in the source and one sent in a fork are two emails by design). The fork inherits
+//! the source's effects from the forked version on (a fork never repeats them), so a fork
+//! whose model proposes other calls in the re-run turn meets the inherited ones as a
+//! divergence and stops there; `tests/fork_generator.rs` re-runs the source's own intents
+//! in forks. The budget a fork starts with is the source's at the forked version.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

@@ -214,17 +214,11 @@ impl CheckpointStore for Probe {
         self.inner.list_checkpoints(id).await
     }
 
-    async fn fork_session(
+    async fn fork_session_with(
         &self,
-        id: &SessionId,
-        version: i64,
-        new_id: &SessionId,
-        owner: &str,
-        ttl: Duration,
+        fork: &crate::store::ForkSession,
     ) -> Result<(SessionRecord, Lease), StoreError> {
-        self.inner
-            .fork_session(id, version, new_id, owner, ttl)
-            .await
+        self.inner.fork_session_with(fork).await
     }
 
     async fn issue_call(

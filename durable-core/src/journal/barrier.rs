@@ -26,7 +26,7 @@ use super::{Journal, StepCache, lock};
 use crate::error::DurableError;
 use crate::ids::CallId;
 use crate::replay::ReplayClass;
-use crate::store::{CallKind, CallRecord, CallStatus};
+use crate::store::{CARRIED_STEP, CallKind, CallRecord, CallStatus};
 use crate::tool::ToolSpec;
 
 impl Journal {
@@ -79,6 +79,49 @@ impl Journal {
             // Settled meanwhile (resolved, verified) or taken over by a call of ours.
             lock(&self.inner.doubts).retain(|r| r.id != current.id);
         }
+    }
+
+    /// Refuses a fresh call with a side effect whose tool and arguments are those of an
+    /// effect a fork's parent ran after the fork point (a row of
+    /// [`CARRIED_STEP`](crate::store::CARRIED_STEP)), unless an operator resolved it as not
+    /// happened: a fork never repeats an effect of its parent.
+    pub(super) async fn check_carried(
+        &self,
+        refused: &ToolSpec,
+        input_hash: &str,
+    ) -> Result<(), DurableError> {
+        let carried = self
+            .inner
+            .carried
+            .get_or_try_init(|| async {
+                self.inner
+                    .store
+                    .calls(&self.inner.session, Some(CARRIED_STEP))
+                    .await
+                    .map_err(|e| self.note_store_error(e))
+            })
+            .await?;
+        for row in carried.iter().filter(|r| {
+            r.kind == CallKind::Tool
+                && r.identity.tool == refused.name
+                && r.identity.input_hash == input_hash
+        }) {
+            // Re-read: an operator may have resolved an in-doubt carried call since.
+            let current = self
+                .inner
+                .store
+                .call(&row.id)
+                .await
+                .map_err(|e| self.note_store_error(e))?;
+            if current.status != CallStatus::NotHappened {
+                return Err(DurableError::InheritedEffect {
+                    call: current.id.clone(),
+                    status: current.status.as_str().to_owned(),
+                    refused_tool: refused.name.clone(),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Refuses a call that matches no record while a recorded call with a side effect

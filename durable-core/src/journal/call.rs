@@ -498,6 +498,10 @@ impl<'j> ToolCall<'j> {
             journal.emit_refused(spec, self.key.clone());
             return Err(diverged.into());
         }
+        if let Err(carried) = journal.check_carried(spec, &identity.input_hash).await {
+            journal.emit_refused(spec, self.key.clone());
+            return Err(carried.into());
+        }
         journal.ensure_durable(spec).await?;
         journal.failpoint("before_issue", &spec.name);
         let lease = journal.lease();
@@ -594,6 +598,13 @@ impl ToolCall<'_> {
         };
         if spec.class != ReplayClass::Pure
             && let Err(refused) = journal.barrier(spec, Some(&row.id)).await
+        {
+            reservation.release();
+            super::refused_span(&refused);
+            return Err(refused.into());
+        }
+        if spec.class != ReplayClass::Pure
+            && let Err(refused) = journal.check_carried(spec, &row.identity.input_hash).await
         {
             reservation.release();
             super::refused_span(&refused);

@@ -8,13 +8,12 @@ pub(crate) mod reads;
 
 pub(crate) use reads::{load_checkpoint, load_checkpoint_window, messages};
 
-use std::time::Duration;
-
 use durable_core::StoreError;
-use durable_core::ids::SessionId;
+use durable_core::ids::{CallId, SessionId};
 use durable_core::integrity::Keyring;
 use durable_core::store::{
-    CheckpointMeta, FORMAT_VERSION, Fence, Lease, NewCheckpoint, SessionRecord,
+    CheckpointMeta, FORMAT_VERSION, Fence, ForkCopy, ForkSession, Lease, NewCheckpoint,
+    SessionRecord, fork_audit_map, fork_copies,
 };
 use serde_json::Value;
 use sqlx::postgres::PgConnection;
@@ -79,21 +78,24 @@ pub(crate) async fn list_checkpoints(
 
 pub(crate) async fn fork_session(
     store: &PostgresStore,
-    id: &SessionId,
-    version: i64,
-    new_id: &SessionId,
-    owner: &str,
-    ttl: Duration,
+    fork: &ForkSession,
 ) -> Result<(SessionRecord, Lease), StoreError> {
+    let (id, version, new_id) = (&fork.source, fork.version, &fork.new_id);
+    let (owner, ttl) = (fork.owner.as_str(), fork.ttl);
     new_id.validate()?;
     durable_core::validate::validate_owner(owner)?;
-    // The source is checked before it is copied (head, chain, transcript), as SQLite's
-    // fork does: a fork must not launder a forged transcript under fresh seals.
+    // The source is checked before it is copied (head, chain, transcript, journal), as
+    // SQLite's fork does: a fork must not launder a forged row under fresh seals.
     load_checkpoint(store, id, Some(version)).await?;
+    let source_rows = crate::journal::calls(store, id, None).await?;
+    let copies = fork_copies(fork, &source_rows)?;
     let mut tx = tx::begin(&store.pool).await?;
     let now = tx::now(&mut tx).await?;
+    // Locked: the source's journal writes wait until the fork is committed, so the rows
+    // checked above are the rows copied (or the fork is refused as changed).
     let source = sqlx::query(
-        "SELECT app_version, metadata, format, queue FROM durable_sessions WHERE id = $1",
+        "SELECT app_version, metadata, format, queue FROM durable_sessions WHERE id = $1 \
+         FOR UPDATE",
     )
     .bind(id.as_str())
     .fetch_optional(&mut *tx)
@@ -147,7 +149,7 @@ pub(crate) async fn fork_session(
     let record = rows::session(&row)?;
     let last_seq: i64 = get(&cp, "last_seq")?;
     // The transcript keeps its positions and bytes. A message stored as a reference to a
-    // model row is copied as its text: the fork's journal starts empty.
+    // model row is copied as its text: the fork inherits no model row.
     sqlx::query(concat!(
         "INSERT INTO durable_messages (session_num, seq, message, format, created_at) \
          SELECT ",
@@ -180,6 +182,7 @@ pub(crate) async fn fork_session(
         now,
     )
     .await?;
+    copy_journal(&mut tx, fork, &copies, source_rows.len(), &app_version, now).await?;
     keys::reseal_session(&mut tx, None, store.keyring(), new_id).await?;
     tx.commit().await.map_err(db)?;
     let lease = Lease {
@@ -189,6 +192,88 @@ pub(crate) async fn fork_session(
         expires_at: expires,
     };
     Ok((record, lease))
+}
+
+/// Copies the source's effects a fork must not repeat into its journal (rows `copies`,
+/// from [`fork_copies`]), sets the new head's journal count (the caller re-seals the
+/// session) and writes the fork's audit row. Each row is copied only if it still holds
+/// the seal it was checked under, and only if the source's journal still has
+/// `checked_rows` rows: otherwise [`StoreError::ForkSourceChanged`], nothing written.
+async fn copy_journal(
+    conn: &mut PgConnection,
+    fork: &ForkSession,
+    copies: &[ForkCopy],
+    checked_rows: usize,
+    app_version: &str,
+    now: i64,
+) -> Result<(), StoreError> {
+    let (source, new_id) = (&fork.source, &fork.new_id);
+    let rows_now: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM durable_tool_calls WHERE session_id = $1")
+            .bind(source.as_str())
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(db)?;
+    if usize::try_from(rows_now).ok() != Some(checked_rows) {
+        return Err(StoreError::ForkSourceChanged(source.clone()));
+    }
+    for copy in copies {
+        let done = sqlx::query(
+            "INSERT INTO durable_tool_calls (id, session_id, kind, step, tool_name, input_hash, \
+             ordinal, replay_class, status, args, idempotency_key, schema_hash, result, error, \
+             spend, mac, attempt, fence, format, issued_at, finished_at, seq, approval) \
+             SELECT $1, $2, kind, $3, tool_name, input_hash, COALESCE($8, ordinal), \
+             replay_class, status, args, idempotency_key, schema_hash, result, error, spend, \
+             NULL, attempt, 1, format, issued_at, finished_at, $4, approval \
+             FROM durable_tool_calls WHERE id = $5 AND session_id = $6 \
+             AND mac IS NOT DISTINCT FROM $7",
+        )
+        .bind(copy.to.as_str())
+        .bind(new_id.as_str())
+        .bind(copy.step)
+        .bind(copy.seq)
+        .bind(copy.from.as_str())
+        .bind(source.as_str())
+        .bind(copy.mac.as_deref())
+        .bind(copy.ordinal)
+        .execute(&mut *conn)
+        .await
+        .map_err(db)?;
+        if done.rows_affected() != 1 {
+            return Err(StoreError::ForkSourceChanged(source.clone()));
+        }
+    }
+    sqlx::query("UPDATE durable_sessions SET journal_rows = $1 WHERE id = $2")
+        .bind(i64::try_from(copies.len()).unwrap_or(i64::MAX))
+        .bind(new_id.as_str())
+        .execute(&mut *conn)
+        .await
+        .map_err(db)?;
+    let pairs: Vec<(CallId, CallId)> = copies
+        .iter()
+        .map(|c| (c.from.clone(), c.to.clone()))
+        .collect();
+    let step_map = Value::from(
+        fork_audit_map(source, fork.version, &pairs, &fork.rerun)
+            .into_iter()
+            .map(|(a, b)| serde_json::json!([a, b]))
+            .collect::<Vec<_>>(),
+    );
+    sqlx::query(
+        "INSERT INTO durable_migrations (session_id, from_version, to_version, step_map, \
+         migrated_by, format, created_at) VALUES ($1, $2, $3, $4, $5, $6, $7)",
+    )
+    .bind(new_id.as_str())
+    .bind(app_version)
+    .bind(app_version)
+    .bind(step_map.to_string())
+    .bind(&fork.by)
+    .bind(FORMAT_VERSION)
+    .bind(now)
+    .execute(&mut *conn)
+    .await
+    .map_err(db)?;
+    Ok(())
 }
 
 pub(crate) use crate::seal::Tail;
