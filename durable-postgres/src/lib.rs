@@ -42,10 +42,10 @@
 //! statements look each row up by a whole unique key (a `LATERAL … LIMIT 1` or an
 //! equality on every column of a unique index), so their generic plan is the right one
 //! even when made on tables that were never analyzed. The reads whose best plan depends on
-//! a session's size (a bounded resume's window and a range of the transcript, through the
-//! view `durable_transcript`) are sent unprepared, as the unnamed statement, which is
-//! planned for its parameters on every execution (one more round trip: sqlx describes it
-//! first). `src/plans.rs` checks each statement's plan with `EXPLAIN`, and
+//! a session's size (a step's rows with their neighbours, read once per step; a bounded
+//! resume's window and a range of the transcript, through the view `durable_transcript`)
+//! are sent unprepared, as the unnamed statement, which is planned for its parameters on
+//! every execution (one more round trip: sqlx describes it first). `src/plans.rs` checks each statement's plan with `EXPLAIN`, and
 //! `tests/plan_guard.rs` that nothing is re-planned per call and that the session row's
 //! updates stay HOT.
 //!
