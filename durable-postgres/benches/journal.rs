@@ -504,7 +504,7 @@ async fn run() {
         machine::load_text(report.load_before),
     );
 
-    report.setting("emulated_before_issue_26", before().into());
+    report.setting("emulated_before_issue_26", before());
     let (_store, durable) = store(db.url()).await;
     eprintln!("latency: {calls} calls per figure in {rounds} rounds");
     harness::latency(&mut report, &durable, &raw, calls, rounds).await;
