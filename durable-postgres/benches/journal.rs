@@ -265,7 +265,10 @@ fn server_cpu_ns(postmaster: u32) -> Option<u64> {
     let mut total = cpu(&postmaster.to_string())?;
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let name = entry.file_name();
-        let Some(pid) = name.to_str().filter(|n| n.bytes().all(|b| b.is_ascii_digit())) else {
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
             continue;
         };
         let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
@@ -297,11 +300,19 @@ async fn postmaster_pid(pool: &PgPool) -> Option<u32> {
 /// Figure 8: server CPU µs per `pure` call against a raw commit, and per
 /// `unsafe_on_replay` call against a raw two-commit pair, `calls` of each per figure in
 /// `rounds` interleaved rounds, each figure the median round.
-async fn server_cpu(report: &mut Report, durable: &Durable, raw: &Raw, calls: usize, rounds: usize) {
+async fn server_cpu(
+    report: &mut Report,
+    durable: &Durable,
+    raw: &Raw,
+    calls: usize,
+    rounds: usize,
+) {
     use durable_bench::Samples;
     use durable_core::ReplayClass;
 
-    let Some(postmaster) = postmaster_pid(&raw.pool).await.filter(|p| server_cpu_ns(*p).is_some())
+    let Some(postmaster) = postmaster_pid(&raw.pool)
+        .await
+        .filter(|p| server_cpu_ns(*p).is_some())
     else {
         eprintln!("server CPU: the server's processes are not on this machine; not measured");
         return;
@@ -309,7 +320,10 @@ async fn server_cpu(report: &mut Report, durable: &Durable, raw: &Raw, calls: us
     let per_round = calls.div_ceil(rounds).max(1);
     let pure = workload::spec(ReplayClass::Pure);
     let unsafe_ = workload::spec(ReplayClass::UnsafeOnReplay);
-    let sessions = [workload::start(durable).await, workload::start(durable).await];
+    let sessions = [
+        workload::start(durable).await,
+        workload::start(durable).await,
+    ];
     for n in 0..5 {
         workload::call(&sessions[0], &pure, 3_000_000_000 + n).await;
         workload::call(&sessions[1], &unsafe_, 3_000_000_000 + n).await;
