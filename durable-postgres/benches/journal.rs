@@ -18,7 +18,11 @@
 //! 6. `Durable::resume` of a 100, 1,000 and 10,000-turn session against selecting and
 //!    parsing the same messages raw (≤ 1.2×);
 //! 7. the same resumes with `resume_window(20)` (the last 20 messages), against selecting
-//!    and parsing the last 20 raw (≤ 2 ms at any length).
+//!    and parsing the last 20 raw (≤ 2 ms at any length);
+//! 8. server CPU per `pure` call against a raw commit (≤ 1.5×) and per `unsafe_on_replay`
+//!    call against a raw two-commit pair (informational): the CPU time of the server's
+//!    processes (`/proc/<pid>/schedstat` of the postmaster and its children, so only on
+//!    the throwaway cluster or a server on this machine), in interleaved rounds.
 //!
 //! `cargo bench -p durable-postgres --features testing` writes `postgres.json` and
 //! `postgres-{turns,throughput,resume,resume-window}.svg` to `DURABLE_BENCH_OUT` (default
@@ -37,13 +41,15 @@
 //! | `DURABLE_BENCH_RESUME_RUNS` | 7 | interleaved resumes of each session |
 //! | `DURABLE_BENCH_OUT` | `target/durable-bench` | where the JSON and SVGs go |
 //! | `DATABASE_URL` | unset | a server to use instead of the throwaway cluster |
+//! | `DURABLE_BENCH_ONLY` | unset | `latency`: figures 1, 2 and 8 only |
+//! | `DURABLE_BENCH_PG_BEFORE` | unset | `1`: the store as before issue 26, emulated (every statement re-planned, `plan_cache_mode = force_custom_plan`; the partial index over `issued_rows` back) |
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
 use durable_bench::harness::{self, Baseline, Targets};
-use durable_bench::{Report, env_usize, machine, out_dir, workload};
+use durable_bench::{Report, Row, Target, env_usize, machine, out_dir, workload};
 use durable_core::{CheckpointStore, Durable, Message};
 use durable_postgres::testing::test_database;
 use durable_postgres::{PostgresStore, PostgresStoreOptions};
@@ -216,14 +222,161 @@ impl Baseline for Raw {
     }
 }
 
+/// Whether to emulate the store as it was before issue 26 (`DURABLE_BENCH_PG_BEFORE=1`).
+fn before() -> bool {
+    std::env::var("DURABLE_BENCH_PG_BEFORE").is_ok_and(|v| v == "1")
+}
+
 async fn store(url: &str) -> (PostgresStore, Durable) {
-    let store = PostgresStore::connect_with(PostgresStoreOptions::new(url).max_connections(POOL))
+    let url = if before() {
+        // Every connection re-plans every statement, as those opened before the first
+        // ANALYZE did; and the index whose predicate names `issued_rows` is back.
+        let sep = if url.contains('?') { '&' } else { '?' };
+        format!("{url}{sep}options=-c%20plan_cache_mode%3Dforce_custom_plan")
+    } else {
+        url.to_owned()
+    };
+    let store = PostgresStore::connect_with(PostgresStoreOptions::new(&url).max_connections(POOL))
         .await
         .expect("connect the store");
+    if before() {
+        sqlx::raw_sql(
+            "CREATE INDEX IF NOT EXISTS durable_sessions_uncounted \
+             ON durable_sessions (created_at, id) WHERE issued_rows IS NULL",
+        )
+        .execute(store.pool())
+        .await
+        .expect("the old partial index");
+    }
     let durable = Durable::builder(Arc::new(store.clone()) as Arc<dyn CheckpointStore>)
         .owner("bench")
         .build();
     (store, durable)
+}
+
+/// Nanoseconds of CPU the server's processes have used so far: the postmaster and every
+/// process whose parent it is (`/proc/<pid>/schedstat`). `None` where the server's
+/// processes are not on this machine.
+fn server_cpu_ns(postmaster: u32) -> Option<u64> {
+    let cpu = |pid: &str| -> Option<u64> {
+        let text = std::fs::read_to_string(format!("/proc/{pid}/schedstat")).ok()?;
+        text.split_whitespace().next()?.parse().ok()
+    };
+    let mut total = cpu(&postmaster.to_string())?;
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let name = entry.file_name();
+        let Some(pid) = name
+            .to_str()
+            .filter(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            continue;
+        };
+        // The parent's pid is the second field after the command's closing parenthesis.
+        let parent = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if parent == Some(postmaster) {
+            total += cpu(pid).unwrap_or(0);
+        }
+    }
+    Some(total)
+}
+
+/// The postmaster's pid, from `postmaster.pid` in the data directory; `None` when the
+/// server is not on this machine (or the role may not read `data_directory`).
+async fn postmaster_pid(pool: &PgPool) -> Option<u32> {
+    let dir: String = sqlx::query_scalar("SELECT current_setting('data_directory')")
+        .fetch_one(pool)
+        .await
+        .ok()?;
+    let text = std::fs::read_to_string(format!("{dir}/postmaster.pid")).ok()?;
+    text.lines().next()?.trim().parse().ok()
+}
+
+/// Figure 8: server CPU µs per `pure` call against a raw commit, and per
+/// `unsafe_on_replay` call against a raw two-commit pair, `calls` of each per figure in
+/// `rounds` interleaved rounds, each figure the median round.
+async fn server_cpu(
+    report: &mut Report,
+    durable: &Durable,
+    raw: &Raw,
+    calls: usize,
+    rounds: usize,
+) {
+    use durable_bench::Samples;
+    use durable_core::ReplayClass;
+
+    let Some(postmaster) = postmaster_pid(&raw.pool)
+        .await
+        .filter(|p| server_cpu_ns(*p).is_some())
+    else {
+        eprintln!("server CPU: the server's processes are not on this machine; not measured");
+        return;
+    };
+    let per_round = calls.div_ceil(rounds).max(1);
+    let pure = workload::spec(ReplayClass::Pure);
+    let unsafe_ = workload::spec(ReplayClass::UnsafeOnReplay);
+    let sessions = [
+        workload::start(durable).await,
+        workload::start(durable).await,
+    ];
+    for n in 0..5 {
+        workload::call(&sessions[0], &pure, 3_000_000_000 + n).await;
+        workload::call(&sessions[1], &unsafe_, 3_000_000_000 + n).await;
+    }
+    let cpu = || server_cpu_ns(postmaster).unwrap_or(0);
+    let per_call = |from: u64| (cpu().saturating_sub(from)) as f64 / 1_000.0 / per_round as f64;
+    let mut samples = Samples::new();
+    for round in 0..rounds {
+        let base = 4_000_000_000 + (round * per_round) as u64;
+        let ids = base..base + per_round as u64;
+        let from = cpu();
+        for n in ids.clone() {
+            raw.one_commit(n).await;
+        }
+        samples.add("raw1", per_call(from));
+        let from = cpu();
+        for n in ids.clone() {
+            workload::call(&sessions[0], &pure, n).await;
+        }
+        samples.add("pure", per_call(from));
+        let from = cpu();
+        for n in ids.clone() {
+            raw.two_commits(n).await;
+        }
+        samples.add("raw2", per_call(from));
+        let from = cpu();
+        for n in ids.clone() {
+            workload::call(&sessions[1], &unsafe_, n).await;
+        }
+        samples.add("unsafe", per_call(from));
+    }
+    for session in sessions {
+        session.release().await.expect("release");
+    }
+    report.push(
+        Row::new(
+            "server CPU per `pure` call",
+            "µs/call",
+            samples.median("pure"),
+            samples.median("raw1"),
+        )
+        .target(Target::ratio_at_most(1.5))
+        .note("raw: one commit; CPU of the postmaster and its children"),
+    );
+    report.push(
+        Row::new(
+            "server CPU per `unsafe_on_replay` call (informational)",
+            "µs/call",
+            samples.median("unsafe"),
+            samples.median("raw2"),
+        )
+        .note("raw: a two-commit pair"),
+    );
 }
 
 /// `pg_total_relation_size` (heap, indexes, TOAST, free-space and visibility maps) of the
@@ -365,9 +518,22 @@ async fn run() {
         machine::load_text(report.load_before),
     );
 
+    report.setting("emulated_before_issue_26", before());
     let (_store, durable) = store(db.url()).await;
     eprintln!("latency: {calls} calls per figure in {rounds} rounds");
     harness::latency(&mut report, &durable, &raw, calls, rounds).await;
+    eprintln!("server CPU: {calls} calls per figure in {rounds} rounds");
+    server_cpu(&mut report, &durable, &raw, calls, rounds).await;
+    if std::env::var("DURABLE_BENCH_ONLY").is_ok_and(|v| v == "latency") {
+        report.finish();
+        println!(
+            "load average: {} before, {} after",
+            machine::load_text(report.load_before),
+            machine::load_text(report.load_after)
+        );
+        harness::write(&report, &out, &[]);
+        return;
+    }
     eprintln!("throughput: {throughput_calls} calls per round, {throughput_rounds} rounds");
     let throughput_svg = harness::throughput(
         &mut report,

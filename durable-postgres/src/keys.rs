@@ -440,13 +440,18 @@ pub(crate) async fn setup_keys_in(
 /// store's back before the upgrade is never counted. A session that fails its checks
 /// keeps its old head, and every read or write of it fails with
 /// [`StoreError::Tampered`] (the head has no count); the other sessions are upgraded.
-/// Runs once per database (a partial index finds the old heads): every head the store
-/// writes afterwards carries its count. (A store whose key changes at this open is
+/// Runs once per database (the old heads are listed in `durable_uncounted_heads`, schema
+/// 10): every head the store writes afterwards carries its count. (A store whose key changes at this open is
 /// counted by [`reseal_session`] instead.)
 async fn upgrade_heads(conn: &mut PgConnection, ring: &Keyring) -> Result<(), StoreError> {
+    // Heads counted since they were listed (by a re-sealing at an open that changed the
+    // key) leave the list here.
     let sessions: Vec<String> = sqlx::query_scalar(
-        "SELECT id FROM durable_sessions WHERE issued_rows IS NULL \
-         ORDER BY created_at, id FOR UPDATE",
+        "WITH counted AS (DELETE FROM durable_uncounted_heads u USING durable_sessions s \
+           WHERE s.id = u.session_id AND s.issued_rows IS NOT NULL) \
+         SELECT s.id FROM durable_uncounted_heads u \
+         JOIN durable_sessions s ON s.id = u.session_id WHERE s.issued_rows IS NULL \
+         ORDER BY s.created_at, s.id FOR UPDATE OF s",
     )
     .fetch_all(&mut *conn)
     .await
@@ -463,7 +468,14 @@ async fn upgrade_heads(conn: &mut PgConnection, ring: &Keyring) -> Result<(), St
             .await
             .map_err(db)?;
         match upgrade_head(&mut *conn, ring, &session).await {
-            Ok(()) => upgraded += 1,
+            Ok(()) => {
+                sqlx::query("DELETE FROM durable_uncounted_heads WHERE session_id = $1")
+                    .bind(id)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(db)?;
+                upgraded += 1;
+            }
             Err(e @ (StoreError::Tampered { .. } | StoreError::Corrupt { .. })) => {
                 sqlx::query("ROLLBACK TO SAVEPOINT upgrade_head")
                     .execute(&mut *conn)

@@ -35,6 +35,20 @@
 //! lock with the primary key as backstop. The default isolation level (READ COMMITTED)
 //! is enough.
 //!
+//! # Plans
+//! The store's connections keep PostgreSQL's default `plan_cache_mode` (`auto`): every
+//! write and every read of a call's path is a prepared statement that PostgreSQL plans
+//! five times and then runs on its generic plan, planned once per connection. Those
+//! statements look each row up by a whole unique key (a `LATERAL … LIMIT 1` or an
+//! equality on every column of a unique index), so their generic plan is the right one
+//! even when made on tables that were never analyzed. The reads whose best plan depends on
+//! a session's size (a step's rows with their neighbours, read once per step; a bounded
+//! resume's window and a range of the transcript, through the view `durable_transcript`)
+//! are sent unprepared, as the unnamed statement, which is planned for its parameters on
+//! every execution (one more round trip: sqlx describes it first). `src/plans.rs` checks each statement's plan with `EXPLAIN`, and
+//! `tests/plan_guard.rs` that nothing is re-planned per call and that the session row's
+//! updates stay HOT.
+//!
 //! # Durability
 //! A journal row must survive a crash once [`issue_call`] returns, so
 //! [`durability`](durable_core::CheckpointStore::durability) reads `synchronous_commit`
@@ -348,7 +362,6 @@ impl PostgresStore {
             .max_connections(options.max_connections)
             .min_connections(options.min_connections)
             .acquire_timeout(options.acquire_timeout)
-            .after_connect(|conn, _| Box::pin(open::plan_for_fresh_tables(conn)))
             .connect_with(connect)
             .await
             .map_err(db)?;
@@ -362,11 +375,12 @@ impl PostgresStore {
     /// Uses an existing pool (for example your application's), bringing the schema up to
     /// date first. Rows are sealed with [`Keyring::from_env`].
     ///
-    /// The pool's connections are used as they are: [`connect`](Self::connect) plans a
-    /// new connection's statements for their parameters while the tables have never been
-    /// analyzed (see `open::plan_for_fresh_tables`); with PostgreSQL's default generic
-    /// plans, an agent turn on a fresh database grows with the session until the first
-    /// ANALYZE. Run `ANALYZE` once the tables hold rows, or set `plan_cache_mode` on yours.
+    /// The pool's connections are used as they are, as [`connect`](Self::connect) uses its
+    /// own: PostgreSQL's default `plan_cache_mode` (`auto`). The store's statements are
+    /// written so that their generic plans look every row up by its whole key, and the
+    /// reads whose best plan depends on a session's size are sent unprepared (see
+    /// [`plans`](crate#plans)). A `plan_cache_mode = force_custom_plan` of yours re-plans
+    /// every write (hundreds of µs of server CPU per call): leave it at `auto`.
     ///
     /// # Errors
     /// As [`connect`](Self::connect).

@@ -199,34 +199,3 @@ pub(crate) struct BadUrl {
     url: String,
     error: String,
 }
-
-/// Run on every new connection of the store's pool: while a table an agent turn reads
-/// has never been analyzed (`reltuples < 0`; before PostgreSQL 14, `0`), the
-/// connection plans each statement for its parameters (`plan_cache_mode =
-/// force_custom_plan`); otherwise it keeps PostgreSQL's default. One round trip per new
-/// connection, none per statement.
-///
-/// sqlx prepares every statement, and PostgreSQL's default switches a prepared
-/// statement to its generic plan at the sixth execution. On a fresh database that plan
-/// is made while the tables are nearly empty and have no statistics: every index then
-/// looks as cheap as any other, so it looks rows up by `session_id` alone and filters
-/// the rest (a lookup by `(session_id, seq)` walks the session's whole journal). The
-/// plan is kept until the table is next analyzed, so an agent turn grew with the
-/// session until autovacuum's first ANALYZE (issue 11). A custom plan is planned with
-/// the table's current size and uses the index that fits; it costs planning on every
-/// execution, so it is taken only while it is needed. A connection made before the
-/// first ANALYZE keeps it until the pool retires the connection.
-pub(crate) async fn plan_for_fresh_tables(
-    conn: &mut sqlx::PgConnection,
-) -> Result<(), sqlx::Error> {
-    sqlx::query(
-        "SELECT set_config('plan_cache_mode', 'force_custom_plan', false) \
-         WHERE EXISTS (SELECT 1 FROM pg_class \
-           WHERE oid IN (to_regclass('durable_tool_calls'), to_regclass('durable_messages'), \
-                         to_regclass('durable_checkpoints')) \
-             AND reltuples <= 0)",
-    )
-    .execute(conn)
-    .await
-    .map(|_| ())
-}

@@ -178,9 +178,10 @@ macro_rules! tail_cols {
             WHERE k.session_num = s.num AND k.version = s.latest_version) AS tail_last_seq, \
            (SELECT k.message_count FROM durable_checkpoints k \
             WHERE k.session_num = s.num AND k.version = s.latest_version) AS tail_message_count, \
-           (SELECT m.seal FROM durable_checkpoints k JOIN durable_messages m \
-              ON m.session_num = k.session_num AND m.seq = k.last_seq \
-            WHERE k.session_num = s.num AND k.version = s.latest_version) AS tail_message_seal"
+           (SELECT m.seal FROM durable_messages m WHERE m.session_num = s.num \
+              AND m.seq = (SELECT k.last_seq FROM durable_checkpoints k \
+                WHERE k.session_num = s.num AND k.version = s.latest_version)) \
+             AS tail_message_seal"
     };
 }
 pub(crate) use tail_cols;

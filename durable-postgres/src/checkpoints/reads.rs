@@ -19,7 +19,9 @@ use crate::seal::{self, RawCheckpoint};
 use crate::tx;
 
 /// The read of [`load_checkpoint_window`]: `$1` the session, `$2` the version (`NULL`:
-/// the latest), `$3` the window (`NULL`: the whole transcript).
+/// the latest), `$3` the window (`NULL`: the whole transcript). Sent unprepared: a
+/// generic plan made while the tables were small read a long session's transcript by its
+/// session alone (issue 11), so it is planned for its parameters every time.
 ///
 /// The checkpoint, the previous one and the anchor are each a `LATERAL … LIMIT 1`, so
 /// they are looked up by their whole primary key. As plain joins, a session newer than
@@ -63,7 +65,7 @@ pub(crate) const WINDOW_READ: &str = concat!(
 );
 
 /// The read of [`messages`]: `$1` the session, `$2..=$3` the range, read only when it is
-/// inside the latest checkpoint's transcript.
+/// inside the latest checkpoint's transcript. Sent unprepared, as [`WINDOW_READ`].
 pub(crate) const RANGE_READ: &str = concat!(
     "WITH h AS (SELECT s.num, ",
     seal::head_cols!(),
@@ -108,6 +110,9 @@ pub(crate) async fn load_checkpoint_window(
     let window = window.map(|w| i64::try_from(w).unwrap_or(i64::MAX));
     let row = tx::read(&store.pool, || {
         sqlx::query(WINDOW_READ)
+            // Its best plan depends on the session's size: unprepared, planned for its
+            // parameters on every execution (see the crate's docs, `# Plans`).
+            .persistent(false)
             .bind(id.as_str())
             .bind(version)
             .bind(window)
@@ -206,6 +211,9 @@ pub(crate) async fn messages(
     let ring = store.keyring();
     let row = tx::read(&store.pool, || {
         sqlx::query(RANGE_READ)
+            // Its best plan depends on the session's size: unprepared, planned for its
+            // parameters on every execution (see the crate's docs, `# Plans`).
+            .persistent(false)
             .bind(id.as_str())
             .bind(from)
             .bind(to)

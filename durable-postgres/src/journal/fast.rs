@@ -42,16 +42,15 @@ pub(super) enum Insert {
     Declined(NewCall, Option<FinishCall>),
 }
 
-/// The read of [`insert`]: `$1` the session, `$2`..`$5` the new row's step, tool, input
-/// hash and ordinal.
+/// The read of [`insert`]: `$1` the session. Whether the identity is journaled already is
+/// left to the write (its `NOT EXISTS`), which then writes nothing: as a read, its
+/// generic plan, made while the tables were small, found the identity by the session
+/// alone (`plans.rs`).
 pub(crate) const INSERT_READ: &str = concat!(
     "SELECT s.fence AS session_fence, ",
     seal::head_cols!(),
     ", (SELECT l.step FROM durable_tool_calls l \
-        WHERE l.session_id = s.id AND l.seq = s.journal_rows) AS latest_step, \
-       EXISTS (SELECT 1 FROM durable_tool_calls c WHERE c.session_id = s.id \
-         AND c.step = $2 AND c.tool_name = $3 AND c.input_hash = $4 \
-         AND c.ordinal = $5) AS journaled \
+        WHERE l.session_id = s.id AND l.seq = s.journal_rows) AS latest_step \
      FROM durable_sessions s WHERE s.id = $1"
 );
 
@@ -89,10 +88,6 @@ pub(super) async fn insert(
     let row = tx::read(&store.pool, || {
         sqlx::query(INSERT_READ)
             .bind(fence.session.as_str())
-            .bind(identity.step)
-            .bind(&identity.tool)
-            .bind(&identity.input_hash)
-            .bind(identity.ordinal)
             .fetch_optional(&store.pool)
     })
     .await?;
@@ -105,11 +100,7 @@ pub(super) async fn insert(
         Some(latest) => identity.step >= latest,
         None => head.journal_rows == 0,
     };
-    if get::<i64>(&row, "session_fence")? != fence.token
-        || get::<bool>(&row, "journaled")?
-        || !open
-        || head.check(ring).is_err()
-    {
+    if get::<i64>(&row, "session_fence")? != fence.token || !open || head.check(ring).is_err() {
         return Ok(Insert::Declined(call, finish));
     }
     let seq = head.journal_rows + 1;
@@ -179,7 +170,10 @@ pub(super) async fn finish(
     // The session row is locked (as the locking transaction does) before the call row is
     // changed, and only as read: the same fence and head (so the same count of issued
     // rows). The call row changes only as read (still issued, under the seal that was
-    // checked), and the head, one issued row fewer, only with it.
+    // checked), and the head, one issued row fewer, only with it. The status `issued` is
+    // bound (`$14`), not written out: a literal lets the generic plan, made while the
+    // tables are small, find the row in the partial index of issued rows, every session's,
+    // instead of by its id.
     const WRITE: &str = concat!(
         "WITH lease AS ( \
            SELECT id FROM durable_sessions WHERE id = $7 AND fence = $8 AND head = $11 \
@@ -189,7 +183,7 @@ pub(super) async fn finish(
              mac = $6, finished_at = ",
         tx::now_ms!(),
         ", format = $9 \
-           WHERE id = $1 AND status = 'issued' AND mac = $10 \
+           WHERE id = $1 AND status = $14 AND mac = $10 \
              AND EXISTS (SELECT 1 FROM lease) RETURNING id) \
          UPDATE durable_sessions SET issued_rows = $12, head = $13 \
          WHERE id = $7 AND EXISTS (SELECT 1 FROM call)"
@@ -241,6 +235,7 @@ pub(super) async fn finish(
         .bind(&read_head)
         .bind(next.issued_rows)
         .bind(next.head.as_deref())
+        .bind(CallStatus::Issued.as_str())
         .execute(&store.pool)
         .await
         .map_err(db)?;

@@ -118,7 +118,8 @@ async fn journal_calls(
 /// The statement of [`step_calls`]: `$1` the session, `$2` the step. Returns the step's
 /// rows and its neighbours by position (the rows just before and after them, or for a
 /// step without rows the last row of the step before and the first of the step after),
-/// in position order, each row beside the head and the step's extent.
+/// in position order, each row beside the head and the step's extent. Sent unprepared,
+/// once per step.
 pub(crate) const STEP_READ: &str = concat!(
     "WITH h AS (SELECT ",
     head_cols!(),
@@ -175,6 +176,10 @@ async fn step_calls(
     let ring = store.keyring();
     let found = tx::read(&store.pool, || {
         sqlx::query(STEP_READ)
+            // Unprepared: planned for its arguments every time (see the crate's docs,
+            // `# Plans`). A generic plan made before the tables were first analyzed found
+            // the neighbours and the previous and next steps by the session alone.
+            .persistent(false)
             .bind(session.as_str())
             .bind(step)
             .fetch_all(&store.pool)

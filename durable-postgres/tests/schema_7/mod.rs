@@ -1,6 +1,6 @@
 //! Turns a database of this release back into what schema 7 wrote: no approvals (no
 //! `approval` column on journal rows, no count of them in the heads, no approval log),
-//! no worker-pool columns, the tracking table at version 7. Shared by the upgrade tests.
+//! no worker-pool columns, no list of heads to count, the tracking table at version 7. Shared by the upgrade tests.
 
 use sqlx::postgres::PgPool;
 
@@ -34,11 +34,20 @@ const UNDO_9: [&str; 8] = [
     "DELETE FROM durable_schema_migrations WHERE version >= 9",
 ];
 
-/// Undoes schemas 9 and 8 (see [`UNDO_9`], [`UNDO_8`]); panics if the database holds
-/// approvals, or if anything of schema 8 is left.
+/// The statements that undo schema 10 (the heads still to count listed in a table of
+/// their own): the partial index of version 4 back.
+const UNDO_10: [&str; 3] = [
+    "CREATE INDEX durable_sessions_uncounted ON durable_sessions (created_at, id) \
+     WHERE issued_rows IS NULL",
+    "DROP TABLE durable_uncounted_heads",
+    "DELETE FROM durable_schema_migrations WHERE version >= 10",
+];
+
+/// Undoes schemas 10, 9 and 8 (see [`UNDO_10`], [`UNDO_9`], [`UNDO_8`]); panics if the
+/// database holds approvals, or if anything of schema 8 is left.
 pub async fn back_to_schema_7(pool: &PgPool) {
     let mut tx = pool.begin().await.expect("a transaction");
-    for sql in UNDO_9.into_iter().chain(UNDO_8) {
+    for sql in UNDO_10.into_iter().chain(UNDO_9).chain(UNDO_8) {
         let rows = sqlx::query(sql).fetch_all(&mut *tx).await.expect(sql);
         if sql.starts_with("SELECT") {
             assert!(
