@@ -336,7 +336,7 @@ async fn issued_calls_reads_the_issued_rows_and_detects_a_deleted_one() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_version_2_database_is_upgraded() {
+async fn a_version_1_database_is_upgraded_with_steps_out_of_order() {
     let db = test_database().await;
     let pool = raw(&db).await;
     let mut first = migrations();
@@ -344,15 +344,18 @@ async fn a_version_2_database_is_upgraded() {
         first
             .migrations
             .iter()
-            .filter(|m| m.version <= 2)
+            .filter(|m| m.version <= 1)
             .cloned()
             .collect(),
     );
-    first.run(&pool).await.expect("schema version 2");
+    // Version 1, before seals: the store's own open runs the sealing migration (version 2,
+    // which numbers each session's journal and counts it) and adopts the rows as found,
+    // which it does only for a store whose sealing migration it runs itself.
+    first.run(&pool).await.expect("schema version 1");
     for sql in [
         "INSERT INTO durable_sessions (id, status, app_version, metadata, fence, latest_version, \
-         created_at, updated_at, format, journal_rows) \
-         VALUES ('a', 'active', 'v1', '{}', 1, 0, 1, 1, 1, 4)",
+         created_at, updated_at, format) \
+         VALUES ('a', 'active', 'v1', '{}', 1, 0, 1, 1, 1)",
         "INSERT INTO durable_checkpoints (session_id, version, last_seq, message_count, plan, \
          budget, state, app_version, format, created_at) \
          VALUES ('a', 0, 0, 0, '{}', '{}', 'null', 'v1', 1, 1)",
@@ -370,7 +373,7 @@ async fn a_version_2_database_is_upgraded() {
         sqlx::query(
             "INSERT INTO durable_tool_calls (id, session_id, kind, step, tool_name, input_hash, \
              ordinal, replay_class, status, args, schema_hash, result, attempt, fence, format, \
-             issued_at, seq) \
+             issued_at, seq) OVERRIDING SYSTEM VALUE \
              VALUES ('c' || $1, 'a', 'tool', $2, 't', 'h', $1, 'pure', $3, '{}', 's', \
                      CASE WHEN $3 = 'completed' THEN '1' END, 1, 1, 1, 1, $1)",
         )
@@ -379,7 +382,7 @@ async fn a_version_2_database_is_upgraded() {
         .bind(status)
         .execute(&pool)
         .await
-        .expect("a version 2 journal row");
+        .expect("a version 1 journal row");
     }
 
     let store =
