@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use durable::{CheckpointStore, Durable, DurableError, SessionId, StartOptions, StoreError};
 use durable::sqlite::SqliteStore;
+use durable::{CheckpointStore, Durable, DurableError, SessionId, StartOptions, StoreError};
 use serde_json::Value;
 
 #[test]
@@ -30,7 +30,11 @@ fn releasing_a_lease_taken_over_is_lease_lost() {
             .expect("start");
         std::thread::sleep(Duration::from_millis(500));
         let second = Durable::builder(store.clone()).owner("worker-b").build();
-        let taken = second.resume::<Value>(&id).await.expect("take over").session;
+        let taken = second
+            .resume::<Value>(&id)
+            .await
+            .expect("take over")
+            .session;
         match session.release().await {
             Err(DurableError::Store(StoreError::LeaseLost { session, .. })) => {
                 assert_eq!(session, id);
