@@ -671,15 +671,34 @@ fn parse_mapping(text: &str) -> Result<(String, String), String> {
 
 /// Who is acting: `--by`, else `$USER`, else `$LOGNAME`.
 fn operator(by: Option<String>) -> Result<String, CliError> {
-    by.or_else(|| std::env::var("USER").ok())
-        .or_else(|| std::env::var("LOGNAME").ok())
-        .filter(|s| !s.trim().is_empty())
+    let named = |v: Option<String>| v.filter(|s| !s.trim().is_empty());
+    named(by)
+        .or_else(|| named(std::env::var("USER").ok()))
+        .or_else(|| named(std::env::var("LOGNAME").ok()))
+        .or_else(|| named(std::env::var("USERNAME").ok()))
+        .or_else(process_uid)
         .ok_or_else(|| {
             CliError::new(
                 Code::Usage,
                 "cannot tell who is acting ($USER is not set); pass --by <name> for the audit row",
             )
         })
+}
+
+/// Who runs this process when no variable names them (a container, CI): `uid:<n>`, the
+/// owner of `/proc/self`, which the audit row can still tie to a person.
+fn process_uid() -> Option<String> {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata("/proc/self")
+            .ok()
+            .map(|m| format!("uid:{}", m.uid()))
+    }
+    #[cfg(not(unix))]
+    {
+        None
+    }
 }
 
 fn main() -> ExitCode {

@@ -834,3 +834,34 @@ async fn rekey_rotates_and_unverified_reads_a_store_whose_key_is_lost() {
         out.stdout
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_without_user_is_audited_by_uid() {
+    let (_dir, db, store) = sqlite().await;
+    let population = cli_support::populate(&store).await;
+    let call = population.doubt_call.id.to_string();
+    // A container or CI job: no USER, LOGNAME or USERNAME.
+    let out: Run = std::process::Command::new(env!("CARGO_BIN_EXE_durable"))
+        .args(["--db", &db, "resolve", &call, "--did-not-happen", "--json"])
+        .env_remove("USER")
+        .env_remove("LOGNAME")
+        .env_remove("USERNAME")
+        .env_remove("DURABLE_DB")
+        .env_remove("DATABASE_URL")
+        .env_remove("DURABLE_MAC_KEY")
+        .env_remove("DURABLE_PREVIOUS_MAC_KEYS")
+        .output()
+        .expect("run")
+        .into();
+    out.ok();
+    let resolutions = store
+        .resolutions(&population.doubt)
+        .await
+        .expect("resolutions");
+    assert_eq!(resolutions.len(), 1);
+    assert!(
+        resolutions[0].by.starts_with("uid:"),
+        "{:?}",
+        resolutions[0].by
+    );
+}

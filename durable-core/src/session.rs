@@ -727,9 +727,23 @@ where
 
     /// Gives the lease up without changing the status: another worker (or a later
     /// resume) may continue from the latest checkpoint.
+    ///
+    /// Fails with [`StoreError::LeaseLost`] when the lease had already been taken over
+    /// (it expired and another worker claimed the session): nothing was given up, and
+    /// whatever this handle did after losing it was refused.
     pub async fn release(mut self) -> Result<(), DurableError> {
         self.stop_renewing();
         let lease = self.journal.lease();
+        // Releasing a stale token is a no-op in the store; say so instead of `Ok`. Read
+        // before releasing: once released, another worker may take the session at once.
+        let now = self.store.session(&lease.session).await?;
+        if now.fence != lease.fence {
+            return Err(StoreError::LeaseLost {
+                session: lease.session.clone(),
+                token: lease.fence,
+            }
+            .into());
+        }
         Ok(self.store.release_lease(&lease).await?)
     }
 

@@ -306,7 +306,14 @@ struct Snapshot {
 }
 
 /// Runs one turn of `session`: sends its next email (recorded in `effects`), checkpoints.
-async fn turn(store: &SqliteStore, session: &str, effects: &Mutex<HashMap<String, usize>>) {
+/// Without `checkpoint`, the worker stops after the email as if it died before its
+/// checkpoint (the lease released so that the next turn may re-run the step at once).
+async fn turn(
+    store: &SqliteStore,
+    session: &str,
+    effects: &Mutex<HashMap<String, usize>>,
+    checkpoint: bool,
+) {
     let durable = Durable::builder(Arc::new(store.clone()) as Arc<dyn CheckpointStore>)
         .owner("gen")
         .app_version("gen")
@@ -314,6 +321,12 @@ async fn turn(store: &SqliteStore, session: &str, effects: &Mutex<HashMap<String
     let options = StartOptions::new().with_id(SessionId::new(session));
     let mut handle = match durable.start_or_resume::<Value>(options).await {
         Ok(started) => started.session,
+        // A damaged store refuses, typed: nothing runs.
+        Err(DurableError::Store(
+            StoreError::Tampered { .. }
+            | StoreError::KeyMissing { .. }
+            | StoreError::Corrupt { .. },
+        )) => return,
         Err(DurableError::Store(StoreError::NotResumable { status, .. })) if status == "parked" => {
             return;
         }
@@ -336,11 +349,16 @@ async fn turn(store: &SqliteStore, session: &str, effects: &Mutex<HashMap<String
         .await;
     match sent {
         Ok(value) => {
-            handle.push(value);
-            handle.checkpoint().await.expect("checkpoint");
+            if checkpoint {
+                handle.push(value);
+                handle.checkpoint().await.expect("checkpoint");
+            }
             handle.release().await.expect("release");
         }
-        Err(durable_core::CallError::Durable(DurableError::ReplayUnsafe { .. })) => {
+        Err(durable_core::CallError::Durable(
+            DurableError::ReplayUnsafe { .. }
+            | DurableError::Store(StoreError::Tampered { .. } | StoreError::Corrupt { .. }),
+        )) => {
             let _ = handle.release().await;
         }
         Err(e) => panic!("send in {session}: {e}"),
@@ -369,6 +387,48 @@ fn random_rollbacks_never_send_twice() {
     }
 }
 
+/// Edits the closed store's file directly.
+async fn damage(db: &Path, forge: bool, offset: i64, drop_store_key: bool) {
+    use sqlx::{ConnectOptions, Connection};
+    let mut conn = sqlx::sqlite::SqliteConnectOptions::new()
+        .filename(db)
+        .connect()
+        .await
+        .expect("raw connection");
+    if forge {
+        sqlx::query(
+            "UPDATE durable_tool_calls SET status = 'not_happened', result = NULL, mac = NULL \
+             WHERE id = (SELECT id FROM durable_tool_calls \
+               WHERE replay_class = 'unsafe_on_replay' AND status = 'completed' \
+               ORDER BY id LIMIT 1 OFFSET ?)",
+        )
+        .bind(offset)
+        .execute(&mut conn)
+        .await
+        .expect("forge");
+        sqlx::query("DELETE FROM durable_meta WHERE name = 'signing_key'")
+            .execute(&mut conn)
+            .await
+            .expect("drop the signing key row");
+        if drop_store_key {
+            sqlx::query("DELETE FROM durable_meta WHERE name = 'store_key'")
+                .execute(&mut conn)
+                .await
+                .expect("drop the store key row");
+        }
+    } else {
+        sqlx::query(
+            "DELETE FROM durable_tool_calls WHERE id = \
+             (SELECT id FROM durable_tool_calls ORDER BY id LIMIT 1 OFFSET ?)",
+        )
+        .bind(offset)
+        .execute(&mut conn)
+        .await
+        .expect("delete a journal row");
+    }
+    conn.close().await.expect("close");
+}
+
 fn trace(seed: u64, step: usize, what: &str) {
     if std::env::var_os("DURABLE_ROLLBACK_TRACE").is_some() {
         eprintln!("seed {seed} step {step}: {what}");
@@ -385,11 +445,12 @@ fn random_program(seed: u64) {
     runtime().block_on(async {
         let mut store = SqliteStore::open(&db).await.expect("open");
         for step in 0..24 {
-            match rng.below(10) {
+            match rng.below(12) {
                 0..=5 => {
                     let session = format!("s{}", rng.below(3));
-                    trace(seed, step, &format!("turn {session}"));
-                    turn(&store, &session, &effects).await;
+                    let checkpoint = rng.below(3) != 0;
+                    trace(seed, step, &format!("turn {session} (checkpoint: {checkpoint})"));
+                    turn(&store, &session, &effects, checkpoint).await;
                 }
                 6 | 7 => {
                     let mut snapshot = read_snapshot(&db);
@@ -420,6 +481,38 @@ fn random_program(seed: u64) {
                             SqliteStore::open(&db).await.expect("open after acknowledging")
                         }
                         Err(e) => panic!("seed {seed} step {step}: reopen: {e}"),
+                    };
+                }
+                10 | 11 => {
+                    // Damage from outside, as an attacker or a careless script would:
+                    // forge a completed email as never sent and drop the key rows (the
+                    // store must not adopt and re-seal that), or delete a journal row.
+                    let forge = rng.below(2) == 0;
+                    let offset = i64::try_from(rng.below(4)).expect("offset");
+                    let drop_store_key = rng.below(2) == 0;
+                    trace(seed, step, &format!("damage (forge: {forge}, offset {offset})"));
+                    store.close().await;
+                    damage(&db, forge, offset, drop_store_key).await;
+                    store = match SqliteStore::open(&db).await {
+                        Ok(store) => store,
+                        Err(
+                            e @ (StoreError::KeyMissing { .. }
+                            | StoreError::Tampered { .. }
+                            | StoreError::Corrupt { .. }),
+                        ) => {
+                            // Refused, typed: the operator's turn; the program ends here.
+                            trace(seed, step, &format!("refused: {e}"));
+                            break;
+                        }
+                        Err(StoreError::RolledBack { detail, .. }) => {
+                            // A deleted journal row is a rollback the witness sees.
+                            trace(seed, step, &format!("refused: {detail}"));
+                            SqliteStore::acknowledge_rollback(&db, "gen", false)
+                                .await
+                                .expect("acknowledge");
+                            SqliteStore::open(&db).await.expect("open after acknowledging")
+                        }
+                        Err(e) => panic!("seed {seed} step {step}: reopen after damage: {e}"),
                     };
                 }
                 _ => {}
