@@ -45,7 +45,7 @@ use crate::replay::ReplayClass;
 use crate::store::{CallKind, CallRecord, CallStatus};
 
 /// The step of a fork's journal that holds the parent's effects the fork does not re-run
-/// (see the [module docs](self)). No turn ever runs in it.
+/// (see [`ForkFate::Carried`]). No turn ever runs in it.
 pub const CARRIED_STEP: i64 = -1;
 
 /// The first pair of a fork's audit step map: `("@fork", "<parent>@<version>")`.
@@ -127,7 +127,7 @@ pub enum ForkFate {
 }
 
 /// What a fork from `version` does with a row of the source: the one rule every backend
-/// applies ([module docs](self)). `rerun`: an operator named the row to run again.
+/// applies (see [`ForkFate`]). `rerun`: an operator named the row to run again.
 pub fn fate(
     kind: CallKind,
     class: ReplayClass,
