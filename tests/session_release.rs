@@ -1,5 +1,6 @@
 //! `Session::release` tells the truth: a handle whose lease another worker took over gets
 //! `LeaseLost`, not `Ok(())` (the store's release of a stale token is a no-op).
+#![cfg(feature = "sqlite")]
 
 use std::sync::Arc;
 use std::time::Duration;
