@@ -100,7 +100,7 @@ pub(crate) fn prepare_reader(path: &Path) -> Result<(), StoreError> {
 fn empty(path: &Path) -> StoreError {
     not_a_store(
         path,
-        "the file is empty; durable does not turn an existing file into a store (if the store was lost, restore it from a backup; to start afresh, delete the file)",
+        "the file is empty; durable does not turn an existing file into a store (if the store was lost, restore it from a backup; to start afresh, delete the file and its `-witness`)",
     )
 }
 
