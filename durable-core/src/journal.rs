@@ -1,14 +1,13 @@
 //! The journal: how one call is recorded, replayed, re-executed or refused.
 //!
 //! [`Journal::tool`] is the explicit API under `#[durable_tool]`; [`Journal::model`]
-//! journals a model response. The decision table is DESIGN.md's, one function per arm:
-//!
-//! | found | arm | module |
-//! |---|---|---|
-//! | a row with an outcome | returned, whatever the class (`replay_recorded`) | `call` |
-//! | an issued row, outcome unknown | settled by class: re-executed, re-executed with the recorded key, verified or refused (`settle_in_doubt`) | `call` |
-//! | no row | `pure` runs and records in one commit; anything else is issued, runs and records (`run_fresh`) | `call` |
-//! | before any effect | the session-wide barrier and the divergence check | `barrier` |
+//! journals a model response. The decision table (ARCHITECTURE.md §3) is a pure function
+//! in `protocol`: what the journal holds for the call's identity and what the call site
+//! brings decide the arm. `call` drives it: it finds the row, gathers the facts, applies
+//! the arm (returns a recorded outcome, runs the guards it names, writes, runs the body or
+//! the verify hook) and feeds what came back into the next decision. The guards that need
+//! the store (the session-wide barrier, the divergence check, the carried-effect check)
+//! are in `barrier`.
 //!
 //! Model responses are journaled by position in `model`; the `checkpoint_after` scope is
 //! in `commit`; ordinals and positions are handed out in `numbers`.
@@ -36,6 +35,7 @@ mod call;
 mod commit;
 mod model;
 mod numbers;
+mod protocol;
 
 pub use crate::event::{CallEvent, Outcome};
 pub use call::ToolCall;

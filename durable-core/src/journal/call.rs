@@ -1,6 +1,5 @@
-//! One tool call through the journal: the decision table (recorded → returned; in doubt
-//! → re-executed, re-executed with the recorded key, verified or refused; no record →
-//! issued, executed, recorded) and the execution paths behind it.
+//! One tool call through the journal: the driver of the decision table in `protocol`
+//! (find the row, gather the facts, apply the arm) and the execution paths behind it.
 
 use std::fmt::Display;
 use std::future::Future;
@@ -13,6 +12,7 @@ use tracing::Instrument;
 
 use super::commit::{Executed, ScopeClaim, ScopeOutcome};
 use super::numbers::Reservation;
+use super::protocol::{self, Action, Answer, Facts, Refusal};
 use super::{CallError, Journal, Outcome, RecordedFailure, failure_message, lock};
 use crate::args;
 use crate::canonical;
@@ -49,20 +49,6 @@ pub struct ToolCall<'j> {
 
 /// What [`ToolCall::accept_edits`] is given.
 type EditCheck<'j> = Box<dyn FnOnce(&Value) -> Result<Option<String>, DurableError> + Send + 'j>;
-
-/// What the journal found for a call before anything ran: the row of DESIGN.md's
-/// decision table that applies.
-enum Decision {
-    /// A row holds an outcome: return it, whatever the class.
-    Recorded(CallRecord),
-    /// An issued row from an earlier attempt (or a `not_happened` resolution): settle it
-    /// by class.
-    InDoubt(CallRecord),
-    /// No row: run it (behind the barrier and the divergence check when not `pure`).
-    Fresh,
-    /// A row awaiting a person's decision (nothing runs), or approved (it runs now, once).
-    Approval(CallRecord),
-}
 
 impl<'j> ToolCall<'j> {
     /// Sets the idempotency key (required for `idempotent_with_key` tools).
@@ -197,9 +183,10 @@ impl<'j> ToolCall<'j> {
         result
     }
 
-    /// The decision table: validate and hash, find the row, then one arm per case.
+    /// Validates and hashes the arguments, finds the row, gathers the [`Facts`] and
+    /// applies the arm [`protocol::decide`] chooses.
     async fn run_inner<T, E, F, Fut, V, VFut>(
-        self,
+        mut self,
         mut run: F,
         verify: V,
         scope: Option<&mut ScopeClaim>,
@@ -257,23 +244,58 @@ impl<'j> ToolCall<'j> {
             super::refused_span(&refused);
             return Err(refused.into());
         }
-        let (identity, decision, mut reservation) = journal.decide(spec, hash).await?;
-        match decision {
-            Decision::Recorded(row) => journal.replay_recorded(row, reservation).await,
-            Decision::InDoubt(row) => {
-                self.settle_in_doubt(row, reservation, &mut run, verify, scope)
-                    .await
+        let (identity, found, mut reservation) = journal.find(spec, hash).await?;
+
+        // What the decision reads besides the row.
+        let request = match &found {
+            None => self.approval.take().or_else(|| {
+                let policy = journal.inner.config.approval_policy.as_ref()?;
+                policy(spec, &masked)
+            }),
+            Some(_) => None,
+        };
+        let edits = match &found {
+            Some(row)
+                if matches!(
+                    row.status,
+                    CallStatus::Issued | CallStatus::NotHappened | CallStatus::Approved
+                ) =>
+            {
+                self.take_edits(row)
             }
-            Decision::Fresh => {
-                self.run_fresh(identity, masked, reservation, &mut run, scope)
-                    .await
+            _ => Ok((None, None)),
+        };
+        let facts = Facts {
+            class: spec.class,
+            held: found.as_ref().map(|row| row.status),
+            schema_changed: found.as_ref().is_some_and(|row| {
+                !row.schema_hash.is_empty() && row.schema_hash != spec.fingerprint
+            }),
+            withheld: !self.withheld.is_empty(),
+            recorded_key: found
+                .as_ref()
+                .is_some_and(|row| row.idempotency_key.is_some()),
+            approval_asked: request.is_some(),
+            edits_refused: edits.is_err(),
+        };
+        let action = protocol::decide(facts);
+        if let Some(row) = &found {
+            tracing::Span::current().record(telemetry::DURABLE_CALL_ID, row.id.as_str());
+        }
+        let (key, edited, edits_refused) = match edits {
+            Ok((key, edited)) => (key, edited, None),
+            Err(refused) => (None, None, Some(refused)),
+        };
+        match (action, found) {
+            (Action::Replay, Some(row)) => journal.replay_recorded(row, reservation).await,
+            (Action::RequestApproval, None) => {
+                let call = self.new_call(identity, masked);
+                let Some(request) = request else {
+                    unreachable!("protocol::decide requests approval only when asked")
+                };
+                journal.request(spec, call, request, reservation).await
             }
-            Decision::Approval(row) if row.status == CallStatus::Approved => {
-                self.run_approved(row, reservation, &mut run, scope).await
-            }
-            Decision::Approval(row) => {
-                // Released, as for a refused in-doubt call: asked again (once it is
-                // decided), the call maps onto the same row.
+            (Action::AwaitApproval, Some(row)) => {
                 reservation.release();
                 journal.emit(journal.event(&row, Outcome::ApprovalRequested));
                 Err(DurableError::AwaitingApproval {
@@ -283,20 +305,177 @@ impl<'j> ToolCall<'j> {
                 }
                 .into())
             }
+            (Action::RunPure, None) => {
+                let call = self.new_call(identity, masked);
+                journal
+                    .execute_pure(spec, call, &mut run, &mut reservation)
+                    .await
+            }
+            (Action::IssueAndRun, None) => {
+                let call = self.new_call(identity, masked);
+                self.issue_and_run(call, reservation, &mut run, scope).await
+            }
+            (Action::Verify, Some(row)) => {
+                let ctx = {
+                    let mut ctx = journal.context(&row);
+                    ctx.edited = edited.clone();
+                    ctx
+                };
+                let (answer, value) = match verify(ctx).await {
+                    Verification::Happened(value) => (Answer::Happened, Some(value)),
+                    Verification::DidNotHappen => (Answer::DidNotHappen, None),
+                    Verification::Unknown => (Answer::Unknown, None),
+                };
+                match (protocol::after_verify(answer), value) {
+                    (Action::RecordVerified, Some(value)) => {
+                        reservation.keep();
+                        let result = encode_result(spec, &value)?;
+                        journal
+                            .record_outcome(
+                                &row,
+                                CallOutcome::Completed(result),
+                                None,
+                                Outcome::VerifiedHappened,
+                                scope,
+                            )
+                            .await?;
+                        Ok(value)
+                    }
+                    (Action::ReRun { outcome, guarded }, _) => {
+                        self.rerun(row, outcome, guarded, edited, reservation, &mut run, scope)
+                            .await
+                    }
+                    (Action::Refuse(why), _) => {
+                        Err(self.refuse(why, Some(&row), None, &mut reservation).into())
+                    }
+                    (action, _) => unreachable!("after_verify gave {action:?}"),
+                }
+            }
+            (Action::ReRun { outcome, guarded }, Some(row)) => {
+                self.rerun(row, outcome, guarded, edited, reservation, &mut run, scope)
+                    .await
+            }
+            (Action::RunApproved { guarded }, Some(row)) => {
+                self.run_approved(row, key, edited, guarded, reservation, &mut run, scope)
+                    .await
+            }
+            (Action::Refuse(why), row) => Err(self
+                .refuse(why, row.as_ref(), edits_refused, &mut reservation)
+                .into()),
+            (Action::RefuseApproved(why), Some(row)) => {
+                let error = self.refuse(why, Some(&row), edits_refused, &mut reservation);
+                Err(DurableError::ApprovedCallRefused {
+                    call: row.id.clone(),
+                    tool: spec.name.clone(),
+                    reason: error.to_string(),
+                }
+                .into())
+            }
+            (action, found) => unreachable!(
+                "protocol::decide chose {action:?} for a call whose row is {:?}",
+                found.map(|row| row.status)
+            ),
         }
     }
 
-    /// In doubt: an earlier attempt issued the call and its outcome is unknown (or an
-    /// operator said it did not happen). `pure` re-executes; `idempotent_with_key`
-    /// re-executes with the recorded key; `unsafe_on_replay` asks its verify hook and is
-    /// refused without an answer. Every re-execution with a side effect passes the
-    /// session-wide barrier first.
-    async fn settle_in_doubt<T, E, F, Fut, V, VFut>(
-        mut self,
+    /// The row a fresh call writes.
+    fn new_call(&self, identity: CallIdentity, masked: Value) -> NewCall {
+        NewCall {
+            id: CallId::random(),
+            kind: CallKind::Tool,
+            identity,
+            class: self.spec.class,
+            args: masked,
+            idempotency_key: self.key.clone(),
+            schema_hash: self.spec.fingerprint.clone(),
+        }
+    }
+
+    /// The error a refusal returns, reported as refused; the ordinal is handed back, so
+    /// the same call sent again maps onto the same row. Every refusal of the decision
+    /// table goes through here.
+    fn refuse(
+        &self,
+        why: Refusal,
+        row: Option<&CallRecord>,
+        edits_refused: Option<DurableError>,
+        reservation: &mut Reservation,
+    ) -> DurableError {
+        let journal = self.journal;
+        let spec = self.spec;
+        reservation.release();
+        match row {
+            Some(row) => journal.emit(journal.event(row, Outcome::Refused)),
+            None => journal.emit_refused(spec, self.key.clone()),
+        }
+        let replay_unsafe = |row: &CallRecord, class, reason: String| DurableError::ReplayUnsafe {
+            call: row.id.clone(),
+            tool: spec.name.clone(),
+            class,
+            refused_tool: spec.name.clone(),
+            reason,
+        };
+        let withheld = self.withheld.first().map(String::as_str);
+        match (why, row) {
+            (Refusal::SchemaChanged, Some(row)) => DurableError::SchemaChanged {
+                tool: spec.name.clone(),
+                call: row.id.clone(),
+                recorded: row.schema_hash.clone(),
+                current: spec.fingerprint.clone(),
+            },
+            (Refusal::SecretUnavailable, _) => secret::unavailable(&spec.name, withheld),
+            (Refusal::SecretWithheld, Some(row)) => replay_unsafe(
+                row,
+                spec.class,
+                format!(
+                    "its secret argument `{}` was masked in the journal and its value is not \
+                     held after a restart, so neither its verify hook nor a re-execution can run",
+                    withheld.unwrap_or_default()
+                ),
+            ),
+            (Refusal::EditsRefused, _) => edits_refused.unwrap_or_else(|| DurableError::Encode {
+                what: format!("call of `{}`", spec.name),
+                detail: "the approval's edited arguments were refused".into(),
+            }),
+            (Refusal::NoRecordedKey, Some(row)) => replay_unsafe(
+                row,
+                row.class,
+                format!(
+                    "its record holds no idempotency key (was it issued before `{}` became \
+                     `idempotent_with_key`?), so re-running it could repeat the effect",
+                    spec.name
+                ),
+            ),
+            (Refusal::NotVerified, Some(row)) => replay_unsafe(
+                row,
+                spec.class,
+                if spec.has_verify {
+                    "its verify hook could not tell whether the effect happened".into()
+                } else {
+                    "the tool has no verify hook, and re-running it could repeat the effect".into()
+                },
+            ),
+            (Refusal::InFlight, Some(row)) => replay_unsafe(
+                row,
+                spec.class,
+                "another execution of the same call is in flight".into(),
+            ),
+            (why, None) => unreachable!("{why:?} is only chosen for a row"),
+        }
+    }
+
+    /// In doubt: re-executed on the same row, behind the session-wide barrier when
+    /// `guarded`, with the arguments a person approved if they edited them (the key stays
+    /// the recorded one).
+    #[allow(clippy::too_many_arguments)]
+    async fn rerun<T, E, F, Fut>(
+        self,
         row: CallRecord,
+        outcome: Outcome,
+        guarded: bool,
+        edited: Option<Arc<Value>>,
         mut reservation: Reservation,
         run: &mut F,
-        verify: V,
         scope: Option<&mut ScopeClaim>,
     ) -> Result<T, CallError<E>>
     where
@@ -304,125 +483,16 @@ impl<'j> ToolCall<'j> {
         E: Display,
         F: FnMut(ToolContext) -> Fut,
         Fut: Future<Output = Result<T, E>>,
-        V: FnOnce(ToolContext) -> VFut,
-        VFut: Future<Output = Verification<T>>,
     {
         let journal = self.journal;
         let spec = self.spec;
-        tracing::Span::current().record(telemetry::DURABLE_CALL_ID, row.id.as_str());
-        if row.schema_hash != spec.fingerprint && !row.schema_hash.is_empty() {
-            let refused = DurableError::SchemaChanged {
-                tool: spec.name.clone(),
-                call: row.id.clone(),
-                recorded: row.schema_hash.clone(),
-                current: spec.fingerprint.clone(),
-            };
-            super::refused_span(&refused);
-            return Err(refused.into());
+        if outcome == Outcome::ReExecutedWithKey && row.idempotency_key != self.key {
+            tracing::warn!(
+                recorded = ?row.idempotency_key, derived = ?self.key,
+                "idempotency key derived now differs from the recorded one; re-executing with the recorded key"
+            );
         }
-        if let Some(name) = self.withheld.first() {
-            // Settling it would run the tool (or its verify hook) without the value.
-            reservation.release();
-            journal.emit(journal.event(&row, Outcome::Refused));
-            if spec.class == ReplayClass::UnsafeOnReplay && row.status != CallStatus::NotHappened {
-                return Err(DurableError::ReplayUnsafe {
-                    call: row.id.clone(),
-                    tool: spec.name.clone(),
-                    class: spec.class,
-                    refused_tool: spec.name.clone(),
-                    reason: format!(
-                        "its secret argument `{name}` was masked in the journal and its value is not \
-                         held after a restart, so neither its verify hook nor a re-execution can run"
-                    ),
-                }
-                .into());
-            }
-            return Err(secret::unavailable(&spec.name, Some(name)).into());
-        }
-        // An approved call that ran with edited arguments runs (and is verified) with them
-        // again; the key stays the recorded one.
-        let edited = match self.take_edits(&row) {
-            Ok((_, edited)) => edited,
-            Err(refused) => {
-                reservation.release();
-                journal.emit(journal.event(&row, Outcome::Refused));
-                return Err(refused.into());
-            }
-        };
-        let verify_ctx = {
-            let mut ctx = journal.context(&row);
-            ctx.edited = edited.clone();
-            ctx
-        };
-        let outcome = match (row.status, spec.class) {
-            (CallStatus::NotHappened, _) => Outcome::ReExecuted,
-            (_, ReplayClass::Pure) => Outcome::ReExecuted,
-            (_, ReplayClass::IdempotentWithKey) if row.idempotency_key.is_none() => {
-                // Issued before the tool became keyed: no key the upstream could have
-                // deduplicated on, so a re-run could repeat the effect.
-                reservation.release();
-                journal.emit(journal.event(&row, Outcome::Refused));
-                return Err(DurableError::ReplayUnsafe {
-                    call: row.id.clone(),
-                    tool: spec.name.clone(),
-                    class: row.class,
-                    refused_tool: spec.name.clone(),
-                    reason: format!(
-                        "its record holds no idempotency key (was it issued before `{}` became \
-                         `idempotent_with_key`?), so re-running it could repeat the effect",
-                        spec.name
-                    ),
-                }
-                .into());
-            }
-            (_, ReplayClass::IdempotentWithKey) => {
-                if row.idempotency_key != self.key {
-                    tracing::warn!(
-                        recorded = ?row.idempotency_key, derived = ?self.key,
-                        "idempotency key derived now differs from the recorded one; re-executing with the recorded key"
-                    );
-                }
-                Outcome::ReExecutedWithKey
-            }
-            (_, ReplayClass::UnsafeOnReplay) => match verify(verify_ctx).await {
-                Verification::Happened(value) => {
-                    reservation.keep();
-                    let result = encode_result(spec, &value)?;
-                    journal
-                        .record_outcome(
-                            &row,
-                            CallOutcome::Completed(result),
-                            None,
-                            Outcome::VerifiedHappened,
-                            scope,
-                        )
-                        .await?;
-                    return Ok(value);
-                }
-                Verification::DidNotHappen => Outcome::VerifiedNotHappened,
-                Verification::Unknown => {
-                    // Released: a retry must map onto the same row again.
-                    reservation.release();
-                    journal.emit(journal.event(&row, Outcome::Refused));
-                    return Err(DurableError::ReplayUnsafe {
-                        call: row.id.clone(),
-                        tool: spec.name.clone(),
-                        class: spec.class,
-                        refused_tool: spec.name.clone(),
-                        reason: if spec.has_verify {
-                            "its verify hook could not tell whether the effect happened".into()
-                        } else {
-                            "the tool has no verify hook, and re-running it could repeat the effect"
-                                .into()
-                        },
-                    }
-                    .into());
-                }
-            },
-        };
-        if spec.class != ReplayClass::Pure
-            && let Err(refused) = journal.barrier(spec, Some(&row.id)).await
-        {
+        if guarded && let Err(refused) = journal.barrier(spec, Some(&row.id)).await {
             reservation.release();
             super::refused_span(&refused);
             return Err(refused.into());
@@ -443,13 +513,12 @@ impl<'j> ToolCall<'j> {
             .await
     }
 
-    /// No record: `pure` runs and is recorded in one commit; anything else passes the
-    /// session-wide barrier and the divergence check, is recorded *issued* (committed and
-    /// synced), runs, and has its outcome recorded.
-    async fn run_fresh<T, E, F, Fut>(
-        mut self,
-        identity: CallIdentity,
-        masked: Value,
+    /// No record, a side effect: passes the session-wide barrier, the divergence check
+    /// and the carried-effect check, is recorded *issued* (committed and synced), runs,
+    /// and has its outcome recorded.
+    async fn issue_and_run<T, E, F, Fut>(
+        self,
+        call: NewCall,
         mut reservation: Reservation,
         run: &mut F,
         scope: Option<&mut ScopeClaim>,
@@ -462,33 +531,6 @@ impl<'j> ToolCall<'j> {
     {
         let journal = self.journal;
         let spec = self.spec;
-        if let Some(name) = self.withheld.first() {
-            // Never run with a placeholder; `reservation` hands the ordinal back, so the
-            // call sent again maps onto the same identity.
-            journal.emit_refused(spec, self.key.clone());
-            return Err(secret::unavailable(&spec.name, Some(name)).into());
-        }
-        let call = NewCall {
-            id: CallId::random(),
-            kind: CallKind::Tool,
-            identity: identity.clone(),
-            class: spec.class,
-            args: masked,
-            idempotency_key: self.key.clone(),
-            schema_hash: spec.fingerprint.clone(),
-        };
-        let request = self.approval.take().or_else(|| {
-            let policy = journal.inner.config.approval_policy.as_ref()?;
-            policy(spec, &call.args)
-        });
-        if let Some(request) = request {
-            return journal.request(spec, call, request, reservation).await;
-        }
-        if spec.class == ReplayClass::Pure {
-            return journal
-                .execute_pure(spec, call, run, &mut reservation)
-                .await;
-        }
         // Refused here, nothing holds this ordinal: `reservation` hands it back.
         if let Err(refused) = journal.barrier(spec, None).await {
             journal.emit_refused(spec, self.key.clone());
@@ -498,7 +540,7 @@ impl<'j> ToolCall<'j> {
             journal.emit_refused(spec, self.key.clone());
             return Err(diverged.into());
         }
-        if let Err(carried) = journal.check_carried(spec, &identity.input_hash).await {
+        if let Err(carried) = journal.check_carried(spec, &call.identity.input_hash).await {
             journal.emit_refused(spec, self.key.clone());
             return Err(carried.into());
         }
@@ -511,49 +553,44 @@ impl<'j> ToolCall<'j> {
             .issue_call(lease.fence(), call)
             .await
             .map_err(|e| journal.note_store_error(e))?;
-        reservation.keep();
-        match issued {
-            IssueOutcome::Inserted(row) => {
-                let running = IssuedHere::new(journal, &row);
-                journal.remember(&row).await;
-                tracing::Span::current().record(telemetry::DURABLE_CALL_ID, row.id.as_str());
-                journal.failpoint("after_issued", &spec.name);
-                journal
-                    .execute(spec, row, run, Execution::fresh(), running, scope)
-                    .await
-            }
+        let row = match issued {
+            IssueOutcome::Inserted(row) => row,
             IssueOutcome::Existing(row) => {
-                // Someone recorded this identity between our read and write: only
-                // possible if another holder of the same lease raced us. Return its
-                // outcome if any; otherwise refuse rather than run twice.
-                if row.status.has_outcome() {
-                    journal.charge(&row);
-                    journal.emit(journal.event(&row, Outcome::CacheHit));
-                    recorded_outcome(&row)
-                } else {
-                    let refused = DurableError::ReplayUnsafe {
-                        call: row.id.clone(),
-                        tool: spec.name.clone(),
-                        class: spec.class,
-                        refused_tool: spec.name.clone(),
-                        reason: "another execution of the same call is in flight".into(),
-                    };
-                    super::refused_span(&refused);
-                    Err(refused.into())
-                }
+                return match protocol::after_insert_race(row.status, false) {
+                    Action::Replay => {
+                        reservation.keep();
+                        journal.charge(&row);
+                        journal.emit(journal.event(&row, Outcome::CacheHit));
+                        recorded_outcome(&row)
+                    }
+                    Action::Refuse(why) => {
+                        Err(self.refuse(why, Some(&row), None, &mut reservation).into())
+                    }
+                    action => unreachable!("after_insert_race gave {action:?}"),
+                };
             }
-        }
+        };
+        reservation.keep();
+        let running = IssuedHere::new(journal, &row);
+        journal.remember(&row).await;
+        tracing::Span::current().record(telemetry::DURABLE_CALL_ID, row.id.as_str());
+        journal.failpoint("after_issued", &spec.name);
+        journal
+            .execute(spec, row, run, Execution::fresh(), running, scope)
+            .await
     }
-}
 
-impl ToolCall<'_> {
     /// Approved: a person decided the call may run. It runs now, once, under its replay
-    /// class: behind the session-wide barrier, with the edited arguments if the person
-    /// edited them (and, for a keyed tool, the key derived from them, recorded with the
-    /// row before it runs).
+    /// class: behind the session-wide barrier and the carried-effect check when
+    /// `guarded`, with the edited arguments if the person edited them (and, for a keyed
+    /// tool, the key derived from them, recorded with the row before it runs).
+    #[allow(clippy::too_many_arguments)]
     async fn run_approved<T, E, F, Fut>(
-        mut self,
+        self,
         row: CallRecord,
+        key: Option<EditedKey>,
+        edited: Option<Arc<Value>>,
+        guarded: bool,
         mut reservation: Reservation,
         run: &mut F,
         scope: Option<&mut ScopeClaim>,
@@ -566,49 +603,16 @@ impl ToolCall<'_> {
     {
         let journal = self.journal;
         let spec = self.spec;
-        tracing::Span::current().record(telemetry::DURABLE_CALL_ID, row.id.as_str());
-        let refuse = |reservation: &mut Reservation, error: DurableError| {
-            reservation.release();
-            journal.emit(journal.event(&row, Outcome::Refused));
-            Err(DurableError::ApprovedCallRefused {
-                call: row.id.clone(),
-                tool: spec.name.clone(),
-                reason: error.to_string(),
-            }
-            .into())
-        };
-        if row.schema_hash != spec.fingerprint && !row.schema_hash.is_empty() {
-            let changed = DurableError::SchemaChanged {
-                tool: spec.name.clone(),
-                call: row.id.clone(),
-                recorded: row.schema_hash.clone(),
-                current: spec.fingerprint.clone(),
+        if guarded {
+            let checked = match journal.barrier(spec, Some(&row.id)).await {
+                Ok(()) => journal.check_carried(spec, &row.identity.input_hash).await,
+                Err(refused) => Err(refused),
             };
-            return refuse(&mut reservation, changed);
-        }
-        if let Some(name) = self.withheld.first() {
-            // Never run with a placeholder: the model is asked to send the call again,
-            // which maps onto this row.
-            let unavailable = secret::unavailable(&spec.name, Some(name));
-            return refuse(&mut reservation, unavailable);
-        }
-        let (key, edited) = match self.take_edits(&row) {
-            Ok(taken) => taken,
-            Err(refused) => return refuse(&mut reservation, refused),
-        };
-        if spec.class != ReplayClass::Pure
-            && let Err(refused) = journal.barrier(spec, Some(&row.id)).await
-        {
-            reservation.release();
-            super::refused_span(&refused);
-            return Err(refused.into());
-        }
-        if spec.class != ReplayClass::Pure
-            && let Err(refused) = journal.check_carried(spec, &row.identity.input_hash).await
-        {
-            reservation.release();
-            super::refused_span(&refused);
-            return Err(refused.into());
+            if let Err(refused) = checked {
+                reservation.release();
+                super::refused_span(&refused);
+                return Err(refused.into());
+            }
         }
         reservation.keep();
         journal.ensure_durable(spec).await?;
@@ -623,7 +627,14 @@ impl ToolCall<'_> {
             Ok(issued) => issued,
             // The edited arguments' key is another call's: the row stays approved.
             Err(conflict @ StoreError::IdempotencyConflict { .. }) => {
-                return refuse(&mut reservation, conflict.into());
+                reservation.release();
+                journal.emit(journal.event(&row, Outcome::Refused));
+                return Err(DurableError::ApprovedCallRefused {
+                    call: row.id.clone(),
+                    tool: spec.name.clone(),
+                    reason: DurableError::from(conflict).to_string(),
+                }
+                .into());
             }
             Err(e) => return Err(journal.note_store_error(e).into()),
         };
@@ -748,29 +759,32 @@ impl Journal {
                 }
                 row
             }
-            // Another holder of the same lease raced us (see `run_fresh`): go by its row.
-            IssueOutcome::Existing(row) if row.status.has_outcome() => {
-                reservation.keep();
-                self.charge(&row);
-                self.emit(self.event(&row, Outcome::CacheHit));
-                return recorded_outcome(&row);
-            }
-            IssueOutcome::Existing(row) if row.status == CallStatus::Requested => {
-                reservation.release();
-                row
-            }
-            IssueOutcome::Existing(row) => {
-                reservation.release();
-                let refused = DurableError::ReplayUnsafe {
-                    call: row.id.clone(),
-                    tool: spec.name.clone(),
-                    class: spec.class,
-                    refused_tool: spec.name.clone(),
-                    reason: "another execution of the same call is in flight".into(),
-                };
-                super::refused_span(&refused);
-                return Err(refused.into());
-            }
+            // Another holder of the same lease raced us: go by its row.
+            IssueOutcome::Existing(row) => match protocol::after_insert_race(row.status, true) {
+                Action::Replay => {
+                    reservation.keep();
+                    self.charge(&row);
+                    self.emit(self.event(&row, Outcome::CacheHit));
+                    return recorded_outcome(&row);
+                }
+                Action::AwaitApproval => {
+                    reservation.release();
+                    row
+                }
+                action => {
+                    reservation.release();
+                    self.emit(self.event(&row, Outcome::Refused));
+                    let refused = DurableError::ReplayUnsafe {
+                        call: row.id.clone(),
+                        tool: spec.name.clone(),
+                        class: spec.class,
+                        refused_tool: spec.name.clone(),
+                        reason: "another execution of the same call is in flight".into(),
+                    };
+                    debug_assert_eq!(action, Action::Refuse(Refusal::InFlight));
+                    return Err(refused.into());
+                }
+            },
         };
         Err(DurableError::AwaitingApproval {
             call: row.id,
@@ -780,14 +794,16 @@ impl Journal {
         .into())
     }
 
-    /// Finds the row for this call (loading the step's rows on first use) and decides
-    /// which arm of the table applies. A row found is replayed by this attempt: it no
-    /// longer counts against the divergence check.
-    async fn decide(
+    /// Finds the row for this call (loading the step's rows on first use); a row
+    /// without an outcome is re-read, as an operator may have decided it since. A row
+    /// found is replayed by this attempt: one without an outcome no longer counts against
+    /// the divergence check (a recorded one counts once its outcome is delivered, see
+    /// `replay_recorded`).
+    async fn find(
         &self,
         spec: &ToolSpec,
         hash: String,
-    ) -> Result<(CallIdentity, Decision, Reservation), DurableError> {
+    ) -> Result<(CallIdentity, Option<CallRecord>, Reservation), DurableError> {
         let step = self.step();
         let mut cache = self.inner.cache.lock().await;
         self.load_step(&mut cache).await?;
@@ -800,26 +816,18 @@ impl Journal {
             input_hash: hash,
             ordinal: reservation.number(),
         };
-        let decision = match cache.rows.get(&identity).cloned() {
-            None => Decision::Fresh,
-            // A recorded row counts as replayed once its outcome was delivered (see
-            // `replay_recorded`); an in-doubt one once it is decided here.
-            Some(row) if row.status.has_outcome() => Decision::Recorded(row),
+        let found = match cache.rows.get(&identity).cloned() {
+            None => None,
+            Some(row) if row.status.has_outcome() => Some(row),
             Some(row) => {
-                // An operator may have resolved it since the step was loaded.
                 let current = self.refresh(&mut cache, &row.id).await?;
-                if current.status.has_outcome() {
-                    Decision::Recorded(current)
-                } else if matches!(current.status, CallStatus::Requested | CallStatus::Approved) {
+                if !current.status.has_outcome() {
                     cache.unreplayed.remove(&current.id);
-                    Decision::Approval(current)
-                } else {
-                    cache.unreplayed.remove(&current.id);
-                    Decision::InDoubt(current)
                 }
+                Some(current)
             }
         };
-        Ok((identity, decision, reservation))
+        Ok((identity, found, reservation))
     }
 
     /// Recorded: the row's outcome is returned, whatever the class; nothing runs.
