@@ -138,6 +138,12 @@ pub mod error {
     //! replayed failure, or a `DurableError`), and [`StoreError`](crate::StoreError) for
     //! what a store says (also inside `DurableError::Store`).
     //!
+    //! To route an error without matching every variant, match its
+    //! [`kind()`](crate::DurableError::kind) ([`ErrorKind`]: not found, conflict, invalid
+    //! input, operator needed, awaiting approval, limit exceeded, integrity, unavailable,
+    //! permission denied, transient, unsupported); the CLI's exit codes and the console's
+    //! HTTP statuses are chosen from it.
+    //!
     //! | error | returned by |
     //! |---|---|
     //! | [`ArgumentError`] (+ [`ArgumentErrorKind`]) | JSON that cannot be journaled exactly; inside `DurableError::InvalidArguments` / `InvalidValue` |
@@ -154,6 +160,7 @@ pub mod error {
     //! | [`UnknownReplayClass`] | parsing a [`ReplayClass`](crate::ReplayClass) |
 
     pub use durable_core::error::ConnectError;
+    pub use durable_core::error::ErrorKind;
     pub use durable_core::error::IdProblem;
     pub use durable_core::integrity::KeyError;
     pub use durable_core::journal::RecordedFailure;

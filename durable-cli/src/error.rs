@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 use std::sync::OnceLock;
 
-use durable::error::ConnectError;
+use durable::error::{ConnectError, ErrorKind};
 use durable::{DurableError, StoreError};
 
 use crate::display::{LINE, clip};
@@ -61,14 +61,9 @@ impl CliError {
     /// An error while opening the store: the database's refusals (not a durable store,
     /// schema too new or too old, a key missing, cannot connect) are "unavailable".
     pub fn open(e: StoreError) -> Self {
-        let code = match &e {
-            StoreError::NotAStore { .. }
-            | StoreError::SchemaTooNew { .. }
-            | StoreError::SchemaTooOld { .. }
-            | StoreError::KeyMissing { .. }
-            | StoreError::NotDurable { .. }
-            | StoreError::Database { .. } => Code::Unavailable,
-            other => store_code(other),
+        let code = match e.kind() {
+            ErrorKind::Transient => Code::Unavailable,
+            kind => code_of(kind),
         };
         CliError {
             code,
@@ -85,42 +80,25 @@ impl CliError {
     }
 }
 
-fn store_code(e: &StoreError) -> Code {
-    match e {
-        StoreError::SessionNotFound(_)
-        | StoreError::VersionNotFound { .. }
-        | StoreError::MessagesOutOfRange { .. }
-        | StoreError::CallNotFound(_) => Code::NotFound,
-        StoreError::SessionExists(_)
-        | StoreError::Leased { .. }
-        | StoreError::LeaseLost { .. }
-        | StoreError::NotResumable { .. }
-        | StoreError::NotParked { .. }
-        | StoreError::VersionConflict { .. }
-        | StoreError::CallNotInDoubt { .. }
-        | StoreError::NotAwaitingApproval { .. }
-        | StoreError::ApprovalExpired { .. }
-        | StoreError::ApprovalNotExpired { .. }
-        | StoreError::IdempotencyConflict { .. }
-        | StoreError::StepClosed { .. }
-        | StoreError::AppVersionMismatch { .. }
-        | StoreError::NotDurable { .. }
-        | StoreError::ForkSourceChanged(_) => Code::Refused,
-        StoreError::InvalidId { .. }
-        | StoreError::InvalidText { .. }
-        | StoreError::EmptyDenialReason { .. } => Code::InvalidInput,
-        StoreError::SchemaTooNew { .. }
-        | StoreError::SchemaTooOld { .. }
-        | StoreError::NotAStore { .. }
-        | StoreError::KeyMissing { .. } => Code::Unavailable,
-        StoreError::Tampered { .. } | StoreError::RolledBack { .. } => Code::Integrity,
+/// The exit code of an error of this kind: the one place the CLI maps errors to codes.
+fn code_of(kind: ErrorKind) -> Code {
+    match kind {
+        ErrorKind::NotFound => Code::NotFound,
+        ErrorKind::Conflict
+        | ErrorKind::OperatorNeeded
+        | ErrorKind::AwaitingApproval
+        | ErrorKind::LimitExceeded
+        | ErrorKind::PermissionDenied => Code::Refused,
+        ErrorKind::InvalidInput => Code::InvalidInput,
+        ErrorKind::Unavailable => Code::Unavailable,
+        ErrorKind::Integrity => Code::Integrity,
         _ => Code::Failure,
     }
 }
 
 impl From<StoreError> for CliError {
     fn from(e: StoreError) -> Self {
-        let code = store_code(&e);
+        let code = code_of(e.kind());
         let message = match &e {
             // The error's source carries the detail ("connection refused", …).
             StoreError::Database { .. } => {
@@ -146,10 +124,7 @@ impl From<DurableError> for CliError {
     fn from(e: DurableError) -> Self {
         match e {
             DurableError::Store(s) => s.into(),
-            e @ DurableError::InvalidEdit { .. } => {
-                CliError::new(Code::InvalidInput, e.to_string())
-            }
-            other => CliError::new(Code::Failure, other.to_string()),
+            other => CliError::new(code_of(other.kind()), other.to_string()),
         }
     }
 }

@@ -41,16 +41,18 @@ use crate::workers::{QueueLimitArgs, WakeArgs, WorkersArgs};
 const EXIT_CODES: &str = "\
 Exit codes:
   0  success
-  1  unexpected failure (a database error mid-command, corrupt data)
+  1  unexpected failure (a database error mid-command)
   2  usage error (unknown flag, missing argument, bad duration or mapping, no store given)
   3  not found (session, call or checkpoint version)
   4  refused (call not in doubt or not awaiting approval, id already taken, app version
-     changed meanwhile, approval request past its deadline, waking a session not active)
+     changed meanwhile, approval request past its deadline, waking a session not active,
+     a change asked of a read-only store, a call that needs an operator first)
   5  invalid input (malformed JSON result, edited arguments the tool does not accept, an
      empty denial reason, unreadable file)
   6  database unavailable (no such file, not a durable store, cannot connect, unknown
      URL, schema too new, sealed with a key DURABLE_MAC_KEY does not hold)
-  7  integrity check failed (a row was changed outside durable)
+  7  integrity check failed (a row was changed outside durable or cannot be read, the
+     store was rolled back)
 
 The store: --db, else the DURABLE_DB environment variable, else DATABASE_URL (the
 variable sqlx and most PostgreSQL tools read). An empty variable counts as unset.

@@ -2,6 +2,7 @@
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use durable::error::ErrorKind;
 use durable::{DurableError, StoreError};
 use maud::html;
 
@@ -31,38 +32,26 @@ impl PageError {
     }
 }
 
-/// The status a store error is shown with (the CLI's exit codes, as HTTP).
-fn store_status(e: &StoreError) -> StatusCode {
-    match e {
-        StoreError::SessionNotFound(_)
-        | StoreError::VersionNotFound { .. }
-        | StoreError::MessagesOutOfRange { .. }
-        | StoreError::CallNotFound(_) => StatusCode::NOT_FOUND,
-        StoreError::SessionExists(_)
-        | StoreError::Leased { .. }
-        | StoreError::LeaseLost { .. }
-        | StoreError::NotResumable { .. }
-        | StoreError::NotParked { .. }
-        | StoreError::VersionConflict { .. }
-        | StoreError::CallNotInDoubt { .. }
-        | StoreError::NotAwaitingApproval { .. }
-        | StoreError::ApprovalExpired { .. }
-        | StoreError::ApprovalNotExpired { .. }
-        | StoreError::IdempotencyConflict { .. }
-        | StoreError::StepClosed { .. }
-        | StoreError::AppVersionMismatch { .. }
-        | StoreError::NotDurable { .. } => StatusCode::CONFLICT,
-        StoreError::InvalidId { .. }
-        | StoreError::InvalidText { .. }
-        | StoreError::EmptyDenialReason { .. } => StatusCode::UNPROCESSABLE_ENTITY,
-        StoreError::ReadOnly { .. } | StoreError::KeyMissing { .. } => StatusCode::FORBIDDEN,
+/// The status an error of this kind is shown with (the CLI's exit codes, as HTTP): the
+/// one place the console maps errors to statuses.
+fn status_of(kind: ErrorKind) -> StatusCode {
+    match kind {
+        ErrorKind::NotFound => StatusCode::NOT_FOUND,
+        ErrorKind::Conflict
+        | ErrorKind::OperatorNeeded
+        | ErrorKind::AwaitingApproval
+        | ErrorKind::LimitExceeded => StatusCode::CONFLICT,
+        ErrorKind::InvalidInput => StatusCode::UNPROCESSABLE_ENTITY,
+        ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
+        ErrorKind::Unavailable | ErrorKind::Transient => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::Unsupported => StatusCode::NOT_IMPLEMENTED,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
 
 impl From<StoreError> for PageError {
     fn from(e: StoreError) -> Self {
-        PageError::new(store_status(&e), e.to_string())
+        PageError::new(status_of(e.kind()), e.to_string())
     }
 }
 
@@ -70,10 +59,7 @@ impl From<DurableError> for PageError {
     fn from(e: DurableError) -> Self {
         match e {
             DurableError::Store(e) => e.into(),
-            e @ DurableError::InvalidEdit { .. } => {
-                PageError::new(StatusCode::UNPROCESSABLE_ENTITY, e.to_string())
-            }
-            other => PageError::new(StatusCode::CONFLICT, other.to_string()),
+            other => PageError::new(status_of(other.kind()), other.to_string()),
         }
     }
 }

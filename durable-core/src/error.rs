@@ -4,6 +4,10 @@ use crate::args::ArgumentError;
 use crate::ids::{CallId, SessionId};
 use crate::replay::ReplayClass;
 
+mod kind;
+
+pub use kind::ErrorKind;
+
 /// An error from a [`CheckpointStore`](crate::CheckpointStore).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -654,8 +658,10 @@ impl From<crate::snapshot::BudgetExceeded> for DurableError {
 impl DurableError {
     /// Whether a retry loop may retry this error. `ReplayUnsafe`, lease and integrity
     /// errors are never retryable: retrying them is the duplicate-email bug.
+    ///
+    /// The errors of [kind](Self::kind) [`ErrorKind::Transient`].
     pub fn is_retryable(&self) -> bool {
-        matches!(self, DurableError::Store(StoreError::Database { .. }))
+        self.kind() == ErrorKind::Transient
     }
 
     /// Whether the call was journaled as awaiting a person's approval

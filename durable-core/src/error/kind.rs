@@ -1,0 +1,209 @@
+//! [`ErrorKind`]: what an error means to the caller, in a handful of cases.
+
+use super::{ConnectError, DurableError, StoreError};
+
+/// What an error means to the code that has to handle it: a handful of kinds to match
+/// on instead of every variant, as [`std::io::ErrorKind`] classifies I/O errors. The
+/// CLI's exit codes and the console's HTTP statuses are chosen from the kind alone.
+///
+/// ```
+/// use durable_core::{DurableError, StoreError, error::ErrorKind};
+/// use durable_core::ids::SessionId;
+///
+/// let session = SessionId::new("s-1");
+/// let e = DurableError::from(StoreError::SessionNotFound(session));
+/// let advice = match e.kind() {
+///     ErrorKind::NotFound => "no such session: start one",
+///     ErrorKind::Transient => "retry later",
+///     ErrorKind::OperatorNeeded => "surface it to a person",
+///     _ => "report it",
+/// };
+/// assert_eq!(advice, "no such session: start one");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    /// What was named does not exist: a session, a call, a checkpoint version, a tool.
+    NotFound,
+    /// The request is well-formed, and the state does not allow it now: the session is
+    /// leased or was taken over, a version moved on, the call is not in the state the
+    /// operation needs. Re-read, then decide; retrying blindly does not help.
+    Conflict,
+    /// The input was refused before anything was written: arguments, ids, text,
+    /// edits, values that cannot be journaled exactly.
+    InvalidInput,
+    /// A person must decide before this can go on: a call whose effect may have happened
+    /// (`ReplayUnsafe`), a re-run that diverged from the journal, an effect a fork
+    /// inherited, a changed schema, a checkpoint in doubt, an approved call that cannot
+    /// run as approved, a parked session. Never retried automatically: that is how an
+    /// effect happens twice.
+    OperatorNeeded,
+    /// The call waits for a person's approval; nothing ran. Park the session
+    /// ([`Session::await_approval`](crate::Session::await_approval)).
+    AwaitingApproval,
+    /// A limit was reached: a budget, a size cap.
+    LimitExceeded,
+    /// What the store holds cannot be trusted: a seal does not hold, a row is corrupt,
+    /// the store was rolled back. Nothing was changed; an operator investigates
+    /// (`durable verify`).
+    Integrity,
+    /// The store cannot be used as configured: not a durable store, a schema too new or
+    /// too old, a key missing, durability settings refused, a backend not compiled in.
+    Unavailable,
+    /// The store is read-only (or opened unverified) and was asked to change something.
+    PermissionDenied,
+    /// A passing failure of the database or of capacity (connection lost, pool full):
+    /// retrying later may succeed. The only kind [`DurableError::is_retryable`] accepts.
+    Transient,
+    /// The backend does not support the operation.
+    Unsupported,
+}
+
+impl ErrorKind {
+    /// The snake_case name, for logs and JSON.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::Conflict => "conflict",
+            ErrorKind::InvalidInput => "invalid_input",
+            ErrorKind::OperatorNeeded => "operator_needed",
+            ErrorKind::AwaitingApproval => "awaiting_approval",
+            ErrorKind::LimitExceeded => "limit_exceeded",
+            ErrorKind::Integrity => "integrity",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::PermissionDenied => "permission_denied",
+            ErrorKind::Transient => "transient",
+            ErrorKind::Unsupported => "unsupported",
+        }
+    }
+}
+
+impl std::fmt::Display for ErrorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl StoreError {
+    /// What this error means to the caller (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        use StoreError as E;
+        // Exhaustive on purpose: a new variant must say what it means.
+        match self {
+            E::SessionNotFound(_)
+            | E::VersionNotFound { .. }
+            | E::MessagesOutOfRange { .. }
+            | E::CallNotFound(_) => ErrorKind::NotFound,
+            E::SessionExists(_)
+            | E::Leased { .. }
+            | E::LeaseLost { .. }
+            | E::NotResumable { .. }
+            | E::NotParked { .. }
+            | E::VersionConflict { .. }
+            | E::ForkSourceChanged(_)
+            | E::CallNotInDoubt { .. }
+            | E::NotAwaitingApproval { .. }
+            | E::ApprovalExpired { .. }
+            | E::ApprovalNotExpired { .. }
+            | E::IdempotencyConflict { .. }
+            | E::StepClosed { .. }
+            | E::AppVersionMismatch { .. } => ErrorKind::Conflict,
+            E::Parked { .. } => ErrorKind::OperatorNeeded,
+            E::EmptyDenialReason { .. } | E::InvalidId { .. } | E::InvalidText { .. } => {
+                ErrorKind::InvalidInput
+            }
+            E::Corrupt { .. } | E::Tampered { .. } | E::RolledBack { .. } => ErrorKind::Integrity,
+            E::KeyMissing { .. }
+            | E::SchemaTooNew { .. }
+            | E::SchemaTooOld { .. }
+            | E::NotDurable { .. }
+            | E::NotAStore { .. } => ErrorKind::Unavailable,
+            E::ReadOnly { .. } => ErrorKind::PermissionDenied,
+            E::Unsupported { .. } => ErrorKind::Unsupported,
+            E::Database { .. } => ErrorKind::Transient,
+        }
+    }
+}
+
+impl ConnectError {
+    /// What this error means to the caller (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ConnectError::FeatureDisabled { .. } | ConnectError::UnknownScheme { .. } => {
+                ErrorKind::Unavailable
+            }
+            ConnectError::Store(e) => e.kind(),
+        }
+    }
+}
+
+impl DurableError {
+    /// What this error means to the caller (see [`ErrorKind`]).
+    pub fn kind(&self) -> ErrorKind {
+        use DurableError as E;
+        // Exhaustive on purpose: a new variant must say what it means.
+        match self {
+            E::Store(e) => e.kind(),
+            E::Connect(e) => e.kind(),
+            E::UnknownTool { .. } => ErrorKind::NotFound,
+            E::InvalidArguments { .. }
+            | E::ArgumentsMismatch { .. }
+            | E::InvalidEdit { .. }
+            | E::Encode { .. }
+            | E::InvalidValue { .. }
+            | E::Plan(_)
+            | E::OneCallPerCheckpoint { .. } => ErrorKind::InvalidInput,
+            E::ReplayUnsafe { .. }
+            | E::ApprovedCallRefused { .. }
+            | E::ReplayDiverged { .. }
+            | E::InheritedEffect { .. }
+            | E::SchemaChanged { .. }
+            | E::CheckpointInDoubt { .. } => ErrorKind::OperatorNeeded,
+            E::AwaitingApproval { .. } => ErrorKind::AwaitingApproval,
+            E::AppVersionMismatch { .. } | E::Decode { .. } => ErrorKind::Conflict,
+            E::BudgetExceeded(_) => ErrorKind::LimitExceeded,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ids::SessionId;
+
+    #[test]
+    fn kinds_route_the_common_cases() {
+        let session = SessionId::new("s");
+        assert_eq!(
+            StoreError::SessionNotFound(session.clone()).kind(),
+            ErrorKind::NotFound
+        );
+        assert_eq!(
+            DurableError::from(StoreError::SessionNotFound(session)).kind(),
+            ErrorKind::NotFound,
+            "a store error inside a runtime error keeps its kind"
+        );
+        assert_eq!(
+            StoreError::database("sqlite", std::io::Error::other("disk I/O error")).kind(),
+            ErrorKind::Transient
+        );
+        assert_eq!(
+            DurableError::BudgetExceeded("tokens".into()).kind(),
+            ErrorKind::LimitExceeded
+        );
+    }
+
+    #[test]
+    fn only_transient_errors_are_retryable() {
+        let session = SessionId::new("s");
+        let transient = DurableError::from(StoreError::database(
+            "sqlite",
+            std::io::Error::other("disk I/O error"),
+        ));
+        assert_eq!(transient.kind(), ErrorKind::Transient);
+        assert!(transient.is_retryable());
+        let lost = DurableError::from(StoreError::LeaseLost { session, token: 1 });
+        assert_eq!(lost.kind(), ErrorKind::Conflict);
+        assert!(!lost.is_retryable());
+    }
+}
