@@ -13,7 +13,6 @@
 //! in `commit`; ordinals and positions are handed out in `numbers`.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -100,31 +99,9 @@ pub(crate) struct JournalInner {
     pub(crate) store: Arc<dyn CheckpointStore>,
     pub(crate) config: Arc<Config>,
     pub(crate) session: SessionId,
-    pub(crate) lease: Mutex<Lease>,
-    pub(crate) lease_lost: AtomicBool,
-    step: AtomicI64,
+    /// What the journal knows between calls, behind one lock (see [`JournalState`]).
+    state: Arc<Mutex<JournalState>>,
     cache: tokio::sync::Mutex<StepCache>,
-    /// Ordinals and model positions of the current step.
-    numbers: Arc<Mutex<Numbers>>,
-    /// When this worker must consider its lease gone if it could not renew it (a margin
-    /// before the store's expiry), so it stops starting effects an operator may already
-    /// be resolving.
-    lease_deadline: Mutex<Instant>,
-    /// Set while a checkpoint's outcome is unknown (its future was dropped mid-write).
-    checkpoint_in_doubt: Mutex<Option<i64>>,
-    /// Rows this journal issued itself and is running (everything else still `issued`
-    /// is in doubt).
-    issued_here: Mutex<HashSet<CallId>>,
-    /// The session's `unsafe_on_replay` calls known to be in doubt: the session-wide
-    /// barrier (see `barrier`).
-    doubts: Mutex<Vec<CallRecord>>,
-    /// Spend of rows used this turn, charged once per row.
-    spend: Mutex<Vec<(CallId, Spend)>>,
-    /// The checkpoint scope of `Session::checkpoint_after`, if one is open.
-    commit: Mutex<CommitSlot>,
-    /// The last scope number handed out.
-    scopes: std::sync::atomic::AtomicU64,
-    charged: Mutex<HashSet<CallId>>,
     durable_checked: tokio::sync::OnceCell<Option<String>>,
     /// The rows of [`CARRIED_STEP`](crate::store::CARRIED_STEP): a fork's parent's effects
     /// it never runs again, read once, on the first fresh call with a side effect after
@@ -133,6 +110,47 @@ pub(crate) struct JournalInner {
     /// The clear values of the secret arguments masked in this session's model replies
     /// (memory only; see [`secret`](crate::secret)).
     pub(crate) vault: crate::secret::Vault,
+}
+
+/// What a session's journal knows between calls, in one place behind one lock: the lease,
+/// the step and its ordinals, the barrier's doubts, the spend charged, the checkpoint
+/// scope. The lock is never held across an `.await` (each use is one statement, or a
+/// block that awaits nothing); the rows of the current step, which are read from the
+/// store under their lock, are in the journal's step cache instead.
+pub(crate) struct JournalState {
+    pub(crate) lease: Lease,
+    /// Set once the store said the lease was taken over, or it was not renewed in time.
+    pub(crate) lease_lost: bool,
+    /// When this worker must consider its lease gone if it could not renew it (a margin
+    /// before the store's expiry), so it stops starting effects an operator may already
+    /// be resolving.
+    lease_deadline: Instant,
+    /// The checkpoint version the running turn started from.
+    step: i64,
+    /// Ordinals and model positions of the current step.
+    numbers: Numbers,
+    /// Set while a checkpoint's outcome is unknown (its future was dropped mid-write).
+    checkpoint_in_doubt: Option<i64>,
+    /// Rows this journal issued itself and is running (everything else still `issued`
+    /// is in doubt).
+    issued_here: HashSet<CallId>,
+    /// The session's `unsafe_on_replay` calls known to be in doubt: the session-wide
+    /// barrier (see `barrier`).
+    doubts: Vec<CallRecord>,
+    /// Spend of rows used this turn, charged once per row.
+    spend: Vec<(CallId, Spend)>,
+    /// The rows whose spend was charged.
+    charged: HashSet<CallId>,
+    /// The checkpoint scope of `Session::checkpoint_after`, if one is open.
+    commit: CommitSlot,
+    /// The last scope number handed out.
+    scopes: u64,
+}
+
+impl AsMut<Numbers> for JournalState {
+    fn as_mut(&mut self) -> &mut Numbers {
+        &mut self.numbers
+    }
 }
 
 /// The journaling handle of a leased session. Cheap to clone; shared by parallel calls.
@@ -166,6 +184,19 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Journal {
+    /// The journal's state, locked: hold it for one statement or a block without an
+    /// `.await`, and never call another method that takes it meanwhile.
+    pub(crate) fn state(&self) -> MutexGuard<'_, JournalState> {
+        lock(&self.inner.state)
+    }
+
+    /// Marks the lease lost: later calls fail fast with `LeaseLost`.
+    pub(crate) fn lose_lease(&self) {
+        self.state().lease_lost = true;
+    }
+}
+
+impl Journal {
     pub(crate) fn new(
         store: Arc<dyn CheckpointStore>,
         config: Arc<Config>,
@@ -180,22 +211,24 @@ impl Journal {
                 store,
                 config,
                 session: lease.session.clone(),
-                lease: Mutex::new(lease),
-                lease_lost: AtomicBool::new(false),
-                step: AtomicI64::new(step),
+                state: Arc::new(Mutex::new(JournalState {
+                    lease,
+                    lease_lost: false,
+                    lease_deadline: deadline,
+                    step,
+                    numbers: Numbers::new(step),
+                    checkpoint_in_doubt: None,
+                    issued_here: HashSet::new(),
+                    doubts: barrier::initial_doubts(in_doubt),
+                    spend: Vec::new(),
+                    charged: HashSet::new(),
+                    commit: CommitSlot::Idle,
+                    scopes: 0,
+                })),
                 cache: tokio::sync::Mutex::new(StepCache {
                     step,
                     ..StepCache::default()
                 }),
-                numbers: Arc::new(Mutex::new(Numbers::new(step))),
-                lease_deadline: Mutex::new(deadline),
-                checkpoint_in_doubt: Mutex::new(None),
-                issued_here: Mutex::new(HashSet::new()),
-                doubts: Mutex::new(barrier::initial_doubts(in_doubt)),
-                spend: Mutex::new(Vec::new()),
-                commit: Mutex::new(CommitSlot::Idle),
-                scopes: std::sync::atomic::AtomicU64::new(0),
-                charged: Mutex::new(HashSet::new()),
                 durable_checked: tokio::sync::OnceCell::new(),
                 // A session this journal started holds no carried row: nothing to read.
                 carried: tokio::sync::OnceCell::new_with(started.then(Vec::new)),
@@ -267,7 +300,7 @@ impl Journal {
 
     /// The current step: the checkpoint version the running turn started from.
     pub fn step(&self) -> i64 {
-        self.inner.step.load(Ordering::SeqCst)
+        self.state().step
     }
 
     /// The store.
@@ -277,21 +310,20 @@ impl Journal {
 
     /// The current fencing token.
     pub fn fence_token(&self) -> i64 {
-        lock(&self.inner.lease).fence
+        self.state().lease.fence
     }
 
     pub(crate) fn lease(&self) -> Lease {
-        lock(&self.inner.lease).clone()
-    }
-
-    pub(crate) fn set_lease(&self, lease: Lease) {
-        *lock(&self.inner.lease) = lease;
+        self.state().lease.clone()
     }
 
     /// Moves to a new step (after a checkpoint): ordinals and positions restart.
     pub(crate) async fn enter_step(&self, step: i64) {
-        self.inner.step.store(step, Ordering::SeqCst);
-        lock(&self.inner.numbers).reset(step);
+        {
+            let mut state = self.state();
+            state.step = step;
+            state.numbers.reset(step);
+        }
         let mut cache = self.inner.cache.lock().await;
         *cache = StepCache {
             step,
@@ -301,7 +333,7 @@ impl Journal {
 
     /// Drains the spend of rows used since the last call (each row once).
     pub(crate) fn take_spend(&self) -> Vec<Spend> {
-        std::mem::take(&mut *lock(&self.inner.spend))
+        std::mem::take(&mut self.state().spend)
             .into_iter()
             .map(|(_, s)| s)
             .collect()
@@ -309,21 +341,18 @@ impl Journal {
 
     /// Spend used since the last checkpoint, not yet drained.
     pub(crate) fn pending_spend(&self) -> Vec<Spend> {
-        lock(&self.inner.spend)
-            .iter()
-            .map(|(_, s)| s.clone())
-            .collect()
+        self.state().spend.iter().map(|(_, s)| s.clone()).collect()
     }
 
     fn charge(&self, record: &CallRecord) {
         let Some(spend) = record.spend.as_ref() else {
             return;
         };
-        if !lock(&self.inner.charged).insert(record.id.clone()) {
+        if !self.state().charged.insert(record.id.clone()) {
             return;
         }
         match serde_json::from_value::<Spend>(spend.clone()) {
-            Ok(s) => lock(&self.inner.spend).push((record.id.clone(), s)),
+            Ok(s) => self.state().spend.push((record.id.clone(), s)),
             Err(e) => {
                 tracing::warn!(call = %record.id, error = %e, "recorded spend does not decode; not charged")
             }
@@ -333,7 +362,15 @@ impl Journal {
     /// Whether this journal may start a call: its lease is neither lost nor past the
     /// local renewal deadline, and no checkpoint is in doubt.
     pub(crate) fn check_lease(&self) -> Result<(), DurableError> {
-        if self.inner.lease_lost.load(Ordering::SeqCst) {
+        let (lost, in_doubt, deadline) = {
+            let state = self.state();
+            (
+                state.lease_lost,
+                state.checkpoint_in_doubt,
+                state.lease_deadline,
+            )
+        };
+        if lost {
             let lease = self.lease();
             return Err(StoreError::LeaseLost {
                 session: lease.session,
@@ -341,18 +378,18 @@ impl Journal {
             }
             .into());
         }
-        if let Some(version) = *lock(&self.inner.checkpoint_in_doubt) {
+        if let Some(version) = in_doubt {
             return Err(DurableError::CheckpointInDoubt {
                 session: self.inner.session.clone(),
                 version,
             });
         }
-        if Instant::now() > *lock(&self.inner.lease_deadline) {
+        if Instant::now() > deadline {
             // Not renewed in time: the store may hand the session to another worker (or
             // an operator may resolve our calls) at any moment, so no new call starts.
             let lease = self.lease();
             tracing::warn!(session = %lease.session, "lease not renewed in time; treating it as lost");
-            self.inner.lease_lost.store(true, Ordering::SeqCst);
+            self.state().lease_lost = true;
             return Err(StoreError::LeaseLost {
                 session: lease.session,
                 token: lease.fence,
@@ -364,24 +401,25 @@ impl Journal {
 
     /// Records a successful renewal requested at `sent`.
     pub(crate) fn renewed(&self, lease: Lease, sent: Instant) {
-        *lock(&self.inner.lease_deadline) = sent + lease_margin(self.inner.config.lease_ttl);
-        self.set_lease(lease);
+        let mut state = self.state();
+        state.lease_deadline = sent + lease_margin(self.inner.config.lease_ttl);
+        state.lease = lease;
     }
 
     /// Marks (or clears) a checkpoint whose outcome is unknown.
     pub(crate) fn set_checkpoint_in_doubt(&self, version: Option<i64>) {
-        *lock(&self.inner.checkpoint_in_doubt) = version;
+        self.state().checkpoint_in_doubt = version;
     }
 
     /// The version of a checkpoint whose write was interrupted, if any.
     pub(crate) fn checkpoint_in_doubt(&self) -> Option<i64> {
-        *lock(&self.inner.checkpoint_in_doubt)
+        self.state().checkpoint_in_doubt
     }
 
     /// Wraps a store error, remembering a lost lease so later calls fail fast.
     pub(crate) fn note_store_error(&self, e: StoreError) -> DurableError {
         if matches!(e, StoreError::LeaseLost { .. }) {
-            self.inner.lease_lost.store(true, Ordering::SeqCst);
+            self.state().lease_lost = true;
         }
         DurableError::Store(e)
     }

@@ -2,7 +2,6 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -778,7 +777,7 @@ async fn renew_loop(journal: Journal) {
             Ok(renewed) => journal.renewed(renewed, sent),
             Err(StoreError::LeaseLost { .. }) => {
                 tracing::warn!(session = %lease.session, "lease lost; this worker must stop working on the session");
-                journal.inner.lease_lost.store(true, Ordering::SeqCst);
+                journal.lose_lease();
                 return;
             }
             Err(e) => {

@@ -22,7 +22,7 @@
 //!   with a recorded call unreplayed is always refused, so a recorded result is never
 //!   dropped from the conversation unseen.
 
-use super::{Journal, StepCache, lock};
+use super::{Journal, StepCache};
 use crate::error::DurableError;
 use crate::ids::CallId;
 use crate::replay::ReplayClass;
@@ -38,7 +38,9 @@ impl Journal {
         except: Option<&CallId>,
     ) -> Result<(), DurableError> {
         loop {
-            let candidate = lock(&self.inner.doubts)
+            let candidate = self
+                .state()
+                .doubts
                 .iter()
                 .filter(|r| Some(&r.id) != except)
                 .min_by_key(|r| r.issued_at)
@@ -52,7 +54,7 @@ impl Journal {
                 .call(&row.id)
                 .await
                 .map_err(|e| self.note_store_error(e))?;
-            let running_here = lock(&self.inner.issued_here).contains(&current.id);
+            let running_here = self.state().issued_here.contains(&current.id);
             if current.status == CallStatus::Issued && !running_here {
                 let reason = if current.identity.step == self.step() {
                     format!(
@@ -77,7 +79,7 @@ impl Journal {
                 });
             }
             // Settled meanwhile (resolved, verified) or taken over by a call of ours.
-            lock(&self.inner.doubts).retain(|r| r.id != current.id);
+            self.state().doubts.retain(|r| r.id != current.id);
         }
     }
 
@@ -211,19 +213,18 @@ impl Journal {
     /// A row whose outcome this journal will not record (its call's future was dropped,
     /// its finishing write failed): if it is an `unsafe_on_replay` call, it is in doubt.
     pub(super) fn hand_to_barrier(&self, row: &CallRecord) {
-        let ours = lock(&self.inner.issued_here).remove(&row.id);
-        if ours && guards_session(row) {
-            let mut doubts = lock(&self.inner.doubts);
-            if !doubts.iter().any(|r| r.id == row.id) {
-                doubts.push(row.clone());
-            }
+        let mut state = self.state();
+        let ours = state.issued_here.remove(&row.id);
+        if ours && guards_session(row) && !state.doubts.iter().any(|r| r.id == row.id) {
+            state.doubts.push(row.clone());
         }
     }
 
     /// The row's outcome is recorded: it is neither running here nor in doubt.
     pub(super) fn settled(&self, id: &CallId) {
-        lock(&self.inner.issued_here).remove(id);
-        lock(&self.inner.doubts).retain(|r| &r.id != id);
+        let mut state = self.state();
+        state.issued_here.remove(id);
+        state.doubts.retain(|r| &r.id != id);
     }
 }
 

@@ -808,7 +808,7 @@ impl Journal {
         let mut cache = self.inner.cache.lock().await;
         self.load_step(&mut cache).await?;
         // Handed back unless a row ends up holding it (see `numbers`).
-        let reservation = Reservation::take(&self.inner.numbers, (spec.name.clone(), hash.clone()));
+        let reservation = Reservation::take(&self.inner.state, (spec.name.clone(), hash.clone()));
         let identity = CallIdentity {
             session: self.inner.session.clone(),
             step,
@@ -915,8 +915,11 @@ impl Journal {
             // Decided: the session records it with its checkpoint, after this span.
             telemetry::record_outcome(event);
             // Ours until the session records it (or hands it to the barrier).
-            lock(&self.inner.issued_here).insert(row.id.clone());
-            lock(&self.inner.doubts).retain(|r| r.id != row.id);
+            {
+                let mut state = self.state();
+                state.issued_here.insert(row.id.clone());
+                state.doubts.retain(|r| r.id != row.id);
+            }
             claim.outcome = Some(ScopeOutcome::Executed(Box::new(Executed {
                 row: row.clone(),
                 outcome,
@@ -1186,9 +1189,11 @@ pub(super) struct IssuedHere<'j> {
 
 impl<'j> IssuedHere<'j> {
     fn new(journal: &'j Journal, row: &CallRecord) -> Self {
-        lock(&journal.inner.issued_here).insert(row.id.clone());
+        let mut state = journal.state();
+        state.issued_here.insert(row.id.clone());
         // Ours now, not in doubt (it may come back there when this guard drops).
-        lock(&journal.inner.doubts).retain(|r| r.id != row.id);
+        state.doubts.retain(|r| r.id != row.id);
+        drop(state);
         IssuedHere {
             journal,
             row: row.clone(),

@@ -19,7 +19,7 @@
 
 use serde_json::Value;
 
-use super::{Journal, Outcome, failure_message, lock};
+use super::{Journal, Outcome, failure_message};
 use crate::error::DurableError;
 use crate::snapshot::Spend;
 use crate::store::{CallOutcome, CallRecord, CheckpointMeta, NewCheckpoint};
@@ -80,12 +80,12 @@ pub(crate) struct ScopeClaim {
 impl Journal {
     /// Opens a scope: the first tool call on the returned handle is the scope's.
     pub(crate) fn open_scope(&self) -> Journal {
-        let scope = self
-            .inner
-            .scopes
-            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
-            + 1;
-        *lock(&self.inner.commit) = CommitSlot::Armed(scope);
+        let scope = {
+            let mut state = self.state();
+            state.scopes += 1;
+            state.commit = CommitSlot::Armed(state.scopes);
+            state.scopes
+        };
         Journal {
             inner: std::sync::Arc::clone(&self.inner),
             scope: Some(scope),
@@ -101,8 +101,9 @@ impl Journal {
         let Some(scope) = self.scope else {
             return Ok(None);
         };
-        let mut slot = lock(&self.inner.commit);
-        match std::mem::take(&mut *slot) {
+        let mut state = self.state();
+        let slot = &mut state.commit;
+        match std::mem::take(slot) {
             CommitSlot::Armed(open) if open == scope => {
                 *slot = CommitSlot::Claimed(scope);
                 Ok(Some(ScopeClaim::default()))
@@ -124,7 +125,7 @@ impl Journal {
 
     /// Whether this handle's scope is still open with its call claimed.
     pub(super) fn scope_claimed(&self) -> bool {
-        matches!(*lock(&self.inner.commit), CommitSlot::Claimed(open) if Some(open) == self.scope)
+        matches!(self.state().commit, CommitSlot::Claimed(open) if Some(open) == self.scope)
     }
 
     /// Hands what the claimed call left back to the scope once the call ended. If the
@@ -133,14 +134,14 @@ impl Journal {
         let Some(outcome) = claim.outcome else {
             return;
         };
-        let mut slot = lock(&self.inner.commit);
-        if let CommitSlot::Claimed(open) = *slot
+        let mut state = self.state();
+        if let CommitSlot::Claimed(open) = state.commit
             && Some(open) == self.scope
         {
-            *slot = CommitSlot::Done(open, outcome);
+            state.commit = CommitSlot::Done(open, outcome);
             return;
         }
-        drop(slot);
+        drop(state);
         if let ScopeOutcome::Executed(executed) = outcome {
             self.abandon(executed);
         }
@@ -148,7 +149,8 @@ impl Journal {
 
     /// Closes this handle's scope: what its call left (`None` if no call ran to an end).
     pub(crate) fn close_scope(&self) -> Option<ScopeOutcome> {
-        let mut slot = lock(&self.inner.commit);
+        let mut state = self.state();
+        let slot = &mut state.commit;
         let open = match &*slot {
             CommitSlot::Armed(open) | CommitSlot::Claimed(open) | CommitSlot::Done(open, _) => {
                 Some(*open)
@@ -158,7 +160,7 @@ impl Journal {
         if open != self.scope {
             return None;
         }
-        match std::mem::take(&mut *slot) {
+        match std::mem::take(slot) {
             CommitSlot::Done(_, outcome) => Some(outcome),
             _ => None,
         }

@@ -60,7 +60,7 @@ impl Journal {
                 let mut cache = self.inner.cache.lock().await;
                 self.load_step(&mut cache).await?;
                 let reservation =
-                    Reservation::take(&self.inner.numbers, (MODEL_SLOT.to_owned(), String::new()));
+                    Reservation::take(&self.inner.state, (MODEL_SLOT.to_owned(), String::new()));
                 let identity = CallIdentity {
                     session: self.inner.session.clone(),
                     step,

@@ -52,29 +52,38 @@ impl Numbers {
     }
 }
 
-fn lock(numbers: &Mutex<Numbers>) -> std::sync::MutexGuard<'_, Numbers> {
+fn lock<S>(numbers: &Mutex<S>) -> std::sync::MutexGuard<'_, S> {
     numbers
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// A reserved ordinal or position: handed back on drop unless kept.
-pub(crate) struct Reservation {
-    numbers: Arc<Mutex<Numbers>>,
+impl AsMut<Numbers> for Numbers {
+    fn as_mut(&mut self) -> &mut Numbers {
+        self
+    }
+}
+
+/// A reserved ordinal or position: handed back on drop unless kept. `S` is what holds
+/// the numbers (the journal's state; bare [`Numbers`] in tests): dropping a reservation
+/// takes its lock.
+pub(crate) struct Reservation<S: AsMut<Numbers> = super::JournalState> {
+    numbers: Arc<Mutex<S>>,
     step: i64,
     key: Key,
     n: i64,
     kept: bool,
 }
 
-impl Reservation {
+impl<S: AsMut<Numbers>> Reservation<S> {
     /// Reserves the smallest free number for `key` in the current step.
-    pub(crate) fn take(numbers: &Arc<Mutex<Numbers>>, key: Key) -> Self {
+    pub(crate) fn take(numbers: &Arc<Mutex<S>>, key: Key) -> Self {
         let mut guard = lock(numbers);
-        let n = guard.take(&key);
+        let held = guard.as_mut();
+        let n = held.take(&key);
         Reservation {
             numbers: Arc::clone(numbers),
-            step: guard.step,
+            step: held.step,
             key,
             n,
             kept: false,
@@ -98,10 +107,14 @@ impl Reservation {
     }
 }
 
-impl Drop for Reservation {
+impl<S: AsMut<Numbers>> Drop for Reservation<S> {
     fn drop(&mut self) {
         if !self.kept {
-            lock(&self.numbers).give_back(self.step, std::mem::take(&mut self.key), self.n);
+            lock(&self.numbers).as_mut().give_back(
+                self.step,
+                std::mem::take(&mut self.key),
+                self.n,
+            );
         }
     }
 }

@@ -236,7 +236,10 @@ mod render {
 
     /// The conditions that change an ordinary call's arm, as the table's second part lists
     /// them.
-    const CONDITIONS: [(&str, fn(&mut Facts)); 5] = [
+    /// A condition: its name in the table, and how it changes an ordinary call's facts.
+    type Condition = (&'static str, fn(&mut Facts));
+
+    const CONDITIONS: [Condition; 5] = [
         ("the row's schema fingerprint differs", |f| {
             f.schema_changed = true
         }),
