@@ -303,6 +303,9 @@ macro_rules! __durable_conformance_cases {
             sizes_a_reply_above_the_cap_writes_nothing,
             sizes_a_result_above_the_cap_is_failed_and_never_rerun,
             sizes_a_message_above_the_cap_writes_no_checkpoint,
+            // long listings, page by page
+            paging_calls_page_walks_the_journal_by_position,
+            paging_session_listing_resumes_after_a_cursor,
             // a bounded resume: the transcript's tail, the rest on demand
             runtime_resume_window_holds_the_tail_and_the_rest_on_demand,
             runtime_resume_window_checkpoints_append_after_the_unloaded_messages,

@@ -354,6 +354,47 @@ async fn all_calls(
     Ok(rows)
 }
 
+/// One page of the session's journal (positions `after + 1 ..= after + limit`), with
+/// the whole journal's completeness checked, in one statement: the session row with its
+/// head and the journal's count, joined to the page's rows by the position index. The
+/// positions are contiguous from 1 (the count checks it), so the range is the page.
+pub(crate) async fn calls_page(
+    store: &SqliteStore,
+    session: &SessionId,
+    after: i64,
+    limit: i64,
+) -> Result<Vec<CallRecord>, StoreError> {
+    let ring = store.keyring();
+    let after = after.max(0);
+    let limit = limit.max(1);
+    let found = sqlx::query(concat!(
+        "SELECT ",
+        seal::head_cols!(),
+        seal::journal_count_cols!(),
+        ", ",
+        call_cols!(),
+        " FROM durable_sessions s LEFT JOIN durable_tool_calls c \
+         ON c.session_id = s.id AND c.seq > ?2 AND c.seq <= ?2 + ?3 \
+         WHERE s.id = ?1 ORDER BY c.seq"
+    ))
+    .bind(session.as_str())
+    .bind(after)
+    .bind(limit)
+    .fetch_all(store.reader())
+    .await
+    .map_err(db)?;
+    let (first, head) = head_row(&found, ring, session)?;
+    seal::JournalCount::from_row(first, session)?.check(&head)?;
+    let mut rows = Vec::with_capacity(found.len());
+    for row in &found {
+        let id: Option<String> = rows::col(row, "id", session, None)?;
+        if id.is_some() {
+            rows.push(checked_call_record(ring, row)?);
+        }
+    }
+    Ok(rows)
+}
+
 /// The first row of a read that joins the session row to its journal rows, and the
 /// session head it carries, checked: [`StoreError::SessionNotFound`] without a row.
 fn head_row<'r>(

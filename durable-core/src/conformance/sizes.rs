@@ -214,3 +214,87 @@ pub async fn sizes_a_message_above_the_cap_writes_no_checkpoint(store: Arc<dyn C
         Err(crate::StoreError::SessionNotFound(_))
     ));
 }
+
+/// `calls_page` walks a journal by position: pages of `limit` rows, in issue order, the
+/// last one short; together they are the whole journal, and a page past the end is empty.
+pub async fn paging_calls_page_walks_the_journal_by_position(store: Arc<dyn CheckpointStore>) {
+    let durable = capped(&store, "pages", SizeLimits::default());
+    let session = start(&durable).await;
+    let id = session.id().clone();
+    let s = spec("lookup", ReplayClass::Pure);
+    for n in 0..7 {
+        session
+            .journal()
+            .tool(&s, json!({ "n": n }))
+            .run(move |_| async move { Ok::<_, String>(json!(n)) })
+            .await
+            .expect("a pure call");
+    }
+    let whole = store.calls(&id, None).await.expect("calls");
+    assert_eq!(whole.len(), 7);
+    let mut walked = Vec::new();
+    let mut sizes = Vec::new();
+    let mut after = 0;
+    loop {
+        let page = store.calls_page(&id, after, 3).await.expect("a page");
+        sizes.push(page.len());
+        after += i64::try_from(page.len()).expect("small");
+        let last = page.len() < 3;
+        walked.extend(page);
+        if last {
+            break;
+        }
+    }
+    assert_eq!(sizes, [3, 3, 1], "pages of 3, the last one short");
+    assert_eq!(walked, whole, "the pages are the journal, in issue order");
+    assert!(
+        store
+            .calls_page(&id, 100, 3)
+            .await
+            .expect("past the end")
+            .is_empty()
+    );
+    assert!(matches!(
+        store
+            .calls_page(&crate::SessionId::new(format!("{id}-none")), 0, 3)
+            .await,
+        Err(crate::StoreError::SessionNotFound(_))
+    ));
+}
+
+/// `list_sessions` with a cursor: walking the listing page by page (keyset, by
+/// `updated_at` then id, both descending) lists every session once, in order.
+pub async fn paging_session_listing_resumes_after_a_cursor(store: Arc<dyn CheckpointStore>) {
+    use crate::store::{SessionCursor, SessionFilter};
+    let durable = capped(&store, "pages", SizeLimits::default());
+    let mut mine = Vec::new();
+    for _ in 0..5 {
+        mine.push(start(&durable).await.id().clone());
+    }
+    let whole = store
+        .list_sessions(&SessionFilter::new())
+        .await
+        .expect("list");
+    let mut walked = Vec::new();
+    let mut filter = SessionFilter::new().with_limit(2);
+    loop {
+        let page = store.list_sessions(&filter).await.expect("a page");
+        assert!(page.len() <= 2, "{page:?}");
+        let Some(last) = page.last() else { break };
+        filter = SessionFilter::new()
+            .with_limit(2)
+            .with_after(SessionCursor::after(last));
+        walked.extend(page);
+    }
+    let ids = |list: &[crate::store::SessionRecord]| {
+        list.iter().map(|s| s.id.clone()).collect::<Vec<_>>()
+    };
+    assert_eq!(ids(&walked), ids(&whole), "every session once, in order");
+    for pair in walked.windows(2) {
+        let key = |s: &crate::store::SessionRecord| (s.updated_at, s.id.as_str().to_owned());
+        assert!(key(&pair[0]) > key(&pair[1]), "descending: {pair:?}");
+    }
+    for id in &mine {
+        assert!(ids(&walked).contains(id), "{id} is listed");
+    }
+}

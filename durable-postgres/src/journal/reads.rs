@@ -115,6 +115,47 @@ async fn journal_calls(
     Ok(rows)
 }
 
+/// One page of the session's journal (positions `after + 1 ..= after + limit`), checked
+/// complete as [`journal_calls`] is, in one statement (one snapshot): the page's rows by
+/// the position index. The positions are contiguous from 1 (the extent checks it), so
+/// the range is the page.
+pub(crate) async fn calls_page(
+    store: &PostgresStore,
+    session: &SessionId,
+    after: i64,
+    limit: i64,
+) -> Result<Vec<CallRecord>, StoreError> {
+    const PAGE: &str = concat!(
+        "WITH h AS (SELECT ",
+        head_cols!(),
+        " FROM durable_sessions s WHERE s.id = $1), \
+         e AS (SELECT ",
+        journal_extent_cols!(),
+        " FROM durable_tool_calls WHERE session_id = $1) \
+         SELECT h.*, e.*, c.* FROM h CROSS JOIN e \
+         LEFT JOIN durable_tool_calls c ON c.session_id = $1 AND c.seq > $2 AND c.seq <= $2 + $3 \
+         ORDER BY c.seq"
+    );
+    let ring = store.keyring();
+    let after = after.max(0);
+    let limit = limit.max(1);
+    let found = tx::read(&store.pool, || {
+        sqlx::query(PAGE)
+            .bind(session.as_str())
+            .bind(after)
+            .bind(limit)
+            .fetch_all(&store.pool)
+    })
+    .await?;
+    let first = found
+        .first()
+        .ok_or_else(|| StoreError::SessionNotFound(session.clone()))?;
+    let head = seal::head_from_row(first, session)?;
+    head.check(ring)?;
+    seal::journal_complete(&head, first)?;
+    checked_rows(ring, &found)
+}
+
 /// The statement of [`step_calls`]: `$1` the session, `$2` the step. Returns the step's
 /// rows and its neighbours by position (the rows just before and after them, or for a
 /// step without rows the last row of the step before and the first of the step after),
