@@ -220,7 +220,7 @@ pub mod store {
         DEADLINE, DecideApproval, Decided, Durability, ErrorRecord, FORMAT_VERSION, Fence,
         FinishCall, ForkEntry, ForkFate, ForkPlan, ForkSession, IssueOutcome, Lease, NewCall,
         NewCheckpoint, NewError, NewSession, PendingApproval, PurgeOutcome, QueueInfo, Resolution,
-        ResolutionRecord, ResolveCall, RetargetSession, SessionFilter, SessionRecord,
+        ResolutionRecord, ResolveCall, RetargetSession, SessionCursor, SessionFilter, SessionRecord,
         SessionStatus, StoredMessage, Transition,
     };
     pub use durable_core::validate::{
@@ -243,6 +243,7 @@ pub mod integrity {
 pub use durable_core::approval;
 pub use durable_core::replay_check;
 pub use durable_core::secret;
+pub use durable_core::sizes;
 pub use durable_core::telemetry;
 
 /// The embedded SQLite store ([`SqliteStore`](sqlite::SqliteStore)).
