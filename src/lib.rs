@@ -237,7 +237,7 @@ pub mod integrity {
         IntegrityEvent, IntegrityLog, Keyring, MAC_KEY_ENV, MIN_KEY_LEN, PREVIOUS_MAC_KEYS_ENV,
         key_id, random_key,
     };
-    pub use durable_core::verify::{SessionCheck, verify_sessions};
+    pub use durable_core::verify::{SessionCheck, verify_each, verify_sessions};
 }
 
 pub use durable_core::approval;
