@@ -40,10 +40,10 @@ fn new_session(id: SessionId) -> NewSession {
     }
 }
 
-/// A store with one session of [`CALLS`] rows (each with a 1 KiB result) and
-/// [`SESSIONS`] − 1 others, written through the store's API, many writes at once (group
+/// A store with one session of `calls` rows (each with a 1 KiB result) and
+/// `sessions` − 1 others, written through the store's API, many writes at once (group
 /// commit).
-async fn populate(path: &std::path::Path) -> SessionId {
+async fn populate(path: &std::path::Path, calls: usize, sessions: usize) -> SessionId {
     let store = Arc::new(SqliteStore::open(path).await.expect("open"));
     let long = SessionId::new("long-session");
     let (_, lease) = store
@@ -52,7 +52,7 @@ async fn populate(path: &std::path::Path) -> SessionId {
         .expect("create");
     let lease = Arc::new(lease);
     let mut tasks = tokio::task::JoinSet::new();
-    for n in 0..CALLS {
+    for n in 0..calls {
         let store = Arc::clone(&store);
         let lease = Arc::clone(&lease);
         tasks.spawn(async move {
@@ -85,7 +85,7 @@ async fn populate(path: &std::path::Path) -> SessionId {
     while let Some(done) = tasks.join_next().await {
         done.expect("joined");
     }
-    for n in 1..SESSIONS {
+    for n in 1..sessions {
         let store = Arc::clone(&store);
         tasks.spawn(async move {
             store
@@ -160,7 +160,7 @@ fn measure(db: &str, args: &[&str]) -> Measured {
 async fn long_listings_and_verify_stay_within_bounded_memory() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("big.db");
-    let long = populate(&path).await;
+    let long = populate(&path, CALLS, SESSIONS).await;
     let db = path.to_str().expect("utf-8 path");
 
     // Every row of the long session, streamed: all of them printed, memory bounded.
@@ -198,4 +198,61 @@ async fn long_listings_and_verify_stay_within_bounded_memory() {
             BOUND_KIB / 1024
         );
     }
+}
+
+/// `--limit` and `--after` page through `calls` and `sessions`: each page holds the next
+/// rows, and the cursor for the next page is on stderr until the last page.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_and_sessions_page_with_limit_and_after() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("pages.db");
+    let long = populate(&path, 7, 5).await;
+    let db = path.to_str().expect("utf-8 path");
+    let ids = |run: &Measured| -> Vec<String> {
+        let rows: serde_json::Value = serde_json::from_str(&run.stdout).expect("JSON");
+        rows.as_array()
+            .expect("an array")
+            .iter()
+            .map(|r| r["id"].as_str().expect("an id").to_owned())
+            .collect()
+    };
+    let all = ids(&measure(db, &["--json", "calls", long.as_str()]));
+    assert_eq!(all.len(), 7);
+    let first = measure(db, &["--json", "calls", long.as_str(), "--limit", "3"]);
+    assert_eq!(ids(&first), all[..3]);
+    assert!(
+        first.stderr.contains("--after 3"),
+        "the next page's cursor: {}",
+        first.stderr
+    );
+    let second = measure(db, &["--json", "calls", long.as_str(), "--limit", "3", "--after", "3"]);
+    assert_eq!(ids(&second), all[3..6]);
+    let last = measure(db, &["calls", long.as_str(), "--limit", "3", "--after", "6"]);
+    assert_eq!(last.stdout.lines().count(), 3, "header, rule, one row: {}", last.stdout);
+    assert!(last.stdout.contains(&all[6]), "{}", last.stdout);
+    assert!(!last.stderr.contains("--after"), "the last page: {}", last.stderr);
+
+    let everyone = ids(&measure(db, &["--json", "sessions", "--limit", "0"]));
+    assert_eq!(everyone.len(), 5);
+    let mut walked = Vec::new();
+    let mut after: Option<String> = None;
+    loop {
+        let mut args = vec!["--json", "sessions", "--limit", "2"];
+        if let Some(cursor) = &after {
+            args.extend(["--after", cursor.as_str()]);
+        }
+        let page = measure(db, &args);
+        assert_eq!(page.code, 0, "{}", page.stderr);
+        walked.extend(ids(&page));
+        match page.stderr.split_once("--after ") {
+            Some((_, rest)) => {
+                after = Some(rest.split('`').next().expect("a cursor").to_owned());
+            }
+            None => break,
+        }
+    }
+    assert_eq!(walked, everyone, "pages of 2 list every session once, in order");
+    let bad = measure(db, &["sessions", "--after", "yesterday"]);
+    assert_eq!(bad.code, 2, "{}", bad.stderr);
+    assert!(bad.stderr.contains("not a cursor"), "{}", bad.stderr);
 }
