@@ -766,3 +766,69 @@ async fn a_read_only_console_decides_no_approval() {
         CallStatus::Requested
     );
 }
+
+/// The sessions page shows a page of sessions and a link to the next (a keyset cursor):
+/// following the links lists every session once, newest first, a page at a time, and
+/// the filters stay applied on every page.
+#[tokio::test]
+async fn the_sessions_listing_pages_with_a_next_link() {
+    let s = scenario().await;
+    let durable = durable::Durable::builder(Arc::clone(&s.store))
+        .owner("pager")
+        .app_version("pages/1")
+        .build();
+    let mut started = Vec::new();
+    for n in 0..230 {
+        let options = durable::StartOptions::new()
+            .with_id(durable::SessionId::new(format!("page-{n:03}")));
+        let session = durable
+            .start::<durable::Message>(options)
+            .await
+            .expect("start");
+        started.push(session.id().as_str().to_owned());
+        session.release().await.expect("release");
+    }
+    let app = durable_console::router(Arc::clone(&s.store), options());
+    let mut path = "/?app_version=pages%2F1".to_owned();
+    let mut seen: Vec<String> = Vec::new();
+    let mut pages = 0;
+    loop {
+        let reply = send(&app, bearer(&path)).await;
+        assert_eq!(reply.status, StatusCode::OK, "{path}: {}", reply.body);
+        pages += 1;
+        let on_page: Vec<String> = reply
+            .body
+            .split("href=\"/sessions/")
+            .skip(1)
+            .filter_map(|rest| rest.split('"').next())
+            .map(str::to_owned)
+            .collect();
+        assert!(on_page.len() <= 100, "a page holds at most 100: {}", on_page.len());
+        assert!(
+            on_page.iter().all(|id| id.starts_with("page-")),
+            "the filter applies on every page: {on_page:?}"
+        );
+        seen.extend(on_page);
+        let Some((_, rest)) = reply.body.split_once("id=\"next-page\" href=\"") else {
+            break;
+        };
+        path = rest
+            .split('"')
+            .next()
+            .expect("the link")
+            .replace("&amp;", "&");
+        assert!(path.contains("app_version=pages%2F1"), "{path}");
+        assert!(pages < 10, "the links end");
+    }
+    assert_eq!(pages, 3, "230 sessions, 100 a page");
+    let mut expected = started.clone();
+    expected.sort();
+    let mut listed = seen.clone();
+    listed.sort();
+    listed.dedup();
+    assert_eq!(listed.len(), seen.len(), "no session twice: {seen:?}");
+    assert_eq!(listed, expected, "every session once");
+    let bad = send(&app, bearer("/?after=yesterday")).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    assert!(bad.body.contains("not a page cursor"), "{}", bad.body);
+}
