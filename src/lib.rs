@@ -220,8 +220,8 @@ pub mod store {
         DEADLINE, DecideApproval, Decided, Durability, ErrorRecord, FORMAT_VERSION, Fence,
         FinishCall, ForkEntry, ForkFate, ForkPlan, ForkSession, IssueOutcome, Lease, NewCall,
         NewCheckpoint, NewError, NewSession, PendingApproval, PurgeOutcome, QueueInfo, Resolution,
-        ResolutionRecord, ResolveCall, RetargetSession, SessionCursor, SessionFilter, SessionRecord,
-        SessionStatus, StoredMessage, Transition,
+        ResolutionRecord, ResolveCall, RetargetSession, SessionCursor, SessionFilter,
+        SessionRecord, SessionStatus, StoredMessage, Transition,
     };
     pub use durable_core::validate::{
         validate_id, validate_new_session, validate_owner, validate_text,

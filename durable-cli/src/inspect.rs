@@ -3,8 +3,8 @@
 use std::collections::{HashMap, HashSet};
 
 use durable::store::{
-    ApprovalDecision, CallRecord, CallStatus, CheckpointMeta, Decided, SessionCursor, SessionFilter,
-    SessionRecord,
+    ApprovalDecision, CallRecord, CallStatus, CheckpointMeta, Decided, SessionCursor,
+    SessionFilter, SessionRecord,
 };
 use durable::{CallId, CheckpointStore, Plan, SessionId, StoreError};
 use serde::Serialize;
@@ -111,7 +111,12 @@ pub async fn sessions(
                     array.item(line)?;
                 }
             }
-            None => table.page(&lines.iter().map(|l| session_row(l, now)).collect::<Vec<_>>()),
+            None => table.page(
+                &lines
+                    .iter()
+                    .map(|l| session_row(l, now))
+                    .collect::<Vec<_>>(),
+            ),
         }
         if past_window || !full {
             break;

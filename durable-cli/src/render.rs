@@ -318,7 +318,8 @@ impl StreamTable {
         let widths = match &self.widths {
             Some(widths) => widths.clone(),
             None => {
-                let mut widths: Vec<usize> = self.header.iter().map(|h| h.chars().count()).collect();
+                let mut widths: Vec<usize> =
+                    self.header.iter().map(|h| h.chars().count()).collect();
                 for row in rows {
                     for (w, cell) in widths.iter_mut().zip(row) {
                         *w = (*w).max(cell.chars().count());

@@ -181,7 +181,9 @@ async fn long_listings_and_verify_stay_within_bounded_memory() {
     let verify = measure(db, &["verify"]);
     assert_eq!(verify.code, 0, "{}", verify.stderr);
     assert!(
-        verify.stdout.contains(&format!("{SESSIONS} sessions verified, 0 failed")),
+        verify
+            .stdout
+            .contains(&format!("{SESSIONS} sessions verified, 0 failed")),
         "{}",
         verify.stdout
     );
@@ -225,12 +227,35 @@ async fn calls_and_sessions_page_with_limit_and_after() {
         "the next page's cursor: {}",
         first.stderr
     );
-    let second = measure(db, &["--json", "calls", long.as_str(), "--limit", "3", "--after", "3"]);
+    let second = measure(
+        db,
+        &[
+            "--json",
+            "calls",
+            long.as_str(),
+            "--limit",
+            "3",
+            "--after",
+            "3",
+        ],
+    );
     assert_eq!(ids(&second), all[3..6]);
-    let last = measure(db, &["calls", long.as_str(), "--limit", "3", "--after", "6"]);
-    assert_eq!(last.stdout.lines().count(), 3, "header, rule, one row: {}", last.stdout);
+    let last = measure(
+        db,
+        &["calls", long.as_str(), "--limit", "3", "--after", "6"],
+    );
+    assert_eq!(
+        last.stdout.lines().count(),
+        3,
+        "header, rule, one row: {}",
+        last.stdout
+    );
     assert!(last.stdout.contains(&all[6]), "{}", last.stdout);
-    assert!(!last.stderr.contains("--after"), "the last page: {}", last.stderr);
+    assert!(
+        !last.stderr.contains("--after"),
+        "the last page: {}",
+        last.stderr
+    );
 
     let everyone = ids(&measure(db, &["--json", "sessions", "--limit", "0"]));
     assert_eq!(everyone.len(), 5);
@@ -251,7 +276,10 @@ async fn calls_and_sessions_page_with_limit_and_after() {
             None => break,
         }
     }
-    assert_eq!(walked, everyone, "pages of 2 list every session once, in order");
+    assert_eq!(
+        walked, everyone,
+        "pages of 2 list every session once, in order"
+    );
     let bad = measure(db, &["sessions", "--after", "yesterday"]);
     assert_eq!(bad.code, 2, "{}", bad.stderr);
     assert!(bad.stderr.contains("not a cursor"), "{}", bad.stderr);

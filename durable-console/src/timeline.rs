@@ -88,8 +88,8 @@ pub(crate) async fn page(
     // One page of the journal (keyset, by position): what the page holds is bounded.
     let after = calls_after.unwrap_or(0).max(0);
     let mut calls = store.calls_page(&id, after, JOURNAL_PAGE + 1).await?;
-    let next_page = (calls.len() > usize::try_from(JOURNAL_PAGE).unwrap_or(usize::MAX))
-        .then(|| {
+    let next_page =
+        (calls.len() > usize::try_from(JOURNAL_PAGE).unwrap_or(usize::MAX)).then(|| {
             calls.truncate(usize::try_from(JOURNAL_PAGE).unwrap_or(usize::MAX));
             after + JOURNAL_PAGE
         });
@@ -117,7 +117,8 @@ pub(crate) async fn page(
     for (i, meta) in metas.iter().enumerate() {
         // The checkpoints around this page's rows (all before them on the first page,
         // all after them on the last).
-        let shown = (first_page || meta.version >= steps.0) && (last_page || meta.version <= steps.1);
+        let shown =
+            (first_page || meta.version >= steps.0) && (last_page || meta.version <= steps.1);
         if !shown {
             continue;
         }

@@ -779,8 +779,8 @@ async fn the_sessions_listing_pages_with_a_next_link() {
         .build();
     let mut started = Vec::new();
     for n in 0..230 {
-        let options = durable::StartOptions::new()
-            .with_id(durable::SessionId::new(format!("page-{n:03}")));
+        let options =
+            durable::StartOptions::new().with_id(durable::SessionId::new(format!("page-{n:03}")));
         let session = durable
             .start::<durable::Message>(options)
             .await
@@ -803,7 +803,11 @@ async fn the_sessions_listing_pages_with_a_next_link() {
             .filter_map(|rest| rest.split('"').next())
             .map(str::to_owned)
             .collect();
-        assert!(on_page.len() <= 100, "a page holds at most 100: {}", on_page.len());
+        assert!(
+            on_page.len() <= 100,
+            "a page holds at most 100: {}",
+            on_page.len()
+        );
         assert!(
             on_page.iter().all(|id| id.starts_with("page-")),
             "the filter applies on every page: {on_page:?}"

@@ -162,7 +162,10 @@ impl fmt::Display for Oversized {
                 "the result of `{tool}` (call `{call}`, step {step} of session `{session}`)"
             ),
             Oversized::Message { session, position } => {
-                write!(f, "message {position} of the transcript of session `{session}`")
+                write!(
+                    f,
+                    "message {position} of the transcript of session `{session}`"
+                )
             }
         }
     }
@@ -267,10 +270,7 @@ mod tests {
         let recorded = recorded_failure(&error);
         let again = from_recorded(Some(&recorded), what).expect("recognised");
         assert_eq!(again.to_string(), error.to_string());
-        assert!(
-            error.to_string().contains("max_result_bytes"),
-            "{error}"
-        );
+        assert!(error.to_string().contains("max_result_bytes"), "{error}");
         assert!(from_recorded(Some(&json!({"message": "boom"})), what).is_none());
     }
 }

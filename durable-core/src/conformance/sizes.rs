@@ -145,7 +145,10 @@ pub async fn sizes_a_result_above_the_cap_is_failed_and_never_rerun(
         .run(|_| async { Ok::<_, String>(json!("p".repeat(4096))) })
         .await;
     assert!(
-        matches!(&pure, Err(CallError::Durable(DurableError::TooLarge { .. }))),
+        matches!(
+            &pure,
+            Err(CallError::Durable(DurableError::TooLarge { .. }))
+        ),
         "{}",
         short(&pure)
     );
@@ -204,7 +207,13 @@ pub async fn sizes_a_message_above_the_cap_writes_no_checkpoint(store: Arc<dyn C
         .with_messages(vec![Message::user("z".repeat(4096))]);
     let initial = durable.start::<Message>(options).await;
     assert!(
-        matches!(&initial, Err(DurableError::TooLarge { what: Oversized::Message { position: 1, .. }, .. })),
+        matches!(
+            &initial,
+            Err(DurableError::TooLarge {
+                what: Oversized::Message { position: 1, .. },
+                ..
+            })
+        ),
         "{initial:?}"
     );
     assert!(matches!(

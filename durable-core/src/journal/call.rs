@@ -394,7 +394,10 @@ impl<'j> ToolCall<'j> {
                             CallOutcome::Failed(crate::sizes::recorded_failure(&too_large)),
                             Err(CallError::Durable(too_large)),
                         ),
-                        Ok(()) => (CallOutcome::Completed(encode_result(spec, &value)?), Ok(value)),
+                        Ok(()) => (
+                            CallOutcome::Completed(encode_result(spec, &value)?),
+                            Ok(value),
+                        ),
                     };
                     journal
                         .record_outcome(&row, result, None, Outcome::VerifiedHappened, scope)
@@ -1042,10 +1045,14 @@ impl Journal {
         tracing::Span::current().record(telemetry::DURABLE_CALL_ID, call.id.as_str());
         let (result, spend) = self.run_with_retry(spec, ctx, run).await;
         let (outcome, tool_err) = match result {
-            Ok(value) if let Err(too_large) = self.check_result_of(&call.id, &call.identity, &value) => (
-                CallOutcome::Failed(crate::sizes::recorded_failure(&too_large)),
-                Err(CallError::Durable(too_large)),
-            ),
+            Ok(value)
+                if let Err(too_large) = self.check_result_of(&call.id, &call.identity, &value) =>
+            {
+                (
+                    CallOutcome::Failed(crate::sizes::recorded_failure(&too_large)),
+                    Err(CallError::Durable(too_large)),
+                )
+            }
             Ok(value) => (
                 CallOutcome::Completed(encode_result(spec, &value)?),
                 Ok(value),
