@@ -234,51 +234,6 @@ pub fn message_lines(value: &Value) -> (String, Vec<String>) {
     (role, lines)
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use serde_json::json;
-
-    #[test]
-    fn masks_declared_and_sensitive_values_at_any_depth() {
-        let args = json!({
-            "to": "ann@example.com",
-            "body": {"$secret": "v1:abc"},
-            "auth": {"api_key": "sk-123", "Access-Key": "x", "user": "ann"},
-            "headers": [{"Authorization": "Bearer t"}],
-            "token_count": 5,
-            "session_token": {"v": 1},
-            "password": null
-        });
-        assert_eq!(
-            mask(&args),
-            json!({
-                "to": "ann@example.com",
-                "body": "<secret>",
-                "auth": {"api_key": "***", "Access-Key": "***", "user": "ann"},
-                "headers": [{"Authorization": "***"}],
-                "token_count": 5,
-                "session_token": "***",
-                "password": null
-            })
-        );
-    }
-
-    #[test]
-    fn times_sizes_and_truncation() {
-        assert_eq!(time(0), "1970-01-01T00:00:00Z");
-        assert_eq!(coarse(59_999), "59s");
-        assert_eq!(age(1_000, 3 * 3_600_000), "2h ago");
-        assert_eq!(age(10_000, 0), "in 10s");
-        assert_eq!(size(2048), "2.0 KB");
-        assert_eq!(
-            compact(&json!({"t": "\u{1b}[1m"}), 100),
-            r#"{"t":"\u001b[1m"}"#
-        );
-        assert_eq!(compact(&json!("\u{9b}abcdef"), 8), r#""\u{9b}…"#);
-    }
-}
-
 /// A table printed page by page as its rows come from the store, so a listing of any
 /// length holds one page in memory: the columns take their widths from the first page
 /// (at least the header's), and a later cell wider than its column pushes the rest of
@@ -388,5 +343,50 @@ impl JsonArray {
         } else {
             outln!("]");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn masks_declared_and_sensitive_values_at_any_depth() {
+        let args = json!({
+            "to": "ann@example.com",
+            "body": {"$secret": "v1:abc"},
+            "auth": {"api_key": "sk-123", "Access-Key": "x", "user": "ann"},
+            "headers": [{"Authorization": "Bearer t"}],
+            "token_count": 5,
+            "session_token": {"v": 1},
+            "password": null
+        });
+        assert_eq!(
+            mask(&args),
+            json!({
+                "to": "ann@example.com",
+                "body": "<secret>",
+                "auth": {"api_key": "***", "Access-Key": "***", "user": "ann"},
+                "headers": [{"Authorization": "***"}],
+                "token_count": 5,
+                "session_token": "***",
+                "password": null
+            })
+        );
+    }
+
+    #[test]
+    fn times_sizes_and_truncation() {
+        assert_eq!(time(0), "1970-01-01T00:00:00Z");
+        assert_eq!(coarse(59_999), "59s");
+        assert_eq!(age(1_000, 3 * 3_600_000), "2h ago");
+        assert_eq!(age(10_000, 0), "in 10s");
+        assert_eq!(size(2048), "2.0 KB");
+        assert_eq!(
+            compact(&json!({"t": "\u{1b}[1m"}), 100),
+            r#"{"t":"\u001b[1m"}"#
+        );
+        assert_eq!(compact(&json!("\u{9b}abcdef"), 8), r#""\u{9b}…"#);
     }
 }

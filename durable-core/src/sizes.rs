@@ -266,7 +266,7 @@ mod tests {
             tool: "fetch".into(),
             call: CallId::new("c"),
         };
-        let error = check(&"x".repeat(100), 10, what).unwrap_err();
+        let error = check(&"x".repeat(100), 10, what).expect_err("above the cap");
         let recorded = recorded_failure(&error);
         let again = from_recorded(Some(&recorded), what).expect("recognised");
         assert_eq!(again.to_string(), error.to_string());
