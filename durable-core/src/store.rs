@@ -723,6 +723,49 @@ pub fn check_message_range(
     Ok(())
 }
 
+/// Checks a page read by [`CheckpointStore::calls_page`] against the session head's count
+/// of journal rows (`head_rows`), for backends: the journal's extent (`top`, its highest
+/// position, and `bottom`, its lowest; index look-ups, not a count) must be
+/// `1..=head_rows`, the page's positions (`seqs`) must be `after + 1, after + 2, …`
+/// without a gap, and a page shorter than `limit` must end at `head_rows`. Over a walk of
+/// every page, that is the whole journal checked complete, at the cost of a page each.
+/// A broken rule is [`StoreError::Tampered`].
+pub fn check_journal_page(
+    session: &SessionId,
+    head_rows: i64,
+    (top, bottom): (i64, i64),
+    after: i64,
+    limit: i64,
+    seqs: &[i64],
+) -> Result<(), StoreError> {
+    let tampered = |detail: String| StoreError::Tampered {
+        session: session.clone(),
+        what: "the journal".to_owned(),
+        detail,
+    };
+    if top != head_rows || bottom != 1 {
+        return Err(tampered(format!(
+            "the session head records {head_rows} rows, the table holds positions {bottom}..={top}: rows were deleted or inserted"
+        )));
+    }
+    let mut expected = after;
+    for &seq in seqs {
+        expected += 1;
+        if seq != expected {
+            return Err(tampered(format!(
+                "position {expected} is missing (the next row is at {seq}): rows were deleted"
+            )));
+        }
+    }
+    let short = i64::try_from(seqs.len()).unwrap_or(i64::MAX) < limit;
+    if short && expected < head_rows {
+        return Err(tampered(format!(
+            "the session head records {head_rows} rows, the table ends at position {expected}: rows were deleted"
+        )));
+    }
+    Ok(())
+}
+
 /// A persistent home for sessions, checkpoints and the call journal.
 ///
 /// Every method is a single atomic transaction. Methods that write under a lease take a
@@ -1192,10 +1235,11 @@ pub trait CheckpointStore: Send + Sync + 'static {
     ///
     /// # Contract
     /// Read-only, from one snapshot. [`StoreError::SessionNotFound`] if the session does
-    /// not exist. The session head's seal is checked, and so is the journal's
-    /// completeness (the head counts its rows: a deleted or inserted row is
-    /// [`StoreError::Tampered`]) and every returned row's seal, as for
-    /// [`calls`](Self::calls). A page shorter than `limit` is the journal's last. A
+    /// not exist. The session head's seal is checked, every returned row's seal, and the
+    /// page against the head's count of rows with [`check_journal_page`] (the journal's
+    /// extent, no gap in the page, a short page ends the journal): a walk of every page
+    /// checks the journal complete, as [`calls`](Self::calls) does, at the cost of a page
+    /// each. A page shorter than `limit` is the journal's last. A
     /// negative `after` counts as 0 and a `limit` below 1 as 1. A backend should answer
     /// from its index of positions, so that a page costs the same at any depth; the
     /// default reads the whole journal and slices it.
