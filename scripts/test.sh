@@ -11,6 +11,9 @@
 # The operator console's browser test (durable-console/tests/browser.rs) drives Debian's
 # `chromium` through `chromedriver`; this script installs `chromium` and `chromium-driver`
 # when `chromedriver` is missing (CHROMEDRIVER names another one). Never skipped either.
+#
+# durable-cli's bounded-memory test runs the binary under GNU time (Debian's `time`),
+# installed here when /usr/bin/time is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,6 +47,17 @@ if [ -z "${CHROMEDRIVER:-}" ] && ! command -v chromedriver >/dev/null 2>&1; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null
   command -v chromedriver >/dev/null 2>&1 || { echo "scripts/test.sh: chromium-driver installed but chromedriver still not found" >&2; exit 1; }
+fi
+
+# durable-cli/tests/bounded.rs measures the `durable` binary's peak memory with GNU time
+# (`/usr/bin/time -f %M`, the child's ru_maxrss); Debian's `time` package installs it.
+if [ ! -x /usr/bin/time ]; then
+  echo "scripts/test.sh: /usr/bin/time not found; installing Debian's time package" >&2
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends time >/dev/null
+  [ -x /usr/bin/time ] || { echo "scripts/test.sh: time installed but /usr/bin/time still not found" >&2; exit 1; }
 fi
 
 # The compile-fail cases first, with the facade's default features: their pinned messages

@@ -227,8 +227,8 @@ pub mod store {
         DEADLINE, DecideApproval, Decided, Durability, ErrorRecord, FORMAT_VERSION, Fence,
         FinishCall, ForkEntry, ForkFate, ForkPlan, ForkSession, IssueOutcome, Lease, NewCall,
         NewCheckpoint, NewError, NewSession, PendingApproval, PurgeOutcome, QueueInfo, Resolution,
-        ResolutionRecord, ResolveCall, RetargetSession, SessionFilter, SessionRecord,
-        SessionStatus, StoredMessage, Transition,
+        ResolutionRecord, ResolveCall, RetargetSession, SessionCursor, SessionFilter,
+        SessionRecord, SessionStatus, StoredMessage, Transition,
     };
     pub use durable_core::validate::{
         validate_id, validate_new_session, validate_owner, validate_text,
@@ -244,12 +244,13 @@ pub mod integrity {
         IntegrityEvent, IntegrityLog, Keyring, MAC_KEY_ENV, MIN_KEY_LEN, PREVIOUS_MAC_KEYS_ENV,
         key_id, random_key,
     };
-    pub use durable_core::verify::{SessionCheck, verify_sessions};
+    pub use durable_core::verify::{SessionCheck, verify_each, verify_sessions};
 }
 
 pub use durable_core::approval;
 pub use durable_core::replay_check;
 pub use durable_core::secret;
+pub use durable_core::sizes;
 pub use durable_core::telemetry;
 
 /// The embedded SQLite store ([`SqliteStore`](sqlite::SqliteStore)).

@@ -1,11 +1,12 @@
 //! Read-only commands: `sessions`, `show`, `calls`, `in-doubt`.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use durable::store::{
-    ApprovalDecision, CallRecord, CallStatus, CheckpointMeta, Decided, SessionFilter, SessionRecord,
+    ApprovalDecision, CallRecord, CallStatus, CheckpointMeta, Decided, SessionCursor,
+    SessionFilter, SessionRecord,
 };
-use durable::{CheckpointStore, Plan, SessionId, StoreError};
+use durable::{CallId, CheckpointStore, Plan, SessionId, StoreError};
 use serde::Serialize;
 use serde_json::{Value, json};
 
@@ -34,75 +35,31 @@ struct SessionLine {
     problem: Option<String>,
 }
 
+/// Rows the long listings read from the store at a time: what they hold in memory.
+const PAGE: usize = 200;
+
 pub async fn sessions(
     store: &dyn CheckpointStore,
     json: bool,
     args: SessionsArgs,
 ) -> Result<(), CliError> {
     let now = store.now().await?;
-    let mut filter =
+    let mut base =
         SessionFilter::new().with_statuses(args.status.iter().map(|&s| s.into()).collect());
     if let Some(d) = args.older_than {
-        filter = filter.with_updated_before(now.saturating_sub(ms(d)));
+        base = base.with_updated_before(now.saturating_sub(ms(d)));
     }
-    if args.newer_than.is_none() {
-        filter = filter.with_limit(i64::from(args.limit));
-    }
-    let mut listed = store.list_sessions(&filter).await?;
-    if let Some(within) = args.newer_than {
-        let since = now.saturating_sub(ms(within));
-        listed.retain(|s| s.updated_at >= since);
-        listed.truncate(args.limit as usize);
-    }
+    // Newest first: the sessions updated within the window are a prefix of the listing.
+    let since = args.newer_than.map(|within| now.saturating_sub(ms(within)));
+    let limit = match args.limit {
+        0 => usize::MAX,
+        n => usize::try_from(n).unwrap_or(usize::MAX),
+    };
     let mut doubt: HashMap<SessionId, usize> = HashMap::new();
     for call in store.in_doubt(None).await? {
         *doubt.entry(call.identity.session).or_default() += 1;
     }
-    let mut lines = Vec::with_capacity(listed.len());
-    for session in listed {
-        let mut problem = None;
-        let last_checkpoint_at = match store.list_checkpoints(&session.id).await {
-            Ok(metas) => metas.last().map(|m| m.created_at),
-            // Deleted meanwhile (a concurrent prune): show the row without it.
-            Err(StoreError::SessionNotFound(_)) => None,
-            // One broken session does not hide the others: listed, marked, and the
-            // command fails at the end.
-            Err(e @ (StoreError::Tampered { .. } | StoreError::Corrupt { .. })) => {
-                problem = Some(e.to_string());
-                None
-            }
-            Err(e) => return Err(e.into()),
-        };
-        lines.push(SessionLine {
-            lease_live: session.lease_expires_at.is_some_and(|t| t > now),
-            in_doubt: doubt.get(&session.id).copied().unwrap_or(0),
-            last_checkpoint_at,
-            problem,
-            session,
-        });
-    }
-    let broken = lines.iter().filter(|l| l.problem.is_some()).count();
-    let verdict = || {
-        if broken == 0 {
-            return Ok(());
-        }
-        Err(CliError::new(
-            Code::Integrity,
-            format!(
-                "{broken} session{} failed the integrity check (marked TAMPERED); run `durable verify` for the reasons",
-                if broken == 1 { "" } else { "s" }
-            ),
-        ))
-    };
-    if json {
-        render::print_json(&lines)?;
-        return verdict();
-    }
-    if lines.is_empty() {
-        outln!("no sessions match");
-        return Ok(());
-    }
-    let mut t = table([
+    let mut table = render::StreamTable::new([
         "SESSION",
         "STATUS",
         "APP VERSION",
@@ -111,36 +68,140 @@ pub async fn sessions(
         "UPDATED",
         "IN DOUBT",
     ]);
-    for l in &lines {
-        let s = &l.session;
-        let lease = match (&s.lease_owner, s.lease_expires_at) {
-            (Some(owner), Some(until)) if l.lease_live => {
-                format!("{} (live, expires {})", clip(owner, NAME), age(until, now))
+    let mut array = json.then(render::JsonArray::begin);
+    let mut cursor = args.after;
+    let (mut shown, mut broken) = (0usize, 0usize);
+    let mut more = None;
+    loop {
+        let want = (limit - shown).min(PAGE);
+        let page_filter = |limit: usize| {
+            let mut filter = base
+                .clone()
+                .with_limit(i64::try_from(limit).unwrap_or(i64::MAX));
+            if let Some(after) = &cursor {
+                filter = filter.with_after(after.clone());
             }
-            (Some(owner), _) => format!("{} (expired)", clip(owner, NAME)),
-            (None, _) => "-".into(),
+            filter
         };
-        let checkpoint = match l.last_checkpoint_at {
-            _ if l.problem.is_some() => "TAMPERED".to_owned(),
-            Some(at) => format!("v{} {}", s.latest_version, age(at, now)),
-            None => format!("v{}", s.latest_version),
-        };
-        let mut status = s.status.as_str().to_owned();
-        if let Some(reason) = &s.status_reason {
-            status.push_str(&format!(" ({})", clip(reason, 40)));
+        if want == 0 {
+            // The limit is reached: say whether a next page exists.
+            let next = store.list_sessions(&page_filter(1)).await?;
+            if next.iter().any(|s| since.is_none_or(|t| s.updated_at >= t)) {
+                more = cursor.clone();
+            }
+            break;
         }
-        t.add_row(vec![
-            clip(s.id.as_str(), ID),
-            status,
-            clip(&s.app_version, NAME),
-            lease,
-            checkpoint,
-            age(s.updated_at, now),
-            l.in_doubt.to_string(),
-        ]);
+        let page = store.list_sessions(&page_filter(want)).await?;
+        let full = page.len() == want;
+        let mut lines = Vec::with_capacity(page.len());
+        let mut past_window = false;
+        for session in page {
+            if since.is_some_and(|t| session.updated_at < t) {
+                past_window = true;
+                break;
+            }
+            cursor = Some(SessionCursor::after(&session));
+            lines.push(session_line(store, session, now, &doubt).await?);
+        }
+        shown += lines.len();
+        broken += lines.iter().filter(|l| l.problem.is_some()).count();
+        match &mut array {
+            Some(array) => {
+                for line in &lines {
+                    array.item(line)?;
+                }
+            }
+            None => table.page(
+                &lines
+                    .iter()
+                    .map(|l| session_row(l, now))
+                    .collect::<Vec<_>>(),
+            ),
+        }
+        if past_window || !full {
+            break;
+        }
     }
-    render::print_table(&t);
-    verdict()
+    match array {
+        Some(array) => array.end(),
+        None if shown == 0 => outln!("no sessions match"),
+        None => {}
+    }
+    if let Some(cursor) = more {
+        eprintln!(
+            "more sessions: add `--after {}` for the next page",
+            crate::display::escape(&cursor.to_string())
+        );
+    }
+    if broken == 0 {
+        return Ok(());
+    }
+    Err(CliError::new(
+        Code::Integrity,
+        format!(
+            "{broken} session{} failed the integrity check (marked TAMPERED); run `durable verify` for the reasons",
+            if broken == 1 { "" } else { "s" }
+        ),
+    ))
+}
+
+/// A session with what `sessions` adds to it.
+async fn session_line(
+    store: &dyn CheckpointStore,
+    session: SessionRecord,
+    now: i64,
+    doubt: &HashMap<SessionId, usize>,
+) -> Result<SessionLine, CliError> {
+    let mut problem = None;
+    let last_checkpoint_at = match store.list_checkpoints(&session.id).await {
+        Ok(metas) => metas.last().map(|m| m.created_at),
+        // Deleted meanwhile (a concurrent prune): show the row without it.
+        Err(StoreError::SessionNotFound(_)) => None,
+        // One broken session does not hide the others: listed, marked, and the
+        // command fails at the end.
+        Err(e @ (StoreError::Tampered { .. } | StoreError::Corrupt { .. })) => {
+            problem = Some(e.to_string());
+            None
+        }
+        Err(e) => return Err(e.into()),
+    };
+    Ok(SessionLine {
+        lease_live: session.lease_expires_at.is_some_and(|t| t > now),
+        in_doubt: doubt.get(&session.id).copied().unwrap_or(0),
+        last_checkpoint_at,
+        problem,
+        session,
+    })
+}
+
+/// A session's row in the `sessions` table.
+fn session_row(l: &SessionLine, now: i64) -> Vec<String> {
+    let s = &l.session;
+    let lease = match (&s.lease_owner, s.lease_expires_at) {
+        (Some(owner), Some(until)) if l.lease_live => {
+            format!("{} (live, expires {})", clip(owner, NAME), age(until, now))
+        }
+        (Some(owner), _) => format!("{} (expired)", clip(owner, NAME)),
+        (None, _) => "-".into(),
+    };
+    let checkpoint = match l.last_checkpoint_at {
+        _ if l.problem.is_some() => "TAMPERED".to_owned(),
+        Some(at) => format!("v{} {}", s.latest_version, age(at, now)),
+        None => format!("v{}", s.latest_version),
+    };
+    let mut status = s.status.as_str().to_owned();
+    if let Some(reason) = &s.status_reason {
+        status.push_str(&format!(" ({})", clip(reason, 40)));
+    }
+    vec![
+        clip(s.id.as_str(), ID),
+        status,
+        clip(&s.app_version, NAME),
+        lease,
+        checkpoint,
+        age(s.updated_at, now),
+        l.in_doubt.to_string(),
+    ]
 }
 
 #[derive(Serialize)]
@@ -451,51 +512,105 @@ pub async fn calls(
 ) -> Result<(), CliError> {
     let id = SessionId::new(args.session);
     store.session(&id).await?;
-    let rows = store.calls(&id, args.step).await?;
-    if json {
-        return render::print_json(&rows.iter().map(masked_call).collect::<Vec<_>>());
-    }
-    if rows.is_empty() {
-        outln!("no journal rows");
-        return Ok(());
-    }
     let now = store.now().await?;
-    let in_doubt: Vec<_> = store
+    let in_doubt: HashSet<CallId> = store
         .in_doubt(Some(&id))
         .await?
         .into_iter()
         .map(|c| c.id)
         .collect();
-    let mut t = table([
+    let limit = match args.limit {
+        None | Some(0) => usize::MAX,
+        Some(n) => usize::try_from(n).unwrap_or(usize::MAX),
+    };
+    let mut table = render::StreamTable::new([
         "CALL", "STEP", "TOOL", "CLASS", "STATUS", "KEY", "ATTEMPT", "ISSUED", "TOOK", "RESULT",
     ]);
-    for c in &rows {
-        let status = if in_doubt.contains(&c.id) {
-            "issued (in doubt)".to_owned()
-        } else {
-            c.status.as_str().to_owned()
-        };
-        let took = c.finished_at.map_or_else(
-            || "-".to_owned(),
-            |f| render::coarse(u64::try_from(f - c.issued_at).unwrap_or(0)),
-        );
-        t.add_row(vec![
-            clip(c.id.as_str(), ID),
-            c.identity.step.to_string(),
-            clip(&c.identity.tool, NAME),
-            c.class.as_str().to_owned(),
-            status,
-            c.idempotency_key
-                .as_deref()
-                .map_or_else(|| "-".into(), |k| clip(k, ID)),
-            c.attempt.to_string(),
-            age(c.issued_at, now),
-            took,
-            result_size(c),
-        ]);
+    let mut array = json.then(render::JsonArray::begin);
+    let mut print = |rows: &[CallRecord]| -> Result<(), CliError> {
+        match &mut array {
+            Some(array) => {
+                for row in rows {
+                    array.item(&masked_call(row))?;
+                }
+            }
+            None => table.page(
+                &rows
+                    .iter()
+                    .map(|c| call_row(c, now, &in_doubt))
+                    .collect::<Vec<_>>(),
+            ),
+        }
+        Ok(())
+    };
+    let mut shown = 0usize;
+    let mut more = None;
+    if let Some(step) = args.step {
+        // One step's rows, read together: their checks span the step.
+        let rows = store.calls(&id, Some(step)).await?;
+        shown = rows.len().min(limit);
+        print(&rows[..shown])?;
+    } else {
+        // The journal page by page, by position: one page in memory at a time.
+        let mut position = i64::try_from(args.after.unwrap_or(0)).unwrap_or(i64::MAX);
+        loop {
+            let want = (limit - shown).min(PAGE);
+            if want == 0 {
+                if !store.calls_page(&id, position, 1).await?.is_empty() {
+                    more = Some(position);
+                }
+                break;
+            }
+            let page = store
+                .calls_page(&id, position, i64::try_from(want).unwrap_or(i64::MAX))
+                .await?;
+            position = position.saturating_add(i64::try_from(page.len()).unwrap_or(i64::MAX));
+            shown += page.len();
+            print(&page)?;
+            if page.len() < want {
+                break;
+            }
+        }
     }
-    render::print_table(&t);
+    match array {
+        Some(array) => array.end(),
+        None if shown == 0 => outln!("no journal rows"),
+        None => {}
+    }
+    if let Some(position) = more {
+        eprintln!(
+            "more rows: add `--after {position}` for the next page (`durable calls {} --after {position}`)",
+            clip(id.as_str(), ID)
+        );
+    }
     Ok(())
+}
+
+/// A journal row in the `calls` table.
+fn call_row(c: &CallRecord, now: i64, in_doubt: &HashSet<CallId>) -> Vec<String> {
+    let status = if in_doubt.contains(&c.id) {
+        "issued (in doubt)".to_owned()
+    } else {
+        c.status.as_str().to_owned()
+    };
+    let took = c.finished_at.map_or_else(
+        || "-".to_owned(),
+        |f| render::coarse(u64::try_from(f - c.issued_at).unwrap_or(0)),
+    );
+    vec![
+        clip(c.id.as_str(), ID),
+        c.identity.step.to_string(),
+        clip(&c.identity.tool, NAME),
+        c.class.as_str().to_owned(),
+        status,
+        c.idempotency_key
+            .as_deref()
+            .map_or_else(|| "-".into(), |k| clip(k, ID)),
+        c.attempt.to_string(),
+        age(c.issued_at, now),
+        took,
+        result_size(c),
+    ]
 }
 
 fn print_in_doubt(calls: &[CallRecord], now: i64, with_session: bool) {

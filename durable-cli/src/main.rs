@@ -412,9 +412,14 @@ struct SessionsArgs {
     /// Only sessions updated within this long (e.g. 1h).
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     newer_than: Option<Duration>,
-    /// At most this many sessions.
+    /// At most this many sessions (0: all of them). Rows are read and printed a page at a
+    /// time, so a listing of any length runs in bounded memory.
     #[arg(long, default_value_t = 100)]
     limit: u32,
+    /// Start after this session: the cursor `<updated_at>:<id>` that the previous page
+    /// printed on stderr (`more: … --after …`).
+    #[arg(long, value_name = "CURSOR", value_parser = parse_session_cursor)]
+    after: Option<durable::store::SessionCursor>,
 }
 
 #[derive(Debug, Args)]
@@ -439,6 +444,14 @@ struct CallsArgs {
     /// Only the calls of this step (the checkpoint version their turn started from).
     #[arg(long, value_name = "N")]
     step: Option<i64>,
+    /// At most this many rows (default: all of them). Rows are read and printed a page at
+    /// a time, so a journal of any length is listed in bounded memory.
+    #[arg(long, value_name = "N")]
+    limit: Option<u32>,
+    /// Start after this position in the journal (rows are numbered from 1 in issue
+    /// order; the previous page printed the value to use on stderr).
+    #[arg(long, value_name = "POSITION", conflicts_with = "step")]
+    after: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -660,6 +673,12 @@ struct AckArgs {
 fn parse_duration(text: &str) -> Result<Duration, String> {
     humantime::parse_duration(text)
         .map_err(|e| format!("{e}; expected a number and a unit, e.g. 30d, 12h, 90m, 1w or 2h30m"))
+}
+
+fn parse_session_cursor(text: &str) -> Result<durable::store::SessionCursor, String> {
+    durable::store::SessionCursor::parse(text).ok_or_else(|| {
+        format!("`{text}` is not a cursor: use the `<updated_at>:<id>` a previous page printed")
+    })
 }
 
 fn parse_mapping(text: &str) -> Result<(String, String), String> {

@@ -234,6 +234,118 @@ pub fn message_lines(value: &Value) -> (String, Vec<String>) {
     (role, lines)
 }
 
+/// A table printed page by page as its rows come from the store, so a listing of any
+/// length holds one page in memory: the columns take their widths from the first page
+/// (at least the header's), and a later cell wider than its column pushes the rest of
+/// its line along. Looks like [`table`]'s output; cells are clipped by the caller and
+/// every line is escaped here.
+pub struct StreamTable {
+    header: Vec<String>,
+    widths: Option<Vec<usize>>,
+}
+
+impl StreamTable {
+    pub fn new<const N: usize>(header: [&str; N]) -> Self {
+        StreamTable {
+            header: header.iter().map(|h| (*h).to_owned()).collect(),
+            widths: None,
+        }
+    }
+
+    fn line(widths: &[usize], cells: &[String]) -> String {
+        let mut line = String::new();
+        for (i, cell) in cells.iter().enumerate() {
+            line.push_str(cell);
+            if i + 1 < cells.len() {
+                let width = widths.get(i).copied().unwrap_or(0);
+                let pad = width.saturating_sub(cell.chars().count()) + 2;
+                line.extend(std::iter::repeat_n(' ', pad));
+            }
+        }
+        display::escape(line.trim_end()).into_owned()
+    }
+
+    /// Prints a page of rows (the header first, before the first page).
+    pub fn page(&mut self, rows: &[Vec<String>]) {
+        if rows.is_empty() {
+            return;
+        }
+        let widths = match &self.widths {
+            Some(widths) => widths.clone(),
+            None => {
+                let mut widths: Vec<usize> =
+                    self.header.iter().map(|h| h.chars().count()).collect();
+                for row in rows {
+                    for (w, cell) in widths.iter_mut().zip(row) {
+                        *w = (*w).max(cell.chars().count());
+                    }
+                }
+                let header = Self::line(&widths, &self.header);
+                let rule: usize = widths.iter().sum::<usize>() + 2 * widths.len().saturating_sub(1);
+                outln!("{header}");
+                outln!("{}", "-".repeat(rule.max(header.chars().count())));
+                self.widths = Some(widths.clone());
+                widths
+            }
+        };
+        for row in rows {
+            outln!("{}", Self::line(&widths, row));
+        }
+    }
+}
+
+/// A JSON array printed element by element (pretty, like [`print_json`]): `[`, then each
+/// element as it comes, then `]`; under `--unverified`, inside
+/// `{"unverified": true, "items": […]}` as [`print_json`] marks an array.
+pub struct JsonArray {
+    count: usize,
+}
+
+impl JsonArray {
+    pub fn begin() -> Self {
+        if unverified() {
+            outln!("{{\n  \"unverified\": true,\n  \"items\": [");
+        } else {
+            outln!("[");
+        }
+        JsonArray { count: 0 }
+    }
+
+    pub fn item<T: Serialize>(&mut self, value: &T) -> Result<(), CliError> {
+        let text = serde_json::to_string_pretty(value)
+            .map_err(|e| CliError::new(Code::Failure, format!("cannot encode JSON output: {e}")))?;
+        let indent = if unverified() { "    " } else { "  " };
+        let mut out = String::with_capacity(text.len() + 64);
+        if self.count > 0 {
+            out.push_str(",\n");
+        }
+        for (i, line) in text.lines().enumerate() {
+            if i > 0 {
+                out.push('\n');
+            }
+            out.push_str(indent);
+            out.push_str(line);
+        }
+        self.count += 1;
+        use std::io::Write as _;
+        if write!(std::io::stdout().lock(), "{}", display::json_text(&out)).is_err() {
+            std::process::exit(0);
+        }
+        Ok(())
+    }
+
+    pub fn end(self) {
+        if self.count > 0 {
+            outln!();
+        }
+        if unverified() {
+            outln!("  ]\n}}");
+        } else {
+            outln!("]");
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

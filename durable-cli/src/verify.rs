@@ -2,7 +2,7 @@
 //! offline, plus the database's own consistency check.
 
 use durable::SessionId;
-use durable::integrity::{IntegrityLog, SessionCheck, verify_sessions};
+use durable::integrity::{IntegrityLog, SessionCheck, verify_each};
 use serde_json::{Value, json};
 
 use crate::VerifyArgs;
@@ -184,19 +184,66 @@ fn line(check: &SessionCheck) -> Value {
 
 pub async fn verify(opened: &Opened, json: bool, args: VerifyArgs) -> Result<(), CliError> {
     let session = args.session.map(SessionId::new);
-    let checks = verify_sessions(opened.shared.as_ref(), session.as_ref()).await?;
+    // Each session's check is printed as it is made, a page of rows at a time: nothing
+    // that grows with the store is held.
+    let mut table = render::StreamTable::new([
+        "SESSION",
+        "RESULT",
+        "CHECKPOINTS",
+        "JOURNAL ROWS",
+        "RESOLUTIONS",
+        "PROBLEM",
+    ]);
+    let mut pending: Vec<Vec<String>> = Vec::new();
+    let (mut verified, mut failed) = (0usize, 0usize);
+    let mut array = None;
+    if json {
+        outln!("{{\n  \"sessions\":");
+        array = Some(render::JsonArray::begin());
+    }
+    let mut encode_error = None;
+    verify_each(opened.shared.as_ref(), session.as_ref(), |c| {
+        verified += 1;
+        failed += usize::from(!c.is_ok());
+        match &mut array {
+            Some(array) => {
+                if let Err(e) = array.item(&line(&c)) {
+                    encode_error.get_or_insert(e);
+                }
+            }
+            None => {
+                pending.push(vec![
+                    clip(c.session.as_str(), ID),
+                    if c.is_ok() { "ok" } else { "TAMPERED" }.to_owned(),
+                    c.checkpoints.to_string(),
+                    c.journal_rows.to_string(),
+                    c.resolutions.to_string(),
+                    clip(c.problem.as_deref().unwrap_or("-"), TEXT),
+                ]);
+                if pending.len() >= 200 {
+                    table.page(&pending);
+                    pending.clear();
+                }
+            }
+        }
+    })
+    .await?;
+    if let Some(e) = encode_error {
+        return Err(e);
+    }
+    table.page(&pending);
     let database = database_check(opened).await?;
     let log = integrity_log(opened).await?;
-    let failed = checks.iter().filter(|c| !c.is_ok()).count();
     let database_failed = database.ok == Some(false);
     let rollback = rollback_check(opened).await?;
     let rolled_back = rollback.as_ref().is_some_and(|(ok, _)| !ok);
     let log_failed = !log.is_ok();
-    if json {
-        render::print_json(&json!({
+    if let Some(array) = array {
+        array.end();
+        // The rest of the report, after the sessions (an object's keys have no order).
+        let rest = json!({
             "ok": failed == 0 && !database_failed && !log_failed && !rolled_back,
             "rollback_witness": rollback.as_ref().map(|(ok, detail)| json!({"ok": ok, "detail": detail})),
-            "sessions": checks.iter().map(line).collect::<Vec<_>>(),
             "integrity_log": {
                 "ok": log.is_ok(),
                 "problem": log.problem,
@@ -207,30 +254,19 @@ pub async fn verify(opened: &Opened, json: bool, args: VerifyArgs) -> Result<(),
                 "ok": database.ok,
                 "detail": database.detail,
             },
-        }))?;
+        });
+        let text = serde_json::to_string_pretty(&rest)
+            .map_err(|e| CliError::new(Code::Failure, format!("cannot encode JSON output: {e}")))?;
+        // `{ "ok": …, … }` without its braces, after the sessions' array.
+        let inner = text
+            .trim()
+            .trim_start_matches('{')
+            .trim_end_matches('}')
+            .trim_end();
+        outln!("  ,{}\n}}", display::json_text(inner));
     } else {
-        if checks.is_empty() {
+        if verified == 0 {
             outln!("no sessions");
-        } else {
-            let mut t = table([
-                "SESSION",
-                "RESULT",
-                "CHECKPOINTS",
-                "JOURNAL ROWS",
-                "RESOLUTIONS",
-                "PROBLEM",
-            ]);
-            for c in &checks {
-                t.add_row(vec![
-                    clip(c.session.as_str(), ID),
-                    if c.is_ok() { "ok" } else { "TAMPERED" }.to_owned(),
-                    c.checkpoints.to_string(),
-                    c.journal_rows.to_string(),
-                    c.resolutions.to_string(),
-                    clip(c.problem.as_deref().unwrap_or("-"), TEXT),
-                ]);
-            }
-            render::print_table(&t);
         }
         print_log(&log);
         let verdict = match database.ok {
@@ -249,8 +285,8 @@ pub async fn verify(opened: &Opened, json: bool, args: VerifyArgs) -> Result<(),
         }
         outln!(
             "{} session{} verified, {failed} failed",
-            checks.len(),
-            if checks.len() == 1 { "" } else { "s" }
+            verified,
+            if verified == 1 { "" } else { "s" }
         );
     }
     if rolled_back {
@@ -263,9 +299,8 @@ pub async fn verify(opened: &Opened, json: bool, args: VerifyArgs) -> Result<(),
         let mut what = Vec::new();
         if failed > 0 {
             what.push(format!(
-                "{failed} of {} session{} failed",
-                checks.len(),
-                if checks.len() == 1 { "" } else { "s" }
+                "{failed} of {verified} session{} failed",
+                if verified == 1 { "" } else { "s" }
             ));
         }
         if database_failed {

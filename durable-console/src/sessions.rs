@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use durable::SessionId;
-use durable::store::{SessionFilter, SessionStatus};
+use durable::store::{SessionCursor, SessionFilter, SessionStatus};
 use maud::{Markup, html};
 use serde::Deserialize;
 
@@ -26,8 +26,11 @@ const STATUSES: &[SessionStatus] = &[
     SessionStatus::Cancelled,
 ];
 
-/// At most this many sessions are listed.
-const LIMIT: i64 = 200;
+/// Sessions on one page; the next page is a link (a keyset cursor, `?after=`).
+const LIMIT: usize = 100;
+
+/// Sessions read from the store at a time while filling a page.
+const READ: i64 = 200;
 
 /// The filter form (a `GET`: it changes nothing).
 #[derive(Deserialize, Default)]
@@ -42,6 +45,35 @@ pub(crate) struct Filter {
     /// Only sessions not updated within this long (`30d`).
     #[serde(default)]
     older_than: String,
+    /// The page after this cursor (`<updated_at>:<id>`, the last session of the
+    /// previous page).
+    #[serde(default)]
+    after: String,
+}
+
+impl Filter {
+    /// This filter's first page.
+    fn first_href(&self) -> String {
+        format!(
+            "/?status={}&app_version={}&newer_than={}&older_than={}",
+            encode(&self.status),
+            encode(&self.app_version),
+            encode(&self.newer_than),
+            encode(&self.older_than)
+        )
+    }
+
+    /// This filter's address with `after` as the cursor: the next page's link.
+    fn next_href(&self, after: &SessionCursor) -> String {
+        format!(
+            "/?status={}&app_version={}&newer_than={}&older_than={}&after={}",
+            encode(&self.status),
+            encode(&self.app_version),
+            encode(&self.newer_than),
+            encode(&self.older_than),
+            encode(&after.to_string())
+        )
+    }
 }
 
 /// `GET /`.
@@ -68,16 +100,47 @@ pub(crate) async fn page(
         text => Some(now.saturating_sub(parse_duration(text).map_err(bad)?)),
     };
     let app_version = filter.app_version.trim();
-    if since.is_none() && app_version.is_empty() {
-        query = query.with_limit(LIMIT);
+    let mut cursor = match filter.after.trim() {
+        "" => None,
+        text => Some(SessionCursor::parse(text).ok_or_else(|| {
+            bad(format!(
+                "`{text}` is not a page cursor (`<updated_at>:<id>`); follow the \"Next page\" link"
+            ))
+        })?),
+    };
+    // Page by page from the store (keyset, newest first), keeping the sessions that match,
+    // until the page is full and one more shows there is a next page: what is held is a
+    // page, whatever the store holds.
+    let mut listed = Vec::with_capacity(LIMIT + 1);
+    'read: loop {
+        let mut page = query.clone().with_limit(READ);
+        if let Some(after) = &cursor {
+            page = page.with_after(after.clone());
+        }
+        let page = store.list_sessions(&page).await?;
+        let full = page.len() == usize::try_from(READ).unwrap_or(usize::MAX);
+        cursor = page.last().map(SessionCursor::after).or(cursor);
+        for s in page {
+            if since.is_some_and(|t| s.updated_at < t) {
+                // Newest first: the rest is older still.
+                break 'read;
+            }
+            if app_version.is_empty() || s.app_version == app_version {
+                listed.push(s);
+                if listed.len() > LIMIT {
+                    break 'read;
+                }
+            }
+        }
+        if !full {
+            break;
+        }
     }
-    let mut listed = store.list_sessions(&query).await?;
-    listed.retain(|s| {
-        since.is_none_or(|t| s.updated_at >= t)
-            && (app_version.is_empty() || s.app_version == app_version)
+    let next = (listed.len() > LIMIT).then(|| {
+        listed.truncate(LIMIT);
+        listed.last().map(SessionCursor::after)
     });
-    let total = listed.len();
-    listed.truncate(LIMIT as usize);
+    let next = next.flatten();
     let mut doubt: HashMap<SessionId, usize> = HashMap::new();
     for call in store.in_doubt(None).await? {
         *doubt.entry(call.identity.session).or_default() += 1;
@@ -156,8 +219,15 @@ pub(crate) async fn page(
                     }
                 }
             }
-            @if total > listed.len() {
-                p.muted { "Showing " (listed.len()) " of " (total) "; narrow the filter to see the others." }
+            @if next.is_some() || !filter.after.trim().is_empty() {
+                p.pages {
+                    @if !filter.after.trim().is_empty() {
+                        a #first-page href=(filter.first_href()) { "← First page" } " "
+                    }
+                    @if let Some(after) = &next {
+                        a #next-page href=(filter.next_href(after)) { "Next page →" }
+                    }
+                }
             }
         }
     };

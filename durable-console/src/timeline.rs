@@ -6,8 +6,8 @@ use std::time::Duration;
 
 use axum::extract::{Path, Query, State};
 use durable::store::{
-    Approval, ApprovalDecision, ApprovalRecord, CallKind, CallRecord, CheckpointMeta, ForkPlan,
-    ForkSession, Resolution, ResolutionRecord,
+    Approval, ApprovalDecision, ApprovalRecord, CallKind, CallRecord, CheckpointMeta, ForkEntry,
+    ForkPlan, ForkSession, Resolution, ResolutionRecord,
 };
 use durable::{Block, Message, Plan, SessionId, StoreError};
 use maud::{Markup, html};
@@ -30,9 +30,18 @@ const CHECKPOINTS_READ: usize = 100;
 /// Width of arguments in the timeline.
 const ARGS: usize = 240;
 
+/// Journal rows on one page of the timeline; the next page is a link (`?calls_after=`,
+/// the position of the page's last row).
+const JOURNAL_PAGE: i64 = 500;
+
+/// Rows of the fork preview listed (the rest are counted).
+const FORK_SHOWN: usize = 200;
+
 #[derive(Deserialize)]
 pub(crate) struct Version {
     version: Option<i64>,
+    /// Show the journal after this position (the previous page's last row).
+    calls_after: Option<i64>,
 }
 
 /// One line of the timeline.
@@ -64,7 +73,10 @@ pub(crate) async fn page(
     State(state): State<AppState>,
     viewer: Viewer,
     Path(id): Path<String>,
-    Query(Version { version }): Query<Version>,
+    Query(Version {
+        version,
+        calls_after,
+    }): Query<Version>,
 ) -> Result<Markup, PageError> {
     let store = state.store.as_ref();
     let id = SessionId::new(id);
@@ -73,7 +85,21 @@ pub(crate) async fn page(
     let checkpoint = store.load_checkpoint(&id, version).await?;
     let viewed = checkpoint.meta.version;
     let metas = store.list_checkpoints(&id).await?;
-    let calls = store.calls(&id, None).await?;
+    // One page of the journal (keyset, by position): what the page holds is bounded.
+    let after = calls_after.unwrap_or(0).max(0);
+    let mut calls = store.calls_page(&id, after, JOURNAL_PAGE + 1).await?;
+    let next_page =
+        (calls.len() > usize::try_from(JOURNAL_PAGE).unwrap_or(usize::MAX)).then(|| {
+            calls.truncate(usize::try_from(JOURNAL_PAGE).unwrap_or(usize::MAX));
+            after + JOURNAL_PAGE
+        });
+    let first_page = after == 0;
+    let last_page = next_page.is_none();
+    let steps = (
+        calls.first().map_or(i64::MIN, |c| c.identity.step),
+        calls.last().map_or(i64::MAX, |c| c.identity.step),
+    );
+    let fork = fork_preview(store, &id, viewed).await?;
     let in_doubt: Vec<_> = store
         .in_doubt(Some(&id))
         .await?
@@ -82,16 +108,20 @@ pub(crate) async fn page(
         .collect();
     let resolutions = store.resolutions(&id).await?;
     let approval_log = store.approvals(&id).await?;
-    let awaiting = calls
-        .iter()
-        .filter(|c| c.status == durable::store::CallStatus::Requested)
-        .count();
+    let awaiting = store.pending_approvals(Some(&id)).await?.len();
 
     // Checkpoint v(n) opens step n: each checkpoint, then the rows of its step, then the
     // resolutions where they happened in time.
     let read_from = metas.len().saturating_sub(CHECKPOINTS_READ);
     let mut events = Vec::with_capacity(metas.len() + calls.len() + resolutions.len());
     for (i, meta) in metas.iter().enumerate() {
+        // The checkpoints around this page's rows (all before them on the first page,
+        // all after them on the last).
+        let shown =
+            (first_page || meta.version >= steps.0) && (last_page || meta.version <= steps.1);
+        if !shown {
+            continue;
+        }
         let (plan, budget_text) = if meta.version == viewed {
             (
                 Some(plan_progress(&checkpoint.plan)),
@@ -211,6 +241,17 @@ pub(crate) async fn page(
                         }
                     }
                 } }
+                @if !first_page || next_page.is_some() {
+                    p.pages {
+                        "Journal rows " (after + 1) "–" (after + i64::try_from(calls.len()).unwrap_or(0)) " "
+                        @if !first_page {
+                            a #first-calls href=(format!("{}?version={viewed}", session_href(&id))) { "← First rows" } " "
+                        }
+                        @if let Some(next) = next_page {
+                            a #next-calls href=(format!("{}?version={viewed}&calls_after={next}", session_href(&id))) { "Next rows →" }
+                        }
+                    }
+                }
             }
             div {
                 h2 { "Checkpoint " (viewed) }
@@ -236,7 +277,7 @@ pub(crate) async fn page(
                 div.transcript {
                     @for (n, m) in messages.iter().enumerate() { (message(n + 1, m)) }
                 }
-                (fork_form(&state, &viewer, &id, viewed, &calls))
+                (fork_form(&state, &viewer, &id, viewed, &fork))
             }
         }
     };
@@ -405,14 +446,51 @@ fn message(n: usize, value: &Value) -> Markup {
     }
 }
 
+/// What a fork at a version does with the parent's effects: the first [`FORK_SHOWN`]
+/// entries and how many there are, read from the journal a page at a time.
+struct ForkPreview {
+    version: i64,
+    entries: Vec<ForkEntry>,
+    total: usize,
+}
+
+async fn fork_preview(
+    store: &dyn durable::CheckpointStore,
+    id: &SessionId,
+    version: i64,
+) -> Result<ForkPreview, StoreError> {
+    let mut preview = ForkPreview {
+        version,
+        entries: Vec::new(),
+        total: 0,
+    };
+    let mut after = 0;
+    loop {
+        let page = store.calls_page(id, after, JOURNAL_PAGE).await?;
+        after += i64::try_from(page.len()).unwrap_or(i64::MAX);
+        // No call is let run again, so no id can be unknown.
+        if let Ok(plan) = ForkPlan::new(id.clone(), version, &page, &[]) {
+            preview.total += plan.entries.len();
+            let room = FORK_SHOWN.saturating_sub(preview.entries.len());
+            preview.entries.extend(plan.entries.into_iter().take(room));
+        }
+        if i64::try_from(page.len()).unwrap_or(i64::MAX) < JOURNAL_PAGE {
+            return Ok(preview);
+        }
+    }
+}
+
 /// What a fork at `version` does with the parent's effects, as a table (or a line when
 /// there are none).
-fn fork_effects(plan: &ForkPlan) -> Markup {
+fn fork_effects(plan: &ForkPreview) -> Markup {
     html! {
         @if plan.entries.is_empty() {
             p { "This session recorded no effect from version " (plan.version) " on: the fork inherits nothing it could repeat." }
         } @else {
             p { "The parent's effects from version " (plan.version) " on, and what the fork does with each (a fork never repeats them):" }
+            @if plan.total > plan.entries.len() {
+                p.muted { "The first " (plan.entries.len()) " of " (plan.total) "; `durable fork <session> --from-version " (plan.version) " --dry-run` lists them all." }
+            }
             div.scroll { table.fork-effects {
                 thead { tr { th { "Call" } th { "Tool" } th { "Class" } th { "Step" } th { "Status" } th { "In the fork" } } }
                 tbody {
@@ -437,9 +515,9 @@ fn fork_form(
     viewer: &Viewer,
     id: &SessionId,
     viewed: i64,
-    calls: &[CallRecord],
+    plan: &ForkPreview,
 ) -> Markup {
-    let plan = ForkPlan::new(id.clone(), viewed, calls, &[]).ok();
+    let plan = Some(plan);
     html! {
         div.card {
             h2 { "Fork from a version" }
@@ -490,13 +568,7 @@ pub(crate) async fn fork(
     };
     store.session(&from).await?;
     store.load_checkpoint(&from, Some(form.version)).await?;
-    let plan = ForkPlan::new(
-        from.clone(),
-        form.version,
-        &store.calls(&from, None).await?,
-        &[],
-    )
-    .ok();
+    let plan = Some(fork_preview(store, &from, form.version).await?);
     let request = ForkSession::new(
         from.clone(),
         form.version,

@@ -766,3 +766,166 @@ async fn a_read_only_console_decides_no_approval() {
         CallStatus::Requested
     );
 }
+
+/// The sessions page shows a page of sessions and a link to the next (a keyset cursor):
+/// following the links lists every session once, newest first, a page at a time, and
+/// the filters stay applied on every page.
+#[tokio::test]
+async fn the_sessions_listing_pages_with_a_next_link() {
+    let s = scenario().await;
+    let durable = durable::Durable::builder(Arc::clone(&s.store))
+        .owner("pager")
+        .app_version("pages/1")
+        .build();
+    let mut started = Vec::new();
+    for n in 0..230 {
+        let options =
+            durable::StartOptions::new().with_id(durable::SessionId::new(format!("page-{n:03}")));
+        let session = durable
+            .start::<durable::Message>(options)
+            .await
+            .expect("start");
+        started.push(session.id().as_str().to_owned());
+        session.release().await.expect("release");
+    }
+    let app = durable_console::router(Arc::clone(&s.store), options());
+    let mut path = "/?app_version=pages%2F1".to_owned();
+    let mut seen: Vec<String> = Vec::new();
+    let mut pages = 0;
+    loop {
+        let reply = send(&app, bearer(&path)).await;
+        assert_eq!(reply.status, StatusCode::OK, "{path}: {}", reply.body);
+        pages += 1;
+        let on_page: Vec<String> = reply
+            .body
+            .split("href=\"/sessions/")
+            .skip(1)
+            .filter_map(|rest| rest.split('"').next())
+            .map(str::to_owned)
+            .collect();
+        assert!(
+            on_page.len() <= 100,
+            "a page holds at most 100: {}",
+            on_page.len()
+        );
+        assert!(
+            on_page.iter().all(|id| id.starts_with("page-")),
+            "the filter applies on every page: {on_page:?}"
+        );
+        seen.extend(on_page);
+        let Some((_, rest)) = reply.body.split_once("id=\"next-page\" href=\"") else {
+            break;
+        };
+        path = rest
+            .split('"')
+            .next()
+            .expect("the link")
+            .replace("&amp;", "&");
+        assert!(path.contains("app_version=pages%2F1"), "{path}");
+        assert!(pages < 10, "the links end");
+    }
+    assert_eq!(pages, 3, "230 sessions, 100 a page");
+    let mut expected = started.clone();
+    expected.sort();
+    let mut listed = seen.clone();
+    listed.sort();
+    listed.dedup();
+    assert_eq!(listed.len(), seen.len(), "no session twice: {seen:?}");
+    assert_eq!(listed, expected, "every session once");
+    let bad = send(&app, bearer("/?after=yesterday")).await;
+    assert_eq!(bad.status, StatusCode::BAD_REQUEST);
+    assert!(bad.body.contains("not a page cursor"), "{}", bad.body);
+}
+
+/// A session's timeline shows its journal a page of 500 rows at a time, with a link to
+/// the next rows: following the links shows every row once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_timeline_pages_a_long_journal() {
+    use durable::store::{
+        CallIdentity, CallKind, CallOutcome, FinishCall, NewCall, NewCheckpoint, NewSession,
+    };
+    let s = scenario().await;
+    let id = durable::SessionId::new("long-journal");
+    let (_, lease) = s
+        .store
+        .create_session(NewSession {
+            id: id.clone(),
+            app_version: "v1".into(),
+            metadata: json!({}),
+            owner: "pager".into(),
+            lease_ttl: std::time::Duration::from_secs(600),
+            initial: NewCheckpoint::default(),
+            queue: None,
+        })
+        .await
+        .expect("create");
+    let lease = Arc::new(lease);
+    let mut tasks = tokio::task::JoinSet::new();
+    for n in 0..1_200 {
+        let store = Arc::clone(&s.store);
+        let lease = Arc::clone(&lease);
+        tasks.spawn(async move {
+            let call = NewCall {
+                id: durable::CallId::random(),
+                kind: CallKind::Tool,
+                identity: CallIdentity {
+                    session: lease.session.clone(),
+                    step: 0,
+                    tool: "lookup".into(),
+                    input_hash: format!("v1:{n:064x}"),
+                    ordinal: 0,
+                },
+                class: durable::ReplayClass::Pure,
+                args: json!({ "n": n }),
+                idempotency_key: None,
+                schema_hash: "s".into(),
+            };
+            let finish = FinishCall {
+                outcome: CallOutcome::Completed(json!(n)),
+                spend: None,
+            };
+            store
+                .record_call(lease.fence(), call, finish)
+                .await
+                .expect("record");
+        });
+    }
+    while let Some(done) = tasks.join_next().await {
+        done.expect("joined");
+    }
+    let rows = s.store.calls(&id, None).await.expect("calls");
+    let app = durable_console::router(Arc::clone(&s.store), options());
+    let mut path = "/sessions/long-journal".to_owned();
+    let mut shown = vec![0usize; rows.len()];
+    let mut pages = 0;
+    loop {
+        let reply = send(&app, bearer(&path)).await;
+        assert_eq!(reply.status, StatusCode::OK, "{path}: {}", reply.body);
+        pages += 1;
+        let on_page = rows
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| reply.body.contains(r.id.as_str()))
+            .map(|(i, _)| i)
+            .collect::<Vec<_>>();
+        assert!(on_page.len() <= 500, "{} rows on a page", on_page.len());
+        for i in on_page {
+            shown[i] += 1;
+        }
+        let Some((_, rest)) = reply.body.split_once("id=\"next-calls\" href=\"") else {
+            break;
+        };
+        path = rest
+            .split('"')
+            .next()
+            .expect("the link")
+            .replace("&amp;", "&");
+        assert!(pages < 10, "the links end");
+    }
+    assert_eq!(pages, 3, "1,200 rows, 500 a page");
+    assert!(
+        shown.iter().all(|&n| n == 1),
+        "every row on exactly one page: {:?}",
+        shown.iter().filter(|&&n| n != 1).count()
+    );
+}

@@ -22,6 +22,8 @@ pub struct Config {
     pub app_version: String,
     /// Argument limits.
     pub limits: ArgLimits,
+    /// Caps on model replies, tool results and transcript messages.
+    pub sizes: crate::sizes::SizeLimits,
     /// Recoveries before a session is parked.
     pub max_recovery_attempts: i32,
     /// Journal observer.
@@ -43,6 +45,7 @@ impl std::fmt::Debug for Config {
             .field("lease_ttl", &self.lease_ttl)
             .field("app_version", &self.app_version)
             .field("limits", &self.limits)
+            .field("sizes", &self.sizes)
             .field("max_recovery_attempts", &self.max_recovery_attempts)
             .field("resume_window", &self.resume_window)
             .field("approval_policy", &self.approval_policy.is_some())

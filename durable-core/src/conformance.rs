@@ -58,6 +58,7 @@ mod recovery;
 mod resolution;
 mod runtime;
 mod sessions;
+mod sizes;
 mod stall;
 pub mod tamper;
 mod window;
@@ -78,6 +79,7 @@ pub use recovery::*;
 pub use resolution::*;
 pub use runtime::*;
 pub use sessions::*;
+pub use sizes::*;
 pub use window::*;
 pub use workers::*;
 
@@ -297,6 +299,13 @@ macro_rules! __durable_conformance_cases {
             runtime_checkpoint_after_other_handles_are_not_the_scope,
             runtime_checkpoint_after_commits_a_verified_result,
             runtime_checkpoint_after_does_not_end_a_step_with_an_unreplayed_call,
+            // size caps, checked before anything is written
+            sizes_a_reply_above_the_cap_writes_nothing,
+            sizes_a_result_above_the_cap_is_failed_and_never_rerun,
+            sizes_a_message_above_the_cap_writes_no_checkpoint,
+            // long listings, page by page
+            paging_calls_page_walks_the_journal_by_position,
+            paging_session_listing_resumes_after_a_cursor,
             // a bounded resume: the transcript's tail, the rest on demand
             runtime_resume_window_holds_the_tail_and_the_rest_on_demand,
             runtime_resume_window_checkpoints_append_after_the_unloaded_messages,

@@ -586,6 +586,25 @@ pub enum DurableError {
         #[source]
         source: ArgumentError,
     },
+    /// A model reply, a tool's result or a transcript message is larger than its cap
+    /// ([`SizeLimits`](crate::sizes::SizeLimits)): checked before anything is written.
+    /// `what` says which one and what became of it (a result too large is recorded as the
+    /// call's failure and never run again; a reply or a message wrote nothing).
+    #[error(
+        "{what} is {size} bytes of JSON, above the {limit}-byte limit; {consequence}. To \
+         allow more, raise `SizeLimits::{setting}` (`Durable::builder(store).size_limits(\
+         SizeLimits::default().with_{setting}(…))`)",
+        consequence = what.consequence(),
+        setting = what.setting()
+    )]
+    TooLarge {
+        /// What was too big.
+        what: crate::sizes::Oversized,
+        /// Its size, in bytes of compact JSON text.
+        size: usize,
+        /// The limit it is above.
+        limit: usize,
+    },
     /// A checkpoint write was interrupted and may or may not have committed: this session
     /// handle cannot tell which step it is in any more.
     #[error(

@@ -26,6 +26,7 @@ pub mod runtime;
 pub mod schema;
 pub mod secret;
 pub mod session;
+pub mod sizes;
 pub mod snapshot;
 pub mod store;
 pub mod telemetry;

@@ -66,6 +66,23 @@ impl DurableBuilder {
         self
     }
 
+    /// Caps on model replies, tool results and transcript messages (default 4 MiB,
+    /// 4 MiB and 8 MiB of JSON text), checked before anything is written; see
+    /// [`sizes`](crate::sizes).
+    ///
+    /// ```
+    /// use durable_core::sizes::SizeLimits;
+    /// # fn f(store: std::sync::Arc<dyn durable_core::CheckpointStore>) {
+    /// let durable = durable_core::Durable::builder(store)
+    ///     .size_limits(SizeLimits::default().with_max_reply_bytes(16 * 1024 * 1024))
+    ///     .build();
+    /// # }
+    /// ```
+    pub fn size_limits(mut self, sizes: crate::sizes::SizeLimits) -> Self {
+        self.config.sizes = sizes;
+        self
+    }
+
     /// Recoveries of one session before it is parked as dead-lettered (default 5).
     pub fn max_recovery_attempts(mut self, attempts: i32) -> Self {
         self.config.max_recovery_attempts = attempts;
@@ -316,6 +333,7 @@ impl Durable {
                 lease_ttl: Duration::from_secs(30),
                 app_version: "0".into(),
                 limits: ArgLimits::default(),
+                sizes: crate::sizes::SizeLimits::default(),
                 max_recovery_attempts: 5,
                 observer: None,
                 renew_leases: true,
@@ -349,7 +367,14 @@ impl Durable {
             .messages
             .iter()
             .enumerate()
-            .map(|(i, m)| encode(m, format_args!("initial message {i} (counting from 0)")))
+            .map(|(i, m)| {
+                let max = self.config.sizes.max_message_bytes;
+                crate::sizes::check(m, max, || crate::sizes::Oversized::Message {
+                    session: options.id.clone(),
+                    position: i64::try_from(i).unwrap_or(i64::MAX).saturating_add(1),
+                })?;
+                encode(m, format_args!("initial message {i} (counting from 0)"))
+            })
             .collect::<Result<Vec<_>, _>>()?;
         let initial = NewCheckpoint {
             messages,

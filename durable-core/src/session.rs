@@ -308,11 +308,15 @@ where
 
     fn snapshot(&mut self) -> Result<NewCheckpoint, DurableError> {
         self.sync_spend();
+        let first = self.first_position.saturating_add(self.committed as i64);
         Ok(NewCheckpoint {
             messages: self.messages[self.committed..]
                 .iter()
                 .enumerate()
-                .map(|(i, m)| encode(m, format_args!("message {i} of the turn (counting from 0)")))
+                .map(|(i, m)| {
+                    self.check_message(m, first.saturating_add(i as i64))?;
+                    encode(m, format_args!("message {i} of the turn (counting from 0)"))
+                })
                 .collect::<Result<_, _>>()?,
             plan: encode(&self.plan, "plan")?,
             budget: encode(&self.budget, "budget")?,
@@ -579,6 +583,10 @@ where
         spend: Option<&Spend>,
     ) -> Result<NewCheckpoint, DurableError> {
         let mut checkpoint = self.snapshot()?;
+        let position = self
+            .first_position
+            .saturating_add(self.messages.len() as i64);
+        self.check_message(message, position)?;
         checkpoint
             .messages
             .push(encode(message, "the message made from the call's outcome")?);
@@ -588,6 +596,16 @@ where
             checkpoint.budget = encode(&budget, "budget")?;
         }
         Ok(checkpoint)
+    }
+
+    /// Refuses a message above [`SizeLimits::max_message_bytes`](crate::sizes::SizeLimits)
+    /// before anything is written; `position` is its place in the transcript.
+    fn check_message(&self, message: &M, position: i64) -> Result<(), DurableError> {
+        let max = self.journal.inner.config.sizes.max_message_bytes;
+        crate::sizes::check(message, max, || crate::sizes::Oversized::Message {
+            session: self.record.id.clone(),
+            position,
+        })
     }
 
     fn lost(&self, e: StoreError) -> DurableError {

@@ -596,6 +596,59 @@ pub struct SessionFilter {
     pub updated_before: Option<i64>,
     /// At most this many (newest first); unlimited when `None`.
     pub limit: Option<i64>,
+    /// Only sessions after this one in the listing's order (the last row of the previous
+    /// page): keyset pagination.
+    pub after: Option<SessionCursor>,
+}
+
+/// Where a page of [`CheckpointStore::list_sessions`] ends: the last session listed, by
+/// its `updated_at` and id (the listing's order is `updated_at` then id, both
+/// descending). Written `<updated_at>:<id>` ([`Display`](std::fmt::Display),
+/// [`parse`](Self::parse)), the form `durable sessions --after` takes.
+///
+/// ```
+/// use durable_core::store::SessionCursor;
+///
+/// let cursor = SessionCursor::parse("1700000000000:order:7").unwrap();
+/// assert_eq!(cursor.updated_at, 1_700_000_000_000);
+/// assert_eq!(cursor.id.as_str(), "order:7");
+/// assert_eq!(cursor.to_string(), "1700000000000:order:7");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionCursor {
+    /// The last listed session's `updated_at` (ms).
+    pub updated_at: i64,
+    /// The last listed session's id.
+    pub id: SessionId,
+}
+
+impl SessionCursor {
+    /// The cursor after `session`.
+    pub fn after(session: &SessionRecord) -> Self {
+        SessionCursor {
+            updated_at: session.updated_at,
+            id: session.id.clone(),
+        }
+    }
+
+    /// Reads `<updated_at>:<id>`; `None` if it is not of that form.
+    pub fn parse(text: &str) -> Option<Self> {
+        let (at, id) = text.split_once(':')?;
+        let updated_at = at.trim().parse().ok()?;
+        if id.is_empty() {
+            return None;
+        }
+        Some(SessionCursor {
+            updated_at,
+            id: SessionId::new(id),
+        })
+    }
+}
+
+impl std::fmt::Display for SessionCursor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}:{}", self.updated_at, self.id)
+    }
 }
 
 impl SessionFilter {
@@ -619,6 +672,12 @@ impl SessionFilter {
     /// At most this many, newest first.
     pub fn with_limit(mut self, limit: i64) -> Self {
         self.limit = Some(limit);
+        self
+    }
+
+    /// Only sessions after `cursor` in the listing's order (the next page).
+    pub fn with_after(mut self, cursor: SessionCursor) -> Self {
+        self.after = Some(cursor);
         self
     }
 }
@@ -660,6 +719,49 @@ pub fn check_message_range(
             to,
             last_seq,
         });
+    }
+    Ok(())
+}
+
+/// Checks a page read by [`CheckpointStore::calls_page`] against the session head's count
+/// of journal rows (`head_rows`), for backends: the journal's extent (`top`, its highest
+/// position, and `bottom`, its lowest; index look-ups, not a count) must be
+/// `1..=head_rows`, the page's positions (`seqs`) must be `after + 1, after + 2, …`
+/// without a gap, and a page shorter than `limit` must end at `head_rows`. Over a walk of
+/// every page, that is the whole journal checked complete, at the cost of a page each.
+/// A broken rule is [`StoreError::Tampered`].
+pub fn check_journal_page(
+    session: &SessionId,
+    head_rows: i64,
+    (top, bottom): (i64, i64),
+    after: i64,
+    limit: i64,
+    seqs: &[i64],
+) -> Result<(), StoreError> {
+    let tampered = |detail: String| StoreError::Tampered {
+        session: session.clone(),
+        what: "the journal".to_owned(),
+        detail,
+    };
+    if top != head_rows || bottom != 1 {
+        return Err(tampered(format!(
+            "the session head records {head_rows} rows, the table holds positions {bottom}..={top}: rows were deleted or inserted"
+        )));
+    }
+    let mut expected = after;
+    for &seq in seqs {
+        expected += 1;
+        if seq != expected {
+            return Err(tampered(format!(
+                "position {expected} is missing (the next row is at {seq}): rows were deleted"
+            )));
+        }
+    }
+    let short = i64::try_from(seqs.len()).unwrap_or(i64::MAX) < limit;
+    if short && expected < head_rows {
+        return Err(tampered(format!(
+            "the session head records {head_rows} rows, the table ends at position {expected}: rows were deleted"
+        )));
     }
     Ok(())
 }
@@ -715,11 +817,12 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// Lists sessions, newest update first.
     ///
     /// # Contract
-    /// Read-only, one statement. Ordered by `updated_at`, newest first; sessions updated
-    /// in the same millisecond come in an order of the backend's choosing. An empty
-    /// `statuses` matches every status; `updated_before` is exclusive; a negative `limit`
-    /// counts as 0 and `None` lists all. A row that cannot be decoded is
-    /// [`StoreError::Corrupt`].
+    /// Read-only, one statement. Ordered by `updated_at`, newest first, then by id,
+    /// descending (byte order), so a [`SessionCursor`] marks one place in it. An empty
+    /// `statuses` matches every status; `updated_before` is exclusive; `after` lists only
+    /// the sessions that come after the cursor (`updated_at` lower, or equal with a lower
+    /// id); a negative `limit` counts as 0 and `None` lists all. A row that cannot be
+    /// decoded is [`StoreError::Corrupt`].
     async fn list_sessions(&self, filter: &SessionFilter)
     -> Result<Vec<SessionRecord>, StoreError>;
 
@@ -1123,6 +1226,39 @@ pub trait CheckpointStore: Send + Sync + 'static {
         session: &SessionId,
         step: Option<i64>,
     ) -> Result<Vec<CallRecord>, StoreError>;
+
+    /// One page of a session's journal, in issue order: the rows at positions
+    /// `after + 1 ..= after + limit` (a row's position is its place in the session's
+    /// journal, counting from 1; `after = 0` starts at the first row). Listings and
+    /// `durable verify` walk a long journal page by page (keyset pagination on the
+    /// position, never `OFFSET`), so their memory does not grow with the journal.
+    ///
+    /// # Contract
+    /// Read-only, from one snapshot. [`StoreError::SessionNotFound`] if the session does
+    /// not exist. The session head's seal is checked, every returned row's seal, and the
+    /// page against the head's count of rows with [`check_journal_page`] (the journal's
+    /// extent, no gap in the page, a short page ends the journal): a walk of every page
+    /// checks the journal complete, as [`calls`](Self::calls) does, at the cost of a page
+    /// each. A page shorter than `limit` is the journal's last. A
+    /// negative `after` counts as 0 and a `limit` below 1 as 1. A backend should answer
+    /// from its index of positions, so that a page costs the same at any depth; the
+    /// default reads the whole journal and slices it.
+    async fn calls_page(
+        &self,
+        session: &SessionId,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<CallRecord>, StoreError> {
+        let after = usize::try_from(after.max(0)).unwrap_or(usize::MAX);
+        let limit = usize::try_from(limit.max(1)).unwrap_or(usize::MAX);
+        Ok(self
+            .calls(session, None)
+            .await?
+            .into_iter()
+            .skip(after)
+            .take(limit)
+            .collect())
+    }
 
     /// The session's rows whose stored status is `issued`, in issue order: what a resume
     /// reports as in doubt.

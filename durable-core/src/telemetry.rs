@@ -151,6 +151,7 @@ pub const fn durable_error_type(error: &DurableError) -> &'static str {
         DurableError::Decode { .. } => "Decode",
         DurableError::Encode { .. } => "Encode",
         DurableError::InvalidValue { .. } => "InvalidValue",
+        DurableError::TooLarge { .. } => "TooLarge",
         DurableError::CheckpointInDoubt { .. } => "CheckpointInDoubt",
         DurableError::BudgetExceeded(_) => "BudgetExceeded",
         DurableError::Plan(_) => "Plan",

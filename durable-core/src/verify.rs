@@ -7,7 +7,7 @@
 
 use crate::error::StoreError;
 use crate::ids::SessionId;
-use crate::store::{CheckpointStore, SessionFilter};
+use crate::store::{CheckpointStore, SessionCursor, SessionFilter};
 
 /// What verification found for one session.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,39 +38,72 @@ impl SessionCheck {
 /// transcript, the whole journal, the resolutions and the approval log, through the store's own checked
 /// reads. A broken seal or a row that does not decode is reported per session; a store
 /// that cannot be read at all (or a missing key) is an `Err`.
+///
+/// Collects every session's check; [`verify_each`] hands them over one by one instead,
+/// in memory that does not grow with the store.
 pub async fn verify_sessions(
     store: &dyn CheckpointStore,
     session: Option<&SessionId>,
 ) -> Result<Vec<SessionCheck>, StoreError> {
-    let ids = match session {
-        Some(id) => vec![store.session(id).await?.id],
-        None => store
-            .list_sessions(&SessionFilter::default())
-            .await?
-            .into_iter()
-            .map(|s| s.id)
-            .collect(),
-    };
-    let mut out = Vec::with_capacity(ids.len());
-    for id in ids {
-        let mut check = SessionCheck {
-            session: id.clone(),
-            checkpoints: 0,
-            journal_rows: 0,
-            resolutions: 0,
-            approvals: 0,
-            problem: None,
-        };
-        match verify_one(store, &id, &mut check).await {
-            Ok(()) => {}
-            Err(e @ (StoreError::Tampered { .. } | StoreError::Corrupt { .. })) => {
-                check.problem = Some(e.to_string());
-            }
-            Err(e) => return Err(e),
-        }
-        out.push(check);
-    }
+    let mut out = Vec::new();
+    verify_each(store, session, |check| out.push(check)).await?;
     Ok(out)
+}
+
+/// Sessions read at a time from the listing, and journal rows from a journal.
+const PAGE: i64 = 500;
+
+/// Like [`verify_sessions`], handing each session's check to `found` as soon as it is
+/// made. The sessions are read a page at a time (keyset pages of
+/// [`list_sessions`](CheckpointStore::list_sessions)) and each journal a page at a time
+/// ([`calls_page`](CheckpointStore::calls_page)), so memory stays bounded by a page and
+/// one checkpoint, whatever the store holds.
+pub async fn verify_each(
+    store: &dyn CheckpointStore,
+    session: Option<&SessionId>,
+    mut found: impl FnMut(SessionCheck),
+) -> Result<(), StoreError> {
+    if let Some(id) = session {
+        let id = store.session(id).await?.id;
+        found(check_one(store, id).await?);
+        return Ok(());
+    }
+    let mut cursor: Option<SessionCursor> = None;
+    loop {
+        let mut filter = SessionFilter::default().with_limit(PAGE);
+        if let Some(after) = cursor.take() {
+            filter = filter.with_after(after);
+        }
+        let page = store.list_sessions(&filter).await?;
+        let full = page.len() == usize::try_from(PAGE).unwrap_or(usize::MAX);
+        cursor = page.last().map(SessionCursor::after);
+        for record in page {
+            found(check_one(store, record.id).await?);
+        }
+        if !full {
+            return Ok(());
+        }
+    }
+}
+
+/// One session's check: a broken seal is its problem, anything else the store's.
+async fn check_one(store: &dyn CheckpointStore, id: SessionId) -> Result<SessionCheck, StoreError> {
+    let mut check = SessionCheck {
+        session: id.clone(),
+        checkpoints: 0,
+        journal_rows: 0,
+        resolutions: 0,
+        approvals: 0,
+        problem: None,
+    };
+    match verify_one(store, &id, &mut check).await {
+        Ok(()) => {}
+        Err(e @ (StoreError::Tampered { .. } | StoreError::Corrupt { .. })) => {
+            check.problem = Some(e.to_string());
+        }
+        Err(e) => return Err(e),
+    }
+    Ok(check)
 }
 
 async fn verify_one(
@@ -108,7 +141,18 @@ async fn verify_one(
     }
     // The latest checkpoint through the head, as a resume reads it.
     store.load_checkpoint(id, None).await?;
-    check.journal_rows = store.calls(id, None).await?.len();
+    // The journal a page at a time: each page checks the head, the journal's count
+    // against it and every row's seal; the issued rows against the head's count of them.
+    let mut position = 0;
+    loop {
+        let page = store.calls_page(id, position, PAGE).await?.len();
+        check.journal_rows += page;
+        position += i64::try_from(page).unwrap_or(i64::MAX);
+        if i64::try_from(page).unwrap_or(i64::MAX) < PAGE {
+            break;
+        }
+    }
+    store.issued_calls(id).await?;
     check.resolutions = store.resolutions(id).await?.len();
     check.approvals = store.approvals(id).await?.len();
     Ok(())

@@ -101,12 +101,16 @@ pub(crate) async fn list_sessions(
         " FROM durable_sessions \
          WHERE (cardinality($1::text[]) = 0 OR status = ANY($1::text[])) \
            AND ($2::bigint IS NULL OR updated_at < $2) \
-         ORDER BY updated_at DESC, created_at DESC, id DESC \
+           AND ($4::bigint IS NULL OR updated_at < $4 \
+                OR (updated_at = $4 AND id COLLATE \"C\" < $5::text COLLATE \"C\")) \
+         ORDER BY updated_at DESC, id COLLATE \"C\" DESC \
          LIMIT $3"
     ))
     .bind(&statuses)
     .bind(filter.updated_before)
     .bind(filter.limit.map(|l| l.max(0)))
+    .bind(filter.after.as_ref().map(|a| a.updated_at))
+    .bind(filter.after.as_ref().map(|a| a.id.as_str()))
     .fetch_all(&store.pool)
     .await
     .map_err(db)?

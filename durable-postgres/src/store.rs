@@ -239,6 +239,15 @@ impl CheckpointStore for PostgresStore {
         journal::calls(self, session, step).await
     }
 
+    async fn calls_page(
+        &self,
+        session: &SessionId,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<CallRecord>, StoreError> {
+        journal::calls_page(self, session, after, limit).await
+    }
+
     async fn issued_calls(&self, session: &SessionId) -> Result<Vec<CallRecord>, StoreError> {
         journal::issued_calls(self, session).await
     }

@@ -4,7 +4,7 @@
 use durable_core::integrity::Keyring;
 use durable_core::store::{
     ApprovalEvent, CallOutcome, CallRecord, CallStatus, CheckpointMeta, EditedKey, FORMAT_VERSION,
-    Fence, FinishCall, IssueOutcome, NewCall, NewCheckpoint,
+    Fence, FinishCall, IssueOutcome, NewCall, NewCheckpoint, check_journal_page,
 };
 use durable_core::{CallId, SessionId, StoreError};
 use sqlx::Arguments;
@@ -352,6 +352,55 @@ async fn all_calls(
             .count(),
     )?;
     Ok(rows)
+}
+
+/// One page of the session's journal (positions `after + 1 ..= after + limit`), in one
+/// statement: the session row with its head and the journal's extent (two look-ups in
+/// the position index), joined to the page's rows by the position index; checked with
+/// [`check_journal_page`], so a page costs the same at any depth.
+pub(crate) async fn calls_page(
+    store: &SqliteStore,
+    session: &SessionId,
+    after: i64,
+    limit: i64,
+) -> Result<Vec<CallRecord>, StoreError> {
+    let ring = store.keyring();
+    let after = after.max(0);
+    let limit = limit.max(1);
+    let found = sqlx::query(concat!(
+        "SELECT ",
+        seal::head_cols!(),
+        ", (SELECT COALESCE(MAX(seq), 0) FROM durable_tool_calls WHERE session_id = ?1) \
+         AS journal_top, \
+         (SELECT COALESCE(MIN(seq), 1) FROM durable_tool_calls WHERE session_id = ?1) \
+         AS journal_bottom, ",
+        call_cols!(),
+        " FROM durable_sessions s LEFT JOIN durable_tool_calls c \
+         ON c.session_id = s.id AND c.seq > ?2 AND c.seq <= ?2 + ?3 \
+         WHERE s.id = ?1 ORDER BY c.seq"
+    ))
+    .bind(session.as_str())
+    .bind(after)
+    .bind(limit)
+    .fetch_all(store.reader())
+    .await
+    .map_err(db)?;
+    let (first, head) = head_row(&found, ring, session)?;
+    let extent = (
+        rows::col(first, "journal_top", session, None)?,
+        rows::col(first, "journal_bottom", session, None)?,
+    );
+    let mut calls = Vec::with_capacity(found.len());
+    let mut seqs = Vec::with_capacity(found.len());
+    for row in &found {
+        let id: Option<String> = rows::col(row, "id", session, None)?;
+        if id.is_some() {
+            seqs.push(rows::col(row, "seq", session, None)?);
+            calls.push(checked_call_record(ring, row)?);
+        }
+    }
+    check_journal_page(session, head.journal_rows, extent, after, limit, &seqs)?;
+    Ok(calls)
 }
 
 /// The first row of a read that joins the session row to its journal rows, and the

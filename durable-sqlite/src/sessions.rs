@@ -111,7 +111,11 @@ pub(crate) async fn list_sessions(
     if filter.updated_before.is_some() {
         sql.push_str(" AND updated_at < ?");
     }
-    sql.push_str(" ORDER BY updated_at DESC, rowid DESC LIMIT ?");
+    if filter.after.is_some() {
+        // Keyset pagination: the rows after the cursor in the listing's order.
+        sql.push_str(" AND (updated_at < ? OR (updated_at = ? AND id < ?))");
+    }
+    sql.push_str(" ORDER BY updated_at DESC, id DESC LIMIT ?");
     // Dynamic only in the number of placeholders; every value is bound.
     let mut query = sqlx::query(AssertSqlSafe(sql));
     for status in &filter.statuses {
@@ -119,6 +123,12 @@ pub(crate) async fn list_sessions(
     }
     if let Some(before) = filter.updated_before {
         query = query.bind(before);
+    }
+    if let Some(after) = &filter.after {
+        query = query
+            .bind(after.updated_at)
+            .bind(after.updated_at)
+            .bind(after.id.as_str().to_owned());
     }
     query = query.bind(filter.limit.map_or(-1, |l| l.max(0)));
     let found = query.fetch_all(store.reader()).await.map_err(db)?;

@@ -1068,3 +1068,51 @@ async fn a_checkpoint_with_thousands_of_new_messages_is_written_and_read_whole()
         assert_eq!(message, &json!({"n": i}), "message {} in order", i + 1);
     }
 }
+
+/// A 50 MiB model reply is refused before anything reaches the file: the database and
+/// its WAL stay a few hundred KiB (it took 51 MB in each before the cap), and the session
+/// goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_50_mib_reply_leaves_the_file_small() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("reply.db");
+    let store: Arc<dyn CheckpointStore> = Arc::new(SqliteStore::open(&path).await.expect("open"));
+    let durable = durable_core::Durable::builder(Arc::clone(&store))
+        .owner("big-reply")
+        .build();
+    let session = durable
+        .start::<durable_core::Message>(durable_core::StartOptions::new())
+        .await
+        .expect("start");
+    let huge = "x".repeat(50 * 1024 * 1024);
+    let refused = session
+        .journal()
+        .model(|| async { Ok::<_, String>(json!({ "content": huge })) })
+        .await;
+    assert!(
+        matches!(
+            refused,
+            Err(durable_core::CallError::Durable(
+                durable_core::DurableError::TooLarge { .. }
+            ))
+        ),
+        "refused with TooLarge"
+    );
+    let size = |suffix: &str| {
+        std::fs::metadata(format!("{}{suffix}", path.display()))
+            .map(|m| m.len())
+            .unwrap_or(0)
+    };
+    let (db, wal) = (size(""), size("-wal"));
+    assert!(
+        db < 2 * 1024 * 1024 && wal < 2 * 1024 * 1024,
+        "nothing of the reply was written: db {db} bytes, WAL {wal} bytes"
+    );
+    assert!(
+        store
+            .calls(session.id(), None)
+            .await
+            .expect("calls")
+            .is_empty()
+    );
+}

@@ -284,6 +284,7 @@ pub async fn session_list_filters_and_orders(store: Arc<dyn CheckpointStore>) {
         statuses: vec![SessionStatus::Active],
         updated_before: Some(c.updated_at),
         limit: Some(1),
+        after: None,
     })
     .await;
     assert_eq!(combined.len(), 1, "active + updated_before + limit 1");

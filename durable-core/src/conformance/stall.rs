@@ -294,6 +294,15 @@ impl CheckpointStore for Probe {
         self.inner.calls(session, step).await
     }
 
+    async fn calls_page(
+        &self,
+        session: &SessionId,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<CallRecord>, StoreError> {
+        self.inner.calls_page(session, after, limit).await
+    }
+
     async fn in_doubt(&self, session: Option<&SessionId>) -> Result<Vec<CallRecord>, StoreError> {
         self.inner.in_doubt(session).await
     }

@@ -474,6 +474,7 @@ pub async fn run_tamper_cases(store: Arc<dyn CheckpointStore>, tamperer: &dyn Ta
 
     rows_moved_out_of_the_current_step(store, tamperer).await;
     step_reads_detect_deleted_rows(store, tamperer).await;
+    page_walks_detect_deleted_rows(store, tamperer).await;
     issued_reads_follow_every_status_change(store, tamperer).await;
     super::window::window_reads_detect_changed_messages(store, tamperer).await;
 }
@@ -515,6 +516,37 @@ async fn session_with_layout(
         }
     }
     (session.id, rows)
+}
+
+/// A journal read page by page (`calls_page`, as `durable calls` and `durable verify`
+/// walk it) is checked complete: whichever row is deleted, the walk fails with
+/// `Tampered` (at the page of the gap, or at the last page), never lists a short journal.
+async fn page_walks_detect_deleted_rows(store: &Arc<dyn CheckpointStore>, tamperer: &dyn Tamperer) {
+    async fn walk(store: &Arc<dyn CheckpointStore>, id: &SessionId) -> Result<usize, StoreError> {
+        let (mut after, mut seen) = (0, 0);
+        loop {
+            let page = store.calls_page(id, after, 3).await?.len();
+            seen += page;
+            after += page as i64;
+            if page < 3 {
+                return Ok(seen);
+            }
+        }
+    }
+    let (id, _) = session_with_layout(store, &[4, 3]).await;
+    assert_eq!(walk(store, &id).await.expect("an untouched journal"), 7);
+    for victim in 0..7 {
+        let (id, rows) = session_with_layout(store, &[4, 3]).await;
+        tamperer
+            .apply(Tamper::DeleteCall {
+                call: rows[victim].0.clone(),
+            })
+            .await;
+        match walk(store, &id).await {
+            Err(StoreError::Tampered { .. }) => {}
+            other => panic!("row {victim} of 7 deleted, the page walk gave {other:?}"),
+        }
+    }
 }
 
 /// One step's rows are read without the rest of the journal (issue 11), yet a deleted

@@ -161,7 +161,7 @@ impl DurableError {
             | E::CheckpointInDoubt { .. } => ErrorKind::OperatorNeeded,
             E::AwaitingApproval { .. } => ErrorKind::AwaitingApproval,
             E::AppVersionMismatch { .. } | E::Decode { .. } => ErrorKind::Conflict,
-            E::BudgetExceeded(_) => ErrorKind::LimitExceeded,
+            E::BudgetExceeded(_) | E::TooLarge { .. } => ErrorKind::LimitExceeded,
         }
     }
 }

@@ -329,17 +329,22 @@ impl<'j> ToolCall<'j> {
                 match (protocol::after_verify(answer), value) {
                     (Action::RecordVerified, Some(value)) => {
                         reservation.keep();
-                        let result = encode_result(spec, &value)?;
+                        // Too large to store: recorded as the call's failure (it happened,
+                        // and is never run again).
+                        let (result, returned) = match journal.check_result(&row, &value) {
+                            Err(too_large) => (
+                                CallOutcome::Failed(crate::sizes::recorded_failure(&too_large)),
+                                Err(CallError::Durable(too_large)),
+                            ),
+                            Ok(()) => (
+                                CallOutcome::Completed(encode_result(spec, &value)?),
+                                Ok(value),
+                            ),
+                        };
                         journal
-                            .record_outcome(
-                                &row,
-                                CallOutcome::Completed(result),
-                                None,
-                                Outcome::VerifiedHappened,
-                                scope,
-                            )
+                            .record_outcome(&row, result, None, Outcome::VerifiedHappened, scope)
                             .await?;
-                        Ok(value)
+                        returned
                     }
                     (Action::ReRun { outcome, guarded }, _) => {
                         self.rerun(row, outcome, guarded, edited, reservation, &mut run, scope)
@@ -1002,6 +1007,12 @@ impl Journal {
         let (result, spend) = self.run_with_retry(spec, ctx, run).await;
         self.failpoint("after_effect", &spec.name);
         let (recorded, returned) = match result {
+            // The effect ran and its result cannot be stored: recorded as the call's
+            // failure, so no replay runs it again.
+            Ok(value) if let Err(too_large) = self.check_result(&row, &value) => (
+                CallOutcome::Failed(crate::sizes::recorded_failure(&too_large)),
+                Err(CallError::Durable(too_large)),
+            ),
             Ok(value) => (
                 CallOutcome::Completed(encode_result(spec, &value)?),
                 Ok(value),
@@ -1045,13 +1056,21 @@ impl Journal {
         tracing::Span::current().record(telemetry::DURABLE_CALL_ID, call.id.as_str());
         let (result, spend) = self.run_with_retry(spec, ctx, run).await;
         let (outcome, tool_err) = match result {
+            Ok(value)
+                if let Err(too_large) = self.check_result_of(&call.id, &call.identity, &value) =>
+            {
+                (
+                    CallOutcome::Failed(crate::sizes::recorded_failure(&too_large)),
+                    Err(CallError::Durable(too_large)),
+                )
+            }
             Ok(value) => (
                 CallOutcome::Completed(encode_result(spec, &value)?),
                 Ok(value),
             ),
             Err(e) => (
                 CallOutcome::Failed(json!({ "message": e.to_string() })),
-                Err(e),
+                Err(CallError::Tool(e)),
             ),
         };
         let recorded = self.record(call, outcome, spend).await?;
@@ -1065,18 +1084,10 @@ impl Journal {
         self.remember(&row).await;
         if fresh {
             self.emit(self.event(&row, Outcome::Executed));
-            tool_err.map_err(CallError::Tool)
+            tool_err
         } else {
             self.emit(self.event(&row, Outcome::CacheHit));
-            match row.status {
-                // A denial (by a person or a deadline) is the call's recorded failure.
-                CallStatus::Failed | CallStatus::Denied => {
-                    Err(CallError::Recorded(RecordedFailure {
-                        message: failure_message(row.error.as_ref()),
-                    }))
-                }
-                _ => decode_result(&row, row.result.as_ref()),
-            }
+            recorded_outcome(&row)
         }
     }
 
@@ -1170,10 +1181,51 @@ fn this_attempt(row_attempt: i32, retries: u32) -> i32 {
 fn recorded_outcome<T: DeserializeOwned, E>(row: &CallRecord) -> Result<T, CallError<E>> {
     match row.status {
         // A denial (by a person or a deadline) is the call's recorded failure.
-        CallStatus::Failed | CallStatus::Denied => Err(CallError::Recorded(RecordedFailure {
-            message: failure_message(row.error.as_ref()),
-        })),
+        CallStatus::Failed | CallStatus::Denied => {
+            // A result that was too large to store comes back as the same typed error.
+            let too_large = (row.status == CallStatus::Failed)
+                .then(|| crate::sizes::from_recorded(row.error.as_ref(), || result_of(row)))
+                .flatten();
+            Err(match too_large {
+                Some(error) => CallError::Durable(error),
+                None => CallError::Recorded(RecordedFailure {
+                    message: failure_message(row.error.as_ref()),
+                }),
+            })
+        }
         _ => decode_result(row, row.result.as_ref()),
+    }
+}
+
+/// What a [`TooLarge`](DurableError::TooLarge) result of `row`'s call names.
+fn result_of(row: &CallRecord) -> crate::sizes::Oversized {
+    oversized_result(&row.id, &row.identity)
+}
+
+fn oversized_result(call: &CallId, identity: &CallIdentity) -> crate::sizes::Oversized {
+    crate::sizes::Oversized::ToolResult {
+        session: identity.session.clone(),
+        step: identity.step,
+        tool: identity.tool.clone(),
+        call: call.clone(),
+    }
+}
+
+impl Journal {
+    /// Refuses a result of `row`'s call above [`SizeLimits::max_result_bytes`](crate::sizes::SizeLimits).
+    fn check_result<T: Serialize>(&self, row: &CallRecord, value: &T) -> Result<(), DurableError> {
+        self.check_result_of(&row.id, &row.identity, value)
+    }
+
+    fn check_result_of<T: Serialize>(
+        &self,
+        call: &CallId,
+        identity: &CallIdentity,
+        value: &T,
+    ) -> Result<(), DurableError> {
+        crate::sizes::check(value, self.inner.config.sizes.max_result_bytes, || {
+            oversized_result(call, identity)
+        })
     }
 }
 

@@ -91,6 +91,14 @@ impl Journal {
                 return decode_result(&row, row.result.as_ref());
             }
             let value = f().await.map_err(CallError::Tool)?;
+            // Capped before anything is encoded or written (counted, not copied).
+            crate::sizes::check(&value, self.inner.config.sizes.max_reply_bytes, || {
+                crate::sizes::Oversized::ModelReply {
+                    session: identity.session.clone(),
+                    step: identity.step,
+                    position: identity.ordinal,
+                }
+            })?;
             // Checked before anything is recorded: a reply the replay could not decode
             // (NaN written as `null`) never becomes a completed row.
             let mut result = crate::encode::encode(&value, "model response")?;

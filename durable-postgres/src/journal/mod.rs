@@ -5,7 +5,7 @@
 pub(crate) mod fast;
 pub(crate) mod reads;
 
-pub(crate) use reads::{call, calls, in_doubt, issued_calls};
+pub(crate) use reads::{call, calls, calls_page, in_doubt, issued_calls};
 
 use durable_core::StoreError;
 use durable_core::ids::{CallId, SessionId};

@@ -4,7 +4,7 @@
 use durable_core::StoreError;
 use durable_core::ids::{CallId, SessionId};
 use durable_core::integrity::Keyring;
-use durable_core::store::CallRecord;
+use durable_core::store::{CallRecord, check_journal_page};
 use sqlx::postgres::PgRow;
 
 use crate::PostgresStore;
@@ -112,6 +112,55 @@ async fn journal_calls(
                 .count(),
         )?;
     }
+    Ok(rows)
+}
+
+/// One page of the session's journal (positions `after + 1 ..= after + limit`), in one
+/// statement (one snapshot): the head, the journal's extent (two look-ups in the
+/// position index) and the page's rows by the position index; checked with
+/// [`check_journal_page`], so a page costs the same at any depth.
+pub(crate) async fn calls_page(
+    store: &PostgresStore,
+    session: &SessionId,
+    after: i64,
+    limit: i64,
+) -> Result<Vec<CallRecord>, StoreError> {
+    const PAGE: &str = concat!(
+        "WITH h AS (SELECT ",
+        head_cols!(),
+        " FROM durable_sessions s WHERE s.id = $1), \
+         e AS (SELECT \
+           (SELECT COALESCE(max(seq), 0) FROM durable_tool_calls WHERE session_id = $1) AS top, \
+           (SELECT COALESCE(min(seq), 1) FROM durable_tool_calls WHERE session_id = $1) AS bottom) \
+         SELECT h.*, e.*, c.* FROM h CROSS JOIN e \
+         LEFT JOIN durable_tool_calls c ON c.session_id = $1 AND c.seq > $2 AND c.seq <= $2 + $3 \
+         ORDER BY c.seq"
+    );
+    let ring = store.keyring();
+    let after = after.max(0);
+    let limit = limit.max(1);
+    let found = tx::read(&store.pool, || {
+        sqlx::query(PAGE)
+            .bind(session.as_str())
+            .bind(after)
+            .bind(limit)
+            .fetch_all(&store.pool)
+    })
+    .await?;
+    let first = found
+        .first()
+        .ok_or_else(|| StoreError::SessionNotFound(session.clone()))?;
+    let head = seal::head_from_row(first, session)?;
+    head.check(ring)?;
+    let extent = (get(first, "top")?, get(first, "bottom")?);
+    let rows = checked_rows(ring, &found)?;
+    let mut seqs = Vec::with_capacity(rows.len());
+    for row in &found {
+        if get::<Option<String>>(row, "id")?.is_some() {
+            seqs.push(get::<i64>(row, "seq")?);
+        }
+    }
+    check_journal_page(session, head.journal_rows, extent, after, limit, &seqs)?;
     Ok(rows)
 }
 
