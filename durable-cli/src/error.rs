@@ -112,7 +112,8 @@ fn store_code(e: &StoreError) -> Code {
         StoreError::SchemaTooNew { .. }
         | StoreError::SchemaTooOld { .. }
         | StoreError::NotAStore { .. }
-        | StoreError::KeyMissing { .. } => Code::Unavailable,
+        | StoreError::KeyMissing { .. }
+        | StoreError::Overloaded { .. } => Code::Unavailable,
         StoreError::Tampered { .. } | StoreError::RolledBack { .. } => Code::Integrity,
         _ => Code::Failure,
     }

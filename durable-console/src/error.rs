@@ -56,6 +56,7 @@ fn store_status(e: &StoreError) -> StatusCode {
         | StoreError::InvalidText { .. }
         | StoreError::EmptyDenialReason { .. } => StatusCode::UNPROCESSABLE_ENTITY,
         StoreError::ReadOnly { .. } | StoreError::KeyMissing { .. } => StatusCode::FORBIDDEN,
+        StoreError::Overloaded { .. } => StatusCode::SERVICE_UNAVAILABLE,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }

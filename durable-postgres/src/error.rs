@@ -17,10 +17,41 @@ const READ_ONLY_SQL_TRANSACTION: &str = "25006";
 /// [`StoreError::ReadOnly`].
 pub(crate) fn db(e: sqlx::Error) -> StoreError {
     match &e {
+        // A pool without context (see `pool_error`): still typed, still retryable.
+        sqlx::Error::PoolTimedOut => StoreError::overloaded(
+            BACKEND,
+            "connection",
+            0,
+            std::time::Duration::ZERO,
+            POOL_ADVICE,
+        ),
         sqlx::Error::Database(d) if d.code().as_deref() == Some(READ_ONLY_SQL_TRANSACTION) => {
             StoreError::ReadOnly { backend: BACKEND }
         }
         _ => StoreError::database(BACKEND, e),
+    }
+}
+
+/// What to raise when the pool stays full.
+const POOL_ADVICE: &str = "raise `PostgresStoreOptions::max_connections` (the pool's size, default 10; \
+     the server's own `max_connections` bounds the sum over every process) or \
+     `PostgresStoreOptions::acquire_timeout` (how long an operation queues for a connection, default 30 s)";
+
+/// Maps an error of taking a connection of `pool`: a pool that stayed full for its whole
+/// acquire timeout is [`StoreError::Overloaded`], naming its size and the setting to raise.
+pub(crate) fn pool_error(pool: &sqlx::PgPool, e: sqlx::Error) -> StoreError {
+    match e {
+        sqlx::Error::PoolTimedOut => {
+            let options = pool.options();
+            StoreError::overloaded(
+                BACKEND,
+                "connection",
+                options.get_max_connections(),
+                options.get_acquire_timeout(),
+                POOL_ADVICE,
+            )
+        }
+        other => db(other),
     }
 }
 

@@ -137,7 +137,7 @@ pub(crate) async fn release_lease(store: &PostgresStore, lease: &Lease) -> Resul
     ))
     .bind(lease.session.as_str())
     .bind(lease.fence)
-    .execute(&store.pool)
+    .execute(&mut *store.conn().await?)
     .await
     .map_err(db)?;
     Ok(())
@@ -159,7 +159,7 @@ pub(crate) async fn claim_expired(
         tx::now_ms!(),
         ")"
     ))
-    .fetch_all(&store.pool)
+    .fetch_all(&mut *store.conn().await?)
     .await
     .map_err(db)?;
     loop {
@@ -265,7 +265,7 @@ pub(crate) async fn list_expired(
          ORDER BY updated_at, id LIMIT $1"
     ))
     .bind(limit.max(0))
-    .fetch_all(&store.pool)
+    .fetch_all(&mut *store.conn().await?)
     .await
     .map_err(db)?
     .iter()

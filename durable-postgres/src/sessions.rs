@@ -86,7 +86,7 @@ pub(crate) async fn session(
     store: &PostgresStore,
     id: &SessionId,
 ) -> Result<SessionRecord, StoreError> {
-    let mut conn = store.pool.acquire().await.map_err(db)?;
+    let mut conn = store.conn().await?;
     tx::session(&mut conn, id, None).await
 }
 
@@ -107,7 +107,7 @@ pub(crate) async fn list_sessions(
     .bind(&statuses)
     .bind(filter.updated_before)
     .bind(filter.limit.map(|l| l.max(0)))
-    .fetch_all(&store.pool)
+    .fetch_all(&mut *store.conn().await?)
     .await
     .map_err(db)?
     .iter()

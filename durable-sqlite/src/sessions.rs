@@ -91,7 +91,7 @@ pub(crate) async fn session(
     store: &SqliteStore,
     id: &SessionId,
 ) -> Result<SessionRecord, StoreError> {
-    let mut conn = store.reader().acquire().await.map_err(db)?;
+    let mut conn = crate::error::acquire(store.reader(), crate::error::Pool::Reader).await?;
     tx::session(&mut conn, id).await
 }
 
