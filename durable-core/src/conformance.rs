@@ -243,6 +243,7 @@ macro_rules! __durable_conformance_cases {
             runtime_approved_call_that_cannot_run_is_denied,
             runtime_checkpoint_after_keeps_the_step_open_for_a_request,
             runtime_edited_key_held_by_another_call_is_refused,
+            runtime_revoke_racing_the_resume_is_the_recorded_denial,
             // maintenance
             errors_round_trip_in_order,
             migrate_checks_version_and_renames_tools,

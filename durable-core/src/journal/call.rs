@@ -625,6 +625,24 @@ impl ToolCall<'_> {
             Err(conflict @ StoreError::IdempotencyConflict { .. }) => {
                 return refuse(&mut reservation, conflict.into());
             }
+            // A decision landed between this worker's read of the row and its issue (a
+            // person revoked the approval, say): nothing ran, and the row's outcome is
+            // what the harness gets, as for any decided call (a denial is its recorded
+            // failure), not the resolve vocabulary of `CallNotInDoubt`.
+            Err(StoreError::CallNotInDoubt { call, status }) => {
+                let decided = journal
+                    .inner
+                    .store
+                    .call(&call)
+                    .await
+                    .map_err(|e| journal.note_store_error(e))?;
+                if !decided.status.has_outcome() {
+                    let e = StoreError::CallNotInDoubt { call, status };
+                    return Err(journal.note_store_error(e).into());
+                }
+                journal.remember(&decided).await;
+                return journal.replay_recorded(decided, reservation).await;
+            }
             Err(e) => return Err(journal.note_store_error(e).into()),
         };
         let running = IssuedHere::new(journal, &issued);
