@@ -213,8 +213,8 @@ pub async fn show(store: &dyn CheckpointStore, json: bool, args: ShowArgs) -> Re
             "state": mask(&checkpoint.state),
             "message_count": total,
             "transcript_tail": tail,
-            "in_doubt": in_doubt.iter().map(masked_call).collect::<Vec<_>>(),
-            "awaiting_approval": awaiting.iter().map(|p| masked_call(&p.call)).collect::<Vec<_>>(),
+            "in_doubt": in_doubt.iter().map(call_json).collect::<Vec<_>>(),
+            "awaiting_approval": awaiting.iter().map(|p| call_json(&p.call)).collect::<Vec<_>>(),
             "resolutions": resolutions,
             "errors": errors,
         }));
@@ -436,6 +436,39 @@ pub(crate) fn masked_call(call: &CallRecord) -> CallRecord {
     }
 }
 
+/// A journal row as JSON ([`masked_call`]), with its arguments labelled apart:
+/// `requested_args` (what the model asked for, the row's `args`) and `approved_args` (the
+/// arguments a person edited in when approving, which the call ran with; `null` when the
+/// approval edited nothing or there was none).
+pub(crate) fn call_json(call: &CallRecord) -> Value {
+    let masked = masked_call(call);
+    let approved = masked
+        .approval
+        .as_ref()
+        .and_then(|a| a.edited_args())
+        .cloned()
+        .unwrap_or(Value::Null);
+    let mut value = serde_json::to_value(&masked).unwrap_or(Value::Null);
+    if let Some(fields) = value.as_object_mut() {
+        fields.insert("requested_args".into(), masked.args.clone());
+        fields.insert("approved_args".into(), approved);
+    }
+    value
+}
+
+/// A row's arguments in a table cell: the requested ones, and beside them, labelled, the
+/// ones a person edited in when approving (which the call runs with).
+fn args_cell(call: &CallRecord, width: usize) -> String {
+    match call.approval.as_ref().and_then(|a| a.edited_args()) {
+        Some(edited) => format!(
+            "requested arguments {} · approved (edited) arguments {}",
+            render::compact(&call.args, width / 2),
+            render::compact(edited, width / 2)
+        ),
+        None => render::compact(&call.args, width),
+    }
+}
+
 fn result_size(call: &CallRecord) -> String {
     match (&call.result, &call.error) {
         (Some(v), _) => render::size(v.to_string().len()),
@@ -453,7 +486,7 @@ pub async fn calls(
     store.session(&id).await?;
     let rows = store.calls(&id, args.step).await?;
     if json {
-        return render::print_json(&rows.iter().map(masked_call).collect::<Vec<_>>());
+        return render::print_json(&rows.iter().map(call_json).collect::<Vec<_>>());
     }
     if rows.is_empty() {
         outln!("no journal rows");
@@ -495,6 +528,34 @@ pub async fn calls(
         ]);
     }
     render::print_table(&t);
+    // A row approved with edited arguments ran with the edit: its result is the edited
+    // call's. Both sets of arguments, labelled.
+    let edited: Vec<&CallRecord> = rows
+        .iter()
+        .filter(|c| c.approval.as_ref().and_then(|a| a.edited_args()).is_some())
+        .collect();
+    if !edited.is_empty() {
+        outln!();
+        outln!(
+            "Approved with edited arguments (the call runs, and its result is, with the approved ones):"
+        );
+        for c in edited {
+            let approved = c.approval.as_ref().and_then(|a| a.edited_args());
+            outln!(
+                "  {} ({})",
+                clip(c.id.as_str(), ID),
+                clip(&c.identity.tool, NAME)
+            );
+            outln!(
+                "    requested arguments          {}",
+                render::compact(&c.args, 200)
+            );
+            outln!(
+                "    approved (edited) arguments  {}",
+                approved.map_or_else(String::new, |a| render::compact(a, 200))
+            );
+        }
+    }
     Ok(())
 }
 
@@ -516,7 +577,7 @@ fn print_in_doubt(calls: &[CallRecord], now: i64, with_session: bool) {
             c.class.as_str().to_owned(),
             c.attempt.to_string(),
             age(c.issued_at, now),
-            render::compact(&c.args, 80),
+            args_cell(c, 80),
         ]);
         t.add_row(row);
     }
@@ -539,7 +600,7 @@ pub async fn in_doubt(
         .filter(|c| c.status == CallStatus::Issued)
         .collect();
     if json {
-        return render::print_json(&calls.iter().map(masked_call).collect::<Vec<_>>());
+        return render::print_json(&calls.iter().map(call_json).collect::<Vec<_>>());
     }
     if calls.is_empty() {
         outln!("no calls in doubt");
