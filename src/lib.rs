@@ -218,9 +218,9 @@ pub mod store {
         Approval, ApprovalDecision, ApprovalEvent, ApprovalRecord, ApprovalRequest, CARRIED_STEP,
         CallIdentity, CallKind, CallOutcome, CallRecord, CallStatus, Checkpoint, CheckpointMeta,
         DEADLINE, DecideApproval, Decided, Durability, ErrorRecord, FORMAT_VERSION, Fence,
-        FinishCall, ForkEntry, ForkFate, ForkPlan, ForkSession, IssueOutcome, Lease, NewCall,
-        NewCheckpoint, NewError, NewSession, PendingApproval, PurgeOutcome, QueueInfo, Resolution,
-        ResolutionRecord, ResolveCall, RetargetSession, SessionFilter, SessionRecord,
+        FinishCall, ForkEntry, ForkFate, ForkPlan, ForkSession, IssueOutcome, Lease, ListedSession,
+        NewCall, NewCheckpoint, NewError, NewSession, PendingApproval, PurgeOutcome, QueueInfo,
+        Resolution, ResolutionRecord, ResolveCall, RetargetSession, SessionFilter, SessionRecord,
         SessionStatus, StoredMessage, Transition,
     };
     pub use durable_core::validate::{

@@ -3,7 +3,8 @@
 use std::collections::HashMap;
 
 use durable::store::{
-    ApprovalDecision, CallRecord, CallStatus, CheckpointMeta, Decided, SessionFilter, SessionRecord,
+    ApprovalDecision, CallRecord, CallStatus, CheckpointMeta, Decided, ListedSession,
+    SessionFilter, SessionRecord,
 };
 use durable::{CheckpointStore, Plan, SessionId, StoreError};
 use serde::Serialize;
@@ -34,6 +35,23 @@ struct SessionLine {
     problem: Option<String>,
 }
 
+/// A row of `sessions`: a session read whole, or one this release cannot read (an
+/// unknown status), listed with its raw status so that it hides neither itself nor the
+/// others.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Listed {
+    Session(SessionLine),
+    Unreadable {
+        id: SessionId,
+        /// Always `unknown`.
+        status: &'static str,
+        raw_status: String,
+        in_doubt: usize,
+        problem: String,
+    },
+}
+
 pub async fn sessions(
     store: &dyn CheckpointStore,
     json: bool,
@@ -48,10 +66,14 @@ pub async fn sessions(
     if args.newer_than.is_none() {
         filter = filter.with_limit(i64::from(args.limit));
     }
-    let mut listed = store.list_sessions(&filter).await?;
+    let mut listed = store.list_session_rows(&filter).await?;
     if let Some(within) = args.newer_than {
         let since = now.saturating_sub(ms(within));
-        listed.retain(|s| s.updated_at >= since);
+        // An unreadable row's update time is unknown: it stays listed.
+        listed.retain(|s| match s {
+            ListedSession::Read(s) => s.updated_at >= since,
+            _ => true,
+        });
         listed.truncate(args.limit as usize);
     }
     let mut doubt: HashMap<SessionId, usize> = HashMap::new();
@@ -60,6 +82,29 @@ pub async fn sessions(
     }
     let mut lines = Vec::with_capacity(listed.len());
     for session in listed {
+        let session = match session {
+            ListedSession::Read(session) => session,
+            ListedSession::Unreadable {
+                id,
+                raw_status,
+                problem,
+            } => {
+                lines.push(Listed::Unreadable {
+                    in_doubt: doubt.get(&id).copied().unwrap_or(0),
+                    id,
+                    status: "unknown",
+                    raw_status,
+                    problem,
+                });
+                continue;
+            }
+            other => {
+                return Err(CliError::new(
+                    Code::Failure,
+                    format!("a session row of a kind this release does not list: {other:?}"),
+                ));
+            }
+        };
         let mut problem = None;
         let last_checkpoint_at = match store.list_checkpoints(&session.id).await {
             Ok(metas) => metas.last().map(|m| m.created_at),
@@ -73,15 +118,18 @@ pub async fn sessions(
             }
             Err(e) => return Err(e.into()),
         };
-        lines.push(SessionLine {
+        lines.push(Listed::Session(SessionLine {
             lease_live: session.lease_expires_at.is_some_and(|t| t > now),
             in_doubt: doubt.get(&session.id).copied().unwrap_or(0),
             last_checkpoint_at,
             problem,
             session,
-        });
+        }));
     }
-    let broken = lines.iter().filter(|l| l.problem.is_some()).count();
+    let broken = lines
+        .iter()
+        .filter(|l| matches!(l, Listed::Session(l) if l.problem.is_some()))
+        .count();
     let verdict = || {
         if broken == 0 {
             return Ok(());
@@ -111,7 +159,29 @@ pub async fn sessions(
         "UPDATED",
         "IN DOUBT",
     ]);
+    let mut unreadable = 0;
     for l in &lines {
+        let l = match l {
+            Listed::Session(l) => l,
+            Listed::Unreadable {
+                id,
+                raw_status,
+                in_doubt,
+                ..
+            } => {
+                unreadable += 1;
+                t.add_row(vec![
+                    clip(id.as_str(), ID),
+                    format!("unknown (`{}`)", clip(raw_status, 40)),
+                    "?".into(),
+                    "?".into(),
+                    "?".into(),
+                    "?".into(),
+                    in_doubt.to_string(),
+                ]);
+                continue;
+            }
+        };
         let s = &l.session;
         let lease = match (&s.lease_owner, s.lease_expires_at) {
             (Some(owner), Some(until)) if l.lease_live => {
@@ -140,6 +210,15 @@ pub async fn sessions(
         ]);
     }
     render::print_table(&t);
+    if unreadable > 0 {
+        outln!();
+        outln!(
+            "{unreadable} session{} with a status this release does not know (written by a newer release of durable, or changed outside it): \
+             listed as `unknown`; acting on {} fails until `durable` is upgraded or the row is repaired",
+            if unreadable == 1 { "" } else { "s" },
+            if unreadable == 1 { "it" } else { "them" }
+        );
+    }
     verdict()
 }
 

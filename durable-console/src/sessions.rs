@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use durable::SessionId;
-use durable::store::{SessionFilter, SessionStatus};
+use durable::store::{ListedSession, SessionFilter, SessionStatus};
 use maud::{Markup, html};
 use serde::Deserialize;
 
@@ -71,7 +71,17 @@ pub(crate) async fn page(
     if since.is_none() && app_version.is_empty() {
         query = query.with_limit(LIMIT);
     }
-    let mut listed = store.list_sessions(&query).await?;
+    // A row this release cannot read (an unknown status) is listed as unknown, with its
+    // raw status; it hides neither itself nor the others.
+    let mut listed = Vec::new();
+    let mut unreadable = Vec::new();
+    for row in store.list_session_rows(&query).await? {
+        match row {
+            ListedSession::Read(s) => listed.push(s),
+            ListedSession::Unreadable { id, raw_status, .. } => unreadable.push((id, raw_status)),
+            _ => {}
+        }
+    }
     listed.retain(|s| {
         since.is_none_or(|t| s.updated_at >= t)
             && (app_version.is_empty() || s.app_version == app_version)
@@ -110,7 +120,7 @@ pub(crate) async fn page(
             button type="submit" { "Filter" }
             a href="/" { "clear" }
         }
-        @if listed.is_empty() {
+        @if listed.is_empty() && unreadable.is_empty() {
             p.muted { "No sessions match." }
         } @else {
             table #sessions {
@@ -152,6 +162,16 @@ pub(crate) async fn page(
                                     a.count href=(format!("/approvals?session={}", encode(s.id.as_str()))) { (awaiting) }
                                 } @else { span.muted { "0" } }
                             }
+                        }
+                    }
+                    @for (id, raw) in &unreadable {
+                        tr.unreadable {
+                            td { a.mono href=(session_href(id)) { (visible(id.as_str(), 64)) } }
+                            td {
+                                span.pill.unknown { "unknown" }
+                                " " span.muted { "status " code { (visible(raw, 64)) } ", which this release does not know" }
+                            }
+                            td colspan="6" { span.muted { "not readable by this release: upgrade durable, or repair the row" } }
                         }
                     }
                 }

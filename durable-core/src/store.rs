@@ -132,6 +132,24 @@ pub struct SessionRecord {
     pub lease_renewed_at: Option<i64>,
 }
 
+/// One row of a session listing ([`CheckpointStore::list_session_rows`]).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum ListedSession {
+    /// A session row, read whole.
+    Read(SessionRecord),
+    /// A row this release cannot read: listed with its id and raw status, the rest
+    /// unknown. Acting on the session fails with the typed error `problem` describes.
+    Unreadable {
+        /// The session's id.
+        id: SessionId,
+        /// The status as stored (`suspended`, say, from a newer release).
+        raw_status: String,
+        /// Why the row cannot be read.
+        problem: String,
+    },
+}
+
 /// The queue of sessions started without one.
 pub const DEFAULT_QUEUE: &str = "default";
 
@@ -722,6 +740,27 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// [`StoreError::Corrupt`].
     async fn list_sessions(&self, filter: &SessionFilter)
     -> Result<Vec<SessionRecord>, StoreError>;
+
+    /// Lists sessions as [`list_sessions`](Self::list_sessions) does, except that a row
+    /// this release cannot read (a status it does not know, written by a newer release
+    /// or changed outside `durable`) does not fail the listing: it is listed as
+    /// [`ListedSession::Unreadable`] with its raw status, and the rest are listed whole.
+    /// Acting on that session (reading, resuming, leasing it) still fails with the typed
+    /// error. For listings shown to operators (`durable sessions`, the console).
+    ///
+    /// The default lists with [`list_sessions`](Self::list_sessions) (so one unreadable
+    /// row fails it); the stores of this workspace override it.
+    async fn list_session_rows(
+        &self,
+        filter: &SessionFilter,
+    ) -> Result<Vec<ListedSession>, StoreError> {
+        Ok(self
+            .list_sessions(filter)
+            .await?
+            .into_iter()
+            .map(ListedSession::Read)
+            .collect())
+    }
 
     /// Takes the lease on a session for `owner`, bumping its fencing token; counts the
     /// take-over as a recovery when the previous lease was never given up.
