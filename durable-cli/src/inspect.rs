@@ -41,7 +41,7 @@ struct SessionLine {
 #[derive(Serialize)]
 #[serde(untagged)]
 enum Listed {
-    Session(SessionLine),
+    Session(Box<SessionLine>),
     Unreadable {
         id: SessionId,
         /// Always `unknown`.
@@ -83,7 +83,7 @@ pub async fn sessions(
     let mut lines = Vec::with_capacity(listed.len());
     for session in listed {
         let session = match session {
-            ListedSession::Read(session) => session,
+            ListedSession::Read(session) => *session,
             ListedSession::Unreadable {
                 id,
                 raw_status,
@@ -118,13 +118,13 @@ pub async fn sessions(
             }
             Err(e) => return Err(e.into()),
         };
-        lines.push(Listed::Session(SessionLine {
+        lines.push(Listed::Session(Box::new(SessionLine {
             lease_live: session.lease_expires_at.is_some_and(|t| t > now),
             in_doubt: doubt.get(&session.id).copied().unwrap_or(0),
             last_checkpoint_at,
             problem,
             session,
-        }));
+        })));
     }
     let broken = lines
         .iter()

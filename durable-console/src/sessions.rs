@@ -77,7 +77,7 @@ pub(crate) async fn page(
     let mut unreadable = Vec::new();
     for row in store.list_session_rows(&query).await? {
         match row {
-            ListedSession::Read(s) => listed.push(s),
+            ListedSession::Read(s) => listed.push(*s),
             ListedSession::Unreadable { id, raw_status, .. } => unreadable.push((id, raw_status)),
             _ => {}
         }

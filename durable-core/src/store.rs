@@ -136,8 +136,8 @@ pub struct SessionRecord {
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum ListedSession {
-    /// A session row, read whole.
-    Read(SessionRecord),
+    /// A session row, read whole (boxed: the other variant is small).
+    Read(Box<SessionRecord>),
     /// A row this release cannot read: listed with its id and raw status, the rest
     /// unknown. Acting on the session fails with the typed error `problem` describes.
     Unreadable {
@@ -758,7 +758,7 @@ pub trait CheckpointStore: Send + Sync + 'static {
             .list_sessions(filter)
             .await?
             .into_iter()
-            .map(ListedSession::Read)
+            .map(|s| ListedSession::Read(Box::new(s)))
             .collect())
     }
 

@@ -104,7 +104,7 @@ pub(crate) fn listed_session(
 ) -> Result<durable_core::store::ListedSession, StoreError> {
     use durable_core::store::ListedSession;
     match session(row) {
-        Ok(record) => Ok(ListedSession::Read(record)),
+        Ok(record) => Ok(ListedSession::Read(Box::new(record))),
         Err(e @ (StoreError::Corrupt { .. } | StoreError::Database { .. })) => {
             Ok(ListedSession::Unreadable {
                 id: session_id(row, "id")?,

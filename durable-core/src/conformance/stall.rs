@@ -42,7 +42,7 @@ pub(super) struct Probe {
 /// Something a case runs on the real store at a chosen point (see
 /// [`Probe::before_next_issue_approved`]).
 pub(super) type Hook =
-    Box<dyn FnOnce() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>> + Send>;
+    Box<dyn FnOnce() -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
 
 impl Probe {
     pub(super) fn new(inner: Arc<dyn CheckpointStore>) -> Arc<Self> {
