@@ -126,6 +126,82 @@ pub use durable_core::{CallError, DurableError, StoreError};
 
 mod connect;
 
+// Old paths, kept as deprecated aliases for one release: each warns with where the item
+// lives now (see CHANGELOG.md). Hidden from the docs: the paths above are the ones to use.
+// (A `#[deprecated]` re-export would not warn, and a trait cannot be aliased: the
+// `toolbox` module's `Tool` is a plain re-export.)
+
+/// Moved to [`runtime::Outcome`].
+#[doc(hidden)]
+#[deprecated(note = "moved to `durable::runtime::Outcome`")]
+pub type Outcome = durable_core::journal::Outcome;
+/// Moved to [`runtime::CallEvent`].
+#[doc(hidden)]
+#[deprecated(note = "moved to `durable::runtime::CallEvent`")]
+pub type CallEvent = durable_core::journal::CallEvent;
+/// Moved to [`error::ArgumentErrorKind`].
+#[doc(hidden)]
+#[deprecated(note = "moved to `durable::error::ArgumentErrorKind`")]
+pub type ArgumentErrorKind = durable_core::ArgumentErrorKind;
+/// Moved to [`error::ArgumentError`].
+#[doc(hidden)]
+#[deprecated(note = "moved to `durable::error::ArgumentError`")]
+pub type ArgumentError = durable_core::ArgumentError;
+/// Moved to [`error::RecordedFailure`].
+#[doc(hidden)]
+#[deprecated(note = "moved to `durable::error::RecordedFailure`")]
+pub type RecordedFailure = durable_core::journal::RecordedFailure;
+/// Moved to [`error::RetryError`].
+#[doc(hidden)]
+#[deprecated(note = "moved to `durable::error::RetryError`")]
+pub type RetryError<E> = durable_core::retry::RetryError<E>;
+/// Moved to [`error::SchemaError`].
+#[doc(hidden)]
+#[deprecated(note = "moved to `durable::error::SchemaError`")]
+pub type SchemaError = durable_core::schema::SchemaError;
+/// Moved to [`error::ConnectError`].
+#[doc(hidden)]
+#[deprecated(note = "moved to `durable::error::ConnectError`")]
+pub type ConnectError = durable_core::error::ConnectError;
+
+/// Moved to [`store::redact_url`].
+#[doc(hidden)]
+#[deprecated(note = "moved to `durable::store::redact_url`")]
+pub fn redact_url(url: &str) -> String {
+    durable_core::redact::redact_url(url)
+}
+
+/// Moved to the crate root (`durable::Toolbox`, `durable::Tool`, …).
+#[doc(hidden)]
+pub mod toolbox {
+    /// Moved to [`crate::Toolbox`].
+    #[deprecated(note = "moved to the crate root: `durable::Toolbox`")]
+    pub type Toolbox = crate::Toolbox;
+    /// Moved to [`crate::Definitions`].
+    #[deprecated(note = "moved to the crate root: `durable::Definitions`")]
+    pub type Definitions = crate::Definitions;
+    /// Moved to [`crate::ModelToolCall`].
+    #[deprecated(note = "moved to the crate root: `durable::ModelToolCall`")]
+    pub type ModelToolCall = crate::ModelToolCall;
+    /// Moved to [`crate::ToolArguments`].
+    #[deprecated(note = "moved to the crate root: `durable::ToolArguments`")]
+    pub type ToolArguments = crate::ToolArguments;
+    /// Moved to [`crate::ToolOutput`].
+    #[deprecated(note = "moved to the crate root: `durable::ToolOutput`")]
+    pub type ToolOutput = crate::ToolOutput;
+    /// Moved to [`crate::ToolResult`].
+    #[deprecated(note = "moved to the crate root: `durable::ToolResult`")]
+    pub type ToolResult = crate::ToolResult;
+    /// Moved to [`crate::error::ToolboxError`].
+    #[deprecated(note = "moved to `durable::error::ToolboxError`")]
+    pub type ToolboxError = crate::error::ToolboxError;
+    /// Moved to [`crate::error::IncompleteExport`].
+    #[deprecated(note = "moved to `durable::error::IncompleteExport`")]
+    pub type IncompleteExport = crate::error::IncompleteExport;
+    // A trait cannot be aliased: the old path still works, without a warning.
+    pub use crate::Tool;
+}
+
 pub mod error {
     //! The error types of `durable` beside the three at the root (and
     //! [`replay_check::FixtureError`](crate::replay_check::FixtureError), with the fixtures
@@ -225,9 +301,9 @@ pub mod store {
         Approval, ApprovalDecision, ApprovalEvent, ApprovalRecord, ApprovalRequest, CARRIED_STEP,
         CallIdentity, CallKind, CallOutcome, CallRecord, CallStatus, Checkpoint, CheckpointMeta,
         DEADLINE, DecideApproval, Decided, Durability, ErrorRecord, FORMAT_VERSION, Fence,
-        FinishCall, ForkEntry, ForkFate, ForkPlan, ForkSession, IssueOutcome, Lease, NewCall,
-        NewCheckpoint, NewError, NewSession, PendingApproval, PurgeOutcome, QueueInfo, Resolution,
-        ResolutionRecord, ResolveCall, RetargetSession, SessionCursor, SessionFilter,
+        FinishCall, ForkEntry, ForkFate, ForkPlan, ForkSession, IssueOutcome, Lease, ListedSession,
+        NewCall, NewCheckpoint, NewError, NewSession, PendingApproval, PurgeOutcome, QueueInfo,
+        Resolution, ResolutionRecord, ResolveCall, RetargetSession, SessionCursor, SessionFilter,
         SessionRecord, SessionStatus, StoredMessage, Transition,
     };
     pub use durable_core::validate::{

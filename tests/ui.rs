@@ -26,3 +26,11 @@ fn ui() {
 fn feature_gates() {
     trybuild::TestCases::new().compile_fail("tests/ui/feature/*.rs");
 }
+
+/// Items that moved keep their old paths as deprecated aliases, whose warnings name the
+/// new paths (CHANGELOG.md lists every move).
+#[rustversion::stable(1.95)]
+#[test]
+fn moved_paths() {
+    trybuild::TestCases::new().compile_fail("tests/ui/moved/*.rs");
+}

@@ -90,7 +90,7 @@ fn code_of(kind: ErrorKind) -> Code {
         | ErrorKind::LimitExceeded
         | ErrorKind::PermissionDenied => Code::Refused,
         ErrorKind::InvalidInput => Code::InvalidInput,
-        ErrorKind::Unavailable => Code::Unavailable,
+        ErrorKind::Unavailable | ErrorKind::Overloaded => Code::Unavailable,
         ErrorKind::Integrity => Code::Integrity,
         _ => Code::Failure,
     }

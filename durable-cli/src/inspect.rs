@@ -3,8 +3,8 @@
 use std::collections::{HashMap, HashSet};
 
 use durable::store::{
-    ApprovalDecision, CallRecord, CallStatus, CheckpointMeta, Decided, SessionCursor,
-    SessionFilter, SessionRecord,
+    ApprovalDecision, CallRecord, CallStatus, CheckpointMeta, Decided, ListedSession,
+    SessionCursor, SessionFilter, SessionRecord,
 };
 use durable::{CallId, CheckpointStore, Plan, SessionId, StoreError};
 use serde::Serialize;
@@ -33,6 +33,23 @@ struct SessionLine {
     /// Why the session's rows could not be read (a failed seal): the row is still listed.
     #[serde(skip_serializing_if = "Option::is_none")]
     problem: Option<String>,
+}
+
+/// A row of `sessions`: a session read whole, or one this release cannot read (an
+/// unknown status), listed with its raw status so that it hides neither itself nor the
+/// others.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Listed {
+    Session(Box<SessionLine>),
+    Unreadable {
+        id: SessionId,
+        /// Always `unknown`.
+        status: &'static str,
+        raw_status: String,
+        in_doubt: usize,
+        problem: String,
+    },
 }
 
 /// Rows the long listings read from the store at a time: what they hold in memory.
@@ -70,7 +87,7 @@ pub async fn sessions(
     ]);
     let mut array = json.then(render::JsonArray::begin);
     let mut cursor = args.after;
-    let (mut shown, mut broken) = (0usize, 0usize);
+    let (mut shown, mut broken, mut unreadable) = (0usize, 0usize, 0usize);
     let mut more = None;
     loop {
         let want = (limit - shown).min(PAGE);
@@ -85,26 +102,54 @@ pub async fn sessions(
         };
         if want == 0 {
             // The limit is reached: say whether a next page exists.
-            let next = store.list_sessions(&page_filter(1)).await?;
-            if next.iter().any(|s| since.is_none_or(|t| s.updated_at >= t)) {
+            let next = store.list_session_rows(&page_filter(1)).await?;
+            if next.iter().any(|s| since.is_none_or(|t| listed_at(s) >= t)) {
                 more = cursor.clone();
             }
             break;
         }
-        let page = store.list_sessions(&page_filter(want)).await?;
+        let page = store.list_session_rows(&page_filter(want)).await?;
         let full = page.len() == want;
         let mut lines = Vec::with_capacity(page.len());
         let mut past_window = false;
-        for session in page {
-            if since.is_some_and(|t| session.updated_at < t) {
+        for row in page {
+            if since.is_some_and(|t| listed_at(&row) < t) {
                 past_window = true;
                 break;
             }
-            cursor = Some(SessionCursor::after(&session));
-            lines.push(session_line(store, session, now, &doubt).await?);
+            cursor = Some(SessionCursor::of(&row));
+            match row {
+                ListedSession::Read(session) => lines.push(Listed::Session(Box::new(
+                    session_line(store, *session, now, &doubt).await?,
+                ))),
+                ListedSession::Unreadable {
+                    id,
+                    raw_status,
+                    problem,
+                    ..
+                } => {
+                    unreadable += 1;
+                    lines.push(Listed::Unreadable {
+                        in_doubt: doubt.get(&id).copied().unwrap_or(0),
+                        id,
+                        status: "unknown",
+                        raw_status,
+                        problem,
+                    });
+                }
+                other => {
+                    return Err(CliError::new(
+                        Code::Failure,
+                        format!("a session row of a kind this release does not list: {other:?}"),
+                    ));
+                }
+            }
         }
         shown += lines.len();
-        broken += lines.iter().filter(|l| l.problem.is_some()).count();
+        broken += lines
+            .iter()
+            .filter(|l| matches!(l, Listed::Session(l) if l.problem.is_some()))
+            .count();
         match &mut array {
             Some(array) => {
                 for line in &lines {
@@ -126,6 +171,15 @@ pub async fn sessions(
         Some(array) => array.end(),
         None if shown == 0 => outln!("no sessions match"),
         None => {}
+    }
+    if unreadable > 0 && !json {
+        outln!();
+        outln!(
+            "{unreadable} session{} with a status this release does not know (written by a newer release of durable, or changed outside it): \
+             listed as `unknown`; acting on {} fails until `durable` is upgraded or the row is repaired",
+            if unreadable == 1 { "" } else { "s" },
+            if unreadable == 1 { "it" } else { "them" }
+        );
     }
     if let Some(cursor) = more {
         eprintln!(
@@ -174,8 +228,36 @@ async fn session_line(
     })
 }
 
-/// A session's row in the `sessions` table.
-fn session_row(l: &SessionLine, now: i64) -> Vec<String> {
+/// When a listed row was last updated (an unreadable row's, as stored).
+fn listed_at(row: &ListedSession) -> i64 {
+    match row {
+        ListedSession::Read(s) => s.updated_at,
+        ListedSession::Unreadable { updated_at, .. } => *updated_at,
+        _ => i64::MIN,
+    }
+}
+
+/// A row in the `sessions` table.
+fn session_row(l: &Listed, now: i64) -> Vec<String> {
+    let l = match l {
+        Listed::Session(l) => l,
+        Listed::Unreadable {
+            id,
+            raw_status,
+            in_doubt,
+            ..
+        } => {
+            return vec![
+                clip(id.as_str(), ID),
+                format!("unknown (`{}`)", clip(raw_status, 40)),
+                "?".into(),
+                "?".into(),
+                "?".into(),
+                "?".into(),
+                in_doubt.to_string(),
+            ];
+        }
+    };
     let s = &l.session;
     let lease = match (&s.lease_owner, s.lease_expires_at) {
         (Some(owner), Some(until)) if l.lease_live => {
@@ -274,8 +356,8 @@ pub async fn show(store: &dyn CheckpointStore, json: bool, args: ShowArgs) -> Re
             "state": mask(&checkpoint.state),
             "message_count": total,
             "transcript_tail": tail,
-            "in_doubt": in_doubt.iter().map(masked_call).collect::<Vec<_>>(),
-            "awaiting_approval": awaiting.iter().map(|p| masked_call(&p.call)).collect::<Vec<_>>(),
+            "in_doubt": in_doubt.iter().map(call_json).collect::<Vec<_>>(),
+            "awaiting_approval": awaiting.iter().map(|p| call_json(&p.call)).collect::<Vec<_>>(),
             "resolutions": resolutions,
             "errors": errors,
         }));
@@ -497,6 +579,39 @@ pub(crate) fn masked_call(call: &CallRecord) -> CallRecord {
     }
 }
 
+/// A journal row as JSON ([`masked_call`]), with its arguments labelled apart:
+/// `requested_args` (what the model asked for, the row's `args`) and `approved_args` (the
+/// arguments a person edited in when approving, which the call ran with; `null` when the
+/// approval edited nothing or there was none).
+pub(crate) fn call_json(call: &CallRecord) -> Value {
+    let masked = masked_call(call);
+    let approved = masked
+        .approval
+        .as_ref()
+        .and_then(|a| a.edited_args())
+        .cloned()
+        .unwrap_or(Value::Null);
+    let mut value = serde_json::to_value(&masked).unwrap_or(Value::Null);
+    if let Some(fields) = value.as_object_mut() {
+        fields.insert("requested_args".into(), masked.args.clone());
+        fields.insert("approved_args".into(), approved);
+    }
+    value
+}
+
+/// A row's arguments in a table cell: the requested ones, and beside them, labelled, the
+/// ones a person edited in when approving (which the call runs with).
+fn args_cell(call: &CallRecord, width: usize) -> String {
+    match call.approval.as_ref().and_then(|a| a.edited_args()) {
+        Some(edited) => format!(
+            "requested arguments {} · approved (edited) arguments {}",
+            render::compact(&call.args, width / 2),
+            render::compact(edited, width / 2)
+        ),
+        None => render::compact(&call.args, width),
+    }
+}
+
 fn result_size(call: &CallRecord) -> String {
     match (&call.result, &call.error) {
         (Some(v), _) => render::size(v.to_string().len()),
@@ -527,11 +642,31 @@ pub async fn calls(
         "CALL", "STEP", "TOOL", "CLASS", "STATUS", "KEY", "ATTEMPT", "ISSUED", "TOOK", "RESULT",
     ]);
     let mut array = json.then(render::JsonArray::begin);
+    // Rows approved with edited arguments: listed again after the table, both sets
+    // labelled (few; only their ids, tools and arguments are kept).
+    let mut edited: Vec<(CallId, String, Value, Value)> = Vec::new();
     let mut print = |rows: &[CallRecord]| -> Result<(), CliError> {
+        for c in rows {
+            if let Some(approved) = c.approval.as_ref().and_then(|a| a.edited_args()) {
+                let masked = masked_call(c);
+                let approved_masked = masked
+                    .approval
+                    .as_ref()
+                    .and_then(|a| a.edited_args())
+                    .cloned()
+                    .unwrap_or_else(|| approved.clone());
+                edited.push((
+                    c.id.clone(),
+                    c.identity.tool.clone(),
+                    masked.args,
+                    approved_masked,
+                ));
+            }
+        }
         match &mut array {
             Some(array) => {
                 for row in rows {
-                    array.item(&masked_call(row))?;
+                    array.item(&call_json(row))?;
                 }
             }
             None => table.page(
@@ -572,10 +707,30 @@ pub async fn calls(
             }
         }
     }
+    let json = array.is_some();
     match array {
         Some(array) => array.end(),
         None if shown == 0 => outln!("no journal rows"),
         None => {}
+    }
+    if !json && !edited.is_empty() {
+        // A row approved with edited arguments ran with the edit: its result is the
+        // edited call's. Both sets of arguments, labelled.
+        outln!();
+        outln!(
+            "Approved with edited arguments (the call runs, and its result is, with the approved ones):"
+        );
+        for (call, tool, requested, approved) in &edited {
+            outln!("  {} ({})", clip(call.as_str(), ID), clip(tool, NAME));
+            outln!(
+                "    requested arguments          {}",
+                render::compact(requested, 200)
+            );
+            outln!(
+                "    approved (edited) arguments  {}",
+                render::compact(approved, 200)
+            );
+        }
     }
     if let Some(position) = more {
         eprintln!(
@@ -631,7 +786,7 @@ fn print_in_doubt(calls: &[CallRecord], now: i64, with_session: bool) {
             c.class.as_str().to_owned(),
             c.attempt.to_string(),
             age(c.issued_at, now),
-            render::compact(&c.args, 80),
+            args_cell(c, 80),
         ]);
         t.add_row(row);
     }
@@ -654,7 +809,7 @@ pub async fn in_doubt(
         .filter(|c| c.status == CallStatus::Issued)
         .collect();
     if json {
-        return render::print_json(&calls.iter().map(masked_call).collect::<Vec<_>>());
+        return render::print_json(&calls.iter().map(call_json).collect::<Vec<_>>());
     }
     if calls.is_empty() {
         outln!("no calls in doubt");

@@ -865,3 +865,58 @@ async fn a_decision_without_user_is_audited_by_uid() {
         resolutions[0].by
     );
 }
+
+/// One row with a status this release does not know (written by a newer release, or
+/// changed outside durable) does not make `sessions` fail for the whole store: that row is
+/// listed as `unknown` with its raw status, the others whole; acting on that session is a
+/// typed error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unknown_status_is_listed_not_fatal() {
+    use durable::Message;
+
+    let (_dir, db, store) = sqlite().await;
+    let worker = durable::Durable::builder(Arc::clone(&store))
+        .owner("worker-9")
+        .build();
+    for id in ["s-known", "s-future"] {
+        let session = worker
+            .start::<Message>(durable::StartOptions::new().with_id(durable::SessionId::new(id)))
+            .await
+            .expect("start");
+        session.release().await.expect("release");
+    }
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite:{db}"))
+        .await
+        .expect("raw pool");
+    sqlx::query("UPDATE durable_sessions SET status = 'suspended' WHERE id = 's-future'")
+        .execute(&pool)
+        .await
+        .expect("a status from a newer release");
+    pool.close().await;
+
+    let text = run(&db, &["sessions"]).ok().to_owned();
+    let row = |id: &str| {
+        text.lines()
+            .find(|l| l.starts_with(id))
+            .unwrap_or_else(|| panic!("no row for {id}:\n{text}"))
+            .to_owned()
+    };
+    assert!(row("s-future").contains("unknown (`suspended`)"), "{text}");
+    assert!(row("s-known").contains("active"), "{text}");
+    assert!(text.contains("status this release does not know"), "{text}");
+    let listed = run(&db, &["sessions", "--json"]).json();
+    let listed = listed.as_array().expect("array");
+    let future = listed
+        .iter()
+        .find(|s| s["id"] == "s-future")
+        .expect("the unknown row is in --json");
+    assert_eq!(future["status"], "unknown", "{future}");
+    assert_eq!(future["raw_status"], "suspended", "{future}");
+    assert!(
+        listed
+            .iter()
+            .any(|s| s["id"] == "s-known" && s["status"] == "active")
+    );
+    // Acting on that session: a typed error naming the status.
+    run(&db, &["show", "s-future"]).fails(1, "unknown session status `suspended`");
+}

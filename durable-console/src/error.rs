@@ -43,7 +43,9 @@ fn status_of(kind: ErrorKind) -> StatusCode {
         | ErrorKind::LimitExceeded => StatusCode::CONFLICT,
         ErrorKind::InvalidInput => StatusCode::UNPROCESSABLE_ENTITY,
         ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
-        ErrorKind::Unavailable | ErrorKind::Transient => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::Unavailable | ErrorKind::Transient | ErrorKind::Overloaded => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
         ErrorKind::Unsupported => StatusCode::NOT_IMPLEMENTED,
         _ => StatusCode::INTERNAL_SERVER_ERROR,
     }

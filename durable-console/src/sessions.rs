@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 use durable::SessionId;
-use durable::store::{SessionCursor, SessionFilter, SessionStatus};
+use durable::store::{ListedSession, SessionCursor, SessionFilter, SessionStatus};
 use maud::{Markup, html};
 use serde::Deserialize;
 
@@ -112,15 +112,26 @@ pub(crate) async fn page(
     // until the page is full and one more shows there is a next page: what is held is a
     // page, whatever the store holds.
     let mut listed = Vec::with_capacity(LIMIT + 1);
+    // A row this release cannot read (an unknown status) is listed as unknown, with its
+    // raw status; it hides neither itself nor the others.
+    let mut unreadable = Vec::new();
     'read: loop {
         let mut page = query.clone().with_limit(READ);
         if let Some(after) = &cursor {
             page = page.with_after(after.clone());
         }
-        let page = store.list_sessions(&page).await?;
+        let page = store.list_session_rows(&page).await?;
         let full = page.len() == usize::try_from(READ).unwrap_or(usize::MAX);
-        cursor = page.last().map(SessionCursor::after).or(cursor);
-        for s in page {
+        cursor = page.last().map(SessionCursor::of).or(cursor);
+        for row in page {
+            let s = match row {
+                ListedSession::Read(s) => *s,
+                ListedSession::Unreadable { id, raw_status, .. } => {
+                    unreadable.push((id, raw_status));
+                    continue;
+                }
+                _ => continue,
+            };
             if since.is_some_and(|t| s.updated_at < t) {
                 // Newest first: the rest is older still.
                 break 'read;
@@ -173,7 +184,7 @@ pub(crate) async fn page(
             button type="submit" { "Filter" }
             a href="/" { "clear" }
         }
-        @if listed.is_empty() {
+        @if listed.is_empty() && unreadable.is_empty() {
             p.muted { "No sessions match." }
         } @else {
             table #sessions {
@@ -215,6 +226,16 @@ pub(crate) async fn page(
                                     a.count href=(format!("/approvals?session={}", encode(s.id.as_str()))) { (awaiting) }
                                 } @else { span.muted { "0" } }
                             }
+                        }
+                    }
+                    @for (id, raw) in &unreadable {
+                        tr.unreadable {
+                            td { a.mono href=(session_href(id)) { (visible(id.as_str(), 64)) } }
+                            td {
+                                span.pill.unknown { "unknown" }
+                                " " span.muted { "status " code { (visible(raw, 64)) } ", which this release does not know" }
+                            }
+                            td colspan="6" { span.muted { "not readable by this release: upgrade durable, or repair the row" } }
                         }
                     }
                 }

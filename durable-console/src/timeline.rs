@@ -326,7 +326,13 @@ fn event_row(
                     td.mono { (c.idempotency_key.as_deref().map_or_else(|| "—".to_owned(), |k| visible(k, 64))) }
                     td { (took) }
                     td.args {
-                        @if c.args.is_null() { span.muted { "—" } }
+                        @if let Some(edited) = c.approval.as_ref().and_then(|a| a.edited_args()) {
+                            // Approved with an edit: the call ran (and its result is) with
+                            // the approved arguments; both shown, labelled.
+                            div { span.muted { "requested arguments " } code.args { (compact(&c.args, ARGS)) } }
+                            div { span.muted { "approved (edited) arguments " } code.args { (compact(edited, ARGS)) } }
+                        }
+                        @else if c.args.is_null() { span.muted { "—" } }
                         @else { code.args { (compact(&c.args, ARGS)) } }
                     }
                     td { (result_size(c)) }

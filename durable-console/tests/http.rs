@@ -584,6 +584,30 @@ async fn approve_edit_and_deny_through_the_forms() {
     let last = log.last().expect("a decision");
     assert_eq!(last.event, ApprovalEvent::Approved);
     assert_eq!(last.note.as_deref(), Some("half now"));
+    // The session's timeline shows both sets of arguments of the row, labelled: the
+    // requested ones and those approved (which the call runs with).
+    let timeline = send(
+        &app,
+        bearer(&format!("/sessions/{}", edit.identity.session.as_str())),
+    )
+    .await
+    .body;
+    let after = |label: &str| {
+        let at = timeline
+            .find(label)
+            .unwrap_or_else(|| panic!("no {label:?} in the timeline:\n{timeline}"));
+        timeline[at..].chars().take(200).collect::<String>()
+    };
+    assert!(
+        after("requested arguments").contains("1200"),
+        "{}",
+        after("requested arguments")
+    );
+    assert!(
+        after("approved (edited) arguments").contains("500"),
+        "{}",
+        after("approved (edited) arguments")
+    );
 
     // Deny: a reason is required; the confirmation shows what the model will read.
     let confirm = format!("/approvals/{}/confirm", deny.id);

@@ -45,6 +45,7 @@ use crate::store::{
 
 mod approval;
 mod approval_runtime;
+mod blocked;
 mod checkpoint_after;
 mod checkpoints;
 mod fork;
@@ -66,6 +67,7 @@ mod workers;
 
 pub use approval::*;
 pub use approval_runtime::*;
+pub use blocked::*;
 pub use checkpoint_after::*;
 pub use checkpoints::*;
 pub use fork::*;
@@ -191,6 +193,7 @@ macro_rules! __durable_conformance_cases {
             worker_lease_renewed_at_tracks_take_and_renew,
             worker_claims_match_a_model,
             worker_an_expired_lease_in_a_limited_queue_is_not_renewed,
+            worker_pool_skips_a_session_blocked_on_an_operator,
             // checkpoints
             checkpoint_initial_is_version_zero,
             checkpoint_cas_conflict_writes_nothing,
@@ -245,6 +248,7 @@ macro_rules! __durable_conformance_cases {
             runtime_approved_call_that_cannot_run_is_denied,
             runtime_checkpoint_after_keeps_the_step_open_for_a_request,
             runtime_edited_key_held_by_another_call_is_refused,
+            runtime_revoke_racing_the_resume_is_the_recorded_denial,
             // maintenance
             errors_round_trip_in_order,
             migrate_checks_version_and_renames_tools,

@@ -334,6 +334,34 @@ pub enum StoreError {
         /// The backend.
         backend: &'static str,
     },
+    /// The store is overloaded: every connection of its pool stayed busy for the whole
+    /// acquire timeout, so this operation was refused before it reached the database
+    /// (nothing was written). More operations ran at once in this process than the pool
+    /// serves within its acquire timeout; see "Limits" in the README.
+    ///
+    /// Retryable ([`DurableError::is_retryable`]): wait [`retry_after`](StoreError::retry_after)
+    /// (a hint) and try again, or start fewer sessions at once. If it persists, `advice`
+    /// names the pool size to raise, or the acquire timeout, to queue longer.
+    #[error(
+        "the {backend} store is overloaded: no connection of its {pool} pool ({pool_size} connections) came free within {} ms; \
+         nothing was done. Retry in {} ms, or run fewer operations at once in this process; if this persists, {advice}",
+        .waited.as_millis(),
+        .retry_after.as_millis()
+    )]
+    Overloaded {
+        /// The backend.
+        backend: &'static str,
+        /// The pool that stayed full: `writer`, `reader` (SQLite) or `connection` (PostgreSQL).
+        pool: &'static str,
+        /// Its number of connections.
+        pool_size: u32,
+        /// How long the operation waited for a connection (the pool's acquire timeout).
+        waited: std::time::Duration,
+        /// When to try again (a hint).
+        retry_after: std::time::Duration,
+        /// Which setting to raise if it persists, e.g. ``raise `PostgresStoreOptions::max_connections` …``.
+        advice: &'static str,
+    },
     /// The database could not be reached or failed.
     #[error("{backend} database error: {source}")]
     Database {
@@ -354,6 +382,39 @@ impl StoreError {
         StoreError::Database {
             backend,
             source: Box::new(source),
+        }
+    }
+
+    /// A refusal because no connection of a pool came free within its acquire timeout:
+    /// [`StoreError::Overloaded`], with a retry hint derived from the timeout (a quarter of
+    /// it, between 50 ms and 5 s).
+    pub fn overloaded(
+        backend: &'static str,
+        pool: &'static str,
+        pool_size: u32,
+        waited: std::time::Duration,
+        advice: &'static str,
+    ) -> Self {
+        let retry_after = (waited / 4).clamp(
+            std::time::Duration::from_millis(50),
+            std::time::Duration::from_secs(5),
+        );
+        StoreError::Overloaded {
+            backend,
+            pool,
+            pool_size,
+            waited,
+            retry_after,
+            advice,
+        }
+    }
+
+    /// If the store was overloaded ([`StoreError::Overloaded`]): how long to wait before
+    /// trying again. Nothing was done.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            StoreError::Overloaded { retry_after, .. } => Some(*retry_after),
+            _ => None,
         }
     }
 }
@@ -675,12 +736,21 @@ impl From<crate::snapshot::BudgetExceeded> for DurableError {
 }
 
 impl DurableError {
-    /// Whether a retry loop may retry this error. `ReplayUnsafe`, lease and integrity
-    /// errors are never retryable: retrying them is the duplicate-email bug.
-    ///
-    /// The errors of [kind](Self::kind) [`ErrorKind::Transient`].
+    /// Whether a retry loop may retry this error: the errors of [kind](Self::kind)
+    /// [`ErrorKind::Transient`] (a database error) or [`ErrorKind::Overloaded`] (which
+    /// says how long to wait, [`retry_after`](Self::retry_after)). `ReplayUnsafe`, lease
+    /// and integrity errors are never retryable: retrying them is the duplicate-email bug.
     pub fn is_retryable(&self) -> bool {
-        self.kind() == ErrorKind::Transient
+        matches!(self.kind(), ErrorKind::Transient | ErrorKind::Overloaded)
+    }
+
+    /// If the store was overloaded ([`StoreError::Overloaded`]): how long to wait before
+    /// trying again. Nothing was done.
+    pub fn retry_after(&self) -> Option<std::time::Duration> {
+        match self {
+            DurableError::Store(e) => e.retry_after(),
+            _ => None,
+        }
     }
 
     /// Whether the call was journaled as awaiting a person's approval

@@ -132,6 +132,26 @@ pub struct SessionRecord {
     pub lease_renewed_at: Option<i64>,
 }
 
+/// One row of a session listing ([`CheckpointStore::list_session_rows`]).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum ListedSession {
+    /// A session row, read whole (boxed: the other variant is small).
+    Read(Box<SessionRecord>),
+    /// A row this release cannot read: listed with its id and raw status, the rest
+    /// unknown. Acting on the session fails with the typed error `problem` describes.
+    Unreadable {
+        /// The session's id.
+        id: SessionId,
+        /// The status as stored (`suspended`, say, from a newer release).
+        raw_status: String,
+        /// When it was last updated (ms, as stored): where it sorts in a listing.
+        updated_at: i64,
+        /// Why the row cannot be read.
+        problem: String,
+    },
+}
+
 /// The queue of sessions started without one.
 pub const DEFAULT_QUEUE: &str = "default";
 
@@ -631,6 +651,17 @@ impl SessionCursor {
         }
     }
 
+    /// The cursor after a listed row, read or not.
+    pub fn of(row: &ListedSession) -> Self {
+        match row {
+            ListedSession::Read(session) => SessionCursor::after(session),
+            ListedSession::Unreadable { id, updated_at, .. } => SessionCursor {
+                updated_at: *updated_at,
+                id: id.clone(),
+            },
+        }
+    }
+
     /// Reads `<updated_at>:<id>`; `None` if it is not of that form.
     pub fn parse(text: &str) -> Option<Self> {
         let (at, id) = text.split_once(':')?;
@@ -826,6 +857,27 @@ pub trait CheckpointStore: Send + Sync + 'static {
     async fn list_sessions(&self, filter: &SessionFilter)
     -> Result<Vec<SessionRecord>, StoreError>;
 
+    /// Lists sessions as [`list_sessions`](Self::list_sessions) does, except that a row
+    /// this release cannot read (a status it does not know, written by a newer release
+    /// or changed outside `durable`) does not fail the listing: it is listed as
+    /// [`ListedSession::Unreadable`] with its raw status, and the rest are listed whole.
+    /// Acting on that session (reading, resuming, leasing it) still fails with the typed
+    /// error. For listings shown to operators (`durable sessions`, the console).
+    ///
+    /// The default lists with [`list_sessions`](Self::list_sessions) (so one unreadable
+    /// row fails it); the stores of this workspace override it.
+    async fn list_session_rows(
+        &self,
+        filter: &SessionFilter,
+    ) -> Result<Vec<ListedSession>, StoreError> {
+        Ok(self
+            .list_sessions(filter)
+            .await?
+            .into_iter()
+            .map(|s| ListedSession::Read(Box::new(s)))
+            .collect())
+    }
+
     /// Takes the lease on a session for `owner`, bumping its fencing token; counts the
     /// take-over as a recovery when the previous lease was never given up.
     ///
@@ -884,6 +936,9 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// - in a queue below its fleet-wide limit ([`set_queue_limit`](Self::set_queue_limit)):
     ///   fewer of the queue's active sessions hold a live lease than the limit, counted
     ///   in a way that two concurrent claims cannot both take the last place.
+    /// - not blocked on an operator: a session whose lease was *released* (not expired)
+    ///   while one of its `unsafe_on_replay` calls is `issued` (in doubt) is left out
+    ///   until that call is resolved.
     ///
     /// Oldest session first (by creation): a session handed over mid-run (released,
     /// recovered, woken) goes before work submitted after it, so a deploy's hand-overs

@@ -137,7 +137,7 @@ pub(crate) async fn release_lease(store: &PostgresStore, lease: &Lease) -> Resul
     ))
     .bind(lease.session.as_str())
     .bind(lease.fence)
-    .execute(&store.pool)
+    .execute(&mut *store.conn().await?)
     .await
     .map_err(db)?;
     Ok(())
@@ -159,7 +159,7 @@ pub(crate) async fn claim_expired(
         tx::now_ms!(),
         ")"
     ))
-    .fetch_all(&store.pool)
+    .fetch_all(&mut *store.conn().await?)
     .await
     .map_err(db)?;
     loop {
@@ -183,6 +183,14 @@ pub(crate) async fn claim_expired(
                AND ($2::text IS NULL OR app_version = $2)
                AND (cardinality($3::text[]) = 0 OR queue = ANY($3))
                AND NOT (queue = ANY($4))
+               -- Blocked on an operator: released (its handler gave it up) while an
+               -- unsafe_on_replay call of it is in doubt; claimable again once an
+               -- operator resolves the call. A session whose worker died (lease expired,
+               -- never released) is still claimed: a verify hook may settle the call.
+               AND NOT (lease_owner IS NULL AND EXISTS (
+                   SELECT 1 FROM durable_tool_calls c
+                   WHERE c.session_id = durable_sessions.id AND c.status = 'issued'
+                     AND c.replay_class = 'unsafe_on_replay'))
              ORDER BY created_at, id
              LIMIT 1
              FOR UPDATE SKIP LOCKED",
@@ -265,7 +273,7 @@ pub(crate) async fn list_expired(
          ORDER BY updated_at, id LIMIT $1"
     ))
     .bind(limit.max(0))
-    .fetch_all(&store.pool)
+    .fetch_all(&mut *store.conn().await?)
     .await
     .map_err(db)?
     .iter()

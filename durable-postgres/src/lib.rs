@@ -482,13 +482,24 @@ impl PostgresStore {
     /// [`acknowledge_rollback`](Self::acknowledge_rollback)); reads only, so it works on a
     /// read-only store (`durable verify`).
     pub async fn placement_report(&self) -> Result<PlacementReport, StoreError> {
-        let mut conn = self.pool.acquire().await.map_err(db)?;
+        let mut conn = self.conn().await?;
         witness::inspect(&mut conn).await
     }
 
     /// The connection pool.
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// Takes a connection of the pool; a pool that stayed full for its whole acquire
+    /// timeout is [`StoreError::Overloaded`].
+    pub(crate) async fn conn(
+        &self,
+    ) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, StoreError> {
+        self.pool
+            .acquire()
+            .await
+            .map_err(|e| error::pool_error(&self.pool, e))
     }
 
     pub(crate) fn keyring(&self) -> &Keyring {

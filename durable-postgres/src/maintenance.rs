@@ -21,7 +21,7 @@ pub(crate) async fn durability(store: &PostgresStore) -> Result<Durability, Stor
         "SELECT current_setting('synchronous_commit') AS synchronous_commit,
                 current_setting('fsync') AS fsync",
     )
-    .fetch_one(&store.pool)
+    .fetch_one(&mut *store.conn().await?)
     .await
     .map_err(db)?;
     let synchronous_commit: String = get(&row, "synchronous_commit")?;
@@ -37,7 +37,7 @@ pub(crate) async fn durability(store: &PostgresStore) -> Result<Durability, Stor
 }
 
 pub(crate) async fn now(store: &PostgresStore) -> Result<i64, StoreError> {
-    let mut conn = store.pool.acquire().await.map_err(db)?;
+    let mut conn = store.conn().await?;
     tx::now(&mut conn).await
 }
 
@@ -54,7 +54,7 @@ pub(crate) async fn record_error(store: &PostgresStore, error: NewError) -> Resu
     .bind(&error.context)
     .bind(error.attempt)
     .bind(&error.message)
-    .execute(&store.pool)
+    .execute(&mut *store.conn().await?)
     .await
     .map_err(db)?;
     if inserted.rows_affected() == 0 {
@@ -72,7 +72,7 @@ pub(crate) async fn errors(
          FROM durable_errors WHERE session_id = $1 ORDER BY id",
     )
     .bind(session.as_str())
-    .fetch_all(&store.pool)
+    .fetch_all(&mut *store.conn().await?)
     .await
     .map_err(db)?
     .iter()

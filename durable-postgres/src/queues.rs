@@ -37,7 +37,7 @@ pub(crate) async fn set_queue_limit(
         ))
         .bind(queue),
     };
-    query.execute(&store.pool).await.map_err(db)?;
+    query.execute(&mut *store.conn().await?).await.map_err(db)?;
     Ok(())
 }
 
@@ -69,7 +69,7 @@ pub(crate) async fn queues(store: &PostgresStore) -> Result<Vec<QueueInfo>, Stor
          FROM names n LEFT JOIN counts c ON c.queue = n.name \
          LEFT JOIN durable_queues q ON q.name = n.name ORDER BY n.name"
     ))
-    .fetch_all(&store.pool)
+    .fetch_all(&mut *store.conn().await?)
     .await
     .map_err(db)?;
     rows.iter()
@@ -97,7 +97,7 @@ pub(crate) async fn next_wake_at(store: &PostgresStore) -> Result<Option<i64>, S
            AND (lease_owner IS NULL OR lease_expires_at IS NULL \
              OR lease_expires_at <= clock.now)"
     ))
-    .fetch_one(&store.pool)
+    .fetch_one(&mut *store.conn().await?)
     .await
     .map_err(db)
 }

@@ -201,6 +201,26 @@ fn json_opt(
 }
 
 /// Decodes a `durable_sessions` row.
+/// Decodes a `durable_sessions` row for a listing: a row that cannot be read is listed as
+/// [`ListedSession::Unreadable`](durable_core::store::ListedSession) with its raw status.
+pub(crate) fn listed_session(
+    row: &PgRow,
+) -> Result<durable_core::store::ListedSession, StoreError> {
+    use durable_core::store::ListedSession;
+    match session(row) {
+        Ok(record) => Ok(ListedSession::Read(Box::new(record))),
+        Err(e @ (StoreError::Corrupt { .. } | StoreError::Database { .. })) => {
+            Ok(ListedSession::Unreadable {
+                id: SessionId::new(get::<String>(row, "id")?),
+                raw_status: get::<String>(row, "status").unwrap_or_else(|_| "?".to_owned()),
+                updated_at: get::<i64>(row, "updated_at").unwrap_or(0),
+                problem: e.to_string(),
+            })
+        }
+        Err(e) => Err(e),
+    }
+}
+
 pub(crate) fn session(row: &PgRow) -> Result<SessionRecord, StoreError> {
     let id = SessionId::new(get::<String>(row, "id")?);
     check_format(&id, None, "session row", get(row, "format")?)?;

@@ -86,7 +86,7 @@ pub(crate) async fn session(
     store: &PostgresStore,
     id: &SessionId,
 ) -> Result<SessionRecord, StoreError> {
-    let mut conn = store.pool.acquire().await.map_err(db)?;
+    let mut conn = store.conn().await?;
     tx::session(&mut conn, id, None).await
 }
 
@@ -94,6 +94,29 @@ pub(crate) async fn list_sessions(
     store: &PostgresStore,
     filter: &SessionFilter,
 ) -> Result<Vec<SessionRecord>, StoreError> {
+    list_rows(store, filter)
+        .await?
+        .iter()
+        .map(rows::session)
+        .collect()
+}
+
+/// [`list_sessions`], a row that cannot be read listed as unreadable.
+pub(crate) async fn list_session_rows(
+    store: &PostgresStore,
+    filter: &SessionFilter,
+) -> Result<Vec<durable_core::store::ListedSession>, StoreError> {
+    list_rows(store, filter)
+        .await?
+        .iter()
+        .map(rows::listed_session)
+        .collect()
+}
+
+async fn list_rows(
+    store: &PostgresStore,
+    filter: &SessionFilter,
+) -> Result<Vec<sqlx::postgres::PgRow>, StoreError> {
     let statuses: Vec<&str> = filter.statuses.iter().map(|s| s.as_str()).collect();
     sqlx::query(concat!(
         "SELECT ",
@@ -111,12 +134,9 @@ pub(crate) async fn list_sessions(
     .bind(filter.limit.map(|l| l.max(0)))
     .bind(filter.after.as_ref().map(|a| a.updated_at))
     .bind(filter.after.as_ref().map(|a| a.id.as_str()))
-    .fetch_all(&store.pool)
+    .fetch_all(&mut *store.conn().await?)
     .await
-    .map_err(db)?
-    .iter()
-    .map(rows::session)
-    .collect()
+    .map_err(db)
 }
 
 pub(crate) async fn set_status(

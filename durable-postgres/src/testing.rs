@@ -158,6 +158,49 @@ pub async fn test_database() -> TestDatabase {
     }
 }
 
+/// The role of the throwaway cluster that logs in with a password (see [`password_role`]).
+pub const PASSWORD_ROLE: &str = "durable_password_auth";
+
+/// For tests of authentication: creates (or resets) [`PASSWORD_ROLE`] on the throwaway
+/// cluster with `password` and returns the URL of `database` for it *without* a password
+/// (add `:<password>` after the user name, right or wrong). The cluster requires that
+/// role to authenticate with SCRAM over TCP; every other role is trusted.
+///
+/// # Errors
+/// When tests run against `DATABASE_URL` (whose authentication this harness does not
+/// control) instead of the throwaway cluster.
+pub async fn password_role(database: &TestDatabase, password: &str) -> Result<String, String> {
+    let cluster = match CLUSTER.get() {
+        Some(Ok(cluster)) if database.throwaway => cluster,
+        _ => {
+            return Err(format!(
+                "password_role needs the throwaway cluster; {} is on DATABASE_URL's server",
+                database.name
+            ));
+        }
+    };
+    let mut conn = PgConnection::connect(&cluster.admin_url)
+        .await
+        .map_err(|e| format!("cannot connect to the test cluster: {e}"))?;
+    let quoted = password.replace('\'', "''");
+    let exists: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)")
+            .bind(PASSWORD_ROLE)
+            .fetch_one(&mut conn)
+            .await
+            .map_err(|e| e.to_string())?;
+    let verb = if exists { "ALTER" } else { "CREATE" };
+    sqlx::query(AssertSqlSafe(format!(
+        "{verb} ROLE {PASSWORD_ROLE} LOGIN SUPERUSER PASSWORD '{quoted}'"
+    )))
+    .execute(&mut conn)
+    .await
+    .map_err(|e| e.to_string())?;
+    let _ = conn.close().await;
+    let url = with_database(&cluster.admin_url, &database.name);
+    Ok(url.replacen("postgres@", &format!("{PASSWORD_ROLE}@"), 1))
+}
+
 /// The cluster of this process, started on first use.
 static CLUSTER: OnceCell<Result<Cluster, String>> = OnceCell::const_new();
 
@@ -229,6 +272,20 @@ impl Cluster {
                 String::from_utf8_lossy(&out.stderr)
             ));
         }
+        // One role logs in with a password (SCRAM) over TCP, so that tests can see what
+        // an authentication failure looks like ([`password_role`]); every other role is
+        // trusted, as before.
+        let hba = root.path().join("data").join("pg_hba.conf");
+        let trusted = std::fs::read_to_string(&hba)
+            .map_err(|e| format!("cannot read {}: {e}", hba.display()))?;
+        std::fs::write(
+            &hba,
+            format!(
+                "host all {PASSWORD_ROLE} 127.0.0.1/32 scram-sha-256\n\
+                 host all {PASSWORD_ROLE} ::1/128 scram-sha-256\n{trusted}"
+            ),
+        )
+        .map_err(|e| format!("cannot write {}: {e}", hba.display()))?;
         // From here on the watchdog owns the directory and removes it.
         let root = root.keep();
         let mut last_error = String::new();

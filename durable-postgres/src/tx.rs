@@ -86,7 +86,7 @@ async fn begin_retrying(
         };
         match begun {
             Err(e) if tries > 1 && connection_lost(&e) => tries -= 1,
-            other => return other.map_err(db),
+            other => return other.map_err(|e| crate::error::pool_error(pool, e)),
         }
     }
 }
@@ -102,7 +102,7 @@ where
     loop {
         match read().await {
             Err(e) if tries > 1 && connection_lost(&e) => tries -= 1,
-            other => return other.map_err(db),
+            other => return other.map_err(|e| crate::error::pool_error(pool, e)),
         }
     }
 }

@@ -278,7 +278,11 @@ pub(crate) async fn approvals(
     session: &SessionId,
 ) -> Result<Vec<ApprovalRecord>, StoreError> {
     let ring = store.keyring();
-    let mut rtx = store.reader().begin().await.map_err(db)?;
+    let mut rtx = store
+        .reader()
+        .begin()
+        .await
+        .map_err(|e| crate::error::pool_error(store.reader(), crate::error::Pool::Reader, e))?;
     let head = seal::checked_head(&mut rtx, ring, session).await?;
     let found = sqlx::query(
         "SELECT call_id, position, event, actor, note, args_before, args_after, format, \

@@ -513,7 +513,11 @@ pub(crate) async fn list_checkpoints(
     store: &SqliteStore,
     id: &SessionId,
 ) -> Result<Vec<CheckpointMeta>, StoreError> {
-    let mut rtx = store.reader().begin().await.map_err(db)?;
+    let mut rtx = store
+        .reader()
+        .begin()
+        .await
+        .map_err(|e| crate::error::pool_error(store.reader(), crate::error::Pool::Reader, e))?;
     let exists: bool =
         sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM durable_sessions WHERE id = ?)")
             .bind(id.as_str())

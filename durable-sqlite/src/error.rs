@@ -1,5 +1,7 @@
 //! Mapping of sqlx and serde errors into [`StoreError`].
 
+use std::time::Duration;
+
 use durable_core::store::FORMAT_VERSION;
 use durable_core::{SessionId, StoreError};
 
@@ -19,10 +21,61 @@ pub(crate) fn db(error: sqlx::Error) -> StoreError {
                 Err(source) => StoreError::database(BACKEND, sqlx::Error::Configuration(source)),
             }
         }
+        // A pool without context (see `acquire`): still typed, still retryable.
+        sqlx::Error::PoolTimedOut => {
+            StoreError::overloaded(BACKEND, "connection", 0, Duration::ZERO, READER_ADVICE)
+        }
         sqlx::Error::Database(e) if is_read_only(e.code().as_deref()) => {
             StoreError::ReadOnly { backend: BACKEND }
         }
         other => StoreError::database(BACKEND, other),
+    }
+}
+
+/// Which pool of a store a connection is taken from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Pool {
+    /// The one writer connection.
+    Writer,
+    /// The reader pool.
+    Reader,
+}
+
+/// What to raise when the reader pool stays full.
+const READER_ADVICE: &str = "raise `SqliteStoreOptions::max_readers` (the reader pool's size, default 4) \
+     or `SqliteStoreOptions::acquire_timeout` (how long an operation queues for a connection, default 30 s)";
+
+/// What to raise when the writer queue is too long for the acquire timeout.
+const WRITER_ADVICE: &str = "raise `SqliteStoreOptions::acquire_timeout` (how long a write queues for \
+     the store's one writer connection, default 30 s), or spread the sessions over more stores";
+
+/// Takes a connection of `pool`; a pool that stayed full for its whole acquire timeout is
+/// [`StoreError::Overloaded`], naming the pool, its size and the setting to raise.
+pub(crate) async fn acquire(
+    pool: &sqlx::SqlitePool,
+    which: Pool,
+) -> Result<sqlx::pool::PoolConnection<sqlx::Sqlite>, StoreError> {
+    pool.acquire().await.map_err(|e| pool_error(pool, which, e))
+}
+
+/// Maps an error of taking a connection of `pool` (see [`acquire`]).
+pub(crate) fn pool_error(pool: &sqlx::SqlitePool, which: Pool, error: sqlx::Error) -> StoreError {
+    match error {
+        sqlx::Error::PoolTimedOut => {
+            let options = pool.options();
+            let (name, advice) = match which {
+                Pool::Writer => ("writer", WRITER_ADVICE),
+                Pool::Reader => ("reader", READER_ADVICE),
+            };
+            StoreError::overloaded(
+                BACKEND,
+                name,
+                options.get_max_connections(),
+                options.get_acquire_timeout(),
+                advice,
+            )
+        }
+        other => db(other),
     }
 }
 

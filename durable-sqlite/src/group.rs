@@ -206,7 +206,11 @@ async fn batch_once(pool: &SqlitePool, jobs: Vec<Job>) -> Vec<Job> {
     let conn = match pool.acquire().await {
         Ok(conn) => conn,
         Err(error) => {
-            let shared = Shared::new(db(error));
+            let shared = Shared::new(crate::error::pool_error(
+                pool,
+                crate::error::Pool::Writer,
+                error,
+            ));
             jobs.into_iter().for_each(|job| (job.fail)(shared.error()));
             return Vec::new();
         }
@@ -449,6 +453,22 @@ impl Shared {
     fn error(&self) -> StoreError {
         match &*self.0 {
             StoreError::ReadOnly { backend } => StoreError::ReadOnly { backend },
+            // Nothing of the batch began: every write in it is refused as overloaded.
+            &StoreError::Overloaded {
+                backend,
+                pool,
+                pool_size,
+                waited,
+                retry_after,
+                advice,
+            } => StoreError::Overloaded {
+                backend,
+                pool,
+                pool_size,
+                waited,
+                retry_after,
+                advice,
+            },
             _ => StoreError::database(BACKEND, self.clone()),
         }
     }

@@ -301,7 +301,7 @@ async fn write_finish(
 }
 
 pub(crate) async fn call(store: &SqliteStore, id: &CallId) -> Result<CallRecord, StoreError> {
-    let mut conn = store.reader().acquire().await.map_err(db)?;
+    let mut conn = crate::error::acquire(store.reader(), crate::error::Pool::Reader).await?;
     load_call(&mut conn, store.keyring(), id).await
 }
 

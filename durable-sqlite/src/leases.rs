@@ -22,6 +22,20 @@ macro_rules! expired_where {
     };
 }
 
+/// Leaves out of a claim a session blocked on an operator: released (its handler gave it
+/// up, `lease_owner` cleared) while an `unsafe_on_replay` call of it is in doubt. Only an
+/// operator's resolution unblocks it (the row leaves `issued`), and then it is claimable
+/// again. A session whose worker died (its lease expired, never released) is still
+/// claimed: its resume may settle the call with the tool's verify hook. (The partial
+/// index of issued rows serves the lookup.)
+macro_rules! blocked_on_operator {
+    () => {
+        " AND NOT (lease_owner IS NULL AND EXISTS (SELECT 1 FROM durable_tool_calls c \
+           WHERE c.session_id = durable_sessions.id AND c.status = 'issued' \
+           AND c.replay_class = 'unsafe_on_replay')) "
+    };
+}
+
 pub(crate) async fn acquire_lease(
     store: &SqliteStore,
     id: &SessionId,
@@ -182,8 +196,9 @@ pub(crate) async fn claim_expired(
                 expired_where!(),
                 "AND (?2 IS NULL OR app_version = ?2) \
                  AND (?3 IS NULL OR queue IN (SELECT value FROM json_each(?3))) \
-                 AND queue NOT IN (SELECT value FROM json_each(?4)) \
-                 ORDER BY created_at ASC, rowid ASC LIMIT 1"
+                 AND queue NOT IN (SELECT value FROM json_each(?4)) ",
+                blocked_on_operator!(),
+                "ORDER BY created_at ASC, rowid ASC LIMIT 1"
             ))
             .bind(now)
             .bind(claim.app_version.as_deref())

@@ -55,6 +55,11 @@
 //! in the pool (fair, no busy-waiting) and leaves the busy timeout for contention with
 //! other processes sharing the file.
 //!
+//! An operation waits for a connection at most
+//! [`acquire_timeout`](SqliteStoreOptions::acquire_timeout) (default 30 s); beyond that
+//! it is refused with [`StoreError::Overloaded`] (nothing was done; retry after its
+//! `retry_after` hint) instead of queueing without bound.
+//!
 //! An in-memory store ([`SqliteStore::open_in_memory`]) is a named shared-cache memory
 //! database served by a single connection, plus one idle connection that keeps the
 //! database alive for as long as the store exists.
@@ -142,6 +147,7 @@ pub struct SqliteStoreOptions {
     keyring: Option<Keyring>,
     busy_timeout: Duration,
     max_readers: u32,
+    acquire_timeout: Duration,
     accept_volatile: bool,
     create_if_missing: bool,
     read_only: bool,
@@ -169,6 +175,7 @@ impl SqliteStoreOptions {
             keyring: None,
             busy_timeout: Duration::from_secs(5),
             max_readers: 4,
+            acquire_timeout: Duration::from_secs(30),
             accept_volatile: false,
             create_if_missing: true,
             read_only: false,
@@ -187,6 +194,15 @@ impl SqliteStoreOptions {
     /// use one connection for everything.
     pub fn max_readers(mut self, max: u32) -> Self {
         self.max_readers = max.max(1);
+        self
+    }
+
+    /// How long an operation waits for a connection of a pool (the one writer connection,
+    /// or a reader) before it is refused with [`StoreError::Overloaded`] (default 30 s).
+    /// Operations of this process queue for the pools fairly; beyond what the pools serve
+    /// in this time, the store refuses instead of queueing without bound.
+    pub fn acquire_timeout(mut self, timeout: Duration) -> Self {
+        self.acquire_timeout = timeout;
         self
     }
 
@@ -470,9 +486,11 @@ impl SqliteStore {
         // No liveness ping per acquire (a round trip to the connection's worker thread):
         // an embedded connection does not drop like a network one, and a broken one
         // fails its first statement with a typed error all the same.
+        let acquire_timeout = options.acquire_timeout;
         let pool_options = move || {
             SqlitePoolOptions::new()
                 .test_before_acquire(false)
+                .acquire_timeout(acquire_timeout)
                 .after_connect(move |conn, _meta| {
                     Box::pin(async move {
                         open::verify(conn, expect)

@@ -31,7 +31,7 @@ use crate::tx::{self, WriteTx, millis};
 const IN_MEMORY_SETTING: &str = "journal_mode = memory (in-memory database)";
 
 pub(crate) async fn durability(store: &SqliteStore) -> Result<Durability, StoreError> {
-    let mut conn = store.writer().acquire().await.map_err(db)?;
+    let mut conn = crate::error::acquire(store.writer(), crate::error::Pool::Writer).await?;
     let mode: String = sqlx::query_scalar("PRAGMA journal_mode")
         .fetch_one(&mut *conn)
         .await
@@ -258,7 +258,7 @@ impl SqliteStore {
     /// restored key row), with the check of the seal that covers the whole log under
     /// this store's keys. Read in one read transaction; changes nothing.
     pub async fn integrity_log(&self) -> Result<durable_core::integrity::IntegrityLog, StoreError> {
-        let mut conn = self.reader().acquire().await.map_err(db)?;
+        let mut conn = crate::error::acquire(self.reader(), crate::error::Pool::Reader).await?;
         crate::keys::read_log(&mut conn, &self.inner.keyring).await
     }
 }

@@ -108,7 +108,11 @@ pub(crate) async fn resolutions(
     session: &SessionId,
 ) -> Result<Vec<ResolutionRecord>, StoreError> {
     let ring = store.keyring();
-    let mut rtx = store.reader().begin().await.map_err(db)?;
+    let mut rtx = store
+        .reader()
+        .begin()
+        .await
+        .map_err(|e| crate::error::pool_error(store.reader(), crate::error::Pool::Reader, e))?;
     let head = seal::checked_head(&mut rtx, ring, session).await?;
     let found = sqlx::query(
         "SELECT call_id, session_id, decision, result, resolved_by, note, format, created_at, \

@@ -97,6 +97,28 @@ pub(crate) fn session(row: &SqliteRow) -> Result<SessionRecord, StoreError> {
     })
 }
 
+/// Decodes a `durable_sessions` row for a listing: a row that cannot be read is listed as
+/// [`ListedSession::Unreadable`](durable_core::store::ListedSession) with its raw status.
+pub(crate) fn listed_session(
+    row: &SqliteRow,
+) -> Result<durable_core::store::ListedSession, StoreError> {
+    use durable_core::store::ListedSession;
+    match session(row) {
+        Ok(record) => Ok(ListedSession::Read(Box::new(record))),
+        Err(e @ (StoreError::Corrupt { .. } | StoreError::Database { .. })) => {
+            Ok(ListedSession::Unreadable {
+                id: session_id(row, "id")?,
+                raw_status: row
+                    .try_get::<String, _>("status")
+                    .unwrap_or_else(|_| "?".to_owned()),
+                updated_at: row.try_get::<i64, _>("updated_at").unwrap_or(0),
+                problem: e.to_string(),
+            })
+        }
+        Err(e) => Err(e),
+    }
+}
+
 /// Decodes a `durable_checkpoints` row selected with [`meta_cols!`].
 pub(crate) fn checkpoint_meta(row: &SqliteRow) -> Result<CheckpointMeta, StoreError> {
     let session = session_id(row, "session_id")?;

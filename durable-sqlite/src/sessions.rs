@@ -91,7 +91,7 @@ pub(crate) async fn session(
     store: &SqliteStore,
     id: &SessionId,
 ) -> Result<SessionRecord, StoreError> {
-    let mut conn = store.reader().acquire().await.map_err(db)?;
+    let mut conn = crate::error::acquire(store.reader(), crate::error::Pool::Reader).await?;
     tx::session(&mut conn, id).await
 }
 
@@ -99,6 +99,29 @@ pub(crate) async fn list_sessions(
     store: &SqliteStore,
     filter: &SessionFilter,
 ) -> Result<Vec<SessionRecord>, StoreError> {
+    list_rows(store, filter)
+        .await?
+        .iter()
+        .map(rows::session)
+        .collect()
+}
+
+/// [`list_sessions`], a row that cannot be read listed as unreadable.
+pub(crate) async fn list_session_rows(
+    store: &SqliteStore,
+    filter: &SessionFilter,
+) -> Result<Vec<durable_core::store::ListedSession>, StoreError> {
+    list_rows(store, filter)
+        .await?
+        .iter()
+        .map(rows::listed_session)
+        .collect()
+}
+
+async fn list_rows(
+    store: &SqliteStore,
+    filter: &SessionFilter,
+) -> Result<Vec<sqlx::sqlite::SqliteRow>, StoreError> {
     let mut sql = String::from(concat!(
         "SELECT ",
         session_cols!(),
@@ -131,8 +154,7 @@ pub(crate) async fn list_sessions(
             .bind(after.id.as_str().to_owned());
     }
     query = query.bind(filter.limit.map_or(-1, |l| l.max(0)));
-    let found = query.fetch_all(store.reader()).await.map_err(db)?;
-    found.iter().map(rows::session).collect()
+    query.fetch_all(store.reader()).await.map_err(db)
 }
 
 pub(crate) async fn set_status(

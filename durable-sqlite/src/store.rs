@@ -60,6 +60,13 @@ impl CheckpointStore for SqliteStore {
         sessions::list_sessions(self, filter).await
     }
 
+    async fn list_session_rows(
+        &self,
+        filter: &SessionFilter,
+    ) -> Result<Vec<durable_core::store::ListedSession>, StoreError> {
+        sessions::list_session_rows(self, filter).await
+    }
+
     async fn acquire_lease(
         &self,
         id: &SessionId,

@@ -20,7 +20,7 @@ use sqlx::{Sqlite, SqliteConnection, SqlitePool};
 /// A query on SQLite with its parameters.
 pub(crate) type SqliteQuery<'q> = Query<'q, Sqlite, SqliteArguments>;
 
-use crate::error::db;
+use crate::error::{Pool, acquire, db};
 use crate::rows::{self, session_cols};
 use crate::seal::{self, HeadRow, head_cols};
 
@@ -45,7 +45,7 @@ pub(crate) async fn now(conn: &mut SqliteConnection) -> Result<i64, StoreError> 
 /// Reads the database clock on a connection of `pool`, which goes back to the pool
 /// before this returns.
 pub(crate) async fn clock(pool: &SqlitePool) -> Result<i64, StoreError> {
-    let mut conn = pool.acquire().await.map_err(db)?;
+    let mut conn = acquire(pool, Pool::Reader).await?;
     now(&mut conn).await
 }
 
@@ -71,7 +71,7 @@ pub(crate) struct WriteTx {
 impl WriteTx {
     /// Acquires a connection and begins an immediate transaction.
     pub(crate) async fn begin(pool: &SqlitePool) -> Result<Self, StoreError> {
-        let conn = pool.acquire().await.map_err(db)?;
+        let conn = acquire(pool, Pool::Writer).await?;
         // `open` is set before BEGIN is sent: if this future is dropped mid-statement we
         // cannot know whether BEGIN ran, so the connection must not be reused.
         let mut tx = WriteTx {
@@ -107,7 +107,7 @@ impl WriteTx {
         bind: impl FnOnce(SqliteQuery<'q>) -> SqliteQuery<'q>,
     ) -> Result<(Self, Option<SqliteRow>), StoreError> {
         debug_assert!(sql.starts_with("BEGIN IMMEDIATE; SELECT "));
-        let conn = pool.acquire().await.map_err(db)?;
+        let conn = acquire(pool, Pool::Writer).await?;
         // As in `begin`: from here on a transaction may be open.
         let mut tx = WriteTx {
             conn,
@@ -277,7 +277,7 @@ impl ReadTx {
         pool: &SqlitePool,
         query: SqliteQuery<'_>,
     ) -> Result<(Self, Vec<SqliteRow>), StoreError> {
-        let conn = pool.acquire().await.map_err(db)?;
+        let conn = acquire(pool, Pool::Reader).await?;
         let mut tx = ReadTx { conn, open: true };
         match query.fetch_all(&mut *tx.conn).await {
             Ok(rows) => Ok((tx, rows)),

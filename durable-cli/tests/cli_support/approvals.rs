@@ -456,6 +456,38 @@ pub async fn approve(store: &Arc<dyn CheckpointStore>, db: &str) {
     );
     assert_eq!(approved.args, row(store, &r.refund).await.args);
     assert_eq!(approved.args["amount"], 500, "the row keeps the request");
+    // `calls` shows both sets of arguments, labelled, in the table and in JSON.
+    let out = run(db, &["calls", "s-approve"]);
+    no_secrets("calls", &out);
+    let text = out.ok().to_owned();
+    let labelled = |label: &str| {
+        text.lines()
+            .find(|l| l.trim_start().starts_with(label))
+            .unwrap_or_else(|| panic!("no {label} line:\n{text}"))
+            .to_owned()
+    };
+    assert!(
+        labelled("requested arguments").contains("\"amount\":500"),
+        "{text}"
+    );
+    assert!(
+        labelled("approved (edited) arguments").contains("\"amount\":50,"),
+        "{text}"
+    );
+    let rows = run(db, &["calls", "s-approve", "--json"]).json();
+    let refund_row = rows
+        .as_array()
+        .expect("array")
+        .iter()
+        .find(|c| c["id"] == json!(r.refund.as_str()))
+        .expect("the refund's row")
+        .clone();
+    assert_eq!(refund_row["requested_args"]["amount"], 500, "{refund_row}");
+    assert_eq!(refund_row["approved_args"]["amount"], 50, "{refund_row}");
+    assert_eq!(
+        refund_row["approved_args"]["card"], "<secret>",
+        "{refund_row}"
+    );
 
     // The last decision: the session is active again, without a lease.
     assert_eq!(status(store, &r.session).await, SessionStatus::Active);

@@ -816,3 +816,70 @@ pub async fn runtime_edited_key_held_by_another_call_is_refused(store: Arc<dyn C
         .await
         .expect("revoke");
 }
+
+/// Revoked while the worker resumes: the session's worker read the row `approved`, and a
+/// person revoked the approval before the worker issued it. Nothing runs, and the worker
+/// gets the recorded denial (`CallError::Recorded`, the revocation's reason), as for any
+/// denied call: not the resolve vocabulary ("not in doubt").
+pub async fn runtime_revoke_racing_the_resume_is_the_recorded_denial(
+    store: Arc<dyn CheckpointStore>,
+) {
+    let (durable, _) = runtime(&store, "first");
+    let session = start(&durable).await;
+    let email = spec("send_email", ReplayClass::UnsafeOnReplay);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let call = awaiting(
+        ask(
+            &session,
+            &email,
+            1,
+            Some(approval::tool_rule(&email)),
+            &runs,
+        )
+        .await,
+    );
+    let id = session.id().clone();
+    session.await_approval().await.expect("park");
+    durable
+        .approve(&call, None, "alice", None)
+        .await
+        .expect("approve");
+    // The next worker reads the row approved; the revocation lands before it issues it.
+    let probe = super::stall::Probe::new(Arc::clone(&store));
+    let (revoker, revoked) = (durable.clone(), call.clone());
+    probe.before_next_issue_approved(Box::new(move || {
+        Box::pin(async move {
+            revoker
+                .revoke(&revoked, "the customer withdrew the request", "bob", None)
+                .await
+                .expect("revoke lands first");
+        })
+    }));
+    let probed: Arc<dyn CheckpointStore> = probe;
+    let session = resume(&probed, &id, "second").await;
+    match ask(
+        &session,
+        &email,
+        1,
+        Some(approval::tool_rule(&email)),
+        &runs,
+    )
+    .await
+    {
+        Err(CallError::Recorded(failure)) => {
+            assert!(
+                failure
+                    .message
+                    .contains("the customer withdrew the request"),
+                "{}",
+                failure.message
+            );
+        }
+        other => panic!("expected the recorded denial, got {other:?}"),
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 0, "a revoked call never runs");
+    assert_eq!(
+        store.call(&call).await.expect("row").status,
+        CallStatus::Denied
+    );
+}

@@ -36,7 +36,13 @@ pub(super) struct Probe {
     stalled: Notify,
     saves: AtomicUsize,
     finishes_with_checkpoint: AtomicUsize,
+    before_issue_approved: std::sync::Mutex<Option<Hook>>,
 }
+
+/// Something a case runs on the real store at a chosen point (see
+/// [`Probe::before_next_issue_approved`]).
+pub(super) type Hook =
+    Box<dyn FnOnce() -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
 
 impl Probe {
     pub(super) fn new(inner: Arc<dyn CheckpointStore>) -> Arc<Self> {
@@ -48,6 +54,7 @@ impl Probe {
             stalled: Notify::new(),
             saves: AtomicUsize::new(0),
             finishes_with_checkpoint: AtomicUsize::new(0),
+            before_issue_approved: std::sync::Mutex::new(None),
         })
     }
 
@@ -69,6 +76,15 @@ impl Probe {
     /// Resolves once an armed checkpoint write has committed and parked.
     pub(super) async fn stalled(&self) {
         self.stalled.notified().await;
+    }
+
+    /// The next `issue_approved` runs `hook` to its end first (a person's decision
+    /// landing between the worker's read of the approved row and its issue, say).
+    pub(super) fn before_next_issue_approved(&self, hook: Hook) {
+        *self
+            .before_issue_approved
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(hook);
     }
 
     /// `save_checkpoint` calls so far.
@@ -252,6 +268,14 @@ impl CheckpointStore for Probe {
         call: &CallId,
         key: Option<EditedKey>,
     ) -> Result<CallRecord, StoreError> {
+        let hook = self
+            .before_issue_approved
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take();
+        if let Some(hook) = hook {
+            hook().await;
+        }
         self.inner.issue_approved(fence, call, key).await
     }
 

@@ -14,7 +14,7 @@ use super::{ConnectError, DurableError, StoreError};
 /// let e = DurableError::from(StoreError::SessionNotFound(session));
 /// let advice = match e.kind() {
 ///     ErrorKind::NotFound => "no such session: start one",
-///     ErrorKind::Transient => "retry later",
+///     ErrorKind::Transient | ErrorKind::Overloaded => "retry later",
 ///     ErrorKind::OperatorNeeded => "surface it to a person",
 ///     _ => "report it",
 /// };
@@ -52,9 +52,13 @@ pub enum ErrorKind {
     Unavailable,
     /// The store is read-only (or opened unverified) and was asked to change something.
     PermissionDenied,
-    /// A passing failure of the database or of capacity (connection lost, pool full):
-    /// retrying later may succeed. The only kind [`DurableError::is_retryable`] accepts.
+    /// A passing failure of the database (connection lost, disk I/O): retrying later may
+    /// succeed ([`DurableError::is_retryable`]).
     Transient,
+    /// The store's capacity is used up (its connection pool stayed full): nothing was
+    /// done; retry after the hint ([`DurableError::retry_after`]), or raise the pool's
+    /// size ([`DurableError::is_retryable`]).
+    Overloaded,
     /// The backend does not support the operation.
     Unsupported,
 }
@@ -73,6 +77,7 @@ impl ErrorKind {
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::PermissionDenied => "permission_denied",
             ErrorKind::Transient => "transient",
+            ErrorKind::Overloaded => "overloaded",
             ErrorKind::Unsupported => "unsupported",
         }
     }
@@ -121,6 +126,7 @@ impl StoreError {
             E::ReadOnly { .. } => ErrorKind::PermissionDenied,
             E::Unsupported { .. } => ErrorKind::Unsupported,
             E::Database { .. } => ErrorKind::Transient,
+            E::Overloaded { .. } => ErrorKind::Overloaded,
         }
     }
 }

@@ -113,6 +113,52 @@ impl<'j> ToolCall<'j> {
     }
 
     /// Runs the call through the journal with no verify hook.
+    ///
+    /// # Why the body is `FnMut`, not `FnOnce`
+    ///
+    /// `run` calls the closure once per *attempt*: a tool with a retry policy
+    /// ([`ToolSpec::with_retry`](crate::ToolSpec::with_retry), for `pure` and
+    /// `idempotent_with_key` tools) runs it again after a failed attempt, within this one
+    /// call. So the closure must be callable more than once, and the future it returns
+    /// cannot take a capture of the closure by value: with an owned `body: String`,
+    /// `move |_ctx| async move { send(body).await }` is error E0507 ("cannot move out of
+    /// `body`, a captured variable in an `FnMut` closure"), once per moved capture.
+    ///
+    /// ```compile_fail,E0507
+    /// # use durable_core::{CallError, Journal, ToolSpec};
+    /// # use serde_json::{Value, json};
+    /// # async fn send(body: String) -> Result<Value, String> { Ok(json!(body.len())) }
+    /// # async fn demo(journal: &Journal, spec: &ToolSpec) -> Result<Value, CallError<String>> {
+    /// let body = String::from("Your refund is on its way.");
+    /// journal
+    ///     .tool(spec, json!({ "body": body }))
+    ///     .run(move |_ctx| async move { send(body).await }) // E0507: `body` moved out
+    ///     .await
+    /// # }
+    /// ```
+    ///
+    /// The closure keeps the captures; each attempt clones what its future takes, inside
+    /// the closure, and moves the clone in:
+    ///
+    /// ```no_run
+    /// # use durable_core::{CallError, Journal, ToolSpec};
+    /// # use serde_json::{Value, json};
+    /// # async fn send(to: &str, body: String) -> Result<Value, String> { Ok(json!({ "to": to, "len": body.len() })) }
+    /// # async fn demo(journal: &Journal, spec: &ToolSpec) -> Result<Value, CallError<String>> {
+    /// let to = String::from("ada@example.com");
+    /// let body = String::from("Your refund is on its way.");
+    /// journal
+    ///     .tool(spec, json!({ "to": to, "body": body }))
+    ///     .run(move |_ctx| {
+    ///         // One copy per attempt: the future owns it, the closure keeps the original.
+    ///         let (to, body) = (to.clone(), body.clone());
+    ///         async move { send(&to, body).await }
+    ///     })
+    ///     .await
+    /// # }
+    /// ```
+    ///
+    /// (An `Arc` of what is expensive to clone does the same for the price of a counter.)
     pub async fn run<T, E, F, Fut>(self, run: F) -> Result<T, CallError<E>>
     where
         T: Serialize + DeserializeOwned,
@@ -640,6 +686,24 @@ impl<'j> ToolCall<'j> {
                     reason: DurableError::from(conflict).to_string(),
                 }
                 .into());
+            }
+            // A decision landed between this worker's read of the row and its issue (a
+            // person revoked the approval, say): nothing ran, and the row's outcome is
+            // what the harness gets, as for any decided call (a denial is its recorded
+            // failure), not the resolve vocabulary of `CallNotInDoubt`.
+            Err(StoreError::CallNotInDoubt { call, status }) => {
+                let decided = journal
+                    .inner
+                    .store
+                    .call(&call)
+                    .await
+                    .map_err(|e| journal.note_store_error(e))?;
+                if !decided.status.has_outcome() {
+                    let e = StoreError::CallNotInDoubt { call, status };
+                    return Err(journal.note_store_error(e).into());
+                }
+                journal.remember(&decided).await;
+                return journal.replay_recorded(decided, reservation).await;
             }
             Err(e) => return Err(journal.note_store_error(e).into()),
         };

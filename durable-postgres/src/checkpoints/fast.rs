@@ -156,7 +156,7 @@ pub(super) async fn save(
         .bind(expected)
         .bind(head.head.as_deref())
         .bind(checkpoint.wake_at)
-        .fetch_optional(&store.pool)
+        .fetch_optional(&mut *store.conn().await?)
         .await
         .map_err(db)?;
     Ok(created.map(|created_at| CheckpointMeta {

@@ -57,7 +57,7 @@ pub(crate) async fn list_checkpoints(
     store: &PostgresStore,
     id: &SessionId,
 ) -> Result<Vec<CheckpointMeta>, StoreError> {
-    let mut conn = store.pool.acquire().await.map_err(db)?;
+    let mut conn = store.conn().await?;
     // Distinguish "no such session" from "no checkpoints".
     tx::session(&mut conn, id, None).await?;
     sqlx::query(concat!(

@@ -137,7 +137,7 @@ pub(super) async fn insert(
         .bind(head.journal_rows)
         .bind(head.head.as_deref())
         .bind(next.issued_rows)
-        .fetch_optional(&store.pool)
+        .fetch_optional(&mut *store.conn().await?)
         .await
         .map_err(db)?;
     Ok(match issued_at {
@@ -236,7 +236,7 @@ pub(super) async fn finish(
         .bind(next.issued_rows)
         .bind(next.head.as_deref())
         .bind(CallStatus::Issued.as_str())
-        .execute(&store.pool)
+        .execute(&mut *store.conn().await?)
         .await
         .map_err(db)?;
     Ok(done.rows_affected() == 1)

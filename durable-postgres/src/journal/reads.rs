@@ -20,7 +20,7 @@ pub(crate) async fn call(store: &PostgresStore, id: &CallId) -> Result<CallRecor
         " FROM durable_tool_calls WHERE id = $1"
     ))
     .bind(id.as_str())
-    .fetch_optional(&store.pool)
+    .fetch_optional(&mut *store.conn().await?)
     .await
     .map_err(db)?
     .ok_or_else(|| StoreError::CallNotFound(id.clone()))?;
@@ -320,7 +320,7 @@ pub(crate) async fn in_doubt(
         ") ORDER BY s.created_at, s.id, c.seq"
     ))
     .bind(session.map(SessionId::as_str))
-    .fetch_all(&store.pool)
+    .fetch_all(&mut *store.conn().await?)
     .await
     .map_err(db)?
     .iter()
