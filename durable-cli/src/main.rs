@@ -41,7 +41,8 @@ use crate::workers::{QueueLimitArgs, WakeArgs, WorkersArgs};
 const EXIT_CODES: &str = "\
 Exit codes:
   0  success
-  1  unexpected failure (a database error mid-command)
+  1  unexpected failure (a database error mid-command, corrupt data or a row written by
+     a newer release)
   2  usage error (unknown flag, missing argument, bad duration or mapping, no store given)
   3  not found (session, call or checkpoint version)
   4  refused (call not in doubt or not awaiting approval, id already taken, app version
@@ -51,8 +52,8 @@ Exit codes:
      empty denial reason, unreadable file)
   6  database unavailable (no such file, not a durable store, cannot connect, unknown
      URL, schema too new, sealed with a key DURABLE_MAC_KEY does not hold)
-  7  integrity check failed (a row was changed outside durable or cannot be read, the
-     store was rolled back)
+  7  integrity check failed (a row was changed outside durable, the store was rolled
+     back)
 
 The store: --db, else the DURABLE_DB environment variable, else DATABASE_URL (the
 variable sqlx and most PostgreSQL tools read). An empty variable counts as unset.

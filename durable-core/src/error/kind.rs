@@ -43,10 +43,12 @@ pub enum ErrorKind {
     AwaitingApproval,
     /// A limit was reached: a budget, a size cap.
     LimitExceeded,
-    /// What the store holds cannot be trusted: a seal does not hold, a row is corrupt,
-    /// the store was rolled back. Nothing was changed; an operator investigates
-    /// (`durable verify`).
+    /// What the store holds cannot be trusted: a seal does not hold, the store was
+    /// rolled back. Nothing was changed; an operator investigates (`durable verify`).
     Integrity,
+    /// A row this release cannot read: corrupt, or written by a newer release (an
+    /// unknown status, say). Upgrade, or repair the row; the rest of the store is usable.
+    Unreadable,
     /// The store cannot be used as configured: not a durable store, a schema too new or
     /// too old, a key missing, durability settings refused, a backend not compiled in.
     Unavailable,
@@ -74,6 +76,7 @@ impl ErrorKind {
             ErrorKind::AwaitingApproval => "awaiting_approval",
             ErrorKind::LimitExceeded => "limit_exceeded",
             ErrorKind::Integrity => "integrity",
+            ErrorKind::Unreadable => "unreadable",
             ErrorKind::Unavailable => "unavailable",
             ErrorKind::PermissionDenied => "permission_denied",
             ErrorKind::Transient => "transient",
@@ -117,7 +120,8 @@ impl StoreError {
             E::EmptyDenialReason { .. } | E::InvalidId { .. } | E::InvalidText { .. } => {
                 ErrorKind::InvalidInput
             }
-            E::Corrupt { .. } | E::Tampered { .. } | E::RolledBack { .. } => ErrorKind::Integrity,
+            E::Tampered { .. } | E::RolledBack { .. } => ErrorKind::Integrity,
+            E::Corrupt { .. } => ErrorKind::Unreadable,
             E::KeyMissing { .. }
             | E::SchemaTooNew { .. }
             | E::SchemaTooOld { .. }
