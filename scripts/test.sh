@@ -11,6 +11,10 @@
 # The operator console's browser test (durable-console/tests/browser.rs) drives Debian's
 # `chromium` through `chromedriver`; this script installs `chromium` and `chromium-driver`
 # when `chromedriver` is missing (CHROMEDRIVER names another one). Never skipped either.
+#
+# The SQLite clock-skew tests (durable-sqlite/tests/clock_skew.rs) run workers under
+# libfaketime, an hour ahead and behind; this script installs Debian's `faketime` when
+# its library is missing (FAKETIME_LIB names another one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,6 +48,20 @@ if [ -z "${CHROMEDRIVER:-}" ] && ! command -v chromedriver >/dev/null 2>&1; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null
   command -v chromedriver >/dev/null 2>&1 || { echo "scripts/test.sh: chromium-driver installed but chromedriver still not found" >&2; exit 1; }
+fi
+
+have_libfaketime() {
+  [ -n "${FAKETIME_LIB:-}" ] || compgen -G '/usr/lib/*/faketime/libfaketimeMT.so.1' >/dev/null \
+    || compgen -G '/usr/lib/faketime/libfaketimeMT.so.1' >/dev/null
+}
+
+if ! have_libfaketime; then
+  echo "scripts/test.sh: libfaketime not found; installing Debian's faketime package" >&2
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends faketime >/dev/null
+  have_libfaketime || { echo "scripts/test.sh: faketime installed but libfaketimeMT.so.1 still not found" >&2; exit 1; }
 fi
 
 # The compile-fail cases first, with the facade's default features: their pinned messages

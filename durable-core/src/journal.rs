@@ -112,6 +112,10 @@ pub(crate) struct JournalInner {
     lease_deadline: Mutex<Instant>,
     /// Set while a checkpoint's outcome is unknown (its future was dropped mid-write).
     checkpoint_in_doubt: Mutex<Option<i64>>,
+    /// The fencing token under which the store was told this worker runs the session
+    /// (its first model or tool call under that lease), 0 before: see
+    /// [`mark_running`](Journal::mark_running).
+    running_marked: AtomicI64,
     /// Rows this journal issued itself and is running (everything else still `issued`
     /// is in doubt).
     issued_here: Mutex<HashSet<CallId>>,
@@ -190,6 +194,7 @@ impl Journal {
                 numbers: Arc::new(Mutex::new(Numbers::new(step))),
                 lease_deadline: Mutex::new(deadline),
                 checkpoint_in_doubt: Mutex::new(None),
+                running_marked: AtomicI64::new(0),
                 issued_here: Mutex::new(HashSet::new()),
                 doubts: Mutex::new(barrier::initial_doubts(in_doubt)),
                 spend: Mutex::new(Vec::new()),
@@ -359,6 +364,24 @@ impl Journal {
             }
             .into());
         }
+        Ok(())
+    }
+
+    /// Tells the store, once per lease, that this worker runs the session: before its
+    /// first model or tool call under the lease, so that if the worker dies from now on,
+    /// the next take-over counts a recovery (a death while the session ran). A worker
+    /// that dies holding the lease without having made a call (an idle lease) is not
+    /// counted against the session. See
+    /// [`CheckpointStore::mark_running`](crate::store::CheckpointStore::mark_running).
+    pub(crate) async fn mark_running(&self) -> Result<(), DurableError> {
+        let lease = self.lease();
+        if self.inner.running_marked.load(Ordering::SeqCst) == lease.fence {
+            return Ok(());
+        }
+        self.inner.store.mark_running(lease.fence()).await?;
+        self.inner
+            .running_marked
+            .store(lease.fence, Ordering::SeqCst);
         Ok(())
     }
 

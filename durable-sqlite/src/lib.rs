@@ -72,6 +72,7 @@ use sqlx::{ConnectOptions, Connection, SqliteConnection, SqlitePool};
 
 mod approval;
 mod checkpoints;
+mod clock;
 mod error;
 mod group;
 mod journal;
@@ -319,6 +320,8 @@ struct Inner {
     rollback: RollbackReport,
     /// Tells this process's idle worker pools that work may be available.
     work: durable_core::store::WorkNotifier,
+    /// What this process has seen of the database's leases (see `clock`).
+    leases: Arc<clock::LeaseClock>,
     /// Keeps a shared-cache in-memory database alive while the store exists. Dropped
     /// last (fields drop in declaration order).
     _keeper: Option<Mutex<SqliteConnection>>,
@@ -497,6 +500,12 @@ impl SqliteStore {
                 .map_err(db)?;
             (reader, None)
         };
+        // Sightings are shared by every store of this process on the same file.
+        let clock_key = match &options.target {
+            Target::File(path) => std::fs::canonicalize(path)
+                .map_or_else(|_| location.clone(), |p| p.display().to_string()),
+            Target::Memory => location.clone(),
+        };
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 group: group::GroupWriter::spawn(writer.clone()),
@@ -511,6 +520,7 @@ impl SqliteStore {
                 witness,
                 rollback,
                 work: durable_core::store::WorkNotifier::new(),
+                leases: clock::LeaseClock::for_location(&clock_key),
                 _keeper: keeper,
             }),
         })
@@ -619,6 +629,11 @@ impl SqliteStore {
         &self.inner.keyring
     }
 
+    /// What this process has seen of the database's leases (see `clock`).
+    pub(crate) fn leases(&self) -> &clock::LeaseClock {
+        &self.inner.leases
+    }
+
     /// Tells this process's idle pools that a write made work available.
     pub(crate) fn work_available(&self) {
         self.inner.work.notify();
@@ -652,9 +667,9 @@ mod tests {
         assert_eq!(migrations().table_name, MIGRATIONS_TABLE);
         assert_eq!(
             schema_version(),
-            7,
+            8,
             "0001_init, 0002_seals, 0003_speed, 0004_issued_rows, 0005_replies_once, \
-             0006_approvals and 0007_workers"
+             0006_approvals, 0007_workers and 0008_lease_ran"
         );
     }
 }

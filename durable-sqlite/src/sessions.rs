@@ -84,7 +84,19 @@ pub(crate) async fn create_session(
         Ok((record, lease))
     }
     .await;
-    tx.finish(result).await
+    let (record, lease) = tx.finish(result).await?;
+    // This process saw the lease being written: another worker of this process judges
+    // it from now (see `clock`).
+    store.leases().wrote(
+        lease.session.as_str(),
+        crate::clock::LeaseRow {
+            owner: record.lease_owner.clone(),
+            fence: record.fence,
+            renewed_at: record.lease_renewed_at,
+            expires_at: record.lease_expires_at,
+        },
+    );
+    Ok((record, lease))
 }
 
 pub(crate) async fn session(
