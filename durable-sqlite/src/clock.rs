@@ -125,17 +125,14 @@ impl LeaseClock {
         }
     }
 
-    /// Records a beat this process has just written (committed): seen from now.
-    pub(crate) fn wrote(&self, session: &str, row: LeaseRow) {
+    /// Records a beat this process has just written (committed), seen from `since`: an
+    /// instant taken before the transaction that wrote it read its clock, so that the
+    /// lease ends for this process no later than its row says (on a clock that agrees),
+    /// as on a server's clock.
+    pub(crate) fn wrote(&self, session: &str, row: LeaseRow, since: Instant) {
         let mut seen = lock(&self.seen);
         Self::make_room(&mut seen);
-        seen.insert(
-            session.to_owned(),
-            Sighting {
-                beat: row,
-                since: Instant::now(),
-            },
-        );
+        seen.insert(session.to_owned(), Sighting { beat: row, since });
     }
 
     /// Whether a lease this process wrote with beat `row` has gone a full duration

@@ -2,7 +2,7 @@
 //! renewing and giving the lease up, and the poison-pill counter that parks a session
 //! whose recoveries keep dying (and `unpark_session`, an operator's way back).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use durable_core::store::{Claim, Fence, Lease, SessionRecord, SessionStatus};
 use durable_core::{SessionId, StoreError};
@@ -68,6 +68,7 @@ pub(crate) async fn acquire_lease(
     max_attempts: i32,
 ) -> Result<Lease, StoreError> {
     durable_core::validate::validate_owner(owner)?;
+    let began = Instant::now();
     let (mut tx, row) = WriteTx::begin_select(
         store.writer(),
         id,
@@ -119,7 +120,7 @@ pub(crate) async fn acquire_lease(
     // A park is committed, then reported as the error.
     match tx.finish(result).await? {
         Taken::Granted(lease) => {
-            store.leases().wrote(id.as_str(), written(&lease, now));
+            store.leases().wrote(id.as_str(), written(&lease, now), began);
             Ok(lease)
         }
         Taken::Parked { attempts } => Err(StoreError::Parked {
@@ -134,6 +135,7 @@ pub(crate) async fn renew_lease(
     lease: &Lease,
     ttl: Duration,
 ) -> Result<Lease, StoreError> {
+    let began = Instant::now();
     let (tx, _, row) = WriteTx::begin_fenced(
         store.writer(),
         store.keyring(),
@@ -190,7 +192,7 @@ pub(crate) async fn renew_lease(
     };
     store
         .leases()
-        .wrote(lease.session.as_str(), written(&renewed, renewed_at));
+        .wrote(lease.session.as_str(), written(&renewed, renewed_at), began);
     Ok(renewed)
 }
 
@@ -222,6 +224,7 @@ pub(crate) async fn claim_expired(
         .then(|| serde_json::Value::from(claim.queues.clone()).to_string());
     // One writer at a time (`BEGIN IMMEDIATE`): counting a queue's running sessions and
     // taking one are atomic, so two claims never both take a queue's last place.
+    let began = Instant::now();
     let mut tx = WriteTx::begin(store.writer()).await?;
     let now = tx.now;
     let result = async {
@@ -294,7 +297,7 @@ pub(crate) async fn claim_expired(
     if let Some(lease) = &lease {
         store
             .leases()
-            .wrote(lease.session.as_str(), written(lease, now));
+            .wrote(lease.session.as_str(), written(lease, now), began);
     }
     Ok(lease)
 }

@@ -22,6 +22,7 @@ pub(crate) async fn create_session(
     durable_core::validate::validate_new_session(&new.id, &new.owner, &new.app_version)?;
     let queue = new.queue.as_deref().unwrap_or(DEFAULT_QUEUE);
     durable_core::validate::validate_id("queue", queue)?;
+    let began = std::time::Instant::now();
     let mut tx = WriteTx::begin(store.writer()).await?;
     let now = tx.now;
     let result = async {
@@ -95,6 +96,7 @@ pub(crate) async fn create_session(
             renewed_at: record.lease_renewed_at,
             expires_at: record.lease_expires_at,
         },
+        began,
     );
     Ok((record, lease))
 }
