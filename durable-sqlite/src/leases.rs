@@ -120,7 +120,9 @@ pub(crate) async fn acquire_lease(
     // A park is committed, then reported as the error.
     match tx.finish(result).await? {
         Taken::Granted(lease) => {
-            store.leases().wrote(id.as_str(), written(&lease, now), began);
+            store
+                .leases()
+                .wrote(id.as_str(), written(&lease, now), began);
             Ok(lease)
         }
         Taken::Parked { attempts } => Err(StoreError::Parked {

@@ -7,6 +7,16 @@
 //! one did not take. Writes run in `BEGIN IMMEDIATE` transactions, so a writer that has
 //! to wait for another process waits up to the busy timeout instead of failing.
 //!
+//! **Leases on one clock.** SQLite has no server whose clock every worker reads, so a
+//! lease held by another worker is never judged by comparing wall clocks: a worker may
+//! take it only once it has seen the lease's row unchanged (not renewed) for the lease's
+//! full duration on its own monotonic clock, and the holder stops starting calls 90% of a
+//! duration after it sent its last renewal, on its own monotonic clock. Wall clocks that
+//! disagree or jump (per process or per machine) change nothing; clocks must only run at
+//! about the same rate. A lease this process did not see being written is taken one
+//! duration after the process first looks at it; a released lease at once; the same owner
+//! takes its own lease back at once.
+//!
 //! The schema is created and upgraded by embedded migrations ([`migrations`]) tracked in
 //! the table `durable_schema_migrations`. A database written by a newer release of
 //! `durable` is refused with [`StoreError::SchemaTooNew`] before anything is touched.
