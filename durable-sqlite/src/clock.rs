@@ -125,10 +125,10 @@ impl LeaseClock {
         }
     }
 
-    /// Records a beat this process has just written (committed), seen from `since`: an
-    /// instant taken before the transaction that wrote it read its clock, so that the
-    /// lease ends for this process no later than its row says (on a clock that agrees),
-    /// as on a server's clock.
+    /// Records a beat this process has just written (committed), seen from `since`: when
+    /// the transaction that wrote it read its clock ([`clock_read`]), so that the lease
+    /// ends for this process when its row says (on a clock that agrees), as on a
+    /// server's clock.
     pub(crate) fn wrote(&self, session: &str, row: LeaseRow, since: Instant) {
         let mut seen = lock(&self.seen);
         Self::make_room(&mut seen);
@@ -154,6 +154,15 @@ impl LeaseClock {
             seen.retain(|_, s| s.since > cut);
         }
     }
+}
+
+/// When a transaction that began (asked for the write lock) at `began` and has just read
+/// the database clock read it, on this process's monotonic clock: `began`, unless the
+/// transaction waited for the lock (another process writing), then a few milliseconds
+/// before now. A lease this process writes is seen from then (`LeaseClock::wrote`).
+pub(crate) fn clock_read(began: Instant) -> Instant {
+    let now = Instant::now();
+    began.max(now.checked_sub(Duration::from_millis(5)).unwrap_or(now))
 }
 
 #[cfg(test)]

@@ -82,6 +82,7 @@ pub(crate) async fn acquire_lease(
         |q| q.bind(id.as_str()),
     )
     .await?;
+    let began = crate::clock::clock_read(began);
     let now = tx.now;
     let result = async {
         let row = row.ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
@@ -153,6 +154,7 @@ pub(crate) async fn renew_lease(
         |q| q,
     )
     .await?;
+    let began = crate::clock::clock_read(began);
     let now = tx.now;
     // A lapsed lease in a limited queue is not renewed: a claim may have counted its
     // place free meanwhile and taken another session of the queue. Lapsed: not renewed
@@ -228,6 +230,7 @@ pub(crate) async fn claim_expired(
     // taking one are atomic, so two claims never both take a queue's last place.
     let began = Instant::now();
     let mut tx = WriteTx::begin(store.writer()).await?;
+    let began = crate::clock::clock_read(began);
     let now = tx.now;
     let result = async {
         let conn = tx.conn();

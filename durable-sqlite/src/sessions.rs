@@ -24,6 +24,7 @@ pub(crate) async fn create_session(
     durable_core::validate::validate_id("queue", queue)?;
     let began = std::time::Instant::now();
     let mut tx = WriteTx::begin(store.writer()).await?;
+    let began = crate::clock::clock_read(began);
     let now = tx.now;
     let result = async {
         let conn = tx.conn();
