@@ -14,6 +14,10 @@
 #
 # durable-cli's bounded-memory test runs the binary under GNU time (Debian's `time`),
 # installed here when /usr/bin/time is missing.
+#
+# The SQLite clock-skew tests (durable-sqlite/tests/clock_skew.rs) run workers under
+# libfaketime, an hour ahead and behind; this script installs Debian's `faketime` when
+# its library is missing (FAKETIME_LIB names another one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -58,6 +62,20 @@ if [ ! -x /usr/bin/time ]; then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends time >/dev/null
   [ -x /usr/bin/time ] || { echo "scripts/test.sh: time installed but /usr/bin/time still not found" >&2; exit 1; }
+fi
+
+have_libfaketime() {
+  [ -n "${FAKETIME_LIB:-}" ] || compgen -G '/usr/lib/*/faketime/libfaketimeMT.so.1' >/dev/null \
+    || compgen -G '/usr/lib/faketime/libfaketimeMT.so.1' >/dev/null
+}
+
+if ! have_libfaketime; then
+  echo "scripts/test.sh: libfaketime not found; installing Debian's faketime package" >&2
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends faketime >/dev/null
+  have_libfaketime || { echo "scripts/test.sh: faketime installed but libfaketimeMT.so.1 still not found" >&2; exit 1; }
 fi
 
 # The compile-fail cases first, with the facade's default features: their pinned messages

@@ -10,7 +10,8 @@
 //! | `zombie` | A is stopped (SIGSTOP) past its lease, B recovers and completes, A is continued: none of A's writes is accepted, A exits with "lease lost" |
 //! | `fleet` | 4 workers, 40 sessions, workers SIGKILLed at random and restarted: completed or parked, 0 duplicate unsafe effects, 0 lost results, keyed effects applied once |
 //! | `fleet_server_restart` | the same with the PostgreSQL server crashed and restarted (`pg_ctl restart -m immediate`) twice mid-run |
-//! | `poison` | 1 worker restarted under a stable owner resumes its session by id and dies, again and again: each restart re-acquires its own live lease at once and counts a recovery; the one past the bound parks the session (`StoreError::Parked`) |
+//! | `poison` | 1 worker restarted under a stable owner resumes its session by id and aborts in a `pure` tool, again and again: each restart re-acquires its own live lease at once and counts the previous death (it ran the session); the one past the bound parks the session (`StoreError::Parked`) |
+//! | `idle_leases` | 1 worker restarted under a stable owner takes 3 sessions by id without running them and is SIGKILLed, 8 times (bound 5): idle-lease deaths count nothing, no session is parked, each completes afterwards |
 //! | `graceful` | a worker pool process is sent SIGTERM mid-run: it exits 0 having released every lease; a second pool process claims at once (well under the 30 s TTL) and completes all; effects once each (ledger) |
 //! | `sigterm_mid_{pure,keyed,unsafe,checkpoint}` | a pool process is held inside a tool call of each replay class (before its effect), or right before a checkpoint, and sent SIGTERM there: the call finishes and records once, the pool exits 0 with `aborted 0` and the session's lease released; a second pool claims it under 1 s (TTL 30 s) and completes everything; effects once each |
 //! | `sigterm_deadline` | three calls held past a 500 ms shutdown deadline, right after their effects: the pool aborts them (`aborted 3`) and exits, leaving their leases to expire (TTL 2 s); the next pool recovers them after the TTL: the verified email is found sent, the unverified one is in doubt (parked), the keyed charge re-executes with the same key and is applied once; 0 duplicates |
@@ -79,6 +80,9 @@ fn cases() -> Vec<(&'static str, Case)> {
         ("sqlite_poison", || {
             Box::pin(poison::poison(Backend::sqlite()))
         }),
+        ("sqlite_idle_leases", || {
+            Box::pin(poison::idle_leases(Backend::sqlite()))
+        }),
         ("sqlite_graceful", || {
             Box::pin(graceful::graceful(Backend::sqlite()))
         }),
@@ -121,6 +125,9 @@ fn cases() -> Vec<(&'static str, Case)> {
         }),
         ("postgres_poison", || {
             Box::pin(async { poison::poison(Backend::postgres().await).await })
+        }),
+        ("postgres_idle_leases", || {
+            Box::pin(async { poison::idle_leases(Backend::postgres().await).await })
         }),
         ("postgres_graceful", || {
             Box::pin(async { graceful::graceful(Backend::postgres().await).await })

@@ -180,6 +180,7 @@ macro_rules! __durable_conformance_cases {
             recovery_list_expired_shows_only_active_expired,
             recovery_concurrent_claims_are_exclusive,
             recovery_attempts_count_up_then_park,
+            recovery_idle_lease_is_not_counted,
             recovery_checkpoint_resets_attempts,
             recovery_resume_by_id_parks_a_poison_pill,
             recovery_released_lease_is_not_counted,

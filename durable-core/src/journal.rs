@@ -131,6 +131,10 @@ pub(crate) struct JournalState {
     numbers: Numbers,
     /// Set while a checkpoint's outcome is unknown (its future was dropped mid-write).
     checkpoint_in_doubt: Option<i64>,
+    /// The fencing token under which the store was told this worker runs the session
+    /// (its first model or tool call under that lease), 0 before: see
+    /// [`mark_running`](Journal::mark_running).
+    running_marked: i64,
     /// Rows this journal issued itself and is running (everything else still `issued`
     /// is in doubt).
     issued_here: HashSet<CallId>,
@@ -218,6 +222,7 @@ impl Journal {
                     step,
                     numbers: Numbers::new(step),
                     checkpoint_in_doubt: None,
+                    running_marked: 0,
                     issued_here: HashSet::new(),
                     doubts: barrier::initial_doubts(in_doubt),
                     spend: Vec::new(),
@@ -396,6 +401,22 @@ impl Journal {
             }
             .into());
         }
+        Ok(())
+    }
+
+    /// Tells the store, once per lease, that this worker runs the session: before its
+    /// first model or tool call under the lease, so that if the worker dies from now on,
+    /// the next take-over counts a recovery (a death while the session ran). A worker
+    /// that dies holding the lease without having made a call (an idle lease) is not
+    /// counted against the session. See
+    /// [`CheckpointStore::mark_running`](crate::store::CheckpointStore::mark_running).
+    pub(crate) async fn mark_running(&self) -> Result<(), DurableError> {
+        let lease = self.lease();
+        if self.state().running_marked == lease.fence {
+            return Ok(());
+        }
+        self.inner.store.mark_running(lease.fence()).await?;
+        self.state().running_marked = lease.fence;
         Ok(())
     }
 

@@ -879,11 +879,14 @@ pub trait CheckpointStore: Send + Sync + 'static {
     }
 
     /// Takes the lease on a session for `owner`, bumping its fencing token; counts the
-    /// take-over as a recovery when the previous lease was never given up.
+    /// take-over as a recovery when the previous lease was never given up and its holder
+    /// had started running the session under it.
     ///
     /// # Contract
     /// Atomic. Fails with [`StoreError::Leased`] while another owner's lease is live,
-    /// with the time left measured on the store's clock. The same owner is never refused:
+    /// with the time left: live and time left as the store judges them (PostgreSQL: on
+    /// the server's clock; SQLite: by observation on this process's monotonic clock,
+    /// the lease free once seen unrenewed for its full duration, see `durable_sqlite`). The same owner is never refused:
     /// re-acquiring its own live lease gets a new token (the old one is stale), so a
     /// worker restarted under the same owner name takes its session back at once.
     /// Refuses terminal, parked and awaiting-approval sessions with
@@ -891,8 +894,11 @@ pub trait CheckpointStore: Send + Sync + 'static {
     ///
     /// Recovery counting, the same rule as [`claim_expired`](Self::claim_expired): taking
     /// over a lease that was not given up with [`release_lease`](Self::release_lease)
-    /// (it expired, or it is still live under this same owner: a restarted worker) is a
-    /// recovery. A recovery increments the session's recovery counter; when the counter
+    /// (it expired, or it is still live under this same owner: a restarted worker) and
+    /// that its holder had marked running ([`mark_running`](Self::mark_running): it had
+    /// made a model or tool call under it) is a recovery: the holder died while running
+    /// the session. A holder that died without running it (an idle lease: killed while
+    /// it was elsewhere) counts nothing. A recovery increments the session's recovery counter; when the counter
     /// already stands at `max_attempts` the session is parked instead (status
     /// [`SessionStatus::Parked`], reason `recovery attempts exhausted (N)`, lease cleared,
     /// fencing token bumped, all committed) and the call fails with
@@ -924,13 +930,25 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// No-op if the token is no longer current. Leaves the recovery counter alone.
     async fn release_lease(&self, lease: &Lease) -> Result<(), StoreError>;
 
+    /// Records that the holder of `fence` runs the session under this lease: the journal
+    /// calls it once per lease, before the lease's first model or tool call. Only a
+    /// take-over of a lease marked so counts as a recovery (a death while the session
+    /// ran, see [`acquire_lease`](Self::acquire_lease)): a worker killed while it held
+    /// the session without running it (an idle lease) is not counted against it.
+    ///
+    /// # Contract
+    /// Durable when it returns (a crash after it counts). [`StoreError::LeaseLost`] if
+    /// the token is no longer current. Writes nothing else: no journal row, no seal.
+    async fn mark_running(&self, fence: Fence<'_>) -> Result<(), StoreError>;
+
     /// Claims one active session whose lease expired or was released, for recovery or
     /// for a worker pool, for `claim.owner` until `now + claim.ttl`.
     ///
     /// # Contract
     /// [`Claim::validate`] runs first. Atomic and safe under concurrency (two claimers
     /// never get the same session). Takes only a session that is:
-    /// - `active`, with its lease released or expired (`lease_expires_at <= now`);
+    /// - `active`, with its lease released or expired (as
+    ///   [`acquire_lease`](Self::acquire_lease) judges a live lease);
     /// - awake: no `wake_at`, or `wake_at <= now` on the database clock;
     /// - of `claim.app_version` when set, and of one of `claim.queues` when not empty;
     /// - in a queue below its fleet-wide limit ([`set_queue_limit`](Self::set_queue_limit)):
@@ -944,7 +962,7 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// recovered, woken) goes before work submitted after it, so a deploy's hand-overs
     /// do not wait behind a backlog. Counts recoveries by the rule of
     /// [`acquire_lease`](Self::acquire_lease): claiming a lease that expired without a
-    /// release increments the session's recovery counter, and when the counter already
+    /// release, its holder running the session, increments the session's recovery counter, and when the counter already
     /// stands at `max_attempts` the session is parked instead (status
     /// [`SessionStatus::Parked`], reason recorded) and the next candidate is tried;
     /// claiming a released lease counts nothing. `None` when nothing is claimable.

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use durable_core::StoreError;
 use durable_core::ids::SessionId;
-use durable_core::store::{Claim, Lease, SessionRecord, SessionStatus};
+use durable_core::store::{Claim, Fence, Lease, SessionRecord, SessionStatus};
 use sqlx::postgres::PgConnection;
 
 use crate::PostgresStore;
@@ -28,7 +28,7 @@ pub(crate) async fn acquire_lease(
     // for the lock may have read it before the wait: an earlier clock only makes another
     // holder's lease look held a little longer and ours end a little sooner.
     let row = sqlx::query(concat!(
-        "SELECT status, lease_owner, lease_expires_at, recovery_attempts, ",
+        "SELECT status, lease_owner, lease_expires_at, recovery_attempts, lease_ran, ",
         tx::now_ms!(),
         " AS now FROM durable_sessions WHERE id = $1 FOR NO KEY UPDATE"
     ))
@@ -44,6 +44,7 @@ pub(crate) async fn acquire_lease(
     let previous = Previous {
         recovery_attempts: get(&row, "recovery_attempts")?,
         unreleased: holder.is_some(),
+        ran: get(&row, "lease_ran")?,
     };
     let refusal = if status != SessionStatus::Active.as_str() {
         Some(StoreError::NotResumable {
@@ -176,7 +177,7 @@ pub(crate) async fn claim_expired(
         // found full is passed over here; the count that decides is taken below, under
         // the queue's lock.
         let Some(row) = sqlx::query(
-            "SELECT id, recovery_attempts, lease_owner, queue FROM durable_sessions
+            "SELECT id, recovery_attempts, lease_owner, lease_ran, queue FROM durable_sessions
              WHERE status = 'active'
                AND (lease_owner IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= $1)
                AND (wake_at IS NULL OR wake_at <= $1)
@@ -216,6 +217,7 @@ pub(crate) async fn claim_expired(
         let previous = Previous {
             recovery_attempts: get(&row, "recovery_attempts")?,
             unreleased: get::<Option<String>>(&row, "lease_owner")?.is_some(),
+            ran: get(&row, "lease_ran")?,
         };
         let taken = take_lease(&mut tx, &id, owner, &previous, now, ttl, max_attempts).await?;
         tx.commit().await.map_err(db)?;
@@ -281,6 +283,31 @@ pub(crate) async fn list_expired(
     .collect()
 }
 
+pub(crate) async fn mark_running(
+    store: &PostgresStore,
+    fence: Fence<'_>,
+) -> Result<(), StoreError> {
+    // One autocommitted statement: durable at commit, like every write, so a death after
+    // it counts.
+    let marked =
+        sqlx::query("UPDATE durable_sessions SET lease_ran = true WHERE id = $1 AND fence = $2")
+            .bind(fence.session.as_str())
+            .bind(fence.token)
+            .execute(&store.pool)
+            .await
+            .map_err(db)?;
+    if marked.rows_affected() == 0 {
+        // Not found, or another token: the same errors as any fenced write.
+        let mut conn = store.pool.acquire().await.map_err(db)?;
+        tx::session(&mut conn, fence.session, None).await?;
+        return Err(StoreError::LeaseLost {
+            session: fence.session.clone(),
+            token: fence.token,
+        });
+    }
+    Ok(())
+}
+
 pub(crate) async fn unpark_session(
     store: &PostgresStore,
     id: &SessionId,
@@ -319,9 +346,12 @@ pub(crate) struct Previous {
     /// Recoveries counted since the last checkpoint.
     pub(crate) recovery_attempts: i32,
     /// Whether the previous lease was never given up (`lease_owner` is still set: it
-    /// expired, or its owner is taking it back after a restart). Taking it over is a
-    /// recovery.
+    /// expired, or its owner is taking it back after a restart).
     pub(crate) unreleased: bool,
+    /// Whether the previous lease's holder had started running the session under it
+    /// (`mark_running`). Taking over an unreleased lease so marked is a recovery: its
+    /// holder died while it ran the session.
+    pub(crate) ran: bool,
 }
 
 /// What [`take_lease`] did.
@@ -338,7 +368,8 @@ pub(crate) enum Taken {
 /// Gives the lease on a locked session row to `owner` until `now + ttl`, bumping the
 /// fencing token: the one place a lease is taken over, for `acquire_lease` and
 /// `claim_expired` alike, so both count recoveries by one rule. Taking over an unreleased
-/// lease is a recovery and counts an attempt; when `max_attempts` are already counted the
+/// lease whose holder had started running the session is a recovery and counts an
+/// attempt; when `max_attempts` are already counted the
 /// session is parked instead (reason recorded, lease cleared, token bumped so a
 /// straggler loses it).
 pub(crate) async fn take_lease(
@@ -351,7 +382,8 @@ pub(crate) async fn take_lease(
     max_attempts: i32,
 ) -> Result<Taken, StoreError> {
     let attempts = previous.recovery_attempts;
-    if previous.unreleased && attempts >= max_attempts {
+    let recovery = previous.unreleased && previous.ran;
+    if recovery && attempts >= max_attempts {
         sqlx::query(
             "UPDATE durable_sessions
              SET status = 'parked', status_reason = $2, lease_owner = NULL,
@@ -371,7 +403,7 @@ pub(crate) async fn take_lease(
     let row = sqlx::query(
         "UPDATE durable_sessions
          SET fence = fence + 1, lease_owner = $2, lease_expires_at = $3, updated_at = $4,
-             lease_renewed_at = $4,
+             lease_renewed_at = $4, lease_ran = false,
              recovery_attempts = recovery_attempts + CASE WHEN $5 THEN 1 ELSE 0 END
          WHERE id = $1 RETURNING fence",
     )
@@ -379,7 +411,7 @@ pub(crate) async fn take_lease(
     .bind(owner)
     .bind(expires)
     .bind(now)
-    .bind(previous.unreleased)
+    .bind(recovery)
     .fetch_one(&mut *conn)
     .await
     .map_err(db)?;

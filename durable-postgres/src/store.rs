@@ -90,6 +90,10 @@ impl CheckpointStore for PostgresStore {
         Ok(())
     }
 
+    async fn mark_running(&self, fence: Fence<'_>) -> Result<(), StoreError> {
+        leases::mark_running(self, fence).await
+    }
+
     async fn claim_expired(&self, claim: &Claim) -> Result<Option<Lease>, StoreError> {
         leases::claim_expired(self, claim).await
     }

@@ -2,23 +2,24 @@
 //! renewing and giving the lease up, and the poison-pill counter that parks a session
 //! whose recoveries keep dying (and `unpark_session`, an operator's way back).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use durable_core::store::{Claim, Lease, SessionRecord, SessionStatus};
+use durable_core::store::{Claim, Fence, Lease, SessionRecord, SessionStatus};
 use durable_core::{SessionId, StoreError};
 use sqlx::{Row, SqliteConnection};
 
 use crate::SqliteStore;
+use crate::clock::{LeaseRow, Verdict};
 use crate::error::db;
 use crate::rows::{self, session_cols};
 use crate::tx::{self, WriteTx, fenced_select, millis, now_sql};
 
-/// Sessions a recovery may claim: active, with no live lease, and awake (both bound to
-/// the same `now`, `?1`).
-macro_rules! expired_where {
+/// Sessions a recovery may claim if their lease is free: active and awake (`now` bound
+/// as `?1`). Whether a lease is free is judged by [`crate::clock`], not by comparing
+/// wall clocks.
+macro_rules! awake_where {
     () => {
-        " WHERE status = 'active' AND (lease_owner IS NULL OR lease_expires_at IS NULL \
-           OR lease_expires_at <= ?1) AND (wake_at IS NULL OR wake_at <= ?1) "
+        " WHERE status = 'active' AND (wake_at IS NULL OR wake_at <= ?1) "
     };
 }
 
@@ -36,6 +37,43 @@ macro_rules! blocked_on_operator {
     };
 }
 
+/// The lease duration assumed for a row that does not carry its own (written before
+/// `lease_renewed_at` existed): the runtime's default.
+const FALLBACK_TTL: Duration = Duration::from_secs(30);
+
+/// The lease of a session record, as [`crate::clock`] judges it.
+fn lease_row(session: &SessionRecord) -> LeaseRow {
+    LeaseRow {
+        owner: session.lease_owner.clone(),
+        fence: session.fence,
+        renewed_at: session.lease_renewed_at,
+        expires_at: session.lease_expires_at,
+    }
+}
+
+/// The expiry and time left a `Leased` refusal reports for a lease judged held for
+/// `remaining` more: the holder's own expiry while its clock agrees with ours (within a
+/// second of what we observed), else our clock's `now + remaining`.
+fn reported(session: &SessionRecord, now: i64, remaining: Duration) -> (i64, i64) {
+    let observed = millis(remaining).max(1);
+    match session.lease_expires_at {
+        Some(at) if (at.saturating_sub(now) - observed).abs() <= 1_000 && at > now => {
+            (at, at - now)
+        }
+        _ => (now.saturating_add(observed), observed),
+    }
+}
+
+/// The lease row a take or renewal of `lease` at `renewed_at` wrote.
+fn written(lease: &Lease, renewed_at: i64) -> LeaseRow {
+    LeaseRow {
+        owner: Some(lease.owner.clone()),
+        fence: lease.fence,
+        renewed_at: Some(renewed_at),
+        expires_at: Some(lease.expires_at),
+    }
+}
+
 pub(crate) async fn acquire_lease(
     store: &SqliteStore,
     id: &SessionId,
@@ -44,19 +82,21 @@ pub(crate) async fn acquire_lease(
     max_attempts: i32,
 ) -> Result<Lease, StoreError> {
     durable_core::validate::validate_owner(owner)?;
+    let began = Instant::now();
     let (mut tx, row) = WriteTx::begin_select(
         store.writer(),
         id,
         concat!(
             "BEGIN IMMEDIATE; SELECT ",
             now_sql!(),
-            " AS now, ",
+            " AS now, lease_ran, ",
             session_cols!(),
             " FROM durable_sessions WHERE id = ?"
         ),
         |q| q.bind(id.as_str()),
     )
     .await?;
+    let began = crate::clock::clock_read(began);
     let now = tx.now;
     let result = async {
         let row = row.ok_or_else(|| StoreError::SessionNotFound(id.clone()))?;
@@ -68,28 +108,38 @@ pub(crate) async fn acquire_lease(
                 status: session.status.as_str().to_owned(),
             });
         }
-        if let (Some(holder), Some(expires_at)) = (&session.lease_owner, session.lease_expires_at)
+        // Another owner's lease is judged by observation on this process's monotonic
+        // clock (see `clock`); the same owner (a restarted worker) takes it back at once.
+        if let Some(holder) = &session.lease_owner
             && holder != owner
-            && expires_at > now
+            && let Verdict::Held { remaining } =
+                store.leases().judge(id.as_str(), &lease_row(&session), ttl)
         {
+            let (expires_at, remaining_ms) = reported(&session, now, remaining);
             return Err(StoreError::Leased {
                 session: id.clone(),
                 owner: holder.clone(),
                 expires_at,
-                remaining_ms: expires_at - now,
+                remaining_ms,
             });
         }
         let previous = Previous {
             fence: session.fence,
             recovery_attempts: session.recovery_attempts,
             unreleased: session.lease_owner.is_some(),
+            ran: rows::col(&row, "lease_ran", id, None)?,
         };
         take_lease(conn, id, owner, &previous, now, ttl, max_attempts).await
     }
     .await;
     // A park is committed, then reported as the error.
     match tx.finish(result).await? {
-        Taken::Granted(lease) => Ok(lease),
+        Taken::Granted(lease) => {
+            store
+                .leases()
+                .wrote(id.as_str(), written(&lease, now), began);
+            Ok(lease)
+        }
         Taken::Parked { attempts } => Err(StoreError::Parked {
             session: id.clone(),
             attempts,
@@ -102,6 +152,7 @@ pub(crate) async fn renew_lease(
     lease: &Lease,
     ttl: Duration,
 ) -> Result<Lease, StoreError> {
+    let began = Instant::now();
     let (tx, _, row) = WriteTx::begin_fenced(
         store.writer(),
         store.keyring(),
@@ -109,20 +160,27 @@ pub(crate) async fn renew_lease(
         concat!(
             "BEGIN IMMEDIATE; ",
             fenced_select!(
-                ", s.lease_expires_at, EXISTS (SELECT 1 FROM durable_queues q \
-                 WHERE q.name = s.queue) AS limited",
+                ", s.lease_expires_at, s.lease_renewed_at, s.lease_owner, \
+                 EXISTS (SELECT 1 FROM durable_queues q WHERE q.name = s.queue) AS limited",
                 ""
             )
         ),
         |q| q,
     )
     .await?;
+    let began = crate::clock::clock_read(began);
     let now = tx.now;
-    // An expired lease in a limited queue is not renewed: a claim may have counted its
-    // place free meanwhile and taken another session of the queue.
-    let expired: Option<i64> = rows::col(&row, "lease_expires_at", &lease.session, None)?;
+    // A lapsed lease in a limited queue is not renewed: a claim may have counted its
+    // place free meanwhile and taken another session of the queue. Lapsed: not renewed
+    // for a full duration on this process's clock, the clock a claim judges it by.
+    let current = LeaseRow {
+        owner: rows::col(&row, "lease_owner", &lease.session, None)?,
+        fence: lease.fence,
+        renewed_at: rows::col(&row, "lease_renewed_at", &lease.session, None)?,
+        expires_at: rows::col(&row, "lease_expires_at", &lease.session, None)?,
+    };
     let limited: bool = rows::col(&row, "limited", &lease.session, None)?;
-    if limited && expired.is_some_and(|at| at <= now) {
+    if limited && store.leases().lapsed(lease.session.as_str(), &current, ttl) {
         return tx
             .finish(Err(StoreError::LeaseLost {
                 session: lease.session.clone(),
@@ -130,21 +188,30 @@ pub(crate) async fn renew_lease(
             }))
             .await;
     }
-    let expires_at = now.saturating_add(millis(ttl));
+    // Every renewal changes the row (its beat): `lease_renewed_at` moves forward even if
+    // this process's wall clock went back, so that other processes see the holder alive.
+    let renewed_at = current
+        .renewed_at
+        .map_or(now, |last| now.max(last.saturating_add(1)));
+    let expires_at = renewed_at.saturating_add(millis(ttl));
     tx.commit_with(
         sqlx::query(
             "UPDATE durable_sessions SET lease_expires_at = ?, lease_renewed_at = ? \
              WHERE id = ?; COMMIT",
         )
         .bind(expires_at)
-        .bind(now)
+        .bind(renewed_at)
         .bind(lease.session.as_str()),
     )
     .await?;
-    Ok(Lease {
+    let renewed = Lease {
         expires_at,
         ..lease.clone()
-    })
+    };
+    store
+        .leases()
+        .wrote(lease.session.as_str(), written(&renewed, renewed_at), began);
+    Ok(renewed)
 }
 
 pub(crate) async fn release_lease(store: &SqliteStore, lease: &Lease) -> Result<(), StoreError> {
@@ -175,26 +242,24 @@ pub(crate) async fn claim_expired(
         .then(|| serde_json::Value::from(claim.queues.clone()).to_string());
     // One writer at a time (`BEGIN IMMEDIATE`): counting a queue's running sessions and
     // taking one are atomic, so two claims never both take a queue's last place.
+    let began = Instant::now();
     let mut tx = WriteTx::begin(store.writer()).await?;
+    let began = crate::clock::clock_read(began);
     let now = tx.now;
     let result = async {
         let conn = tx.conn();
         // The queues at their limit, counted once (per limited queue, not per candidate
         // row), as a JSON array for `json_each`.
-        let full: String = sqlx::query_scalar(
-            "SELECT json_group_array(q.name) FROM durable_queues q WHERE q.max_running <= \
-             (SELECT count(*) FROM durable_sessions r WHERE r.status = 'active' \
-              AND r.queue = q.name AND r.lease_owner IS NOT NULL AND r.lease_expires_at > ?1)",
-        )
-        .bind(now)
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(db)?;
+        let full = full_queues(store, &mut *conn, ttl).await?;
         loop {
-            let Some(row) = sqlx::query(concat!(
-                "SELECT id, fence, recovery_attempts, lease_owner FROM durable_sessions",
-                expired_where!(),
-                "AND (?2 IS NULL OR app_version = ?2) \
+            // The first candidate (by `created_at`, then `rowid`) whose lease is free:
+            // a released one found by SQL, or a held one this process judges lapsed.
+            // Every held candidate is judged, so that its sighting starts now.
+            let released = sqlx::query(concat!(
+                "SELECT id, fence, recovery_attempts, lease_owner, lease_renewed_at, \
+                 lease_expires_at, lease_ran, created_at, rowid AS r FROM durable_sessions",
+                awake_where!(),
+                "AND lease_owner IS NULL AND (?2 IS NULL OR app_version = ?2) \
                  AND (?3 IS NULL OR queue IN (SELECT value FROM json_each(?3))) \
                  AND queue NOT IN (SELECT value FROM json_each(?4)) ",
                 blocked_on_operator!(),
@@ -206,26 +271,135 @@ pub(crate) async fn claim_expired(
             .bind(full.as_str())
             .fetch_optional(&mut *conn)
             .await
-            .map_err(db)?
-            else {
+            .map_err(db)?;
+            let held = sqlx::query(concat!(
+                "SELECT id, fence, recovery_attempts, lease_owner, lease_renewed_at, \
+                 lease_expires_at, lease_ran, created_at, rowid AS r FROM durable_sessions",
+                awake_where!(),
+                "AND lease_owner IS NOT NULL AND (?2 IS NULL OR app_version = ?2) \
+                 AND (?3 IS NULL OR queue IN (SELECT value FROM json_each(?3))) \
+                 AND queue NOT IN (SELECT value FROM json_each(?4)) \
+                 ORDER BY created_at ASC, rowid ASC"
+            ))
+            .bind(now)
+            .bind(claim.app_version.as_deref())
+            .bind(queues.as_deref())
+            .bind(full.as_str())
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db)?;
+            let mut best: Option<Candidate> = released.as_ref().map(candidate).transpose()?;
+            for row in &held {
+                let found = candidate(row)?;
+                let free =
+                    store.leases().judge(found.id.as_str(), &found.lease, ttl) == Verdict::Free;
+                if free && best.as_ref().is_none_or(|b| found.order < b.order) {
+                    best = Some(found);
+                }
+            }
+            let Some(found) = best else {
                 return Ok(None);
             };
-            let id = SessionId::new(row.try_get::<String, _>("id").map_err(db)?);
             let previous = Previous {
-                fence: rows::col(&row, "fence", &id, None)?,
-                recovery_attempts: rows::col(&row, "recovery_attempts", &id, None)?,
-                unreleased: rows::col::<Option<String>>(&row, "lease_owner", &id, None)?.is_some(),
+                fence: found.lease.fence,
+                recovery_attempts: found.recovery_attempts,
+                unreleased: found.lease.owner.is_some(),
+                ran: found.ran,
             };
-            match take_lease(conn, &id, owner, &previous, now, ttl, max_attempts).await? {
+            match take_lease(conn, &found.id, owner, &previous, now, ttl, max_attempts).await? {
                 Taken::Granted(lease) => return Ok(Some(lease)),
                 Taken::Parked { .. } => continue,
             }
         }
     }
     .await;
-    tx.finish(result).await
+    let lease = tx.finish(result).await?;
+    if let Some(lease) = &lease {
+        store
+            .leases()
+            .wrote(lease.session.as_str(), written(lease, now), began);
+    }
+    Ok(lease)
 }
 
+/// A session a claim may take, if its lease is free.
+struct Candidate {
+    id: SessionId,
+    lease: LeaseRow,
+    recovery_attempts: i32,
+    /// Whether the lease's holder had started running the session.
+    ran: bool,
+    /// `(created_at, rowid)`: claims take the oldest first.
+    order: (i64, i64),
+}
+
+fn candidate(row: &sqlx::sqlite::SqliteRow) -> Result<Candidate, StoreError> {
+    let id = SessionId::new(row.try_get::<String, _>("id").map_err(db)?);
+    Ok(Candidate {
+        lease: LeaseRow {
+            owner: rows::col(row, "lease_owner", &id, None)?,
+            fence: rows::col(row, "fence", &id, None)?,
+            renewed_at: rows::col(row, "lease_renewed_at", &id, None)?,
+            expires_at: rows::col(row, "lease_expires_at", &id, None)?,
+        },
+        recovery_attempts: rows::col(row, "recovery_attempts", &id, None)?,
+        ran: rows::col(row, "lease_ran", &id, None)?,
+        order: (
+            rows::col(row, "created_at", &id, None)?,
+            rows::col(row, "r", &id, None)?,
+        ),
+        id,
+    })
+}
+
+/// The queues at their limit of running sessions, as a JSON array: running means held
+/// under a lease this process does not judge lapsed.
+async fn full_queues(
+    store: &SqliteStore,
+    conn: &mut SqliteConnection,
+    fallback: Duration,
+) -> Result<String, StoreError> {
+    let limits: Vec<(String, i64)> = sqlx::query_as("SELECT name, max_running FROM durable_queues")
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db)?;
+    if limits.is_empty() {
+        return Ok("[]".to_owned());
+    }
+    let held = sqlx::query(
+        "SELECT id, queue, fence, lease_owner, lease_renewed_at, lease_expires_at \
+         FROM durable_sessions WHERE status = 'active' AND lease_owner IS NOT NULL \
+         AND queue IN (SELECT name FROM durable_queues)",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(db)?;
+    let mut running: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
+    for row in &held {
+        let id = SessionId::new(row.try_get::<String, _>("id").map_err(db)?);
+        let lease = LeaseRow {
+            owner: rows::col(row, "lease_owner", &id, None)?,
+            fence: rows::col(row, "fence", &id, None)?,
+            renewed_at: rows::col(row, "lease_renewed_at", &id, None)?,
+            expires_at: rows::col(row, "lease_expires_at", &id, None)?,
+        };
+        if store.leases().judge(id.as_str(), &lease, fallback) != Verdict::Free {
+            *running
+                .entry(rows::col(row, "queue", &id, None)?)
+                .or_default() += 1;
+        }
+    }
+    let full: Vec<String> = limits
+        .into_iter()
+        .filter(|(queue, max)| running.get(queue).copied().unwrap_or(0) >= *max)
+        .map(|(queue, _)| queue)
+        .collect();
+    Ok(serde_json::Value::from(full).to_string())
+}
+
+/// Active, awake sessions whose lease is free as this process judges it (released, or
+/// seen unchanged for a full lease duration), least recently updated first. A lease
+/// this process had not seen before is not free yet: its sighting starts now.
 pub(crate) async fn list_expired(
     store: &SqliteStore,
     limit: i64,
@@ -234,15 +408,51 @@ pub(crate) async fn list_expired(
         "SELECT ",
         session_cols!(),
         " FROM durable_sessions",
-        expired_where!(),
-        "ORDER BY updated_at ASC, rowid ASC LIMIT ?2"
+        awake_where!(),
+        "ORDER BY updated_at ASC, rowid ASC"
     ))
     .bind(tx::clock(store.reader()).await?)
-    .bind(limit.max(0))
     .fetch_all(store.reader())
     .await
     .map_err(db)?;
-    found.iter().map(rows::session).collect()
+    let limit = usize::try_from(limit.max(0)).unwrap_or(usize::MAX);
+    let mut expired = Vec::new();
+    for row in &found {
+        if expired.len() >= limit {
+            break;
+        }
+        let session = rows::session(row)?;
+        let free = store
+            .leases()
+            .judge(session.id.as_str(), &lease_row(&session), FALLBACK_TTL)
+            == Verdict::Free;
+        if free {
+            expired.push(session);
+        }
+    }
+    Ok(expired)
+}
+
+pub(crate) async fn mark_running(store: &SqliteStore, fence: Fence<'_>) -> Result<(), StoreError> {
+    // One autocommitted statement on the writer: synced (`synchronous = FULL`) before
+    // it returns, so a death after it counts.
+    let marked =
+        sqlx::query("UPDATE durable_sessions SET lease_ran = 1 WHERE id = ? AND fence = ?")
+            .bind(fence.session.as_str())
+            .bind(fence.token)
+            .execute(store.writer())
+            .await
+            .map_err(db)?;
+    if marked.rows_affected() == 0 {
+        // Not found, or another token: the same errors as any fenced write.
+        let mut conn = store.writer().acquire().await.map_err(db)?;
+        tx::session(&mut conn, fence.session).await?;
+        return Err(StoreError::LeaseLost {
+            session: fence.session.clone(),
+            token: fence.token,
+        });
+    }
+    Ok(())
 }
 
 pub(crate) async fn unpark_session(
@@ -283,9 +493,12 @@ pub(crate) struct Previous {
     /// Recoveries counted since the last checkpoint.
     pub(crate) recovery_attempts: i32,
     /// Whether the previous lease was never given up (`lease_owner` is still set: it
-    /// expired, or its owner is taking it back after a restart). Taking it over is a
-    /// recovery.
+    /// expired, or its owner is taking it back after a restart).
     pub(crate) unreleased: bool,
+    /// Whether the previous lease's holder had started running the session under it
+    /// (`mark_running`). Taking over an unreleased lease so marked is a recovery: its
+    /// holder died while it ran the session.
+    pub(crate) ran: bool,
 }
 
 /// What [`take_lease`] did.
@@ -301,8 +514,8 @@ pub(crate) enum Taken {
 
 /// Gives the lease on a session to `owner` until `now + ttl` under a new fencing token:
 /// the one place a lease is taken over, for `acquire_lease` and `claim_expired` alike, so
-/// both count recoveries by one rule. Taking over an unreleased lease is a recovery and
-/// counts an attempt; when `max_attempts` are already counted the session is parked
+/// both count recoveries by one rule. Taking over an unreleased lease whose holder had
+/// started running the session is a recovery and counts an attempt; when `max_attempts` are already counted the session is parked
 /// instead (reason recorded, lease cleared, token bumped so a straggler loses it).
 pub(crate) async fn take_lease(
     conn: &mut SqliteConnection,
@@ -315,7 +528,8 @@ pub(crate) async fn take_lease(
 ) -> Result<Taken, StoreError> {
     let fence = previous.fence + 1;
     let attempts = previous.recovery_attempts;
-    if previous.unreleased && attempts >= max_attempts {
+    let recovery = previous.unreleased && previous.ran;
+    if recovery && attempts >= max_attempts {
         sqlx::query(
             "UPDATE durable_sessions SET status = 'parked', status_reason = ?, \
              lease_owner = NULL, lease_expires_at = NULL, fence = ?, updated_at = ? \
@@ -334,15 +548,15 @@ pub(crate) async fn take_lease(
     let expires_at = now.saturating_add(millis(ttl));
     sqlx::query(
         "UPDATE durable_sessions SET fence = ?, lease_owner = ?, lease_expires_at = ?, \
-         updated_at = ?, lease_renewed_at = ?, recovery_attempts = recovery_attempts + ? \
-         WHERE id = ?",
+         updated_at = ?, lease_renewed_at = ?, recovery_attempts = recovery_attempts + ?, \
+         lease_ran = 0 WHERE id = ?",
     )
     .bind(fence)
     .bind(owner)
     .bind(expires_at)
     .bind(now)
     .bind(now)
-    .bind(i32::from(previous.unreleased))
+    .bind(i32::from(recovery))
     .bind(id.as_str())
     .execute(conn)
     .await

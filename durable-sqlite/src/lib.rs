@@ -7,6 +7,16 @@
 //! one did not take. Writes run in `BEGIN IMMEDIATE` transactions, so a writer that has
 //! to wait for another process waits up to the busy timeout instead of failing.
 //!
+//! **Leases on one clock.** SQLite has no server whose clock every worker reads, so a
+//! lease held by another worker is never judged by comparing wall clocks: a worker may
+//! take it only once it has seen the lease's row unchanged (not renewed) for the lease's
+//! full duration on its own monotonic clock, and the holder stops starting calls 90% of a
+//! duration after it sent its last renewal, on its own monotonic clock. Wall clocks that
+//! disagree or jump (per process or per machine) change nothing; clocks must only run at
+//! about the same rate. A lease this process did not see being written is taken one
+//! duration after the process first looks at it; a released lease at once; the same owner
+//! takes its own lease back at once.
+//!
 //! The schema is created and upgraded by embedded migrations ([`migrations`]) tracked in
 //! the table `durable_schema_migrations`. A database written by a newer release of
 //! `durable` is refused with [`StoreError::SchemaTooNew`] before anything is touched.
@@ -77,6 +87,7 @@ use sqlx::{ConnectOptions, Connection, SqliteConnection, SqlitePool};
 
 mod approval;
 mod checkpoints;
+mod clock;
 mod error;
 mod group;
 mod journal;
@@ -335,6 +346,8 @@ struct Inner {
     rollback: RollbackReport,
     /// Tells this process's idle worker pools that work may be available.
     work: durable_core::store::WorkNotifier,
+    /// What this process has seen of the database's leases (see `clock`).
+    leases: Arc<clock::LeaseClock>,
     /// Keeps a shared-cache in-memory database alive while the store exists. Dropped
     /// last (fields drop in declaration order).
     _keeper: Option<Mutex<SqliteConnection>>,
@@ -515,6 +528,12 @@ impl SqliteStore {
                 .map_err(db)?;
             (reader, None)
         };
+        // Sightings are shared by every store of this process on the same file.
+        let clock_key = match &options.target {
+            Target::File(path) => std::fs::canonicalize(path)
+                .map_or_else(|_| location.clone(), |p| p.display().to_string()),
+            Target::Memory => location.clone(),
+        };
         Ok(SqliteStore {
             inner: Arc::new(Inner {
                 group: group::GroupWriter::spawn(writer.clone()),
@@ -529,6 +548,7 @@ impl SqliteStore {
                 witness,
                 rollback,
                 work: durable_core::store::WorkNotifier::new(),
+                leases: clock::LeaseClock::for_location(&clock_key),
                 _keeper: keeper,
             }),
         })
@@ -637,6 +657,11 @@ impl SqliteStore {
         &self.inner.keyring
     }
 
+    /// What this process has seen of the database's leases (see `clock`).
+    pub(crate) fn leases(&self) -> &clock::LeaseClock {
+        &self.inner.leases
+    }
+
     /// Tells this process's idle pools that a write made work available.
     pub(crate) fn work_available(&self) {
         self.inner.work.notify();
@@ -670,9 +695,9 @@ mod tests {
         assert_eq!(migrations().table_name, MIGRATIONS_TABLE);
         assert_eq!(
             schema_version(),
-            7,
+            8,
             "0001_init, 0002_seals, 0003_speed, 0004_issued_rows, 0005_replies_once, \
-             0006_approvals and 0007_workers"
+             0006_approvals, 0007_workers and 0008_lease_ran"
         );
     }
 }

@@ -22,7 +22,9 @@ pub(crate) async fn create_session(
     durable_core::validate::validate_new_session(&new.id, &new.owner, &new.app_version)?;
     let queue = new.queue.as_deref().unwrap_or(DEFAULT_QUEUE);
     durable_core::validate::validate_id("queue", queue)?;
+    let began = std::time::Instant::now();
     let mut tx = WriteTx::begin(store.writer()).await?;
+    let began = crate::clock::clock_read(began);
     let now = tx.now;
     let result = async {
         let conn = tx.conn();
@@ -84,7 +86,20 @@ pub(crate) async fn create_session(
         Ok((record, lease))
     }
     .await;
-    tx.finish(result).await
+    let (record, lease) = tx.finish(result).await?;
+    // This process saw the lease being written: another worker of this process judges
+    // it from now (see `clock`).
+    store.leases().wrote(
+        lease.session.as_str(),
+        crate::clock::LeaseRow {
+            owner: record.lease_owner.clone(),
+            fence: record.fence,
+            renewed_at: record.lease_renewed_at,
+            expires_at: record.lease_expires_at,
+        },
+        began,
+    );
+    Ok((record, lease))
 }
 
 pub(crate) async fn session(

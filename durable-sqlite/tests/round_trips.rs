@@ -101,12 +101,14 @@ async fn journal_operations_take_these_round_trips() {
     let pure = spec("lookup", ReplayClass::Pure);
     let unsafe_ = spec("send", ReplayClass::UnsafeOnReplay);
 
-    // The first call of a step reads the step's rows: one statement.
+    // The first call of a lease marks it running (one statement, once per lease: a death
+    // from now on counts toward parking the session); the first call of a step reads the
+    // step's rows: one statement.
     let (first, ()) = count(async || call(&session, &pure, 0).await).await;
     assert_eq!(
         first,
-        1 + 2,
-        "first call of a step: the step read, then the write"
+        1 + 1 + 2,
+        "first call of a lease and of a step: the running mark, the step read, then the write"
     );
 
     // BEGIN IMMEDIATE + the fenced SELECT; INSERT + head UPDATE + COMMIT.

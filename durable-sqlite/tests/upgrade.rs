@@ -134,7 +134,8 @@ async fn as_schema_3(path: &Path) {
             .expect("old head");
     }
     sqlx::query(
-        "DROP INDEX durable_sessions_claim; \
+        "ALTER TABLE durable_sessions DROP COLUMN lease_ran; \
+         DROP INDEX durable_sessions_claim; \
          DROP INDEX durable_sessions_sleeping; \
          DROP INDEX durable_sessions_active_queue; \
          DROP TABLE durable_queues; \

@@ -385,6 +385,8 @@ pub fn random_kills(
     let (mut kills, mut resumes, mut sessions, mut completed, mut parked, mut checks) =
         (0, 0, 0, 0, 0, 0);
     let (mut in_session, mut in_call) = (0, 0);
+    // Parked as crash loops (recovery attempts exhausted), among `parked`.
+    let mut crash_loops = 0;
     while kills < kills_wanted {
         sessions += 1;
         let mut subject = Subject::new(ctx, &db);
@@ -440,6 +442,12 @@ pub fn random_kills(
                 }
                 Some(EXIT_PARKED) => {
                     parked += 1;
+                    if subject
+                        .status_reason()
+                        .is_some_and(|r| r.contains("recovery attempts exhausted"))
+                    {
+                        crash_loops += 1;
+                    }
                     break;
                 }
                 other => {
@@ -480,6 +488,7 @@ pub fn random_kills(
     f.add("sessions", sessions);
     f.add("completed", completed);
     f.add("parked", parked);
+    f.add("parked as crash loops", crash_loops);
     f.add("duplicates", 0);
     f.add("lost", 0);
     if backend == Backend::Sqlite {

@@ -308,6 +308,15 @@ impl<'a> Subject<'a> {
             .status
     }
 
+    /// Why the session was parked or failed, if it was.
+    pub fn status_reason(&self) -> Option<String> {
+        self.ctx
+            .rt
+            .block_on(self.db.store.session(&self.id()))
+            .expect("session row")
+            .status_reason
+    }
+
     /// The latest checkpoint: transcript bytes, budget, plan.
     pub fn latest(&self) -> Snapshot {
         let cp = self

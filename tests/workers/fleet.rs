@@ -30,6 +30,8 @@ const DEADLINE: Duration = Duration::from_secs(120);
 pub struct Summary {
     pub completed: usize,
     pub parked: usize,
+    /// Among `parked`: crash loops (recovery attempts exhausted).
+    pub crash_loops: usize,
     pub kills: usize,
     pub crashes: usize,
     pub restarts: usize,
@@ -161,13 +163,14 @@ pub async fn fleet(backend: Backend, restarts: usize) {
     summary.verified_not_happened = logged(&|l| l.starts_with("verify: did not happen"));
     check(store.as_ref(), &ledger, &mut summary).await;
     println!(
-        "fleet: backend={} sessions={SESSIONS} completed={} parked={} kills={} crashes={} \
+        "fleet: backend={} sessions={SESSIONS} completed={} parked={} (crash loops {}) kills={} crashes={} \
          restarts={} duplicates={} lost={} keyed_attempts={} keyed_applied={} \
          in_doubt_for_operator={} verified_happened={} verified_not_happened={} \
          db_errors_survived={} ({:.1} s)",
         backend.name(),
         summary.completed,
         summary.parked,
+        summary.crash_loops,
         summary.kills,
         summary.crashes,
         summary.restarts,
@@ -238,7 +241,16 @@ async fn check(store: &dyn CheckpointStore, ledger: &Ledger, summary: &mut Summa
         let id = record.id.as_str();
         match record.status {
             SessionStatus::Completed => summary.completed += 1,
-            SessionStatus::Parked => summary.parked += 1,
+            SessionStatus::Parked => {
+                summary.parked += 1;
+                if record
+                    .status_reason
+                    .as_deref()
+                    .is_some_and(|r| r.contains("recovery attempts exhausted"))
+                {
+                    summary.crash_loops += 1;
+                }
+            }
             other => panic!("{id} ended {other:?}: {:?}", record.status_reason),
         }
         let versions: Vec<i64> = store

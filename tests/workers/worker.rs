@@ -9,8 +9,12 @@
 //! - `zombie-a`: runs a session and pauses before the unsafe tool of step 1 (the parent
 //!   stops it there with SIGSTOP); on SIGCONT it must find its lease lost.
 //! - `zombie-b`: recovers the expired session and runs it to completion.
-//! - `poison`: resumes a session by id and dies at once holding its lease (a poison pill
-//!   crashing its worker); prints `parked <session>: <error>` when the resume parked it.
+//! - `poison`: resumes a session by id and runs a `pure` tool that aborts the process (a
+//!   poison pill crashing its worker); prints `parked <session>: <error>` when the resume
+//!   parked it.
+//! - `idle`: resumes the sessions named by id without running them and waits to be
+//!   killed holding their leases; prints `holding <n>`, and `parked <session>: <error>`
+//!   for each resume that parked its session.
 //! - `pool`: a worker pool (`Durable::worker`, concurrency 2 by default) driving every
 //!   claimable session, each handler releasing its session between steps once shutdown
 //!   is requested; stops gracefully on SIGTERM, or once no session is active; prints
@@ -56,8 +60,6 @@ pub const EXIT_LEASE_LOST: i32 = 4;
 /// The ledger (the outside world) was unreachable while an effect was in flight: the
 /// worker crashes, as a real one would, leaving the call in doubt.
 pub const EXIT_LEDGER_DOWN: i32 = 75;
-/// A `poison` worker died right after resuming its session, as a poison pill makes it.
-pub const EXIT_CRASHED: i32 = 70;
 
 /// Runs the role named by `DURABLE_WORKERS_ROLE`; returns the exit code.
 pub fn main(role: &str) -> i32 {
@@ -73,6 +75,7 @@ pub fn main(role: &str) -> i32 {
             "zombie-a" => zombie_a(&env).await,
             "zombie-b" => zombie_b(&env).await,
             "poison" => poison(&env).await,
+            "idle" => idle(&env).await,
             "pool" => pool(&env).await,
             other => {
                 eprintln!("unknown {ROLE} `{other}`");
@@ -540,14 +543,33 @@ async fn poison(env: &Env) -> i32 {
     let (durable, _ledger) = env.connect().await;
     let id = SessionId::new(std::env::var(SESSION).expect("session"));
     match durable.resume::<Message>(&id).await {
-        Ok(_resumed) => {
+        Ok(resumed) => {
             let recoveries = match durable.store().session(&id).await {
                 Ok(record) => record.recovery_attempts,
                 Err(e) => panic!("read {id}: {e}"),
             };
             println!("resumed {id} recoveries {recoveries}");
-            // Die holding the lease: no release, no destructor.
-            std::process::exit(EXIT_CRASHED);
+            // The poison: a `pure` tool (nothing is journaled before it runs) that aborts
+            // the process, every time. The worker dies running the session.
+            let spec = ToolSpec::new(
+                "poison",
+                "Aborts the process.",
+                ReplayClass::Pure,
+                json!({"type": "object"}),
+            );
+            let _ = resumed
+                .session
+                .journal()
+                .tool(&spec, json!({}))
+                .run(|_ctx| async {
+                    if spec.name == "poison" {
+                        std::process::abort();
+                    }
+                    Ok::<Value, String>(Value::Null)
+                })
+                .await;
+            println!("error {id}: the poison tool returned");
+            1
         }
         Err(e @ DurableError::Store(StoreError::Parked { .. })) => {
             println!("parked {id}: {e}");
@@ -558,6 +580,30 @@ async fn poison(env: &Env) -> i32 {
             1
         }
     }
+}
+
+/// Takes the lease on every session named (comma-separated) in `DURABLE_WORKERS_SESSION`
+/// by id, without running any, prints `holding <n>`, then waits to be killed: a worker
+/// killed while it holds sessions it is not running (idle leases).
+async fn idle(env: &Env) -> i32 {
+    let (durable, _ledger) = env.connect().await;
+    let ids = std::env::var(SESSION).expect("sessions");
+    let mut held = Vec::new();
+    for id in ids.split(',').map(SessionId::new) {
+        match durable.resume::<Message>(&id).await {
+            Ok(resumed) => held.push(resumed.session),
+            Err(e @ DurableError::Store(StoreError::Parked { .. })) => {
+                println!("parked {id}: {e}");
+            }
+            Err(e) => {
+                println!("error {id} resume: {e}");
+                return 1;
+            }
+        }
+    }
+    println!("holding {}", held.len());
+    std::future::pending::<()>().await;
+    0
 }
 
 async fn zombie_a(env: &Env) -> i32 {

@@ -110,6 +110,11 @@ pub async fn lease_refusal_text_gives_expiry_and_time_left(store: Arc<dyn Checkp
 pub async fn lease_same_owner_reacquire_bumps_fence(store: Arc<dyn CheckpointStore>) {
     let w = owner("worker");
     let (session, first) = create(&*store, &w).await;
+    // The first holder ran the session (then died): its take-over is a recovery.
+    store
+        .mark_running(first.fence())
+        .await
+        .expect("mark_running");
     let second = store
         .acquire_lease(&session.id, &w, LONG_TTL, MAX_ATTEMPTS)
         .await

@@ -39,6 +39,15 @@ async fn claim_all(
     panic!("claim_expired still returned sessions after {bound} claims");
 }
 
+/// Marks `lease` running ([`CheckpointStore::mark_running`]): its holder ran the session,
+/// so a death from now on counts.
+async fn ran(store: &dyn CheckpointStore, lease: &Lease) {
+    store
+        .mark_running(lease.fence())
+        .await
+        .unwrap_or_else(|e| panic!("mark_running({}): {e:?}", lease.session));
+}
+
 /// `list_expired` lists active sessions whose lease expired or was released, and no live,
 /// terminal or parked session.
 pub async fn recovery_list_expired_shows_only_active_expired(store: Arc<dyn CheckpointStore>) {
@@ -105,6 +114,7 @@ pub async fn recovery_concurrent_claims_are_exclusive(store: Arc<dyn CheckpointS
     let mut expired = HashMap::new();
     for _ in 0..6 {
         let (s, lease) = create_with(&*store, new_session(&owner("crashed"), Duration::ZERO)).await;
+        ran(&*store, &lease).await;
         expired.insert(s.id.clone(), lease);
     }
     let (live, live_lease) = create(&*store, &owner("alive")).await;
@@ -210,11 +220,27 @@ pub async fn recovery_concurrent_claims_are_exclusive(store: Arc<dyn CheckpointS
 /// Each claim counts an attempt; the claim that would exceed `max_attempts` parks the
 /// session (reason recorded) instead of returning it.
 pub async fn recovery_attempts_count_up_then_park(store: Arc<dyn CheckpointStore>) {
-    let (session, _) = create_with(&*store, new_session(&owner("poison"), Duration::ZERO)).await;
+    let (session, first) =
+        create_with(&*store, new_session(&owner("poison"), Duration::ZERO)).await;
+    ran(&*store, &first).await;
     let max_attempts = 3;
     let claimer = owner("recoverer");
-    // A ttl of zero leaves each claimed lease expired at once, so the session comes back.
-    let leases = claim_all(&*store, &claimer, Duration::ZERO, max_attempts, 1_000).await;
+    // A ttl of zero leaves each claimed lease expired at once, so the session comes back;
+    // each claimer runs it (and dies).
+    let mut leases = Vec::new();
+    for _ in 0..1_000 {
+        match store
+            .claim_expired(&Claim::new(&claimer, Duration::ZERO, max_attempts))
+            .await
+            .expect("claim_expired")
+        {
+            Some(lease) => {
+                ran(&*store, &lease).await;
+                leases.push(lease);
+            }
+            None => break,
+        }
+    }
     let mine: Vec<&Lease> = leases.iter().filter(|l| l.session == session.id).collect();
     assert_eq!(
         mine.len(),
@@ -258,7 +284,8 @@ pub async fn recovery_attempts_count_up_then_park(store: Arc<dyn CheckpointStore
 /// Claims count up `recovery_attempts`; a checkpoint saved by the recovering worker
 /// resets it to 0.
 pub async fn recovery_checkpoint_resets_attempts(store: Arc<dyn CheckpointStore>) {
-    let (session, _) = create_with(&*store, new_session(&owner("flaky"), Duration::ZERO)).await;
+    let (session, first) = create_with(&*store, new_session(&owner("flaky"), Duration::ZERO)).await;
+    ran(&*store, &first).await;
     let claimer = owner("recoverer");
     let mut claimed = 0;
     let mut last = None;
@@ -271,6 +298,7 @@ pub async fn recovery_checkpoint_resets_attempts(store: Arc<dyn CheckpointStore>
                 .expect("claim_expired")
                 .expect("claim_expired returned None with an expired session stored");
             if lease.session == session.id {
+                ran(&*store, &lease).await;
                 claimed += 1;
                 assert_eq!(
                     read(&*store, &session.id).await.recovery_attempts,
@@ -317,12 +345,15 @@ pub async fn recovery_resume_by_id_parks_a_poison_pill(store: Arc<dyn Checkpoint
         .await
         .expect("start");
     let id = first.id().clone();
+    ran_current(&*store, &id).await;
     drop(first);
     for attempt in 1..=max_attempts {
         let resumed = worker(&format!("crash{attempt}"))
             .resume::<Message>(&id)
             .await
             .unwrap_or_else(|e| panic!("resume {attempt} of {max_attempts} failed: {e:?}"));
+        // It runs the session, then dies.
+        ran_current(&*store, &id).await;
         drop(resumed);
         assert_eq!(
             read(&*store, &id).await.recovery_attempts,
@@ -386,6 +417,73 @@ pub async fn recovery_resume_by_id_parks_a_poison_pill(store: Arc<dyn Checkpoint
     );
 }
 
+/// Marks the current lease of `id` running, as its holder's first call would (the
+/// runtime's marking is tested with real processes in the facade's `tests/workers`).
+async fn ran_current(store: &dyn CheckpointStore, id: &SessionId) {
+    let token = read(store, id).await.fence;
+    store
+        .mark_running(crate::store::Fence { session: id, token })
+        .await
+        .unwrap_or_else(|e| panic!("mark_running({id}): {e:?}"));
+}
+
+/// A worker that dies holding a session it never ran (no model or tool call under its
+/// lease: an idle lease, its worker killed while it was elsewhere) is not counted against
+/// the session, by `acquire_lease` or `claim_expired`, however often; once the holder
+/// marks the lease running (`mark_running`), its death counts.
+pub async fn recovery_idle_lease_is_not_counted(store: Arc<dyn CheckpointStore>) {
+    let w = owner("restarted");
+    let (session, mut lease) = create(&*store, &w).await;
+    for round in 0..4 {
+        // Restarted under the same owner: takes its own unreleased lease back at once.
+        lease = store
+            .acquire_lease(&session.id, &w, LONG_TTL, 2)
+            .await
+            .unwrap_or_else(|e| panic!("round {round}: an idle lease's death parked: {e:?}"));
+        assert_eq!(
+            read(&*store, &session.id).await.recovery_attempts,
+            0,
+            "round {round}: the take-over of an idle lease counted a recovery"
+        );
+    }
+    // Expired and claimed: still not counted.
+    let dying = store
+        .renew_lease(&lease, Duration::ZERO)
+        .await
+        .expect("renew to an expired lease");
+    let claimer = owner("claimer");
+    let claimed = claim_all(&*store, &claimer, LONG_TTL, 2, 1_000).await;
+    let ours = claimed
+        .iter()
+        .find(|l| l.session == session.id)
+        .expect("the expired idle lease is claimed");
+    assert!(ours.fence > dying.fence, "fence bumped");
+    assert_eq!(
+        read(&*store, &session.id).await.recovery_attempts,
+        0,
+        "claim_expired of an expired idle lease counted a recovery"
+    );
+    // Now the claimer runs it (marking twice is harmless), and dies: counted.
+    let holder = ours;
+    ran(&*store, holder).await;
+    ran(&*store, holder).await;
+    store
+        .acquire_lease(&session.id, &claimer, LONG_TTL, 2)
+        .await
+        .expect("acquire after a death while running");
+    assert_eq!(
+        read(&*store, &session.id).await.recovery_attempts,
+        1,
+        "the take-over of a lease marked running counts a recovery"
+    );
+    // `mark_running` is fenced: a stale token is refused.
+    expect_err!(
+        store.mark_running(holder.fence()).await,
+        StoreError::LeaseLost { .. },
+        "mark_running with a replaced token"
+    );
+}
+
 /// A lease given up with `release_lease` is not a recovery for whoever takes it next,
 /// by `acquire_lease` or `claim_expired`, however often; a release does not reset the
 /// counter either, and a checkpoint does.
@@ -418,7 +516,9 @@ pub async fn recovery_released_lease_is_not_counted(store: Arc<dyn CheckpointSto
         "claim_expired of a released session counted a recovery"
     );
 
-    // Now the holder dies (its lease expires unreleased): that take-over counts.
+    // Now the holder runs the session and dies (its lease expires unreleased): that
+    // take-over counts.
+    ran(&*store, ours).await;
     let dying = store
         .renew_lease(ours, Duration::ZERO)
         .await

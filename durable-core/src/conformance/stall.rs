@@ -156,6 +156,10 @@ impl CheckpointStore for Probe {
         self.inner.release_lease(lease).await
     }
 
+    async fn mark_running(&self, fence: Fence<'_>) -> Result<(), StoreError> {
+        self.inner.mark_running(fence).await
+    }
+
     async fn claim_expired(&self, claim: &Claim) -> Result<Option<Lease>, StoreError> {
         self.inner.claim_expired(claim).await
     }

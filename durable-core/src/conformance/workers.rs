@@ -135,6 +135,10 @@ pub async fn worker_crash_after_sleeping_keeps_the_wake_up(store: Arc<dyn Checkp
     let queue = owner("crashed-sleepers");
     let ttl = Duration::from_millis(150);
     let (record, lease) = create_with(&*store, in_queue(&queue, &owner("dies"), ttl)).await;
+    store
+        .mark_running(lease.fence())
+        .await
+        .expect("mark_running");
     let wake_at = now(&*store).await + 900;
     sleep_until(&*store, &lease, Some(wake_at)).await;
     wait_past(&*store, lease.expires_at).await;

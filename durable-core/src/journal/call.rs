@@ -248,6 +248,7 @@ impl<'j> ToolCall<'j> {
         let journal = self.journal;
         let spec = self.spec;
         journal.check_lease().inspect_err(super::refused_span)?;
+        journal.mark_running().await?;
         let limits = journal.inner.config.limits;
         let invalid = |source| {
             let refused = DurableError::InvalidArguments {

@@ -56,6 +56,7 @@ impl Journal {
         let span = self.chat_span(step);
         let call = async {
             self.check_lease().inspect_err(super::refused_span)?;
+            self.mark_running().await?;
             let (identity, mut reservation) = {
                 let mut cache = self.inner.cache.lock().await;
                 self.load_step(&mut cache).await?;

@@ -43,11 +43,23 @@ const UNDO_10: [&str; 3] = [
     "DELETE FROM durable_schema_migrations WHERE version >= 10",
 ];
 
-/// Undoes schemas 10, 9 and 8 (see [`UNDO_10`], [`UNDO_9`], [`UNDO_8`]); panics if the
-/// database holds approvals, or if anything of schema 8 is left.
+/// The statements that undo schema 11 (whether a lease's holder ran the session):
+/// scheduling state, dropped with whatever it holds.
+const UNDO_11: [&str; 2] = [
+    "ALTER TABLE durable_sessions DROP COLUMN lease_ran",
+    "DELETE FROM durable_schema_migrations WHERE version >= 11",
+];
+
+/// Undoes schemas 11, 10, 9 and 8 (see [`UNDO_11`], [`UNDO_10`], [`UNDO_9`], [`UNDO_8`]);
+/// panics if the database holds approvals, or if anything of schema 8 is left.
 pub async fn back_to_schema_7(pool: &PgPool) {
     let mut tx = pool.begin().await.expect("a transaction");
-    for sql in UNDO_10.into_iter().chain(UNDO_9).chain(UNDO_8) {
+    for sql in UNDO_11
+        .into_iter()
+        .chain(UNDO_10)
+        .chain(UNDO_9)
+        .chain(UNDO_8)
+    {
         let rows = sqlx::query(sql).fetch_all(&mut *tx).await.expect(sql);
         if sql.starts_with("SELECT") {
             assert!(
