@@ -363,45 +363,8 @@ impl<'j> ToolCall<'j> {
                 self.issue_and_run(call, reservation, &mut run, scope).await
             }
             (Action::Verify, Some(row)) => {
-                let ctx = {
-                    let mut ctx = journal.context(&row);
-                    ctx.edited = edited.clone();
-                    ctx
-                };
-                let (answer, value) = match verify(ctx).await {
-                    Verification::Happened(value) => (Answer::Happened, Some(value)),
-                    Verification::DidNotHappen => (Answer::DidNotHappen, None),
-                    Verification::Unknown => (Answer::Unknown, None),
-                };
-                match (protocol::after_verify(answer), value) {
-                    (Action::RecordVerified, Some(value)) => {
-                        reservation.keep();
-                        // Too large to store: recorded as the call's failure (it happened,
-                        // and is never run again).
-                        let (result, returned) = match journal.check_result(&row, &value) {
-                            Err(too_large) => (
-                                CallOutcome::Failed(crate::sizes::recorded_failure(&too_large)),
-                                Err(CallError::Durable(too_large)),
-                            ),
-                            Ok(()) => (
-                                CallOutcome::Completed(encode_result(spec, &value)?),
-                                Ok(value),
-                            ),
-                        };
-                        journal
-                            .record_outcome(&row, result, None, Outcome::VerifiedHappened, scope)
-                            .await?;
-                        returned
-                    }
-                    (Action::ReRun { outcome, guarded }, _) => {
-                        self.rerun(row, outcome, guarded, edited, reservation, &mut run, scope)
-                            .await
-                    }
-                    (Action::Refuse(why), _) => {
-                        Err(self.refuse(why, Some(&row), None, &mut reservation).into())
-                    }
-                    (action, _) => unreachable!("after_verify gave {action:?}"),
-                }
+                self.verify(row, edited, verify, reservation, &mut run, scope)
+                    .await
             }
             (Action::ReRun { outcome, guarded }, Some(row)) => {
                 self.rerun(row, outcome, guarded, edited, reservation, &mut run, scope)
@@ -427,6 +390,70 @@ impl<'j> ToolCall<'j> {
                 "protocol::decide chose {action:?} for a call whose row is {:?}",
                 found.map(|row| row.status)
             ),
+        }
+    }
+
+    /// In doubt `unsafe_on_replay`: asks the verify hook (with the arguments a person
+    /// approved, if they edited them) and applies what [`protocol::after_verify`] makes
+    /// of its answer.
+    #[allow(clippy::too_many_arguments)]
+    async fn verify<T, E, F, Fut, V, VFut>(
+        self,
+        row: CallRecord,
+        edited: Option<Arc<Value>>,
+        verify: V,
+        mut reservation: Reservation,
+        run: &mut F,
+        scope: Option<&mut ScopeClaim>,
+    ) -> Result<T, CallError<E>>
+    where
+        T: Serialize + DeserializeOwned,
+        E: Display,
+        F: FnMut(ToolContext) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
+        V: FnOnce(ToolContext) -> VFut,
+        VFut: Future<Output = Verification<T>>,
+    {
+        let journal = self.journal;
+        let spec = self.spec;
+        let ctx = {
+            let mut ctx = journal.context(&row);
+            ctx.edited = edited.clone();
+            ctx
+        };
+        let (answer, value) = match verify(ctx).await {
+            Verification::Happened(value) => (Answer::Happened, Some(value)),
+            Verification::DidNotHappen => (Answer::DidNotHappen, None),
+            Verification::Unknown => (Answer::Unknown, None),
+        };
+        match (protocol::after_verify(answer), value) {
+            (Action::RecordVerified, Some(value)) => {
+                reservation.keep();
+                // Too large to store: recorded as the call's failure (it happened, and is
+                // never run again).
+                let (result, returned) = match journal.check_result(&row, &value) {
+                    Err(too_large) => (
+                        CallOutcome::Failed(crate::sizes::recorded_failure(&too_large)),
+                        Err(CallError::Durable(too_large)),
+                    ),
+                    Ok(()) => (
+                        CallOutcome::Completed(encode_result(spec, &value)?),
+                        Ok(value),
+                    ),
+                };
+                journal
+                    .record_outcome(&row, result, None, Outcome::VerifiedHappened, scope)
+                    .await?;
+                returned
+            }
+            (Action::ReRun { outcome, guarded }, _) => {
+                self.rerun(row, outcome, guarded, edited, reservation, run, scope)
+                    .await
+            }
+            (Action::Refuse(why), _) => {
+                Err(self.refuse(why, Some(&row), None, &mut reservation).into())
+            }
+            (action, _) => unreachable!("after_verify gave {action:?}"),
         }
     }
 
