@@ -7,7 +7,7 @@
 //! Each fork runs exactly the calls the parent made from its version on, so every call
 //! of a fork is an intent the parent already had: a correct fork never runs one again
 //! (it replays, refuses, or waits for an operator). With the fork's journal starting
-//! empty (the bug of issue 30, case 3) this finds a duplicate within a few cases.
+//! empty (the bug where a fork copied none of its parent's effects) this finds a duplicate within a few cases.
 //!
 //! On SQLite (in memory) and, with the `_postgres-testing` feature, on PostgreSQL.
 //! `PROPTEST_CASES` sets the number of programs (default 64 on SQLite, 24 on PostgreSQL);

@@ -1,6 +1,6 @@
 //! Model-based test: generated harness programs against SQLite and PostgreSQL, checked
-//! against a ledger the store knows nothing about (issue 9, "hunt the class, not the
-//! instances").
+//! against a ledger the store knows nothing about (hunting the class, not the
+//! instances).
 //!
 //! A program is a list of steps from a small vocabulary (`model_based/program.rs`): model
 //! turns proposing calls of each replay class, crashes at journal boundaries, restarts,

@@ -420,7 +420,7 @@ async fn the_pool_expires_requests_past_their_deadline() {
 }
 
 /// An idle pool polling every 30 s starts a session submitted in its own process at once:
-/// the store tells its pools when a write makes work available (issue 15).
+/// the store tells its pools when a write makes work available.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_pool_starts_a_submitted_session_at_once() {
     const POLL: Duration = Duration::from_secs(30);

@@ -1,4 +1,4 @@
-//! "Work became available → a worker started it" (issue 15), the same on every backend.
+//! "Work became available → a worker started it", the same on every backend.
 //!
 //! One [`Durable`] submits, another runs an idle worker pool. The latency of one submit is
 //! `t1 − t0`: `t0` the instant [`Durable::submit`] returned (its release committed), `t1`

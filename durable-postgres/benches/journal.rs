@@ -1,7 +1,7 @@
 //! The journal on PostgreSQL against raw sqlx, every figure measured next to its raw
 //! baseline in the same run, on the same server and database, with the same durability
 //! settings (`fsync` and `synchronous_commit` on), in interleaved rounds, each figure the
-//! median round (issue 11):
+//! median round:
 //!
 //! 1. `pure` call µs against one raw `BEGIN; INSERT; COMMIT` (target ≤ 1.10×);
 //! 2. `unsafe_on_replay` call µs against a raw two-commit pair (≤ 1.10×), and
@@ -42,7 +42,7 @@
 //! | `DURABLE_BENCH_OUT` | `target/durable-bench` | where the JSON and SVGs go |
 //! | `DATABASE_URL` | unset | a server to use instead of the throwaway cluster |
 //! | `DURABLE_BENCH_ONLY` | unset | `latency`: figures 1, 2 and 8 only |
-//! | `DURABLE_BENCH_PG_BEFORE` | unset | `1`: the store as before issue 26, emulated (every statement re-planned, `plan_cache_mode = force_custom_plan`; the partial index over `issued_rows` back) |
+//! | `DURABLE_BENCH_PG_BEFORE` | unset | `1`: the store as before the plan fixes, emulated (every statement re-planned, `plan_cache_mode = force_custom_plan`; the partial index over `issued_rows` back) |
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -222,7 +222,7 @@ impl Baseline for Raw {
     }
 }
 
-/// Whether to emulate the store as it was before issue 26 (`DURABLE_BENCH_PG_BEFORE=1`).
+/// Whether to emulate the store as it was before the plan fixes (`DURABLE_BENCH_PG_BEFORE=1`).
 fn before() -> bool {
     std::env::var("DURABLE_BENCH_PG_BEFORE").is_ok_and(|v| v == "1")
 }

@@ -1,4 +1,4 @@
-//! Work became available → a worker started it, on PostgreSQL (issue 15): an idle worker
+//! Work became available → a worker started it, on PostgreSQL: an idle worker
 //! pool woken by `LISTEN`/`NOTIFY` against the same pool polling only, measured in the
 //! same run in interleaved rounds.
 //!

@@ -1,4 +1,4 @@
-//! A guard against regressions of the write path's server work (issue 26) that a noisy
+//! A guard against regressions of the write path's server work that a noisy
 //! machine cannot fool: nothing here is timed. After a warm-up, a burst of each operation
 //! (a `pure` call, an `unsafe_on_replay` call, an agent turn: the model's reply journaled
 //! and a checkpoint) runs on the store's one connection, and the server's own counters
@@ -7,7 +7,7 @@
 //! - `pg_prepared_statements` (PostgreSQL 14 and later): every statement of the burst is
 //!   one of the connection's prepared statements, run on its generic plan, planned once:
 //!   no custom plan is made during the burst (a `plan_cache_mode = force_custom_plan`,
-//!   which issue 11 set on every connection opened before the first `ANALYZE`, re-plans
+//!   which an earlier release set on every connection opened before the first `ANALYZE`, re-plans
 //!   every write: 400–600 µs of server CPU per `pure` call); and each operation runs the
 //!   number of statements it is meant to (one round trip each);
 //! - `pg_stat_user_tables`: every update of the session row during the calls is HOT (no new

@@ -280,7 +280,7 @@ async fn statements_per_operation() {
             .await
             .expect("acquire");
     }
-    // The writes that wake idle pools on other processes (issue 15): the `NOTIFY` rides
+    // The writes that wake idle pools on other processes: the `NOTIFY` rides
     // on a statement each sends anyway.
     for round in 0..2 {
         let from = log.len().await;
@@ -333,7 +333,7 @@ async fn statements_per_operation() {
             println!("    {}", line.chars().take(110).collect::<String>());
         }
     }
-    // The contract of the write and read paths (issue 11): a statement added to one of
+    // The contract of the write and read paths: a statement added to one of
     // them fails here, not only in a benchmark.
     let expected = [
         ("record_call", 2),

@@ -1,4 +1,4 @@
-//! Idle worker pools woken by other processes' writes (`LISTEN`/`NOTIFY`, issue 15): a
+//! Idle worker pools woken by other processes' writes (`LISTEN`/`NOTIFY`): a
 //! pool on one store, the writes on a second store of the same database (another
 //! connection pool, another notifier: as another process would be), the pool's poll
 //! interval 30 s. Each case asserts that the handler starts within a second of the write,

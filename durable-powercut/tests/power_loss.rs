@@ -1,4 +1,4 @@
-//! The power-loss tier (issue 30, case 5): the real `SqliteStore` on a simulated disk
+//! The power-loss tier: the real `SqliteStore` on a simulated disk
 //! (durable-powercut's VFS), the power cut at seeded random write operations of a
 //! realistic workload, the files left as a power cut leaves them (unsynced writes dropped,
 //! or torn sector by sector with garbage in lost growth), then reopened and checked

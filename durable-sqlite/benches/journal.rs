@@ -1,7 +1,7 @@
 //! The journal on SQLite against raw sqlx, every figure measured next to its raw baseline
 //! in the same run, on the same file system, with the store's durability settings (WAL,
 //! `synchronous = FULL`, `BEGIN IMMEDIATE`, one writer connection), in interleaved rounds,
-//! each figure the median round (issue 11):
+//! each figure the median round:
 //!
 //! 1. `pure` call µs against one raw commit (target ≤ 1.10×);
 //! 2. `unsafe_on_replay` call µs against a raw two-commit pair (≤ 1.10×), and

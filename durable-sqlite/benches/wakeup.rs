@@ -1,4 +1,4 @@
-//! Work became available → a worker started it, on SQLite (issue 15): an idle worker pool
+//! Work became available → a worker started it, on SQLite: an idle worker pool
 //! woken by its store's in-process notification against a pool that only polls, measured
 //! in the same run in interleaved rounds.
 //!

@@ -1,4 +1,4 @@
-//! Leases judged by observation, on each process's monotonic clock (issue 31 §3).
+//! Leases judged by observation, on each process's monotonic clock.
 //!
 //! SQLite has no server: the `now` a statement computes (`julianday('now')`) is the wall
 //! clock of the process that runs it, and processes' wall clocks need not agree (a

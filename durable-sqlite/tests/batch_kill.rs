@@ -1,4 +1,4 @@
-//! A process killed in the middle of group-committed batches (issue 11): every call the
+//! A process killed in the middle of group-committed batches: every call the
 //! process was told had been journaled is in the store with its outcome, and every
 //! session still reads and resumes.
 //!

@@ -1,4 +1,4 @@
-//! Leases on one clock (issue 31 §3): workers whose wall clocks disagree, run as real
+//! Leases on one clock: workers whose wall clocks disagree, run as real
 //! processes under `faketime` (Debian's `faketime`, libfaketime; `scripts/test.sh`
 //! installs it when missing).
 //!

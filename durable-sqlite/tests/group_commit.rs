@@ -1,4 +1,4 @@
-//! Group commit (issue 11): the journal writes of concurrent sessions share a
+//! Group commit: the journal writes of concurrent sessions share a
 //! transaction and a sync, and one session's refused or failing write does not fail its
 //! neighbours in the batch.
 //!

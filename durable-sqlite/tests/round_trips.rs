@@ -2,7 +2,7 @@
 //! `sqlx::query` event per batch of statements sent to a connection's worker thread).
 //!
 //! Each round trip is a hop to that thread and back, which is what a journaled call
-//! costs beyond its commit (issue 11 measured ~200 µs per call outside SQLite with six
+//! costs beyond its commit (a measurement found ~200 µs per call outside SQLite with six
 //! of them). These counts are the contract of the write paths: a change that adds a
 //! statement to a hot path fails here, not only in a benchmark. One test, so that the
 //! process-wide subscriber counts nothing else.

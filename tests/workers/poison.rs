@@ -1,4 +1,4 @@
-//! Crash loops (issue 31 §7): what counts as a death toward parking a session.
+//! Crash loops: what counts as a death toward parking a session.
 //!
 //! - `poison`: a poison pill resumed by id. A worker restarted under a stable owner
 //!   resumes its session by id and runs a `pure` tool that aborts the process, again and

@@ -1,4 +1,4 @@
-//! Runtime cases: the replay protocol (DESIGN.md's table) driven through [`Durable`],
+//! Runtime cases: the replay protocol (ARCHITECTURE.md's decision table) driven through [`Durable`],
 //! [`Session`](crate::Session) and [`Journal`] over a real store.
 //!
 //! A crash is simulated in-process by dropping a session (its lease stays live, as a

@@ -549,7 +549,7 @@ async fn page_walks_detect_deleted_rows(store: &Arc<dyn CheckpointStore>, tamper
     }
 }
 
-/// One step's rows are read without the rest of the journal (issue 11), yet a deleted
+/// One step's rows are read without the rest of the journal, yet a deleted
 /// row of that step is still detected: at its start, its end, inside it, or the whole
 /// step, for every row of a set of generated layouts (steps with and without rows).
 async fn step_reads_detect_deleted_rows(store: &Arc<dyn CheckpointStore>, tamperer: &dyn Tamperer) {

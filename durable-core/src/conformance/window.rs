@@ -1,4 +1,4 @@
-//! Cases: the bounded resume (issue 11). A resume with a window loads the transcript's
+//! Cases: the bounded resume. A resume with a window loads the transcript's
 //! last messages only; earlier ones come on demand, checked like the rest; checkpoints
 //! keep appending to the whole log.
 

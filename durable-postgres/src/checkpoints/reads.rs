@@ -21,7 +21,7 @@ use crate::tx;
 /// The read of [`load_checkpoint_window`]: `$1` the session, `$2` the version (`NULL`:
 /// the latest), `$3` the window (`NULL`: the whole transcript). Sent unprepared: a
 /// generic plan made while the tables were small read a long session's transcript by its
-/// session alone (issue 11), so it is planned for its parameters every time.
+/// session alone, so it is planned for its parameters every time.
 ///
 /// The checkpoint, the previous one and the anchor are each a `LATERAL … LIMIT 1`, so
 /// they are looked up by their whole primary key. As plain joins, a session newer than
