@@ -590,17 +590,12 @@ async fn smoke_every_method() {
     );
     assert_eq!(s.calls(&id, Some(1)).await.expect("calls").len(), 2);
 
-    // A worker dies mid-call (its lease runs out, never released); another takes the
-    // session and the call is in doubt. (A session *released* with an unsafe call in
-    // doubt is blocked on an operator, and not claimed until the call is resolved.)
+    // A worker dies mid-call; another takes the session and the call is in doubt.
     let doubtful = tool_call(&id, "wire", "h3", None);
     s.issue_call(lease.fence(), doubtful.clone())
         .await
         .expect("issue");
-    s.renew_lease(&lease, Duration::from_millis(1))
-        .await
-        .expect("a lease about to run out");
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    s.release_lease(&lease).await.expect("release_lease");
     assert_eq!(s.list_expired(10).await.expect("list_expired").len(), 1);
     let claimed = s
         .claim_expired(&Claim::new("w2", TTL, 3))
