@@ -45,7 +45,6 @@ use crate::store::{
 
 mod approval;
 mod approval_runtime;
-mod blocked;
 mod checkpoint_after;
 mod checkpoints;
 mod fork;
@@ -67,7 +66,6 @@ mod workers;
 
 pub use approval::*;
 pub use approval_runtime::*;
-pub use blocked::*;
 pub use checkpoint_after::*;
 pub use checkpoints::*;
 pub use fork::*;
@@ -194,7 +192,6 @@ macro_rules! __durable_conformance_cases {
             worker_lease_renewed_at_tracks_take_and_renew,
             worker_claims_match_a_model,
             worker_an_expired_lease_in_a_limited_queue_is_not_renewed,
-            worker_pool_skips_a_session_blocked_on_an_operator,
             // checkpoints
             checkpoint_initial_is_version_zero,
             checkpoint_cas_conflict_writes_nothing,

@@ -498,10 +498,7 @@ impl Durable {
     /// claimed (a session of another version is left to workers of its version, or to
     /// [`retarget`](Self::retarget)), sessions asleep are left until their
     /// wake-up time ([`Session::sleep_until`](crate::Session::sleep_until)), and a queue
-    /// at its fleet-wide limit ([`set_queue_limit`](Self::set_queue_limit)) gives none. A
-    /// session blocked on an operator (released while an `unsafe_on_replay` call of it is
-    /// in doubt) is not claimed until the call is resolved; [`resume`](Self::resume) by
-    /// id still takes it.
+    /// at its fleet-wide limit ([`set_queue_limit`](Self::set_queue_limit)) gives none.
     pub async fn recover_next<M>(&self) -> Result<Option<Resumed<M>>, DurableError>
     where
         M: Serialize + DeserializeOwned + Clone,

@@ -954,9 +954,6 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// - in a queue below its fleet-wide limit ([`set_queue_limit`](Self::set_queue_limit)):
     ///   fewer of the queue's active sessions hold a live lease than the limit, counted
     ///   in a way that two concurrent claims cannot both take the last place.
-    /// - not blocked on an operator: a session whose lease was *released* (not expired)
-    ///   while one of its `unsafe_on_replay` calls is `issued` (in doubt) is left out
-    ///   until that call is resolved.
     ///
     /// Oldest session first (by creation): a session handed over mid-run (released,
     /// recovered, woken) goes before work submitted after it, so a deploy's hand-overs

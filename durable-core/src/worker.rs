@@ -73,13 +73,6 @@
 //! A second signal cuts the wait short: [`hard_stop`](Worker::hard_stop) aborts the
 //! handlers still running as soon as it resolves.
 //!
-//! A session **blocked on an operator** is not claimed: one released (by its handler)
-//! while an `unsafe_on_replay` call of it is in doubt. A handler whose call is refused
-//! with [`DurableError::ReplayUnsafe`] releases the session and returns; the pools leave
-//! it alone until an operator resolves the call (`durable resolve`,
-//! [`Durable::resolve`]), and then claim it again. A session whose worker died with such
-//! a call is still claimed (once per expiry), so that a verify hook can settle it.
-//!
 //! A handler that returns without completing, parking, awaiting approval or releasing
 //! its session (an error, or a dropped session) leaves the lease to expire, as after a
 //! crash; the session is then recovered (and counted as a recovery, parked after

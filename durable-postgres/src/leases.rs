@@ -184,14 +184,6 @@ pub(crate) async fn claim_expired(
                AND ($2::text IS NULL OR app_version = $2)
                AND (cardinality($3::text[]) = 0 OR queue = ANY($3))
                AND NOT (queue = ANY($4))
-               -- Blocked on an operator: released (its handler gave it up) while an
-               -- unsafe_on_replay call of it is in doubt; claimable again once an
-               -- operator resolves the call. A session whose worker died (lease expired,
-               -- never released) is still claimed: a verify hook may settle the call.
-               AND NOT (lease_owner IS NULL AND EXISTS (
-                   SELECT 1 FROM durable_tool_calls c
-                   WHERE c.session_id = durable_sessions.id AND c.status = 'issued'
-                     AND c.replay_class = 'unsafe_on_replay'))
              ORDER BY created_at, id
              LIMIT 1
              FOR UPDATE SKIP LOCKED",

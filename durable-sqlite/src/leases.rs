@@ -23,20 +23,6 @@ macro_rules! awake_where {
     };
 }
 
-/// Leaves out of a claim a session blocked on an operator: released (its handler gave it
-/// up, `lease_owner` cleared) while an `unsafe_on_replay` call of it is in doubt. Only an
-/// operator's resolution unblocks it (the row leaves `issued`), and then it is claimable
-/// again. A session whose worker died (its lease expired, never released) is still
-/// claimed: its resume may settle the call with the tool's verify hook. (The partial
-/// index of issued rows serves the lookup.)
-macro_rules! blocked_on_operator {
-    () => {
-        " AND NOT (lease_owner IS NULL AND EXISTS (SELECT 1 FROM durable_tool_calls c \
-           WHERE c.session_id = durable_sessions.id AND c.status = 'issued' \
-           AND c.replay_class = 'unsafe_on_replay')) "
-    };
-}
-
 /// The lease duration assumed for a row that does not carry its own (written before
 /// `lease_renewed_at` existed): the runtime's default.
 const FALLBACK_TTL: Duration = Duration::from_secs(30);
@@ -261,9 +247,8 @@ pub(crate) async fn claim_expired(
                 awake_where!(),
                 "AND lease_owner IS NULL AND (?2 IS NULL OR app_version = ?2) \
                  AND (?3 IS NULL OR queue IN (SELECT value FROM json_each(?3))) \
-                 AND queue NOT IN (SELECT value FROM json_each(?4)) ",
-                blocked_on_operator!(),
-                "ORDER BY created_at ASC, rowid ASC LIMIT 1"
+                 AND queue NOT IN (SELECT value FROM json_each(?4)) \
+                 ORDER BY created_at ASC, rowid ASC LIMIT 1"
             ))
             .bind(now)
             .bind(claim.app_version.as_deref())
