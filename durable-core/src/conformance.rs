@@ -45,6 +45,7 @@ use crate::store::{
 
 mod approval;
 mod approval_runtime;
+mod blocked;
 mod checkpoint_after;
 mod checkpoints;
 mod fork;
@@ -66,6 +67,7 @@ mod workers;
 
 pub use approval::*;
 pub use approval_runtime::*;
+pub use blocked::*;
 pub use checkpoint_after::*;
 pub use checkpoints::*;
 pub use fork::*;
@@ -192,6 +194,9 @@ macro_rules! __durable_conformance_cases {
             worker_lease_renewed_at_tracks_take_and_renew,
             worker_claims_match_a_model,
             worker_an_expired_lease_in_a_limited_queue_is_not_renewed,
+            worker_pool_skips_a_session_waiting_for_an_operator,
+            worker_pool_skips_a_refused_session_whose_lease_ran_out,
+            worker_pool_claims_a_session_a_verify_hook_may_settle,
             // checkpoints
             checkpoint_initial_is_version_zero,
             checkpoint_cas_conflict_writes_nothing,

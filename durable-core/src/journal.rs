@@ -24,8 +24,8 @@ use crate::ids::{CallId, SessionId};
 use crate::replay::ReplayClass;
 use crate::snapshot::Spend;
 use crate::store::{
-    CallIdentity, CallOutcome, CallRecord, CheckpointStore, FinishCall, IssueOutcome, Lease,
-    NewCall,
+    CallIdentity, CallOutcome, CallRecord, CallStatus, CheckpointStore, FinishCall, IssueOutcome,
+    Lease, NewCall,
 };
 use crate::tool::ToolSpec;
 
@@ -40,6 +40,7 @@ pub use crate::event::{CallEvent, Outcome};
 pub use call::ToolCall;
 pub(crate) use commit::{CommitSlot, ScopeOutcome};
 use numbers::Numbers;
+use protocol::Refusal;
 
 /// The tool name under which model responses are journaled.
 pub const MODEL_SLOT: &str = "@model";
@@ -418,6 +419,32 @@ impl Journal {
         self.inner.store.mark_running(lease.fence()).await?;
         self.state().running_marked = lease.fence;
         Ok(())
+    }
+
+    /// What a refusal leaves in the store: an in-doubt row only an operator can settle
+    /// ([`Refusal::needs_operator`]) is marked as waiting for one, so that pools stop
+    /// handing the session out until it is resolved
+    /// ([`CheckpointStore::mark_operator_needed`](crate::store::CheckpointStore::mark_operator_needed)).
+    /// The refusal stands whatever the store answers: a failure is logged, and costs at
+    /// most one more claim of the session, refused again.
+    pub(crate) async fn after_refusal(&self, why: Refusal, row: Option<&CallRecord>) {
+        let Some(row) = row.filter(|row| why.needs_operator() && row.status == CallStatus::Issued)
+        else {
+            return;
+        };
+        let lease = self.lease();
+        if let Err(error) = self
+            .inner
+            .store
+            .mark_operator_needed(lease.fence(), &row.id)
+            .await
+        {
+            tracing::warn!(
+                call = %row.id,
+                %error,
+                "could not mark the in-doubt call as waiting for an operator"
+            );
+        }
     }
 
     /// Records a successful renewal requested at `sent`.

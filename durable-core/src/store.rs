@@ -941,6 +941,24 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// the token is no longer current. Writes nothing else: no journal row, no seal.
     async fn mark_running(&self, fence: Fence<'_>) -> Result<(), StoreError>;
 
+    /// Records that only an operator can settle `call`, an in-doubt (`issued`) journal
+    /// row of the fence's session: a resume refused it as
+    /// [`ReplayUnsafe`](crate::DurableError::ReplayUnsafe) (its verify hook could not
+    /// tell whether the effect happened, or it has none, or it cannot run again). From
+    /// then on [`claim_expired`](Self::claim_expired) leaves the session out, so that no
+    /// worker pool hands it out in a loop, until the row leaves `issued`
+    /// ([`resolve_call`](Self::resolve_call)) or is issued again
+    /// ([`reissue_call`](Self::reissue_call) clears the mark). Taking the session by id
+    /// ([`acquire_lease`](Self::acquire_lease)) is not affected.
+    ///
+    /// # Contract
+    /// Durable when it returns. [`StoreError::LeaseLost`] if the token is no longer
+    /// current. A row that is not `issued` (settled meanwhile) or already marked is left
+    /// as it is (`Ok`). Scheduling state, outside the row's seal: erasing the mark only
+    /// lets a pool claim the session once more, to be refused again.
+    async fn mark_operator_needed(&self, fence: Fence<'_>, call: &CallId)
+    -> Result<(), StoreError>;
+
     /// Claims one active session whose lease expired or was released, for recovery or
     /// for a worker pool, for `claim.owner` until `now + claim.ttl`.
     ///
@@ -954,6 +972,8 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// - in a queue below its fleet-wide limit ([`set_queue_limit`](Self::set_queue_limit)):
     ///   fewer of the queue's active sessions hold a live lease than the limit, counted
     ///   in a way that two concurrent claims cannot both take the last place.
+    /// - not waiting for an operator: none of its `issued` rows is marked by
+    ///   [`mark_operator_needed`](Self::mark_operator_needed).
     ///
     /// Oldest session first (by creation): a session handed over mid-run (released,
     /// recovered, woken) goes before work submitted after it, so a deploy's hand-overs
@@ -1240,7 +1260,8 @@ pub trait CheckpointStore: Send + Sync + 'static {
     ///
     /// # Contract
     /// Fenced. Fails with [`StoreError::CallNotInDoubt`] if the row has an outcome or
-    /// still awaits a decision (`requested`).
+    /// still awaits a decision (`requested`). Clears the row's
+    /// [`mark_operator_needed`](Self::mark_operator_needed) mark.
     async fn reissue_call(&self, fence: Fence<'_>, call: &CallId)
     -> Result<CallRecord, StoreError>;
 
@@ -1372,7 +1393,9 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// # Contract
     /// Atomic. Refuses ([`StoreError::CallNotInDoubt`]) a call whose status is not
     /// `issued`. `Happened` sets status `resolved` with the result; `DidNotHappen`
-    /// sets `not_happened`.
+    /// sets `not_happened`. Either way the row leaves `issued`, so a session that
+    /// waited for this resolution ([`mark_operator_needed`](Self::mark_operator_needed))
+    /// is claimable again.
     ///
     /// [`ResolveCall::validate`] runs first: a bad resolver or note is refused before
     /// anything is written.

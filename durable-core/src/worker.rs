@@ -73,6 +73,17 @@
 //! A second signal cuts the wait short: [`hard_stop`](Worker::hard_stop) aborts the
 //! handlers still running as soon as it resolves.
 //!
+//! A session **waiting for an operator** is not claimed: once a resume of one of its
+//! in-doubt calls was refused with
+//! [`DurableError::ReplayUnsafe`](crate::DurableError::ReplayUnsafe) (the verify hook
+//! could not tell, or there is none), the journal marks the call
+//! ([`mark_operator_needed`](crate::store::CheckpointStore::mark_operator_needed)), and
+//! the pools leave the session alone until an operator resolves the call
+//! (`durable resolve`, [`Durable::resolve`](crate::Durable::resolve)); then they claim it
+//! again. A handler so refused releases the session and returns. A session whose worker
+//! died with such a call, not yet refused, is still claimed, so that a verify hook can
+//! settle it.
+//!
 //! A handler that returns without completing, parking, awaiting approval or releasing
 //! its session (an error, or a dropped session) leaves the lease to expire, as after a
 //! crash; the session is then recovered (and counted as a recovery, parked after

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use durable_core::StoreError;
-use durable_core::ids::SessionId;
+use durable_core::ids::{CallId, SessionId};
 use durable_core::store::{Claim, Fence, Lease, SessionRecord, SessionStatus};
 use sqlx::postgres::PgConnection;
 
@@ -184,6 +184,12 @@ pub(crate) async fn claim_expired(
                AND ($2::text IS NULL OR app_version = $2)
                AND (cardinality($3::text[]) = 0 OR queue = ANY($3))
                AND NOT (queue = ANY($4))
+               -- Waiting for an operator: a resume refused one of its in-doubt rows as
+               -- replay-unsafe (`mark_operator_needed`); claimable again once the row
+               -- leaves `issued` or is issued again.
+               AND NOT EXISTS (SELECT 1 FROM durable_tool_calls c
+                   WHERE c.session_id = durable_sessions.id AND c.status = 'issued'
+                     AND c.operator_needed_at IS NOT NULL)
              ORDER BY created_at, id
              LIMIT 1
              FOR UPDATE SKIP LOCKED",
@@ -296,6 +302,39 @@ pub(crate) async fn mark_running(
             session: fence.session.clone(),
             token: fence.token,
         });
+    }
+    Ok(())
+}
+
+pub(crate) async fn mark_operator_needed(
+    store: &PostgresStore,
+    fence: Fence<'_>,
+    call: &CallId,
+) -> Result<(), StoreError> {
+    // One autocommitted statement. The first refusal's time is kept.
+    let marked = sqlx::query(concat!(
+        "UPDATE durable_tool_calls SET operator_needed_at = ",
+        tx::now_ms!(),
+        " WHERE id = $1 AND session_id = $2 AND status = 'issued' \
+         AND operator_needed_at IS NULL \
+         AND EXISTS (SELECT 1 FROM durable_sessions WHERE id = $2 AND fence = $3)"
+    ))
+    .bind(call.as_str())
+    .bind(fence.session.as_str())
+    .bind(fence.token)
+    .execute(&store.pool)
+    .await
+    .map_err(db)?;
+    if marked.rows_affected() == 0 {
+        // Settled or marked already (nothing to do), or not found, or another token.
+        let mut conn = store.pool.acquire().await.map_err(db)?;
+        let session = tx::session(&mut conn, fence.session, None).await?;
+        if session.fence != fence.token {
+            return Err(StoreError::LeaseLost {
+                session: fence.session.clone(),
+                token: fence.token,
+            });
+        }
     }
     Ok(())
 }

@@ -144,7 +144,7 @@ pub(crate) async fn reissue_call(
         sqlx::query(
             "UPDATE durable_tool_calls SET attempt = ?, status = 'issued', \
              fence = ?, finished_at = NULL, result = NULL, error = NULL, spend = NULL, \
-             mac = ?, idempotency_key = ? WHERE id = ?",
+             mac = ?, idempotency_key = ?, operator_needed_at = NULL WHERE id = ?",
         )
         .bind(raw.attempt)
         .bind(fence.token)

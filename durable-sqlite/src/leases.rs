@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use durable_core::store::{Claim, Fence, Lease, SessionRecord, SessionStatus};
-use durable_core::{SessionId, StoreError};
+use durable_core::{CallId, SessionId, StoreError};
 use sqlx::{Row, SqliteConnection};
 
 use crate::SqliteStore;
@@ -20,6 +20,18 @@ use crate::tx::{self, WriteTx, fenced_select, millis, now_sql};
 macro_rules! awake_where {
     () => {
         " WHERE status = 'active' AND (wake_at IS NULL OR wake_at <= ?1) "
+    };
+}
+
+/// Leaves out a session waiting for an operator: one of its in-doubt rows was refused
+/// as replay-unsafe on a resume (`mark_operator_needed`). It is claimable again once the
+/// row leaves `issued` (resolved) or is issued again. (The partial index of issued rows
+/// serves the lookup.)
+macro_rules! not_waiting_for_operator {
+    () => {
+        " AND NOT EXISTS (SELECT 1 FROM durable_tool_calls c \
+           WHERE c.session_id = durable_sessions.id AND c.status = 'issued' \
+           AND c.operator_needed_at IS NOT NULL) "
     };
 }
 
@@ -247,8 +259,9 @@ pub(crate) async fn claim_expired(
                 awake_where!(),
                 "AND lease_owner IS NULL AND (?2 IS NULL OR app_version = ?2) \
                  AND (?3 IS NULL OR queue IN (SELECT value FROM json_each(?3))) \
-                 AND queue NOT IN (SELECT value FROM json_each(?4)) \
-                 ORDER BY created_at ASC, rowid ASC LIMIT 1"
+                 AND queue NOT IN (SELECT value FROM json_each(?4)) ",
+                not_waiting_for_operator!(),
+                "ORDER BY created_at ASC, rowid ASC LIMIT 1"
             ))
             .bind(now)
             .bind(claim.app_version.as_deref())
@@ -263,8 +276,9 @@ pub(crate) async fn claim_expired(
                 awake_where!(),
                 "AND lease_owner IS NOT NULL AND (?2 IS NULL OR app_version = ?2) \
                  AND (?3 IS NULL OR queue IN (SELECT value FROM json_each(?3))) \
-                 AND queue NOT IN (SELECT value FROM json_each(?4)) \
-                 ORDER BY created_at ASC, rowid ASC"
+                 AND queue NOT IN (SELECT value FROM json_each(?4)) ",
+                not_waiting_for_operator!(),
+                "ORDER BY created_at ASC, rowid ASC"
             ))
             .bind(now)
             .bind(claim.app_version.as_deref())
@@ -436,6 +450,40 @@ pub(crate) async fn mark_running(store: &SqliteStore, fence: Fence<'_>) -> Resul
             session: fence.session.clone(),
             token: fence.token,
         });
+    }
+    Ok(())
+}
+
+pub(crate) async fn mark_operator_needed(
+    store: &SqliteStore,
+    fence: Fence<'_>,
+    call: &CallId,
+) -> Result<(), StoreError> {
+    // One autocommitted statement on the writer, synced before it returns. The first
+    // refusal's time is kept.
+    let marked = sqlx::query(concat!(
+        "UPDATE durable_tool_calls SET operator_needed_at = ",
+        now_sql!(),
+        " WHERE id = ?1 AND session_id = ?2 AND status = 'issued' \
+         AND operator_needed_at IS NULL \
+         AND EXISTS (SELECT 1 FROM durable_sessions WHERE id = ?2 AND fence = ?3)"
+    ))
+    .bind(call.as_str())
+    .bind(fence.session.as_str())
+    .bind(fence.token)
+    .execute(store.writer())
+    .await
+    .map_err(db)?;
+    if marked.rows_affected() == 0 {
+        // Settled or marked already (nothing to do), or not found, or another token.
+        let mut conn = store.writer().acquire().await.map_err(db)?;
+        let session = tx::session(&mut conn, fence.session).await?;
+        if session.fence != fence.token {
+            return Err(StoreError::LeaseLost {
+                session: fence.session.clone(),
+                token: fence.token,
+            });
+        }
     }
     Ok(())
 }

@@ -91,6 +91,14 @@ impl CheckpointStore for SqliteStore {
         leases::mark_running(self, fence).await
     }
 
+    async fn mark_operator_needed(
+        &self,
+        fence: Fence<'_>,
+        call: &CallId,
+    ) -> Result<(), StoreError> {
+        leases::mark_operator_needed(self, fence, call).await
+    }
+
     async fn claim_expired(&self, claim: &Claim) -> Result<Option<Lease>, StoreError> {
         leases::claim_expired(self, claim).await
     }

@@ -134,7 +134,8 @@ async fn as_schema_3(path: &Path) {
             .expect("old head");
     }
     sqlx::query(
-        "ALTER TABLE durable_sessions DROP COLUMN lease_ran; \
+        "ALTER TABLE durable_tool_calls DROP COLUMN operator_needed_at; \
+         ALTER TABLE durable_sessions DROP COLUMN lease_ran; \
          DROP INDEX durable_sessions_claim; \
          DROP INDEX durable_sessions_sleeping; \
          DROP INDEX durable_sessions_active_queue; \

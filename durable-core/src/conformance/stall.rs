@@ -160,6 +160,14 @@ impl CheckpointStore for Probe {
         self.inner.mark_running(fence).await
     }
 
+    async fn mark_operator_needed(
+        &self,
+        fence: Fence<'_>,
+        call: &CallId,
+    ) -> Result<(), StoreError> {
+        self.inner.mark_operator_needed(fence, call).await
+    }
+
     async fn claim_expired(&self, claim: &Claim) -> Result<Option<Lease>, StoreError> {
         self.inner.claim_expired(claim).await
     }

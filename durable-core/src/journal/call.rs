@@ -374,11 +374,14 @@ impl<'j> ToolCall<'j> {
                 self.run_approved(row, key, edited, guarded, reservation, &mut run, scope)
                     .await
             }
-            (Action::Refuse(why), row) => Err(self
-                .refuse(why, row.as_ref(), edits_refused, &mut reservation)
-                .into()),
+            (Action::Refuse(why), row) => {
+                let error = self.refuse(why, row.as_ref(), edits_refused, &mut reservation);
+                journal.after_refusal(why, row.as_ref()).await;
+                Err(error.into())
+            }
             (Action::RefuseApproved(why), Some(row)) => {
                 let error = self.refuse(why, Some(&row), edits_refused, &mut reservation);
+                journal.after_refusal(why, Some(&row)).await;
                 Err(DurableError::ApprovedCallRefused {
                     call: row.id.clone(),
                     tool: spec.name.clone(),
@@ -451,7 +454,9 @@ impl<'j> ToolCall<'j> {
                     .await
             }
             (Action::Refuse(why), _) => {
-                Err(self.refuse(why, Some(&row), None, &mut reservation).into())
+                let error = self.refuse(why, Some(&row), None, &mut reservation);
+                journal.after_refusal(why, Some(&row)).await;
+                Err(error.into())
             }
             (action, _) => unreachable!("after_verify gave {action:?}"),
         }
@@ -472,7 +477,7 @@ impl<'j> ToolCall<'j> {
 
     /// The error a refusal returns, reported as refused; the ordinal is handed back, so
     /// the same call sent again maps onto the same row. Every refusal of the decision
-    /// table goes through here.
+    /// table goes through here, then through [`Journal::after_refusal`].
     fn refuse(
         &self,
         why: Refusal,
@@ -643,7 +648,9 @@ impl<'j> ToolCall<'j> {
                         recorded_outcome(&row)
                     }
                     Action::Refuse(why) => {
-                        Err(self.refuse(why, Some(&row), None, &mut reservation).into())
+                        let error = self.refuse(why, Some(&row), None, &mut reservation);
+                        journal.after_refusal(why, Some(&row)).await;
+                        Err(error.into())
                     }
                     action => unreachable!("after_insert_race gave {action:?}"),
                 };

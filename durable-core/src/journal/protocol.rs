@@ -95,6 +95,19 @@ pub(crate) enum Refusal {
     InFlight,
 }
 
+impl Refusal {
+    /// Whether only an operator can settle the refused row: no later resume, on this
+    /// worker or another, would decide otherwise (the hook already answered, the key or
+    /// the secret is gone for good). The row is marked, and pools stop handing the
+    /// session out until it is resolved.
+    pub(crate) const fn needs_operator(self) -> bool {
+        matches!(
+            self,
+            Refusal::SecretWithheld | Refusal::NoRecordedKey | Refusal::NotVerified
+        )
+    }
+}
+
 /// What the verify hook answered (`Verification`, without its value).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) enum Answer {
@@ -298,7 +311,14 @@ mod render {
                     "runs once".into()
                 }
             }
+            Action::Refuse(r) if r.needs_operator() => {
+                format!("refused: {}; waits for an operator", refusal(r))
+            }
             Action::Refuse(r) => format!("refused: {}", refusal(r)),
+            Action::RefuseApproved(r) if r.needs_operator() => format!(
+                "refused: `ApprovedCallRefused` ({}); waits for an operator",
+                refusal(r)
+            ),
             Action::RefuseApproved(r) => format!("refused: `ApprovedCallRefused` ({})", refusal(r)),
         }
     }

@@ -474,7 +474,7 @@ pub(crate) async fn reissue_call(
            WHERE id = $5) \
          UPDATE durable_tool_calls SET attempt = $3, status = 'issued', fence = $2, \
          finished_at = NULL, result = NULL, error = NULL, spend = NULL, mac = $4, \
-         idempotency_key = $9 WHERE id = $1 RETURNING ",
+         idempotency_key = $9, operator_needed_at = NULL WHERE id = $1 RETURNING ",
         call_cols!()
     ))
     .bind(call.as_str())

@@ -50,12 +50,21 @@ const UNDO_11: [&str; 2] = [
     "DELETE FROM durable_schema_migrations WHERE version >= 11",
 ];
 
-/// Undoes schemas 11, 10, 9 and 8 (see [`UNDO_11`], [`UNDO_10`], [`UNDO_9`], [`UNDO_8`]);
+/// The statements that undo schema 12 (an in-doubt row waiting for an operator):
+/// scheduling state, dropped with whatever it holds.
+const UNDO_12: [&str; 2] = [
+    "ALTER TABLE durable_tool_calls DROP COLUMN operator_needed_at",
+    "DELETE FROM durable_schema_migrations WHERE version >= 12",
+];
+
+/// Undoes schemas 12, 11, 10, 9 and 8 (see [`UNDO_12`], [`UNDO_11`], [`UNDO_10`],
+/// [`UNDO_9`], [`UNDO_8`]);
 /// panics if the database holds approvals, or if anything of schema 8 is left.
 pub async fn back_to_schema_7(pool: &PgPool) {
     let mut tx = pool.begin().await.expect("a transaction");
-    for sql in UNDO_11
+    for sql in UNDO_12
         .into_iter()
+        .chain(UNDO_11)
         .chain(UNDO_10)
         .chain(UNDO_9)
         .chain(UNDO_8)
