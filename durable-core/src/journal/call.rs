@@ -723,22 +723,38 @@ impl<'j> ToolCall<'j> {
                 .into());
             }
             // A decision landed between this worker's read of the row and its issue (a
-            // person revoked the approval, say): nothing ran, and the row's outcome is
-            // what the harness gets, as for any decided call (a denial is its recorded
-            // failure), not the resolve vocabulary of `CallNotInDoubt`.
-            Err(StoreError::CallNotInDoubt { call, status }) => {
-                let decided = journal
+            // person revoked the approval, say): nothing ran, and the row as read again
+            // decides what the harness gets (a denial is the call's recorded failure), not
+            // the resolve vocabulary of `CallNotInDoubt`.
+            Err(StoreError::CallNotInDoubt { call, .. }) => {
+                let found = journal
                     .inner
                     .store
                     .call(&call)
                     .await
                     .map_err(|e| journal.note_store_error(e))?;
-                if !decided.status.has_outcome() {
-                    let e = StoreError::CallNotInDoubt { call, status };
-                    return Err(journal.note_store_error(e).into());
-                }
-                journal.remember(&decided).await;
-                return journal.replay_recorded(decided, reservation).await;
+                return match protocol::after_approved_issue_refused(found.status) {
+                    Action::Replay => {
+                        journal.remember(&found).await;
+                        journal.replay_recorded(found, reservation).await
+                    }
+                    Action::AwaitApproval => {
+                        reservation.release();
+                        journal.emit(journal.event(&found, Outcome::ApprovalRequested));
+                        Err(DurableError::AwaitingApproval {
+                            call: found.id,
+                            tool: spec.name.clone(),
+                            status: found.status.as_str().to_owned(),
+                        }
+                        .into())
+                    }
+                    Action::Refuse(why) => {
+                        let error = self.refuse(why, Some(&found), None, &mut reservation);
+                        journal.after_refusal(why, Some(&found)).await;
+                        Err(error.into())
+                    }
+                    action => unreachable!("after_approved_issue_refused gave {action:?}"),
+                };
             }
             Err(e) => return Err(journal.note_store_error(e).into()),
         };

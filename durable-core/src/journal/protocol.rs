@@ -6,7 +6,8 @@
 //! hooks), applies the [`Action`] that [`decide`] returns (it writes, runs the body or
 //! the verify hook), and feeds what came back into the next decision: the hook's answer
 //! into [`after_verify`], a row another holder of the lease inserted first into
-//! [`after_insert_race`]. The guards that need the store (the session-wide barrier, the
+//! [`after_insert_race`], an approved row that changed before it could be issued into
+//! [`after_approved_issue_refused`]. The guards that need the store (the session-wide barrier, the
 //! divergence check, the carried-effect check, the durability check) are named by the
 //! action and run by the driver, in that order.
 //!
@@ -201,6 +202,21 @@ pub(crate) fn after_insert_race(found: CallStatus, requesting: bool) -> Action {
     if found.has_outcome() {
         Action::Replay
     } else if requesting && found == CallStatus::Requested {
+        Action::AwaitApproval
+    } else {
+        Action::Refuse(Refusal::InFlight)
+    }
+}
+
+/// After the store refused to issue an approved row because its status changed since it
+/// was read (a decision landed in between: a revocation, say), the row as read again
+/// decides. Nothing ran. A decided row's outcome is returned as recorded (a revocation's
+/// denial is the call's failure); a row sent back for a decision awaits it; a row another
+/// holder of the lease issued meanwhile is in flight.
+pub(crate) fn after_approved_issue_refused(found: CallStatus) -> Action {
+    if found.has_outcome() {
+        Action::Replay
+    } else if found == CallStatus::Requested {
         Action::AwaitApproval
     } else {
         Action::Refuse(Refusal::InFlight)
@@ -410,6 +426,23 @@ mod render {
                     describe(after_insert_race(found, requesting))
                 );
             }
+        }
+        let _ = writeln!(out);
+        let _ = writeln!(
+            out,
+            "An approved row whose status changed before it could be issued (a decision \
+             landed meanwhile), as read again:"
+        );
+        let _ = writeln!(out);
+        let _ = writeln!(out, "| row found | arm |");
+        let _ = writeln!(out, "|---|---|");
+        for found in STATUSES.into_iter().flatten() {
+            let _ = writeln!(
+                out,
+                "| {} | {} |",
+                found.as_str(),
+                describe(after_approved_issue_refused(found))
+            );
         }
         out
     }
@@ -1021,6 +1054,14 @@ mod tests {
                 };
                 assert_eq!(action, expect, "{found:?}, requesting {requesting}");
             }
+        }
+        for found in STATUSES.into_iter().flatten() {
+            let expect = match found {
+                Completed | Failed | Resolved | Denied => Replay,
+                Requested => AwaitApproval,
+                Issued | NotHappened | Approved => Refuse(Refusal::InFlight),
+            };
+            assert_eq!(after_approved_issue_refused(found), expect, "{found:?}");
         }
     }
 
