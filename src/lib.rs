@@ -262,6 +262,17 @@ pub mod runtime {
     pub use durable_core::tool_bounds::BoxFuture;
 }
 
+pub mod stream {
+    //! Streamed model replies ([`Session::model_stream`](crate::Session::model_stream)):
+    //! chunks reach the caller as they arrive, the assembled reply is journaled once when
+    //! the stream ends, and a replayed turn gets the recorded reply back as chunks of the
+    //! same type. A crash before the end leaves nothing (the model is asked again).
+    //! Implement [`StreamedReply`] for your reply type: how chunks fold into it, and how a
+    //! recorded reply is handed back as chunks.
+
+    pub use durable_core::journal::{ModelStream, ReplyEvent, StreamedReply};
+}
+
 pub mod json {
     //! The exact-JSON rules every value entering the journal follows: parsing a model's
     //! text within [`ArgLimits`] (duplicate keys, NaN, integers JCS would round, lone

@@ -61,6 +61,7 @@ mod runtime;
 mod sessions;
 mod sizes;
 mod stall;
+mod stream;
 pub mod tamper;
 mod window;
 mod workers;
@@ -82,6 +83,7 @@ pub use resolution::*;
 pub use runtime::*;
 pub use sessions::*;
 pub use sizes::*;
+pub use stream::*;
 pub use window::*;
 pub use workers::*;
 
@@ -197,6 +199,10 @@ macro_rules! __durable_conformance_cases {
             worker_pool_skips_a_session_waiting_for_an_operator,
             worker_pool_skips_a_refused_session_whose_lease_ran_out,
             worker_pool_claims_a_session_a_verify_hook_may_settle,
+            // streamed model replies
+            stream_reply_is_journaled_once_and_replayed_as_a_stream,
+            stream_reply_failed_or_dropped_journals_nothing,
+            stream_reply_is_checked_like_a_whole_reply,
             // checkpoints
             checkpoint_initial_is_version_zero,
             checkpoint_cas_conflict_writes_nothing,

@@ -677,6 +677,16 @@ pub enum DurableError {
         /// The version being written.
         version: i64,
     },
+    /// A streamed model reply was asked for after it was handed out, or after its stream
+    /// failed ([`ModelStream::into_reply`](crate::journal::ModelStream::into_reply)).
+    #[error(
+        "the streamed model reply of session `{session}` is over: its reply was already handed out, \
+         or its stream failed (nothing was journaled then; the re-run turn asks the model again)"
+    )]
+    StreamOver {
+        /// The session.
+        session: SessionId,
+    },
     /// The budget's limit would be exceeded.
     #[error("budget exceeded: {0}")]
     BudgetExceeded(String),

@@ -35,12 +35,14 @@ mod commit;
 mod model;
 mod numbers;
 mod protocol;
+mod stream;
 
 pub use crate::event::{CallEvent, Outcome};
 pub use call::ToolCall;
 pub(crate) use commit::{CommitSlot, ScopeOutcome};
 use numbers::Numbers;
 use protocol::Refusal;
+pub use stream::{ModelStream, ReplyEvent, StreamedReply};
 
 /// The tool name under which model responses are journaled.
 pub const MODEL_SLOT: &str = "@model";

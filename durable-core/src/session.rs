@@ -12,7 +12,7 @@ use crate::config::Config;
 use crate::encode::encode;
 use crate::error::{DurableError, StoreError};
 use crate::ids::SessionId;
-use crate::journal::{CallError, Journal, ScopeOutcome};
+use crate::journal::{CallError, Journal, ModelStream, ScopeOutcome, StreamedReply};
 use crate::replay::ReplayClass;
 use crate::snapshot::{Budget, Plan, Spend};
 use crate::store::{
@@ -633,6 +633,37 @@ where
         S: FnOnce(&R) -> Option<Spend>,
     {
         self.journal.model_with_spend(f, spend).await
+    }
+
+    /// Journals a streamed model reply by position (see [`Journal::model_stream`]).
+    pub async fn model_stream<R, E, S, F>(
+        &self,
+        open: F,
+    ) -> Result<ModelStream<'_, R, E, S>, CallError<E>>
+    where
+        R: StreamedReply,
+        E: std::fmt::Display,
+        S: futures_util::Stream<Item = Result<R::Chunk, E>>,
+        F: FnOnce() -> S,
+    {
+        self.journal.model_stream(open).await
+    }
+
+    /// Journals a streamed model reply with its cost (see
+    /// [`Journal::model_stream_with_spend`]).
+    pub async fn model_stream_with_spend<R, E, S, F, P>(
+        &self,
+        open: F,
+        spend: P,
+    ) -> Result<ModelStream<'_, R, E, S>, CallError<E>>
+    where
+        R: StreamedReply,
+        E: std::fmt::Display,
+        S: futures_util::Stream<Item = Result<R::Chunk, E>>,
+        F: FnOnce() -> S,
+        P: FnOnce(&R) -> Option<Spend> + Send + 'static,
+    {
+        self.journal.model_stream_with_spend(open, spend).await
     }
 
     /// Writes a final checkpoint (with the pending messages, plan and budget, even when

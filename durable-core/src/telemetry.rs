@@ -157,6 +157,7 @@ pub const fn durable_error_type(error: &DurableError) -> &'static str {
         DurableError::Plan(_) => "Plan",
         DurableError::Connect(_) => "Connect",
         DurableError::OneCallPerCheckpoint { .. } => "OneCallPerCheckpoint",
+        DurableError::StreamOver { .. } => "StreamOver",
     }
 }
 

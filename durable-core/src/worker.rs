@@ -74,9 +74,8 @@
 //! handlers still running as soon as it resolves.
 //!
 //! A session **waiting for an operator** is not claimed: once a resume of one of its
-//! in-doubt calls was refused with
-//! [`DurableError::ReplayUnsafe`](crate::DurableError::ReplayUnsafe) (the verify hook
-//! could not tell, or there is none), the journal marks the call
+//! in-doubt calls was refused with [`DurableError::ReplayUnsafe`] (the verify hook could
+//! not tell, or there is none), the journal marks the call
 //! ([`mark_operator_needed`](crate::store::CheckpointStore::mark_operator_needed)), and
 //! the pools leave the session alone until an operator resolves the call
 //! (`durable resolve`, [`Durable::resolve`](crate::Durable::resolve)); then they claim it

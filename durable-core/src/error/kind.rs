@@ -162,7 +162,8 @@ impl DurableError {
             | E::Encode { .. }
             | E::InvalidValue { .. }
             | E::Plan(_)
-            | E::OneCallPerCheckpoint { .. } => ErrorKind::InvalidInput,
+            | E::OneCallPerCheckpoint { .. }
+            | E::StreamOver { .. } => ErrorKind::InvalidInput,
             E::ReplayUnsafe { .. }
             | E::ApprovedCallRefused { .. }
             | E::ReplayDiverged { .. }
