@@ -39,9 +39,40 @@ pub mod codes {
     pub const CALL_ID_REQUIRED: ErrorCode = ErrorCode(-32015);
 }
 
-/// What the server answers for a runtime error of the call named `call` (the client's
-/// call id, or the JSON-RPC request id).
-pub(crate) fn to_mcp(error: &DurableError, call: &str, session: &str) -> ErrorData {
+/// How the server's errors name a call: by the client's call id, or, for a call sent
+/// without one, by the JSON-RPC request id (which no person sees, so it is labelled).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum CallName<'a> {
+    /// The client's call id (`_meta`).
+    Id(&'a str),
+    /// A call without a call id: its JSON-RPC request id.
+    Request(&'a str),
+}
+
+impl std::fmt::Display for CallName<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            CallName::Id(id) => write!(f, "call `{id}`"),
+            CallName::Request(request) => write!(f, "a call without a call id (request {request})"),
+        }
+    }
+}
+
+impl CallName<'_> {
+    /// The call with the tool it is for: "call `c-1` (`send`)", or "a call of `send`
+    /// without a call id (request 4)".
+    pub(crate) fn of(self, tool: &str) -> String {
+        match self {
+            CallName::Id(id) => format!("call `{id}` (`{tool}`)"),
+            CallName::Request(request) => {
+                format!("a call of `{tool}` without a call id (request {request})")
+            }
+        }
+    }
+}
+
+/// What the server answers for a runtime error of `call`.
+pub(crate) fn to_mcp(error: &DurableError, call: CallName<'_>, session: &str) -> ErrorData {
     match error {
         DurableError::UnknownTool { name, .. } => ErrorData::new(
             codes::INVALID_PARAMS,
@@ -66,7 +97,8 @@ pub(crate) fn to_mcp(error: &DurableError, call: &str, session: &str) -> ErrorDa
         } => ErrorData::new(
             codes::IN_DOUBT,
             format!(
-                "call `{call}` (`{refused_tool}`) was not run: {error}. Then send the call again"
+                "{} was not run: {error}. Then send the call again",
+                call.of(refused_tool)
             ),
             Some(json!({
                 "durable": "in_doubt",
@@ -79,7 +111,7 @@ pub(crate) fn to_mcp(error: &DurableError, call: &str, session: &str) -> ErrorDa
         DurableError::Store(StoreError::Leased { remaining_ms, .. }) => ErrorData::new(
             codes::BUSY,
             format!(
-                "call `{call}` was not run: {error}. It is in flight on another worker, or a \
+                "{call} was not run: {error}. It is in flight on another worker, or a \
                  server that crashed holding it under another owner name (give the server a \
                  stable `DurableBuilder::owner`); retry later"
             ),
@@ -90,10 +122,11 @@ pub(crate) fn to_mcp(error: &DurableError, call: &str, session: &str) -> ErrorDa
         } => ErrorData::new(
             codes::AWAITING_APPROVAL,
             format!(
-                "call `{call}` (`{tool}`) was not run: it awaits a person's decision (durable \
+                "{} was not run: it awaits a person's decision (durable \
                  call `{row}`: `durable approve {row}` or `durable deny {row} --reason <text>`, or \
                  the console); nothing ran. Send the same call id again once decided: an \
-                 approved call runs then, a denied one returns the denial"
+                 approved call runs then, a denied one returns the denial",
+                call.of(tool)
             ),
             Some(
                 json!({"durable": "awaiting_approval", "call": row.as_str(), "tool": tool, "session": session}),
@@ -101,7 +134,7 @@ pub(crate) fn to_mcp(error: &DurableError, call: &str, session: &str) -> ErrorDa
         ),
         other => ErrorData::new(
             codes::DURABLE,
-            format!("call `{call}` was not run or its outcome was not recorded: {other}"),
+            format!("{call} was not run or its outcome was not recorded: {other}"),
             Some(json!({"durable": "durable", "session": session})),
         ),
     }

@@ -20,7 +20,7 @@ use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
 use crate::call_id::{call_session_id, client_call_id};
-use crate::error::{ServeError, codes, to_mcp};
+use crate::error::{CallName, ServeError, codes, to_mcp};
 
 /// The queue of call sessions (calls with a call id): pools taking from their own queues
 /// leave them alone.
@@ -309,16 +309,21 @@ impl DurableMcpServer {
     ) -> Result<CallToolResult, ErrorData> {
         let call_id = client_call_id(meta)?;
         let arguments = Value::Object(params.arguments.unwrap_or_default());
-        let name = params.name.into_owned();
+        let tool = params.name.into_owned();
         let shown = call_id.as_deref().unwrap_or(request_id).to_owned();
+        let name = match &call_id {
+            Some(id) => CallName::Id(id),
+            None => CallName::Request(request_id),
+        };
         // Everything a client can get wrong is refused here, before any session exists.
-        let mut call = ModelToolCall::new(shown.clone(), name, arguments);
+        let mut call = ModelToolCall::new(shown.clone(), tool, arguments);
         let checked = self
             .inner
             .toolbox
             .check(&call)
-            .map_err(|e| to_mcp(&e, &shown, ""))?;
+            .map_err(|e| to_mcp(&e, name, ""))?;
         call.arguments = ToolArguments::Json(checked);
+        let label = name.to_string();
         // The call runs to its end in a task of its own, whatever becomes of the request
         // (a client that disconnects or cancels): its outcome is recorded, so the
         // client's retry with the same call id gets the result instead of a refusal.
@@ -332,7 +337,7 @@ impl DurableMcpServer {
             }
         });
         let result = running.await.map_err(|e| {
-            ErrorData::internal_error(format!("call `{shown}` failed in the server: {e}"), None)
+            ErrorData::internal_error(format!("{label} failed in the server: {e}"), None)
         })??;
         mcp_result(&result)
     }
@@ -427,7 +432,7 @@ impl Inner {
             let opened = self.open_server_session().await.map_err(|e| {
                 ErrorData::new(
                     codes::DURABLE,
-                    format!("call `{}` was not run: {e}", call.id),
+                    format!("{} was not run: {e}", CallName::Request(&call.id)),
                     Some(json!({"durable": "durable", "session": session_name})),
                 )
             })?;
@@ -468,7 +473,7 @@ impl Inner {
                 if is_fatal(&e) {
                     *slot = None;
                 }
-                return Err(to_mcp(&e, &call.id, session_name));
+                return Err(to_mcp(&e, CallName::Request(&call.id), session_name));
             }
         };
         // One step per call: the next call starts from a checkpoint after this one.
@@ -505,7 +510,7 @@ impl Inner {
         session_id: &str,
         call: &ModelToolCall,
     ) -> Result<ToolResult, ErrorData> {
-        let refused = |e: DurableError| to_mcp(&e, call_id, session_id);
+        let refused = |e: DurableError| to_mcp(&e, CallName::Id(call_id), session_id);
         let fingerprint = self.fingerprint(call).map_err(refused)?;
         let reused = |first: &str| {
             ErrorData::new(
@@ -680,11 +685,16 @@ impl Inner {
         if class == ReplayClass::Pure {
             return Ok(());
         }
+        // A call with its own session was sent with a call id.
+        let name = match own {
+            Some(_) => CallName::Id(&call.id),
+            None => CallName::Request(&call.id),
+        };
         let rows = self
             .durable
             .in_doubt(None)
             .await
-            .map_err(|e| to_mcp(&e, &call.id, own.unwrap_or(self.session_id.as_str())))?;
+            .map_err(|e| to_mcp(&e, name, own.unwrap_or(self.session_id.as_str())))?;
         let running = self.running_set().clone();
         let blocking = rows.into_iter().find(|row| {
             let session = row.identity.session.as_str();
@@ -707,7 +717,7 @@ impl Inner {
                 row.identity.session
             ),
         };
-        Err(to_mcp(&error, &call.id, row.identity.session.as_str()))
+        Err(to_mcp(&error, name, row.identity.session.as_str()))
     }
 
     fn lock_for(&self, session: &str) -> Arc<Mutex<()>> {
@@ -745,12 +755,11 @@ fn call_id_required(call: &ModelToolCall) -> ErrorData {
     ErrorData::new(
         codes::CALL_ID_REQUIRED,
         format!(
-            "call `{}` (`{}`) was not run: it needs a person's approval, and only a call sent \
+            "{} was not run: it needs a person's approval, and only a call sent \
              with a call id (`_meta[\"{}\"]`) can wait for one. Send it with a call id; it is \
              refused with AWAITING_APPROVAL until a person decides, then the same call id \
              runs it (or returns the denial)",
-            call.id,
-            call.name,
+            CallName::Request(&call.id).of(&call.name),
             crate::CALL_ID_META
         ),
         Some(json!({"durable": "call_id_required", "tool": call.name})),

@@ -219,7 +219,14 @@ async fn approval_without_a_call_id_is_refused_and_does_not_wedge() {
         .await
         .expect_err("needs approval");
     assert_eq!(refused.code, codes::CALL_ID_REQUIRED, "{refused:?}");
-    assert!(refused.message.contains("call id"), "{}", refused.message);
+    // Named for a person: the JSON-RPC request id is labelled as what it is.
+    assert!(
+        refused
+            .message
+            .starts_with("a call of `send` without a call id (request req) was not run"),
+        "{}",
+        refused.message
+    );
     let ran = call(&setup.server, "send", json!({"to": "a"}), None)
         .await
         .expect("a later call without call id runs");
