@@ -541,5 +541,8 @@ impl Pricing {
     }
 }
 
+mod stream;
+pub use stream::{StreamedCompletion, stream_spend};
+
 #[cfg(test)]
 mod tests;
