@@ -182,7 +182,10 @@ fn fold_delta(choice: &mut ChatChoice, delta: &ChatCompletionStreamResponseDelta
             function.id.push_str(id);
         }
         if let Some(FunctionCallStream { name, arguments }) = &call.function {
-            function.function.name.push_str(name.as_deref().unwrap_or_default());
+            function
+                .function
+                .name
+                .push_str(name.as_deref().unwrap_or_default());
             function
                 .function
                 .arguments
@@ -269,7 +272,12 @@ mod tests {
                 content: Some(" now.".into()),
                 ..ChatCompletionStreamResponseDelta::default()
             })]),
-            chunk(vec![args(0, Some("call_a"), Some("send_email"), "{\"to\": \"a")]),
+            chunk(vec![args(
+                0,
+                Some("call_a"),
+                Some("send_email"),
+                "{\"to\": \"a",
+            )]),
             chunk(vec![args(0, None, None, "nn\", \"to\": \"mallory\"}")]),
             chunk(vec![args(1, Some("call_b"), Some("lookup"), "{\"q\":")]),
             chunk(vec![args(1, None, None, " 1}")]),
@@ -303,7 +311,10 @@ mod tests {
         let message = crate::reply_message(&reply.0).expect("one choice");
         assert_eq!(message.content.as_deref(), Some("Sending now."));
         assert_eq!(message.role, Role::Assistant);
-        assert_eq!(reply.0.choices[0].finish_reason, Some(FinishReason::ToolCalls));
+        assert_eq!(
+            reply.0.choices[0].finish_reason,
+            Some(FinishReason::ToolCalls)
+        );
         let calls = crate::tool_calls(message);
         assert_eq!(calls.len(), 2);
         assert_eq!(calls[0].id, "call_a");
