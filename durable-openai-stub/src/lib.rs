@@ -3,8 +3,10 @@
 //! The integrations' tests and examples (async-openai, rig) talk to it instead of a
 //! provider: no internet, no key, the same answers every run. It serves
 //! `POST {base}/chat/completions` and answers each request with the reply a
-//! [`Script`] picks for it, as a `chat.completion` object with `usage`. Every request
-//! body is logged, so a test can count how often the model was asked.
+//! [`Script`] picks for it, as a `chat.completion` object with `usage`, or, for a request
+//! with `stream: true`, as server-sent `chat.completion.chunk` events (text and argument
+//! text in pieces, usage last when `stream_options.include_usage` asks for it). Every
+//! request body is logged, so a test can count how often the model was asked.
 //!
 //! A script picks its reply from the conversation, not from a counter: the *n*-th reply
 //! answers a request whose `messages` hold *n* assistant messages. A process that is
@@ -191,9 +193,7 @@ async fn completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Response
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
         .push(request.clone());
-    if request.get("stream").and_then(Value::as_bool) == Some(true) {
-        return error(400, "the stub does not stream; send `stream: false`");
-    }
+    let stream = request.get("stream").and_then(Value::as_bool) == Some(true);
     let model = request
         .get("model")
         .and_then(Value::as_str)
@@ -236,18 +236,98 @@ async fn completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Response
         }
     };
     let (prompt, completion) = USAGE;
+    let usage = json!({"prompt_tokens": prompt, "completion_tokens": completion,
+                       "total_tokens": prompt + completion});
+    let id = format!(
+        "chatcmpl-stub-{}",
+        shared
+            .log
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    );
+    if stream {
+        let include_usage = request
+            .pointer("/stream_options/include_usage")
+            .and_then(Value::as_bool)
+            == Some(true);
+        let chunks = stream_chunks(&message, finish_reason, empty);
+        return sse(&id, &model, chunks, include_usage.then_some(usage));
+    }
     let body = json!({
-        "id": format!("chatcmpl-stub-{}", shared.log.lock().unwrap_or_else(PoisonError::into_inner).len()),
+        "id": id,
         "object": "chat.completion",
         "created": 1_700_000_000,
         "model": model,
         "choices": if empty { json!([]) } else {
             json!([{"index": 0, "message": message, "finish_reason": finish_reason, "logprobs": null}])
         },
-        "usage": {"prompt_tokens": prompt, "completion_tokens": completion,
-                  "total_tokens": prompt + completion},
+        "usage": usage,
     });
     json_response(StatusCode::OK, &body)
+}
+
+/// How many characters of text or argument text one streamed delta carries.
+pub const STREAM_PIECE: usize = 8;
+
+/// The `choices` of each chunk streaming `message`, as OpenAI streams them: the role
+/// first, the text in pieces of [`STREAM_PIECE`] characters, each tool call's id and name
+/// once and then its argument text in pieces, and the finish reason last. An empty
+/// response streams no choice at all.
+fn stream_chunks(message: &Value, finish_reason: &str, empty: bool) -> Vec<Value> {
+    if empty {
+        return Vec::new();
+    }
+    let choice = |delta: Value, finish: Value| json!([{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": null}]);
+    let mut chunks = vec![choice(
+        json!({"role": "assistant", "content": ""}),
+        Value::Null,
+    )];
+    if let Some(text) = message.get("content").and_then(Value::as_str) {
+        for piece in pieces(text) {
+            chunks.push(choice(json!({"content": piece}), Value::Null));
+        }
+    }
+    let calls = message.get("tool_calls").and_then(Value::as_array);
+    for (index, call) in calls.into_iter().flatten().enumerate() {
+        let first = json!({"tool_calls": [{"index": index, "id": call["id"], "type": "function",
+            "function": {"name": call["function"]["name"], "arguments": ""}}]});
+        chunks.push(choice(first, Value::Null));
+        let arguments = call["function"]["arguments"].as_str().unwrap_or_default();
+        for piece in pieces(arguments) {
+            let delta = json!({"tool_calls": [{"index": index, "function": {"arguments": piece}}]});
+            chunks.push(choice(delta, Value::Null));
+        }
+    }
+    chunks.push(choice(json!({}), json!(finish_reason)));
+    chunks
+}
+
+/// `text` in pieces of [`STREAM_PIECE`] characters.
+fn pieces(text: &str) -> Vec<String> {
+    let chars: Vec<char> = text.chars().collect();
+    chars
+        .chunks(STREAM_PIECE)
+        .map(|piece| piece.iter().collect())
+        .collect()
+}
+
+/// A `text/event-stream` response: one `chat.completion.chunk` event per entry of
+/// `choices`, the usage chunk when asked for, then `[DONE]`.
+fn sse(id: &str, model: &str, choices: Vec<Value>, usage: Option<Value>) -> Response {
+    let chunk = |choices: Value, usage: Value| {
+        json!({"id": id, "object": "chat.completion.chunk", "created": 1_700_000_000,
+               "model": model, "choices": choices, "usage": usage})
+    };
+    let mut body = String::new();
+    for choices in choices {
+        body.push_str(&format!("data: {}\n\n", chunk(choices, Value::Null)));
+    }
+    if let Some(usage) = usage {
+        body.push_str(&format!("data: {}\n\n", chunk(json!([]), usage)));
+    }
+    body.push_str("data: [DONE]\n\n");
+    (StatusCode::OK, [(CONTENT_TYPE, "text/event-stream")], body).into_response()
 }
 
 fn error(status: u16, message: &str) -> Response {

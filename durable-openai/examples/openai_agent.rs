@@ -42,13 +42,18 @@ struct Args {
     /// The session id; the same id resumes the session.
     #[arg(long, default_value = "order-o-17")]
     session: String,
-    /// Pause at `after_model` or `after_email_effect` and wait to be killed.
+    /// Pause at `after_model`, `mid_stream` (with `--stream`) or `after_email_effect` and
+    /// wait to be killed.
     #[arg(long)]
     pause_at: Option<String>,
     /// Do not let the email's verify hook look in the ledger: an email in doubt is
     /// refused until an operator resolves it.
     #[arg(long)]
     no_verify: bool,
+    /// Stream each reply (`create_stream`): text chunks are printed as they arrive, the
+    /// whole reply journaled when the stream ends.
+    #[arg(long)]
+    stream: bool,
 }
 
 /// The in-process stub's conversation: a lookup, then a charge and an email in one turn,
@@ -101,6 +106,7 @@ async fn run(args: Args) -> Result<(), Box<dyn std::error::Error + Send + Sync>>
         model: args.model,
         pause_at: args.pause_at,
         verify: !args.no_verify,
+        stream: args.stream,
     };
     let ledger = options.ledger.clone();
     let turns = agent::run(options).await?;

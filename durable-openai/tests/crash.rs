@@ -54,7 +54,15 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    let cases: [(&str, Case); 6] = [
+    let cases: [(&str, Case); 8] = [
+        (
+            "streamed_killed_mid_stream_the_resumed_run_asks_again",
+            || Box::pin(streamed_killed_mid_stream_the_resumed_run_asks_again()),
+        ),
+        (
+            "streamed_killed_after_the_reply_the_resumed_run_replays_it_as_a_stream",
+            || Box::pin(streamed_killed_after_the_reply_the_resumed_run_replays_it_as_a_stream()),
+        ),
         (
             "killed_after_the_first_model_reply_the_resumed_run_does_not_ask_again",
             || Box::pin(killed_after_the_first_model_reply_the_resumed_run_does_not_ask_again()),
@@ -113,6 +121,7 @@ fn child() -> i32 {
         model: "stub-model".into(),
         pause_at: var("DURABLE_OPENAI_PAUSE_AT"),
         verify: var("DURABLE_OPENAI_NO_VERIFY").is_none(),
+        stream: var("DURABLE_OPENAI_STREAM").is_some(),
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -147,6 +156,8 @@ fn child() -> i32 {
 struct World {
     dir: tempfile::TempDir,
     stub: Stub,
+    /// Whether the agent streams its replies.
+    stream: bool,
 }
 
 impl World {
@@ -154,6 +165,15 @@ impl World {
         World {
             dir: tempfile::tempdir().expect("tempdir"),
             stub: Stub::start(script).await.expect("stub"),
+            stream: false,
+        }
+    }
+
+    /// The same, with an agent that streams its replies (`create_stream`).
+    async fn streaming(script: Script) -> Self {
+        World {
+            stream: true,
+            ..World::new(script).await
         }
     }
 
@@ -173,6 +193,7 @@ impl World {
             .env("DURABLE_OPENAI_BASE_URL", self.stub.base_url())
             .env_remove("DURABLE_OPENAI_PAUSE_AT")
             .env_remove("DURABLE_OPENAI_NO_VERIFY")
+            .env_remove("DURABLE_OPENAI_STREAM")
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
@@ -182,20 +203,26 @@ impl World {
         if !verify {
             cmd.env("DURABLE_OPENAI_NO_VERIFY", "1");
         }
+        if self.stream {
+            cmd.env("DURABLE_OPENAI_STREAM", "1");
+        }
         cmd.spawn().expect("spawn the agent")
     }
 
-    /// Runs the agent until it prints `paused at <point>`, then SIGKILLs it.
-    async fn kill_at(&self, point: &str) {
+    /// Runs the agent until it prints `paused at <point>`, then SIGKILLs it. Returns
+    /// what it printed before.
+    async fn kill_at(&self, point: &str) -> Vec<String> {
         let mut child = self.spawn(Some(point), true);
         let stdout = child.stdout.take().expect("stdout");
         let mut lines = BufReader::new(stdout).lines();
         let wanted = format!("paused at {point}");
+        let mut printed = Vec::new();
         let reached = tokio::time::timeout(LIMIT, async {
             while let Some(line) = lines.next_line().await.expect("read stdout") {
                 if line == wanted {
                     return true;
                 }
+                printed.push(line);
             }
             false
         })
@@ -210,10 +237,17 @@ impl World {
             );
         }
         child.kill().await.expect("SIGKILL the agent");
+        printed
     }
 
     /// Runs the agent to its end; returns its status and stderr.
     async fn run(&self, verify: bool) -> (ExitStatus, String) {
+        let (status, _, stderr) = self.run_printing(verify).await;
+        (status, stderr)
+    }
+
+    /// Runs the agent to its end; returns its status, stdout and stderr.
+    async fn run_printing(&self, verify: bool) -> (ExitStatus, String, String) {
         let child = self.spawn(None, verify);
         let out = tokio::time::timeout(LIMIT, child.wait_with_output())
             .await
@@ -221,6 +255,7 @@ impl World {
             .expect("wait");
         (
             out.status,
+            String::from_utf8_lossy(&out.stdout).into_owned(),
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
     }
@@ -277,6 +312,76 @@ impl World {
             .filter(|r| assistant_messages(r) == assistant)
             .count()
     }
+}
+
+/// The text a UI showed: the `chunk "<text>"` lines the agent printed, concatenated.
+fn shown<S: AsRef<str>>(lines: impl IntoIterator<Item = S>) -> String {
+    lines
+        .into_iter()
+        .filter_map(|line| {
+            let text = line.as_ref().strip_prefix("chunk ")?;
+            Some(serde_json::from_str::<String>(text).expect("a chunk line holds a JSON string"))
+        })
+        .collect()
+}
+
+/// Killed after the first chunk of a streamed reply reached the UI, before the reply was
+/// journaled: nothing is in the journal, the resumed run asks the model again (the
+/// stub's log shows the second request), and nothing runs twice.
+async fn streamed_killed_mid_stream_the_resumed_run_asks_again() {
+    let world = World::streaming(shop_script()).await;
+    world.kill_at("mid_stream").await;
+    assert_eq!(world.stub.requests().len(), 1);
+    assert_eq!(
+        world.stub.requests()[0]["stream"],
+        true,
+        "the agent streamed"
+    );
+    assert_eq!(world.model_rows().await, 0, "no half-recorded reply");
+
+    let (status, stdout, stderr) = world.run_printing(true).await;
+    assert!(status.success(), "{status:?}\n{stderr}");
+    assert_eq!(world.asked(0), 2, "the interrupted reply was asked again");
+    assert_eq!((world.asked(1), world.asked(2)), (1, 1));
+    assert_eq!(world.count("charge").await, 1);
+    assert_eq!(world.count("email").await, 1);
+    assert_eq!(world.model_rows().await, 3);
+    assert_eq!(
+        shown(stdout.lines()),
+        "Charged o-17 and emailed ann@example.com."
+    );
+    // Usage came with the stream's last chunk: charged once per reply.
+    let (prompt, completion) = durable_openai_stub::USAGE;
+    assert_eq!(
+        world.budget().await.total_tokens(),
+        3 * (prompt + completion)
+    );
+}
+
+/// Killed after a streamed reply was journaled: the resumed run replays it as a stream
+/// (the UI shows the same text, from the journal) and the model is not asked again.
+async fn streamed_killed_after_the_reply_the_resumed_run_replays_it_as_a_stream() {
+    let world = World::streaming(Script::new([Reply::text(
+        "Nothing to do: o-17 shipped already.",
+    )]))
+    .await;
+    let live = world.kill_at("after_model").await;
+    assert_eq!(world.model_rows().await, 1);
+    let shown_live = shown(&live);
+    assert_eq!(shown_live, "Nothing to do: o-17 shipped already.");
+    assert!(
+        live.iter().filter(|l| l.starts_with("chunk ")).count() > 1,
+        "live, the text came in pieces: {live:?}"
+    );
+
+    let (status, stdout, stderr) = world.run_printing(true).await;
+    assert!(status.success(), "{status:?}\n{stderr}");
+    assert_eq!(world.asked(0), 1, "the recorded reply was not asked again");
+    assert_eq!(
+        shown(stdout.lines()),
+        shown_live,
+        "the UI shows the same reply"
+    );
 }
 
 fn assistant_messages(request: &Value) -> usize {

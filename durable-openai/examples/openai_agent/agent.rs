@@ -12,12 +12,16 @@ use async_openai::Client;
 use async_openai::config::OpenAIConfig;
 use async_openai::types::chat::{
     ChatCompletionRequestMessage, ChatCompletionRequestSystemMessage,
-    ChatCompletionRequestUserMessage, CreateChatCompletionRequest,
+    ChatCompletionRequestUserMessage, ChatCompletionStreamOptions, CreateChatCompletionRequest,
+    CreateChatCompletionResponse,
 };
+use durable::stream::ReplyEvent;
 use durable::{
     Durable, DurableError, IdempotencyKey, SessionId, StartOptions, ToolContext, ToolResult,
     Toolbox, Verification, durable_tool,
 };
+use durable_openai::StreamedCompletion;
+use futures_util::{TryStreamExt, stream};
 use serde::{Deserialize, Serialize};
 use sqlx::sqlite::{SqliteConnectOptions, SqlitePool};
 
@@ -37,11 +41,16 @@ pub struct Options {
     /// Stop (print `paused at <point>`, then wait to be killed) at `after_model` (the
     /// first model reply recorded), `after_email_effect` (the email's ledger row
     /// written, its result not yet recorded) or `before_checkpoint` (the first turn's
-    /// tool messages pushed, not yet checkpointed).
+    /// tool messages pushed, not yet checkpointed); with `stream`, also `mid_stream`
+    /// (the first chunk of the first reply handed out, the reply not yet journaled).
     pub pause_at: Option<String>,
     /// Whether the email's verify hook may look in the ledger (without it, an email in
     /// doubt is refused until an operator resolves it).
     pub verify: bool,
+    /// Stream each reply (`create_stream`): the text chunks are printed as they arrive
+    /// (`chunk "<text>"` lines: what a UI would show), the whole reply journaled at the
+    /// end, and a re-run turn replays it as chunks.
+    pub stream: bool,
 }
 
 /// What a tool reaches: the ledger and the test's pause point.
@@ -290,6 +299,10 @@ pub async fn run(options: Options) -> Result<usize, Box<dyn std::error::Error + 
             model: options.model.clone(),
             messages: session.messages().to_vec(),
             tools: tools.request_tools(),
+            stream_options: options.stream.then(|| ChatCompletionStreamOptions {
+                include_usage: Some(true),
+                ..Default::default()
+            }),
             ..Default::default()
         };
         // Journaled: a re-run turn gets the recorded response, the model is not asked.
@@ -299,11 +312,17 @@ pub async fn run(options: Options) -> Result<usize, Box<dyn std::error::Error + 
         let mut asks = 0;
         let response = loop {
             asks += 1;
-            let response = session
-                .journal()
-                .with_model_name(options.model.clone())
-                .model_with_spend(|| chat.create(request.clone()), durable_openai::spend)
-                .await?;
+            let journal = session.journal().with_model_name(options.model.clone());
+            let response = if options.stream {
+                streamed(&journal, || {
+                    stream::once(chat.create_stream(request.clone())).try_flatten()
+                })
+                .await?
+            } else {
+                journal
+                    .model_with_spend(|| chat.create(request.clone()), durable_openai::spend)
+                    .await?
+            };
             pause("after_model").await;
             match durable_openai::reply_message(&response) {
                 Err(durable_openai::ReplyError::Empty(_)) if asks < MAX_ASKS => continue,
@@ -334,6 +353,46 @@ pub async fn run(options: Options) -> Result<usize, Box<dyn std::error::Error + 
     }
     session.complete().await?;
     Ok(turns)
+}
+
+/// One streamed reply: its text chunks printed as they arrive (live, or from the journal
+/// on a re-run turn), the whole response returned once it is journaled.
+async fn streamed<S>(
+    journal: &durable::Journal,
+    open: impl FnOnce() -> S,
+) -> Result<CreateChatCompletionResponse, Box<dyn std::error::Error + Send + Sync>>
+where
+    S: futures_util::Stream<
+            Item = Result<
+                async_openai::types::chat::CreateChatCompletionStreamResponse,
+                async_openai::error::OpenAIError,
+            >,
+        >,
+{
+    let mut reply = journal
+        .model_stream_with_spend::<StreamedCompletion, _, _, _, _>(
+            open,
+            durable_openai::stream_spend,
+        )
+        .await?;
+    let mut chunks = 0;
+    while let Some(event) = reply.next().await {
+        match event? {
+            ReplyEvent::Chunk(chunk) => {
+                for choice in &chunk.choices {
+                    if let Some(text) = choice.delta.content.as_deref().filter(|t| !t.is_empty()) {
+                        println!("chunk {text:?}");
+                    }
+                }
+                chunks += 1;
+                if chunks == 1 && !reply.is_replay() {
+                    pause("mid_stream").await;
+                }
+            }
+            ReplyEvent::Reply(whole) => return Ok(whole.0),
+        }
+    }
+    Err("the streamed reply ended without its whole response".into())
 }
 
 /// Whether an agent's error is a call in doubt that an operator must resolve.
