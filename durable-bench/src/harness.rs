@@ -567,3 +567,141 @@ pub fn write(report: &Report, dir: &std::path::Path, svgs: &[(&str, String)]) {
         println!("wrote {}", path.display());
     }
 }
+
+/// A reply streamed as text deltas, for [`stream`].
+#[derive(Debug, Default, serde::Serialize, serde::Deserialize)]
+struct StreamedText {
+    text: String,
+}
+
+impl durable_core::journal::StreamedReply for StreamedText {
+    type Chunk = String;
+
+    fn push(&mut self, delta: &String) {
+        self.text.push_str(delta);
+    }
+
+    fn replay(&self) -> Vec<String> {
+        vec![self.text.clone()]
+    }
+}
+
+/// A streamed model reply through [`Session::model_stream`] against the same
+/// chunks iterated raw, `replies` replies of `chunks` chunks each in `rounds` rounds:
+/// what the journal adds before the first chunk (target ≤ 1 ms) and per chunk (nothing
+/// measurable: ≤ 1 µs), and what journaling the assembled reply at the end costs
+/// against one raw commit.
+///
+/// [`Session::model_stream`]: durable_core::Session::model_stream
+pub async fn stream<B: Baseline>(
+    report: &mut Report,
+    durable: &Durable,
+    raw: &B,
+    replies: usize,
+    chunks: usize,
+    rounds: usize,
+) {
+    use durable_core::journal::ReplyEvent;
+    use futures_util::StreamExt;
+
+    let deltas: Vec<String> = (0..chunks).map(|n| format!("token {n} ")).collect();
+    let per_round = replies.div_ceil(rounds).max(1);
+    let mut session = workload::start(durable).await;
+    let mut samples = Samples::new();
+    let mut n = 3_000_000_000u64;
+    for _ in 0..rounds {
+        let (mut raw_first, mut raw_chunks, mut raw_end) = (0.0, 0.0, 0.0);
+        let (mut first, mut per_chunk, mut end) = (0.0, 0.0, 0.0);
+        for _ in 0..per_round {
+            // Raw: the same chunks, iterated, then one commit.
+            let opened = Instant::now();
+            let mut chunks_raw = futures_util::stream::iter(deltas.clone());
+            let mut text = String::new();
+            let got = chunks_raw.next().await.expect("a first chunk");
+            raw_first += opened.elapsed().as_secs_f64();
+            text.push_str(&got);
+            let started = Instant::now();
+            while let Some(delta) = chunks_raw.next().await {
+                text.push_str(&delta);
+            }
+            raw_chunks += started.elapsed().as_secs_f64();
+            let ended = Instant::now();
+            n += 1;
+            raw.one_commit(n).await;
+            raw_end += ended.elapsed().as_secs_f64();
+
+            // Durable: the same chunks through the journal.
+            let opened = Instant::now();
+            let source = deltas.clone();
+            let mut reply = session
+                .model_stream::<StreamedText, String, _, _>(|| {
+                    futures_util::stream::iter(source.into_iter().map(Ok))
+                })
+                .await
+                .expect("open the streamed reply");
+            let event = reply.next().await.expect("a first event");
+            first += opened.elapsed().as_secs_f64();
+            assert!(matches!(event, Ok(ReplyEvent::Chunk(_))), "a chunk first");
+            let started = Instant::now();
+            let mut last = None;
+            for _ in 1..chunks {
+                last = reply.next().await;
+            }
+            per_chunk += started.elapsed().as_secs_f64();
+            assert!(matches!(last, Some(Ok(ReplyEvent::Chunk(_)))), "{last:?}");
+            let ended = Instant::now();
+            let journaled = reply.next().await;
+            end += ended.elapsed().as_secs_f64();
+            assert!(
+                matches!(journaled, Some(Ok(ReplyEvent::Reply(_)))),
+                "{journaled:?}"
+            );
+            drop(reply);
+            // A fresh step for the next reply (not timed).
+            session.checkpoint().await.expect("checkpoint");
+        }
+        let per = per_round as f64;
+        let per_chunks = per * (chunks.saturating_sub(1).max(1)) as f64;
+        samples.add("first", first / per * 1e6);
+        samples.add("raw_first", raw_first / per * 1e6);
+        samples.add("chunk", per_chunk / per_chunks * 1e6);
+        samples.add("raw_chunk", raw_chunks / per_chunks * 1e6);
+        samples.add("end", end / per * 1e6);
+        samples.add("raw_end", raw_end / per * 1e6);
+    }
+    session.release().await.expect("release");
+    let added_first = samples.median("first") - samples.median("raw_first");
+    report.push(
+        Row::new(
+            "streamed reply: added before the first chunk",
+            "µs",
+            added_first,
+            samples.median("raw_first"),
+        )
+        .target(Target::at_most(1_000.0))
+        .note("durable: µs added to opening the stream and pulling its first chunk; raw: the same in-process stream"),
+    );
+    let added_chunk = samples.median("chunk") - samples.median("raw_chunk");
+    report.push(
+        Row::new(
+            "streamed reply: added per chunk",
+            "µs",
+            added_chunk,
+            samples.median("raw_chunk"),
+        )
+        .target(Target::at_most(1.0))
+        .note(format!(
+            "{chunks} chunks per reply, the same chunks iterated raw"
+        )),
+    );
+    report.push(
+        Row::new(
+            "streamed reply: journaled at its end",
+            "µs",
+            samples.median("end"),
+            samples.median("raw_end"),
+        )
+        .target(Target::ratio_at_most(1.10))
+        .note("durable: the last pull (the assembled reply journaled); raw: one commit"),
+    );
+}

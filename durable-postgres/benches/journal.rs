@@ -22,7 +22,10 @@
 //! 8. server CPU per `pure` call against a raw commit (≤ 1.5×) and per `unsafe_on_replay`
 //!    call against a raw two-commit pair (informational): the CPU time of the server's
 //!    processes (`/proc/<pid>/schedstat` of the postmaster and its children, so only on
-//!    the throwaway cluster or a server on this machine), in interleaved rounds.
+//!    the throwaway cluster or a server on this machine), in interleaved rounds;
+//! 9. a streamed model reply against the same chunks iterated raw: µs added before the
+//!    first chunk (≤ 1 ms), per chunk (≤ 1 µs), and journaling the assembled reply at the
+//!    end against one raw commit (≤ 1.10×).
 //!
 //! `cargo bench -p durable-postgres --features testing` writes `postgres.json` and
 //! `postgres-{turns,throughput,resume,resume-window}.svg` to `DURABLE_BENCH_OUT` (default
@@ -39,6 +42,7 @@
 //! | `DURABLE_BENCH_TURNS` | 10000 | agent turns of figure 4, the longest session resumed |
 //! | `DURABLE_BENCH_STORAGE_TURNS` | 1000 | turns of the session measured in figure 5 |
 //! | `DURABLE_BENCH_RESUME_RUNS` | 7 | interleaved resumes of each session |
+//! | `DURABLE_BENCH_STREAM_REPLIES` | 140 | streamed replies of 200 chunks (figure 9) |
 //! | `DURABLE_BENCH_OUT` | `target/durable-bench` | where the JSON and SVGs go |
 //! | `DATABASE_URL` | unset | a server to use instead of the throwaway cluster |
 //! | `DURABLE_BENCH_ONLY` | unset | `latency`: figures 1, 2 and 8 only |
@@ -544,6 +548,10 @@ async fn run() {
         TARGETS,
     )
     .await;
+
+    let stream_replies = env_usize("DURABLE_BENCH_STREAM_REPLIES", 140);
+    eprintln!("streamed replies: {stream_replies} of 200 chunks, {rounds} rounds");
+    harness::stream(&mut report, &durable, &raw, stream_replies, 200, rounds).await;
 
     eprintln!("agent turns: {turns}");
     let (long, turns_svg) = harness::turns(&mut report, &durable, &raw, turns).await;

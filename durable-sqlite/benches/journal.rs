@@ -18,7 +18,10 @@
 //! 6. `Durable::resume` of a 100, 1,000 and 10,000-turn session against selecting and
 //!    parsing the same messages raw (≤ 1.2×);
 //! 7. the same resumes with `resume_window(20)` (the last 20 messages), against selecting
-//!    and parsing the last 20 raw (≤ 1 ms at any length).
+//!    and parsing the last 20 raw (≤ 1 ms at any length);
+//! 8. a streamed model reply against the same chunks iterated raw: µs added before the
+//!    first chunk (≤ 1 ms), per chunk (≤ 1 µs), and journaling the assembled reply at the
+//!    end against one raw commit (≤ 1.10×).
 //!
 //! `cargo bench -p durable-sqlite` writes `sqlite.json` and
 //! `sqlite-{turns,throughput,resume,resume-window}.svg` to `DURABLE_BENCH_OUT` (default
@@ -33,6 +36,7 @@
 //! | `DURABLE_BENCH_TURNS` | 10000 | agent turns of figure 4, the longest session resumed |
 //! | `DURABLE_BENCH_STORAGE_TURNS` | 1000 | turns of the session measured in figure 5 |
 //! | `DURABLE_BENCH_RESUME_RUNS` | 7 | interleaved resumes of each session |
+//! | `DURABLE_BENCH_STREAM_REPLIES` | 140 | streamed replies of 200 chunks (figure 8) |
 //! | `DURABLE_BENCH_DIR` | the output directory | where the databases go (a temporary directory in it) |
 //! | `DURABLE_BENCH_OUT` | `target/durable-bench` | where the JSON and SVGs go |
 
@@ -333,6 +337,10 @@ async fn run() {
         TARGETS,
     )
     .await;
+
+    let stream_replies = env_usize("DURABLE_BENCH_STREAM_REPLIES", 140);
+    eprintln!("streamed replies: {stream_replies} of 200 chunks, {rounds} rounds");
+    harness::stream(&mut report, &durable, &raw, stream_replies, 200, rounds).await;
 
     let (_turns_store, durable) = store(&dir.path().join("turns.db")).await;
     eprintln!("agent turns: {turns}");
