@@ -28,6 +28,34 @@ use crate::store::{
 use crate::telemetry;
 use crate::tool::{ToolContext, ToolSpec, Verification};
 
+/// What a journaled tool call returns: recorded as JSON, decoded again on a replay.
+pub(crate) trait Recordable: Serialize + DeserializeOwned {}
+
+impl<T: Serialize + DeserializeOwned> Recordable for T {}
+
+/// A tool body as the driver runs it: started once per execution (and again for each
+/// retry of its policy), its future the tool's outcome. Every `FnMut(ToolContext)`
+/// returning such a future is one.
+pub(crate) trait Body<T, E> {
+    /// The running execution.
+    type Running: Future<Output = Result<T, E>>;
+
+    /// Starts one execution.
+    fn start(&mut self, ctx: ToolContext) -> Self::Running;
+}
+
+impl<T, E, F, Fut> Body<T, E> for F
+where
+    F: FnMut(ToolContext) -> Fut,
+    Fut: Future<Output = Result<T, E>>,
+{
+    type Running = Fut;
+
+    fn start(&mut self, ctx: ToolContext) -> Fut {
+        self(ctx)
+    }
+}
+
 /// A tool call being built: see [`Journal::tool`].
 #[must_use = "a tool call does nothing until `.run(...)` is awaited"]
 pub struct ToolCall<'j> {
@@ -231,17 +259,16 @@ impl<'j> ToolCall<'j> {
 
     /// Validates and hashes the arguments, finds the row, gathers the [`Facts`] and
     /// applies the arm [`protocol::decide`] chooses.
-    async fn run_inner<T, E, F, Fut, V, VFut>(
+    async fn run_inner<T, E, B, V, VFut>(
         mut self,
-        mut run: F,
+        mut run: B,
         verify: V,
         scope: Option<&mut ScopeClaim>,
     ) -> Result<T, CallError<E>>
     where
-        T: Serialize + DeserializeOwned,
+        T: Recordable,
         E: Display,
-        F: FnMut(ToolContext) -> Fut,
-        Fut: Future<Output = Result<T, E>>,
+        B: Body<T, E>,
         V: FnOnce(ToolContext) -> VFut,
         VFut: Future<Output = Verification<T>>,
     {
@@ -400,20 +427,19 @@ impl<'j> ToolCall<'j> {
     /// approved, if they edited them) and applies what [`protocol::after_verify`] makes
     /// of its answer.
     #[allow(clippy::too_many_arguments)]
-    async fn verify<T, E, F, Fut, V, VFut>(
+    async fn verify<T, E, B, V, VFut>(
         self,
         row: CallRecord,
         edited: Option<Arc<Value>>,
         verify: V,
         mut reservation: Reservation,
-        run: &mut F,
+        run: &mut B,
         scope: Option<&mut ScopeClaim>,
     ) -> Result<T, CallError<E>>
     where
-        T: Serialize + DeserializeOwned,
+        T: Recordable,
         E: Display,
-        F: FnMut(ToolContext) -> Fut,
-        Fut: Future<Output = Result<T, E>>,
+        B: Body<T, E>,
         V: FnOnce(ToolContext) -> VFut,
         VFut: Future<Output = Verification<T>>,
     {
@@ -552,21 +578,20 @@ impl<'j> ToolCall<'j> {
     /// `guarded`, with the arguments a person approved if they edited them (the key stays
     /// the recorded one).
     #[allow(clippy::too_many_arguments)]
-    async fn rerun<T, E, F, Fut>(
+    async fn rerun<T, E, B>(
         self,
         row: CallRecord,
         outcome: Outcome,
         guarded: bool,
         edited: Option<Arc<Value>>,
         mut reservation: Reservation,
-        run: &mut F,
+        run: &mut B,
         scope: Option<&mut ScopeClaim>,
     ) -> Result<T, CallError<E>>
     where
-        T: Serialize + DeserializeOwned,
+        T: Recordable,
         E: Display,
-        F: FnMut(ToolContext) -> Fut,
-        Fut: Future<Output = Result<T, E>>,
+        B: Body<T, E>,
     {
         let journal = self.journal;
         let spec = self.spec;
@@ -600,18 +625,17 @@ impl<'j> ToolCall<'j> {
     /// No record, a side effect: passes the session-wide barrier, the divergence check
     /// and the carried-effect check, is recorded *issued* (committed and synced), runs,
     /// and has its outcome recorded.
-    async fn issue_and_run<T, E, F, Fut>(
+    async fn issue_and_run<T, E, B>(
         self,
         call: NewCall,
         mut reservation: Reservation,
-        run: &mut F,
+        run: &mut B,
         scope: Option<&mut ScopeClaim>,
     ) -> Result<T, CallError<E>>
     where
-        T: Serialize + DeserializeOwned,
+        T: Recordable,
         E: Display,
-        F: FnMut(ToolContext) -> Fut,
-        Fut: Future<Output = Result<T, E>>,
+        B: Body<T, E>,
     {
         let journal = self.journal;
         let spec = self.spec;
@@ -671,21 +695,20 @@ impl<'j> ToolCall<'j> {
     /// `guarded`, with the edited arguments if the person edited them (and, for a keyed
     /// tool, the key derived from them, recorded with the row before it runs).
     #[allow(clippy::too_many_arguments)]
-    async fn run_approved<T, E, F, Fut>(
+    async fn run_approved<T, E, B>(
         self,
         row: CallRecord,
         key: Option<EditedKey>,
         edited: Option<Arc<Value>>,
         guarded: bool,
         mut reservation: Reservation,
-        run: &mut F,
+        run: &mut B,
         scope: Option<&mut ScopeClaim>,
     ) -> Result<T, CallError<E>>
     where
-        T: Serialize + DeserializeOwned,
+        T: Recordable,
         E: Display,
-        F: FnMut(ToolContext) -> Fut,
-        Fut: Future<Output = Result<T, E>>,
+        B: Body<T, E>,
     {
         let journal = self.journal;
         let spec = self.spec;
@@ -1099,20 +1122,19 @@ impl Journal {
     }
 
     /// Runs the tool (with its retry policy) on an issued row and records the outcome.
-    async fn execute<T, E, F, Fut>(
+    async fn execute<T, E, B>(
         &self,
         spec: &ToolSpec,
         row: CallRecord,
-        run: &mut F,
+        run: &mut B,
         execution: Execution,
         running: IssuedHere<'_>,
         scope: Option<&mut ScopeClaim>,
     ) -> Result<T, CallError<E>>
     where
-        T: Serialize + DeserializeOwned,
+        T: Recordable,
         E: Display,
-        F: FnMut(ToolContext) -> Fut,
-        Fut: Future<Output = Result<T, E>>,
+        B: Body<T, E>,
     {
         // Until its outcome is recorded, this row is ours; if this future is dropped or
         // the outcome cannot be recorded, `running` hands it over to the barrier.
@@ -1145,18 +1167,17 @@ impl Journal {
     }
 
     /// `pure`, no record: run, then record the outcome in one commit.
-    async fn execute_pure<T, E, F, Fut>(
+    async fn execute_pure<T, E, B>(
         &self,
         spec: &ToolSpec,
         call: NewCall,
-        run: &mut F,
+        run: &mut B,
         reservation: &mut Reservation,
     ) -> Result<T, CallError<E>>
     where
-        T: Serialize + DeserializeOwned,
+        T: Recordable,
         E: Display,
-        F: FnMut(ToolContext) -> Fut,
-        Fut: Future<Output = Result<T, E>>,
+        B: Body<T, E>,
     {
         let ctx = ToolContext {
             session: self.inner.session.clone(),
@@ -1206,16 +1227,15 @@ impl Journal {
         }
     }
 
-    async fn run_with_retry<T, E, F, Fut>(
+    async fn run_with_retry<T, E, B>(
         &self,
         spec: &ToolSpec,
         ctx: ToolContext,
-        run: &mut F,
+        run: &mut B,
     ) -> (Result<T, E>, Option<Spend>)
     where
         E: Display,
-        F: FnMut(ToolContext) -> Fut,
-        Fut: Future<Output = Result<T, E>>,
+        B: Body<T, E>,
     {
         let spend_slot = Arc::clone(&ctx.spend);
         let policy = spec.retry.as_ref().filter(|_| spec.class.allows_retry());
@@ -1223,7 +1243,7 @@ impl Journal {
         loop {
             let mut this = ctx.clone();
             this.attempt = this_attempt(ctx.attempt, attempt);
-            let result = run(this).await;
+            let result = run.start(this).await;
             match (result, policy) {
                 (Err(e), Some(policy)) if attempt + 1 < policy.effective_max_attempts() => {
                     tracing::warn!(tool = %spec.name, attempt = attempt + 1, error = %e, "tool failed; retrying per its policy");
