@@ -50,7 +50,7 @@ pub use session::{InDoubtAction, InDoubtCall, ResumeReport, Resumed, Session};
 pub use snapshot::{
     Budget, BudgetExceeded, Plan, PlanError, Postcondition, Spend, Step, StepStatus,
 };
-pub use store::CheckpointStore;
+pub use store::{CheckpointStore, CheckpointStoreExt};
 pub use tool::{IdempotencyKey, ToolContext, ToolSpec, Verification};
 pub use toolbox::{
     Definitions, IncompleteExport, ModelToolCall, Tool, ToolArguments, ToolOutput, ToolResult,

@@ -19,6 +19,8 @@ use crate::journal::{self, Entry, lock_call};
 use crate::rows::{self, call_cols, get};
 use crate::seal::{self, RawApproval, approval_cols, checked_call_record};
 use crate::tx;
+use async_trait::async_trait;
+use durable_core::store::ApprovalStore;
 
 pub(crate) async fn request_call(
     store: &PostgresStore,
@@ -223,4 +225,33 @@ pub(crate) async fn approvals(
     tx.commit().await.map_err(db)?;
     seal::check_approvals(ring, &head, &found)?;
     found.iter().map(rows::approval_record).collect()
+}
+
+#[async_trait]
+impl ApprovalStore for PostgresStore {
+    async fn request_call(
+        &self,
+        fence: Fence<'_>,
+        call: NewCall,
+        request: ApprovalRequest,
+    ) -> Result<IssueOutcome, StoreError> {
+        request_call(self, fence, call, request).await
+    }
+
+    async fn decide_approval(&self, decide: DecideApproval) -> Result<CallRecord, StoreError> {
+        let row = decide_approval(self, decide).await?;
+        self.work_available();
+        Ok(row)
+    }
+
+    async fn pending_approvals(
+        &self,
+        session: Option<&SessionId>,
+    ) -> Result<Vec<PendingApproval>, StoreError> {
+        pending_approvals(self, session).await
+    }
+
+    async fn approvals(&self, session: &SessionId) -> Result<Vec<ApprovalRecord>, StoreError> {
+        approvals(self, session).await
+    }
 }

@@ -64,6 +64,18 @@
 //!
 //! [`issue_call`]: durable_core::CheckpointStore::issue_call
 
+// `CheckpointStore` is implemented concept by concept, each trait in the module named
+// after its part of the conformance suite: `StoreBase` and `MaintenanceStore` in
+// `maintenance`, `SessionStore` in `sessions`, `LeaseStore` in `leases`, `QueueStore` in
+// `queues`, `CheckpointLog` in `checkpoints`, `JournalStore` in `journal`,
+// `ResolutionStore` in `resolution`, `ApprovalStore` in `approval`.
+//
+// Every fenced write checks the fencing token while its session row is locked: the
+// journal writes and checkpoints first as one statement that writes only if the session
+// is as an unlocked read found it (`journal::fast`, `checkpoints::fast`), else in a
+// transaction that locks the row first (`tx::lock_fenced`). Reads are one statement each
+// where they can be (one snapshot); the others run in one `REPEATABLE READ` snapshot
+// (`tx::begin_snapshot`).
 mod approval;
 mod checkpoints;
 mod error;
@@ -80,7 +92,6 @@ mod resolution;
 mod rows;
 mod seal;
 mod sessions;
-mod store;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;

@@ -15,6 +15,11 @@ use crate::error::{db, unique_violation};
 use crate::rows::{self, get};
 use crate::seal::{RawCall, raw_call_cols};
 use crate::tx::{self, Lock, ttl_ms};
+use async_trait::async_trait;
+use crate::error::BACKEND;
+use durable_core::integrity::Keyring;
+use durable_core::store::StoreBase;
+use durable_core::store::MaintenanceStore;
 
 pub(crate) async fn durability(store: &PostgresStore) -> Result<Durability, StoreError> {
     let row = sqlx::query(
@@ -344,5 +349,50 @@ impl PostgresStore {
             indexes: indexes.len(),
             problems,
         })
+    }
+}
+
+#[async_trait]
+impl StoreBase for PostgresStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn keyring(&self) -> &Keyring {
+        PostgresStore::keyring(self)
+    }
+
+    async fn durability(&self) -> Result<Durability, StoreError> {
+        durability(self).await
+    }
+
+    async fn now(&self) -> Result<i64, StoreError> {
+        now(self).await
+    }
+}
+
+#[async_trait]
+impl MaintenanceStore for PostgresStore {
+    async fn record_error(&self, error: NewError) -> Result<(), StoreError> {
+        record_error(self, error).await
+    }
+
+    async fn errors(&self, session: &SessionId) -> Result<Vec<ErrorRecord>, StoreError> {
+        errors(self, session).await
+    }
+
+    async fn retarget_session(
+        &self,
+        migrate: RetargetSession,
+    ) -> Result<SessionRecord, StoreError> {
+        retarget_session(self, migrate).await
+    }
+
+    async fn purge_session(
+        &self,
+        id: &SessionId,
+        retention: Duration,
+    ) -> Result<PurgeOutcome, StoreError> {
+        purge_session(self, id, retention).await
     }
 }

@@ -14,6 +14,8 @@ use crate::journal::lock_call;
 use crate::rows::{self, call_cols, get};
 use crate::seal::{self, checked_call_record};
 use crate::tx;
+use async_trait::async_trait;
+use durable_core::store::ResolutionStore;
 
 pub(crate) async fn resolve_call(
     store: &PostgresStore,
@@ -141,4 +143,17 @@ pub(crate) async fn resolutions(
     tx.commit().await.map_err(db)?;
     seal::check_resolutions(ring, &head, &found)?;
     found.iter().map(rows::resolution).collect()
+}
+
+#[async_trait]
+impl ResolutionStore for PostgresStore {
+    async fn resolve_call(&self, resolve: ResolveCall) -> Result<CallRecord, StoreError> {
+        let row = resolve_call(self, resolve).await?;
+        self.work_available();
+        Ok(row)
+    }
+
+    async fn resolutions(&self, session: &SessionId) -> Result<Vec<ResolutionRecord>, StoreError> {
+        resolutions(self, session).await
+    }
 }

@@ -4,6 +4,7 @@
 //! the store's back, the log re-sealed under a new key and purged with its session, and
 //! a session that waited for approval taken back without counting a recovery.
 
+use durable_core::store::{ApprovalStore, JournalStore, LeaseStore, MaintenanceStore, ResolutionStore, SessionStore, StoreBase};
 use durable_core::store::Claim;
 use std::sync::Arc;
 use std::time::Duration;
@@ -11,7 +12,7 @@ use std::time::Duration;
 use durable_core::integrity::{Head, Keyring};
 use durable_core::store::{
     ApprovalDecision, ApprovalEvent, ApprovalRequest, CallIdentity, CallKind, CallOutcome,
-    CallRecord, CallStatus, CheckpointStore, DEADLINE, DecideApproval, FinishCall, IssueOutcome,
+    CallRecord, CallStatus, DEADLINE, DecideApproval, FinishCall, IssueOutcome,
     Lease, NewCall, NewCheckpoint, NewSession, PurgeOutcome, Resolution, ResolveCall,
     SessionStatus,
 };

@@ -21,6 +21,8 @@ use crate::journal::{key_holder_col, latest_step_col, load_call, new_row};
 use crate::rows::{self, call_cols, json, opt_json};
 use crate::seal::{self, HeadRow, checked_call_record};
 use crate::tx::{WriteTx, fenced_select, now_sql};
+use async_trait::async_trait;
+use durable_core::store::ApprovalStore;
 
 /// Journals `call` as requested, with `request`'s approval and a `requested` audit row;
 /// or returns the row that holds its identity. One transaction: the fenced read (clock,
@@ -459,4 +461,33 @@ fn stored_approval(
         })
     })
     .transpose()
+}
+
+#[async_trait]
+impl ApprovalStore for SqliteStore {
+    async fn request_call(
+        &self,
+        fence: Fence<'_>,
+        call: NewCall,
+        request: ApprovalRequest,
+    ) -> Result<IssueOutcome, StoreError> {
+        request_call(self, fence, call, request).await
+    }
+
+    async fn decide_approval(&self, decide: DecideApproval) -> Result<CallRecord, StoreError> {
+        let row = decide_approval(self, decide).await?;
+        self.work_available();
+        Ok(row)
+    }
+
+    async fn pending_approvals(
+        &self,
+        session: Option<&SessionId>,
+    ) -> Result<Vec<PendingApproval>, StoreError> {
+        pending_approvals(self, session).await
+    }
+
+    async fn approvals(&self, session: &SessionId) -> Result<Vec<ApprovalRecord>, StoreError> {
+        approvals(self, session).await
+    }
 }

@@ -19,6 +19,8 @@ use crate::keys;
 use crate::rows::{self, json, meta_cols, parse_snapshot_ref, snapshot_ref, snapshot_text};
 use crate::seal::{self, RawCheckpoint};
 use crate::tx::{self, Fenced, ReadTx, WriteTx, millis};
+use async_trait::async_trait;
+use durable_core::store::CheckpointLog;
 
 /// A write of the process's group commit ([`crate::group`]), two round trips inside the
 /// batch's transaction: one `SELECT` (clock, fence, head, the latest checkpoint's tail:
@@ -1218,4 +1220,53 @@ pub(crate) async fn insert_sealed_checkpoint(
         created_at: now,
     };
     Ok((meta, checkpoint_seal))
+}
+
+#[async_trait]
+impl CheckpointLog for SqliteStore {
+    async fn save_checkpoint(
+        &self,
+        fence: Fence<'_>,
+        expected: i64,
+        checkpoint: NewCheckpoint,
+    ) -> Result<CheckpointMeta, StoreError> {
+        save_checkpoint(self, fence, expected, checkpoint).await
+    }
+
+    async fn load_checkpoint(
+        &self,
+        id: &SessionId,
+        version: Option<i64>,
+    ) -> Result<Checkpoint, StoreError> {
+        load_checkpoint(self, id, version).await
+    }
+
+    async fn load_checkpoint_window(
+        &self,
+        id: &SessionId,
+        version: Option<i64>,
+        window: usize,
+    ) -> Result<Checkpoint, StoreError> {
+        load_checkpoint_window(self, id, version, Some(window)).await
+    }
+
+    async fn messages(
+        &self,
+        id: &SessionId,
+        from: i64,
+        to: i64,
+    ) -> Result<Vec<StoredMessage>, StoreError> {
+        messages(self, id, from, to).await
+    }
+
+    async fn list_checkpoints(&self, id: &SessionId) -> Result<Vec<CheckpointMeta>, StoreError> {
+        list_checkpoints(self, id).await
+    }
+
+    async fn fork_session_with(
+        &self,
+        fork: &ForkSession,
+    ) -> Result<(SessionRecord, Lease), StoreError> {
+        fork_session(self, fork).await
+    }
 }

@@ -20,6 +20,8 @@ use crate::rows;
 use crate::rows::{call_cols, json, opt_json};
 use crate::seal::{self, RawCall, checked_call_record, raw_call_cols};
 use crate::tx::{WriteTx, fenced_select, now_sql};
+use async_trait::async_trait;
+use durable_core::store::JournalStore;
 
 pub(crate) async fn issue_call(
     store: &SqliteStore,
@@ -845,4 +847,89 @@ pub(crate) async fn load_call(
     .map_err(db)?
     .ok_or_else(|| StoreError::CallNotFound(id.clone()))?;
     checked_call_record(ring, &row)
+}
+
+#[async_trait]
+impl JournalStore for SqliteStore {
+    async fn issue_call(
+        &self,
+        fence: Fence<'_>,
+        call: NewCall,
+    ) -> Result<IssueOutcome, StoreError> {
+        let outcome = issue_call(self, fence, call).await?;
+        if let IssueOutcome::Inserted(record) = &outcome {
+            // Committed and synced; the witness learns of it before the effect may run.
+            self.witness_call(record)?;
+        }
+        Ok(outcome)
+    }
+
+    async fn record_call(
+        &self,
+        fence: Fence<'_>,
+        call: NewCall,
+        finish: FinishCall,
+    ) -> Result<IssueOutcome, StoreError> {
+        record_call(self, fence, call, finish).await
+    }
+
+    async fn reissue_call(
+        &self,
+        fence: Fence<'_>,
+        call: &CallId,
+    ) -> Result<CallRecord, StoreError> {
+        let record = reissue_call(self, fence, call, None).await?;
+        self.witness_call(&record)?;
+        Ok(record)
+    }
+
+    async fn issue_approved(
+        &self,
+        fence: Fence<'_>,
+        call: &CallId,
+        key: Option<EditedKey>,
+    ) -> Result<CallRecord, StoreError> {
+        let record = reissue_call(self, fence, call, Some(key)).await?;
+        self.witness_call(&record)?;
+        Ok(record)
+    }
+
+    async fn finish_call(
+        &self,
+        fence: Fence<'_>,
+        call: &CallId,
+        finish: FinishCall,
+        checkpoint: Option<(i64, NewCheckpoint)>,
+    ) -> Result<Option<CheckpointMeta>, StoreError> {
+        finish_call(self, fence, call, finish, checkpoint).await
+    }
+
+    async fn call(&self, id: &CallId) -> Result<CallRecord, StoreError> {
+        call(self, id).await
+    }
+
+    async fn calls(
+        &self,
+        session: &SessionId,
+        step: Option<i64>,
+    ) -> Result<Vec<CallRecord>, StoreError> {
+        calls(self, session, step).await
+    }
+
+    async fn calls_page(
+        &self,
+        session: &SessionId,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<CallRecord>, StoreError> {
+        calls_page(self, session, after, limit).await
+    }
+
+    async fn issued_calls(&self, session: &SessionId) -> Result<Vec<CallRecord>, StoreError> {
+        issued_calls(self, session).await
+    }
+
+    async fn in_doubt(&self, session: Option<&SessionId>) -> Result<Vec<CallRecord>, StoreError> {
+        in_doubt(self, session).await
+    }
 }

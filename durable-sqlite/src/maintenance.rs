@@ -26,6 +26,10 @@ use crate::open::synchronous_name;
 use crate::rows;
 use crate::seal;
 use crate::tx::{self, WriteTx, millis};
+use async_trait::async_trait;
+use durable_core::integrity::Keyring;
+use durable_core::store::StoreBase;
+use durable_core::store::MaintenanceStore;
 
 /// The `unsafe_setting` an in-memory store reports unless it accepts volatility.
 const IN_MEMORY_SETTING: &str = "journal_mode = memory (in-memory database)";
@@ -496,7 +500,7 @@ pub(crate) async fn acknowledge_rollback(
     by: &str,
     intact: bool,
 ) -> Result<(), StoreError> {
-    use durable_core::CheckpointStore;
+    use durable_core::store::{LeaseStore, SessionStore};
     use durable_core::store::{NewCheckpoint, NewSession};
 
     let mut missing: Vec<&str> = report
@@ -599,4 +603,53 @@ pub(crate) async fn acknowledge_rollback(
     }
     .await;
     tx.finish(result).await
+}
+
+#[async_trait]
+impl StoreBase for SqliteStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn keyring(&self) -> &Keyring {
+        SqliteStore::keyring(self)
+    }
+
+    async fn durability(&self) -> Result<Durability, StoreError> {
+        durability(self).await
+    }
+
+    async fn now(&self) -> Result<i64, StoreError> {
+        now(self).await
+    }
+}
+
+#[async_trait]
+impl MaintenanceStore for SqliteStore {
+    async fn record_error(&self, error: NewError) -> Result<(), StoreError> {
+        record_error(self, error).await
+    }
+
+    async fn errors(&self, session: &SessionId) -> Result<Vec<ErrorRecord>, StoreError> {
+        errors(self, session).await
+    }
+
+    async fn retarget_session(
+        &self,
+        migrate: RetargetSession,
+    ) -> Result<SessionRecord, StoreError> {
+        retarget_session(self, migrate).await
+    }
+
+    async fn purge_session(
+        &self,
+        id: &SessionId,
+        retention: Duration,
+    ) -> Result<PurgeOutcome, StoreError> {
+        let outcome = purge_session(self, id, retention).await?;
+        if outcome == PurgeOutcome::Purged {
+            self.witness_purge(id)?;
+        }
+        Ok(outcome)
+    }
 }

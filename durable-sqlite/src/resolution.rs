@@ -14,6 +14,8 @@ use crate::journal::load_call;
 use crate::rows::{self, json};
 use crate::seal;
 use crate::tx::{self, WriteTx};
+use async_trait::async_trait;
+use durable_core::store::ResolutionStore;
 
 pub(crate) async fn resolve_call(
     store: &SqliteStore,
@@ -197,4 +199,17 @@ pub(crate) async fn call_state(
         status,
         fence,
     })
+}
+
+#[async_trait]
+impl ResolutionStore for SqliteStore {
+    async fn resolve_call(&self, resolve: ResolveCall) -> Result<CallRecord, StoreError> {
+        let row = resolve_call(self, resolve).await?;
+        self.work_available();
+        Ok(row)
+    }
+
+    async fn resolutions(&self, session: &SessionId) -> Result<Vec<ResolutionRecord>, StoreError> {
+        resolutions(self, session).await
+    }
 }

@@ -17,6 +17,7 @@ use crate::ids::{CallId, SessionId};
 use crate::journal::CallError;
 use crate::replay::ReplayClass;
 use crate::store::{
+    CheckpointStoreExt,
     CallOutcome, CallStatus, CheckpointStore, FinishCall, NewCheckpoint, NewSession, Resolution,
     ResolveCall,
 };
