@@ -66,6 +66,8 @@ use crate::ids::SessionId;
 
 mod log;
 mod open;
+pub mod rows;
+pub mod setup;
 
 pub use log::{INTEGRITY_LOG_SEAL, IntegrityEvent, IntegrityLog, integrity_log_fields};
 pub use open::{KeyAction, OpenFacts};

@@ -4,9 +4,11 @@
 //! log read back, checked. The request itself is a journal insert
 //! ([`journal::insert_locked`]); this module adds what only approvals do.
 
+use async_trait::async_trait;
 use durable_core::StoreError;
 use durable_core::ids::CallId;
 use durable_core::ids::SessionId;
+use durable_core::store::ApprovalStore;
 use durable_core::store::{
     ApprovalEvent, ApprovalRecord, ApprovalRequest, CallRecord, CallStatus, DecideApproval,
     FORMAT_VERSION, Fence, IssueOutcome, NewCall, PendingApproval, SessionStatus,
@@ -17,10 +19,8 @@ use crate::PostgresStore;
 use crate::error::{corrupt, db, invariant};
 use crate::journal::{self, Entry, lock_call};
 use crate::rows::{self, call_cols, get};
-use crate::seal::{self, RawApproval, approval_cols, checked_call_record};
+use crate::seal::{self, RawApproval, StoreHead, approval_cols, checked_call_record};
 use crate::tx;
-use async_trait::async_trait;
-use durable_core::store::ApprovalStore;
 
 pub(crate) async fn request_call(
     store: &PostgresStore,

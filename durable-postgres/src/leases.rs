@@ -4,8 +4,10 @@
 
 use std::time::Duration;
 
+use async_trait::async_trait;
 use durable_core::StoreError;
 use durable_core::ids::{CallId, SessionId};
+use durable_core::store::LeaseStore;
 use durable_core::store::{Claim, Fence, Lease, SessionRecord, SessionStatus};
 use sqlx::postgres::PgConnection;
 
@@ -14,8 +16,6 @@ use crate::error::db;
 use crate::notify;
 use crate::rows::{self, get, session_cols};
 use crate::tx::{self, Lock, Want, ttl_ms};
-use async_trait::async_trait;
-use durable_core::store::LeaseStore;
 
 pub(crate) async fn acquire_lease(
     store: &PostgresStore,

@@ -4,22 +4,22 @@
 
 use std::time::Duration;
 
+use async_trait::async_trait;
 use durable_core::StoreError;
 use durable_core::ids::SessionId;
+use durable_core::integrity::Keyring;
+use durable_core::store::MaintenanceStore;
+use durable_core::store::StoreBase;
 use durable_core::store::{
     Durability, ErrorRecord, FORMAT_VERSION, NewError, PurgeOutcome, RetargetSession, SessionRecord,
 };
 
 use crate::PostgresStore;
+use crate::error::BACKEND;
 use crate::error::{db, unique_violation};
 use crate::rows::{self, get};
-use crate::seal::{RawCall, raw_call_cols};
+use crate::seal::raw_call_cols;
 use crate::tx::{self, Lock, ttl_ms};
-use async_trait::async_trait;
-use crate::error::BACKEND;
-use durable_core::integrity::Keyring;
-use durable_core::store::StoreBase;
-use durable_core::store::MaintenanceStore;
 
 pub(crate) async fn durability(store: &PostgresStore) -> Result<Durability, StoreError> {
     let row = sqlx::query(
@@ -127,7 +127,7 @@ pub(crate) async fn retarget_session(
     let mut tools = Vec::with_capacity(found.len());
     let mut seals = Vec::with_capacity(found.len());
     for row in &found {
-        let mut raw = RawCall::from_row(row)?;
+        let mut raw = crate::seal::raw_call(row)?;
         raw.check(ring)?;
         let Some(i) = old.iter().position(|o| *o == raw.tool) else {
             continue;

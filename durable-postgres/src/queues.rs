@@ -1,8 +1,11 @@
 //! Queues and sleepers: fleet-wide queue limits, the figures operators watch, the next
 //! wake-up time and an operator's early wake-up.
 
+use async_trait::async_trait;
 use durable_core::StoreError;
 use durable_core::ids::SessionId;
+use durable_core::store::QueueStore;
+use durable_core::store::WorkEvents;
 use durable_core::store::{QueueInfo, SessionRecord, SessionStatus};
 
 use crate::PostgresStore;
@@ -10,9 +13,6 @@ use crate::error::db;
 use crate::notify;
 use crate::rows::{self, get, session_cols};
 use crate::tx;
-use async_trait::async_trait;
-use durable_core::store::QueueStore;
-use durable_core::store::WorkEvents;
 
 pub(crate) async fn set_queue_limit(
     store: &PostgresStore,

@@ -2,8 +2,10 @@
 //! audit row sealed at the next position of the session's resolutions, the head counting
 //! it; and reading them back, checked.
 
+use async_trait::async_trait;
 use durable_core::StoreError;
 use durable_core::ids::SessionId;
+use durable_core::store::ResolutionStore;
 use durable_core::store::{
     CallRecord, CallStatus, FORMAT_VERSION, Resolution, ResolutionRecord, ResolveCall,
 };
@@ -12,10 +14,8 @@ use crate::PostgresStore;
 use crate::error::db;
 use crate::journal::lock_call;
 use crate::rows::{self, call_cols, get};
-use crate::seal::{self, checked_call_record};
+use crate::seal::{self, StoreHead, checked_call_record};
 use crate::tx;
-use async_trait::async_trait;
-use durable_core::store::ResolutionStore;
 
 pub(crate) async fn resolve_call(
     store: &PostgresStore,

@@ -1,8 +1,11 @@
 //! Sessions: creating one with its initial checkpoint and first lease, reading and
 //! listing them, and setting their status.
 
+use async_trait::async_trait;
 use durable_core::StoreError;
 use durable_core::ids::SessionId;
+use durable_core::store::ListedSession;
+use durable_core::store::SessionStore;
 use durable_core::store::{
     DEFAULT_QUEUE, FORMAT_VERSION, Fence, Lease, NewSession, SessionFilter, SessionRecord,
     SessionStatus,
@@ -12,11 +15,8 @@ use crate::PostgresStore;
 use crate::checkpoints;
 use crate::error::db;
 use crate::rows::{self, session_cols};
-use crate::seal::HeadRow;
+use crate::seal::{HeadRow, StoreHead};
 use crate::tx::{self, Lock, Want, ttl_ms};
-use async_trait::async_trait;
-use durable_core::store::ListedSession;
-use durable_core::store::SessionStore;
 
 pub(crate) async fn create_session(
     store: &PostgresStore,

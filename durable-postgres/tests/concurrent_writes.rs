@@ -12,8 +12,8 @@ use durable_core::StoreError;
 use durable_core::ids::{CallId, SessionId};
 use durable_core::replay::ReplayClass;
 use durable_core::store::{
-    CallIdentity, CallKind, CallOutcome, CallStatus, FinishCall, IssueOutcome,
-    Lease, NewCall, NewCheckpoint, NewSession,
+    CallIdentity, CallKind, CallOutcome, CallStatus, FinishCall, IssueOutcome, Lease, NewCall,
+    NewCheckpoint, NewSession,
 };
 use durable_postgres::testing::test_database;
 use durable_postgres::{PostgresStore, PostgresStoreOptions};

@@ -5,8 +5,8 @@
 use durable_core::store::SessionStore;
 use std::time::Duration;
 
-use durable_core::store::{NewCheckpoint, NewSession};
 use durable_core::SessionId;
+use durable_core::store::{NewCheckpoint, NewSession};
 use durable_postgres::testing::test_database;
 use durable_postgres::{IndexCheck, PostgresStore, PostgresStoreOptions};
 use serde_json::json;

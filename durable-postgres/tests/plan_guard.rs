@@ -24,8 +24,8 @@ use std::time::Duration;
 use durable_core::ids::{CallId, SessionId};
 use durable_core::replay::ReplayClass;
 use durable_core::store::{
-    CallIdentity, CallKind, CallOutcome, Fence, FinishCall, IssueOutcome, NewCall,
-    NewCheckpoint, NewSession,
+    CallIdentity, CallKind, CallOutcome, Fence, FinishCall, IssueOutcome, NewCall, NewCheckpoint,
+    NewSession,
 };
 use durable_postgres::testing::test_database;
 use durable_postgres::{PostgresStore, PostgresStoreOptions};

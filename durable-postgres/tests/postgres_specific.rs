@@ -2,8 +2,11 @@
 //! schema-version refusal, corrupt rows, `synchronous_commit`, and several stores (pools,
 //! like several machines) racing on one database. Each test has a database of its own.
 
-use durable_core::store::{CheckpointLog, CheckpointStoreExt, JournalStore, LeaseStore, MaintenanceStore, ResolutionStore, SessionStore, StoreBase};
 use durable_core::store::Claim;
+use durable_core::store::{
+    CheckpointLog, CheckpointStoreExt, JournalStore, LeaseStore, MaintenanceStore, ResolutionStore,
+    SessionStore, StoreBase,
+};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;

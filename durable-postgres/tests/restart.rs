@@ -10,8 +10,7 @@ use std::time::Duration;
 use durable_core::ids::{CallId, SessionId};
 use durable_core::replay::ReplayClass;
 use durable_core::store::{
-    CallIdentity, CallKind, CallOutcome, FinishCall, NewCall, NewCheckpoint,
-    NewSession,
+    CallIdentity, CallKind, CallOutcome, FinishCall, NewCall, NewCheckpoint, NewSession,
 };
 use durable_postgres::testing::test_database;
 use durable_postgres::{PostgresStore, PostgresStoreOptions};

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use durable_core::integrity::Keyring;
 use durable_core::store::{
-    CallIdentity, CallKind, CallOutcome, FinishCall, IssueOutcome, NewCall,
-    NewCheckpoint, NewSession,
+    CallIdentity, CallKind, CallOutcome, FinishCall, IssueOutcome, NewCall, NewCheckpoint,
+    NewSession,
 };
 use durable_core::{CallId, ReplayClass, SessionId, StoreError};
 use durable_postgres::testing::{TestDatabase, test_database};

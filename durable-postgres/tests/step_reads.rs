@@ -12,8 +12,8 @@ use durable_core::ids::{CallId, SessionId};
 use durable_core::integrity::Keyring;
 use durable_core::replay::ReplayClass;
 use durable_core::store::{
-    CallIdentity, CallKind, CallOutcome, CallStatus, Fence, FinishCall,
-    IssueOutcome, Lease, NewCall, NewCheckpoint, NewSession,
+    CallIdentity, CallKind, CallOutcome, CallStatus, Fence, FinishCall, IssueOutcome, Lease,
+    NewCall, NewCheckpoint, NewSession,
 };
 use durable_postgres::testing::{TestDatabase, test_database};
 use durable_postgres::{PostgresStore, PostgresStoreOptions, migrations};

@@ -10,8 +10,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use durable_core::store::{
-    ApprovalDecision, ApprovalRequest, CallIdentity, CallKind, DecideApproval,
-    IssueOutcome, NewCall, NewCheckpoint, NewSession, SessionStatus,
+    ApprovalDecision, ApprovalRequest, CallIdentity, CallKind, DecideApproval, IssueOutcome,
+    NewCall, NewCheckpoint, NewSession, SessionStatus,
 };
 use durable_core::{
     Budget, CallId, Durable, Plan, PoolReport, ReplayClass, Resumed, SessionId, ShutdownSignal,

@@ -4,10 +4,11 @@
 
 use std::borrow::Cow;
 
+use async_trait::async_trait;
 use durable_core::integrity::Keyring;
 use durable_core::store::{
-    Checkpoint, CheckpointMeta, FORMAT_VERSION, Fence, ForkCopy, ForkSession, Lease, NewCheckpoint,
-    SessionRecord, StoredMessage, fork_audit_map, fork_copies,
+    Checkpoint, CheckpointLog, CheckpointMeta, FORMAT_VERSION, Fence, ForkCopy, ForkSession, Lease,
+    NewCheckpoint, SessionRecord, StoredMessage, fork_audit_map, fork_copies,
 };
 use durable_core::{CallId, SessionId, StoreError};
 use sqlx::sqlite::{SqliteArguments, SqliteRow};
@@ -19,8 +20,6 @@ use crate::keys;
 use crate::rows::{self, json, meta_cols, parse_snapshot_ref, snapshot_ref, snapshot_text};
 use crate::seal::{self, RawCheckpoint};
 use crate::tx::{self, Fenced, ReadTx, WriteTx, millis};
-use async_trait::async_trait;
-use durable_core::store::CheckpointLog;
 
 /// A write of the process's group commit ([`crate::group`]), two round trips inside the
 /// batch's transaction: one `SELECT` (clock, fence, head, the latest checkpoint's tail:
@@ -1056,7 +1055,7 @@ pub(crate) fn append_checkpoint(
     fenced.latest_version = version;
     fenced.head.latest_version = version;
     fenced.head.checkpoint_seal = checkpoint_seal;
-    fenced.head.reseal(ring)?;
+    fenced.head.seal(ring)?;
     out.push(
         "UPDATE durable_sessions SET latest_version = ?, recovery_attempts = 0, updated_at = ?, \
          wake_at = ?, issued_rows = ?, head = ? WHERE num = ?",

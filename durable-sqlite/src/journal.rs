@@ -1,10 +1,11 @@
 //! The call journal: insert-or-get of rows, outcomes, re-issues and the in-doubt
 //! listing. Operator resolutions are in [`crate::resolution`].
 
+use async_trait::async_trait;
 use durable_core::integrity::Keyring;
 use durable_core::store::{
     ApprovalEvent, CallOutcome, CallRecord, CallStatus, CheckpointMeta, EditedKey, FORMAT_VERSION,
-    Fence, FinishCall, IssueOutcome, NewCall, NewCheckpoint, check_journal_page,
+    Fence, FinishCall, IssueOutcome, JournalStore, NewCall, NewCheckpoint, check_journal_page,
 };
 use durable_core::{CallId, SessionId, StoreError};
 use sqlx::Arguments;
@@ -18,10 +19,8 @@ use crate::error::db;
 use crate::group::BatchConn;
 use crate::rows;
 use crate::rows::{call_cols, json, opt_json};
-use crate::seal::{self, RawCall, checked_call_record, raw_call_cols};
+use crate::seal::{self, RawCall, StoreHead, checked_call_record, raw_call_cols};
 use crate::tx::{WriteTx, fenced_select, now_sql};
-use async_trait::async_trait;
-use durable_core::store::JournalStore;
 
 pub(crate) async fn issue_call(
     store: &SqliteStore,
@@ -63,7 +62,7 @@ fn fenced_call(
     if found.is_none() {
         return Err(StoreError::CallNotFound(call.clone()));
     }
-    let raw = RawCall::from_row(row)?;
+    let raw = seal::raw_call(row)?;
     raw.check(ring)?;
     if raw.session != fence.session.as_str() {
         return Err(StoreError::LeaseLost {
@@ -276,7 +275,7 @@ async fn write_finish(
     // re-seals and writes it with its own changes.
     let meta = match &checkpoint {
         None => {
-            fenced.head.reseal(ring)?;
+            fenced.head.seal(ring)?;
             out.push("UPDATE durable_sessions SET issued_rows = ?, head = ? WHERE id = ?")
                 .bind(fenced.head.issued_rows)?
                 .bind(fenced.head.head.clone())?
@@ -776,7 +775,7 @@ async fn write_call(
     if !finished {
         fenced.head.count_issued(1)?;
     }
-    fenced.head.reseal(ring)?;
+    fenced.head.seal(ring)?;
     let mut out = Statements::new();
     out.push(
         "INSERT INTO durable_tool_calls (id, session_id, kind, step, tool_name, input_hash, \

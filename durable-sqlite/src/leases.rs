@@ -4,7 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use durable_core::store::{Claim, Fence, Lease, SessionRecord, SessionStatus};
+use async_trait::async_trait;
+use durable_core::store::{Claim, Fence, Lease, LeaseStore, SessionRecord, SessionStatus};
 use durable_core::{CallId, SessionId, StoreError};
 use sqlx::{Row, SqliteConnection};
 
@@ -13,8 +14,6 @@ use crate::clock::{LeaseRow, Verdict};
 use crate::error::db;
 use crate::rows::{self, session_cols};
 use crate::tx::{self, WriteTx, fenced_select, millis, now_sql};
-use async_trait::async_trait;
-use durable_core::store::LeaseStore;
 
 /// Sessions a recovery may claim if their lease is free: active and awake (`now` bound
 /// as `?1`). Whether a lease is free is judged by [`crate::clock`], not by comparing

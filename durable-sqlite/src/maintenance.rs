@@ -12,9 +12,11 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use async_trait::async_trait;
+use durable_core::integrity::Keyring;
 use durable_core::store::{
-    Durability, ErrorRecord, FORMAT_VERSION, NewError, PurgeOutcome, RetargetSession,
-    SessionRecord, SessionStatus,
+    Durability, ErrorRecord, FORMAT_VERSION, MaintenanceStore, NewError, PurgeOutcome,
+    RetargetSession, SessionRecord, SessionStatus, StoreBase,
 };
 use durable_core::{CallId, SessionId, StoreError};
 use sqlx::sqlite::SqliteConnectOptions;
@@ -26,10 +28,6 @@ use crate::open::synchronous_name;
 use crate::rows;
 use crate::seal;
 use crate::tx::{self, WriteTx, millis};
-use async_trait::async_trait;
-use durable_core::integrity::Keyring;
-use durable_core::store::StoreBase;
-use durable_core::store::MaintenanceStore;
 
 /// The `unsafe_setting` an in-memory store reports unless it accepts volatility.
 const IN_MEMORY_SETTING: &str = "journal_mode = memory (in-memory database)";

@@ -1,16 +1,14 @@
 //! Queues and sleepers: fleet-wide queue limits, the figures operators watch, the next
 //! wake-up time and an operator's early wake-up.
 
-use durable_core::store::{QueueInfo, SessionRecord, SessionStatus};
+use async_trait::async_trait;
+use durable_core::store::{QueueInfo, QueueStore, SessionRecord, SessionStatus, WorkEvents};
 use durable_core::{SessionId, StoreError};
 use sqlx::Row;
 
 use crate::SqliteStore;
 use crate::error::db;
 use crate::tx::{self, WriteTx};
-use async_trait::async_trait;
-use durable_core::store::QueueStore;
-use durable_core::store::WorkEvents;
 
 pub(crate) async fn set_queue_limit(
     store: &SqliteStore,

@@ -1,9 +1,10 @@
 //! Sessions: creating one with its initial checkpoint and first lease, reading and
 //! listing them, and setting their status.
 
+use async_trait::async_trait;
 use durable_core::store::{
-    DEFAULT_QUEUE, FORMAT_VERSION, Fence, Lease, NewSession, SessionFilter, SessionRecord,
-    SessionStatus,
+    DEFAULT_QUEUE, FORMAT_VERSION, Fence, Lease, ListedSession, NewSession, SessionFilter,
+    SessionRecord, SessionStatus, SessionStore,
 };
 use durable_core::{SessionId, StoreError};
 use sqlx::AssertSqlSafe;
@@ -12,11 +13,8 @@ use crate::SqliteStore;
 use crate::checkpoints;
 use crate::error::db;
 use crate::rows::{self, json, session_cols};
-use crate::seal::HeadRow;
+use crate::seal::{HeadRow, StoreHead};
 use crate::tx::{self, WriteTx, millis};
-use async_trait::async_trait;
-use durable_core::store::ListedSession;
-use durable_core::store::SessionStore;
 
 pub(crate) async fn create_session(
     store: &SqliteStore,

@@ -8,8 +8,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use durable_core::store::{
-    ApprovalDecision, ApprovalRequest, CallIdentity, CallKind, DecideApproval,
-    IssueOutcome, NewCall, NewCheckpoint, NewSession,
+    ApprovalDecision, ApprovalRequest, CallIdentity, CallKind, DecideApproval, IssueOutcome,
+    NewCall, NewCheckpoint, NewSession,
 };
 use durable_core::{CallId, ReplayClass, SessionId, StoreError};
 use durable_sqlite::{SqliteStore, SqliteStoreOptions};

@@ -10,8 +10,8 @@ use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use durable_core::store::{
-    CallIdentity, CallKind, CallOutcome, FinishCall, IssueOutcome, Lease, NewCall,
-    NewCheckpoint, NewSession,
+    CallIdentity, CallKind, CallOutcome, FinishCall, IssueOutcome, Lease, NewCall, NewCheckpoint,
+    NewSession,
 };
 use durable_core::{CallId, ReplayClass, SessionId, StoreError};
 use durable_sqlite::SqliteStore;

@@ -13,9 +13,8 @@ use durable_core::StoreError;
 use durable_core::ids::{CallId, SessionId};
 use durable_core::integrity::Keyring;
 use durable_core::store::{
-    Checkpoint, CheckpointLog, CheckpointMeta, FORMAT_VERSION, Fence, ForkCopy, ForkSession,
-    Lease, NewCheckpoint, StoredMessage,
-    SessionRecord, fork_audit_map, fork_copies,
+    Checkpoint, CheckpointLog, CheckpointMeta, FORMAT_VERSION, Fence, ForkCopy, ForkSession, Lease,
+    NewCheckpoint, SessionRecord, StoredMessage, fork_audit_map, fork_copies,
 };
 use serde_json::Value;
 use sqlx::postgres::PgConnection;

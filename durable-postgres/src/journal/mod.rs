@@ -651,7 +651,7 @@ async fn lock_session_and_call(
         return Ok((locked, raw, row_fence));
     };
     let locked = tx::locked_from_row(&mut *conn, ring, fence, &row, want).await?;
-    let raw = RawCall::from_row(&row)?;
+    let raw = seal::raw_call(&row)?;
     raw.check(ring)?;
     if raw.session != fence.session.as_str() {
         return Err(StoreError::LeaseLost {
@@ -681,7 +681,7 @@ pub(crate) async fn lock_call(
     .await
     .map_err(db)?
     .ok_or_else(|| StoreError::CallNotFound(call.clone()))?;
-    let raw = RawCall::from_row(&row)?;
+    let raw = seal::raw_call(&row)?;
     raw.check(ring)?;
     if let Some(fence) = fence
         && raw.session != fence.session.as_str()
