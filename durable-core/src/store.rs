@@ -132,7 +132,7 @@ pub struct SessionRecord {
     pub lease_renewed_at: Option<i64>,
 }
 
-/// One row of a session listing ([`CheckpointStore::list_session_rows`]).
+/// One row of a session listing ([`CheckpointStore::list_session_rows`](crate::store::SessionStore::list_session_rows)).
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum ListedSession {
@@ -155,7 +155,7 @@ pub enum ListedSession {
 /// The queue of sessions started without one.
 pub const DEFAULT_QUEUE: &str = "default";
 
-/// What [`CheckpointStore::create_session`] needs.
+/// What [`CheckpointStore::create_session`](crate::store::SessionStore::create_session) needs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewSession {
     /// The new session's id.
@@ -173,7 +173,7 @@ pub struct NewSession {
     pub initial: NewCheckpoint,
     /// The queue the session belongs to (`None`: [`DEFAULT_QUEUE`]). Pools may claim
     /// from some queues only, and a queue may have a fleet-wide limit
-    /// ([`CheckpointStore::set_queue_limit`]).
+    /// ([`CheckpointStore::set_queue_limit`](crate::store::QueueStore::set_queue_limit)).
     pub queue: Option<String>,
 }
 
@@ -222,7 +222,7 @@ pub struct NewCheckpoint {
     /// Application-defined state (JSON; `null` when unused).
     pub state: Value,
     /// Parks the session until this time (ms since the epoch, database clock): no claim
-    /// takes it before ([`CheckpointStore::claim_expired`]). `None` clears a previous
+    /// takes it before ([`CheckpointStore::claim_expired`](crate::store::LeaseStore::claim_expired)). `None` clears a previous
     /// one: every checkpoint sets the session's wake-up time to its own. See
     /// [`Session::sleep_until`](crate::Session::sleep_until).
     pub wake_at: Option<i64>,
@@ -309,7 +309,7 @@ pub enum CallStatus {
     /// ([`approval`](crate::store::Approval)); nothing has run.
     Requested,
     /// A person approved it; nothing has run yet. The next replay of its step issues and
-    /// runs it once ([`CheckpointStore::reissue_call`]).
+    /// runs it once ([`CheckpointStore::reissue_call`](crate::store::JournalStore::reissue_call)).
     Approved,
     /// A person denied it, or its deadline passed: the denial is its recorded error,
     /// which replay returns.
@@ -373,7 +373,7 @@ pub struct CallIdentity {
 }
 
 /// The idempotency key an approved call runs with when a person edited its arguments
-/// (see [`CheckpointStore::issue_approved`]).
+/// (see [`CheckpointStore::issue_approved`](crate::store::JournalStore::issue_approved)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EditedKey {
     /// The key derived from the edited arguments.
@@ -444,7 +444,7 @@ pub struct CallRecord {
     pub approval: Option<Approval>,
 }
 
-/// Outcome of [`CheckpointStore::issue_call`].
+/// Outcome of [`CheckpointStore::issue_call`](crate::store::JournalStore::issue_call).
 #[derive(Debug, Clone, PartialEq)]
 pub enum IssueOutcome {
     /// The row did not exist and was inserted as *issued* (committed, synced).
@@ -453,7 +453,7 @@ pub enum IssueOutcome {
     Existing(CallRecord),
 }
 
-/// The outcome recorded by [`CheckpointStore::finish_call`].
+/// The outcome recorded by [`CheckpointStore::finish_call`](crate::store::JournalStore::finish_call).
 #[derive(Debug, Clone, PartialEq)]
 pub enum CallOutcome {
     /// The tool succeeded with this result.
@@ -598,7 +598,7 @@ impl RetargetSession {
     }
 }
 
-/// Filter for [`CheckpointStore::list_sessions`]: every session by default, narrowed with
+/// Filter for [`CheckpointStore::list_sessions`](SessionStore::list_sessions): every session by default, narrowed with
 /// the `with_*` methods.
 ///
 /// ```
@@ -621,7 +621,7 @@ pub struct SessionFilter {
     pub after: Option<SessionCursor>,
 }
 
-/// Where a page of [`CheckpointStore::list_sessions`] ends: the last session listed, by
+/// Where a page of [`CheckpointStore::list_sessions`](crate::store::SessionStore::list_sessions) ends: the last session listed, by
 /// its `updated_at` and id (the listing's order is `updated_at` then id, both
 /// descending). Written `<updated_at>:<id>` ([`Display`](std::fmt::Display),
 /// [`parse`](Self::parse)), the form `durable sessions --after` takes.
@@ -734,7 +734,7 @@ pub struct Durability {
     pub unsafe_setting: Option<String>,
 }
 
-/// Checks a range of transcript positions asked of [`CheckpointStore::messages`]:
+/// Checks a range of transcript positions asked of [`CheckpointStore::messages`](CheckpointLog::messages):
 /// `1 <= from <= to + 1` and `to <= last_seq` (the latest checkpoint's last message), or
 /// [`StoreError::MessagesOutOfRange`]. For backends.
 pub fn check_message_range(
@@ -754,7 +754,7 @@ pub fn check_message_range(
     Ok(())
 }
 
-/// Checks a page read by [`CheckpointStore::calls_page`] against the session head's count
+/// Checks a page read by [`CheckpointStore::calls_page`](crate::store::JournalStore::calls_page) against the session head's count
 /// of journal rows (`head_rows`), for backends: the journal's extent (`top`, its highest
 /// position, and `bottom`, its lowest; index look-ups, not a count) must be
 /// `1..=head_rows`, the page's positions (`seqs`) must be `after + 1, after + 2, …`

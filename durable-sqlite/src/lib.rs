@@ -181,7 +181,7 @@ impl SqliteStoreOptions {
         Self::new(Target::File(path.as_ref().to_owned()))
     }
 
-    /// A fresh private in-memory database. Its [`durability`](durable_core::CheckpointStore::durability)
+    /// A fresh private in-memory database. Its [`durability`](durable_core::store::StoreBase::durability)
     /// reports it unsafe (unsafe tools refuse to run) unless
     /// [`accept_volatile(true)`](Self::accept_volatile) is set.
     pub fn in_memory() -> Self {
