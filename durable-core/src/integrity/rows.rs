@@ -641,3 +641,127 @@ pub fn count_issued(
     head.issued_rows = Some(issued);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ring(byte: u8) -> Keyring {
+        Keyring::none().bind_store_key(vec![byte; 32])
+    }
+
+    fn session() -> SessionId {
+        SessionId::new("s-1")
+    }
+
+    /// A transcript of two messages and one checkpoint over it, sealed under `ring`.
+    fn sealed(ring: &Keyring) -> (Vec<RawMessage>, CheckpointRow) {
+        let s = session();
+        let first = seal_message(ring, &s, 1, "\"hi\"", "").expect("seal");
+        let second = seal_message(ring, &s, 2, "\"there\"", &first).expect("seal");
+        let mut checkpoint = CheckpointRow {
+            version: 0,
+            last_seq: 2,
+            message_count: 2,
+            plan: "{}".to_owned(),
+            budget: "{}".to_owned(),
+            state: "null".to_owned(),
+            app_version: "v1".to_owned(),
+            seal: None,
+        };
+        checkpoint.seal = Some(checkpoint.sealed(&s, &second, "").seal(ring).expect("seal"));
+        let messages = vec![
+            RawMessage {
+                seq: 1,
+                text: "\"hi\"".to_owned(),
+                seal: Some(first),
+            },
+            RawMessage {
+                seq: 2,
+                text: "\"there\"".to_owned(),
+                seal: Some(second),
+            },
+        ];
+        (messages, checkpoint)
+    }
+
+    #[test]
+    fn the_reseal_walk_gives_the_seals_the_new_key_writes() {
+        let (old, new) = (ring(1), ring(2));
+        let s = session();
+        let (messages, checkpoint) = sealed(&old);
+        let mut walk = Reseal::new(Some(&old), &new, &s);
+        let seals: Vec<String> = messages
+            .iter()
+            .map(|m| walk.message(m).expect("checks under the old key"))
+            .collect();
+        let resealed = walk
+            .checkpoint(&checkpoint, || unreachable!("the message is there"))
+            .expect("checks under the old key");
+        // Exactly what a write under the new key would have sealed.
+        let (expected_messages, expected_checkpoint) = sealed(&new);
+        let expected: Vec<String> = expected_messages
+            .into_iter()
+            .filter_map(|m| m.seal)
+            .collect();
+        assert_eq!(seals, expected);
+        assert_eq!(Some(resealed.clone()), expected_checkpoint.seal);
+        let mut head = HeadRow {
+            session: s.clone(),
+            journal_rows: 0,
+            latest_version: 0,
+            resolutions: 0,
+            issued_rows: Some(0),
+            approvals: 0,
+            checkpoint_seal: String::new(),
+            head: None,
+        };
+        walk.point_head(&mut head);
+        assert_eq!(head.checkpoint_seal, resealed);
+    }
+
+    #[test]
+    fn the_reseal_walk_refuses_a_message_changed_under_the_old_key() {
+        let (old, new) = (ring(1), ring(2));
+        let s = session();
+        let (mut messages, _) = sealed(&old);
+        messages[1].text = "\"edited\"".to_owned();
+        let mut walk = Reseal::new(Some(&old), &new, &s);
+        walk.message(&messages[0]).expect("the first message holds");
+        match walk.message(&messages[1]) {
+            Err(StoreError::Tampered { what, .. }) => assert_eq!(what, "message 2"),
+            other => panic!("expected Tampered for message 2, got {other:?}"),
+        }
+        // Without an old key (a store written before seals) the rows are sealed as found.
+        let mut adopt = Reseal::new(None, &new, &s);
+        adopt.message(&messages[0]).expect("sealed as found");
+        adopt.message(&messages[1]).expect("sealed as found");
+    }
+
+    #[test]
+    fn an_old_format_head_that_counts_approvals_is_tampered() {
+        let r = ring(1);
+        let mut head = HeadRow {
+            session: session(),
+            journal_rows: 0,
+            latest_version: 0,
+            resolutions: 0,
+            issued_rows: None,
+            approvals: 0,
+            checkpoint_seal: String::new(),
+            head: None,
+        };
+        head.seal(&r).expect("seal");
+        head.check_any_format(&r)
+            .expect("an old head holds in its own format");
+        assert!(matches!(head.check(&r), Err(StoreError::Tampered { .. })));
+        head.approvals = 1;
+        match head.check_any_format(&r) {
+            Err(StoreError::Tampered { what, detail, .. }) => {
+                assert_eq!(what, "the session head");
+                assert_eq!(detail, "it predates approvals but counts 1 approval events");
+            }
+            other => panic!("expected Tampered, got {other:?}"),
+        }
+    }
+}
