@@ -5,7 +5,7 @@
 
 use async_trait::async_trait;
 use durable_core::integrity::rows::count_issued;
-use durable_core::integrity::rows::{CheckpointRow, RawMessage, RawResolution, Reseal};
+use durable_core::integrity::rows::{CheckpointRow, RawMessage, Reseal};
 use durable_core::integrity::setup::{self, KeyTables, LogEvent};
 use durable_core::integrity::{IntegrityEvent, IntegrityLog, Keyring};
 use durable_core::{SessionId, StoreError};
@@ -180,15 +180,7 @@ pub(crate) async fn reseal_session(
     let mut rowids = Vec::with_capacity(found.len());
     let mut seals = Vec::with_capacity(found.len());
     for row in &found {
-        let resolution = RawResolution {
-            call: get(row, "call_id")?,
-            position: get(row, "position")?,
-            decision: get(row, "decision")?,
-            result: get(row, "result")?,
-            by: get(row, "resolved_by")?,
-            note: get(row, "note")?,
-            seal: get(row, "seal")?,
-        };
+        let resolution = seal::raw_resolution(row)?;
         seals.push(walk.resolution(&resolution)?);
         rowids.push(get::<i64>(row, "id")?);
     }

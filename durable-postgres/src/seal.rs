@@ -268,15 +268,7 @@ pub(crate) fn check_resolutions(
     found: &[PgRow],
 ) -> Result<(), StoreError> {
     for (i, row) in found.iter().enumerate() {
-        let raw = RawResolution {
-            call: get(row, "call_id")?,
-            position: get(row, "position")?,
-            decision: get(row, "decision")?,
-            result: get(row, "result")?,
-            by: get(row, "resolved_by")?,
-            note: get(row, "note")?,
-            seal: get(row, "seal")?,
-        };
+        let raw = raw_resolution(row)?;
         raw.check(
             ring,
             &head.session,
@@ -436,4 +428,17 @@ pub(crate) fn check_approvals(
         });
     }
     Ok(())
+}
+
+/// Reads the sealed columns of a `durable_resolutions` row.
+pub(crate) fn raw_resolution(row: &PgRow) -> Result<RawResolution, StoreError> {
+    Ok(RawResolution {
+        call: get(row, "call_id")?,
+        position: get(row, "position")?,
+        decision: get(row, "decision")?,
+        result: get(row, "result")?,
+        by: get(row, "resolved_by")?,
+        note: get(row, "note")?,
+        seal: get(row, "seal")?,
+    })
 }

@@ -5,7 +5,7 @@
 
 use async_trait::async_trait;
 use durable_core::integrity::rows::count_issued;
-use durable_core::integrity::rows::{CheckpointRow, RawMessage, RawResolution, Reseal};
+use durable_core::integrity::rows::{CheckpointRow, RawMessage, Reseal};
 use durable_core::integrity::setup::{self, KeyTables, LogEvent};
 use durable_core::integrity::{ApprovalFields, IntegrityEvent, IntegrityLog, Keyring};
 use durable_core::{SessionId, StoreError};
@@ -14,7 +14,8 @@ use sqlx::SqliteConnection;
 use crate::error::db;
 use crate::rows;
 use crate::seal::{
-    StoreHead, check_journal_complete, head_cols, head_from_row, raw_call, raw_call_cols, store_mac,
+    StoreHead, check_journal_complete, head_cols, head_from_row, raw_call, raw_call_cols,
+    raw_resolution, store_mac,
 };
 use crate::tx;
 
@@ -152,17 +153,7 @@ pub(crate) async fn reseal_session(
     .map_err(db)?;
     for row in &found {
         let rowid: i64 = rows::col(row, "id", session, None)?;
-        let col = |name: &str| rows::col::<String>(row, name, session, None);
-        let opt = |name: &str| rows::col::<Option<String>>(row, name, session, None);
-        let resolution = RawResolution {
-            call: col("call_id")?,
-            position: rows::col(row, "position", session, None)?,
-            decision: col("decision")?,
-            result: opt("result")?,
-            by: col("resolved_by")?,
-            note: opt("note")?,
-            seal: opt("seal")?,
-        };
+        let resolution = raw_resolution(row, session)?;
         sqlx::query("UPDATE durable_resolutions SET seal = ? WHERE id = ?")
             .bind(walk.resolution(&resolution)?)
             .bind(rowid)

@@ -3,7 +3,7 @@
 //! it; and reading them back, checked.
 
 use async_trait::async_trait;
-use durable_core::integrity::rows::{RawResolution, check_resolution_count};
+use durable_core::integrity::rows::check_resolution_count;
 use durable_core::store::{
     CallRecord, CallStatus, FORMAT_VERSION, Resolution, ResolutionRecord, ResolutionStore,
     ResolveCall,
@@ -128,17 +128,7 @@ pub(crate) async fn resolutions(
     rtx.commit().await.map_err(db)?;
     let mut out = Vec::with_capacity(found.len());
     for (i, row) in found.iter().enumerate() {
-        let col = |name: &str| rows::col::<String>(row, name, session, None);
-        let opt = |name: &str| rows::col::<Option<String>>(row, name, session, None);
-        let raw = RawResolution {
-            call: col("call_id")?,
-            position: rows::col(row, "position", session, None)?,
-            decision: col("decision")?,
-            result: opt("result")?,
-            by: col("resolved_by")?,
-            note: opt("note")?,
-            seal: opt("seal")?,
-        };
+        let raw = seal::raw_resolution(row, session)?;
         raw.check(ring, session, i64::try_from(i + 1).unwrap_or(i64::MAX))?;
         out.push(rows::resolution(row)?);
     }

@@ -5,6 +5,7 @@
 //! the SQLite tables.
 
 use durable_core::integrity::Keyring;
+use durable_core::integrity::rows::RawResolution;
 use durable_core::integrity::rows::check_journal_extent;
 pub(crate) use durable_core::integrity::rows::{
     HeadRow, RawCall, RawCheckpoint, check_message, resolution_fields, seal_message,
@@ -361,4 +362,22 @@ pub(crate) async fn message_seal_at(
             detail: "it is missing from the transcript".to_owned(),
         }),
     }
+}
+
+/// Reads the sealed columns of a `durable_resolutions` row of `session`.
+pub(crate) fn raw_resolution(
+    row: &SqliteRow,
+    session: &SessionId,
+) -> Result<RawResolution, StoreError> {
+    let col = |name: &str| rows::col::<String>(row, name, session, None);
+    let opt = |name: &str| rows::col::<Option<String>>(row, name, session, None);
+    Ok(RawResolution {
+        call: col("call_id")?,
+        position: rows::col(row, "position", session, None)?,
+        decision: col("decision")?,
+        result: opt("result")?,
+        by: col("resolved_by")?,
+        note: opt("note")?,
+        seal: opt("seal")?,
+    })
 }
