@@ -120,7 +120,7 @@ pub use durable_core::{Block, Message, Role, ToolCallBlock, ToolResultBlock};
 // Plan and budget.
 pub use durable_core::{Budget, Plan, Postcondition, Spend, Step, StepStatus};
 // The store and identities.
-pub use durable_core::{CallId, CheckpointStore, SessionId};
+pub use durable_core::{CallId, CheckpointStore, CheckpointStoreExt, SessionId};
 // Errors: a harness matches on these three (the others are in `error`).
 pub use durable_core::{CallError, DurableError, StoreError};
 
@@ -316,6 +316,12 @@ pub mod store {
         NewCall, NewCheckpoint, NewError, NewSession, PendingApproval, PurgeOutcome, QueueInfo,
         Resolution, ResolutionRecord, ResolveCall, RetargetSession, SessionCursor, SessionFilter,
         SessionRecord, SessionStatus, StoredMessage, Transition,
+    };
+    // The concept traits `CheckpointStore` is the sum of: import the ones whose methods
+    // you call on a concrete store (`SqliteStore`, `PostgresStore`).
+    pub use durable_core::store::{
+        ApprovalStore, CheckpointLog, JournalStore, LeaseStore, MaintenanceStore, QueueStore,
+        ResolutionStore, SessionStore, StoreBase,
     };
     pub use durable_core::validate::{
         validate_id, validate_new_session, validate_owner, validate_text,

@@ -14,6 +14,7 @@
 //! `harness = false`: the parent prints one line per case and a closing
 //! `N passed, N failed` line.
 
+use durable_core::store::{CheckpointLog, JournalStore};
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus};

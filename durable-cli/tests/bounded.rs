@@ -15,6 +15,7 @@
 //! With 100,000 rows (after): `calls` 31 MiB, `calls --json` 31 MiB, `verify` 43 MiB.
 //! Each run prints its figures (`--nocapture`).
 
+use durable::store::{JournalStore, SessionStore};
 use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,7 +25,7 @@ use durable::store::{
     CallIdentity, CallKind, CallOutcome, FinishCall, IssueOutcome, NewCall, NewCheckpoint,
     NewSession,
 };
-use durable::{CallId, CheckpointStore, ReplayClass, SessionId};
+use durable::{CallId, ReplayClass, SessionId};
 use serde_json::json;
 
 /// Journal rows in the long session.

@@ -26,7 +26,7 @@
 //!
 //! Every case uses fresh random session ids, so cases can run one after the other on one
 //! database. Recovery cases ([`recovery_concurrent_claims_are_exclusive`] and friends)
-//! call [`CheckpointStore::claim_expired`], which claims *any* expired session of the
+//! call [`CheckpointStore::claim_expired`](crate::store::LeaseStore::claim_expired), which claims *any* expired session of the
 //! database, so cases that run *at the same time* need a database each (the generated
 //! tests run in parallel; give each its own database, as a fresh file or schema).
 

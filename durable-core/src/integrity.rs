@@ -66,6 +66,8 @@ use crate::ids::SessionId;
 
 mod log;
 mod open;
+pub mod rows;
+pub mod setup;
 
 pub use log::{INTEGRITY_LOG_SEAL, IntegrityEvent, IntegrityLog, integrity_log_fields};
 pub use open::{KeyAction, OpenFacts};
@@ -651,7 +653,7 @@ impl ApprovalFields<'_> {
 /// any log (which leaves no gap) changes a count and breaks this seal.
 ///
 /// `issued_rows` counts the journal rows whose status is `issued`. A reader of the issued
-/// rows alone (a resume, [`issued_calls`](crate::CheckpointStore::issued_calls)) checks
+/// rows alone (a resume, [`issued_calls`](crate::store::JournalStore::issued_calls)) checks
 /// that it found exactly that many, each under its own seal: a row set to `issued`
 /// behind the store's back is returned and fails its seal, and a row set from `issued`
 /// to anything else (or deleted) leaves one fewer than the head says.

@@ -412,7 +412,7 @@ impl Journal {
     /// the next take-over counts a recovery (a death while the session ran). A worker
     /// that dies holding the lease without having made a call (an idle lease) is not
     /// counted against the session. See
-    /// [`CheckpointStore::mark_running`](crate::store::CheckpointStore::mark_running).
+    /// [`CheckpointStore::mark_running`](crate::store::LeaseStore::mark_running).
     pub(crate) async fn mark_running(&self) -> Result<(), DurableError> {
         let lease = self.lease();
         if self.state().running_marked == lease.fence {
@@ -426,7 +426,7 @@ impl Journal {
     /// What a refusal leaves in the store: an in-doubt row only an operator can settle
     /// ([`Refusal::needs_operator`]) is marked as waiting for one, so that pools stop
     /// handing the session out until it is resolved
-    /// ([`CheckpointStore::mark_operator_needed`](crate::store::CheckpointStore::mark_operator_needed)).
+    /// ([`CheckpointStore::mark_operator_needed`](crate::store::LeaseStore::mark_operator_needed)).
     /// The refusal stands whatever the store answers: a failure is logged, and costs at
     /// most one more claim of the session, refused again.
     pub(crate) async fn after_refusal(&self, why: Refusal, row: Option<&CallRecord>) {

@@ -1,6 +1,8 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 //! The core of `durable`: replay classes, call identity, the journal protocol, sessions
-//! and the [`CheckpointStore`] trait that backends implement.
+//! and the store contract backends implement: [`CheckpointStore`], the sum of one trait
+//! per concept ([`store`]), with the sealing every backend shares in
+//! [`integrity::rows`] and [`integrity::setup`].
 //!
 //! Most users depend on the `durable` facade crate instead, which re-exports this crate
 //! together with the `#[durable_tool]` attribute and the backends.
@@ -50,7 +52,7 @@ pub use session::{InDoubtAction, InDoubtCall, ResumeReport, Resumed, Session};
 pub use snapshot::{
     Budget, BudgetExceeded, Plan, PlanError, Postcondition, Spend, Step, StepStatus,
 };
-pub use store::CheckpointStore;
+pub use store::{CheckpointStore, CheckpointStoreExt};
 pub use tool::{IdempotencyKey, ToolContext, ToolSpec, Verification};
 pub use toolbox::{
     Definitions, IncompleteExport, ModelToolCall, Tool, ToolArguments, ToolOutput, ToolResult,

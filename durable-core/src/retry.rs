@@ -3,7 +3,7 @@
 //!
 //! [`retry`] runs an async call until it succeeds, fails with an error the caller
 //! classifies as not retryable, or uses up [`RetryPolicy::max_attempts`]. Every failed
-//! attempt is recorded with [`CheckpointStore::record_error`] *before* the backoff
+//! attempt is recorded with [`CheckpointStore::record_error`](crate::store::MaintenanceStore::record_error) *before* the backoff
 //! sleep, so the `errors` table is the retry history.
 //!
 //! # The attempt budget is per `(session, step, context)`, across processes
@@ -298,7 +298,7 @@ impl<E> RetryError<E> {
 ///
 /// `f` receives the 0-based attempt number (continuing after those already recorded
 /// for `(session, step, context)`, see the [module docs](self)). After a failure, the
-/// error is recorded with [`CheckpointStore::record_error`] first; a failure to record
+/// error is recorded with [`CheckpointStore::record_error`](crate::store::MaintenanceStore::record_error) first; a failure to record
 /// it is logged with `tracing::warn!` and does not replace the call's error. Then
 /// `is_retryable` decides: not retryable → [`RetryError::NotRetryable`]; last attempt →
 /// [`RetryError::Exhausted`]; otherwise sleep [`RetryPolicy::delay_for`] and try again.

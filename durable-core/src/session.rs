@@ -768,7 +768,7 @@ where
     /// [`resume`](crate::Durable::resume) by id, or [`Durable::wake`](crate::Durable::wake),
     /// ends the sleep early, and this says so all the same: the handler continues after
     /// the sleep. To tell an early wake-up from a due one, compare with the store's clock
-    /// ([`CheckpointStore::now`]).
+    /// ([`CheckpointStore::now`](crate::store::StoreBase::now)).
     pub fn woke_from(&self) -> Option<i64> {
         self.woke_from
     }

@@ -132,7 +132,7 @@ pub struct SessionRecord {
     pub lease_renewed_at: Option<i64>,
 }
 
-/// One row of a session listing ([`CheckpointStore::list_session_rows`]).
+/// One row of a session listing ([`CheckpointStore::list_session_rows`](crate::store::SessionStore::list_session_rows)).
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum ListedSession {
@@ -155,7 +155,7 @@ pub enum ListedSession {
 /// The queue of sessions started without one.
 pub const DEFAULT_QUEUE: &str = "default";
 
-/// What [`CheckpointStore::create_session`] needs.
+/// What [`CheckpointStore::create_session`](crate::store::SessionStore::create_session) needs.
 #[derive(Debug, Clone, PartialEq)]
 pub struct NewSession {
     /// The new session's id.
@@ -173,7 +173,7 @@ pub struct NewSession {
     pub initial: NewCheckpoint,
     /// The queue the session belongs to (`None`: [`DEFAULT_QUEUE`]). Pools may claim
     /// from some queues only, and a queue may have a fleet-wide limit
-    /// ([`CheckpointStore::set_queue_limit`]).
+    /// ([`CheckpointStore::set_queue_limit`](crate::store::QueueStore::set_queue_limit)).
     pub queue: Option<String>,
 }
 
@@ -222,7 +222,7 @@ pub struct NewCheckpoint {
     /// Application-defined state (JSON; `null` when unused).
     pub state: Value,
     /// Parks the session until this time (ms since the epoch, database clock): no claim
-    /// takes it before ([`CheckpointStore::claim_expired`]). `None` clears a previous
+    /// takes it before ([`CheckpointStore::claim_expired`](crate::store::LeaseStore::claim_expired)). `None` clears a previous
     /// one: every checkpoint sets the session's wake-up time to its own. See
     /// [`Session::sleep_until`](crate::Session::sleep_until).
     pub wake_at: Option<i64>,
@@ -309,7 +309,7 @@ pub enum CallStatus {
     /// ([`approval`](crate::store::Approval)); nothing has run.
     Requested,
     /// A person approved it; nothing has run yet. The next replay of its step issues and
-    /// runs it once ([`CheckpointStore::reissue_call`]).
+    /// runs it once ([`CheckpointStore::reissue_call`](crate::store::JournalStore::reissue_call)).
     Approved,
     /// A person denied it, or its deadline passed: the denial is its recorded error,
     /// which replay returns.
@@ -373,7 +373,7 @@ pub struct CallIdentity {
 }
 
 /// The idempotency key an approved call runs with when a person edited its arguments
-/// (see [`CheckpointStore::issue_approved`]).
+/// (see [`CheckpointStore::issue_approved`](crate::store::JournalStore::issue_approved)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct EditedKey {
     /// The key derived from the edited arguments.
@@ -444,7 +444,7 @@ pub struct CallRecord {
     pub approval: Option<Approval>,
 }
 
-/// Outcome of [`CheckpointStore::issue_call`].
+/// Outcome of [`CheckpointStore::issue_call`](crate::store::JournalStore::issue_call).
 #[derive(Debug, Clone, PartialEq)]
 pub enum IssueOutcome {
     /// The row did not exist and was inserted as *issued* (committed, synced).
@@ -453,7 +453,7 @@ pub enum IssueOutcome {
     Existing(CallRecord),
 }
 
-/// The outcome recorded by [`CheckpointStore::finish_call`].
+/// The outcome recorded by [`CheckpointStore::finish_call`](crate::store::JournalStore::finish_call).
 #[derive(Debug, Clone, PartialEq)]
 pub enum CallOutcome {
     /// The tool succeeded with this result.
@@ -598,7 +598,7 @@ impl RetargetSession {
     }
 }
 
-/// Filter for [`CheckpointStore::list_sessions`]: every session by default, narrowed with
+/// Filter for [`CheckpointStore::list_sessions`](SessionStore::list_sessions): every session by default, narrowed with
 /// the `with_*` methods.
 ///
 /// ```
@@ -621,7 +621,7 @@ pub struct SessionFilter {
     pub after: Option<SessionCursor>,
 }
 
-/// Where a page of [`CheckpointStore::list_sessions`] ends: the last session listed, by
+/// Where a page of [`CheckpointStore::list_sessions`](crate::store::SessionStore::list_sessions) ends: the last session listed, by
 /// its `updated_at` and id (the listing's order is `updated_at` then id, both
 /// descending). Written `<updated_at>:<id>` ([`Display`](std::fmt::Display),
 /// [`parse`](Self::parse)), the form `durable sessions --after` takes.
@@ -734,7 +734,7 @@ pub struct Durability {
     pub unsafe_setting: Option<String>,
 }
 
-/// Checks a range of transcript positions asked of [`CheckpointStore::messages`]:
+/// Checks a range of transcript positions asked of [`CheckpointStore::messages`](CheckpointLog::messages):
 /// `1 <= from <= to + 1` and `to <= last_seq` (the latest checkpoint's last message), or
 /// [`StoreError::MessagesOutOfRange`]. For backends.
 pub fn check_message_range(
@@ -754,7 +754,7 @@ pub fn check_message_range(
     Ok(())
 }
 
-/// Checks a page read by [`CheckpointStore::calls_page`] against the session head's count
+/// Checks a page read by [`CheckpointStore::calls_page`](crate::store::JournalStore::calls_page) against the session head's count
 /// of journal rows (`head_rows`), for backends: the journal's extent (`top`, its highest
 /// position, and `bottom`, its lowest; index look-ups, not a count) must be
 /// `1..=head_rows`, the page's positions (`seqs`) must be `after + 1, after + 2, …`
@@ -802,8 +802,43 @@ pub fn check_journal_page(
 /// Every method is a single atomic transaction. Methods that write under a lease take a
 /// [`Fence`] and fail with [`StoreError::LeaseLost`] when the session's fencing token has
 /// moved on. The trait is object safe: runtimes hold an `Arc<dyn CheckpointStore>`.
+///
+/// The contract is split by concept into the traits it is the sum of ([`StoreBase`],
+/// [`SessionStore`], [`LeaseStore`], [`QueueStore`], [`CheckpointLog`], [`JournalStore`],
+/// [`ResolutionStore`], [`ApprovalStore`], [`MaintenanceStore`]); a backend implements
+/// each of them and gets this trait from the blanket implementation. Conveniences built
+/// from these methods are on [`CheckpointStoreExt`], which nobody implements.
+pub trait CheckpointStore:
+    StoreBase
+    + SessionStore
+    + LeaseStore
+    + QueueStore
+    + CheckpointLog
+    + JournalStore
+    + ResolutionStore
+    + ApprovalStore
+    + MaintenanceStore
+{
+}
+
+impl<T> CheckpointStore for T where
+    T: StoreBase
+        + SessionStore
+        + LeaseStore
+        + QueueStore
+        + CheckpointLog
+        + JournalStore
+        + ResolutionStore
+        + ApprovalStore
+        + MaintenanceStore
+        + ?Sized
+{
+}
+
+/// What every store answers about itself: its backend's name, the keys it seals rows with,
+/// its clock and the durability of its writes. The base of the concept traits below.
 #[async_trait]
-pub trait CheckpointStore: Send + Sync + 'static {
+pub trait StoreBase: Send + Sync + 'static {
     /// A short backend name for errors and logs (`"sqlite"`, `"postgres"`).
     ///
     /// # Contract
@@ -832,7 +867,12 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// store measures lease expiry, `created_at` / `updated_at` and purge retention on,
     /// so its values compare with theirs. Writes nothing (a read-only store answers it).
     async fn now(&self) -> Result<i64, StoreError>;
+}
 
+/// Sessions: creating one with its initial checkpoint and first lease, reading and listing
+/// them, and setting their status (the `sessions` conformance cases).
+#[async_trait]
+pub trait SessionStore: Send + Sync + 'static {
     /// Creates a session with its initial checkpoint (version 0) and a first lease.
     ///
     /// # Contract
@@ -878,6 +918,30 @@ pub trait CheckpointStore: Send + Sync + 'static {
             .collect())
     }
 
+    /// Sets a session's status (e.g. completed), with a reason.
+    ///
+    /// # Contract
+    /// A reason holding NUL is [`StoreError::InvalidText`] before anything is written
+    /// ([`validate_text`](crate::validate::validate_text)). Fenced. When the new status is
+    /// terminal, parked or awaiting approval, releases the lease and bumps the fencing
+    /// token, so the former holder can write nothing more.
+    ///
+    /// [`SessionStatus::AwaitingApproval`] is set only while the session has a requested
+    /// call: when every one was decided before this (an operator was quick), the session
+    /// stays `active`, its lease released all the same, and the next worker takes it.
+    async fn set_status(
+        &self,
+        fence: Fence<'_>,
+        status: SessionStatus,
+        reason: Option<&str>,
+    ) -> Result<(), StoreError>;
+}
+
+/// Leases and recovery: taking, renewing and giving up a session's lease, the fencing
+/// token every write carries, claiming expired sessions with poison-pill counting, and
+/// parking (the `leases` and `recovery` conformance cases).
+#[async_trait]
+pub trait LeaseStore: Send + Sync + 'static {
     /// Takes the lease on a session for `owner`, bumping its fencing token; counts the
     /// take-over as a recovery when the previous lease was never given up and its holder
     /// had started running the session under it.
@@ -905,9 +969,9 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// [`StoreError::Parked`]. Taking a released lease, or the first lease after
     /// [`unpark_session`](Self::unpark_session), is not a recovery and leaves the counter
     /// alone; a release does not reset it either (a clean hand-over is not progress).
-    /// [`save_checkpoint`](Self::save_checkpoint) and [`finish_call`](Self::finish_call)
+    /// [`save_checkpoint`](CheckpointLog::save_checkpoint) and [`finish_call`](JournalStore::finish_call)
     /// with a checkpoint reset it to 0 (progress), and so does `unpark_session`.
-    /// [`fork_session`](Self::fork_session) starts a new session at 0 and leaves the
+    /// [`fork_session`](CheckpointStoreExt::fork_session) starts a new session at 0 and leaves the
     /// source's counter alone: a fork is an operator's new start, not a recovery.
     async fn acquire_lease(
         &self,
@@ -947,8 +1011,8 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// tell whether the effect happened, or it has none, or it cannot run again). From
     /// then on [`claim_expired`](Self::claim_expired) leaves the session out, so that no
     /// worker pool hands it out in a loop, until the row leaves `issued`
-    /// ([`resolve_call`](Self::resolve_call)) or is issued again
-    /// ([`reissue_call`](Self::reissue_call) clears the mark). Taking the session by id
+    /// ([`resolve_call`](ResolutionStore::resolve_call)) or is issued again
+    /// ([`reissue_call`](JournalStore::reissue_call) clears the mark). Taking the session by id
     /// ([`acquire_lease`](Self::acquire_lease)) is not affected.
     ///
     /// # Contract
@@ -969,7 +1033,7 @@ pub trait CheckpointStore: Send + Sync + 'static {
     ///   [`acquire_lease`](Self::acquire_lease) judges a live lease);
     /// - awake: no `wake_at`, or `wake_at <= now` on the database clock;
     /// - of `claim.app_version` when set, and of one of `claim.queues` when not empty;
-    /// - in a queue below its fleet-wide limit ([`set_queue_limit`](Self::set_queue_limit)):
+    /// - in a queue below its fleet-wide limit ([`set_queue_limit`](QueueStore::set_queue_limit)):
     ///   fewer of the queue's active sessions hold a live lease than the limit, counted
     ///   in a way that two concurrent claims cannot both take the last place.
     /// - not waiting for an operator: none of its `issued` rows is marked by
@@ -985,9 +1049,36 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// claiming a released lease counts nothing. `None` when nothing is claimable.
     async fn claim_expired(&self, claim: &Claim) -> Result<Option<Lease>, StoreError>;
 
+    /// Returns a parked session to `active`: an operator's decision after looking at it
+    /// (for example once its in-doubt call is resolved). Clears the recovery counter and
+    /// the parked reason and the lease; the next worker takes it with a fresh lease,
+    /// which is not counted as a recovery.
+    ///
+    /// # Contract
+    /// Atomic. [`StoreError::NotParked`] unless the session is parked;
+    /// [`StoreError::SessionNotFound`] if absent.
+    async fn unpark_session(&self, id: &SessionId) -> Result<SessionRecord, StoreError>;
+
+    /// Lists active sessions whose lease has expired (or who have none).
+    ///
+    /// # Contract
+    /// Read-only: it takes nothing, so a listed session may be claimed by another worker
+    /// before the caller acts on it (use [`claim_expired`](Self::claim_expired) to take
+    /// one). Lists sessions with status `active` whose lease was released or has
+    /// `lease_expires_at <= now` on the database clock and that are not asleep
+    /// (`wake_at` unset or past); parked and terminal sessions never appear. Oldest
+    /// update first, at most `limit` (a negative `limit` counts as 0).
+    async fn list_expired(&self, limit: i64) -> Result<Vec<SessionRecord>, StoreError>;
+}
+
+/// Queues and sleep: fleet-wide queue limits, the figures of each queue, waking a
+/// sleeping session and telling idle pools that work may be available (the `workers`
+/// conformance cases).
+#[async_trait]
+pub trait QueueStore: Send + Sync + 'static {
     /// Sets (or, with `None`, removes) a queue's fleet-wide limit: at most `max_running`
     /// of its active sessions leased at once, enforced by
-    /// [`claim_expired`](Self::claim_expired).
+    /// [`claim_expired`](LeaseStore::claim_expired).
     ///
     /// # Contract
     /// The name is checked with [`validate_id`](crate::validate::validate_id). The limit
@@ -1034,46 +1125,14 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// unless the session is `active`. A session that is not asleep is returned
     /// unchanged.
     async fn wake_session(&self, id: &SessionId) -> Result<SessionRecord, StoreError>;
+}
 
-    /// Returns a parked session to `active`: an operator's decision after looking at it
-    /// (for example once its in-doubt call is resolved). Clears the recovery counter and
-    /// the parked reason and the lease; the next worker takes it with a fresh lease,
-    /// which is not counted as a recovery.
-    ///
-    /// # Contract
-    /// Atomic. [`StoreError::NotParked`] unless the session is parked;
-    /// [`StoreError::SessionNotFound`] if absent.
-    async fn unpark_session(&self, id: &SessionId) -> Result<SessionRecord, StoreError>;
-
-    /// Lists active sessions whose lease has expired (or who have none).
-    ///
-    /// # Contract
-    /// Read-only: it takes nothing, so a listed session may be claimed by another worker
-    /// before the caller acts on it (use [`claim_expired`](Self::claim_expired) to take
-    /// one). Lists sessions with status `active` whose lease was released or has
-    /// `lease_expires_at <= now` on the database clock and that are not asleep
-    /// (`wake_at` unset or past); parked and terminal sessions never appear. Oldest
-    /// update first, at most `limit` (a negative `limit` counts as 0).
-    async fn list_expired(&self, limit: i64) -> Result<Vec<SessionRecord>, StoreError>;
-
-    /// Sets a session's status (e.g. completed), with a reason.
-    ///
-    /// # Contract
-    /// A reason holding NUL is [`StoreError::InvalidText`] before anything is written
-    /// ([`validate_text`](crate::validate::validate_text)). Fenced. When the new status is
-    /// terminal, parked or awaiting approval, releases the lease and bumps the fencing
-    /// token, so the former holder can write nothing more.
-    ///
-    /// [`SessionStatus::AwaitingApproval`] is set only while the session has a requested
-    /// call: when every one was decided before this (an operator was quick), the session
-    /// stays `active`, its lease released all the same, and the next worker takes it.
-    async fn set_status(
-        &self,
-        fence: Fence<'_>,
-        status: SessionStatus,
-        reason: Option<&str>,
-    ) -> Result<(), StoreError>;
-
+/// Checkpoints and the transcript: the compare-and-set checkpoint write with the messages
+/// it appends, loading a checkpoint (whole or its tail), reading the transcript by range,
+/// and forking a session from a checkpoint (the `checkpoints`, `window` and `fork`
+/// conformance cases).
+#[async_trait]
+pub trait CheckpointLog: Send + Sync + 'static {
     /// Appends `checkpoint.messages` to the log and writes checkpoint `expected + 1`.
     ///
     /// # Contract
@@ -1164,27 +1223,6 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// [`load_checkpoint`](Self::load_checkpoint) checks a checkpoint and its transcript.
     async fn list_checkpoints(&self, id: &SessionId) -> Result<Vec<CheckpointMeta>, StoreError>;
 
-    /// Creates session `new_id` from version `version` of `id`, inheriting every effect of
-    /// `id` (no operator rerun): [`fork_session_with`](Self::fork_session_with) with
-    /// [`ForkSession::new`], `owner` named in the audit.
-    async fn fork_session(
-        &self,
-        id: &SessionId,
-        version: i64,
-        new_id: &SessionId,
-        owner: &str,
-        ttl: Duration,
-    ) -> Result<(SessionRecord, Lease), StoreError> {
-        self.fork_session_with(&ForkSession::new(
-            id.clone(),
-            version,
-            new_id.clone(),
-            owner,
-            ttl,
-        ))
-        .await
-    }
-
     /// Creates session `fork.new_id` from version `fork.version` of `fork.source`: its
     /// version 0 is that checkpoint (transcript copied), leased to `fork.owner`, and its
     /// journal holds the source's effects the fork must not repeat.
@@ -1220,7 +1258,14 @@ pub trait CheckpointStore: Send + Sync + 'static {
         &self,
         fork: &ForkSession,
     ) -> Result<(SessionRecord, Lease), StoreError>;
+}
 
+/// The call journal: issuing a call before it runs (insert-or-get on its identity),
+/// recording outcomes, re-issuing in-doubt rows, and reading the journal with every seal
+/// and the head's counts checked (the `journal`, `outcomes` and `tamper` conformance
+/// cases).
+#[async_trait]
+pub trait JournalStore: Send + Sync + 'static {
     /// Inserts a journal row as *issued*, or returns the row with the same identity.
     ///
     /// # Contract
@@ -1261,7 +1306,7 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// # Contract
     /// Fenced. Fails with [`StoreError::CallNotInDoubt`] if the row has an outcome or
     /// still awaits a decision (`requested`). Clears the row's
-    /// [`mark_operator_needed`](Self::mark_operator_needed) mark.
+    /// [`mark_operator_needed`](LeaseStore::mark_operator_needed) mark.
     async fn reissue_call(&self, fence: Fence<'_>, call: &CallId)
     -> Result<CallRecord, StoreError>;
 
@@ -1289,7 +1334,7 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// # Contract
     /// Atomic and fenced. Fails with [`StoreError::CallNotInDoubt`] if the row already
     /// has an outcome. With `checkpoint = Some((expected, cp))` the checkpoint is
-    /// compare-and-set as in [`save_checkpoint`](Self::save_checkpoint), all or nothing.
+    /// compare-and-set as in [`save_checkpoint`](CheckpointLog::save_checkpoint), all or nothing.
     async fn finish_call(
         &self,
         fence: Fence<'_>,
@@ -1387,14 +1432,19 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// returned row's seal is checked ([`StoreError::Tampered`]). A session that does not
     /// exist has no rows in doubt (no error).
     async fn in_doubt(&self, session: Option<&SessionId>) -> Result<Vec<CallRecord>, StoreError>;
+}
 
+/// Operators' resolutions of in-doubt calls and their sealed audit log (the `resolution`
+/// conformance cases).
+#[async_trait]
+pub trait ResolutionStore: Send + Sync + 'static {
     /// Applies an operator's resolution and writes its audit row.
     ///
     /// # Contract
     /// Atomic. Refuses ([`StoreError::CallNotInDoubt`]) a call whose status is not
     /// `issued`. `Happened` sets status `resolved` with the result; `DidNotHappen`
     /// sets `not_happened`. Either way the row leaves `issued`, so a session that
-    /// waited for this resolution ([`mark_operator_needed`](Self::mark_operator_needed))
+    /// waited for this resolution ([`mark_operator_needed`](LeaseStore::mark_operator_needed))
     /// is claimable again.
     ///
     /// [`ResolveCall::validate`] runs first: a bad resolver or note is refused before
@@ -1410,20 +1460,26 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// against the head: a deleted, reordered or altered resolution is
     /// [`StoreError::Tampered`].
     async fn resolutions(&self, session: &SessionId) -> Result<Vec<ResolutionRecord>, StoreError>;
+}
 
+/// Calls that need a person's approval: requesting, deciding (approve, deny, expire,
+/// revoke), the pending ones, and the sealed approval log (the `approval` conformance
+/// cases).
+#[async_trait]
+pub trait ApprovalStore: Send + Sync + 'static {
     /// Journals a call that needs a person's approval: inserts its row as
     /// [`CallStatus::Requested`] with its [`Approval`] (nothing runs), or returns the row
     /// that already holds this identity, whatever its status.
     ///
     /// # Contract
     /// One atomic, fenced transaction (one commit), synced before it returns:
-    /// insert-or-get on the identity exactly as [`issue_call`](Self::issue_call) (with
+    /// insert-or-get on the identity exactly as [`issue_call`](JournalStore::issue_call) (with
     /// its idempotency-key and step checks). A new row has attempt 0 (nothing ran), the
     /// deadline `expires_in` after the store's clock, and a `requested` audit row at the
     /// next position of the session's approval log, counted by the head.
     /// [`ApprovalRequest::validate`] runs first. The session's status is not changed:
     /// the harness parks it once every call of the turn is dispatched
-    /// ([`set_status`](Self::set_status) with [`SessionStatus::AwaitingApproval`]).
+    /// ([`set_status`](SessionStore::set_status) with [`SessionStatus::AwaitingApproval`]).
     async fn request_call(
         &self,
         fence: Fence<'_>,
@@ -1475,7 +1531,12 @@ pub trait CheckpointStore: Send + Sync + 'static {
     /// position and their number against the head: a deleted, reordered or altered
     /// audit row is [`StoreError::Tampered`].
     async fn approvals(&self, session: &SessionId) -> Result<Vec<ApprovalRecord>, StoreError>;
+}
 
+/// Maintenance: the error history, moving a session to another app version, and purging
+/// finished sessions (the `maintenance` conformance cases).
+#[async_trait]
+pub trait MaintenanceStore: Send + Sync + 'static {
     /// Records an LLM/API error (retry history). Not fenced: errors are history.
     ///
     /// # Contract
@@ -1511,3 +1572,32 @@ pub trait CheckpointStore: Send + Sync + 'static {
         retention: Duration,
     ) -> Result<PurgeOutcome, StoreError>;
 }
+
+/// Conveniences over [`CheckpointStore`], compositions of its methods: implemented for
+/// every store (nobody implements this trait), in scope with `use
+/// durable_core::store::CheckpointStoreExt` (or `durable::CheckpointStoreExt`).
+#[async_trait]
+pub trait CheckpointStoreExt: CheckpointStore {
+    /// Creates session `new_id` from version `version` of `id`, inheriting every effect of
+    /// `id` (no operator rerun): [`fork_session_with`](CheckpointLog::fork_session_with) with
+    /// [`ForkSession::new`], `owner` named in the audit.
+    async fn fork_session(
+        &self,
+        id: &SessionId,
+        version: i64,
+        new_id: &SessionId,
+        owner: &str,
+        ttl: Duration,
+    ) -> Result<(SessionRecord, Lease), StoreError> {
+        self.fork_session_with(&ForkSession::new(
+            id.clone(),
+            version,
+            new_id.clone(),
+            owner,
+            ttl,
+        ))
+        .await
+    }
+}
+
+impl<T: CheckpointStore + ?Sized> CheckpointStoreExt for T {}

@@ -55,8 +55,8 @@ const PAGE: i64 = 500;
 
 /// Like [`verify_sessions`], handing each session's check to `found` as soon as it is
 /// made. The sessions are read a page at a time (keyset pages of
-/// [`list_sessions`](CheckpointStore::list_sessions)) and each journal a page at a time
-/// ([`calls_page`](CheckpointStore::calls_page)), so memory stays bounded by a page and
+/// [`list_sessions`](crate::store::SessionStore::list_sessions)) and each journal a page at a time
+/// ([`calls_page`](crate::store::JournalStore::calls_page)), so memory stays bounded by a page and
 /// one checkpoint, whatever the store holds.
 pub async fn verify_each(
     store: &dyn CheckpointStore,

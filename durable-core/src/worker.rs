@@ -51,7 +51,7 @@
 //! When nothing is claimable it expires the approval requests past their deadline
 //! ([`Durable::expire_approvals`]: their sessions go on with the denial) and waits for
 //! work: until the store says some may have come
-//! ([`CheckpointStore::work_events`](crate::store::CheckpointStore::work_events): a
+//! ([`CheckpointStore::work_events`](crate::store::QueueStore::work_events): a
 //! session submitted or released, a decision taken, in this process, and across
 //! processes where the database can tell: PostgreSQL's `LISTEN`/`NOTIFY`), until the
 //! earliest sleeping session is due, or until a handler returns, and at most one
@@ -76,7 +76,7 @@
 //! A session **waiting for an operator** is not claimed: once a resume of one of its
 //! in-doubt calls was refused with [`DurableError::ReplayUnsafe`] (the verify hook could
 //! not tell, or there is none), the journal marks the call
-//! ([`mark_operator_needed`](crate::store::CheckpointStore::mark_operator_needed)), and
+//! ([`mark_operator_needed`](crate::store::LeaseStore::mark_operator_needed)), and
 //! the pools leave the session alone until an operator resolves the call
 //! (`durable resolve`, [`Durable::resolve`](crate::Durable::resolve)); then they claim it
 //! again. A handler so refused releases the session and returns. A session whose worker
@@ -417,7 +417,7 @@ where
     /// handler's end (which frees a slot, and may free a place in a limited queue).
     /// `false` if shutdown came.
     ///
-    /// [`CheckpointStore::work_events`]: crate::store::CheckpointStore::work_events
+    /// [`CheckpointStore::work_events`]: crate::store::QueueStore::work_events
     async fn idle<S: Future<Output = ()>>(
         &self,
         shutdown: &mut std::pin::Pin<&mut S>,

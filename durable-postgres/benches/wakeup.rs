@@ -23,12 +23,13 @@
 //! | `DURABLE_BENCH_OUT` | `target/durable-bench` | where the JSON goes |
 //! | `DATABASE_URL` | unset | a server to use instead of the throwaway cluster |
 
+use durable_core::store::QueueStore;
 use std::sync::Arc;
 use std::time::Duration;
 
 use durable_bench::wakeup::{self, Schedule, Side};
 use durable_bench::{Report, env_usize, machine, out_dir};
-use durable_core::{CheckpointStore, Durable};
+use durable_core::Durable;
 use durable_postgres::testing::test_database;
 use durable_postgres::{PostgresStore, PostgresStoreOptions};
 

@@ -4,9 +4,11 @@
 //! log read back, checked. The request itself is a journal insert
 //! ([`journal::insert_locked`]); this module adds what only approvals do.
 
+use async_trait::async_trait;
 use durable_core::StoreError;
 use durable_core::ids::CallId;
 use durable_core::ids::SessionId;
+use durable_core::store::ApprovalStore;
 use durable_core::store::{
     ApprovalEvent, ApprovalRecord, ApprovalRequest, CallRecord, CallStatus, DecideApproval,
     FORMAT_VERSION, Fence, IssueOutcome, NewCall, PendingApproval, SessionStatus,
@@ -17,7 +19,7 @@ use crate::PostgresStore;
 use crate::error::{corrupt, db, invariant};
 use crate::journal::{self, Entry, lock_call};
 use crate::rows::{self, call_cols, get};
-use crate::seal::{self, RawApproval, approval_cols, checked_call_record};
+use crate::seal::{self, RawApproval, StoreHead, approval_cols, checked_call_record};
 use crate::tx;
 
 pub(crate) async fn request_call(
@@ -223,4 +225,33 @@ pub(crate) async fn approvals(
     tx.commit().await.map_err(db)?;
     seal::check_approvals(ring, &head, &found)?;
     found.iter().map(rows::approval_record).collect()
+}
+
+#[async_trait]
+impl ApprovalStore for PostgresStore {
+    async fn request_call(
+        &self,
+        fence: Fence<'_>,
+        call: NewCall,
+        request: ApprovalRequest,
+    ) -> Result<IssueOutcome, StoreError> {
+        request_call(self, fence, call, request).await
+    }
+
+    async fn decide_approval(&self, decide: DecideApproval) -> Result<CallRecord, StoreError> {
+        let row = decide_approval(self, decide).await?;
+        self.work_available();
+        Ok(row)
+    }
+
+    async fn pending_approvals(
+        &self,
+        session: Option<&SessionId>,
+    ) -> Result<Vec<PendingApproval>, StoreError> {
+        pending_approvals(self, session).await
+    }
+
+    async fn approvals(&self, session: &SessionId) -> Result<Vec<ApprovalRecord>, StoreError> {
+        approvals(self, session).await
+    }
 }

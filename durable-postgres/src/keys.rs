@@ -3,19 +3,19 @@
 //! rows were copied (a fork). Every re-sealing is audited in `durable_integrity_log`,
 //! which is sealed as a whole (its seal in `durable_meta`).
 
-use std::collections::HashMap;
-
-use durable_core::integrity::{
-    self, INTEGRITY_LOG_SEAL, IntegrityEvent, IntegrityLog, KeyAction, Keyring, OpenFacts,
-};
+use async_trait::async_trait;
+use durable_core::integrity::rows::count_issued;
+use durable_core::integrity::rows::{CheckpointRow, RawMessage, Reseal};
+use durable_core::integrity::setup::{self, KeyTables, LogEvent};
+use durable_core::integrity::{IntegrityEvent, IntegrityLog, Keyring};
 use durable_core::{SessionId, StoreError};
 use sqlx::postgres::PgConnection;
 
 use crate::error::db;
 use crate::rows::{self, get};
 use crate::seal::{
-    self, RawApproval, RawCall, RawCheckpoint, approval_cols, check_journal_complete, head_cols,
-    head_from_row, raw_call_cols, resolution_fields,
+    self, RawApproval, StoreHead, approval_cols, check_journal_complete, head_cols, head_from_row,
+    raw_call, raw_call_cols,
 };
 use crate::tx;
 
@@ -40,9 +40,10 @@ pub(crate) async fn reseal_session(
     .await
     .map_err(db)?;
     let mut head = head_from_row(&row, session)?;
-    if let Some(from) = from {
-        // A head written before schema 4 is checked as it was sealed, and counted below.
-        head.check_sealed(from)?;
+    let mut walk = Reseal::new(from, to, session);
+    // A head written before schema 4 is checked as it was sealed, and counted below.
+    walk.check_head(&head)?;
+    if walk.checks() {
         check_journal_complete(&mut *conn, &head).await?;
     }
     // Journal rows.
@@ -55,25 +56,14 @@ pub(crate) async fn reseal_session(
     .fetch_all(&mut *conn)
     .await
     .map_err(db)?;
-    let mut ids = Vec::with_capacity(found.len());
-    let mut seals = Vec::with_capacity(found.len());
-    let mut issued = 0usize;
-    for row in &found {
-        let mut raw = RawCall::from_row(row)?;
-        if let Some(from) = from {
-            raw.check(from)?;
-        }
-        issued += usize::from(raw.status == "issued");
-        raw.seal(to)?;
-        seals.push(raw.mac.unwrap_or_default());
-        ids.push(raw.id);
-    }
-    // The head's count of issued rows, as the (checked) rows have it; a head that counted
-    // them already must agree. A head written before schema 4 gets its count here.
-    if from.is_some() && head.issued_rows.is_some() {
-        head.check_issued(issued)?;
-    }
-    head.issued_rows = Some(i64::try_from(issued).unwrap_or(i64::MAX));
+    let mut calls = found.iter().map(raw_call).collect::<Result<Vec<_>, _>>()?;
+    // A head that counted the issued rows already must agree; a head written before
+    // schema 4 gets its count here.
+    walk.calls(&mut head, &mut calls)?;
+    let (ids, seals): (Vec<String>, Vec<String>) = calls
+        .into_iter()
+        .map(|raw| (raw.id, raw.mac.unwrap_or_default()))
+        .unzip();
     if !ids.is_empty() {
         sqlx::query(
             "UPDATE durable_tool_calls c SET mac = u.seal \
@@ -95,26 +85,16 @@ pub(crate) async fn reseal_session(
     .fetch_all(&mut *conn)
     .await
     .map_err(db)?;
-    let mut old_previous = String::new();
-    let mut new_previous = String::new();
-    let mut old_seals = HashMap::from([(0i64, String::new())]);
-    let mut new_seals = HashMap::from([(0i64, String::new())]);
     let mut seqs = Vec::with_capacity(found.len());
     let mut seals = Vec::with_capacity(found.len());
     for row in &found {
-        let seq: i64 = get(row, "seq")?;
-        let text: String = get(row, "message")?;
-        let stored: Option<String> = get(row, "seal")?;
-        if let Some(from) = from {
-            seal::check_message(from, session, seq, &text, &old_previous, stored.as_deref())?;
-        }
-        old_previous = stored.unwrap_or_default();
-        old_seals.insert(seq, old_previous.clone());
-        let new = seal::seal_message(to, session, seq, &text, &new_previous)?;
-        new_previous.clone_from(&new);
-        new_seals.insert(seq, new.clone());
-        seqs.push(seq);
-        seals.push(new);
+        let message = RawMessage {
+            seq: get(row, "seq")?,
+            text: get(row, "message")?,
+            seal: get(row, "seal")?,
+        };
+        seals.push(walk.message(&message)?);
+        seqs.push(message.seq);
     }
     if !seqs.is_empty() {
         sqlx::query(
@@ -150,59 +130,26 @@ pub(crate) async fn reseal_session(
     .fetch_all(&mut *conn)
     .await
     .map_err(db)?;
-    let mut old_previous = String::new();
-    let mut new_previous = String::new();
     let mut versions = Vec::with_capacity(found.len());
     let mut seals = Vec::with_capacity(found.len());
     for row in &found {
         let version: i64 = get(row, "version")?;
-        let last_seq: i64 = get(row, "last_seq")?;
-        let plan = rows::snapshot_text(session, version, "the plan", get(row, "plan")?)?;
-        let budget = rows::snapshot_text(session, version, "the budget", get(row, "budget")?)?;
-        let state = rows::snapshot_text(session, version, "the state", get(row, "state")?)?;
-        let app_version: String = get(row, "app_version")?;
-        let message_count: i64 = get(row, "message_count")?;
-        let stored: Option<String> = get(row, "seal")?;
-        let missing = || StoreError::Tampered {
+        let checkpoint = CheckpointRow {
+            version,
+            last_seq: get(row, "last_seq")?,
+            plan: rows::snapshot_text(session, version, "the plan", get(row, "plan")?)?,
+            budget: rows::snapshot_text(session, version, "the budget", get(row, "budget")?)?,
+            state: rows::snapshot_text(session, version, "the state", get(row, "state")?)?,
+            app_version: get(row, "app_version")?,
+            message_count: get(row, "message_count")?,
+            seal: get(row, "seal")?,
+        };
+        let last_seq = checkpoint.last_seq;
+        let new = walk.checkpoint(&checkpoint, || StoreError::Tampered {
             session: session.clone(),
             what: format!("checkpoint {version}"),
             detail: format!("its transcript ends at message {last_seq}, which is missing"),
-        };
-        if let Some(from) = from {
-            let old_last = old_seals.get(&last_seq).ok_or_else(missing)?;
-            RawCheckpoint {
-                session,
-                version,
-                last_seq,
-                message_count,
-                last_message_seal: old_last,
-                plan: &plan,
-                budget: &budget,
-                state: &state,
-                app_version: &app_version,
-                previous: &old_previous,
-            }
-            .check(from, stored.as_deref())?;
-        }
-        old_previous = stored.unwrap_or_default();
-        let last_message_seal = new_seals.get(&last_seq).ok_or_else(missing)?;
-        let new = RawCheckpoint {
-            session,
-            version,
-            last_seq,
-            message_count,
-            last_message_seal,
-            plan: &plan,
-            budget: &budget,
-            state: &state,
-            app_version: &app_version,
-            previous: &new_previous,
-        }
-        .seal(to)?;
-        new_previous.clone_from(&new);
-        if version == head.latest_version {
-            head.checkpoint_seal.clone_from(&new);
-        }
+        })?;
         versions.push(version);
         seals.push(new);
     }
@@ -233,32 +180,9 @@ pub(crate) async fn reseal_session(
     let mut rowids = Vec::with_capacity(found.len());
     let mut seals = Vec::with_capacity(found.len());
     for row in &found {
-        let call: String = get(row, "call_id")?;
-        let position: i64 = get(row, "position")?;
-        let decision: String = get(row, "decision")?;
-        let result: Option<String> = get(row, "result")?;
-        let by: String = get(row, "resolved_by")?;
-        let note: Option<String> = get(row, "note")?;
-        let stored: Option<String> = get(row, "seal")?;
-        let fields = resolution_fields(
-            &call,
-            session,
-            position,
-            &decision,
-            result.as_deref(),
-            &by,
-            note.as_deref(),
-        );
-        if let Some(from) = from {
-            from.verify(
-                session,
-                || format!("resolution {position} (call `{call}`)"),
-                &fields,
-                stored.as_deref(),
-            )?;
-        }
+        let resolution = seal::raw_resolution(row)?;
+        seals.push(walk.resolution(&resolution)?);
         rowids.push(get::<i64>(row, "id")?);
-        seals.push(to.seal(&fields)?);
     }
     if !rowids.is_empty() {
         sqlx::query(
@@ -308,31 +232,116 @@ pub(crate) async fn reseal_session(
         count += rowids.len() as i64;
     }
     // The head, naming the latest checkpoint's new seal.
+    walk.point_head(&mut head);
     head.store(conn, to).await?;
     Ok(count + 1)
 }
 
-/// Reads a `durable_meta` value.
-async fn meta(conn: &mut PgConnection, name: &str) -> Result<Option<String>, StoreError> {
-    sqlx::query_scalar("SELECT value FROM durable_meta WHERE name = $1")
+/// The store's tables, as the key setup written in `durable_core` reads and writes them
+/// ([`KeyTables`]), in the connector's setup transaction.
+struct Tables<'c>(&'c mut PgConnection);
+
+#[async_trait]
+impl KeyTables for Tables<'_> {
+    async fn meta(&mut self, name: &str) -> Result<Option<String>, StoreError> {
+        sqlx::query_scalar("SELECT value FROM durable_meta WHERE name = $1")
+            .bind(name)
+            .fetch_optional(&mut *self.0)
+            .await
+            .map_err(db)
+    }
+
+    async fn set_meta(&mut self, name: &str, value: &str) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO durable_meta (name, value) VALUES ($1, $2) \
+             ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+        )
         .bind(name)
-        .fetch_optional(conn)
+        .bind(value)
+        .execute(&mut *self.0)
         .await
-        .map_err(db)
+        .map_err(db)?;
+        Ok(())
+    }
+
+    async fn now(&mut self) -> Result<i64, StoreError> {
+        tx::now(self.0).await
+    }
+
+    async fn sealed_with(&mut self) -> Result<(i64, Option<String>), StoreError> {
+        let sessions: i64 = sqlx::query_scalar("SELECT count(*) FROM durable_sessions")
+            .fetch_one(&mut *self.0)
+            .await
+            .map_err(db)?;
+        let head: Option<String> = sqlx::query_scalar(
+            "SELECT head FROM durable_sessions WHERE head IS NOT NULL ORDER BY created_at, id LIMIT 1",
+        )
+        .fetch_optional(&mut *self.0)
+        .await
+        .map_err(db)?;
+        Ok((sessions, head))
+    }
+
+    async fn session_ids(&mut self) -> Result<Vec<SessionId>, StoreError> {
+        // Every session row is locked: no writer changes a session while it is re-sealed.
+        let ids: Vec<String> = sqlx::query_scalar(
+            "SELECT id FROM durable_sessions ORDER BY created_at, id FOR UPDATE",
+        )
+        .fetch_all(&mut *self.0)
+        .await
+        .map_err(db)?;
+        Ok(ids.into_iter().map(SessionId::new).collect())
+    }
+
+    async fn reseal_session(
+        &mut self,
+        from: Option<&Keyring>,
+        to: &Keyring,
+        session: &SessionId,
+    ) -> Result<i64, StoreError> {
+        reseal_session(self.0, from, to, session).await
+    }
+
+    async fn upgrade_heads(&mut self, ring: &Keyring) -> Result<(), StoreError> {
+        upgrade_heads(self.0, ring).await
+    }
+
+    async fn log_events(&mut self) -> Result<Vec<IntegrityEvent>, StoreError> {
+        let rows: Vec<LogRow> = sqlx::query_as(
+            "SELECT id, event, from_key, to_key, rows, detail, created_at \
+             FROM durable_integrity_log ORDER BY id",
+        )
+        .fetch_all(&mut *self.0)
+        .await
+        .map_err(db)?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, event, from, to, rows, detail, at)| {
+                IntegrityEvent::new(id, event, from, to, rows, detail, at)
+            })
+            .collect())
+    }
+
+    async fn insert_log_event(&mut self, event: &LogEvent<'_>, now: i64) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO durable_integrity_log (event, from_key, to_key, rows, detail, created_at) \
+             VALUES ($1, $2, $3, $4, $5, $6)",
+        )
+        .bind(event.event)
+        .bind(event.from)
+        .bind(event.to)
+        .bind(event.rows)
+        .bind(event.detail)
+        .bind(now)
+        .execute(&mut *self.0)
+        .await
+        .map_err(db)?;
+        Ok(())
+    }
 }
 
-async fn set_meta(conn: &mut PgConnection, name: &str, value: &str) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO durable_meta (name, value) VALUES ($1, $2) \
-         ON CONFLICT (name) DO UPDATE SET value = excluded.value",
-    )
-    .bind(name)
-    .bind(value)
-    .execute(conn)
-    .await
-    .map_err(db)?;
-    Ok(())
-}
+/// A row of `durable_integrity_log`: id, event, from key, to key, rows, detail, time.
+type LogRow = (i64, String, Option<String>, String, i64, String, i64);
 
 /// The advisory lock every connector takes, in the transaction that migrates the schema
 /// and sets the keys up, so concurrent connectors do this once and each sees the other's
@@ -340,12 +349,9 @@ async fn set_meta(conn: &mut PgConnection, name: &str, value: &str) -> Result<()
 pub(crate) const SETUP_LOCK: &str =
     "SELECT pg_advisory_xact_lock(hashtextextended('durable setup_keys', 0))";
 
-/// Loads (or creates) the store's own key, binds it into `ring`, and makes sure every
-/// row is sealed with `ring`'s signing key: seals a database whose rows predate seals,
-/// re-seals one sealed with a key `ring` can check (an application key turned on, or
-/// rotated), restores a missing `signing_key` row after checking every row, and refuses
-/// the rest ([`Keyring::on_open`]). Runs in the connector's setup transaction (the one
-/// that migrated the schema, holding [`SETUP_LOCK`]), so `seals_migrated_now` (the
+/// Loads (or creates) the store's own key and makes sure every row is sealed with the
+/// signing key ([`setup::setup_keys`]). Runs in the connector's setup transaction (the
+/// one that migrated the schema, holding [`SETUP_LOCK`]), so `seals_migrated_now` (the
 /// sealing migration ran in this transaction) is the witness that the rows genuinely
 /// predate seals, and no crash can come between the migration and the sealing.
 pub(crate) async fn setup_keys_in(
@@ -353,83 +359,7 @@ pub(crate) async fn setup_keys_in(
     ring: Keyring,
     seals_migrated_now: bool,
 ) -> Result<Keyring, StoreError> {
-    let current = meta(conn, "signing_key").await?;
-    let sessions: i64 = sqlx::query_scalar("SELECT count(*) FROM durable_sessions")
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(db)?;
-    let head: Option<String> = sqlx::query_scalar(
-        "SELECT head FROM durable_sessions WHERE head IS NOT NULL ORDER BY created_at, id LIMIT 1",
-    )
-    .fetch_optional(&mut *conn)
-    .await
-    .map_err(db)?;
-    let sealed_with = head
-        .as_deref()
-        .and_then(|seal| seal.split_once(':'))
-        .map(|(id, _)| id);
-    let facts = OpenFacts::signed(current.as_deref())
-        .migrated_now(seals_migrated_now)
-        .holding(sessions, sealed_with);
-    let store_key = match meta(conn, "store_key").await? {
-        Some(hex) => Keyring::store_key_from_hex(&hex)?,
-        None if facts.may_create_store_key() => {
-            let key = integrity::random_key()?;
-            set_meta(conn, "store_key", &integrity::hex(&key)).await?;
-            key
-        }
-        None => return Err(facts.store_key_missing()),
-    };
-    let ring = ring.bind_store_key(store_key);
-    let now = tx::now(conn).await?;
-    let signing = ring.signing_id().to_owned();
-    match ring.on_open(&facts)? {
-        KeyAction::Keep => {
-            upgrade_heads(conn, &ring).await?;
-            seal_legacy_log(conn, &ring, now).await?;
-            return Ok(ring);
-        }
-        KeyAction::Rekey { from_id, from } => {
-            let rows = reseal_all(conn, Some(&from), &ring).await?;
-            let entry = Log {
-                event: "rekey",
-                from: Some(&from_id),
-                to: &signing,
-                rows,
-                detail: "every row was checked under the old key, then re-sealed under the new one",
-            };
-            entry.append(conn, &from, &ring, now).await?;
-            tracing::warn!(from = %from_id, to = %signing, rows, "re-sealed the store under a new key");
-        }
-        KeyAction::Restore { from_id, from } => {
-            let rows = reseal_all(conn, Some(&from), &ring).await?;
-            let entry = Log {
-                event: "restore",
-                from: Some(&from_id),
-                to: &signing,
-                rows,
-                detail: "the `signing_key` row of `durable_meta` was missing: every row was checked under the key its seals name, re-sealed under the signing key, and the row written back",
-            };
-            entry.append(conn, &from, &ring, now).await?;
-            tracing::warn!(from = %from_id, to = %signing, rows, "restored the missing signing_key row after checking every row");
-        }
-        KeyAction::Adopt => {
-            let rows = reseal_all(conn, None, &ring).await?;
-            if rows > 0 {
-                let entry = Log {
-                    event: "adopt",
-                    from: None,
-                    to: &signing,
-                    rows,
-                    detail: "rows written before tamper evidence (schema version 1) were sealed as found; their content before this point is not authenticated",
-                };
-                entry.append(conn, &ring, &ring, now).await?;
-                tracing::warn!(to = %signing, rows, "sealed a store written without seals");
-            }
-        }
-    }
-    set_meta(conn, "signing_key", &signing).await?;
-    Ok(ring)
+    setup::setup_keys(&mut Tables(conn), ring, seals_migrated_now).await
 }
 
 /// Counts the issued rows of every session whose head was written before schema 4 (its
@@ -510,7 +440,7 @@ async fn upgrade_head(
     .await
     .map_err(db)?;
     let mut head = head_from_row(&row, session)?;
-    head.check_sealed(ring)?;
+    head.check_any_format(ring)?;
     check_journal_complete(&mut *conn, &head).await?;
     let found = sqlx::query(concat!(
         "SELECT ",
@@ -521,32 +451,9 @@ async fn upgrade_head(
     .fetch_all(&mut *conn)
     .await
     .map_err(db)?;
-    let mut issued = 0i64;
-    for row in &found {
-        let raw = RawCall::from_row(row)?;
-        raw.check(ring)?;
-        issued += i64::from(raw.status == "issued");
-    }
-    head.issued_rows = Some(issued);
+    let calls = found.iter().map(raw_call).collect::<Result<Vec<_>, _>>()?;
+    count_issued(ring, &mut head, &calls)?;
     head.store(&mut *conn, ring).await
-}
-
-async fn reseal_all(
-    conn: &mut PgConnection,
-    from: Option<&Keyring>,
-    to: &Keyring,
-) -> Result<i64, StoreError> {
-    // Every session row is locked: no writer changes a session while it is re-sealed.
-    let sessions: Vec<String> =
-        sqlx::query_scalar("SELECT id FROM durable_sessions ORDER BY created_at, id FOR UPDATE")
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(db)?;
-    let mut rows = 0;
-    for id in sessions {
-        rows += reseal_session(&mut *conn, from, to, &SessionId::new(id)).await?;
-    }
-    Ok(rows)
 }
 
 /// Appends an operator's event (a rollback acknowledged) to the sealed integrity log,
@@ -560,121 +467,14 @@ pub(crate) async fn append_log(
     detail: &str,
     now: i64,
 ) -> Result<(), StoreError> {
-    Log {
+    let event = LogEvent {
         event,
         from: None,
         to,
         rows,
         detail,
-    }
-    .append(conn, ring, ring, now)
-    .await
-}
-
-/// An event of `durable_integrity_log`.
-struct Log<'a> {
-    event: &'a str,
-    from: Option<&'a str>,
-    to: &'a str,
-    rows: i64,
-    detail: &'a str,
-}
-
-impl Log<'_> {
-    /// Appends the event and re-seals the whole log under `to`, after checking the log
-    /// as it stands under `check` (the key that sealed it). A log that does not hold is
-    /// refused; one written before the log was sealed is sealed as found first, audited
-    /// as `seal_log`.
-    async fn append(
-        &self,
-        conn: &mut PgConnection,
-        check: &Keyring,
-        to: &Keyring,
-        now: i64,
-    ) -> Result<(), StoreError> {
-        let log = read_log(conn, check).await?;
-        if let Some(refused) = log.refused() {
-            if meta(conn, INTEGRITY_LOG_SEAL).await?.is_some() {
-                return Err(refused);
-            }
-            seal_log_event(log.events.len()).insert(conn, now).await?;
-        }
-        self.insert(conn, now).await?;
-        reseal_log(conn, to).await
-    }
-
-    async fn insert(&self, conn: &mut PgConnection, now: i64) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO durable_integrity_log (event, from_key, to_key, rows, detail, created_at) \
-             VALUES ($1, $2, $3, $4, $5, $6)",
-        )
-        .bind(self.event)
-        .bind(self.from)
-        .bind(self.to)
-        .bind(self.rows)
-        .bind(self.detail)
-        .bind(now)
-        .execute(conn)
-        .await
-        .map_err(db)?;
-        Ok(())
-    }
-}
-
-/// The event that records sealing a log written before logs were sealed.
-fn seal_log_event(events: usize) -> Log<'static> {
-    Log {
-        event: "seal_log",
-        from: None,
-        to: "-",
-        rows: i64::try_from(events).unwrap_or(i64::MAX),
-        detail: "the events above were written before this log was sealed: they were sealed as found, and are not authenticated",
-    }
-}
-
-/// Seals, as found and audited, a non-empty integrity log that has no seal (written
-/// before logs were sealed). A log whose seal does not hold is left as found: it decides
-/// nothing, and `durable verify` reports it.
-async fn seal_legacy_log(
-    conn: &mut PgConnection,
-    ring: &Keyring,
-    now: i64,
-) -> Result<(), StoreError> {
-    if meta(conn, INTEGRITY_LOG_SEAL).await?.is_some() {
-        return Ok(());
-    }
-    let log = read_log(conn, ring).await?;
-    if log.events.is_empty() {
-        return Ok(());
-    }
-    seal_log_event(log.events.len()).insert(conn, now).await?;
-    reseal_log(conn, ring).await
-}
-
-async fn reseal_log(conn: &mut PgConnection, to: &Keyring) -> Result<(), StoreError> {
-    let events = log_events(conn).await?;
-    let seal = to.seal(&integrity::integrity_log_fields(&events))?;
-    set_meta(conn, INTEGRITY_LOG_SEAL, &seal).await
-}
-
-/// A row of `durable_integrity_log`: id, event, from key, to key, rows, detail, time.
-type LogRow = (i64, String, Option<String>, String, i64, String, i64);
-
-/// Every event of the integrity log, oldest first.
-async fn log_events(conn: &mut PgConnection) -> Result<Vec<IntegrityEvent>, StoreError> {
-    let rows: Vec<LogRow> = sqlx::query_as(
-        "SELECT id, event, from_key, to_key, rows, detail, created_at \
-         FROM durable_integrity_log ORDER BY id",
-    )
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(db)?;
-    Ok(rows
-        .into_iter()
-        .map(|(id, event, from, to, rows, detail, at)| {
-            IntegrityEvent::new(id, event, from, to, rows, detail, at)
-        })
-        .collect())
+    };
+    setup::append_log(&mut Tables(conn), ring, &event, now).await
 }
 
 /// The integrity log with the check of its seal under `ring`.
@@ -682,7 +482,5 @@ pub(crate) async fn read_log(
     conn: &mut PgConnection,
     ring: &Keyring,
 ) -> Result<IntegrityLog, StoreError> {
-    let events = log_events(conn).await?;
-    let seal = meta(conn, INTEGRITY_LOG_SEAL).await?;
-    Ok(IntegrityLog::check(ring, events, seal.as_deref()))
+    setup::read_log(&mut Tables(conn), ring).await
 }

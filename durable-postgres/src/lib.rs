@@ -51,7 +51,7 @@
 //!
 //! # Durability
 //! A journal row must survive a crash once [`issue_call`] returns, so
-//! [`durability`](durable_core::CheckpointStore::durability) reads `synchronous_commit`
+//! [`durability`](durable_core::store::StoreBase::durability) reads `synchronous_commit`
 //! and `fsync` back from a pooled connection, which sees every server-, database-, role-
 //! and URL-level setting (`ALTER ROLE app SET synchronous_commit = off` is caught).
 //!
@@ -62,8 +62,20 @@
 //! `Cargo.toml` (for example `sqlx = { version = "0.9", features = ["tls-rustls"] }`);
 //! Cargo unifies the features and this store picks them up.
 //!
-//! [`issue_call`]: durable_core::CheckpointStore::issue_call
+//! [`issue_call`]: durable_core::store::JournalStore::issue_call
 
+// `CheckpointStore` is implemented concept by concept, each trait in the module named
+// after its part of the conformance suite: `StoreBase` and `MaintenanceStore` in
+// `maintenance`, `SessionStore` in `sessions`, `LeaseStore` in `leases`, `QueueStore` in
+// `queues`, `CheckpointLog` in `checkpoints`, `JournalStore` in `journal`,
+// `ResolutionStore` in `resolution`, `ApprovalStore` in `approval`.
+//
+// Every fenced write checks the fencing token while its session row is locked: the
+// journal writes and checkpoints first as one statement that writes only if the session
+// is as an unlocked read found it (`journal::fast`, `checkpoints::fast`), else in a
+// transaction that locks the row first (`tx::lock_fenced`). Reads are one statement each
+// where they can be (one snapshot); the others run in one `REPEATABLE READ` snapshot
+// (`tx::begin_snapshot`).
 mod approval;
 mod checkpoints;
 mod error;
@@ -80,7 +92,6 @@ mod resolution;
 mod rows;
 mod seal;
 mod sessions;
-mod store;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
@@ -270,7 +281,7 @@ impl PostgresStoreOptions {
 ///
 /// # Waking idle worker pools
 /// A worker pool with nothing to claim waits for its poll interval or for the store's
-/// [`work_events`](durable_core::CheckpointStore::work_events), whichever comes first.
+/// [`work_events`](durable_core::store::QueueStore::work_events), whichever comes first.
 /// Every write that can make a session claimable (a session created, a lease released, a
 /// session completed, failed, parked or set awaiting approval, the last approval it
 /// waited for decided, an in-doubt call resolved, a session unparked or woken, a queue
@@ -279,7 +290,7 @@ impl PostgresStoreOptions {
 /// round trip of its own. The journal and checkpoint writes never notify: `NOTIFY`
 /// serializes the commits that send it.
 ///
-/// The first [`work_events`](durable_core::CheckpointStore::work_events) call made inside
+/// The first [`work_events`](durable_core::store::QueueStore::work_events) call made inside
 /// a tokio runtime (a pool's start) starts one task per store, shared by its clones: it
 /// opens one connection of its own with the store's connect options (outside the pool,
 /// which it never takes a connection from), runs `LISTEN durable_work`, and passes every

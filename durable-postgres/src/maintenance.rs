@@ -4,16 +4,21 @@
 
 use std::time::Duration;
 
+use async_trait::async_trait;
 use durable_core::StoreError;
 use durable_core::ids::SessionId;
+use durable_core::integrity::Keyring;
+use durable_core::store::MaintenanceStore;
+use durable_core::store::StoreBase;
 use durable_core::store::{
     Durability, ErrorRecord, FORMAT_VERSION, NewError, PurgeOutcome, RetargetSession, SessionRecord,
 };
 
 use crate::PostgresStore;
+use crate::error::BACKEND;
 use crate::error::{db, unique_violation};
 use crate::rows::{self, get};
-use crate::seal::{RawCall, raw_call_cols};
+use crate::seal::raw_call_cols;
 use crate::tx::{self, Lock, ttl_ms};
 
 pub(crate) async fn durability(store: &PostgresStore) -> Result<Durability, StoreError> {
@@ -122,7 +127,7 @@ pub(crate) async fn retarget_session(
     let mut tools = Vec::with_capacity(found.len());
     let mut seals = Vec::with_capacity(found.len());
     for row in &found {
-        let mut raw = RawCall::from_row(row)?;
+        let mut raw = crate::seal::raw_call(row)?;
         raw.check(ring)?;
         let Some(i) = old.iter().position(|o| *o == raw.tool) else {
             continue;
@@ -344,5 +349,50 @@ impl PostgresStore {
             indexes: indexes.len(),
             problems,
         })
+    }
+}
+
+#[async_trait]
+impl StoreBase for PostgresStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn keyring(&self) -> &Keyring {
+        PostgresStore::keyring(self)
+    }
+
+    async fn durability(&self) -> Result<Durability, StoreError> {
+        durability(self).await
+    }
+
+    async fn now(&self) -> Result<i64, StoreError> {
+        now(self).await
+    }
+}
+
+#[async_trait]
+impl MaintenanceStore for PostgresStore {
+    async fn record_error(&self, error: NewError) -> Result<(), StoreError> {
+        record_error(self, error).await
+    }
+
+    async fn errors(&self, session: &SessionId) -> Result<Vec<ErrorRecord>, StoreError> {
+        errors(self, session).await
+    }
+
+    async fn retarget_session(
+        &self,
+        migrate: RetargetSession,
+    ) -> Result<SessionRecord, StoreError> {
+        retarget_session(self, migrate).await
+    }
+
+    async fn purge_session(
+        &self,
+        id: &SessionId,
+        retention: Duration,
+    ) -> Result<PurgeOutcome, StoreError> {
+        purge_session(self, id, retention).await
     }
 }

@@ -17,10 +17,11 @@
 //! use. Once the tables are analyzed, the generic plans made from the statistics pass
 //! the same checks.
 
+use durable_core::store::{CheckpointLog, JournalStore, SessionStore};
 use std::time::Duration;
 
 use durable_core::ids::SessionId;
-use durable_core::store::{CheckpointStore, NewCheckpoint, NewSession};
+use durable_core::store::{NewCheckpoint, NewSession};
 use serde_json::{Value, json};
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::PgConnection;

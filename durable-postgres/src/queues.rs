@@ -1,8 +1,11 @@
 //! Queues and sleepers: fleet-wide queue limits, the figures operators watch, the next
 //! wake-up time and an operator's early wake-up.
 
+use async_trait::async_trait;
 use durable_core::StoreError;
 use durable_core::ids::SessionId;
+use durable_core::store::QueueStore;
+use durable_core::store::WorkEvents;
 use durable_core::store::{QueueInfo, SessionRecord, SessionStatus};
 
 use crate::PostgresStore;
@@ -140,4 +143,35 @@ pub(crate) async fn wake_session(
     .map_err(db)?;
     tx.commit().await.map_err(db)?;
     rows::session(&row)
+}
+
+#[async_trait]
+impl QueueStore for PostgresStore {
+    async fn set_queue_limit(
+        &self,
+        queue: &str,
+        max_running: Option<u32>,
+    ) -> Result<(), StoreError> {
+        set_queue_limit(self, queue, max_running).await?;
+        self.work_available();
+        Ok(())
+    }
+
+    async fn queues(&self) -> Result<Vec<QueueInfo>, StoreError> {
+        queues(self).await
+    }
+
+    async fn next_wake_at(&self) -> Result<Option<i64>, StoreError> {
+        next_wake_at(self).await
+    }
+
+    fn work_events(&self) -> Option<WorkEvents> {
+        Some(self.work_subscribe())
+    }
+
+    async fn wake_session(&self, id: &SessionId) -> Result<SessionRecord, StoreError> {
+        let record = wake_session(self, id).await?;
+        self.work_available();
+        Ok(record)
+    }
 }

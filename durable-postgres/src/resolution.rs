@@ -2,8 +2,10 @@
 //! audit row sealed at the next position of the session's resolutions, the head counting
 //! it; and reading them back, checked.
 
+use async_trait::async_trait;
 use durable_core::StoreError;
 use durable_core::ids::SessionId;
+use durable_core::store::ResolutionStore;
 use durable_core::store::{
     CallRecord, CallStatus, FORMAT_VERSION, Resolution, ResolutionRecord, ResolveCall,
 };
@@ -12,7 +14,7 @@ use crate::PostgresStore;
 use crate::error::db;
 use crate::journal::lock_call;
 use crate::rows::{self, call_cols, get};
-use crate::seal::{self, checked_call_record};
+use crate::seal::{self, StoreHead, checked_call_record};
 use crate::tx;
 
 pub(crate) async fn resolve_call(
@@ -141,4 +143,17 @@ pub(crate) async fn resolutions(
     tx.commit().await.map_err(db)?;
     seal::check_resolutions(ring, &head, &found)?;
     found.iter().map(rows::resolution).collect()
+}
+
+#[async_trait]
+impl ResolutionStore for PostgresStore {
+    async fn resolve_call(&self, resolve: ResolveCall) -> Result<CallRecord, StoreError> {
+        let row = resolve_call(self, resolve).await?;
+        self.work_available();
+        Ok(row)
+    }
+
+    async fn resolutions(&self, session: &SessionId) -> Result<Vec<ResolutionRecord>, StoreError> {
+        resolutions(self, session).await
+    }
 }

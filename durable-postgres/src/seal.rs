@@ -5,44 +5,19 @@
 //! the PostgreSQL tables. JSON columns are TEXT, so a seal covers the stored bytes
 //! exactly as the SQLite backend's does: the same rows give the same sealed fields.
 
-use durable_core::integrity::{
-    ApprovalFields, CallFields, CheckpointFields, Fields, Head, IssuedCount, Keyring,
-    ResolutionFields, message_fields,
+pub(crate) use durable_core::integrity::rows::{
+    HeadRow, RawCall, RawCheckpoint, check_message, resolution_fields, seal_message,
 };
+use durable_core::integrity::rows::{RawResolution, check_journal_extent, check_resolution_count};
+use durable_core::integrity::{ApprovalFields, Fields, Keyring};
 use durable_core::store::{CallRecord, FORMAT_VERSION};
 use durable_core::{SessionId, StoreError};
 use sqlx::postgres::{PgConnection, PgRow};
 
 use crate::error::db;
-use crate::rows::{self, get};
+use crate::rows::get;
 
-/// A journal row's sealed columns, as stored.
-#[derive(Debug, Clone)]
-pub(crate) struct RawCall {
-    pub(crate) id: String,
-    pub(crate) session: String,
-    pub(crate) kind: String,
-    pub(crate) step: i64,
-    pub(crate) tool: String,
-    pub(crate) input_hash: String,
-    pub(crate) ordinal: i64,
-    pub(crate) class: String,
-    pub(crate) status: String,
-    pub(crate) args: String,
-    pub(crate) key: Option<String>,
-    pub(crate) schema_hash: String,
-    pub(crate) result: Option<String>,
-    pub(crate) error: Option<String>,
-    pub(crate) spend: Option<String>,
-    pub(crate) attempt: i64,
-    pub(crate) seq: i64,
-    /// The call's approval as stored (JSON text), for a call that needed one: sealed as
-    /// stored, so the seal covers the bytes a reader decodes.
-    pub(crate) approval: Option<String>,
-    pub(crate) mac: Option<String>,
-}
-
-/// Columns [`RawCall::from_row`] reads (a subset of `call_cols!`).
+/// Columns [`raw_call`] reads (a subset of `call_cols!`).
 macro_rules! raw_call_cols {
     () => {
         "id, session_id, kind, step, tool_name, input_hash, ordinal, replay_class, status, \
@@ -51,174 +26,46 @@ macro_rules! raw_call_cols {
 }
 pub(crate) use raw_call_cols;
 
-impl RawCall {
-    /// Reads the sealed columns of a row selected with [`raw_call_cols!`] or `call_cols!`.
-    pub(crate) fn from_row(row: &PgRow) -> Result<Self, StoreError> {
-        Ok(RawCall {
-            id: get(row, "id")?,
-            session: get(row, "session_id")?,
-            kind: get(row, "kind")?,
-            step: get(row, "step")?,
-            tool: get(row, "tool_name")?,
-            input_hash: get(row, "input_hash")?,
-            ordinal: get(row, "ordinal")?,
-            class: get(row, "replay_class")?,
-            status: get(row, "status")?,
-            args: get(row, "args")?,
-            key: get(row, "idempotency_key")?,
-            schema_hash: get(row, "schema_hash")?,
-            result: get(row, "result")?,
-            error: get(row, "error")?,
-            spend: get(row, "spend")?,
-            attempt: i64::from(get::<i32>(row, "attempt")?),
-            seq: get(row, "seq")?,
-            approval: get(row, "approval")?,
-            mac: get(row, "mac")?,
-        })
-    }
-
-    fn fields(&self) -> Fields {
-        CallFields {
-            id: &self.id,
-            session: &self.session,
-            kind: &self.kind,
-            step: self.step,
-            tool: &self.tool,
-            input_hash: &self.input_hash,
-            ordinal: self.ordinal,
-            class: &self.class,
-            status: &self.status,
-            args: &self.args,
-            key: self.key.as_deref(),
-            schema_hash: &self.schema_hash,
-            result: self.result.as_deref(),
-            error: self.error.as_deref(),
-            spend: self.spend.as_deref(),
-            attempt: self.attempt,
-            seq: self.seq,
-            approval: self.approval.as_deref(),
-        }
-        .fields()
-    }
-
-    /// Checks the row's seal.
-    pub(crate) fn check(&self, ring: &Keyring) -> Result<(), StoreError> {
-        ring.verify(
-            &SessionId::new(self.session.clone()),
-            || format!("journal row `{}` (seq {})", self.id, self.seq),
-            &self.fields(),
-            self.mac.as_deref(),
-        )
-    }
-
-    /// Seals the row as it now stands.
-    pub(crate) fn seal(&mut self, ring: &Keyring) -> Result<(), StoreError> {
-        self.mac = Some(ring.seal(&self.fields())?);
-        Ok(())
-    }
+/// Reads the sealed columns of a row selected with [`raw_call_cols!`] or `call_cols!`.
+pub(crate) fn raw_call(row: &PgRow) -> Result<RawCall, StoreError> {
+    Ok(RawCall {
+        id: get(row, "id")?,
+        session: get(row, "session_id")?,
+        kind: get(row, "kind")?,
+        step: get(row, "step")?,
+        tool: get(row, "tool_name")?,
+        input_hash: get(row, "input_hash")?,
+        ordinal: get(row, "ordinal")?,
+        class: get(row, "replay_class")?,
+        status: get(row, "status")?,
+        args: get(row, "args")?,
+        key: get(row, "idempotency_key")?,
+        schema_hash: get(row, "schema_hash")?,
+        result: get(row, "result")?,
+        error: get(row, "error")?,
+        spend: get(row, "spend")?,
+        attempt: i64::from(get::<i32>(row, "attempt")?),
+        seq: get(row, "seq")?,
+        approval: get(row, "approval")?,
+        mac: get(row, "mac")?,
+    })
 }
 
-/// Decodes a `durable_tool_calls` row selected with [`rows::call_cols!`] after checking
+/// Decodes a `durable_tool_calls` row selected with [`crate::rows::call_cols!`] after checking
 /// its seal.
 pub(crate) fn checked_call_record(ring: &Keyring, row: &PgRow) -> Result<CallRecord, StoreError> {
-    RawCall::from_row(row)?.check(ring)?;
-    rows::call(row)
+    raw_call(row)?.check(ring)?;
+    crate::rows::call(row)
 }
 
-/// A session's head: its counts and its latest checkpoint's seal.
-#[derive(Debug, Clone)]
-pub(crate) struct HeadRow {
-    pub(crate) session: SessionId,
-    pub(crate) journal_rows: i64,
-    pub(crate) latest_version: i64,
-    pub(crate) resolutions: i64,
-    /// Journal rows whose status is `issued`; `None` on a head written before schema 4
-    /// (sealed without the count: [`Head::legacy_fields`]), which the store upgrades when
-    /// a writer opens the database ([`crate::keys`]).
-    pub(crate) issued_rows: Option<i64>,
-    /// Rows of the session's approval log (schema 8; 0 before it, and for every session
-    /// without approvals, whose heads are sealed as before: [`Head::approvals`]).
-    pub(crate) approvals: i64,
-    pub(crate) checkpoint_seal: String,
-    pub(crate) head: Option<String>,
-}
-
-impl HeadRow {
-    fn fields(&self) -> Fields {
-        IssuedCount(self.issued_rows).fields(Head {
-            session: self.session.as_str(),
-            journal_rows: self.journal_rows,
-            latest_version: self.latest_version,
-            checkpoint_seal: &self.checkpoint_seal,
-            resolutions: self.resolutions,
-            issued_rows: 0,
-            approvals: self.approvals,
-        })
-    }
-
-    /// Adds `delta` to the count of issued rows (a row issued: +1; finished or resolved:
-    /// −1); a head without its count cannot be written ([`IssuedCount::add`]).
-    pub(crate) fn count_issued(&mut self, delta: i64) -> Result<(), StoreError> {
-        self.issued_rows = IssuedCount(self.issued_rows).add(&self.session, delta)?.0;
-        Ok(())
-    }
-
-    /// A head still without its count of issued rows ([`IssuedCount::uncounted`]).
-    fn not_counted(&self) -> StoreError {
-        IssuedCount::uncounted(&self.session)
-    }
-
-    /// Checks that a read of the session's issued rows found as many as the head counts
-    /// ([`IssuedCount::check`]).
-    pub(crate) fn check_issued(&self, found: usize) -> Result<(), StoreError> {
-        IssuedCount(self.issued_rows).check(&self.session, found)
-    }
-
-    /// Checks the head's seal. A head without its count of issued rows is refused: every
-    /// head a writer did not count when it upgraded the database failed its checks then.
-    pub(crate) fn check(&self, ring: &Keyring) -> Result<(), StoreError> {
-        if self.issued_rows.is_none() {
-            return Err(self.not_counted());
-        }
-        self.check_sealed(ring)
-    }
-
-    /// Checks the head's seal, under the format it was written in: a head without its
-    /// count of issued rows (written before schema 4) under
-    /// [`Head::legacy_fields`]. Only for the upgrade of such heads ([`crate::keys`]).
-    pub(crate) fn check_sealed(&self, ring: &Keyring) -> Result<(), StoreError> {
-        if self.issued_rows.is_none() && self.approvals != 0 {
-            // A head of the old format was written before approvals existed: its seal
-            // does not cover the count, so a count there was set behind the store's back.
-            return Err(StoreError::Tampered {
-                session: self.session.clone(),
-                what: "the session head".to_owned(),
-                detail: format!(
-                    "it predates approvals but counts {} approval events",
-                    self.approvals
-                ),
-            });
-        }
-        ring.verify(
-            &self.session,
-            || "the session head (its row counts and latest checkpoint)".to_owned(),
-            &self.fields(),
-            self.head.as_deref(),
-        )
-    }
-
-    /// Seals the head as it now stands (after its counts changed).
-    pub(crate) fn seal(&mut self, ring: &Keyring) -> Result<(), StoreError> {
-        self.head = Some(ring.seal(&self.fields())?);
-        Ok(())
-    }
-
+/// Writes a session head, sealed, with its counts.
+pub(crate) trait StoreHead {
     /// Seals the head as it now stands and writes it, with its counts.
-    pub(crate) async fn store(
-        &mut self,
-        conn: &mut PgConnection,
-        ring: &Keyring,
-    ) -> Result<(), StoreError> {
+    async fn store(&mut self, conn: &mut PgConnection, ring: &Keyring) -> Result<(), StoreError>;
+}
+
+impl StoreHead for HeadRow {
+    async fn store(&mut self, conn: &mut PgConnection, ring: &Keyring) -> Result<(), StoreError> {
         self.seal(ring)?;
         sqlx::query(
             "UPDATE durable_sessions SET journal_rows = $2, resolutions = $3, \
@@ -314,17 +161,7 @@ pub(crate) fn journal_complete(head: &HeadRow, row: &PgRow) -> Result<(), StoreE
     let n: i64 = get(row, "n")?;
     let top: i64 = get(row, "top")?;
     let bottom: i64 = get(row, "bottom")?;
-    if n != head.journal_rows || top != head.journal_rows || bottom != 1 {
-        return Err(StoreError::Tampered {
-            session: head.session.clone(),
-            what: "the journal".to_owned(),
-            detail: format!(
-                "the session head records {} rows, the table holds {n} (seq {bottom}..={top}): rows were deleted or inserted",
-                head.journal_rows
-            ),
-        });
-    }
-    Ok(())
+    check_journal_extent(head, n, top, bottom)
 }
 
 /// Where one step's rows sit in its session's journal, read beside them (see
@@ -423,103 +260,6 @@ pub(crate) struct Tail {
     pub(crate) checkpoint_seal: String,
 }
 
-/// The seal of message `seq`, chained to `previous`.
-pub(crate) fn seal_message(
-    ring: &Keyring,
-    session: &SessionId,
-    seq: i64,
-    message: &str,
-    previous: &str,
-) -> Result<String, StoreError> {
-    ring.seal(&message_fields(session.as_str(), seq, message, previous))
-}
-
-/// Checks message `seq`'s seal, chained to `previous`.
-pub(crate) fn check_message(
-    ring: &Keyring,
-    session: &SessionId,
-    seq: i64,
-    message: &str,
-    previous: &str,
-    seal: Option<&str>,
-) -> Result<(), StoreError> {
-    ring.verify(
-        session,
-        || format!("message {seq}"),
-        &message_fields(session.as_str(), seq, message, previous),
-        seal,
-    )
-}
-
-/// A checkpoint's sealed columns.
-pub(crate) struct RawCheckpoint<'a> {
-    pub(crate) session: &'a SessionId,
-    pub(crate) version: i64,
-    pub(crate) last_seq: i64,
-    pub(crate) message_count: i64,
-    pub(crate) last_message_seal: &'a str,
-    pub(crate) plan: &'a str,
-    pub(crate) budget: &'a str,
-    pub(crate) state: &'a str,
-    pub(crate) app_version: &'a str,
-    pub(crate) previous: &'a str,
-}
-
-impl RawCheckpoint<'_> {
-    fn fields(&self) -> Fields {
-        CheckpointFields {
-            session: self.session.as_str(),
-            version: self.version,
-            last_seq: self.last_seq,
-            message_count: self.message_count,
-            last_message_seal: self.last_message_seal,
-            plan: self.plan,
-            budget: self.budget,
-            state: self.state,
-            app_version: self.app_version,
-            previous: self.previous,
-        }
-        .fields()
-    }
-
-    /// The checkpoint's seal.
-    pub(crate) fn seal(&self, ring: &Keyring) -> Result<String, StoreError> {
-        ring.seal(&self.fields())
-    }
-
-    /// Checks the checkpoint's seal.
-    pub(crate) fn check(&self, ring: &Keyring, seal: Option<&str>) -> Result<(), StoreError> {
-        ring.verify(
-            self.session,
-            || format!("checkpoint {}", self.version),
-            &self.fields(),
-            seal,
-        )
-    }
-}
-
-/// A resolution's sealed columns.
-pub(crate) fn resolution_fields<'a>(
-    call: &'a str,
-    session: &'a SessionId,
-    position: i64,
-    decision: &'a str,
-    result: Option<&'a str>,
-    by: &'a str,
-    note: Option<&'a str>,
-) -> Fields {
-    ResolutionFields {
-        call,
-        session: session.as_str(),
-        position,
-        decision,
-        result,
-        by,
-        note,
-    }
-    .fields()
-}
-
 /// Checks the resolutions of a session, read in order, against their seals (each at its
 /// position 1, 2, …) and the head's count.
 pub(crate) fn check_resolutions(
@@ -527,44 +267,15 @@ pub(crate) fn check_resolutions(
     head: &HeadRow,
     found: &[PgRow],
 ) -> Result<(), StoreError> {
-    let session = &head.session;
     for (i, row) in found.iter().enumerate() {
-        let call: String = get(row, "call_id")?;
-        let position: i64 = get(row, "position")?;
-        let decision: String = get(row, "decision")?;
-        let result: Option<String> = get(row, "result")?;
-        let by: String = get(row, "resolved_by")?;
-        let note: Option<String> = get(row, "note")?;
-        let stored: Option<String> = get(row, "seal")?;
-        let expected = i64::try_from(i + 1).unwrap_or(i64::MAX);
-        let fields = resolution_fields(
-            &call,
-            session,
-            expected,
-            &decision,
-            result.as_deref(),
-            &by,
-            note.as_deref(),
-        );
-        ring.verify(
-            session,
-            || format!("resolution {position} (call `{call}`)"),
-            &fields,
-            stored.as_deref(),
+        let raw = raw_resolution(row)?;
+        raw.check(
+            ring,
+            &head.session,
+            i64::try_from(i + 1).unwrap_or(i64::MAX),
         )?;
     }
-    if i64::try_from(found.len()).ok() != Some(head.resolutions) {
-        return Err(StoreError::Tampered {
-            session: session.clone(),
-            what: "the resolutions".to_owned(),
-            detail: format!(
-                "the session head records {} resolutions, the table holds {}",
-                head.resolutions,
-                found.len()
-            ),
-        });
-    }
-    Ok(())
+    check_resolution_count(head, found.len())
 }
 
 /// An approval log row's sealed columns (see [`ApprovalFields`]).
@@ -580,7 +291,7 @@ pub(crate) struct RawApproval {
     pub(crate) seal: Option<String>,
 }
 
-/// Columns [`RawApproval::from_row`] reads (and [`rows::approval_record`] decodes).
+/// Columns [`RawApproval::from_row`] reads (and [`crate::rows::approval_record`] decodes).
 macro_rules! approval_cols {
     () => {
         "id, call_id, session_id, position, event, actor, note, args_before, args_after, \
@@ -717,4 +428,17 @@ pub(crate) fn check_approvals(
         });
     }
     Ok(())
+}
+
+/// Reads the sealed columns of a `durable_resolutions` row.
+pub(crate) fn raw_resolution(row: &PgRow) -> Result<RawResolution, StoreError> {
+    Ok(RawResolution {
+        call: get(row, "call_id")?,
+        position: get(row, "position")?,
+        decision: get(row, "decision")?,
+        result: get(row, "result")?,
+        by: get(row, "resolved_by")?,
+        note: get(row, "note")?,
+        seal: get(row, "seal")?,
+    })
 }

@@ -1,8 +1,11 @@
 //! Sessions: creating one with its initial checkpoint and first lease, reading and
 //! listing them, and setting their status.
 
+use async_trait::async_trait;
 use durable_core::StoreError;
 use durable_core::ids::SessionId;
+use durable_core::store::ListedSession;
+use durable_core::store::SessionStore;
 use durable_core::store::{
     DEFAULT_QUEUE, FORMAT_VERSION, Fence, Lease, NewSession, SessionFilter, SessionRecord,
     SessionStatus,
@@ -12,7 +15,7 @@ use crate::PostgresStore;
 use crate::checkpoints;
 use crate::error::db;
 use crate::rows::{self, session_cols};
-use crate::seal::HeadRow;
+use crate::seal::{HeadRow, StoreHead};
 use crate::tx::{self, Lock, Want, ttl_ms};
 
 pub(crate) async fn create_session(
@@ -105,7 +108,7 @@ pub(crate) async fn list_sessions(
 pub(crate) async fn list_session_rows(
     store: &PostgresStore,
     filter: &SessionFilter,
-) -> Result<Vec<durable_core::store::ListedSession>, StoreError> {
+) -> Result<Vec<ListedSession>, StoreError> {
     list_rows(store, filter)
         .await?
         .iter()
@@ -194,4 +197,43 @@ pub(crate) async fn set_status(
     .await
     .map_err(db)?;
     tx.commit().await.map_err(db)
+}
+
+#[async_trait]
+impl SessionStore for PostgresStore {
+    async fn create_session(&self, new: NewSession) -> Result<(SessionRecord, Lease), StoreError> {
+        let created = create_session(self, new).await?;
+        self.work_available();
+        Ok(created)
+    }
+
+    async fn session(&self, id: &SessionId) -> Result<SessionRecord, StoreError> {
+        session(self, id).await
+    }
+
+    async fn list_sessions(
+        &self,
+        filter: &SessionFilter,
+    ) -> Result<Vec<SessionRecord>, StoreError> {
+        list_sessions(self, filter).await
+    }
+
+    async fn list_session_rows(
+        &self,
+        filter: &SessionFilter,
+    ) -> Result<Vec<ListedSession>, StoreError> {
+        list_session_rows(self, filter).await
+    }
+
+    async fn set_status(
+        &self,
+        fence: Fence<'_>,
+        status: SessionStatus,
+        reason: Option<&str>,
+    ) -> Result<(), StoreError> {
+        set_status(self, fence, status, reason).await?;
+        // The lease is given up: for a session still active, or a place in its queue.
+        self.work_available();
+        Ok(())
+    }
 }

@@ -21,7 +21,7 @@
 //!    missing it is created with `useradd --system --no-create-home postgres`.
 //! 2. The server listens on `127.0.0.1` only, on a port of its own (found by binding port
 //!    0), with its Unix socket in the temporary directory. `fsync` stays **on**, so
-//!    [`durability`](durable_core::CheckpointStore::durability) reports the cluster as
+//!    [`durability`](durable_core::store::StoreBase::durability) reports the cluster as
 //!    durable, as production servers are.
 //! 3. The server is started by a small `sh` watchdog whose stdin is a pipe from this
 //!    process. Nothing ever writes to it; when the test process exits — normally, by

@@ -5,15 +5,18 @@
 //! a session that waited for approval taken back without counting a recovery.
 
 use durable_core::store::Claim;
+use durable_core::store::{
+    ApprovalStore, JournalStore, LeaseStore, MaintenanceStore, ResolutionStore, SessionStore,
+    StoreBase,
+};
 use std::sync::Arc;
 use std::time::Duration;
 
 use durable_core::integrity::{Head, Keyring};
 use durable_core::store::{
     ApprovalDecision, ApprovalEvent, ApprovalRequest, CallIdentity, CallKind, CallOutcome,
-    CallRecord, CallStatus, CheckpointStore, DEADLINE, DecideApproval, FinishCall, IssueOutcome,
-    Lease, NewCall, NewCheckpoint, NewSession, PurgeOutcome, Resolution, ResolveCall,
-    SessionStatus,
+    CallRecord, CallStatus, DEADLINE, DecideApproval, FinishCall, IssueOutcome, Lease, NewCall,
+    NewCheckpoint, NewSession, PurgeOutcome, Resolution, ResolveCall, SessionStatus,
 };
 use durable_core::{CallId, ReplayClass, SessionId, StoreError};
 use durable_postgres::testing::{TestDatabase, test_database};

@@ -3,6 +3,7 @@
 //! head counts them all, checkpoints interleave without a spurious `Tampered`, and once
 //! the lease moves on no old writer gets a row in.
 
+use durable_core::store::{CheckpointLog, JournalStore, LeaseStore, SessionStore};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -11,8 +12,8 @@ use durable_core::StoreError;
 use durable_core::ids::{CallId, SessionId};
 use durable_core::replay::ReplayClass;
 use durable_core::store::{
-    CallIdentity, CallKind, CallOutcome, CallStatus, CheckpointStore, FinishCall, IssueOutcome,
-    Lease, NewCall, NewCheckpoint, NewSession,
+    CallIdentity, CallKind, CallOutcome, CallStatus, FinishCall, IssueOutcome, Lease, NewCall,
+    NewCheckpoint, NewSession,
 };
 use durable_postgres::testing::test_database;
 use durable_postgres::{PostgresStore, PostgresStoreOptions};

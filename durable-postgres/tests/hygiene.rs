@@ -2,6 +2,7 @@
 //! out of `Debug`, errors and panics, and `Send` connect futures.
 #![cfg(feature = "testing")]
 
+use durable_core::store::{LeaseStore, SessionStore};
 use std::time::{Duration, Instant};
 
 use durable_core::redact::redact_url;

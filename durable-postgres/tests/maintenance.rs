@@ -2,10 +2,11 @@
 //! it cannot run.
 #![cfg(feature = "testing")]
 
+use durable_core::store::SessionStore;
 use std::time::Duration;
 
+use durable_core::SessionId;
 use durable_core::store::{NewCheckpoint, NewSession};
-use durable_core::{CheckpointStore, SessionId};
 use durable_postgres::testing::test_database;
 use durable_postgres::{IndexCheck, PostgresStore, PostgresStoreOptions};
 use serde_json::json;

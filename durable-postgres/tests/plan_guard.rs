@@ -17,14 +17,15 @@
 //! `cargo test -p durable-postgres --features testing --test plan_guard -- --nocapture`
 //! prints the counters.
 
+use durable_core::store::{CheckpointLog, JournalStore, SessionStore};
 use std::collections::HashMap;
 use std::time::Duration;
 
 use durable_core::ids::{CallId, SessionId};
 use durable_core::replay::ReplayClass;
 use durable_core::store::{
-    CallIdentity, CallKind, CallOutcome, CheckpointStore, Fence, FinishCall, IssueOutcome, NewCall,
-    NewCheckpoint, NewSession,
+    CallIdentity, CallKind, CallOutcome, Fence, FinishCall, IssueOutcome, NewCall, NewCheckpoint,
+    NewSession,
 };
 use durable_postgres::testing::test_database;
 use durable_postgres::{PostgresStore, PostgresStoreOptions};

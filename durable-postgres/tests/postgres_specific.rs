@@ -3,6 +3,10 @@
 //! like several machines) racing on one database. Each test has a database of its own.
 
 use durable_core::store::Claim;
+use durable_core::store::{
+    CheckpointLog, CheckpointStoreExt, JournalStore, LeaseStore, MaintenanceStore, ResolutionStore,
+    SessionStore, StoreBase,
+};
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;

@@ -2,6 +2,7 @@
 //! stored once, in the journal, and the message refers to its row; everything that reads
 //! the transcript reads the text.
 
+use durable_core::store::{CheckpointLog, JournalStore, SessionStore};
 use std::sync::Arc;
 
 use std::time::Duration;

@@ -4,13 +4,13 @@
 //! another). A test binary of its own: restarting the throwaway cluster cuts every
 //! connection of this process.
 
+use durable_core::store::{CheckpointLog, JournalStore, SessionStore};
 use std::time::Duration;
 
 use durable_core::ids::{CallId, SessionId};
 use durable_core::replay::ReplayClass;
 use durable_core::store::{
-    CallIdentity, CallKind, CallOutcome, CheckpointStore, FinishCall, NewCall, NewCheckpoint,
-    NewSession,
+    CallIdentity, CallKind, CallOutcome, FinishCall, NewCall, NewCheckpoint, NewSession,
 };
 use durable_postgres::testing::test_database;
 use durable_postgres::{PostgresStore, PostgresStoreOptions};

@@ -11,13 +11,14 @@
 //! A logged statement is one round trip; a pool configured to ping before each acquire adds
 //! one more, which the log does not show.
 
+use durable_core::store::{CheckpointLog, JournalStore, LeaseStore, QueueStore, SessionStore};
 use std::time::Duration;
 
 use durable_core::ids::{CallId, SessionId};
 use durable_core::replay::ReplayClass;
 use durable_core::store::{
-    CallIdentity, CallKind, CallOutcome, CheckpointStore, Fence, FinishCall, IssueOutcome, Lease,
-    NewCall, NewCheckpoint, NewSession,
+    CallIdentity, CallKind, CallOutcome, Fence, FinishCall, IssueOutcome, Lease, NewCall,
+    NewCheckpoint, NewSession,
 };
 use durable_postgres::testing::test_database;
 use durable_postgres::{PostgresStore, PostgresStoreOptions};

@@ -4,6 +4,7 @@
 //! every message (model replies stored once included), every journal row; sessions then
 //! go on.
 
+use durable_core::store::{CheckpointLog, CheckpointStoreExt, JournalStore, LeaseStore};
 use std::sync::Arc;
 use std::time::Duration;
 

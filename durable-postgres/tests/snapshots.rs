@@ -4,12 +4,13 @@
 //! snapshots exactly, on the one-statement write, the locking one (a checkpoint written
 //! with a call's outcome), after a fork and after the store's key changes.
 
+use durable_core::store::{CheckpointLog, CheckpointStoreExt, JournalStore, SessionStore};
 use std::time::Duration;
 
 use durable_core::integrity::Keyring;
 use durable_core::store::{
-    CallIdentity, CallKind, CallOutcome, CheckpointStore, FinishCall, IssueOutcome, NewCall,
-    NewCheckpoint, NewSession,
+    CallIdentity, CallKind, CallOutcome, FinishCall, IssueOutcome, NewCall, NewCheckpoint,
+    NewSession,
 };
 use durable_core::{CallId, ReplayClass, SessionId, StoreError};
 use durable_postgres::testing::{TestDatabase, test_database};

@@ -3,6 +3,7 @@
 //! the journal, and still catch rows deleted behind the store's back. Also the upgrade of
 //! a database written by schema version 2 (migration 3 adds the indexes these reads use).
 
+use durable_core::store::{JournalStore, SessionStore};
 use std::borrow::Cow;
 use std::time::Duration;
 
@@ -11,8 +12,8 @@ use durable_core::ids::{CallId, SessionId};
 use durable_core::integrity::Keyring;
 use durable_core::replay::ReplayClass;
 use durable_core::store::{
-    CallIdentity, CallKind, CallOutcome, CallStatus, CheckpointStore, Fence, FinishCall,
-    IssueOutcome, Lease, NewCall, NewCheckpoint, NewSession,
+    CallIdentity, CallKind, CallOutcome, CallStatus, Fence, FinishCall, IssueOutcome, Lease,
+    NewCall, NewCheckpoint, NewSession,
 };
 use durable_postgres::testing::{TestDatabase, test_database};
 use durable_postgres::{PostgresStore, PostgresStoreOptions, migrations};

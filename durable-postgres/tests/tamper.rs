@@ -3,6 +3,7 @@
 //! writer without the key, adoption of a store written without seals), and the upgrade
 //! of a database written by schema version 1.
 
+use durable_core::store::{CheckpointLog, JournalStore, ResolutionStore, SessionStore};
 use std::borrow::Cow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -3,6 +3,7 @@
 //! under the old format, its issued rows counted, and re-sealed with the count; a head or
 //! a row changed behind the store's back before the upgrade is refused, never counted.
 
+use durable_core::store::{CheckpointLog, JournalStore, LeaseStore, SessionStore};
 use std::sync::Arc;
 use std::time::Duration;
 

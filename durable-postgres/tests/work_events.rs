@@ -5,12 +5,13 @@
 //! which only a notification can do. Also: the listener's connection goes away with the
 //! last clone of its store, and comes back after the server restarts.
 
+use durable_core::store::{ApprovalStore, QueueStore, SessionStore};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use durable_core::store::{
-    ApprovalDecision, ApprovalRequest, CallIdentity, CallKind, CheckpointStore, DecideApproval,
-    IssueOutcome, NewCall, NewCheckpoint, NewSession, SessionStatus,
+    ApprovalDecision, ApprovalRequest, CallIdentity, CallKind, DecideApproval, IssueOutcome,
+    NewCall, NewCheckpoint, NewSession, SessionStatus,
 };
 use durable_core::{
     Budget, CallId, Durable, Plan, PoolReport, ReplayClass, Resumed, SessionId, ShutdownSignal,

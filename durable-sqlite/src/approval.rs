@@ -6,10 +6,12 @@
 //! outside the group commit: approvals are rare, and a decision must see the row as the
 //! last commit left it (of two decisions, the second finds it decided).
 
+use async_trait::async_trait;
 use durable_core::integrity::{ApprovalFields, Keyring};
 use durable_core::store::{
-    Approval, ApprovalEvent, ApprovalRecord, ApprovalRequest, CallRecord, CallStatus,
-    DecideApproval, FORMAT_VERSION, Fence, IssueOutcome, NewCall, PendingApproval, SessionStatus,
+    Approval, ApprovalEvent, ApprovalRecord, ApprovalRequest, ApprovalStore, CallRecord,
+    CallStatus, DecideApproval, FORMAT_VERSION, Fence, IssueOutcome, NewCall, PendingApproval,
+    SessionStatus,
 };
 use durable_core::{CallId, SessionId, StoreError};
 use sqlx::SqliteConnection;
@@ -19,7 +21,7 @@ use crate::SqliteStore;
 use crate::error::{corrupt, db, encode};
 use crate::journal::{key_holder_col, latest_step_col, load_call, new_row};
 use crate::rows::{self, call_cols, json, opt_json};
-use crate::seal::{self, HeadRow, checked_call_record};
+use crate::seal::{self, HeadRow, StoreHead, checked_call_record};
 use crate::tx::{WriteTx, fenced_select, now_sql};
 
 /// Journals `call` as requested, with `request`'s approval and a `requested` audit row;
@@ -459,4 +461,33 @@ fn stored_approval(
         })
     })
     .transpose()
+}
+
+#[async_trait]
+impl ApprovalStore for SqliteStore {
+    async fn request_call(
+        &self,
+        fence: Fence<'_>,
+        call: NewCall,
+        request: ApprovalRequest,
+    ) -> Result<IssueOutcome, StoreError> {
+        request_call(self, fence, call, request).await
+    }
+
+    async fn decide_approval(&self, decide: DecideApproval) -> Result<CallRecord, StoreError> {
+        let row = decide_approval(self, decide).await?;
+        self.work_available();
+        Ok(row)
+    }
+
+    async fn pending_approvals(
+        &self,
+        session: Option<&SessionId>,
+    ) -> Result<Vec<PendingApproval>, StoreError> {
+        pending_approvals(self, session).await
+    }
+
+    async fn approvals(&self, session: &SessionId) -> Result<Vec<ApprovalRecord>, StoreError> {
+        approvals(self, session).await
+    }
 }

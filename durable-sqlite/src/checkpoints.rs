@@ -4,10 +4,11 @@
 
 use std::borrow::Cow;
 
+use async_trait::async_trait;
 use durable_core::integrity::Keyring;
 use durable_core::store::{
-    Checkpoint, CheckpointMeta, FORMAT_VERSION, Fence, ForkCopy, ForkSession, Lease, NewCheckpoint,
-    SessionRecord, StoredMessage, fork_audit_map, fork_copies,
+    Checkpoint, CheckpointLog, CheckpointMeta, FORMAT_VERSION, Fence, ForkCopy, ForkSession, Lease,
+    NewCheckpoint, SessionRecord, StoredMessage, fork_audit_map, fork_copies,
 };
 use durable_core::{CallId, SessionId, StoreError};
 use sqlx::sqlite::{SqliteArguments, SqliteRow};
@@ -1054,7 +1055,7 @@ pub(crate) fn append_checkpoint(
     fenced.latest_version = version;
     fenced.head.latest_version = version;
     fenced.head.checkpoint_seal = checkpoint_seal;
-    fenced.head.reseal(ring)?;
+    fenced.head.seal(ring)?;
     out.push(
         "UPDATE durable_sessions SET latest_version = ?, recovery_attempts = 0, updated_at = ?, \
          wake_at = ?, issued_rows = ?, head = ? WHERE num = ?",
@@ -1218,4 +1219,53 @@ pub(crate) async fn insert_sealed_checkpoint(
         created_at: now,
     };
     Ok((meta, checkpoint_seal))
+}
+
+#[async_trait]
+impl CheckpointLog for SqliteStore {
+    async fn save_checkpoint(
+        &self,
+        fence: Fence<'_>,
+        expected: i64,
+        checkpoint: NewCheckpoint,
+    ) -> Result<CheckpointMeta, StoreError> {
+        save_checkpoint(self, fence, expected, checkpoint).await
+    }
+
+    async fn load_checkpoint(
+        &self,
+        id: &SessionId,
+        version: Option<i64>,
+    ) -> Result<Checkpoint, StoreError> {
+        load_checkpoint(self, id, version).await
+    }
+
+    async fn load_checkpoint_window(
+        &self,
+        id: &SessionId,
+        version: Option<i64>,
+        window: usize,
+    ) -> Result<Checkpoint, StoreError> {
+        load_checkpoint_window(self, id, version, Some(window)).await
+    }
+
+    async fn messages(
+        &self,
+        id: &SessionId,
+        from: i64,
+        to: i64,
+    ) -> Result<Vec<StoredMessage>, StoreError> {
+        messages(self, id, from, to).await
+    }
+
+    async fn list_checkpoints(&self, id: &SessionId) -> Result<Vec<CheckpointMeta>, StoreError> {
+        list_checkpoints(self, id).await
+    }
+
+    async fn fork_session_with(
+        &self,
+        fork: &ForkSession,
+    ) -> Result<(SessionRecord, Lease), StoreError> {
+        fork_session(self, fork).await
+    }
 }

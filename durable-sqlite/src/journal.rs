@@ -1,10 +1,11 @@
 //! The call journal: insert-or-get of rows, outcomes, re-issues and the in-doubt
 //! listing. Operator resolutions are in [`crate::resolution`].
 
+use async_trait::async_trait;
 use durable_core::integrity::Keyring;
 use durable_core::store::{
     ApprovalEvent, CallOutcome, CallRecord, CallStatus, CheckpointMeta, EditedKey, FORMAT_VERSION,
-    Fence, FinishCall, IssueOutcome, NewCall, NewCheckpoint, check_journal_page,
+    Fence, FinishCall, IssueOutcome, JournalStore, NewCall, NewCheckpoint, check_journal_page,
 };
 use durable_core::{CallId, SessionId, StoreError};
 use sqlx::Arguments;
@@ -18,7 +19,7 @@ use crate::error::db;
 use crate::group::BatchConn;
 use crate::rows;
 use crate::rows::{call_cols, json, opt_json};
-use crate::seal::{self, RawCall, checked_call_record, raw_call_cols};
+use crate::seal::{self, RawCall, StoreHead, checked_call_record, raw_call_cols};
 use crate::tx::{WriteTx, fenced_select, now_sql};
 
 pub(crate) async fn issue_call(
@@ -61,7 +62,7 @@ fn fenced_call(
     if found.is_none() {
         return Err(StoreError::CallNotFound(call.clone()));
     }
-    let raw = RawCall::from_row(row)?;
+    let raw = seal::raw_call(row)?;
     raw.check(ring)?;
     if raw.session != fence.session.as_str() {
         return Err(StoreError::LeaseLost {
@@ -274,7 +275,7 @@ async fn write_finish(
     // re-seals and writes it with its own changes.
     let meta = match &checkpoint {
         None => {
-            fenced.head.reseal(ring)?;
+            fenced.head.seal(ring)?;
             out.push("UPDATE durable_sessions SET issued_rows = ?, head = ? WHERE id = ?")
                 .bind(fenced.head.issued_rows)?
                 .bind(fenced.head.head.clone())?
@@ -774,7 +775,7 @@ async fn write_call(
     if !finished {
         fenced.head.count_issued(1)?;
     }
-    fenced.head.reseal(ring)?;
+    fenced.head.seal(ring)?;
     let mut out = Statements::new();
     out.push(
         "INSERT INTO durable_tool_calls (id, session_id, kind, step, tool_name, input_hash, \
@@ -845,4 +846,89 @@ pub(crate) async fn load_call(
     .map_err(db)?
     .ok_or_else(|| StoreError::CallNotFound(id.clone()))?;
     checked_call_record(ring, &row)
+}
+
+#[async_trait]
+impl JournalStore for SqliteStore {
+    async fn issue_call(
+        &self,
+        fence: Fence<'_>,
+        call: NewCall,
+    ) -> Result<IssueOutcome, StoreError> {
+        let outcome = issue_call(self, fence, call).await?;
+        if let IssueOutcome::Inserted(record) = &outcome {
+            // Committed and synced; the witness learns of it before the effect may run.
+            self.witness_call(record)?;
+        }
+        Ok(outcome)
+    }
+
+    async fn record_call(
+        &self,
+        fence: Fence<'_>,
+        call: NewCall,
+        finish: FinishCall,
+    ) -> Result<IssueOutcome, StoreError> {
+        record_call(self, fence, call, finish).await
+    }
+
+    async fn reissue_call(
+        &self,
+        fence: Fence<'_>,
+        call: &CallId,
+    ) -> Result<CallRecord, StoreError> {
+        let record = reissue_call(self, fence, call, None).await?;
+        self.witness_call(&record)?;
+        Ok(record)
+    }
+
+    async fn issue_approved(
+        &self,
+        fence: Fence<'_>,
+        call: &CallId,
+        key: Option<EditedKey>,
+    ) -> Result<CallRecord, StoreError> {
+        let record = reissue_call(self, fence, call, Some(key)).await?;
+        self.witness_call(&record)?;
+        Ok(record)
+    }
+
+    async fn finish_call(
+        &self,
+        fence: Fence<'_>,
+        call: &CallId,
+        finish: FinishCall,
+        checkpoint: Option<(i64, NewCheckpoint)>,
+    ) -> Result<Option<CheckpointMeta>, StoreError> {
+        finish_call(self, fence, call, finish, checkpoint).await
+    }
+
+    async fn call(&self, id: &CallId) -> Result<CallRecord, StoreError> {
+        call(self, id).await
+    }
+
+    async fn calls(
+        &self,
+        session: &SessionId,
+        step: Option<i64>,
+    ) -> Result<Vec<CallRecord>, StoreError> {
+        calls(self, session, step).await
+    }
+
+    async fn calls_page(
+        &self,
+        session: &SessionId,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<CallRecord>, StoreError> {
+        calls_page(self, session, after, limit).await
+    }
+
+    async fn issued_calls(&self, session: &SessionId) -> Result<Vec<CallRecord>, StoreError> {
+        issued_calls(self, session).await
+    }
+
+    async fn in_doubt(&self, session: Option<&SessionId>) -> Result<Vec<CallRecord>, StoreError> {
+        in_doubt(self, session).await
+    }
 }

@@ -3,20 +3,19 @@
 //! were copied (a fork). Every re-sealing is audited in `durable_integrity_log`,
 //! which is sealed as a whole (its seal in `durable_meta`).
 
-use std::collections::HashMap;
-
-use durable_core::integrity::{
-    self, ApprovalFields, INTEGRITY_LOG_SEAL, IntegrityEvent, IntegrityLog, KeyAction, Keyring,
-    OpenFacts,
-};
+use async_trait::async_trait;
+use durable_core::integrity::rows::count_issued;
+use durable_core::integrity::rows::{CheckpointRow, RawMessage, Reseal};
+use durable_core::integrity::setup::{self, KeyTables, LogEvent};
+use durable_core::integrity::{ApprovalFields, IntegrityEvent, IntegrityLog, Keyring};
 use durable_core::{SessionId, StoreError};
 use sqlx::SqliteConnection;
 
 use crate::error::db;
 use crate::rows;
 use crate::seal::{
-    RawCall, RawCheckpoint, check_journal_complete, check_message, head_cols, head_from_row,
-    raw_call_cols, resolution_fields, seal_message,
+    StoreHead, check_journal_complete, head_cols, head_from_row, raw_call, raw_call_cols,
+    raw_resolution, store_mac,
 };
 use crate::tx;
 
@@ -40,8 +39,9 @@ pub(crate) async fn reseal_session(
     .await
     .map_err(db)?;
     let mut head = head_from_row(&row, session)?;
-    if let Some(from) = from {
-        head.check_any_format(from)?;
+    let mut walk = Reseal::new(from, to, session);
+    walk.check_head(&head)?;
+    if walk.checks() {
         check_journal_complete(&mut *conn, &head).await?;
     }
     // Journal rows.
@@ -54,24 +54,10 @@ pub(crate) async fn reseal_session(
     .fetch_all(&mut *conn)
     .await
     .map_err(db)?;
-    let mut calls = Vec::with_capacity(found.len());
-    for row in &found {
-        let mut raw = RawCall::from_row(row)?;
-        if let Some(from) = from {
-            raw.check(from)?;
-        }
-        raw.seal(to)?;
-        calls.push(raw);
-    }
-    // The head's count of issued rows, as the (checked) rows have it; a head that counted
-    // them already must agree.
-    let issued = calls.iter().filter(|raw| raw.status == "issued").count();
-    if from.is_some() && head.issued_rows.is_some() {
-        head.check_issued(issued)?;
-    }
-    head.issued_rows = Some(i64::try_from(issued).unwrap_or(i64::MAX));
+    let mut calls = found.iter().map(raw_call).collect::<Result<Vec<_>, _>>()?;
+    walk.calls(&mut head, &mut calls)?;
     for raw in &calls {
-        raw.store_mac(&mut *conn).await?;
+        store_mac(raw, &mut *conn).await?;
         count += 1;
     }
     // Messages, in order (chained).
@@ -83,29 +69,14 @@ pub(crate) async fn reseal_session(
     .fetch_all(&mut *conn)
     .await
     .map_err(db)?;
-    let mut old_previous = String::new();
-    let mut new_previous = String::new();
-    let mut message_seals = HashMap::new();
-    message_seals.insert(0i64, String::new());
-    // The seals as they were before this re-sealing: a checkpoint's seal covers its
-    // transcript's last message seal, and the table holds the new ones once they are
-    // written below.
-    let mut old_message_seals = HashMap::new();
-    old_message_seals.insert(0i64, String::new());
     let mut sealed_messages = Vec::with_capacity(found.len());
     for row in &found {
-        let seq: i64 = rows::col(row, "seq", session, None)?;
-        let text: String = rows::col(row, "message", session, None)?;
-        let seal: Option<String> = rows::col(row, "seal", session, None)?;
-        if let Some(from) = from {
-            check_message(from, session, seq, &text, &old_previous, seal.as_deref())?;
-        }
-        old_previous = seal.unwrap_or_default();
-        old_message_seals.insert(seq, old_previous.clone());
-        let new = seal_message(to, session, seq, &text, &new_previous)?;
-        new_previous = new.clone();
-        message_seals.insert(seq, new.clone());
-        sealed_messages.push((seq, new));
+        let message = RawMessage {
+            seq: rows::col(row, "seq", session, None)?,
+            text: rows::col(row, "message", session, None)?,
+            seal: rows::col(row, "seal", session, None)?,
+        };
+        sealed_messages.push((message.seq, walk.message(&message)?));
     }
     for (seq, seal) in &sealed_messages {
         sqlx::query(
@@ -130,68 +101,32 @@ pub(crate) async fn reseal_session(
     .fetch_all(&mut *conn)
     .await
     .map_err(db)?;
-    let mut old_previous = String::new();
-    let mut new_previous = String::new();
     let mut sealed_checkpoints = Vec::with_capacity(found.len());
     for row in &found {
         let version: i64 = rows::col(row, "version", session, None)?;
         let v = Some(version);
         let last_seq: i64 = rows::col(row, "last_seq", session, v)?;
-        let mut texts = Vec::with_capacity(3);
-        for column in ["plan", "budget", "state"] {
+        let mut texts = [String::new(), String::new(), String::new()];
+        for (text, column) in texts.iter_mut().zip(["plan", "budget", "state"]) {
             let stored = rows::col::<String>(row, column, session, v)?;
-            texts.push(rows::resolve_snapshot(&mut *conn, session, stored, column).await?);
+            *text = rows::resolve_snapshot(&mut *conn, session, stored, column).await?;
         }
-        let app_version: String = rows::col(row, "app_version", session, v)?;
-        let message_count: i64 = rows::col(row, "message_count", session, v)?;
-        let seal: Option<String> = rows::col(row, "seal", session, v)?;
-        if let Some(from) = from {
-            let old_last =
-                old_message_seals
-                    .get(&last_seq)
-                    .ok_or_else(|| StoreError::Tampered {
-                        session: session.clone(),
-                        what: format!("message {last_seq}"),
-                        detail: "it is missing from the transcript".to_owned(),
-                    })?;
-            RawCheckpoint {
-                session,
-                version,
-                last_seq,
-                message_count,
-                last_message_seal: old_last,
-                plan: &texts[0],
-                budget: &texts[1],
-                state: &texts[2],
-                app_version: &app_version,
-                previous: &old_previous,
-            }
-            .check(from, seal.as_deref())?;
-        }
-        old_previous = seal.unwrap_or_default();
-        let last_message_seal =
-            message_seals
-                .get(&last_seq)
-                .cloned()
-                .ok_or_else(|| StoreError::Tampered {
-                    session: session.clone(),
-                    what: format!("checkpoint {version}"),
-                    detail: format!("its transcript ends at message {last_seq}, which is missing"),
-                })?;
-        let new = RawCheckpoint {
-            session,
+        let [plan, budget, state] = texts;
+        let checkpoint = CheckpointRow {
             version,
             last_seq,
-            message_count,
-            last_message_seal: &last_message_seal,
-            plan: &texts[0],
-            budget: &texts[1],
-            state: &texts[2],
-            app_version: &app_version,
-            previous: &new_previous,
-        }
-        .seal(to)?;
-        new_previous = new.clone();
+            message_count: rows::col(row, "message_count", session, v)?,
+            plan,
+            budget,
+            state,
+            app_version: rows::col(row, "app_version", session, v)?,
+            seal: rows::col(row, "seal", session, v)?,
+        };
+        let new = walk.checkpoint(&checkpoint, || StoreError::Tampered {
+            session: session.clone(),
+            what: format!("message {last_seq}"),
+            detail: "it is missing from the transcript".to_owned(),
+        })?;
         sealed_checkpoints.push((version, new));
     }
     for (version, seal) in &sealed_checkpoints {
@@ -218,32 +153,9 @@ pub(crate) async fn reseal_session(
     .map_err(db)?;
     for row in &found {
         let rowid: i64 = rows::col(row, "id", session, None)?;
-        let call: String = rows::col(row, "call_id", session, None)?;
-        let position: i64 = rows::col(row, "position", session, None)?;
-        let decision: String = rows::col(row, "decision", session, None)?;
-        let result: Option<String> = rows::col(row, "result", session, None)?;
-        let by: String = rows::col(row, "resolved_by", session, None)?;
-        let note: Option<String> = rows::col(row, "note", session, None)?;
-        let seal: Option<String> = rows::col(row, "seal", session, None)?;
-        let fields = resolution_fields(
-            &call,
-            session,
-            position,
-            &decision,
-            result.as_deref(),
-            &by,
-            note.as_deref(),
-        );
-        if let Some(from) = from {
-            from.verify(
-                session,
-                || format!("resolution {position} (call `{call}`)"),
-                &fields,
-                seal.as_deref(),
-            )?;
-        }
+        let resolution = raw_resolution(row, session)?;
         sqlx::query("UPDATE durable_resolutions SET seal = ? WHERE id = ?")
-            .bind(to.seal(&fields)?)
+            .bind(walk.resolution(&resolution)?)
             .bind(rowid)
             .execute(&mut *conn)
             .await
@@ -295,128 +207,125 @@ pub(crate) async fn reseal_session(
         count += 1;
     }
     // The head, over the latest checkpoint's new seal.
-    if let Some((_, seal)) = sealed_checkpoints
-        .iter()
-        .find(|(v, _)| *v == head.latest_version)
-    {
-        head.checkpoint_seal = seal.clone();
-    }
+    walk.point_head(&mut head);
     head.store(conn, to).await?;
     Ok(count + 1)
 }
 
-/// Reads a `durable_meta` value.
-async fn meta(conn: &mut SqliteConnection, name: &str) -> Result<Option<String>, StoreError> {
-    sqlx::query_scalar("SELECT value FROM durable_meta WHERE name = ?")
+/// The store's tables, as the key setup written in `durable_core` reads and writes them
+/// ([`KeyTables`]), on the open's connection.
+struct Tables<'c>(&'c mut SqliteConnection);
+
+#[async_trait]
+impl KeyTables for Tables<'_> {
+    async fn meta(&mut self, name: &str) -> Result<Option<String>, StoreError> {
+        sqlx::query_scalar("SELECT value FROM durable_meta WHERE name = ?")
+            .bind(name)
+            .fetch_optional(&mut *self.0)
+            .await
+            .map_err(db)
+    }
+
+    async fn set_meta(&mut self, name: &str, value: &str) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO durable_meta (name, value) VALUES (?, ?) \
+             ON CONFLICT (name) DO UPDATE SET value = excluded.value",
+        )
         .bind(name)
-        .fetch_optional(conn)
+        .bind(value)
+        .execute(&mut *self.0)
         .await
-        .map_err(db)
+        .map_err(db)?;
+        Ok(())
+    }
+
+    async fn now(&mut self) -> Result<i64, StoreError> {
+        tx::now(self.0).await
+    }
+
+    async fn sealed_with(&mut self) -> Result<(i64, Option<String>), StoreError> {
+        let sessions: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM durable_sessions")
+            .fetch_one(&mut *self.0)
+            .await
+            .map_err(db)?;
+        let head: Option<String> = sqlx::query_scalar(
+            "SELECT head FROM durable_sessions WHERE head IS NOT NULL ORDER BY num LIMIT 1",
+        )
+        .fetch_optional(&mut *self.0)
+        .await
+        .map_err(db)?;
+        Ok((sessions, head))
+    }
+
+    async fn session_ids(&mut self) -> Result<Vec<SessionId>, StoreError> {
+        let ids: Vec<String> = sqlx::query_scalar("SELECT id FROM durable_sessions ORDER BY num")
+            .fetch_all(&mut *self.0)
+            .await
+            .map_err(db)?;
+        Ok(ids.into_iter().map(SessionId::new).collect())
+    }
+
+    async fn reseal_session(
+        &mut self,
+        from: Option<&Keyring>,
+        to: &Keyring,
+        session: &SessionId,
+    ) -> Result<i64, StoreError> {
+        reseal_session(self.0, from, to, session).await
+    }
+
+    async fn upgrade_heads(&mut self, ring: &Keyring) -> Result<(), StoreError> {
+        upgrade_heads(self.0, ring).await
+    }
+
+    async fn log_events(&mut self) -> Result<Vec<IntegrityEvent>, StoreError> {
+        let rows: Vec<LogRow> = sqlx::query_as(
+            "SELECT id, event, from_key, to_key, rows, detail, created_at \
+             FROM durable_integrity_log ORDER BY id",
+        )
+        .fetch_all(&mut *self.0)
+        .await
+        .map_err(db)?;
+        Ok(rows
+            .into_iter()
+            .map(|(id, event, from, to, rows, detail, at)| {
+                IntegrityEvent::new(id, event, from, to, rows, detail, at)
+            })
+            .collect())
+    }
+
+    async fn insert_log_event(&mut self, event: &LogEvent<'_>, now: i64) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO durable_integrity_log (event, from_key, to_key, rows, detail, created_at) \
+             VALUES (?, ?, ?, ?, ?, ?)",
+        )
+        .bind(event.event)
+        .bind(event.from)
+        .bind(event.to)
+        .bind(event.rows)
+        .bind(event.detail)
+        .bind(now)
+        .execute(&mut *self.0)
+        .await
+        .map_err(db)?;
+        Ok(())
+    }
 }
 
-async fn set_meta(conn: &mut SqliteConnection, name: &str, value: &str) -> Result<(), StoreError> {
-    sqlx::query(
-        "INSERT INTO durable_meta (name, value) VALUES (?, ?) \
-         ON CONFLICT (name) DO UPDATE SET value = excluded.value",
-    )
-    .bind(name)
-    .bind(value)
-    .execute(conn)
-    .await
-    .map_err(db)?;
-    Ok(())
-}
+/// A row of `durable_integrity_log`: id, event, from key, to key, rows, detail, time.
+type LogRow = (i64, String, Option<String>, String, i64, String, i64);
 
-/// Loads (or creates) the store's own key, binds it into `ring`, and makes sure every
-/// row is sealed with `ring`'s signing key: seals a database whose rows predate seals,
-/// re-seals one sealed with a key `ring` can check (an application key turned on, or
-/// rotated), restores a missing `signing_key` row after checking every row, and refuses
-/// the rest ([`Keyring::on_open`]). Runs inside the open's `BEGIN IMMEDIATE` transaction
-/// (the one that migrated the schema), so concurrent openers do this once, and
-/// `seals_migrated_now` (the sealing migration ran in this transaction) is the witness
-/// that the rows genuinely predate seals.
+/// Loads (or creates) the store's own key and makes sure every row is sealed with the
+/// signing key ([`setup::setup_keys`]). Runs inside the open's `BEGIN IMMEDIATE`
+/// transaction (the one that migrated the schema), so concurrent openers do this once,
+/// and `seals_migrated_now` (the sealing migration ran in this transaction) is the
+/// witness that the rows genuinely predate seals.
 pub(crate) async fn setup_keys_in(
     conn: &mut SqliteConnection,
     ring: Keyring,
     seals_migrated_now: bool,
 ) -> Result<Keyring, StoreError> {
-    let current = meta(conn, "signing_key").await?;
-    let sessions: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM durable_sessions")
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(db)?;
-    let head: Option<String> = sqlx::query_scalar(
-        "SELECT head FROM durable_sessions WHERE head IS NOT NULL ORDER BY num LIMIT 1",
-    )
-    .fetch_optional(&mut *conn)
-    .await
-    .map_err(db)?;
-    let sealed_with = head
-        .as_deref()
-        .and_then(|seal| seal.split_once(':'))
-        .map(|(id, _)| id);
-    let facts = OpenFacts::signed(current.as_deref())
-        .migrated_now(seals_migrated_now)
-        .holding(sessions, sealed_with);
-    let store_key = match meta(conn, "store_key").await? {
-        Some(hex) => Keyring::store_key_from_hex(&hex)?,
-        None if facts.may_create_store_key() => {
-            let key = integrity::random_key()?;
-            set_meta(conn, "store_key", &integrity::hex(&key)).await?;
-            key
-        }
-        None => return Err(facts.store_key_missing()),
-    };
-    let ring = ring.bind_store_key(store_key);
-    let now = tx::now(conn).await?;
-    let signing = ring.signing_id().to_owned();
-    match ring.on_open(&facts)? {
-        KeyAction::Keep => {
-            upgrade_heads(conn, &ring).await?;
-            seal_legacy_log(conn, &ring, now).await?;
-            return Ok(ring);
-        }
-        KeyAction::Rekey { from_id, from } => {
-            let rows = reseal_all(conn, Some(&from), &ring).await?;
-            let entry = Log {
-                event: "rekey",
-                from: Some(&from_id),
-                to: &signing,
-                rows,
-                detail: "every row was checked under the old key, then re-sealed under the new one",
-            };
-            entry.append(conn, &from, &ring, now).await?;
-            tracing::warn!(from = %from_id, to = %signing, rows, "re-sealed the store under a new key");
-        }
-        KeyAction::Restore { from_id, from } => {
-            let rows = reseal_all(conn, Some(&from), &ring).await?;
-            let entry = Log {
-                event: "restore",
-                from: Some(&from_id),
-                to: &signing,
-                rows,
-                detail: "the `signing_key` row of `durable_meta` was missing: every row was checked under the key its seals name, re-sealed under the signing key, and the row written back",
-            };
-            entry.append(conn, &from, &ring, now).await?;
-            tracing::warn!(from = %from_id, to = %signing, rows, "restored the missing signing_key row after checking every row");
-        }
-        KeyAction::Adopt => {
-            let rows = reseal_all(conn, None, &ring).await?;
-            if rows > 0 {
-                let entry = Log {
-                    event: "adopt",
-                    from: None,
-                    to: &signing,
-                    rows,
-                    detail: "rows written before tamper evidence (schema version 1) were sealed as found; their content before this point is not authenticated",
-                };
-                entry.append(conn, &ring, &ring, now).await?;
-                tracing::warn!(to = %signing, rows, "sealed a store written without seals");
-            }
-        }
-    }
-    set_meta(conn, "signing_key", &signing).await?;
-    Ok(ring)
+    setup::setup_keys(&mut Tables(conn), ring, seals_migrated_now).await
 }
 
 /// Counts the issued rows of every session whose head was written before schema 4 (its
@@ -484,30 +393,9 @@ async fn upgrade_head(
     .fetch_all(&mut *conn)
     .await
     .map_err(db)?;
-    let mut issued = 0i64;
-    for row in &found {
-        let raw = RawCall::from_row(row)?;
-        raw.check(ring)?;
-        issued += i64::from(raw.status == "issued");
-    }
-    head.issued_rows = Some(issued);
+    let calls = found.iter().map(raw_call).collect::<Result<Vec<_>, _>>()?;
+    count_issued(ring, &mut head, &calls)?;
     head.store(&mut *conn, ring).await
-}
-
-async fn reseal_all(
-    conn: &mut SqliteConnection,
-    from: Option<&Keyring>,
-    to: &Keyring,
-) -> Result<i64, StoreError> {
-    let sessions: Vec<String> = sqlx::query_scalar("SELECT id FROM durable_sessions ORDER BY num")
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(db)?;
-    let mut rows = 0;
-    for id in sessions {
-        rows += reseal_session(&mut *conn, from, to, &SessionId::new(id)).await?;
-    }
-    Ok(rows)
 }
 
 /// Appends an operator's event (a rollback acknowledged) to the sealed integrity log,
@@ -521,121 +409,14 @@ pub(crate) async fn append_log(
     detail: &str,
     now: i64,
 ) -> Result<(), StoreError> {
-    Log {
+    let event = LogEvent {
         event,
         from: None,
         to,
         rows,
         detail,
-    }
-    .append(conn, ring, ring, now)
-    .await
-}
-
-/// An event of `durable_integrity_log`.
-struct Log<'a> {
-    event: &'a str,
-    from: Option<&'a str>,
-    to: &'a str,
-    rows: i64,
-    detail: &'a str,
-}
-
-impl Log<'_> {
-    /// Appends the event and re-seals the whole log under `to`, after checking the log
-    /// as it stands under `check` (the key that sealed it). A log that does not hold is
-    /// refused; one written before the log was sealed is sealed as found first, audited
-    /// as `seal_log`.
-    async fn append(
-        &self,
-        conn: &mut SqliteConnection,
-        check: &Keyring,
-        to: &Keyring,
-        now: i64,
-    ) -> Result<(), StoreError> {
-        let log = read_log(conn, check).await?;
-        if let Some(refused) = log.refused() {
-            if meta(conn, INTEGRITY_LOG_SEAL).await?.is_some() {
-                return Err(refused);
-            }
-            seal_log_event(log.events.len()).insert(conn, now).await?;
-        }
-        self.insert(conn, now).await?;
-        reseal_log(conn, to).await
-    }
-
-    async fn insert(&self, conn: &mut SqliteConnection, now: i64) -> Result<(), StoreError> {
-        sqlx::query(
-            "INSERT INTO durable_integrity_log (event, from_key, to_key, rows, detail, created_at) \
-             VALUES (?, ?, ?, ?, ?, ?)",
-        )
-        .bind(self.event)
-        .bind(self.from)
-        .bind(self.to)
-        .bind(self.rows)
-        .bind(self.detail)
-        .bind(now)
-        .execute(conn)
-        .await
-        .map_err(db)?;
-        Ok(())
-    }
-}
-
-/// The event that records sealing a log written before logs were sealed.
-fn seal_log_event(events: usize) -> Log<'static> {
-    Log {
-        event: "seal_log",
-        from: None,
-        to: "-",
-        rows: i64::try_from(events).unwrap_or(i64::MAX),
-        detail: "the events above were written before this log was sealed: they were sealed as found, and are not authenticated",
-    }
-}
-
-/// Seals, as found and audited, a non-empty integrity log that has no seal (written
-/// before logs were sealed). A log whose seal does not hold is left as found: it decides
-/// nothing, and `durable verify` reports it.
-async fn seal_legacy_log(
-    conn: &mut SqliteConnection,
-    ring: &Keyring,
-    now: i64,
-) -> Result<(), StoreError> {
-    if meta(conn, INTEGRITY_LOG_SEAL).await?.is_some() {
-        return Ok(());
-    }
-    let log = read_log(conn, ring).await?;
-    if log.events.is_empty() {
-        return Ok(());
-    }
-    seal_log_event(log.events.len()).insert(conn, now).await?;
-    reseal_log(conn, ring).await
-}
-
-async fn reseal_log(conn: &mut SqliteConnection, to: &Keyring) -> Result<(), StoreError> {
-    let events = log_events(conn).await?;
-    let seal = to.seal(&integrity::integrity_log_fields(&events))?;
-    set_meta(conn, INTEGRITY_LOG_SEAL, &seal).await
-}
-
-/// A row of `durable_integrity_log`: id, event, from key, to key, rows, detail, time.
-type LogRow = (i64, String, Option<String>, String, i64, String, i64);
-
-/// Every event of the integrity log, oldest first.
-async fn log_events(conn: &mut SqliteConnection) -> Result<Vec<IntegrityEvent>, StoreError> {
-    let rows: Vec<LogRow> = sqlx::query_as(
-        "SELECT id, event, from_key, to_key, rows, detail, created_at \
-         FROM durable_integrity_log ORDER BY id",
-    )
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(db)?;
-    Ok(rows
-        .into_iter()
-        .map(|(id, event, from, to, rows, detail, at)| {
-            IntegrityEvent::new(id, event, from, to, rows, detail, at)
-        })
-        .collect())
+    };
+    setup::append_log(&mut Tables(conn), ring, &event, now).await
 }
 
 /// The integrity log with the check of its seal under `ring`.
@@ -643,7 +424,5 @@ pub(crate) async fn read_log(
     conn: &mut SqliteConnection,
     ring: &Keyring,
 ) -> Result<IntegrityLog, StoreError> {
-    let events = log_events(conn).await?;
-    let seal = meta(conn, INTEGRITY_LOG_SEAL).await?;
-    Ok(IntegrityLog::check(ring, events, seal.as_deref()))
+    setup::read_log(&mut Tables(conn), ring).await
 }

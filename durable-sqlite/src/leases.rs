@@ -4,7 +4,8 @@
 
 use std::time::{Duration, Instant};
 
-use durable_core::store::{Claim, Fence, Lease, SessionRecord, SessionStatus};
+use async_trait::async_trait;
+use durable_core::store::{Claim, Fence, Lease, LeaseStore, SessionRecord, SessionStatus};
 use durable_core::{CallId, SessionId, StoreError};
 use sqlx::{Row, SqliteConnection};
 
@@ -600,4 +601,53 @@ pub(crate) async fn take_lease(
         fence,
         expires_at,
     }))
+}
+
+#[async_trait]
+impl LeaseStore for SqliteStore {
+    async fn acquire_lease(
+        &self,
+        id: &SessionId,
+        owner: &str,
+        ttl: Duration,
+        max_attempts: i32,
+    ) -> Result<Lease, StoreError> {
+        acquire_lease(self, id, owner, ttl, max_attempts).await
+    }
+
+    async fn renew_lease(&self, lease: &Lease, ttl: Duration) -> Result<Lease, StoreError> {
+        renew_lease(self, lease, ttl).await
+    }
+
+    async fn release_lease(&self, lease: &Lease) -> Result<(), StoreError> {
+        release_lease(self, lease).await?;
+        self.work_available();
+        Ok(())
+    }
+
+    async fn mark_running(&self, fence: Fence<'_>) -> Result<(), StoreError> {
+        mark_running(self, fence).await
+    }
+
+    async fn mark_operator_needed(
+        &self,
+        fence: Fence<'_>,
+        call: &CallId,
+    ) -> Result<(), StoreError> {
+        mark_operator_needed(self, fence, call).await
+    }
+
+    async fn claim_expired(&self, claim: &Claim) -> Result<Option<Lease>, StoreError> {
+        claim_expired(self, claim).await
+    }
+
+    async fn unpark_session(&self, id: &SessionId) -> Result<SessionRecord, StoreError> {
+        let record = unpark_session(self, id).await?;
+        self.work_available();
+        Ok(record)
+    }
+
+    async fn list_expired(&self, limit: i64) -> Result<Vec<SessionRecord>, StoreError> {
+        list_expired(self, limit).await
+    }
 }

@@ -85,6 +85,15 @@ use sqlx::migrate::Migrator;
 use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions};
 use sqlx::{ConnectOptions, Connection, SqliteConnection, SqlitePool};
 
+// `CheckpointStore` is implemented concept by concept, each trait in the module named
+// after its part of the conformance suite: `StoreBase` and `MaintenanceStore` in
+// `maintenance`, `SessionStore` in `sessions`, `LeaseStore` in `leases`, `QueueStore` in
+// `queues`, `CheckpointLog` in `checkpoints`, `JournalStore` in `journal`,
+// `ResolutionStore` in `resolution`, `ApprovalStore` in `approval`.
+//
+// Every write is one `BEGIN IMMEDIATE` transaction (`tx::WriteTx`) on the writer
+// connection (the tables are described in ARCHITECTURE.md). Reads that touch more than
+// one statement run in one deferred (snapshot) transaction on a reader connection.
 mod approval;
 mod checkpoints;
 mod clock;
@@ -100,7 +109,6 @@ mod resolution;
 mod rows;
 mod seal;
 mod sessions;
-mod store;
 mod testing;
 mod tx;
 mod witness;
@@ -173,7 +181,7 @@ impl SqliteStoreOptions {
         Self::new(Target::File(path.as_ref().to_owned()))
     }
 
-    /// A fresh private in-memory database. Its [`durability`](durable_core::CheckpointStore::durability)
+    /// A fresh private in-memory database. Its [`durability`](durable_core::store::StoreBase::durability)
     /// reports it unsafe (unsafe tools refuse to run) unless
     /// [`accept_volatile(true)`](Self::accept_volatile) is set.
     pub fn in_memory() -> Self {

@@ -12,9 +12,11 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use async_trait::async_trait;
+use durable_core::integrity::Keyring;
 use durable_core::store::{
-    Durability, ErrorRecord, FORMAT_VERSION, NewError, PurgeOutcome, RetargetSession,
-    SessionRecord, SessionStatus,
+    Durability, ErrorRecord, FORMAT_VERSION, MaintenanceStore, NewError, PurgeOutcome,
+    RetargetSession, SessionRecord, SessionStatus, StoreBase,
 };
 use durable_core::{CallId, SessionId, StoreError};
 use sqlx::sqlite::SqliteConnectOptions;
@@ -496,7 +498,7 @@ pub(crate) async fn acknowledge_rollback(
     by: &str,
     intact: bool,
 ) -> Result<(), StoreError> {
-    use durable_core::CheckpointStore;
+    use durable_core::store::{LeaseStore, SessionStore};
     use durable_core::store::{NewCheckpoint, NewSession};
 
     let mut missing: Vec<&str> = report
@@ -599,4 +601,53 @@ pub(crate) async fn acknowledge_rollback(
     }
     .await;
     tx.finish(result).await
+}
+
+#[async_trait]
+impl StoreBase for SqliteStore {
+    fn backend(&self) -> &'static str {
+        BACKEND
+    }
+
+    fn keyring(&self) -> &Keyring {
+        SqliteStore::keyring(self)
+    }
+
+    async fn durability(&self) -> Result<Durability, StoreError> {
+        durability(self).await
+    }
+
+    async fn now(&self) -> Result<i64, StoreError> {
+        now(self).await
+    }
+}
+
+#[async_trait]
+impl MaintenanceStore for SqliteStore {
+    async fn record_error(&self, error: NewError) -> Result<(), StoreError> {
+        record_error(self, error).await
+    }
+
+    async fn errors(&self, session: &SessionId) -> Result<Vec<ErrorRecord>, StoreError> {
+        errors(self, session).await
+    }
+
+    async fn retarget_session(
+        &self,
+        migrate: RetargetSession,
+    ) -> Result<SessionRecord, StoreError> {
+        retarget_session(self, migrate).await
+    }
+
+    async fn purge_session(
+        &self,
+        id: &SessionId,
+        retention: Duration,
+    ) -> Result<PurgeOutcome, StoreError> {
+        let outcome = purge_session(self, id, retention).await?;
+        if outcome == PurgeOutcome::Purged {
+            self.witness_purge(id)?;
+        }
+        Ok(outcome)
+    }
 }

@@ -1,7 +1,8 @@
 //! Queues and sleepers: fleet-wide queue limits, the figures operators watch, the next
 //! wake-up time and an operator's early wake-up.
 
-use durable_core::store::{QueueInfo, SessionRecord, SessionStatus};
+use async_trait::async_trait;
+use durable_core::store::{QueueInfo, QueueStore, SessionRecord, SessionStatus, WorkEvents};
 use durable_core::{SessionId, StoreError};
 use sqlx::Row;
 
@@ -119,4 +120,35 @@ pub(crate) async fn wake_session(
     }
     .await;
     tx.finish(result).await
+}
+
+#[async_trait]
+impl QueueStore for SqliteStore {
+    async fn set_queue_limit(
+        &self,
+        queue: &str,
+        max_running: Option<u32>,
+    ) -> Result<(), StoreError> {
+        set_queue_limit(self, queue, max_running).await?;
+        self.work_available();
+        Ok(())
+    }
+
+    async fn queues(&self) -> Result<Vec<QueueInfo>, StoreError> {
+        queues(self).await
+    }
+
+    async fn next_wake_at(&self) -> Result<Option<i64>, StoreError> {
+        next_wake_at(self).await
+    }
+
+    fn work_events(&self) -> Option<WorkEvents> {
+        Some(self.work_subscribe())
+    }
+
+    async fn wake_session(&self, id: &SessionId) -> Result<SessionRecord, StoreError> {
+        let record = wake_session(self, id).await?;
+        self.work_available();
+        Ok(record)
+    }
 }

@@ -2,8 +2,11 @@
 //! audit row sealed at the next position of the session's resolutions, the head counting
 //! it; and reading them back, checked.
 
+use async_trait::async_trait;
+use durable_core::integrity::rows::check_resolution_count;
 use durable_core::store::{
-    CallRecord, CallStatus, FORMAT_VERSION, Resolution, ResolutionRecord, ResolveCall,
+    CallRecord, CallStatus, FORMAT_VERSION, Resolution, ResolutionRecord, ResolutionStore,
+    ResolveCall,
 };
 use durable_core::{CallId, SessionId, StoreError};
 use sqlx::{Row, SqliteConnection};
@@ -12,7 +15,7 @@ use crate::SqliteStore;
 use crate::error::{corrupt, db};
 use crate::journal::load_call;
 use crate::rows::{self, json};
-use crate::seal;
+use crate::seal::{self, StoreHead};
 use crate::tx::{self, WriteTx};
 
 pub(crate) async fn resolve_call(
@@ -125,42 +128,11 @@ pub(crate) async fn resolutions(
     rtx.commit().await.map_err(db)?;
     let mut out = Vec::with_capacity(found.len());
     for (i, row) in found.iter().enumerate() {
-        let call: String = rows::col(row, "call_id", session, None)?;
-        let position: i64 = rows::col(row, "position", session, None)?;
-        let decision: String = rows::col(row, "decision", session, None)?;
-        let result: Option<String> = rows::col(row, "result", session, None)?;
-        let by: String = rows::col(row, "resolved_by", session, None)?;
-        let note: Option<String> = rows::col(row, "note", session, None)?;
-        let stored: Option<String> = rows::col(row, "seal", session, None)?;
-        let expected = i64::try_from(i + 1).unwrap_or(i64::MAX);
-        let fields = seal::resolution_fields(
-            &call,
-            session,
-            expected,
-            &decision,
-            result.as_deref(),
-            &by,
-            note.as_deref(),
-        );
-        ring.verify(
-            session,
-            || format!("resolution {position} (call `{call}`)"),
-            &fields,
-            stored.as_deref(),
-        )?;
+        let raw = seal::raw_resolution(row, session)?;
+        raw.check(ring, session, i64::try_from(i + 1).unwrap_or(i64::MAX))?;
         out.push(rows::resolution(row)?);
     }
-    if i64::try_from(out.len()).ok() != Some(head.resolutions) {
-        return Err(StoreError::Tampered {
-            session: session.clone(),
-            what: "the resolutions".to_owned(),
-            detail: format!(
-                "the session head records {} resolutions, the table holds {}",
-                head.resolutions,
-                out.len()
-            ),
-        });
-    }
+    check_resolution_count(&head, out.len())?;
     Ok(out)
 }
 
@@ -197,4 +169,17 @@ pub(crate) async fn call_state(
         status,
         fence,
     })
+}
+
+#[async_trait]
+impl ResolutionStore for SqliteStore {
+    async fn resolve_call(&self, resolve: ResolveCall) -> Result<CallRecord, StoreError> {
+        let row = resolve_call(self, resolve).await?;
+        self.work_available();
+        Ok(row)
+    }
+
+    async fn resolutions(&self, session: &SessionId) -> Result<Vec<ResolutionRecord>, StoreError> {
+        resolutions(self, session).await
+    }
 }

@@ -4,9 +4,11 @@
 //! What is sealed and why is in [`durable_core::integrity`]; this module maps it onto
 //! the SQLite tables.
 
-use durable_core::integrity::{
-    CallFields, CheckpointFields, Fields, Head, IssuedCount, Keyring, ResolutionFields,
-    message_fields,
+use durable_core::integrity::Keyring;
+use durable_core::integrity::rows::RawResolution;
+use durable_core::integrity::rows::check_journal_extent;
+pub(crate) use durable_core::integrity::rows::{
+    HeadRow, RawCall, RawCheckpoint, check_message, resolution_fields, seal_message,
 };
 use durable_core::store::CallRecord;
 use durable_core::{CallId, SessionId, StoreError};
@@ -16,32 +18,7 @@ use sqlx::{Row, SqliteConnection};
 use crate::error::db;
 use crate::rows;
 
-/// A journal row's sealed columns, as stored.
-#[derive(Debug, Clone)]
-pub(crate) struct RawCall {
-    pub(crate) id: String,
-    pub(crate) session: String,
-    pub(crate) kind: String,
-    pub(crate) step: i64,
-    pub(crate) tool: String,
-    pub(crate) input_hash: String,
-    pub(crate) ordinal: i64,
-    pub(crate) class: String,
-    pub(crate) status: String,
-    pub(crate) args: String,
-    pub(crate) key: Option<String>,
-    pub(crate) schema_hash: String,
-    pub(crate) result: Option<String>,
-    pub(crate) error: Option<String>,
-    pub(crate) spend: Option<String>,
-    pub(crate) attempt: i64,
-    pub(crate) seq: i64,
-    pub(crate) mac: Option<String>,
-    /// The call's approval, as stored (JSON text), for a call that needed one.
-    pub(crate) approval: Option<String>,
-}
-
-/// Columns [`RawCall::from_row`] reads (alias `c`).
+/// Columns [`raw_call`] reads (alias `c`).
 macro_rules! raw_call_cols {
     () => {
         "c.id, c.session_id, c.kind, c.step, c.tool_name, c.input_hash, c.ordinal, \
@@ -51,87 +28,48 @@ macro_rules! raw_call_cols {
 }
 pub(crate) use raw_call_cols;
 
-impl RawCall {
-    /// Reads the sealed columns of a row selected with `raw_call_cols!` (or a superset).
-    pub(crate) fn from_row(row: &SqliteRow) -> Result<Self, StoreError> {
-        let session: String = row.try_get("session_id").map_err(db)?;
-        let s = SessionId::new(session.clone());
-        let col = |name: &str| rows::col::<String>(row, name, &s, None);
-        let opt = |name: &str| rows::col::<Option<String>>(row, name, &s, None);
-        let int = |name: &str| rows::col::<i64>(row, name, &s, None);
-        Ok(RawCall {
-            id: col("id")?,
-            kind: col("kind")?,
-            step: int("step")?,
-            tool: col("tool_name")?,
-            input_hash: col("input_hash")?,
-            ordinal: int("ordinal")?,
-            class: col("replay_class")?,
-            status: col("status")?,
-            args: col("args")?,
-            key: opt("idempotency_key")?,
-            schema_hash: col("schema_hash")?,
-            result: opt("result")?,
-            error: opt("error")?,
-            spend: opt("spend")?,
-            attempt: int("attempt")?,
-            seq: int("seq")?,
-            mac: opt("mac")?,
-            approval: opt("approval")?,
-            session,
-        })
-    }
+/// Reads the sealed columns of a row selected with `raw_call_cols!` (or a superset).
+pub(crate) fn raw_call(row: &SqliteRow) -> Result<RawCall, StoreError> {
+    let session: String = row.try_get("session_id").map_err(db)?;
+    let s = SessionId::new(session.clone());
+    let col = |name: &str| rows::col::<String>(row, name, &s, None);
+    let opt = |name: &str| rows::col::<Option<String>>(row, name, &s, None);
+    let int = |name: &str| rows::col::<i64>(row, name, &s, None);
+    Ok(RawCall {
+        id: col("id")?,
+        kind: col("kind")?,
+        step: int("step")?,
+        tool: col("tool_name")?,
+        input_hash: col("input_hash")?,
+        ordinal: int("ordinal")?,
+        class: col("replay_class")?,
+        status: col("status")?,
+        args: col("args")?,
+        key: opt("idempotency_key")?,
+        schema_hash: col("schema_hash")?,
+        result: opt("result")?,
+        error: opt("error")?,
+        spend: opt("spend")?,
+        attempt: int("attempt")?,
+        seq: int("seq")?,
+        mac: opt("mac")?,
+        approval: opt("approval")?,
+        session,
+    })
+}
 
-    fn fields(&self) -> Fields {
-        CallFields {
-            id: &self.id,
-            session: &self.session,
-            kind: &self.kind,
-            step: self.step,
-            tool: &self.tool,
-            input_hash: &self.input_hash,
-            ordinal: self.ordinal,
-            class: &self.class,
-            status: &self.status,
-            args: &self.args,
-            key: self.key.as_deref(),
-            schema_hash: &self.schema_hash,
-            result: self.result.as_deref(),
-            error: self.error.as_deref(),
-            spend: self.spend.as_deref(),
-            attempt: self.attempt,
-            seq: self.seq,
-            approval: self.approval.as_deref(),
-        }
-        .fields()
-    }
-
-    /// Checks the row's seal.
-    pub(crate) fn check(&self, ring: &Keyring) -> Result<(), StoreError> {
-        ring.verify(
-            &SessionId::new(self.session.clone()),
-            || format!("journal row `{}` (seq {})", self.id, self.seq),
-            &self.fields(),
-            self.mac.as_deref(),
-        )
-    }
-
-    /// Seals the row as it now stands.
-    pub(crate) fn seal(&mut self, ring: &Keyring) -> Result<(), StoreError> {
-        self.mac = Some(ring.seal(&self.fields())?);
-        Ok(())
-    }
-
-    /// Writes `mac` (after [`seal`](Self::seal)) to the stored row.
-    pub(crate) async fn store_mac(&self, conn: &mut SqliteConnection) -> Result<(), StoreError> {
-        sqlx::query("UPDATE durable_tool_calls SET mac = ? WHERE id = ?")
-            .bind(self.mac.as_deref())
-            .bind(&self.id)
-            .execute(conn)
-            .await
-            .map_err(db)?;
-        Ok(())
-    }
+/// Writes a journal row's `mac` (after [`RawCall::seal`]) to the stored row.
+pub(crate) async fn store_mac(
+    raw: &RawCall,
+    conn: &mut SqliteConnection,
+) -> Result<(), StoreError> {
+    sqlx::query("UPDATE durable_tool_calls SET mac = ? WHERE id = ?")
+        .bind(raw.mac.as_deref())
+        .bind(&raw.id)
+        .execute(conn)
+        .await
+        .map_err(db)?;
+    Ok(())
 }
 
 /// Reads a journal row's sealed columns and checks them.
@@ -150,7 +88,7 @@ pub(crate) async fn checked_call(
     .await
     .map_err(db)?
     .ok_or_else(|| StoreError::CallNotFound(id.clone()))?;
-    let raw = RawCall::from_row(&row)?;
+    let raw = raw_call(&row)?;
     raw.check(ring)?;
     Ok(raw)
 }
@@ -161,106 +99,27 @@ pub(crate) fn checked_call_record(
     ring: &Keyring,
     row: &SqliteRow,
 ) -> Result<CallRecord, StoreError> {
-    RawCall::from_row(row)?.check(ring)?;
+    raw_call(row)?.check(ring)?;
     rows::call(row)
 }
 
-/// A session's head: its counts and its latest checkpoint's seal.
-#[derive(Debug, Clone)]
-pub(crate) struct HeadRow {
-    pub(crate) session: SessionId,
-    pub(crate) journal_rows: i64,
-    pub(crate) latest_version: i64,
-    pub(crate) resolutions: i64,
-    /// Journal rows whose status is `issued`; `None` on a head written before schema 4
-    /// (sealed without the count: [`Head::legacy_fields`]), which the store upgrades when
-    /// it opens the database ([`crate::keys`]).
-    pub(crate) issued_rows: Option<i64>,
-    /// Rows of the session's approval log (requests and decisions).
-    pub(crate) approvals: i64,
-    pub(crate) checkpoint_seal: String,
-    pub(crate) head: Option<String>,
+/// Writes a session head, sealed, with its counts.
+pub(crate) trait StoreHead {
+    /// Seals the head as it now stands and writes it, with its counts.
+    async fn store(
+        &mut self,
+        conn: &mut SqliteConnection,
+        ring: &Keyring,
+    ) -> Result<(), StoreError>;
 }
 
-impl HeadRow {
-    fn fields(&self) -> Fields {
-        IssuedCount(self.issued_rows).fields(Head {
-            session: self.session.as_str(),
-            journal_rows: self.journal_rows,
-            latest_version: self.latest_version,
-            checkpoint_seal: &self.checkpoint_seal,
-            resolutions: self.resolutions,
-            issued_rows: 0,
-            approvals: self.approvals,
-        })
-    }
-
-    /// Adds `delta` to the count of issued rows (a row issued: +1; finished or resolved:
-    /// −1); a head without its count cannot be written ([`IssuedCount::add`]).
-    pub(crate) fn count_issued(&mut self, delta: i64) -> Result<(), StoreError> {
-        self.issued_rows = IssuedCount(self.issued_rows).add(&self.session, delta)?.0;
-        Ok(())
-    }
-
-    /// A head still without its count of issued rows ([`IssuedCount::uncounted`]).
-    fn not_counted(&self) -> StoreError {
-        IssuedCount::uncounted(&self.session)
-    }
-
-    /// Checks that a read of the session's issued rows found as many as the head counts
-    /// ([`IssuedCount::check`]).
-    pub(crate) fn check_issued(&self, found: usize) -> Result<(), StoreError> {
-        IssuedCount(self.issued_rows).check(&self.session, found)
-    }
-
-    /// Checks the head's seal. A head without its count of issued rows is refused: the
-    /// store counted every head when it opened the database, so one left uncounted failed
-    /// its checks then ([`crate::keys`]).
-    pub(crate) fn check(&self, ring: &Keyring) -> Result<(), StoreError> {
-        if self.issued_rows.is_none() {
-            return Err(self.not_counted());
-        }
-        self.check_any_format(ring)
-    }
-
-    /// Checks the head's seal in whichever format it was written: with its count of
-    /// issued rows, or (`issued_rows` is `None`) the format before schema 4. Only for the
-    /// upgrade and the re-sealing that count such heads.
-    pub(crate) fn check_any_format(&self, ring: &Keyring) -> Result<(), StoreError> {
-        if self.issued_rows.is_none() && self.approvals != 0 {
-            // A head of the old format was written before approvals existed: its seal
-            // does not cover the count, so a count there was set behind the store's back.
-            return Err(StoreError::Tampered {
-                session: self.session.clone(),
-                what: "the session head".to_owned(),
-                detail: format!(
-                    "it predates approvals but counts {} approval events",
-                    self.approvals
-                ),
-            });
-        }
-        ring.verify(
-            &self.session,
-            || "the session head (its row counts and latest checkpoint)".to_owned(),
-            &self.fields(),
-            self.head.as_deref(),
-        )
-    }
-
-    /// Seals the head as it now stands (write it with [`store`](Self::store), or as
-    /// part of a larger statement: `head`, `journal_rows`, `resolutions`).
-    pub(crate) fn reseal(&mut self, ring: &Keyring) -> Result<(), StoreError> {
-        self.head = Some(ring.seal(&self.fields())?);
-        Ok(())
-    }
-
-    /// Seals the head as it now stands and writes it, with its counts.
-    pub(crate) async fn store(
+impl StoreHead for HeadRow {
+    async fn store(
         &mut self,
         conn: &mut SqliteConnection,
         ring: &Keyring,
     ) -> Result<(), StoreError> {
-        self.reseal(ring)?;
+        self.seal(ring)?;
         sqlx::query(
             "UPDATE durable_sessions SET journal_rows = ?, resolutions = ?, issued_rows = ?, \
              approvals = ?, head = ? WHERE id = ?",
@@ -356,18 +215,7 @@ impl JournalCount {
     /// Checks that the session's journal holds exactly rows `1..=head.journal_rows`: a
     /// deleted row leaves a gap or a short count, an inserted one a long count.
     pub(crate) fn check(&self, head: &HeadRow) -> Result<(), StoreError> {
-        let JournalCount { count, top, bottom } = *self;
-        if count != head.journal_rows || top != head.journal_rows || bottom != 1 {
-            return Err(StoreError::Tampered {
-                session: head.session.clone(),
-                what: "the journal".to_owned(),
-                detail: format!(
-                    "the session head records {} rows, the table holds {count} (seq {bottom}..={top}): rows were deleted or inserted",
-                    head.journal_rows
-                ),
-            });
-        }
-        Ok(())
+        check_journal_extent(head, self.count, self.top, self.bottom)
     }
 }
 
@@ -488,103 +336,6 @@ impl StepCheck {
     }
 }
 
-/// The seal of message `seq`, chained to `previous`.
-pub(crate) fn seal_message(
-    ring: &Keyring,
-    session: &SessionId,
-    seq: i64,
-    message: &str,
-    previous: &str,
-) -> Result<String, StoreError> {
-    ring.seal(&message_fields(session.as_str(), seq, message, previous))
-}
-
-/// Checks message `seq`'s seal, chained to `previous`.
-pub(crate) fn check_message(
-    ring: &Keyring,
-    session: &SessionId,
-    seq: i64,
-    message: &str,
-    previous: &str,
-    seal: Option<&str>,
-) -> Result<(), StoreError> {
-    ring.verify(
-        session,
-        || format!("message {seq}"),
-        &message_fields(session.as_str(), seq, message, previous),
-        seal,
-    )
-}
-
-/// A checkpoint's sealed columns (snapshots resolved to their text).
-pub(crate) struct RawCheckpoint<'a> {
-    pub(crate) session: &'a SessionId,
-    pub(crate) version: i64,
-    pub(crate) last_seq: i64,
-    pub(crate) message_count: i64,
-    pub(crate) last_message_seal: &'a str,
-    pub(crate) plan: &'a str,
-    pub(crate) budget: &'a str,
-    pub(crate) state: &'a str,
-    pub(crate) app_version: &'a str,
-    pub(crate) previous: &'a str,
-}
-
-impl RawCheckpoint<'_> {
-    fn fields(&self) -> Fields {
-        CheckpointFields {
-            session: self.session.as_str(),
-            version: self.version,
-            last_seq: self.last_seq,
-            message_count: self.message_count,
-            last_message_seal: self.last_message_seal,
-            plan: self.plan,
-            budget: self.budget,
-            state: self.state,
-            app_version: self.app_version,
-            previous: self.previous,
-        }
-        .fields()
-    }
-
-    /// The checkpoint's seal.
-    pub(crate) fn seal(&self, ring: &Keyring) -> Result<String, StoreError> {
-        ring.seal(&self.fields())
-    }
-
-    /// Checks the checkpoint's seal.
-    pub(crate) fn check(&self, ring: &Keyring, seal: Option<&str>) -> Result<(), StoreError> {
-        ring.verify(
-            self.session,
-            || format!("checkpoint {}", self.version),
-            &self.fields(),
-            seal,
-        )
-    }
-}
-
-/// A resolution's sealed columns.
-pub(crate) fn resolution_fields<'a>(
-    call: &'a str,
-    session: &'a SessionId,
-    position: i64,
-    decision: &'a str,
-    result: Option<&'a str>,
-    by: &'a str,
-    note: Option<&'a str>,
-) -> Fields {
-    ResolutionFields {
-        call,
-        session: session.as_str(),
-        position,
-        decision,
-        result,
-        by,
-        note,
-    }
-    .fields()
-}
-
 /// The seal of a message `seq` of a session as stored, or `""` for seq 0.
 pub(crate) async fn message_seal_at(
     conn: &mut SqliteConnection,
@@ -611,4 +362,22 @@ pub(crate) async fn message_seal_at(
             detail: "it is missing from the transcript".to_owned(),
         }),
     }
+}
+
+/// Reads the sealed columns of a `durable_resolutions` row of `session`.
+pub(crate) fn raw_resolution(
+    row: &SqliteRow,
+    session: &SessionId,
+) -> Result<RawResolution, StoreError> {
+    let col = |name: &str| rows::col::<String>(row, name, session, None);
+    let opt = |name: &str| rows::col::<Option<String>>(row, name, session, None);
+    Ok(RawResolution {
+        call: col("call_id")?,
+        position: rows::col(row, "position", session, None)?,
+        decision: col("decision")?,
+        result: opt("result")?,
+        by: col("resolved_by")?,
+        note: opt("note")?,
+        seal: opt("seal")?,
+    })
 }

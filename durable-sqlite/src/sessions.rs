@@ -1,9 +1,10 @@
 //! Sessions: creating one with its initial checkpoint and first lease, reading and
 //! listing them, and setting their status.
 
+use async_trait::async_trait;
 use durable_core::store::{
-    DEFAULT_QUEUE, FORMAT_VERSION, Fence, Lease, NewSession, SessionFilter, SessionRecord,
-    SessionStatus,
+    DEFAULT_QUEUE, FORMAT_VERSION, Fence, Lease, ListedSession, NewSession, SessionFilter,
+    SessionRecord, SessionStatus, SessionStore,
 };
 use durable_core::{SessionId, StoreError};
 use sqlx::AssertSqlSafe;
@@ -12,7 +13,7 @@ use crate::SqliteStore;
 use crate::checkpoints;
 use crate::error::db;
 use crate::rows::{self, json, session_cols};
-use crate::seal::HeadRow;
+use crate::seal::{HeadRow, StoreHead};
 use crate::tx::{self, WriteTx, millis};
 
 pub(crate) async fn create_session(
@@ -125,7 +126,7 @@ pub(crate) async fn list_sessions(
 pub(crate) async fn list_session_rows(
     store: &SqliteStore,
     filter: &SessionFilter,
-) -> Result<Vec<durable_core::store::ListedSession>, StoreError> {
+) -> Result<Vec<ListedSession>, StoreError> {
     list_rows(store, filter)
         .await?
         .iter()
@@ -215,4 +216,43 @@ pub(crate) async fn set_status(
     }
     .await;
     tx.finish(result).await
+}
+
+#[async_trait]
+impl SessionStore for SqliteStore {
+    async fn create_session(&self, new: NewSession) -> Result<(SessionRecord, Lease), StoreError> {
+        let created = create_session(self, new).await?;
+        self.work_available();
+        Ok(created)
+    }
+
+    async fn session(&self, id: &SessionId) -> Result<SessionRecord, StoreError> {
+        session(self, id).await
+    }
+
+    async fn list_sessions(
+        &self,
+        filter: &SessionFilter,
+    ) -> Result<Vec<SessionRecord>, StoreError> {
+        list_sessions(self, filter).await
+    }
+
+    async fn list_session_rows(
+        &self,
+        filter: &SessionFilter,
+    ) -> Result<Vec<ListedSession>, StoreError> {
+        list_session_rows(self, filter).await
+    }
+
+    async fn set_status(
+        &self,
+        fence: Fence<'_>,
+        status: SessionStatus,
+        reason: Option<&str>,
+    ) -> Result<(), StoreError> {
+        set_status(self, fence, status, reason).await?;
+        // The lease is given up: for a session still active, or a place in its queue.
+        self.work_available();
+        Ok(())
+    }
 }

@@ -52,7 +52,7 @@ impl SqliteStoreOptions {
     /// Test-only (feature `testing`), **loses acknowledged writes on power loss**: run
     /// every connection with `synchronous = level` instead of `FULL`, and open instead
     /// of refusing with [`StoreError::NotDurable`](durable_core::StoreError::NotDurable).
-    /// [`durability`](durable_core::CheckpointStore::durability) still names the
+    /// [`durability`](durable_core::store::StoreBase::durability) still names the
     /// setting, so unsafe tools still refuse, unless
     /// [`dangerous_report_durable`](Self::dangerous_report_durable) is set too.
     #[doc(hidden)]
@@ -62,7 +62,7 @@ impl SqliteStoreOptions {
     }
 
     /// Test-only (feature `testing`), **lets unsafe tools run on a store that can lose
-    /// their *issued* rows**: [`durability`](durable_core::CheckpointStore::durability)
+    /// their *issued* rows**: [`durability`](durable_core::store::StoreBase::durability)
     /// reports the store durable whatever its settings, as a store that never checked
     /// them would. It exists so the power-loss tests can show what the check prevents.
     #[doc(hidden)]

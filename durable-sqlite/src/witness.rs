@@ -36,7 +36,7 @@
 //! a consistent older state is consistent. Keep the witness where the database's backups
 //! do not go, if that threat matters to you.
 //!
-//! [`issue_call`]: durable_core::CheckpointStore::issue_call
+//! [`issue_call`]: durable_core::store::JournalStore::issue_call
 //! [`SqliteStore::acknowledge_rollback`]: crate::SqliteStore::acknowledge_rollback
 
 use std::collections::{BTreeMap, HashMap};

@@ -3,12 +3,13 @@
 //! removed or edited, a status moved on, an audit row deleted or edited, the head's
 //! count lowered) is `Tampered` on the next read, never taken as a decision.
 
+use durable_core::store::{ApprovalStore, JournalStore, LeaseStore, SessionStore};
 use std::path::Path;
 use std::time::Duration;
 
 use durable_core::store::{
-    ApprovalDecision, ApprovalRequest, CallIdentity, CallKind, CheckpointStore, DecideApproval,
-    IssueOutcome, NewCall, NewCheckpoint, NewSession,
+    ApprovalDecision, ApprovalRequest, CallIdentity, CallKind, DecideApproval, IssueOutcome,
+    NewCall, NewCheckpoint, NewSession,
 };
 use durable_core::{CallId, ReplayClass, SessionId, StoreError};
 use durable_sqlite::{SqliteStore, SqliteStoreOptions};

@@ -5,12 +5,13 @@
 //! Commits are counted from sqlx's query log (statements that end with `COMMIT`), so the
 //! batching is observed, not inferred from timing.
 
+use durable_core::store::{JournalStore, SessionStore};
 use std::str::FromStr;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use durable_core::store::{
-    CallIdentity, CallKind, CallOutcome, CheckpointStore, FinishCall, IssueOutcome, Lease, NewCall,
-    NewCheckpoint, NewSession,
+    CallIdentity, CallKind, CallOutcome, FinishCall, IssueOutcome, Lease, NewCall, NewCheckpoint,
+    NewSession,
 };
 use durable_core::{CallId, ReplayClass, SessionId, StoreError};
 use durable_sqlite::SqliteStore;

@@ -1,6 +1,7 @@
 //! File hygiene of `SqliteStore`: private file modes, refusing files that are not stores,
 //! the read-only open, and `Send` open futures.
 
+use durable_core::store::{LeaseStore, SessionStore};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

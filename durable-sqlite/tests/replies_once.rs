@@ -1,6 +1,7 @@
 //! Schema 5: a model reply pushed onto the transcript is stored once, in the journal, and
 //! the message refers to its row; everything that reads the transcript reads the text.
 
+use durable_core::store::CheckpointLog;
 use std::sync::Arc;
 
 use durable_core::{

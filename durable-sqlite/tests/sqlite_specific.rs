@@ -4,6 +4,10 @@
 //! smoke test here only proves every method works end to end on both store kinds.
 
 use durable_core::store::Claim;
+use durable_core::store::{
+    CheckpointLog, CheckpointStoreExt, JournalStore, LeaseStore, MaintenanceStore, SessionStore,
+    StoreBase,
+};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;

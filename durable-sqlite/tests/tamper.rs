@@ -2,6 +2,7 @@
 //! (`durable_core::conformance::tamper`), key handling (an application key, rotation, a
 //! writer without the key, adoption of a store written without seals).
 
+use durable_core::store::{CheckpointLog, JournalStore, ResolutionStore, SessionStore};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 

@@ -7,6 +7,7 @@
 //! and its index dropped (and schema 5's `call_seq` and view: these sessions have no model
 //! replies), migrations 4 and 5 forgotten.
 
+use durable_core::store::{CheckpointLog, JournalStore, SessionStore};
 use std::path::Path;
 use std::time::Duration;
 
@@ -15,7 +16,7 @@ use durable_core::store::{
     CallIdentity, CallKind, CallOutcome, CallStatus, FinishCall, IssueOutcome, Lease, NewCall,
     NewCheckpoint, NewSession,
 };
-use durable_core::{CallId, CheckpointStore, ReplayClass, SessionId, StoreError};
+use durable_core::{CallId, ReplayClass, SessionId, StoreError};
 use durable_sqlite::{SqliteStore, SqliteStoreOptions};
 use serde_json::json;
 use sqlx::{ConnectOptions, Row, SqliteConnection};

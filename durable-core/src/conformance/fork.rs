@@ -8,7 +8,7 @@ use super::checkpoints::{load, values};
 use super::{LONG_TTL, checkpoint, create, expect_err, message, owner, read, session_id};
 use crate::error::DurableError;
 use crate::error::StoreError;
-use crate::store::{CallStatus, CheckpointStore, SessionStatus};
+use crate::store::{CallStatus, CheckpointStore, CheckpointStoreExt, SessionStatus};
 
 /// A fork's version 0 equals the source version; the source is untouched, the fork is
 /// leased to the given owner and its log is its own.

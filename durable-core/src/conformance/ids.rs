@@ -1,7 +1,7 @@
 //! Cases: ids a user chooses (session ids, fork targets, owners, app versions) are
 //! validated at the store boundary, identically on every backend.
 
-use crate::store::Claim;
+use crate::store::{CheckpointStoreExt, Claim};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 

@@ -39,7 +39,7 @@ async fn claim_all(
     panic!("claim_expired still returned sessions after {bound} claims");
 }
 
-/// Marks `lease` running ([`CheckpointStore::mark_running`]): its holder ran the session,
+/// Marks `lease` running ([`CheckpointStore::mark_running`](crate::store::LeaseStore::mark_running)): its holder ran the session,
 /// so a death from now on counts.
 async fn ran(store: &dyn CheckpointStore, lease: &Lease) {
     store

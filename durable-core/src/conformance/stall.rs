@@ -26,6 +26,10 @@ use crate::store::{
     ResolutionRecord, ResolveCall, RetargetSession, SessionFilter, SessionRecord, SessionStatus,
     StoredMessage,
 };
+use crate::store::{
+    ApprovalStore, CheckpointLog, JournalStore, LeaseStore, MaintenanceStore, QueueStore,
+    ResolutionStore, SessionStore, StoreBase,
+};
 
 /// Wraps a real store; see the module docs.
 pub(super) struct Probe {
@@ -106,7 +110,7 @@ impl Probe {
 }
 
 #[async_trait]
-impl CheckpointStore for Probe {
+impl StoreBase for Probe {
     fn backend(&self) -> &'static str {
         self.inner.backend()
     }
@@ -122,7 +126,10 @@ impl CheckpointStore for Probe {
     async fn now(&self) -> Result<i64, StoreError> {
         self.inner.now().await
     }
+}
 
+#[async_trait]
+impl SessionStore for Probe {
     async fn create_session(&self, new: NewSession) -> Result<(SessionRecord, Lease), StoreError> {
         self.inner.create_session(new).await
     }
@@ -138,6 +145,18 @@ impl CheckpointStore for Probe {
         self.inner.list_sessions(filter).await
     }
 
+    async fn set_status(
+        &self,
+        fence: Fence<'_>,
+        status: SessionStatus,
+        reason: Option<&str>,
+    ) -> Result<(), StoreError> {
+        self.inner.set_status(fence, status, reason).await
+    }
+}
+
+#[async_trait]
+impl LeaseStore for Probe {
     async fn acquire_lease(
         &self,
         id: &SessionId,
@@ -172,6 +191,17 @@ impl CheckpointStore for Probe {
         self.inner.claim_expired(claim).await
     }
 
+    async fn unpark_session(&self, id: &SessionId) -> Result<SessionRecord, StoreError> {
+        self.inner.unpark_session(id).await
+    }
+
+    async fn list_expired(&self, limit: i64) -> Result<Vec<SessionRecord>, StoreError> {
+        self.inner.list_expired(limit).await
+    }
+}
+
+#[async_trait]
+impl QueueStore for Probe {
     async fn set_queue_limit(
         &self,
         queue: &str,
@@ -191,24 +221,10 @@ impl CheckpointStore for Probe {
     async fn wake_session(&self, id: &SessionId) -> Result<SessionRecord, StoreError> {
         self.inner.wake_session(id).await
     }
+}
 
-    async fn unpark_session(&self, id: &SessionId) -> Result<SessionRecord, StoreError> {
-        self.inner.unpark_session(id).await
-    }
-
-    async fn list_expired(&self, limit: i64) -> Result<Vec<SessionRecord>, StoreError> {
-        self.inner.list_expired(limit).await
-    }
-
-    async fn set_status(
-        &self,
-        fence: Fence<'_>,
-        status: SessionStatus,
-        reason: Option<&str>,
-    ) -> Result<(), StoreError> {
-        self.inner.set_status(fence, status, reason).await
-    }
-
+#[async_trait]
+impl CheckpointLog for Probe {
     async fn save_checkpoint(
         &self,
         fence: Fence<'_>,
@@ -248,7 +264,10 @@ impl CheckpointStore for Probe {
     ) -> Result<(SessionRecord, Lease), StoreError> {
         self.inner.fork_session_with(fork).await
     }
+}
 
+#[async_trait]
+impl JournalStore for Probe {
     async fn issue_call(
         &self,
         fence: Fence<'_>,
@@ -342,7 +361,10 @@ impl CheckpointStore for Probe {
     async fn in_doubt(&self, session: Option<&SessionId>) -> Result<Vec<CallRecord>, StoreError> {
         self.inner.in_doubt(session).await
     }
+}
 
+#[async_trait]
+impl ResolutionStore for Probe {
     async fn resolve_call(&self, resolve: ResolveCall) -> Result<CallRecord, StoreError> {
         self.inner.resolve_call(resolve).await
     }
@@ -350,7 +372,10 @@ impl CheckpointStore for Probe {
     async fn resolutions(&self, session: &SessionId) -> Result<Vec<ResolutionRecord>, StoreError> {
         self.inner.resolutions(session).await
     }
+}
 
+#[async_trait]
+impl ApprovalStore for Probe {
     async fn request_call(
         &self,
         fence: Fence<'_>,
@@ -374,7 +399,10 @@ impl CheckpointStore for Probe {
     async fn approvals(&self, session: &SessionId) -> Result<Vec<ApprovalRecord>, StoreError> {
         self.inner.approvals(session).await
     }
+}
 
+#[async_trait]
+impl MaintenanceStore for Probe {
     async fn record_error(&self, error: NewError) -> Result<(), StoreError> {
         self.inner.record_error(error).await
     }

@@ -17,8 +17,8 @@ use crate::ids::{CallId, SessionId};
 use crate::journal::CallError;
 use crate::replay::ReplayClass;
 use crate::store::{
-    CallOutcome, CallStatus, CheckpointStore, FinishCall, NewCheckpoint, NewSession, Resolution,
-    ResolveCall,
+    CallOutcome, CallStatus, CheckpointStore, CheckpointStoreExt, FinishCall, NewCheckpoint,
+    NewSession, Resolution, ResolveCall,
 };
 use crate::transcript::Message;
 

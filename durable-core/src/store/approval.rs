@@ -4,12 +4,12 @@
 //! [`Approval`] (who asked, the model's reasoning, a deadline, the tool's argument
 //! schema) and nothing executes. A person then approves it (optionally with edited
 //! arguments), denies it with a reason, or lets its deadline pass
-//! ([`CheckpointStore::decide_approval`](crate::CheckpointStore::decide_approval)). Every
+//! ([`CheckpointStore::decide_approval`](crate::store::ApprovalStore::decide_approval)). Every
 //! request and decision is also an audit row ([`ApprovalRecord`]), sealed at its position
 //! in the session's approval log and counted by the session head, like resolutions.
 //!
 //! An approved row runs once, under its replay class, when the session's turn is replayed:
-//! [`reissue_call`](crate::CheckpointStore::reissue_call) takes it from `approved` to
+//! [`reissue_call`](crate::store::JournalStore::reissue_call) takes it from `approved` to
 //! `issued`, with the edited arguments if there are any. A denied row holds its denial as
 //! its recorded error, which replay returns to the model.
 //!
@@ -23,7 +23,7 @@ use crate::StoreError;
 use crate::ids::{CallId, SessionId};
 
 /// Why and until when a call waits for a person: what
-/// [`request_call`](crate::CheckpointStore::request_call) journals with the row.
+/// [`request_call`](crate::store::ApprovalStore::request_call) journals with the row.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApprovalRequest {
     /// Who or what asked for the approval: the tool's rule (`"tool: approval required"`),
@@ -351,7 +351,7 @@ pub enum ApprovalEvent {
     /// Its deadline passed undecided.
     Expired,
     /// The approved call was issued to run
-    /// ([`reissue_call`](crate::CheckpointStore::reissue_call)).
+    /// ([`reissue_call`](crate::store::JournalStore::reissue_call)).
     Issued,
 }
 
@@ -442,7 +442,7 @@ pub struct ApprovalRecord {
 
 /// A call awaiting a decision, as [`pending_approvals`] lists it.
 ///
-/// [`pending_approvals`]: crate::CheckpointStore::pending_approvals
+/// [`pending_approvals`]: crate::store::ApprovalStore::pending_approvals
 #[derive(Debug, Clone, PartialEq)]
 pub struct PendingApproval {
     /// The journal row (status `requested`, its [`approval`](CallRecord::approval) set),

@@ -54,7 +54,7 @@ pub const FORK_AUDIT_MARK: &str = "@fork";
 /// The second element of an audit pair for a call the operator let the fork run again.
 pub const FORK_AUDIT_RERUN: &str = "rerun";
 
-/// A fork request ([`CheckpointStore::fork_session_with`](crate::CheckpointStore::fork_session_with)).
+/// A fork request ([`CheckpointStore::fork_session_with`](crate::store::CheckpointLog::fork_session_with)).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct ForkSession {

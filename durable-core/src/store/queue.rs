@@ -8,7 +8,7 @@ use tokio::sync::watch;
 
 use crate::error::StoreError;
 
-/// What [`CheckpointStore::claim_expired`](super::CheckpointStore::claim_expired) may
+/// What [`CheckpointStore::claim_expired`](super::LeaseStore::claim_expired) may
 /// take, and for whom.
 ///
 /// ```
@@ -76,7 +76,7 @@ impl Claim {
     }
 }
 
-/// How one queue stands, from [`CheckpointStore::queues`](super::CheckpointStore::queues):
+/// How one queue stands, from [`CheckpointStore::queues`](super::QueueStore::queues):
 /// what operators watch (`durable workers`, the console).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[non_exhaustive]
@@ -119,7 +119,7 @@ impl QueueInfo {
 /// Tells idle worker pools that work may have become available (a session submitted or
 /// released, a decision taken, a sleeper woken), so that they claim at once instead of
 /// at their next poll. A store holds one and hands out [`WorkEvents`]
-/// ([`CheckpointStore::work_events`](super::CheckpointStore::work_events)); it is a
+/// ([`CheckpointStore::work_events`](super::QueueStore::work_events)); it is a
 /// speed-up only: pools poll as well, and a notification may be spurious.
 #[derive(Debug, Clone)]
 pub struct WorkNotifier(std::sync::Arc<watch::Sender<u64>>);

@@ -8,12 +8,13 @@ pub(crate) mod reads;
 
 pub(crate) use reads::{load_checkpoint, load_checkpoint_window, messages};
 
+use async_trait::async_trait;
 use durable_core::StoreError;
 use durable_core::ids::{CallId, SessionId};
 use durable_core::integrity::Keyring;
 use durable_core::store::{
-    CheckpointMeta, FORMAT_VERSION, Fence, ForkCopy, ForkSession, Lease, NewCheckpoint,
-    SessionRecord, fork_audit_map, fork_copies,
+    Checkpoint, CheckpointLog, CheckpointMeta, FORMAT_VERSION, Fence, ForkCopy, ForkSession, Lease,
+    NewCheckpoint, SessionRecord, StoredMessage, fork_audit_map, fork_copies,
 };
 use serde_json::Value;
 use sqlx::postgres::PgConnection;
@@ -633,4 +634,53 @@ pub(crate) async fn append_checkpoint(
         app_version: locked.app_version.clone(),
         created_at: now,
     })
+}
+
+#[async_trait]
+impl CheckpointLog for PostgresStore {
+    async fn save_checkpoint(
+        &self,
+        fence: Fence<'_>,
+        expected: i64,
+        checkpoint: NewCheckpoint,
+    ) -> Result<CheckpointMeta, StoreError> {
+        save_checkpoint(self, fence, expected, checkpoint).await
+    }
+
+    async fn load_checkpoint(
+        &self,
+        id: &SessionId,
+        version: Option<i64>,
+    ) -> Result<Checkpoint, StoreError> {
+        load_checkpoint(self, id, version).await
+    }
+
+    async fn load_checkpoint_window(
+        &self,
+        id: &SessionId,
+        version: Option<i64>,
+        window: usize,
+    ) -> Result<Checkpoint, StoreError> {
+        load_checkpoint_window(self, id, version, Some(window)).await
+    }
+
+    async fn messages(
+        &self,
+        id: &SessionId,
+        from: i64,
+        to: i64,
+    ) -> Result<Vec<StoredMessage>, StoreError> {
+        messages(self, id, from, to).await
+    }
+
+    async fn list_checkpoints(&self, id: &SessionId) -> Result<Vec<CheckpointMeta>, StoreError> {
+        list_checkpoints(self, id).await
+    }
+
+    async fn fork_session_with(
+        &self,
+        fork: &ForkSession,
+    ) -> Result<(SessionRecord, Lease), StoreError> {
+        fork_session(self, fork).await
+    }
 }

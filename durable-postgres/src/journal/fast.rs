@@ -23,7 +23,7 @@ use super::{Stored, new_row};
 use crate::PostgresStore;
 use crate::error::db;
 use crate::rows::get;
-use crate::seal::{self, RawCall};
+use crate::seal;
 use crate::tx;
 
 /// What [`insert`] did.
@@ -200,7 +200,7 @@ pub(super) async fn finish(
         return Ok(false);
     };
     let head = seal::head_from_row(&row, fence.session)?;
-    let mut raw = RawCall::from_row(&row)?;
+    let mut raw = seal::raw_call(&row)?;
     if get::<i64>(&row, "session_fence")? != fence.token
         || raw.session != fence.session.as_str()
         || raw.status != CallStatus::Issued.as_str()

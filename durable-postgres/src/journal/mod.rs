@@ -7,12 +7,14 @@ pub(crate) mod reads;
 
 pub(crate) use reads::{call, calls, calls_page, in_doubt, issued_calls};
 
+use async_trait::async_trait;
 use durable_core::StoreError;
 use durable_core::ids::{CallId, SessionId};
 use durable_core::integrity::Keyring;
 use durable_core::store::{
     Approval, ApprovalEvent, ApprovalRequest, CallOutcome, CallRecord, CallStatus, CheckpointMeta,
-    EditedKey, FORMAT_VERSION, Fence, FinishCall, IssueOutcome, NewCall, NewCheckpoint,
+    EditedKey, FORMAT_VERSION, Fence, FinishCall, IssueOutcome, JournalStore, NewCall,
+    NewCheckpoint,
 };
 use sqlx::postgres::PgConnection;
 
@@ -649,7 +651,7 @@ async fn lock_session_and_call(
         return Ok((locked, raw, row_fence));
     };
     let locked = tx::locked_from_row(&mut *conn, ring, fence, &row, want).await?;
-    let raw = RawCall::from_row(&row)?;
+    let raw = seal::raw_call(&row)?;
     raw.check(ring)?;
     if raw.session != fence.session.as_str() {
         return Err(StoreError::LeaseLost {
@@ -679,7 +681,7 @@ pub(crate) async fn lock_call(
     .await
     .map_err(db)?
     .ok_or_else(|| StoreError::CallNotFound(call.clone()))?;
-    let raw = RawCall::from_row(&row)?;
+    let raw = seal::raw_call(&row)?;
     raw.check(ring)?;
     if let Some(fence) = fence
         && raw.session != fence.session.as_str()
@@ -690,4 +692,80 @@ pub(crate) async fn lock_call(
         });
     }
     Ok((raw, get(&row, "fence")?))
+}
+
+#[async_trait]
+impl JournalStore for PostgresStore {
+    async fn issue_call(
+        &self,
+        fence: Fence<'_>,
+        call: NewCall,
+    ) -> Result<IssueOutcome, StoreError> {
+        issue_call(self, fence, call).await
+    }
+
+    async fn record_call(
+        &self,
+        fence: Fence<'_>,
+        call: NewCall,
+        finish: FinishCall,
+    ) -> Result<IssueOutcome, StoreError> {
+        record_call(self, fence, call, finish).await
+    }
+
+    async fn reissue_call(
+        &self,
+        fence: Fence<'_>,
+        call: &CallId,
+    ) -> Result<CallRecord, StoreError> {
+        reissue_call(self, fence, call, None).await
+    }
+
+    async fn issue_approved(
+        &self,
+        fence: Fence<'_>,
+        call: &CallId,
+        key: Option<EditedKey>,
+    ) -> Result<CallRecord, StoreError> {
+        reissue_call(self, fence, call, Some(key)).await
+    }
+
+    async fn finish_call(
+        &self,
+        fence: Fence<'_>,
+        call: &CallId,
+        finish: FinishCall,
+        checkpoint: Option<(i64, NewCheckpoint)>,
+    ) -> Result<Option<CheckpointMeta>, StoreError> {
+        finish_call(self, fence, call, finish, checkpoint).await
+    }
+
+    async fn call(&self, id: &CallId) -> Result<CallRecord, StoreError> {
+        call(self, id).await
+    }
+
+    async fn calls(
+        &self,
+        session: &SessionId,
+        step: Option<i64>,
+    ) -> Result<Vec<CallRecord>, StoreError> {
+        calls(self, session, step).await
+    }
+
+    async fn calls_page(
+        &self,
+        session: &SessionId,
+        after: i64,
+        limit: i64,
+    ) -> Result<Vec<CallRecord>, StoreError> {
+        calls_page(self, session, after, limit).await
+    }
+
+    async fn issued_calls(&self, session: &SessionId) -> Result<Vec<CallRecord>, StoreError> {
+        issued_calls(self, session).await
+    }
+
+    async fn in_doubt(&self, session: Option<&SessionId>) -> Result<Vec<CallRecord>, StoreError> {
+        in_doubt(self, session).await
+    }
 }

@@ -2,6 +2,7 @@
 //! a random write operation, run the workers until the power goes, close everything,
 //! apply the cut, reopen and check.
 
+use durable_core::store::{JournalStore, SessionStore};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::sync::atomic::Ordering;
