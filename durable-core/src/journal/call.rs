@@ -1139,6 +1139,11 @@ impl Journal {
         // Until its outcome is recorded, this row is ours; if this future is dropped or
         // the outcome cannot be recorded, `running` hands it over to the barrier.
         let Execution { outcome, edited } = execution;
+        // The write that issued the row may have returned after this worker's lease ran
+        // out (the process paused after the commit): another worker may hold the session
+        // and have settled the call by now. Nothing runs then; the row is in doubt, as
+        // after a crash.
+        self.check_lease().inspect_err(super::refused_span)?;
         let mut ctx = self.context(&row);
         ctx.edited = edited;
         let (result, spend) = self.run_with_retry(spec, ctx, run).await;
