@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use durable::memory::{MemoryStore, MemoryStoreOptions};
 use durable::store::{Lease, Resolution};
-use durable::{CheckpointStore, Durable, DurableError, Message, ReplayClass, StartOptions, ToolSpec};
+use durable::{
+    CheckpointStore, Durable, DurableError, Message, ReplayClass, StartOptions, ToolSpec,
+};
 use serde_json::{Value, json};
 
 fn worker(store: &Arc<dyn CheckpointStore>, owner: &str) -> Durable {
@@ -19,10 +21,14 @@ fn worker(store: &Arc<dyn CheckpointStore>, owner: &str) -> Durable {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interrupted_unsafe_call_is_resolved_by_an_operator_and_never_runs_twice() {
-    let store: Arc<dyn CheckpointStore> = Arc::new(
-        MemoryStore::open(MemoryStoreOptions::new().accept_volatile(true)).expect("open"),
+    let store: Arc<dyn CheckpointStore> =
+        Arc::new(MemoryStore::open(MemoryStoreOptions::new().accept_volatile(true)).expect("open"));
+    let pay = ToolSpec::new(
+        "pay",
+        "Pay an invoice.",
+        ReplayClass::UnsafeOnReplay,
+        json!({}),
     );
-    let pay = ToolSpec::new("pay", "Pay an invoice.", ReplayClass::UnsafeOnReplay, json!({}));
     let runs = Arc::new(AtomicUsize::new(0));
 
     // A worker starts the turn; the effect runs, and the worker dies before its outcome
@@ -74,7 +80,10 @@ async fn an_interrupted_unsafe_call_is_resolved_by_an_operator_and_never_runs_tw
         .await
         .expect_err("an in-doubt unsafe call is not run again");
     assert!(
-        matches!(refused, durable::CallError::Durable(DurableError::ReplayUnsafe { .. })),
+        matches!(
+            refused,
+            durable::CallError::Durable(DurableError::ReplayUnsafe { .. })
+        ),
         "refused as ReplayUnsafe: {refused:?}"
     );
     assert_eq!(runs.load(Ordering::SeqCst), 1, "nothing ran on the refusal");
@@ -106,7 +115,10 @@ async fn an_interrupted_unsafe_call_is_resolved_by_an_operator_and_never_runs_tw
     };
     store.release_lease(&held).await.expect("release");
     let third = worker(&store, "worker-3");
-    let resumed = third.resume::<Message>(&id).await.expect("resume after resolution");
+    let resumed = third
+        .resume::<Message>(&id)
+        .await
+        .expect("resume after resolution");
     let counter = Arc::clone(&runs);
     let result = resumed
         .session
@@ -122,5 +134,9 @@ async fn an_interrupted_unsafe_call_is_resolved_by_an_operator_and_never_runs_tw
         .await
         .expect("the resolved call returns its result");
     assert_eq!(result, json!({"paid": 7}), "the operator's result");
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "the payment ran exactly once");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the payment ran exactly once"
+    );
 }

@@ -3,8 +3,8 @@
 
 use durable_core::integrity::Keyring;
 use durable_core::store::{
-    ApprovalEvent, ApprovalRecord, ApprovalRequest, CallRecord, CallStatus, DecideApproval,
-    Fence, IssueOutcome, NewCall, PendingApproval, SessionStatus,
+    ApprovalEvent, ApprovalRecord, ApprovalRequest, CallRecord, CallStatus, DecideApproval, Fence,
+    IssueOutcome, NewCall, PendingApproval, SessionStatus,
 };
 use durable_core::{CallId, SessionId, StoreError};
 
@@ -36,7 +36,11 @@ pub(crate) fn entry(
 
 /// Appends `row` to the session's approval log, sealed at the next position; the head
 /// counts it (the caller re-seals the head).
-pub(crate) fn append(ring: &Keyring, session: &mut Session, mut row: AuditRow) -> Result<(), StoreError> {
+pub(crate) fn append(
+    ring: &Keyring,
+    session: &mut Session,
+    mut row: AuditRow,
+) -> Result<(), StoreError> {
     row.position = session.head.approvals + 1;
     row.seal = Some(ring.seal(&seal::approval_fields(&session.record.id, &row))?);
     session.approvals.push(row);
@@ -68,7 +72,10 @@ pub(crate) fn request_call(
 /// `decide_approval`: a person's decision (or the deadline's), applied by core's one rule
 /// ([`DecideApproval::apply`]), audited; the last decision a waiting session needed makes
 /// it active again, released.
-pub(crate) fn decide_approval(store: &MemoryStore, decide: DecideApproval) -> Result<CallRecord, StoreError> {
+pub(crate) fn decide_approval(
+    store: &MemoryStore,
+    decide: DecideApproval,
+) -> Result<CallRecord, StoreError> {
     decide.validate()?;
     let ring = store.ring();
     let now = store.clock();
@@ -95,7 +102,19 @@ pub(crate) fn decide_approval(store: &MemoryStore, decide: DecideApproval) -> Re
     let args_before = args_after.is_some().then(|| seal::text(&row.record.args));
     let record = row.record.clone();
     session.journal[at] = row;
-    append(ring, session, entry(id, change.event, &decide.by, change.note, args_before, args_after, now))?;
+    append(
+        ring,
+        session,
+        entry(
+            id,
+            change.event,
+            &decide.by,
+            change.note,
+            args_before,
+            args_after,
+            now,
+        ),
+    )?;
     seal::seal_head(ring, session)?;
     if session.record.status == SessionStatus::AwaitingApproval && !session.has_requested() {
         let r = &mut session.record;
@@ -124,8 +143,11 @@ pub(crate) fn pending_approvals(
         .filter(|r| r.record.status == CallStatus::Requested)
         .collect();
     rows.sort_by(|a, b| {
-        (a.record.issued_at, &a.record.identity.session, a.seq)
-            .cmp(&(b.record.issued_at, &b.record.identity.session, b.seq))
+        (a.record.issued_at, &a.record.identity.session, a.seq).cmp(&(
+            b.record.issued_at,
+            &b.record.identity.session,
+            b.seq,
+        ))
     });
     rows.into_iter()
         .map(|row| {
@@ -140,10 +162,20 @@ pub(crate) fn pending_approvals(
 }
 
 /// `approvals`: the approval log, checked row by row and against the head.
-pub(crate) fn approvals(store: &MemoryStore, session: &SessionId) -> Result<Vec<ApprovalRecord>, StoreError> {
+pub(crate) fn approvals(
+    store: &MemoryStore,
+    session: &SessionId,
+) -> Result<Vec<ApprovalRecord>, StoreError> {
     let state = store.lock();
     let s = state.session(session)?;
-    seal::check_log(store.ring(), s, &s.approvals, s.head.approvals, "approval event", seal::approval_fields)?;
+    seal::check_log(
+        store.ring(),
+        s,
+        &s.approvals,
+        s.head.approvals,
+        "approval event",
+        seal::approval_fields,
+    )?;
     let json = |text: &Option<String>, position: i64| {
         text.as_deref()
             .map(serde_json::from_str)

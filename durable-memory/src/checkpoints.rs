@@ -56,7 +56,12 @@ pub(crate) fn append(
                 .clone()
                 .unwrap_or_default(),
         };
-        (cp.last_seq, cp.message_count, chain, cp.seal.clone().unwrap_or_default())
+        (
+            cp.last_seq,
+            cp.message_count,
+            chain,
+            cp.seal.clone().unwrap_or_default(),
+        )
     };
     // Everything is computed (and sealed) before anything is written.
     let mut logged = Vec::with_capacity(checkpoint.messages.len());
@@ -236,7 +241,10 @@ pub(crate) fn fork_session(
     // transcript or journal under fresh seals.
     let checkpoint = load(ring, &state, &fork.source, Some(fork.version), None)?;
     let source = state.session(&fork.source)?;
-    let rows: Vec<CallRow> = seal::checked_journal(ring, source)?.into_iter().cloned().collect();
+    let rows: Vec<CallRow> = seal::checked_journal(ring, source)?
+        .into_iter()
+        .cloned()
+        .collect();
     let records: Vec<_> = rows.iter().map(|r| r.record.clone()).collect();
     let copies = fork_copies(fork, &records)?;
     if state.sessions.contains_key(&fork.new_id) {
@@ -274,12 +282,13 @@ pub(crate) fn fork_session(
             seal: Some(chain.clone()),
         });
     }
-    let source_row = source
-        .checkpoint(fork.version)
-        .ok_or_else(|| StoreError::VersionNotFound {
-            session: fork.source.clone(),
-            version: fork.version,
-        })?;
+    let source_row =
+        source
+            .checkpoint(fork.version)
+            .ok_or_else(|| StoreError::VersionNotFound {
+                session: fork.source.clone(),
+                version: fork.version,
+            })?;
     let mut row = CheckpointRow {
         version: 0,
         app_version: source.record.app_version.clone(),

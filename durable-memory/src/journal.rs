@@ -2,9 +2,9 @@
 //! in-doubt listing, and operator resolutions with their audit log.
 
 use durable_core::store::{
-    ApprovalEvent, ApprovalRequest, CallOutcome, CallRecord, CallStatus, CheckpointMeta,
-    EditedKey, Fence, FinishCall, IssueOutcome, NewCall, NewCheckpoint, Resolution,
-    ResolutionRecord, ResolveCall,
+    ApprovalEvent, ApprovalRequest, CallOutcome, CallRecord, CallStatus, CheckpointMeta, EditedKey,
+    Fence, FinishCall, IssueOutcome, NewCall, NewCheckpoint, Resolution, ResolutionRecord,
+    ResolveCall,
 };
 use durable_core::{CallId, SessionId, StoreError};
 
@@ -13,7 +13,13 @@ use crate::{MemoryStore, approvals, checkpoints, leases, seal, sessions};
 
 /// The first row (by issue time) of `tool` holding `key` with other arguments than
 /// `input_hash`, in any session: what makes a new holder an idempotency conflict.
-fn key_holder(state: &State, tool: &str, key: &str, input_hash: &str, not: &CallId) -> Option<CallId> {
+fn key_holder(
+    state: &State,
+    tool: &str,
+    key: &str,
+    input_hash: &str,
+    not: &CallId,
+) -> Option<CallId> {
     state
         .sessions
         .values()
@@ -46,11 +52,21 @@ pub(crate) fn insert(
     let now = store.clock();
     let mut state = store.lock();
     let holder = call.idempotency_key.as_deref().and_then(|key| {
-        key_holder(&state, &call.identity.tool, key, &call.identity.input_hash, &call.id)
+        key_holder(
+            &state,
+            &call.identity.tool,
+            key,
+            &call.identity.input_hash,
+            &call.id,
+        )
     });
     let session = sessions::fenced(store, &mut state, fence)?;
     let n = session.head.journal_rows;
-    if let Some(latest) = session.journal.iter().find(|r| r.seq == n).map(|r| r.record.identity.step)
+    if let Some(latest) = session
+        .journal
+        .iter()
+        .find(|r| r.seq == n)
+        .map(|r| r.record.identity.step)
         && call.identity.step < latest
     {
         return Err(StoreError::StepClosed {
@@ -66,7 +82,11 @@ pub(crate) fn insert(
             existing,
         });
     }
-    if let Some(existing) = session.journal.iter().find(|r| r.record.identity == call.identity) {
+    if let Some(existing) = session
+        .journal
+        .iter()
+        .find(|r| r.record.identity == call.identity)
+    {
         seal::check_call(ring, existing)?;
         return Ok(IssueOutcome::Existing(existing.record.clone()));
     }
@@ -105,7 +125,15 @@ pub(crate) fn insert(
     seal::seal_call(ring, &mut row)?;
     let record = row.record.clone();
     if let Some(request) = &request {
-        let entry = approvals::entry(&record.id, ApprovalEvent::Requested, &request.asked_by, request.reasoning.clone(), None, None, now);
+        let entry = approvals::entry(
+            &record.id,
+            ApprovalEvent::Requested,
+            &request.asked_by,
+            request.reasoning.clone(),
+            None,
+            None,
+            now,
+        );
         approvals::append(ring, session, entry)?;
     }
     session.head.journal_rows = row.seq;
@@ -130,7 +158,10 @@ pub(crate) fn reissue(
     let holder = match &edited {
         Some(Some(key)) => {
             let session = state.session(fence.session)?;
-            let tool = &session.journal[session.row_index(call)?].record.identity.tool;
+            let tool = &session.journal[session.row_index(call)?]
+                .record
+                .identity
+                .tool;
             key_holder(&state, tool, &key.key, &key.input_hash, call)
         }
         _ => None,
@@ -141,8 +172,10 @@ pub(crate) fn reissue(
     seal::check_call(ring, &row)?;
     let status = row.record.status;
     let approved = status == CallStatus::Approved;
-    if !matches!(status, CallStatus::Issued | CallStatus::NotHappened | CallStatus::Approved)
-        || (edited.is_some() && !approved)
+    if !matches!(
+        status,
+        CallStatus::Issued | CallStatus::NotHappened | CallStatus::Approved
+    ) || (edited.is_some() && !approved)
     {
         return Err(StoreError::CallNotInDoubt {
             call: call.clone(),
@@ -298,7 +331,10 @@ pub(crate) fn in_doubt(
 
 /// `resolve_call`: an operator's decision on an issued row whose lease is gone, and its
 /// audit row, sealed at the next position and counted by the head.
-pub(crate) fn resolve_call(store: &MemoryStore, resolve: ResolveCall) -> Result<CallRecord, StoreError> {
+pub(crate) fn resolve_call(
+    store: &MemoryStore,
+    resolve: ResolveCall,
+) -> Result<CallRecord, StoreError> {
     resolve.validate()?;
     let ring = store.ring();
     let now = store.clock();
@@ -359,7 +395,14 @@ pub(crate) fn resolutions(
     let state = store.lock();
     let s = state.session(session)?;
     let ring = store.ring();
-    seal::check_log(ring, s, &s.resolutions, s.head.resolutions, "resolution", seal::resolution_fields)?;
+    seal::check_log(
+        ring,
+        s,
+        &s.resolutions,
+        s.head.resolutions,
+        "resolution",
+        seal::resolution_fields,
+    )?;
     s.resolutions
         .iter()
         .map(|row| {

@@ -195,7 +195,10 @@ fn claimable(session: &Session, now: i64) -> bool {
 
 /// `claim_expired`: the oldest claimable session of the claim's version and queues, in a
 /// queue below its limit; a recovery beyond the bound parks it and the next is tried.
-pub(crate) fn claim_expired(store: &MemoryStore, claim: &Claim) -> Result<Option<Lease>, StoreError> {
+pub(crate) fn claim_expired(
+    store: &MemoryStore,
+    claim: &Claim,
+) -> Result<Option<Lease>, StoreError> {
     claim.validate()?;
     let now = store.clock();
     let mut state = store.lock();
@@ -217,7 +220,12 @@ pub(crate) fn claim_expired(store: &MemoryStore, claim: &Claim) -> Result<Option
         .sessions
         .values()
         .filter(|s| claimable(s, now))
-        .filter(|s| claim.app_version.as_ref().is_none_or(|v| *v == s.record.app_version))
+        .filter(|s| {
+            claim
+                .app_version
+                .as_ref()
+                .is_none_or(|v| *v == s.record.app_version)
+        })
         .filter(|s| claim.queues.is_empty() || claim.queues.contains(&s.record.queue))
         .filter(|s| !full.contains(&s.record.queue))
         .map(|s| (s.record.created_at, s.order, s.record.id.clone()))
@@ -233,7 +241,10 @@ pub(crate) fn claim_expired(store: &MemoryStore, claim: &Claim) -> Result<Option
 }
 
 /// `list_expired`: active, awake sessions whose lease is free, oldest update first.
-pub(crate) fn list_expired(store: &MemoryStore, limit: i64) -> Result<Vec<SessionRecord>, StoreError> {
+pub(crate) fn list_expired(
+    store: &MemoryStore,
+    limit: i64,
+) -> Result<Vec<SessionRecord>, StoreError> {
     let now = store.clock();
     let state = store.lock();
     let mut found: Vec<&Session> = state
@@ -241,17 +252,26 @@ pub(crate) fn list_expired(store: &MemoryStore, limit: i64) -> Result<Vec<Sessio
         .values()
         .filter(|s| {
             let r = &s.record;
-            r.status == SessionStatus::Active && !live(r, now) && r.wake_at.is_none_or(|at| at <= now)
+            r.status == SessionStatus::Active
+                && !live(r, now)
+                && r.wake_at.is_none_or(|at| at <= now)
         })
         .collect();
     found.sort_by_key(|s| (s.record.updated_at, s.order));
     let limit = usize::try_from(limit.max(0)).unwrap_or(usize::MAX);
-    Ok(found.into_iter().take(limit).map(|s| s.record.clone()).collect())
+    Ok(found
+        .into_iter()
+        .take(limit)
+        .map(|s| s.record.clone())
+        .collect())
 }
 
 /// `unpark_session`: an operator returns a parked session to `active`, counter cleared,
 /// lease released (the next take is not a recovery).
-pub(crate) fn unpark_session(store: &MemoryStore, id: &SessionId) -> Result<SessionRecord, StoreError> {
+pub(crate) fn unpark_session(
+    store: &MemoryStore,
+    id: &SessionId,
+) -> Result<SessionRecord, StoreError> {
     let now = store.clock();
     let mut state = store.lock();
     let r = &mut state.session_mut(id)?.record;

@@ -45,9 +45,9 @@ use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
 
+use durable_core::StoreError;
 use durable_core::integrity::Keyring;
 use durable_core::store::WorkNotifier;
-use durable_core::StoreError;
 
 mod approvals;
 mod checkpoints;
@@ -171,7 +171,10 @@ impl MemoryStore {
     /// The state, locked. A panic while it was held (a bug) does not wedge the store:
     /// every method checks before it writes, so what it left is consistent.
     pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
-        self.inner.state.lock().unwrap_or_else(PoisonError::into_inner)
+        self.inner
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     pub(crate) fn ring(&self) -> &Keyring {
@@ -188,4 +191,3 @@ impl MemoryStore {
 pub(crate) fn millis(d: std::time::Duration) -> i64 {
     i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
-

@@ -67,7 +67,11 @@ pub(crate) fn retarget_session(
     // naming its tool.
     let mut renamed = Vec::new();
     for (at, row) in session.journal.iter().enumerate() {
-        if let Some((_, new)) = migrate.step_map.iter().find(|(old, _)| *old == row.record.identity.tool) {
+        if let Some((_, new)) = migrate
+            .step_map
+            .iter()
+            .find(|(old, _)| *old == row.record.identity.tool)
+        {
             seal::check_call(ring, row)?;
             let mut row = row.clone();
             row.record.identity.tool = new.clone();
@@ -100,7 +104,11 @@ pub(crate) fn purge_session(
     if session.record.updated_at > now.saturating_sub(millis(retention)) {
         return Ok(PurgeOutcome::WithinRetention);
     }
-    if session.journal.iter().any(|r| r.record.status == CallStatus::Issued) {
+    if session
+        .journal
+        .iter()
+        .any(|r| r.record.status == CallStatus::Issued)
+    {
         return Ok(PurgeOutcome::CallInDoubt);
     }
     if let Some(session) = state.sessions.remove(id) {

@@ -76,7 +76,10 @@ pub(crate) fn next_wake_at(store: &MemoryStore) -> Result<Option<i64>, StoreErro
 }
 
 /// `wake_session`: an active session's sleep ends now.
-pub(crate) fn wake_session(store: &MemoryStore, id: &SessionId) -> Result<SessionRecord, StoreError> {
+pub(crate) fn wake_session(
+    store: &MemoryStore,
+    id: &SessionId,
+) -> Result<SessionRecord, StoreError> {
     let now = store.clock();
     let mut state = store.lock();
     let r = &mut state.session_mut(id)?.record;

@@ -141,7 +141,10 @@ pub(crate) fn checked_journal<'s>(
             return Err(tampered(
                 id,
                 "the journal".to_owned(),
-                format!("position {expected} is missing (the next row is at {})", row.seq),
+                format!(
+                    "position {expected} is missing (the next row is at {})",
+                    row.seq
+                ),
             ));
         }
         check_call(ring, row)?;
@@ -193,7 +196,13 @@ pub(crate) fn checked_messages(
     to: i64,
 ) -> Result<(Vec<String>, String), StoreError> {
     let id = &session.record.id;
-    let missing = |seq: i64| tampered(id, format!("message {seq}"), "it is missing from the transcript");
+    let missing = |seq: i64| {
+        tampered(
+            id,
+            format!("message {seq}"),
+            "it is missing from the transcript",
+        )
+    };
     let mut chain = if from <= 1 {
         String::new()
     } else {
@@ -299,7 +308,10 @@ pub(crate) fn check_log(
         return Err(tampered(
             id,
             format!("the {what} log"),
-            format!("the session head records {counted} rows, the log holds {}", log.len()),
+            format!(
+                "the session head records {counted} rows, the log holds {}",
+                log.len()
+            ),
         ));
     }
     Ok(())

@@ -90,7 +90,11 @@ pub(crate) fn list_sessions(
         .values()
         .map(|s| &s.record)
         .filter(|r| filter.statuses.is_empty() || filter.statuses.contains(&r.status))
-        .filter(|r| filter.updated_before.is_none_or(|before| r.updated_at < before))
+        .filter(|r| {
+            filter
+                .updated_before
+                .is_none_or(|before| r.updated_at < before)
+        })
         .filter(|r| {
             filter.after.as_ref().is_none_or(|c| {
                 r.updated_at < c.updated_at || (r.updated_at == c.updated_at && r.id < c.id)
@@ -98,9 +102,9 @@ pub(crate) fn list_sessions(
         })
         .collect();
     found.sort_by(|a, b| (b.updated_at, &b.id).cmp(&(a.updated_at, &a.id)));
-    let limit = filter
-        .limit
-        .map_or(usize::MAX, |l| usize::try_from(l.max(0)).unwrap_or(usize::MAX));
+    let limit = filter.limit.map_or(usize::MAX, |l| {
+        usize::try_from(l.max(0)).unwrap_or(usize::MAX)
+    });
     Ok(found.into_iter().take(limit).cloned().collect())
 }
 

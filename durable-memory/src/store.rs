@@ -8,11 +8,11 @@ use std::time::Duration;
 use async_trait::async_trait;
 use durable_core::integrity::Keyring;
 use durable_core::store::{
-    ApprovalRecord, ApprovalRequest, CallRecord, Checkpoint, CheckpointMeta, Claim,
-    DecideApproval, Durability, EditedKey, ErrorRecord, Fence, FinishCall, ForkSession,
-    IssueOutcome, Lease, NewCall, NewCheckpoint, NewError, NewSession, PendingApproval,
-    PurgeOutcome, QueueInfo, ResolutionRecord, ResolveCall, RetargetSession, SessionFilter,
-    SessionRecord, SessionStatus, StoredMessage, WorkEvents,
+    ApprovalRecord, ApprovalRequest, CallRecord, Checkpoint, CheckpointMeta, Claim, DecideApproval,
+    Durability, EditedKey, ErrorRecord, Fence, FinishCall, ForkSession, IssueOutcome, Lease,
+    NewCall, NewCheckpoint, NewError, NewSession, PendingApproval, PurgeOutcome, QueueInfo,
+    ResolutionRecord, ResolveCall, RetargetSession, SessionFilter, SessionRecord, SessionStatus,
+    StoredMessage, WorkEvents,
 };
 use durable_core::{CallId, CheckpointStore, SessionId, StoreError};
 

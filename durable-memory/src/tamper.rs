@@ -30,7 +30,11 @@ fn session<'s>(state: &'s mut State, id: &SessionId) -> &'s mut Session {
 }
 
 fn row<'s>(state: &'s mut State, call: &CallId) -> &'s mut crate::state::CallRow {
-    let id = state.calls.get(call).cloned().expect("tamper: no such call");
+    let id = state
+        .calls
+        .get(call)
+        .cloned()
+        .expect("tamper: no such call");
     session(state, &id)
         .journal
         .iter_mut()
@@ -61,7 +65,11 @@ impl Tamperer for MemoryTamperer {
                 row(state, &call).record.result = Some(json(&result));
             }
             Tamper::DeleteCall { call } => {
-                let id = state.calls.get(&call).cloned().expect("tamper: no such call");
+                let id = state
+                    .calls
+                    .get(&call)
+                    .cloned()
+                    .expect("tamper: no such call");
                 session(state, &id).journal.retain(|r| r.record.id != call);
             }
             Tamper::MoveCall { call, step } => {

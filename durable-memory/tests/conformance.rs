@@ -31,8 +31,12 @@ async fn tampering_is_detected() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tampering_is_detected_with_an_application_key() {
     let ring = durable_core::integrity::Keyring::with_app_key(vec![7; 32]).expect("key");
-    let store = MemoryStore::open(MemoryStoreOptions::new().accept_volatile(true).keyring(ring))
-        .expect("open a memory store");
+    let store = MemoryStore::open(
+        MemoryStoreOptions::new()
+            .accept_volatile(true)
+            .keyring(ring),
+    )
+    .expect("open a memory store");
     let tamperer = store.tamperer();
     durable_core::conformance::tamper::run_tamper_cases(Arc::new(store), &tamperer).await;
 }
