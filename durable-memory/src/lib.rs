@@ -102,7 +102,7 @@ impl MemoryStoreOptions {
     }
 }
 
-/// A [`CheckpointStore`] in this process's memory: see the [crate docs](crate).
+/// A [`CheckpointStore`](durable_core::CheckpointStore) in this process's memory: see the [crate docs](crate).
 ///
 /// Cloning it is cheap and shares the data.
 #[derive(Clone)]
