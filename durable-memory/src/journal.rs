@@ -20,15 +20,18 @@ fn key_holder(
     input_hash: &str,
     not: &CallId,
 ) -> Option<CallId> {
+    // Issue order: time, then (within one millisecond) the session's age and position.
     state
         .sessions
         .values()
-        .flat_map(|s| &s.journal)
-        .map(|r| &r.record)
-        .filter(|r| r.identity.tool == tool && r.idempotency_key.as_deref() == Some(key))
-        .filter(|r| r.identity.input_hash != input_hash && r.id != *not)
-        .min_by(|a, b| (a.issued_at, &a.id).cmp(&(b.issued_at, &b.id)))
-        .map(|r| r.id.clone())
+        .flat_map(|s| s.journal.iter().map(move |r| (s.order, r)))
+        .filter(|(_, r)| {
+            let r = &r.record;
+            r.identity.tool == tool && r.idempotency_key.as_deref() == Some(key)
+        })
+        .filter(|(_, r)| r.record.identity.input_hash != input_hash && r.record.id != *not)
+        .min_by_key(|(order, r)| (r.record.issued_at, *order, r.seq))
+        .map(|(_, r)| r.record.id.clone())
 }
 
 /// Insert-or-get on the identity, for `issue_call` (no outcome), `record_call` (with
