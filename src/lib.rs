@@ -90,6 +90,7 @@
 //! |---|---|---|
 //! | `sqlite` | yes | [`sqlite`]: the embedded SQLite store |
 //! | `postgres` | no | `postgres`: the PostgreSQL store, for many workers on many machines |
+//! | `memory` | no | `memory`: an in-process store for tests and simulations (not durable across processes) |
 //! | `mcp` | no | `mcp`: serve a [`Toolbox`] over MCP, call remote MCP tools durably (rmcp) |
 //! | `openai` | no | `openai`: typed adapters for async-openai's Chat Completions types |
 //! | `rig` | no | `rig`: `#[durable_tool]`s as rig tools and a journaled rig completion model |
@@ -355,6 +356,12 @@ pub use durable_sqlite as sqlite;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use durable_postgres as postgres;
+
+/// An in-process store ([`MemoryStore`](memory::MemoryStore)) for tests and simulations:
+/// not durable across processes, and [`connect`] never opens it.
+#[cfg(feature = "memory")]
+#[cfg_attr(docsrs, doc(cfg(feature = "memory")))]
+pub use durable_memory as memory;
 
 /// MCP, both directions (rmcp): serve a [`Toolbox`] as an MCP server with journaled,
 /// exactly-once calls ([`DurableMcpServer`](mcp::DurableMcpServer)), and call a remote
