@@ -347,8 +347,13 @@ impl CheckpointStore for Faulty {
     }
 
     async fn create_session(&self, new: NewSession) -> Result<(SessionRecord, Lease), StoreError> {
-        self.faulted("create_session", None, created, self.inner.create_session(new))
-            .await
+        self.faulted(
+            "create_session",
+            None,
+            created,
+            self.inner.create_session(new),
+        )
+        .await
     }
 
     async fn session(&self, id: &SessionId) -> Result<SessionRecord, StoreError> {
@@ -360,8 +365,13 @@ impl CheckpointStore for Faulty {
         &self,
         filter: &SessionFilter,
     ) -> Result<Vec<SessionRecord>, StoreError> {
-        self.faulted("list_sessions", None, none, self.inner.list_sessions(filter))
-            .await
+        self.faulted(
+            "list_sessions",
+            None,
+            none,
+            self.inner.list_sessions(filter),
+        )
+        .await
     }
 
     async fn list_session_rows(
@@ -458,7 +468,8 @@ impl CheckpointStore for Faulty {
     }
 
     async fn queues(&self) -> Result<Vec<QueueInfo>, StoreError> {
-        self.faulted("queues", None, none, self.inner.queues()).await
+        self.faulted("queues", None, none, self.inner.queues())
+            .await
     }
 
     async fn next_wake_at(&self) -> Result<Option<i64>, StoreError> {

@@ -31,10 +31,26 @@ fn main() -> ExitCode {
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
         let parsed = match arg.as_str() {
-            "--seed" => value("--seed").and_then(|v| v.parse().map_err(|e| format!("--seed: {e}")).map(|v| one = Some(v))),
-            "--seeds" => value("--seeds").and_then(|v| v.parse().map_err(|e| format!("--seeds: {e}")).map(|v| count = Some(v))),
-            "--start" => value("--start").and_then(|v| v.parse().map_err(|e| format!("--start: {e}")).map(|v| start = v)),
-            "--for" => value("--for").and_then(|v| duration(&v).ok_or(format!("--for: not a duration: {v}")).map(|d| until = Some(Instant::now() + d))),
+            "--seed" => value("--seed").and_then(|v| {
+                v.parse()
+                    .map_err(|e| format!("--seed: {e}"))
+                    .map(|v| one = Some(v))
+            }),
+            "--seeds" => value("--seeds").and_then(|v| {
+                v.parse()
+                    .map_err(|e| format!("--seeds: {e}"))
+                    .map(|v| count = Some(v))
+            }),
+            "--start" => value("--start").and_then(|v| {
+                v.parse()
+                    .map_err(|e| format!("--start: {e}"))
+                    .map(|v| start = v)
+            }),
+            "--for" => value("--for").and_then(|v| {
+                duration(&v)
+                    .ok_or(format!("--for: not a duration: {v}"))
+                    .map(|d| until = Some(Instant::now() + d))
+            }),
             "--pause-after-commit" => {
                 options.pause_after_commit = true;
                 Ok(())
@@ -51,7 +67,11 @@ fn main() -> ExitCode {
         for v in &report.violations {
             println!("VIOLATION: {v}");
         }
-        return if report.passed() { ExitCode::SUCCESS } else { ExitCode::FAILURE };
+        return if report.passed() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::FAILURE
+        };
     }
     if count.is_none() && until.is_none() {
         return usage("say how many seeds: --seed, --seeds or --for");
@@ -70,14 +90,23 @@ fn main() -> ExitCode {
             for v in &report.violations {
                 println!("VIOLATION: {v}");
             }
-            println!("seed {seed} failed after {ran} seeds; reproduce with: {}", reproduce(seed, &options));
+            println!(
+                "seed {seed} failed after {ran} seeds; reproduce with: {}",
+                reproduce(seed, &options)
+            );
             return ExitCode::FAILURE;
         }
         if ran % 10 == 0 {
-            println!("{ran} seeds passed ({:.0}s)", started.elapsed().as_secs_f64());
+            println!(
+                "{ran} seeds passed ({:.0}s)",
+                started.elapsed().as_secs_f64()
+            );
         }
         seed += 1;
     }
-    println!("{ran} seeds passed ({start}..{seed}) in {:.0}s", started.elapsed().as_secs_f64());
+    println!(
+        "{ran} seeds passed ({start}..{seed}) in {:.0}s",
+        started.elapsed().as_secs_f64()
+    );
     ExitCode::SUCCESS
 }

@@ -5,9 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use durable_core::snapshot::{Budget, Spend};
-use durable_core::store::{
-    CallStatus, CheckpointStore, Resolution, SessionFilter, SessionStatus,
-};
+use durable_core::store::{CallStatus, CheckpointStore, Resolution, SessionFilter, SessionStatus};
 use durable_core::{
     CallError, Durable, DurableError, Message, Resumed, Session, SessionId, ShutdownSignal,
     StartOptions, Verification,
@@ -177,10 +175,7 @@ async fn run_step(
             Op::Charge(amount) => {
                 let (w, k) = (Arc::clone(world), key.clone());
                 journal
-                    .tool(
-                        &ctx.tools.charge,
-                        json!({ "call": key, "amount": amount }),
-                    )
+                    .tool(&ctx.tools.charge, json!({ "call": key, "amount": amount }))
                     .key(format!("pay-{key}"))
                     .run(move |tool| {
                         let (world, call) = (Arc::clone(&w), k.clone());
@@ -227,7 +222,10 @@ async fn handle(
     };
     loop {
         let step = session.version();
-        let Some(ops) = usize::try_from(step).ok().and_then(|s| program.steps.get(s)) else {
+        let Some(ops) = usize::try_from(step)
+            .ok()
+            .and_then(|s| program.steps.get(s))
+        else {
             return session.complete().await.map(|_| ());
         };
         match run_step(&session, &ctx, step, ops).await {
@@ -431,7 +429,12 @@ async fn simulate(seed: u64, options: &Options) -> Report {
     rates.pause_after_commit = options.pause_after_commit;
     let sessions = master.random_range(3..=8);
     let programs: Programs = (0..sessions)
-        .map(|i| (SessionId::new(format!("s{i}")), Program::generate(&mut master)))
+        .map(|i| {
+            (
+                SessionId::new(format!("s{i}")),
+                Program::generate(&mut master),
+            )
+        })
         .collect();
     let workers = master.random_range(2..=4);
     let fault_window = Duration::from_millis(master.random_range(800..=2_000));
@@ -576,10 +579,14 @@ async fn check_end(
                 && row.args["call"] == call
                 && key.is_none_or(|k| row.idempotency_key.as_deref() == Some(k))
         };
-        let rows = journals.get(&session_of(call)).map(Vec::as_slice).unwrap_or(&[]);
-        let recorded = rows.iter().filter(matches).find(|row| {
-            matches!(row.status, CallStatus::Completed | CallStatus::Resolved)
-        });
+        let rows = journals
+            .get(&session_of(call))
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+        let recorded = rows
+            .iter()
+            .filter(matches)
+            .find(|row| matches!(row.status, CallStatus::Completed | CallStatus::Resolved));
         match recorded {
             Some(row) if row.result.as_ref() == Some(result) => {}
             Some(row) => violations.push(format!(

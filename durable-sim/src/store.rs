@@ -11,5 +11,7 @@ use durable_core::{CheckpointStore, StoreError};
 /// no IO and reads its time from tokio's clock, a run becomes exactly reproducible and
 /// can run on virtual time (`start_paused`); see the crate docs for what that needs.
 pub async fn open() -> Result<Arc<dyn CheckpointStore>, StoreError> {
-    Ok(Arc::new(durable_sqlite::SqliteStore::open_in_memory().await?))
+    Ok(Arc::new(
+        durable_sqlite::SqliteStore::open_in_memory().await?,
+    ))
 }
