@@ -27,7 +27,7 @@ use durable_core::store::{
 };
 use durable_core::{CallId, SessionId, StoreError};
 use rand::rngs::SmallRng;
-use rand::{Rng, RngCore};
+use rand::Rng;
 use tokio::time::Instant;
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -208,7 +208,7 @@ impl Faulty {
         }
         at += r.pause;
         if x < at {
-            return if writes && r.pause_after_commit && rng.next_u32() % 2 == 0 {
+            return if writes && r.pause_after_commit && rng.random_bool(0.5) {
                 Fault::PauseAfter(pause(&mut rng))
             } else {
                 Fault::Pause(pause(&mut rng))

@@ -96,7 +96,7 @@ fn main() -> ExitCode {
             );
             return ExitCode::FAILURE;
         }
-        if ran % 10 == 0 {
+        if ran.is_multiple_of(10) {
             println!(
                 "{ran} seeds passed ({:.0}s)",
                 started.elapsed().as_secs_f64()
