@@ -7,7 +7,7 @@
 //! every call of that one actor, its lease renewals included, as a process stopped by
 //! the kernel or a long garbage-collection pause would be.
 //!
-//! All the fault logic is in one generic function, [`Faulty::faulted`]: each trait
+//! All the fault logic is in one generic function, `Faulty::faulted`: each trait
 //! method only names itself, says which fenced write it makes (if any) and which lease
 //! it grants (if any), and forwards. The methods are in the trait's order.
 
