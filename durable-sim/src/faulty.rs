@@ -26,8 +26,8 @@ use durable_core::store::{
     SessionFilter, SessionRecord, SessionStatus, StoredMessage, WorkEvents,
 };
 use durable_core::{CallId, SessionId, StoreError};
-use rand::rngs::SmallRng;
 use rand::Rng;
+use rand::rngs::SmallRng;
 use tokio::time::Instant;
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {

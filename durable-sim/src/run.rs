@@ -151,11 +151,13 @@ async fn run_step(
                 journal
                     .tool(&ctx.tools.email, json!({ "call": key }))
                     .run_verified(
-                        move |_| {
+                        move |tool| {
                             let (world, key) = (Arc::clone(&w1), k1.clone());
+                            let attempt =
+                                format!("attempt {} of call {}", tool.attempt(), tool.call_id());
                             async move {
                                 tokio::time::sleep(NETWORK).await;
-                                let sent = world.send_email(&key);
+                                let sent = world.send_email(&key, &attempt);
                                 tokio::time::sleep(NETWORK).await;
                                 Ok::<Value, String>(sent)
                             }

@@ -53,12 +53,12 @@ impl World {
 
     /// The outbox sends an email for `call`; a second send for one call is the effect
     /// an `unsafe_on_replay` tool must never repeat.
-    pub fn send_email(&self, call: &CallKey) -> Value {
+    pub fn send_email(&self, call: &CallKey, attempt: &str) -> Value {
         let mut emails = lock(&self.emails);
         let result = json!({ "message_id": emails.len() + 1 });
         if let Some((_, first)) = emails.iter().find(|(c, _)| c == call) {
             self.violation(format!(
-                "unsafe effect twice: email for {call} sent again (first {first}, now {result})"
+                "unsafe effect twice: email for {call} sent again (first {first}, now {result}, by {attempt})"
             ));
         }
         emails.push((call.clone(), result.clone()));
