@@ -222,6 +222,17 @@ async fn handle(
     let Some(program) = ctx.programs.get(session.id()).cloned() else {
         return session.release().await;
     };
+    if is_poison(session.id()) {
+        // It runs (a model call marks the lease running), then dies without releasing,
+        // every time: its recoveries must park it.
+        let _ = session
+            .model(|| async { Ok::<Value, String>(json!({ "reply": "poison" })) })
+            .await;
+        return Err(DurableError::Encode {
+            what: "a poison pill".into(),
+            detail: "this session kills its worker every time it runs".into(),
+        });
+    }
     loop {
         let step = session.version();
         let Some(ops) = usize::try_from(step)
@@ -282,6 +293,11 @@ impl Fleet {
             .max_recovery_attempts(3)
             .build()
     }
+}
+
+/// A session that kills its worker every time it runs (see [`handle`]).
+fn is_poison(id: &SessionId) -> bool {
+    id.as_str().starts_with("poison")
 }
 
 /// Resolves once the run is over.
@@ -378,7 +394,7 @@ async fn operator(fleet: Arc<Fleet>, mut rng: SmallRng) {
         }
         let parked = SessionFilter::new().with_statuses(vec![SessionStatus::Parked]);
         if let Ok(sessions) = store.list_sessions(&parked).await {
-            for session in sessions {
+            for session in sessions.iter().filter(|s| !is_poison(&s.id)) {
                 if store.unpark_session(&session.id).await.is_ok() {
                     fleet.unparked.fetch_add(1, Ordering::Relaxed);
                 }
@@ -430,7 +446,7 @@ async fn simulate(seed: u64, options: &Options) -> Report {
     let mut rates = FaultRates::draw(&mut master, ttl);
     rates.pause_after_commit = options.pause_after_commit;
     let sessions = master.random_range(3..=8);
-    let programs: Programs = (0..sessions)
+    let mut programs: Programs = (0..sessions)
         .map(|i| {
             (
                 SessionId::new(format!("s{i}")),
@@ -438,6 +454,15 @@ async fn simulate(seed: u64, options: &Options) -> Report {
             )
         })
         .collect();
+    // Drawn from a stream of its own, so that adding it changed no other draw.
+    if SmallRng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15).random_bool(0.5) {
+        programs.insert(
+            SessionId::new("poison"),
+            Program {
+                steps: vec![vec![]],
+            },
+        );
+    }
     let workers = master.random_range(2..=4);
     let fault_window = Duration::from_millis(master.random_range(800..=2_000));
     let world = Arc::new(World::default());
@@ -489,7 +514,8 @@ async fn simulate(seed: u64, options: &Options) -> Report {
         unfinished.clear();
         for id in programs.keys() {
             match store.session(id).await {
-                Ok(s) if s.status == SessionStatus::Completed => {}
+                Ok(s) if is_poison(id) && s.status == SessionStatus::Parked => {}
+                Ok(s) if !is_poison(id) && s.status == SessionStatus::Completed => {}
                 Ok(s) => unfinished.push(format!(
                     "{id} {} at version {} (lease {:?}, recoveries {})",
                     s.status.as_str(),
@@ -517,7 +543,7 @@ async fn simulate(seed: u64, options: &Options) -> Report {
                 .collect::<Vec<_>>()
         });
         violations.push(format!(
-            "liveness: {} session(s) not completed {LIVENESS:?} after faults stopped: {}; in doubt: {in_doubt:?}",
+            "liveness: {} session(s) not completed (a poison pill: not parked) {LIVENESS:?} after faults stopped: {}; in doubt: {in_doubt:?}",
             unfinished.len(),
             unfinished.join("; ")
         ));
@@ -532,9 +558,14 @@ async fn simulate(seed: u64, options: &Options) -> Report {
     }
     let charges = world.charges();
     let summary = format!(
-        "seed {seed}: {sessions} sessions, {workers} worker slots, ttl {}ms, faults for {}ms \
+        "seed {seed}: {sessions} sessions{}, {workers} worker slots, ttl {}ms, faults for {}ms \
          ({injected:?}); {} crashes, {} graceful stops; {} emails, {} charges ({} presentations), \
          {} model replies; {} resolutions, {} unparks; {} fenced writes accepted; {:.1}s",
+        if programs.keys().any(is_poison) {
+            " and a poison pill"
+        } else {
+            ""
+        },
         ttl.as_millis(),
         fault_window.as_millis(),
         fleet.crashes.load(Ordering::Relaxed),
