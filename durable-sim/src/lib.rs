@@ -22,7 +22,9 @@
 //! - an **operator** wakes at seeded moments, resolves every in-doubt call from the
 //!   ledgers' truth (happened: `Happened` with the ledger's result; not: `DidNotHappen`)
 //!   and unparks every parked session (the poison-pill bound parks a session after 3
-//!   recoveries that died without a checkpoint);
+//!   recoveries that died without a checkpoint) but a poison pill;
+//! - in half the runs, a **poison pill**: a session that kills its worker (the handler
+//!   returns an error without releasing) every time it runs, after a model call;
 //! - every actor talks to the store through a [`Faulty`] of its own, which by the seed
 //!   fails a call before it reaches the store, performs it and then loses its
 //!   acknowledgement, delays it, or **pauses the actor** for longer than a lease (every
@@ -58,7 +60,8 @@
 //!   tasks interleave in).
 //!
 //! Checked at the end, on the real store:
-//! - **every session completed** within the bound once faults stopped;
+//! - **every session completed** within the bound once faults stopped, and a poison
+//!   pill parked;
 //! - **every in-doubt call surfaced**: every effect in a ledger is a completed or resolved
 //!   journal row with the ledger's result, or is listed by `in_doubt`;
 //! - **spend charged once**: each completed session's budget shows exactly the cost of
@@ -94,6 +97,9 @@
 //!   the 1st to 4th seed;
 //! - the journal re-running an in-doubt `unsafe_on_replay` call instead of asking its
 //!   verify hook: "unsafe effect twice: email for … sent again" at the 1st to 21st seed;
+//! - poison-pill counting (the store never parking a session whose recoveries keep
+//!   dying): "liveness: … poison active at version 0 (…, recoveries 80)" at the first seed
+//!   that has a poison pill (half of them do);
 //! - the session-wide barrier: not found in 100 seeds. The generated programs never
 //!   diverge (a re-run asks for the same calls in the same order), so the in-doubt call
 //!   is always met, and refused, before any later effect; finding it needs programs whose
