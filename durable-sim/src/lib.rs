@@ -125,6 +125,7 @@
 //! change it). `cargo run -p durable-sim --release -- --seeds 100000` or `--for 2h` runs
 //! many; `--seed N` runs one and prints what it did.
 
+mod check;
 pub mod faulty;
 pub mod program;
 mod run;
