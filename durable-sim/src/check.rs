@@ -1,0 +1,84 @@
+//! The end-of-run invariants, read from the real store.
+
+use durable_core::SessionId;
+use durable_core::snapshot::Budget;
+use durable_core::store::{CallStatus, CheckpointStore, SessionStatus};
+use serde_json::Value;
+
+use crate::program::Programs;
+use crate::world::World;
+
+/// The end-of-run invariants, read from the real store: every effect in a ledger is
+/// recorded with the ledger's result (or listed in doubt), and every completed
+/// session's budget charged each model reply once.
+pub(crate) async fn check_end(
+    store: &dyn CheckpointStore,
+    programs: &Programs,
+    world: &World,
+    violations: &mut Vec<String>,
+) {
+    let in_doubt = store.in_doubt(None).await.unwrap_or_default();
+    let mut journals = std::collections::BTreeMap::new();
+    for id in programs.keys() {
+        match store.calls(id, None).await {
+            Ok(rows) => {
+                journals.insert(id.clone(), rows);
+            }
+            Err(e) => violations.push(format!("reading the journal of {id}: {e}")),
+        }
+    }
+    let session_of = |call: &str| SessionId::new(call.split('/').next().unwrap_or_default());
+    let mut surfaced = |tool: &str, call: &str, result: &Value, key: Option<&str>| {
+        let matches = |row: &&durable_core::store::CallRecord| {
+            row.identity.tool == tool
+                && row.args["call"] == call
+                && key.is_none_or(|k| row.idempotency_key.as_deref() == Some(k))
+        };
+        let rows = journals
+            .get(&session_of(call))
+            .map(Vec::as_slice)
+            .unwrap_or(&[]);
+        let recorded = rows
+            .iter()
+            .filter(matches)
+            .find(|row| matches!(row.status, CallStatus::Completed | CallStatus::Resolved));
+        match recorded {
+            Some(row) if row.result.as_ref() == Some(result) => {}
+            Some(row) => violations.push(format!(
+                "{tool} for {call}: the ledger says {result}, the journal recorded {:?}",
+                row.result
+            )),
+            None if in_doubt.iter().any(|row| matches(&row)) => {}
+            None => violations.push(format!(
+                "effect not surfaced: {tool} for {call} happened ({result}) and the journal \
+                 neither records it nor lists it in doubt"
+            )),
+        }
+    };
+    for (call, result) in world.emails() {
+        surfaced("send_email", &call, &result, None);
+    }
+    for (key, charge) in world.charges() {
+        surfaced("charge", &charge.call, &charge.result, Some(&key));
+    }
+    for (id, program) in programs {
+        let Ok(session) = store.session(id).await else {
+            continue;
+        };
+        if session.status != SessionStatus::Completed {
+            continue;
+        }
+        match store.load_checkpoint(id, None).await {
+            Ok(cp) => match serde_json::from_value::<Budget>(cp.budget) {
+                Ok(budget) if budget.spent_nano_usd == program.spend() => {}
+                Ok(budget) => violations.push(format!(
+                    "spend of {id}: the budget shows {} nano-dollars, its model replies cost {}",
+                    budget.spent_nano_usd,
+                    program.spend()
+                )),
+                Err(e) => violations.push(format!("budget of {id} unreadable: {e}")),
+            },
+            Err(e) => violations.push(format!("latest checkpoint of {id}: {e}")),
+        }
+    }
+}

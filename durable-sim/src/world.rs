@@ -1,0 +1,142 @@
+//! The world outside the store: the ledgers of real effects (an outbox, a payment API),
+//! what the harness was told about each call, and the invariants over them. It lives in
+//! the simulation, not in any worker, so it survives every crash.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Mutex;
+
+use serde_json::{Value, json};
+
+use crate::faulty::lock;
+
+/// One logical call of a session's program: `<session>/<step>/<index>` (`model` for the
+/// step's model reply).
+pub type CallKey = String;
+
+/// The ledgers and observations of one run.
+#[derive(Debug, Default)]
+pub struct World {
+    /// Every email sent: the logical call it served, with the message id the outbox gave.
+    emails: Mutex<Vec<(CallKey, Value)>>,
+    /// The payment API: charges by idempotency key (applied once each, as a real payment
+    /// API deduplicates), with how often each key was presented.
+    charges: Mutex<BTreeMap<String, Charge>>,
+    /// The first result the harness got for each logical call.
+    observed: Mutex<HashMap<CallKey, Value>>,
+    /// Model replies asked for (a counter: a reply asked again differs).
+    replies: Mutex<u64>,
+    /// Invariant violations found while the run went on.
+    violations: Mutex<Vec<String>>,
+}
+
+/// A charge the payment API applied.
+#[derive(Debug, Clone)]
+pub struct Charge {
+    /// The logical call that presented the key first.
+    pub call: CallKey,
+    /// What the API answered (the same for every presentation of the key).
+    pub result: Value,
+    /// How often the key was presented.
+    pub attempts: usize,
+}
+
+impl World {
+    /// Records a violation.
+    pub fn violation(&self, message: String) {
+        lock(&self.violations).push(message);
+    }
+
+    /// The violations found so far.
+    pub fn violations(&self) -> Vec<String> {
+        lock(&self.violations).clone()
+    }
+
+    /// The outbox sends an email for `call`; a second send for one call is the effect
+    /// an `unsafe_on_replay` tool must never repeat.
+    pub fn send_email(&self, call: &CallKey, attempt: &str) -> Value {
+        let mut emails = lock(&self.emails);
+        let result = json!({ "message_id": emails.len() + 1 });
+        if let Some((_, first)) = emails.iter().find(|(c, _)| c == call) {
+            self.violation(format!(
+                "unsafe effect twice: email for {call} sent again (first {first}, now {result}, by {attempt})"
+            ));
+        }
+        emails.push((call.clone(), result.clone()));
+        result
+    }
+
+    /// What the outbox knows about `call`'s email: its result if it was sent.
+    pub fn email_sent(&self, call: &CallKey) -> Option<Value> {
+        lock(&self.emails)
+            .iter()
+            .find(|(c, _)| c == call)
+            .map(|(_, r)| r.clone())
+    }
+
+    /// Every email sent.
+    pub fn emails(&self) -> Vec<(CallKey, Value)> {
+        lock(&self.emails).clone()
+    }
+
+    /// The payment API charges `amount` for `call` under `key`, deduplicating by key. A
+    /// logical call that reaches the API under two keys is charged twice.
+    pub fn charge(&self, call: &CallKey, key: &str, amount: u64) -> Value {
+        let mut charges = lock(&self.charges);
+        if let Some(charge) = charges.get_mut(key) {
+            charge.attempts += 1;
+            return charge.result.clone();
+        }
+        if let Some((other, _)) = charges.iter().find(|(_, c)| &c.call == call) {
+            self.violation(format!(
+                "keyed charge applied twice: {call} charged under key {key} and under {other}"
+            ));
+        }
+        let result = json!({ "charge_id": format!("ch-{}", charges.len() + 1), "amount": amount });
+        charges.insert(
+            key.to_owned(),
+            Charge {
+                call: call.clone(),
+                result: result.clone(),
+                attempts: 1,
+            },
+        );
+        result
+    }
+
+    /// What the payment API knows about `key`.
+    pub fn charge_applied(&self, key: &str) -> Option<Value> {
+        lock(&self.charges).get(key).map(|c| c.result.clone())
+    }
+
+    /// Every charge applied, by key.
+    pub fn charges(&self) -> BTreeMap<String, Charge> {
+        lock(&self.charges).clone()
+    }
+
+    /// A new model reply (a counter in it, so that a reply asked for again differs).
+    pub fn reply(&self, call: &CallKey) -> Value {
+        let mut n = lock(&self.replies);
+        *n += 1;
+        json!({ "reply": format!("{call} #{n}") })
+    }
+
+    /// Model replies asked for.
+    pub fn replies(&self) -> u64 {
+        *lock(&self.replies)
+    }
+
+    /// The harness got `result` for `call`: it must be the result it got every other
+    /// time (a recorded result is never lost nor changed).
+    pub fn observe(&self, call: &CallKey, result: &Value) {
+        let mut observed = lock(&self.observed);
+        match observed.get(call) {
+            Some(first) if first != result => self.violation(format!(
+                "recorded result changed: {call} returned {first} first, now {result}"
+            )),
+            Some(_) => {}
+            None => {
+                observed.insert(call.clone(), result.clone());
+            }
+        }
+    }
+}

@@ -1,0 +1,25 @@
+//! CI's budget of seeds: every invariant holds for each (see the crate docs).
+
+use durable_sim::{Options, reproduce, run_seed};
+
+/// Seeds run by default: about a minute on two unloaded cores.
+const DEFAULT_SEEDS: u64 = 24;
+
+#[test]
+fn a_fixed_budget_of_seeds_keeps_every_invariant() {
+    let seeds = std::env::var("DURABLE_SIM_SEEDS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(DEFAULT_SEEDS);
+    let options = Options::default();
+    for seed in 0..seeds {
+        let report = run_seed(seed, &options);
+        println!("{}", report.summary);
+        assert!(
+            report.passed(),
+            "seed {seed} broke an invariant:\n{}\nreproduce with: {}",
+            report.violations.join("\n"),
+            reproduce(seed, &options)
+        );
+    }
+}
