@@ -143,7 +143,7 @@ impl DurableBuilder {
     /// ```
     pub fn approval_policy(
         mut self,
-        policy: impl Fn(&crate::tool::ToolSpec, &Value) -> Option<crate::store::ApprovalRequest>
+        policy: impl Fn(&crate::tool_spec::ToolSpec, &Value) -> Option<crate::store::ApprovalRequest>
         + Send
         + Sync
         + 'static,

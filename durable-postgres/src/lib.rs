@@ -74,7 +74,7 @@ mod maintenance;
 mod notify;
 mod open;
 #[cfg(all(test, feature = "testing"))]
-mod plans;
+mod query_plans;
 mod queues;
 mod resolution;
 mod rows;

@@ -21,7 +21,7 @@ use crate::runtime::{Durable, StartOptions};
 use crate::session::{InDoubtAction, Session};
 use crate::snapshot::{Budget, Spend};
 use crate::store::{CallStatus, CheckpointStore, Resolution};
-use crate::tool::{ToolSpec, Verification};
+use crate::tool_spec::{ToolSpec, Verification};
 use crate::transcript::Message;
 
 use super::stall::Probe;

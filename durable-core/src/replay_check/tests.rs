@@ -10,8 +10,8 @@ use super::*;
 use crate::error::DurableError;
 use crate::journal::Journal;
 use crate::replay::ReplayClass;
-use crate::tool::ToolSpec;
-use crate::tool_bounds::{BoxFuture, args_schema, decode_args};
+use crate::tool_spec::ToolSpec;
+use crate::macro_support::{BoxFuture, args_schema, decode_args};
 use crate::toolbox::{Tool, ToolOutput};
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]

@@ -19,8 +19,8 @@ use crate::replay_check::{
     FIXTURE_FORMAT, FailureKind, Fixture, FixtureCall, ReplayCheckReport, check_fixtures,
 };
 use crate::store::{CallKind, CallStatus};
-use crate::tool::ToolSpec;
-use crate::tool_bounds::{BoxFuture, args_schema, decode_args};
+use crate::tool_spec::ToolSpec;
+use crate::macro_support::{BoxFuture, args_schema, decode_args};
 use crate::toolbox::Toolbox;
 use crate::toolbox::{Tool, ToolOutput};
 

@@ -33,7 +33,7 @@ use crate::error::DurableError;
 use crate::ids::SessionId;
 use crate::journal::{CallError, ToolCall};
 use crate::store::ApprovalRequest;
-use crate::tool::{IdempotencyKey, ToolContext, ToolSpec, Verification};
+use crate::tool_spec::{IdempotencyKey, ToolContext, ToolSpec, Verification};
 use crate::toolbox::ToolOutput;
 
 /// The boxed, `Send` future returned by [`Tool::invoke`](crate::toolbox::Tool::invoke).

@@ -11,7 +11,7 @@ use crate::encode::encode;
 use crate::error::DurableError;
 use crate::ids::SessionId;
 use crate::journal::{CallError, Journal};
-use crate::tool::ToolSpec;
+use crate::tool_spec::ToolSpec;
 
 /// What a dispatched tool call returns to the model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
