@@ -259,7 +259,7 @@ pub mod runtime {
     pub use durable_core::config::{CallObserver, Config};
     pub use durable_core::journal::{CallEvent, MODEL_SLOT, Outcome, ToolCall};
     pub use durable_core::retry::{AfterFailure, AttemptHistory};
-    pub use durable_core::__macro_support::BoxFuture;
+    pub use durable_core::toolbox::BoxFuture;
 }
 
 pub mod json {

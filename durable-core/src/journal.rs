@@ -40,7 +40,7 @@ pub use crate::event::{CallEvent, Outcome};
 pub use call::ToolCall;
 pub(crate) use checkpoint_scope::{CommitSlot, ScopeOutcome};
 use ordinals::Numbers;
-use protocol::Refusal;
+pub(crate) use protocol::Refusal;
 
 /// The tool name under which model responses are journaled.
 pub const MODEL_SLOT: &str = "@model";

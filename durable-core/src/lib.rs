@@ -45,6 +45,13 @@ pub mod __macro_support {
     pub use crate::macro_support::*;
 }
 
+/// The old path of [`ToolSpec`], [`ToolContext`], [`IdempotencyKey`] and
+/// [`Verification`]; use them from the crate root. Kept for one release.
+#[doc(hidden)]
+pub mod tool {
+    pub use crate::tool_spec::{IdempotencyKey, ToolContext, ToolSpec, Verification};
+}
+
 pub use args::{ArgLimits, ArgumentError, ArgumentErrorKind};
 pub use error::{DurableError, StoreError};
 pub use ids::{CallId, SessionId};

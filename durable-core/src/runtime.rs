@@ -9,6 +9,8 @@ use serde_json::Value;
 use tracing::Instrument;
 
 use crate::args::ArgLimits;
+// Their one documented path is `crate::config`; this one is kept for one release.
+#[doc(hidden)]
 pub use crate::config::{CallObserver, Config};
 use crate::encode::encode;
 use crate::error::{DurableError, StoreError};

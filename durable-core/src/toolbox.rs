@@ -94,6 +94,8 @@ use crate::tool_spec::ToolSpec;
 mod dispatch;
 use crate::transcript::{Block, Message, Role, ToolCallBlock, ToolResultBlock};
 pub use dispatch::{Tool, ToolOutput};
+/// The boxed, `Send` future returned by [`Tool::invoke`].
+pub use futures_util::future::BoxFuture;
 
 /// Longest tool name quoted back in an [`DurableError::UnknownTool`] (a model can send
 /// anything).

@@ -45,7 +45,7 @@
 //! a session's size (a step's rows with their neighbours, read once per step; a bounded
 //! resume's window and a range of the transcript, through the view `durable_transcript`)
 //! are sent unprepared, as the unnamed statement, which is planned for its parameters on
-//! every execution (one more round trip: sqlx describes it first). `src/plans.rs` checks each statement's plan with `EXPLAIN`, and
+//! every execution (one more round trip: sqlx describes it first). `src/query_plans.rs` checks each statement's plan with `EXPLAIN`, and
 //! `tests/plan_guard.rs` that nothing is re-planned per call and that the session row's
 //! updates stay HOT.
 //!

@@ -1,5 +1,5 @@
 //! The plans of an agent turn's statements on a fresh database that was never analyzed
-//! (issues 11 and 26). A turn's statements are prepared by sqlx on the store's
+//! (generic plans made on empty tables). A turn's statements are prepared by sqlx on the store's
 //! connections, and PostgreSQL's default `plan_cache_mode` (`auto`) switches each to its
 //! generic plan at the sixth execution, planned once. A generic plan made while the
 //! tables were nearly empty once looked rows up by `session_id` alone and filtered the

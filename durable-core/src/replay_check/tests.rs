@@ -11,7 +11,8 @@ use crate::error::DurableError;
 use crate::journal::Journal;
 use crate::replay::ReplayClass;
 use crate::tool_spec::ToolSpec;
-use crate::macro_support::{BoxFuture, args_schema, decode_args};
+use crate::macro_support::{args_schema, decode_args};
+use crate::toolbox::BoxFuture;
 use crate::toolbox::{Tool, ToolOutput};
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]

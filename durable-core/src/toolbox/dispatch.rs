@@ -27,7 +27,7 @@ impl ToolOutput {
     /// success serialized as the content; a tool failure, now or recorded by an earlier
     /// run, as `{"error": "<message>"}` with `is_error: true`; the runtime's own errors
     /// passed through (the rules of generated tools, which call it through
-    /// `tool_bounds::tool_output`). Public for hand-written [`Tool`]s, which build their
+    /// `__macro_support::tool_output`). Public for hand-written [`Tool`]s, which build their
     /// output from a [`Journal::tool`](crate::Journal::tool) call the same way.
     pub fn from_call<T: Serialize, E: Display>(
         spec: &ToolSpec,

@@ -20,7 +20,8 @@ use crate::replay_check::{
 };
 use crate::store::{CallKind, CallStatus};
 use crate::tool_spec::ToolSpec;
-use crate::macro_support::{BoxFuture, args_schema, decode_args};
+use crate::macro_support::{args_schema, decode_args};
+use crate::toolbox::BoxFuture;
 use crate::toolbox::Toolbox;
 use crate::toolbox::{Tool, ToolOutput};
 
