@@ -102,7 +102,10 @@ fn the_readme_table_of_exit_codes_is_what_code_of_does() {
     }
     let known: BTreeSet<&str> = KINDS.iter().map(|k| k.as_str()).collect();
     for kind in kinds.keys() {
-        assert!(known.contains(kind.as_str()), "the README names `{kind}`, which is no kind");
+        assert!(
+            known.contains(kind.as_str()),
+            "the README names `{kind}`, which is no kind"
+        );
     }
 }
 
@@ -141,10 +144,8 @@ async fn each_kind_a_command_meets_exits_with_its_documented_code() {
         documented(ErrorKind::InvalidInput),
         "--result is not valid JSON",
     );
-    run("/dev/null", &["sessions"]).fails(
-        documented(ErrorKind::Unavailable),
-        "is not a durable store",
-    );
+    run("/dev/null", &["sessions"])
+        .fails(documented(ErrorKind::Unavailable), "is not a durable store");
     run(&db, &["sessions", "--no-such-flag"]).fails(2, "--no-such-flag");
 
     // Behind durable's back, as someone with the file would: a status from a newer

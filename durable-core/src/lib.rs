@@ -18,6 +18,7 @@ mod event;
 pub mod ids;
 pub mod integrity;
 pub mod journal;
+mod macro_support;
 pub mod redact;
 pub mod replay;
 pub mod replay_check;
@@ -30,7 +31,6 @@ pub mod sizes;
 pub mod snapshot;
 pub mod store;
 pub mod telemetry;
-mod macro_support;
 mod tool_spec;
 pub mod toolbox;
 pub mod transcript;
@@ -46,10 +46,21 @@ pub mod __macro_support {
 }
 
 /// The old path of [`ToolSpec`], [`ToolContext`], [`IdempotencyKey`] and
-/// [`Verification`]; use them from the crate root. Kept for one release.
+/// [`Verification`]: use them from the crate root. Kept for one release.
 #[doc(hidden)]
 pub mod tool {
-    pub use crate::tool_spec::{IdempotencyKey, ToolContext, ToolSpec, Verification};
+    /// Moved to [`crate::ToolSpec`].
+    #[deprecated(note = "moved to `durable_core::ToolSpec`")]
+    pub type ToolSpec = crate::ToolSpec;
+    /// Moved to [`crate::ToolContext`].
+    #[deprecated(note = "moved to `durable_core::ToolContext`")]
+    pub type ToolContext = crate::ToolContext;
+    /// Moved to [`crate::IdempotencyKey`].
+    #[deprecated(note = "moved to `durable_core::IdempotencyKey`")]
+    pub type IdempotencyKey = crate::IdempotencyKey;
+    /// Moved to [`crate::Verification`].
+    #[deprecated(note = "moved to `durable_core::Verification`")]
+    pub type Verification<T> = crate::Verification<T>;
 }
 
 pub use args::{ArgLimits, ArgumentError, ArgumentErrorKind};

@@ -9,9 +9,7 @@ use serde_json::Value;
 use tracing::Instrument;
 
 use crate::args::ArgLimits;
-// Their one documented path is `crate::config`; this one is kept for one release.
-#[doc(hidden)]
-pub use crate::config::{CallObserver, Config};
+use crate::config;
 use crate::encode::encode;
 use crate::error::{DurableError, StoreError};
 use crate::event::CallEvent;
@@ -29,7 +27,7 @@ use crate::telemetry;
 #[must_use]
 pub struct DurableBuilder {
     store: Arc<dyn CheckpointStore>,
-    config: Config,
+    config: config::Config,
 }
 
 impl DurableBuilder {
@@ -306,7 +304,7 @@ impl<M> StartOptions<M> {
 #[derive(Clone)]
 pub struct Durable {
     pub(crate) store: Arc<dyn CheckpointStore>,
-    pub(crate) config: Arc<Config>,
+    pub(crate) config: Arc<config::Config>,
 }
 
 impl std::fmt::Debug for Durable {
@@ -330,7 +328,7 @@ impl Durable {
     pub fn builder(store: Arc<dyn CheckpointStore>) -> DurableBuilder {
         DurableBuilder {
             store,
-            config: Config {
+            config: config::Config {
                 owner: default_owner(),
                 lease_ttl: Duration::from_secs(30),
                 app_version: "0".into(),
@@ -352,7 +350,7 @@ impl Durable {
     }
 
     /// The settings.
-    pub fn config(&self) -> &Config {
+    pub fn config(&self) -> &config::Config {
         &self.config
     }
 
@@ -1078,3 +1076,13 @@ impl OnFailure {
         }
     }
 }
+
+/// Moved to [`config::Config`]; kept for one release.
+#[doc(hidden)]
+#[deprecated(note = "moved to `durable_core::config::Config`")]
+pub type Config = config::Config;
+
+/// Moved to [`config::CallObserver`]; kept for one release.
+#[doc(hidden)]
+#[deprecated(note = "moved to `durable_core::config::CallObserver`")]
+pub type CallObserver = config::CallObserver;

@@ -25,10 +25,10 @@ use serde_json::{Value, json};
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::PgConnection;
 
-use crate::checkpoints::single_statement::SAVE_READ;
 use crate::checkpoints::reads::{RANGE_READ, WINDOW_READ};
-use crate::journal::single_statement::INSERT_READ;
+use crate::checkpoints::single_statement::SAVE_READ;
 use crate::journal::reads::STEP_READ;
+use crate::journal::single_statement::INSERT_READ;
 use crate::testing::test_database;
 
 /// The tables that grow with a session.

@@ -8,8 +8,7 @@ use std::sync::atomic::AtomicUsize;
 use serde_json::{Value, json};
 
 use super::runtime::{
-    Events, call, call_with_args_and_die, email_in_doubt, outcomes, runtime, spec, start,
-    take_over,
+    Events, call, call_with_args_and_die, email_in_doubt, outcomes, runtime, spec, start, take_over,
 };
 use crate::approval;
 use crate::error::DurableError;
@@ -84,8 +83,8 @@ async fn provoke(
             let secretive = spec(tool, ReplayClass::Pure).with_secret_args(["password"]);
             let (durable, events) = runtime(store, "first");
             let first = start(&durable).await;
-            let masked = masked_args(store, &first, &secretive, json!({"n": 1, "password": "pw"}))
-                .await;
+            let masked =
+                masked_args(store, &first, &secretive, json!({"n": 1, "password": "pw"})).await;
             let other = start(&durable).await;
             let err = dispatch(&other, &secretive, masked).await;
             let refused = matches!(&err, Err(DurableError::InvalidArguments { .. }));
@@ -180,9 +179,15 @@ async fn provoke(
             let (durable, events) = runtime(store, "first");
             let session = start(&durable).await;
             // The journal reads the step's rows once, at its first call.
-            call(&session, &spec("read", ReplayClass::Pure), 0, None, &effects)
-                .await
-                .expect("a pure read");
+            call(
+                &session,
+                &spec("read", ReplayClass::Pure),
+                0,
+                None,
+                &effects,
+            )
+            .await
+            .expect("a pure read");
             let read = store.calls(session.id(), None).await.expect("calls");
             let step = read[0].identity.step;
             // The identity the call has, from a session of its own.
@@ -251,12 +256,10 @@ async fn dispatch(
     spec: &ToolSpec,
     args: Value,
 ) -> Result<ToolResult, DurableError> {
-    let tools = Toolbox::new()
-        .with(Runs(spec.clone()))
-        .expect("a toolbox");
+    let tools = Toolbox::new().with(Runs(spec.clone())).expect("a toolbox");
     tools
         .dispatch(
-            &session.journal(),
+            session.journal(),
             &ModelToolCall::new("call-1", spec.name.clone(), args),
         )
         .await
@@ -283,7 +286,9 @@ async fn masked_args(
     spec: &ToolSpec,
     args: Value,
 ) -> Value {
-    run(session, spec, args).await.expect("runs with the secret");
+    run(session, spec, args)
+        .await
+        .expect("runs with the secret");
     let rows = store.calls(session.id(), None).await.expect("calls");
     let masked = rows[0].args.clone();
     assert!(

@@ -3,8 +3,8 @@
 //! share. A checkpoint is read back with the session head, the checkpoint row, its
 //! transcript and the chain of seals between them, all from one snapshot (`reads`).
 
-pub(crate) mod single_statement;
 pub(crate) mod reads;
+pub(crate) mod single_statement;
 
 pub(crate) use reads::{load_checkpoint, load_checkpoint_window, messages};
 

@@ -2,8 +2,8 @@
 //! of rows, outcomes and re-issues here, the reads in [`reads`]. Operator resolutions are
 //! in [`crate::resolution`].
 
-pub(crate) mod single_statement;
 pub(crate) mod reads;
+pub(crate) mod single_statement;
 
 pub(crate) use reads::{call, calls, calls_page, in_doubt, issued_calls};
 
