@@ -260,7 +260,7 @@ pub mod runtime {
     pub use durable_core::config::{CallObserver, Config};
     pub use durable_core::journal::{CallEvent, MODEL_SLOT, Outcome, ToolCall};
     pub use durable_core::retry::{AfterFailure, AttemptHistory};
-    pub use durable_core::tool_bounds::BoxFuture;
+    pub use durable_core::toolbox::BoxFuture;
 }
 
 pub mod stream {
@@ -680,16 +680,16 @@ pub mod __private {
     //! through this module, so users need no direct dependency on serde, schemars or
     //! durable-core.
 
-    pub use durable_core::approval::tool_rule;
-    pub use durable_core::tool::{IdempotencyKey, ToolContext, ToolSpec};
-    pub use durable_core::tool_bounds::{
+    pub use durable_core::__macro_support::{
         ApprovalRule, BoxFuture, EditedArgs, ToolArgument, ToolErrorValue, ToolOutputValue,
         ToolReturn, args_schema, assert_tool_argument, assert_tool_return, checked_key,
         decode_args, derive_key, derive_key_with_session, doc_text, encode_args, rule_request,
         run_tool, run_tool_keyed, run_tool_verified, tool_output,
     };
+    pub use durable_core::approval::tool_rule;
     pub use durable_core::toolbox::{Tool, ToolOutput};
     pub use durable_core::{CallError, DurableError, Journal, ReplayClass, SessionId};
+    pub use durable_core::{IdempotencyKey, ToolContext, ToolSpec};
     pub use serde_json::Value;
     pub use std::boxed::Box;
     pub use std::string::String;

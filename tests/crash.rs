@@ -572,7 +572,8 @@ fn atomic_result_and_checkpoint() {
     assert_eq!(count(&ledger(dir.path()), "email"), 1, "never sent twice");
 }
 
-/// Issue 30 case 1, end to end: the email was sent and its result recorded (the worker
+/// A forged "not happened" under a deleted store key, end to end: the email was sent
+/// and its result recorded (the worker
 /// died right after, the turn unfinished); then, from outside, its row is set back to
 /// `not_happened` (seal nulled) and the `signing_key` row deleted. A fresh worker with the
 /// key must refuse the store rather than seal the forged row and send the email again.

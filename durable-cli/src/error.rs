@@ -1,5 +1,7 @@
 //! Exit codes and the one-line error report.
 
+mod code;
+
 use std::process::ExitCode;
 use std::sync::OnceLock;
 
@@ -8,24 +10,8 @@ use durable::{DurableError, StoreError};
 
 use crate::display::{LINE, clip};
 
-/// What a failure means to a script (see `EXIT_CODES` in `main.rs`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Code {
-    Ok = 0,
-    Failure = 1,
-    Usage = 2,
-    NotFound = 3,
-    Refused = 4,
-    InvalidInput = 5,
-    Unavailable = 6,
-    Integrity = 7,
-}
-
-impl From<Code> for ExitCode {
-    fn from(code: Code) -> Self {
-        ExitCode::from(code as u8)
-    }
-}
+pub use code::Code;
+use code::code_of;
 
 /// A failed command: an exit code and one line for stderr.
 #[derive(Debug)]
@@ -77,22 +63,6 @@ impl CliError {
         let line = hide_passwords(&one_line(&self.message));
         eprintln!("error: {}", clip(&line, LINE));
         self.code.into()
-    }
-}
-
-/// The exit code of an error of this kind: the one place the CLI maps errors to codes.
-fn code_of(kind: ErrorKind) -> Code {
-    match kind {
-        ErrorKind::NotFound => Code::NotFound,
-        ErrorKind::Conflict
-        | ErrorKind::OperatorNeeded
-        | ErrorKind::AwaitingApproval
-        | ErrorKind::LimitExceeded
-        | ErrorKind::PermissionDenied => Code::Refused,
-        ErrorKind::InvalidInput => Code::InvalidInput,
-        ErrorKind::Unavailable | ErrorKind::Overloaded => Code::Unavailable,
-        ErrorKind::Integrity => Code::Integrity,
-        _ => Code::Failure,
     }
 }
 

@@ -28,6 +28,10 @@ use durable::store::{
 use durable::{CallId, ReplayClass, SessionId};
 use serde_json::json;
 
+mod cli_support;
+
+use cli_support::{Run, clean_env};
+
 /// Journal rows in the long session.
 const CALLS: usize = 20_000;
 /// Sessions in the store (the long one among them).
@@ -112,34 +116,38 @@ async fn populate(path: &std::path::Path, calls: usize, sessions: usize) -> Sess
     long
 }
 
-/// What one run of the binary printed and cost.
+/// What one run of the binary printed (without GNU `time`'s line) and cost.
 struct Measured {
-    stdout: String,
-    stderr: String,
-    code: i32,
+    run: Run,
     peak_kib: u64,
     seconds: f64,
+}
+
+impl std::ops::Deref for Measured {
+    type Target = Run;
+
+    fn deref(&self) -> &Run {
+        &self.run
+    }
 }
 
 /// Runs `durable --db <db> <args…>` under GNU `time`, which reports the child's peak
 /// resident set (`ru_maxrss`, from `wait4`) on the last line of stderr.
 fn measure(db: &str, args: &[&str]) -> Measured {
     let started = Instant::now();
-    let out = Command::new("/usr/bin/time")
-        .args(["-f", "peak-rss-kib=%M"])
-        .arg(env!("CARGO_BIN_EXE_durable"))
-        .arg("--db")
-        .arg(db)
-        .args(args)
-        .env_remove("DURABLE_DB")
-        .env_remove("DATABASE_URL")
-        .env_remove("DURABLE_MAC_KEY")
-        .env_remove("DURABLE_PREVIOUS_MAC_KEYS")
-        .env("USER", "test-operator")
-        .output()
-        .expect("run /usr/bin/time (GNU time; scripts/test.sh installs it)");
+    let out = clean_env(
+        Command::new("/usr/bin/time")
+            .args(["-f", "peak-rss-kib=%M"])
+            .arg(env!("CARGO_BIN_EXE_durable"))
+            .arg("--db")
+            .arg(db)
+            .args(args),
+    )
+    .output()
+    .expect("run /usr/bin/time (GNU time; scripts/test.sh installs it)");
     let seconds = started.elapsed().as_secs_f64();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    let mut run = Run::from(out);
+    let stderr = std::mem::take(&mut run.stderr);
     let (rest, last) = stderr
         .trim_end()
         .rsplit_once('\n')
@@ -148,10 +156,9 @@ fn measure(db: &str, args: &[&str]) -> Measured {
         .strip_prefix("peak-rss-kib=")
         .and_then(|n| n.trim().parse().ok())
         .unwrap_or_else(|| panic!("GNU time's report is the last line of stderr: {stderr}"));
+    run.stderr = rest.to_owned();
     let measured = Measured {
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: rest.to_owned(),
-        code: out.status.code().unwrap_or(-1),
+        run,
         peak_kib,
         seconds,
     };

@@ -762,7 +762,7 @@ async fn a_restored_backup_is_refused_until_acknowledged() {
     );
 }
 
-/// Issue 31 items 2 and 4 from the CLI: `durable rekey` rotates a store whose sessions
+/// Key rotation and a lost key, from the CLI: `durable rekey` rotates a store whose sessions
 /// have messages (K1 → K2, K1 as previous), `verify` shows the audited rotation; with
 /// the key lost, `--unverified` still lists the sessions, marked as unverified, and
 /// refuses to write.

@@ -199,7 +199,7 @@ async fn a_newer_schema_is_refused() {
     );
 }
 
-/// Issue 31 items 2 and 4 on PostgreSQL: `durable rekey` turns an application key on over
+/// Key rotation and a lost key on PostgreSQL: `durable rekey` turns an application key on over
 /// the store's own key (rows with messages), `verify` shows the audited event; without
 /// the key only `--unverified` lists the sessions, marked so.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -80,7 +80,7 @@ use crate::args::{self, ArgLimits};
 use crate::error::DurableError;
 use crate::secret;
 use crate::store::{ApprovalRequest, CallRecord};
-use crate::tool::ToolSpec;
+use crate::tool_spec::ToolSpec;
 
 /// The keyword under which a request's recorded argument schema lists the tool's secret
 /// arguments (JSON Schema validators ignore unknown keywords): an edit may not touch

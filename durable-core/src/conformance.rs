@@ -56,6 +56,7 @@ mod maintenance;
 mod outcomes;
 mod protocol;
 mod recovery;
+mod refusals;
 mod resolution;
 mod runtime;
 mod sessions;
@@ -79,6 +80,7 @@ pub use maintenance::*;
 pub use outcomes::*;
 pub use protocol::*;
 pub use recovery::*;
+pub use refusals::*;
 pub use resolution::*;
 pub use runtime::*;
 pub use sessions::*;
@@ -301,6 +303,7 @@ macro_rules! __durable_conformance_cases {
             runtime_reshaped_tool_is_refused_without_a_reask,
             runtime_rerun_cannot_skip_a_recorded_effect,
             runtime_non_finite_values_never_enter_the_journal,
+            runtime_every_refusal_is_reported_as_refused,
             // runtime: a tool result and its checkpoint in one transaction
             runtime_checkpoint_after_commits_result_and_checkpoint_together,
             runtime_checkpoint_after_returns_recorded_results,

@@ -27,21 +27,21 @@ use crate::store::{
     CallIdentity, CallOutcome, CallRecord, CallStatus, CheckpointStore, FinishCall, IssueOutcome,
     Lease, NewCall,
 };
-use crate::tool::ToolSpec;
+use crate::tool_spec::ToolSpec;
 
 mod barrier;
 mod call;
-mod commit;
+mod checkpoint_scope;
 mod model;
-mod numbers;
+mod ordinals;
 mod protocol;
 mod stream;
 
 pub use crate::event::{CallEvent, Outcome};
 pub use call::ToolCall;
-pub(crate) use commit::{CommitSlot, ScopeOutcome};
-use numbers::Numbers;
-use protocol::Refusal;
+pub(crate) use checkpoint_scope::{CommitSlot, ScopeOutcome};
+use ordinals::Numbers;
+pub(crate) use protocol::Refusal;
 pub use stream::{ModelStream, ReplyEvent, StreamedReply};
 
 /// The tool name under which model responses are journaled.

@@ -9,7 +9,7 @@ use serde_json::Value;
 use tracing::Instrument;
 
 use crate::args::ArgLimits;
-pub use crate::config::{CallObserver, Config};
+use crate::config;
 use crate::encode::encode;
 use crate::error::{DurableError, StoreError};
 use crate::event::CallEvent;
@@ -27,7 +27,7 @@ use crate::telemetry;
 #[must_use]
 pub struct DurableBuilder {
     store: Arc<dyn CheckpointStore>,
-    config: Config,
+    config: config::Config,
 }
 
 impl DurableBuilder {
@@ -143,7 +143,7 @@ impl DurableBuilder {
     /// ```
     pub fn approval_policy(
         mut self,
-        policy: impl Fn(&crate::tool::ToolSpec, &Value) -> Option<crate::store::ApprovalRequest>
+        policy: impl Fn(&crate::tool_spec::ToolSpec, &Value) -> Option<crate::store::ApprovalRequest>
         + Send
         + Sync
         + 'static,
@@ -304,7 +304,7 @@ impl<M> StartOptions<M> {
 #[derive(Clone)]
 pub struct Durable {
     pub(crate) store: Arc<dyn CheckpointStore>,
-    pub(crate) config: Arc<Config>,
+    pub(crate) config: Arc<config::Config>,
 }
 
 impl std::fmt::Debug for Durable {
@@ -328,7 +328,7 @@ impl Durable {
     pub fn builder(store: Arc<dyn CheckpointStore>) -> DurableBuilder {
         DurableBuilder {
             store,
-            config: Config {
+            config: config::Config {
                 owner: default_owner(),
                 lease_ttl: Duration::from_secs(30),
                 app_version: "0".into(),
@@ -350,7 +350,7 @@ impl Durable {
     }
 
     /// The settings.
-    pub fn config(&self) -> &Config {
+    pub fn config(&self) -> &config::Config {
         &self.config
     }
 
@@ -1076,3 +1076,13 @@ impl OnFailure {
         }
     }
 }
+
+/// Moved to [`config::Config`]; kept for one release.
+#[doc(hidden)]
+#[deprecated(note = "moved to `durable_core::config::Config`")]
+pub type Config = config::Config;
+
+/// Moved to [`config::CallObserver`]; kept for one release.
+#[doc(hidden)]
+#[deprecated(note = "moved to `durable_core::config::CallObserver`")]
+pub type CallObserver = config::CallObserver;

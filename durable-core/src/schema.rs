@@ -97,7 +97,7 @@ use serde::Serialize;
 use serde_json::{Map, Value, json};
 
 use crate::replay::ReplayClass;
-use crate::tool::ToolSpec;
+use crate::tool_spec::ToolSpec;
 
 /// The string `format`s that OpenAI strict mode accepts; others are dropped.
 pub const OPENAI_FORMATS: &[&str] = &[

@@ -89,11 +89,13 @@ use crate::error::DurableError;
 use crate::journal::Journal;
 use crate::schema::{self, SchemaError};
 use crate::secret;
-use crate::tool::ToolSpec;
+use crate::tool_spec::ToolSpec;
 
-mod tool;
+mod dispatch;
 use crate::transcript::{Block, Message, Role, ToolCallBlock, ToolResultBlock};
-pub use tool::{Tool, ToolOutput};
+pub use dispatch::{Tool, ToolOutput};
+/// The boxed, `Send` future returned by [`Tool::invoke`].
+pub use futures_util::future::BoxFuture;
 
 /// Longest tool name quoted back in an [`DurableError::UnknownTool`] (a model can send
 /// anything).

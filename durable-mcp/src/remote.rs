@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use durable_core::tool::ToolSpec;
+use durable_core::ToolSpec;
 use durable_core::{
     DurableError, Journal, ReplayClass, Tool, ToolContext, ToolOutput, Toolbox, canonical,
 };

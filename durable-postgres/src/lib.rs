@@ -45,7 +45,7 @@
 //! a session's size (a step's rows with their neighbours, read once per step; a bounded
 //! resume's window and a range of the transcript, through the view `durable_transcript`)
 //! are sent unprepared, as the unnamed statement, which is planned for its parameters on
-//! every execution (one more round trip: sqlx describes it first). `src/plans.rs` checks each statement's plan with `EXPLAIN`, and
+//! every execution (one more round trip: sqlx describes it first). `src/query_plans.rs` checks each statement's plan with `EXPLAIN`, and
 //! `tests/plan_guard.rs` that nothing is re-planned per call and that the session row's
 //! updates stay HOT.
 //!
@@ -72,7 +72,7 @@
 //
 // Every fenced write checks the fencing token while its session row is locked: the
 // journal writes and checkpoints first as one statement that writes only if the session
-// is as an unlocked read found it (`journal::fast`, `checkpoints::fast`), else in a
+// is as an unlocked read found it (`journal::single_statement`, `checkpoints::single_statement`), else in a
 // transaction that locks the row first (`tx::lock_fenced`). Reads are one statement each
 // where they can be (one snapshot); the others run in one `REPEATABLE READ` snapshot
 // (`tx::begin_snapshot`).
@@ -86,7 +86,7 @@ mod maintenance;
 mod notify;
 mod open;
 #[cfg(all(test, feature = "testing"))]
-mod plans;
+mod query_plans;
 mod queues;
 mod resolution;
 mod rows;

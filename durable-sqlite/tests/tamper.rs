@@ -332,7 +332,7 @@ const FORGE: &str =
     "UPDATE durable_tool_calls SET status = 'not_happened', result = NULL, mac = NULL";
 const NO_SIGNING_KEY: &str = "DELETE FROM durable_meta WHERE name = 'signing_key'";
 
-/// Issue 30 case 1: a completed unsafe call set back to `not_happened` (its seal
+/// A forged "not happened": a completed unsafe call set back to `not_happened` (its seal
 /// nulled) and the `signing_key` row deleted. The next writer must not seal the forged
 /// row as found: with the key it checks every row and names the forged one; without it,
 /// it names the missing key. Nothing opens, so nothing runs again.
@@ -554,7 +554,7 @@ async fn a_store_whose_seals_were_all_removed_is_refused_not_adopted() {
     );
 }
 
-/// Issue 31 item 2: rotating a session that has messages and checkpoints, K1 → K2 (K1 as
+/// Key rotation: rotating a session that has messages and checkpoints, K1 → K2 (K1 as
 /// previous) and store key → application key, checks each checkpoint against the old
 /// transcript seals, not the new ones.
 #[tokio::test]

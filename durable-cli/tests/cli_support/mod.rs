@@ -1,4 +1,4 @@
-//! Shared by `tests/cli.rs` (SQLite) and `tests/cli_postgres.rs`: a store populated
+//! Shared by `tests/cli.rs` (SQLite), `tests/cli_postgres.rs` and `tests/bounded.rs`: a store populated
 //! through the library, a small agent that can crash mid-call, and a runner for the
 //! built `durable` binary.
 
@@ -26,32 +26,33 @@ use tokio::sync::Notify;
 /// The app version the populated sessions start on.
 pub const APP: &str = "shop/1";
 
-/// Runs `durable --db <db> <args…>` with a clean environment for the variables it reads
-/// (`DATABASE_URL` too: `scripts/test.sh` may set it for the PostgreSQL harness).
-pub fn durable(db: &str, args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_durable"))
-        .arg("--db")
-        .arg(db)
-        .args(args)
-        .env_remove("DURABLE_DB")
+/// Clears the environment variables the binary reads (`DATABASE_URL` too:
+/// `scripts/test.sh` may set it for the PostgreSQL harness) and names the operator.
+pub fn clean_env(cmd: &mut Command) -> &mut Command {
+    cmd.env_remove("DURABLE_DB")
         .env_remove("DATABASE_URL")
         .env_remove("DURABLE_MAC_KEY")
         .env_remove("DURABLE_PREVIOUS_MAC_KEYS")
         .env("USER", "test-operator")
-        .output()
-        .expect("run the durable binary")
+}
+
+/// Runs `durable --db <db> <args…>` with a clean environment ([`clean_env`]).
+pub fn durable(db: &str, args: &[&str]) -> Output {
+    clean_env(
+        Command::new(env!("CARGO_BIN_EXE_durable"))
+            .arg("--db")
+            .arg(db)
+            .args(args),
+    )
+    .output()
+    .expect("run the durable binary")
 }
 
 /// Runs the binary with the given arguments and environment, the variables it reads
 /// otherwise unset.
 pub fn durable_env(args: &[&str], env: &[(&str, &str)]) -> Output {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_durable"));
-    cmd.args(args)
-        .env_remove("DURABLE_DB")
-        .env_remove("DATABASE_URL")
-        .env_remove("DURABLE_MAC_KEY")
-        .env_remove("DURABLE_PREVIOUS_MAC_KEYS")
-        .env("USER", "test-operator");
+    clean_env(cmd.args(args));
     for (k, v) in env {
         cmd.env(k, v);
     }

@@ -4,7 +4,7 @@
 //!
 //! Every path the crate reports is written here: [`ArgumentError::path`] (the scanner, the
 //! walker, [`to_journal_value`](super::to_journal_value)), the paths of serde's refusals
-//! in `tool_bounds::decode_args`, and the secret-argument checks ([`path_of_key`],
+//! in `macro_support::decode_args`, and the secret-argument checks ([`path_of_key`],
 //! [`path_is_inside`]).
 //!
 //! [`ArgumentError::path`]: super::ArgumentError::path

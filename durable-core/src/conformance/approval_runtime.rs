@@ -22,7 +22,7 @@ use crate::session::Session;
 use crate::store::{
     ApprovalEvent, ApprovalRequest, CallRecord, CallStatus, CheckpointStore, SessionStatus,
 };
-use crate::tool::ToolSpec;
+use crate::tool_spec::ToolSpec;
 use crate::transcript::Message;
 
 /// A runtime whose `on_approval_requested` hook collects the requested rows.

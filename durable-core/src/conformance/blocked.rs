@@ -14,7 +14,7 @@ use crate::journal::CallError;
 use crate::replay::ReplayClass;
 use crate::runtime::{Durable, StartOptions};
 use crate::store::{CallStatus, CheckpointStore, Resolution, SessionStatus};
-use crate::tool::{ToolSpec, Verification};
+use crate::tool_spec::{ToolSpec, Verification};
 use crate::transcript::Message;
 use crate::worker::ShutdownSignal;
 use crate::{Session, SessionId};

@@ -20,7 +20,7 @@ use crate::journal::CallError;
 use crate::replay::ReplayClass;
 use crate::snapshot::{Budget, Spend};
 use crate::store::{CallStatus, CheckpointStore};
-use crate::tool::{ToolSpec, Verification};
+use crate::tool_spec::{ToolSpec, Verification};
 use crate::transcript::Message;
 use crate::{Journal, Session};
 

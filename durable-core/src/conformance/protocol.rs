@@ -428,7 +428,7 @@ pub async fn runtime_divergence_survives_a_second_rerun(store: Arc<dyn Checkpoin
         store: &Arc<dyn CheckpointStore>,
         id: &crate::SessionId,
         owner: &str,
-        email: &crate::tool::ToolSpec,
+        email: &crate::tool_spec::ToolSpec,
         effects: &Arc<AtomicUsize>,
     ) -> CallError<String> {
         let (resumed, _) = take_over(store, id, owner).await;
@@ -554,7 +554,7 @@ pub async fn runtime_reshaped_tool_is_refused_without_a_reask(store: Arc<dyn Che
     drop(session);
 
     let (resumed, _) = take_over(&store, &id, "second").await;
-    let reshaped = crate::tool::ToolSpec::new(
+    let reshaped = crate::tool_spec::ToolSpec::new(
         "email",
         "test tool email, with a cc",
         ReplayClass::UnsafeOnReplay,

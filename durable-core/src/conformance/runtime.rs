@@ -21,7 +21,7 @@ use crate::runtime::{Durable, StartOptions};
 use crate::session::{InDoubtAction, Session};
 use crate::snapshot::{Budget, Spend};
 use crate::store::{CallStatus, CheckpointStore, Resolution};
-use crate::tool::{ToolSpec, Verification};
+use crate::tool_spec::{ToolSpec, Verification};
 use crate::transcript::Message;
 
 use super::stall::Probe;
@@ -162,7 +162,18 @@ pub(super) async fn call_and_die(
     key: Option<&str>,
     effects: &Arc<AtomicUsize>,
 ) {
-    let mut call = session.journal().tool(spec, json!({ "n": n }));
+    call_with_args_and_die(session, spec, json!({ "n": n }), key, effects).await;
+}
+
+/// [`call_and_die`] with arguments of the caller's choosing.
+pub(super) async fn call_with_args_and_die(
+    session: &Session<Message>,
+    spec: &ToolSpec,
+    args: Value,
+    key: Option<&str>,
+    effects: &Arc<AtomicUsize>,
+) {
+    let mut call = session.journal().tool(spec, args);
     if let Some(key) = key {
         call = call.key(key);
     }

@@ -27,7 +27,7 @@ use crate::error::DurableError;
 use crate::ids::CallId;
 use crate::replay::ReplayClass;
 use crate::store::{CARRIED_STEP, CallKind, CallRecord, CallStatus};
-use crate::tool::ToolSpec;
+use crate::tool_spec::ToolSpec;
 
 impl Journal {
     /// Refuses `refused` while an `unsafe_on_replay` call of the session other than

@@ -10,8 +10,8 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use tracing::Instrument;
 
-use super::commit::{Executed, ScopeClaim, ScopeOutcome};
-use super::numbers::Reservation;
+use super::checkpoint_scope::{Executed, ScopeClaim, ScopeOutcome};
+use super::ordinals::Reservation;
 use super::protocol::{self, Action, Answer, Facts, Refusal};
 use super::{CallError, Journal, Outcome, RecordedFailure, failure_message, lock};
 use crate::args;
@@ -26,7 +26,7 @@ use crate::store::{
     EditedKey, FinishCall, IssueOutcome, NewCall, NewCheckpoint, NewError,
 };
 use crate::telemetry;
-use crate::tool::{ToolContext, ToolSpec, Verification};
+use crate::tool_spec::{ToolContext, ToolSpec, Verification};
 
 /// What a journaled tool call returns: recorded as JSON, decoded again on a replay.
 pub(crate) trait Recordable: Serialize + DeserializeOwned {}

@@ -12,7 +12,7 @@ use serde_json::Value;
 use tracing::Instrument;
 
 use super::call::decode_result;
-use super::numbers::Reservation;
+use super::ordinals::Reservation;
 use super::{CallError, Journal, MODEL_SLOT, Outcome};
 use crate::error::DurableError;
 use crate::ids::CallId;

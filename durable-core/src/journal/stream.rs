@@ -24,7 +24,7 @@ use tracing::Instrument;
 
 use super::call::decode_result;
 use super::model::Begun;
-use super::numbers::Reservation;
+use super::ordinals::Reservation;
 use super::{CallError, Journal};
 use crate::error::DurableError;
 use crate::snapshot::Spend;

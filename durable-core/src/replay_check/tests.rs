@@ -9,9 +9,10 @@ use serde_json::{Value, json};
 use super::*;
 use crate::error::DurableError;
 use crate::journal::Journal;
+use crate::macro_support::{args_schema, decode_args};
 use crate::replay::ReplayClass;
-use crate::tool::ToolSpec;
-use crate::tool_bounds::{BoxFuture, args_schema, decode_args};
+use crate::tool_spec::ToolSpec;
+use crate::toolbox::BoxFuture;
 use crate::toolbox::{Tool, ToolOutput};
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]

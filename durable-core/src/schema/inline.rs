@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use serde_json::{Map, Value};
 
 use super::{MAX_DEPTH, MAX_NODES, SchemaError, SchemaErrorKind};
-use crate::tool::ToolSpec;
+use crate::tool_spec::ToolSpec;
 
 // ---------------------------------------------------------------------------------------
 // JSON pointers

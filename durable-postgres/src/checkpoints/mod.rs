@@ -3,8 +3,8 @@
 //! share. A checkpoint is read back with the session head, the checkpoint row, its
 //! transcript and the chain of seals between them, all from one snapshot (`reads`).
 
-pub(crate) mod fast;
 pub(crate) mod reads;
+pub(crate) mod single_statement;
 
 pub(crate) use reads::{load_checkpoint, load_checkpoint_window, messages};
 
@@ -32,7 +32,7 @@ pub(crate) async fn save_checkpoint(
     expected: i64,
     checkpoint: NewCheckpoint,
 ) -> Result<CheckpointMeta, StoreError> {
-    if let Some(meta) = fast::save(store, fence, expected, &checkpoint).await? {
+    if let Some(meta) = single_statement::save(store, fence, expected, &checkpoint).await? {
         return Ok(meta);
     }
     let mut tx = tx::begin(&store.pool).await?;

@@ -2,8 +2,8 @@
 //! of rows, outcomes and re-issues here, the reads in [`reads`]. Operator resolutions are
 //! in [`crate::resolution`].
 
-pub(crate) mod fast;
 pub(crate) mod reads;
+pub(crate) mod single_statement;
 
 pub(crate) use reads::{call, calls, calls_page, in_doubt, issued_calls};
 
@@ -49,8 +49,8 @@ async fn insert_call(
     call: NewCall,
     finish: Option<FinishCall>,
 ) -> Result<IssueOutcome, StoreError> {
-    match fast::insert(store, fence, call, finish).await? {
-        fast::Insert::Written {
+    match single_statement::insert(store, fence, call, finish).await? {
+        single_statement::Insert::Written {
             call,
             finish,
             mac,
@@ -62,7 +62,7 @@ async fn insert_call(
             fence.token,
             now,
         ))),
-        fast::Insert::Declined(call, finish) => {
+        single_statement::Insert::Declined(call, finish) => {
             let entry = finish.map_or(Entry::Issue, Entry::Record);
             insert_locked(store, fence, call, entry).await
         }
@@ -503,7 +503,7 @@ pub(crate) async fn finish_call(
     finish: FinishCall,
     checkpoint: Option<(i64, NewCheckpoint)>,
 ) -> Result<Option<CheckpointMeta>, StoreError> {
-    if checkpoint.is_none() && fast::finish(store, fence, call, &finish).await? {
+    if checkpoint.is_none() && single_statement::finish(store, fence, call, &finish).await? {
         return Ok(None);
     }
     let ring = store.keyring();

@@ -14,13 +14,14 @@ use crate::canonical;
 use crate::error::DurableError;
 use crate::ids::{CallId, SessionId};
 use crate::journal::Journal;
+use crate::macro_support::{args_schema, decode_args};
 use crate::replay::ReplayClass;
 use crate::replay_check::{
     FIXTURE_FORMAT, FailureKind, Fixture, FixtureCall, ReplayCheckReport, check_fixtures,
 };
 use crate::store::{CallKind, CallStatus};
-use crate::tool::ToolSpec;
-use crate::tool_bounds::{BoxFuture, args_schema, decode_args};
+use crate::tool_spec::ToolSpec;
+use crate::toolbox::BoxFuture;
 use crate::toolbox::Toolbox;
 use crate::toolbox::{Tool, ToolOutput};
 

@@ -1,5 +1,5 @@
 //! The plans of an agent turn's statements on a fresh database that was never analyzed
-//! (issues 11 and 26). A turn's statements are prepared by sqlx on the store's
+//! (generic plans made on empty tables). A turn's statements are prepared by sqlx on the store's
 //! connections, and PostgreSQL's default `plan_cache_mode` (`auto`) switches each to its
 //! generic plan at the sixth execution, planned once. A generic plan made while the
 //! tables were nearly empty once looked rows up by `session_id` alone and filtered the
@@ -26,10 +26,10 @@ use serde_json::{Value, json};
 use sqlx::AssertSqlSafe;
 use sqlx::postgres::PgConnection;
 
-use crate::checkpoints::fast::SAVE_READ;
 use crate::checkpoints::reads::{RANGE_READ, WINDOW_READ};
-use crate::journal::fast::INSERT_READ;
+use crate::checkpoints::single_statement::SAVE_READ;
 use crate::journal::reads::STEP_READ;
+use crate::journal::single_statement::INSERT_READ;
 use crate::testing::test_database;
 
 /// The tables that grow with a session.

@@ -45,7 +45,7 @@ pub(super) enum Insert {
 /// The read of [`insert`]: `$1` the session. Whether the identity is journaled already is
 /// left to the write (its `NOT EXISTS`), which then writes nothing: as a read, its
 /// generic plan, made while the tables were small, found the identity by the session
-/// alone (`plans.rs`).
+/// alone (`query_plans.rs`).
 pub(crate) const INSERT_READ: &str = concat!(
     "SELECT s.fence AS session_fence, ",
     seal::head_cols!(),

@@ -1,6 +1,6 @@
 //! A checkpoint in one statement, without a transaction of its own: two round trips (a
 //! read, then the write) where the locking transaction takes four. As the journal's
-//! one-statement writes (`journal::fast`): the read takes no lock; the write locks the
+//! one-statement writes (`journal::single_statement`): the read takes no lock; the write locks the
 //! session row and writes only if the session is as read (the same fencing token and the
 //! same head, so the same latest checkpoint: the version, the transcript's end and the
 //! seals computed from the read still hold). Anything else writes nothing, and the

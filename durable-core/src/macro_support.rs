@@ -33,11 +33,10 @@ use crate::error::DurableError;
 use crate::ids::SessionId;
 use crate::journal::{CallError, ToolCall};
 use crate::store::ApprovalRequest;
-use crate::tool::{IdempotencyKey, ToolContext, ToolSpec, Verification};
+use crate::tool_spec::{IdempotencyKey, ToolContext, ToolSpec, Verification};
 use crate::toolbox::ToolOutput;
 
-/// The boxed, `Send` future returned by [`Tool::invoke`](crate::toolbox::Tool::invoke).
-pub use futures_util::future::BoxFuture;
+pub use crate::toolbox::BoxFuture;
 
 /// A type a tool can take as an argument: a field of the generated argument struct, or
 /// the struct of a tool written in the struct-argument form.

@@ -11,7 +11,7 @@ use crate::encode::encode;
 use crate::error::DurableError;
 use crate::ids::SessionId;
 use crate::journal::{CallError, Journal};
-use crate::tool::ToolSpec;
+use crate::tool_spec::ToolSpec;
 
 /// What a dispatched tool call returns to the model.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -27,7 +27,7 @@ impl ToolOutput {
     /// success serialized as the content; a tool failure, now or recorded by an earlier
     /// run, as `{"error": "<message>"}` with `is_error: true`; the runtime's own errors
     /// passed through (the rules of generated tools, which call it through
-    /// `tool_bounds::tool_output`). Public for hand-written [`Tool`]s, which build their
+    /// `__macro_support::tool_output`). Public for hand-written [`Tool`]s, which build their
     /// output from a [`Journal::tool`](crate::Journal::tool) call the same way.
     pub fn from_call<T: Serialize, E: Display>(
         spec: &ToolSpec,
