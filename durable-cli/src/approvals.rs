@@ -1,6 +1,6 @@
 //! Calls awaiting a person's approval: `approvals` (and `approvals --expire`), `approve`
-//! and `deny`, through the runtime's [`Durable::approvals`], [`Durable::approve`],
-//! [`Durable::deny`] and [`Durable::expire_approvals`].
+//! and `deny`, through the runtime's [`Operator::approvals`](durable::Operator::approvals), [`Operator::approve`](durable::Operator::approve),
+//! [`Operator::deny`](durable::Operator::deny) and [`Operator::expire_approvals`](durable::Operator::expire_approvals).
 
 use std::sync::Arc;
 

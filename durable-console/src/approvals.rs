@@ -3,8 +3,8 @@
 //!
 //! As in the in-doubt inbox ([`crate::inbox`]), each decision is two `POST`s: the first
 //! shows what the decision will do and changes nothing; the second, from that page,
-//! records it through [`Durable::approve`], [`Durable::deny`] or
-//! [`Durable::expire_approvals`]. The same checks run before both: edited arguments go
+//! records it through [`Operator::approve`](durable::Operator::approve), [`Operator::deny`](durable::Operator::deny) or
+//! [`Operator::expire_approvals`](durable::Operator::expire_approvals). The same checks run before both: edited arguments go
 //! through [`check_edited_args`] (a problem is shown with its JSON path, and nothing is
 //! decided), a denial needs a reason, and a call another operator decided first is
 //! refused, naming its status and who decided.
