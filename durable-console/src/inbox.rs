@@ -277,6 +277,7 @@ pub(crate) async fn resolve(
         .owner(OWNER)
         .build();
     durable
+        .operator()
         .resolve(
             &checked.call.id,
             checked.resolution.clone(),

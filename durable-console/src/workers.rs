@@ -251,7 +251,10 @@ pub(crate) async fn wake(
     Posted(_form): Posted<WakeForm>,
 ) -> Result<Markup, PageError> {
     let (record, now) = check(&state, &session).await?;
-    crate::approvals::runtime(&state).wake(&record.id).await?;
+    crate::approvals::runtime(&state)
+        .operator()
+        .wake(&record.id)
+        .await?;
     let body = html! {
         h1 { "Woken" }
         p.notice.done #outcome { (what_it_does(&record, now, true)) }

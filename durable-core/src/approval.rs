@@ -57,8 +57,8 @@
 //! # Ok(()) }
 //!
 //! # async fn operator(durable: &Durable) -> Result<(), DurableError> {
-//! for pending in durable.approvals(None).await? {
-//!     durable.approve(&pending.call.id, None, "alice", Some("checked the invoice")).await?;
+//! for pending in durable.operator().approvals(None).await? {
+//!     durable.operator().approve(&pending.call.id, None, "alice", Some("checked the invoice")).await?;
 //! }
 //! # Ok(()) }
 //! ```
