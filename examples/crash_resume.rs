@@ -316,7 +316,11 @@ async fn operator(db: &str, session: &str, world: &World, style: Style) -> Resul
         .owner("operator")
         .app_version(agent::APP_VERSION)
         .build();
-    for call in durable.in_doubt(Some(&SessionId::new(session))).await? {
+    for call in durable
+        .operator()
+        .in_doubt(Some(&SessionId::new(session)))
+        .await?
+    {
         let tool = call.identity.tool.clone();
         let Some(channel) = tools::channel_of(&tool) else {
             continue;
@@ -338,6 +342,7 @@ async fn operator(db: &str, session: &str, world: &World, style: Style) -> Resul
             ),
         };
         durable
+            .operator()
             .resolve(&call.id, resolution, "operator", Some("checked the outbox"))
             .await?;
         println!(
@@ -445,7 +450,7 @@ async fn approver(db: &str, session: &str, style: Style) -> Result<(), Error> {
             "$ durable --db {db} approvals --session {session}"
         ))
     );
-    let pending = durable.approvals(Some(&id)).await?;
+    let pending = durable.operator().approvals(Some(&id)).await?;
     for request in &pending {
         let call = &request.call;
         let approval = call.approval.as_ref();
@@ -486,6 +491,7 @@ async fn approver(db: &str, session: &str, style: Style) -> Result<(), Error> {
             ))
         );
         let row = durable
+            .operator()
             .approve(&call, None, "operator", Some("amount matches the order"))
             .await?;
         println!(

@@ -26,7 +26,7 @@
 //!   `tool`) and the refused tool (`refused_tool`). [`Session::checkpoint`] is allowed
 //!   meanwhile (the turn's transcript, with the refusal the model saw, is kept), and the
 //!   barrier stays: it lives in the journal, so a resume on any worker finds it again.
-//!   It lifts when an operator resolves the call ([`Durable::resolve`], `durable
+//!   It lifts when an operator resolves the call ([`Operator::resolve`], `durable
 //!   resolve`), or when the call's own step is re-run and its `verify` hook settles it;
 //!   the live session sees the resolution without a resume.
 //! - **A re-run step may not diverge.** While a step is re-run after a crash and the
@@ -41,12 +41,12 @@
 //!   renamed argument lets its record decode and match, and the replay check accepts it),
 //!   or an operator's decision (fork the session from its last checkpoint, letting the
 //!   fork run the unreplayed call again: `durable fork --rerun`, audited).
-//! - **A fork never repeats an effect of its parent.** [`Durable::fork`] copies the
+//! - **A fork never repeats an effect of its parent.** [`Operator::fork`] copies the
 //!   parent's calls with a side effect from the forked version on into the fork's journal:
 //!   the re-run turn gets recorded results back and keeps in-doubt calls in doubt, and a
 //!   later call that would repeat one of the parent's effects is refused
-//!   ([`DurableError::InheritedEffect`]). [`Durable::fork_plan`] (`durable fork
-//!   --dry-run`) says what a fork will do before it is made; [`Durable::fork_with`] lets an
+//!   ([`DurableError::InheritedEffect`]). [`Operator::fork_plan`] (`durable fork
+//!   --dry-run`) says what a fork will do before it is made; [`Operator::fork_with`] lets an
 //!   operator name calls the fork may run again (audited).
 //! - **Only exact values enter the journal.** Arguments, results, model replies,
 //!   messages, plan, budget and state are checked with the same rules as a model's JSON
@@ -103,8 +103,8 @@
 pub use connect::{connect, connect_read_only};
 // Runtime and sessions.
 pub use durable_core::{
-    Durable, DurableBuilder, ForkOptions, InDoubtAction, InDoubtCall, Journal, ResumeReport,
-    Resumed, Session, StartOptions,
+    Durable, DurableBuilder, ForkOptions, InDoubtAction, InDoubtCall, Journal, Operator,
+    ResumeReport, Resumed, Session, StartOptions,
 };
 // Worker pools.
 pub use durable_core::{PoolReport, ShutdownSignal, ShutdownTrigger, Worker};
@@ -593,7 +593,7 @@ pub use durable_rig as rig;
 /// [`DurableError::AwaitingApproval`] (as `CallError::Durable`, or `Err` from
 /// [`Tool::invoke`]) and its body does not run; the harness parks the session with
 /// [`Session::await_approval`](crate::Session::await_approval). A person approves
-/// ([`Durable::approve`](crate::Durable::approve), `durable approve`), optionally with
+/// ([`Operator::approve`](crate::Operator::approve), `durable approve`), optionally with
 /// edited arguments, or denies with a reason. The resumed session replays the turn: an
 /// approved call runs once, with the edited arguments when there are some (decoded into
 /// the argument struct, and a keyed tool's key derived from them by its

@@ -64,7 +64,11 @@ async fn resume(store: &Arc<dyn CheckpointStore>, id: &SessionId) -> Session {
 
 /// The one pending request of the session.
 async fn pending(durable: &Durable, id: &SessionId) -> CallId {
-    let pending = durable.approvals(Some(id)).await.expect("approvals");
+    let pending = durable
+        .operator()
+        .approvals(Some(id))
+        .await
+        .expect("approvals");
     assert_eq!(pending.len(), 1, "{pending:?}");
     pending[0].call.id.clone()
 }
@@ -109,6 +113,7 @@ async fn a_required_approval_parks_the_call_and_runs_it_once_with_the_edit() {
         Some("tool wire_funds")
     );
     operator
+        .operator()
         .approve(
             &call,
             Some(json!({"to": "acct-1", "cents": 500})),
@@ -181,6 +186,7 @@ async fn an_approval_rule_decides_per_call_and_an_edit_re_derives_the_key() {
     let operator = runtime(&store, "operator");
     let call = pending(&operator, &id).await;
     operator
+        .operator()
         .approve(
             &call,
             Some(json!({"order": "o-1", "cents": 90})),
@@ -241,6 +247,7 @@ async fn a_denied_call_returns_the_reason_to_the_model() {
     let operator = runtime(&store, "operator");
     let call = pending(&operator, &id).await;
     operator
+        .operator()
         .deny(&call, "customer asked to keep the account", "bob", None)
         .await
         .expect("deny");
@@ -322,6 +329,7 @@ async fn the_verify_hook_of_an_approved_call_sees_the_edited_arguments() {
     let operator = runtime(&store, "operator");
     let call = pending(&operator, &id).await;
     operator
+        .operator()
         .approve(
             &call,
             Some(json!({"board": "ops", "hang": true})),

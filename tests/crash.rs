@@ -335,12 +335,14 @@ fn resolve(dir: &Path, resolution: Resolution) {
             .app_version("crash-test")
             .build();
         let doubt = durable
+            .operator()
             .in_doubt(Some(&SessionId::new(SESSION)))
             .await
             .expect("in doubt");
         assert_eq!(doubt.len(), 1, "exactly one call in doubt: {doubt:?}");
         assert_eq!(doubt[0].identity.tool, "send_email");
         durable
+            .operator()
             .resolve(
                 &doubt[0].id,
                 resolution,

@@ -185,6 +185,7 @@ async fn case(store: Arc<dyn CheckpointStore>, program: Program) -> Result<(), S
             .build();
         let v = i64::try_from(version).map_err(|e| e.to_string())?;
         let mut fork = worker
+            .operator()
             .fork::<Message>(&id, v, Some(SessionId::new(format!("fork-{k}"))))
             .await
             .map_err(|e| format!("fork at {version}: {e}"))?;

@@ -91,9 +91,14 @@ async fn an_interrupted_unsafe_call_is_resolved_by_an_operator_and_never_runs_tw
 
     // An operator checks the provider and records that the payment happened.
     let operator = worker(&store, "operator");
-    let doubt = operator.in_doubt(Some(&id)).await.expect("in doubt");
+    let doubt = operator
+        .operator()
+        .in_doubt(Some(&id))
+        .await
+        .expect("in doubt");
     assert_eq!(doubt.len(), 1, "one call in doubt");
     operator
+        .operator()
         .resolve(
             &doubt[0].id,
             Resolution::Happened {

@@ -275,6 +275,7 @@ async fn a_queue_limit_holds_across_two_pools() {
     let store = store(&dir).await;
     let admin = Durable::builder(Arc::clone(&store)).owner("admin").build();
     admin
+        .operator()
         .set_queue_limit("scarce", Some(LIMIT as u32))
         .await
         .expect("limit");

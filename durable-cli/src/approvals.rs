@@ -1,6 +1,6 @@
 //! Calls awaiting a person's approval: `approvals` (and `approvals --expire`), `approve`
-//! and `deny`, through the runtime's [`Durable::approvals`], [`Durable::approve`],
-//! [`Durable::deny`] and [`Durable::expire_approvals`].
+//! and `deny`, through the runtime's [`Operator::approvals`](durable::Operator::approvals), [`Operator::approve`](durable::Operator::approve),
+//! [`Operator::deny`](durable::Operator::deny) and [`Operator::expire_approvals`](durable::Operator::expire_approvals).
 
 use std::sync::Arc;
 
@@ -53,7 +53,7 @@ pub async fn approvals(
     if args.expire {
         return expire(store, &durable, session.as_ref(), json).await;
     }
-    let pending = durable.approvals(session.as_ref()).await?;
+    let pending = durable.operator().approvals(session.as_ref()).await?;
     if json {
         let lines: Vec<PendingLine> = pending
             .iter()
@@ -182,8 +182,8 @@ async fn expire(
     session: Option<&SessionId>,
     json: bool,
 ) -> Result<(), CliError> {
-    let expired = durable.expire_approvals(session).await?;
-    let waiting = durable.approvals(session).await?.len();
+    let expired = durable.operator().expire_approvals(session).await?;
+    let waiting = durable.operator().approvals(session).await?.len();
     if json {
         return render::print_json(&json!({
             "expired": expired.iter().map(masked_call).collect::<Vec<_>>(),
@@ -314,7 +314,7 @@ async fn session_after(
     session: &SessionId,
 ) -> Result<(SessionStatus, usize), CliError> {
     let status = durable.store().session(session).await?.status;
-    let waiting = durable.approvals(Some(session)).await?.len();
+    let waiting = durable.operator().approvals(Some(session)).await?.len();
     Ok((status, waiting))
 }
 
@@ -356,6 +356,7 @@ pub async fn approve(
     let edited = edited.map(|e| unhide(&e, &call.args));
     let durable = runtime(store);
     let record = match durable
+        .operator()
         .approve(&id, edited.clone(), &by, args.note.as_deref())
         .await
     {
@@ -440,10 +441,12 @@ pub async fn deny(
     let durable = runtime(store);
     let decided = if args.revoke {
         durable
+            .operator()
             .revoke(&id, &args.reason, &by, args.note.as_deref())
             .await
     } else {
         durable
+            .operator()
             .deny(&id, &args.reason, &by, args.note.as_deref())
             .await
     };

@@ -115,6 +115,7 @@ pub async fn resolve(
     // opened); a store sealed with an application key we lack refused to open.
     let durable = Durable::builder(Arc::clone(store)).owner(CLI_OWNER).build();
     let record = durable
+        .operator()
         .resolve(&id, resolution.clone(), &by, args.note.as_deref())
         .await?;
     if json {

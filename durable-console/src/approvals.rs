@@ -3,8 +3,8 @@
 //!
 //! As in the in-doubt inbox ([`crate::inbox`]), each decision is two `POST`s: the first
 //! shows what the decision will do and changes nothing; the second, from that page,
-//! records it through [`Durable::approve`], [`Durable::deny`] or
-//! [`Durable::expire_approvals`]. The same checks run before both: edited arguments go
+//! records it through [`Operator::approve`](durable::Operator::approve), [`Operator::deny`](durable::Operator::deny) or
+//! [`Operator::expire_approvals`](durable::Operator::expire_approvals). The same checks run before both: edited arguments go
 //! through [`check_edited_args`] (a problem is shown with its JSON path, and nothing is
 //! decided), a denial needs a reason, and a call another operator decided first is
 //! refused, naming its status and who decided.
@@ -62,7 +62,10 @@ pub(crate) async fn page(
         store.session(id).await?;
     }
     let now = store.now().await?;
-    let pending = runtime(&state).approvals(session.as_ref()).await?;
+    let pending = runtime(&state)
+        .operator()
+        .approvals(session.as_ref())
+        .await?;
     let body = html! {
         h1 { "Calls awaiting approval" }
         p.muted {
@@ -479,14 +482,16 @@ pub(crate) async fn decide(
     let note = checked.note.as_deref();
     let decided = match &checked.choice {
         Choice::Approve { edited, .. } => durable
+            .operator()
             .approve(id, edited.clone(), &checked.by, note)
             .await
             .map(|_| ()),
         Choice::Deny { reason } => durable
+            .operator()
             .deny(id, reason, &checked.by, note)
             .await
             .map(|_| ()),
-        Choice::Expire => match durable.expire_approvals(Some(session)).await {
+        Choice::Expire => match durable.operator().expire_approvals(Some(session)).await {
             Ok(rows) if rows.iter().any(|r| &r.id == id) => Ok(()),
             Ok(_) => Err(DurableError::Store(StoreError::NotAwaitingApproval {
                 call: id.clone(),
@@ -503,7 +508,7 @@ pub(crate) async fn decide(
         }
         Err(e) => return Err(e.into()),
     }
-    let remaining = durable.approvals(Some(session)).await?.len();
+    let remaining = durable.operator().approvals(Some(session)).await?.len();
     let shown_session = visible(session.as_str(), 64);
     let next = if remaining == 0 {
         format!(

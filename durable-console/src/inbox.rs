@@ -2,7 +2,7 @@
 //!
 //! Each decision is two `POST`s: the first shows what the decision will do (the CLI's
 //! words) and changes nothing; the second, from that page, resolves the call through
-//! [`Durable::resolve`], as `durable resolve` does. The same checks and refusals as the
+//! [`Operator::resolve`](durable::Operator::resolve), as `durable resolve` does. The same checks and refusals as the
 //! CLI's run before both.
 //!
 //! Calls awaiting approval have an inbox of their own: [`crate::approvals`].
@@ -277,6 +277,7 @@ pub(crate) async fn resolve(
         .owner(OWNER)
         .build();
     durable
+        .operator()
         .resolve(
             &checked.call.id,
             checked.resolution.clone(),

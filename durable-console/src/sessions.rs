@@ -157,7 +157,11 @@ pub(crate) async fn page(
         *doubt.entry(call.identity.session).or_default() += 1;
     }
     let mut pending: HashMap<SessionId, usize> = HashMap::new();
-    for p in crate::approvals::runtime(&state).approvals(None).await? {
+    for p in crate::approvals::runtime(&state)
+        .operator()
+        .approvals(None)
+        .await?
+    {
         *pending.entry(p.call.identity.session).or_default() += 1;
     }
 

@@ -4,7 +4,7 @@
 //!
 //! Waking is two `POST`s, as in the inboxes ([`crate::inbox`]): the first says what it
 //! will do and changes nothing; the second, from that page, ends the sleep through
-//! [`Durable::wake`](durable::Durable::wake), as `durable wake` does. The same checks run
+//! [`Operator::wake`](durable::Operator::wake), as `durable wake` does. The same checks run
 //! before both: the session exists, is active and is still asleep.
 
 use std::collections::BTreeMap;
@@ -251,7 +251,10 @@ pub(crate) async fn wake(
     Posted(_form): Posted<WakeForm>,
 ) -> Result<Markup, PageError> {
     let (record, now) = check(&state, &session).await?;
-    crate::approvals::runtime(&state).wake(&record.id).await?;
+    crate::approvals::runtime(&state)
+        .operator()
+        .wake(&record.id)
+        .await?;
     let body = html! {
         h1 { "Woken" }
         p.notice.done #outcome { (what_it_does(&record, now, true)) }

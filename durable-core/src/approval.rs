@@ -10,7 +10,7 @@
 //! session with [`Session::await_approval`]: it releases its lease and holds no worker.
 //!
 //! A person decides, from the CLI (`durable approve`, `durable deny`), the console, or
-//! code ([`Durable::approve`], [`Durable::deny`], [`Durable::expire_approvals`]):
+//! code ([`Operator::approve`], [`Operator::deny`], [`Operator::expire_approvals`]):
 //!
 //! - **approve**, optionally with edited arguments. An edit is checked here
 //!   ([`check_edited_args`]): an object, within the argument limits, valid against the
@@ -21,7 +21,7 @@
 //! - **deny** with a reason: the call's recorded outcome is the denial, which the model
 //!   reads as the tool's error result.
 //! - let it **expire**: after its deadline (on the store's clock) it can only be denied
-//!   by the deadline ([`Durable::expire_approvals`] sweeps them).
+//!   by the deadline ([`Operator::expire_approvals`] sweeps them).
 //!
 //! The last decision returns the session to `active` with no lease. The next resume, on
 //! any worker, replays the turn: the approved call runs exactly once under its replay
@@ -57,8 +57,8 @@
 //! # Ok(()) }
 //!
 //! # async fn operator(durable: &Durable) -> Result<(), DurableError> {
-//! for pending in durable.approvals(None).await? {
-//!     durable.approve(&pending.call.id, None, "alice", Some("checked the invoice")).await?;
+//! for pending in durable.operator().approvals(None).await? {
+//!     durable.operator().approve(&pending.call.id, None, "alice", Some("checked the invoice")).await?;
 //! }
 //! # Ok(()) }
 //! ```
@@ -67,9 +67,9 @@
 //! [`DurableBuilder::approval_policy`]: crate::DurableBuilder::approval_policy
 //! [`Journal::with_reasoning`]: crate::Journal::with_reasoning
 //! [`Session::await_approval`]: crate::Session::await_approval
-//! [`Durable::approve`]: crate::Durable::approve
-//! [`Durable::deny`]: crate::Durable::deny
-//! [`Durable::expire_approvals`]: crate::Durable::expire_approvals
+//! [`Operator::approve`]: crate::Operator::approve
+//! [`Operator::deny`]: crate::Operator::deny
+//! [`Operator::expire_approvals`]: crate::Operator::expire_approvals
 
 use std::sync::Arc;
 use std::time::Duration;

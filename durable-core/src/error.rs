@@ -45,7 +45,7 @@ pub enum StoreError {
     /// keep dying before a checkpoint. An operator looks at it, then unparks it.
     #[error(
         "session `{session}` was parked: its last {attempts} recoveries died before a checkpoint (a poison pill); \
-         find out why (`durable show {session}`), then unpark it: `durable unpark {session}` or `Durable::unpark`"
+         find out why (`durable show {session}`), then unpark it: `durable unpark {session}` or `Operator::unpark`"
     )]
     Parked {
         /// The session.
@@ -495,7 +495,7 @@ pub enum DurableError {
     /// The call awaits a person's decision (its journal row is `requested`): nothing ran.
     /// Park the session with [`Session::await_approval`](crate::Session::await_approval);
     /// a person decides with `durable approve` / `durable deny`, the console, or
-    /// [`Durable::approve`](crate::Durable::approve) / [`Durable::deny`](crate::Durable::deny).
+    /// [`Operator::approve`](crate::Operator::approve) / [`Operator::deny`](crate::Operator::deny).
     /// See [`approval`](crate::approval).
     #[error(
         "call `{call}` of `{tool}` was not run: it awaits approval (status `{status}`); nothing ran. \
@@ -513,7 +513,7 @@ pub enum DurableError {
     /// since the request, its edited arguments no longer decode into the tool's type, or
     /// a secret argument's value is not held after a restart. Nothing ran; the row stays
     /// approved, and the session's step cannot end until it is decided again: revoke the
-    /// approval ([`Durable::revoke`](crate::Durable::revoke), `durable deny --revoke`), and
+    /// approval ([`Operator::revoke`](crate::Operator::revoke), `durable deny --revoke`), and
     /// the model reads the reason.
     #[error(
         "call `{call}` of `{tool}` was approved but cannot run: {reason}; nothing ran. \

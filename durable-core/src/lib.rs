@@ -71,7 +71,7 @@ pub use ids::{CallId, SessionId};
 pub use journal::{CallError, CallEvent, Journal, Outcome, RecordedFailure};
 pub use replay::ReplayClass;
 pub use retry::{RetryError, RetryPolicy, retry};
-pub use runtime::{Durable, DurableBuilder, ForkOptions, StartOptions};
+pub use runtime::{Durable, DurableBuilder, ForkOptions, Operator, StartOptions};
 pub use schema::{McpAnnotations, SchemaError, SchemaErrorKind};
 pub use session::{InDoubtAction, InDoubtCall, ResumeReport, Resumed, Session};
 pub use snapshot::{

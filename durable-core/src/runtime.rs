@@ -17,11 +17,13 @@ use crate::ids::{CallId, SessionId};
 use crate::session::{ResumeReport, Resumed, Session};
 use crate::snapshot::{Budget, Plan};
 use crate::store::{
-    ApprovalDecision, CallRecord, CallStatus, CheckpointStore, Claim, DEADLINE, DecideApproval,
-    ForkPlan, ForkSession, NewCheckpoint, NewSession, PendingApproval, Resolution, ResolveCall,
-    RetargetSession, SessionRecord, SessionStatus,
+    CallRecord, CheckpointStore, Claim, ForkPlan, NewCheckpoint, NewSession, PendingApproval,
+    Resolution, SessionRecord,
 };
 use crate::telemetry;
+
+mod operator;
+pub use operator::Operator;
 
 /// Builds a [`Durable`].
 #[must_use]
@@ -270,7 +272,7 @@ impl<M> StartOptions<M> {
 
     /// The queue the session runs in: pools may take from some queues only
     /// ([`Worker::queues`](crate::worker::Worker::queues)), and a queue may have a
-    /// fleet-wide limit ([`Durable::set_queue_limit`]). A queue name is checked like an
+    /// fleet-wide limit ([`Operator::set_queue_limit`]). A queue name is checked like an
     /// id ([`validate_id`](crate::validate::validate_id)).
     pub fn with_queue(mut self, queue: impl Into<String>) -> Self {
         self.queue = Some(queue.into());
@@ -289,6 +291,11 @@ impl<M> StartOptions<M> {
 }
 
 /// The durable runtime: a store plus this worker's settings.
+///
+/// These are the harness's verbs: start, resume and recover sessions, submit them to
+/// worker pools and run the pools. What an operator does from outside a session (decide
+/// approvals, resolve in-doubt calls, wake, unpark, retarget, fork, set queue limits, and
+/// the listings that serve it) is on the [`Operator`] handle: [`Durable::operator`].
 ///
 /// # Example
 /// ```no_run
@@ -471,7 +478,7 @@ impl Durable {
     /// recovery, counted exactly as in [`recover_next`](Self::recover_next): once
     /// [`max_recovery_attempts`](DurableBuilder::max_recovery_attempts) recoveries died
     /// without a checkpoint, the session is parked and this fails with
-    /// [`StoreError::Parked`]; an operator unparks it ([`unpark`](Self::unpark),
+    /// [`StoreError::Parked`]; an operator unparks it ([`Operator::unpark`],
     /// `durable unpark <id>`). Resuming a released session counts nothing.
     pub async fn resume<M>(&self, id: &SessionId) -> Result<Resumed<M>, DurableError>
     where
@@ -498,7 +505,7 @@ impl Durable {
     /// claimed (a session of another version is left to workers of its version, or to
     /// [`retarget`](Self::retarget)), sessions asleep are left until their
     /// wake-up time ([`Session::sleep_until`](crate::Session::sleep_until)), and a queue
-    /// at its fleet-wide limit ([`set_queue_limit`](Self::set_queue_limit)) gives none.
+    /// at its fleet-wide limit ([`Operator::set_queue_limit`]) gives none.
     pub async fn recover_next<M>(&self) -> Result<Option<Resumed<M>>, DurableError>
     where
         M: Serialize + DeserializeOwned + Clone,
@@ -671,24 +678,28 @@ impl Durable {
         );
         Ok(Resumed { session, report })
     }
+}
 
-    /// Every in-doubt call (all sessions, or one).
+// The operator's verbs, on the runtime for one more release: each forwards to the same
+// verb of `Durable::operator`.
+impl Durable {
+    /// Moved to [`Operator::in_doubt`]; forwards to it.
+    #[deprecated(
+        since = "0.2.0",
+        note = "use `durable.operator().in_doubt(…)`: the operator's verbs moved to `Operator`"
+    )]
     pub async fn in_doubt(
         &self,
         session: Option<&SessionId>,
     ) -> Result<Vec<CallRecord>, DurableError> {
-        Ok(self.store.in_doubt(session).await?)
+        self.operator().in_doubt(session).await
     }
 
-    /// Resolves an in-doubt call as an operator, audited with `by` and `note`.
-    ///
-    /// *Happened* records `result` as the call's result: on resume it is what the
-    /// tool call returns, so the agent continues with it. *Did not happen* lets the
-    /// next resume execute the call.
-    ///
-    /// A session parked for this call (a harness parks on `ReplayUnsafe`) is returned to
-    /// `active` once none of its calls is in doubt any more, so the next resume (or
-    /// [`recover_next`](Self::recover_next)) continues it.
+    /// Moved to [`Operator::resolve`]; forwards to it.
+    #[deprecated(
+        since = "0.2.0",
+        note = "use `durable.operator().resolve(…)`: the operator's verbs moved to `Operator`"
+    )]
     pub async fn resolve(
         &self,
         call: &CallId,
@@ -696,50 +707,26 @@ impl Durable {
         by: &str,
         note: Option<&str>,
     ) -> Result<CallRecord, DurableError> {
-        let record = self
-            .store
-            .resolve_call(ResolveCall {
-                call: call.clone(),
-                resolution,
-                by: by.to_owned(),
-                note: note.map(str::to_owned),
-            })
-            .await?;
-        let session = &record.identity.session;
-        if self.store.session(session).await?.status == SessionStatus::Parked
-            && self.store.in_doubt(Some(session)).await?.is_empty()
-        {
-            match self.store.unpark_session(session).await {
-                Ok(_) | Err(StoreError::NotParked { .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
-            tracing::info!(%session, "session unparked: no call is in doubt any more");
-        }
-        Ok(record)
+        self.operator().resolve(call, resolution, by, note).await
     }
 
-    /// Calls awaiting a person's decision (all sessions, or one), oldest request first;
-    /// `expired` says whether a deadline passed (see
-    /// [`expire_approvals`](Self::expire_approvals)).
+    /// Moved to [`Operator::approvals`]; forwards to it.
+    #[deprecated(
+        since = "0.2.0",
+        note = "use `durable.operator().approvals(…)`: the operator's verbs moved to `Operator`"
+    )]
     pub async fn approvals(
         &self,
         session: Option<&SessionId>,
     ) -> Result<Vec<PendingApproval>, DurableError> {
-        Ok(self.store.pending_approvals(session).await?)
+        self.operator().approvals(session).await
     }
 
-    /// Approves a requested call as `by`, with `edited` arguments instead of the
-    /// requested ones when `Some` (checked by
-    /// [`check_edited_args`](crate::approval::check_edited_args): valid against the
-    /// tool's schema, secret arguments unchanged; an edit equal to the request approves
-    /// it as requested). Audited with `by` and `note`. Once no call of the session awaits
-    /// a decision, it is `active` again and the next resume runs the call, exactly once.
-    ///
-    /// # Errors
-    /// [`DurableError::InvalidEdit`] (nothing decided);
-    /// [`StoreError::NotAwaitingApproval`] when the call is not awaiting a decision (of
-    /// two operators deciding at once, the second gets this);
-    /// [`StoreError::ApprovalExpired`] past its deadline.
+    /// Moved to [`Operator::approve`]; forwards to it.
+    #[deprecated(
+        since = "0.2.0",
+        note = "use `durable.operator().approve(…)`: the operator's verbs moved to `Operator`"
+    )]
     pub async fn approve(
         &self,
         call: &CallId,
@@ -747,28 +734,14 @@ impl Durable {
         by: &str,
         note: Option<&str>,
     ) -> Result<CallRecord, DurableError> {
-        let args = match edited {
-            None => None,
-            Some(edited) => {
-                let row = self.store.call(call).await?;
-                if row.status != CallStatus::Requested {
-                    return Err(StoreError::NotAwaitingApproval {
-                        call: call.clone(),
-                        status: row.status.as_str().to_owned(),
-                    }
-                    .into());
-                }
-                crate::approval::check_edited_args(&row, &edited, &self.config.limits)?
-            }
-        };
-        self.decide(call, ApprovalDecision::Approve { args }, by, note)
-            .await
+        self.operator().approve(call, edited, by, note).await
     }
 
-    /// Denies a requested call as `by`: it never runs, and `reason` becomes the tool
-    /// result the model reads on the next resume. Errors as for
-    /// [`approve`](Self::approve); an empty reason is
-    /// [`StoreError::EmptyDenialReason`].
+    /// Moved to [`Operator::deny`]; forwards to it.
+    #[deprecated(
+        since = "0.2.0",
+        note = "use `durable.operator().deny(…)`: the operator's verbs moved to `Operator`"
+    )]
     pub async fn deny(
         &self,
         call: &CallId,
@@ -776,22 +749,14 @@ impl Durable {
         by: &str,
         note: Option<&str>,
     ) -> Result<CallRecord, DurableError> {
-        let decision = ApprovalDecision::Deny {
-            reason: reason.to_owned(),
-        };
-        self.decide(call, decision, by, note).await
+        self.operator().deny(call, reason, by, note).await
     }
 
-    /// Takes back the approval of a call that has not run, as `by`: it never runs, and
-    /// `reason` becomes the tool result the model reads. For an approved call that cannot
-    /// run any more ([`DurableError::ApprovedCallRefused`]: its tool's schema changed,
-    /// its edited arguments no longer decode, a secret is not held after a restart): the
-    /// session's step cannot end until it is decided again.
-    ///
-    /// # Errors
-    /// [`StoreError::NotAwaitingApproval`] unless the call is `approved` (a requested one
-    /// is denied with [`deny`](Self::deny)); an empty reason is
-    /// [`StoreError::EmptyDenialReason`].
+    /// Moved to [`Operator::revoke`]; forwards to it.
+    #[deprecated(
+        since = "0.2.0",
+        note = "use `durable.operator().revoke(…)`: the operator's verbs moved to `Operator`"
+    )]
     pub async fn revoke(
         &self,
         call: &CallId,
@@ -799,131 +764,80 @@ impl Durable {
         by: &str,
         note: Option<&str>,
     ) -> Result<CallRecord, DurableError> {
-        let decision = ApprovalDecision::Revoke {
-            reason: reason.to_owned(),
-        };
-        self.decide(call, decision, by, note).await
+        self.operator().revoke(call, reason, by, note).await
     }
 
-    /// Denies every request whose deadline has passed (on the store's clock), by the
-    /// deadline (audited as `deadline`), across sessions or for one; returns the calls
-    /// expired now. A request decided meanwhile by a person is left to that decision.
+    /// Moved to [`Operator::expire_approvals`]; forwards to it.
+    #[deprecated(
+        since = "0.2.0",
+        note = "use `durable.operator().expire_approvals(…)`: the operator's verbs moved to `Operator`"
+    )]
     pub async fn expire_approvals(
         &self,
         session: Option<&SessionId>,
     ) -> Result<Vec<CallRecord>, DurableError> {
-        let mut expired = Vec::new();
-        for pending in self.store.pending_approvals(session).await? {
-            if !pending.expired {
-                continue;
-            }
-            match self
-                .decide(&pending.call.id, ApprovalDecision::Expire, DEADLINE, None)
-                .await
-            {
-                Ok(row) => expired.push(row),
-                Err(DurableError::Store(StoreError::NotAwaitingApproval { .. })) => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(expired)
+        self.operator().expire_approvals(session).await
     }
 
-    async fn decide(
-        &self,
-        call: &CallId,
-        decision: ApprovalDecision,
-        by: &str,
-        note: Option<&str>,
-    ) -> Result<CallRecord, DurableError> {
-        let row = self
-            .store
-            .decide_approval(DecideApproval {
-                call: call.clone(),
-                decision,
-                by: by.to_owned(),
-                note: note.map(str::to_owned),
-            })
-            .await?;
-        tracing::info!(call = %row.id, tool = %row.identity.tool, status = row.status.as_str(), by, "approval decided");
-        Ok(row)
-    }
-
-    /// Sets (or, with `None`, removes) a queue's fleet-wide limit: at most `max_running`
-    /// of its sessions run at once across every worker of the store (the store enforces
-    /// it when a pool claims; see [`CheckpointStore::set_queue_limit`](crate::store::QueueStore::set_queue_limit)).
-    ///
-    /// ```no_run
-    /// # async fn demo(durable: durable_core::Durable) -> Result<(), durable_core::DurableError> {
-    /// // The mail provider allows two concurrent senders: two email agents at most.
-    /// durable.set_queue_limit("email", Some(2)).await?;
-    /// # Ok(()) }
-    /// ```
+    /// Moved to [`Operator::set_queue_limit`]; forwards to it.
+    #[deprecated(
+        since = "0.2.0",
+        note = "use `durable.operator().set_queue_limit(…)`: the operator's verbs moved to `Operator`"
+    )]
     pub async fn set_queue_limit(
         &self,
         queue: &str,
         max_running: Option<u32>,
     ) -> Result<(), DurableError> {
-        self.store.set_queue_limit(queue, max_running).await?;
-        tracing::info!(queue, ?max_running, "queue limit set");
-        Ok(())
+        self.operator().set_queue_limit(queue, max_running).await
     }
 
-    /// How each queue stands: running, ready, sleeping, awaiting approval, parked, and
-    /// its limit ([`QueueInfo`](crate::store::QueueInfo)).
+    /// Moved to [`Operator::queues`]; forwards to it.
+    #[deprecated(
+        since = "0.2.0",
+        note = "use `durable.operator().queues(…)`: the operator's verbs moved to `Operator`"
+    )]
     pub async fn queues(&self) -> Result<Vec<crate::store::QueueInfo>, DurableError> {
-        Ok(self.store.queues().await?)
+        self.operator().queues().await
     }
 
-    /// Wakes a sleeping session now, so that the next pool claim takes it (an operator's
-    /// decision; see [`Session::sleep_until`](crate::Session::sleep_until)).
+    /// Moved to [`Operator::wake`]; forwards to it.
+    #[deprecated(
+        since = "0.2.0",
+        note = "use `durable.operator().wake(…)`: the operator's verbs moved to `Operator`"
+    )]
     pub async fn wake(&self, session: &SessionId) -> Result<SessionRecord, DurableError> {
-        Ok(self.store.wake_session(session).await?)
+        self.operator().wake(session).await
     }
 
-    /// Returns a parked session to `active` (an operator's decision, e.g. after fixing
-    /// what made its recoveries die). Refused with `NotParked` for any other status.
+    /// Moved to [`Operator::unpark`]; forwards to it.
+    #[deprecated(
+        since = "0.2.0",
+        note = "use `durable.operator().unpark(…)`: the operator's verbs moved to `Operator`"
+    )]
     pub async fn unpark(&self, session: &SessionId) -> Result<SessionRecord, DurableError> {
-        Ok(self.store.unpark_session(session).await?)
+        self.operator().unpark(session).await
     }
 
-    /// Moves a session to this worker's app version, with a mapping of renamed tools or
-    /// steps (audited; `durable retarget` from the command line). Not a schema migration:
-    /// the database is untouched.
+    /// Moved to [`Operator::retarget`]; forwards to it.
+    #[deprecated(
+        since = "0.2.0",
+        note = "use `durable.operator().retarget(…)`: the operator's verbs moved to `Operator`"
+    )]
     pub async fn retarget(
         &self,
         session: &SessionId,
         step_map: Vec<(String, String)>,
         by: &str,
     ) -> Result<SessionRecord, DurableError> {
-        let current = self.store.session(session).await?;
-        Ok(self
-            .store
-            .retarget_session(RetargetSession {
-                session: session.clone(),
-                from_version: current.app_version,
-                to_version: self.config.app_version.clone(),
-                step_map,
-                by: by.to_owned(),
-            })
-            .await?)
+        self.operator().retarget(session, step_map, by).await
     }
 
-    /// Forks `session` at `version` into a new session leased to this worker.
-    ///
-    /// **A fork never repeats an effect of its parent.** The fork's version 0 is the
-    /// parent's version `version` and its first turn (step 0) re-runs the turn the parent
-    /// ran from there, asking the model anew. The parent's calls with a side effect made
-    /// from that version on are inherited: those of the re-run turn by identity (a
-    /// recorded result comes back, an in-doubt call stays in doubt and bars the fork's
-    /// effects until it is resolved or verified, and a re-run that asks for something else
-    /// while one is unreplayed is refused as [`DurableError::ReplayDiverged`]), those of
-    /// later turns by tool and arguments (a fork call that would repeat one is refused with
-    /// [`DurableError::InheritedEffect`]); the parent's in-doubt calls of earlier turns
-    /// keep barring the fork's effects. `pure` calls and model replies are not inherited.
-    /// See [`store::ForkSession`](crate::store::ForkSession) for the rule and
-    /// [`fork_plan`](Self::fork_plan) to see what it does to a given session before
-    /// forking it; [`fork_with`](Self::fork_with) lets an operator run chosen calls again.
+    /// Moved to [`Operator::fork`]; forwards to it.
+    #[deprecated(
+        since = "0.2.0",
+        note = "use `durable.operator().fork(…)`: the operator's verbs moved to `Operator`"
+    )]
     pub async fn fork<M>(
         &self,
         session: &SessionId,
@@ -933,35 +847,28 @@ impl Durable {
     where
         M: Serialize + DeserializeOwned + Clone,
     {
-        let options = ForkOptions {
-            new_id,
-            ..ForkOptions::default()
-        };
-        Ok(self.fork_with(session, version, options).await?.0)
+        self.operator().fork::<M>(session, version, new_id).await
     }
 
-    /// What forking `session` at `version` would do with each of its calls with a side
-    /// effect, `rerun` being the calls an operator would let the fork run again. Reads
-    /// only (every row checked under its seal). A `rerun` call the fork would not copy
-    /// anyway (or not a call of `session`) is [`StoreError::CallNotFound`].
+    /// Moved to [`Operator::fork_plan`]; forwards to it.
+    #[deprecated(
+        since = "0.2.0",
+        note = "use `durable.operator().fork_plan(…)`: the operator's verbs moved to `Operator`"
+    )]
     pub async fn fork_plan(
         &self,
         session: &SessionId,
         version: i64,
         rerun: &[CallId],
     ) -> Result<ForkPlan, DurableError> {
-        // The version must exist before anything is said about it.
-        self.store.load_checkpoint(session, Some(version)).await?;
-        let rows = self.store.calls(session, None).await?;
-        ForkPlan::new(session.clone(), version, &rows, rerun)
-            .map_err(|unknown| DurableError::Store(StoreError::CallNotFound(unknown[0].clone())))
+        self.operator().fork_plan(session, version, rerun).await
     }
 
-    /// Forks `session` at `version` as [`fork`](Self::fork) does, with the options of an
-    /// operator: the new id, the calls the fork may run again
-    /// ([`ForkOptions::rerun`], audited with the fork) and who forks. Returns the new
-    /// session and the plan that was applied (computed just before the fork's
-    /// transaction, which applies the same rule).
+    /// Moved to [`Operator::fork_with`]; forwards to it.
+    #[deprecated(
+        since = "0.2.0",
+        note = "use `durable.operator().fork_with(…)`: the operator's verbs moved to `Operator`"
+    )]
     pub async fn fork_with<M>(
         &self,
         session: &SessionId,
@@ -971,33 +878,20 @@ impl Durable {
     where
         M: Serialize + DeserializeOwned + Clone,
     {
-        let new_id = options.new_id.unwrap_or_else(SessionId::random);
-        new_id.validate()?;
-        let plan = self.fork_plan(session, version, &options.rerun).await?;
-        let by = options.by.unwrap_or_else(|| self.config.owner.clone());
-        let request = ForkSession::new(
-            session.clone(),
-            version,
-            new_id,
-            self.config.owner.clone(),
-            self.config.lease_ttl,
-        )
-        .rerun(options.rerun)
-        .by(by);
-        let (_, lease) = self.store.fork_session_with(&request).await?;
-        let resumed = self.resume_leased::<M>(lease, OnFailure::Release).await?;
-        Ok((resumed.session, plan))
+        self.operator()
+            .fork_with::<M>(session, version, options)
+            .await
     }
 }
 
-/// An operator's options for [`Durable::fork_with`].
+/// An operator's options for [`Operator::fork_with`].
 #[derive(Debug, Clone, Default)]
 #[non_exhaustive]
 pub struct ForkOptions {
     /// The new session's id (random if `None`).
     pub new_id: Option<SessionId>,
     /// Calls of the parent the fork may run again (not inherited; audited). Each must be
-    /// a call the fork would otherwise inherit ([`Durable::fork_plan`] lists them).
+    /// a call the fork would otherwise inherit ([`Operator::fork_plan`] lists them).
     pub rerun: Vec<CallId>,
     /// Who forks, for the audit (this worker's owner name if `None`).
     pub by: Option<String>,

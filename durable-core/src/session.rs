@@ -720,7 +720,7 @@ where
     /// neither loses nor doubles it: before that commit the session has not gone to
     /// sleep (the turn is replayed from the journal), after it the session sleeps until
     /// `at` whether or not the lease was given up (a lease left behind expires first).
-    /// The next checkpoint clears the wake-up time. [`Durable::wake`](crate::Durable::wake)
+    /// The next checkpoint clears the wake-up time. [`Operator::wake`](crate::Operator::wake)
     /// (an operator's `durable wake`) ends a sleep early, and
     /// [`resume`](crate::Durable::resume) by id takes a sleeping session at once.
     ///
@@ -765,7 +765,7 @@ where
     /// not waking from a sleep) and after the next checkpoint.
     ///
     /// A pool resumes a sleeper once its time has passed; an explicit
-    /// [`resume`](crate::Durable::resume) by id, or [`Durable::wake`](crate::Durable::wake),
+    /// [`resume`](crate::Durable::resume) by id, or [`Operator::wake`](crate::Operator::wake),
     /// ends the sleep early, and this says so all the same: the handler continues after
     /// the sleep. To tell an early wake-up from a due one, compare with the store's clock
     /// ([`CheckpointStore::now`](crate::store::StoreBase::now)).

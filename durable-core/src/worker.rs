@@ -45,11 +45,11 @@
 //! and of the pool's [`queues`](Worker::queues), oldest first (by creation: a session
 //! handed over mid-run goes before work submitted after it). It runs the handler for
 //! each one in its own task, at most [`concurrency`](Worker::concurrency) at once. A
-//! queue with a fleet-wide limit ([`Durable::set_queue_limit`]) gives no more sessions
+//! queue with a fleet-wide limit ([`Operator::set_queue_limit`](crate::Operator::set_queue_limit)) gives no more sessions
 //! than its limit to all pools of the store together; the store enforces it.
 //!
 //! When nothing is claimable it expires the approval requests past their deadline
-//! ([`Durable::expire_approvals`]: their sessions go on with the denial) and waits for
+//! ([`Operator::expire_approvals`](crate::Operator::expire_approvals): their sessions go on with the denial) and waits for
 //! work: until the store says some may have come
 //! ([`CheckpointStore::work_events`](crate::store::QueueStore::work_events): a
 //! session submitted or released, a decision taken, in this process, and across
@@ -78,7 +78,7 @@
 //! not tell, or there is none), the journal marks the call
 //! ([`mark_operator_needed`](crate::store::LeaseStore::mark_operator_needed)), and
 //! the pools leave the session alone until an operator resolves the call
-//! (`durable resolve`, [`Durable::resolve`](crate::Durable::resolve)); then they claim it
+//! (`durable resolve`, [`Operator::resolve`](crate::Operator::resolve)); then they claim it
 //! again. A handler so refused releases the session and returns. A session whose worker
 //! died with such a call, not yet refused, is still claimed, so that a verify hook can
 //! settle it.
@@ -337,7 +337,7 @@ where
                     drop(permit);
                     // Nothing to claim: deny the approval requests past their deadline,
                     // whose sessions then become claimable (the next poll takes them).
-                    match self.durable.expire_approvals(None).await {
+                    match self.durable.operator().expire_approvals(None).await {
                         Ok(expired) if !expired.is_empty() => {
                             tracing::info!(parent: &span, expired = expired.len(), "approval requests expired by their deadline");
                             report.expired_approvals += expired.len();

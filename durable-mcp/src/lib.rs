@@ -94,7 +94,7 @@
 //! until an operator resolves it, **with or without a call id**: a call id does not
 //! bypass the barrier, and call id A in doubt bars call id B. `pure` calls still run.
 //! Before each non-pure call the server asks the store for in-doubt calls
-//! ([`Durable::in_doubt`](durable_core::Durable::in_doubt)), leaving out the calls that
+//! ([`Operator::in_doubt`](durable_core::Operator::in_doubt)), leaving out the calls that
 //! run in this process right now. On start it takes back (and gives up) the call
 //! sessions a crashed run under the same owner left leased with calls issued, so that
 //! the store sees their calls as in doubt.

@@ -458,7 +458,12 @@ impl Inner {
                 // a call id.
                 let reason = "durable-mcp: a call that needs approval must be sent with a call \
                               id; this request had none, so it was refused";
-                if let Err(e) = self.durable.deny(&row, reason, "durable-mcp", None).await {
+                if let Err(e) = self
+                    .durable
+                    .operator()
+                    .deny(&row, reason, "durable-mcp", None)
+                    .await
+                {
                     tracing::warn!(session = session_name, call = %row, error = %e, "denying an approval request made without a call id failed; the server session is reopened");
                     *slot = None;
                     return Err(call_id_required(call));
@@ -692,6 +697,7 @@ impl Inner {
         };
         let rows = self
             .durable
+            .operator()
             .in_doubt(None)
             .await
             .map_err(|e| to_mcp(&e, name, own.unwrap_or(self.session_id.as_str())))?;

@@ -109,6 +109,7 @@ async fn unsafe_remote_call_in_doubt_after_the_agent_died() {
     durable::Durable::builder(agent_store)
         .owner("operator")
         .build()
+        .operator()
         .resolve(
             &durable::CallId::new(call),
             Resolution::Happened {

@@ -262,6 +262,7 @@ async fn approval_without_a_call_id_is_refused_and_does_not_wedge() {
     );
     setup
         .durable
+        .operator()
         .approve(&durable::CallId::new(row), None, "tester", None)
         .await
         .expect("approve");

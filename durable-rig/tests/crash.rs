@@ -187,12 +187,14 @@ async fn killed_after_the_email_left() {
     // The operator checks the mail server: it left. Resolve it as happened.
     let durable = runtime(&dir.path().join("store.db")).await;
     let in_doubt = durable
+        .operator()
         .in_doubt(Some(&SessionId::new(SESSION)))
         .await
         .expect("in doubt");
     assert_eq!(in_doubt.len(), 1);
     assert_eq!(in_doubt[0].identity.tool, "send_email");
     durable
+        .operator()
         .resolve(
             &in_doubt[0].id,
             Resolution::Happened {

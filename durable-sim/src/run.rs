@@ -384,6 +384,7 @@ async fn operator(fleet: Arc<Fleet>, mut rng: SmallRng) {
                     None => Resolution::DidNotHappen,
                 };
                 if durable
+                    .operator()
                     .resolve(&row.id, resolution, "operator", Some("from the ledger"))
                     .await
                     .is_ok()

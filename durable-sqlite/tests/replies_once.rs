@@ -140,6 +140,7 @@ async fn a_fork_copies_the_text_of_a_referenced_reply() {
     let (dir, store, durable) = setup().await;
     let (id, pushed) = agent(&durable, 3, false).await;
     let fork = durable
+        .operator()
         .fork::<Message>(&id, 2, None)
         .await
         .expect("fork at version 2");

@@ -227,7 +227,7 @@ impl Interp {
             agent.dead_lease = false;
         }
         let operator = world.worker(&name);
-        let rows = match operator.in_doubt(Some(&agent.id)).await {
+        let rows = match operator.operator().in_doubt(Some(&agent.id)).await {
             Ok(rows) => rows,
             Err(e) => {
                 world.violation(Property::Harness, format!("listing in-doubt calls: {e}"));
@@ -246,6 +246,7 @@ impl Interp {
                 Resolution::DidNotHappen => "operator: did not happen",
             });
             if let Err(e) = operator
+                .operator()
                 .resolve(
                     &row.id,
                     resolution,
@@ -265,7 +266,7 @@ impl Interp {
         let name = self.worker_name();
         let person = world.worker(&name);
         let id = self.agents[self.focus].id.clone();
-        let pending = match person.approvals(Some(&id)).await {
+        let pending = match person.operator().approvals(Some(&id)).await {
             Ok(pending) => pending,
             Err(e) => {
                 world.violation(Property::Harness, format!("listing approvals: {e}"));
@@ -275,8 +276,13 @@ impl Interp {
         for request in pending {
             let call = &request.call.id;
             let decided = match verdict {
-                Verdict::Approve => person.approve(call, None, "person", None).await,
-                Verdict::Deny => person.deny(call, "not now", "person", None).await,
+                Verdict::Approve => person.operator().approve(call, None, "person", None).await,
+                Verdict::Deny => {
+                    person
+                        .operator()
+                        .deny(call, "not now", "person", None)
+                        .await
+                }
             };
             match decided {
                 Ok(_) => world.tally(match verdict {
@@ -304,6 +310,7 @@ impl Interp {
         let id = SessionId::new(format!("{}-s{index}", world.tag));
         let forked = world
             .worker(&name)
+            .operator()
             .fork::<Message>(&source.id, version, Some(id.clone()))
             .await;
         let session = match forked {

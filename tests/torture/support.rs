@@ -343,7 +343,7 @@ impl<'a> Subject<'a> {
         let doubts = self
             .ctx
             .rt
-            .block_on(durable.in_doubt(Some(&self.id())))
+            .block_on(durable.operator().in_doubt(Some(&self.id())))
             .expect("in-doubt calls");
         let mut resolved = 0;
         for call in doubts {
@@ -362,7 +362,7 @@ impl<'a> Subject<'a> {
             };
             self.ctx
                 .rt
-                .block_on(durable.resolve(
+                .block_on(durable.operator().resolve(
                     &call.id,
                     resolution,
                     "torture-operator",
@@ -384,12 +384,17 @@ impl<'a> Subject<'a> {
         let pending = self
             .ctx
             .rt
-            .block_on(durable.approvals(Some(&self.id())))
+            .block_on(durable.operator().approvals(Some(&self.id())))
             .expect("pending approvals");
         for request in &pending {
             self.ctx
                 .rt
-                .block_on(durable.approve(&request.call.id, None, "torture-approver", None))
+                .block_on(durable.operator().approve(
+                    &request.call.id,
+                    None,
+                    "torture-approver",
+                    None,
+                ))
                 .expect("approve");
         }
         pending.len()

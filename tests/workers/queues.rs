@@ -69,6 +69,7 @@ pub async fn fleet_limit(backend: Backend) {
         .app_version(worker::APP_VERSION)
         .build();
     admin
+        .operator()
         .set_queue_limit("scarce", Some(LIMIT))
         .await
         .expect("set_queue_limit");

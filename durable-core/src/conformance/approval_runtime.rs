@@ -154,7 +154,11 @@ pub async fn runtime_approved_call_runs_once_on_the_next_worker(store: Arc<dyn C
     let refused = runtime(&store, "eager").0.resume::<Message>(&id).await;
     assert!(refused.is_err(), "an awaiting session is not resumed");
 
-    let pending = durable.approvals(Some(&id)).await.expect("approvals");
+    let pending = durable
+        .operator()
+        .approvals(Some(&id))
+        .await
+        .expect("approvals");
     assert_eq!(pending.len(), 1);
     let approval = pending[0].call.approval.as_ref().expect("approval");
     assert_eq!(approval.asked_by, "tool refund");
@@ -168,6 +172,7 @@ pub async fn runtime_approved_call_runs_once_on_the_next_worker(store: Arc<dyn C
         "the reasoning is journaled as given (escaped where shown)"
     );
     let approved = durable
+        .operator()
         .approve(&call, None, "alice", Some("checked"))
         .await
         .expect("approve");
@@ -176,7 +181,7 @@ pub async fn runtime_approved_call_runs_once_on_the_next_worker(store: Arc<dyn C
         read(store.as_ref(), &id).await.status,
         SessionStatus::Active
     );
-    let again = durable.approve(&call, None, "bob", None).await;
+    let again = durable.operator().approve(&call, None, "bob", None).await;
     assert!(
         matches!(
             again,
@@ -266,6 +271,7 @@ pub async fn runtime_edited_approval_runs_with_the_edit_and_its_key(
     session.await_approval().await.expect("park");
 
     let bad = durable
+        .operator()
         .approve(&call, Some(json!({ "n": "fifty" })), "alice", None)
         .await;
     match bad {
@@ -278,6 +284,7 @@ pub async fn runtime_edited_approval_runs_with_the_edit_and_its_key(
         "an invalid edit decides nothing"
     );
     durable
+        .operator()
         .approve(&call, Some(json!({ "n": 50 })), "alice", Some("half of it"))
         .await
         .expect("approve with an edit");
@@ -376,7 +383,7 @@ pub async fn runtime_denied_call_returns_the_reason(store: Arc<dyn CheckpointSto
     );
     let id = session.id().clone();
     session.await_approval().await.expect("park");
-    let empty = durable.deny(&call, "  ", "alice", None).await;
+    let empty = durable.operator().deny(&call, "  ", "alice", None).await;
     assert!(
         matches!(
             empty,
@@ -385,6 +392,7 @@ pub async fn runtime_denied_call_returns_the_reason(store: Arc<dyn CheckpointSto
         "{empty:?}"
     );
     durable
+        .operator()
         .deny(&call, "the customer withdrew the request", "alice", None)
         .await
         .expect("deny");
@@ -437,6 +445,7 @@ pub async fn runtime_expired_request_is_denied_by_its_deadline(store: Arc<dyn Ch
         .expect("a deadline");
     assert!(
         durable
+            .operator()
             .expire_approvals(Some(&id))
             .await
             .expect("sweep")
@@ -444,9 +453,13 @@ pub async fn runtime_expired_request_is_denied_by_its_deadline(store: Arc<dyn Ch
         "nothing expires before its deadline"
     );
     super::wait_past(store.as_ref(), deadline).await;
-    let expired = durable.expire_approvals(None).await.expect("sweep");
+    let expired = durable
+        .operator()
+        .expire_approvals(None)
+        .await
+        .expect("sweep");
     assert!(expired.iter().any(|row| row.id == call), "{expired:?}");
-    let late = durable.approve(&call, None, "alice", None).await;
+    let late = durable.operator().approve(&call, None, "alice", None).await;
     assert!(
         matches!(
             late,
@@ -498,10 +511,16 @@ pub async fn runtime_calls_of_one_turn_await_together(store: Arc<dyn CheckpointS
     let id = session.id().clone();
     session.await_approval().await.expect("park");
     assert_eq!(
-        durable.approvals(Some(&id)).await.expect("pending").len(),
+        durable
+            .operator()
+            .approvals(Some(&id))
+            .await
+            .expect("pending")
+            .len(),
         2
     );
     durable
+        .operator()
         .approve(&first, None, "alice", None)
         .await
         .expect("approve");
@@ -511,6 +530,7 @@ pub async fn runtime_calls_of_one_turn_await_together(store: Arc<dyn CheckpointS
         "one request is still open"
     );
     durable
+        .operator()
         .deny(&second, "too much", "alice", None)
         .await
         .expect("deny");
@@ -559,6 +579,7 @@ pub async fn runtime_edits_need_a_call_site_that_takes_them(store: Arc<dyn Check
     let id = session.id().clone();
     session.await_approval().await.expect("park");
     durable
+        .operator()
         .approve(&call, Some(json!({ "n": 8 })), "alice", None)
         .await
         .expect("approve");
@@ -615,6 +636,7 @@ pub async fn runtime_approved_call_that_cannot_run_is_denied(store: Arc<dyn Chec
     session.await_approval().await.expect("park");
     // Valid against the schema (an integer), but this call site's type takes at most 2^31.
     durable
+        .operator()
         .approve(&call, Some(json!({ "n": 1_u64 << 40 })), "alice", None)
         .await
         .expect("approve");
@@ -649,10 +671,12 @@ pub async fn runtime_approved_call_that_cannot_run_is_denied(store: Arc<dyn Chec
         "the step cannot end past an approved call: {ended:?}"
     );
     durable
+        .operator()
         .deny(&call, "the edit does not fit the tool", "alice", None)
         .await
         .expect_err("deny is for requests: an approved call is revoked");
     durable
+        .operator()
         .revoke(&call, "the edit does not fit the tool", "alice", None)
         .await
         .expect("an approved call that has not run can be revoked");
@@ -732,6 +756,7 @@ pub async fn runtime_checkpoint_after_keeps_the_step_open_for_a_request(
     let id = session.id().clone();
     session.await_approval().await.expect("park");
     durable
+        .operator()
         .approve(&call, None, "alice", None)
         .await
         .expect("approve");
@@ -785,6 +810,7 @@ pub async fn runtime_edited_key_held_by_another_call_is_refused(store: Arc<dyn C
     let id = session.id().clone();
     session.await_approval().await.expect("park");
     durable
+        .operator()
         .approve(&call, Some(json!({ "n": 2 })), "alice", None)
         .await
         .expect("approve");
@@ -812,6 +838,7 @@ pub async fn runtime_edited_key_held_by_another_call_is_refused(store: Arc<dyn C
         "the key is unchanged"
     );
     durable
+        .operator()
         .revoke(&call, "the order was charged by phone", "alice", None)
         .await
         .expect("revoke");
@@ -841,6 +868,7 @@ pub async fn runtime_revoke_racing_the_resume_is_the_recorded_denial(
     let id = session.id().clone();
     session.await_approval().await.expect("park");
     durable
+        .operator()
         .approve(&call, None, "alice", None)
         .await
         .expect("approve");
@@ -850,6 +878,7 @@ pub async fn runtime_revoke_racing_the_resume_is_the_recorded_denial(
     probe.before_next_issue_approved(Box::new(move || {
         Box::pin(async move {
             revoker
+                .operator()
                 .revoke(&revoked, "the customer withdrew the request", "bob", None)
                 .await
                 .expect("revoke lands first");

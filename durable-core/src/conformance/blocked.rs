@@ -141,6 +141,7 @@ async fn resolve(store: &Arc<dyn CheckpointStore>, id: &SessionId) {
     let in_doubt = store.in_doubt(Some(id)).await.expect("in_doubt");
     assert_eq!(in_doubt.len(), 1, "one call in doubt: {in_doubt:?}");
     operator
+        .operator()
         .resolve(
             &in_doubt[0].id,
             Resolution::Happened {

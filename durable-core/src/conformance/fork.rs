@@ -255,7 +255,11 @@ pub async fn fork_never_repeats_a_parent_effect_after_the_fork_point(
     parent.release().await.expect("release");
 
     let (operator, _) = runtime(&store, "operator");
-    let plan = operator.fork_plan(&id, 1, &[]).await.expect("fork plan");
+    let plan = operator
+        .operator()
+        .fork_plan(&id, 1, &[])
+        .await
+        .expect("fork plan");
     let fates: Vec<_> = plan
         .entries
         .iter()
@@ -276,6 +280,7 @@ pub async fn fork_never_repeats_a_parent_effect_after_the_fork_point(
     for (i, from) in [id.clone(), id.clone()].into_iter().enumerate() {
         let (worker, _) = runtime(&store, &format!("fork-{i}"));
         let fork = worker
+            .operator()
             .fork::<crate::Message>(&from, 1, None)
             .await
             .expect("fork");
@@ -312,6 +317,7 @@ pub async fn fork_never_repeats_a_parent_effect_after_the_fork_point(
     // A fork of the fork (at its version 0: the parent's version 1) inherits the same.
     let (worker, _) = runtime(&store, "grandchild");
     let grandchild = worker
+        .operator()
         .fork::<crate::Message>(&forks[0], 0, None)
         .await
         .expect("fork of a fork");
@@ -369,7 +375,11 @@ pub async fn fork_from_the_last_checkpoint_keeps_the_in_flight_turn(
     super::runtime::release_dead_lease(&store, &id).await;
 
     let (operator, _) = runtime(&store, "operator");
-    let plan = operator.fork_plan(&id, 1, &[]).await.expect("plan");
+    let plan = operator
+        .operator()
+        .fork_plan(&id, 1, &[])
+        .await
+        .expect("plan");
     assert_eq!(
         plan.entries
             .iter()
@@ -381,6 +391,7 @@ pub async fn fork_from_the_last_checkpoint_keeps_the_in_flight_turn(
         ]
     );
     let fork = operator
+        .operator()
         .fork::<crate::Message>(&id, 1, None)
         .await
         .expect("fork from the last checkpoint");
@@ -408,9 +419,14 @@ pub async fn fork_from_the_last_checkpoint_keeps_the_in_flight_turn(
     // Resolved in the fork, it replays there; the parent's row is untouched.
     let fork_id = fork.id().clone();
     fork.release().await.expect("release the fork");
-    let in_doubt = operator.in_doubt(Some(&fork_id)).await.expect("in doubt");
+    let in_doubt = operator
+        .operator()
+        .in_doubt(Some(&fork_id))
+        .await
+        .expect("in doubt");
     assert_eq!(in_doubt.len(), 1, "{in_doubt:?}");
     operator
+        .operator()
         .resolve(
             &in_doubt[0].id,
             crate::store::Resolution::Happened {
@@ -436,7 +452,12 @@ pub async fn fork_from_the_last_checkpoint_keeps_the_in_flight_turn(
         .await
         .expect("the barrier lifted");
     assert_eq!(
-        operator.in_doubt(Some(&id)).await.expect("parent").len(),
+        operator
+            .operator()
+            .in_doubt(Some(&id))
+            .await
+            .expect("parent")
+            .len(),
         1,
         "the parent's call is still in doubt"
     );
@@ -458,6 +479,7 @@ pub async fn fork_keeps_the_barrier_of_an_earlier_in_doubt_call(store: Arc<dyn C
 
     let (operator, _) = runtime(&store, "operator");
     let fork = operator
+        .operator()
         .fork::<crate::Message>(&id, 1, None)
         .await
         .expect("fork");
@@ -502,17 +524,20 @@ pub async fn fork_rerun_runs_only_the_named_call_again(store: Arc<dyn Checkpoint
     let (operator, _) = runtime(&store, "operator");
     expect_err!(
         operator
+            .operator()
             .fork_plan(&id, 1, &[crate::CallId::new("nope")])
             .await,
         DurableError::Store(StoreError::CallNotFound(_)),
         "a rerun of a call the source does not hold"
     );
     let plan = operator
+        .operator()
         .fork_plan(&id, 1, std::slice::from_ref(&rerun))
         .await
         .expect("plan");
     assert!(plan.reruns(), "the plan says an effect may run again");
     let (fork, applied) = operator
+        .operator()
         .fork_with::<crate::Message>(
             &id,
             1,

@@ -380,7 +380,7 @@ pub async fn recovery_resume_by_id_parks_a_poison_pill(store: Arc<dyn Checkpoint
         other => panic!("expected Parked, got {other:?}"),
     }
     assert!(
-        text.contains(&format!("durable unpark {id}")) && text.contains("Durable::unpark"),
+        text.contains(&format!("durable unpark {id}")) && text.contains("Operator::unpark"),
         "Parked must say how to unpark: {text:?}"
     );
     let record = read(&*store, &id).await;
@@ -404,7 +404,7 @@ pub async fn recovery_resume_by_id_parks_a_poison_pill(store: Arc<dyn Checkpoint
     );
 
     let operator = worker("operator");
-    let unparked = operator.unpark(&id).await.expect("unpark");
+    let unparked = operator.operator().unpark(&id).await.expect("unpark");
     assert_eq!(unparked.recovery_attempts, 0, "unpark clears the counter");
     operator
         .resume::<Message>(&id)

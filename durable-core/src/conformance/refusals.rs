@@ -133,6 +133,7 @@ async fn provoke(
             let id = session.id().clone();
             session.await_approval().await.expect("park");
             durable
+                .operator()
                 .approve(&call_id, Some(json!({"n": 8})), "alice", None)
                 .await
                 .expect("approve");

@@ -103,9 +103,14 @@ pub(super) async fn resolve_only_doubt(
     by: &str,
     note: Option<&str>,
 ) {
-    let doubt = operator.in_doubt(Some(session)).await.expect("in doubt");
+    let doubt = operator
+        .operator()
+        .in_doubt(Some(session))
+        .await
+        .expect("in doubt");
     assert_eq!(doubt.len(), 1, "one call in doubt: {doubt:?}");
     operator
+        .operator()
         .resolve(&doubt[0].id, resolution, by, note)
         .await
         .expect("resolve");
@@ -722,7 +727,11 @@ pub async fn runtime_checkpoints_restore_transcript_plan_budget(store: Arc<dyn C
     assert_eq!(session.state(), &json!({"cursor": 1}));
 
     let (forker, _) = runtime(&store, "forker");
-    let fork = forker.fork::<Message>(&id, 1, None).await.expect("fork");
+    let fork = forker
+        .operator()
+        .fork::<Message>(&id, 1, None)
+        .await
+        .expect("fork");
     assert_eq!(fork.messages(), &[Message::user("turn 1")]);
     assert_ne!(fork.id(), &id);
 }
@@ -800,7 +809,8 @@ pub async fn runtime_app_version_requires_migration(store: Arc<dyn CheckpointSto
         matches!(err, DurableError::AppVersionMismatch { .. }),
         "{err:?}"
     );
-    v2.retarget(&id, vec![("old_tool".into(), "new_tool".into())], "ops")
+    v2.operator()
+        .retarget(&id, vec![("old_tool".into(), "new_tool".into())], "ops")
         .await
         .expect("migrate");
     let resumed = v2
@@ -982,7 +992,7 @@ pub async fn runtime_resolution_unparks_a_parked_session(store: Arc<dyn Checkpoi
         ),
         "{refused:?}"
     );
-    let unpark_active = other.unpark(&crate::SessionId::random()).await;
+    let unpark_active = other.operator().unpark(&crate::SessionId::random()).await;
     assert!(matches!(
         unpark_active,
         Err(DurableError::Store(StoreError::SessionNotFound(_)))
@@ -1011,7 +1021,7 @@ pub async fn runtime_resolution_unparks_a_parked_session(store: Arc<dyn Checkpoi
         .expect("continues");
     assert_eq!(result, json!({"receipt": "r-9"}));
     assert_eq!(effects.load(Ordering::SeqCst), 1, "nothing re-sent");
-    let again = other.unpark(&id).await.expect_err("not parked");
+    let again = other.operator().unpark(&id).await.expect_err("not parked");
     assert!(
         matches!(again, DurableError::Store(StoreError::NotParked { .. })),
         "{again:?}"

@@ -185,7 +185,7 @@ pub struct ForkEntry {
 }
 
 /// What a fork will do with its parent's effects, computed before it is made
-/// ([`Durable::fork_plan`](crate::Durable::fork_plan), `durable fork --dry-run`).
+/// ([`Operator::fork_plan`](crate::Operator::fork_plan), `durable fork --dry-run`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct ForkPlan {

@@ -178,6 +178,7 @@ impl World {
     pub async fn resolve(&self, call: &str, resolution: Resolution) {
         self.operator()
             .await
+            .operator()
             .resolve(&CallId::new(call), resolution, "test-operator", None)
             .await
             .expect("resolve");

@@ -153,6 +153,7 @@ async fn session(durable: &Durable, world: &World, tools: &Tools, id: &str) -> R
                     Resolution::DidNotHappen
                 };
                 durable
+                    .operator()
                     .resolve(&doubt.call.id, resolution, "power-loss-tier", None)
                     .await
                     .map_err(|e| format!("resolve: {e}"))?;
