@@ -10,7 +10,7 @@
 //! sealed with [`durable_core::integrity`] like the SQL backends. It passes the whole
 //! conformance suite (`durable_core::conformance_suite!`) and the tampering cases.
 //!
-//! It says what it is: [`durability`](durable_core::CheckpointStore::durability) reports it unsafe,
+//! It says what it is: [`durability`](durable_core::store::StoreBase::durability) reports it unsafe,
 //! so `unsafe_on_replay` tools refuse to run on it, unless you accept that with
 //! [`MemoryStoreOptions::accept_volatile`]. Nothing falls back to it: you construct it by
 //! name.
@@ -37,7 +37,7 @@
 //! ```
 //!
 //! Leases, wake-up times and approval deadlines are all measured on the store's own
-//! clock ([`now`](durable_core::CheckpointStore::now)): the wall clock read once when the store was opened,
+//! clock ([`now`](durable_core::store::StoreBase::now)): the wall clock read once when the store was opened,
 //! advanced by this process's monotonic clock, so it never jumps or runs backwards.
 //!
 //! [`CheckpointStore`]: durable_core::CheckpointStore
@@ -68,7 +68,7 @@ use state::State;
 /// The backend name in errors and logs.
 pub const BACKEND: &str = "memory";
 
-/// What [`durability`](durable_core::CheckpointStore::durability) reports unless
+/// What [`durability`](durable_core::store::StoreBase::durability) reports unless
 /// volatility is accepted.
 pub const NOT_DURABLE: &str = "in-memory store (everything is lost when the process ends)";
 

@@ -243,7 +243,7 @@ impl Operator {
 
     /// Sets (or, with `None`, removes) a queue's fleet-wide limit: at most `max_running`
     /// of its sessions run at once across every worker of the store (the store enforces
-    /// it when a pool claims; see [`CheckpointStore::set_queue_limit`](crate::CheckpointStore::set_queue_limit)).
+    /// it when a pool claims; see [`CheckpointStore::set_queue_limit`](crate::store::QueueStore::set_queue_limit)).
     ///
     /// ```no_run
     /// # async fn demo(durable: durable_core::Durable) -> Result<(), durable_core::DurableError> {
