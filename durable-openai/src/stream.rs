@@ -167,9 +167,15 @@ fn fold_delta(choice: &mut ChatChoice, delta: &ChatCompletionStreamResponseDelta
     append(&mut message.refusal, delta.refusal.as_deref());
     for call in delta.tool_calls.iter().flatten() {
         let calls = message.tool_calls.get_or_insert_with(Vec::new);
+        // The index is the provider's (or a model's proxy's): one far beyond the calls
+        // seen so far would have the gap filled with empty calls, up to 4 billion of
+        // them. Such a delta is not a tool call of this reply; it is left out.
         let Ok(index) = usize::try_from(call.index) else {
             continue;
         };
+        if index > calls.len() + MAX_INDEX_GAP {
+            continue;
+        }
         while calls.len() <= index {
             calls.push(ChatCompletionMessageToolCalls::Function(
                 ChatCompletionMessageToolCall::default(),
@@ -193,6 +199,10 @@ fn fold_delta(choice: &mut ChatChoice, delta: &ChatCompletionStreamResponseDelta
         }
     }
 }
+
+/// How far past the tool calls seen so far a delta's index may point (providers number
+/// their calls 0, 1, 2, …; a gap is filled with empty calls).
+const MAX_INDEX_GAP: usize = 64;
 
 fn append(text: &mut Option<String>, delta: Option<&str>) {
     if let Some(delta) = delta {
@@ -342,6 +352,15 @@ mod tests {
         let json = serde_json::to_value(&reply).expect("encode");
         let decoded: StreamedCompletion = serde_json::from_value(json).expect("decode");
         assert_eq!(assemble(&decoded.replay()), reply);
+    }
+
+    #[test]
+    fn an_absurd_tool_call_index_allocates_nothing() {
+        let mut chunks = streamed();
+        chunks.insert(3, chunk(vec![args(u32::MAX, Some("x"), Some("y"), "{}")]));
+        let reply = assemble(&chunks);
+        let calls = crate::tool_calls(crate::reply_message(&reply.0).expect("one choice"));
+        assert_eq!(calls.len(), 2, "the delta with index u32::MAX is left out");
     }
 
     #[test]
