@@ -304,8 +304,9 @@ pub mod store {
     //! What a [`CheckpointStore`](crate::CheckpointStore) reads and writes: the records a
     //! backend stores (sessions, leases, checkpoints, journal rows, resolutions, approvals), for
     //! inspection tools, and the validation every backend applies at its boundary. A
-    //! backend of your own depends on `durable-core` itself (its seals and conformance
-    //! suite are there; see ARCHITECTURE.md).
+    //! backend of your own depends on `durable-core` itself, without its default `runtime`
+    //! feature (the contract and its seals are there), and runs the `durable-conformance`
+    //! suite in its tests (see ARCHITECTURE.md).
 
     pub use durable_core::ids::MAX_ID_BYTES;
     pub use durable_core::redact::redact_url;

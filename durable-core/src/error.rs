@@ -1,7 +1,9 @@
 //! Errors: [`StoreError`] from backends, [`DurableError`] from the runtime.
 
+#[cfg(feature = "runtime")]
 use crate::args::ArgumentError;
 use crate::ids::{CallId, SessionId};
+#[cfg(feature = "runtime")]
 use crate::replay::ReplayClass;
 
 mod kind;
@@ -436,6 +438,7 @@ fn seconds_left(ms: &i64) -> i64 {
 }
 
 /// An error from the durable runtime (sessions, journal, toolbox).
+#[cfg(feature = "runtime")]
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DurableError {
@@ -739,12 +742,14 @@ pub enum ConnectError {
     Store(#[from] StoreError),
 }
 
+#[cfg(feature = "runtime")]
 impl From<crate::snapshot::BudgetExceeded> for DurableError {
     fn from(e: crate::snapshot::BudgetExceeded) -> Self {
         DurableError::BudgetExceeded(e.to_string())
     }
 }
 
+#[cfg(feature = "runtime")]
 impl DurableError {
     /// Whether a retry loop may retry this error: the errors of [kind](Self::kind)
     /// [`ErrorKind::Transient`] (a database error) or [`ErrorKind::Overloaded`] (which

@@ -41,7 +41,11 @@ pub use crate::event::{CallEvent, Outcome};
 pub use call::ToolCall;
 pub(crate) use checkpoint_scope::{CommitSlot, ScopeOutcome};
 use ordinals::Numbers;
-pub(crate) use protocol::Refusal;
+/// Not public API; may change in any release: why the decision table refuses a call,
+/// named by the conformance suite (`durable-conformance`), whose refusal case matches on
+/// it exhaustively so that a new refusal cannot go without a case.
+#[doc(hidden)]
+pub use protocol::Refusal;
 pub use stream::{ModelStream, ReplyEvent, StreamedReply};
 
 /// The tool name under which model responses are journaled.
@@ -321,7 +325,10 @@ impl Journal {
         self.state().lease.fence
     }
 
-    pub(crate) fn lease(&self) -> Lease {
+    /// Not public API; may change in any release: the lease this journal writes under,
+    /// for the conformance suite's cases that write to the store beside a live session.
+    #[doc(hidden)]
+    pub fn lease(&self) -> Lease {
         self.state().lease.clone()
     }
 

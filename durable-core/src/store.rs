@@ -1,8 +1,9 @@
 //! The [`CheckpointStore`] trait every backend implements, and the records it stores.
 //!
 //! A store is deliberately low-level: it knows rows, versions and fencing tokens, not
-//! replay rules. The replay protocol lives in [`crate::journal`], so that every backend
-//! behaves the same and the [conformance suite](crate::conformance) can prove it.
+//! replay rules. The replay protocol lives in the runtime's journal (`crate::journal`,
+//! feature `runtime`), so that every backend behaves the same and the conformance suite
+//! (the `durable-conformance` crate) can prove it.
 //!
 //! Times are milliseconds since the Unix epoch **as read from the database's clock**, so
 //! that leases mean the same thing to every worker that shares a database.

@@ -8,7 +8,7 @@
 //! names as the conformance suite's files), each contract point of
 //! [`CheckpointStore`] honoured in plain Rust over maps and vectors behind one lock, and
 //! sealed with [`durable_core::integrity`] like the SQL backends. It passes the whole
-//! conformance suite (`durable_core::conformance_suite!`) and the tampering cases.
+//! conformance suite (`durable_conformance::conformance_suite!`) and the tampering cases.
 //!
 //! It says what it is: [`durability`](durable_core::store::StoreBase::durability) reports it unsafe,
 //! so `unsafe_on_replay` tools refuse to run on it, unless you accept that with

@@ -1,10 +1,10 @@
 //! Tampering behind the store's back, for the conformance suite's tampering cases
-//! (`durable_core::conformance::tamper`): each [`Tamper`] changes the rows the way an
+//! (`durable_conformance::tamper`): each [`Tamper`] changes the rows the way an
 //! `UPDATE` or `DELETE` would change a SQL backend's tables, seals untouched, and the
 //! store's next read must see it. Only with the `testing` feature.
 
 use async_trait::async_trait;
-use durable_core::conformance::tamper::{Tamper, Tamperer};
+use durable_conformance::tamper::{Tamper, Tamperer};
 use durable_core::store::CallStatus;
 use durable_core::{CallId, SessionId};
 

@@ -1,4 +1,4 @@
-//! The backend conformance suite (`durable_core::conformance`) against the memory store:
+//! The backend conformance suite (`durable_conformance`) against the memory store:
 //! every case on a fresh store.
 
 use std::sync::Arc;
@@ -15,7 +15,7 @@ async fn make_store() -> Arc<dyn CheckpointStore> {
     )
 }
 
-durable_core::conformance_suite!(make_store);
+durable_conformance::conformance_suite!(make_store);
 
 /// The tampering cases: rows changed behind the store's back are detected
 /// (`StoreError::Tampered`) and no effect runs again.
@@ -24,7 +24,7 @@ async fn tampering_is_detected() {
     let store = MemoryStore::open(MemoryStoreOptions::new().accept_volatile(true))
         .expect("open a memory store");
     let tamperer = store.tamperer();
-    durable_core::conformance::tamper::run_tamper_cases(Arc::new(store), &tamperer).await;
+    durable_conformance::tamper::run_tamper_cases(Arc::new(store), &tamperer).await;
 }
 
 /// The same with an application key sealing the rows.
@@ -38,5 +38,5 @@ async fn tampering_is_detected_with_an_application_key() {
     )
     .expect("open a memory store");
     let tamperer = store.tamperer();
-    durable_core::conformance::tamper::run_tamper_cases(Arc::new(store), &tamperer).await;
+    durable_conformance::tamper::run_tamper_cases(Arc::new(store), &tamperer).await;
 }

@@ -1,4 +1,4 @@
-//! The shared backend conformance suite (`durable_core::conformance`) against PostgreSQL:
+//! The shared backend conformance suite (`durable_conformance`) against PostgreSQL:
 //! every case gets a fresh database of its own (`DATABASE_URL`'s server, or the throwaway
 //! cluster of `durable_postgres::testing`), so cases can run in parallel.
 
@@ -17,4 +17,4 @@ async fn make_store() -> (Arc<dyn CheckpointStore>, TestDatabase) {
     (Arc::new(store), db)
 }
 
-durable_core::conformance_suite!(make_store);
+durable_conformance::conformance_suite!(make_store);

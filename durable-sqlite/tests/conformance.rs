@@ -1,4 +1,4 @@
-//! The backend conformance suite (`durable_core::conformance`) against SQLite: once on a
+//! The backend conformance suite (`durable_conformance`) against SQLite: once on a
 //! database file in a temporary directory, once in memory. Every case gets a fresh
 //! database.
 
@@ -17,7 +17,7 @@ mod file {
         (Arc::new(store), dir)
     }
 
-    durable_core::conformance_suite!(make_store);
+    durable_conformance::conformance_suite!(make_store);
 }
 
 mod memory {
@@ -35,5 +35,5 @@ mod memory {
         )
     }
 
-    durable_core::conformance_suite!(make_store);
+    durable_conformance::conformance_suite!(make_store);
 }

@@ -1,5 +1,5 @@
 //! Tamper evidence on SQLite: real `UPDATE`s and `DELETE`s behind the store's back
-//! (`durable_core::conformance::tamper`), key handling (an application key, rotation, a
+//! (`durable_conformance::tamper`), key handling (an application key, rotation, a
 //! writer without the key, adoption of a store written without seals).
 
 use durable_core::store::{CheckpointLog, JournalStore, ResolutionStore, SessionStore};
@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
-use durable_core::conformance::tamper::{Tamper, Tamperer, run_tamper_cases};
+use durable_conformance::tamper::{Tamper, Tamperer, run_tamper_cases};
 use durable_core::integrity::Keyring;
 use durable_core::store::{CallOutcome, CheckpointStore, FinishCall};
 use durable_core::transcript::Message;

@@ -1,6 +1,8 @@
 //! [`ErrorKind`]: what an error means to the caller, in a handful of cases.
 
-use super::{ConnectError, DurableError, StoreError};
+#[cfg(feature = "runtime")]
+use super::DurableError;
+use super::{ConnectError, StoreError};
 
 /// What an error means to the code that has to handle it: a handful of kinds to match
 /// on instead of every variant, as [`std::io::ErrorKind`] classifies I/O errors. The
@@ -147,6 +149,7 @@ impl ConnectError {
     }
 }
 
+#[cfg(feature = "runtime")]
 impl DurableError {
     /// What this error means to the caller (see [`ErrorKind`]).
     pub fn kind(&self) -> ErrorKind {
@@ -177,7 +180,7 @@ impl DurableError {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "runtime"))]
 mod tests {
     use super::*;
     use crate::ids::SessionId;

@@ -77,7 +77,7 @@ pub(crate) enum Action {
 
 /// Why a call is refused; each maps to one error (`call::refusal`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) enum Refusal {
+pub enum Refusal {
     /// `SchemaChanged`: the row was issued under another argument schema.
     SchemaChanged,
     /// `SecretUnavailable`: running would need a secret's value this process lacks.

@@ -1,5 +1,5 @@
 //! Every refusal of the decision table reaches the runtime's event hook
-//! ([`DurableBuilder::on_call`](crate::DurableBuilder::on_call)) as an event with outcome
+//! ([`DurableBuilder::on_call`](durable_core::DurableBuilder::on_call)) as an event with outcome
 //! `refused`, each driven through the public API as a harness meets it.
 
 use std::sync::Arc;
@@ -10,15 +10,15 @@ use serde_json::{Value, json};
 use super::runtime::{
     Events, call, call_with_args_and_die, email_in_doubt, outcomes, runtime, spec, start, take_over,
 };
-use crate::approval;
-use crate::error::DurableError;
-use crate::ids::CallId;
-use crate::journal::{CallError, Journal, Outcome, Refusal};
-use crate::replay::ReplayClass;
-use crate::store::{CallKind, CheckpointStore, IssueOutcome, NewCall};
-use crate::tool_spec::ToolSpec;
-use crate::toolbox::{BoxFuture, ModelToolCall, Tool, ToolOutput, ToolResult, Toolbox};
-use crate::transcript::Message;
+use durable_core::ToolSpec;
+use durable_core::approval;
+use durable_core::error::DurableError;
+use durable_core::ids::CallId;
+use durable_core::journal::{CallError, Journal, Outcome, Refusal};
+use durable_core::replay::ReplayClass;
+use durable_core::store::{CallKind, CheckpointStore, IssueOutcome, NewCall};
+use durable_core::toolbox::{BoxFuture, ModelToolCall, Tool, ToolOutput, ToolResult, Toolbox};
+use durable_core::transcript::Message;
 
 /// Every refusal, each once. A new [`Refusal`] fails to compile in [`provoke`] until it
 /// has a case there; list it here too.
@@ -253,7 +253,7 @@ impl Tool for Runs {
 /// A model's call of `spec` with `args`, dispatched through a toolbox, as a harness
 /// dispatches a replayed reply (a masked secret in it is one this process lacks).
 async fn dispatch(
-    session: &crate::Session<Message>,
+    session: &durable_core::Session<Message>,
     spec: &ToolSpec,
     args: Value,
 ) -> Result<ToolResult, DurableError> {
@@ -268,7 +268,7 @@ async fn dispatch(
 
 /// Runs `spec` with `args` on `session`; the body returns `"ran"`.
 async fn run(
-    session: &crate::Session<Message>,
+    session: &durable_core::Session<Message>,
     spec: &ToolSpec,
     args: Value,
 ) -> Result<Value, CallError<String>> {
@@ -283,7 +283,7 @@ async fn run(
 /// secrets masked).
 async fn masked_args(
     store: &Arc<dyn CheckpointStore>,
-    session: &crate::Session<Message>,
+    session: &durable_core::Session<Message>,
     spec: &ToolSpec,
     args: Value,
 ) -> Value {
@@ -293,7 +293,7 @@ async fn masked_args(
     let rows = store.calls(session.id(), None).await.expect("calls");
     let masked = rows[0].args.clone();
     assert!(
-        crate::secret::is_masked(&masked["password"]),
+        durable_core::secret::is_masked(&masked["password"]),
         "journaled masked: {masked}"
     );
     masked

@@ -9,8 +9,8 @@ use super::{
     CLOCK_SLACK_MS, LONG_TTL, MAX_ATTEMPTS, checkpoint, completed, create, create_with, expect_err,
     message, ms, new_session, now, owner, read, tool_call, wait_past,
 };
-use crate::error::StoreError;
-use crate::store::{CheckpointStore, IssueOutcome, SessionStatus};
+use durable_core::error::StoreError;
+use durable_core::store::{CheckpointStore, IssueOutcome, SessionStatus};
 
 /// While one owner's lease is live, another owner is refused with `Leased` naming the
 /// holder and its expiry.

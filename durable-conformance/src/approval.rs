@@ -3,16 +3,16 @@
 //! the store's clock; a session awaiting approval holds no lease and comes back when the
 //! last decision is taken.
 
-use crate::store::Claim;
+use durable_core::store::Claim;
 use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
 
 use super::{LONG_TTL, MAX_ATTEMPTS, create, expect_err, now, owner, read, tool_call, wait_past};
-use crate::error::StoreError;
-use crate::ids::CallId;
-use crate::store::{
+use durable_core::error::StoreError;
+use durable_core::ids::CallId;
+use durable_core::store::{
     ApprovalDecision, ApprovalEvent, ApprovalRequest, CallRecord, CallStatus, CheckpointStore,
     DEADLINE, DecideApproval, IssueOutcome, Lease, SessionStatus,
 };
@@ -492,10 +492,10 @@ pub async fn runtime_requested_calls_are_not_run(store: Arc<dyn CheckpointStore>
 
     use super::runtime::{call, runtime, spec, start};
 
-    use crate::error::DurableError;
-    use crate::journal::CallError;
-    use crate::replay::ReplayClass;
-    use crate::store::{CallIdentity, CallKind, NewCall};
+    use durable_core::error::DurableError;
+    use durable_core::journal::CallError;
+    use durable_core::replay::ReplayClass;
+    use durable_core::store::{CallIdentity, CallKind, NewCall};
 
     let (durable, _) = runtime(&store, "approval");
     let session = start(&durable).await;
@@ -508,7 +508,7 @@ pub async fn runtime_requested_calls_are_not_run(store: Arc<dyn CheckpointStore>
             session: session.id().clone(),
             step: journal.step(),
             tool: "lookup".to_owned(),
-            input_hash: crate::canonical::input_hash(&json!({ "n": 1 })).expect("hash"),
+            input_hash: durable_core::canonical::input_hash(&json!({ "n": 1 })).expect("hash"),
             ordinal: 0,
         },
         class: ReplayClass::Pure,

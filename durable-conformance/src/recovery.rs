@@ -1,7 +1,7 @@
 //! Cases: listing and claiming expired sessions, the poison-pill counter (shared by
 //! `claim_expired` and resuming by id).
 
-use crate::store::Claim;
+use durable_core::store::Claim;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -10,11 +10,11 @@ use super::{
     CLOCK_SLACK_MS, LONG_TTL, MAX_ATTEMPTS, checkpoint, create, create_with, expect_err, message,
     ms, new_session, now, owner, read,
 };
-use crate::error::{DurableError, StoreError};
-use crate::ids::SessionId;
-use crate::runtime::{Durable, StartOptions};
-use crate::store::{CheckpointStore, Lease, SessionStatus};
-use crate::transcript::Message;
+use durable_core::error::{DurableError, StoreError};
+use durable_core::ids::SessionId;
+use durable_core::runtime::{Durable, StartOptions};
+use durable_core::store::{CheckpointStore, Lease, SessionStatus};
+use durable_core::transcript::Message;
 
 /// Claims until `claim_expired` returns `None` (at most `bound` claims), returning the
 /// leases of the claims.
@@ -39,7 +39,7 @@ async fn claim_all(
     panic!("claim_expired still returned sessions after {bound} claims");
 }
 
-/// Marks `lease` running ([`CheckpointStore::mark_running`](crate::store::LeaseStore::mark_running)): its holder ran the session,
+/// Marks `lease` running ([`CheckpointStore::mark_running`](durable_core::store::LeaseStore::mark_running)): its holder ran the session,
 /// so a death from now on counts.
 async fn ran(store: &dyn CheckpointStore, lease: &Lease) {
     store
@@ -422,7 +422,7 @@ pub async fn recovery_resume_by_id_parks_a_poison_pill(store: Arc<dyn Checkpoint
 async fn ran_current(store: &dyn CheckpointStore, id: &SessionId) {
     let token = read(store, id).await.fence;
     store
-        .mark_running(crate::store::Fence { session: id, token })
+        .mark_running(durable_core::store::Fence { session: id, token })
         .await
         .unwrap_or_else(|e| panic!("mark_running({id}): {e:?}"));
 }

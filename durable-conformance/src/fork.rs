@@ -6,9 +6,9 @@ use serde_json::json;
 
 use super::checkpoints::{load, values};
 use super::{LONG_TTL, checkpoint, create, expect_err, message, owner, read, session_id};
-use crate::error::DurableError;
-use crate::error::StoreError;
-use crate::store::{CallStatus, CheckpointStore, CheckpointStoreExt, SessionStatus};
+use durable_core::error::DurableError;
+use durable_core::error::StoreError;
+use durable_core::store::{CallStatus, CheckpointStore, CheckpointStoreExt, SessionStatus};
 
 /// A fork's version 0 equals the source version; the source is untouched, the fork is
 /// leased to the given owner and its log is its own.
@@ -191,12 +191,12 @@ impl Ledger {
     /// the body runs.
     async fn call(
         &self,
-        session: &crate::Session<crate::Message>,
-        spec: &crate::ToolSpec,
+        session: &durable_core::Session<durable_core::Message>,
+        spec: &durable_core::ToolSpec,
         n: i64,
-    ) -> Result<serde_json::Value, crate::CallError<String>> {
+    ) -> Result<serde_json::Value, durable_core::CallError<String>> {
         let mut call = session.journal().tool(spec, json!({ "n": n }));
-        if spec.class == crate::ReplayClass::IdempotentWithKey {
+        if spec.class == durable_core::ReplayClass::IdempotentWithKey {
             call = call.key(format!("key-{n}"));
         }
         let ledger = self.clone();
@@ -218,12 +218,12 @@ impl Ledger {
     }
 }
 
-fn email() -> crate::ToolSpec {
-    super::runtime::spec("email", crate::ReplayClass::UnsafeOnReplay)
+fn email() -> durable_core::ToolSpec {
+    super::runtime::spec("email", durable_core::ReplayClass::UnsafeOnReplay)
 }
 
-fn charge() -> crate::ToolSpec {
-    super::runtime::spec("charge", crate::ReplayClass::IdempotentWithKey)
+fn charge() -> durable_core::ToolSpec {
+    super::runtime::spec("charge", durable_core::ReplayClass::IdempotentWithKey)
 }
 
 /// The ledger case: the parent completes effects after version 1 (an email and a
@@ -268,10 +268,10 @@ pub async fn fork_never_repeats_a_parent_effect_after_the_fork_point(
     assert_eq!(
         fates,
         [
-            ("email", 1, crate::store::ForkFate::Inherited),
-            ("charge", 1, crate::store::ForkFate::Inherited),
-            ("email", 2, crate::store::ForkFate::Carried),
-            ("email", 3, crate::store::ForkFate::Carried),
+            ("email", 1, durable_core::store::ForkFate::Inherited),
+            ("charge", 1, durable_core::store::ForkFate::Inherited),
+            ("email", 2, durable_core::store::ForkFate::Carried),
+            ("email", 3, durable_core::store::ForkFate::Carried),
         ],
         "what the fork does with each parent effect, said before forking"
     );
@@ -281,7 +281,7 @@ pub async fn fork_never_repeats_a_parent_effect_after_the_fork_point(
         let (worker, _) = runtime(&store, &format!("fork-{i}"));
         let fork = worker
             .operator()
-            .fork::<crate::Message>(&from, 1, None)
+            .fork::<durable_core::Message>(&from, 1, None)
             .await
             .expect("fork");
         let replayed = ledger
@@ -302,7 +302,7 @@ pub async fn fork_never_repeats_a_parent_effect_after_the_fork_point(
         assert!(
             matches!(
                 refused,
-                crate::CallError::Durable(DurableError::InheritedEffect { .. })
+                durable_core::CallError::Durable(DurableError::InheritedEffect { .. })
             ),
             "{refused:?}"
         );
@@ -318,7 +318,7 @@ pub async fn fork_never_repeats_a_parent_effect_after_the_fork_point(
     let (worker, _) = runtime(&store, "grandchild");
     let grandchild = worker
         .operator()
-        .fork::<crate::Message>(&forks[0], 0, None)
+        .fork::<durable_core::Message>(&forks[0], 0, None)
         .await
         .expect("fork of a fork");
     ledger
@@ -335,7 +335,7 @@ pub async fn fork_never_repeats_a_parent_effect_after_the_fork_point(
     assert!(
         matches!(
             refused,
-            Err(crate::CallError::Durable(
+            Err(durable_core::CallError::Durable(
                 DurableError::InheritedEffect { .. }
             ))
         ),
@@ -348,7 +348,7 @@ pub async fn fork_never_repeats_a_parent_effect_after_the_fork_point(
         "the parent's two emails, nothing more"
     );
     // Sealed like any session: the offline check finds every fork clean.
-    for check in crate::verify::verify_sessions(&*store, None)
+    for check in durable_core::verify::verify_sessions(&*store, None)
         .await
         .expect("verify")
     {
@@ -386,13 +386,16 @@ pub async fn fork_from_the_last_checkpoint_keeps_the_in_flight_turn(
             .map(|e| (e.status, e.fate))
             .collect::<Vec<_>>(),
         [
-            (CallStatus::Completed, crate::store::ForkFate::Inherited),
-            (CallStatus::Issued, crate::store::ForkFate::Inherited),
+            (
+                CallStatus::Completed,
+                durable_core::store::ForkFate::Inherited
+            ),
+            (CallStatus::Issued, durable_core::store::ForkFate::Inherited),
         ]
     );
     let fork = operator
         .operator()
-        .fork::<crate::Message>(&id, 1, None)
+        .fork::<durable_core::Message>(&id, 1, None)
         .await
         .expect("fork from the last checkpoint");
     ledger.call(&fork, &email(), 1).await.expect("recorded");
@@ -400,7 +403,9 @@ pub async fn fork_from_the_last_checkpoint_keeps_the_in_flight_turn(
     assert!(
         matches!(
             refused,
-            Err(crate::CallError::Durable(DurableError::ReplayUnsafe { .. }))
+            Err(durable_core::CallError::Durable(
+                DurableError::ReplayUnsafe { .. }
+            ))
         ),
         "the in-doubt call stays in doubt: {refused:?}"
     );
@@ -408,7 +413,9 @@ pub async fn fork_from_the_last_checkpoint_keeps_the_in_flight_turn(
     assert!(
         matches!(
             refused,
-            Err(crate::CallError::Durable(DurableError::ReplayUnsafe { .. }))
+            Err(durable_core::CallError::Durable(
+                DurableError::ReplayUnsafe { .. }
+            ))
         ),
         "no effect runs beside it: {refused:?}"
     );
@@ -429,7 +436,7 @@ pub async fn fork_from_the_last_checkpoint_keeps_the_in_flight_turn(
         .operator()
         .resolve(
             &in_doubt[0].id,
-            crate::store::Resolution::Happened {
+            durable_core::store::Resolution::Happened {
                 result: json!({"n": 2}),
             },
             "ops",
@@ -438,7 +445,7 @@ pub async fn fork_from_the_last_checkpoint_keeps_the_in_flight_turn(
         .await
         .expect("resolve in the fork");
     let fork = operator
-        .resume::<crate::Message>(&fork_id)
+        .resume::<durable_core::Message>(&fork_id)
         .await
         .expect("resume the fork")
         .session;
@@ -480,7 +487,7 @@ pub async fn fork_keeps_the_barrier_of_an_earlier_in_doubt_call(store: Arc<dyn C
     let (operator, _) = runtime(&store, "operator");
     let fork = operator
         .operator()
-        .fork::<crate::Message>(&id, 1, None)
+        .fork::<durable_core::Message>(&id, 1, None)
         .await
         .expect("fork");
     let ledger = Ledger::default();
@@ -488,7 +495,9 @@ pub async fn fork_keeps_the_barrier_of_an_earlier_in_doubt_call(store: Arc<dyn C
     assert!(
         matches!(
             refused,
-            Err(crate::CallError::Durable(DurableError::ReplayUnsafe { .. }))
+            Err(durable_core::CallError::Durable(
+                DurableError::ReplayUnsafe { .. }
+            ))
         ),
         "{refused:?}"
     );
@@ -496,7 +505,9 @@ pub async fn fork_keeps_the_barrier_of_an_earlier_in_doubt_call(store: Arc<dyn C
     assert!(
         matches!(
             refused,
-            Err(crate::CallError::Durable(DurableError::ReplayUnsafe { .. }))
+            Err(durable_core::CallError::Durable(
+                DurableError::ReplayUnsafe { .. }
+            ))
         ),
         "{refused:?}"
     );
@@ -525,7 +536,7 @@ pub async fn fork_rerun_runs_only_the_named_call_again(store: Arc<dyn Checkpoint
     expect_err!(
         operator
             .operator()
-            .fork_plan(&id, 1, &[crate::CallId::new("nope")])
+            .fork_plan(&id, 1, &[durable_core::CallId::new("nope")])
             .await,
         DurableError::Store(StoreError::CallNotFound(_)),
         "a rerun of a call the source does not hold"
@@ -538,10 +549,10 @@ pub async fn fork_rerun_runs_only_the_named_call_again(store: Arc<dyn Checkpoint
     assert!(plan.reruns(), "the plan says an effect may run again");
     let (fork, applied) = operator
         .operator()
-        .fork_with::<crate::Message>(
+        .fork_with::<durable_core::Message>(
             &id,
             1,
-            crate::ForkOptions::new()
+            durable_core::ForkOptions::new()
                 .rerun([rerun.clone()])
                 .by("ops@example"),
         )

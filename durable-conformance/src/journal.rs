@@ -5,10 +5,10 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::{CLOCK_SLACK_MS, completed, create, expect_err, now, owner, tool_call};
-use crate::error::StoreError;
-use crate::ids::CallId;
-use crate::replay::ReplayClass;
-use crate::store::{
+use durable_core::error::StoreError;
+use durable_core::ids::CallId;
+use durable_core::replay::ReplayClass;
+use durable_core::store::{
     CallKind, CallRecord, CallStatus, CheckpointStore, Fence, IssueOutcome, NewCall,
 };
 

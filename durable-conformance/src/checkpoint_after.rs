@@ -1,4 +1,4 @@
-//! Runtime cases for [`Session::checkpoint_after`](crate::Session::checkpoint_after): a
+//! Runtime cases for [`Session::checkpoint_after`](durable_core::Session::checkpoint_after): a
 //! tool call's result and the checkpoint that follows it, committed together.
 //!
 //! The store is wrapped in a [`Probe`] that counts checkpoint writes, so that "one
@@ -15,14 +15,14 @@ use super::runtime::{
     GIVE_UP, call, email_in_doubt, runtime, spec, start, stopped_then_resumed, take_over,
 };
 use super::stall::Probe;
-use crate::error::DurableError;
-use crate::journal::CallError;
-use crate::replay::ReplayClass;
-use crate::snapshot::{Budget, Spend};
-use crate::store::{CallStatus, CheckpointStore};
-use crate::tool_spec::{ToolSpec, Verification};
-use crate::transcript::Message;
-use crate::{Journal, Session};
+use durable_core::error::DurableError;
+use durable_core::journal::CallError;
+use durable_core::replay::ReplayClass;
+use durable_core::snapshot::{Budget, Spend};
+use durable_core::store::{CallStatus, CheckpointStore};
+use durable_core::transcript::Message;
+use durable_core::{Journal, Session};
+use durable_core::{ToolSpec, Verification};
 
 fn probe(store: &Arc<dyn CheckpointStore>) -> (Arc<Probe>, Arc<dyn CheckpointStore>) {
     let probe = Probe::new(Arc::clone(store));

@@ -9,8 +9,8 @@ use super::{
     CLOCK_SLACK_MS, LONG_TTL, checkpoint, create, create_with, expect_err, message, new_session,
     now, owner, read, session_id,
 };
-use crate::error::StoreError;
-use crate::store::{Checkpoint, CheckpointStore, NewCheckpoint};
+use durable_core::error::StoreError;
+use durable_core::store::{Checkpoint, CheckpointStore, NewCheckpoint};
 
 /// A loaded checkpoint's messages, each stored text parsed into a `Value` (to compare
 /// with the values written).
@@ -23,7 +23,7 @@ pub(super) fn values(checkpoint: &Checkpoint) -> Vec<Value> {
 /// Loads `version` (`None` = latest), panicking with context.
 pub(super) async fn load(
     store: &dyn CheckpointStore,
-    id: &crate::ids::SessionId,
+    id: &durable_core::ids::SessionId,
     version: Option<i64>,
 ) -> Checkpoint {
     store

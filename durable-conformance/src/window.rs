@@ -4,12 +4,12 @@
 
 use std::sync::Arc;
 
-use crate::error::{DurableError, StoreError};
-use crate::ids::SessionId;
-use crate::runtime::{Durable, StartOptions};
-use crate::session::Session;
-use crate::store::CheckpointStore;
-use crate::transcript::Message;
+use durable_core::error::{DurableError, StoreError};
+use durable_core::ids::SessionId;
+use durable_core::runtime::{Durable, StartOptions};
+use durable_core::session::Session;
+use durable_core::store::CheckpointStore;
+use durable_core::transcript::Message;
 
 use super::{expect_err, owner};
 
@@ -38,10 +38,7 @@ pub(super) async fn session_of(
 ) -> SessionId {
     let durable = durable(store, None);
     let mut session: Session<Message> = durable
-        .start(StartOptions {
-            messages: (0..total.min(1)).map(message).collect(),
-            ..StartOptions::default()
-        })
+        .start(StartOptions::new().with_messages((0..total.min(1)).map(message).collect()))
         .await
         .expect("start");
     let mut n = total.min(1);

@@ -13,9 +13,9 @@ use super::{
     LONG_TTL, MAX_ATTEMPTS, checkpoint, create_with, expect_err, new_session, now, owner, read,
     wait_past,
 };
-use crate::error::StoreError;
-use crate::ids::SessionId;
-use crate::store::{CheckpointStore, Claim, Lease, NewSession, SessionStatus};
+use durable_core::error::StoreError;
+use durable_core::ids::SessionId;
+use durable_core::store::{CheckpointStore, Claim, Lease, NewSession, SessionStatus};
 
 /// A session of `queue`, leased to `owner` for `ttl`.
 fn in_queue(queue: &str, owner: &str, ttl: Duration) -> NewSession {

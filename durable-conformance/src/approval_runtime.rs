@@ -12,18 +12,18 @@ use serde_json::{Value, json};
 
 use super::runtime::{GIVE_UP, release_dead_lease, spec};
 use super::{owner, read};
-use crate::approval::{self, RequestExt};
-use crate::error::{DurableError, StoreError};
-use crate::ids::{CallId, SessionId};
-use crate::journal::CallError;
-use crate::replay::ReplayClass;
-use crate::runtime::{Durable, StartOptions};
-use crate::session::Session;
-use crate::store::{
+use durable_core::ToolSpec;
+use durable_core::approval::{self, RequestExt};
+use durable_core::error::{DurableError, StoreError};
+use durable_core::ids::{CallId, SessionId};
+use durable_core::journal::CallError;
+use durable_core::replay::ReplayClass;
+use durable_core::runtime::{Durable, StartOptions};
+use durable_core::session::Session;
+use durable_core::store::{
     ApprovalEvent, ApprovalRequest, CallRecord, CallStatus, CheckpointStore, SessionStatus,
 };
-use crate::tool_spec::ToolSpec;
-use crate::transcript::Message;
+use durable_core::transcript::Message;
 
 /// A runtime whose `on_approval_requested` hook collects the requested rows.
 fn runtime(store: &Arc<dyn CheckpointStore>, tag: &str) -> (Durable, Arc<Mutex<Vec<CallRecord>>>) {

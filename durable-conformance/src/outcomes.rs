@@ -10,10 +10,10 @@ use super::{
     LONG_TTL, MAX_ATTEMPTS, checkpoint, completed, create, expect_err, message, owner, read,
     tool_call,
 };
-use crate::error::StoreError;
-use crate::ids::CallId;
-use crate::replay::ReplayClass;
-use crate::store::{
+use durable_core::error::StoreError;
+use durable_core::ids::CallId;
+use durable_core::replay::ReplayClass;
+use durable_core::store::{
     CallIdentity, CallKind, CallOutcome, CallStatus, CheckpointStore, FinishCall, IssueOutcome,
     NewCall,
 };

@@ -1,4 +1,4 @@
-//! Size caps ([`SizeLimits`](crate::sizes::SizeLimits)): a model reply, a tool result or
+//! Size caps ([`SizeLimits`](durable_core::sizes::SizeLimits)): a model reply, a tool result or
 //! a message above its cap is refused with [`DurableError::TooLarge`] before anything is
 //! written, on every backend; a result too large of a tool that ran is recorded as the
 //! call's failure and never run again.
@@ -8,13 +8,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::{Value, json};
 
-use crate::error::DurableError;
-use crate::journal::CallError;
-use crate::replay::ReplayClass;
-use crate::runtime::Durable;
-use crate::sizes::{Oversized, SizeLimits};
-use crate::store::{CallStatus, CheckpointStore};
-use crate::transcript::Message;
+use durable_core::error::DurableError;
+use durable_core::journal::CallError;
+use durable_core::replay::ReplayClass;
+use durable_core::runtime::Durable;
+use durable_core::sizes::{Oversized, SizeLimits};
+use durable_core::store::{CallStatus, CheckpointStore};
+use durable_core::transcript::Message;
 
 use super::runtime::{release_dead_lease, spec, start};
 
@@ -161,8 +161,8 @@ fn short(value: &impl std::fmt::Debug) -> String {
 
 /// Runs `spec` with a result of 4 KiB, counting its runs.
 async fn export(
-    session: &crate::Session<Message>,
-    spec: &crate::ToolSpec,
+    session: &durable_core::Session<Message>,
+    spec: &durable_core::ToolSpec,
     runs: &Arc<AtomicUsize>,
 ) -> Result<Value, CallError<String>> {
     let runs = Arc::clone(runs);
@@ -202,8 +202,8 @@ pub async fn sizes_a_message_above_the_cap_writes_no_checkpoint(store: Arc<dyn C
         0,
         "no checkpoint was written"
     );
-    let options = crate::runtime::StartOptions::new()
-        .with_id(crate::SessionId::new(format!("{id}-initial")))
+    let options = durable_core::runtime::StartOptions::new()
+        .with_id(durable_core::SessionId::new(format!("{id}-initial")))
         .with_messages(vec![Message::user("z".repeat(4096))]);
     let initial = durable.start::<Message>(options).await;
     assert!(
@@ -218,9 +218,9 @@ pub async fn sizes_a_message_above_the_cap_writes_no_checkpoint(store: Arc<dyn C
     );
     assert!(matches!(
         store
-            .session(&crate::SessionId::new(format!("{id}-initial")))
+            .session(&durable_core::SessionId::new(format!("{id}-initial")))
             .await,
-        Err(crate::StoreError::SessionNotFound(_))
+        Err(durable_core::StoreError::SessionNotFound(_))
     ));
 }
 
@@ -265,16 +265,16 @@ pub async fn paging_calls_page_walks_the_journal_by_position(store: Arc<dyn Chec
     );
     assert!(matches!(
         store
-            .calls_page(&crate::SessionId::new(format!("{id}-none")), 0, 3)
+            .calls_page(&durable_core::SessionId::new(format!("{id}-none")), 0, 3)
             .await,
-        Err(crate::StoreError::SessionNotFound(_))
+        Err(durable_core::StoreError::SessionNotFound(_))
     ));
 }
 
 /// `list_sessions` with a cursor: walking the listing page by page (keyset, by
 /// `updated_at` then id, both descending) lists every session once, in order.
 pub async fn paging_session_listing_resumes_after_a_cursor(store: Arc<dyn CheckpointStore>) {
-    use crate::store::{SessionCursor, SessionFilter};
+    use durable_core::store::{SessionCursor, SessionFilter};
     let durable = capped(&store, "pages", SizeLimits::default());
     let mut mine = Vec::new();
     for _ in 0..5 {
@@ -295,12 +295,12 @@ pub async fn paging_session_listing_resumes_after_a_cursor(store: Arc<dyn Checkp
             .with_after(SessionCursor::after(last));
         walked.extend(page);
     }
-    let ids = |list: &[crate::store::SessionRecord]| {
+    let ids = |list: &[durable_core::store::SessionRecord]| {
         list.iter().map(|s| s.id.clone()).collect::<Vec<_>>()
     };
     assert_eq!(ids(&walked), ids(&whole), "every session once, in order");
     for pair in walked.windows(2) {
-        let key = |s: &crate::store::SessionRecord| (s.updated_at, s.id.as_str().to_owned());
+        let key = |s: &durable_core::store::SessionRecord| (s.updated_at, s.id.as_str().to_owned());
         assert!(key(&pair[0]) > key(&pair[1]), "descending: {pair:?}");
     }
     for id in &mine {

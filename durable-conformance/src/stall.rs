@@ -17,16 +17,16 @@ use std::time::Duration;
 use async_trait::async_trait;
 use tokio::sync::Notify;
 
-use crate::error::StoreError;
-use crate::ids::{CallId, SessionId};
-use crate::store::{
+use durable_core::error::StoreError;
+use durable_core::ids::{CallId, SessionId};
+use durable_core::store::{
     ApprovalRecord, ApprovalRequest, CallRecord, Checkpoint, CheckpointMeta, CheckpointStore,
     Claim, DecideApproval, Durability, EditedKey, ErrorRecord, Fence, FinishCall, IssueOutcome,
     Lease, NewCall, NewCheckpoint, NewError, NewSession, PendingApproval, PurgeOutcome, QueueInfo,
     ResolutionRecord, ResolveCall, RetargetSession, SessionFilter, SessionRecord, SessionStatus,
     StoredMessage,
 };
-use crate::store::{
+use durable_core::store::{
     ApprovalStore, CheckpointLog, JournalStore, LeaseStore, MaintenanceStore, QueueStore,
     ResolutionStore, SessionStore, StoreBase,
 };
@@ -115,7 +115,7 @@ impl StoreBase for Probe {
         self.inner.backend()
     }
 
-    fn keyring(&self) -> &crate::integrity::Keyring {
+    fn keyring(&self) -> &durable_core::integrity::Keyring {
         self.inner.keyring()
     }
 
@@ -260,7 +260,7 @@ impl CheckpointLog for Probe {
 
     async fn fork_session_with(
         &self,
-        fork: &crate::store::ForkSession,
+        fork: &durable_core::store::ForkSession,
     ) -> Result<(SessionRecord, Lease), StoreError> {
         self.inner.fork_session_with(fork).await
     }

@@ -10,9 +10,9 @@ use super::{
     CLOCK_SLACK_MS, MAX_ATTEMPTS, checkpoint, completed, create, create_with, expect_err, message,
     new_session, now, owner, read, session_id, system_ms, tool_call,
 };
-use crate::error::StoreError;
-use crate::ids::SessionId;
-use crate::store::{
+use durable_core::error::StoreError;
+use durable_core::ids::SessionId;
+use durable_core::store::{
     CheckpointStore, IssueOutcome, NewError, PurgeOutcome, Resolution, ResolveCall,
     RetargetSession, SessionStatus,
 };

@@ -9,9 +9,9 @@ use super::{
     CLOCK_SLACK_MS, LONG_TTL, MAX_ATTEMPTS, completed, create, create_with, expect_err,
     new_session, now, owner, tool_call, wait_past,
 };
-use crate::error::StoreError;
-use crate::ids::{CallId, SessionId};
-use crate::store::{
+use durable_core::error::StoreError;
+use durable_core::ids::{CallId, SessionId};
+use durable_core::store::{
     CallRecord, CallStatus, CheckpointStore, IssueOutcome, Lease, Resolution, ResolveCall,
 };
 

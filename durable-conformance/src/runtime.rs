@@ -1,5 +1,5 @@
 //! Runtime cases: the replay protocol (ARCHITECTURE.md's decision table) driven through [`Durable`],
-//! [`Session`](crate::Session) and [`Journal`] over a real store.
+//! [`Session`](durable_core::Session) and [`Journal`] over a real store.
 //!
 //! A crash is simulated in-process by dropping a session (its lease stays live, as a
 //! killed worker's would) or by cancelling a call while its tool body is parked after its
@@ -14,15 +14,15 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use tokio::sync::Notify;
 
-use crate::error::{DurableError, StoreError};
-use crate::journal::{CallError, CallEvent, Outcome};
-use crate::replay::ReplayClass;
-use crate::runtime::{Durable, StartOptions};
-use crate::session::{InDoubtAction, Session};
-use crate::snapshot::{Budget, Spend};
-use crate::store::{CallStatus, CheckpointStore, Resolution};
-use crate::tool_spec::{ToolSpec, Verification};
-use crate::transcript::Message;
+use durable_core::error::{DurableError, StoreError};
+use durable_core::journal::{CallError, CallEvent, Outcome};
+use durable_core::replay::ReplayClass;
+use durable_core::runtime::{Durable, StartOptions};
+use durable_core::session::{InDoubtAction, Session};
+use durable_core::snapshot::{Budget, Spend};
+use durable_core::store::{CallStatus, CheckpointStore, Resolution};
+use durable_core::transcript::Message;
+use durable_core::{ToolSpec, Verification};
 
 use super::stall::Probe;
 
@@ -62,7 +62,7 @@ pub(super) fn spec(name: &str, class: ReplayClass) -> ToolSpec {
 
 /// A tool body that counts its executions and echoes its key.
 pub(super) async fn body(
-    ctx: crate::ToolContext,
+    ctx: durable_core::ToolContext,
     runs: Arc<AtomicUsize>,
     n: i64,
 ) -> Result<Value, String> {
@@ -80,10 +80,10 @@ pub(super) async fn start(durable: &Durable) -> Session<Message> {
 /// Releases the lease a "dead" worker left live, as its expiry would.
 pub(super) async fn release_dead_lease(
     store: &Arc<dyn CheckpointStore>,
-    session: &crate::SessionId,
+    session: &durable_core::SessionId,
 ) {
     let record = store.session(session).await.expect("read session");
-    let lease = crate::store::Lease {
+    let lease = durable_core::store::Lease {
         session: session.clone(),
         owner: record.lease_owner.clone().unwrap_or_default(),
         fence: record.fence,
@@ -98,7 +98,7 @@ pub(super) async fn release_dead_lease(
 /// An operator looks up the session's in-doubt calls, finds exactly one, and resolves it.
 pub(super) async fn resolve_only_doubt(
     operator: &Durable,
-    session: &crate::SessionId,
+    session: &durable_core::SessionId,
     resolution: Resolution,
     by: &str,
     note: Option<&str>,
@@ -120,9 +120,9 @@ pub(super) async fn resolve_only_doubt(
 /// recovery after the lease expired, without waiting for it.
 pub(super) async fn take_over(
     store: &Arc<dyn CheckpointStore>,
-    session: &crate::SessionId,
+    session: &durable_core::SessionId,
     owner: &str,
-) -> (crate::Resumed<Message>, Events) {
+) -> (durable_core::Resumed<Message>, Events) {
     release_dead_lease(store, session).await;
     let (durable, events) = runtime(store, owner);
     let resumed = durable.resume::<Message>(session).await.expect("resume");
@@ -134,7 +134,7 @@ pub(super) async fn take_over(
 pub(super) async fn email_in_doubt(
     store: &Arc<dyn CheckpointStore>,
     spec: ToolSpec,
-) -> (crate::SessionId, ToolSpec, Arc<AtomicUsize>) {
+) -> (durable_core::SessionId, ToolSpec, Arc<AtomicUsize>) {
     let (durable, _) = runtime(store, "first");
     let session = start(&durable).await;
     let effects = Arc::new(AtomicUsize::new(0));
@@ -850,13 +850,13 @@ pub async fn runtime_secret_arguments_are_masked(store: Arc<dyn CheckpointStore>
     );
     // Neither the digest nor the call's identity is the unkeyed SHA-256 a dictionary
     // would reverse.
-    let plain =
-        crate::canonical::input_hash(&json!({"user": "ann", "password": "hunter2"})).expect("hash");
+    let plain = durable_core::canonical::input_hash(&json!({"user": "ann", "password": "hunter2"}))
+        .expect("hash");
     assert_ne!(
         rows[0].identity.input_hash, plain,
         "the input hash is keyed"
     );
-    let plain_secret = crate::canonical::input_hash(&json!("hunter2")).expect("hash");
+    let plain_secret = durable_core::canonical::input_hash(&json!("hunter2")).expect("hash");
     assert!(!digest.contains(&plain_secret), "the digest is keyed");
     // The same secret gives the same identity in this store (a replay matches), another
     // secret another one.
@@ -885,13 +885,13 @@ pub async fn runtime_secret_arguments_are_masked(store: Arc<dyn CheckpointStore>
 pub async fn runtime_retry_records_attempts(store: Arc<dyn CheckpointStore>) {
     let (durable, _) = runtime(&store, "first");
     let session = start(&durable).await;
-    let policy = crate::retry::RetryPolicy::new()
+    let policy = durable_core::retry::RetryPolicy::new()
         .with_max_attempts(3)
         .with_base_delay(Duration::from_millis(1))
         .with_jitter(false);
     let calls = Arc::new(AtomicUsize::new(0));
     let counter = Arc::clone(&calls);
-    let result = crate::retry::retry(
+    let result = durable_core::retry::retry(
         store.as_ref(),
         session.id(),
         0,
@@ -922,7 +922,7 @@ pub async fn runtime_retry_records_attempts(store: Arc<dyn CheckpointStore>) {
 pub async fn runtime_tool_retry_policy_records_attempts(store: Arc<dyn CheckpointStore>) {
     let (durable, _) = runtime(&store, "first");
     let session = start(&durable).await;
-    let policy = crate::retry::RetryPolicy::new()
+    let policy = durable_core::retry::RetryPolicy::new()
         .with_max_attempts(3)
         .with_base_delay(Duration::from_millis(1))
         .with_jitter(false);
@@ -992,7 +992,10 @@ pub async fn runtime_resolution_unparks_a_parked_session(store: Arc<dyn Checkpoi
         ),
         "{refused:?}"
     );
-    let unpark_active = other.operator().unpark(&crate::SessionId::random()).await;
+    let unpark_active = other
+        .operator()
+        .unpark(&durable_core::SessionId::random())
+        .await;
     assert!(matches!(
         unpark_active,
         Err(DurableError::Store(StoreError::SessionNotFound(_)))
@@ -1011,7 +1014,7 @@ pub async fn runtime_resolution_unparks_a_parked_session(store: Arc<dyn Checkpoi
     let record = store.session(&id).await.expect("session");
     assert_eq!(
         record.status,
-        crate::store::SessionStatus::Active,
+        durable_core::store::SessionStatus::Active,
         "unparked"
     );
     assert_eq!(record.recovery_attempts, 0);
@@ -1156,7 +1159,7 @@ pub(super) async fn stopped_then_resumed(
     store: &Arc<dyn CheckpointStore>,
     mut session: Session<Message>,
     messages: &[Message],
-) -> crate::Resumed<Message> {
+) -> durable_core::Resumed<Message> {
     let s = spec("email", ReplayClass::UnsafeOnReplay);
     let effects = Arc::new(AtomicUsize::new(0));
     let err = call(&session, &s, 1, None, &effects)
@@ -1269,7 +1272,7 @@ pub async fn runtime_start_or_resume_starts_new_ids_and_resumes_known_ones(
     let raced = super::session_id();
     let (w1, _) = runtime(&store, "racer-1");
     let (w2, _) = runtime(&store, "racer-2");
-    let options = |id: &crate::SessionId| StartOptions::<Message>::new().with_id(id.clone());
+    let options = |id: &durable_core::SessionId| StartOptions::<Message>::new().with_id(id.clone());
     let (a, b) = tokio::join!(
         w1.start_or_resume::<Message>(options(&raced)),
         w2.start_or_resume::<Message>(options(&raced))
@@ -1288,7 +1291,7 @@ pub async fn runtime_start_or_resume_starts_new_ids_and_resumes_known_ones(
             "the loser is told the session is leased: {lost:?}"
         );
     }
-    let bad = StartOptions::<Message>::new().with_id(crate::SessionId::new("bad\0id"));
+    let bad = StartOptions::<Message>::new().with_id(durable_core::SessionId::new("bad\0id"));
     match next.start_or_resume::<Message>(bad).await {
         Err(DurableError::Store(StoreError::InvalidId { .. })) => {}
         other => panic!("an invalid id must be refused: {:?}", other.err()),

@@ -1,17 +1,17 @@
 //! Cases: ids a user chooses (session ids, fork targets, owners, app versions) are
 //! validated at the store boundary, identically on every backend.
 
-use crate::store::{CheckpointStoreExt, Claim};
+use durable_core::store::{CheckpointStoreExt, Claim};
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use super::{
     LONG_TTL, MAX_ATTEMPTS, checkpoint, create, expect_err, message, new_session, owner, tool_call,
 };
-use crate::error::IdProblem;
-use crate::error::StoreError;
-use crate::ids::{MAX_ID_BYTES, SessionId};
-use crate::store::{
+use durable_core::error::IdProblem;
+use durable_core::error::StoreError;
+use durable_core::ids::{MAX_ID_BYTES, SessionId};
+use durable_core::store::{
     CallStatus, CheckpointStore, IssueOutcome, NewError, Resolution, ResolveCall, RetargetSession,
     SessionFilter, SessionStatus,
 };

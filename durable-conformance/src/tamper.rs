@@ -12,15 +12,15 @@ use std::time::Duration;
 use async_trait::async_trait;
 use serde_json::json;
 
-use crate::error::{DurableError, StoreError};
-use crate::ids::{CallId, SessionId};
-use crate::journal::CallError;
-use crate::replay::ReplayClass;
-use crate::store::{
+use durable_core::error::{DurableError, StoreError};
+use durable_core::ids::{CallId, SessionId};
+use durable_core::journal::CallError;
+use durable_core::replay::ReplayClass;
+use durable_core::store::{
     CallOutcome, CallStatus, CheckpointStore, CheckpointStoreExt, FinishCall, NewCheckpoint,
     NewSession, Resolution, ResolveCall,
 };
-use crate::transcript::Message;
+use durable_core::transcript::Message;
 
 use super::runtime::{call, call_and_die, release_dead_lease, runtime, spec, start};
 
@@ -295,7 +295,7 @@ pub async fn run_tamper_cases(store: Arc<dyn CheckpointStore>, tamperer: &dyn Ta
 
     // transfer(1)'s recorded result re-pointed at transfer(50000) must not come back.
     let (id, calls, effects) = transfers(store, &[1]).await;
-    let hash = crate::canonical::input_hash(&json!({"n": 50000})).expect("hash");
+    let hash = durable_core::canonical::input_hash(&json!({"n": 50000})).expect("hash");
     tamperer
         .apply(Tamper::SetInputHash {
             call: calls[0].clone(),

@@ -7,8 +7,8 @@ use super::{
     CLOCK_SLACK_MS, LONG_TTL, MAX_ATTEMPTS, checkpoint, create, expect_err, message, ms,
     new_session, now, owner, read, session_id,
 };
-use crate::error::StoreError;
-use crate::store::{CheckpointStore, SessionFilter, SessionStatus};
+use durable_core::error::StoreError;
+use durable_core::store::{CheckpointStore, SessionFilter, SessionStatus};
 
 /// `create_session` stores every field and `session` reads them back; the lease it
 /// returns matches the row.
@@ -189,7 +189,7 @@ pub async fn session_list_filters_and_orders(store: Arc<dyn CheckpointStore>) {
             got
         }
     };
-    let ids = |got: &[crate::store::SessionRecord]| {
+    let ids = |got: &[durable_core::store::SessionRecord]| {
         got.iter()
             .filter(|s| mine.contains(&&s.id))
             .map(|s| s.id.clone())
@@ -208,11 +208,7 @@ pub async fn session_list_filters_and_orders(store: Arc<dyn CheckpointStore>) {
         "list_sessions returns another record than session()"
     );
 
-    let completed = list(SessionFilter {
-        statuses: vec![SessionStatus::Completed],
-        ..SessionFilter::default()
-    })
-    .await;
+    let completed = list(SessionFilter::new().with_statuses(vec![SessionStatus::Completed])).await;
     assert_eq!(
         ids(&completed),
         vec![c.id.clone()],
@@ -225,29 +221,20 @@ pub async fn session_list_filters_and_orders(store: Arc<dyn CheckpointStore>) {
         "status filter [completed] returned other statuses"
     );
 
-    let active = list(SessionFilter {
-        statuses: vec![SessionStatus::Active],
-        ..SessionFilter::default()
-    })
-    .await;
+    let active = list(SessionFilter::new().with_statuses(vec![SessionStatus::Active])).await;
     assert_eq!(
         ids(&active),
         vec![b.id.clone(), a.id.clone()],
         "status filter [active]"
     );
 
-    let both = list(SessionFilter {
-        statuses: vec![SessionStatus::Active, SessionStatus::Completed],
-        ..SessionFilter::default()
-    })
+    let both = list(
+        SessionFilter::new().with_statuses(vec![SessionStatus::Active, SessionStatus::Completed]),
+    )
     .await;
     assert_eq!(ids(&both).len(), 3, "status filter [active, completed]");
 
-    let old = list(SessionFilter {
-        updated_before: Some(a.updated_at + 1),
-        ..SessionFilter::default()
-    })
-    .await;
+    let old = list(SessionFilter::new().with_updated_before(a.updated_at + 1)).await;
     assert_eq!(
         ids(&old),
         vec![a.id.clone()],
@@ -258,11 +245,7 @@ pub async fn session_list_filters_and_orders(store: Arc<dyn CheckpointStore>) {
         "updated_before returned a session updated later"
     );
 
-    let limited = list(SessionFilter {
-        limit: Some(2),
-        ..SessionFilter::default()
-    })
-    .await;
+    let limited = list(SessionFilter::new().with_limit(2)).await;
     assert_eq!(limited.len(), 2, "limit 2 with at least 3 sessions stored");
     let floor = limited
         .iter()
@@ -280,12 +263,12 @@ pub async fn session_list_filters_and_orders(store: Arc<dyn CheckpointStore>) {
         }
     }
 
-    let combined = list(SessionFilter {
-        statuses: vec![SessionStatus::Active],
-        updated_before: Some(c.updated_at),
-        limit: Some(1),
-        after: None,
-    })
+    let combined = list(
+        SessionFilter::new()
+            .with_statuses(vec![SessionStatus::Active])
+            .with_updated_before(c.updated_at)
+            .with_limit(1),
+    )
     .await;
     assert_eq!(combined.len(), 1, "active + updated_before + limit 1");
     assert_eq!(
@@ -298,11 +281,7 @@ pub async fn session_list_filters_and_orders(store: Arc<dyn CheckpointStore>) {
         "combined filter updated_before"
     );
 
-    let nothing = list(SessionFilter {
-        updated_before: Some(0),
-        ..SessionFilter::default()
-    })
-    .await;
+    let nothing = list(SessionFilter::new().with_updated_before(0)).await;
     assert!(
         nothing.is_empty(),
         "updated_before 1970 must list nothing: {nothing:?}"

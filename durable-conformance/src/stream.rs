@@ -9,11 +9,11 @@ use futures_util::stream::{self, StreamExt};
 use serde::{Deserialize, Serialize};
 
 use super::runtime::{runtime, start, take_over};
-use crate::error::DurableError;
-use crate::journal::{CallError, ReplyEvent, StreamedReply};
-use crate::store::{CallKind, CheckpointStore};
-use crate::transcript::Message;
-use crate::{Session, Spend};
+use durable_core::error::DurableError;
+use durable_core::journal::{CallError, ReplyEvent, StreamedReply};
+use durable_core::store::{CallKind, CheckpointStore};
+use durable_core::transcript::Message;
+use durable_core::{Session, Spend};
 
 /// A reply streamed as text deltas, with a score the provider reports at the end.
 #[derive(Debug, Default, Clone, PartialEq, Serialize, Deserialize)]
@@ -90,7 +90,7 @@ async fn pull(
     events
 }
 
-async fn model_rows(store: &Arc<dyn CheckpointStore>, session: &crate::SessionId) -> usize {
+async fn model_rows(store: &Arc<dyn CheckpointStore>, session: &durable_core::SessionId) -> usize {
     store
         .calls(session, None)
         .await

@@ -1,23 +1,50 @@
-//! The backend conformance suite: one set of tests every [`CheckpointStore`] must pass.
+//! The backend conformance suite of `durable`: one set of tests every
+//! [`CheckpointStore`] must pass, the replay protocol's runtime cases included.
+//!
+//! A backend is a crate that implements the store contract of `durable-core` (the store
+//! traits of [`durable_core::store`], their records, [`StoreError`](durable_core::StoreError),
+//! and the sealing in [`durable_core::integrity`]). This crate proves that it keeps it:
+//! add it as a dev-dependency and write one test file.
+//!
+//! ```toml
+//! [dev-dependencies]
+//! durable-conformance = "0.1"
+//! tokio = { version = "1", features = ["rt-multi-thread", "macros"] }
+//! ```
 //!
 //! Each case is a `pub async fn case(store: Arc<dyn CheckpointStore>)` that panics with a
-//! message naming the violated contract. Backends run all of them with
-//! [`conformance_suite!`](crate::conformance_suite), which generates one `#[test]` per
-//! case (so a failure names the case):
+//! message naming the violated contract. [`conformance_suite!`](crate::conformance_suite)
+//! generates one `#[test]` per case (so a failure names the case), each on a fresh store
+//! from your factory. `tests/conformance.rs` of a backend is then, for the memory store:
 //!
 //! ```no_run
 //! # mod wrapper {
 //! use std::sync::Arc;
-//! use durable_core::CheckpointStore;
 //!
+//! use durable_core::CheckpointStore;
+//! use durable_memory::{MemoryStore, MemoryStoreOptions};
+//!
+//! /// A fresh, empty store per case (here: the memory store, which accepts being
+//! /// volatile so the runtime cases may run `unsafe_on_replay` tools on it).
 //! async fn make_store() -> Arc<dyn CheckpointStore> {
-//!     // open a fresh, empty database here
-//! #   unreachable!("open a fresh, empty database here")
+//!     Arc::new(
+//!         MemoryStore::open(MemoryStoreOptions::new().accept_volatile(true))
+//!             .expect("open a memory store"),
+//!     )
 //! }
 //!
-//! durable_core::conformance_suite!(make_store);
+//! durable_conformance::conformance_suite!(make_store);
 //! # }
 //! ```
+//!
+//! Run it with `cargo test --test conformance`, one case with
+//! `cargo test --test conformance <case_name>` ([`CASES`] lists them all).
+//!
+//! The memory store (`durable-memory`) is the reference backend to copy: one module per
+//! concept, named as this crate's files (sessions, leases, queues, checkpoints, journal,
+//! approvals, maintenance), each contract point in plain Rust, and it passes the whole
+//! suite in a few seconds. The SQL backends (`durable-sqlite`, `durable-postgres`) run the
+//! same macro over a database file and a throwaway PostgreSQL database.
 //!
 //! The factory is called once per case. It returns either an `Arc<dyn CheckpointStore>`
 //! or a pair `(Arc<dyn CheckpointStore>, guard)`; the guard (a temporary directory, a
@@ -26,9 +53,14 @@
 //!
 //! Every case uses fresh random session ids, so cases can run one after the other on one
 //! database. Recovery cases ([`recovery_concurrent_claims_are_exclusive`] and friends)
-//! call [`CheckpointStore::claim_expired`](crate::store::LeaseStore::claim_expired), which claims *any* expired session of the
-//! database, so cases that run *at the same time* need a database each (the generated
-//! tests run in parallel; give each its own database, as a fresh file or schema).
+//! call [`claim_expired`](durable_core::store::LeaseStore::claim_expired), which claims
+//! *any* expired session of the database, so cases that run *at the same time* need a
+//! database each (the generated tests run in parallel; give each its own database, as a
+//! fresh file or schema).
+//!
+//! The tampering cases ([`tamper::run_tamper_cases`]) need a way to change rows behind
+//! the store's back: the backend implements [`tamper::Tamperer`] for its tables (see the
+//! memory store's `tamperer`, feature `testing`, or the SQL backends' `tests/tamper.rs`).
 
 use std::future::Future;
 use std::sync::Arc;
@@ -36,9 +68,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde_json::{Value, json};
 
-use crate::ids::{CallId, SessionId};
-use crate::replay::ReplayClass;
-use crate::store::{
+use durable_core::ids::{CallId, SessionId};
+use durable_core::replay::ReplayClass;
+use durable_core::store::{
     CallIdentity, CallKind, CallOutcome, CheckpointStore, FinishCall, Lease, NewCall,
     NewCheckpoint, NewSession, SessionRecord,
 };
@@ -147,7 +179,7 @@ where
 ///
 /// `$make_store` is anything callable with no arguments that returns a future of a
 /// [`StoreFixture`]: the name of an `async fn`, or a closure `|| async { … }`. It is called
-/// once per case; return a fresh database each time (see the [module docs](crate::conformance)).
+/// once per case; return a fresh database each time (see the [module docs](crate)).
 ///
 /// Run one case with `cargo test --test <file> <case_name>`.
 #[macro_export]
@@ -158,7 +190,7 @@ macro_rules! conformance_suite {
 }
 
 /// Calls `$crate::$callback!(($args) case, case, …)` with the list of every case: the
-/// single list behind both [`conformance_suite!`] and [`CASES`](crate::conformance::CASES).
+/// single list behind both [`conformance_suite!`] and [`CASES`](durable_core::CASES).
 #[doc(hidden)]
 #[macro_export]
 macro_rules! __durable_conformance_cases {
@@ -339,10 +371,10 @@ macro_rules! __durable_conformance_tests {
         $(
             #[test]
             fn $case() {
-                $crate::conformance::__durable_run(
+                $crate::__durable_run(
                     ::core::stringify!($case),
                     $make_store,
-                    $crate::conformance::$case,
+                    $crate::$case,
                 );
             }
         )*

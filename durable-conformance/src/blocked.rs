@@ -9,15 +9,15 @@ use serde_json::{Value, json};
 
 use super::owner;
 use super::runtime::{call_and_die, release_dead_lease, spec};
-use crate::error::DurableError;
-use crate::journal::CallError;
-use crate::replay::ReplayClass;
-use crate::runtime::{Durable, StartOptions};
-use crate::store::{CallStatus, CheckpointStore, Resolution, SessionStatus};
-use crate::tool_spec::{ToolSpec, Verification};
-use crate::transcript::Message;
-use crate::worker::ShutdownSignal;
-use crate::{Session, SessionId};
+use durable_core::error::DurableError;
+use durable_core::journal::CallError;
+use durable_core::replay::ReplayClass;
+use durable_core::runtime::{Durable, StartOptions};
+use durable_core::store::{CallStatus, CheckpointStore, Resolution, SessionStatus};
+use durable_core::transcript::Message;
+use durable_core::worker::ShutdownSignal;
+use durable_core::{Session, SessionId};
+use durable_core::{ToolSpec, Verification};
 
 /// What a pool's handler does with a call refused as `ReplayUnsafe`.
 #[derive(Clone, Copy)]
@@ -86,23 +86,26 @@ async fn pool_for(
         .lease_ttl(ttl)
         .build();
     durable
-        .worker(move |resumed: crate::Resumed<Message>, _: ShutdownSignal| {
-            counted.fetch_add(1, Ordering::SeqCst);
-            let (email, effects, verdict) = (email.clone(), Arc::clone(&effects), verdict.clone());
-            async move {
-                let session = resumed.session;
-                match send(&session, &email, verdict, &effects).await {
-                    Ok(_) => session.complete().await.map(|_| ()),
-                    Err(CallError::Durable(refused @ DurableError::ReplayUnsafe { .. })) => {
-                        match on_refusal {
-                            OnRefusal::Release => session.release().await,
-                            OnRefusal::GiveUp => Err(refused),
+        .worker(
+            move |resumed: durable_core::Resumed<Message>, _: ShutdownSignal| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                let (email, effects, verdict) =
+                    (email.clone(), Arc::clone(&effects), verdict.clone());
+                async move {
+                    let session = resumed.session;
+                    match send(&session, &email, verdict, &effects).await {
+                        Ok(_) => session.complete().await.map(|_| ()),
+                        Err(CallError::Durable(refused @ DurableError::ReplayUnsafe { .. })) => {
+                            match on_refusal {
+                                OnRefusal::Release => session.release().await,
+                                OnRefusal::GiveUp => Err(refused),
+                            }
                         }
+                        Err(e) => panic!("unexpected: {e:?}"),
                     }
-                    Err(e) => panic!("unexpected: {e:?}"),
                 }
-            }
-        })
+            },
+        )
         .queues([queue])
         .poll_interval(Duration::from_millis(20))
         .run_until(tokio::time::sleep(window))

@@ -15,12 +15,12 @@ use serde_json::{Value, json};
 use super::runtime::{
     call, call_and_die, email_in_doubt, resolve_only_doubt, runtime, spec, start, take_over,
 };
-use crate::error::DurableError;
-use crate::journal::CallError;
-use crate::replay::ReplayClass;
-use crate::session::Session;
-use crate::store::{CallStatus, CheckpointStore, Resolution};
-use crate::transcript::Message;
+use durable_core::error::DurableError;
+use durable_core::journal::CallError;
+use durable_core::replay::ReplayClass;
+use durable_core::session::Session;
+use durable_core::store::{CallStatus, CheckpointStore, Resolution};
+use durable_core::transcript::Message;
 
 /// What an ordinary harness does with a refusal: tell the model and close the turn.
 async fn feed_back_and_checkpoint(session: &mut Session<Message>, err: &CallError<String>) {
@@ -426,9 +426,9 @@ pub async fn runtime_divergence_survives_a_second_rerun(store: Arc<dyn Checkpoin
     }
     async fn rerun(
         store: &Arc<dyn CheckpointStore>,
-        id: &crate::SessionId,
+        id: &durable_core::SessionId,
         owner: &str,
-        email: &crate::tool_spec::ToolSpec,
+        email: &durable_core::ToolSpec,
         effects: &Arc<AtomicUsize>,
     ) -> CallError<String> {
         let (resumed, _) = take_over(store, id, owner).await;
@@ -554,7 +554,7 @@ pub async fn runtime_reshaped_tool_is_refused_without_a_reask(store: Arc<dyn Che
     drop(session);
 
     let (resumed, _) = take_over(&store, &id, "second").await;
-    let reshaped = crate::tool_spec::ToolSpec::new(
+    let reshaped = durable_core::ToolSpec::new(
         "email",
         "test tool email, with a cc",
         ReplayClass::UnsafeOnReplay,
