@@ -20,6 +20,7 @@ mod event;
 pub mod ids;
 pub mod integrity;
 pub mod journal;
+pub mod limiter;
 mod macro_support;
 pub mod redact;
 pub mod replay;

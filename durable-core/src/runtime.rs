@@ -166,6 +166,49 @@ impl DurableBuilder {
         self
     }
 
+    /// Defines the fleet-wide rate limit `name` (see [`limiter`](crate::limiter)): calls
+    /// that name it ([`Journal::with_rate_limit`](crate::Journal::with_rate_limit),
+    /// [`Toolbox::rate_limit`](crate::Toolbox::rate_limit)) wait for their turn under it,
+    /// with every worker of the store.
+    ///
+    /// The definition is written to the store on the first call that names the limit,
+    /// so every worker reads the same one. The last definition written wins: a worker
+    /// that defines a name differently replaces it for the whole fleet, and logs a
+    /// warning naming the definition it replaced. Define a limit the same way on every
+    /// worker (or on one, with [`Durable::define_rate_limit`], and name it elsewhere).
+    ///
+    /// ```no_run
+    /// # fn demo(store: std::sync::Arc<dyn durable_core::CheckpointStore>) {
+    /// use durable_core::Durable;
+    /// use durable_core::limiter::{Quota, RateLimit};
+    ///
+    /// let durable = Durable::builder(store)
+    ///     .rate_limit(
+    ///         "openai:gpt-4.1",
+    ///         RateLimit::requests(Quota::per_minute(500)).with_tokens(Quota::per_minute(200_000)),
+    ///     )
+    ///     .rate_limit("crm", RateLimit::requests(Quota::per_second(10)))
+    ///     .build();
+    /// # }
+    /// ```
+    pub fn rate_limit(mut self, name: impl Into<String>, limit: crate::limiter::RateLimit) -> Self {
+        self.config.rate_limits.insert(name.into(), limit);
+        self
+    }
+
+    /// The longest a call waits in memory, holding its session's lease, for its turn
+    /// under a rate limit (default [`DEFAULT_HOLD`](crate::limiter::DEFAULT_HOLD), 10 s).
+    /// A call whose turn is further away is refused with
+    /// [`DurableError::RateLimited`] before anything runs; it keeps its place in the
+    /// queue: the session goes to sleep until then
+    /// ([`Session::sleep_until`](crate::Session::sleep_until) at a turn boundary, or
+    /// [`Session::release`](crate::Session::release) and a later resume), and the same
+    /// call, asked again once its turn has come, takes its place at once.
+    pub fn limiter_hold(mut self, hold: Duration) -> Self {
+        self.config.limiter_hold = hold;
+        self
+    }
+
     /// Builds the runtime.
     pub fn build(self) -> Durable {
         Durable {
@@ -347,6 +390,9 @@ impl Durable {
                 resume_window: None,
                 approval_policy: None,
                 on_approval_requested: None,
+                rate_limits: std::collections::BTreeMap::new(),
+                limiter_hold: crate::limiter::DEFAULT_HOLD,
+                defined_limits: Default::default(),
             },
         }
     }

@@ -17,6 +17,8 @@ pub(crate) struct State {
     pub(crate) queues: BTreeMap<String, u32>,
     /// Sessions created so far: the tie-breaker of "oldest first".
     pub(crate) created: u64,
+    /// Rate limits by name.
+    pub(crate) limits: BTreeMap<String, crate::limiter::LimitRow>,
 }
 
 /// One session: its row, its head and its logs.

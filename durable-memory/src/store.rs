@@ -330,3 +330,33 @@ impl MaintenanceStore for MemoryStore {
         maintenance::purge_session(self, id, retention)
     }
 }
+
+#[async_trait]
+impl durable_core::store::LimiterStore for MemoryStore {
+    async fn define_limit(
+        &self,
+        name: &str,
+        limit: &durable_core::limiter::RateLimit,
+    ) -> Result<durable_core::limiter::Defined, StoreError> {
+        crate::limiter::define_limit(self, name, limit)
+    }
+
+    async fn acquire_limit(
+        &self,
+        acquire: &durable_core::limiter::Acquire,
+    ) -> Result<durable_core::limiter::Admission, StoreError> {
+        crate::limiter::acquire_limit(self, acquire)
+    }
+
+    async fn charge_limit(&self, name: &str, tokens: u64) -> Result<(), StoreError> {
+        crate::limiter::charge_limit(self, name, tokens)
+    }
+
+    async fn throttle_limit(&self, name: &str, retry_after: Duration) -> Result<i64, StoreError> {
+        crate::limiter::throttle_limit(self, name, retry_after)
+    }
+
+    async fn limiters(&self) -> Result<Vec<durable_core::limiter::LimiterInfo>, StoreError> {
+        crate::limiter::limiters(self)
+    }
+}

@@ -426,3 +426,37 @@ impl MaintenanceStore for Probe {
         self.inner.purge_session(id, retention).await
     }
 }
+
+#[async_trait]
+impl crate::store::LimiterStore for Probe {
+    async fn define_limit(
+        &self,
+        name: &str,
+        limit: &crate::limiter::RateLimit,
+    ) -> Result<crate::limiter::Defined, StoreError> {
+        self.inner.define_limit(name, limit).await
+    }
+
+    async fn acquire_limit(
+        &self,
+        acquire: &crate::limiter::Acquire,
+    ) -> Result<crate::limiter::Admission, StoreError> {
+        self.inner.acquire_limit(acquire).await
+    }
+
+    async fn charge_limit(&self, name: &str, tokens: u64) -> Result<(), StoreError> {
+        self.inner.charge_limit(name, tokens).await
+    }
+
+    async fn throttle_limit(
+        &self,
+        name: &str,
+        retry_after: Duration,
+    ) -> Result<i64, StoreError> {
+        self.inner.throttle_limit(name, retry_after).await
+    }
+
+    async fn limiters(&self) -> Result<Vec<crate::limiter::LimiterInfo>, StoreError> {
+        self.inner.limiters().await
+    }
+}

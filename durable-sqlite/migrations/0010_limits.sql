@@ -1,0 +1,25 @@
+-- durable schema, version 10: fleet-wide rate limits.
+--
+-- One row per named limit: its definition and its buckets (GCRA theoretical arrival
+-- times, the latest start given, a provider's 429 hold, counters), each a JSON text
+-- the core reads and writes (`durable_core::limiter`). Every acquire updates the row
+-- inside one write transaction, which serialises the fleet's reservations: starts are
+-- given first come, first served. A waiter that may come back for its place (a session
+-- released while it waits) keeps its reservation in `durable_limit_waiters` until it
+-- takes it. Scheduling state, unsealed, as queue limits are.
+CREATE TABLE durable_limits (
+    name TEXT PRIMARY KEY NOT NULL,
+    definition TEXT NOT NULL,
+    state TEXT NOT NULL,
+    updated_at INTEGER NOT NULL
+);
+
+CREATE TABLE durable_limit_waiters (
+    limit_name TEXT NOT NULL,
+    waiter TEXT NOT NULL,
+    start_us INTEGER NOT NULL,
+    created_at INTEGER NOT NULL,
+    PRIMARY KEY (limit_name, waiter)
+);
+
+CREATE INDEX durable_limit_waiters_by_start ON durable_limit_waiters (limit_name, start_us);
