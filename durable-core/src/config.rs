@@ -45,6 +45,9 @@ pub struct Config {
     pub limiter_hold: Duration,
     /// The names of [`rate_limits`](Self::rate_limits) written to the store by this
     /// process so far.
+    /// How much a priority level weighs against age in claims
+    /// ([`DurableBuilder::priority_aging`](crate::DurableBuilder::priority_aging)).
+    pub priority_aging: Duration,
     pub(crate) defined_limits: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 

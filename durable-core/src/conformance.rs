@@ -56,6 +56,7 @@ mod limiter;
 mod limiter_runtime;
 mod maintenance;
 mod outcomes;
+mod priorities;
 mod protocol;
 mod recovery;
 mod refusals;
@@ -82,6 +83,7 @@ pub use limiter::*;
 pub use limiter_runtime::*;
 pub use maintenance::*;
 pub use outcomes::*;
+pub use priorities::*;
 pub use protocol::*;
 pub use recovery::*;
 pub use refusals::*;
@@ -205,6 +207,9 @@ macro_rules! __durable_conformance_cases {
             worker_pool_skips_a_session_waiting_for_an_operator,
             worker_pool_skips_a_refused_session_whose_lease_ran_out,
             worker_pool_claims_a_session_a_verify_hook_may_settle,
+            // claim priorities
+            worker_priorities_take_the_highest_first_then_the_oldest,
+            worker_priority_aging_bounds_how_long_the_lowest_waits,
             // fleet-wide rate limits
             limiter_definition_is_shared_and_the_last_wins,
             limiter_starts_honour_the_rate_and_the_capacity,

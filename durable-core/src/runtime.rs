@@ -25,6 +25,9 @@ use crate::telemetry;
 mod operator;
 pub use operator::Operator;
 
+/// The largest priority magnitude a session is given ([`StartOptions::with_priority`]).
+const MAX_PRIORITY: i32 = 1_000_000;
+
 /// Builds a [`Durable`].
 #[must_use]
 pub struct DurableBuilder {
@@ -209,6 +212,13 @@ impl DurableBuilder {
         self
     }
 
+    /// How much a session's priority weighs against its age in worker pools' claims
+    /// (default 60 s per priority level; see [`StartOptions::with_priority`]).
+    pub fn priority_aging(mut self, aging: Duration) -> Self {
+        self.config.priority_aging = aging;
+        self
+    }
+
     /// Builds the runtime.
     pub fn build(self) -> Durable {
         Durable {
@@ -252,6 +262,9 @@ pub struct StartOptions<M> {
     /// No worker's pool claims the session before this time (ms since the epoch,
     /// database clock).
     pub not_before: Option<i64>,
+    /// The session's claim priority: higher first (0 by default; see
+    /// [`with_priority`](Self::with_priority)).
+    pub priority: i32,
 }
 
 impl<M> Default for StartOptions<M> {
@@ -265,6 +278,7 @@ impl<M> Default for StartOptions<M> {
             state: Value::Null,
             queue: None,
             not_before: None,
+            priority: 0,
         }
     }
 }
@@ -319,6 +333,19 @@ impl<M> StartOptions<M> {
     /// id ([`validate_id`](crate::validate::validate_id)).
     pub fn with_queue(mut self, queue: impl Into<String>) -> Self {
         self.queue = Some(queue.into());
+        self
+    }
+
+    /// The session's priority for worker pools' claims: a pool takes the session with
+    /// the highest priority first, the oldest first within a priority, with aging so the
+    /// lowest is never starved. Precisely, claims take the lowest *rank*
+    /// `created_at − priority × aging` first, where `aging` is
+    /// [`DurableBuilder::priority_aging`] (60 s by default): a session of priority `p`
+    /// goes before every session of priority `q > p` submitted more than
+    /// `(q − p) × aging` after it. Default 0; negative priorities are allowed. Clamped
+    /// to ±1 000 000.
+    pub fn with_priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
         self
     }
 
@@ -393,6 +420,7 @@ impl Durable {
                 rate_limits: std::collections::BTreeMap::new(),
                 limiter_hold: crate::limiter::DEFAULT_HOLD,
                 defined_limits: Default::default(),
+                priority_aging: Duration::from_secs(60),
             },
         }
     }
@@ -451,6 +479,15 @@ impl Durable {
                 queue: options.queue,
             })
             .await?;
+        if options.priority != 0 {
+            self.store
+                .set_priority(
+                    lease.fence(),
+                    options.priority.clamp(-MAX_PRIORITY, MAX_PRIORITY),
+                    self.config.priority_aging,
+                )
+                .await?;
+        }
         tracing::info!(session = %record.id, "session started");
         Ok(Session::assemble(
             Arc::clone(&self.store),

@@ -1093,6 +1093,20 @@ pub trait QueueStore: Send + Sync + 'static {
         max_running: Option<u32>,
     ) -> Result<(), StoreError>;
 
+    /// Sets the claim priority of the session under `fence`: claims take the session of
+    /// lowest rank `created_at − priority × aging` first (ms, saturating), then as
+    /// before (creation order). A session never given one ranks at its `created_at`.
+    ///
+    /// # Contract
+    /// Atomic; fenced ([`StoreError::LeaseLost`] when the token moved on,
+    /// [`StoreError::SessionNotFound`] if absent). Scheduling state, outside the seals.
+    async fn set_priority(
+        &self,
+        fence: Fence<'_>,
+        priority: i32,
+        aging: Duration,
+    ) -> Result<(), StoreError>;
+
     /// Every queue with a session that is not terminal, or with a limit, by name, with
     /// its figures at one moment of the database clock.
     ///

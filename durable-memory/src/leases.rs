@@ -164,6 +164,20 @@ pub(crate) fn mark_running(store: &MemoryStore, fence: Fence<'_>) -> Result<(), 
     Ok(())
 }
 
+/// `set_priority`: the session's claim rank.
+pub(crate) fn set_priority(
+    store: &MemoryStore,
+    fence: Fence<'_>,
+    priority: i32,
+    aging: std::time::Duration,
+) -> Result<(), StoreError> {
+    let mut state = store.lock();
+    let session = current(&mut state, fence)?;
+    let offset = i64::from(priority).saturating_mul(crate::millis(aging));
+    session.rank = Some(session.record.created_at.saturating_sub(offset));
+    Ok(())
+}
+
 /// `mark_operator_needed`: an issued row only an operator can settle; claims skip the
 /// session until the row leaves `issued`.
 pub(crate) fn mark_operator_needed(
@@ -228,7 +242,10 @@ pub(crate) fn claim_expired(
         })
         .filter(|s| claim.queues.is_empty() || claim.queues.contains(&s.record.queue))
         .filter(|s| !full.contains(&s.record.queue))
-        .map(|s| (s.record.created_at, s.order, s.record.id.clone()))
+        .map(|s| {
+            let rank = s.rank.unwrap_or(s.record.created_at);
+            (rank, s.order, s.record.id.clone())
+        })
         .collect();
     candidates.sort();
     for (_, _, id) in candidates {

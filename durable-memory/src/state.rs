@@ -28,6 +28,9 @@ pub(crate) struct Session {
     pub(crate) record: SessionRecord,
     /// Creation order, for claims that take the oldest session first.
     pub(crate) order: u64,
+    /// Claim rank (`created_at − priority × aging`), once a priority was set; claims
+    /// take the lowest first, a session without one ranking at its `created_at`.
+    pub(crate) rank: Option<i64>,
     /// Whether the current lease's holder ran the session (`mark_running`).
     pub(crate) ran: bool,
     /// The session head: counts of its logs, sealed.

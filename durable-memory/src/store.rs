@@ -122,6 +122,15 @@ impl LeaseStore for MemoryStore {
 
 #[async_trait]
 impl QueueStore for MemoryStore {
+    async fn set_priority(
+        &self,
+        fence: Fence<'_>,
+        priority: i32,
+        aging: Duration,
+    ) -> Result<(), StoreError> {
+        leases::set_priority(self, fence, priority, aging)
+    }
+
     async fn set_queue_limit(
         &self,
         queue: &str,

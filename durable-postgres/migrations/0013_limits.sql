@@ -1,4 +1,4 @@
--- durable schema, version 13: fleet-wide rate limits.
+-- durable schema, version 13: fleet-wide rate limits and claim priorities.
 --
 -- One row per named limit: its definition and its buckets (GCRA theoretical arrival
 -- times, the latest start given, a provider's 429 hold, counters), each a JSON text
@@ -23,3 +23,14 @@ CREATE TABLE durable_limit_waiters (
 );
 
 CREATE INDEX durable_limit_waiters_by_start ON durable_limit_waiters (limit_name, start_us);
+
+-- Claim priorities: a session's priority, and its claim rank `created_at − priority ×
+-- aging` (ms), set by the submitter; claims take the lowest rank first. NULL (every
+-- session written before this version, and one never given a priority) ranks at its
+-- `created_at`, as claims ordered before. Scheduling state, outside the seals.
+ALTER TABLE durable_sessions ADD COLUMN priority INTEGER NOT NULL DEFAULT 0;
+
+ALTER TABLE durable_sessions ADD COLUMN claim_rank BIGINT;
+
+CREATE INDEX durable_sessions_claim_rank ON durable_sessions ((coalesce(claim_rank, created_at)), id)
+    WHERE status = 'active';

@@ -192,9 +192,10 @@ pub(crate) async fn claim_expired(
                AND NOT EXISTS (SELECT 1 FROM durable_tool_calls c
                    WHERE c.session_id = durable_sessions.id AND c.status = 'issued'
                      AND c.operator_needed_at IS NOT NULL)
-             ORDER BY created_at, id
+             -- Lowest rank first: `created_at`, less the weight of its priority.
+             ORDER BY coalesce(claim_rank, created_at), id
              LIMIT 1
-             FOR UPDATE SKIP LOCKED",
+             FOR UPDATE SKIP LOCKED
         )
         .bind(now)
         .bind(claim.app_version.as_deref())

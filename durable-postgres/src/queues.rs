@@ -1,12 +1,14 @@
 //! Queues and sleepers: fleet-wide queue limits, the figures operators watch, the next
 //! wake-up time and an operator's early wake-up.
 
+use std::time::Duration;
+
 use async_trait::async_trait;
 use durable_core::StoreError;
 use durable_core::ids::SessionId;
 use durable_core::store::QueueStore;
 use durable_core::store::WorkEvents;
-use durable_core::store::{QueueInfo, SessionRecord, SessionStatus};
+use durable_core::store::{Fence, QueueInfo, SessionRecord, SessionStatus};
 
 use crate::PostgresStore;
 use crate::error::db;
@@ -41,6 +43,36 @@ pub(crate) async fn set_queue_limit(
         .bind(queue),
     };
     query.execute(&mut *store.conn().await?).await.map_err(db)?;
+    Ok(())
+}
+
+pub(crate) async fn set_priority(
+    store: &PostgresStore,
+    fence: Fence<'_>,
+    priority: i32,
+    aging: Duration,
+) -> Result<(), StoreError> {
+    let offset = i64::from(priority).saturating_mul(tx::ttl_ms(aging));
+    // One autocommitted statement, fenced.
+    let set = sqlx::query(
+        "UPDATE durable_sessions SET priority = $3, claim_rank = created_at - $4 \
+         WHERE id = $1 AND fence = $2",
+    )
+    .bind(fence.session.as_str())
+    .bind(fence.token)
+    .bind(priority)
+    .bind(offset)
+    .execute(store.pool())
+    .await
+    .map_err(db)?;
+    if set.rows_affected() == 0 {
+        let mut conn = store.pool().acquire().await.map_err(db)?;
+        tx::session(&mut conn, fence.session, None).await?;
+        return Err(StoreError::LeaseLost {
+            session: fence.session.clone(),
+            token: fence.token,
+        });
+    }
     Ok(())
 }
 
@@ -147,6 +179,15 @@ pub(crate) async fn wake_session(
 
 #[async_trait]
 impl QueueStore for PostgresStore {
+    async fn set_priority(
+        &self,
+        fence: Fence<'_>,
+        priority: i32,
+        aging: Duration,
+    ) -> Result<(), StoreError> {
+        set_priority(self, fence, priority, aging).await
+    }
+
     async fn set_queue_limit(
         &self,
         queue: &str,

@@ -251,18 +251,20 @@ pub(crate) async fn claim_expired(
         // row), as a JSON array for `json_each`.
         let full = full_queues(store, &mut *conn, ttl).await?;
         loop {
-            // The first candidate (by `created_at`, then `rowid`) whose lease is free:
+            // The first candidate (by rank: `created_at`, less its priority's weight;
+            // then `rowid`) whose lease is free:
             // a released one found by SQL, or a held one this process judges lapsed.
             // Every held candidate is judged, so that its sighting starts now.
             let released = sqlx::query(concat!(
                 "SELECT id, fence, recovery_attempts, lease_owner, lease_renewed_at, \
-                 lease_expires_at, lease_ran, created_at, rowid AS r FROM durable_sessions",
+                 lease_expires_at, lease_ran, coalesce(claim_rank, created_at) AS claim_order, rowid AS r \
+                 FROM durable_sessions",
                 awake_where!(),
                 "AND lease_owner IS NULL AND (?2 IS NULL OR app_version = ?2) \
                  AND (?3 IS NULL OR queue IN (SELECT value FROM json_each(?3))) \
                  AND queue NOT IN (SELECT value FROM json_each(?4)) ",
                 not_waiting_for_operator!(),
-                "ORDER BY created_at ASC, rowid ASC LIMIT 1"
+                "ORDER BY coalesce(claim_rank, created_at) ASC, rowid ASC LIMIT 1"
             ))
             .bind(now)
             .bind(claim.app_version.as_deref())
@@ -273,13 +275,14 @@ pub(crate) async fn claim_expired(
             .map_err(db)?;
             let held = sqlx::query(concat!(
                 "SELECT id, fence, recovery_attempts, lease_owner, lease_renewed_at, \
-                 lease_expires_at, lease_ran, created_at, rowid AS r FROM durable_sessions",
+                 lease_expires_at, lease_ran, coalesce(claim_rank, created_at) AS claim_order, rowid AS r \
+                 FROM durable_sessions",
                 awake_where!(),
                 "AND lease_owner IS NOT NULL AND (?2 IS NULL OR app_version = ?2) \
                  AND (?3 IS NULL OR queue IN (SELECT value FROM json_each(?3))) \
                  AND queue NOT IN (SELECT value FROM json_each(?4)) ",
                 not_waiting_for_operator!(),
-                "ORDER BY created_at ASC, rowid ASC"
+                "ORDER BY coalesce(claim_rank, created_at) ASC, rowid ASC"
             ))
             .bind(now)
             .bind(claim.app_version.as_deref())
@@ -329,7 +332,8 @@ struct Candidate {
     recovery_attempts: i32,
     /// Whether the lease's holder had started running the session.
     ran: bool,
-    /// `(created_at, rowid)`: claims take the oldest first.
+    /// `(rank, rowid)`: claims take the lowest rank (the oldest, less its priority's
+    /// weight) first.
     order: (i64, i64),
 }
 
@@ -345,7 +349,7 @@ fn candidate(row: &sqlx::sqlite::SqliteRow) -> Result<Candidate, StoreError> {
         recovery_attempts: rows::col(row, "recovery_attempts", &id, None)?,
         ran: rows::col(row, "lease_ran", &id, None)?,
         order: (
-            rows::col(row, "created_at", &id, None)?,
+            rows::col(row, "claim_order", &id, None)?,
             rows::col(row, "r", &id, None)?,
         ),
         id,

@@ -1,8 +1,12 @@
 //! Queues and sleepers: fleet-wide queue limits, the figures operators watch, the next
 //! wake-up time and an operator's early wake-up.
 
+use std::time::Duration;
+
 use async_trait::async_trait;
-use durable_core::store::{QueueInfo, QueueStore, SessionRecord, SessionStatus, WorkEvents};
+use durable_core::store::{
+    Fence, QueueInfo, QueueStore, SessionRecord, SessionStatus, WorkEvents,
+};
 use durable_core::{SessionId, StoreError};
 use sqlx::Row;
 
@@ -34,6 +38,36 @@ pub(crate) async fn set_queue_limit(
     }
     .await;
     tx.finish(result).await
+}
+
+pub(crate) async fn set_priority(
+    store: &SqliteStore,
+    fence: Fence<'_>,
+    priority: i32,
+    aging: Duration,
+) -> Result<(), StoreError> {
+    let offset = i64::from(priority).saturating_mul(tx::millis(aging));
+    // One autocommitted statement on the writer, fenced.
+    let set = sqlx::query(
+        "UPDATE durable_sessions SET priority = ?, claim_rank = created_at - ? \
+         WHERE id = ? AND fence = ?",
+    )
+    .bind(priority)
+    .bind(offset)
+    .bind(fence.session.as_str())
+    .bind(fence.token)
+    .execute(store.writer())
+    .await
+    .map_err(db)?;
+    if set.rows_affected() == 0 {
+        let mut conn = store.writer().acquire().await.map_err(db)?;
+        tx::session(&mut conn, fence.session).await?;
+        return Err(StoreError::LeaseLost {
+            session: fence.session.clone(),
+            token: fence.token,
+        });
+    }
+    Ok(())
 }
 
 pub(crate) async fn queues(store: &SqliteStore) -> Result<Vec<QueueInfo>, StoreError> {
@@ -124,6 +158,15 @@ pub(crate) async fn wake_session(
 
 #[async_trait]
 impl QueueStore for SqliteStore {
+    async fn set_priority(
+        &self,
+        fence: Fence<'_>,
+        priority: i32,
+        aging: Duration,
+    ) -> Result<(), StoreError> {
+        set_priority(self, fence, priority, aging).await
+    }
+
     async fn set_queue_limit(
         &self,
         queue: &str,

@@ -188,6 +188,15 @@ impl LeaseStore for Faulty {
 
 #[async_trait]
 impl QueueStore for Faulty {
+    async fn set_priority(
+        &self,
+        fence: Fence<'_>,
+        priority: i32,
+        aging: Duration,
+    ) -> Result<(), StoreError> {
+        self.inner.set_priority(fence, priority, aging).await
+    }
+
     async fn set_queue_limit(
         &self,
         queue: &str,
