@@ -66,6 +66,7 @@ mod sessions;
 mod sizes;
 mod stall;
 mod stream;
+mod tenants;
 pub mod tamper;
 mod window;
 mod workers;
@@ -92,6 +93,7 @@ pub use runtime::*;
 pub use sessions::*;
 pub use sizes::*;
 pub use stream::*;
+pub use tenants::*;
 pub use window::*;
 pub use workers::*;
 
@@ -210,6 +212,9 @@ macro_rules! __durable_conformance_cases {
             // claim priorities
             worker_priorities_take_the_highest_first_then_the_oldest,
             worker_priority_aging_bounds_how_long_the_lowest_waits,
+            // per-tenant concurrency
+            worker_tenant_limit_bounds_claims,
+            worker_concurrent_claims_respect_the_tenant_limit,
             // fleet-wide rate limits
             limiter_definition_is_shared_and_the_last_wins,
             limiter_starts_honour_the_rate_and_the_capacity,

@@ -265,6 +265,8 @@ pub struct StartOptions<M> {
     /// The session's claim priority: higher first (0 by default; see
     /// [`with_priority`](Self::with_priority)).
     pub priority: i32,
+    /// The tenant the session counts against (see [`with_tenant`](Self::with_tenant)).
+    pub tenant: Option<String>,
 }
 
 impl<M> Default for StartOptions<M> {
@@ -279,6 +281,7 @@ impl<M> Default for StartOptions<M> {
             queue: None,
             not_before: None,
             priority: 0,
+            tenant: None,
         }
     }
 }
@@ -346,6 +349,15 @@ impl<M> StartOptions<M> {
     /// to ±1 000 000.
     pub fn with_priority(mut self, priority: i32) -> Self {
         self.priority = priority;
+        self
+    }
+
+    /// The tenant the session counts against: no pool claims it while the tenant's
+    /// limit of its sessions hold a lease ([`Operator::set_tenant_limit`]), across every
+    /// queue and worker. A tenant name is checked like an id
+    /// ([`validate_id`](crate::validate::validate_id)).
+    pub fn with_tenant(mut self, tenant: impl Into<String>) -> Self {
+        self.tenant = Some(tenant.into());
         self
     }
 
@@ -467,6 +479,9 @@ impl Durable {
         if let Some(queue) = &options.queue {
             crate::validate::validate_id("queue", queue)?;
         }
+        if let Some(tenant) = &options.tenant {
+            crate::validate::validate_id("tenant", tenant)?;
+        }
         let (record, lease) = self
             .store
             .create_session(NewSession {
@@ -479,14 +494,14 @@ impl Durable {
                 queue: options.queue,
             })
             .await?;
-        if options.priority != 0 {
-            self.store
-                .set_priority(
-                    lease.fence(),
-                    options.priority.clamp(-MAX_PRIORITY, MAX_PRIORITY),
-                    self.config.priority_aging,
-                )
-                .await?;
+        if options.priority != 0 || options.tenant.is_some() {
+            // Before the lease is given up: no claim sees the session unscheduled.
+            let mut scheduling = crate::store::Scheduling::new().with_priority(
+                options.priority.clamp(-MAX_PRIORITY, MAX_PRIORITY),
+                self.config.priority_aging,
+            );
+            scheduling.tenant = options.tenant;
+            self.store.set_scheduling(lease.fence(), &scheduling).await?;
         }
         tracing::info!(session = %record.id, "session started");
         Ok(Session::assemble(

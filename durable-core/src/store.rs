@@ -32,7 +32,7 @@ pub use fork::{
     fate as fork_fate, fork_step,
 };
 pub use message::StoredMessage;
-pub use queue::{Claim, QueueInfo, WorkEvents, WorkNotifier};
+pub use queue::{Claim, QueueInfo, Scheduling, WorkEvents, WorkNotifier};
 
 /// The version of the JSON formats written by this release (messages, plan, budget,
 /// results). Stored with every JSON row; a reader that finds a larger number refuses it.
@@ -1093,18 +1093,34 @@ pub trait QueueStore: Send + Sync + 'static {
         max_running: Option<u32>,
     ) -> Result<(), StoreError>;
 
-    /// Sets the claim priority of the session under `fence`: claims take the session of
-    /// lowest rank `created_at − priority × aging` first (ms, saturating), then as
-    /// before (creation order). A session never given one ranks at its `created_at`.
+    /// Sets how claims schedule the session under `fence` ([`Scheduling`]): claims take
+    /// the session of lowest rank `created_at − priority × aging` first (ms, saturating),
+    /// then as before (creation order); a session never given a priority ranks at its
+    /// `created_at`. A session with a tenant is not claimed while the tenant's limit of
+    /// its sessions hold live leases ([`set_tenant_limit`](Self::set_tenant_limit)).
     ///
     /// # Contract
-    /// Atomic; fenced ([`StoreError::LeaseLost`] when the token moved on,
-    /// [`StoreError::SessionNotFound`] if absent). Scheduling state, outside the seals.
-    async fn set_priority(
+    /// Atomic; checked with [`Scheduling::validate`] first; fenced
+    /// ([`StoreError::LeaseLost`] when the token moved on, [`StoreError::SessionNotFound`]
+    /// if absent). Scheduling state, outside the seals.
+    async fn set_scheduling(
         &self,
         fence: Fence<'_>,
-        priority: i32,
-        aging: Duration,
+        scheduling: &Scheduling,
+    ) -> Result<(), StoreError>;
+
+    /// Sets (or, with `None`, removes) a tenant's fleet-wide limit: at most
+    /// `max_running` of its active sessions leased at once, enforced by
+    /// [`claim_expired`](LeaseStore::claim_expired) as a queue's limit is, across every
+    /// queue.
+    ///
+    /// # Contract
+    /// As [`set_queue_limit`](Self::set_queue_limit): the name is checked with
+    /// [`validate_id`](crate::validate::validate_id); the limit binds claims only.
+    async fn set_tenant_limit(
+        &self,
+        tenant: &str,
+        max_running: Option<u32>,
     ) -> Result<(), StoreError>;
 
     /// Every queue with a session that is not terminal, or with a limit, by name, with

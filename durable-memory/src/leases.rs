@@ -164,17 +164,22 @@ pub(crate) fn mark_running(store: &MemoryStore, fence: Fence<'_>) -> Result<(), 
     Ok(())
 }
 
-/// `set_priority`: the session's claim rank.
-pub(crate) fn set_priority(
+/// `set_scheduling`: the session's claim rank and tenant.
+pub(crate) fn set_scheduling(
     store: &MemoryStore,
     fence: Fence<'_>,
-    priority: i32,
-    aging: std::time::Duration,
+    scheduling: &durable_core::store::Scheduling,
 ) -> Result<(), StoreError> {
+    scheduling.validate()?;
     let mut state = store.lock();
     let session = current(&mut state, fence)?;
-    let offset = i64::from(priority).saturating_mul(crate::millis(aging));
-    session.rank = Some(session.record.created_at.saturating_sub(offset));
+    session.rank = Some(
+        session
+            .record
+            .created_at
+            .saturating_sub(scheduling.rank_offset()),
+    );
+    session.tenant.clone_from(&scheduling.tenant);
     Ok(())
 }
 
@@ -230,6 +235,20 @@ pub(crate) fn claim_expired(
         })
         .map(|(queue, _)| queue.clone())
         .collect();
+    let full_tenants: Vec<String> = state
+        .tenants
+        .iter()
+        .filter(|(tenant, max)| {
+            let running = state
+                .sessions
+                .values()
+                .filter(|s| s.tenant.as_ref() == Some(*tenant))
+                .filter(|s| s.record.status == SessionStatus::Active && live(&s.record, now))
+                .count();
+            running >= usize::try_from(**max).unwrap_or(usize::MAX)
+        })
+        .map(|(tenant, _)| tenant.clone())
+        .collect();
     let mut candidates: Vec<(i64, u64, SessionId)> = state
         .sessions
         .values()
@@ -242,6 +261,7 @@ pub(crate) fn claim_expired(
         })
         .filter(|s| claim.queues.is_empty() || claim.queues.contains(&s.record.queue))
         .filter(|s| !full.contains(&s.record.queue))
+        .filter(|s| s.tenant.as_ref().is_none_or(|t| !full_tenants.contains(t)))
         .map(|s| {
             let rank = s.rank.unwrap_or(s.record.created_at);
             (rank, s.order, s.record.id.clone())

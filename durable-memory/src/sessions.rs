@@ -63,6 +63,7 @@ pub(crate) fn empty(record: SessionRecord, order: u64) -> Session {
         record,
         order,
         rank: None,
+        tenant: None,
         ran: false,
         head: Head::default(),
         checkpoints: Vec::new(),

@@ -122,13 +122,22 @@ impl LeaseStore for MemoryStore {
 
 #[async_trait]
 impl QueueStore for MemoryStore {
-    async fn set_priority(
+    async fn set_scheduling(
         &self,
         fence: Fence<'_>,
-        priority: i32,
-        aging: Duration,
+        scheduling: &durable_core::store::Scheduling,
     ) -> Result<(), StoreError> {
-        leases::set_priority(self, fence, priority, aging)
+        leases::set_scheduling(self, fence, scheduling)
+    }
+
+    async fn set_tenant_limit(
+        &self,
+        tenant: &str,
+        max_running: Option<u32>,
+    ) -> Result<(), StoreError> {
+        queues::set_tenant_limit(self, tenant, max_running)?;
+        self.work_available();
+        Ok(())
     }
 
     async fn set_queue_limit(

@@ -1,4 +1,4 @@
--- durable schema, version 13: fleet-wide rate limits and claim priorities.
+-- durable schema, version 13: fleet-wide rate limits, claim priorities and tenant limits.
 --
 -- One row per named limit: its definition and its buckets (GCRA theoretical arrival
 -- times, the latest start given, a provider's 429 hold, counters), each a JSON text
@@ -34,3 +34,17 @@ ALTER TABLE durable_sessions ADD COLUMN claim_rank BIGINT;
 
 CREATE INDEX durable_sessions_claim_rank ON durable_sessions ((coalesce(claim_rank, created_at)), id)
     WHERE status = 'active';
+
+-- Tenants: the tenant a session counts against (set by its submitter), and each
+-- tenant's fleet-wide limit of sessions leased at once, enforced by claims as a queue's
+-- limit is (the tenant's row locked while its running sessions are counted).
+ALTER TABLE durable_sessions ADD COLUMN tenant TEXT;
+
+CREATE TABLE durable_tenants (
+    name        TEXT    PRIMARY KEY,
+    max_running BIGINT  NOT NULL CHECK (max_running >= 0),
+    updated_at  BIGINT  NOT NULL
+);
+
+CREATE INDEX durable_sessions_active_tenant ON durable_sessions (tenant, lease_expires_at)
+    WHERE status = 'active' AND tenant IS NOT NULL;

@@ -1,14 +1,12 @@
 //! Queues and sleepers: fleet-wide queue limits, the figures operators watch, the next
 //! wake-up time and an operator's early wake-up.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 use durable_core::StoreError;
 use durable_core::ids::SessionId;
 use durable_core::store::QueueStore;
 use durable_core::store::WorkEvents;
-use durable_core::store::{Fence, QueueInfo, SessionRecord, SessionStatus};
+use durable_core::store::{Fence, QueueInfo, Scheduling, SessionRecord, SessionStatus};
 
 use crate::PostgresStore;
 use crate::error::db;
@@ -46,22 +44,22 @@ pub(crate) async fn set_queue_limit(
     Ok(())
 }
 
-pub(crate) async fn set_priority(
+pub(crate) async fn set_scheduling(
     store: &PostgresStore,
     fence: Fence<'_>,
-    priority: i32,
-    aging: Duration,
+    scheduling: &Scheduling,
 ) -> Result<(), StoreError> {
-    let offset = i64::from(priority).saturating_mul(tx::ttl_ms(aging));
+    scheduling.validate()?;
     // One autocommitted statement, fenced.
     let set = sqlx::query(
-        "UPDATE durable_sessions SET priority = $3, claim_rank = created_at - $4 \
+        "UPDATE durable_sessions SET priority = $3, claim_rank = created_at - $4, tenant = $5 \
          WHERE id = $1 AND fence = $2",
     )
     .bind(fence.session.as_str())
     .bind(fence.token)
-    .bind(priority)
-    .bind(offset)
+    .bind(scheduling.priority)
+    .bind(scheduling.rank_offset())
+    .bind(scheduling.tenant.as_deref())
     .execute(store.pool())
     .await
     .map_err(db)?;
@@ -73,6 +71,35 @@ pub(crate) async fn set_priority(
             token: fence.token,
         });
     }
+    Ok(())
+}
+
+pub(crate) async fn set_tenant_limit(
+    store: &PostgresStore,
+    tenant: &str,
+    max_running: Option<u32>,
+) -> Result<(), StoreError> {
+    durable_core::validate::validate_id("tenant", tenant)?;
+    // One statement each, which notifies idle pools when it commits.
+    let query = match max_running {
+        Some(max) => sqlx::query(concat!(
+            "WITH limited AS (INSERT INTO durable_tenants (name, max_running, updated_at) VALUES ($1, $2, ",
+            tx::now_ms!(),
+            ") ON CONFLICT (name) DO UPDATE SET max_running = excluded.max_running, \
+             updated_at = excluded.updated_at RETURNING 1) SELECT ",
+            notify::pg_notify!(),
+            " FROM limited"
+        ))
+        .bind(tenant)
+        .bind(i64::from(max)),
+        None => sqlx::query(concat!(
+            "WITH lifted AS (DELETE FROM durable_tenants WHERE name = $1 RETURNING 1) SELECT ",
+            notify::pg_notify!(),
+            " FROM lifted"
+        ))
+        .bind(tenant),
+    };
+    query.execute(&mut *store.conn().await?).await.map_err(db)?;
     Ok(())
 }
 
@@ -179,13 +206,20 @@ pub(crate) async fn wake_session(
 
 #[async_trait]
 impl QueueStore for PostgresStore {
-    async fn set_priority(
+    async fn set_scheduling(
         &self,
         fence: Fence<'_>,
-        priority: i32,
-        aging: Duration,
+        scheduling: &Scheduling,
     ) -> Result<(), StoreError> {
-        set_priority(self, fence, priority, aging).await
+        set_scheduling(self, fence, scheduling).await
+    }
+
+    async fn set_tenant_limit(
+        &self,
+        tenant: &str,
+        max_running: Option<u32>,
+    ) -> Result<(), StoreError> {
+        set_tenant_limit(self, tenant, max_running).await
     }
 
     async fn set_queue_limit(

@@ -1,11 +1,9 @@
 //! Queues and sleepers: fleet-wide queue limits, the figures operators watch, the next
 //! wake-up time and an operator's early wake-up.
 
-use std::time::Duration;
-
 use async_trait::async_trait;
 use durable_core::store::{
-    Fence, QueueInfo, QueueStore, SessionRecord, SessionStatus, WorkEvents,
+    Fence, QueueInfo, QueueStore, Scheduling, SessionRecord, SessionStatus, WorkEvents,
 };
 use durable_core::{SessionId, StoreError};
 use sqlx::Row;
@@ -40,20 +38,20 @@ pub(crate) async fn set_queue_limit(
     tx.finish(result).await
 }
 
-pub(crate) async fn set_priority(
+pub(crate) async fn set_scheduling(
     store: &SqliteStore,
     fence: Fence<'_>,
-    priority: i32,
-    aging: Duration,
+    scheduling: &Scheduling,
 ) -> Result<(), StoreError> {
-    let offset = i64::from(priority).saturating_mul(tx::millis(aging));
+    scheduling.validate()?;
     // One autocommitted statement on the writer, fenced.
     let set = sqlx::query(
-        "UPDATE durable_sessions SET priority = ?, claim_rank = created_at - ? \
+        "UPDATE durable_sessions SET priority = ?, claim_rank = created_at - ?, tenant = ? \
          WHERE id = ? AND fence = ?",
     )
-    .bind(priority)
-    .bind(offset)
+    .bind(scheduling.priority)
+    .bind(scheduling.rank_offset())
+    .bind(scheduling.tenant.as_deref())
     .bind(fence.session.as_str())
     .bind(fence.token)
     .execute(store.writer())
@@ -68,6 +66,32 @@ pub(crate) async fn set_priority(
         });
     }
     Ok(())
+}
+
+pub(crate) async fn set_tenant_limit(
+    store: &SqliteStore,
+    tenant: &str,
+    max_running: Option<u32>,
+) -> Result<(), StoreError> {
+    durable_core::validate::validate_id("tenant", tenant)?;
+    let mut tx = WriteTx::begin(store.writer()).await?;
+    let now = tx.now;
+    let result = async {
+        let query = match max_running {
+            Some(max) => sqlx::query(
+                "INSERT INTO durable_tenants (name, max_running, updated_at) VALUES (?, ?, ?) \
+                 ON CONFLICT (name) DO UPDATE SET max_running = excluded.max_running, \
+                 updated_at = excluded.updated_at",
+            )
+            .bind(tenant)
+            .bind(i64::from(max))
+            .bind(now),
+            None => sqlx::query("DELETE FROM durable_tenants WHERE name = ?").bind(tenant),
+        };
+        query.execute(tx.conn()).await.map(|_| ()).map_err(db)
+    }
+    .await;
+    tx.finish(result).await
 }
 
 pub(crate) async fn queues(store: &SqliteStore) -> Result<Vec<QueueInfo>, StoreError> {
@@ -158,13 +182,22 @@ pub(crate) async fn wake_session(
 
 #[async_trait]
 impl QueueStore for SqliteStore {
-    async fn set_priority(
+    async fn set_scheduling(
         &self,
         fence: Fence<'_>,
-        priority: i32,
-        aging: Duration,
+        scheduling: &Scheduling,
     ) -> Result<(), StoreError> {
-        set_priority(self, fence, priority, aging).await
+        set_scheduling(self, fence, scheduling).await
+    }
+
+    async fn set_tenant_limit(
+        &self,
+        tenant: &str,
+        max_running: Option<u32>,
+    ) -> Result<(), StoreError> {
+        set_tenant_limit(self, tenant, max_running).await?;
+        self.work_available();
+        Ok(())
     }
 
     async fn set_queue_limit(

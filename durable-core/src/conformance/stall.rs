@@ -202,13 +202,20 @@ impl LeaseStore for Probe {
 
 #[async_trait]
 impl QueueStore for Probe {
-    async fn set_priority(
+    async fn set_scheduling(
         &self,
         fence: Fence<'_>,
-        priority: i32,
-        aging: Duration,
+        scheduling: &crate::store::Scheduling,
     ) -> Result<(), StoreError> {
-        self.inner.set_priority(fence, priority, aging).await
+        self.inner.set_scheduling(fence, scheduling).await
+    }
+
+    async fn set_tenant_limit(
+        &self,
+        tenant: &str,
+        max_running: Option<u32>,
+    ) -> Result<(), StoreError> {
+        self.inner.set_tenant_limit(tenant, max_running).await
     }
 
     async fn set_queue_limit(

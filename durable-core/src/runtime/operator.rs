@@ -266,6 +266,23 @@ impl Operator {
         Ok(())
     }
 
+    /// Sets (or, with `None`, removes) a tenant's fleet-wide limit: at most
+    /// `max_running` of the sessions started for it
+    /// ([`StartOptions::with_tenant`](crate::StartOptions::with_tenant)) hold a lease at
+    /// once, across every queue and worker. Binds claims only, as a queue's limit does.
+    pub async fn set_tenant_limit(
+        &self,
+        tenant: &str,
+        max_running: Option<u32>,
+    ) -> Result<(), DurableError> {
+        self.durable
+            .store
+            .set_tenant_limit(tenant, max_running)
+            .await?;
+        tracing::info!(tenant, ?max_running, "tenant limit set");
+        Ok(())
+    }
+
     /// How each queue stands: running, ready, sleeping, awaiting approval, parked, and
     /// its limit ([`QueueInfo`](crate::store::QueueInfo)).
     pub async fn queues(&self) -> Result<Vec<crate::store::QueueInfo>, DurableError> {
