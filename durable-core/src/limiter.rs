@@ -511,11 +511,15 @@ pub enum WaiterStep {
 }
 
 impl WaiterStep {
-    /// Decides from the waiter's row (its start in µs, if any) at `now` (ms).
-    pub fn decide(found: Option<i64>, now: i64) -> WaiterStep {
+    /// Decides from the waiter's row (its start in µs, if any) at `now` (ms), with the
+    /// limit's buckets: a reservation whose start falls inside a `429`'s hold (it was
+    /// made before the hold) is given up and a new one taken after the hold.
+    pub fn decide(found: Option<i64>, now: i64, state: &LimiterState) -> WaiterStep {
         let now_us = now.saturating_mul(US_PER_MS);
+        let held_until = state.throttled_until.saturating_mul(US_PER_MS);
         match found {
             Some(start) if start < now_us - abandoned_us() => WaiterStep::Reserve,
+            Some(start) if start < held_until && now_us < held_until => WaiterStep::Reserve,
             Some(start) if start <= now_us => WaiterStep::Take { start },
             Some(start) => WaiterStep::Keep { start },
             None => WaiterStep::Reserve,
@@ -617,17 +621,32 @@ mod tests {
 
     #[test]
     fn the_waiter_row_decides_take_keep_or_reserve() {
-        assert_eq!(WaiterStep::decide(None, 10), WaiterStep::Reserve);
+        let quiet = LimiterState::default();
+        assert_eq!(WaiterStep::decide(None, 10, &quiet), WaiterStep::Reserve);
         assert_eq!(
-            WaiterStep::decide(Some(9_000), 10),
+            WaiterStep::decide(Some(9_000), 10, &quiet),
             WaiterStep::Take { start: 9_000 }
         );
         assert_eq!(
-            WaiterStep::decide(Some(11_000), 10),
+            WaiterStep::decide(Some(11_000), 10, &quiet),
             WaiterStep::Keep { start: 11_000 }
         );
         let long_ago = 10_000 - abandoned_us() - 1;
-        assert_eq!(WaiterStep::decide(Some(long_ago), 10), WaiterStep::Reserve);
+        assert_eq!(
+            WaiterStep::decide(Some(long_ago), 10, &quiet),
+            WaiterStep::Reserve
+        );
+        // A 429 came after the reservation: its start inside the hold is given up.
+        let held = LimiterState {
+            throttled_until: 20,
+            ..LimiterState::default()
+        };
+        assert_eq!(WaiterStep::decide(Some(9_000), 10, &held), WaiterStep::Reserve);
+        assert_eq!(WaiterStep::decide(Some(15_000), 10, &held), WaiterStep::Reserve);
+        assert_eq!(
+            WaiterStep::decide(Some(25_000), 10, &held),
+            WaiterStep::Keep { start: 25_000 }
+        );
     }
 
     #[test]

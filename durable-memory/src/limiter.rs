@@ -72,7 +72,7 @@ pub(crate) fn acquire_limit(
         .waiter
         .as_ref()
         .and_then(|w| row.waiters.get(w).copied());
-    let start = match WaiterStep::decide(found, now) {
+    let start = match WaiterStep::decide(found, now, &row.state) {
         WaiterStep::Take { start } => {
             if let Some(w) = &acquire.waiter {
                 row.waiters.remove(w);

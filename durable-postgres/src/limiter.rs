@@ -133,7 +133,7 @@ async fn acquire_limit(
         .map_err(db)?,
         None => None,
     };
-    let (start, write) = match WaiterStep::decide(found, now) {
+    let (start, write) = match WaiterStep::decide(found, now, &state) {
         WaiterStep::Take { start } => (start, Write::Take),
         WaiterStep::Keep { start } => (start, Write::Nothing),
         WaiterStep::Reserve => (

@@ -120,7 +120,7 @@ async fn acquire_limit(store: &SqliteStore, acquire: &Acquire) -> Result<Admissi
             .map_err(db)?,
             None => None,
         };
-        let start = match WaiterStep::decide(found, now) {
+        let start = match WaiterStep::decide(found, now, &state) {
             WaiterStep::Take { start } => {
                 sqlx::query(
                     "DELETE FROM durable_limit_waiters WHERE limit_name = ? AND waiter = ?",

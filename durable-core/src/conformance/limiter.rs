@@ -241,6 +241,15 @@ pub async fn limiter_a_429_holds_the_whole_fleet(store: Arc<dyn CheckpointStore>
     .await;
     let before = store.acquire_limit(&Acquire::new(&name)).await.expect("acquire");
     assert!(before.is_granted());
+    // A waiter queued before the 429 (the burst used up first).
+    for _ in 0..4 {
+        store.acquire_limit(&Acquire::new(&name)).await.expect("burst");
+    }
+    let queued = store
+        .acquire_limit(&Acquire::new(&name).with_waiter("queued"))
+        .await
+        .expect("queued");
+    assert!(!queued.is_granted(), "the burst is used up: {queued:?}");
     let until = store
         .throttle_limit(&name, Duration::from_secs(2))
         .await
@@ -270,6 +279,16 @@ pub async fn limiter_a_429_holds_the_whole_fleet(store: Arc<dyn CheckpointStore>
     assert!(
         held[1].start_at >= held[0].start_at + 99 && held[2].start_at >= held[1].start_at + 99,
         "after a 429 the fleet resumes at the rate, not with a burst: {held:?}"
+    );
+    // The waiter queued before the 429 comes back: its place fell inside the hold, so
+    // it is given a new one after it.
+    let back = store
+        .acquire_limit(&Acquire::new(&name).with_waiter("queued"))
+        .await
+        .expect("queued again");
+    assert!(
+        back.start_at >= until && !back.is_granted(),
+        "a place inside the hold moves after it: {back:?}, until {until}"
     );
     let listed = info(store, &name).await;
     assert_eq!(listed.throttles, 2);
