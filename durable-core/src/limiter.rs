@@ -492,8 +492,8 @@ pub fn ms_ceil(us: i64) -> i64 {
 
 /// What an acquire does with the waiter's row, decided from the row found (its start,
 /// µs) and the clock: the same in every backend.
+// Not `non_exhaustive`: every backend must act on every step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum WaiterStep {
     /// A reservation held and due: taken; remove the row.
     Take {

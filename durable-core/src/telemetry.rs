@@ -149,6 +149,7 @@ pub const fn durable_error_type(error: &DurableError) -> &'static str {
         DurableError::UnknownTool { .. } => "UnknownTool",
         DurableError::ReplayUnsafe { .. } => "ReplayUnsafe",
         DurableError::AwaitingApproval { .. } => "AwaitingApproval",
+        DurableError::RateLimited { .. } => "RateLimited",
         DurableError::ApprovedCallRefused { .. } => "ApprovedCallRefused",
         DurableError::InvalidEdit { .. } => "InvalidEdit",
         DurableError::ReplayDiverged { .. } => "ReplayDiverged",

@@ -62,6 +62,7 @@ pub async fn limiter_model_calls_wait_their_turn_and_replays_do_not(
     let asked = Arc::new(AtomicUsize::new(0));
     let ask = |journal: Journal, n: usize| {
         let asked = Arc::clone(&asked);
+        let name = name.clone();
         async move {
             journal
                 .with_rate_limit(name.as_str())

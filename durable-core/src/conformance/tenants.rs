@@ -10,7 +10,7 @@ use std::time::Duration;
 use super::{LONG_TTL, MAX_ATTEMPTS, owner};
 use crate::ids::SessionId;
 use crate::runtime::{Durable, StartOptions};
-use crate::store::{CheckpointStore, Claim};
+use crate::store::{CheckpointStore, Claim, SessionStatus};
 use crate::transcript::Message;
 
 fn name(tag: &str) -> String {
@@ -38,7 +38,8 @@ fn claim(queue: &str, claimer: &str) -> Claim {
 }
 
 /// A tenant limited to 1: its second session waits while the first is leased, sessions
-/// of another tenant and of none are claimed past it, and the place freed is taken.
+/// of another tenant and of none are claimed past it, and the place freed (the first
+/// completes) is taken.
 pub async fn worker_tenant_limit_bounds_claims(store: Arc<dyn CheckpointStore>) {
     let queue = name("tenants");
     let (acme, other) = (name("acme"), name("other"));
@@ -67,10 +68,11 @@ pub async fn worker_tenant_limit_bounds_claims(store: Arc<dyn CheckpointStore>) 
         [&a1, &b1, &c1],
         "acme's second session waits while its first is leased; the others are claimed past it"
     );
+    // Acme's first session completes: its place is free.
     store
-        .release_lease(&taken[0])
+        .set_status(taken[0].fence(), SessionStatus::Completed, None)
         .await
-        .expect("release acme's first");
+        .expect("complete acme's first");
     let next = store
         .claim_expired(&claim(&queue, "pool"))
         .await
