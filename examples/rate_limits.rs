@@ -44,7 +44,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .rate_limit("crm", RateLimit::requests(Quota::per_second(4)))
         .build();
     // One line per integration: the toolbox names the tool's limit ...
-    let tools = Toolbox::new().with(crm_lookup)?.rate_limit("crm_lookup", "crm");
+    let tools = Toolbox::new()
+        .with(crm_lookup)?
+        .rate_limit("crm_lookup", "crm");
 
     let began = Instant::now();
     let a = durable.start::<Message>(StartOptions::new()).await?;
@@ -65,13 +67,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         task.await??;
     }
     let models = began.elapsed();
-    assert!(models >= Duration::from_millis(1500), "the limit held: {models:?}");
+    assert!(
+        models >= Duration::from_millis(1500),
+        "the limit held: {models:?}"
+    );
     println!("10 model calls at 5/s (bursts of 2) took {models:.2?}");
 
     // Eight CRM lookups dispatched at once: 4 at once, then one every 250 ms.
     let began = Instant::now();
     let lookups: Vec<ModelToolCall> = (0..8)
-        .map(|n| ModelToolCall::new(format!("call-{n}"), "crm_lookup", json!({"customer": format!("c-{n}")})))
+        .map(|n| {
+            ModelToolCall::new(
+                format!("call-{n}"),
+                "crm_lookup",
+                json!({"customer": format!("c-{n}")}),
+            )
+        })
         .collect();
     for result in tools.dispatch_all(a.journal(), &lookups).await {
         result?;
@@ -79,11 +90,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("8 CRM lookups at 4/s took {:.2?}", began.elapsed());
 
     // The provider answers 429 with `retry-after: 1`: the whole fleet holds for a second.
-    let until = ja.report_throttle("openai:gpt-4.1", Duration::from_secs(1)).await?;
+    let until = ja
+        .report_throttle("openai:gpt-4.1", Duration::from_secs(1))
+        .await?;
     let held = Instant::now();
     jb.model(|| ask_model(99)).await?;
-    assert!(held.elapsed() >= Duration::from_millis(900), "the 429 held the other session");
-    println!("after a 429 (held until {until} ms), the other session waited {:.2?}", held.elapsed());
+    assert!(
+        held.elapsed() >= Duration::from_millis(900),
+        "the 429 held the other session"
+    );
+    println!(
+        "after a 429 (held until {until} ms), the other session waited {:.2?}",
+        held.elapsed()
+    );
 
     // What `durable limits` shows.
     for limit in durable.operator().rate_limits().await? {

@@ -56,7 +56,10 @@ pub async fn limited_call(
         .build();
     let (mut limited, mut plain) = (Vec::new(), Vec::new());
     for round in 0..rounds.max(1) {
-        eprintln!("rate limit: round {}/{rounds}, {calls} calls each", round + 1);
+        eprintln!(
+            "rate limit: round {}/{rounds}, {calls} calls each",
+            round + 1
+        );
         limited.push(model_calls(&durable, calls, Some(UNBOUNDED)).await);
         plain.push(model_calls(&durable, calls, None).await);
     }
@@ -114,7 +117,10 @@ pub async fn claims(
     let durable = Durable::builder(store).owner("bench-claims").build();
     let (mut on, mut off) = (Vec::new(), Vec::new());
     for round in 0..rounds.max(1) {
-        eprintln!("claims: round {}/{rounds}, {sessions} sessions each", round + 1);
+        eprintln!(
+            "claims: round {}/{rounds}, {sessions} sessions each",
+            round + 1
+        );
         on.push(claim_rate(&durable, sessions, true, round).await);
         off.push(claim_rate(&durable, sessions, false, round).await);
     }

@@ -290,7 +290,9 @@ async fn the_workers_page_shows_the_rate_limits() {
     let app = durable_console::router(Arc::clone(&store), options());
     let reply = send(&app, bearer("/workers")).await;
     assert!(
-        reply.body.contains("No rate limit is defined in this store."),
+        reply
+            .body
+            .contains("No rate limit is defined in this store."),
         "{}",
         reply.body
     );

@@ -66,8 +66,8 @@ mod sessions;
 mod sizes;
 mod stall;
 mod stream;
-mod tenants;
 pub mod tamper;
+mod tenants;
 mod window;
 mod workers;
 

@@ -112,7 +112,9 @@ impl Quota {
 
     fn validate(&self, limit: &str, what: &str) -> Result<(), StoreError> {
         let problem = if self.amount == 0 {
-            Some(format!("its {what} amount is 0; give at least 1 per period"))
+            Some(format!(
+                "its {what} amount is 0; give at least 1 per period"
+            ))
         } else if self.period_ms == 0 {
             Some(format!("its {what} period is 0 ms; give at least 1 ms"))
         } else if self.burst == 0 {
@@ -386,7 +388,10 @@ impl LimiterState {
             );
         }
         if let Some(q) = &limit.requests {
-            self.requests_tat = self.requests_tat.max(start).saturating_add(q.interval_us(1));
+            self.requests_tat = self
+                .requests_tat
+                .max(start)
+                .saturating_add(q.interval_us(1));
         }
         if let Some(q) = &limit.tokens {
             self.tokens_tat = self
@@ -434,10 +439,9 @@ impl LimiterState {
 
     /// Counts a call started at `at` (ms) in the sliding window of the requests period.
     fn count(&mut self, limit: &RateLimit, at: i64) {
-        let period = limit
-            .requests
-            .or(limit.tokens)
-            .map_or(1000, |q| i64::try_from(q.period_ms).unwrap_or(i64::MAX).max(1));
+        let period = limit.requests.or(limit.tokens).map_or(1000, |q| {
+            i64::try_from(q.period_ms).unwrap_or(i64::MAX).max(1)
+        });
         if self.window_start == 0 || at < self.window_start {
             self.window_start = at;
         }
@@ -454,10 +458,9 @@ impl LimiterState {
     /// Calls started in the last period at `now` (ms), estimated from the current and
     /// previous windows (the sliding-window counter).
     pub fn current_rate(&self, limit: &RateLimit, now: i64) -> f64 {
-        let period = limit
-            .requests
-            .or(limit.tokens)
-            .map_or(1000, |q| i64::try_from(q.period_ms).unwrap_or(i64::MAX).max(1));
+        let period = limit.requests.or(limit.tokens).map_or(1000, |q| {
+            i64::try_from(q.period_ms).unwrap_or(i64::MAX).max(1)
+        });
         let elapsed = now - self.window_start;
         if elapsed >= 2 * period || elapsed < 0 {
             return 0.0;
@@ -616,7 +619,11 @@ mod tests {
         let until = state.throttle(&limit, Duration::from_secs(2), 5000);
         assert_eq!(until, 7000);
         assert_eq!(state.reserve(&limit, 0, 5000), 7_000_000);
-        assert_eq!(state.reserve(&limit, 0, 5000), 7_100_000, "no burst after a 429");
+        assert_eq!(
+            state.reserve(&limit, 0, 5000),
+            7_100_000,
+            "no burst after a 429"
+        );
     }
 
     #[test]
@@ -641,8 +648,14 @@ mod tests {
             throttled_until: 20,
             ..LimiterState::default()
         };
-        assert_eq!(WaiterStep::decide(Some(9_000), 10, &held), WaiterStep::Reserve);
-        assert_eq!(WaiterStep::decide(Some(15_000), 10, &held), WaiterStep::Reserve);
+        assert_eq!(
+            WaiterStep::decide(Some(9_000), 10, &held),
+            WaiterStep::Reserve
+        );
+        assert_eq!(
+            WaiterStep::decide(Some(15_000), 10, &held),
+            WaiterStep::Reserve
+        );
         assert_eq!(
             WaiterStep::decide(Some(25_000), 10, &held),
             WaiterStep::Keep { start: 25_000 }
@@ -651,8 +664,16 @@ mod tests {
 
     #[test]
     fn definitions_are_checked() {
-        assert!(RateLimit::requests(Quota::per_second(0)).validate("x").is_err());
-        assert!(RateLimit::requests(Quota::per_second(1)).validate("").is_err());
+        assert!(
+            RateLimit::requests(Quota::per_second(0))
+                .validate("x")
+                .is_err()
+        );
+        assert!(
+            RateLimit::requests(Quota::per_second(1))
+                .validate("")
+                .is_err()
+        );
         assert!(
             RateLimit {
                 requests: None,
@@ -661,6 +682,10 @@ mod tests {
             .validate("x")
             .is_err()
         );
-        assert!(RateLimit::requests(Quota::per_second(1)).validate("openai:gpt-4.1").is_ok());
+        assert!(
+            RateLimit::requests(Quota::per_second(1))
+                .validate("openai:gpt-4.1")
+                .is_ok()
+        );
     }
 }

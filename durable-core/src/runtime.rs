@@ -501,7 +501,9 @@ impl Durable {
                 self.config.priority_aging,
             );
             scheduling.tenant = options.tenant;
-            self.store.set_scheduling(lease.fence(), &scheduling).await?;
+            self.store
+                .set_scheduling(lease.fence(), &scheduling)
+                .await?;
         }
         tracing::info!(session = %record.id, "session started");
         Ok(Session::assemble(

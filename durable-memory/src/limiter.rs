@@ -89,14 +89,21 @@ pub(crate) fn acquire_limit(
         }
     };
     let ahead = row.waiters.values().filter(|&&s| s < start).count();
-    Ok(admission(start, now, i64::try_from(ahead).unwrap_or(i64::MAX)))
+    Ok(admission(
+        start,
+        now,
+        i64::try_from(ahead).unwrap_or(i64::MAX),
+    ))
 }
 
 /// `charge_limit`: tokens used beyond the start's charge.
 pub(crate) fn charge_limit(store: &MemoryStore, name: &str, tokens: u64) -> Result<(), StoreError> {
     let now = store.clock();
     let mut state = store.lock();
-    let row = state.limits.get_mut(name).ok_or_else(|| not_defined(name))?;
+    let row = state
+        .limits
+        .get_mut(name)
+        .ok_or_else(|| not_defined(name))?;
     row.state.charge(&row.limit, tokens, now);
     Ok(())
 }
@@ -109,7 +116,10 @@ pub(crate) fn throttle_limit(
 ) -> Result<i64, StoreError> {
     let now = store.clock();
     let mut state = store.lock();
-    let row = state.limits.get_mut(name).ok_or_else(|| not_defined(name))?;
+    let row = state
+        .limits
+        .get_mut(name)
+        .ok_or_else(|| not_defined(name))?;
     Ok(row.state.throttle(&row.limit, retry_after, now))
 }
 

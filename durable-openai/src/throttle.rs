@@ -20,7 +20,11 @@ pub fn retry_after<'a>(headers: impl IntoIterator<Item = (&'a str, &'a str)>) ->
     for (name, value) in headers {
         let value = value.trim();
         if name.eq_ignore_ascii_case("retry-after-ms") {
-            if let Some(ms) = value.parse::<f64>().ok().filter(|ms| ms.is_finite() && *ms >= 0.0) {
+            if let Some(ms) = value
+                .parse::<f64>()
+                .ok()
+                .filter(|ms| ms.is_finite() && *ms >= 0.0)
+            {
                 return Some(Duration::from_secs_f64((ms / 1000.0).min(86_400.0)));
             }
         } else if name.eq_ignore_ascii_case("retry-after") {
@@ -75,14 +79,23 @@ mod tests {
             Some(Duration::from_millis(250))
         );
         assert_eq!(retry_after([("retry-after", "-1")]), None);
-        assert_eq!(retry_after([("retry-after", "Wed, 21 Oct 2015 07:28:00 GMT")]), None);
+        assert_eq!(
+            retry_after([("retry-after", "Wed, 21 Oct 2015 07:28:00 GMT")]),
+            None
+        );
         assert_eq!(retry_after([("x-other", "1")]), None);
     }
 
     #[test]
     fn messages_give_seconds_milliseconds_or_minutes() {
-        assert_eq!(retry_after_in_message("Please try again in 20ms."), Some(Duration::from_millis(20)));
-        assert_eq!(retry_after_in_message("try again in 2m3s"), Some(Duration::from_secs(120)));
+        assert_eq!(
+            retry_after_in_message("Please try again in 20ms."),
+            Some(Duration::from_millis(20))
+        );
+        assert_eq!(
+            retry_after_in_message("try again in 2m3s"),
+            Some(Duration::from_secs(120))
+        );
         assert_eq!(retry_after_in_message("try again later"), None);
     }
 }

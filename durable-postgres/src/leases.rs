@@ -207,7 +207,7 @@ pub(crate) async fn claim_expired(
              -- Lowest rank first: `created_at`, less the weight of its priority.
              ORDER BY coalesce(claim_rank, created_at), id
              LIMIT 1
-             FOR UPDATE SKIP LOCKED
+             FOR UPDATE SKIP LOCKED",
         )
         .bind(now)
         .bind(claim.app_version.as_deref())

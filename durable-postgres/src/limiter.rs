@@ -67,11 +67,12 @@ async fn define_limit(
     let defined = if created {
         Defined::Created
     } else {
-        let row = sqlx::query("SELECT definition, state FROM durable_limits WHERE name = $1 FOR UPDATE")
-            .bind(name)
-            .fetch_one(&mut *tx)
-            .await
-            .map_err(db)?;
+        let row =
+            sqlx::query("SELECT definition, state FROM durable_limits WHERE name = $1 FOR UPDATE")
+                .bind(name)
+                .fetch_one(&mut *tx)
+                .await
+                .map_err(db)?;
         let definition: String = row.try_get(0).map_err(db)?;
         let state_text: String = row.try_get(1).map_err(db)?;
         match stored::decode(name, &definition, &state_text) {
@@ -110,10 +111,7 @@ async fn write_definition(
     .map_err(db)
 }
 
-async fn acquire_limit(
-    store: &PostgresStore,
-    acquire: &Acquire,
-) -> Result<Admission, StoreError> {
+async fn acquire_limit(store: &PostgresStore, acquire: &Acquire) -> Result<Admission, StoreError> {
     durable_core::limiter::validate_name(&acquire.limit)?;
     let mut tx = tx::begin(store.pool()).await?;
     let (limit, mut state, now) = lock(&mut tx, &acquire.limit).await?;
@@ -136,10 +134,7 @@ async fn acquire_limit(
     let (start, write) = match WaiterStep::decide(found, now, &state) {
         WaiterStep::Take { start } => (start, Write::Take),
         WaiterStep::Keep { start } => (start, Write::Nothing),
-        WaiterStep::Reserve => (
-            state.reserve(&limit, acquire.tokens, now),
-            Write::Reserved,
-        ),
+        WaiterStep::Reserve => (state.reserve(&limit, acquire.tokens, now), Write::Reserved),
     };
     let waiter = acquire.waiter.as_deref();
     // The change and the count of waiters ahead, in one statement (the count reads the

@@ -71,8 +71,10 @@ pub async fn rate_limit(backend: Backend, processes: usize) {
     }
     // Halfway: the provider answers 429 with `retry-after: 1`.
     let halfway = start + seconds * 500;
-    tokio::time::sleep(Duration::from_millis(u64::try_from(halfway - now_ms()).unwrap_or(0)))
-        .await;
+    tokio::time::sleep(Duration::from_millis(
+        u64::try_from(halfway - now_ms()).unwrap_or(0),
+    ))
+    .await;
     let throttled_at = now_ms();
     store
         .throttle_limit(LIMIT, HOLD)
@@ -84,7 +86,11 @@ pub async fn rate_limit(backend: Backend, processes: usize) {
     for w in &mut workers {
         let status = w.wait(Duration::from_secs(u64::try_from(seconds).expect("s") + 60));
         let lines = w.rest();
-        assert!(status.success(), "{} exited with {status}: {lines:?}", w.owner);
+        assert!(
+            status.success(),
+            "{} exited with {status}: {lines:?}",
+            w.owner
+        );
         assert!(
             lines.iter().any(|l| l.starts_with("done ")),
             "{}: every waiter served, without an error: {lines:?}",

@@ -723,7 +723,10 @@ async fn limited(env: &Env) -> i32 {
         .owner(&env.owner)
         .app_version(APP_VERSION)
         .lease_ttl(env.ttl)
-        .rate_limit(LIMIT, RateLimit::requests(Quota::per_second(RATE).with_burst(BURST)))
+        .rate_limit(
+            LIMIT,
+            RateLimit::requests(Quota::per_second(RATE).with_burst(BURST)),
+        )
         .limiter_hold(Duration::from_secs(120))
         .build();
     let mut sessions = Vec::new();
@@ -738,7 +741,11 @@ async fn limited(env: &Env) -> i32 {
     println!("worker {} up", env.owner);
     let mut go = String::new();
     std::io::stdin().read_line(&mut go).expect("a go line");
-    let mut words = go.trim().split(' ').skip(1).map(|w| w.parse::<i64>().expect("ms"));
+    let mut words = go
+        .trim()
+        .split(' ')
+        .skip(1)
+        .map(|w| w.parse::<i64>().expect("ms"));
     let (start, end) = (words.next().expect("start"), words.next().expect("end"));
     let unix_ms = || {
         i64::try_from(
@@ -749,7 +756,10 @@ async fn limited(env: &Env) -> i32 {
         )
         .expect("ms")
     };
-    tokio::time::sleep(Duration::from_millis(u64::try_from(start - unix_ms()).unwrap_or(0))).await;
+    tokio::time::sleep(Duration::from_millis(
+        u64::try_from(start - unix_ms()).unwrap_or(0),
+    ))
+    .await;
     let tasks: Vec<_> = sessions
         .iter()
         .map(|session| {

@@ -49,24 +49,34 @@ pub async fn limiter_definition_is_shared_and_the_last_wins(store: Arc<dyn Check
         Defined::Created
     );
     assert_eq!(
-        store.define_limit(&name, &first).await.expect("define again"),
+        store
+            .define_limit(&name, &first)
+            .await
+            .expect("define again"),
         Defined::Unchanged,
         "the same definition changes nothing"
     );
-    let second = RateLimit::requests(Quota::per_minute(500)).with_tokens(Quota::per_minute(200_000));
+    let second =
+        RateLimit::requests(Quota::per_minute(500)).with_tokens(Quota::per_minute(200_000));
     assert_eq!(
         store.define_limit(&name, &second).await.expect("redefine"),
         Defined::Replaced { previous: first },
         "another definition replaces the stored one and says which it was"
     );
     let listed = info(store, &name).await;
-    assert_eq!(listed.limit, second, "every worker reads the last definition");
+    assert_eq!(
+        listed.limit, second,
+        "every worker reads the last definition"
+    );
     assert_eq!(listed.waiters, 0);
     assert_eq!(listed.admitted, 0);
 
     expect_err!(
         store
-            .define_limit(&limit_name("zero"), &RateLimit::requests(Quota::per_second(0)))
+            .define_limit(
+                &limit_name("zero"),
+                &RateLimit::requests(Quota::per_second(0))
+            )
             .await,
         StoreError::InvalidLimit { .. },
         "a quota of 0 per period is refused"
@@ -115,7 +125,12 @@ pub async fn limiter_starts_honour_the_rate_and_the_capacity(store: Arc<dyn Chec
             tokio::spawn(async move {
                 let mut out = Vec::new();
                 for _ in 0..5 {
-                    out.push(store.acquire_limit(&Acquire::new(&name)).await.expect("acquire"));
+                    out.push(
+                        store
+                            .acquire_limit(&Acquire::new(&name))
+                            .await
+                            .expect("acquire"),
+                    );
                 }
                 out
             })
@@ -169,7 +184,10 @@ pub async fn limiter_waiters_are_served_first_come_first_served(store: Arc<dyn C
         let acquire = Acquire::new(&name).with_waiter(format!("w{i}"));
         admissions.push(store.acquire_limit(&acquire).await.expect("acquire"));
     }
-    assert!(admissions[0].is_granted(), "the first call of a quiet limit starts at once");
+    assert!(
+        admissions[0].is_granted(),
+        "the first call of a quiet limit starts at once"
+    );
     for (i, pair) in admissions.windows(2).enumerate() {
         assert!(
             pair[1].start_at >= pair[0].start_at + 99,
@@ -191,7 +209,10 @@ pub async fn limiter_waiters_are_served_first_come_first_served(store: Arc<dyn C
         .acquire_limit(&Acquire::new(&name).with_waiter("w3"))
         .await
         .expect("acquire again");
-    assert_eq!(again.start_at, admissions[3].start_at, "a waiter keeps its place");
+    assert_eq!(
+        again.start_at, admissions[3].start_at,
+        "a waiter keeps its place"
+    );
     assert!(!again.is_granted());
     let newcomer = store
         .acquire_limit(&Acquire::new(&name).with_waiter("late"))
@@ -239,11 +260,17 @@ pub async fn limiter_a_429_holds_the_whole_fleet(store: Arc<dyn CheckpointStore>
         RateLimit::requests(Quota::per_second(10).with_burst(5)),
     )
     .await;
-    let before = store.acquire_limit(&Acquire::new(&name)).await.expect("acquire");
+    let before = store
+        .acquire_limit(&Acquire::new(&name))
+        .await
+        .expect("acquire");
     assert!(before.is_granted());
     // A waiter queued before the 429 (the burst used up first).
     for _ in 0..4 {
-        store.acquire_limit(&Acquire::new(&name)).await.expect("burst");
+        store
+            .acquire_limit(&Acquire::new(&name))
+            .await
+            .expect("burst");
     }
     let queued = store
         .acquire_limit(&Acquire::new(&name).with_waiter("queued"))
@@ -264,11 +291,19 @@ pub async fn limiter_a_429_holds_the_whole_fleet(store: Arc<dyn CheckpointStore>
         .throttle_limit(&name, Duration::from_millis(10))
         .await
         .expect("throttle again");
-    assert_eq!(still, until, "a shorter retry-after does not end the hold early");
+    assert_eq!(
+        still, until,
+        "a shorter retry-after does not end the hold early"
+    );
     let held: Vec<_> = {
         let mut out = Vec::new();
         for _ in 0..3 {
-            out.push(store.acquire_limit(&Acquire::new(&name)).await.expect("acquire"));
+            out.push(
+                store
+                    .acquire_limit(&Acquire::new(&name))
+                    .await
+                    .expect("acquire"),
+            );
         }
         out
     };
@@ -304,7 +339,10 @@ pub async fn limiter_tokens_charged_after_a_reply_delay_the_next_call(
     let name = limit_name("tokens");
     // 1000 tokens per second, bucket of 1000.
     define(store, &name, RateLimit::tokens(Quota::per_second(1000))).await;
-    let first = store.acquire_limit(&Acquire::new(&name)).await.expect("acquire");
+    let first = store
+        .acquire_limit(&Acquire::new(&name))
+        .await
+        .expect("acquire");
     assert!(first.is_granted());
     // The reply used 2500 tokens: the bucket (1000) and 1.5 s more.
     store.charge_limit(&name, 2500).await.expect("charge");

@@ -18,8 +18,8 @@ use crate::limiter::{Quota, RateLimit};
 use crate::replay::ReplayClass;
 use crate::runtime::Durable;
 use crate::store::CheckpointStore;
-use crate::toolbox::{ModelToolCall, Tool, ToolOutput, Toolbox};
 use crate::tool_spec::ToolSpec;
+use crate::toolbox::{ModelToolCall, Tool, ToolOutput, Toolbox};
 
 /// A fresh limit name.
 fn limit_name(tag: &str) -> String {
@@ -27,7 +27,12 @@ fn limit_name(tag: &str) -> String {
 }
 
 /// A runtime whose builder defines `name` as `limit`, holding waits up to `hold`.
-fn limited(store: &Arc<dyn CheckpointStore>, name: &str, limit: RateLimit, hold: Duration) -> Durable {
+fn limited(
+    store: &Arc<dyn CheckpointStore>,
+    name: &str,
+    limit: RateLimit,
+    hold: Duration,
+) -> Durable {
     Durable::builder(Arc::clone(store))
         .owner(super::owner("limited"))
         .app_version("v1")
@@ -95,7 +100,11 @@ pub async fn limiter_model_calls_wait_their_turn_and_replays_do_not(
         let replayed = ask(resumed.session.journal().clone(), 100 + n).await;
         assert_eq!(&replayed, recorded, "the recorded reply is returned");
     }
-    assert_eq!(asked.load(Ordering::SeqCst), 4, "the model was not asked again");
+    assert_eq!(
+        asked.load(Ordering::SeqCst),
+        4,
+        "the model was not asked again"
+    );
     assert_eq!(
         admitted(&*store, &name).await,
         4,
@@ -212,9 +221,17 @@ pub async fn limiter_a_far_turn_is_refused_and_keeps_its_place(store: Arc<dyn Ch
         }
         other => panic!("expected `RateLimited`, got {other:?}"),
     };
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "the refused call did not run");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "the refused call did not run"
+    );
     let rows = store.calls(session.id(), None).await.expect("calls");
-    assert_eq!(rows.len(), 1, "the refused call journaled nothing: {rows:?}");
+    assert_eq!(
+        rows.len(),
+        1,
+        "the refused call journaled nothing: {rows:?}"
+    );
     assert!(
         DurableError::RateLimited {
             session: session.id().clone(),

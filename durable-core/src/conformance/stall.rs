@@ -464,11 +464,7 @@ impl crate::store::LimiterStore for Probe {
         self.inner.charge_limit(name, tokens).await
     }
 
-    async fn throttle_limit(
-        &self,
-        name: &str,
-        retry_after: Duration,
-    ) -> Result<i64, StoreError> {
+    async fn throttle_limit(&self, name: &str, retry_after: Duration) -> Result<i64, StoreError> {
         self.inner.throttle_limit(name, retry_after).await
     }
 

@@ -78,7 +78,10 @@ pub async fn worker_tenant_limit_bounds_claims(store: Arc<dyn CheckpointStore>) 
         .await
         .expect("claim")
         .expect("acme's place is free again");
-    assert_eq!(next.session, a2, "the place freed goes to acme's waiting session");
+    assert_eq!(
+        next.session, a2,
+        "the place freed goes to acme's waiting session"
+    );
 
     // Lifting the limit lets every session of the tenant run.
     durable

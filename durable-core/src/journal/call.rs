@@ -355,7 +355,10 @@ impl<'j> ToolCall<'j> {
         let action = protocol::decide(facts);
         if matches!(
             action,
-            Action::RunPure | Action::IssueAndRun | Action::ReRun { .. } | Action::RunApproved { .. }
+            Action::RunPure
+                | Action::IssueAndRun
+                | Action::ReRun { .. }
+                | Action::RunApproved { .. }
         ) && let Some(limit) = spec.rate_limit.as_deref().or(journal.tool_limit.as_deref())
         {
             // The call is about to run: it takes its turn under its rate limit first,

@@ -17,11 +17,7 @@ use crate::telemetry;
 pub(super) fn waiter_id(identity: &CallIdentity, attempt: u32) -> String {
     format!(
         "{}/{}/{}/{}#{}/{attempt}",
-        identity.session,
-        identity.step,
-        identity.tool,
-        identity.input_hash,
-        identity.ordinal
+        identity.session, identity.step, identity.tool, identity.input_hash, identity.ordinal
     )
 }
 

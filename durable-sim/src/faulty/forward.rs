@@ -553,11 +553,7 @@ impl durable_core::store::LimiterStore for Faulty {
         self.inner.charge_limit(name, tokens).await
     }
 
-    async fn throttle_limit(
-        &self,
-        name: &str,
-        retry_after: Duration,
-    ) -> Result<i64, StoreError> {
+    async fn throttle_limit(&self, name: &str, retry_after: Duration) -> Result<i64, StoreError> {
         self.inner.throttle_limit(name, retry_after).await
     }
 
