@@ -13,7 +13,6 @@
 
 use std::time::Duration;
 
-use durable::store::LimiterStore;
 
 use crate::backend::Backend;
 use crate::proc::{Output, Worker};
