@@ -13,7 +13,6 @@
 
 use std::time::Duration;
 
-
 use crate::backend::Backend;
 use crate::proc::{Output, Worker};
 
