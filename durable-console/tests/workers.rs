@@ -284,7 +284,6 @@ async fn a_read_only_console_wakes_nobody() {
 #[tokio::test]
 async fn the_workers_page_shows_the_rate_limits() {
     use durable::limiter::{Acquire, Quota, RateLimit};
-    use durable::store::LimiterStore;
     let s = scenario().await;
     let store = Arc::clone(&s.store);
     let app = durable_console::router(Arc::clone(&store), options());

@@ -346,7 +346,7 @@ async fn run() {
     eprintln!("rate limits: {limited_calls} model calls per side, {rounds} rounds");
     durable_bench::limits::limited_call(
         &mut report,
-        std::sync::Arc::clone(durable.store()),
+        Arc::clone(durable.store()),
         limited_calls,
         rounds,
     )
@@ -355,7 +355,7 @@ async fn run() {
     eprintln!("claims: {claim_sessions} sessions per side, {rounds} rounds");
     durable_bench::limits::claims(
         &mut report,
-        std::sync::Arc::clone(durable.store()),
+        Arc::clone(durable.store()),
         claim_sessions,
         rounds,
     )
