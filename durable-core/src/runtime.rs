@@ -178,7 +178,7 @@ impl DurableBuilder {
     /// so every worker reads the same one. The last definition written wins: a worker
     /// that defines a name differently replaces it for the whole fleet, and logs a
     /// warning naming the definition it replaced. Define a limit the same way on every
-    /// worker (or on one, with [`Durable::define_rate_limit`], and name it elsewhere).
+    /// worker (or on one, with [`Operator::define_rate_limit`], and name it elsewhere).
     ///
     /// ```no_run
     /// # fn demo(store: std::sync::Arc<dyn durable_core::CheckpointStore>) {
