@@ -322,8 +322,8 @@ pub mod store {
     // The concept traits `CheckpointStore` is the sum of: import the ones whose methods
     // you call on a concrete store (`SqliteStore`, `PostgresStore`).
     pub use durable_core::store::{
-        ApprovalStore, CheckpointLog, JournalStore, LeaseStore, MaintenanceStore, QueueStore,
-        ResolutionStore, SessionStore, StoreBase,
+        ApprovalStore, CheckpointLog, JournalStore, LeaseStore, LimiterStore, MaintenanceStore,
+        QueueStore, ResolutionStore, SessionStore, StoreBase,
     };
     pub use durable_core::validate::{
         validate_id, validate_new_session, validate_owner, validate_text,
@@ -343,6 +343,7 @@ pub mod integrity {
 }
 
 pub use durable_core::approval;
+pub use durable_core::limiter;
 pub use durable_core::replay_check;
 pub use durable_core::secret;
 pub use durable_core::sizes;

@@ -19,6 +19,7 @@
 //! | `rolling_deploy_saturated` | the same with 4 sessions at most per pool (12 slots for 30 sessions): a released session goes before those not yet started (claims take the oldest by creation), handoffs within 3 s |
 //! | `fleet_limit` | 4 pool processes run 16 sessions of a queue limited to 3 and 8 of the default queue, one pool restarted with SIGTERM: the store, sampled every few ms, never has more than 3 of the limited queue leased, and has 3 at some point; the default queue runs past 3; effects once each |
 //! | `sleepers` | 12 sessions sleep 1.5 s after step 0; while they sleep one pool is SIGKILLed and the other stopped; two new pools wake each session exactly once, never before its wake-up time (store clock); effects once each |
+//! | `rate_limit` | 4 processes on SQLite, 8 on PostgreSQL, 4 sessions each, under one limit of 20 calls/s (burst 5) for 10 s (`DURABLE_LIMITS_LONG=1`: 60 s): the observed rate within 5% of the limit, no window above the capacity plus the rate, every waiter served; a 429 reported halfway holds every process for its `retry-after` |
 //! | `synchronous_commit_off` | an unsafe tool refuses to run (`NotDurable` naming the setting) |
 //!
 //! The PostgreSQL cases need the `_postgres-testing` feature (`--all-features`, as
@@ -40,6 +41,8 @@ mod graceful;
 mod hook;
 #[path = "workers/ledger.rs"]
 mod ledger;
+#[path = "workers/limited.rs"]
+mod limited;
 #[path = "workers/poison.rs"]
 mod poison;
 #[path = "workers/proc.rs"]
@@ -113,6 +116,9 @@ fn cases() -> Vec<(&'static str, Case)> {
         ("sqlite_sleepers", || {
             Box::pin(queues::sleepers(Backend::sqlite()))
         }),
+        ("sqlite_rate_limit", || {
+            Box::pin(limited::rate_limit(Backend::sqlite(), 4))
+        }),
     ];
     #[cfg(feature = "_postgres-testing")]
     cases.extend([
@@ -162,6 +168,9 @@ fn cases() -> Vec<(&'static str, Case)> {
         }),
         ("postgres_sleepers", || {
             Box::pin(async { queues::sleepers(Backend::postgres().await).await })
+        }),
+        ("postgres_rate_limit", || {
+            Box::pin(async { limited::rate_limit(Backend::postgres().await, 8).await })
         }),
         ("postgres_fleet", || {
             Box::pin(async { fleet::fleet(Backend::postgres().await, 0).await })

@@ -18,6 +18,7 @@
 //!   benches), notified against polling only.
 
 pub mod harness;
+pub mod limits;
 pub mod machine;
 mod report;
 pub mod svg;

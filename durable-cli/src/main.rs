@@ -20,6 +20,7 @@ mod backup;
 mod display;
 mod error;
 mod inspect;
+mod limits;
 mod open;
 mod operate;
 mod render;
@@ -136,6 +137,10 @@ enum Command {
     /// and when it last renewed, and the sleeping sessions with their due time.
     #[command(after_help = workers::WORKERS_HELP)]
     Workers(WorkersArgs),
+    /// Show the fleet's rate limits: their definitions, the current rate, the waiters and
+    /// a provider's hold.
+    #[command(after_help = limits::LIMITS_HELP)]
+    Limits(limits::LimitsArgs),
     /// End a session's sleep now, so that the next claim takes it.
     #[command(after_help = workers::WAKE_HELP)]
     Wake(WakeArgs),
@@ -207,6 +212,7 @@ impl Command {
             | Command::InDoubt(_)
             | Command::Approvals(_)
             | Command::Workers(_)
+            | Command::Limits(_)
             | Command::Export(_)
             | Command::Prune(_)
             | Command::Retarget(_)
@@ -814,6 +820,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Deny(a) => approvals::deny(shared, json, a).await,
         Command::Unpark(a) => operate::unpark(store, json, a).await,
         Command::Workers(a) => workers::workers(store, json, a).await,
+        Command::Limits(a) => limits::limits(store, json, a).await,
         Command::Wake(a) => workers::wake(store, json, a).await,
         Command::QueueLimit(a) => workers::queue_limit(store, json, a).await,
         Command::Fork(a) => operate::fork(store, json, a).await,

@@ -84,8 +84,11 @@ mod fork;
 mod ids;
 mod journal;
 mod leases;
+mod limiter;
+mod limiter_runtime;
 mod maintenance;
 mod outcomes;
+mod priorities;
 mod protocol;
 mod recovery;
 mod refusals;
@@ -96,6 +99,7 @@ mod sizes;
 mod stall;
 mod stream;
 pub mod tamper;
+mod tenants;
 mod window;
 mod workers;
 
@@ -108,8 +112,11 @@ pub use fork::*;
 pub use ids::*;
 pub use journal::*;
 pub use leases::*;
+pub use limiter::*;
+pub use limiter_runtime::*;
 pub use maintenance::*;
 pub use outcomes::*;
+pub use priorities::*;
 pub use protocol::*;
 pub use recovery::*;
 pub use refusals::*;
@@ -118,6 +125,7 @@ pub use runtime::*;
 pub use sessions::*;
 pub use sizes::*;
 pub use stream::*;
+pub use tenants::*;
 pub use window::*;
 pub use workers::*;
 
@@ -233,6 +241,21 @@ macro_rules! __durable_conformance_cases {
             worker_pool_skips_a_session_waiting_for_an_operator,
             worker_pool_skips_a_refused_session_whose_lease_ran_out,
             worker_pool_claims_a_session_a_verify_hook_may_settle,
+            // claim priorities
+            worker_priorities_take_the_highest_first_then_the_oldest,
+            worker_priority_aging_bounds_how_long_the_lowest_waits,
+            // per-tenant concurrency
+            worker_tenant_limit_bounds_claims,
+            worker_concurrent_claims_respect_the_tenant_limit,
+            // fleet-wide rate limits
+            limiter_definition_is_shared_and_the_last_wins,
+            limiter_starts_honour_the_rate_and_the_capacity,
+            limiter_waiters_are_served_first_come_first_served,
+            limiter_a_429_holds_the_whole_fleet,
+            limiter_tokens_charged_after_a_reply_delay_the_next_call,
+            limiter_model_calls_wait_their_turn_and_replays_do_not,
+            limiter_toolbox_calls_wait_their_turn,
+            limiter_a_far_turn_is_refused_and_keeps_its_place,
             // streamed model replies
             stream_reply_is_journaled_once_and_replayed_as_a_stream,
             stream_reply_failed_or_dropped_journals_nothing,

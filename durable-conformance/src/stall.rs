@@ -202,6 +202,22 @@ impl LeaseStore for Probe {
 
 #[async_trait]
 impl QueueStore for Probe {
+    async fn set_scheduling(
+        &self,
+        fence: Fence<'_>,
+        scheduling: &crate::store::Scheduling,
+    ) -> Result<(), StoreError> {
+        self.inner.set_scheduling(fence, scheduling).await
+    }
+
+    async fn set_tenant_limit(
+        &self,
+        tenant: &str,
+        max_running: Option<u32>,
+    ) -> Result<(), StoreError> {
+        self.inner.set_tenant_limit(tenant, max_running).await
+    }
+
     async fn set_queue_limit(
         &self,
         queue: &str,
@@ -424,5 +440,35 @@ impl MaintenanceStore for Probe {
         retention: Duration,
     ) -> Result<PurgeOutcome, StoreError> {
         self.inner.purge_session(id, retention).await
+    }
+}
+
+#[async_trait]
+impl crate::store::LimiterStore for Probe {
+    async fn define_limit(
+        &self,
+        name: &str,
+        limit: &crate::limiter::RateLimit,
+    ) -> Result<crate::limiter::Defined, StoreError> {
+        self.inner.define_limit(name, limit).await
+    }
+
+    async fn acquire_limit(
+        &self,
+        acquire: &crate::limiter::Acquire,
+    ) -> Result<crate::limiter::Admission, StoreError> {
+        self.inner.acquire_limit(acquire).await
+    }
+
+    async fn charge_limit(&self, name: &str, tokens: u64) -> Result<(), StoreError> {
+        self.inner.charge_limit(name, tokens).await
+    }
+
+    async fn throttle_limit(&self, name: &str, retry_after: Duration) -> Result<i64, StoreError> {
+        self.inner.throttle_limit(name, retry_after).await
+    }
+
+    async fn limiters(&self) -> Result<Vec<crate::limiter::LimiterInfo>, StoreError> {
+        self.inner.limiters().await
     }
 }

@@ -38,6 +38,14 @@ fn when(at: Option<i64>, now: i64) -> String {
     at.map_or_else(|| "—".to_owned(), |at| age(at, now))
 }
 
+/// `500/60s (burst 500)`, or `—`.
+fn quota(q: Option<durable::limiter::Quota>) -> String {
+    q.map_or_else(
+        || "—".to_owned(),
+        |q| format!("{}/{}ms (burst {})", q.amount, q.period_ms, q.burst),
+    )
+}
+
 /// `GET /workers`.
 pub(crate) async fn page(
     State(state): State<AppState>,
@@ -46,6 +54,7 @@ pub(crate) async fn page(
     let store = state.store.as_ref();
     let now = store.now().await?;
     let queues = store.queues().await?;
+    let limits = store.limiters().await?;
     let active = store
         .list_sessions(&SessionFilter::new().with_statuses(vec![SessionStatus::Active]))
         .await?;
@@ -104,6 +113,38 @@ pub(crate) async fn page(
                 }
             }
             p.muted { "Limits are fleet-wide, across every worker of the store: " code { "durable queue-limit <queue> <N>" } " sets one, " code { "--remove" } " lifts it." }
+        }
+        h2 { "Rate limits" }
+        @if limits.is_empty() {
+            p.muted #no-limits { "No rate limit is defined in this store." }
+        } @else {
+            table #limits {
+                thead { tr {
+                    th { "Limit" } th { "Requests" } th { "Tokens" } th.num { "Rate" }
+                    th.num { "Waiters" } th { "Next start" } th { "Held until (429)" } th.num { "429s" } th.num { "Admitted" }
+                } }
+                tbody {
+                    @for l in &limits {
+                        tr data-limit=(l.name) {
+                            td.mono { (visible(&l.name, 64)) }
+                            td.requests { (quota(l.limit.requests)) }
+                            td.tokens { (quota(l.limit.tokens)) }
+                            td.num.rate {
+                                @match l.current_requests {
+                                    Some(r) => { (format!("{r:.1}")) }
+                                    None => { span.muted { "—" } }
+                                }
+                            }
+                            td.num.waiters { (l.waiters) }
+                            td.next-start { (when(l.next_start_at.filter(|&at| at > now), now)) }
+                            td.held { (when(l.throttled_until, now)) }
+                            td.num.throttles { (l.throttles) }
+                            td.num.admitted { (l.admitted) }
+                        }
+                    }
+                }
+            }
+            p.muted { "Shared by every worker of the store; calls over a limit wait their turn, first come, first served. The rate counts calls started in the last period." }
         }
         h2 { "Owners" }
         @if owners.is_empty() {

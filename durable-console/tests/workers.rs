@@ -279,3 +279,50 @@ async fn a_read_only_console_wakes_nobody() {
     let now = s.store.now().await.expect("now");
     assert!(record.wake_at.is_some_and(|t| t > now), "still asleep");
 }
+
+/// The Workers page lists the fleet's rate limits: definition, waiters and a 429's hold.
+#[tokio::test]
+async fn the_workers_page_shows_the_rate_limits() {
+    use durable::limiter::{Acquire, Quota, RateLimit};
+    let s = scenario().await;
+    let store = Arc::clone(&s.store);
+    let app = durable_console::router(Arc::clone(&store), options());
+    let reply = send(&app, bearer("/workers")).await;
+    assert!(
+        reply
+            .body
+            .contains("No rate limit is defined in this store."),
+        "{}",
+        reply.body
+    );
+
+    store
+        .define_limit(
+            "openai:gpt-4.1",
+            &RateLimit::requests(Quota::per_second(1).with_burst(1)),
+        )
+        .await
+        .expect("define");
+    for waiter in ["w1", "w2", "w3"] {
+        store
+            .acquire_limit(&Acquire::new("openai:gpt-4.1").with_waiter(waiter))
+            .await
+            .expect("acquire");
+    }
+    store
+        .throttle_limit("openai:gpt-4.1", std::time::Duration::from_secs(600))
+        .await
+        .expect("throttle");
+    let reply = send(&app, bearer("/workers")).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    let limit = row(&reply.body, r#"<tr data-limit="openai:gpt-4.1">"#);
+    for cell in [
+        r#"<td class="requests">1/1000ms (burst 1)</td>"#,
+        r#"<td class="num waiters">2</td>"#,
+        r#"<td class="num throttles">1</td>"#,
+        r#"<td class="num admitted">3</td>"#,
+        "in 9m",
+    ] {
+        assert!(limit.contains(cell), "missing {cell:?} in {limit}");
+    }
+}

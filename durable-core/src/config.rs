@@ -36,6 +36,19 @@ pub struct Config {
     pub approval_policy: Option<crate::approval::ApprovalPolicy>,
     /// Called once a call's approval request is durable.
     pub on_approval_requested: Option<crate::approval::ApprovalHook>,
+    /// Rate limits this worker defines in the store, by name (written on the first call
+    /// that names one; see [`DurableBuilder::rate_limit`](crate::DurableBuilder::rate_limit)).
+    pub rate_limits: std::collections::BTreeMap<String, crate::limiter::RateLimit>,
+    /// The longest a call waits in memory for its turn under a rate limit; a longer wait
+    /// is refused with [`DurableError::RateLimited`](crate::DurableError::RateLimited),
+    /// keeping its place (see [`DurableBuilder::limiter_hold`](crate::DurableBuilder::limiter_hold)).
+    pub limiter_hold: Duration,
+    /// The names of [`rate_limits`](Self::rate_limits) written to the store by this
+    /// process so far.
+    /// How much a priority level weighs against age in claims
+    /// ([`DurableBuilder::priority_aging`](crate::DurableBuilder::priority_aging)).
+    pub priority_aging: Duration,
+    pub(crate) defined_limits: std::sync::Mutex<std::collections::HashSet<String>>,
 }
 
 impl std::fmt::Debug for Config {
@@ -49,6 +62,8 @@ impl std::fmt::Debug for Config {
             .field("max_recovery_attempts", &self.max_recovery_attempts)
             .field("resume_window", &self.resume_window)
             .field("approval_policy", &self.approval_policy.is_some())
+            .field("rate_limits", &self.rate_limits)
+            .field("limiter_hold", &self.limiter_hold)
             .finish_non_exhaustive()
     }
 }

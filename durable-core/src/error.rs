@@ -263,6 +263,23 @@ pub enum StoreError {
         /// The offending setting.
         setting: String,
     },
+    /// No rate limit of this name is defined in the store.
+    #[error(
+        "no rate limit named `{name}` is defined in this store; define it first (`DurableBuilder::rate_limit` or `LimiterStore::define_limit`)"
+    )]
+    LimitNotDefined {
+        /// The name asked for.
+        name: String,
+    },
+    /// A rate limit's definition or name was refused before anything reached the
+    /// database.
+    #[error("invalid rate limit `{name}`: {problem}")]
+    InvalidLimit {
+        /// The limit's name (cut at the longest name allowed).
+        name: String,
+        /// What is wrong, and what to change.
+        problem: String,
+    },
     /// The backend does not support this operation.
     #[error("`{operation}` is not supported by the {backend} store")]
     Unsupported {
@@ -689,6 +706,24 @@ pub enum DurableError {
     StreamOver {
         /// The session.
         session: SessionId,
+    },
+    /// The call's turn under a fleet-wide rate limit is further away than this worker
+    /// holds a session waiting ([`DurableBuilder::limiter_hold`](crate::DurableBuilder::limiter_hold)).
+    /// Nothing ran and nothing was journaled; the call keeps its place in the limit's
+    /// queue. Put the session to sleep until `start_at` (or release it): the same call,
+    /// asked again once its turn has come, takes its place at once.
+    #[error(
+        "the call of session `{session}` waits for its turn under rate limit `{limit}` until {start_at}          (ms since the epoch, the store's clock), {ahead} waiter(s) ahead; nothing ran.          Let the session sleep until then and ask again: its place is kept"
+    )]
+    RateLimited {
+        /// The session.
+        session: SessionId,
+        /// The limit's name.
+        limit: String,
+        /// When the call's turn comes (ms, the store's clock).
+        start_at: i64,
+        /// Waiters ahead of it.
+        ahead: i64,
     },
     /// The budget's limit would be exceeded.
     #[error("budget exceeded: {0}")]

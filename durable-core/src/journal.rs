@@ -32,6 +32,7 @@ use crate::tool_spec::ToolSpec;
 mod barrier;
 mod call;
 mod checkpoint_scope;
+mod limit;
 mod model;
 mod ordinals;
 mod protocol;
@@ -179,6 +180,13 @@ pub struct Journal {
     /// The model asked by the model calls made on this handle, for traces
     /// ([`with_model_name`](Self::with_model_name)).
     pub(crate) model_name: Option<Arc<str>>,
+    /// The rate limit the model calls made on this handle wait under
+    /// ([`with_rate_limit`](Self::with_rate_limit)).
+    pub(crate) rate_limit: Option<Arc<str>>,
+    /// The rate limit the tool calls made on this handle wait under, unless their spec
+    /// names one (set by [`Toolbox::dispatch`](crate::Toolbox::dispatch) from
+    /// [`Toolbox::rate_limit`](crate::Toolbox::rate_limit)).
+    pub(crate) tool_limit: Option<Arc<str>>,
 }
 
 impl std::fmt::Debug for Journal {
@@ -250,6 +258,8 @@ impl Journal {
             reasoning: None,
             tool_call_id: None,
             model_name: None,
+            rate_limit: None,
+            tool_limit: None,
         }
     }
 

@@ -20,6 +20,7 @@
 pub mod error;
 pub mod ids;
 pub mod integrity;
+pub mod limiter;
 pub mod redact;
 pub mod replay;
 pub mod store;

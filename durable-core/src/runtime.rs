@@ -25,6 +25,9 @@ use crate::telemetry;
 mod operator;
 pub use operator::Operator;
 
+/// The largest priority magnitude a session is given ([`StartOptions::with_priority`]).
+const MAX_PRIORITY: i32 = 1_000_000;
+
 /// Builds a [`Durable`].
 #[must_use]
 pub struct DurableBuilder {
@@ -166,6 +169,56 @@ impl DurableBuilder {
         self
     }
 
+    /// Defines the fleet-wide rate limit `name` (see [`limiter`](crate::limiter)): calls
+    /// that name it ([`Journal::with_rate_limit`](crate::Journal::with_rate_limit),
+    /// [`Toolbox::rate_limit`](crate::Toolbox::rate_limit)) wait for their turn under it,
+    /// with every worker of the store.
+    ///
+    /// The definition is written to the store on the first call that names the limit,
+    /// so every worker reads the same one. The last definition written wins: a worker
+    /// that defines a name differently replaces it for the whole fleet, and logs a
+    /// warning naming the definition it replaced. Define a limit the same way on every
+    /// worker (or on one, with [`Operator::define_rate_limit`], and name it elsewhere).
+    ///
+    /// ```no_run
+    /// # fn demo(store: std::sync::Arc<dyn durable_core::CheckpointStore>) {
+    /// use durable_core::Durable;
+    /// use durable_core::limiter::{Quota, RateLimit};
+    ///
+    /// let durable = Durable::builder(store)
+    ///     .rate_limit(
+    ///         "openai:gpt-4.1",
+    ///         RateLimit::requests(Quota::per_minute(500)).with_tokens(Quota::per_minute(200_000)),
+    ///     )
+    ///     .rate_limit("crm", RateLimit::requests(Quota::per_second(10)))
+    ///     .build();
+    /// # }
+    /// ```
+    pub fn rate_limit(mut self, name: impl Into<String>, limit: crate::limiter::RateLimit) -> Self {
+        self.config.rate_limits.insert(name.into(), limit);
+        self
+    }
+
+    /// The longest a call waits in memory, holding its session's lease, for its turn
+    /// under a rate limit (default [`DEFAULT_HOLD`](crate::limiter::DEFAULT_HOLD), 10 s).
+    /// A call whose turn is further away is refused with
+    /// [`DurableError::RateLimited`] before anything runs; it keeps its place in the
+    /// queue: the session goes to sleep until then
+    /// ([`Session::sleep_until`](crate::Session::sleep_until) at a turn boundary, or
+    /// [`Session::release`](crate::Session::release) and a later resume), and the same
+    /// call, asked again once its turn has come, takes its place at once.
+    pub fn limiter_hold(mut self, hold: Duration) -> Self {
+        self.config.limiter_hold = hold;
+        self
+    }
+
+    /// How much a session's priority weighs against its age in worker pools' claims
+    /// (default 60 s per priority level; see [`StartOptions::with_priority`]).
+    pub fn priority_aging(mut self, aging: Duration) -> Self {
+        self.config.priority_aging = aging;
+        self
+    }
+
     /// Builds the runtime.
     pub fn build(self) -> Durable {
         Durable {
@@ -209,6 +262,11 @@ pub struct StartOptions<M> {
     /// No worker's pool claims the session before this time (ms since the epoch,
     /// database clock).
     pub not_before: Option<i64>,
+    /// The session's claim priority: higher first (0 by default; see
+    /// [`with_priority`](Self::with_priority)).
+    pub priority: i32,
+    /// The tenant the session counts against (see [`with_tenant`](Self::with_tenant)).
+    pub tenant: Option<String>,
 }
 
 impl<M> Default for StartOptions<M> {
@@ -222,6 +280,8 @@ impl<M> Default for StartOptions<M> {
             state: Value::Null,
             queue: None,
             not_before: None,
+            priority: 0,
+            tenant: None,
         }
     }
 }
@@ -276,6 +336,28 @@ impl<M> StartOptions<M> {
     /// id ([`validate_id`](crate::validate::validate_id)).
     pub fn with_queue(mut self, queue: impl Into<String>) -> Self {
         self.queue = Some(queue.into());
+        self
+    }
+
+    /// The session's priority for worker pools' claims: a pool takes the session with
+    /// the highest priority first, the oldest first within a priority, with aging so the
+    /// lowest is never starved. Precisely, claims take the lowest *rank*
+    /// `created_at − priority × aging` first, where `aging` is
+    /// [`DurableBuilder::priority_aging`] (60 s by default): a session of priority `p`
+    /// goes before every session of priority `q > p` submitted more than
+    /// `(q − p) × aging` after it. Default 0; negative priorities are allowed. Clamped
+    /// to ±1 000 000.
+    pub fn with_priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// The tenant the session counts against: no pool claims it while the tenant's
+    /// limit of its sessions hold a lease ([`Operator::set_tenant_limit`]), across every
+    /// queue and worker. A tenant name is checked like an id
+    /// ([`validate_id`](crate::validate::validate_id)).
+    pub fn with_tenant(mut self, tenant: impl Into<String>) -> Self {
+        self.tenant = Some(tenant.into());
         self
     }
 
@@ -347,6 +429,10 @@ impl Durable {
                 resume_window: None,
                 approval_policy: None,
                 on_approval_requested: None,
+                rate_limits: std::collections::BTreeMap::new(),
+                limiter_hold: crate::limiter::DEFAULT_HOLD,
+                defined_limits: Default::default(),
+                priority_aging: Duration::from_secs(60),
             },
         }
     }
@@ -393,6 +479,9 @@ impl Durable {
         if let Some(queue) = &options.queue {
             crate::validate::validate_id("queue", queue)?;
         }
+        if let Some(tenant) = &options.tenant {
+            crate::validate::validate_id("tenant", tenant)?;
+        }
         let (record, lease) = self
             .store
             .create_session(NewSession {
@@ -405,6 +494,17 @@ impl Durable {
                 queue: options.queue,
             })
             .await?;
+        if options.priority != 0 || options.tenant.is_some() {
+            // Before the lease is given up: no claim sees the session unscheduled.
+            let mut scheduling = crate::store::Scheduling::new().with_priority(
+                options.priority.clamp(-MAX_PRIORITY, MAX_PRIORITY),
+                self.config.priority_aging,
+            );
+            scheduling.tenant = options.tenant;
+            self.store
+                .set_scheduling(lease.fence(), &scheduling)
+                .await?;
+        }
         tracing::info!(session = %record.id, "session started");
         Ok(Session::assemble(
             Arc::clone(&self.store),

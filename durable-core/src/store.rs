@@ -33,7 +33,7 @@ pub use fork::{
     fate as fork_fate, fork_step,
 };
 pub use message::StoredMessage;
-pub use queue::{Claim, QueueInfo, WorkEvents, WorkNotifier};
+pub use queue::{Claim, QueueInfo, Scheduling, WorkEvents, WorkNotifier};
 
 /// The version of the JSON formats written by this release (messages, plan, budget,
 /// results). Stored with every JSON row; a reader that finds a larger number refuses it.
@@ -806,7 +806,7 @@ pub fn check_journal_page(
 ///
 /// The contract is split by concept into the traits it is the sum of ([`StoreBase`],
 /// [`SessionStore`], [`LeaseStore`], [`QueueStore`], [`CheckpointLog`], [`JournalStore`],
-/// [`ResolutionStore`], [`ApprovalStore`], [`MaintenanceStore`]); a backend implements
+/// [`ResolutionStore`], [`ApprovalStore`], [`MaintenanceStore`], [`LimiterStore`]); a backend implements
 /// each of them and gets this trait from the blanket implementation. Conveniences built
 /// from these methods are on [`CheckpointStoreExt`], which nobody implements.
 pub trait CheckpointStore:
@@ -819,6 +819,7 @@ pub trait CheckpointStore:
     + ResolutionStore
     + ApprovalStore
     + MaintenanceStore
+    + LimiterStore
 {
 }
 
@@ -832,6 +833,7 @@ impl<T> CheckpointStore for T where
         + ResolutionStore
         + ApprovalStore
         + MaintenanceStore
+        + LimiterStore
         + ?Sized
 {
 }
@@ -1089,6 +1091,36 @@ pub trait QueueStore: Send + Sync + 'static {
     async fn set_queue_limit(
         &self,
         queue: &str,
+        max_running: Option<u32>,
+    ) -> Result<(), StoreError>;
+
+    /// Sets how claims schedule the session under `fence` ([`Scheduling`]): claims take
+    /// the session of lowest rank `created_at − priority × aging` first (ms, saturating),
+    /// then as before (creation order); a session never given a priority ranks at its
+    /// `created_at`. A session with a tenant is not claimed while the tenant's limit of
+    /// its sessions hold live leases ([`set_tenant_limit`](Self::set_tenant_limit)).
+    ///
+    /// # Contract
+    /// Atomic; checked with [`Scheduling::validate`] first; fenced
+    /// ([`StoreError::LeaseLost`] when the token moved on, [`StoreError::SessionNotFound`]
+    /// if absent). Scheduling state, outside the seals.
+    async fn set_scheduling(
+        &self,
+        fence: Fence<'_>,
+        scheduling: &Scheduling,
+    ) -> Result<(), StoreError>;
+
+    /// Sets (or, with `None`, removes) a tenant's fleet-wide limit: at most
+    /// `max_running` of its active sessions leased at once, enforced by
+    /// [`claim_expired`](LeaseStore::claim_expired) as a queue's limit is, across every
+    /// queue.
+    ///
+    /// # Contract
+    /// As [`set_queue_limit`](Self::set_queue_limit): the name is checked with
+    /// [`validate_id`](crate::validate::validate_id); the limit binds claims only.
+    async fn set_tenant_limit(
+        &self,
+        tenant: &str,
         max_running: Option<u32>,
     ) -> Result<(), StoreError>;
 
@@ -1572,6 +1604,67 @@ pub trait MaintenanceStore: Send + Sync + 'static {
         id: &SessionId,
         retention: Duration,
     ) -> Result<PurgeOutcome, StoreError>;
+}
+
+/// Fleet-wide rate limits kept in the store, shared by every worker of it (the
+/// `limiter` conformance cases). See [`limiter`](crate::limiter) for the algorithm
+/// (GCRA by reservation), fairness and what a `429` does.
+#[async_trait]
+pub trait LimiterStore: Send + Sync + 'static {
+    /// Defines (or redefines) the limit `name`, persisted for every worker of the store.
+    ///
+    /// # Contract
+    /// Atomic; checked with [`RateLimit::validate`](crate::limiter::RateLimit::validate)
+    /// first. The last definition written wins: a different definition replaces the
+    /// stored one ([`Defined::Replaced`](crate::limiter::Defined::Replaced)) and keeps
+    /// the buckets' state; the same one changes nothing.
+    async fn define_limit(
+        &self,
+        name: &str,
+        limit: &crate::limiter::RateLimit,
+    ) -> Result<crate::limiter::Defined, StoreError>;
+
+    /// Reserves a start for one call under a limit (see
+    /// [`Acquire`](crate::limiter::Acquire) and
+    /// [`LimiterState::reserve`](crate::limiter::LimiterState::reserve)).
+    ///
+    /// # Contract
+    /// One transaction, serialised with every other acquire of the limit (its row is
+    /// locked): starts are given in that order and never go backwards. With a waiter
+    /// id, a reservation the waiter already holds is answered again (still to come) or
+    /// taken and removed (due), as [`WaiterStep`](crate::limiter::WaiterStep) decides;
+    /// a new reservation still to come is stored under the id. Reservations abandoned
+    /// for [`ABANDONED_AFTER`](crate::limiter::ABANDONED_AFTER) are removed.
+    /// [`StoreError::LimitNotDefined`] if no limit has this name.
+    async fn acquire_limit(
+        &self,
+        acquire: &crate::limiter::Acquire,
+    ) -> Result<crate::limiter::Admission, StoreError>;
+
+    /// Charges `tokens` more on a limit's tokens dimension (a reply's real usage).
+    ///
+    /// # Contract
+    /// Atomic ([`LimiterState::charge`](crate::limiter::LimiterState::charge)); a limit
+    /// without a tokens quota is left unchanged. [`StoreError::LimitNotDefined`] if no
+    /// limit has this name.
+    async fn charge_limit(&self, name: &str, tokens: u64) -> Result<(), StoreError>;
+
+    /// A provider answered `429` with `retry-after`: holds every start of the limit
+    /// until the database clock's now plus `retry_after`, for the whole fleet. Returns
+    /// that time (ms).
+    ///
+    /// # Contract
+    /// Atomic ([`LimiterState::throttle`](crate::limiter::LimiterState::throttle)): a
+    /// shorter `retry_after` than one already in force changes nothing but the count.
+    /// [`StoreError::LimitNotDefined`] if no limit has this name.
+    async fn throttle_limit(&self, name: &str, retry_after: Duration) -> Result<i64, StoreError>;
+
+    /// Every limit defined, by name, with its figures at one moment of the database
+    /// clock.
+    ///
+    /// # Contract
+    /// Read-only.
+    async fn limiters(&self) -> Result<Vec<crate::limiter::LimiterInfo>, StoreError>;
 }
 
 /// Conveniences over [`CheckpointStore`], compositions of its methods: implemented for

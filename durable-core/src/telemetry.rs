@@ -4,8 +4,8 @@
 //!
 //! | span (`tracing` name) | `otel.name` | attributes |
 //! |---|---|---|
-//! | [`EXECUTE_TOOL`] (every journaled tool call) | `execute_tool {tool}` | [`GEN_AI_OPERATION_NAME`] = `execute_tool`, [`GEN_AI_TOOL_NAME`], [`GEN_AI_TOOL_TYPE`] = `function`, [`GEN_AI_TOOL_CALL_ID`] (the model's call id, when given), [`GEN_AI_CONVERSATION_ID`] (the session), [`DURABLE_REPLAY_CLASS`], [`DURABLE_REPLAY_OUTCOME`], [`DURABLE_CALL_OUTCOME`], [`DURABLE_CALL_ID`], [`DURABLE_STEP`], [`ERROR_TYPE`] on failure |
-//! | [`CHAT`] (every journaled model call) | `chat {model}` (`chat` when the model is not named) | [`GEN_AI_OPERATION_NAME`] = `chat`, [`GEN_AI_REQUEST_MODEL`], [`GEN_AI_CONVERSATION_ID`], [`GEN_AI_USAGE_INPUT_TOKENS`] and [`GEN_AI_USAGE_OUTPUT_TOKENS`] (when the model ran now and its spend was given), [`DURABLE_REPLAY_OUTCOME`], [`DURABLE_CALL_ID`], [`DURABLE_STEP`], [`DURABLE_MODEL_POSITION`], [`ERROR_TYPE`] on failure |
+//! | [`EXECUTE_TOOL`] (every journaled tool call) | `execute_tool {tool}` | [`GEN_AI_OPERATION_NAME`] = `execute_tool`, [`GEN_AI_TOOL_NAME`], [`GEN_AI_TOOL_TYPE`] = `function`, [`GEN_AI_TOOL_CALL_ID`] (the model's call id, when given), [`GEN_AI_CONVERSATION_ID`] (the session), [`DURABLE_REPLAY_CLASS`], [`DURABLE_REPLAY_OUTCOME`], [`DURABLE_CALL_OUTCOME`], [`DURABLE_CALL_ID`], [`DURABLE_STEP`], [`DURABLE_RATE_LIMIT`] and [`DURABLE_RATE_LIMIT_WAIT_MS`] (calls under a rate limit), [`ERROR_TYPE`] on failure |
+//! | [`CHAT`] (every journaled model call) | `chat {model}` (`chat` when the model is not named) | [`GEN_AI_OPERATION_NAME`] = `chat`, [`GEN_AI_REQUEST_MODEL`], [`GEN_AI_CONVERSATION_ID`], [`GEN_AI_USAGE_INPUT_TOKENS`] and [`GEN_AI_USAGE_OUTPUT_TOKENS`] (when the model ran now and its spend was given), [`DURABLE_REPLAY_OUTCOME`], [`DURABLE_CALL_ID`], [`DURABLE_STEP`], [`DURABLE_MODEL_POSITION`], [`DURABLE_RATE_LIMIT`] and [`DURABLE_RATE_LIMIT_WAIT_MS`] (calls under a rate limit), [`ERROR_TYPE`] on failure |
 //! | [`CHECKPOINT`] | | [`GEN_AI_CONVERSATION_ID`], [`DURABLE_SESSION_VERSION`] (the version written), [`ERROR_TYPE`] on failure |
 //! | [`RESUME`] | | [`GEN_AI_CONVERSATION_ID`], [`DURABLE_SESSION_VERSION`] (the version resumed from), [`DURABLE_RESUME_IN_DOUBT`], [`ERROR_TYPE`] on failure |
 //!
@@ -27,6 +27,13 @@
 use crate::error::{DurableError, StoreError};
 use crate::event::Outcome;
 use crate::journal::CallError;
+
+/// The fleet-wide rate limit the call waited under (see [`limiter`](crate::limiter)),
+/// on [`EXECUTE_TOOL`] and [`CHAT`] spans of calls that name one.
+pub const DURABLE_RATE_LIMIT: &str = "durable.rate_limit.name";
+/// How long the call waited for its turn under its rate limit, in ms (0 when it
+/// started at once); set on calls that ran now.
+pub const DURABLE_RATE_LIMIT_WAIT_MS: &str = "durable.rate_limit.wait_ms";
 
 /// Span: one journaled tool call (the GenAI `execute_tool` operation).
 pub const EXECUTE_TOOL: &str = "execute_tool";
@@ -142,6 +149,7 @@ pub const fn durable_error_type(error: &DurableError) -> &'static str {
         DurableError::UnknownTool { .. } => "UnknownTool",
         DurableError::ReplayUnsafe { .. } => "ReplayUnsafe",
         DurableError::AwaitingApproval { .. } => "AwaitingApproval",
+        DurableError::RateLimited { .. } => "RateLimited",
         DurableError::ApprovedCallRefused { .. } => "ApprovedCallRefused",
         DurableError::InvalidEdit { .. } => "InvalidEdit",
         DurableError::ReplayDiverged { .. } => "ReplayDiverged",

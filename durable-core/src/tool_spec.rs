@@ -43,6 +43,10 @@ pub struct ToolSpec {
     pub secret_args: Vec<String>,
     /// Whether the tool has a `verify` hook for in-doubt calls.
     pub has_verify: bool,
+    /// The fleet-wide rate limit its calls wait under (see [`limiter`](crate::limiter)),
+    /// if any: each call that runs (not one whose recorded result is returned) takes its
+    /// turn before it is issued, and each retry takes another.
+    pub rate_limit: Option<String>,
 }
 
 impl ToolSpec {
@@ -64,6 +68,7 @@ impl ToolSpec {
             retry: None,
             secret_args: Vec::new(),
             has_verify: false,
+            rate_limit: None,
         }
     }
 
@@ -98,6 +103,13 @@ impl ToolSpec {
     /// Declares that the tool has a verify hook.
     pub fn with_verify(mut self) -> Self {
         self.has_verify = true;
+        self
+    }
+
+    /// Names the fleet-wide rate limit the tool's calls wait under (define it with
+    /// [`DurableBuilder::rate_limit`](crate::DurableBuilder::rate_limit)).
+    pub fn with_rate_limit(mut self, limit: impl Into<String>) -> Self {
+        self.rate_limit = Some(limit.into());
         self
     }
 }

@@ -122,6 +122,8 @@ pub enum ToolboxError {
 pub struct Toolbox {
     tools: BTreeMap<String, Arc<dyn Tool>>,
     limits: ArgLimits,
+    /// Rate limits named at registration, by tool ([`rate_limit`](Self::rate_limit)).
+    rate_limits: BTreeMap<String, Arc<str>>,
 }
 
 impl fmt::Debug for Toolbox {
@@ -129,6 +131,7 @@ impl fmt::Debug for Toolbox {
         f.debug_struct("Toolbox")
             .field("tools", &self.tools.keys().collect::<Vec<_>>())
             .field("limits", &self.limits)
+            .field("rate_limits", &self.rate_limits)
             .finish()
     }
 }
@@ -165,6 +168,23 @@ impl Toolbox {
         }
         self.tools.insert(name, tool);
         Ok(self)
+    }
+
+    /// Makes the calls of `tool` wait under the fleet-wide rate limit `limit` (see
+    /// [`limiter`](crate::limiter); define it with
+    /// [`DurableBuilder::rate_limit`](crate::DurableBuilder::rate_limit)), unless the
+    /// tool's own spec names one ([`ToolSpec::with_rate_limit`](crate::ToolSpec::with_rate_limit)).
+    /// Only calls dispatched through this toolbox wait; a recorded result returned on a
+    /// replay does not.
+    ///
+    /// ```
+    /// # use durable_core::Toolbox;
+    /// let tools = Toolbox::new().rate_limit("crm_lookup", "crm");
+    /// # let _ = tools;
+    /// ```
+    pub fn rate_limit(mut self, tool: impl Into<String>, limit: impl Into<Arc<str>>) -> Self {
+        self.rate_limits.insert(tool.into(), limit.into());
+        self
     }
 
     /// Sets the limits applied to the model's argument text before it is parsed
@@ -367,8 +387,11 @@ impl Toolbox {
             args,
             withheld,
         } = self.prepare(journal, call)?;
-        // The model's call id, for the call's span (see `telemetry`).
-        let journal = &journal.with_tool_call_id(call.id.as_str());
+        // The model's call id, for the call's span (see `telemetry`); the rate limit
+        // named for the tool at registration.
+        let journal = &journal
+            .with_tool_call_id(call.id.as_str())
+            .with_tool_rate_limit(self.rate_limits.get(&call.name).cloned());
         let output = if withheld.is_empty() {
             tool.invoke(journal, args).await?
         } else {

@@ -164,6 +164,25 @@ pub(crate) fn mark_running(store: &MemoryStore, fence: Fence<'_>) -> Result<(), 
     Ok(())
 }
 
+/// `set_scheduling`: the session's claim rank and tenant.
+pub(crate) fn set_scheduling(
+    store: &MemoryStore,
+    fence: Fence<'_>,
+    scheduling: &durable_core::store::Scheduling,
+) -> Result<(), StoreError> {
+    scheduling.validate()?;
+    let mut state = store.lock();
+    let session = current(&mut state, fence)?;
+    session.rank = Some(
+        session
+            .record
+            .created_at
+            .saturating_sub(scheduling.rank_offset()),
+    );
+    session.tenant.clone_from(&scheduling.tenant);
+    Ok(())
+}
+
 /// `mark_operator_needed`: an issued row only an operator can settle; claims skip the
 /// session until the row leaves `issued`.
 pub(crate) fn mark_operator_needed(
@@ -216,6 +235,20 @@ pub(crate) fn claim_expired(
         })
         .map(|(queue, _)| queue.clone())
         .collect();
+    let full_tenants: Vec<String> = state
+        .tenants
+        .iter()
+        .filter(|(tenant, max)| {
+            let running = state
+                .sessions
+                .values()
+                .filter(|s| s.tenant.as_ref() == Some(*tenant))
+                .filter(|s| s.record.status == SessionStatus::Active && live(&s.record, now))
+                .count();
+            running >= usize::try_from(**max).unwrap_or(usize::MAX)
+        })
+        .map(|(tenant, _)| tenant.clone())
+        .collect();
     let mut candidates: Vec<(i64, u64, SessionId)> = state
         .sessions
         .values()
@@ -228,7 +261,11 @@ pub(crate) fn claim_expired(
         })
         .filter(|s| claim.queues.is_empty() || claim.queues.contains(&s.record.queue))
         .filter(|s| !full.contains(&s.record.queue))
-        .map(|s| (s.record.created_at, s.order, s.record.id.clone()))
+        .filter(|s| s.tenant.as_ref().is_none_or(|t| !full_tenants.contains(t)))
+        .map(|s| {
+            let rank = s.rank.unwrap_or(s.record.created_at);
+            (rank, s.order, s.record.id.clone())
+        })
         .collect();
     candidates.sort();
     for (_, _, id) in candidates {

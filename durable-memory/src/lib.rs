@@ -54,6 +54,7 @@ mod approvals;
 mod checkpoints;
 mod journal;
 mod leases;
+mod limiter;
 mod maintenance;
 mod queues;
 mod seal;

@@ -25,6 +25,21 @@ pub(crate) fn set_queue_limit(
     Ok(())
 }
 
+/// `set_tenant_limit`: sets or removes a tenant's limit.
+pub(crate) fn set_tenant_limit(
+    store: &MemoryStore,
+    tenant: &str,
+    max_running: Option<u32>,
+) -> Result<(), StoreError> {
+    validate_id("tenant", tenant)?;
+    let mut state = store.lock();
+    match max_running {
+        Some(max) => state.tenants.insert(tenant.to_owned(), max),
+        None => state.tenants.remove(tenant),
+    };
+    Ok(())
+}
+
 /// `queues`: every queue with a session that is not terminal, or with a limit.
 pub(crate) fn queues(store: &MemoryStore) -> Result<Vec<QueueInfo>, StoreError> {
     let now = store.clock();

@@ -62,6 +62,8 @@ pub(crate) fn empty(record: SessionRecord, order: u64) -> Session {
     Session {
         record,
         order,
+        rank: None,
+        tenant: None,
         ran: false,
         head: Head::default(),
         checkpoints: Vec::new(),

@@ -17,6 +17,10 @@ pub(crate) struct State {
     pub(crate) queues: BTreeMap<String, u32>,
     /// Sessions created so far: the tie-breaker of "oldest first".
     pub(crate) created: u64,
+    /// Fleet-wide limits by tenant.
+    pub(crate) tenants: BTreeMap<String, u32>,
+    /// Rate limits by name.
+    pub(crate) limits: BTreeMap<String, crate::limiter::LimitRow>,
 }
 
 /// One session: its row, its head and its logs.
@@ -26,6 +30,11 @@ pub(crate) struct Session {
     pub(crate) record: SessionRecord,
     /// Creation order, for claims that take the oldest session first.
     pub(crate) order: u64,
+    /// Claim rank (`created_at − priority × aging`), once a priority was set; claims
+    /// take the lowest first, a session without one ranking at its `created_at`.
+    pub(crate) rank: Option<i64>,
+    /// The tenant it counts against, if any.
+    pub(crate) tenant: Option<String>,
     /// Whether the current lease's holder ran the session (`mark_running`).
     pub(crate) ran: bool,
     /// The session head: counts of its logs, sealed.

@@ -122,6 +122,24 @@ impl LeaseStore for MemoryStore {
 
 #[async_trait]
 impl QueueStore for MemoryStore {
+    async fn set_scheduling(
+        &self,
+        fence: Fence<'_>,
+        scheduling: &durable_core::store::Scheduling,
+    ) -> Result<(), StoreError> {
+        leases::set_scheduling(self, fence, scheduling)
+    }
+
+    async fn set_tenant_limit(
+        &self,
+        tenant: &str,
+        max_running: Option<u32>,
+    ) -> Result<(), StoreError> {
+        queues::set_tenant_limit(self, tenant, max_running)?;
+        self.work_available();
+        Ok(())
+    }
+
     async fn set_queue_limit(
         &self,
         queue: &str,
@@ -328,5 +346,35 @@ impl MaintenanceStore for MemoryStore {
         retention: Duration,
     ) -> Result<PurgeOutcome, StoreError> {
         maintenance::purge_session(self, id, retention)
+    }
+}
+
+#[async_trait]
+impl durable_core::store::LimiterStore for MemoryStore {
+    async fn define_limit(
+        &self,
+        name: &str,
+        limit: &durable_core::limiter::RateLimit,
+    ) -> Result<durable_core::limiter::Defined, StoreError> {
+        crate::limiter::define_limit(self, name, limit)
+    }
+
+    async fn acquire_limit(
+        &self,
+        acquire: &durable_core::limiter::Acquire,
+    ) -> Result<durable_core::limiter::Admission, StoreError> {
+        crate::limiter::acquire_limit(self, acquire)
+    }
+
+    async fn charge_limit(&self, name: &str, tokens: u64) -> Result<(), StoreError> {
+        crate::limiter::charge_limit(self, name, tokens)
+    }
+
+    async fn throttle_limit(&self, name: &str, retry_after: Duration) -> Result<i64, StoreError> {
+        crate::limiter::throttle_limit(self, name, retry_after)
+    }
+
+    async fn limiters(&self) -> Result<Vec<durable_core::limiter::LimiterInfo>, StoreError> {
+        crate::limiter::limiters(self)
     }
 }

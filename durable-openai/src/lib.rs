@@ -12,6 +12,7 @@
 //! | a [`ToolResult`] | a [`ChatCompletionRequestToolMessage`] | [`tool_message`] |
 //! | an assistant [`ChatCompletionResponseMessage`] | a [`ChatCompletionRequestMessage`] for the transcript | [`assistant_message`] |
 //! | a response's [`CompletionUsage`] | a [`Spend`] for `model_with_spend` | [`spend`], [`Pricing::spend`] |
+//! | a `429`'s headers or message | how long the fleet waits, for `Journal::report_throttle` | [`retry_after`], [`retry_after_in_message`] |
 //!
 //! # A turn
 //!
@@ -53,6 +54,7 @@
 //!     let response = session
 //!         .journal()
 //!         .with_model_name("gpt-4o-mini")
+//!         .with_rate_limit("openai:gpt-4o-mini") // waits its turn with the whole fleet
 //!         .model_with_spend(|| chat(request.clone()), durable_openai::spend)
 //!         .await?;
 //!     match durable_openai::reply_message(&response) {
@@ -543,6 +545,8 @@ impl Pricing {
 
 mod stream;
 pub use stream::{StreamedCompletion, stream_spend};
+mod throttle;
+pub use throttle::{retry_after, retry_after_in_message};
 
 #[cfg(test)]
 mod tests;

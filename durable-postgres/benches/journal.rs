@@ -553,6 +553,25 @@ async fn run() {
     eprintln!("streamed replies: {stream_replies} of 200 chunks, {rounds} rounds");
     harness::stream(&mut report, &durable, &raw, stream_replies, 200, rounds).await;
 
+    let limited_calls = env_usize("DURABLE_BENCH_LIMITED_CALLS", 300);
+    eprintln!("rate limits: {limited_calls} model calls per side, {rounds} rounds");
+    durable_bench::limits::limited_call(
+        &mut report,
+        Arc::clone(durable.store()),
+        limited_calls,
+        rounds,
+    )
+    .await;
+    let claim_sessions = env_usize("DURABLE_BENCH_CLAIM_SESSIONS", 300);
+    eprintln!("claims: {claim_sessions} sessions per side, {rounds} rounds");
+    durable_bench::limits::claims(
+        &mut report,
+        Arc::clone(durable.store()),
+        claim_sessions,
+        rounds,
+    )
+    .await;
+
     eprintln!("agent turns: {turns}");
     let (long, turns_svg) = harness::turns(&mut report, &durable, &raw, turns).await;
     eprintln!("storage: {storage_turns} turns");

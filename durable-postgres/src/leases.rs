@@ -165,6 +165,17 @@ pub(crate) async fn claim_expired(
     .fetch_all(&mut *store.conn().await?)
     .await
     .map_err(db)?;
+    // Tenants at their limit, the same way.
+    let mut full_tenants: Vec<String> = sqlx::query_scalar(concat!(
+        "SELECT t.name FROM durable_tenants t WHERE t.max_running <= \
+         (SELECT count(*) FROM durable_sessions r WHERE r.status = 'active' \
+          AND r.tenant = t.name AND r.lease_owner IS NOT NULL AND r.lease_expires_at > ",
+        tx::now_ms!(),
+        ")"
+    ))
+    .fetch_all(&mut *store.conn().await?)
+    .await
+    .map_err(db)?;
     loop {
         let mut tx = tx::begin(&store.pool).await?;
         // The count under the queue's lock must see every claim committed before the lock
@@ -179,20 +190,22 @@ pub(crate) async fn claim_expired(
         // found full is passed over here; the count that decides is taken below, under
         // the queue's lock.
         let Some(row) = sqlx::query(
-            "SELECT id, recovery_attempts, lease_owner, lease_ran, queue FROM durable_sessions
+            "SELECT id, recovery_attempts, lease_owner, lease_ran, queue, tenant FROM durable_sessions
              WHERE status = 'active'
                AND (lease_owner IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= $1)
                AND (wake_at IS NULL OR wake_at <= $1)
                AND ($2::text IS NULL OR app_version = $2)
                AND (cardinality($3::text[]) = 0 OR queue = ANY($3))
                AND NOT (queue = ANY($4))
+               AND (tenant IS NULL OR NOT (tenant = ANY($5)))
                -- Waiting for an operator: a resume refused one of its in-doubt rows as
                -- replay-unsafe (`mark_operator_needed`); claimable again once the row
                -- leaves `issued` or is issued again.
                AND NOT EXISTS (SELECT 1 FROM durable_tool_calls c
                    WHERE c.session_id = durable_sessions.id AND c.status = 'issued'
                      AND c.operator_needed_at IS NOT NULL)
-             ORDER BY created_at, id
+             -- Lowest rank first: `created_at`, less the weight of its priority.
+             ORDER BY coalesce(claim_rank, created_at), id
              LIMIT 1
              FOR UPDATE SKIP LOCKED",
         )
@@ -200,6 +213,7 @@ pub(crate) async fn claim_expired(
         .bind(claim.app_version.as_deref())
         .bind(&claim.queues)
         .bind(&full)
+        .bind(&full_tenants)
         .fetch_optional(&mut *tx)
         .await
         .map_err(db)?
@@ -212,6 +226,14 @@ pub(crate) async fn claim_expired(
         if queue_full(&mut tx, &queue, &id).await? {
             tx.commit().await.map_err(db)?;
             full.push(queue);
+            continue;
+        }
+        let tenant: Option<String> = get(&row, "tenant")?;
+        if let Some(tenant) = tenant
+            && tenant_full(&mut tx, &tenant, &id).await?
+        {
+            tx.commit().await.map_err(db)?;
+            full_tenants.push(tenant);
             continue;
         }
         let previous = Previous {
@@ -252,6 +274,35 @@ async fn queue_full(
         tx::now_ms!()
     ))
     .bind(queue)
+    .bind(candidate.as_str())
+    .fetch_one(&mut *conn)
+    .await
+    .map_err(db)?;
+    Ok(running >= limit)
+}
+
+/// Whether `tenant` has no place left for `candidate`, as [`queue_full`] decides for a
+/// queue: its limit read under the tenant row's lock, then its running sessions counted.
+async fn tenant_full(
+    conn: &mut PgConnection,
+    tenant: &str,
+    candidate: &SessionId,
+) -> Result<bool, StoreError> {
+    let limit: Option<i64> =
+        sqlx::query_scalar("SELECT max_running FROM durable_tenants WHERE name = $1 FOR UPDATE")
+            .bind(tenant)
+            .fetch_optional(&mut *conn)
+            .await
+            .map_err(db)?;
+    let Some(limit) = limit else {
+        return Ok(false);
+    };
+    let running: i64 = sqlx::query_scalar(concat!(
+        "SELECT count(*) FROM durable_sessions WHERE status = 'active' AND tenant = $1 \
+         AND id <> $2 AND lease_owner IS NOT NULL AND lease_expires_at > ",
+        tx::now_ms!()
+    ))
+    .bind(tenant)
     .bind(candidate.as_str())
     .fetch_one(&mut *conn)
     .await

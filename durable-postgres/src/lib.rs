@@ -82,6 +82,7 @@ mod error;
 mod journal;
 mod keys;
 mod leases;
+mod limiter;
 mod maintenance;
 mod notify;
 mod open;

@@ -6,7 +6,7 @@ use durable_core::StoreError;
 use durable_core::ids::SessionId;
 use durable_core::store::QueueStore;
 use durable_core::store::WorkEvents;
-use durable_core::store::{QueueInfo, SessionRecord, SessionStatus};
+use durable_core::store::{Fence, QueueInfo, Scheduling, SessionRecord, SessionStatus};
 
 use crate::PostgresStore;
 use crate::error::db;
@@ -39,6 +39,65 @@ pub(crate) async fn set_queue_limit(
             " FROM lifted"
         ))
         .bind(queue),
+    };
+    query.execute(&mut *store.conn().await?).await.map_err(db)?;
+    Ok(())
+}
+
+pub(crate) async fn set_scheduling(
+    store: &PostgresStore,
+    fence: Fence<'_>,
+    scheduling: &Scheduling,
+) -> Result<(), StoreError> {
+    scheduling.validate()?;
+    // One autocommitted statement, fenced.
+    let set = sqlx::query(
+        "UPDATE durable_sessions SET priority = $3, claim_rank = created_at - $4, tenant = $5 \
+         WHERE id = $1 AND fence = $2",
+    )
+    .bind(fence.session.as_str())
+    .bind(fence.token)
+    .bind(scheduling.priority)
+    .bind(scheduling.rank_offset())
+    .bind(scheduling.tenant.as_deref())
+    .execute(store.pool())
+    .await
+    .map_err(db)?;
+    if set.rows_affected() == 0 {
+        let mut conn = store.pool().acquire().await.map_err(db)?;
+        tx::session(&mut conn, fence.session, None).await?;
+        return Err(StoreError::LeaseLost {
+            session: fence.session.clone(),
+            token: fence.token,
+        });
+    }
+    Ok(())
+}
+
+pub(crate) async fn set_tenant_limit(
+    store: &PostgresStore,
+    tenant: &str,
+    max_running: Option<u32>,
+) -> Result<(), StoreError> {
+    durable_core::validate::validate_id("tenant", tenant)?;
+    // One statement each, which notifies idle pools when it commits.
+    let query = match max_running {
+        Some(max) => sqlx::query(concat!(
+            "WITH limited AS (INSERT INTO durable_tenants (name, max_running, updated_at) VALUES ($1, $2, ",
+            tx::now_ms!(),
+            ") ON CONFLICT (name) DO UPDATE SET max_running = excluded.max_running, \
+             updated_at = excluded.updated_at RETURNING 1) SELECT ",
+            notify::pg_notify!(),
+            " FROM limited"
+        ))
+        .bind(tenant)
+        .bind(i64::from(max)),
+        None => sqlx::query(concat!(
+            "WITH lifted AS (DELETE FROM durable_tenants WHERE name = $1 RETURNING 1) SELECT ",
+            notify::pg_notify!(),
+            " FROM lifted"
+        ))
+        .bind(tenant),
     };
     query.execute(&mut *store.conn().await?).await.map_err(db)?;
     Ok(())
@@ -147,6 +206,22 @@ pub(crate) async fn wake_session(
 
 #[async_trait]
 impl QueueStore for PostgresStore {
+    async fn set_scheduling(
+        &self,
+        fence: Fence<'_>,
+        scheduling: &Scheduling,
+    ) -> Result<(), StoreError> {
+        set_scheduling(self, fence, scheduling).await
+    }
+
+    async fn set_tenant_limit(
+        &self,
+        tenant: &str,
+        max_running: Option<u32>,
+    ) -> Result<(), StoreError> {
+        set_tenant_limit(self, tenant, max_running).await
+    }
+
     async fn set_queue_limit(
         &self,
         queue: &str,

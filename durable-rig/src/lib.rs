@@ -137,6 +137,26 @@ impl DurableRig {
         }
     }
 
+    /// Makes the journaled models' calls wait for their turn under the fleet-wide rate
+    /// limit `name` (see [`durable_core::limiter`]; define it with
+    /// [`DurableBuilder::rate_limit`](durable_core::DurableBuilder::rate_limit)); a reply
+    /// returned from the journal does not wait, and each reply's tokens are charged to
+    /// the limit's tokens quota. The toolbox's tools wait under the limits the toolbox
+    /// names ([`Toolbox::rate_limit`]).
+    ///
+    /// ```no_run
+    /// # use std::sync::Arc;
+    /// # fn demo(session: &durable_core::Session<durable_core::Message>, toolbox: durable_core::Toolbox) {
+    /// let rig = durable_rig::DurableRig::new(session.journal().clone(), Arc::new(toolbox))
+    ///     .rate_limit("openai:gpt-4.1");
+    /// # let _ = rig;
+    /// # }
+    /// ```
+    pub fn rate_limit(mut self, name: &str) -> Self {
+        self.journal = self.journal.with_rate_limit(name);
+        self
+    }
+
     /// The toolbox's tools as rig tool handlers, each with its argument schema as rig
     /// sends it to the model (draft 2020-12, inlined; see
     /// [`input_schema`](durable_core::schema::input_schema)).

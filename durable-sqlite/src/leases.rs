@@ -250,41 +250,50 @@ pub(crate) async fn claim_expired(
         // The queues at their limit, counted once (per limited queue, not per candidate
         // row), as a JSON array for `json_each`.
         let full = full_queues(store, &mut *conn, ttl).await?;
+        // The tenants at their limit, the same way.
+        let full_tenants = full_tenants(store, &mut *conn, ttl).await?;
         loop {
-            // The first candidate (by `created_at`, then `rowid`) whose lease is free:
+            // The first candidate (by rank: `created_at`, less its priority's weight;
+            // then `rowid`) whose lease is free:
             // a released one found by SQL, or a held one this process judges lapsed.
             // Every held candidate is judged, so that its sighting starts now.
             let released = sqlx::query(concat!(
                 "SELECT id, fence, recovery_attempts, lease_owner, lease_renewed_at, \
-                 lease_expires_at, lease_ran, created_at, rowid AS r FROM durable_sessions",
+                 lease_expires_at, lease_ran, coalesce(claim_rank, created_at) AS claim_order, rowid AS r \
+                 FROM durable_sessions",
                 awake_where!(),
                 "AND lease_owner IS NULL AND (?2 IS NULL OR app_version = ?2) \
                  AND (?3 IS NULL OR queue IN (SELECT value FROM json_each(?3))) \
-                 AND queue NOT IN (SELECT value FROM json_each(?4)) ",
+                 AND queue NOT IN (SELECT value FROM json_each(?4)) \
+                 AND (tenant IS NULL OR tenant NOT IN (SELECT value FROM json_each(?5))) ",
                 not_waiting_for_operator!(),
-                "ORDER BY created_at ASC, rowid ASC LIMIT 1"
+                "ORDER BY coalesce(claim_rank, created_at) ASC, rowid ASC LIMIT 1"
             ))
             .bind(now)
             .bind(claim.app_version.as_deref())
             .bind(queues.as_deref())
             .bind(full.as_str())
+            .bind(full_tenants.as_str())
             .fetch_optional(&mut *conn)
             .await
             .map_err(db)?;
             let held = sqlx::query(concat!(
                 "SELECT id, fence, recovery_attempts, lease_owner, lease_renewed_at, \
-                 lease_expires_at, lease_ran, created_at, rowid AS r FROM durable_sessions",
+                 lease_expires_at, lease_ran, coalesce(claim_rank, created_at) AS claim_order, rowid AS r \
+                 FROM durable_sessions",
                 awake_where!(),
                 "AND lease_owner IS NOT NULL AND (?2 IS NULL OR app_version = ?2) \
                  AND (?3 IS NULL OR queue IN (SELECT value FROM json_each(?3))) \
-                 AND queue NOT IN (SELECT value FROM json_each(?4)) ",
+                 AND queue NOT IN (SELECT value FROM json_each(?4)) \
+                 AND (tenant IS NULL OR tenant NOT IN (SELECT value FROM json_each(?5))) ",
                 not_waiting_for_operator!(),
-                "ORDER BY created_at ASC, rowid ASC"
+                "ORDER BY coalesce(claim_rank, created_at) ASC, rowid ASC"
             ))
             .bind(now)
             .bind(claim.app_version.as_deref())
             .bind(queues.as_deref())
             .bind(full.as_str())
+            .bind(full_tenants.as_str())
             .fetch_all(&mut *conn)
             .await
             .map_err(db)?;
@@ -329,7 +338,8 @@ struct Candidate {
     recovery_attempts: i32,
     /// Whether the lease's holder had started running the session.
     ran: bool,
-    /// `(created_at, rowid)`: claims take the oldest first.
+    /// `(rank, rowid)`: claims take the lowest rank (the oldest, less its priority's
+    /// weight) first.
     order: (i64, i64),
 }
 
@@ -345,7 +355,7 @@ fn candidate(row: &sqlx::sqlite::SqliteRow) -> Result<Candidate, StoreError> {
         recovery_attempts: rows::col(row, "recovery_attempts", &id, None)?,
         ran: rows::col(row, "lease_ran", &id, None)?,
         order: (
-            rows::col(row, "created_at", &id, None)?,
+            rows::col(row, "claim_order", &id, None)?,
             rows::col(row, "r", &id, None)?,
         ),
         id,
@@ -393,6 +403,52 @@ async fn full_queues(
         .into_iter()
         .filter(|(queue, max)| running.get(queue).copied().unwrap_or(0) >= *max)
         .map(|(queue, _)| queue)
+        .collect();
+    Ok(serde_json::Value::from(full).to_string())
+}
+
+/// The tenants at their limit of running sessions, as a JSON array: running means held
+/// under a lease this process does not judge lapsed (as for queues).
+async fn full_tenants(
+    store: &SqliteStore,
+    conn: &mut SqliteConnection,
+    fallback: Duration,
+) -> Result<String, StoreError> {
+    let limits: Vec<(String, i64)> =
+        sqlx::query_as("SELECT name, max_running FROM durable_tenants")
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(db)?;
+    if limits.is_empty() {
+        return Ok("[]".to_owned());
+    }
+    let held = sqlx::query(
+        "SELECT id, tenant, fence, lease_owner, lease_renewed_at, lease_expires_at \
+         FROM durable_sessions WHERE status = 'active' AND lease_owner IS NOT NULL \
+         AND tenant IN (SELECT name FROM durable_tenants)",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(db)?;
+    let mut running: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
+    for row in &held {
+        let id = SessionId::new(row.try_get::<String, _>("id").map_err(db)?);
+        let lease = LeaseRow {
+            owner: rows::col(row, "lease_owner", &id, None)?,
+            fence: rows::col(row, "fence", &id, None)?,
+            renewed_at: rows::col(row, "lease_renewed_at", &id, None)?,
+            expires_at: rows::col(row, "lease_expires_at", &id, None)?,
+        };
+        if store.leases().judge(id.as_str(), &lease, fallback) != Verdict::Free {
+            *running
+                .entry(rows::col(row, "tenant", &id, None)?)
+                .or_default() += 1;
+        }
+    }
+    let full: Vec<String> = limits
+        .into_iter()
+        .filter(|(tenant, max)| running.get(tenant).copied().unwrap_or(0) >= *max)
+        .map(|(tenant, _)| tenant)
         .collect();
     Ok(serde_json::Value::from(full).to_string())
 }

@@ -2,7 +2,9 @@
 //! wake-up time and an operator's early wake-up.
 
 use async_trait::async_trait;
-use durable_core::store::{QueueInfo, QueueStore, SessionRecord, SessionStatus, WorkEvents};
+use durable_core::store::{
+    Fence, QueueInfo, QueueStore, Scheduling, SessionRecord, SessionStatus, WorkEvents,
+};
 use durable_core::{SessionId, StoreError};
 use sqlx::Row;
 
@@ -29,6 +31,62 @@ pub(crate) async fn set_queue_limit(
             .bind(i64::from(max))
             .bind(now),
             None => sqlx::query("DELETE FROM durable_queues WHERE name = ?").bind(queue),
+        };
+        query.execute(tx.conn()).await.map(|_| ()).map_err(db)
+    }
+    .await;
+    tx.finish(result).await
+}
+
+pub(crate) async fn set_scheduling(
+    store: &SqliteStore,
+    fence: Fence<'_>,
+    scheduling: &Scheduling,
+) -> Result<(), StoreError> {
+    scheduling.validate()?;
+    // One autocommitted statement on the writer, fenced.
+    let set = sqlx::query(
+        "UPDATE durable_sessions SET priority = ?, claim_rank = created_at - ?, tenant = ? \
+         WHERE id = ? AND fence = ?",
+    )
+    .bind(scheduling.priority)
+    .bind(scheduling.rank_offset())
+    .bind(scheduling.tenant.as_deref())
+    .bind(fence.session.as_str())
+    .bind(fence.token)
+    .execute(store.writer())
+    .await
+    .map_err(db)?;
+    if set.rows_affected() == 0 {
+        let mut conn = store.writer().acquire().await.map_err(db)?;
+        tx::session(&mut conn, fence.session).await?;
+        return Err(StoreError::LeaseLost {
+            session: fence.session.clone(),
+            token: fence.token,
+        });
+    }
+    Ok(())
+}
+
+pub(crate) async fn set_tenant_limit(
+    store: &SqliteStore,
+    tenant: &str,
+    max_running: Option<u32>,
+) -> Result<(), StoreError> {
+    durable_core::validate::validate_id("tenant", tenant)?;
+    let mut tx = WriteTx::begin(store.writer()).await?;
+    let now = tx.now;
+    let result = async {
+        let query = match max_running {
+            Some(max) => sqlx::query(
+                "INSERT INTO durable_tenants (name, max_running, updated_at) VALUES (?, ?, ?) \
+                 ON CONFLICT (name) DO UPDATE SET max_running = excluded.max_running, \
+                 updated_at = excluded.updated_at",
+            )
+            .bind(tenant)
+            .bind(i64::from(max))
+            .bind(now),
+            None => sqlx::query("DELETE FROM durable_tenants WHERE name = ?").bind(tenant),
         };
         query.execute(tx.conn()).await.map(|_| ()).map_err(db)
     }
@@ -124,6 +182,24 @@ pub(crate) async fn wake_session(
 
 #[async_trait]
 impl QueueStore for SqliteStore {
+    async fn set_scheduling(
+        &self,
+        fence: Fence<'_>,
+        scheduling: &Scheduling,
+    ) -> Result<(), StoreError> {
+        set_scheduling(self, fence, scheduling).await
+    }
+
+    async fn set_tenant_limit(
+        &self,
+        tenant: &str,
+        max_running: Option<u32>,
+    ) -> Result<(), StoreError> {
+        set_tenant_limit(self, tenant, max_running).await?;
+        self.work_available();
+        Ok(())
+    }
+
     async fn set_queue_limit(
         &self,
         queue: &str,

@@ -135,7 +135,15 @@ async fn as_schema_3(path: &Path) {
             .expect("old head");
     }
     sqlx::query(
-        "ALTER TABLE durable_tool_calls DROP COLUMN operator_needed_at; \
+        "DROP INDEX durable_sessions_active_tenant; \
+         DROP TABLE durable_tenants; \
+         ALTER TABLE durable_sessions DROP COLUMN tenant; \
+         DROP INDEX durable_sessions_claim_rank; \
+         ALTER TABLE durable_sessions DROP COLUMN claim_rank; \
+         ALTER TABLE durable_sessions DROP COLUMN priority; \
+         DROP TABLE durable_limit_waiters; \
+         DROP TABLE durable_limits; \
+         ALTER TABLE durable_tool_calls DROP COLUMN operator_needed_at; \
          ALTER TABLE durable_sessions DROP COLUMN lease_ran; \
          DROP INDEX durable_sessions_claim; \
          DROP INDEX durable_sessions_sleeping; \

@@ -15,6 +15,10 @@
 //! - `idle`: resumes the sessions named by id without running them and waits to be
 //!   killed holding their leases; prints `holding <n>`, and `parked <session>: <error>`
 //!   for each resume that parked its session.
+//! - `limited`: defines the rate limit of `tests/workers/limited.rs`, starts its sessions,
+//!   prints `worker <owner> up`, waits for `go <start ms> <end ms>` on stdin, then asks a
+//!   stand-in model under the limit from every session until the end time, printing
+//!   `call <unix ms>` as each call starts, and `done <owner>` once every call returned.
 //! - `pool`: a worker pool (`Durable::worker`, concurrency 2 by default) driving every
 //!   claimable session, each handler releasing its session between steps once shutdown
 //!   is requested; stops gracefully on SIGTERM, or once no session is active; prints
@@ -77,6 +81,7 @@ pub fn main(role: &str) -> i32 {
             "poison" => poison(&env).await,
             "idle" => idle(&env).await,
             "pool" => pool(&env).await,
+            "limited" => limited(&env).await,
             other => {
                 eprintln!("unknown {ROLE} `{other}`");
                 2
@@ -704,5 +709,81 @@ async fn pool(env: &Env) -> i32 {
         "pool stopped handled {} succeeded {} failed {} aborted {}",
         report.handled, report.succeeded, report.failed, report.aborted
     );
+    0
+}
+
+/// The `limited` role: see the module docs and `tests/workers/limited.rs`.
+async fn limited(env: &Env) -> i32 {
+    use durable::limiter::{Quota, RateLimit};
+
+    use crate::limited::{BURST, LIMIT, RATE, SESSIONS};
+
+    let store: Arc<dyn CheckpointStore> = durable::connect(&env.store).await.expect("connect");
+    let durable = Durable::builder(store)
+        .owner(&env.owner)
+        .app_version(APP_VERSION)
+        .lease_ttl(env.ttl)
+        .rate_limit(
+            LIMIT,
+            RateLimit::requests(Quota::per_second(RATE).with_burst(BURST)),
+        )
+        .limiter_hold(Duration::from_secs(120))
+        .build();
+    let mut sessions = Vec::new();
+    for _ in 0..SESSIONS {
+        sessions.push(
+            durable
+                .start::<Message>(StartOptions::new())
+                .await
+                .expect("start a session"),
+        );
+    }
+    println!("worker {} up", env.owner);
+    let mut go = String::new();
+    std::io::stdin().read_line(&mut go).expect("a go line");
+    let mut words = go
+        .trim()
+        .split(' ')
+        .skip(1)
+        .map(|w| w.parse::<i64>().expect("ms"));
+    let (start, end) = (words.next().expect("start"), words.next().expect("end"));
+    let unix_ms = || {
+        i64::try_from(
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .expect("clock")
+                .as_millis(),
+        )
+        .expect("ms")
+    };
+    tokio::time::sleep(Duration::from_millis(
+        u64::try_from(start - unix_ms()).unwrap_or(0),
+    ))
+    .await;
+    let tasks: Vec<_> = sessions
+        .iter()
+        .map(|session| {
+            let journal = session.journal().with_rate_limit(LIMIT);
+            tokio::spawn(async move {
+                while unix_ms() < end {
+                    journal
+                        .model(|| async {
+                            let t = unix_ms();
+                            println!("call {t}");
+                            Ok::<_, String>(json!({ "t": t }))
+                        })
+                        .await?;
+                }
+                Ok::<_, CallError<String>>(())
+            })
+        })
+        .collect();
+    for task in tasks {
+        if let Err(e) = task.await.expect("a session task") {
+            println!("error {e}");
+            return 1;
+        }
+    }
+    println!("done {}", env.owner);
     0
 }

@@ -65,6 +65,10 @@ pub enum ErrorKind {
     Overloaded,
     /// The backend does not support the operation.
     Unsupported,
+    /// The call waits for its turn under a fleet-wide rate limit, longer than the
+    /// worker holds a session; nothing ran. Let the session sleep until the time the
+    /// error gives ([`DurableError::RateLimited`]) and ask again.
+    RateLimited,
 }
 
 impl ErrorKind {
@@ -84,6 +88,7 @@ impl ErrorKind {
             ErrorKind::Transient => "transient",
             ErrorKind::Overloaded => "overloaded",
             ErrorKind::Unsupported => "unsupported",
+            ErrorKind::RateLimited => "rate_limited",
         }
     }
 }
@@ -103,7 +108,8 @@ impl StoreError {
             E::SessionNotFound(_)
             | E::VersionNotFound { .. }
             | E::MessagesOutOfRange { .. }
-            | E::CallNotFound(_) => ErrorKind::NotFound,
+            | E::CallNotFound(_)
+            | E::LimitNotDefined { .. } => ErrorKind::NotFound,
             E::SessionExists(_)
             | E::Leased { .. }
             | E::LeaseLost { .. }
@@ -119,9 +125,10 @@ impl StoreError {
             | E::StepClosed { .. }
             | E::AppVersionMismatch { .. } => ErrorKind::Conflict,
             E::Parked { .. } => ErrorKind::OperatorNeeded,
-            E::EmptyDenialReason { .. } | E::InvalidId { .. } | E::InvalidText { .. } => {
-                ErrorKind::InvalidInput
-            }
+            E::EmptyDenialReason { .. }
+            | E::InvalidId { .. }
+            | E::InvalidText { .. }
+            | E::InvalidLimit { .. } => ErrorKind::InvalidInput,
             E::Tampered { .. } | E::RolledBack { .. } => ErrorKind::Integrity,
             E::Corrupt { .. } => ErrorKind::Unreadable,
             E::KeyMissing { .. }
@@ -174,6 +181,7 @@ impl DurableError {
             | E::SchemaChanged { .. }
             | E::CheckpointInDoubt { .. } => ErrorKind::OperatorNeeded,
             E::AwaitingApproval { .. } => ErrorKind::AwaitingApproval,
+            E::RateLimited { .. } => ErrorKind::RateLimited,
             E::AppVersionMismatch { .. } | E::Decode { .. } => ErrorKind::Conflict,
             E::BudgetExceeded(_) | E::TooLarge { .. } => ErrorKind::LimitExceeded,
         }

@@ -353,6 +353,21 @@ impl<'j> ToolCall<'j> {
             edits_refused: edits.is_err(),
         };
         let action = protocol::decide(facts);
+        if matches!(
+            action,
+            Action::RunPure
+                | Action::IssueAndRun
+                | Action::ReRun { .. }
+                | Action::RunApproved { .. }
+        ) && let Some(limit) = spec.rate_limit.as_deref().or(journal.tool_limit.as_deref())
+        {
+            // The call is about to run: it takes its turn under its rate limit first,
+            // before anything is issued (a call refused for a far turn leaves no row).
+            let hold = Some(journal.inner.config.limiter_hold);
+            journal
+                .take_turn(limit, super::limit::waiter_id(&identity, 1), hold)
+                .await?;
+        }
         if let Some(row) = &found {
             tracing::Span::current().record(telemetry::DURABLE_CALL_ID, row.id.as_str());
         }
@@ -1244,10 +1259,23 @@ impl Journal {
     {
         let spend_slot = Arc::clone(&ctx.spend);
         let policy = spec.retry.as_ref().filter(|_| spec.class.allows_retry());
+        let limit = spec.rate_limit.as_deref().or(self.tool_limit.as_deref());
         let mut attempt: u32 = 0;
         loop {
             let mut this = ctx.clone();
             this.attempt = this_attempt(ctx.attempt, attempt);
+            if let Some(limit) = limit.filter(|_| attempt > 0) {
+                // Every retry reaches the upstream again: it takes a turn of its own,
+                // waited for in memory as the retry's delay is (the first attempt took
+                // its turn before the call was issued).
+                let waiter = format!(
+                    "{}/retry{attempt}",
+                    super::limit::waiter_id(&ctx.identity, 1)
+                );
+                if let Err(error) = self.take_turn(limit, waiter, None).await {
+                    tracing::warn!(tool = %spec.name, limit, %error, "could not take a retry's turn under its rate limit; retrying without it");
+                }
+            }
             let result = run.start(this).await;
             match (result, policy) {
                 (Err(e), Some(policy)) if attempt + 1 < policy.effective_max_attempts() => {
@@ -1423,5 +1451,7 @@ fn tool_span(journal: &Journal, spec: &ToolSpec, call_id: Option<&str>) -> traci
         { telemetry::DURABLE_CALL_OUTCOME } = tracing::field::Empty,
         { telemetry::DURABLE_CALL_ID } = tracing::field::Empty,
         { telemetry::ERROR_TYPE } = tracing::field::Empty,
+        { telemetry::DURABLE_RATE_LIMIT } = tracing::field::Empty,
+        { telemetry::DURABLE_RATE_LIMIT_WAIT_MS } = tracing::field::Empty,
     )
 }

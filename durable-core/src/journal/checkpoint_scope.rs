@@ -92,6 +92,8 @@ impl Journal {
             reasoning: self.reasoning.clone(),
             tool_call_id: self.tool_call_id.clone(),
             model_name: self.model_name.clone(),
+            rate_limit: self.rate_limit.clone(),
+            tool_limit: self.tool_limit.clone(),
         }
     }
 

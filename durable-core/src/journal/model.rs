@@ -73,11 +73,22 @@ impl Journal {
                 }
                 Begun::Fresh(identity, reservation) => (identity, reservation),
             };
+            if let Some(limit) = &self.rate_limit {
+                let hold = Some(self.inner.config.limiter_hold);
+                self.take_turn(limit, super::limit::waiter_id(&identity, 1), hold)
+                    .await?;
+            }
             let value = f().await.map_err(CallError::Tool)?;
             let spend = spend(&value);
+            let tokens = spend
+                .as_ref()
+                .map_or(0, |s| s.input_tokens().saturating_add(s.output_tokens()));
             let row = self
                 .record_model(identity, reservation, &value, spend)
                 .await?;
+            if let Some(limit) = &self.rate_limit {
+                self.charge_tokens(limit, tokens).await;
+            }
             decode_result(&row, row.result.as_ref())
         };
         let result = call.instrument(span.clone()).await;
@@ -230,6 +241,8 @@ impl Journal {
             { telemetry::DURABLE_CALL_OUTCOME } = tracing::field::Empty,
             { telemetry::DURABLE_CALL_ID } = tracing::field::Empty,
             { telemetry::ERROR_TYPE } = tracing::field::Empty,
+            { telemetry::DURABLE_RATE_LIMIT } = tracing::field::Empty,
+            { telemetry::DURABLE_RATE_LIMIT_WAIT_MS } = tracing::field::Empty,
         )
     }
 }

@@ -231,10 +231,16 @@ where
             unreachable!("journal_reply runs only on a live stream")
         };
         let spend = self.spend.take().and_then(|spend| spend(&reply));
+        let tokens = spend
+            .as_ref()
+            .map_or(0, |s| s.input_tokens().saturating_add(s.output_tokens()));
         let recorded = self
             .journal
             .record_model(identity, reservation, &reply, spend)
             .await;
+        if let (Ok(_), Some(limit)) = (&recorded, &self.journal.rate_limit) {
+            self.journal.charge_tokens(limit, tokens).await;
+        }
         let result = recorded
             .map_err(CallError::Durable)
             .and_then(|row| decode_result(&row, row.result.as_ref()));
@@ -341,12 +347,27 @@ impl Journal {
                     row,
                 }
             }
-            Ok(Begun::Fresh(identity, reservation)) => State::Live {
-                chunks: Box::pin(open()),
-                reply: R::default(),
-                identity,
-                reservation,
-            },
+            Ok(Begun::Fresh(identity, reservation)) => {
+                if let Some(limit) = &self.rate_limit {
+                    let hold = Some(self.inner.config.limiter_hold);
+                    let waiter = super::limit::waiter_id(&identity, 1);
+                    if let Err(e) = self
+                        .take_turn(limit, waiter, hold)
+                        .instrument(span.clone())
+                        .await
+                    {
+                        let e = CallError::Durable(e);
+                        record_error_type(&span, &e);
+                        return Err(e);
+                    }
+                }
+                State::Live {
+                    chunks: Box::pin(open()),
+                    reply: R::default(),
+                    identity,
+                    reservation,
+                }
+            }
             Err(e) => {
                 let e = CallError::Durable(e);
                 record_error_type(&span, &e);

@@ -1,5 +1,7 @@
 //! [`Operator`]: the verbs of a person who steers the fleet from outside a session.
 
+use std::time::Duration;
+
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -264,10 +266,52 @@ impl Operator {
         Ok(())
     }
 
+    /// Sets (or, with `None`, removes) a tenant's fleet-wide limit: at most
+    /// `max_running` of the sessions started for it
+    /// ([`StartOptions::with_tenant`](crate::StartOptions::with_tenant)) hold a lease at
+    /// once, across every queue and worker. Binds claims only, as a queue's limit does.
+    pub async fn set_tenant_limit(
+        &self,
+        tenant: &str,
+        max_running: Option<u32>,
+    ) -> Result<(), DurableError> {
+        self.durable
+            .store
+            .set_tenant_limit(tenant, max_running)
+            .await?;
+        tracing::info!(tenant, ?max_running, "tenant limit set");
+        Ok(())
+    }
+
     /// How each queue stands: running, ready, sleeping, awaiting approval, parked, and
     /// its limit ([`QueueInfo`](crate::store::QueueInfo)).
     pub async fn queues(&self) -> Result<Vec<crate::store::QueueInfo>, DurableError> {
         Ok(self.durable.store.queues().await?)
+    }
+
+    /// How each fleet-wide rate limit stands: its definition, calls started in the last
+    /// period, waiters, a provider's hold ([`LimiterInfo`](crate::limiter::LimiterInfo)).
+    pub async fn rate_limits(&self) -> Result<Vec<crate::limiter::LimiterInfo>, DurableError> {
+        Ok(self.durable.store.limiters().await?)
+    }
+
+    /// Defines (or redefines) a fleet-wide rate limit in the store (an operator's
+    /// decision; the last definition wins, see [`limiter`](crate::limiter)).
+    pub async fn define_rate_limit(
+        &self,
+        name: &str,
+        limit: crate::limiter::RateLimit,
+    ) -> Result<crate::limiter::Defined, DurableError> {
+        let defined = self.durable.store.define_limit(name, &limit).await?;
+        tracing::info!(limit = name, ?defined, "rate limit defined");
+        Ok(defined)
+    }
+
+    /// Holds every call under the rate limit `name` for `retry_after` across the fleet,
+    /// as a provider's `429` does ([`Journal::report_throttle`](crate::Journal::report_throttle)).
+    /// Returns when the hold ends (ms, the store's clock).
+    pub async fn throttle(&self, name: &str, retry_after: Duration) -> Result<i64, DurableError> {
+        Ok(self.durable.store.throttle_limit(name, retry_after).await?)
     }
 
     /// Wakes a sleeping session now, so that the next pool claim takes it (an operator's

@@ -76,6 +76,75 @@ impl Claim {
     }
 }
 
+/// How claims schedule a session, set by its submitter
+/// ([`CheckpointStore::set_scheduling`](super::QueueStore::set_scheduling)): its priority
+/// (with the aging that bounds how long a lower one waits) and its tenant.
+///
+/// ```
+/// use std::time::Duration;
+/// use durable_core::store::Scheduling;
+///
+/// let scheduling = Scheduling::new()
+///     .with_priority(5, Duration::from_secs(60))
+///     .with_tenant("acme");
+/// assert_eq!(scheduling.tenant.as_deref(), Some("acme"));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Scheduling {
+    /// Higher first; claims take the lowest rank `created_at − priority × aging` first.
+    pub priority: i32,
+    /// How much one priority level weighs against age.
+    pub aging: Duration,
+    /// The tenant the session counts against: at most the tenant's limit of its
+    /// sessions hold a lease at once ([`set_tenant_limit`](super::QueueStore::set_tenant_limit)).
+    pub tenant: Option<String>,
+}
+
+impl Default for Scheduling {
+    fn default() -> Self {
+        Scheduling {
+            priority: 0,
+            aging: Duration::from_secs(60),
+            tenant: None,
+        }
+    }
+}
+
+impl Scheduling {
+    /// Priority 0, aging 60 s, no tenant.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets the priority and its aging.
+    pub fn with_priority(mut self, priority: i32, aging: Duration) -> Self {
+        self.priority = priority;
+        self.aging = aging;
+        self
+    }
+
+    /// Sets the tenant.
+    pub fn with_tenant(mut self, tenant: impl Into<String>) -> Self {
+        self.tenant = Some(tenant.into());
+        self
+    }
+
+    /// The rank offset `priority × aging` (ms, saturating).
+    pub fn rank_offset(&self) -> i64 {
+        i64::from(self.priority)
+            .saturating_mul(i64::try_from(self.aging.as_millis()).unwrap_or(i64::MAX))
+    }
+
+    /// Checks the tenant's name ([`validate_id`](crate::validate::validate_id)).
+    pub fn validate(&self) -> Result<(), StoreError> {
+        if let Some(tenant) = &self.tenant {
+            crate::validate::validate_id("tenant", tenant)?;
+        }
+        Ok(())
+    }
+}
+
 /// How one queue stands, from [`CheckpointStore::queues`](super::QueueStore::queues):
 /// what operators watch (`durable workers`, the console).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

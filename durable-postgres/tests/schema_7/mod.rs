@@ -57,13 +57,28 @@ const UNDO_12: [&str; 2] = [
     "DELETE FROM durable_schema_migrations WHERE version >= 12",
 ];
 
-/// Undoes schemas 12, 11, 10, 9 and 8 (see [`UNDO_12`], [`UNDO_11`], [`UNDO_10`],
-/// [`UNDO_9`], [`UNDO_8`]);
+/// The statements that undo schema 13 (rate limits, claim priorities, tenants):
+/// scheduling state, dropped with whatever it holds.
+const UNDO_13: [&str; 9] = [
+    "DROP INDEX durable_sessions_active_tenant",
+    "DROP TABLE durable_tenants",
+    "ALTER TABLE durable_sessions DROP COLUMN tenant",
+    "DROP INDEX durable_sessions_claim_rank",
+    "ALTER TABLE durable_sessions DROP COLUMN claim_rank",
+    "ALTER TABLE durable_sessions DROP COLUMN priority",
+    "DROP TABLE durable_limit_waiters",
+    "DROP TABLE durable_limits",
+    "DELETE FROM durable_schema_migrations WHERE version >= 13",
+];
+
+/// Undoes schemas 13, 12, 11, 10, 9 and 8 (see [`UNDO_13`], [`UNDO_12`], [`UNDO_11`],
+/// [`UNDO_10`], [`UNDO_9`], [`UNDO_8`]);
 /// panics if the database holds approvals, or if anything of schema 8 is left.
 pub async fn back_to_schema_7(pool: &PgPool) {
     let mut tx = pool.begin().await.expect("a transaction");
-    for sql in UNDO_12
+    for sql in UNDO_13
         .into_iter()
+        .chain(UNDO_12)
         .chain(UNDO_11)
         .chain(UNDO_10)
         .chain(UNDO_9)

@@ -188,6 +188,22 @@ impl LeaseStore for Faulty {
 
 #[async_trait]
 impl QueueStore for Faulty {
+    async fn set_scheduling(
+        &self,
+        fence: Fence<'_>,
+        scheduling: &durable_core::store::Scheduling,
+    ) -> Result<(), StoreError> {
+        self.inner.set_scheduling(fence, scheduling).await
+    }
+
+    async fn set_tenant_limit(
+        &self,
+        tenant: &str,
+        max_running: Option<u32>,
+    ) -> Result<(), StoreError> {
+        self.inner.set_tenant_limit(tenant, max_running).await
+    }
+
     async fn set_queue_limit(
         &self,
         queue: &str,
@@ -513,5 +529,35 @@ impl MaintenanceStore for Faulty {
             self.inner.purge_session(id, retention),
         )
         .await
+    }
+}
+
+#[async_trait]
+impl durable_core::store::LimiterStore for Faulty {
+    async fn define_limit(
+        &self,
+        name: &str,
+        limit: &durable_core::limiter::RateLimit,
+    ) -> Result<durable_core::limiter::Defined, StoreError> {
+        self.inner.define_limit(name, limit).await
+    }
+
+    async fn acquire_limit(
+        &self,
+        acquire: &durable_core::limiter::Acquire,
+    ) -> Result<durable_core::limiter::Admission, StoreError> {
+        self.inner.acquire_limit(acquire).await
+    }
+
+    async fn charge_limit(&self, name: &str, tokens: u64) -> Result<(), StoreError> {
+        self.inner.charge_limit(name, tokens).await
+    }
+
+    async fn throttle_limit(&self, name: &str, retry_after: Duration) -> Result<i64, StoreError> {
+        self.inner.throttle_limit(name, retry_after).await
+    }
+
+    async fn limiters(&self) -> Result<Vec<durable_core::limiter::LimiterInfo>, StoreError> {
+        self.inner.limiters().await
     }
 }
