@@ -205,7 +205,7 @@ impl QueueStore for Probe {
     async fn set_scheduling(
         &self,
         fence: Fence<'_>,
-        scheduling: &crate::store::Scheduling,
+        scheduling: &durable_core::store::Scheduling,
     ) -> Result<(), StoreError> {
         self.inner.set_scheduling(fence, scheduling).await
     }
@@ -444,19 +444,19 @@ impl MaintenanceStore for Probe {
 }
 
 #[async_trait]
-impl crate::store::LimiterStore for Probe {
+impl durable_core::store::LimiterStore for Probe {
     async fn define_limit(
         &self,
         name: &str,
-        limit: &crate::limiter::RateLimit,
-    ) -> Result<crate::limiter::Defined, StoreError> {
+        limit: &durable_core::limiter::RateLimit,
+    ) -> Result<durable_core::limiter::Defined, StoreError> {
         self.inner.define_limit(name, limit).await
     }
 
     async fn acquire_limit(
         &self,
-        acquire: &crate::limiter::Acquire,
-    ) -> Result<crate::limiter::Admission, StoreError> {
+        acquire: &durable_core::limiter::Acquire,
+    ) -> Result<durable_core::limiter::Admission, StoreError> {
         self.inner.acquire_limit(acquire).await
     }
 
@@ -468,7 +468,7 @@ impl crate::store::LimiterStore for Probe {
         self.inner.throttle_limit(name, retry_after).await
     }
 
-    async fn limiters(&self) -> Result<Vec<crate::limiter::LimiterInfo>, StoreError> {
+    async fn limiters(&self) -> Result<Vec<durable_core::limiter::LimiterInfo>, StoreError> {
         self.inner.limiters().await
     }
 }
