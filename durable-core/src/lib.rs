@@ -17,6 +17,8 @@ pub mod conformance;
 mod encode;
 pub mod error;
 mod event;
+#[doc(hidden)]
+pub mod guard_switch;
 pub mod ids;
 pub mod integrity;
 pub mod journal;

@@ -2,7 +2,7 @@
 
 use durable_sim::{Options, reproduce, run_seed};
 
-/// Seeds run by default: about a minute on two unloaded cores.
+/// Seeds run by default, on the memory store and virtual time.
 const DEFAULT_SEEDS: u64 = 24;
 
 #[test]
