@@ -4,7 +4,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use durable_core::store::StoreBase;
 use durable_core::{CheckpointStore, Durable, DurableError, Message, StartOptions, StoreError};
 use durable_memory::{MemoryStore, MemoryStoreOptions};
 
@@ -13,10 +12,8 @@ async fn leases_expire_when_the_given_clock_says_so_and_not_before() {
     let now = Arc::new(AtomicI64::new(1_000_000));
     let clock = Arc::clone(&now);
     let store: Arc<dyn CheckpointStore> = Arc::new(
-        MemoryStore::open(
-            MemoryStoreOptions::new().clock(move || clock.load(Ordering::SeqCst)),
-        )
-        .expect("open"),
+        MemoryStore::open(MemoryStoreOptions::new().clock(move || clock.load(Ordering::SeqCst)))
+            .expect("open"),
     );
     assert_eq!(store.now().await.expect("now"), 1_000_000);
 
@@ -33,7 +30,11 @@ async fn leases_expire_when_the_given_clock_says_so_and_not_before() {
     let id = session.id().clone();
     drop(session);
     let lease_ends = store.session(&id).await.expect("row").lease_expires_at;
-    assert_eq!(lease_ends, Some(1_060_000), "the lease is measured on the given clock");
+    assert_eq!(
+        lease_ends,
+        Some(1_060_000),
+        "the lease is measured on the given clock"
+    );
 
     // Real time passes, the given clock does not: the lease holds.
     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -47,7 +48,10 @@ async fn leases_expire_when_the_given_clock_says_so_and_not_before() {
 
     // The given clock moves past the lease: another worker takes the session.
     now.store(1_060_001, Ordering::SeqCst);
-    let resumed = worker("b").resume::<Message>(&id).await.expect("resume after expiry");
+    let resumed = worker("b")
+        .resume::<Message>(&id)
+        .await
+        .expect("resume after expiry");
     assert_eq!(resumed.session.id(), &id);
     assert_eq!(store.now().await.expect("now"), 1_060_001);
 }

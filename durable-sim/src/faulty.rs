@@ -168,6 +168,7 @@ pub struct Faulty {
 
 impl Faulty {
     /// Wraps `inner` for `actor`.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         inner: Arc<dyn CheckpointStore>,
         actor: impl Into<String>,
@@ -280,7 +281,8 @@ impl Faulty {
             Fault::None | Fault::ErrorAfter | Fault::PauseAfter(_) => {}
             Fault::ErrorBefore => {
                 self.count("error_before");
-                self.trace.record(format_args!("{} {op} ErrorBefore", self.actor));
+                self.trace
+                    .record(format_args!("{} {op} ErrorBefore", self.actor));
                 return Err(self.injected_error(op, false));
             }
             Fault::Delay(d) => {

@@ -126,7 +126,14 @@
 //! --guard-off barrier --seeds 500` runs seeds from 0 until one fails. Measured on the
 //! memory store (seeds from 0, so exactly reproducible):
 //!
-//! GUARD_TABLE
+//! | guard switched off | first failing seed | invariant that failed |
+//! |---|---|---|
+//! | `fencing` (a write under a stale fencing token refused) | 3rd (seed 2) | never two writers: `save_checkpoint` with token 5 accepted after token 6 |
+//! | `poison_pill` (recoveries counted, a session parked past the bound) | 1st (seed 0) | liveness: the poison pill still active after 83 recoveries |
+//! | `finite` (non-finite floats refused on their way into the journal) | 2nd (seed 1) | a recorded result changed: `NaN` the first time, a result that no longer decodes on the replay |
+//! | `divergence` (the divergence check) | 10th (seed 9) | an unsafe effect twice: a fork's re-worded email sent again |
+//! | `lease_recheck` (the lease checked again after the issue, before the effect) | 83rd (seed 82) | an unsafe effect twice: an email sent by a worker waking after a pause past its lease, and by the worker that took over |
+//! | `barrier` (the session-wide barrier) | 133rd (seed 132) | an effect beside an in-doubt unsafe call: a re-planned email sent while another was in doubt |
 //!
 //! # Running it
 //!

@@ -11,8 +11,7 @@ use durable_core::store::{
 };
 use durable_core::{
     CallError, Durable, DurableError, Message, ReplayClass, Resumed, Session, SessionId,
-    ShutdownSignal,
-    StartOptions, Verification,
+    ShutdownSignal, StartOptions, Verification,
 };
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -427,14 +426,15 @@ async fn handle(
         };
         let attempt = ctx.world.attempt(session.id(), step);
         let ops = program.calls(index, attempt);
-        ctx.trace
-            .record(format_args!("run {} step {step} attempt {attempt}", session.id()));
+        ctx.trace.record(format_args!(
+            "run {} step {step} attempt {attempt}",
+            session.id()
+        ));
         // A fork's first turn asks the model anew, and the new reply words its emails
         // differently: the divergence check must refuse them (they would repeat the
         // parent's email under other arguments).
         let reword = fork && step == 0;
-        let refused = match run_step(&session, &ctx, (&origin, origin_step), &ops, reword).await
-        {
+        let refused = match run_step(&session, &ctx, (&origin, origin_step), &ops, reword).await {
             Ok(()) => {
                 session.push(Message::user(format!("step {step} done")));
                 match session.checkpoint().await {
@@ -567,9 +567,10 @@ async fn worker_slot(fleet: Arc<Fleet>, slot: usize, mut rng: SmallRng) {
             let _ = pool.await;
             return;
         }
-        fleet
-            .trace
-            .record(format_args!("{owner} {}", if crash { "crash" } else { "stop" }));
+        fleet.trace.record(format_args!(
+            "{owner} {}",
+            if crash { "crash" } else { "stop" }
+        ));
         if crash {
             fleet.crashes.fetch_add(1, Ordering::Relaxed);
             pool.abort();
@@ -698,9 +699,10 @@ async fn fork_one(fleet: &Fleet, durable: &Durable, rng: &mut SmallRng) {
     let fork = SessionId::new(format!("{}.f{n}", parent.id));
     // Known before it exists: a pool may claim it the moment it does.
     lock(&ctx.forks).insert(fork.clone(), (parent.id.clone(), version));
-    fleet
-        .trace
-        .record(format_args!("operator forks {} at {version} as {fork}", parent.id));
+    fleet.trace.record(format_args!(
+        "operator forks {} at {version} as {fork}",
+        parent.id
+    ));
     match durable
         .operator()
         .fork::<Message>(&parent.id, version, Some(fork.clone()))

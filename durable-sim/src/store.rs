@@ -36,9 +36,8 @@ pub async fn open(backend: Backend) -> Result<Arc<dyn CheckpointStore>, StoreErr
         Backend::Memory => {
             let start = tokio::time::Instant::now();
             let clock = move || {
-                EPOCH_MS.saturating_add(
-                    i64::try_from(start.elapsed().as_millis()).unwrap_or(i64::MAX),
-                )
+                EPOCH_MS
+                    .saturating_add(i64::try_from(start.elapsed().as_millis()).unwrap_or(i64::MAX))
             };
             Arc::new(MemoryStore::open(
                 MemoryStoreOptions::new()
