@@ -443,7 +443,13 @@ async fn handle(
                     Err(e) => return Err(e),
                 }
             }
-            Err(Stop::Operator) => return session.release().await,
+            Err(Stop::Operator) => {
+                // A moment passes before the release, as it does for a real worker: on
+                // virtual time, a pool that claims, is refused and releases in one
+                // instant would spin without letting the clock (and the operator) move.
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                return session.release().await;
+            }
             Err(Stop::Approval) => return session.await_approval().await,
             Err(Stop::Refused(refused)) => Some(refused),
             Err(Stop::Error(e)) => return Err(e),

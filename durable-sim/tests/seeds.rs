@@ -2,7 +2,7 @@
 
 use durable_sim::{Options, reproduce, run_seed};
 
-/// Seeds run by default, on the memory store and virtual time: about 40 s on two busy
+/// Seeds run by default, on the memory store and virtual time: under a minute on two busy
 /// cores (debug build). Seed 147 once sent an email twice (a worker paused between its
 /// claim and its resume trusted a lease that had already expired).
 const DEFAULT_SEEDS: u64 = 150;
