@@ -15,6 +15,12 @@ pub(crate) fn encode<T: Serialize + ?Sized>(
     value: &T,
     what: impl std::fmt::Display,
 ) -> Result<Value, DurableError> {
+    if crate::guard_switch::guard_off("finite") {
+        return serde_json::to_value(value).map_err(|e| DurableError::Encode {
+            what: what.to_string(),
+            detail: e.to_string(),
+        });
+    }
     to_journal_value(value).map_err(|source| match source.kind {
         ArgumentErrorKind::Unserializable(_) => DurableError::Encode {
             what: what.to_string(),

@@ -14,7 +14,11 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+// The lease deadline is measured on tokio's clock (the real monotonic clock, unless a
+// runtime pauses time, as a simulation does), the clock every sleep of the runtime uses.
+use tokio::time::Instant;
 
 use serde_json::Value;
 
@@ -219,12 +223,15 @@ impl Journal {
     pub(crate) fn new(
         store: Arc<dyn CheckpointStore>,
         config: Arc<Config>,
-        lease: Lease,
+        (lease, requested): (Lease, Instant),
         step: i64,
         in_doubt: Vec<CallRecord>,
         started: bool,
     ) -> Self {
-        let deadline = Instant::now() + lease_margin(config.lease_ttl);
+        // Counted from when the lease was requested, not from now: the store granted it
+        // at some point after that, and a process that stalled since (between the claim
+        // and this resume, say) may hold a lease that is already gone.
+        let deadline = requested + lease_margin(config.lease_ttl);
         Journal {
             inner: Arc::new(JournalInner {
                 store,

@@ -18,6 +18,8 @@
 // The backend contract: ids, replay classes, the store traits and their records, errors,
 // sealing and the keyring. Always built; it names nothing of the runtime below.
 pub mod error;
+#[doc(hidden)]
+pub mod guard_switch;
 pub mod ids;
 pub mod integrity;
 pub mod limiter;

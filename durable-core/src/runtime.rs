@@ -482,6 +482,7 @@ impl Durable {
         if let Some(tenant) = &options.tenant {
             crate::validate::validate_id("tenant", tenant)?;
         }
+        let requested = tokio::time::Instant::now();
         let (record, lease) = self
             .store
             .create_session(NewSession {
@@ -510,7 +511,7 @@ impl Durable {
             Arc::clone(&self.store),
             Arc::clone(&self.config),
             record,
-            lease,
+            (lease, requested),
             0,
             (1, options.messages),
             options.plan,
@@ -584,6 +585,7 @@ impl Durable {
     where
         M: Serialize + DeserializeOwned + Clone,
     {
+        let requested = tokio::time::Instant::now();
         let lease = self
             .store
             .acquire_lease(
@@ -593,7 +595,8 @@ impl Durable {
                 self.config.max_recovery_attempts,
             )
             .await?;
-        self.resume_leased(lease, OnFailure::Release).await
+        self.resume_leased(lease, requested, OnFailure::Release)
+            .await
     }
 
     /// Claims one session whose worker died (expired lease) or that was released, and
@@ -628,6 +631,7 @@ impl Durable {
         )
         .with_app_version(self.config.app_version.clone())
         .with_queues(queues.iter().cloned());
+        let requested = tokio::time::Instant::now();
         let claimed = self.store.claim_expired(&claim).await?;
         match claimed {
             // A session that cannot be resumed (its messages no longer decode, a row fails
@@ -635,16 +639,19 @@ impl Durable {
             // and the poison-pill bound parks the session. Handed back at once, it would be
             // the oldest session again and the next claim would take it again, forever.
             Some(lease) => self
-                .resume_leased(lease, OnFailure::LetExpire)
+                .resume_leased(lease, requested, OnFailure::LetExpire)
                 .await
                 .map(Some),
             None => Ok(None),
         }
     }
 
+    /// Resumes the session of `lease`, which was requested from the store at `requested`
+    /// (the lease's local deadline counts from then: see `Journal::new`).
     async fn resume_leased<M>(
         &self,
         lease: crate::store::Lease,
+        requested: tokio::time::Instant,
         on_failure: OnFailure,
     ) -> Result<Resumed<M>, DurableError>
     where
@@ -658,7 +665,7 @@ impl Durable {
             { telemetry::ERROR_TYPE } = tracing::field::Empty,
         );
         let resumed = self
-            .resume_in_span(lease, on_failure)
+            .resume_in_span(lease, requested, on_failure)
             .instrument(span.clone())
             .await;
         if let Err(e) = &resumed {
@@ -670,6 +677,7 @@ impl Durable {
     async fn resume_in_span<M>(
         &self,
         lease: crate::store::Lease,
+        requested: tokio::time::Instant,
         on_failure: OnFailure,
     ) -> Result<Resumed<M>, DurableError>
     where
@@ -768,7 +776,7 @@ impl Durable {
             Arc::clone(&self.store),
             Arc::clone(&self.config),
             record,
-            lease,
+            (lease, requested),
             version,
             (first_position, messages),
             plan,

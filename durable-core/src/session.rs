@@ -142,7 +142,7 @@ where
         store: Arc<dyn CheckpointStore>,
         config: Arc<Config>,
         record: SessionRecord,
-        lease: Lease,
+        (lease, requested): (Lease, tokio::time::Instant),
         version: i64,
         (first_position, messages): (i64, Vec<M>),
         plan: Plan,
@@ -153,7 +153,7 @@ where
         let journal = Journal::new(
             Arc::clone(&store),
             Arc::clone(&config),
-            lease,
+            (lease, requested),
             version,
             in_doubt,
             started,
@@ -821,7 +821,7 @@ async fn renew_loop(journal: Journal) {
     loop {
         tokio::time::sleep(period).await;
         let lease = journal.lease();
-        let sent = std::time::Instant::now();
+        let sent = tokio::time::Instant::now();
         match journal.inner.store.renew_lease(&lease, ttl).await {
             Ok(renewed) => journal.renewed(renewed, sent),
             Err(StoreError::LeaseLost { .. }) => {

@@ -73,7 +73,10 @@ fn take(
     let r = &mut session.record;
     r.fence += 1;
     let recovery = r.lease_owner.is_some() && session.ran;
-    if recovery && r.recovery_attempts >= max_attempts {
+    if recovery
+        && r.recovery_attempts >= max_attempts
+        && !durable_core::guard_switch::guard_off("poison_pill")
+    {
         r.status = SessionStatus::Parked;
         r.status_reason = Some(format!(
             "recovery attempts exhausted ({})",

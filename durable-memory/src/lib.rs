@@ -38,7 +38,10 @@
 //!
 //! Leases, wake-up times and approval deadlines are all measured on the store's own
 //! clock ([`now`](durable_core::store::StoreBase::now)): the wall clock read once when the store was opened,
-//! advanced by this process's monotonic clock, so it never jumps or runs backwards.
+//! advanced by this process's monotonic clock, so it never jumps or runs backwards. A
+//! simulation that drives time itself gives the store its clock instead
+//! ([`MemoryStoreOptions::clock`]): every lease, `updated_at`, wake-up time and approval
+//! deadline is then read from it.
 //!
 //! [`CheckpointStore`]: durable_core::CheckpointStore
 
@@ -74,10 +77,25 @@ pub const BACKEND: &str = "memory";
 pub const NOT_DURABLE: &str = "in-memory store (everything is lost when the process ends)";
 
 /// Options of a [`MemoryStore`].
-#[derive(Debug, Clone, Default)]
+#[derive(Clone, Default)]
 pub struct MemoryStoreOptions {
     keyring: Option<Keyring>,
     accept_volatile: bool,
+    clock: Option<Clock>,
+}
+
+/// A clock the store reads its time from, in milliseconds since the Unix epoch
+/// ([`MemoryStoreOptions::clock`]).
+pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
+
+impl fmt::Debug for MemoryStoreOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStoreOptions")
+            .field("keyring", &self.keyring)
+            .field("accept_volatile", &self.accept_volatile)
+            .field("clock", &self.clock.as_ref().map(|_| "custom"))
+            .finish()
+    }
 }
 
 impl MemoryStoreOptions {
@@ -102,6 +120,23 @@ impl MemoryStoreOptions {
         self.keyring = Some(keyring);
         self
     }
+
+    /// Read the store's time (ms since the Unix epoch) from `clock` instead of the wall
+    /// clock: leases, `updated_at`, wake-up times and approval deadlines all follow it.
+    /// Meant for simulations that drive time themselves (a paused tokio clock, say); the
+    /// clock must never run backwards.
+    pub fn clock(mut self, clock: impl Fn() -> i64 + Send + Sync + 'static) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+}
+
+/// Where the store's time comes from.
+enum Time {
+    /// The wall clock (ms) at open, and the instant it was read.
+    Wall(i64, Instant),
+    /// A clock given in the options.
+    Given(Clock),
 }
 
 /// A [`CheckpointStore`](durable_core::CheckpointStore) in this process's memory: see the [crate docs](crate).
@@ -117,8 +152,8 @@ struct Inner {
     /// then writes, and never holds it across an `.await`.
     state: Mutex<State>,
     keyring: Keyring,
-    /// The wall clock (ms) at open, and the instant it was read.
-    epoch: (i64, Instant),
+    /// Where the store's time comes from.
+    time: Time,
     accept_volatile: bool,
     work: WorkNotifier,
 }
@@ -149,25 +184,36 @@ impl MemoryStore {
             .keyring
             .unwrap_or_default()
             .bind_store_key(durable_core::integrity::random_key()?);
-        let wall = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        let time = match options.clock {
+            Some(clock) => Time::Given(clock),
+            None => Time::Wall(
+                std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX)),
+                Instant::now(),
+            ),
+        };
         Ok(MemoryStore {
             inner: Arc::new(Inner {
                 state: Mutex::new(State::default()),
                 keyring,
-                epoch: (wall, Instant::now()),
+                time,
                 accept_volatile: options.accept_volatile,
                 work: WorkNotifier::new(),
             }),
         })
     }
 
-    /// The store's clock (ms since the epoch): monotonic, anchored to the wall clock.
+    /// The store's clock (ms since the epoch): monotonic, anchored to the wall clock, or
+    /// the clock the options gave.
     pub(crate) fn clock(&self) -> i64 {
-        let (wall, at) = self.inner.epoch;
-        let elapsed = i64::try_from(at.elapsed().as_millis()).unwrap_or(i64::MAX);
-        wall.saturating_add(elapsed)
+        match &self.inner.time {
+            Time::Wall(wall, at) => {
+                let elapsed = i64::try_from(at.elapsed().as_millis()).unwrap_or(i64::MAX);
+                wall.saturating_add(elapsed)
+            }
+            Time::Given(clock) => clock(),
+        }
     }
 
     /// The state, locked. A panic while it was held (a bug) does not wedge the store:

@@ -14,32 +14,32 @@ use crate::world::World;
 pub(crate) async fn check_end(
     store: &dyn CheckpointStore,
     programs: &Programs,
+    sessions: &[SessionId],
     world: &World,
     violations: &mut Vec<String>,
 ) {
     let in_doubt = store.in_doubt(None).await.unwrap_or_default();
     let mut journals = std::collections::BTreeMap::new();
-    for id in programs.keys() {
+    for id in sessions {
         match store.calls(id, None).await {
             Ok(rows) => {
                 journals.insert(id.clone(), rows);
             }
+            Err(durable_core::StoreError::SessionNotFound(_)) => {}
             Err(e) => violations.push(format!("reading the journal of {id}: {e}")),
         }
     }
-    let session_of = |call: &str| SessionId::new(call.split('/').next().unwrap_or_default());
     let mut surfaced = |tool: &str, call: &str, result: &Value, key: Option<&str>| {
         let matches = |row: &&durable_core::store::CallRecord| {
             row.identity.tool == tool
                 && row.args["call"] == call
                 && key.is_none_or(|k| row.idempotency_key.as_deref() == Some(k))
         };
-        let rows = journals
-            .get(&session_of(call))
-            .map(Vec::as_slice)
-            .unwrap_or(&[]);
-        let recorded = rows
-            .iter()
+        // In the journal of the call's session, or of a fork of it (which runs its
+        // parent's calls, with the same arguments).
+        let recorded = journals
+            .values()
+            .flatten()
             .filter(matches)
             .find(|row| matches!(row.status, CallStatus::Completed | CallStatus::Resolved));
         match recorded {
@@ -57,6 +57,9 @@ pub(crate) async fn check_end(
     };
     for (call, result) in world.emails() {
         surfaced("send_email", &call, &result, None);
+    }
+    for (call, result) in world.wires() {
+        surfaced("wire", &call, &result, None);
     }
     for (key, charge) in world.charges() {
         surfaced("charge", &charge.call, &charge.result, Some(&key));

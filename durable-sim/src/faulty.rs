@@ -23,6 +23,8 @@ use rand::Rng;
 use rand::rngs::SmallRng;
 use tokio::time::Instant;
 
+use crate::trace::Trace;
+
 mod forward;
 
 pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -48,7 +50,7 @@ pub struct FaultRates {
     pub pause_range: (Duration, Duration),
     /// Whether a pause may also strike after a write committed, before its
     /// acknowledgement reaches the caller (the caller then goes on, late, with a lease
-    /// that may be gone). Off by default: see the crate docs.
+    /// that may be gone). On in every run unless `--no-pause-after-commit`.
     pub pause_after_commit: bool,
 }
 
@@ -156,12 +158,17 @@ pub struct Faulty {
     /// Until when this actor is paused.
     paused_until: Mutex<Option<Instant>>,
     log: Arc<FenceLog>,
+    /// The run's event log: every call, its fault and its outcome.
+    trace: Arc<Trace>,
+    /// Whether the store's work notifications reach this actor (see `work_events`).
+    notifications: bool,
     /// Faults injected, by kind (for the run's statistics).
     pub(crate) injected: Mutex<HashMap<&'static str, usize>>,
 }
 
 impl Faulty {
     /// Wraps `inner` for `actor`.
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         inner: Arc<dyn CheckpointStore>,
         actor: impl Into<String>,
@@ -169,6 +176,8 @@ impl Faulty {
         rates: FaultRates,
         on: Arc<AtomicBool>,
         log: Arc<FenceLog>,
+        trace: Arc<Trace>,
+        notifications: bool,
     ) -> Self {
         Faulty {
             inner,
@@ -178,6 +187,8 @@ impl Faulty {
             on,
             paused_until: Mutex::new(None),
             log,
+            trace,
+            notifications,
             injected: Mutex::new(HashMap::new()),
         }
     }
@@ -270,6 +281,8 @@ impl Faulty {
             Fault::None | Fault::ErrorAfter | Fault::PauseAfter(_) => {}
             Fault::ErrorBefore => {
                 self.count("error_before");
+                self.trace
+                    .record(format_args!("{} {op} ErrorBefore", self.actor));
                 return Err(self.injected_error(op, false));
             }
             Fault::Delay(d) => {
@@ -294,6 +307,11 @@ impl Faulty {
                 self.log.saw(&session, token);
             }
         }
+        self.trace.record(format_args!(
+            "{} {op} {fault:?} {}",
+            self.actor,
+            if result.is_ok() { "ok" } else { "err" }
+        ));
         match fault {
             Fault::ErrorAfter if result.is_ok() => {
                 self.count("error_after");

@@ -1,137 +1,158 @@
 //! A seeded simulation of a durable fleet: several worker pools, an operator, lease
 //! expiry and a faulty store, driven by one seed, checked against the invariants users
-//! rely on.
+//! rely on. On the memory store (the default) a seed gives one run, exactly.
 //!
 //! # What a run does
 //!
 //! From the seed it draws: 3 to 8 sessions, each with an agent program of 1 to 4 steps
-//! (a model reply with a cost, then 1 to 3 tool calls, then a checkpoint;
-//! [`program`]); 2 to 4 worker slots; a lease duration of 150 to 250 ms; a mix of
-//! faults ([`FaultRates`]); how often the email's verify hook cannot tell; and how long
-//! faults last (0.8 to 2 s). Then, on one current-thread tokio runtime:
+//! (a model reply with a cost, then 1 to 3 tool calls, then a checkpoint; some steps
+//! **re-plan** when they run again, asking for one more call with a side effect before
+//! the ones they asked for the first time; [`program`]); 2 to 4 worker slots; a lease
+//! duration of 150 to 250 ms; a mix of faults ([`FaultRates`]); how often the email's
+//! verify hook cannot tell; and how long faults last (0.8 to 2 s). Then, on one
+//! current-thread tokio runtime:
 //!
 //! - a **submitter** submits the sessions at seeded moments;
 //! - each **worker slot** runs a pool ([`Durable::worker`](durable_core::Durable::worker),
 //!   its own owner name, concurrency 1 to 3) whose handler runs the session's program from
 //!   the checkpoint it resumed at, releasing the session when a call is refused as
-//!   replay-unsafe (only an operator can go on) or the pool shuts down; at seeded moments
-//!   the slot **crashes** its pool (aborts the task: no release, every await point is a
-//!   possible crash point, a store call in flight included) or **stops it gracefully**
-//!   (SIGTERM: the handlers release at their next checkpoint), and starts a new pool
-//!   under a new owner after a seeded delay;
-//! - an **operator** wakes at seeded moments, resolves every in-doubt call from the
-//!   ledgers' truth (happened: `Happened` with the ledger's result; not: `DidNotHappen`)
-//!   and unparks every parked session (the poison-pill bound parks a session after 3
-//!   recoveries that died without a checkpoint) but a poison pill;
+//!   replay-unsafe (only an operator can go on), parking it when a call awaits approval,
+//!   and releasing it when the pool shuts down; at seeded moments the slot **crashes** its
+//!   pool (aborts the task: no release, every await point is a possible crash point, a
+//!   store call in flight included) or **stops it gracefully** (SIGTERM: the handlers
+//!   release at their next checkpoint), and starts a new pool under a new owner after a
+//!   seeded delay;
+//! - an **operator** wakes at seeded moments and: resolves every in-doubt call from the
+//!   ledgers' truth (happened: `Happened` with the ledger's result; not: `DidNotHappen`);
+//!   **approves or denies** (by the seed) every call awaiting approval; sometimes **forks**
+//!   a completed session at a seeded version (the fork re-runs its parent's program from
+//!   there, with its parent's arguments; a pool runs it); and unparks every parked session
+//!   (the poison-pill bound parks a session after 3 recoveries that died without a
+//!   checkpoint) but a poison pill;
 //! - in half the runs, a **poison pill**: a session that kills its worker (the handler
 //!   returns an error without releasing) every time it runs, after a model call;
 //! - every actor talks to the store through a [`Faulty`] of its own, which by the seed
 //!   fails a call before it reaches the store, performs it and then loses its
 //!   acknowledgement, delays it, or **pauses the actor** for longer than a lease (every
 //!   call it makes meanwhile waits, its lease renewals included: a process stopped, then
-//!   waking with a lease that is gone).
+//!   waking with a lease that is gone), before the call or after it committed.
 //!
-//! Once the faulty phase ends, faults and crashes stop, and every session must complete
-//! within 15 s (liveness).
+//! Once the faulty phase ends, faults, crashes and forks stop, and every session must
+//! end within 15 s of the run's clock (liveness).
 //!
 //! # The tools and their ledgers
 //!
 //! The effects land in a [`World`] outside the store that survives every crash:
 //! `send_email` (`unsafe_on_replay`, with a verify hook that reads the outbox, or answers
 //! `Unknown` by the seed), `charge` (`idempotent_with_key`, against a payment API that
-//! deduplicates by the key the journal recorded, and counts presentations), and `lookup`
-//! (`pure`). Tool bodies sleep a millisecond before and after their effect, so that a
-//! crash lands on either side of it.
+//! deduplicates by the key the journal recorded, and counts presentations), `wire`
+//! (`unsafe_on_replay`, no verify hook, every call needs a person's approval: the
+//! operator's decision is written in the ledger before the store hears of it) and
+//! `lookup` (`pure`). Tool bodies sleep a millisecond before and after their effect, so
+//! that a crash lands on either side of it.
 //!
 //! # The invariants
 //!
 //! Checked while the run goes on:
 //! - **no `unsafe_on_replay` effect twice**: the outbox never sends two emails for one
-//!   call;
+//!   call, the bank never wires twice for one call; a fork's calls are its parent's, so
+//!   this is also **a fork never repeats an effect of its parent**;
+//! - **an approved call runs at most once, a denied one never, none before its
+//!   approval**;
 //! - **no keyed charge applied twice**: no logical charge reaches the payment API under
 //!   two keys;
+//! - **nothing runs beside an in-doubt unsafe call**: when an effect lands, the store
+//!   lists no other `unsafe_on_replay` call of the session in doubt (the session-wide
+//!   barrier's promise);
 //! - **no recorded result lost or changed**: every result the harness gets for one call
 //!   (tool results and model replies, which differ each time they are asked for) is the
 //!   one it got the first time;
 //! - **never two writers of one session**: the store never accepts a fenced write whose
 //!   token is lower than one it had already accepted or granted for that session before
-//!   the write began ([`FenceLog`]; comparing with what had *completed before the write
-//!   began* keeps the check sound whatever order the store's thread and the runtime's
-//!   tasks interleave in).
+//!   the write began ([`FenceLog`]);
+//! - **no refusal without a cause**: a session's own program (not a fork's) is never
+//!   refused as diverged or as repeating an inherited effect.
 //!
 //! Checked at the end, on the real store:
-//! - **every session completed** within the bound once faults stopped, and a poison
-//!   pill parked;
+//! - **every session ended** within the bound once faults stopped: completed, a poison
+//!   pill parked, a fork completed or failed (refused for repeating its parent);
 //! - **every in-doubt call surfaced**: every effect in a ledger is a completed or resolved
-//!   journal row with the ledger's result, or is listed by `in_doubt`;
+//!   journal row (of its session or a fork of it) with the ledger's result, or is listed
+//!   by `in_doubt`;
 //! - **spend charged once**: each completed session's budget shows exactly the cost of
 //!   its program's model replies.
 //!
 //! A failing seed prints the command that runs it again ([`reproduce`]).
 //!
-//! # Determinism, and why a real store
+//! # Determinism
 //!
-//! A run is one seeded generator, split into one stream per actor (and per worker
-//! generation, and per `Faulty`), on a current-thread runtime, so tasks are polled in a
-//! deterministic order. It is not yet exactly reproducible: SQLite runs on sqlx's own
-//! thread, so when a query's answer wakes its task depends on that thread, and leases,
-//! delays and pauses are measured on the real clock (SQLite judges a lease by observing
-//! it on the process's monotonic clock; the journal stops starting calls by the same
-//! clock). A seed therefore runs the same programs, fault mix and schedule of crashes,
-//! and usually interleaves them the same way; a failure found once reproduces often,
-//! not always. With an in-process memory store (no IO, no other thread) the runs become
-//! deterministic once time is virtual too: tokio's paused clock (`start_paused`) drives
-//! every sleep and timer here, and the store's `now()` and lease judgement and the
-//! journal's lease deadline would have to read tokio's clock (`tokio::time::Instant`)
-//! instead of the system's. The store is chosen in one place, [`store::open`].
+//! On the memory store (the default), a seed gives one run, bit for bit: the same
+//! programs, faults, crashes, interleavings and results, and the same event log
+//! ([`Trace`]: every store call of every actor with its time, fault and outcome, every
+//! effect and operator action). `tests/determinism.rs` runs seeds twice in one process
+//! and compares the logs' digests, so anything nondeterministic that creeps back fails
+//! it. What makes it so:
+//! - one seeded generator, split into one stream per actor (and per worker generation,
+//!   and per [`Faulty`]); a current-thread runtime, whose tasks are polled in a
+//!   deterministic order; every `select!` of the simulation and of the worker pool
+//!   `biased` (an unbiased one draws from the runtime's own generator);
+//! - virtual time: the runtime's clock is paused (`start_paused`) and jumps to the next
+//!   timer whenever every task waits, so leases, delays and pauses are exact and a run
+//!   costs only its CPU time; the memory store reads its clock from the runtime's
+//!   ([`store::open`], `MemoryStoreOptions::clock`), and the journal's lease deadline is
+//!   on the runtime's clock too;
+//! - no IO and no other thread: the memory store answers in the calling task;
+//! - nothing decided by a hash map's order (rows issued in one millisecond are told
+//!   apart by their place in the journal, not by a map's iteration).
+//!
+//! What is not deterministic: the ids of sessions' calls and the store's sealing key are
+//! random (nothing depends on their order, and the log leaves them out), and the wall
+//! time a run takes. With `--sqlite` the run is on SQLite, a real SQL store that catches
+//! what the memory store cannot, and on the real clock: SQLite answers from sqlx's
+//! thread, so a seed gives the same programs, faults and schedule of crashes but not
+//! always the same interleaving; a failure found there reproduces often, not always.
 //!
 //! Why not `turmoil` or `madsim`: both simulate a network and hosts, which this fleet
 //! does not have (every actor shares one store in one process); what it needs is one
 //! seeded schedule of faults at the store's boundary and crashes at await points, which a
-//! store decorator and tokio's own runtime give without a new executor.
+//! store decorator and tokio's own runtime (its paused clock included) give without a new
+//! executor.
 //!
 //! # Guards it finds switched off
 //!
-//! Measured on the debug build, two cores, each from several starting seeds:
-//! - the store's fencing check accepting a stale token: "two writers of session …" at
-//!   the 1st to 4th seed;
-//! - the journal re-running an in-doubt `unsafe_on_replay` call instead of asking its
-//!   verify hook: "unsafe effect twice: email for … sent again" at the 1st to 21st seed;
-//! - poison-pill counting (the store never parking a session whose recoveries keep
-//!   dying): "liveness: … poison active at version 0 (…, recoveries 80)" at the first seed
-//!   that has a poison pill (half of them do);
-//! - the session-wide barrier: not found in 100 seeds. The generated programs never
-//!   diverge (a re-run asks for the same calls in the same order), so the in-doubt call
-//!   is always met, and refused, before any later effect; finding it needs programs whose
-//!   re-runs ask for other calls.
+//! `--guard-off <guard>` switches one guard off (`durable_core::guard_switch`: a failpoint,
+//! compiled only with `durable-core`'s `failpoints` feature, so it costs nothing in a
+//! build without it) for a revert experiment: `cargo run -p durable-sim --release --
+//! --guard-off barrier --seeds 500` runs seeds from 0 until one fails. Measured on the
+//! memory store (seeds from 0, so exactly reproducible):
 //!
-//! # A pause after a commit
-//!
-//! [`FaultRates::pause_after_commit`] (`--pause-after-commit`) lets a pause strike after
-//! a write committed and before its caller hears of it. It is off by default because it
-//! finds a double send today (at the 12th of the seeds from 0 and the 73rd from 100, when
-//! this was written): the worker's *issued* row commits, the worker pauses past its
-//! lease, another worker takes the session over, the verify hook reads an empty outbox
-//! and the call runs there; then the first worker wakes
-//! and runs the tool body it had been cleared to run before the pause. The journal
-//! checks its lease deadline before a call starts, not after the issue returns; checking
-//! it again there (before the body runs) made 250 seeds of this mode pass. A pause between
-//! that check and the effect itself stays possible, as in any system whose effects are
-//! not fenced at their destination.
+//! | guard switched off | first failing seed | invariant that failed |
+//! |---|---|---|
+//! | `fencing` (a write under a stale fencing token refused) | 3rd (seed 2) | never two writers: `save_checkpoint` with token 5 accepted after token 6 |
+//! | `poison_pill` (recoveries counted, a session parked past the bound) | 1st (seed 0) | liveness: the poison pill still active after 83 recoveries |
+//! | `finite` (non-finite floats refused on their way into the journal) | 2nd (seed 1) | a recorded result changed: `NaN` the first time, a result that no longer decodes on the replay |
+//! | `divergence` (the divergence check) | 10th (seed 9) | an unsafe effect twice: a fork's re-worded email sent again |
+//! | `lease_recheck` (the lease checked again after the issue, before the effect) | 83rd (seed 82) | an unsafe effect twice: an email sent by a worker waking after a pause past its lease, and by the worker that took over |
+//! | `barrier` (the session-wide barrier) | 133rd (seed 132) | an effect beside an in-doubt unsafe call: a re-planned email sent while another was in doubt |
 //!
 //! # Running it
 //!
 //! `cargo test -p durable-sim` runs a fixed budget of seeds (`DURABLE_SIM_SEEDS` to
-//! change it). `cargo run -p durable-sim --release -- --seeds 100000` or `--for 2h` runs
-//! many; `--seed N` runs one and prints what it did.
+//! change it) and the determinism check. `cargo run -p durable-sim --release -- --seeds
+//! 100000` or `--for 2h` runs many; `--seed N` runs one and prints what it did (`--trace`:
+//! its whole event log); `--sqlite` runs on SQLite; `--no-pause-after-commit` keeps
+//! pauses before the calls.
 
 mod check;
 pub mod faulty;
 pub mod program;
 mod run;
 pub mod store;
+pub mod trace;
 pub mod world;
 
 pub use faulty::{FaultRates, Faulty, FenceLog};
-pub use run::{Options, Report, reproduce, run_seed};
+pub use run::{GUARDS, Options, Report, reproduce, run_seed};
+pub use store::Backend;
+pub use trace::Trace;
 pub use world::World;

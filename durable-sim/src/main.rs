@@ -1,10 +1,12 @@
-//! Runs the fleet simulation: `--seed N` (one seed), `--seeds N` (seeds `--start`..),
-//! `--for 2h` (as many seeds as fit), `--pause-after-commit`.
+//! Runs the fleet simulation: `--seed N` (one seed; `--trace` prints its event log),
+//! `--seeds N` (seeds `--start`..), `--for 2h` (as many seeds as fit); `--sqlite` (SQLite
+//! on the real clock instead of the memory store on virtual time),
+//! `--no-pause-after-commit`, `--guard-off <guard>` (a revert experiment).
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use durable_sim::{Options, reproduce, run_seed};
+use durable_sim::{Backend, GUARDS, Options, reproduce, run_seed};
 
 fn duration(text: &str) -> Option<Duration> {
     let (number, unit) = text.split_at(text.find(|c: char| !c.is_ascii_digit())?);
@@ -19,7 +21,9 @@ fn duration(text: &str) -> Option<Duration> {
 
 fn usage(problem: &str) -> ExitCode {
     eprintln!(
-        "{problem}\nusage: durable-sim [--seed N | --seeds N [--start S] | --for 30s|10m|2h] [--pause-after-commit]"
+        "{problem}\nusage: durable-sim [--seed N [--trace] | --seeds N [--start S] | --for 30s|10m|2h] [--sqlite] \
+         [--no-pause-after-commit] [--guard-off {}]",
+        GUARDS.join("|")
     );
     ExitCode::from(2)
 }
@@ -27,6 +31,7 @@ fn usage(problem: &str) -> ExitCode {
 fn main() -> ExitCode {
     let mut args = std::env::args().skip(1);
     let (mut one, mut count, mut start, mut until) = (None, None, 0u64, None);
+    let mut print_trace = false;
     let mut options = Options::default();
     while let Some(arg) = args.next() {
         let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
@@ -55,6 +60,26 @@ fn main() -> ExitCode {
                 options.pause_after_commit = true;
                 Ok(())
             }
+            "--no-pause-after-commit" => {
+                options.pause_after_commit = false;
+                Ok(())
+            }
+            "--sqlite" => {
+                options.backend = Backend::Sqlite;
+                Ok(())
+            }
+            "--trace" => {
+                print_trace = true;
+                Ok(())
+            }
+            "--guard-off" => value("--guard-off").and_then(|g| {
+                if GUARDS.contains(&g.as_str()) {
+                    options.guard_off = Some(g);
+                    Ok(())
+                } else {
+                    Err(format!("--guard-off: not a guard: {g}"))
+                }
+            }),
             other => Err(format!("unknown argument `{other}`")),
         };
         if let Err(problem) = parsed {
@@ -63,6 +88,11 @@ fn main() -> ExitCode {
     }
     if let Some(seed) = one {
         let report = run_seed(seed, &options);
+        if print_trace {
+            for event in &report.events {
+                println!("{event}");
+            }
+        }
         println!("{}", report.summary);
         for v in &report.violations {
             println!("VIOLATION: {v}");

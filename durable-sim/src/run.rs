@@ -1,14 +1,17 @@
 //! One run: a seed in, a [`Report`] out.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use durable_core::snapshot::Spend;
-use durable_core::store::{CheckpointStore, Resolution, SessionFilter, SessionStatus};
+use durable_core::store::{
+    ApprovalRequest, CheckpointStore, Resolution, SessionFilter, SessionStatus,
+};
 use durable_core::{
-    CallError, Durable, DurableError, Message, Resumed, Session, SessionId, ShutdownSignal,
-    StartOptions, Verification,
+    CallError, Durable, DurableError, Message, ReplayClass, Resumed, Session, SessionId,
+    ShutdownSignal, StartOptions, Verification,
 };
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -17,15 +20,42 @@ use tokio::sync::watch;
 
 use crate::faulty::{FaultRates, Faulty, FenceLog, lock};
 use crate::program::{Op, Program, Programs, Tools, spend_of};
+use crate::store::Backend;
+use crate::trace::Trace;
 use crate::world::World;
 
 /// What a run may be told besides its seed.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Options {
     /// Let a pause strike after a write committed, before the caller hears of it (see
-    /// [`FaultRates::pause_after_commit`]).
+    /// [`FaultRates::pause_after_commit`]). On by default; `--no-pause-after-commit`.
     pub pause_after_commit: bool,
+    /// The store the run shares (`--sqlite`: SQLite on the real clock).
+    pub backend: Backend,
+    /// A guard switched off for a revert experiment (`--guard-off <guard>`, see
+    /// `durable_core::guard_switch`): the run should find a violation.
+    pub guard_off: Option<String>,
 }
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            pause_after_commit: true,
+            backend: Backend::Memory,
+            guard_off: None,
+        }
+    }
+}
+
+/// The guards a revert experiment may switch off (`--guard-off`).
+pub const GUARDS: &[&str] = &[
+    "barrier",
+    "divergence",
+    "poison_pill",
+    "fencing",
+    "finite",
+    "lease_recheck",
+];
 
 /// What a run found.
 #[derive(Debug, Clone)]
@@ -36,6 +66,11 @@ pub struct Report {
     pub violations: Vec<String>,
     /// A one-line summary of what the run did.
     pub summary: String,
+    /// The digest of the run's event log ([`Trace`]): the same for every run of the seed
+    /// on the memory store.
+    pub trace: u64,
+    /// The run's event log, one line per event.
+    pub events: Vec<String>,
 }
 
 impl Report {
@@ -47,58 +82,115 @@ impl Report {
 
 /// The command that runs `seed` again.
 pub fn reproduce(seed: u64, options: &Options) -> String {
-    format!(
-        "cargo run -p durable-sim --release -- --seed {seed}{}",
-        if options.pause_after_commit {
-            " --pause-after-commit"
-        } else {
-            ""
-        }
-    )
+    let mut command = format!("cargo run -p durable-sim --release -- --seed {seed}");
+    if !options.pause_after_commit {
+        command.push_str(" --no-pause-after-commit");
+    }
+    if options.backend == Backend::Sqlite {
+        command.push_str(" --sqlite");
+    }
+    if let Some(guard) = &options.guard_off {
+        command.push_str(" --guard-off ");
+        command.push_str(guard);
+    }
+    command
+}
+
+fn failed(seed: u64, why: String) -> Report {
+    Report {
+        seed,
+        violations: vec![why],
+        summary: String::new(),
+        trace: 0,
+        events: Vec::new(),
+    }
 }
 
 /// Runs the simulation for `seed` on a fresh current-thread runtime and store.
+///
+/// On the memory store the runtime's clock is paused: time moves only when every task
+/// waits, straight to the next timer, so a run takes the CPU time it needs and no more,
+/// and the same seed gives the same run.
 pub fn run_seed(seed: u64, options: &Options) -> Report {
     let runtime = match tokio::runtime::Builder::new_current_thread()
         .enable_time()
+        .start_paused(options.backend.virtual_time())
         .build()
     {
         Ok(rt) => rt,
-        Err(e) => {
-            return Report {
-                seed,
-                violations: vec![format!("could not build a runtime: {e}")],
-                summary: String::new(),
-            };
-        }
+        Err(e) => return failed(seed, format!("could not build a runtime: {e}")),
     };
-    runtime.block_on(simulate(seed, options))
+    let switch = options
+        .guard_off
+        .as_ref()
+        .map(|guard| format!("durable::guard_off::{guard}"));
+    if let Some(name) = &switch
+        && let Err(e) = fail::cfg(name, "return")
+    {
+        return failed(seed, format!("could not switch {name} off: {e}"));
+    }
+    let report = runtime.block_on(simulate(seed, options));
+    if let Some(name) = &switch {
+        fail::remove(name);
+    }
+    report
 }
 
 /// Everything a handler needs, shared by every worker.
 struct Ctx {
     world: Arc<World>,
+    /// The real store, without faults: what the invariants read.
+    store: Arc<dyn CheckpointStore>,
+    trace: Arc<Trace>,
     programs: Programs,
     tools: Tools,
     /// How often a verify hook answers `Unknown` instead of reading the outbox.
     unknown: f64,
     rng: std::sync::Mutex<SmallRng>,
+    /// The forks the operator made: by fork, the session it was forked from and at
+    /// which version (the fork's step `n` is its parent's step `version + n`).
+    forks: std::sync::Mutex<BTreeMap<SessionId, (SessionId, i64)>>,
+}
+
+impl Ctx {
+    /// The session whose program `id` runs, the offset of its steps in it, and whether
+    /// `id` is a fork.
+    fn origin(&self, id: &SessionId) -> (SessionId, i64, bool) {
+        match lock(&self.forks).get(id) {
+            Some((parent, version)) => (parent.clone(), *version, true),
+            None => (id.clone(), 0, false),
+        }
+    }
+
+    /// Every session of the run: the programs' and the forks'.
+    fn sessions(&self) -> Vec<SessionId> {
+        let mut all: Vec<SessionId> = self.programs.keys().cloned().collect();
+        all.extend(lock(&self.forks).keys().cloned());
+        all
+    }
 }
 
 /// Why a step stopped.
 enum Stop {
     /// Refused as replay-unsafe: only an operator can go on; the handler releases.
     Operator,
+    /// A call awaits a person's approval: the handler parks the session until it is
+    /// decided.
+    Approval,
+    /// A fork's call would repeat its parent's effect, or its re-run left the parent's
+    /// path: refused; the fork ends there (failed).
+    Refused(DurableError),
     /// Anything else: the handler returns it (the lease is left to expire).
     Error(DurableError),
 }
 
 fn stop<E: std::fmt::Display>(world: &World, call: &str, e: CallError<E>) -> Stop {
     match e {
-        CallError::Durable(refused @ DurableError::ReplayUnsafe { .. }) => {
-            let _ = refused;
-            Stop::Operator
-        }
+        CallError::Durable(DurableError::ReplayUnsafe { .. }) => Stop::Operator,
+        CallError::Durable(DurableError::AwaitingApproval { .. }) => Stop::Approval,
+        CallError::Durable(
+            refused @ (DurableError::InheritedEffect { .. } | DurableError::ReplayDiverged { .. }),
+        ) => Stop::Refused(refused),
         CallError::Durable(e) => Stop::Error(e),
         other => {
             // The simulated tools never fail: a failure is not theirs.
@@ -115,13 +207,36 @@ fn stop<E: std::fmt::Display>(world: &World, call: &str, e: CallError<E>) -> Sto
 /// lands before the effect as well as after it.
 const NETWORK: Duration = Duration::from_millis(1);
 
+/// An effect is about to land for logical call `key` of session `id`: no other
+/// `unsafe_on_replay` call of the session may be in doubt in the store (the session-wide
+/// barrier's promise: nothing with a side effect runs beside a call in doubt).
+async fn beside_doubt(ctx: &Ctx, id: &SessionId, key: &str) {
+    let Ok(rows) = ctx.store.in_doubt(Some(id)).await else {
+        return;
+    };
+    if let Some(row) = rows
+        .iter()
+        .find(|row| row.class == ReplayClass::UnsafeOnReplay && row.args["call"] != key)
+    {
+        ctx.world.violation(format!(
+            "effect beside an in-doubt unsafe call: {key} ran while {} {} was in doubt",
+            row.identity.tool, row.args["call"]
+        ));
+    }
+}
+
+/// Runs one step of `session`'s program: `ops` are the calls of step `origin_step` of
+/// the program of session `origin` (the session itself, or the one it was forked from:
+/// a fork's calls are its parent's, with the same arguments).
 async fn run_step(
     session: &Session<Message>,
     ctx: &Arc<Ctx>,
-    step: i64,
-    ops: &[Op],
+    (origin, origin_step): (&SessionId, i64),
+    ops: &[(String, Op)],
+    reword: bool,
 ) -> Result<(), Stop> {
     let id = session.id().clone();
+    let step = session.version();
     let world = &ctx.world;
     let model_key = format!("{id}/{step}/model");
     let reply: Value = session
@@ -136,8 +251,11 @@ async fn run_step(
         .await
         .map_err(|e| stop(world, &model_key, e))?;
     world.observe(&model_key, &reply);
-    for (j, op) in ops.iter().enumerate() {
-        let key = format!("{id}/{step}/{j}");
+    for (j, op) in ops {
+        // The logical call (its ledgers' key, in its arguments), and what the harness saw
+        // of it in this session.
+        let key = format!("{origin}/{origin_step}/{j}");
+        let seen = format!("{id}/{step}/{j}");
         let journal = session.journal();
         let result = match *op {
             Op::Email => {
@@ -148,16 +266,25 @@ async fn run_step(
                     key.clone(),
                     key.clone(),
                 );
+                let (c1, s1) = (Arc::clone(ctx), id.clone());
+                let args = if reword {
+                    json!({ "call": key, "draft": 2 })
+                } else {
+                    json!({ "call": key })
+                };
                 journal
-                    .tool(&ctx.tools.email, json!({ "call": key }))
+                    .tool(&ctx.tools.email, args)
                     .run_verified(
                         move |tool| {
                             let (world, key) = (Arc::clone(&w1), k1.clone());
+                            let (ctx, session) = (Arc::clone(&c1), s1.clone());
                             let attempt =
                                 format!("attempt {} of call {}", tool.attempt(), tool.call_id());
                             async move {
                                 tokio::time::sleep(NETWORK).await;
+                                beside_doubt(&ctx, &session, &key).await;
                                 let sent = world.send_email(&key, &attempt);
+                                ctx.trace.record(format_args!("email {key} {sent}"));
                                 tokio::time::sleep(NETWORK).await;
                                 Ok::<Value, String>(sent)
                             }
@@ -176,22 +303,75 @@ async fn run_step(
             }
             Op::Charge(amount) => {
                 let (w, k) = (Arc::clone(world), key.clone());
+                let (c1, s1) = (Arc::clone(ctx), id.clone());
                 journal
                     .tool(&ctx.tools.charge, json!({ "call": key, "amount": amount }))
                     .key(format!("pay-{key}"))
                     .run(move |tool| {
                         let (world, call) = (Arc::clone(&w), k.clone());
+                        let (ctx, session) = (Arc::clone(&c1), s1.clone());
                         // The key the journal recorded with the row, as the payment API
                         // receives it.
                         let idem = tool.idempotency_key().unwrap_or_default().to_owned();
                         async move {
                             tokio::time::sleep(NETWORK).await;
+                            beside_doubt(&ctx, &session, &call).await;
                             let charged = world.charge(&call, &idem, amount);
+                            ctx.trace.record(format_args!("charge {call} {charged}"));
                             tokio::time::sleep(NETWORK).await;
                             Ok::<Value, String>(charged)
                         }
                     })
                     .await
+            }
+            Op::Wire(amount) => {
+                let (w, k) = (Arc::clone(world), key.clone());
+                let (c1, s1) = (Arc::clone(ctx), id.clone());
+                let outcome = journal
+                    .tool(&ctx.tools.wire, json!({ "call": key, "amount": amount }))
+                    .require_approval(ApprovalRequest {
+                        asked_by: "policy".into(),
+                        reasoning: None,
+                        expires_in: None,
+                        schema: None,
+                    })
+                    .run(move |_| {
+                        let (world, call) = (Arc::clone(&w), k.clone());
+                        let (ctx, session) = (Arc::clone(&c1), s1.clone());
+                        async move {
+                            tokio::time::sleep(NETWORK).await;
+                            beside_doubt(&ctx, &session, &call).await;
+                            let sent = world.wire(&call, amount);
+                            ctx.trace.record(format_args!("wire {call} {sent}"));
+                            tokio::time::sleep(NETWORK).await;
+                            Ok::<Value, String>(sent)
+                        }
+                    })
+                    .await;
+                match outcome {
+                    // Denied: the denial is the call's result, as the model reads it.
+                    Err(CallError::Recorded(denied)) => Ok(json!({ "denied": denied.message })),
+                    other => other,
+                }
+            }
+            Op::Measure(non_finite) => {
+                let outcome = journal
+                    .tool(&ctx.tools.measure, json!({ "call": key }))
+                    .run(move |_| async move {
+                        Ok::<f64, String>(if non_finite { f64::NAN } else { 0.5 })
+                    })
+                    .await;
+                // What the harness sees, as text (JSON holds no NaN).
+                match outcome {
+                    Ok(ratio) => Ok(json!(format!("{ratio:?}"))),
+                    Err(CallError::Durable(DurableError::InvalidValue { .. })) => {
+                        Ok(json!("refused: not finite"))
+                    }
+                    Err(CallError::Durable(DurableError::Decode { .. })) => {
+                        Ok(json!("the recorded result no longer decodes"))
+                    }
+                    Err(e) => Err(e),
+                }
             }
             Op::Lookup => {
                 let answer = json!({ "fact": format!("about {key}") });
@@ -205,7 +385,8 @@ async fn run_step(
             }
         };
         let value = result.map_err(|e| stop(world, &key, e))?;
-        world.observe(&key, &value);
+        ctx.trace.record(format_args!("result {seen} {value}"));
+        world.observe(&seen, &value);
     }
     Ok(())
 }
@@ -219,7 +400,8 @@ async fn handle(
     ctx: Arc<Ctx>,
 ) -> Result<(), DurableError> {
     let mut session = resumed.session;
-    let Some(program) = ctx.programs.get(session.id()).cloned() else {
+    let (origin, offset, fork) = ctx.origin(session.id());
+    let Some(program) = ctx.programs.get(&origin).cloned() else {
         return session.release().await;
     };
     if is_poison(session.id()) {
@@ -235,19 +417,58 @@ async fn handle(
     }
     loop {
         let step = session.version();
-        let Some(ops) = usize::try_from(step)
+        let origin_step = step + offset;
+        let Some(index) = usize::try_from(origin_step)
             .ok()
-            .and_then(|s| program.steps.get(s))
+            .filter(|&s| s < program.steps.len())
         else {
             return session.complete().await.map(|_| ());
         };
-        match run_step(&session, &ctx, step, ops).await {
-            Ok(()) => {}
-            Err(Stop::Operator) => return session.release().await,
+        let attempt = ctx.world.attempt(session.id(), step);
+        let ops = program.calls(index, attempt);
+        ctx.trace.record(format_args!(
+            "run {} step {step} attempt {attempt}",
+            session.id()
+        ));
+        // A fork's first turn asks the model anew, and the new reply words its emails
+        // differently: the divergence check must refuse them (they would repeat the
+        // parent's email under other arguments).
+        let reword = fork && step == 0;
+        let refused = match run_step(&session, &ctx, (&origin, origin_step), &ops, reword).await {
+            Ok(()) => {
+                session.push(Message::user(format!("step {step} done")));
+                match session.checkpoint().await {
+                    Ok(_) => None,
+                    Err(refused @ DurableError::ReplayDiverged { .. }) => Some(refused),
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(Stop::Operator) => {
+                // A moment passes before the release, as it does for a real worker: on
+                // virtual time, a pool that claims, is refused and releases in one
+                // instant would spin without letting the clock (and the operator) move.
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                return session.release().await;
+            }
+            Err(Stop::Approval) => return session.await_approval().await,
+            Err(Stop::Refused(refused)) => Some(refused),
             Err(Stop::Error(e)) => return Err(e),
+        };
+        if let Some(refused) = refused {
+            ctx.trace
+                .record(format_args!("refused {}: {refused}", session.id()));
+            if !fork {
+                // Only a fork's re-run may be refused so: the programs of the sessions
+                // themselves never leave their first attempt's path unless they re-plan,
+                // and a re-planned call comes before the recorded ones.
+                ctx.world.violation(format!(
+                    "{} refused though it never left its path: {refused}",
+                    session.id()
+                ));
+                return session.release().await;
+            }
+            return session.fail(&format!("refused: {refused}")).await;
         }
-        session.push(Message::user(format!("step {step} done")));
-        session.checkpoint().await?;
         if shutdown.is_shutting_down() {
             return session.release().await;
         }
@@ -266,8 +487,13 @@ struct Fleet {
     crashes: AtomicUsize,
     graceful: AtomicUsize,
     resolved: AtomicUsize,
+    decided: AtomicUsize,
+    forked: AtomicUsize,
     unparked: AtomicUsize,
     faulties: std::sync::Mutex<Vec<Arc<Faulty>>>,
+    trace: Arc<Trace>,
+    /// Whether the run is on virtual time (and must be exactly reproducible).
+    virtual_time: bool,
 }
 
 impl Fleet {
@@ -279,6 +505,8 @@ impl Fleet {
             self.rates.clone(),
             Arc::clone(&self.faults_on),
             Arc::clone(&self.log),
+            Arc::clone(&self.trace),
+            !self.virtual_time,
         ));
         lock(&self.faulties).push(Arc::clone(&faulty));
         faulty
@@ -329,6 +557,9 @@ async fn worker_slot(fleet: Arc<Fleet>, slot: usize, mut rng: SmallRng) {
         let crash = rng.random_bool(0.6);
         let restart = Duration::from_millis(rng.random_range(0..=300));
         tokio::select! {
+            // In the order written: `select!` would otherwise draw from the runtime's
+            // own random generator, which no seed controls.
+            biased;
             () = tokio::time::sleep(life), if fleet.faults_on.load(Ordering::SeqCst) => {}
             () = stopped(&mut stop) => {
                 pool.abort();
@@ -342,6 +573,10 @@ async fn worker_slot(fleet: Arc<Fleet>, slot: usize, mut rng: SmallRng) {
             let _ = pool.await;
             return;
         }
+        fleet.trace.record(format_args!(
+            "{owner} {}",
+            if crash { "crash" } else { "stop" }
+        ));
         if crash {
             fleet.crashes.fetch_add(1, Ordering::Relaxed);
             pool.abort();
@@ -365,6 +600,7 @@ async fn operator(fleet: Arc<Fleet>, mut rng: SmallRng) {
     loop {
         let pause = Duration::from_millis(rng.random_range(20..=250));
         tokio::select! {
+            biased;
             () = tokio::time::sleep(pause) => {}
             () = stopped(&mut stop) => return,
         }
@@ -373,12 +609,16 @@ async fn operator(fleet: Arc<Fleet>, mut rng: SmallRng) {
                 let call = row.args["call"].as_str().unwrap_or_default().to_owned();
                 let truth = match row.identity.tool.as_str() {
                     "send_email" => world.email_sent(&call),
+                    "wire" => world.wire_sent(&call),
                     "charge" => row
                         .idempotency_key
                         .as_deref()
                         .and_then(|key| world.charge_applied(key)),
                     _ => continue,
                 };
+                fleet
+                    .trace
+                    .record(format_args!("operator resolves {call}: {truth:?}"));
                 let resolution = match truth {
                     Some(result) => Resolution::Happened { result },
                     None => Resolution::DidNotHappen,
@@ -393,14 +633,93 @@ async fn operator(fleet: Arc<Fleet>, mut rng: SmallRng) {
                 }
             }
         }
+        if let Ok(pending) = store.pending_approvals(None).await {
+            for request in pending {
+                let call = request.call.args["call"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_owned();
+                let approve = rng.random_bool(0.7);
+                fleet.trace.record(format_args!(
+                    "operator {} {call}",
+                    if approve { "approves" } else { "denies" }
+                ));
+                // Decided in the world first: the call may run the moment the store
+                // has the approval.
+                world.decide(&call, approve);
+                let decided = if approve {
+                    durable
+                        .operator()
+                        .approve(&request.call.id, None, "operator", None)
+                        .await
+                } else {
+                    durable
+                        .operator()
+                        .deny(&request.call.id, "the operator said no", "operator", None)
+                        .await
+                };
+                if decided.is_ok() {
+                    fleet.decided.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }
+        if fleet.faults_on.load(Ordering::SeqCst) && rng.random_bool(0.15) {
+            fork_one(&fleet, &durable, &mut rng).await;
+        }
         let parked = SessionFilter::new().with_statuses(vec![SessionStatus::Parked]);
         if let Ok(sessions) = store.list_sessions(&parked).await {
             for session in sessions.iter().filter(|s| !is_poison(&s.id)) {
+                fleet
+                    .trace
+                    .record(format_args!("operator unparks {}", session.id));
                 if store.unpark_session(&session.id).await.is_ok() {
                     fleet.unparked.fetch_add(1, Ordering::Relaxed);
                 }
             }
         }
+    }
+}
+
+/// Forks a completed session (drawn by the seed) at a version drawn by the seed: the fork
+/// re-runs its parent's program from there, with its parent's arguments, and must never
+/// repeat one of its parent's effects (its calls are refused, or return the parent's
+/// results). The operator releases the fork at once; a worker pool runs it.
+async fn fork_one(fleet: &Fleet, durable: &Durable, rng: &mut SmallRng) {
+    let ctx = &fleet.ctx;
+    let done = SessionFilter::new().with_statuses(vec![SessionStatus::Completed]);
+    let Ok(completed) = durable.store().list_sessions(&done).await else {
+        return;
+    };
+    // Sessions of the programs only (a fork of a fork is left out), in id order.
+    let mut parents: Vec<_> = completed
+        .into_iter()
+        .filter(|s| ctx.programs.contains_key(&s.id) && !is_poison(&s.id))
+        .collect();
+    parents.sort_by(|a, b| a.id.cmp(&b.id));
+    if parents.is_empty() {
+        return;
+    }
+    let parent = parents.swap_remove(rng.random_range(0..parents.len()));
+    let version = rng.random_range(0..=parent.latest_version.max(1) - 1);
+    let n = lock(&ctx.forks).len();
+    let fork = SessionId::new(format!("{}.f{n}", parent.id));
+    // Known before it exists: a pool may claim it the moment it does.
+    lock(&ctx.forks).insert(fork.clone(), (parent.id.clone(), version));
+    fleet.trace.record(format_args!(
+        "operator forks {} at {version} as {fork}",
+        parent.id
+    ));
+    match durable
+        .operator()
+        .fork::<Message>(&parent.id, version, Some(fork.clone()))
+        .await
+    {
+        Ok(session) => {
+            fleet.forked.fetch_add(1, Ordering::Relaxed);
+            // Its lease runs out if this fails: a pool takes it then.
+            let _ = session.release().await;
+        }
+        Err(e) => fleet.trace.record(format_args!("fork {fork} failed: {e}")),
     }
 }
 
@@ -431,18 +750,14 @@ async fn submitter(fleet: Arc<Fleet>, mut rng: SmallRng, spread: Duration) {
 const LIVENESS: Duration = Duration::from_secs(15);
 
 async fn simulate(seed: u64, options: &Options) -> Report {
+    // Wall time, for the summary only (the run itself is on the runtime's clock).
     let started = std::time::Instant::now();
     let mut master = SmallRng::seed_from_u64(seed);
-    let store = match crate::store::open().await {
+    let store = match crate::store::open(options.backend).await {
         Ok(store) => store,
-        Err(e) => {
-            return Report {
-                seed,
-                violations: vec![format!("could not open the store: {e}")],
-                summary: String::new(),
-            };
-        }
+        Err(e) => return failed(seed, format!("could not open the store: {e}")),
     };
+    let trace = Arc::new(Trace::new());
     let ttl = Duration::from_millis(master.random_range(150..=250));
     let mut rates = FaultRates::draw(&mut master, ttl);
     rates.pause_after_commit = options.pause_after_commit;
@@ -461,6 +776,7 @@ async fn simulate(seed: u64, options: &Options) -> Report {
             SessionId::new("poison"),
             Program {
                 steps: vec![vec![]],
+                replans: Default::default(),
             },
         );
     }
@@ -476,17 +792,24 @@ async fn simulate(seed: u64, options: &Options) -> Report {
         ttl,
         ctx: Arc::new(Ctx {
             world: Arc::clone(&world),
+            store: Arc::clone(&store),
+            trace: Arc::clone(&trace),
             programs: programs.clone(),
             tools: Tools::default(),
             unknown: master.random_range(0.0..0.8),
             rng: std::sync::Mutex::new(SmallRng::seed_from_u64(master.random())),
+            forks: std::sync::Mutex::new(BTreeMap::new()),
         }),
         stop: stop_rx,
         crashes: AtomicUsize::new(0),
         graceful: AtomicUsize::new(0),
         resolved: AtomicUsize::new(0),
+        decided: AtomicUsize::new(0),
+        forked: AtomicUsize::new(0),
         unparked: AtomicUsize::new(0),
         faulties: std::sync::Mutex::new(Vec::new()),
+        trace: Arc::clone(&trace),
+        virtual_time: options.backend.virtual_time(),
     });
     let mut actors = tokio::task::JoinSet::new();
     actors.spawn(submitter(
@@ -513,10 +836,16 @@ async fn simulate(seed: u64, options: &Options) -> Report {
     let mut unfinished = Vec::new();
     loop {
         unfinished.clear();
-        for id in programs.keys() {
+        for id in fleet.ctx.sessions() {
+            let fork = !programs.contains_key(&id);
+            let id = &id;
             match store.session(id).await {
                 Ok(s) if is_poison(id) && s.status == SessionStatus::Parked => {}
                 Ok(s) if !is_poison(id) && s.status == SessionStatus::Completed => {}
+                // A fork refused for repeating its parent's effect ends failed.
+                Ok(s) if fork && s.status == SessionStatus::Failed => {}
+                // A fork whose creation failed before reaching the store.
+                Err(durable_core::StoreError::SessionNotFound(_)) if fork => {}
                 Ok(s) => unfinished.push(format!(
                     "{id} {} at version {} (lease {:?}, recoveries {})",
                     s.status.as_str(),
@@ -549,9 +878,10 @@ async fn simulate(seed: u64, options: &Options) -> Report {
             unfinished.join("; ")
         ));
     }
-    crate::check::check_end(&*store, &programs, &world, &mut violations).await;
+    let everyone = fleet.ctx.sessions();
+    crate::check::check_end(&*store, &programs, &everyone, &world, &mut violations).await;
 
-    let mut injected = std::collections::BTreeMap::new();
+    let mut injected = BTreeMap::new();
     for faulty in lock(&fleet.faulties).iter() {
         for (kind, n) in lock(&faulty.injected).iter() {
             *injected.entry(*kind).or_insert(0) += n;
@@ -561,7 +891,8 @@ async fn simulate(seed: u64, options: &Options) -> Report {
     let summary = format!(
         "seed {seed}: {sessions} sessions{}, {workers} worker slots, ttl {}ms, faults for {}ms \
          ({injected:?}); {} crashes, {} graceful stops; {} emails, {} charges ({} presentations), \
-         {} model replies; {} resolutions, {} unparks; {} fenced writes accepted; {:.1}s",
+         {} model replies, {} wires; {} resolutions, {} approvals decided, {} forks, {} unparks; {} fenced writes accepted; trace {:016x} \
+         ({} events); {:.1}s",
         if programs.keys().any(is_poison) {
             " and a poison pill"
         } else {
@@ -575,14 +906,21 @@ async fn simulate(seed: u64, options: &Options) -> Report {
         charges.len(),
         charges.values().map(|c| c.attempts).sum::<usize>(),
         world.replies(),
+        world.wires().len(),
         fleet.resolved.load(Ordering::Relaxed),
+        fleet.decided.load(Ordering::Relaxed),
+        fleet.forked.load(Ordering::Relaxed),
         fleet.unparked.load(Ordering::Relaxed),
         fleet.log.accepted_writes(),
+        trace.digest(),
+        trace.events().len(),
         started.elapsed().as_secs_f64(),
     );
     Report {
         seed,
         violations,
         summary,
+        trace: trace.digest(),
+        events: trace.events(),
     }
 }

@@ -27,6 +27,12 @@ pub struct World {
     replies: Mutex<u64>,
     /// Invariant violations found while the run went on.
     violations: Mutex<Vec<String>>,
+    /// Every wire sent: the logical call, with its result.
+    wires: Mutex<Vec<(CallKey, Value)>>,
+    /// The operator's decisions on wires, by logical call: `true` approved.
+    decisions: Mutex<BTreeMap<CallKey, bool>>,
+    /// How often each step of each session was run (by session and step).
+    attempts: Mutex<BTreeMap<(String, i64), u32>>,
 }
 
 /// A charge the payment API applied.
@@ -41,6 +47,17 @@ pub struct Charge {
 }
 
 impl World {
+    /// A worker starts running `step` of `session`: the how-manieth time (1 for the
+    /// first), which decides whether the step re-plans.
+    pub fn attempt(&self, session: &durable_core::SessionId, step: i64) -> u32 {
+        let mut attempts = lock(&self.attempts);
+        let n = attempts
+            .entry((session.as_str().to_owned(), step))
+            .or_insert(0);
+        *n += 1;
+        *n
+    }
+
     /// Records a violation.
     pub fn violation(&self, message: String) {
         lock(&self.violations).push(message);
@@ -63,6 +80,42 @@ impl World {
         }
         emails.push((call.clone(), result.clone()));
         result
+    }
+
+    /// The operator decided on `call`'s wire.
+    pub fn decide(&self, call: &CallKey, approved: bool) {
+        lock(&self.decisions).insert(call.clone(), approved);
+    }
+
+    /// The bank wires money for `call`: only once a person approved it, and once.
+    pub fn wire(&self, call: &CallKey, amount: u64) -> Value {
+        let mut wires = lock(&self.wires);
+        let result = json!({ "wire_id": wires.len() + 1, "amount": amount });
+        match lock(&self.decisions).get(call) {
+            Some(true) => {}
+            Some(false) => self.violation(format!("a denied call ran: wire for {call}")),
+            None => self.violation(format!("a call ran before its approval: wire for {call}")),
+        }
+        if let Some((_, first)) = wires.iter().find(|(c, _)| c == call) {
+            self.violation(format!(
+                "an approved call ran twice: wire for {call} (first {first}, now {result})"
+            ));
+        }
+        wires.push((call.clone(), result.clone()));
+        result
+    }
+
+    /// What the bank knows about `call`'s wire.
+    pub fn wire_sent(&self, call: &CallKey) -> Option<Value> {
+        lock(&self.wires)
+            .iter()
+            .find(|(c, _)| c == call)
+            .map(|(_, r)| r.clone())
+    }
+
+    /// Every wire sent.
+    pub fn wires(&self) -> Vec<(CallKey, Value)> {
+        lock(&self.wires).clone()
     }
 
     /// What the outbox knows about `call`'s email: its result if it was sent.

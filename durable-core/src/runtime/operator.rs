@@ -429,10 +429,11 @@ impl Operator {
         )
         .rerun(options.rerun)
         .by(by);
+        let requested = tokio::time::Instant::now();
         let (_, lease) = self.durable.store.fork_session_with(&request).await?;
         let resumed = self
             .durable
-            .resume_leased::<M>(lease, OnFailure::Release)
+            .resume_leased::<M>(lease, requested, OnFailure::Release)
             .await?;
         Ok((resumed.session, plan))
     }
