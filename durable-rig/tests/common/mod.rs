@@ -82,7 +82,7 @@ pub async fn details(path: &Path, session: &str) -> Vec<String> {
 
 /// A crash point: with `DURABLE_RIG_CRASH_AT=<point>`, print `CRASH_POINT <point>` and
 /// wait to be killed.
-async fn crash_point(point: &str) {
+pub async fn crash_point(point: &str) {
     if std::env::var("DURABLE_RIG_CRASH_AT").as_deref() == Ok(point) {
         use std::io::Write;
         println!("CRASH_POINT {point}");
