@@ -24,6 +24,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
 #[path = "../examples/wrapped_agent/agent.rs"]
+#[allow(dead_code, reason = "the example's module; the test uses part of it")]
 mod agent;
 
 const CHILD: &str = "DURABLE_WRAPPED_CHILD";

@@ -15,14 +15,14 @@ use std::sync::Arc;
 
 use durable::store::Resolution;
 use durable::{CheckpointStore, Durable, DurableError, SessionId, StartOptions};
-use durable_openai_stub::Stub;
+use durable_openai_stub::{Reply, Stub};
 use durable_rig::DurableRig;
 use rig_core::providers::openai::OpenAIConfig;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
-use common::{FINAL, PROMPT, crash_point, effects, script, toolbox};
+use common::{FINAL, PROMPT, crash_point, effects, script, script_ending, toolbox};
 
 const SESSION: &str = "order-o-1";
 /// The child's exit code when durable refused to go on (`ReplayUnsafe`).
@@ -306,12 +306,18 @@ async fn killed_after_the_email_left() {
 }
 
 /// A streamed run killed after the first text fragment of its second reply reached the
-/// UI (the tools of the first reply ran, the second reply is not journaled): the resumed
+/// UI (the tools of the first reply ran, the second reply is not journaled: its stream
+/// is still open): the resumed
 /// run replays the first reply as a stream, its tools' recorded results come back, and
 /// only the second reply is asked for again; every tool ran once.
 async fn streamed_killed_mid_stream() {
     let dir = tempfile::tempdir().expect("dir");
-    let stub = Stub::start(script()).await.expect("stub");
+    // The answer's stream stalls after its first piece the first time it is asked: rig
+    // relays a reply's events through a buffer, so a stream the stub sent whole could be
+    // journaled before the kill lands.
+    let stub = Stub::start(script_ending(Reply::stall_then(Reply::text(FINAL))))
+        .await
+        .expect("stub");
     let ledger = dir.path().join("ledger.db");
 
     let first = run_child_with(dir.path(), &stub, Some("mid_stream"), true).await;

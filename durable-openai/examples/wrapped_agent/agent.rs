@@ -46,8 +46,8 @@ pub struct Options {
     /// Stream each reply (`create_stream`), printing `chunk "<text>"` lines as they arrive.
     pub stream: bool,
     /// The test's hook: print `paused at <point>` and wait to be killed at
-    /// `mid_stream:<n>` (the first chunk of the n-th reply printed, the reply not yet
-    /// journaled) or `after_model:<n>` (the n-th reply journaled), n counted from 1.
+    /// `mid_stream:<n>` (the second chunk of the n-th reply handled, after the role: its
+    /// first piece of text printed, the reply not yet journaled) or `after_model:<n>` (the n-th reply journaled), n counted from 1.
     pub pause_at: Option<String>,
 }
 
@@ -92,12 +92,12 @@ async fn send_email(to: String, body: String) -> Result<String, std::io::Error> 
 }
 
 #[derive(Deserialize)]
-struct LookupArgs {
+struct LookupInput {
     sku: String,
 }
 
 #[derive(Deserialize)]
-struct EmailArgs {
+struct EmailInput {
     to: String,
     body: String,
 }
@@ -209,11 +209,11 @@ pub async fn run(options: Options) -> Result<String, Error> {
             let arguments = &call.function.arguments;
             let output = match call.function.name.as_str() {
                 "lookup" => {
-                    let args: LookupArgs = serde_json::from_str(arguments)?;
+                    let args: LookupInput = serde_json::from_str(arguments)?;
                     lookup.call(session.journal(), args.sku).await? // durable: was `lookup(args.sku).await?`
                 }
                 "send_email" => {
-                    let args: EmailArgs = serde_json::from_str(arguments)?;
+                    let args: EmailInput = serde_json::from_str(arguments)?;
                     send_email.call(session.journal(), args.to, args.body).await? // durable: was `send_email(args.to, args.body).await?`
                 }
                 other => format!("no tool named {other}"),
@@ -266,7 +266,7 @@ async fn streamed(
             }
         }
         chunks += 1;
-        if chunks == 1 {
+        if chunks == 2 {
             pause(&format!("mid_stream:{reply}")).await;
         }
     }
