@@ -337,13 +337,22 @@ impl StreamedReply for StreamedMessage {
                     (Block::Text { text }, ContentDelta::TextDelta { text: piece }) => {
                         text.push_str(piece);
                     }
-                    (Block::ToolUse { input, .. }, ContentDelta::InputJsonDelta { partial_json }) => {
+                    (
+                        Block::ToolUse { input, .. },
+                        ContentDelta::InputJsonDelta { partial_json },
+                    ) => {
                         input.push_str(partial_json);
                     }
-                    (Block::Thinking { thinking, .. }, ContentDelta::ThinkingDelta { thinking: piece }) => {
+                    (
+                        Block::Thinking { thinking, .. },
+                        ContentDelta::ThinkingDelta { thinking: piece },
+                    ) => {
                         thinking.push_str(piece);
                     }
-                    (Block::Thinking { signature, .. }, ContentDelta::SignatureDelta { signature: s }) => {
+                    (
+                        Block::Thinking { signature, .. },
+                        ContentDelta::SignatureDelta { signature: s },
+                    ) => {
                         signature.push_str(s);
                     }
                     // A delta that does not fit its block (or a kind not read here).
@@ -456,7 +465,9 @@ fn open_block(block: &Value) -> Block {
             .to_owned()
     };
     match block.get("type").and_then(Value::as_str) {
-        Some("text") => Block::Text { text: field("text") },
+        Some("text") => Block::Text {
+            text: field("text"),
+        },
         Some("tool_use") => Block::ToolUse {
             id: field("id"),
             name: field("name"),

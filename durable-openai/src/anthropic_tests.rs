@@ -77,7 +77,10 @@ fn a_recorded_stream_folds_into_the_message_with_the_input_text_as_sent() {
     assert_eq!(message.model, "claude-sonnet-4-5");
     assert_eq!(message.text(), "Okay, let me send that.");
     assert_eq!(message.stop_reason.as_deref(), Some("tool_use"));
-    assert_eq!((message.usage.input_tokens, message.usage.output_tokens), (472, 89));
+    assert_eq!(
+        (message.usage.input_tokens, message.usage.output_tokens),
+        (472, 89)
+    );
     let calls = message.tool_calls();
     assert_eq!(calls.len(), 1);
     assert_eq!(calls[0].id, "toolu_01T1x1fJ34qAmk2tNTrN7Up6");
@@ -90,7 +93,10 @@ fn a_recorded_stream_folds_into_the_message_with_the_input_text_as_sent() {
     let spend = spend(&message).expect("usage");
     assert_eq!((spend.input_tokens(), spend.output_tokens()), (472, 89));
     // Text deltas, as a UI shows them.
-    let shown: String = events.iter().filter_map(MessageStreamEvent::text_delta).collect();
+    let shown: String = events
+        .iter()
+        .filter_map(MessageStreamEvent::text_delta)
+        .collect();
     assert_eq!(shown, "Okay, let me send that.");
 }
 
@@ -102,12 +108,16 @@ fn the_assembled_input_goes_through_the_same_scanner_as_a_whole_reply() {
             index: 0,
             content_block: serde_json::json!({"type": "tool_use", "id": "toolu_1", "name": "pay", "input": {}}),
         }];
-        events.extend(partials.iter().map(|piece| MessageStreamEvent::ContentBlockDelta {
-            index: 0,
-            delta: ContentDelta::InputJsonDelta {
-                partial_json: (*piece).to_owned(),
-            },
-        }));
+        events.extend(
+            partials
+                .iter()
+                .map(|piece| MessageStreamEvent::ContentBlockDelta {
+                    index: 0,
+                    delta: ContentDelta::InputJsonDelta {
+                        partial_json: (*piece).to_owned(),
+                    },
+                }),
+        );
         let calls = assemble(&events).tool_calls();
         let ToolArguments::Text(text) = &calls[0].arguments else {
             panic!("raw text");
@@ -135,11 +145,17 @@ fn a_replay_yields_events_that_fold_into_the_same_message() {
     assert_eq!(assemble(&replayed), message);
     // Through the journal's JSON, as a recorded reply is read back.
     let json = serde_json::to_value(&message).expect("encode");
-    assert_eq!(json["content"][1]["input"], r#"{"to": "ann", "to": "mallory"}"#);
+    assert_eq!(
+        json["content"][1]["input"],
+        r#"{"to": "ann", "to": "mallory"}"#
+    );
     let decoded: StreamedMessage = serde_json::from_value(json).expect("decode");
     assert_eq!(assemble(&decoded.replay()), message);
     // The same kinds of events as the live stream, so a UI has one code path.
-    let shown: String = replayed.iter().filter_map(MessageStreamEvent::text_delta).collect();
+    let shown: String = replayed
+        .iter()
+        .filter_map(MessageStreamEvent::text_delta)
+        .collect();
     assert_eq!(shown, "Okay, let me send that.");
     // And each event reads back from its JSON (a replay sent on to a browser).
     for event in &replayed {
@@ -166,13 +182,24 @@ data: {\"type\":\"message_delta\",\"delta\":{\"stop_reason\":\"end_turn\"},\"usa
             signature: "EqQB".into()
         }
     );
-    assert!(matches!(&message.content[1], Block::Other { block } if block["type"] == "server_tool_use"));
-    assert_eq!(message.content.len(), 2, "an index far beyond the blocks is left out");
+    assert!(
+        matches!(&message.content[1], Block::Other { block } if block["type"] == "server_tool_use")
+    );
+    assert_eq!(
+        message.content.len(),
+        2,
+        "an index far beyond the blocks is left out"
+    );
     assert_eq!(spend(&message).map(|s| s.input_tokens()), Some(13));
     assert_eq!(assemble(&message.replay()), message);
 
-    let error = parse_event(r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#)
-        .expect_err("an error event");
+    let error = parse_event(
+        r#"{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}"#,
+    )
+    .expect_err("an error event");
     assert!(matches!(error, StreamError::Provider(_)), "{error}");
-    assert!(matches!(parse_event("{not json"), Err(StreamError::Decode { .. })));
+    assert!(matches!(
+        parse_event("{not json"),
+        Err(StreamError::Decode { .. })
+    ));
 }

@@ -47,16 +47,21 @@ fn main() {
         .build()
         .expect("runtime");
     let cases: [(&str, Case); 3] = [
-        ("wrapped_killed_after_a_reply_the_rerun_asks_nothing_twice", || {
-            Box::pin(wrapped_killed_after_a_reply_the_rerun_asks_nothing_twice())
-        }),
+        (
+            "wrapped_killed_after_a_reply_the_rerun_asks_nothing_twice",
+            || Box::pin(wrapped_killed_after_a_reply_the_rerun_asks_nothing_twice()),
+        ),
         (
             "wrapped_streamed_killed_mid_stream_the_rerun_asks_that_reply_again",
             || Box::pin(wrapped_streamed_killed_mid_stream_the_rerun_asks_that_reply_again()),
         ),
         (
             "wrapped_streamed_killed_after_the_stream_the_rerun_replays_it_as_a_stream",
-            || Box::pin(wrapped_streamed_killed_after_the_stream_the_rerun_replays_it_as_a_stream()),
+            || {
+                Box::pin(
+                    wrapped_streamed_killed_after_the_stream_the_rerun_replays_it_as_a_stream(),
+                )
+            },
         ),
     ];
     for (name, case) in cases {
@@ -333,5 +338,9 @@ async fn wrapped_streamed_killed_after_the_stream_the_rerun_replays_it_as_a_stre
     let (status, stdout, stderr) = world.run().await;
     world.assert_done_once(status, &stdout, &stderr).await;
     assert_eq!(world.stub.requests().len(), 3, "nothing asked again");
-    assert_eq!(shown(stdout.lines()), shown(&live), "the UI shows the same reply");
+    assert_eq!(
+        shown(stdout.lines()),
+        shown(&live),
+        "the UI shows the same reply"
+    );
 }

@@ -138,7 +138,9 @@ impl JournaledModel {
                             shared.note_reply(&response);
                             Some(Ok(Relayed::Done(Box::new(response))))
                         }
-                        Ok(ReplyEvent::Reply(StreamedResponse(None))) => Some(Err(stream_truncated())),
+                        Ok(ReplyEvent::Reply(StreamedResponse(None))) => {
+                            Some(Err(stream_truncated()))
+                        }
                         Err(error) => Some(Err(call_error_report(error, &shared))),
                     }
                 }

@@ -218,7 +218,9 @@ async fn stream_agent(journal: &durable::Journal, stub: &Stub) -> (String, Vec<V
     let mut stream = agent.prompt(PROMPT).max_turns(5).stream();
     let (mut text, mut ends) = (String::new(), Vec::new());
     while let Some(item) = stream.next().await {
-        match item.unwrap_or_else(|e| panic!("the streamed run failed: {e} ({:?})", rig.take_error())) {
+        match item
+            .unwrap_or_else(|e| panic!("the streamed run failed: {e} ({:?})", rig.take_error()))
+        {
             MultiTurnStreamItem::StreamAssistantItem(Item::Event(StreamEvent::Text {
                 text: piece,
                 ..
@@ -250,7 +252,10 @@ async fn a_streamed_run_is_journaled_and_replayed_as_a_stream() {
     assert_eq!(output, FINAL);
     assert_eq!(live_text, FINAL, "the final reply's text, streamed");
     assert_eq!(stub.requests().len(), 2);
-    assert!(stub.requests().iter().all(|r| r["stream"] == true), "rig streamed");
+    assert!(
+        stub.requests().iter().all(|r| r["stream"] == true),
+        "rig streamed"
+    );
     assert_eq!(
         effects(&ledger_path(), "streamed").await,
         ["lookup", "send_email", "charge"]

@@ -99,7 +99,8 @@ async fn streamed(mut stream: rig_agent::agent::StreamingResult) -> Result<Strin
     while let Some(item) = stream.next().await {
         match item.map_err(|e| e.to_string())? {
             MultiTurnStreamItem::StreamAssistantItem(Item::Event(StreamEvent::Text {
-                text, ..
+                text,
+                ..
             })) => {
                 println!("CHUNK {}", json!(text));
                 shown += 1;
@@ -321,10 +322,21 @@ async fn streamed_killed_mid_stream() {
     let ledger = dir.path().join("ledger.db");
 
     let first = run_child_with(dir.path(), &stub, Some("mid_stream"), true).await;
-    assert_eq!(first.crashed.as_deref(), Some("mid_stream"), "{:?}", first.lines);
-    assert!(!shown(&first.lines).is_empty(), "part of the reply was shown");
+    assert_eq!(
+        first.crashed.as_deref(),
+        Some("mid_stream"),
+        "{:?}",
+        first.lines
+    );
+    assert!(
+        !shown(&first.lines).is_empty(),
+        "part of the reply was shown"
+    );
     assert_eq!(stub.requests().len(), 2);
-    assert!(stub.requests().iter().all(|r| r["stream"] == true), "rig streamed");
+    assert!(
+        stub.requests().iter().all(|r| r["stream"] == true),
+        "rig streamed"
+    );
     assert_eq!(
         effects(&ledger, SESSION).await,
         ["lookup", "send_email", "charge"]
@@ -361,10 +373,20 @@ async fn streamed_killed_after_the_stream() {
     let ledger = dir.path().join("ledger.db");
 
     let first = run_child_with(dir.path(), &stub, Some("after_stream"), true).await;
-    assert_eq!(first.crashed.as_deref(), Some("after_stream"), "{:?}", first.lines);
+    assert_eq!(
+        first.crashed.as_deref(),
+        Some("after_stream"),
+        "{:?}",
+        first.lines
+    );
     assert_eq!(shown(&first.lines), FINAL);
     assert!(
-        first.lines.iter().filter(|l| l.starts_with("CHUNK ")).count() > 1,
+        first
+            .lines
+            .iter()
+            .filter(|l| l.starts_with("CHUNK "))
+            .count()
+            > 1,
         "live, the text came in pieces: {:?}",
         first.lines
     );

@@ -67,7 +67,9 @@ async fn pause(point: &str) {
 
 /// Writes an effect to the ledger (the stock system's log, the mail server's outbox).
 async fn effect(kind: &str, detail: String) -> Result<(), std::io::Error> {
-    let ledger = LEDGER.get().ok_or_else(|| std::io::Error::other("no ledger"))?;
+    let ledger = LEDGER
+        .get()
+        .ok_or_else(|| std::io::Error::other("no ledger"))?;
     sqlx::query("INSERT INTO effects (kind, call_id, dedup_key, detail) VALUES (?, '', NULL, ?)")
         .bind(kind)
         .bind(detail)
@@ -159,8 +161,14 @@ pub async fn run(options: Options) -> Result<String, Error> {
     let _ = LEDGER.set(open_ledger(&options.ledger).await?);
     let _ = PAUSE_AT.set(options.pause_at.clone());
 
-    let durable = Durable::builder(durable::connect(&format!("sqlite:{}", options.store.display())).await?).owner("wrapped-agent").build(); // durable:
-    let session = durable.start_or_resume::<Message>(StartOptions::new().with_id(SessionId::new(options.session))).await?.session; // durable:
+    let durable =
+        Durable::builder(durable::connect(&format!("sqlite:{}", options.store.display())).await?)
+            .owner("wrapped-agent")
+            .build(); // durable:
+    let session = durable
+        .start_or_resume::<Message>(StartOptions::new().with_id(SessionId::new(options.session)))
+        .await?
+        .session; // durable:
     let client = Client::with_config(
         OpenAIConfig::new()
             .with_api_base(options.base_url)
@@ -188,7 +196,12 @@ pub async fn run(options: Options) -> Result<String, Error> {
             streamed(&client, request, reply).await?
         } else {
             let response = client.chat().create(request).await?;
-            response.choices.into_iter().next().ok_or("no choice")?.message
+            response
+                .choices
+                .into_iter()
+                .next()
+                .ok_or("no choice")?
+                .message
         };
         pause(&format!("after_model:{reply}")).await;
         messages.push(
@@ -214,7 +227,9 @@ pub async fn run(options: Options) -> Result<String, Error> {
                 }
                 "send_email" => {
                     let args: EmailInput = serde_json::from_str(arguments)?;
-                    send_email.call(session.journal(), args.to, args.body).await? // durable: was `send_email(args.to, args.body).await?`
+                    send_email
+                        .call(session.journal(), args.to, args.body)
+                        .await? // durable: was `send_email(args.to, args.body).await?`
                 }
                 other => format!("no tool named {other}"),
             };
@@ -260,8 +275,12 @@ async fn streamed(
                 };
                 call.id.push_str(delta.id.as_deref().unwrap_or_default());
                 if let Some(function) = delta.function {
-                    call.function.name.push_str(function.name.as_deref().unwrap_or_default());
-                    call.function.arguments.push_str(function.arguments.as_deref().unwrap_or_default());
+                    call.function
+                        .name
+                        .push_str(function.name.as_deref().unwrap_or_default());
+                    call.function
+                        .arguments
+                        .push_str(function.arguments.as_deref().unwrap_or_default());
                 }
             }
         }
