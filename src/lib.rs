@@ -92,7 +92,8 @@
 //! | `postgres` | no | `postgres`: the PostgreSQL store, for many workers on many machines |
 //! | `memory` | no | `memory`: an in-process store for tests and simulations (not durable across processes) |
 //! | `mcp` | no | `mcp`: serve a [`Toolbox`] over MCP, call remote MCP tools durably (rmcp) |
-//! | `openai` | no | `openai`: typed adapters for async-openai's Chat Completions types |
+//! | `openai` | no | `openai`: typed adapters for async-openai's Chat Completions types, and Anthropic's streamed events |
+//! | `openai-client` | no | `openai::DurableClient`: async-openai's client with its chat calls journaled |
 //! | `rig` | no | `rig`: `#[durable_tool]`s as rig tools and a journaled rig completion model |
 //!
 //! [`connect`] opens whichever of them a URL names.

@@ -639,7 +639,7 @@ where
     pub async fn model_stream<R, E, S, F>(
         &self,
         open: F,
-    ) -> Result<ModelStream<'_, R, E, S>, CallError<E>>
+    ) -> Result<ModelStream<R, E, S>, CallError<E>>
     where
         R: StreamedReply,
         E: std::fmt::Display,
@@ -655,7 +655,7 @@ where
         &self,
         open: F,
         spend: P,
-    ) -> Result<ModelStream<'_, R, E, S>, CallError<E>>
+    ) -> Result<ModelStream<R, E, S>, CallError<E>>
     where
         R: StreamedReply,
         E: std::fmt::Display,

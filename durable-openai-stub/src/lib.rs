@@ -54,6 +54,11 @@ pub enum Reply {
     /// HTTP 200 with `choices: []` the first time this turn is asked, then the inner
     /// reply (as some OpenAI-compatible providers do now and then).
     EmptyThen(Box<Reply>),
+    /// Streamed, the first time this turn is asked: the inner reply's first text (or
+    /// argument) piece, then nothing, the connection held open, so a client that
+    /// buffers the stream cannot finish it before a test kills it mid-stream. Asked
+    /// again, or not streamed: the inner reply.
+    StallThen(Box<Reply>),
 }
 
 impl Reply {
@@ -76,6 +81,11 @@ impl Reply {
     /// An empty response (`choices: []`) the first time, then `reply`.
     pub fn empty_then(reply: Reply) -> Self {
         Reply::EmptyThen(Box::new(reply))
+    }
+
+    /// A stream that stalls after its first piece the first time, then `reply`.
+    pub fn stall_then(reply: Reply) -> Self {
+        Reply::StallThen(Box::new(reply))
     }
 }
 
@@ -200,9 +210,8 @@ async fn completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Response
         .unwrap_or("stub-model")
         .to_owned();
     let mut reply = shared.script.reply(&request);
-    let mut empty = false;
-    if let Reply::EmptyThen(then) = reply {
-        // The request is logged: the first of its turn is the only one so far.
+    // The request is logged: the first of its turn is the only one so far.
+    let first_ask = || {
         let turn = assistant_messages(&request);
         let asked = shared
             .log
@@ -211,12 +220,22 @@ async fn completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Response
             .iter()
             .filter(|r| assistant_messages(r) == turn)
             .count();
-        empty = asked == 1;
+        asked == 1
+    };
+    let mut empty = false;
+    let mut stall = false;
+    if let Reply::EmptyThen(then) = reply {
+        empty = first_ask();
+        reply = *then;
+    } else if let Reply::StallThen(then) = reply {
+        stall = stream && first_ask();
         reply = *then;
     }
     let (message, finish_reason) = match reply {
         Reply::Error(status, message) => return error(status, &message),
-        Reply::EmptyThen(_) => return error(500, "the stub's script nests `EmptyThen`"),
+        Reply::EmptyThen(_) | Reply::StallThen(_) => {
+            return error(500, "the stub's script nests `EmptyThen` or `StallThen`");
+        }
         Reply::Text(text) => (
             json!({"role": "assistant", "content": text, "refusal": null}),
             "stop",
@@ -251,7 +270,12 @@ async fn completions(State(shared): State<Arc<Shared>>, body: Bytes) -> Response
             .pointer("/stream_options/include_usage")
             .and_then(Value::as_bool)
             == Some(true);
-        let chunks = stream_chunks(&message, finish_reason, empty);
+        let mut chunks = stream_chunks(&message, finish_reason, empty);
+        if stall {
+            // The role, the first piece, then a connection that never ends.
+            chunks.truncate(2);
+            return stalled_sse(&id, &model, chunks);
+        }
         return sse(&id, &model, chunks, include_usage.then_some(usage));
     }
     let body = json!({
@@ -328,6 +352,28 @@ fn sse(id: &str, model: &str, choices: Vec<Value>, usage: Option<Value>) -> Resp
     }
     body.push_str("data: [DONE]\n\n");
     (StatusCode::OK, [(CONTENT_TYPE, "text/event-stream")], body).into_response()
+}
+
+/// [`sse`]'s first events, then a body that never ends (nor sends `[DONE]`).
+fn stalled_sse(id: &str, model: &str, choices: Vec<Value>) -> Response {
+    let events: Vec<Result<String, std::convert::Infallible>> = choices
+        .into_iter()
+        .map(|choices| {
+            let chunk = json!({"id": id, "object": "chat.completion.chunk", "created": 1_700_000_000,
+                               "model": model, "choices": choices, "usage": null});
+            Ok(format!("data: {chunk}\n\n"))
+        })
+        .collect();
+    let body = futures_util::stream::StreamExt::chain(
+        futures_util::stream::iter(events),
+        futures_util::stream::pending(),
+    );
+    (
+        StatusCode::OK,
+        [(CONTENT_TYPE, "text/event-stream")],
+        axum::body::Body::from_stream(body),
+    )
+        .into_response()
 }
 
 fn error(status: u16, message: &str) -> Response {

@@ -13,6 +13,13 @@
 //! | an assistant [`ChatCompletionResponseMessage`] | a [`ChatCompletionRequestMessage`] for the transcript | [`assistant_message`] |
 //! | a response's [`CompletionUsage`] | a [`Spend`] for `model_with_spend` | [`spend`], [`Pricing::spend`] |
 //! | a `429`'s headers or message | how long the fleet waits, for `Journal::report_throttle` | [`retry_after`], [`retry_after_in_message`] |
+//! | `create_stream`'s chunks | the response a `create` returns, for `model_stream` | [`StreamedCompletion`] |
+//! | Anthropic's streamed Messages events (raw SSE) | the reply, tool inputs as raw text | [`anthropic`] |
+//!
+//! With the `client` feature, `DurableClient` wraps async-openai's HTTP client so
+//! that an agent written against it keeps its turn loop: its chat `create` and
+//! `create_stream` go through the session's journal (see its docs; the README counts
+//! the lines an agent changes).
 //!
 //! # A turn
 //!
@@ -116,7 +123,10 @@
 //!   and dispatch `ModelToolCall::new(id, name, ToolArguments::Text(raw.get().into()))`.
 //! - **Streaming.** With `stream: true`, a `tool_use` block's input arrives as
 //!   `input_json_delta` events whose `partial_json` strings, concatenated in order, are
-//!   the raw text of the input: dispatch that string as [`ToolArguments::Text`].
+//!   the raw text of the input: [`anthropic::StreamedMessage`] folds the raw SSE events
+//!   into the reply that way (journal it with `model_stream`), and its
+//!   [`tool_calls`](anthropic::StreamedMessage::tool_calls) dispatch that text as
+//!   [`ToolArguments::Text`].
 //!
 //! Otherwise [`ModelToolCall::from_anthropic`] takes the parsed block, and the checks in
 //! the table's "kept" rows still apply. Journal the reply with `model` either way: a
@@ -547,6 +557,13 @@ mod stream;
 pub use stream::{StreamedCompletion, stream_spend};
 mod throttle;
 pub use throttle::{retry_after, retry_after_in_message};
+
+pub mod anthropic;
+
+#[cfg(feature = "client")]
+mod client;
+#[cfg(feature = "client")]
+pub use client::{ChatError, DurableChat, DurableChatStream, DurableClient};
 
 #[cfg(test)]
 mod tests;

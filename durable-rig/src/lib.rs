@@ -80,6 +80,7 @@
 
 mod model;
 mod shared;
+mod stream;
 mod tools;
 
 use std::sync::Arc;
@@ -101,6 +102,7 @@ use rig_core::error::ErrorReport;
 use rig_core::operation::Completion;
 
 pub use model::{JournaledModel, spend_of};
+pub use stream::StreamedResponse;
 pub use tools::DurableTool;
 /// The rig crates this one is built against (`rig-core`, `rig-agent` 0.44), for a harness
 /// that wants their exact versions.

@@ -25,15 +25,18 @@ use crate::shared::Shared;
 /// session is the reply's `usage`: input and output tokens, and its cost in USD when
 /// the provider reported one.
 ///
-/// Streaming is not journaled: a streamed completion (rig's `stream()` runs) is refused
-/// with an error saying so; run the agent with `run()`.
+/// Streamed completions (an agent's `stream()` runs) are journaled too
+/// ([`stream`](Self::stream)): the provider's events reach rig as they arrive, the
+/// response the stream folded into is recorded when it ends (the same row as a `run()`
+/// reply), and a re-run turn replays it as events; a stream cut by a crash leaves
+/// nothing, and the re-run asks the model again.
 ///
 /// Built by [`DurableRig::model`](crate::DurableRig::model).
 pub struct JournaledModel {
     label: ModelRef,
-    inner: DynModel<Completion>,
-    journal: Journal,
-    shared: Arc<Shared>,
+    pub(crate) inner: DynModel<Completion>,
+    pub(crate) journal: Journal,
+    pub(crate) shared: Arc<Shared>,
 }
 
 impl std::fmt::Debug for JournaledModel {
@@ -101,23 +104,34 @@ impl JournaledModel {
                 self.shared.note_reply(&response);
                 Ok(response)
             }
-            Err(CallError::Tool(error)) => Err(ErrorReport::from(error)),
-            Err(CallError::Recorded(failure)) => Err(ErrorReport::new(
-                ErrorKind::Provider,
-                format!("recorded model failure: {}", failure.message),
-            )),
-            Err(CallError::Durable(error)) => {
-                let report = ErrorReport::new(
-                    ErrorKind::HandlerUnavailable,
-                    format!(
-                        "durable stopped the run at a model reply: {error} \
-                         (`DurableRig::take_error` gives the typed error)"
-                    ),
-                )
-                .with_retryable(false);
-                self.shared.stopped(error);
-                Err(report)
-            }
+            Err(error) => Err(call_error_report(error, &self.shared)),
+        }
+    }
+}
+
+/// What rig is told when a journaled model call fails: the provider's error as is; a
+/// durable error stops the run (the typed error waits in the binding).
+pub(crate) fn call_error_report<E>(error: CallError<E>, shared: &Shared) -> ErrorReport
+where
+    ErrorReport: From<E>,
+{
+    match error {
+        CallError::Tool(error) => ErrorReport::from(error),
+        CallError::Recorded(failure) => ErrorReport::new(
+            ErrorKind::Provider,
+            format!("recorded model failure: {}", failure.message),
+        ),
+        CallError::Durable(error) => {
+            let report = ErrorReport::new(
+                ErrorKind::HandlerUnavailable,
+                format!(
+                    "durable stopped the run at a model reply: {error} \
+                     (`DurableRig::take_error` gives the typed error)"
+                ),
+            )
+            .with_retryable(false);
+            shared.stopped(error);
+            report
         }
     }
 }
@@ -142,12 +156,10 @@ impl Serve for JournaledModel {
                 request,
                 stream: false,
             } => Reply::Outcome(self.complete(request).await.map(Outcome::Completion)),
-            EffectKind::Completion { stream: true, .. } => Reply::Outcome(Err(ErrorReport::new(
-                ErrorKind::HandlerUnavailable,
-                "durable journals whole completions, not streams: run the agent with \
-                     `run()` instead of `stream()`",
-            )
-            .with_retryable(false))),
+            EffectKind::Completion {
+                request,
+                stream: true,
+            } => Reply::Stream(self.stream(request)),
             other => Reply::Outcome(Err(ErrorReport::new(
                 ErrorKind::HandlerUnavailable,
                 format!(

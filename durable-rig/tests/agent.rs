@@ -202,30 +202,86 @@ async fn a_recorded_reply_round_trips_and_the_inner_model_is_not_asked() {
     );
 }
 
-#[tokio::test]
-async fn a_streamed_run_is_refused_with_an_error_that_says_to_use_run() {
+/// One streamed rig run in `journal`'s session: the text its events showed, the end
+/// events' blocks in order, and the run's output.
+async fn stream_agent(journal: &durable::Journal, stub: &Stub) -> (String, Vec<Value>, String) {
     use futures_util::StreamExt;
+    use rig_agent::agent::MultiTurnStreamItem;
+    use rig_core::streaming::{Item, StreamEvent};
 
+    let rig = DurableRig::new(journal.clone(), toolbox());
+    let agent = rig
+        .agent(chat(stub))
+        .expect("tools")
+        .preamble("You run a shop.")
+        .build();
+    let mut stream = agent.prompt(PROMPT).max_turns(5).stream();
+    let (mut text, mut ends) = (String::new(), Vec::new());
+    while let Some(item) = stream.next().await {
+        match item
+            .unwrap_or_else(|e| panic!("the streamed run failed: {e} ({:?})", rig.take_error()))
+        {
+            MultiTurnStreamItem::StreamAssistantItem(Item::Event(StreamEvent::Text {
+                text: piece,
+                ..
+            })) => text.push_str(&piece),
+            MultiTurnStreamItem::StreamAssistantItem(Item::Event(StreamEvent::End {
+                content,
+                ..
+            })) => ends.push(serde_json::to_value(content).expect("a block")),
+            MultiTurnStreamItem::FinalResponse(response) => {
+                return (text, ends, response.output());
+            }
+            _ => {}
+        }
+    }
+    panic!("the streamed run ended without its final response");
+}
+
+#[tokio::test]
+async fn a_streamed_run_is_journaled_and_replayed_as_a_stream() {
     let stub = Stub::start(script()).await.expect("stub");
     let dir = tempfile::tempdir().expect("dir");
     let durable = runtime(&dir).await;
+    let id = SessionId::new("streamed");
     let session = durable
-        .start::<Value>(StartOptions::new().with_id(SessionId::new("streamed")))
+        .start::<Value>(StartOptions::new().with_id(id.clone()))
         .await
         .expect("session");
-    let rig = DurableRig::new(session.journal().clone(), toolbox());
-    let agent = rig.agent(chat(&stub)).expect("tools").build();
-    let mut stream = agent.prompt(PROMPT).stream();
-    let mut error = None;
-    while let Some(item) = stream.next().await {
-        if let Err(e) = item {
-            error = Some(e.to_string());
-            break;
-        }
-    }
-    let error = error.expect("the streamed run fails");
-    assert!(error.contains("run the agent with `run()`"), "{error}");
-    assert!(stub.requests().is_empty(), "the model was not asked");
+    let (live_text, live_ends, output) = stream_agent(session.journal(), &stub).await;
+    assert_eq!(output, FINAL);
+    assert_eq!(live_text, FINAL, "the final reply's text, streamed");
+    assert_eq!(stub.requests().len(), 2);
+    assert!(
+        stub.requests().iter().all(|r| r["stream"] == true),
+        "rig streamed"
+    );
+    assert_eq!(
+        effects(&ledger_path(), "streamed").await,
+        ["lookup", "send_email", "charge"]
+    );
+
+    // The worker dies before its checkpoint; the re-run streams from the journal.
+    drop(session);
+    let resumed = durable.resume::<Value>(&id).await.expect("resume").session;
+    let (text, ends, again) = stream_agent(resumed.journal(), &stub).await;
+    assert_eq!(stub.requests().len(), 2, "the model was not asked again");
+    assert_eq!(again, FINAL);
+    assert_eq!(text, live_text, "the same text, replayed as a stream");
+    assert_eq!(ends, live_ends, "the same blocks, in the same order");
+    assert_eq!(
+        effects(&ledger_path(), "streamed").await,
+        ["lookup", "send_email", "charge"],
+        "no tool ran twice"
+    );
+    // The streamed replies are the rows a `run()` reply records: a `run()` replays them.
+    drop(resumed);
+    let resumed = durable.resume::<Value>(&id).await.expect("resume").session;
+    assert_eq!(
+        run_agent(resumed.journal(), &stub).await.as_deref(),
+        Ok(FINAL)
+    );
+    assert_eq!(stub.requests().len(), 2);
 }
 
 #[tokio::test]

@@ -15,14 +15,14 @@ use std::sync::Arc;
 
 use durable::store::Resolution;
 use durable::{CheckpointStore, Durable, DurableError, SessionId, StartOptions};
-use durable_openai_stub::Stub;
+use durable_openai_stub::{Reply, Stub};
 use durable_rig::DurableRig;
 use rig_core::providers::openai::OpenAIConfig;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
-use common::{FINAL, PROMPT, effects, script, toolbox};
+use common::{FINAL, PROMPT, crash_point, effects, script, script_ending, toolbox};
 
 const SESSION: &str = "order-o-1";
 /// The child's exit code when durable refused to go on (`ReplayUnsafe`).
@@ -55,11 +55,22 @@ async fn child() -> i32 {
         .expect("tools")
         .preamble("You run a shop.")
         .build();
-    match agent.prompt(PROMPT).max_turns(5).run().await {
-        Ok(reply) => {
-            session.push(json!({"role": "assistant", "content": reply.output()}));
+    let run = if std::env::var_os("DURABLE_RIG_STREAM").is_some() {
+        streamed(agent.prompt(PROMPT).max_turns(5).stream()).await
+    } else {
+        agent
+            .prompt(PROMPT)
+            .max_turns(5)
+            .run()
+            .await
+            .map(|reply| reply.output())
+            .map_err(|e| e.to_string())
+    };
+    match run {
+        Ok(output) => {
+            session.push(json!({"role": "assistant", "content": output}));
             session.complete().await.expect("complete");
-            println!("DONE {}", reply.output());
+            println!("DONE {output}");
             0
         }
         Err(error) => match rig.take_error() {
@@ -75,6 +86,59 @@ async fn child() -> i32 {
     }
 }
 
+/// A streamed run, as a UI reads it: each text fragment printed as `CHUNK <json>`, each
+/// finished block as `END <json>`; crash points `mid_stream` (the first text fragment
+/// shown, its reply not yet journaled) and `after_stream` (the final response handed
+/// out: every reply journaled, nothing checkpointed).
+async fn streamed(mut stream: rig_agent::agent::StreamingResult) -> Result<String, String> {
+    use futures_util::StreamExt;
+    use rig_agent::agent::MultiTurnStreamItem;
+    use rig_core::streaming::{Item, StreamEvent};
+
+    let mut shown = 0;
+    while let Some(item) = stream.next().await {
+        match item.map_err(|e| e.to_string())? {
+            MultiTurnStreamItem::StreamAssistantItem(Item::Event(StreamEvent::Text {
+                text,
+                ..
+            })) => {
+                println!("CHUNK {}", json!(text));
+                shown += 1;
+                if shown == 1 {
+                    crash_point("mid_stream").await;
+                }
+            }
+            MultiTurnStreamItem::StreamAssistantItem(Item::Event(StreamEvent::End {
+                content,
+                ..
+            })) => println!("END {}", json!(content)),
+            MultiTurnStreamItem::FinalResponse(response) => {
+                crash_point("after_stream").await;
+                return Ok(response.output());
+            }
+            _ => {}
+        }
+    }
+    Err("the streamed run ended without its final response".into())
+}
+
+/// The text a UI showed: the `CHUNK` lines' fragments, joined.
+fn shown(lines: &[String]) -> String {
+    lines
+        .iter()
+        .filter_map(|line| line.strip_prefix("CHUNK "))
+        .map(|text| serde_json::from_str::<String>(text).expect("a JSON string"))
+        .collect()
+}
+
+/// The blocks a UI rendered: the `END` lines.
+fn ends(lines: &[String]) -> Vec<&str> {
+    lines
+        .iter()
+        .filter_map(|line| line.strip_prefix("END "))
+        .collect()
+}
+
 struct Run {
     /// The crash point reached (the child was killed there), if any.
     crashed: Option<String>,
@@ -85,7 +149,18 @@ struct Run {
 
 /// Runs a child; kills it (SIGKILL) as soon as it reports `crash_at`.
 async fn run_child(dir: &Path, stub: &Stub, crash_at: Option<&str>) -> Run {
-    let mut child = Command::new(std::env::current_exe().expect("test binary"))
+    run_child_with(dir, stub, crash_at, false).await
+}
+
+/// [`run_child`], the agent streaming its run (`stream()`) when `stream` is set.
+async fn run_child_with(dir: &Path, stub: &Stub, crash_at: Option<&str>, stream: bool) -> Run {
+    let mut command = Command::new(std::env::current_exe().expect("test binary"));
+    if stream {
+        command.env("DURABLE_RIG_STREAM", "1");
+    } else {
+        command.env_remove("DURABLE_RIG_STREAM");
+    }
+    let mut child = command
         .env("DURABLE_RIG_CHILD", "1")
         .env("DURABLE_RIG_STORE", dir.join("store.db"))
         .env("DURABLE_RIG_LEDGER", dir.join("ledger.db"))
@@ -231,6 +306,104 @@ async fn killed_after_the_email_left() {
     assert!(email["content"].to_string().contains("msg-o-1"), "{email}");
 }
 
+/// A streamed run killed after the first text fragment of its second reply reached the
+/// UI (the tools of the first reply ran, the second reply is not journaled: its stream
+/// is still open): the resumed
+/// run replays the first reply as a stream, its tools' recorded results come back, and
+/// only the second reply is asked for again; every tool ran once.
+async fn streamed_killed_mid_stream() {
+    let dir = tempfile::tempdir().expect("dir");
+    // The answer's stream stalls after its first piece the first time it is asked: rig
+    // relays a reply's events through a buffer, so a stream the stub sent whole could be
+    // journaled before the kill lands.
+    let stub = Stub::start(script_ending(Reply::stall_then(Reply::text(FINAL))))
+        .await
+        .expect("stub");
+    let ledger = dir.path().join("ledger.db");
+
+    let first = run_child_with(dir.path(), &stub, Some("mid_stream"), true).await;
+    assert_eq!(
+        first.crashed.as_deref(),
+        Some("mid_stream"),
+        "{:?}",
+        first.lines
+    );
+    assert!(
+        !shown(&first.lines).is_empty(),
+        "part of the reply was shown"
+    );
+    assert_eq!(stub.requests().len(), 2);
+    assert!(
+        stub.requests().iter().all(|r| r["stream"] == true),
+        "rig streamed"
+    );
+    assert_eq!(
+        effects(&ledger, SESSION).await,
+        ["lookup", "send_email", "charge"]
+    );
+
+    let second = run_child_with(dir.path(), &stub, None, true).await;
+    assert_eq!(second.code, Some(0), "{:?}", second.lines);
+    assert_eq!(second.lines.last(), Some(&format!("DONE {FINAL}")));
+    assert_eq!(shown(&second.lines), FINAL, "the whole reply, shown once");
+    assert_eq!(
+        stub.requests().len(),
+        3,
+        "only the cut reply was asked for again"
+    );
+    let asked_last = stub.requests().pop().expect("request");
+    assert_eq!(
+        asked_last["messages"].as_array().map(Vec::len),
+        stub.requests()[1]["messages"].as_array().map(Vec::len),
+        "the same question as the cut reply's"
+    );
+    assert_eq!(
+        effects(&ledger, SESSION).await,
+        ["lookup", "send_email", "charge"],
+        "no tool ran twice"
+    );
+}
+
+/// A streamed run killed after its final response was handed out (every reply
+/// journaled, nothing checkpointed): the resumed run replays both replies as streams,
+/// shows the same text and the same blocks, asks the model nothing, runs no tool.
+async fn streamed_killed_after_the_stream() {
+    let dir = tempfile::tempdir().expect("dir");
+    let stub = Stub::start(script()).await.expect("stub");
+    let ledger = dir.path().join("ledger.db");
+
+    let first = run_child_with(dir.path(), &stub, Some("after_stream"), true).await;
+    assert_eq!(
+        first.crashed.as_deref(),
+        Some("after_stream"),
+        "{:?}",
+        first.lines
+    );
+    assert_eq!(shown(&first.lines), FINAL);
+    assert!(
+        first
+            .lines
+            .iter()
+            .filter(|l| l.starts_with("CHUNK "))
+            .count()
+            > 1,
+        "live, the text came in pieces: {:?}",
+        first.lines
+    );
+    assert_eq!(stub.requests().len(), 2);
+
+    let second = run_child_with(dir.path(), &stub, None, true).await;
+    assert_eq!(second.code, Some(0), "{:?}", second.lines);
+    assert_eq!(stub.requests().len(), 2, "the model was not asked again");
+    assert_eq!(shown(&second.lines), shown(&first.lines), "the same text");
+    assert_eq!(ends(&second.lines), ends(&first.lines), "the same blocks");
+    assert_eq!(
+        effects(&ledger, SESSION).await,
+        ["lookup", "send_email", "charge"],
+        "no tool ran twice"
+    );
+}
+
 /// A scenario, boxed so the cases fit in one list.
 type Case = fn() -> std::pin::Pin<Box<dyn Future<Output = ()>>>;
 
@@ -244,7 +417,13 @@ fn main() -> ExitCode {
         let code = runtime.block_on(child());
         return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
-    let cases: [(&str, Case); 2] = [
+    let cases: [(&str, Case); 4] = [
+        ("streamed_killed_mid_stream", || {
+            Box::pin(streamed_killed_mid_stream())
+        }),
+        ("streamed_killed_after_the_stream", || {
+            Box::pin(streamed_killed_after_the_stream())
+        }),
         ("killed_after_the_first_reply", || {
             Box::pin(killed_after_the_first_reply())
         }),

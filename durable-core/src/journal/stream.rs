@@ -115,17 +115,20 @@ where
 /// [`into_stream`](Self::into_stream)): chunks as they arrive, then
 /// [`ReplyEvent::Reply`] once the reply is journaled, then `None`. An error ends it.
 /// Dropping it before the reply leaves the journal as a crash would.
+///
+/// It holds a handle of its own on the journal (not a borrow), so it can be moved into a
+/// spawned task or an HTTP response body.
 #[must_use = "a streamed model call does nothing until it is pulled"]
-pub struct ModelStream<'j, R: StreamedReply, E, S> {
-    journal: &'j Journal,
+pub struct ModelStream<R: StreamedReply, E, S> {
+    journal: Journal,
     span: tracing::Span,
     state: State<R, S>,
-    spend: Option<SpendFn<'j, R>>,
+    spend: Option<SpendFn<R>>,
     _error: std::marker::PhantomData<fn() -> E>,
 }
 
 /// What a reply cost, computed from the assembled reply.
-type SpendFn<'j, R> = Box<dyn FnOnce(&R) -> Option<Spend> + Send + 'j>;
+type SpendFn<R> = Box<dyn FnOnce(&R) -> Option<Spend> + Send>;
 
 enum State<R: StreamedReply, S> {
     /// Asking the model: chunks fold into `reply`, journaled at `identity` at the end.
@@ -146,7 +149,7 @@ enum State<R: StreamedReply, S> {
     Failed,
 }
 
-impl<'j, R, E, S> ModelStream<'j, R, E, S>
+impl<R, E, S> ModelStream<R, E, S>
 where
     R: StreamedReply,
     E: Display,
@@ -206,12 +209,7 @@ where
 
     /// The same events as a [`Stream`], for code that composes streams (an SSE response,
     /// `StreamExt` adapters).
-    pub fn into_stream(self) -> impl Stream<Item = Result<ReplyEvent<R>, CallError<E>>> + 'j
-    where
-        R: 'j,
-        E: 'j,
-        S: 'j,
-    {
+    pub fn into_stream(self) -> impl Stream<Item = Result<ReplyEvent<R>, CallError<E>>> {
         futures_util::stream::unfold(self, |mut stream| async move {
             let event = stream.next().await?;
             Some((event, stream))
@@ -309,7 +307,7 @@ impl Journal {
     pub async fn model_stream<R, E, S, F>(
         &self,
         open: F,
-    ) -> Result<ModelStream<'_, R, E, S>, CallError<E>>
+    ) -> Result<ModelStream<R, E, S>, CallError<E>>
     where
         R: StreamedReply,
         E: Display,
@@ -326,7 +324,7 @@ impl Journal {
         &self,
         open: F,
         spend: P,
-    ) -> Result<ModelStream<'_, R, E, S>, CallError<E>>
+    ) -> Result<ModelStream<R, E, S>, CallError<E>>
     where
         R: StreamedReply,
         E: Display,
@@ -375,7 +373,7 @@ impl Journal {
             }
         };
         Ok(ModelStream {
-            journal: self,
+            journal: self.clone(),
             span,
             state,
             spend: Some(Box::new(spend)),

@@ -82,7 +82,7 @@ pub async fn details(path: &Path, session: &str) -> Vec<String> {
 
 /// A crash point: with `DURABLE_RIG_CRASH_AT=<point>`, print `CRASH_POINT <point>` and
 /// wait to be killed.
-async fn crash_point(point: &str) {
+pub async fn crash_point(point: &str) {
     if std::env::var("DURABLE_RIG_CRASH_AT").as_deref() == Ok(point) {
         use std::io::Write;
         println!("CRASH_POINT {point}");
@@ -162,6 +162,11 @@ pub const FINAL: &str = "Done: MUG-1 charged (ch_o-1_1200) and ada@example.com n
 
 /// Two model turns: the lookup, the email and the charge in one reply, then the answer.
 pub fn script() -> Script {
+    script_ending(Reply::text(FINAL))
+}
+
+/// The same turns, `last` in place of the answer.
+pub fn script_ending(last: Reply) -> Script {
     Script::new([
         Reply::tool_calls([
             ("call_lookup", "lookup", r#"{"sku":"MUG-1"}"#),
@@ -172,6 +177,6 @@ pub fn script() -> Script {
             ),
             ("call_charge", "charge", r#"{"order":"o-1","cents":1200}"#),
         ]),
-        Reply::text(FINAL),
+        last,
     ])
 }
