@@ -36,6 +36,11 @@ pub struct Config {
     pub approval_policy: Option<crate::approval::ApprovalPolicy>,
     /// Called once a call's approval request is durable.
     pub on_approval_requested: Option<crate::approval::ApprovalHook>,
+    /// The ceilings every session starts with unless its
+    /// [`StartOptions`](crate::StartOptions) set their own.
+    pub budget: crate::snapshot::Budget,
+    /// What model usage costs, per model.
+    pub prices: crate::snapshot::PriceTable,
 }
 
 impl std::fmt::Debug for Config {
@@ -49,6 +54,8 @@ impl std::fmt::Debug for Config {
             .field("max_recovery_attempts", &self.max_recovery_attempts)
             .field("resume_window", &self.resume_window)
             .field("approval_policy", &self.approval_policy.is_some())
+            .field("budget", &self.budget)
+            .field("prices", &self.prices)
             .finish_non_exhaustive()
     }
 }

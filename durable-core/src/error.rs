@@ -291,6 +291,13 @@ pub enum StoreError {
         /// Byte offset of the first NUL.
         at: usize,
     },
+    /// An operator's raise of a budget ceiling was refused before anything was written
+    /// (see [`RaiseLimit::validate`](crate::store::RaiseLimit::validate)).
+    #[error("invalid limit raise: {detail}")]
+    InvalidRaise {
+        /// What is wrong with it.
+        detail: String,
+    },
     /// The location does not hold a durable store and was not made into one: a missing or
     /// empty file, a file that is not SQLite, a database without the durable schema (for a
     /// read-only open), or something that is not a regular file.
@@ -687,9 +694,12 @@ pub enum DurableError {
         /// The session.
         session: SessionId,
     },
-    /// The budget's limit would be exceeded.
-    #[error("budget exceeded: {0}")]
-    BudgetExceeded(String),
+    /// A ceiling of the session's budget is reached: the model or tool call that asked
+    /// was refused before it ran, and nothing ran (see
+    /// [`BudgetExceeded`](crate::snapshot::BudgetExceeded): which limit, what was spent,
+    /// what was asked).
+    #[error(transparent)]
+    BudgetExceeded(crate::snapshot::BudgetExceeded),
     /// A plan operation was refused (the message is written for the model).
     #[error(transparent)]
     Plan(#[from] crate::snapshot::PlanError),
@@ -741,7 +751,7 @@ pub enum ConnectError {
 
 impl From<crate::snapshot::BudgetExceeded> for DurableError {
     fn from(e: crate::snapshot::BudgetExceeded) -> Self {
-        DurableError::BudgetExceeded(e.to_string())
+        DurableError::BudgetExceeded(e)
     }
 }
 

@@ -71,11 +71,15 @@ pub use ids::{CallId, SessionId};
 pub use journal::{CallError, CallEvent, Journal, Outcome, RecordedFailure};
 pub use replay::ReplayClass;
 pub use retry::{RetryError, RetryPolicy, retry};
-pub use runtime::{Durable, DurableBuilder, ForkOptions, Operator, StartOptions};
+pub use runtime::{
+    Durable, DurableBuilder, ForkOptions, Operator, PARKED_FOR_BUDGET, SessionBudget, StartOptions,
+    session_budget,
+};
 pub use schema::{McpAnnotations, SchemaError, SchemaErrorKind};
 pub use session::{InDoubtAction, InDoubtCall, ResumeReport, Resumed, Session};
 pub use snapshot::{
-    Budget, BudgetExceeded, Plan, PlanError, Postcondition, Spend, Step, StepStatus,
+    Budget, BudgetExceeded, Limit, Plan, PlanError, Postcondition, PriceTable, Spend, Step,
+    StepStatus, Usage,
 };
 pub use store::{CheckpointStore, CheckpointStoreExt};
 pub use tool_spec::{IdempotencyKey, ToolContext, ToolSpec, Verification};

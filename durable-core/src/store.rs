@@ -18,6 +18,7 @@ use crate::ids::{CallId, SessionId};
 use crate::replay::ReplayClass;
 
 mod approval;
+mod budget;
 mod fork;
 mod message;
 mod queue;
@@ -31,6 +32,7 @@ pub use fork::{
     ForkSession, audit_map as fork_audit_map, copies as fork_copies, effect as fork_effect,
     fate as fork_fate, fork_step,
 };
+pub use budget::{BudgetStore, LimitRaise, RaiseLimit};
 pub use message::StoredMessage;
 pub use queue::{Claim, QueueInfo, WorkEvents, WorkNotifier};
 
@@ -805,7 +807,7 @@ pub fn check_journal_page(
 ///
 /// The contract is split by concept into the traits it is the sum of ([`StoreBase`],
 /// [`SessionStore`], [`LeaseStore`], [`QueueStore`], [`CheckpointLog`], [`JournalStore`],
-/// [`ResolutionStore`], [`ApprovalStore`], [`MaintenanceStore`]); a backend implements
+/// [`ResolutionStore`], [`ApprovalStore`], [`MaintenanceStore`], [`BudgetStore`]); a backend implements
 /// each of them and gets this trait from the blanket implementation. Conveniences built
 /// from these methods are on [`CheckpointStoreExt`], which nobody implements.
 pub trait CheckpointStore:
@@ -818,6 +820,7 @@ pub trait CheckpointStore:
     + ResolutionStore
     + ApprovalStore
     + MaintenanceStore
+    + BudgetStore
 {
 }
 
@@ -831,6 +834,7 @@ impl<T> CheckpointStore for T where
         + ResolutionStore
         + ApprovalStore
         + MaintenanceStore
+        + BudgetStore
         + ?Sized
 {
 }

@@ -51,6 +51,7 @@ use durable_core::integrity::Keyring;
 use durable_core::store::WorkNotifier;
 
 mod approvals;
+mod budget;
 mod checkpoints;
 mod journal;
 mod leases;

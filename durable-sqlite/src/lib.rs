@@ -95,6 +95,7 @@ use sqlx::{ConnectOptions, Connection, SqliteConnection, SqlitePool};
 // connection (the tables are described in ARCHITECTURE.md). Reads that touch more than
 // one statement run in one deferred (snapshot) transaction on a reader connection.
 mod approval;
+mod budget;
 mod checkpoints;
 mod clock;
 mod error;

@@ -426,3 +426,20 @@ impl MaintenanceStore for Probe {
         self.inner.purge_session(id, retention).await
     }
 }
+
+#[async_trait]
+impl crate::store::BudgetStore for Probe {
+    async fn raise_limit(
+        &self,
+        raise: crate::store::RaiseLimit,
+    ) -> Result<crate::store::LimitRaise, StoreError> {
+        self.inner.raise_limit(raise).await
+    }
+
+    async fn limit_raises(
+        &self,
+        session: &SessionId,
+    ) -> Result<Vec<crate::store::LimitRaise>, StoreError> {
+        self.inner.limit_raises(session).await
+    }
+}

@@ -117,7 +117,10 @@ impl StoreError {
             | E::StepClosed { .. }
             | E::AppVersionMismatch { .. } => ErrorKind::Conflict,
             E::Parked { .. } => ErrorKind::OperatorNeeded,
-            E::EmptyDenialReason { .. } | E::InvalidId { .. } | E::InvalidText { .. } => {
+            E::EmptyDenialReason { .. }
+            | E::InvalidId { .. }
+            | E::InvalidText { .. }
+            | E::InvalidRaise { .. } => {
                 ErrorKind::InvalidInput
             }
             E::Tampered { .. } | E::RolledBack { .. } => ErrorKind::Integrity,
@@ -199,7 +202,7 @@ mod tests {
             ErrorKind::Transient
         );
         assert_eq!(
-            DurableError::BudgetExceeded("tokens".into()).kind(),
+            DurableError::BudgetExceeded(crate::snapshot::BudgetExceeded { session: None, limit: crate::snapshot::Limit::Tokens, ceiling: 1, spent: 1, asked: None }).kind(),
             ErrorKind::LimitExceeded
         );
     }

@@ -4,7 +4,11 @@
 //! Why money is counted in integer nano-dollars: see the [`snapshot`](crate::snapshot)
 //! module docs.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
+
+use super::limit::{Ask, BudgetExceeded, Limit};
 
 /// Nano-USD per USD.
 pub const NANO_USD_PER_USD: u64 = 1_000_000_000;
@@ -25,7 +29,7 @@ pub enum InvalidAmount {
 }
 
 /// Converts dollars to nano-dollars, rounding to the nearest nano-dollar.
-fn usd_to_nano(usd: f64) -> Result<u64, InvalidAmount> {
+pub(super) fn usd_to_nano(usd: f64) -> Result<u64, InvalidAmount> {
     if !usd.is_finite() {
         return Err(InvalidAmount::NotFinite(usd));
     }
@@ -45,7 +49,7 @@ fn nano_to_usd(nano: u64) -> f64 {
 }
 
 /// Exact decimal rendering, e.g. `$0.0015`, `$5.00`.
-fn format_usd(nano: u64) -> String {
+pub(super) fn format_usd(nano: u64) -> String {
     let whole = nano / NANO_USD_PER_USD;
     let frac = format!("{:09}", nano % NANO_USD_PER_USD);
     let frac = frac.trim_end_matches('0');
@@ -120,17 +124,21 @@ impl Spend {
     }
 }
 
-/// Spend so far, against optional limits. Snapshotted in every checkpoint.
+/// Spend so far, against optional ceilings. Snapshotted in every checkpoint.
 ///
-/// The token limit applies to input plus output tokens. A budget is *exhausted* when
-/// spend has reached a limit (a limit of zero is exhausted from the start);
-/// [`check`](Self::check) is what a runtime calls before it starts a paid call.
-/// [`charge`](Self::charge) always records the spend, even past a limit: the money is
-/// gone, and the record must say so.
+/// The ceilings ([`Limit`]): money, input + output tokens, model calls, tool calls,
+/// wall time since the session started, and calls per tool. The journal checks them
+/// *before* a fresh model or tool call ([`check_call`](Self::check_call)); a ceiling is
+/// reached when what was spent is at it (a limit of zero is reached from the start), so
+/// a call that would go past it is refused and nothing runs. Spend and counts are
+/// charged once per journal row: a recorded reply or result replayed is charged once
+/// and never refused. [`charge`](Self::charge) always records the spend, even past a
+/// limit: the money is gone, and the record must say so.
 ///
 /// Amounts are integer nano-USD (see the [module docs](crate::snapshot) for why), so charging the
 /// same spends in the same order, with or without a checkpoint round-trip in between,
-/// gives byte-identical JSON.
+/// gives byte-identical JSON. The call counts and ceilings added later are left out of
+/// the JSON while unused, and a budget written before them loads with none.
 ///
 /// ```
 /// use durable_core::{Budget, Spend};
@@ -142,7 +150,7 @@ impl Spend {
 /// assert_eq!(budget.remaining_usd(), Some(0.0)); // exactly, no float drift
 /// assert!(budget.is_exhausted());
 /// let err = budget.check().unwrap_err();
-/// assert_eq!(err.to_string(), "budget exhausted: spent $0.30 of the $0.30 limit; raise the limit or end the session");
+/// assert_eq!(err.to_string(), "budget exceeded: $0.30 spent of the $0.30 dollar ceiling; nothing ran. Raise the limit or end the session");
 ///
 /// let json = serde_json::to_string(&budget).unwrap();
 /// assert_eq!(json, r#"{"spent_nano_usd":300000000,"input_tokens":2000,"output_tokens":400,"limit_nano_usd":300000000,"limit_tokens":10000}"#);
@@ -161,34 +169,62 @@ pub struct Budget {
     pub limit_nano_usd: Option<u64>,
     /// Limit on input + output tokens; `None` = unlimited.
     pub limit_tokens: Option<u64>,
+    /// Model calls made (journaled replies, each once).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub model_calls: u64,
+    /// Tool calls that ran (each journal row once).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tool_calls: u64,
+    /// Tool calls that ran, by tool.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tool_counts: BTreeMap<String, u64>,
+    /// Limit on model calls; `None` = unlimited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_model_calls: Option<u64>,
+    /// Limit on tool calls, every tool together; `None` = unlimited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_tool_calls: Option<u64>,
+    /// Limit on the time since the session started, in ms; `None` = unlimited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_wall_ms: Option<u64>,
+    /// Limits on the calls of single tools, by tool name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub limit_per_tool: BTreeMap<String, u64>,
 }
 
-/// A budget limit was reached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+/// `Err` when `spent` is at `ceiling` (none: unlimited).
+fn reached(
+    limit: Limit,
+    ceiling: Option<u64>,
+    spent: u64,
+    asked: Option<u64>,
+) -> Result<(), BudgetExceeded> {
+    match ceiling {
+        Some(ceiling) if spent >= ceiling => Err(BudgetExceeded {
+            session: None,
+            limit,
+            ceiling,
+            spent,
+            asked,
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// One ceiling of a budget against what was spent: a row of `durable show`'s budget.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
-pub enum BudgetExceeded {
-    /// The money limit.
-    #[error(
-        "budget exhausted: spent {} of the {} limit; raise the limit or end the session",
-        format_usd(*spent_nano_usd),
-        format_usd(*limit_nano_usd)
-    )]
-    Usd {
-        /// Spent, nano-USD.
-        spent_nano_usd: u64,
-        /// The limit, nano-USD.
-        limit_nano_usd: u64,
-    },
-    /// The token limit.
-    #[error(
-        "token budget exhausted: spent {spent} of the {limit} token limit; raise the limit or end the session"
-    )]
-    Tokens {
-        /// Input + output tokens spent.
-        spent: u64,
-        /// The limit.
-        limit: u64,
-    },
+pub struct Ceiling {
+    /// The limit.
+    pub limit: Limit,
+    /// Spent against it (in the limit's unit).
+    pub spent: u64,
+    /// The ceiling (in the limit's unit).
+    pub ceiling: u64,
 }
 
 impl Budget {
@@ -258,26 +294,201 @@ impl Budget {
         self.check().is_err()
     }
 
-    /// `Ok` while both limits have room; otherwise the limit that was reached (money
-    /// first). Call it before starting a paid call.
+    /// `Ok` while no ceiling is reached (wall time and per-tool ceilings aside: they need
+    /// the clock and the tool; see [`check_call`](Self::check_call)), otherwise the first
+    /// one reached (money first).
     pub fn check(&self) -> Result<(), BudgetExceeded> {
-        if let Some(limit) = self.limit_nano_usd
-            && self.spent_nano_usd >= limit
-        {
-            return Err(BudgetExceeded::Usd {
-                spent_nano_usd: self.spent_nano_usd,
-                limit_nano_usd: limit,
-            });
+        reached(Limit::Usd, self.limit_nano_usd, self.spent_nano_usd, None)?;
+        reached(Limit::Tokens, self.limit_tokens, self.total_tokens(), None)?;
+        reached(
+            Limit::ModelCalls,
+            self.limit_model_calls,
+            self.model_calls,
+            Some(1),
+        )?;
+        reached(
+            Limit::ToolCalls,
+            self.limit_tool_calls,
+            self.tool_calls,
+            Some(1),
+        )
+    }
+
+    /// Whether the call `ask` may start, `elapsed_ms` after the session started: `Ok`
+    /// unless a ceiling it counts against is reached (money, tokens, wall time, and the
+    /// model-call or the tool-call and per-tool counts). What the journal runs before a
+    /// fresh call.
+    ///
+    /// ```
+    /// use durable_core::snapshot::{Ask, Budget, Limit};
+    ///
+    /// let mut budget = Budget::unlimited().with_limit_tool("send_email", 1);
+    /// budget.check_call(Ask::Tool("send_email"), 0)?;
+    /// budget.count_call(Ask::Tool("send_email"));
+    /// let refused = budget.check_call(Ask::Tool("send_email"), 0).unwrap_err();
+    /// assert_eq!((refused.limit, refused.spent, refused.asked), (Limit::Tool("send_email".into()), 1, Some(1)));
+    /// budget.check_call(Ask::Tool("search"), 0)?; // other tools still run
+    /// # Ok::<(), durable_core::snapshot::BudgetExceeded>(())
+    /// ```
+    pub fn check_call(&self, ask: Ask<'_>, elapsed_ms: u64) -> Result<(), BudgetExceeded> {
+        reached(Limit::Usd, self.limit_nano_usd, self.spent_nano_usd, None)?;
+        reached(Limit::Tokens, self.limit_tokens, self.total_tokens(), None)?;
+        match ask {
+            Ask::Model => reached(
+                Limit::ModelCalls,
+                self.limit_model_calls,
+                self.model_calls,
+                Some(1),
+            )?,
+            Ask::Tool(tool) => {
+                reached(
+                    Limit::ToolCalls,
+                    self.limit_tool_calls,
+                    self.tool_calls,
+                    Some(1),
+                )?;
+                reached(
+                    Limit::Tool(tool.to_owned()),
+                    self.limit_per_tool.get(tool).copied(),
+                    self.tool_count(tool),
+                    Some(1),
+                )?;
+            }
         }
-        if let Some(limit) = self.limit_tokens
-            && self.total_tokens() >= limit
-        {
-            return Err(BudgetExceeded::Tokens {
-                spent: self.total_tokens(),
-                limit,
-            });
+        reached(Limit::WallTime, self.limit_wall_ms, elapsed_ms, None)
+    }
+
+    /// Counts one call that ran (a model reply, or a tool call), past any ceiling.
+    pub fn count_call(&mut self, call: Ask<'_>) {
+        match call {
+            Ask::Model => self.model_calls = self.model_calls.saturating_add(1),
+            Ask::Tool(tool) => {
+                self.tool_calls = self.tool_calls.saturating_add(1);
+                let count = self.tool_counts.entry(tool.to_owned()).or_default();
+                *count = count.saturating_add(1);
+            }
         }
-        Ok(())
+    }
+
+    /// The calls of `tool` that ran.
+    pub fn tool_count(&self, tool: &str) -> u64 {
+        self.tool_counts.get(tool).copied().unwrap_or(0)
+    }
+
+    /// Sets the limit on model calls.
+    pub fn with_limit_model_calls(mut self, calls: u64) -> Self {
+        self.limit_model_calls = Some(calls);
+        self
+    }
+
+    /// Sets the limit on tool calls (every tool together).
+    pub fn with_limit_tool_calls(mut self, calls: u64) -> Self {
+        self.limit_tool_calls = Some(calls);
+        self
+    }
+
+    /// Sets the limit on the time since the session started.
+    pub fn with_limit_wall_time(mut self, wall: std::time::Duration) -> Self {
+        self.limit_wall_ms = Some(u64::try_from(wall.as_millis()).unwrap_or(u64::MAX));
+        self
+    }
+
+    /// Sets the limit on the calls of one tool.
+    pub fn with_limit_tool(mut self, tool: impl Into<String>, calls: u64) -> Self {
+        self.limit_per_tool.insert(tool.into(), calls);
+        self
+    }
+
+    /// The ceiling set for `limit`, if any (in the limit's unit).
+    pub fn limit(&self, limit: &Limit) -> Option<u64> {
+        match limit {
+            Limit::Usd => self.limit_nano_usd,
+            Limit::Tokens => self.limit_tokens,
+            Limit::ModelCalls => self.limit_model_calls,
+            Limit::ToolCalls => self.limit_tool_calls,
+            Limit::WallTime => self.limit_wall_ms,
+            Limit::Tool(name) => self.limit_per_tool.get(name).copied(),
+        }
+    }
+
+    /// Sets (or, with `None`, removes) the ceiling `limit`.
+    pub fn set_limit(&mut self, limit: &Limit, ceiling: Option<u64>) {
+        match limit {
+            Limit::Usd => self.limit_nano_usd = ceiling,
+            Limit::Tokens => self.limit_tokens = ceiling,
+            Limit::ModelCalls => self.limit_model_calls = ceiling,
+            Limit::ToolCalls => self.limit_tool_calls = ceiling,
+            Limit::WallTime => self.limit_wall_ms = ceiling,
+            Limit::Tool(name) => match ceiling {
+                Some(ceiling) => {
+                    self.limit_per_tool.insert(name.clone(), ceiling);
+                }
+                None => {
+                    self.limit_per_tool.remove(name);
+                }
+            },
+        }
+    }
+
+    /// Raises the ceiling `limit` to `ceiling` if it is lower (an unlimited one stays
+    /// unlimited): what an operator's raise does. Returns whether it changed.
+    pub fn raise(&mut self, limit: &Limit, ceiling: u64) -> bool {
+        match self.limit(limit) {
+            Some(current) if current < ceiling => {
+                self.set_limit(limit, Some(ceiling));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// What was spent against `limit` (`elapsed_ms` for wall time).
+    pub fn spent(&self, limit: &Limit, elapsed_ms: u64) -> u64 {
+        match limit {
+            Limit::Usd => self.spent_nano_usd,
+            Limit::Tokens => self.total_tokens(),
+            Limit::ModelCalls => self.model_calls,
+            Limit::ToolCalls => self.tool_calls,
+            Limit::WallTime => elapsed_ms,
+            Limit::Tool(name) => self.tool_count(name),
+        }
+    }
+
+    /// Every ceiling set, with what was spent against it (`elapsed_ms` for wall time),
+    /// in the order `usd`, `tokens`, `model_calls`, `tool_calls`, `wall_time`, then per
+    /// tool by name.
+    pub fn ceilings(&self, elapsed_ms: u64) -> Vec<Ceiling> {
+        let mut limits = vec![
+            Limit::Usd,
+            Limit::Tokens,
+            Limit::ModelCalls,
+            Limit::ToolCalls,
+            Limit::WallTime,
+        ];
+        limits.extend(self.limit_per_tool.keys().cloned().map(Limit::Tool));
+        limits
+            .into_iter()
+            .filter_map(|limit| {
+                let ceiling = self.limit(&limit)?;
+                Some(Ceiling {
+                    spent: self.spent(&limit, elapsed_ms),
+                    ceiling,
+                    limit,
+                })
+            })
+            .collect()
+    }
+
+    /// Fills each ceiling `self` leaves unset from `defaults` (spend is kept): how a
+    /// runtime's default ceilings ([`DurableBuilder::budget`](crate::DurableBuilder::budget))
+    /// apply to a session started with a budget of its own.
+    pub fn with_defaults(mut self, defaults: &Budget) -> Self {
+        for ceiling in defaults.ceilings(0) {
+            if self.limit(&ceiling.limit).is_none() {
+                self.set_limit(&ceiling.limit, Some(ceiling.ceiling));
+            }
+        }
+        self
     }
 }
 
@@ -345,24 +556,30 @@ mod tests {
         b.charge(&Spend::from_nano_usd(0, 250, 50));
         assert_eq!(
             b.check(),
-            Err(BudgetExceeded::Tokens {
+            Err(BudgetExceeded {
+                session: None,
+                limit: Limit::Tokens,
+                ceiling: 1000,
                 spent: 1000,
-                limit: 1000
+                asked: None,
             })
         );
         b.charge(&spend(0.3, 0, 0));
         // Money is reported first, and spend past the limit is still recorded.
         assert_eq!(
             b.check(),
-            Err(BudgetExceeded::Usd {
-                spent_nano_usd: 1_050_000_000,
-                limit_nano_usd: 1_000_000_000
+            Err(BudgetExceeded {
+                session: None,
+                limit: Limit::Usd,
+                ceiling: 1_000_000_000,
+                spent: 1_050_000_000,
+                asked: None,
             })
         );
         assert_eq!(b.remaining_usd(), Some(0.0));
         assert_eq!(
             b.check().expect_err("exhausted").to_string(),
-            "budget exhausted: spent $1.05 of the $1.00 limit; raise the limit or end the session"
+            "budget exceeded: $1.05 spent of the $1.00 dollar ceiling; nothing ran. Raise the limit or end the session"
         );
     }
 
@@ -438,6 +655,119 @@ mod tests {
             serde_json::from_str::<Spend>(r#"{"nano_usd":-5,"input_tokens":0,"output_tokens":0}"#)
                 .is_err()
         );
+    }
+
+    #[test]
+    fn a_budget_written_before_the_new_ceilings_loads_with_none() {
+        let old = r#"{"spent_nano_usd":5,"input_tokens":1,"output_tokens":2,"limit_nano_usd":null,"limit_tokens":9}"#;
+        let b: Budget = serde_json::from_str(old).expect("old budget");
+        assert_eq!((b.model_calls, b.tool_calls, b.limit_model_calls), (0, 0, None));
+        assert!(b.limit_per_tool.is_empty() && b.tool_counts.is_empty());
+        assert_eq!(b.limit_tokens, Some(9));
+        // Unused, the new fields are not written: the JSON is as before.
+        assert_eq!(
+            serde_json::to_string(&b).expect("json"),
+            r#"{"spent_nano_usd":5,"input_tokens":1,"output_tokens":2,"limit_nano_usd":null,"limit_tokens":9}"#
+        );
+    }
+
+    #[test]
+    fn counts_and_ceilings_round_trip_and_bind_before_the_call() {
+        let mut b = Budget::unlimited()
+            .with_limit_model_calls(1)
+            .with_limit_tool_calls(2)
+            .with_limit_tool("send", 1)
+            .with_limit_wall_time(std::time::Duration::from_secs(60));
+        assert_eq!(b.check_call(Ask::Model, 0), Ok(()));
+        b.count_call(Ask::Model);
+        let refused = b.check_call(Ask::Model, 0).expect_err("model ceiling");
+        assert_eq!(
+            (refused.limit, refused.ceiling, refused.spent, refused.asked),
+            (Limit::ModelCalls, 1, 1, Some(1))
+        );
+        b.count_call(Ask::Tool("send"));
+        assert_eq!(
+            b.check_call(Ask::Tool("send"), 0).map_err(|e| e.limit),
+            Err(Limit::Tool("send".into()))
+        );
+        assert_eq!(b.check_call(Ask::Tool("read"), 0), Ok(()));
+        b.count_call(Ask::Tool("read"));
+        assert_eq!(
+            b.check_call(Ask::Tool("read"), 0).map_err(|e| e.limit),
+            Err(Limit::ToolCalls)
+        );
+        assert_eq!(
+            b.check_call(Ask::Model, 60_000).map_err(|e| e.limit),
+            Err(Limit::ModelCalls),
+            "money, tokens and counts come before the clock"
+        );
+        let fresh = Budget::unlimited().with_limit_wall_time(std::time::Duration::from_secs(60));
+        let late = fresh.check_call(Ask::Model, 60_000).expect_err("wall time");
+        assert_eq!((late.limit, late.spent, late.asked), (Limit::WallTime, 60_000, None));
+        assert_eq!(fresh.check_call(Ask::Model, 59_999), Ok(()));
+        let json = serde_json::to_string(&b).expect("json");
+        assert_eq!(serde_json::from_str::<Budget>(&json).expect("back"), b);
+        assert_eq!(
+            b.ceilings(5)
+                .iter()
+                .map(|c| (c.limit.to_string(), c.spent, c.ceiling))
+                .collect::<Vec<_>>(),
+            [
+                ("model_calls".to_owned(), 1, 1),
+                ("tool_calls".to_owned(), 2, 2),
+                ("wall_time".to_owned(), 5, 60_000),
+                ("tool:send".to_owned(), 1, 1),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_raise_never_lowers_and_defaults_fill_only_unset_ceilings() {
+        let mut b = Budget::unlimited().with_limit_model_calls(5);
+        assert!(!b.raise(&Limit::ModelCalls, 3), "never lowers");
+        assert!(b.raise(&Limit::ModelCalls, 8));
+        assert!(!b.raise(&Limit::Usd, 1), "an unlimited ceiling stays unlimited");
+        assert_eq!((b.limit_model_calls, b.limit_nano_usd), (Some(8), None));
+        let defaults = Budget::unlimited()
+            .with_limit_model_calls(1)
+            .with_limit_tokens(100)
+            .with_limit_tool("send", 2);
+        let mut spent = Budget::unlimited().with_limit_model_calls(8);
+        spent.charge(&spend(1.0, 1, 1));
+        let merged = spent.clone().with_defaults(&defaults);
+        assert_eq!(merged.limit_model_calls, Some(8), "the session's own wins");
+        assert_eq!(merged.limit_tokens, Some(100));
+        assert_eq!(merged.limit(&Limit::Tool("send".into())), Some(2));
+        assert_eq!(merged.spent_nano_usd, spent.spent_nano_usd, "spend is kept");
+    }
+
+    #[test]
+    fn limits_read_and_write_as_text() {
+        for limit in [
+            Limit::Usd,
+            Limit::Tokens,
+            Limit::ModelCalls,
+            Limit::ToolCalls,
+            Limit::WallTime,
+            Limit::Tool("send_email".into()),
+        ] {
+            assert_eq!(limit.to_string().parse::<Limit>(), Ok(limit.clone()));
+            let json = serde_json::to_value(&limit).expect("json");
+            assert_eq!(serde_json::from_value::<Limit>(json).expect("back"), limit);
+        }
+        assert!("tool:".parse::<Limit>().is_err());
+        assert!("dollars".parse::<Limit>().is_err());
+        assert_eq!(Limit::Usd.parse_amount("$2.50"), Ok(2_500_000_000));
+        assert!(Limit::Usd.parse_amount("-1").is_err());
+        assert!(Limit::Usd.parse_amount("NaN").is_err());
+        assert_eq!(Limit::WallTime.parse_amount("15m"), Ok(900_000));
+        assert_eq!(Limit::WallTime.parse_amount("2h"), Ok(7_200_000));
+        assert_eq!(Limit::WallTime.parse_amount("5000ms"), Ok(5_000));
+        assert_eq!(Limit::WallTime.parse_amount("90"), Ok(90_000));
+        assert!(Limit::WallTime.parse_amount("soon").is_err());
+        assert!(Limit::WallTime.parse_amount("99999999999999999h").is_err());
+        assert!(Limit::ModelCalls.parse_amount("1.5").is_err());
+        assert_eq!(Limit::WallTime.format_amount(90_000), "90s");
     }
 
     #[test]

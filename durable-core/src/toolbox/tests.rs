@@ -19,9 +19,7 @@ impl Tool for Named {
         _args: Value,
     ) -> BoxFuture<'a, Result<ToolOutput, DurableError>> {
         Box::pin(async {
-            Err(DurableError::BudgetExceeded(
-                "not invoked in unit tests".into(),
-            ))
+            Err(DurableError::Encode { what: "invoke".into(), detail: "not invoked in unit tests".into() })
         })
     }
 }
@@ -267,7 +265,7 @@ fn only_mistakes_of_the_model_are_sent_back_to_it() {
         backend: "test",
     });
     assert!(ToolResult::refused(&call, &store).is_none());
-    assert!(ToolResult::refused(&call, &DurableError::BudgetExceeded("b".into())).is_none());
+    assert!(ToolResult::refused(&call, &DurableError::BudgetExceeded(crate::snapshot::BudgetExceeded { session: None, limit: crate::snapshot::Limit::Tokens, ceiling: 1, spent: 1, asked: None })).is_none());
 }
 
 #[test]
@@ -304,7 +302,7 @@ impl Tool for Checked {
         args: Value,
     ) -> BoxFuture<'a, Result<ToolOutput, DurableError>> {
         let _ = (journal, args);
-        Box::pin(async { Err(DurableError::BudgetExceeded("not invoked".into())) })
+        Box::pin(async { Err(DurableError::Encode { what: "invoke".into(), detail: "not invoked".into() }) })
     }
 
     fn check_args(&self, args: &Value) -> Result<(), DurableError> {
