@@ -37,10 +37,12 @@ impl Price {
     pub fn spend(&self, usage: &Usage) -> Spend {
         let cached = usage.cached_input_tokens.min(usage.input_tokens);
         let fresh = usage.input_tokens - cached;
-        let micro = u128::from(fresh) * u128::from(self.input_per_million)
-            + u128::from(cached) * u128::from(self.cached_input_per_million)
-            + u128::from(usage.output_tokens) * u128::from(self.output_per_million);
-        let nano = (micro + 500_000) / 1_000_000;
+        // Each product fits in u128; their sum may not (saturates: the result is capped
+        // at u64::MAX anyway).
+        let scaled = (u128::from(fresh) * u128::from(self.input_per_million))
+            .saturating_add(u128::from(cached) * u128::from(self.cached_input_per_million))
+            .saturating_add(u128::from(usage.output_tokens) * u128::from(self.output_per_million));
+        let nano = scaled.saturating_add(500_000) / 1_000_000;
         Spend::from_nano_usd(
             u64::try_from(nano).unwrap_or(u64::MAX),
             usage.input_tokens,
@@ -171,12 +173,17 @@ mod tests {
     #[test]
     fn prices_round_to_the_nearest_nano_dollar_and_saturate() {
         let price = Price::usd_per_million(2.5, 10.0, 1.25).expect("price");
-        // 1 token at $2.50/M is 2.5 nano-dollars: rounds to 3 (half up).
-        assert_eq!(price.spend(&Usage::new(1, 0)).nano_usd(), 3);
+        // 1 token at $2.50/M is 2 500 nano-dollars.
+        assert_eq!(price.spend(&Usage::new(1, 0)).nano_usd(), 2_500);
         assert_eq!(price.spend(&Usage::new(1_000_000, 0)).nano_usd(), 2_500_000_000);
-        // Cached tokens above the input are capped at the input.
+        assert_eq!(price.spend(&Usage::new(0, 3)).nano_usd(), 30_000);
+        // Cached tokens above the input are capped at the input: 10 × $1.25/M.
         let odd = Usage::new(10, 0).with_cached_input(50);
-        assert_eq!(price.spend(&odd).nano_usd(), 13); // 10 × 1.25
+        assert_eq!(price.spend(&odd).nano_usd(), 12_500);
+        // Sub-nano-dollar token prices round to the nearest nano-dollar (half up).
+        let cheap = Price::usd_per_million(0.0015, 0.0, 0.0).expect("price");
+        assert_eq!(cheap.spend(&Usage::new(1, 0)).nano_usd(), 2); // 1.5
+        assert_eq!(cheap.spend(&Usage::new(3, 0)).nano_usd(), 5); // 4.5
         let huge = Price {
             input_per_million: u64::MAX,
             output_per_million: u64::MAX,

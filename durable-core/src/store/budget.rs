@@ -26,7 +26,7 @@ pub struct RaiseLimit {
     pub limit: Limit,
     /// Its new amount, in the limit's unit (at most `i64::MAX`).
     pub ceiling: u64,
-    /// Who raises it (an id: letters, digits, `-_.:@`).
+    /// Who raises it (checked as an id: not blank, no control characters).
     pub by: String,
     /// Why.
     pub note: Option<String>,
