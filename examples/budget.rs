@@ -93,7 +93,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Dollars per million input, output and cached-input tokens.
         .prices(PriceTable::new().with("gpt-4o-mini", Price::usd_per_million(0.15, 0.60, 0.075)?))
         // Ceilings every session starts with unless it sets its own.
-        .budget(Budget::unlimited().with_limit_usd(0.02)?.with_limit_model_calls(3))
+        .budget(
+            Budget::unlimited()
+                .with_limit_usd(0.02)?
+                .with_limit_model_calls(3),
+        )
         .build();
     let id = SessionId::new("research-ann");
     let session = durable

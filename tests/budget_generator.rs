@@ -142,7 +142,11 @@ async fn run(
     let started = Arc::new(Notify::new());
     let result: Option<Result<Value, CallError<String>>> = match op {
         Op::Model(cents) => {
-            let (ledger, entered, signal) = (Arc::clone(ledger), Arc::clone(&entered), Arc::clone(&started));
+            let (ledger, entered, signal) = (
+                Arc::clone(ledger),
+                Arc::clone(&entered),
+                Arc::clone(&started),
+            );
             let cost = u64::from(cents) * CENT;
             let fut = session.journal().model_with_spend(
                 move || async move {
@@ -176,7 +180,11 @@ async fn run(
             if keyed {
                 call = call.key(format!("charge-{turn}-{index}"));
             }
-            let (ledger, entered, signal) = (Arc::clone(ledger), Arc::clone(&entered), Arc::clone(&started));
+            let (ledger, entered, signal) = (
+                Arc::clone(ledger),
+                Arc::clone(&entered),
+                Arc::clone(&started),
+            );
             let fut = call.run(move |_ctx| async move {
                 entered.store(true, Ordering::SeqCst);
                 if die {
@@ -237,7 +245,11 @@ async fn case(store: Arc<dyn CheckpointStore>, program: Program) -> Result<(), S
     let id = SessionId::new("generated");
     let mut workers = 0;
     let mut session = worker(workers)
-        .start::<Message>(StartOptions::new().with_id(id.clone()).with_budget(ceilings.clone()))
+        .start::<Message>(
+            StartOptions::new()
+                .with_id(id.clone())
+                .with_budget(ceilings.clone()),
+        )
         .await
         .map_err(|e| e.to_string())?;
     let mut crashes = program.crashes.clone();
@@ -245,11 +257,14 @@ async fn case(store: Arc<dyn CheckpointStore>, program: Program) -> Result<(), S
     'turns: for (t, turn) in program.turns.iter().enumerate() {
         'attempt: loop {
             for (i, op) in turn.iter().enumerate() {
-                let crash = crashes.iter().position(|c| {
-                    usize::from(c.turn) == t && usize::from(c.at) == i
-                });
+                let crash = crashes
+                    .iter()
+                    .position(|c| usize::from(c.turn) == t && usize::from(c.at) == i);
                 let crash = crash.map(|k| crashes.remove(k));
-                if let Some(Crash { mid_call: false, .. }) = crash {
+                if let Some(Crash {
+                    mid_call: false, ..
+                }) = crash
+                {
                     // Dies between two calls: the next worker re-runs the turn.
                     drop(session);
                     workers += 1;
@@ -284,7 +299,10 @@ async fn case(store: Arc<dyn CheckpointStore>, program: Program) -> Result<(), S
             .await
             .map_err(|e| format!("park: {e}"))?,
         None => {
-            session.complete().await.map_err(|e| format!("complete: {e}"))?;
+            session
+                .complete()
+                .await
+                .map_err(|e| format!("complete: {e}"))?;
         }
     }
 
@@ -293,7 +311,13 @@ async fn case(store: Arc<dyn CheckpointStore>, program: Program) -> Result<(), S
         .map_err(|e| format!("session budget: {e}"))?;
     let b = &standing.budget;
     let l = ledger.lock().expect("ledger");
-    let counted = (b.model_calls, b.spent_nano_usd, b.total_tokens(), b.tool_calls, b.tool_count("charge"));
+    let counted = (
+        b.model_calls,
+        b.spent_nano_usd,
+        b.total_tokens(),
+        b.tool_calls,
+        b.tool_count("charge"),
+    );
     let ran = (l.model_calls, l.nano_usd, l.tokens, l.tool_calls, l.charges);
     if counted != ran {
         return Err(format!(
@@ -332,7 +356,10 @@ async fn take_over(
         fence: record.fence,
         expires_at: 0,
     };
-    store.release_lease(&lease).await.map_err(|e| e.to_string())?;
+    store
+        .release_lease(&lease)
+        .await
+        .map_err(|e| e.to_string())?;
     Ok(worker
         .resume::<Message>(id)
         .await

@@ -393,12 +393,14 @@ async fn a_call_refused_by_a_ceiling_carries_the_spend() {
         .build();
     let tools = tools();
     let session = durable
-        .start::<Message>(StartOptions::new().with_budget(
-            durable::Budget::unlimited()
-                .with_limit_usd(0.01)
-                .expect("a limit")
-                .with_limit_tool("send_email", 0),
-        ))
+        .start::<Message>(
+            StartOptions::new().with_budget(
+                durable::Budget::unlimited()
+                    .with_limit_usd(0.01)
+                    .expect("a limit")
+                    .with_limit_tool("send_email", 0),
+            ),
+        )
         .await
         .expect("start");
     capture.take().await;
@@ -420,7 +422,9 @@ async fn a_call_refused_by_a_ceiling_carries_the_spend() {
     assert!(
         matches!(
             refused,
-            Err(durable::CallError::Durable(durable::DurableError::BudgetExceeded(_)))
+            Err(durable::CallError::Durable(
+                durable::DurableError::BudgetExceeded(_)
+            ))
         ),
         "{refused:?}"
     );

@@ -88,9 +88,8 @@ pub(crate) async fn budget(
             by,
         } => {
             let by = crate::operator(by)?;
-            let invalid = |e: durable::budget::InvalidLimit| {
-                CliError::new(Code::InvalidInput, e.to_string())
-            };
+            let invalid =
+                |e: durable::budget::InvalidLimit| CliError::new(Code::InvalidInput, e.to_string());
             let limit: Limit = limit.parse().map_err(invalid)?;
             let ceiling = limit.parse_amount(&amount).map_err(invalid)?;
             let id = SessionId::new(session);

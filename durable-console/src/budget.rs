@@ -118,7 +118,8 @@ pub(crate) async fn raise(
         return Err(PageError::read_only(reason));
     }
     let id = SessionId::new(id);
-    let invalid = |e: durable::budget::InvalidLimit| PageError::new(StatusCode::BAD_REQUEST, e.to_string());
+    let invalid =
+        |e: durable::budget::InvalidLimit| PageError::new(StatusCode::BAD_REQUEST, e.to_string());
     let limit: Limit = form.limit.trim().parse().map_err(invalid)?;
     let ceiling = limit.parse_amount(&form.amount).map_err(invalid)?;
     let by = match form.by.trim() {
@@ -126,7 +127,9 @@ pub(crate) async fn raise(
         by => by.to_owned(),
     };
     let note = Some(form.note.trim()).filter(|n| !n.is_empty());
-    let durable = Durable::builder(std::sync::Arc::clone(&state.store)).owner(OWNER).build();
+    let durable = Durable::builder(std::sync::Arc::clone(&state.store))
+        .owner(OWNER)
+        .build();
     let raised = durable
         .operator()
         .raise_limit(&id, limit.clone(), ceiling, &by, note)

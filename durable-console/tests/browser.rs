@@ -648,7 +648,14 @@ async fn an_operator_resolves_a_call_in_the_browser() {
         .await
         .expect("goto");
     let ceilings = text(&client, "#ceilings").await;
-    for needle in ["usd", "$0.0125", "$0.05", "model_calls", "tool:send_email", "reached"] {
+    for needle in [
+        "usd",
+        "$0.0125",
+        "$0.05",
+        "model_calls",
+        "tool:send_email",
+        "reached",
+    ] {
         assert!(ceilings.contains(needle), "missing {needle:?}: {ceilings}");
     }
     let reached = text(&client, "tr.reached").await;

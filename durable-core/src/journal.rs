@@ -38,9 +38,9 @@ mod ordinals;
 mod protocol;
 mod stream;
 
-pub(crate) use budget::charge_row;
-use budget::Charge;
 pub use crate::event::{CallEvent, Outcome};
+use budget::Charge;
+pub(crate) use budget::charge_row;
 pub use call::ToolCall;
 pub(crate) use checkpoint_scope::{CommitSlot, Executed, ScopeOutcome};
 use ordinals::Numbers;

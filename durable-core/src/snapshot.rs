@@ -42,5 +42,5 @@ mod prices;
 
 pub use budget::{Budget, Ceiling, InvalidAmount, NANO_USD_PER_USD, Spend};
 pub use limit::{Ask, BudgetExceeded, InvalidLimit, Limit};
-pub use prices::{Price, PriceTable, Usage};
 pub use plan::{Plan, PlanError, Postcondition, Step, StepStatus};
+pub use prices::{Price, PriceTable, Usage};

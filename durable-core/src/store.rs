@@ -27,12 +27,12 @@ pub use approval::{
     Approval, ApprovalDecision, ApprovalEvent, ApprovalRecord, ApprovalRequest, DEADLINE,
     DecideApproval, Decided, PendingApproval, Transition,
 };
+pub use budget::{BudgetStore, LimitRaise, RaiseLimit};
 pub use fork::{
     CARRIED_STEP, FORK_AUDIT_MARK, FORK_AUDIT_RERUN, ForkCopy, ForkEntry, ForkFate, ForkPlan,
     ForkSession, audit_map as fork_audit_map, copies as fork_copies, effect as fork_effect,
     fate as fork_fate, fork_step,
 };
-pub use budget::{BudgetStore, LimitRaise, RaiseLimit};
 pub use message::StoredMessage;
 pub use queue::{Claim, QueueInfo, WorkEvents, WorkNotifier};
 

@@ -7,7 +7,10 @@ use durable_core::{SessionId, StoreError};
 use crate::MemoryStore;
 
 /// `raise_limit`: validated, then appended to the session's raises.
-pub(crate) fn raise_limit(store: &MemoryStore, raise: RaiseLimit) -> Result<LimitRaise, StoreError> {
+pub(crate) fn raise_limit(
+    store: &MemoryStore,
+    raise: RaiseLimit,
+) -> Result<LimitRaise, StoreError> {
     raise.validate()?;
     let at = store.clock();
     let mut state = store.lock();

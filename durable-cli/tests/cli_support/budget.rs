@@ -61,7 +61,10 @@ pub async fn budget(store: &Arc<dyn CheckpointStore>, db: &str) {
     );
     let text = run(db, &["show", sid]);
     let text = text.ok();
-    assert!(text.contains("model_calls") && text.contains("REACHED"), "{text}");
+    assert!(
+        text.contains("model_calls") && text.contains("REACHED"),
+        "{text}"
+    );
     assert!(text.contains("$0.0125"), "{text}");
     let text = run(db, &["budget", "show", sid]);
     assert!(text.ok().contains("REACHED"), "{}", text.stdout);

@@ -96,9 +96,10 @@ pub async fn budget_ceiling_reached_mid_turn_refuses_the_next_call_and_runs_noth
     assert_eq!(asked.load(Ordering::SeqCst), 2, "the model was not asked");
     assert_eq!(rows(&store, session.id()).await, 2, "nothing journaled");
     assert!(
-        refused
-            .to_string()
-            .contains(&format!("durable budget raise {} model_calls", session.id())),
+        refused.to_string().contains(&format!(
+            "durable budget raise {} model_calls",
+            session.id()
+        )),
         "the refusal says how to raise it: {refused}"
     );
     // Tool calls still run: the ceiling is on model calls.
@@ -146,7 +147,12 @@ pub async fn budget_ceiling_reached_mid_turn_refuses_the_next_call_and_runs_noth
     call(&session, &email, 1, None, &runs).await.expect("email");
     let refused = refusal(call(&session, &email, 2, None, &runs).await);
     assert_eq!(
-        (&refused.limit, refused.ceiling, refused.spent, refused.asked),
+        (
+            &refused.limit,
+            refused.ceiling,
+            refused.spent,
+            refused.asked
+        ),
         (&Limit::Tool("email".into()), 1, 1, Some(1))
     );
     call(&session, &charge, 3, Some("k-3"), &runs)
@@ -161,7 +167,11 @@ pub async fn budget_ceiling_reached_mid_turn_refuses_the_next_call_and_runs_noth
         );
     }
     assert_eq!(runs.load(Ordering::SeqCst), ran + 3, "no refused body ran");
-    assert_eq!(rows(&store, session.id()).await, 3, "no refused call journaled");
+    assert_eq!(
+        rows(&store, session.id()).await,
+        3,
+        "no refused call journaled"
+    );
     let budget = session.budget();
     assert_eq!((budget.tool_calls, budget.tool_count("email")), (3, 1));
 
@@ -207,7 +217,10 @@ pub async fn budget_replay_is_charged_once_and_never_refused(store: Arc<dyn Chec
     for worker in ["second", "third"] {
         let (resumed, _) = take_over(&store, &id, worker).await;
         let session = resumed.session;
-        assert_eq!(ask(&session, &asked, cents(99)).await.expect("replay"), first);
+        assert_eq!(
+            ask(&session, &asked, cents(99)).await.expect("replay"),
+            first
+        );
         call(&session, &charge, 1, Some("k-1"), &runs)
             .await
             .expect("the recorded result, at the tool ceiling");
@@ -229,7 +242,11 @@ pub async fn budget_replay_is_charged_once_and_never_refused(store: Arc<dyn Chec
         );
         drop(session);
     }
-    assert_eq!(asked.load(Ordering::SeqCst), 2, "the model was asked twice in all");
+    assert_eq!(
+        asked.load(Ordering::SeqCst),
+        2,
+        "the model was asked twice in all"
+    );
     assert_eq!(runs.load(Ordering::SeqCst), 1);
     let (resumed, _) = take_over(&store, &id, "fourth").await;
     let mut session = resumed.session;
@@ -451,7 +468,12 @@ pub async fn budget_raise_unparks_the_session_and_the_call_runs(store: Arc<dyn C
     ));
     assert!(matches!(
         store
-            .raise_limit(RaiseLimit::new(id.clone(), Limit::ModelCalls, 5, "bad\u{7}name"))
+            .raise_limit(RaiseLimit::new(
+                id.clone(),
+                Limit::ModelCalls,
+                5,
+                "bad\u{7}name"
+            ))
             .await,
         Err(StoreError::InvalidId { .. })
     ));
@@ -469,7 +491,13 @@ pub async fn budget_raise_unparks_the_session_and_the_call_runs(store: Arc<dyn C
 
     let before = store.now().await.expect("now");
     let raised = operator
-        .raise_limit(&id, Limit::ModelCalls, 2, "alice", Some("the customer agreed"))
+        .raise_limit(
+            &id,
+            Limit::ModelCalls,
+            2,
+            "alice",
+            Some("the customer agreed"),
+        )
         .await
         .expect("raise");
     assert_eq!(
@@ -510,7 +538,10 @@ pub async fn budget_raise_unparks_the_session_and_the_call_runs(store: Arc<dyn C
         .expect("resume in time")
         .expect("resume")
         .session;
-    assert_eq!(ask(&session, &asked, cents(1)).await.expect("replay"), first);
+    assert_eq!(
+        ask(&session, &asked, cents(1)).await.expect("replay"),
+        first
+    );
     ask(&session, &asked, cents(1))
         .await
         .expect("the refused call runs after the raise");

@@ -120,9 +120,7 @@ impl StoreError {
             E::EmptyDenialReason { .. }
             | E::InvalidId { .. }
             | E::InvalidText { .. }
-            | E::InvalidRaise { .. } => {
-                ErrorKind::InvalidInput
-            }
+            | E::InvalidRaise { .. } => ErrorKind::InvalidInput,
             E::Tampered { .. } | E::RolledBack { .. } => ErrorKind::Integrity,
             E::Corrupt { .. } => ErrorKind::Unreadable,
             E::KeyMissing { .. }
@@ -202,7 +200,14 @@ mod tests {
             ErrorKind::Transient
         );
         assert_eq!(
-            DurableError::BudgetExceeded(crate::snapshot::BudgetExceeded { session: None, limit: crate::snapshot::Limit::Tokens, ceiling: 1, spent: 1, asked: None }).kind(),
+            DurableError::BudgetExceeded(crate::snapshot::BudgetExceeded {
+                session: None,
+                limit: crate::snapshot::Limit::Tokens,
+                ceiling: 1,
+                spent: 1,
+                asked: None
+            })
+            .kind(),
             ErrorKind::LimitExceeded
         );
     }

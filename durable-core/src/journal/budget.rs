@@ -152,7 +152,6 @@ impl Journal {
                 DurableError::BudgetExceeded(refused)
             })
     }
-
 }
 
 /// Charges what `row` cost to `budget` (its spend, and the call it counts), as the
@@ -160,4 +159,3 @@ impl Journal {
 pub(crate) fn charge_row(row: &CallRecord, budget: &mut Budget) {
     Journal::charge_of(row).apply(budget);
 }
-

@@ -45,13 +45,12 @@ pub async fn session_budget(
     let record = store.session(session).await?;
     let checkpoint = store.load_checkpoint_window(session, None, 0).await?;
     let version = checkpoint.meta.version;
-    let mut budget: Budget = serde_json::from_value(checkpoint.budget).map_err(|e| {
-        DurableError::Decode {
+    let mut budget: Budget =
+        serde_json::from_value(checkpoint.budget).map_err(|e| DurableError::Decode {
             session: session.clone(),
             what: format!("the budget of version {version}"),
             detail: e.to_string(),
-        }
-    })?;
+        })?;
     for row in store.calls(session, Some(version)).await? {
         crate::journal::charge_row(&row, &mut budget);
     }

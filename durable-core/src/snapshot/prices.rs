@@ -22,7 +22,11 @@ pub struct Price {
 impl Price {
     /// Dollars per million input, output and cached-input tokens (checked as
     /// [`Spend::new`] checks an amount).
-    pub fn usd_per_million(input: f64, output: f64, cached_input: f64) -> Result<Self, InvalidAmount> {
+    pub fn usd_per_million(
+        input: f64,
+        output: f64,
+        cached_input: f64,
+    ) -> Result<Self, InvalidAmount> {
         Ok(Price {
             input_per_million: usd_to_nano(input)?,
             output_per_million: usd_to_nano(output)?,
@@ -175,7 +179,10 @@ mod tests {
         let price = Price::usd_per_million(2.5, 10.0, 1.25).expect("price");
         // 1 token at $2.50/M is 2 500 nano-dollars.
         assert_eq!(price.spend(&Usage::new(1, 0)).nano_usd(), 2_500);
-        assert_eq!(price.spend(&Usage::new(1_000_000, 0)).nano_usd(), 2_500_000_000);
+        assert_eq!(
+            price.spend(&Usage::new(1_000_000, 0)).nano_usd(),
+            2_500_000_000
+        );
         assert_eq!(price.spend(&Usage::new(0, 3)).nano_usd(), 30_000);
         // Cached tokens above the input are capped at the input: 10 × $1.25/M.
         let odd = Usage::new(10, 0).with_cached_input(50);

@@ -63,7 +63,10 @@ impl RaiseLimit {
         }
         if i64::try_from(self.ceiling).is_err() {
             return Err(StoreError::InvalidRaise {
-                detail: format!("a ceiling of {} is above the largest storable amount", self.ceiling),
+                detail: format!(
+                    "a ceiling of {} is above the largest storable amount",
+                    self.ceiling
+                ),
             });
         }
         self.note.as_deref().map_or(Ok(()), |note| {

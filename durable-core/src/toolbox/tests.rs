@@ -19,7 +19,10 @@ impl Tool for Named {
         _args: Value,
     ) -> BoxFuture<'a, Result<ToolOutput, DurableError>> {
         Box::pin(async {
-            Err(DurableError::Encode { what: "invoke".into(), detail: "not invoked in unit tests".into() })
+            Err(DurableError::Encode {
+                what: "invoke".into(),
+                detail: "not invoked in unit tests".into(),
+            })
         })
     }
 }
@@ -265,7 +268,19 @@ fn only_mistakes_of_the_model_are_sent_back_to_it() {
         backend: "test",
     });
     assert!(ToolResult::refused(&call, &store).is_none());
-    assert!(ToolResult::refused(&call, &DurableError::BudgetExceeded(crate::snapshot::BudgetExceeded { session: None, limit: crate::snapshot::Limit::Tokens, ceiling: 1, spent: 1, asked: None })).is_none());
+    assert!(
+        ToolResult::refused(
+            &call,
+            &DurableError::BudgetExceeded(crate::snapshot::BudgetExceeded {
+                session: None,
+                limit: crate::snapshot::Limit::Tokens,
+                ceiling: 1,
+                spent: 1,
+                asked: None
+            })
+        )
+        .is_none()
+    );
 }
 
 #[test]
@@ -302,7 +317,12 @@ impl Tool for Checked {
         args: Value,
     ) -> BoxFuture<'a, Result<ToolOutput, DurableError>> {
         let _ = (journal, args);
-        Box::pin(async { Err(DurableError::Encode { what: "invoke".into(), detail: "not invoked".into() }) })
+        Box::pin(async {
+            Err(DurableError::Encode {
+                what: "invoke".into(),
+                detail: "not invoked".into(),
+            })
+        })
     }
 
     fn check_args(&self, args: &Value) -> Result<(), DurableError> {

@@ -167,7 +167,10 @@ fn stored_json_with_floats_or_negatives_is_refused() {
 fn a_budget_written_before_the_new_ceilings_loads_with_none() {
     let old = r#"{"spent_nano_usd":5,"input_tokens":1,"output_tokens":2,"limit_nano_usd":null,"limit_tokens":9}"#;
     let b: Budget = serde_json::from_str(old).expect("old budget");
-    assert_eq!((b.model_calls, b.tool_calls, b.limit_model_calls), (0, 0, None));
+    assert_eq!(
+        (b.model_calls, b.tool_calls, b.limit_model_calls),
+        (0, 0, None)
+    );
     assert!(b.limit_per_tool.is_empty() && b.tool_counts.is_empty());
     assert_eq!(b.limit_tokens, Some(9));
     // Unused, the new fields are not written: the JSON is as before.
@@ -209,7 +212,10 @@ fn counts_and_ceilings_round_trip_and_bind_before_the_call() {
     );
     let fresh = Budget::unlimited().with_limit_wall_time(std::time::Duration::from_secs(60));
     let late = fresh.check_call(Ask::Model, 60_000).expect_err("wall time");
-    assert_eq!((late.limit, late.spent, late.asked), (Limit::WallTime, 60_000, None));
+    assert_eq!(
+        (late.limit, late.spent, late.asked),
+        (Limit::WallTime, 60_000, None)
+    );
     assert_eq!(fresh.check_call(Ask::Model, 59_999), Ok(()));
     let json = serde_json::to_string(&b).expect("json");
     assert_eq!(serde_json::from_str::<Budget>(&json).expect("back"), b);
@@ -232,7 +238,10 @@ fn a_raise_never_lowers_and_defaults_fill_only_unset_ceilings() {
     let mut b = Budget::unlimited().with_limit_model_calls(5);
     assert!(!b.raise(&Limit::ModelCalls, 3), "never lowers");
     assert!(b.raise(&Limit::ModelCalls, 8));
-    assert!(!b.raise(&Limit::Usd, 1), "an unlimited ceiling stays unlimited");
+    assert!(
+        !b.raise(&Limit::Usd, 1),
+        "an unlimited ceiling stays unlimited"
+    );
     assert_eq!((b.limit_model_calls, b.limit_nano_usd), (Some(8), None));
     let defaults = Budget::unlimited()
         .with_limit_model_calls(1)
