@@ -216,7 +216,11 @@ pub async fn budget_replay_is_charged_once_and_never_refused(store: Arc<dyn Chec
 
     for worker in ["second", "third"] {
         let (resumed, _) = take_over(&store, &id, worker).await;
-        let session = resumed.session;
+        let mut session = resumed.session;
+        // Past a ceiling now (no time left): the recorded calls still replay.
+        let mut past = session.budget();
+        past.limit_wall_ms = Some(0);
+        session.set_budget(past);
         assert_eq!(
             ask(&session, &asked, cents(99)).await.expect("replay"),
             first

@@ -378,3 +378,28 @@ fn check_refuses_what_dispatch_would_and_returns_the_hashed_arguments() {
         Err(DurableError::InvalidArguments { .. })
     ));
 }
+
+#[test]
+fn a_budget_refusal_is_a_result_the_model_can_read() {
+    let call = ModelToolCall::new("call_7", "send_email", json!({"to": "ann"}));
+    let refusal = crate::snapshot::BudgetExceeded {
+        session: Some(crate::SessionId::new("s-1")),
+        limit: crate::snapshot::Limit::Tool("send_email".into()),
+        ceiling: 3,
+        spent: 3,
+        asked: Some(1),
+    };
+    let result = ToolResult::over_budget(&call, &refusal);
+    assert!(result.is_error());
+    assert_eq!((result.call_id.as_str(), result.name.as_str()), ("call_7", "send_email"));
+    assert_eq!(
+        result.output.content,
+        json!({
+            "error": "budget exceeded: 3 spent of the 3 `send_email` call ceiling, 1 more asked; nothing ran. \
+                      Raise it (`durable budget raise s-1 tool:send_email <amount>`) or end the session",
+            "limit": "tool:send_email",
+            "spent": 3,
+            "ceiling": 3,
+        })
+    );
+}
