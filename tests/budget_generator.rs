@@ -185,18 +185,25 @@ async fn run(
                 Arc::clone(&entered),
                 Arc::clone(&started),
             );
-            let fut = call.run(move |_ctx| async move {
-                entered.store(true, Ordering::SeqCst);
-                if die {
-                    signal.notify_one();
-                    std::future::pending::<()>().await;
+            let fut = call.run(move |_ctx| {
+                let (ledger, entered, signal) = (
+                    Arc::clone(&ledger),
+                    Arc::clone(&entered),
+                    Arc::clone(&signal),
+                );
+                async move {
+                    entered.store(true, Ordering::SeqCst);
+                    if die {
+                        signal.notify_one();
+                        std::future::pending::<()>().await;
+                    }
+                    let mut l = ledger.lock().expect("ledger");
+                    l.tool_calls += 1;
+                    if keyed {
+                        l.charges += 1;
+                    }
+                    Ok::<Value, String>(json!({ "n": n }))
                 }
-                let mut l = ledger.lock().expect("ledger");
-                l.tool_calls += 1;
-                if keyed {
-                    l.charges += 1;
-                }
-                Ok::<Value, String>(json!({ "n": n }))
             });
             if die {
                 tokio::select! {

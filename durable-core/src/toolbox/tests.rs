@@ -391,7 +391,10 @@ fn a_budget_refusal_is_a_result_the_model_can_read() {
     };
     let result = ToolResult::over_budget(&call, &refusal);
     assert!(result.is_error());
-    assert_eq!((result.call_id.as_str(), result.name.as_str()), ("call_7", "send_email"));
+    assert_eq!(
+        (result.call_id.as_str(), result.name.as_str()),
+        ("call_7", "send_email")
+    );
     assert_eq!(
         result.output.content,
         json!({
