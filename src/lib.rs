@@ -120,7 +120,7 @@ pub use durable_core::retry::retry;
 // The transcript.
 pub use durable_core::{Block, Message, Role, ToolCallBlock, ToolResultBlock};
 // Plan and budget.
-pub use durable_core::{Budget, Plan, Postcondition, Spend, Step, StepStatus};
+pub use durable_core::{Budget, Limit, Plan, Postcondition, Spend, Step, StepStatus};
 // The store and identities.
 pub use durable_core::{CallId, CheckpointStore, CheckpointStoreExt, SessionId};
 // Errors: a harness matches on these three (the others are in `error`).
@@ -264,6 +264,22 @@ pub mod runtime {
     pub use durable_core::toolbox::BoxFuture;
 }
 
+pub mod budget {
+    //! Budgets that bind: a session's ceilings ([`Budget`](crate::Budget), each one a
+    //! [`Limit`](crate::Limit)) are checked by the journal before every fresh model or
+    //! tool call, and spend is charged once per journal row. What a call asks of them
+    //! ([`Ask`]); what model usage costs ([`PriceTable`], [`Price`], [`Usage`], given to
+    //! a runtime with [`DurableBuilder::prices`](crate::DurableBuilder::prices)); how a
+    //! session stands against its ceilings ([`session_budget`], [`SessionBudget`],
+    //! [`Ceiling`]); the operator's raises ([`RaiseLimit`], [`LimitRaise`],
+    //! [`Operator::raise_limit`](crate::Operator::raise_limit)) and the status reason of a
+    //! session parked at a ceiling ([`PARKED_FOR_BUDGET`]). See the README's "Budgets".
+
+    pub use durable_core::snapshot::{Ask, Ceiling, InvalidLimit, Price, PriceTable, Usage};
+    pub use durable_core::store::{LimitRaise, RaiseLimit};
+    pub use durable_core::{PARKED_FOR_BUDGET, SessionBudget, session_budget};
+}
+
 pub mod stream {
     //! Streamed model replies ([`Session::model_stream`](crate::Session::model_stream)):
     //! chunks reach the caller as they arrive, the assembled reply is journaled once when
@@ -323,7 +339,8 @@ pub mod store {
     // The concept traits `CheckpointStore` is the sum of: import the ones whose methods
     // you call on a concrete store (`SqliteStore`, `PostgresStore`).
     pub use durable_core::store::{
-        ApprovalStore, CheckpointLog, JournalStore, LeaseStore, LimiterStore, MaintenanceStore,
+        ApprovalStore, BudgetStore, CheckpointLog, JournalStore, LeaseStore, LimiterStore,
+        MaintenanceStore,
         QueueStore, ResolutionStore, SessionStore, StoreBase,
     };
     pub use durable_core::validate::{

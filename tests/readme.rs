@@ -185,3 +185,34 @@ async fn the_first_example_builds_alone_and_survives_a_kill() {
     );
     assert_eq!(outbox(&run).len(), 3, "nothing sent by the third run");
 }
+
+/// The README's "Budgets" section shows code that compiles and runs: each of its
+/// ```rust blocks is in `examples/budget.rs` (which CI builds and runs), line for line.
+#[test]
+fn the_budgets_section_is_the_example_that_runs() {
+    let readme = include_str!("../README.md");
+    let example: Vec<&str> = include_str!("../examples/budget.rs")
+        .lines()
+        .map(str::trim)
+        .collect();
+    let from = readme
+        .find("## Budgets")
+        .expect("the README has a Budgets section");
+    let section = &readme[from..];
+    let section = &section[..section[3..].find("\n## ").map_or(section.len(), |e| e + 3)];
+    let mut blocks = 0;
+    let mut rest = section;
+    while let Some(start) = rest.find("```rust\n") {
+        let body = &rest[start + "```rust\n".len()..];
+        let end = body.find("```").expect("the block ends");
+        let lines: Vec<&str> = body[..end].lines().map(str::trim).collect();
+        assert!(
+            example.windows(lines.len()).any(|w| w == lines.as_slice()),
+            "this README block is not in examples/budget.rs:\n{}",
+            &body[..end]
+        );
+        blocks += 1;
+        rest = &body[end..];
+    }
+    assert_eq!(blocks, 2, "the setup and the handler");
+}

@@ -376,3 +376,86 @@ async fn spans_carry_the_genai_names_and_the_journals_outcome() {
     barred.has(otel::DURABLE_REPLAY_OUTCOME, "refused");
     barred.has(otel::ERROR_TYPE, "ReplayUnsafe");
 }
+
+/// A call a budget ceiling refused: its span says it was refused as `BudgetExceeded`,
+/// and carries the ceiling, what was spent and the ceiling's amount; nothing ran.
+#[tokio::test]
+async fn a_call_refused_by_a_ceiling_carries_the_spend() {
+    let capture = Capture::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(capture.clone()));
+    let dir = tempfile::tempdir().expect("tempdir");
+    let url = format!("sqlite:{}", dir.path().join("agent.db").display());
+    let store: Arc<dyn CheckpointStore> = durable::connect(&url).await.expect("store");
+    let durable = Durable::builder(Arc::clone(&store))
+        .owner("worker-1")
+        .renew_leases(false)
+        .build();
+    let tools = tools();
+    let session = durable
+        .start::<Message>(
+            StartOptions::new().with_budget(
+                durable::Budget::unlimited()
+                    .with_limit_usd(0.01)
+                    .expect("a limit")
+                    .with_limit_tool("send_email", 0),
+            ),
+        )
+        .await
+        .expect("start");
+    capture.take().await;
+
+    // $0.01 spent of $0.01: the next model call is refused before the model is asked.
+    ask(&session, Message::assistant(vec![Block::text("hello")])).await;
+    let asked = AtomicUsize::new(0);
+    let refused = session
+        .journal()
+        .with_model_name("gpt-test")
+        .model_with_spend(
+            || async {
+                asked.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, std::io::Error>(Message::assistant(vec![]))
+            },
+            |_| None,
+        )
+        .await;
+    assert!(
+        matches!(
+            refused,
+            Err(durable::CallError::Durable(
+                durable::DurableError::BudgetExceeded(_)
+            ))
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(asked.load(Ordering::SeqCst), 0, "the model was not asked");
+    // A tool whose own ceiling is zero.
+    let email = ModelToolCall::new(
+        "call_9",
+        "send_email",
+        json!({"to": "ann@example.com", "hang": false}),
+    );
+    let dispatched = tools.dispatch(session.journal(), &email).await;
+    assert!(
+        matches!(
+            dispatched,
+            Err(durable::DurableError::BudgetExceeded(ref r)) if r.limit == durable::Limit::Usd
+        ),
+        "money is checked first: {dispatched:?}"
+    );
+    let spans = capture.take().await;
+    let chats: Vec<_> = spans.iter().filter(|s| s.name == otel::CHAT).collect();
+    assert_eq!(chats.len(), 2, "{spans:#?}");
+    let chat = chats[1];
+    chat.has(otel::DURABLE_REPLAY_OUTCOME, "refused");
+    chat.has(otel::ERROR_TYPE, "BudgetExceeded");
+    chat.has(otel::DURABLE_BUDGET_LIMIT, "usd");
+    chat.has(otel::DURABLE_BUDGET_SPENT, "10000000");
+    chat.has(otel::DURABLE_BUDGET_CEILING, "10000000");
+    chats[0].lacks(otel::DURABLE_BUDGET_LIMIT);
+    let tool = tool_span(&spans, "call_9");
+    tool.has(otel::DURABLE_REPLAY_OUTCOME, "refused");
+    tool.has(otel::ERROR_TYPE, "BudgetExceeded");
+    tool.has(otel::DURABLE_BUDGET_LIMIT, "usd");
+    tool.has(otel::DURABLE_BUDGET_SPENT, "10000000");
+}

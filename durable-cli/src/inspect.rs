@@ -345,6 +345,9 @@ pub async fn show(store: &dyn CheckpointStore, json: bool, args: ShowArgs) -> Re
     let tail: Vec<Value> = shown_messages.iter().map(mask).collect();
 
     let asleep = crate::workers::asleep(&session, now);
+    // Spend against each ceiling: the latest checkpoint's budget with the turn under way
+    // and the operator's raises.
+    let standing = durable::budget::session_budget(store, &id).await?;
     if json {
         return render::print_json(&json!({
             "session": session,
@@ -353,6 +356,7 @@ pub async fn show(store: &dyn CheckpointStore, json: bool, args: ShowArgs) -> Re
             "checkpoints": lines,
             "plan": checkpoint.plan,
             "budget": checkpoint.budget,
+            "spend": crate::budget::standing_json(&standing),
             "state": mask(&checkpoint.state),
             "message_count": total,
             "transcript_tail": tail,
@@ -457,8 +461,8 @@ pub async fn show(store: &dyn CheckpointStore, json: bool, args: ShowArgs) -> Re
         ),
     }
     outln!();
-    outln!("Budget (version {version})");
-    outln!("  {}", render::budget(&checkpoint.budget));
+    outln!("Budget (version {version}, with the turn under way)");
+    crate::budget::print_standing(&standing);
 
     outln!();
     if tail_from > 0 {

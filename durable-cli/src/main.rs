@@ -17,6 +17,7 @@ macro_rules! outln {
 
 mod approvals;
 mod backup;
+mod budget;
 mod display;
 mod error;
 mod inspect;
@@ -133,6 +134,10 @@ enum Command {
     /// Return a parked session to active, so that a worker resumes it.
     #[command(after_help = UNPARK_HELP)]
     Unpark(UnparkArgs),
+    /// Show a session's spend against its ceilings, or raise one (audited; a session
+    /// parked at its ceiling goes on).
+    #[command(after_help = budget::BUDGET_HELP)]
+    Budget(budget::BudgetArgs),
     /// Show the worker pools: queues with their limits and depths, who holds which lease
     /// and when it last renewed, and the sleeping sessions with their due time.
     #[command(after_help = workers::WORKERS_HELP)]
@@ -202,6 +207,7 @@ impl Command {
             | Command::Fork(_)
             | Command::Rekey => Access::Write,
             Command::Approvals(a) if a.expire => Access::Write,
+            Command::Budget(a) if a.action.writes() => Access::Write,
             #[cfg(feature = "console")]
             Command::Serve(_) => Access::Write,
             Command::Prune(a) if !a.dry_run => Access::Write,
@@ -211,6 +217,7 @@ impl Command {
             | Command::Calls(_)
             | Command::InDoubt(_)
             | Command::Approvals(_)
+            | Command::Budget(_)
             | Command::Workers(_)
             | Command::Limits(_)
             | Command::Export(_)
@@ -819,6 +826,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Approve(a) => approvals::approve(shared, json, a).await,
         Command::Deny(a) => approvals::deny(shared, json, a).await,
         Command::Unpark(a) => operate::unpark(store, json, a).await,
+        Command::Budget(a) => budget::budget(shared, json, a).await,
         Command::Workers(a) => workers::workers(store, json, a).await,
         Command::Limits(a) => limits::limits(store, json, a).await,
         Command::Wake(a) => workers::wake(store, json, a).await,

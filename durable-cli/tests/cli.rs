@@ -922,3 +922,9 @@ async fn an_unknown_status_is_listed_not_fatal() {
     // Acting on that session: a typed error naming the status.
     run(&db, &["show", "s-future"]).fails(1, "unknown session status `suspended`");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn budget_show_and_raise() {
+    let (_dir, db, store) = sqlite().await;
+    cli_support::budget::budget(&store, &db).await;
+}

@@ -231,3 +231,9 @@ async fn rekey_and_unverified() {
         "{listed}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn budget_show_and_raise() {
+    let (db, store) = postgres().await;
+    cli_support::budget::budget(&store, &db).await;
+}

@@ -78,6 +78,7 @@ use durable_core::store::{
 mod approval;
 mod approval_runtime;
 mod blocked;
+mod budget;
 mod checkpoint_after;
 mod checkpoints;
 mod fork;
@@ -106,6 +107,7 @@ mod workers;
 pub use approval::*;
 pub use approval_runtime::*;
 pub use blocked::*;
+pub use budget::*;
 pub use checkpoint_after::*;
 pub use checkpoints::*;
 pub use fork::*;
@@ -382,6 +384,13 @@ macro_rules! __durable_conformance_cases {
             runtime_resume_window_checkpoints_append_after_the_unloaded_messages,
             runtime_resume_window_of_nothing,
             store_messages_reads_a_checked_range,
+            // budgets: ceilings checked before the call, spend counted once
+            budget_ceiling_reached_mid_turn_refuses_the_next_call_and_runs_nothing,
+            budget_replay_is_charged_once_and_never_refused,
+            budget_rerun_after_a_crash_counts_what_was_paid_again,
+            budget_fork_counts_inherited_effects_once,
+            budget_approved_call_is_counted_once_when_it_runs,
+            budget_raise_unparks_the_session_and_the_call_runs,
         }
     };
 }

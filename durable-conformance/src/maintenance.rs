@@ -305,6 +305,15 @@ pub async fn purge_deletes_every_row(store: Arc<dyn CheckpointStore>) {
             })
             .await
             .expect("resolve");
+        store
+            .raise_limit(durable_core::store::RaiseLimit::new(
+                s.id.clone(),
+                durable_core::snapshot::Limit::Usd,
+                5,
+                "op",
+            ))
+            .await
+            .expect("raise_limit");
         (s, a, b)
     };
     let (victim, va, vb) = make().await;
@@ -329,6 +338,7 @@ pub async fn purge_deletes_every_row(store: Arc<dyn CheckpointStore>) {
         store.calls(&keeper.id, None).await.expect("calls"),
         store.errors(&keeper.id).await.expect("errors"),
         store.resolutions(&keeper.id).await.expect("resolutions"),
+        store.limit_raises(&keeper.id).await.expect("limit_raises"),
     );
 
     assert_eq!(
@@ -380,6 +390,10 @@ pub async fn purge_deletes_every_row(store: Arc<dyn CheckpointStore>) {
             "in_doubt",
             store.in_doubt(Some(&victim_id)).await.map(|v| v.is_empty()),
         ),
+        (
+            "limit_raises",
+            store.limit_raises(&victim_id).await.map(|v| v.is_empty()),
+        ),
     ] {
         assert!(
             !matches!(empty, Ok(false)),
@@ -392,6 +406,7 @@ pub async fn purge_deletes_every_row(store: Arc<dyn CheckpointStore>) {
         store.calls(&keeper.id, None).await.expect("calls"),
         store.errors(&keeper.id).await.expect("errors"),
         store.resolutions(&keeper.id).await.expect("resolutions"),
+        store.limit_raises(&keeper.id).await.expect("limit_raises"),
     );
     assert_eq!(keeper_after, keeper_before, "purge touched another session");
     store

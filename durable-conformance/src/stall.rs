@@ -472,3 +472,20 @@ impl durable_core::store::LimiterStore for Probe {
         self.inner.limiters().await
     }
 }
+
+#[async_trait]
+impl durable_core::store::BudgetStore for Probe {
+    async fn raise_limit(
+        &self,
+        raise: durable_core::store::RaiseLimit,
+    ) -> Result<durable_core::store::LimitRaise, StoreError> {
+        self.inner.raise_limit(raise).await
+    }
+
+    async fn limit_raises(
+        &self,
+        session: &SessionId,
+    ) -> Result<Vec<durable_core::store::LimitRaise>, StoreError> {
+        self.inner.limit_raises(session).await
+    }
+}

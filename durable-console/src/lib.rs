@@ -38,6 +38,7 @@
 
 mod approvals;
 mod auth;
+mod budget;
 mod edit;
 mod error;
 mod format;
@@ -166,6 +167,7 @@ pub fn router(store: Arc<dyn CheckpointStore>, options: ConsoleOptions) -> Route
         .route("/", get(sessions::page))
         .route("/sessions/{id}", get(timeline::page))
         .route("/sessions/{id}/fork", post(timeline::fork))
+        .route("/sessions/{id}/budget", post(budget::raise))
         .route("/in-doubt", get(inbox::page))
         .route("/in-doubt/{call}/confirm", post(inbox::confirm))
         .route("/in-doubt/{call}/resolve", post(inbox::resolve))

@@ -181,6 +181,7 @@ pub(crate) async fn page(
                 .unwrap_or_else(|e| Value::String(format!("(not JSON: {e})")))
         })
         .collect();
+    let spend = crate::budget::standing(&state, &id).await;
     let title = format!("Session {}", visible(id.as_str(), 64));
     let body = html! {
         h1 { "Session " code { (visible(id.as_str(), 200)) } }
@@ -227,6 +228,7 @@ pub(crate) async fn page(
                 }
             }
         }
+        (crate::budget::card(&state, &viewer, &id, &spend))
         div.split {
             div {
                 h2 { "Timeline" }

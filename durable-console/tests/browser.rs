@@ -640,6 +640,73 @@ async fn an_operator_resolves_a_call_in_the_browser() {
         "{sleeping}"
     );
 
+    // A session parked at its budget ceiling: its spend against each ceiling on its
+    // page, and an operator raises the ceiling there; the session is active again.
+    let parked = support::parked_at_budget(&s.store).await;
+    client
+        .goto(&format!("{base}/sessions/{parked}"))
+        .await
+        .expect("goto");
+    let ceilings = text(&client, "#ceilings").await;
+    for needle in [
+        "usd",
+        "$0.0125",
+        "$0.05",
+        "model_calls",
+        "tool:send_email",
+        "reached",
+    ] {
+        assert!(ceilings.contains(needle), "missing {needle:?}: {ceilings}");
+    }
+    let reached = text(&client, "tr.reached").await;
+    assert!(reached.starts_with("model_calls"), "{reached}");
+    screenshot(&client, "budget").await;
+    for (field, value) in [
+        ("limit", "model_calls"),
+        ("amount", "5"),
+        ("note", "the customer approved more research"),
+    ] {
+        client
+            .find(Locator::Css(&format!("#raise input[name='{field}']")))
+            .await
+            .expect("a raise field")
+            .send_keys(value)
+            .await
+            .expect("type");
+    }
+    client
+        .find(Locator::Css("#raise button"))
+        .await
+        .expect("raise")
+        .click()
+        .await
+        .expect("click");
+    let raised = text(&client, "#raised").await;
+    assert!(
+        raised.contains("model_calls") && raised.contains("to 5") && raised.contains("active"),
+        "{raised}"
+    );
+    assert_eq!(
+        s.store.session(&parked).await.expect("session").status,
+        SessionStatus::Active
+    );
+    let audit = s.store.limit_raises(&parked).await.expect("raises");
+    assert_eq!(audit.len(), 1);
+    assert_eq!(audit[0].by, OPERATOR);
+    client
+        .goto(&format!("{base}/sessions/{parked}"))
+        .await
+        .expect("goto");
+    let raise = text(&client, "p.raise").await;
+    assert!(
+        raise.contains("the customer approved more research"),
+        "{raise}"
+    );
+    assert!(
+        !text(&client, "#ceilings").await.contains("reached"),
+        "no ceiling reached after the raise"
+    );
+
     // Logging out: the pages lead to the login form again.
     client
         .find(Locator::Css("header.top form button"))

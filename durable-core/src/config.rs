@@ -43,12 +43,17 @@ pub struct Config {
     /// is refused with [`DurableError::RateLimited`](crate::DurableError::RateLimited),
     /// keeping its place (see [`DurableBuilder::limiter_hold`](crate::DurableBuilder::limiter_hold)).
     pub limiter_hold: Duration,
-    /// The names of [`rate_limits`](Self::rate_limits) written to the store by this
-    /// process so far.
     /// How much a priority level weighs against age in claims
     /// ([`DurableBuilder::priority_aging`](crate::DurableBuilder::priority_aging)).
     pub priority_aging: Duration,
+    /// The names of [`rate_limits`](Self::rate_limits) written to the store by this
+    /// process so far.
     pub(crate) defined_limits: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// The ceilings every session starts with unless its
+    /// [`StartOptions`](crate::StartOptions) set their own.
+    pub budget: crate::snapshot::Budget,
+    /// What model usage costs, per model.
+    pub prices: crate::snapshot::PriceTable,
 }
 
 impl std::fmt::Debug for Config {
@@ -64,6 +69,8 @@ impl std::fmt::Debug for Config {
             .field("approval_policy", &self.approval_policy.is_some())
             .field("rate_limits", &self.rate_limits)
             .field("limiter_hold", &self.limiter_hold)
+            .field("budget", &self.budget)
+            .field("prices", &self.prices)
             .finish_non_exhaustive()
     }
 }

@@ -310,6 +310,13 @@ pub enum StoreError {
         /// Byte offset of the first NUL.
         at: usize,
     },
+    /// An operator's raise of a budget ceiling was refused before anything was written
+    /// (see [`RaiseLimit::validate`](crate::store::RaiseLimit::validate)).
+    #[error("invalid limit raise: {detail}")]
+    InvalidRaise {
+        /// What is wrong with it.
+        detail: String,
+    },
     /// The location does not hold a durable store and was not made into one: a missing or
     /// empty file, a file that is not SQLite, a database without the durable schema (for a
     /// read-only open), or something that is not a regular file.
@@ -713,7 +720,7 @@ pub enum DurableError {
     /// queue. Put the session to sleep until `start_at` (or release it): the same call,
     /// asked again once its turn has come, takes its place at once.
     #[error(
-        "the call of session `{session}` waits for its turn under rate limit `{limit}` until {start_at}          (ms since the epoch, the store's clock), {ahead} waiter(s) ahead; nothing ran.          Let the session sleep until then and ask again: its place is kept"
+        "the call of session `{session}` waits for its turn under rate limit `{limit}` until {start_at} (ms since the epoch, the store's clock), {ahead} waiter(s) ahead; nothing ran. Let the session sleep until then and ask again: its place is kept"
     )]
     RateLimited {
         /// The session.
@@ -725,9 +732,12 @@ pub enum DurableError {
         /// Waiters ahead of it.
         ahead: i64,
     },
-    /// The budget's limit would be exceeded.
-    #[error("budget exceeded: {0}")]
-    BudgetExceeded(String),
+    /// A ceiling of the session's budget is reached: the model or tool call that asked
+    /// was refused before it ran, and nothing ran (see
+    /// [`BudgetExceeded`](crate::snapshot::BudgetExceeded): which limit, what was spent,
+    /// what was asked).
+    #[error(transparent)]
+    BudgetExceeded(crate::snapshot::BudgetExceeded),
     /// A plan operation was refused (the message is written for the model).
     #[error(transparent)]
     Plan(#[from] crate::snapshot::PlanError),
@@ -780,7 +790,7 @@ pub enum ConnectError {
 #[cfg(feature = "runtime")]
 impl From<crate::snapshot::BudgetExceeded> for DurableError {
     fn from(e: crate::snapshot::BudgetExceeded) -> Self {
-        DurableError::BudgetExceeded(e.to_string())
+        DurableError::BudgetExceeded(e)
     }
 }
 

@@ -26,7 +26,7 @@ use crate::config::Config;
 use crate::error::{DurableError, StoreError};
 use crate::ids::{CallId, SessionId};
 use crate::replay::ReplayClass;
-use crate::snapshot::Spend;
+use crate::snapshot::{Budget, Spend};
 use crate::store::{
     CallIdentity, CallOutcome, CallRecord, CallStatus, CheckpointStore, FinishCall, IssueOutcome,
     Lease, NewCall,
@@ -34,6 +34,7 @@ use crate::store::{
 use crate::tool_spec::ToolSpec;
 
 mod barrier;
+mod budget;
 mod call;
 mod checkpoint_scope;
 mod limit;
@@ -43,8 +44,10 @@ mod protocol;
 mod stream;
 
 pub use crate::event::{CallEvent, Outcome};
+use budget::Charge;
+pub(crate) use budget::charge_row;
 pub use call::ToolCall;
-pub(crate) use checkpoint_scope::{CommitSlot, ScopeOutcome};
+pub(crate) use checkpoint_scope::{CommitSlot, Executed, ScopeOutcome};
 use ordinals::Numbers;
 /// Not public API; may change in any release: why the decision table refuses a call,
 /// named by the conformance suite (`durable-conformance`), whose refusal case matches on
@@ -153,9 +156,15 @@ pub(crate) struct JournalState {
     /// The session's `unsafe_on_replay` calls known to be in doubt: the session-wide
     /// barrier (see `barrier`).
     doubts: Vec<CallRecord>,
-    /// Spend of rows used this turn, charged once per row.
-    spend: Vec<(CallId, Spend)>,
-    /// The rows whose spend was charged.
+    /// The budget as of the last checkpoint (or the last sync): what
+    /// [`pending`](Self::pending) adds to.
+    budget: Budget,
+    /// When the session started (ms since the epoch, the store's clock): what the
+    /// wall-time ceiling counts from.
+    started_at: i64,
+    /// What the rows used since the last sync cost, charged once per row.
+    pending: Vec<Charge>,
+    /// The rows charged.
     charged: HashSet<CallId>,
     /// The checkpoint scope of `Session::checkpoint_after`, if one is open.
     commit: CommitSlot,
@@ -227,6 +236,7 @@ impl Journal {
         step: i64,
         in_doubt: Vec<CallRecord>,
         started: bool,
+        (budget, started_at): (Budget, i64),
     ) -> Self {
         // Counted from when the lease was requested, not from now: the store granted it
         // at some point after that, and a process that stalled since (between the claim
@@ -247,7 +257,9 @@ impl Journal {
                     running_marked: 0,
                     issued_here: HashSet::new(),
                     doubts: barrier::initial_doubts(in_doubt),
-                    spend: Vec::new(),
+                    budget,
+                    started_at,
+                    pending: Vec::new(),
                     charged: HashSet::new(),
                     commit: CommitSlot::Idle,
                     scopes: 0,
@@ -361,34 +373,6 @@ impl Journal {
             step,
             ..StepCache::default()
         };
-    }
-
-    /// Drains the spend of rows used since the last call (each row once).
-    pub(crate) fn take_spend(&self) -> Vec<Spend> {
-        std::mem::take(&mut self.state().spend)
-            .into_iter()
-            .map(|(_, s)| s)
-            .collect()
-    }
-
-    /// Spend used since the last checkpoint, not yet drained.
-    pub(crate) fn pending_spend(&self) -> Vec<Spend> {
-        self.state().spend.iter().map(|(_, s)| s.clone()).collect()
-    }
-
-    fn charge(&self, record: &CallRecord) {
-        let Some(spend) = record.spend.as_ref() else {
-            return;
-        };
-        if !self.state().charged.insert(record.id.clone()) {
-            return;
-        }
-        match serde_json::from_value::<Spend>(spend.clone()) {
-            Ok(s) => self.state().spend.push((record.id.clone(), s)),
-            Err(e) => {
-                tracing::warn!(call = %record.id, error = %e, "recorded spend does not decode; not charged")
-            }
-        }
     }
 
     /// Whether this journal may start a call: its lease is neither lost nor past the

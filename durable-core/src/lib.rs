@@ -114,14 +114,18 @@ pub use journal::{CallError, CallEvent, Journal, Outcome, RecordedFailure};
 #[cfg(feature = "runtime")]
 pub use retry::{RetryError, RetryPolicy, retry};
 #[cfg(feature = "runtime")]
-pub use runtime::{Durable, DurableBuilder, ForkOptions, Operator, StartOptions};
+pub use runtime::{
+    Durable, DurableBuilder, ForkOptions, Operator, PARKED_FOR_BUDGET, SessionBudget, StartOptions,
+    session_budget,
+};
 #[cfg(feature = "runtime")]
 pub use schema::{McpAnnotations, SchemaError, SchemaErrorKind};
 #[cfg(feature = "runtime")]
 pub use session::{InDoubtAction, InDoubtCall, ResumeReport, Resumed, Session};
 #[cfg(feature = "runtime")]
 pub use snapshot::{
-    Budget, BudgetExceeded, Plan, PlanError, Postcondition, Spend, Step, StepStatus,
+    Budget, BudgetExceeded, Limit, Plan, PlanError, Postcondition, PriceTable, Spend, Step,
+    StepStatus, Usage,
 };
 #[cfg(feature = "runtime")]
 pub use tool_spec::{IdempotencyKey, ToolContext, ToolSpec, Verification};

@@ -524,7 +524,15 @@ mod tests {
         assert!(recorded.is_error);
         let durable = tool_output::<Value, String>(
             &spec,
-            Err(CallError::Durable(DurableError::BudgetExceeded("x".into()))),
+            Err(CallError::Durable(DurableError::BudgetExceeded(
+                crate::snapshot::BudgetExceeded {
+                    session: None,
+                    limit: crate::snapshot::Limit::Tokens,
+                    ceiling: 1,
+                    spent: 1,
+                    asked: None,
+                },
+            ))),
         );
         assert!(matches!(durable, Err(DurableError::BudgetExceeded(_))));
     }

@@ -22,7 +22,9 @@ use crate::store::{
 };
 use crate::telemetry;
 
+mod budget;
 mod operator;
+pub use budget::{PARKED_FOR_BUDGET, SessionBudget, session_budget};
 pub use operator::Operator;
 
 /// The largest priority magnitude a session is given ([`StartOptions::with_priority`]).
@@ -219,6 +221,55 @@ impl DurableBuilder {
         self
     }
 
+    /// The ceilings every session starts with (money, tokens, model calls, tool calls,
+    /// wall time, calls per tool), unless its [`StartOptions::with_budget`] sets its own:
+    /// each ceiling the session's budget leaves unset is taken from here
+    /// ([`Budget::with_defaults`]). Only the ceilings are used, not the spend. Sessions
+    /// started before keep the ceilings their checkpoints carry.
+    ///
+    /// The journal checks them before every fresh model or tool call: see
+    /// [`DurableError::BudgetExceeded`].
+    ///
+    /// ```no_run
+    /// # fn demo(store: std::sync::Arc<dyn durable_core::CheckpointStore>) -> Result<(), durable_core::snapshot::InvalidAmount> {
+    /// use std::time::Duration;
+    /// use durable_core::{Budget, Durable};
+    ///
+    /// let durable = Durable::builder(store)
+    ///     .budget(
+    ///         Budget::unlimited()
+    ///             .with_limit_usd(2.00)?
+    ///             .with_limit_model_calls(50)
+    ///             .with_limit_wall_time(Duration::from_secs(15 * 60))
+    ///             .with_limit_tool("send_email", 3),
+    ///     )
+    ///     .build();
+    /// # Ok(()) }
+    /// ```
+    pub fn budget(mut self, ceilings: Budget) -> Self {
+        self.config.budget = ceilings;
+        self
+    }
+
+    /// What model usage costs, per model: a model call journaled with its usage
+    /// ([`Journal::model_with_usage`](crate::Journal::model_with_usage), which
+    /// `durable-openai` and `durable-rig` use) is charged the dollars the table computes.
+    ///
+    /// ```
+    /// # fn demo(store: std::sync::Arc<dyn durable_core::CheckpointStore>) -> Result<(), durable_core::snapshot::InvalidAmount> {
+    /// use durable_core::Durable;
+    /// use durable_core::snapshot::{Price, PriceTable};
+    ///
+    /// let durable = Durable::builder(store)
+    ///     .prices(PriceTable::new().with("gpt-4o-mini", Price::usd_per_million(0.15, 0.60, 0.075)?))
+    ///     .build();
+    /// # Ok(()) }
+    /// ```
+    pub fn prices(mut self, prices: crate::snapshot::PriceTable) -> Self {
+        self.config.prices = prices;
+        self
+    }
+
     /// Builds the runtime.
     pub fn build(self) -> Durable {
         Durable {
@@ -318,7 +369,9 @@ impl<M> StartOptions<M> {
         self
     }
 
-    /// The initial budget (its limits).
+    /// The initial budget: its ceilings (money, tokens, model calls, tool calls, wall
+    /// time, calls per tool), checked before every fresh model or tool call. Ceilings it
+    /// leaves unset come from the runtime's ([`DurableBuilder::budget`]).
     pub fn with_budget(mut self, budget: Budget) -> Self {
         self.budget = budget;
         self
@@ -433,6 +486,8 @@ impl Durable {
                 limiter_hold: crate::limiter::DEFAULT_HOLD,
                 defined_limits: Default::default(),
                 priority_aging: Duration::from_secs(60),
+                budget: Budget::default(),
+                prices: crate::snapshot::PriceTable::default(),
             },
         }
     }
@@ -456,6 +511,10 @@ impl Durable {
         M: Serialize + DeserializeOwned + Clone,
     {
         options.id.validate()?;
+        let options = StartOptions {
+            budget: options.budget.with_defaults(&self.config.budget),
+            ..options
+        };
         let messages = options
             .messages
             .iter()

@@ -12,7 +12,7 @@ use crate::config::Config;
 use crate::encode::encode;
 use crate::error::{DurableError, StoreError};
 use crate::ids::SessionId;
-use crate::journal::{CallError, Journal, ModelStream, ScopeOutcome, StreamedReply};
+use crate::journal::{CallError, Executed, Journal, ModelStream, ScopeOutcome, StreamedReply};
 use crate::replay::ReplayClass;
 use crate::snapshot::{Budget, Plan, Spend};
 use crate::store::{
@@ -107,7 +107,6 @@ pub struct Session<M = crate::transcript::Message> {
     first_position: i64,
     committed: usize,
     plan: Plan,
-    budget: Budget,
     state: Value,
     version: i64,
     renewer: Option<tokio::task::JoinHandle<()>>,
@@ -157,6 +156,7 @@ where
             version,
             in_doubt,
             started,
+            (budget, record.created_at),
         );
         let renewer = config
             .renew_leases
@@ -176,7 +176,6 @@ where
             first_position,
             committed,
             plan,
-            budget,
             state,
             version,
             renewer,
@@ -275,19 +274,17 @@ where
         &mut self.plan
     }
 
-    /// The budget including spend recorded this turn (each journal row charged once).
+    /// The budget including what this turn's calls cost (each journal row charged
+    /// once): spend, call counts and ceilings.
     pub fn budget(&self) -> Budget {
-        let mut budget = self.budget.clone();
-        for spend in self.journal.pending_spend() {
-            budget.charge(&spend);
-        }
-        budget
+        self.journal.budget()
     }
 
-    /// Replaces the budget's limits or spend (e.g. raising a limit).
+    /// Replaces the budget's limits or spend (e.g. raising a limit): start from
+    /// [`budget`](Self::budget), which holds this turn's spend, and change what you
+    /// need. Snapshotted with the next checkpoint; the next call is checked against it.
     pub fn set_budget(&mut self, budget: Budget) {
-        self.sync_spend();
-        self.budget = budget;
+        self.journal.set_budget(budget);
     }
 
     /// Application state saved with every checkpoint.
@@ -300,14 +297,8 @@ where
         self.state = state;
     }
 
-    fn sync_spend(&mut self) {
-        for spend in self.journal.take_spend() {
-            self.budget.charge(&spend);
-        }
-    }
-
     fn snapshot(&mut self) -> Result<NewCheckpoint, DurableError> {
-        self.sync_spend();
+        let budget = self.journal.sync_budget();
         let first = self.first_position.saturating_add(self.committed as i64);
         Ok(NewCheckpoint {
             messages: self.messages[self.committed..]
@@ -319,7 +310,7 @@ where
                 })
                 .collect::<Result<_, _>>()?,
             plan: encode(&self.plan, "plan")?,
-            budget: encode(&self.budget, "budget")?,
+            budget: encode(&budget, "budget")?,
             state: self.state.clone(),
             wake_at: None,
         })
@@ -541,7 +532,7 @@ where
             return Err(awaiting.into());
         }
         let made = message(executed.message_input().as_deref().map_err(String::as_str));
-        let checkpoint = match self.checkpoint_with(&made, executed.spend()) {
+        let checkpoint = match self.checkpoint_with(&made, &executed) {
             Ok(checkpoint) => checkpoint,
             Err(e) => {
                 // The outcome is recorded on its own; the checkpoint could not be made.
@@ -576,11 +567,12 @@ where
     }
 
     /// The checkpoint `checkpoint_after` writes with a call's outcome: this turn's
-    /// messages with `message` appended, plan, state, and the budget with `spend`.
+    /// messages with `message` appended, plan, state, and the budget with the call
+    /// charged.
     fn checkpoint_with(
         &mut self,
         message: &M,
-        spend: Option<&Spend>,
+        executed: &Executed,
     ) -> Result<NewCheckpoint, DurableError> {
         let mut checkpoint = self.snapshot()?;
         let position = self
@@ -590,11 +582,9 @@ where
         checkpoint
             .messages
             .push(encode(message, "the message made from the call's outcome")?);
-        if let Some(spend) = spend {
-            let mut budget = self.budget.clone();
-            budget.charge(spend);
-            checkpoint.budget = encode(&budget, "budget")?;
-        }
+        let mut budget = self.journal.budget();
+        executed.charge_into(&mut budget);
+        checkpoint.budget = encode(&budget, "budget")?;
         Ok(checkpoint)
     }
 
@@ -633,6 +623,19 @@ where
         S: FnOnce(&R) -> Option<Spend>,
     {
         self.journal.model_with_spend(f, spend).await
+    }
+
+    /// Journals a model response with its token usage, priced by the runtime's price
+    /// table (see [`Journal::model_with_usage`]).
+    pub async fn model_with_usage<R, E, F, Fut, U>(&self, f: F, usage: U) -> Result<R, CallError<E>>
+    where
+        R: Serialize + DeserializeOwned,
+        E: std::fmt::Display,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<R, E>>,
+        U: FnOnce(&R) -> Option<crate::snapshot::Usage>,
+    {
+        self.journal.model_with_usage(f, usage).await
     }
 
     /// Journals a streamed model reply by position (see [`Journal::model_stream`]).
@@ -688,6 +691,39 @@ where
     /// Parks the session for an operator (e.g. after `ReplayUnsafe`), releasing its lease.
     pub async fn park(mut self, reason: &str) -> Result<(), DurableError> {
         self.finish(SessionStatus::Parked, Some(reason)).await
+    }
+
+    /// Parks the session at a budget ceiling, until an operator raises it (after a call
+    /// returned [`DurableError::BudgetExceeded`]): status `parked` with the refusal as
+    /// its reason (starting [`PARKED_FOR_BUDGET`](crate::PARKED_FOR_BUDGET)), lease
+    /// released, no worker's pool claims it. Call it *without* a checkpoint: the turn is
+    /// replayed when the session goes on (recorded replies and results come back from
+    /// the journal, charged once, never refused), and the call the ceiling refused runs
+    /// then.
+    ///
+    /// [`Operator::raise_limit`](crate::Operator::raise_limit) (`durable budget raise`,
+    /// the console's session page) raises the ceiling and returns the session to
+    /// `active`; [`Durable::resume`](crate::Durable::resume) or a pool continues it.
+    ///
+    /// ```no_run
+    /// # use durable_core::{DurableError, Message, Resumed, ShutdownSignal};
+    /// # async fn turn(session: &mut durable_core::Session) -> Result<(), DurableError> { Ok(()) }
+    /// async fn handler(resumed: Resumed<Message>, _: ShutdownSignal) -> Result<(), DurableError> {
+    ///     let mut session = resumed.session;
+    ///     match turn(&mut session).await {
+    ///         Err(DurableError::BudgetExceeded(refusal)) => session.park_for_budget(&refusal).await,
+    ///         Err(other) => Err(other),
+    ///         Ok(()) => session.complete().await.map(drop),
+    ///     }
+    /// }
+    /// ```
+    pub async fn park_for_budget(
+        mut self,
+        refusal: &crate::snapshot::BudgetExceeded,
+    ) -> Result<(), DurableError> {
+        let reason = refusal.to_string();
+        debug_assert!(reason.starts_with(crate::PARKED_FOR_BUDGET));
+        self.finish(SessionStatus::Parked, Some(&reason)).await
     }
 
     /// Parks the session until a person decides its calls awaiting approval (after a

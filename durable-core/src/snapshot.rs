@@ -36,7 +36,11 @@
 //!   checked once, when converted ([`Spend::new`], [`Budget::with_limit_usd`]).
 
 mod budget;
+mod limit;
 mod plan;
+mod prices;
 
-pub use budget::{Budget, BudgetExceeded, InvalidAmount, NANO_USD_PER_USD, Spend};
+pub use budget::{Budget, Ceiling, InvalidAmount, NANO_USD_PER_USD, Spend};
+pub use limit::{Ask, BudgetExceeded, InvalidLimit, Limit};
 pub use plan::{Plan, PlanError, Postcondition, Step, StepStatus};
+pub use prices::{Price, PriceTable, Usage};

@@ -19,6 +19,7 @@ use crate::ids::{CallId, SessionId};
 use crate::replay::ReplayClass;
 
 mod approval;
+mod budget;
 mod fork;
 mod message;
 mod queue;
@@ -27,6 +28,7 @@ pub use approval::{
     Approval, ApprovalDecision, ApprovalEvent, ApprovalRecord, ApprovalRequest, DEADLINE,
     DecideApproval, Decided, PendingApproval, Transition,
 };
+pub use budget::{BudgetStore, LimitRaise, RaiseLimit};
 pub use fork::{
     CARRIED_STEP, FORK_AUDIT_MARK, FORK_AUDIT_RERUN, ForkCopy, ForkEntry, ForkFate, ForkPlan,
     ForkSession, audit_map as fork_audit_map, copies as fork_copies, effect as fork_effect,
@@ -806,7 +808,7 @@ pub fn check_journal_page(
 ///
 /// The contract is split by concept into the traits it is the sum of ([`StoreBase`],
 /// [`SessionStore`], [`LeaseStore`], [`QueueStore`], [`CheckpointLog`], [`JournalStore`],
-/// [`ResolutionStore`], [`ApprovalStore`], [`MaintenanceStore`], [`LimiterStore`]); a backend implements
+/// [`ResolutionStore`], [`ApprovalStore`], [`MaintenanceStore`], [`LimiterStore`], [`BudgetStore`]); a backend implements
 /// each of them and gets this trait from the blanket implementation. Conveniences built
 /// from these methods are on [`CheckpointStoreExt`], which nobody implements.
 pub trait CheckpointStore:
@@ -820,6 +822,7 @@ pub trait CheckpointStore:
     + ApprovalStore
     + MaintenanceStore
     + LimiterStore
+    + BudgetStore
 {
 }
 
@@ -834,6 +837,7 @@ impl<T> CheckpointStore for T where
         + ApprovalStore
         + MaintenanceStore
         + LimiterStore
+        + BudgetStore
         + ?Sized
 {
 }

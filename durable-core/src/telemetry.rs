@@ -88,6 +88,14 @@ pub const DURABLE_MODEL_POSITION: &str = "durable.position";
 pub const DURABLE_SESSION_VERSION: &str = "durable.session.version";
 /// `durable`: how many calls a resume found in doubt.
 pub const DURABLE_RESUME_IN_DOUBT: &str = "durable.resume.in_doubt";
+/// `durable`: on a call a budget ceiling refused, the ceiling
+/// ([`Limit`](crate::snapshot::Limit) as text: `usd`, `tokens`, `tool:<name>`, …).
+pub const DURABLE_BUDGET_LIMIT: &str = "durable.budget.limit";
+/// `durable`: on a call a budget ceiling refused, what was spent against it (in the
+/// limit's unit: nano-dollars, tokens, calls, ms).
+pub const DURABLE_BUDGET_SPENT: &str = "durable.budget.spent";
+/// `durable`: on a call a budget ceiling refused, the ceiling's amount (same unit).
+pub const DURABLE_BUDGET_CEILING: &str = "durable.budget.ceiling";
 
 /// [`GEN_AI_OPERATION_NAME`] of a tool call.
 pub const OPERATION_EXECUTE_TOOL: &str = "execute_tool";
@@ -176,6 +184,17 @@ pub(crate) fn call_error_type<E>(error: &CallError<E>, own: &'static str) -> &'s
         CallError::Tool(_) | CallError::Recorded(_) => own,
         CallError::Durable(e) => durable_error_type(e),
     }
+}
+
+/// Records a budget refusal on the current span (the call's `execute_tool` or `chat`
+/// span): the ceiling, what was spent and the ceiling's amount (as `i64`: OpenTelemetry
+/// has no unsigned integers).
+pub(crate) fn record_budget_refusal(refusal: &crate::snapshot::BudgetExceeded) {
+    let span = tracing::Span::current();
+    let signed = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+    span.record(DURABLE_BUDGET_LIMIT, refusal.limit.to_string().as_str());
+    span.record(DURABLE_BUDGET_SPENT, signed(refusal.spent));
+    span.record(DURABLE_BUDGET_CEILING, signed(refusal.ceiling));
 }
 
 /// Records `outcome` on the current span (the call's `execute_tool` or `chat` span).

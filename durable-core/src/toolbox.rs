@@ -687,6 +687,37 @@ impl ToolResult {
         })
     }
 
+    /// The error result that tells the model a ceiling of the session's budget refused
+    /// its call (nothing ran): content `{"error": "<refusal>", "limit": "<limit>",
+    /// "spent": …, "ceiling": …}`. For a harness whose choice at a ceiling is to let
+    /// the model know (wrap up, answer with what it has) rather than stop or park:
+    /// [`refused`](Self::refused) leaves budget refusals to the harness.
+    ///
+    /// ```
+    /// use durable_core::{DurableError, ModelToolCall, ToolResult};
+    /// # fn on_error(call: &ModelToolCall, error: DurableError) -> Option<ToolResult> {
+    /// match error {
+    ///     DurableError::BudgetExceeded(refusal) => Some(ToolResult::over_budget(call, &refusal)),
+    ///     other => ToolResult::refused(call, &other),
+    /// }
+    /// # }
+    /// ```
+    pub fn over_budget(call: &ModelToolCall, refusal: &crate::snapshot::BudgetExceeded) -> Self {
+        ToolResult {
+            call_id: call.id.clone(),
+            name: call.name.clone(),
+            output: ToolOutput {
+                content: json!({
+                    "error": refusal.to_string(),
+                    "limit": refusal.limit.to_string(),
+                    "spent": refusal.spent,
+                    "ceiling": refusal.ceiling,
+                }),
+                is_error: true,
+            },
+        }
+    }
+
     /// The output as text for providers that take a string: a JSON string as is,
     /// anything else as compact JSON.
     pub fn content_text(&self) -> String {

@@ -54,6 +54,7 @@ use durable_core::integrity::Keyring;
 use durable_core::store::WorkNotifier;
 
 mod approvals;
+mod budget;
 mod checkpoints;
 mod journal;
 mod leases;

@@ -73,6 +73,7 @@ pub(crate) fn empty(record: SessionRecord, order: u64) -> Session {
         approvals: Vec::new(),
         errors: Vec::new(),
         migrations: Vec::new(),
+        raises: Vec::new(),
     }
 }
 

@@ -53,6 +53,8 @@ pub(crate) struct Session {
     pub(crate) errors: Vec<ErrorRecord>,
     /// App-version migrations and forks: `(by, step map)` (not sealed).
     pub(crate) migrations: Vec<(String, Vec<(String, String)>)>,
+    /// Operators' raises of the budget's ceilings (audit rows, not sealed).
+    pub(crate) raises: Vec<durable_core::store::LimitRaise>,
 }
 
 /// The session head's counts and seal (the latest version and checkpoint seal are read

@@ -8,17 +8,19 @@ use std::time::Duration;
 use async_trait::async_trait;
 use durable_core::integrity::Keyring;
 use durable_core::store::{
-    ApprovalRecord, ApprovalRequest, ApprovalStore, CallRecord, Checkpoint, CheckpointLog,
-    CheckpointMeta, Claim, DecideApproval, Durability, EditedKey, ErrorRecord, Fence, FinishCall,
-    ForkSession, IssueOutcome, JournalStore, Lease, LeaseStore, MaintenanceStore, NewCall,
-    NewCheckpoint, NewError, NewSession, PendingApproval, PurgeOutcome, QueueInfo, QueueStore,
-    ResolutionRecord, ResolutionStore, ResolveCall, RetargetSession, SessionFilter, SessionRecord,
-    SessionStatus, SessionStore, StoreBase, StoredMessage, WorkEvents,
+    ApprovalRecord, ApprovalRequest, ApprovalStore, BudgetStore, CallRecord, Checkpoint,
+    CheckpointLog, CheckpointMeta, Claim, DecideApproval, Durability, EditedKey, ErrorRecord,
+    Fence, FinishCall, ForkSession, IssueOutcome, JournalStore, Lease, LeaseStore, LimitRaise,
+    MaintenanceStore, NewCall, NewCheckpoint, NewError, NewSession, PendingApproval, PurgeOutcome,
+    QueueInfo, QueueStore, RaiseLimit, ResolutionRecord, ResolutionStore, ResolveCall,
+    RetargetSession, SessionFilter, SessionRecord, SessionStatus, SessionStore, StoreBase,
+    StoredMessage, WorkEvents,
 };
 use durable_core::{CallId, SessionId, StoreError};
 
 use crate::{
-    BACKEND, MemoryStore, approvals, checkpoints, journal, leases, maintenance, queues, sessions,
+    BACKEND, MemoryStore, approvals, budget, checkpoints, journal, leases, maintenance, queues,
+    sessions,
 };
 
 #[async_trait]
@@ -376,5 +378,16 @@ impl durable_core::store::LimiterStore for MemoryStore {
 
     async fn limiters(&self) -> Result<Vec<durable_core::limiter::LimiterInfo>, StoreError> {
         crate::limiter::limiters(self)
+    }
+}
+
+#[async_trait]
+impl BudgetStore for MemoryStore {
+    async fn raise_limit(&self, raise: RaiseLimit) -> Result<LimitRaise, StoreError> {
+        budget::raise_limit(self, raise)
+    }
+
+    async fn limit_raises(&self, session: &SessionId) -> Result<Vec<LimitRaise>, StoreError> {
+        Ok(budget::limit_raises(self, session))
     }
 }

@@ -11,6 +11,7 @@
 //! | an assistant [`ChatCompletionResponseMessage`] | [`ModelToolCall`]s, from the **raw argument text** | [`tool_calls`] |
 //! | a [`ToolResult`] | a [`ChatCompletionRequestToolMessage`] | [`tool_message`] |
 //! | an assistant [`ChatCompletionResponseMessage`] | a [`ChatCompletionRequestMessage`] for the transcript | [`assistant_message`] |
+//! | a response's [`CompletionUsage`] | a [`Usage`] (model, input, output and cached tokens) for `model_with_usage`, priced by the runtime's price table | [`usage`], [`stream_usage`] |
 //! | a response's [`CompletionUsage`] | a [`Spend`] for `model_with_spend` | [`spend`], [`Pricing::spend`] |
 //! | a `429`'s headers or message | how long the fleet waits, for `Journal::report_throttle` | [`retry_after`], [`retry_after_in_message`] |
 //! | `create_stream`'s chunks | the response a `create` returns, for `model_stream` | [`StreamedCompletion`] |
@@ -25,7 +26,7 @@
 //!
 //! The session's message type is async-openai's own [`ChatCompletionRequestMessage`]
 //! (any `Serialize + DeserializeOwned` type can be), so the transcript is the request.
-//! The whole [`CreateChatCompletionResponse`] is journaled by `model_with_spend`: a
+//! The whole [`CreateChatCompletionResponse`] is journaled by `model_with_usage`: a
 //! re-run turn gets it back from the journal and the provider is not asked again.
 //!
 //! An empty response (`choices: []`, which some compatible providers send with HTTP 200)
@@ -62,7 +63,7 @@
 //!         .journal()
 //!         .with_model_name("gpt-4o-mini")
 //!         .with_rate_limit("openai:gpt-4o-mini") // waits its turn with the whole fleet
-//!         .model_with_spend(|| chat(request.clone()), durable_openai::spend)
+//!         .model_with_usage(|| chat(request.clone()), durable_openai::usage)
 //!         .await?;
 //!     match durable_openai::reply_message(&response) {
 //!         Err(durable_openai::ReplyError::Empty(_)) if attempts < 3 => continue,
@@ -144,7 +145,7 @@ use async_openai::types::chat::{
 use durable_core::schema::{self, SchemaError};
 use durable_core::toolbox::IncompleteExport;
 use durable_core::{
-    DurableError, Journal, ModelToolCall, Spend, ToolArguments, ToolResult, Toolbox,
+    DurableError, Journal, ModelToolCall, Spend, ToolArguments, ToolResult, Toolbox, Usage,
 };
 use serde_json::Value;
 
@@ -472,6 +473,47 @@ pub fn assistant_message(message: &ChatCompletionResponseMessage) -> ChatComplet
     })
 }
 
+/// The response's token usage, for `model_with_usage(.., durable_openai::usage)`: the
+/// model that answered (`response.model`), `prompt_tokens` as input (cached tokens
+/// included, as OpenAI counts them), `completion_tokens` as output and
+/// `prompt_tokens_details.cached_tokens` as cached input, so the runtime's
+/// [`PriceTable`](durable_core::PriceTable) charges cached tokens at their own price.
+/// `None` when the provider reported no usage.
+///
+/// ```
+/// use async_openai::types::chat::CreateChatCompletionResponse;
+/// use durable_core::snapshot::{Price, PriceTable};
+///
+/// let response: CreateChatCompletionResponse = serde_json::from_value(serde_json::json!({
+///     "id": "r-1", "object": "chat.completion", "created": 0, "model": "gpt-4o-mini-2024-07-18",
+///     "choices": [],
+///     "usage": {"prompt_tokens": 10000, "completion_tokens": 1000, "total_tokens": 11000,
+///               "prompt_tokens_details": {"cached_tokens": 4000}}
+/// }))?;
+/// let usage = durable_openai::usage(&response).expect("usage");
+/// assert_eq!((usage.input_tokens, usage.output_tokens, usage.cached_input_tokens), (10_000, 1_000, 4_000));
+/// let prices = PriceTable::new().with("gpt-4o-mini", Price::usd_per_million(0.15, 0.60, 0.075)?);
+/// assert_eq!(prices.spend(&usage, None).expect("priced").nano_usd(), 900_000 + 300_000 + 600_000);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+pub fn usage(response: &CreateChatCompletionResponse) -> Option<Usage> {
+    let reported = response.usage.as_ref()?;
+    let cached = reported
+        .prompt_tokens_details
+        .as_ref()
+        .and_then(|details| details.cached_tokens)
+        .map_or(0, u64::from);
+    let mut usage = Usage::new(
+        u64::from(reported.prompt_tokens),
+        u64::from(reported.completion_tokens),
+    )
+    .with_cached_input(cached);
+    if !response.model.is_empty() {
+        usage = usage.with_model(response.model.clone());
+    }
+    Some(usage)
+}
+
 /// The response's token usage as a [`Spend`] with no cost (tokens only), for
 /// `model_with_spend(.., durable_openai::spend)`; `None` when the provider reported no
 /// usage. Use [`Pricing::spend`] to charge a budget in dollars.
@@ -554,7 +596,7 @@ impl Pricing {
 }
 
 mod stream;
-pub use stream::{StreamedCompletion, stream_spend};
+pub use stream::{StreamedCompletion, stream_spend, stream_usage};
 mod throttle;
 pub use throttle::{retry_after, retry_after_in_message};
 

@@ -140,6 +140,14 @@ pub fn stream_spend(reply: &StreamedCompletion) -> Option<Spend> {
     crate::spend(&reply.0)
 }
 
+/// The token usage of a streamed reply, from the usage chunk the provider sends last
+/// when asked (`stream_options: { include_usage: true }`): [`usage`](crate::usage) of
+/// the assembled response. Pass it to `session.model_stream_with_usage`, which prices
+/// it with the runtime's price table.
+pub fn stream_usage(reply: &StreamedCompletion) -> Option<durable_core::Usage> {
+    crate::usage(&reply.0)
+}
+
 /// The choice with `index`, created (an assistant message) when its first delta arrives.
 fn choice_at(choices: &mut Vec<ChatChoice>, index: u32) -> &mut ChatChoice {
     let position = match choices.iter().position(|c| c.index == index) {

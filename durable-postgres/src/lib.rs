@@ -77,6 +77,7 @@
 // where they can be (one snapshot); the others run in one `REPEATABLE READ` snapshot
 // (`tx::begin_snapshot`).
 mod approval;
+mod budget;
 mod checkpoints;
 mod error;
 mod journal;

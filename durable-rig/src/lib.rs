@@ -101,7 +101,7 @@ use rig_core::effect::EffectKind;
 use rig_core::error::ErrorReport;
 use rig_core::operation::Completion;
 
-pub use model::{JournaledModel, spend_of};
+pub use model::{JournaledModel, spend_of, usage_of};
 pub use stream::StreamedResponse;
 pub use tools::DurableTool;
 /// The rig crates this one is built against (`rig-core`, `rig-agent` 0.44), for a harness

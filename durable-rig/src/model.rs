@@ -22,8 +22,10 @@ use crate::shared::Shared;
 /// inner model is not asked. What is recorded is rig's [`CompletionResponse`] as
 /// serde writes it: the assistant content (`choice`), the `usage`, the `origin`, the
 /// finish reason and `raw`, the provider's response document. The spend charged to the
-/// session is the reply's `usage`: input and output tokens, and its cost in USD when
-/// the provider reported one.
+/// session is the reply's `usage`: input and output tokens, and its cost: priced by
+/// the runtime's [`PriceTable`](durable_core::PriceTable) for the inner model's id
+/// ([`usage_of`]: cached input tokens at their own price) when the table prices it,
+/// else the cost in USD the provider reported, if any.
 ///
 /// Streamed completions (an agent's `stream()` runs) are journaled too
 /// ([`stream`](Self::stream)): the provider's events reach rig as they arrive, the
@@ -46,6 +48,29 @@ impl std::fmt::Debug for JournaledModel {
             .field("inner", &self.inner)
             .finish_non_exhaustive()
     }
+}
+
+/// A reply's usage as durable prices it: input tokens (cached ones included, as rig
+/// counts them), output tokens, and the part of the input read from the provider's
+/// cache (`cached_input_tokens`), so a [`PriceTable`](durable_core::PriceTable) charges
+/// those at their own price.
+///
+/// ```
+/// use rig_core::completion::Usage;
+///
+/// let mut usage = Usage::new();
+/// usage.input_tokens = Some(1_000);
+/// usage.output_tokens = Some(50);
+/// usage.cached_input_tokens = Some(400);
+/// let mapped = durable_rig::usage_of(&usage);
+/// assert_eq!((mapped.input_tokens, mapped.output_tokens, mapped.cached_input_tokens), (1_000, 50, 400));
+/// ```
+pub fn usage_of(usage: &Usage) -> durable_core::Usage {
+    durable_core::Usage::new(
+        usage.input_tokens.unwrap_or(0),
+        usage.output_tokens.unwrap_or(0),
+    )
+    .with_cached_input(usage.cached_input_tokens.unwrap_or(0))
 }
 
 /// What a reply cost: its tokens, and its cost when the provider reported one (a cost
@@ -96,7 +121,15 @@ impl JournaledModel {
                     self.shared.withhold_invalid_arguments(&mut response);
                     Ok::<_, rig_core::error::ProviderError>(response)
                 },
-                |response: &CompletionResponse| Some(spend_of(&response.usage)),
+                |response: &CompletionResponse| {
+                    // The runtime's price table first (dollars computed from usage),
+                    // else the cost the provider reported.
+                    Some(
+                        self.journal
+                            .price(&usage_of(&response.usage))
+                            .unwrap_or_else(|| spend_of(&response.usage)),
+                    )
+                },
             )
             .await;
         match reply {

@@ -321,3 +321,47 @@ async fn a_tool_failure_is_text_the_model_reads_and_is_replayed_as_recorded() {
     assert_eq!(stub.requests().len(), 2);
     assert_eq!(effects(&ledger_path(), "gone").await, ["lookup"]);
 }
+
+/// The runtime's price table prices each reply from rig's usage (for the model's id),
+/// and a model-call ceiling stops the run before the second turn asks the provider.
+#[tokio::test]
+async fn replies_are_priced_by_the_table_and_a_ceiling_stops_the_run() {
+    use durable::budget::{Price, PriceTable};
+
+    let stub = Stub::start(script()).await.expect("stub");
+    let dir = tempfile::tempdir().expect("dir");
+    let url = format!("sqlite:{}", dir.path().join("store.db").display());
+    let store: Arc<dyn CheckpointStore> = durable::connect(&url).await.expect("store");
+    let durable = Durable::builder(store)
+        .owner("rig-tests")
+        // $1 per million input tokens, $2 per million output tokens.
+        .prices(PriceTable::new().with(
+            "stub-model",
+            Price::usd_per_million(1.0, 2.0, 0.5).expect("price"),
+        ))
+        .build();
+    let session = durable
+        .start::<Value>(
+            StartOptions::new()
+                .with_id(SessionId::new("order-priced"))
+                .with_budget(durable::Budget::unlimited().with_limit_model_calls(1)),
+        )
+        .await
+        .expect("session");
+    let stopped = run_agent(session.journal(), &stub).await;
+    let stopped = stopped.expect_err("the second model turn is refused");
+    assert!(
+        stopped.starts_with("durable: budget exceeded: 1 spent of the 1 model-call ceiling"),
+        "{stopped}"
+    );
+    assert_eq!(stub.requests().len(), 1, "the provider was asked once");
+    let budget = session.budget();
+    let (input, output) = durable_openai_stub::USAGE;
+    assert_eq!(budget.model_calls, 1);
+    assert_eq!(budget.total_tokens(), input + output);
+    assert_eq!(
+        budget.spent_nano_usd,
+        input * 1_000 + output * 2_000,
+        "priced from the usage, not the provider's cost"
+    );
+}

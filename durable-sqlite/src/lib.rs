@@ -95,6 +95,7 @@ use sqlx::{ConnectOptions, Connection, SqliteConnection, SqlitePool};
 // connection (the tables are described in ARCHITECTURE.md). Reads that touch more than
 // one statement run in one deferred (snapshot) transaction on a reader connection.
 mod approval;
+mod budget;
 mod checkpoints;
 mod clock;
 mod error;
@@ -704,10 +705,10 @@ mod tests {
         assert_eq!(migrations().table_name, MIGRATIONS_TABLE);
         assert_eq!(
             schema_version(),
-            10,
+            11,
             "0001_init, 0002_seals, 0003_speed, 0004_issued_rows, 0005_replies_once, \
-             0006_approvals, 0007_workers, 0008_lease_ran, 0009_operator_needed and \
-             0010_limits"
+             0006_approvals, 0007_workers, 0008_lease_ran, 0009_operator_needed, \
+             0010_limits and 0011_limit_raises"
         );
     }
 }

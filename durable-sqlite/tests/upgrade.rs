@@ -135,7 +135,8 @@ async fn as_schema_3(path: &Path) {
             .expect("old head");
     }
     sqlx::query(
-        "DROP INDEX durable_sessions_active_tenant; \
+        "DROP TABLE durable_limit_raises; \
+         DROP INDEX durable_sessions_active_tenant; \
          DROP TABLE durable_tenants; \
          ALTER TABLE durable_sessions DROP COLUMN tenant; \
          DROP INDEX durable_sessions_claim_rank; \

@@ -5,6 +5,7 @@
 #![allow(dead_code)] // each test file uses its own subset
 
 pub mod approvals;
+pub mod budget;
 pub mod hardening;
 pub mod scenarios;
 pub mod workers;

@@ -482,3 +482,40 @@ pub async fn pools(store: &Arc<dyn CheckpointStore>) -> Pools {
         .expect("limit support");
     Pools { asleep, held }
 }
+
+/// A session whose harness parked it at its model-call ceiling: one reply paid
+/// ($0.0125, 1200 tokens), the second refused, then `park_for_budget`.
+pub async fn parked_at_budget(store: &Arc<dyn CheckpointStore>) -> SessionId {
+    let worker = runtime(store, "budget-worker");
+    let session = worker
+        .start::<Message>(
+            StartOptions::new()
+                .with_id(SessionId::new("research-ann"))
+                .with_budget(
+                    Budget::unlimited()
+                        .with_limit_usd(0.05)
+                        .expect("a limit")
+                        .with_limit_model_calls(1)
+                        .with_limit_tool("send_email", 3),
+                ),
+        )
+        .await
+        .expect("start");
+    let ask = || async {
+        session
+            .journal()
+            .model_with_spend(
+                || async { Ok::<_, String>(json!({"text": "searching"})) },
+                |_| Spend::new(0.0125, 1000, 200).ok(),
+            )
+            .await
+    };
+    ask().await.expect("first reply");
+    let refusal = match ask().await {
+        Err(CallError::Durable(DurableError::BudgetExceeded(r))) => r,
+        other => panic!("a budget refusal expected: {other:?}"),
+    };
+    let id = session.id().clone();
+    session.park_for_budget(&refusal).await.expect("park");
+    id
+}

@@ -128,7 +128,8 @@ impl StoreError {
             E::EmptyDenialReason { .. }
             | E::InvalidId { .. }
             | E::InvalidText { .. }
-            | E::InvalidLimit { .. } => ErrorKind::InvalidInput,
+            | E::InvalidLimit { .. }
+            | E::InvalidRaise { .. } => ErrorKind::InvalidInput,
             E::Tampered { .. } | E::RolledBack { .. } => ErrorKind::Integrity,
             E::Corrupt { .. } => ErrorKind::Unreadable,
             E::KeyMissing { .. }
@@ -210,7 +211,14 @@ mod tests {
             ErrorKind::Transient
         );
         assert_eq!(
-            DurableError::BudgetExceeded("tokens".into()).kind(),
+            DurableError::BudgetExceeded(crate::snapshot::BudgetExceeded {
+                session: None,
+                limit: crate::snapshot::Limit::Tokens,
+                ceiling: 1,
+                spent: 1,
+                asked: None
+            })
+            .kind(),
             ErrorKind::LimitExceeded
         );
     }

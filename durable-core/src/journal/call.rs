@@ -13,14 +13,14 @@ use tracing::Instrument;
 use super::checkpoint_scope::{Executed, ScopeClaim, ScopeOutcome};
 use super::ordinals::Reservation;
 use super::protocol::{self, Action, Answer, Facts, Refusal};
-use super::{CallError, Journal, Outcome, RecordedFailure, failure_message, lock};
+use super::{CallError, CallEvent, Journal, Outcome, RecordedFailure, failure_message, lock};
 use crate::args;
 use crate::canonical;
 use crate::error::{DurableError, StoreError};
 use crate::ids::CallId;
 use crate::replay::ReplayClass;
 use crate::secret;
-use crate::snapshot::Spend;
+use crate::snapshot::{Ask, Spend};
 use crate::store::{
     ApprovalRequest, CallIdentity, CallKind, CallOutcome, CallRecord, CallStatus, CheckpointMeta,
     EditedKey, FinishCall, IssueOutcome, NewCall, NewCheckpoint, NewError,
@@ -375,6 +375,30 @@ impl<'j> ToolCall<'j> {
             Ok((key, edited)) => (key, edited, None),
             Err(refused) => (None, None, Some(refused)),
         };
+        // A call about to run costs: the budget's ceilings are checked before anything
+        // is journaled or run for it (a recorded outcome replays whatever the budget
+        // says; a request for approval runs nothing, the approved call is checked when
+        // it runs). Refused, the ordinal goes back with `reservation`.
+        if matches!(
+            action,
+            Action::RunPure
+                | Action::IssueAndRun
+                | Action::ReRun { .. }
+                | Action::RunApproved { .. }
+        ) && let Err(refused) = journal.check_budget(Ask::Tool(&spec.name)).await
+        {
+            reservation.release();
+            journal.notify(CallEvent {
+                session: journal.inner.session.clone(),
+                call: found.as_ref().map(|row| row.id.clone()),
+                tool: spec.name.clone(),
+                class: spec.class,
+                outcome: Outcome::Refused,
+                idempotency_key: self.key.clone(),
+                step: journal.step(),
+            });
+            return Err(refused.into());
+        }
         match (action, found) {
             (Action::Replay, Some(row)) => journal.replay_recorded(row, reservation).await,
             (Action::RequestApproval, None) => {
@@ -1455,5 +1479,8 @@ fn tool_span(journal: &Journal, spec: &ToolSpec, call_id: Option<&str>) -> traci
         { telemetry::ERROR_TYPE } = tracing::field::Empty,
         { telemetry::DURABLE_RATE_LIMIT } = tracing::field::Empty,
         { telemetry::DURABLE_RATE_LIMIT_WAIT_MS } = tracing::field::Empty,
+        { telemetry::DURABLE_BUDGET_LIMIT } = tracing::field::Empty,
+        { telemetry::DURABLE_BUDGET_SPENT } = tracing::field::Empty,
+        { telemetry::DURABLE_BUDGET_CEILING } = tracing::field::Empty,
     )
 }

@@ -51,9 +51,13 @@ impl Executed {
         }
     }
 
-    /// The spend the call recorded, charged to the checkpoint's budget.
-    pub(crate) fn spend(&self) -> Option<&Spend> {
-        self.spend.as_ref()
+    /// Charges the call to the checkpoint's budget: its spend, and one call of its tool
+    /// (it ran).
+    pub(crate) fn charge_into(&self, budget: &mut crate::snapshot::Budget) {
+        if let Some(spend) = &self.spend {
+            budget.charge(spend);
+        }
+        budget.count_call(crate::snapshot::Ask::Tool(&self.row.identity.tool));
     }
 }
 

@@ -17,7 +17,7 @@ use super::{CallError, Journal, MODEL_SLOT, Outcome};
 use crate::error::DurableError;
 use crate::ids::CallId;
 use crate::replay::ReplayClass;
-use crate::snapshot::Spend;
+use crate::snapshot::{Ask, Spend, Usage};
 use crate::store::{
     CallIdentity, CallKind, CallOutcome, CallRecord, CallStatus, IssueOutcome, NewCall,
 };
@@ -101,6 +101,55 @@ impl Journal {
         result
     }
 
+    /// Like [`model_with_spend`](Self::model_with_spend), with the reply's token usage
+    /// instead of its cost: the runtime's [`PriceTable`](crate::snapshot::PriceTable)
+    /// ([`DurableBuilder::prices`](crate::DurableBuilder::prices)) prices it for the
+    /// model the usage names, else the one this handle names
+    /// ([`with_model_name`](Self::with_model_name)). A model the table does not price
+    /// is charged its tokens and no dollars (with a warning when the table prices other
+    /// models). `durable-openai` and `durable-rig` map their providers' usage into
+    /// [`Usage`](crate::snapshot::Usage).
+    ///
+    /// ```no_run
+    /// # async fn f(journal: &durable_core::Journal) -> Result<(), Box<dyn std::error::Error>> {
+    /// # #[derive(serde::Serialize, serde::Deserialize)] struct Reply { text: String, prompt_tokens: u64, completion_tokens: u64 }
+    /// # async fn ask() -> Result<Reply, std::io::Error> { unreachable!() }
+    /// use durable_core::snapshot::Usage;
+    ///
+    /// let reply = journal
+    ///     .with_model_name("gpt-4o-mini")
+    ///     .model_with_usage(ask, |r: &Reply| Some(Usage::new(r.prompt_tokens, r.completion_tokens)))
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn model_with_usage<R, E, F, Fut, U>(&self, f: F, usage: U) -> Result<R, CallError<E>>
+    where
+        R: Serialize + DeserializeOwned,
+        E: Display,
+        F: FnOnce() -> Fut,
+        Fut: Future<Output = Result<R, E>>,
+        U: FnOnce(&R) -> Option<Usage>,
+    {
+        let config = &self.inner.config;
+        let model = self.model_name.as_deref();
+        self.model_with_spend(f, |reply| {
+            usage(reply).map(|usage| priced(config, model, &usage))
+        })
+        .await
+    }
+
+    /// What `usage` cost at the runtime's prices
+    /// ([`DurableBuilder::prices`](crate::DurableBuilder::prices)), for the model it
+    /// names or else the one this handle names; `None` when the table does not price
+    /// that model. For an adapter that knows another cost to fall back on (a provider
+    /// that reports its own).
+    pub fn price(&self, usage: &Usage) -> Option<Spend> {
+        self.inner
+            .config
+            .prices
+            .spend(usage, self.model_name.as_deref())
+    }
+
     /// Takes the next model position of `step` (under the lease, marked running) and
     /// looks up a reply recorded there. Runs inside the call's `chat` span.
     pub(super) async fn begin_model(&self, step: i64) -> Result<Begun, DurableError> {
@@ -135,7 +184,13 @@ impl Journal {
         };
         Ok(match recorded {
             Some(row) => Begun::Recorded(Box::new(row), reservation),
-            None => Begun::Fresh(identity, reservation),
+            None => {
+                // A fresh reply costs: the ceilings are checked before the model is asked
+                // (a recorded one is returned whatever the budget says). Refused, the
+                // position goes back with `reservation`.
+                self.check_budget(Ask::Model).await?;
+                Begun::Fresh(identity, reservation)
+            }
         })
     }
 
@@ -243,6 +298,26 @@ impl Journal {
             { telemetry::ERROR_TYPE } = tracing::field::Empty,
             { telemetry::DURABLE_RATE_LIMIT } = tracing::field::Empty,
             { telemetry::DURABLE_RATE_LIMIT_WAIT_MS } = tracing::field::Empty,
+            { telemetry::DURABLE_BUDGET_LIMIT } = tracing::field::Empty,
+            { telemetry::DURABLE_BUDGET_SPENT } = tracing::field::Empty,
+            { telemetry::DURABLE_BUDGET_CEILING } = tracing::field::Empty,
         )
+    }
+}
+
+/// What `usage` cost at the runtime's prices (tokens only, no dollars, for a model the
+/// table does not price).
+pub(super) fn priced(config: &crate::config::Config, model: Option<&str>, usage: &Usage) -> Spend {
+    match config.prices.spend(usage, model) {
+        Some(spend) => spend,
+        None => {
+            if !config.prices.is_empty() {
+                tracing::warn!(
+                    model = usage.model.as_deref().or(model).unwrap_or("(unnamed)"),
+                    "no price for this model in the price table: its tokens are charged, no dollars"
+                );
+            }
+            Spend::from_nano_usd(0, usage.input_tokens, usage.output_tokens)
+        }
     }
 }

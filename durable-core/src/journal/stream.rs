@@ -317,6 +317,30 @@ impl Journal {
         self.model_stream_with_spend(open, |_| None).await
     }
 
+    /// Like [`model_stream_with_spend`](Self::model_stream_with_spend), with the
+    /// reply's token usage instead of its cost: priced by the runtime's
+    /// [`PriceTable`](crate::snapshot::PriceTable) as
+    /// [`model_with_usage`](Self::model_with_usage) does.
+    pub async fn model_stream_with_usage<R, E, S, F, U>(
+        &self,
+        open: F,
+        usage: U,
+    ) -> Result<ModelStream<'_, R, E, S>, CallError<E>>
+    where
+        R: StreamedReply,
+        E: Display,
+        S: Stream<Item = Result<R::Chunk, E>>,
+        F: FnOnce() -> S,
+        U: FnOnce(&R) -> Option<crate::snapshot::Usage> + Send + 'static,
+    {
+        let config = std::sync::Arc::clone(&self.inner.config);
+        let model = self.model_name.clone();
+        self.model_stream_with_spend(open, move |reply| {
+            usage(reply).map(|usage| super::model::priced(&config, model.as_deref(), &usage))
+        })
+        .await
+    }
+
     /// Like [`model_stream`](Self::model_stream), recording what the reply cost
     /// (computed from the assembled reply, e.g. from the usage chunk the provider sends
     /// last; charged to the session's budget once, however often the turn is replayed).

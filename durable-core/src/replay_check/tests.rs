@@ -46,9 +46,10 @@ impl Tool for Email {
         _args: Value,
     ) -> BoxFuture<'a, Result<ToolOutput, DurableError>> {
         Box::pin(async {
-            Err(DurableError::BudgetExceeded(
-                "not run in these tests".into(),
-            ))
+            Err(DurableError::Encode {
+                what: "invoke".into(),
+                detail: "not run in these tests".into(),
+            })
         })
     }
 

@@ -44,7 +44,7 @@ use crate::store::{
 /// ```
 #[derive(Clone, Debug)]
 pub struct Operator {
-    durable: Durable,
+    pub(super) durable: Durable,
 }
 
 impl Durable {

@@ -4,7 +4,11 @@
 //! Why money is counted in integer nano-dollars: see the [`snapshot`](crate::snapshot)
 //! module docs.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
+
+use super::limit::{Ask, BudgetExceeded, Limit};
 
 /// Nano-USD per USD.
 pub const NANO_USD_PER_USD: u64 = 1_000_000_000;
@@ -25,7 +29,7 @@ pub enum InvalidAmount {
 }
 
 /// Converts dollars to nano-dollars, rounding to the nearest nano-dollar.
-fn usd_to_nano(usd: f64) -> Result<u64, InvalidAmount> {
+pub(super) fn usd_to_nano(usd: f64) -> Result<u64, InvalidAmount> {
     if !usd.is_finite() {
         return Err(InvalidAmount::NotFinite(usd));
     }
@@ -45,7 +49,7 @@ fn nano_to_usd(nano: u64) -> f64 {
 }
 
 /// Exact decimal rendering, e.g. `$0.0015`, `$5.00`.
-fn format_usd(nano: u64) -> String {
+pub(super) fn format_usd(nano: u64) -> String {
     let whole = nano / NANO_USD_PER_USD;
     let frac = format!("{:09}", nano % NANO_USD_PER_USD);
     let frac = frac.trim_end_matches('0');
@@ -120,17 +124,21 @@ impl Spend {
     }
 }
 
-/// Spend so far, against optional limits. Snapshotted in every checkpoint.
+/// Spend so far, against optional ceilings. Snapshotted in every checkpoint.
 ///
-/// The token limit applies to input plus output tokens. A budget is *exhausted* when
-/// spend has reached a limit (a limit of zero is exhausted from the start);
-/// [`check`](Self::check) is what a runtime calls before it starts a paid call.
-/// [`charge`](Self::charge) always records the spend, even past a limit: the money is
-/// gone, and the record must say so.
+/// The ceilings ([`Limit`]): money, input + output tokens, model calls, tool calls,
+/// wall time since the session started, and calls per tool. The journal checks them
+/// *before* a fresh model or tool call ([`check_call`](Self::check_call)); a ceiling is
+/// reached when what was spent is at it (a limit of zero is reached from the start), so
+/// a call that would go past it is refused and nothing runs. Spend and counts are
+/// charged once per journal row: a recorded reply or result replayed is charged once
+/// and never refused. [`charge`](Self::charge) always records the spend, even past a
+/// limit: the money is gone, and the record must say so.
 ///
 /// Amounts are integer nano-USD (see the [module docs](crate::snapshot) for why), so charging the
 /// same spends in the same order, with or without a checkpoint round-trip in between,
-/// gives byte-identical JSON.
+/// gives byte-identical JSON. The call counts and ceilings added later are left out of
+/// the JSON while unused, and a budget written before them loads with none.
 ///
 /// ```
 /// use durable_core::{Budget, Spend};
@@ -142,7 +150,7 @@ impl Spend {
 /// assert_eq!(budget.remaining_usd(), Some(0.0)); // exactly, no float drift
 /// assert!(budget.is_exhausted());
 /// let err = budget.check().unwrap_err();
-/// assert_eq!(err.to_string(), "budget exhausted: spent $0.30 of the $0.30 limit; raise the limit or end the session");
+/// assert_eq!(err.to_string(), "budget exceeded: $0.30 spent of the $0.30 dollar ceiling; nothing ran. Raise the limit or end the session");
 ///
 /// let json = serde_json::to_string(&budget).unwrap();
 /// assert_eq!(json, r#"{"spent_nano_usd":300000000,"input_tokens":2000,"output_tokens":400,"limit_nano_usd":300000000,"limit_tokens":10000}"#);
@@ -161,34 +169,62 @@ pub struct Budget {
     pub limit_nano_usd: Option<u64>,
     /// Limit on input + output tokens; `None` = unlimited.
     pub limit_tokens: Option<u64>,
+    /// Model calls made (journaled replies, each once).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub model_calls: u64,
+    /// Tool calls that ran (each journal row once).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub tool_calls: u64,
+    /// Tool calls that ran, by tool.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tool_counts: BTreeMap<String, u64>,
+    /// Limit on model calls; `None` = unlimited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_model_calls: Option<u64>,
+    /// Limit on tool calls, every tool together; `None` = unlimited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_tool_calls: Option<u64>,
+    /// Limit on the time since the session started, in ms; `None` = unlimited.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit_wall_ms: Option<u64>,
+    /// Limits on the calls of single tools, by tool name.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub limit_per_tool: BTreeMap<String, u64>,
 }
 
-/// A budget limit was reached.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+/// `Err` when `spent` is at `ceiling` (none: unlimited).
+fn reached(
+    limit: Limit,
+    ceiling: Option<u64>,
+    spent: u64,
+    asked: Option<u64>,
+) -> Result<(), BudgetExceeded> {
+    match ceiling {
+        Some(ceiling) if spent >= ceiling => Err(BudgetExceeded {
+            session: None,
+            limit,
+            ceiling,
+            spent,
+            asked,
+        }),
+        _ => Ok(()),
+    }
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// One ceiling of a budget against what was spent: a row of `durable show`'s budget.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
-pub enum BudgetExceeded {
-    /// The money limit.
-    #[error(
-        "budget exhausted: spent {} of the {} limit; raise the limit or end the session",
-        format_usd(*spent_nano_usd),
-        format_usd(*limit_nano_usd)
-    )]
-    Usd {
-        /// Spent, nano-USD.
-        spent_nano_usd: u64,
-        /// The limit, nano-USD.
-        limit_nano_usd: u64,
-    },
-    /// The token limit.
-    #[error(
-        "token budget exhausted: spent {spent} of the {limit} token limit; raise the limit or end the session"
-    )]
-    Tokens {
-        /// Input + output tokens spent.
-        spent: u64,
-        /// The limit.
-        limit: u64,
-    },
+pub struct Ceiling {
+    /// The limit.
+    pub limit: Limit,
+    /// Spent against it (in the limit's unit).
+    pub spent: u64,
+    /// The ceiling (in the limit's unit).
+    pub ceiling: u64,
 }
 
 impl Budget {
@@ -258,194 +294,203 @@ impl Budget {
         self.check().is_err()
     }
 
-    /// `Ok` while both limits have room; otherwise the limit that was reached (money
-    /// first). Call it before starting a paid call.
+    /// `Ok` while no ceiling is reached (wall time and per-tool ceilings aside: they need
+    /// the clock and the tool; see [`check_call`](Self::check_call)), otherwise the first
+    /// one reached (money first).
     pub fn check(&self) -> Result<(), BudgetExceeded> {
-        if let Some(limit) = self.limit_nano_usd
-            && self.spent_nano_usd >= limit
-        {
-            return Err(BudgetExceeded::Usd {
-                spent_nano_usd: self.spent_nano_usd,
-                limit_nano_usd: limit,
-            });
+        reached(Limit::Usd, self.limit_nano_usd, self.spent_nano_usd, None)?;
+        reached(Limit::Tokens, self.limit_tokens, self.total_tokens(), None)?;
+        reached(
+            Limit::ModelCalls,
+            self.limit_model_calls,
+            self.model_calls,
+            Some(1),
+        )?;
+        reached(
+            Limit::ToolCalls,
+            self.limit_tool_calls,
+            self.tool_calls,
+            Some(1),
+        )
+    }
+
+    /// Whether the call `ask` may start, `elapsed_ms` after the session started: `Ok`
+    /// unless a ceiling it counts against is reached (money, tokens, wall time, and the
+    /// model-call or the tool-call and per-tool counts). What the journal runs before a
+    /// fresh call.
+    ///
+    /// ```
+    /// use durable_core::snapshot::{Ask, Budget, Limit};
+    ///
+    /// let mut budget = Budget::unlimited().with_limit_tool("send_email", 1);
+    /// budget.check_call(Ask::Tool("send_email"), 0)?;
+    /// budget.count_call(Ask::Tool("send_email"));
+    /// let refused = budget.check_call(Ask::Tool("send_email"), 0).unwrap_err();
+    /// assert_eq!((refused.limit, refused.spent, refused.asked), (Limit::Tool("send_email".into()), 1, Some(1)));
+    /// budget.check_call(Ask::Tool("search"), 0)?; // other tools still run
+    /// # Ok::<(), durable_core::snapshot::BudgetExceeded>(())
+    /// ```
+    pub fn check_call(&self, ask: Ask<'_>, elapsed_ms: u64) -> Result<(), BudgetExceeded> {
+        reached(Limit::Usd, self.limit_nano_usd, self.spent_nano_usd, None)?;
+        reached(Limit::Tokens, self.limit_tokens, self.total_tokens(), None)?;
+        match ask {
+            Ask::Model => reached(
+                Limit::ModelCalls,
+                self.limit_model_calls,
+                self.model_calls,
+                Some(1),
+            )?,
+            Ask::Tool(tool) => {
+                reached(
+                    Limit::ToolCalls,
+                    self.limit_tool_calls,
+                    self.tool_calls,
+                    Some(1),
+                )?;
+                reached(
+                    Limit::Tool(tool.to_owned()),
+                    self.limit_per_tool.get(tool).copied(),
+                    self.tool_count(tool),
+                    Some(1),
+                )?;
+            }
         }
-        if let Some(limit) = self.limit_tokens
-            && self.total_tokens() >= limit
-        {
-            return Err(BudgetExceeded::Tokens {
-                spent: self.total_tokens(),
-                limit,
-            });
+        reached(Limit::WallTime, self.limit_wall_ms, elapsed_ms, None)
+    }
+
+    /// Counts one call that ran (a model reply, or a tool call), past any ceiling.
+    pub fn count_call(&mut self, call: Ask<'_>) {
+        match call {
+            Ask::Model => self.model_calls = self.model_calls.saturating_add(1),
+            Ask::Tool(tool) => {
+                self.tool_calls = self.tool_calls.saturating_add(1);
+                let count = self.tool_counts.entry(tool.to_owned()).or_default();
+                *count = count.saturating_add(1);
+            }
         }
-        Ok(())
+    }
+
+    /// The calls of `tool` that ran.
+    pub fn tool_count(&self, tool: &str) -> u64 {
+        self.tool_counts.get(tool).copied().unwrap_or(0)
+    }
+
+    /// Sets the limit on model calls.
+    pub fn with_limit_model_calls(mut self, calls: u64) -> Self {
+        self.limit_model_calls = Some(calls);
+        self
+    }
+
+    /// Sets the limit on tool calls (every tool together).
+    pub fn with_limit_tool_calls(mut self, calls: u64) -> Self {
+        self.limit_tool_calls = Some(calls);
+        self
+    }
+
+    /// Sets the limit on the time since the session started.
+    pub fn with_limit_wall_time(mut self, wall: std::time::Duration) -> Self {
+        self.limit_wall_ms = Some(u64::try_from(wall.as_millis()).unwrap_or(u64::MAX));
+        self
+    }
+
+    /// Sets the limit on the calls of one tool.
+    pub fn with_limit_tool(mut self, tool: impl Into<String>, calls: u64) -> Self {
+        self.limit_per_tool.insert(tool.into(), calls);
+        self
+    }
+
+    /// The ceiling set for `limit`, if any (in the limit's unit).
+    pub fn limit(&self, limit: &Limit) -> Option<u64> {
+        match limit {
+            Limit::Usd => self.limit_nano_usd,
+            Limit::Tokens => self.limit_tokens,
+            Limit::ModelCalls => self.limit_model_calls,
+            Limit::ToolCalls => self.limit_tool_calls,
+            Limit::WallTime => self.limit_wall_ms,
+            Limit::Tool(name) => self.limit_per_tool.get(name).copied(),
+        }
+    }
+
+    /// Sets (or, with `None`, removes) the ceiling `limit`.
+    pub fn set_limit(&mut self, limit: &Limit, ceiling: Option<u64>) {
+        match limit {
+            Limit::Usd => self.limit_nano_usd = ceiling,
+            Limit::Tokens => self.limit_tokens = ceiling,
+            Limit::ModelCalls => self.limit_model_calls = ceiling,
+            Limit::ToolCalls => self.limit_tool_calls = ceiling,
+            Limit::WallTime => self.limit_wall_ms = ceiling,
+            Limit::Tool(name) => match ceiling {
+                Some(ceiling) => {
+                    self.limit_per_tool.insert(name.clone(), ceiling);
+                }
+                None => {
+                    self.limit_per_tool.remove(name);
+                }
+            },
+        }
+    }
+
+    /// Raises the ceiling `limit` to `ceiling` if it is lower (an unlimited one stays
+    /// unlimited): what an operator's raise does. Returns whether it changed.
+    pub fn raise(&mut self, limit: &Limit, ceiling: u64) -> bool {
+        match self.limit(limit) {
+            Some(current) if current < ceiling => {
+                self.set_limit(limit, Some(ceiling));
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// What was spent against `limit` (`elapsed_ms` for wall time).
+    pub fn spent(&self, limit: &Limit, elapsed_ms: u64) -> u64 {
+        match limit {
+            Limit::Usd => self.spent_nano_usd,
+            Limit::Tokens => self.total_tokens(),
+            Limit::ModelCalls => self.model_calls,
+            Limit::ToolCalls => self.tool_calls,
+            Limit::WallTime => elapsed_ms,
+            Limit::Tool(name) => self.tool_count(name),
+        }
+    }
+
+    /// Every ceiling set, with what was spent against it (`elapsed_ms` for wall time),
+    /// in the order `usd`, `tokens`, `model_calls`, `tool_calls`, `wall_time`, then per
+    /// tool by name.
+    pub fn ceilings(&self, elapsed_ms: u64) -> Vec<Ceiling> {
+        let mut limits = vec![
+            Limit::Usd,
+            Limit::Tokens,
+            Limit::ModelCalls,
+            Limit::ToolCalls,
+            Limit::WallTime,
+        ];
+        limits.extend(self.limit_per_tool.keys().cloned().map(Limit::Tool));
+        limits
+            .into_iter()
+            .filter_map(|limit| {
+                let ceiling = self.limit(&limit)?;
+                Some(Ceiling {
+                    spent: self.spent(&limit, elapsed_ms),
+                    ceiling,
+                    limit,
+                })
+            })
+            .collect()
+    }
+
+    /// Fills each ceiling `self` leaves unset from `defaults` (spend is kept): how a
+    /// runtime's default ceilings ([`DurableBuilder::budget`](crate::DurableBuilder::budget))
+    /// apply to a session started with a budget of its own.
+    pub fn with_defaults(mut self, defaults: &Budget) -> Self {
+        for ceiling in defaults.ceilings(0) {
+            if self.limit(&ceiling.limit).is_none() {
+                self.set_limit(&ceiling.limit, Some(ceiling.ceiling));
+            }
+        }
+        self
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn spend(usd: f64, input: u64, output: u64) -> Spend {
-        Spend::new(usd, input, output).expect("valid spend")
-    }
-
-    #[test]
-    fn spend_refuses_amounts_that_cannot_be_counted() {
-        assert_eq!(
-            Spend::new(f64::NAN, 0, 0).map_err(|e| matches!(e, InvalidAmount::NotFinite(_))),
-            Err(true)
-        );
-        assert_eq!(
-            Spend::new(f64::INFINITY, 0, 0),
-            Err(InvalidAmount::NotFinite(f64::INFINITY))
-        );
-        assert_eq!(
-            Spend::new(f64::NEG_INFINITY, 0, 0),
-            Err(InvalidAmount::NotFinite(f64::NEG_INFINITY))
-        );
-        assert_eq!(
-            Spend::new(-0.000_001, 0, 0),
-            Err(InvalidAmount::Negative(-0.000_001))
-        );
-        assert_eq!(Spend::new(2e10, 0, 0), Err(InvalidAmount::TooLarge(2e10)));
-        assert_eq!(Spend::new(-0.0, 0, 0), Ok(Spend::ZERO));
-        assert_eq!(
-            spend(18_000_000_000.0, 0, 0).nano_usd(),
-            18_000_000_000 * NANO_USD_PER_USD
-        );
-        // Sub-micro-dollar prices survive.
-        assert_eq!(spend(0.000_000_02, 1, 0).nano_usd(), 20);
-        assert!(
-            Spend::new(f64::NAN, 0, 0)
-                .expect_err("nan")
-                .to_string()
-                .contains("not a finite number")
-        );
-    }
-
-    #[test]
-    fn charging_accumulates_and_limits_trip_at_the_limit() {
-        let mut b = Budget::unlimited()
-            .with_limit_usd(1.0)
-            .expect("limit")
-            .with_limit_tokens(1000);
-        assert_eq!(b.check(), Ok(()));
-        b.charge(&spend(0.25, 300, 100));
-        b.charge(&spend(0.5, 200, 100));
-        assert_eq!(b.spent_nano_usd, 750_000_000);
-        assert_eq!(
-            (b.input_tokens, b.output_tokens, b.total_tokens()),
-            (500, 200, 700)
-        );
-        assert_eq!(b.spent_usd(), 0.75);
-        assert_eq!(b.remaining_usd(), Some(0.25));
-        assert_eq!(b.remaining_tokens(), Some(300));
-        assert!(!b.is_exhausted());
-
-        b.charge(&Spend::from_nano_usd(0, 250, 50));
-        assert_eq!(
-            b.check(),
-            Err(BudgetExceeded::Tokens {
-                spent: 1000,
-                limit: 1000
-            })
-        );
-        b.charge(&spend(0.3, 0, 0));
-        // Money is reported first, and spend past the limit is still recorded.
-        assert_eq!(
-            b.check(),
-            Err(BudgetExceeded::Usd {
-                spent_nano_usd: 1_050_000_000,
-                limit_nano_usd: 1_000_000_000
-            })
-        );
-        assert_eq!(b.remaining_usd(), Some(0.0));
-        assert_eq!(
-            b.check().expect_err("exhausted").to_string(),
-            "budget exhausted: spent $1.05 of the $1.00 limit; raise the limit or end the session"
-        );
-    }
-
-    #[test]
-    fn float_sums_that_drift_reach_the_limit_exactly() {
-        // 0.1 + 0.2 > 0.3 in f64; in nano-dollars it is exactly the limit.
-        let mut b = Budget::unlimited().with_limit_usd(0.3).expect("limit");
-        b.charge(&spend(0.1, 0, 0));
-        b.charge(&spend(0.2, 0, 0));
-        assert_eq!(b.remaining_nano_usd(), Some(0));
-        assert_eq!(b.spent_nano_usd, b.limit_nano_usd.expect("limit"));
-    }
-
-    #[test]
-    fn unlimited_and_zero_limits() {
-        let mut b = Budget::unlimited();
-        b.charge(&Spend::from_nano_usd(u64::MAX, u64::MAX, 1));
-        b.charge(&Spend::from_nano_usd(1, 1, 1));
-        assert_eq!(b.spent_nano_usd, u64::MAX, "saturates, never wraps");
-        assert_eq!(b.remaining_usd(), None);
-        assert_eq!(b.check(), Ok(()));
-        assert!(Budget::unlimited().with_limit_tokens(0).is_exhausted());
-        assert!(Budget::unlimited().with_limit_nano_usd(0).is_exhausted());
-    }
-
-    #[test]
-    fn json_is_pinned_and_byte_stable_across_a_checkpoint_round_trip() {
-        let spends = [
-            spend(0.001_234_567, 1500, 230),
-            spend(0.1, 20, 5),
-            spend(0.2, 7, 0),
-            spend(0.000_000_015, 1, 1),
-        ];
-        // Crash-free: charge everything in one process.
-        let mut straight = Budget::unlimited().with_limit_usd(2.5).expect("limit");
-        for s in &spends {
-            straight.charge(s);
-        }
-        // Replayed: checkpoint after two spends, restore from JSON, charge the rest as
-        // read back from journal-row JSON.
-        let mut first = Budget::unlimited().with_limit_usd(2.5).expect("limit");
-        first.charge(&spends[0]);
-        first.charge(&spends[1]);
-        let snapshot = serde_json::to_string(&first).expect("serialize");
-        let mut resumed: Budget = serde_json::from_str(&snapshot).expect("deserialize");
-        for s in &spends[2..] {
-            let row = serde_json::to_string(s).expect("serialize spend");
-            resumed.charge(&serde_json::from_str::<Spend>(&row).expect("deserialize spend"));
-        }
-        let a = serde_json::to_string(&straight).expect("serialize");
-        let b = serde_json::to_string(&resumed).expect("serialize");
-        assert_eq!(a, b);
-        assert_eq!(
-            a,
-            r#"{"spent_nano_usd":301234582,"input_tokens":1528,"output_tokens":236,"limit_nano_usd":2500000000,"limit_tokens":null}"#
-        );
-        assert_eq!(
-            serde_json::to_string(&spends[0]).expect("serialize"),
-            r#"{"nano_usd":1234567,"input_tokens":1500,"output_tokens":230}"#
-        );
-    }
-
-    #[test]
-    fn stored_json_with_floats_or_negatives_is_refused() {
-        for bad in [
-            r#"{"spent_nano_usd":1.5,"input_tokens":0,"output_tokens":0}"#,
-            r#"{"spent_nano_usd":-1,"input_tokens":0,"output_tokens":0}"#,
-            r#"{"spent_usd":0.5,"input_tokens":0,"output_tokens":0}"#,
-        ] {
-            assert!(serde_json::from_str::<Budget>(bad).is_err(), "{bad}");
-        }
-        assert!(
-            serde_json::from_str::<Spend>(r#"{"nano_usd":-5,"input_tokens":0,"output_tokens":0}"#)
-                .is_err()
-        );
-    }
-
-    #[test]
-    fn usd_formatting_is_exact() {
-        assert_eq!(format_usd(0), "$0.00");
-        assert_eq!(format_usd(1_500_000), "$0.0015");
-        assert_eq!(format_usd(5 * NANO_USD_PER_USD), "$5.00");
-        assert_eq!(format_usd(1), "$0.000000001");
-        assert_eq!(format_usd(12_340_000_000), "$12.34");
-    }
-}
+mod tests;

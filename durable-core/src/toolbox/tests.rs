@@ -19,9 +19,10 @@ impl Tool for Named {
         _args: Value,
     ) -> BoxFuture<'a, Result<ToolOutput, DurableError>> {
         Box::pin(async {
-            Err(DurableError::BudgetExceeded(
-                "not invoked in unit tests".into(),
-            ))
+            Err(DurableError::Encode {
+                what: "invoke".into(),
+                detail: "not invoked in unit tests".into(),
+            })
         })
     }
 }
@@ -267,7 +268,19 @@ fn only_mistakes_of_the_model_are_sent_back_to_it() {
         backend: "test",
     });
     assert!(ToolResult::refused(&call, &store).is_none());
-    assert!(ToolResult::refused(&call, &DurableError::BudgetExceeded("b".into())).is_none());
+    assert!(
+        ToolResult::refused(
+            &call,
+            &DurableError::BudgetExceeded(crate::snapshot::BudgetExceeded {
+                session: None,
+                limit: crate::snapshot::Limit::Tokens,
+                ceiling: 1,
+                spent: 1,
+                asked: None
+            })
+        )
+        .is_none()
+    );
 }
 
 #[test]
@@ -304,7 +317,12 @@ impl Tool for Checked {
         args: Value,
     ) -> BoxFuture<'a, Result<ToolOutput, DurableError>> {
         let _ = (journal, args);
-        Box::pin(async { Err(DurableError::BudgetExceeded("not invoked".into())) })
+        Box::pin(async {
+            Err(DurableError::Encode {
+                what: "invoke".into(),
+                detail: "not invoked".into(),
+            })
+        })
     }
 
     fn check_args(&self, args: &Value) -> Result<(), DurableError> {
@@ -359,4 +377,32 @@ fn check_refuses_what_dispatch_would_and_returns_the_hashed_arguments() {
         check("search", json!([1]).into()),
         Err(DurableError::InvalidArguments { .. })
     ));
+}
+
+#[test]
+fn a_budget_refusal_is_a_result_the_model_can_read() {
+    let call = ModelToolCall::new("call_7", "send_email", json!({"to": "ann"}));
+    let refusal = crate::snapshot::BudgetExceeded {
+        session: Some(crate::SessionId::new("s-1")),
+        limit: crate::snapshot::Limit::Tool("send_email".into()),
+        ceiling: 3,
+        spent: 3,
+        asked: Some(1),
+    };
+    let result = ToolResult::over_budget(&call, &refusal);
+    assert!(result.is_error());
+    assert_eq!(
+        (result.call_id.as_str(), result.name.as_str()),
+        ("call_7", "send_email")
+    );
+    assert_eq!(
+        result.output.content,
+        json!({
+            "error": "budget exceeded: 3 spent of the 3 `send_email` call ceiling, 1 more asked; nothing ran. \
+                      Raise it (`durable budget raise s-1 tool:send_email <amount>`) or end the session",
+            "limit": "tool:send_email",
+            "spent": 3,
+            "ceiling": 3,
+        })
+    );
 }

@@ -71,13 +71,21 @@ const UNDO_13: [&str; 9] = [
     "DELETE FROM durable_schema_migrations WHERE version >= 13",
 ];
 
-/// Undoes schemas 13, 12, 11, 10, 9 and 8 (see [`UNDO_13`], [`UNDO_12`], [`UNDO_11`],
+/// The statements that undo schema 14 (operators' raises of budget ceilings): an audit
+/// table, dropped with whatever it holds.
+const UNDO_14: [&str; 2] = [
+    "DROP TABLE durable_limit_raises",
+    "DELETE FROM durable_schema_migrations WHERE version >= 14",
+];
+
+/// Undoes schemas 14, 13, 12, 11, 10, 9 and 8 (see [`UNDO_14`], [`UNDO_13`], [`UNDO_12`], [`UNDO_11`],
 /// [`UNDO_10`], [`UNDO_9`], [`UNDO_8`]);
 /// panics if the database holds approvals, or if anything of schema 8 is left.
 pub async fn back_to_schema_7(pool: &PgPool) {
     let mut tx = pool.begin().await.expect("a transaction");
-    for sql in UNDO_13
+    for sql in UNDO_14
         .into_iter()
+        .chain(UNDO_13)
         .chain(UNDO_12)
         .chain(UNDO_11)
         .chain(UNDO_10)

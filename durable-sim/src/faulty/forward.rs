@@ -568,3 +568,22 @@ impl durable_core::store::LimiterStore for Faulty {
         self.inner.limiters().await
     }
 }
+
+#[async_trait]
+impl durable_core::store::BudgetStore for Faulty {
+    async fn raise_limit(
+        &self,
+        raise: durable_core::store::RaiseLimit,
+    ) -> Result<durable_core::store::LimitRaise, StoreError> {
+        self.faulted("raise_limit", None, none, self.inner.raise_limit(raise))
+            .await
+    }
+
+    async fn limit_raises(
+        &self,
+        session: &SessionId,
+    ) -> Result<Vec<durable_core::store::LimitRaise>, StoreError> {
+        self.faulted("limit_raises", None, none, self.inner.limit_raises(session))
+            .await
+    }
+}
