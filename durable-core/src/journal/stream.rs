@@ -325,7 +325,7 @@ impl Journal {
         &self,
         open: F,
         usage: U,
-    ) -> Result<ModelStream<'_, R, E, S>, CallError<E>>
+    ) -> Result<ModelStream<R, E, S>, CallError<E>>
     where
         R: StreamedReply,
         E: Display,
