@@ -36,6 +36,10 @@ pub struct Config {
     pub approval_policy: Option<crate::approval::ApprovalPolicy>,
     /// Called once a call's approval request is durable.
     pub on_approval_requested: Option<crate::approval::ApprovalHook>,
+    /// How long a session waiting for its children stays released at most before a
+    /// worker takes it to look again (the safety net under the wake-up a child's end
+    /// gives it).
+    pub child_recheck: Duration,
 }
 
 impl std::fmt::Debug for Config {

@@ -46,7 +46,9 @@ use crate::store::{
 mod approval;
 mod approval_runtime;
 mod blocked;
+mod cancel;
 mod checkpoint_after;
+mod children;
 mod checkpoints;
 mod fork;
 mod ids;
@@ -70,7 +72,9 @@ mod workers;
 pub use approval::*;
 pub use approval_runtime::*;
 pub use blocked::*;
+pub use cancel::*;
 pub use checkpoint_after::*;
+pub use children::*;
 pub use checkpoints::*;
 pub use fork::*;
 pub use ids::*;
@@ -201,6 +205,16 @@ macro_rules! __durable_conformance_cases {
             worker_pool_skips_a_session_waiting_for_an_operator,
             worker_pool_skips_a_refused_session_whose_lease_ran_out,
             worker_pool_claims_a_session_a_verify_hook_may_settle,
+            // child sessions
+            children_a_rerun_parent_never_starts_a_second_child,
+            children_await_releases_the_parent_and_a_child_end_wakes_it,
+            children_fan_out_and_fan_in_across_workers,
+            children_failure_cancellation_and_replay_unsafe_reach_the_parent,
+            children_only_a_parents_own_children_are_collected,
+            // cancellation
+            cancel_stops_a_running_session_at_its_next_call,
+            cancel_cascades_to_children_at_once,
+            cancel_of_a_dead_workers_session_ends_on_the_next_take,
             // streamed model replies
             stream_reply_is_journaled_once_and_replayed_as_a_stream,
             stream_reply_failed_or_dropped_journals_nothing,

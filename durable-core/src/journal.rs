@@ -31,6 +31,7 @@ use crate::tool_spec::ToolSpec;
 
 mod barrier;
 mod call;
+mod cancel;
 mod checkpoint_scope;
 mod model;
 mod ordinals;
@@ -152,6 +153,9 @@ pub(crate) struct JournalState {
     commit: CommitSlot,
     /// The last scope number handed out.
     scopes: u64,
+    /// A cancellation asked of the session, once this worker learned of it (on resume,
+    /// or at a lease renewal): no new call starts (see `cancel`).
+    pub(crate) cancelled: Option<crate::store::CancelRequest>,
 }
 
 impl AsMut<Numbers> for JournalState {
@@ -232,6 +236,7 @@ impl Journal {
                     charged: HashSet::new(),
                     commit: CommitSlot::Idle,
                     scopes: 0,
+                    cancelled: None,
                 })),
                 cache: tokio::sync::Mutex::new(StepCache {
                     step,

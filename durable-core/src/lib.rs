@@ -73,7 +73,9 @@ pub use replay::ReplayClass;
 pub use retry::{RetryError, RetryPolicy, retry};
 pub use runtime::{Durable, DurableBuilder, ForkOptions, Operator, StartOptions};
 pub use schema::{McpAnnotations, SchemaError, SchemaErrorKind};
-pub use session::{InDoubtAction, InDoubtCall, ResumeReport, Resumed, Session};
+pub use session::{
+    ChildOutcome, ChildWait, InDoubtAction, InDoubtCall, ResumeReport, Resumed, Session,
+};
 pub use snapshot::{
     Budget, BudgetExceeded, Plan, PlanError, Postcondition, Spend, Step, StepStatus,
 };

@@ -20,6 +20,10 @@ use crate::store::{
 };
 use crate::telemetry;
 
+mod children;
+
+pub use children::{ChildOutcome, ChildWait};
+
 /// What the runtime will do with an in-doubt call when its step is re-run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum InDoubtAction {
@@ -163,6 +167,9 @@ where
             .then(|| tokio::runtime::Handle::try_current().ok())
             .flatten()
             .map(|handle| handle.spawn(renew_loop(journal.clone())));
+        if let Some(request) = record.cancel_requested.clone() {
+            journal.note_cancel(request);
+        }
         let committed = messages.len();
         // The latest checkpoint put the session to sleep (version 0's wake-up time is a
         // delayed start, not a sleep): this resume ends that sleep.
@@ -823,7 +830,16 @@ async fn renew_loop(journal: Journal) {
         let lease = journal.lease();
         let sent = std::time::Instant::now();
         match journal.inner.store.renew_lease(&lease, ttl).await {
-            Ok(renewed) => journal.renewed(renewed, sent),
+            Ok(renewed) => {
+                journal.renewed(renewed, sent);
+                // A cancellation asked while this worker runs the session: learned here,
+                // honoured by the next call.
+                if let Ok(record) = journal.inner.store.session(&lease.session).await
+                    && let Some(request) = record.cancel_requested
+                {
+                    journal.note_cancel(request);
+                }
+            }
             Err(StoreError::LeaseLost { .. }) => {
                 tracing::warn!(session = %lease.session, "lease lost; this worker must stop working on the session");
                 journal.lose_lease();

@@ -52,6 +52,7 @@ use durable_core::store::WorkNotifier;
 
 mod approvals;
 mod checkpoints;
+mod family;
 mod journal;
 mod leases;
 mod maintenance;

@@ -41,6 +41,9 @@ pub(crate) fn create_session(
         queue: queue.to_owned(),
         wake_at: new.initial.wake_at,
         lease_renewed_at: Some(now),
+        parent: None,
+        waiting_until: None,
+        cancel_requested: None,
     };
     let mut session = empty(record, state.created);
     // Version 0 is written like any checkpoint, on an empty log.
@@ -71,6 +74,7 @@ pub(crate) fn empty(record: SessionRecord, order: u64) -> Session {
         approvals: Vec::new(),
         errors: Vec::new(),
         migrations: Vec::new(),
+        waiting_for: None,
     }
 }
 
@@ -141,6 +145,10 @@ pub(crate) fn set_status(
     }
     if awaiting {
         r.lease_owner = None;
+    }
+    let ends = status.is_terminal() || status == SessionStatus::Parked;
+    if ends {
+        crate::family::wake_parent(&mut state, fence.session);
     }
     Ok(())
 }

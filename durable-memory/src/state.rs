@@ -42,8 +42,10 @@ pub(crate) struct Session {
     pub(crate) approvals: Vec<AuditRow>,
     /// Retry history (not sealed).
     pub(crate) errors: Vec<ErrorRecord>,
-    /// App-version migrations and forks: `(by, step map)` (not sealed).
+    /// App-version migrations, forks and cancellations: `(by, step map)` (not sealed).
     pub(crate) migrations: Vec<(String, Vec<(String, String)>)>,
+    /// What the session waits for while its lease is given up (`wait`), if anything.
+    pub(crate) waiting_for: Option<String>,
 }
 
 /// The session head's counts and seal (the latest version and checkpoint seal are read

@@ -79,6 +79,7 @@
 mod approval;
 mod checkpoints;
 mod error;
+mod family;
 mod journal;
 mod keys;
 mod leases;

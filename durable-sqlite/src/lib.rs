@@ -98,6 +98,7 @@ mod approval;
 mod checkpoints;
 mod clock;
 mod error;
+mod family;
 mod group;
 mod journal;
 mod keys;

@@ -153,6 +153,28 @@ impl SessionStore for Probe {
     ) -> Result<(), StoreError> {
         self.inner.set_status(fence, status, reason).await
     }
+
+    async fn create_child(
+        &self,
+        parent: &SessionId,
+        new: NewSession,
+    ) -> Result<(SessionRecord, Lease), StoreError> {
+        self.inner.create_child(parent, new).await
+    }
+
+    async fn children(
+        &self,
+        parent: &SessionId,
+    ) -> Result<Vec<crate::store::ChildRecord>, StoreError> {
+        self.inner.children(parent).await
+    }
+
+    async fn cancel_session(
+        &self,
+        cancel: &crate::store::CancelSession,
+    ) -> Result<Vec<crate::store::CancelledSession>, StoreError> {
+        self.inner.cancel_session(cancel).await
+    }
 }
 
 #[async_trait]
@@ -197,6 +219,10 @@ impl LeaseStore for Probe {
 
     async fn list_expired(&self, limit: i64) -> Result<Vec<SessionRecord>, StoreError> {
         self.inner.list_expired(limit).await
+    }
+
+    async fn wait(&self, fence: Fence<'_>, wait: &crate::store::Wait) -> Result<bool, StoreError> {
+        self.inner.wait(fence, wait).await
     }
 }
 

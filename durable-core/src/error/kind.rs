@@ -63,6 +63,9 @@ pub enum ErrorKind {
     Overloaded,
     /// The backend does not support the operation.
     Unsupported,
+    /// The session was cancelled: nothing new runs in it. Return from the handler; an
+    /// operator (or the parent) decided it.
+    Cancelled,
 }
 
 impl ErrorKind {
@@ -82,6 +85,7 @@ impl ErrorKind {
             ErrorKind::Transient => "transient",
             ErrorKind::Overloaded => "overloaded",
             ErrorKind::Unsupported => "unsupported",
+            ErrorKind::Cancelled => "cancelled",
         }
     }
 }
@@ -171,6 +175,9 @@ impl DurableError {
             | E::SchemaChanged { .. }
             | E::CheckpointInDoubt { .. } => ErrorKind::OperatorNeeded,
             E::AwaitingApproval { .. } => ErrorKind::AwaitingApproval,
+            E::Cancelled { .. } => ErrorKind::Cancelled,
+            E::NotAChild { .. } => ErrorKind::NotFound,
+            E::ChildNotStarted { .. } => ErrorKind::Conflict,
             E::AppVersionMismatch { .. } | E::Decode { .. } => ErrorKind::Conflict,
             E::BudgetExceeded(_) | E::TooLarge { .. } => ErrorKind::LimitExceeded,
         }
