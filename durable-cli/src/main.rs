@@ -47,7 +47,8 @@ Exit codes:
   3  not found (session, call or checkpoint version)
   4  refused (call not in doubt or not awaiting approval, id already taken, app version
      changed meanwhile, approval request past its deadline, waking a session not active,
-     a change asked of a read-only store, a call that needs an operator first)
+     a change asked of a read-only store, a call that needs an operator first, a
+     cancelled session)
   5  invalid input (malformed JSON result, edited arguments the tool does not accept, an
      empty denial reason, unreadable file)
   6  database unavailable (no such file, not a durable store, cannot connect, unknown

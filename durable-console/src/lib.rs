@@ -40,6 +40,7 @@ mod approvals;
 mod auth;
 mod edit;
 mod error;
+mod family;
 mod format;
 mod inbox;
 mod layout;
@@ -166,6 +167,7 @@ pub fn router(store: Arc<dyn CheckpointStore>, options: ConsoleOptions) -> Route
         .route("/", get(sessions::page))
         .route("/sessions/{id}", get(timeline::page))
         .route("/sessions/{id}/fork", post(timeline::fork))
+        .route("/sessions/{id}/cancel", post(family::cancel))
         .route("/in-doubt", get(inbox::page))
         .route("/in-doubt/{call}/confirm", post(inbox::confirm))
         .route("/in-doubt/{call}/resolve", post(inbox::resolve))
