@@ -19,6 +19,7 @@
 //! | `rolling_deploy_saturated` | the same with 4 sessions at most per pool (12 slots for 30 sessions): a released session goes before those not yet started (claims take the oldest by creation), handoffs within 3 s |
 //! | `fleet_limit` | 4 pool processes run 16 sessions of a queue limited to 3 and 8 of the default queue, one pool restarted with SIGTERM: the store, sampled every few ms, never has more than 3 of the limited queue leased, and has 3 at some point; the default queue runs past 3; effects once each |
 //! | `sleepers` | 12 sessions sleep 1.5 s after step 0; while they sleep one pool is SIGKILLed and the other stopped; two new pools wake each session exactly once, never before its wake-up time (store clock); effects once each |
+//! | `fanout` | a coordinator starts 20 child sessions and awaits them all, on 4 pool processes SIGKILLed at random (12 kills) and restarted: exactly 20 children, each completed, each child's email once (ledger), the coordinator's sum of their results |
 //! | `synchronous_commit_off` | an unsafe tool refuses to run (`NotDurable` naming the setting) |
 //!
 //! The PostgreSQL cases need the `_postgres-testing` feature (`--all-features`, as
@@ -32,6 +33,8 @@ mod backend;
 #[cfg(feature = "_postgres-testing")]
 #[path = "workers/durability.rs"]
 mod durability;
+#[path = "workers/fanout.rs"]
+mod fanout;
 #[path = "workers/fleet.rs"]
 mod fleet;
 #[path = "workers/graceful.rs"]
@@ -113,6 +116,9 @@ fn cases() -> Vec<(&'static str, Case)> {
         ("sqlite_sleepers", || {
             Box::pin(queues::sleepers(Backend::sqlite()))
         }),
+        ("sqlite_fanout", || {
+            Box::pin(fanout::fanout(Backend::sqlite()))
+        }),
     ];
     #[cfg(feature = "_postgres-testing")]
     cases.extend([
@@ -162,6 +168,9 @@ fn cases() -> Vec<(&'static str, Case)> {
         }),
         ("postgres_sleepers", || {
             Box::pin(async { queues::sleepers(Backend::postgres().await).await })
+        }),
+        ("postgres_fanout", || {
+            Box::pin(async { fanout::fanout(Backend::postgres().await).await })
         }),
         ("postgres_fleet", || {
             Box::pin(async { fleet::fleet(Backend::postgres().await, 0).await })

@@ -16,14 +16,7 @@ pub(crate) fn create_child(
     parent: &SessionId,
     new: NewSession,
 ) -> Result<(SessionRecord, Lease), StoreError> {
-    store.lock().session(parent)?;
-    let id = new.id.clone();
-    let (mut record, lease) = sessions::create_session(store, new)?;
-    let mut state = store.lock();
-    let session = state.session_mut(&id)?;
-    session.record.parent = Some(parent.clone());
-    record.parent = Some(parent.clone());
-    Ok((record, lease))
+    sessions::create_session(store, new, Some(parent))
 }
 
 /// Whether an issued row of the session waits for an operator.

@@ -44,7 +44,7 @@ impl StoreBase for MemoryStore {
 #[async_trait]
 impl SessionStore for MemoryStore {
     async fn create_session(&self, new: NewSession) -> Result<(SessionRecord, Lease), StoreError> {
-        let created = sessions::create_session(self, new)?;
+        let created = sessions::create_session(self, new, None)?;
         self.work_available();
         Ok(created)
     }

@@ -68,7 +68,7 @@ pub(crate) async fn wake_parent(
     conn: &mut PgConnection,
     child: &SessionId,
 ) -> Result<(), StoreError> {
-    sqlx::query(
+    let parent = sqlx::query(
         "SELECT 1 FROM durable_sessions \
          WHERE id = (SELECT parent_id FROM durable_sessions WHERE id = $1) FOR UPDATE",
     )
@@ -76,6 +76,10 @@ pub(crate) async fn wake_parent(
     .fetch_optional(&mut *conn)
     .await
     .map_err(db)?;
+    if parent.is_none() {
+        // Not a child: nobody to wake.
+        return Ok(());
+    }
     sqlx::query(concat!(
         "WITH woken AS (UPDATE durable_sessions SET waiting_for = NULL, waiting_until = NULL \
          WHERE id = (SELECT parent_id FROM durable_sessions WHERE id = $1) \

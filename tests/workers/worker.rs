@@ -77,6 +77,7 @@ pub fn main(role: &str) -> i32 {
             "poison" => poison(&env).await,
             "idle" => idle(&env).await,
             "pool" => pool(&env).await,
+            "fanout" => crate::fanout::run_role(&env.store, &env.ledger, &env.owner, env.ttl).await,
             other => {
                 eprintln!("unknown {ROLE} `{other}`");
                 2
