@@ -462,7 +462,11 @@ pub async fn show(store: &dyn CheckpointStore, json: bool, args: ShowArgs) -> Re
 
     if !children.is_empty() {
         outln!();
-        outln!("Children ({}; `durable cancel {}` cancels them with it)", children.len(), clip(id.as_str(), ID));
+        outln!(
+            "Children ({}; `durable cancel {}` cancels them with it)",
+            children.len(),
+            clip(id.as_str(), ID)
+        );
         for child in &children {
             let mut status = child.session.status.as_str().to_owned();
             if child.operator_needed {

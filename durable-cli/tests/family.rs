@@ -43,7 +43,10 @@ async fn show_lists_the_family_and_cancel_ends_it() {
     let shown = run(&db, &["show", "ticket-9"]);
     let text = shown.ok();
     assert!(text.contains("Children (2;"), "{text}");
-    assert!(text.contains(kids[1].as_str()) && text.contains("active"), "{text}");
+    assert!(
+        text.contains(kids[1].as_str()) && text.contains("active"),
+        "{text}"
+    );
     assert!(text.contains("failed (no such page)"), "{text}");
     let child_view = run(&db, &["show", kids[1].as_str()]);
     assert!(
@@ -60,7 +63,10 @@ async fn show_lists_the_family_and_cancel_ends_it() {
     let cancelled = run(&db, &["cancel", "ticket-9", "--reason", "duplicate ticket"]);
     let text = cancelled.ok();
     assert!(text.contains("session `ticket-9`: asked to stop"), "{text}");
-    assert!(text.contains(&format!("session `{}`: cancelled", kids[1])), "{text}");
+    assert!(
+        text.contains(&format!("session `{}`: cancelled", kids[1])),
+        "{text}"
+    );
     assert!(
         text.contains(&format!("session `{}`: had already ended", kids[0])),
         "{text}"
@@ -73,15 +79,16 @@ async fn show_lists_the_family_and_cancel_ends_it() {
     );
     let shown = run(&db, &["show", "ticket-9"]);
     assert!(
-        shown
-            .ok()
-            .contains("cancelling   asked by test-operator"),
+        shown.ok().contains("cancelling   asked by test-operator"),
         "{}",
         shown.stdout
     );
     // The parent's next call is refused, and it ends as cancelled.
     drop(parent);
-    let lease_holder = store.session(&SessionId::new("ticket-9")).await.expect("parent");
+    let lease_holder = store
+        .session(&SessionId::new("ticket-9"))
+        .await
+        .expect("parent");
     assert_eq!(lease_holder.status, SessionStatus::Active);
 
     // An unknown session: not found, exit 3; no reason: usage, exit 2.

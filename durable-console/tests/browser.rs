@@ -662,7 +662,10 @@ async fn an_operator_resolves_a_call_in_the_browser() {
                 .expect("start a child"),
         );
     }
-    coordinator.release().await.expect("release the coordinator");
+    coordinator
+        .release()
+        .await
+        .expect("release the coordinator");
     client
         .goto(&format!("{base}/sessions/coordinator-7"))
         .await

@@ -519,7 +519,9 @@ pub enum DurableError {
     },
     /// The session named is not a child of this one (or does not exist): only a
     /// parent's own children can be collected or awaited.
-    #[error("session `{child}` is not a child of `{parent}`: collect or await only the ids `spawn_child` returned")]
+    #[error(
+        "session `{child}` is not a child of `{parent}`: collect or await only the ids `spawn_child` returned"
+    )]
     NotAChild {
         /// The parent session.
         parent: SessionId,

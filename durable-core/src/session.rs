@@ -808,6 +808,18 @@ where
         reason: Option<&str>,
     ) -> Result<(), DurableError> {
         self.stop_renewing();
+        // Cancelled meanwhile (learned at a lease renewal): the session ends as
+        // cancelled, whatever the handler was about to end it as.
+        if let Some(request) = self.journal.cancel_request()
+            && status != SessionStatus::Cancelled
+        {
+            self.journal.end_cancelled(&request).await;
+            return Err(DurableError::Cancelled {
+                session: self.record.id.clone(),
+                by: request.by,
+                reason: request.reason,
+            });
+        }
         let lease = self.journal.lease();
         self.store
             .set_status(lease.fence(), status, reason)
@@ -834,7 +846,12 @@ async fn renew_loop(journal: Journal) {
                 journal.renewed(renewed, sent);
                 // A cancellation asked while this worker runs the session: learned here,
                 // honoured by the next call.
-                if let Ok(record) = journal.inner.store.session(&lease.session).await
+                // The read runs in a task of its own: this loop is aborted when the session
+                // ends, and a read cut off mid-statement would cost its connection.
+                let store = Arc::clone(&journal.inner.store);
+                let id = lease.session.clone();
+                let read = tokio::spawn(async move { store.session(&id).await });
+                if let Ok(Ok(record)) = read.await
                     && let Some(request) = record.cancel_requested
                 {
                     journal.note_cancel(request);

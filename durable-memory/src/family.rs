@@ -21,9 +21,10 @@ pub(crate) fn create_child(
 
 /// Whether an issued row of the session waits for an operator.
 fn operator_needed(session: &Session) -> bool {
-    session.journal.iter().any(|c| {
-        c.operator_needed && c.record.status == durable_core::store::CallStatus::Issued
-    })
+    session
+        .journal
+        .iter()
+        .any(|c| c.operator_needed && c.record.status == durable_core::store::CallStatus::Issued)
 }
 
 /// `children`: the sessions whose parent link names `parent`, oldest first.

@@ -9,17 +9,18 @@ use async_trait::async_trait;
 use durable_core::integrity::Keyring;
 use durable_core::store::{
     ApprovalRecord, ApprovalRequest, ApprovalStore, CallRecord, CancelSession, CancelledSession,
-    ChildRecord, Wait, Checkpoint, CheckpointLog,
-    CheckpointMeta, Claim, DecideApproval, Durability, EditedKey, ErrorRecord, Fence, FinishCall,
-    ForkSession, IssueOutcome, JournalStore, Lease, LeaseStore, MaintenanceStore, NewCall,
-    NewCheckpoint, NewError, NewSession, PendingApproval, PurgeOutcome, QueueInfo, QueueStore,
-    ResolutionRecord, ResolutionStore, ResolveCall, RetargetSession, SessionFilter, SessionRecord,
-    SessionStatus, SessionStore, StoreBase, StoredMessage, WorkEvents,
+    Checkpoint, CheckpointLog, CheckpointMeta, ChildRecord, Claim, DecideApproval, Durability,
+    EditedKey, ErrorRecord, Fence, FinishCall, ForkSession, IssueOutcome, JournalStore, Lease,
+    LeaseStore, MaintenanceStore, NewCall, NewCheckpoint, NewError, NewSession, PendingApproval,
+    PurgeOutcome, QueueInfo, QueueStore, ResolutionRecord, ResolutionStore, ResolveCall,
+    RetargetSession, SessionFilter, SessionRecord, SessionStatus, SessionStore, StoreBase,
+    StoredMessage, Wait, WorkEvents,
 };
 use durable_core::{CallId, SessionId, StoreError};
 
 use crate::{
-    BACKEND, MemoryStore, approvals, checkpoints, family, journal, leases, maintenance, queues, sessions,
+    BACKEND, MemoryStore, approvals, checkpoints, family, journal, leases, maintenance, queues,
+    sessions,
 };
 
 #[async_trait]

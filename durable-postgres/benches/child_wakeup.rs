@@ -51,7 +51,10 @@ async fn run() {
         samples,
     )
     .await;
-    println!("{}", child_wakeup::summary("PostgreSQL child end → parent", &values));
+    println!(
+        "{}",
+        child_wakeup::summary("PostgreSQL child end → parent", &values)
+    );
     for (name, q) in [("median", 0.5), ("p95", 0.95), ("max", 1.0)] {
         report.push(
             Row::new(

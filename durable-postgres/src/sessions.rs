@@ -7,8 +7,8 @@ use durable_core::ids::SessionId;
 use durable_core::store::ListedSession;
 use durable_core::store::SessionStore;
 use durable_core::store::{
-    CancelSession, CancelledSession, ChildRecord, DEFAULT_QUEUE, FORMAT_VERSION, Fence, Lease, NewSession, SessionFilter, SessionRecord,
-    SessionStatus,
+    CancelSession, CancelledSession, ChildRecord, DEFAULT_QUEUE, FORMAT_VERSION, Fence, Lease,
+    NewSession, SessionFilter, SessionRecord, SessionStatus,
 };
 
 use crate::PostgresStore;

@@ -50,7 +50,10 @@ async fn run() {
         samples,
     )
     .await;
-    println!("{}", child_wakeup::summary("SQLite child end → parent", &values));
+    println!(
+        "{}",
+        child_wakeup::summary("SQLite child end → parent", &values)
+    );
     for (name, q) in [("median", 0.5), ("p95", 0.95), ("max", 1.0)] {
         report.push(
             Row::new(

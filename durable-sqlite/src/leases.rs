@@ -5,9 +5,7 @@
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use durable_core::store::{
-    Claim, Fence, Lease, LeaseStore, SessionRecord, SessionStatus, Wait,
-};
+use durable_core::store::{Claim, Fence, Lease, LeaseStore, SessionRecord, SessionStatus, Wait};
 use durable_core::{CallId, SessionId, StoreError};
 use sqlx::{Row, SqliteConnection};
 

@@ -3,8 +3,8 @@
 
 use async_trait::async_trait;
 use durable_core::store::{
-    CancelSession, CancelledSession, ChildRecord, DEFAULT_QUEUE, FORMAT_VERSION, Fence, Lease, ListedSession, NewSession, SessionFilter,
-    SessionRecord, SessionStatus, SessionStore,
+    CancelSession, CancelledSession, ChildRecord, DEFAULT_QUEUE, FORMAT_VERSION, Fence, Lease,
+    ListedSession, NewSession, SessionFilter, SessionRecord, SessionStatus, SessionStore,
 };
 use durable_core::{SessionId, StoreError};
 use sqlx::AssertSqlSafe;

@@ -132,7 +132,10 @@ pub async fn fanout(backend: Backend) {
         .expect("emails");
     assert_eq!(duplicates, 0, "a child's email was sent twice");
     assert_eq!(emails, CHILDREN, "each child's email sent once");
-    let last = store.load_checkpoint(&coordinator, None).await.expect("last");
+    let last = store
+        .load_checkpoint(&coordinator, None)
+        .await
+        .expect("last");
     assert_eq!(
         last.state["sum"],
         json!((0..CHILDREN).sum::<i64>()),
@@ -176,9 +179,11 @@ pub async fn run_role(store_url: &str, ledger_url: &str, owner: &str, ttl: Durat
     )
     .with_verify();
     let owner = owner.to_owned();
-    let done = {
+    // Watched by a task of its own: the pool's shutdown future holds no connection.
+    let (finished, mut watch) = tokio::sync::watch::channel(false);
+    {
         let store = Arc::clone(&store);
-        async move {
+        tokio::spawn(async move {
             while !store
                 .session(&coordinator)
                 .await
@@ -186,7 +191,11 @@ pub async fn run_role(store_url: &str, ledger_url: &str, owner: &str, ttl: Durat
             {
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-        }
+            let _ = finished.send(true);
+        });
+    }
+    let done = async move {
+        let _ = watch.wait_for(|done| *done).await;
     };
     let report = durable
         .worker(move |resumed: Resumed<Message>, _: ShutdownSignal| {
@@ -217,7 +226,8 @@ async fn handle(
             .tool(email, json!({ "part": part }))
             .run_verified(
                 move |ctx| {
-                    let (ledger, effect, owner) = (send.clone(), effect_send.clone(), owner.clone());
+                    let (ledger, effect, owner) =
+                        (send.clone(), effect_send.clone(), owner.clone());
                     async move {
                         ledger
                             .send_email(&effect, ctx.call_id().as_str(), 1, &owner)
@@ -238,10 +248,12 @@ async fn handle(
         match sent {
             Ok(_) => {}
             Err(CallError::Durable(e)) => return Err(e),
-            Err(other) => return Err(DurableError::Encode {
-                what: "the email".into(),
-                detail: other.to_string(),
-            }),
+            Err(other) => {
+                return Err(DurableError::Encode {
+                    what: "the email".into(),
+                    detail: other.to_string(),
+                });
+            }
         }
         session.set_state(json!({ "role": "child", "part": part, "answer": part }));
         session.complete().await?;

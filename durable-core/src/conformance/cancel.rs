@@ -93,10 +93,17 @@ pub async fn cancel_stops_a_running_session_at_its_next_call(store: Arc<dyn Chec
         .model(|| async { Ok::<Value, String>(json!("hello")) })
         .await;
     assert!(
-        matches!(model, Err(CallError::Durable(DurableError::Cancelled { .. }))),
+        matches!(
+            model,
+            Err(CallError::Durable(DurableError::Cancelled { .. }))
+        ),
         "no model call starts either: {model:?}"
     );
-    assert_eq!(runs.load(Ordering::SeqCst), runs_before, "no new effect ran");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        runs_before,
+        "no new effect ran"
+    );
     let record = store.session(&id).await.expect("session");
     assert_eq!(record.status, SessionStatus::Cancelled);
     let reason = record.status_reason.unwrap_or_default();
@@ -132,7 +139,11 @@ pub async fn cancel_cascades_to_children_at_once(store: Arc<dyn CheckpointStore>
         .spawn_child(StartOptions::<Message>::new().with_state(json!(2)))
         .await
         .expect("spawn");
-    let middle = kids.resume::<Message>(&first).await.expect("resume").session;
+    let middle = kids
+        .resume::<Message>(&first)
+        .await
+        .expect("resume")
+        .session;
     let grandchild = middle
         .spawn_child(StartOptions::<Message>::new().with_state(json!(3)))
         .await
@@ -237,7 +248,11 @@ pub async fn cancel_of_a_dead_workers_session_ends_on_the_next_take(
     );
     let record = store.session(&id).await.expect("session");
     assert_eq!(record.status, SessionStatus::Cancelled);
-    assert_eq!(effects.load(Ordering::SeqCst), 1, "the email was not sent again");
+    assert_eq!(
+        effects.load(Ordering::SeqCst),
+        1,
+        "the email was not sent again"
+    );
     let doubt = store.in_doubt(Some(&id)).await.expect("in doubt");
     assert_eq!(doubt.len(), 1, "the in-doubt call stays for an operator");
 }

@@ -41,7 +41,7 @@ fn child_options(n: i64) -> StartOptions<Message> {
 
 /// Polls `fut` at most `polls` times, then drops it: the parent dies wherever its start
 /// was (`true` when it finished within them).
-async fn poll_then_drop<F: std::future::Future>(fut: F, polls: usize) -> bool {
+async fn poll_then_drop<F: Future>(fut: F, polls: usize) -> bool {
     let mut fut = std::pin::pin!(fut);
     for _ in 0..polls {
         let done = std::future::poll_fn(|cx| match fut.as_mut().poll(cx) {
@@ -52,7 +52,8 @@ async fn poll_then_drop<F: std::future::Future>(fut: F, polls: usize) -> bool {
         if done {
             return true;
         }
-        tokio::task::yield_now().await;
+        // Time for the store's own threads and connections to move on between polls.
+        tokio::time::sleep(Duration::from_micros(300)).await;
     }
     false
 }
@@ -60,11 +61,32 @@ async fn poll_then_drop<F: std::future::Future>(fut: F, polls: usize) -> bool {
 /// A parent killed at every point of a child's start (its future dropped after 0, 1, 2,
 /// … polls, its lease then given up as its expiry would) and re-run by another worker:
 /// exactly one child, the one the re-run's start returns.
-pub async fn children_a_rerun_parent_never_starts_a_second_child(
-    store: Arc<dyn CheckpointStore>,
-) {
+pub async fn children_a_rerun_parent_never_starts_a_second_child(store: Arc<dyn CheckpointStore>) {
     let first = worker(&store, "parent-a");
     let second = worker(&store, "parent-b");
+    // How many polls a start takes here, measured once; then every count up to it (a
+    // few dozen of them at most, evenly spread).
+    let measured = {
+        let parent = first
+            .start::<Message>(StartOptions::new().with_queue("parents"))
+            .await
+            .expect("start a parent");
+        let mut n = 1;
+        while !poll_then_drop(parent.spawn_child(child_options(1)), usize::MAX).await {}
+        // `poll_then_drop` with no bound ran it to the end; count again, the same way.
+        let mut fut = std::pin::pin!(parent.spawn_child(child_options(2)));
+        while std::future::poll_fn(|cx| match fut.as_mut().poll(cx) {
+            Poll::Ready(_) => Poll::Ready(false),
+            Poll::Pending => Poll::Ready(true),
+        })
+        .await
+        {
+            n += 1;
+            tokio::time::sleep(Duration::from_micros(300)).await;
+        }
+        n
+    };
+    let step = (measured / 40).max(1);
     let mut polls = 0;
     loop {
         let parent = first
@@ -87,7 +109,10 @@ pub async fn children_a_rerun_parent_never_starts_a_second_child(
             "a parent dropped after {polls} polls of a child's start has {} children",
             children.len()
         );
-        assert_eq!(children[0].session.id, child, "the re-run found the first child");
+        assert_eq!(
+            children[0].session.id, child,
+            "the re-run found the first child"
+        );
         assert_eq!(children[0].session.parent.as_ref(), Some(&id));
         // A second start with other options in the same turn is another child.
         let other = rerun
@@ -96,11 +121,10 @@ pub async fn children_a_rerun_parent_never_starts_a_second_child(
             .expect("another child");
         assert_ne!(other, child);
         assert_eq!(store.children(&id).await.expect("children").len(), 2);
-        if finished {
+        if finished || polls > measured * 4 {
             break;
         }
-        polls += 1;
-        assert!(polls < 200, "a child's start never finished");
+        polls += step;
     }
 }
 
@@ -129,10 +153,7 @@ pub async fn children_await_releases_the_parent_and_a_child_end_wakes_it(
         .await
         .expect("start the parent");
     let id = parent.id().clone();
-    let child = parent
-        .spawn_child(child_options(7))
-        .await
-        .expect("spawn");
+    let child = parent.spawn_child(child_options(7)).await.expect("spawn");
     let record = store.session(&child).await.expect("child row");
     assert_eq!(record.parent.as_ref(), Some(&id));
     assert_eq!(record.lease_owner, None, "a child starts released");
@@ -143,7 +164,10 @@ pub async fn children_await_releases_the_parent_and_a_child_end_wakes_it(
     }
     let waiting = store.session(&id).await.expect("parent row");
     assert_eq!(waiting.status, SessionStatus::Active);
-    assert_eq!(waiting.lease_owner, None, "the waiting parent holds no lease");
+    assert_eq!(
+        waiting.lease_owner, None,
+        "the waiting parent holds no lease"
+    );
     assert!(waiting.waiting_until.is_some(), "the parent waits");
     let claim = Claim::new(owner("pool"), Duration::from_secs(30), 5).with_queues(["parents"]);
     assert_eq!(
@@ -166,7 +190,10 @@ pub async fn children_await_releases_the_parent_and_a_child_end_wakes_it(
     let third = worker(&store, "parent-c");
     let rerun = third.resume::<Message>(&id).await.expect("resume").session;
     let again = rerun.spawn_child(child_options(7)).await.expect("spawn");
-    assert_eq!(again, child, "the replayed start returns the recorded child");
+    assert_eq!(
+        again, child,
+        "the replayed start returns the recorded child"
+    );
     let ChildWait::Ready { session, outcomes } = rerun
         .await_children(std::slice::from_ref(&child))
         .await
@@ -197,6 +224,22 @@ pub async fn children_fan_out_and_fan_in_across_workers(store: Arc<dyn Checkpoin
         .await
         .expect("submit the coordinator");
     let started = Instant::now();
+    // The pools stop once the coordinator completed: watched by a task of its own, so
+    // that the pools' shutdown futures hold no store connection while they claim.
+    let (finished, watch) = tokio::sync::watch::channel(false);
+    let watcher = {
+        let (store, parent) = (Arc::clone(&store), parent.clone());
+        tokio::spawn(async move {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < deadline
+                && store.session(&parent).await.expect("parent").status
+                    != SessionStatus::Completed
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let _ = finished.send(true);
+        })
+    };
     let pool = |tag: &str| {
         let durable = Durable::builder(Arc::clone(&store))
             .owner(owner(tag))
@@ -204,16 +247,8 @@ pub async fn children_fan_out_and_fan_in_across_workers(store: Arc<dyn Checkpoin
             .child_recheck(Duration::from_secs(60))
             .build();
         let (email, sent) = (email.clone(), Arc::clone(&sent));
-        let store = Arc::clone(&store);
-        let parent = parent.clone();
+        let mut watch = watch.clone();
         async move {
-            let done = async {
-                while store.session(&parent).await.expect("parent").status
-                    != SessionStatus::Completed
-                {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            };
             durable
                 .worker(move |resumed: crate::Resumed<Message>, _: ShutdownSignal| {
                     let (email, sent) = (email.clone(), Arc::clone(&sent));
@@ -221,18 +256,39 @@ pub async fn children_fan_out_and_fan_in_across_workers(store: Arc<dyn Checkpoin
                 })
                 .concurrency(2)
                 .poll_interval(Duration::from_millis(50))
-                .run_until(async {
-                    let _ = tokio::time::timeout(Duration::from_secs(30), done).await;
+                .run_until(async move {
+                    let _ = watch.wait_for(|done| *done).await;
                 })
                 .await
         }
     };
     let (a, b) = tokio::join!(pool("worker-a"), pool("worker-b"));
+    watcher.await.expect("the watcher");
     let record = store.session(&parent).await.expect("parent");
+    let probe = if record.status == SessionStatus::Completed {
+        String::new()
+    } else {
+        let claim = Claim::new(owner("probe"), Duration::from_secs(30), 5).with_app_version("v1");
+        let claimed = store.claim_expired(&claim).await;
+        let resumed = match &claimed {
+            Ok(Some(lease)) => {
+                store.release_lease(lease).await.expect("release");
+                format!(
+                    "{:?}",
+                    worker(&store, "probe-b")
+                        .resume::<Message>(&lease.session)
+                        .await
+                        .map(|_| ())
+                )
+            }
+            _ => String::new(),
+        };
+        format!("{record:?} claim: {claimed:?} resume: {resumed}")
+    };
     assert_eq!(
         record.status,
         SessionStatus::Completed,
-        "the coordinator did not finish in 30 s (pools: {a:?} {b:?})"
+        "the coordinator did not finish in 30 s (pools: {a:?} {b:?}) {probe}"
     );
     assert!(
         started.elapsed() < Duration::from_secs(30),
@@ -245,7 +301,11 @@ pub async fn children_fan_out_and_fan_in_across_workers(store: Arc<dyn Checkpoin
             .iter()
             .all(|c| c.session.status == SessionStatus::Completed)
     );
-    assert_eq!(sent.load(Ordering::SeqCst), 3, "each child's email sent once");
+    assert_eq!(
+        sent.load(Ordering::SeqCst),
+        3,
+        "each child's email sent once"
+    );
     let last = store.load_checkpoint(&parent, None).await.expect("last");
     assert_eq!(last.state, json!({ "role": "parent", "sum": 30 }));
 }
@@ -324,7 +384,11 @@ pub async fn children_failure_cancellation_and_replay_unsafe_reach_the_parent(
         ids.push(parent.spawn_child(child_options(n)).await.expect("spawn"));
     }
     // Child 0 fails.
-    let failing = kids.resume::<Message>(&ids[0]).await.expect("resume").session;
+    let failing = kids
+        .resume::<Message>(&ids[0])
+        .await
+        .expect("resume")
+        .session;
     failing.fail("boom").await.expect("fail");
     // Child 1 is cancelled by an operator while no worker holds it.
     let cancelled = kids
@@ -336,7 +400,11 @@ pub async fn children_failure_cancellation_and_replay_unsafe_reach_the_parent(
     // Child 2 sends an email and dies; the next worker's resume is refused.
     let email = spec("email", ReplayClass::UnsafeOnReplay);
     let effects = Arc::new(AtomicUsize::new(0));
-    let dying = kids.resume::<Message>(&ids[2]).await.expect("resume").session;
+    let dying = kids
+        .resume::<Message>(&ids[2])
+        .await
+        .expect("resume")
+        .session;
     call_and_die(&dying, &email, 1, None, &effects).await;
     drop(dying);
     release_dead_lease(&store, &ids[2]).await;
@@ -359,8 +427,7 @@ pub async fn children_failure_cancellation_and_replay_unsafe_reach_the_parent(
     );
     refused.release().await.expect("release");
 
-    let ChildWait::Ready { session, outcomes } =
-        parent.await_children(&ids).await.expect("await")
+    let ChildWait::Ready { session, outcomes } = parent.await_children(&ids).await.expect("await")
     else {
         panic!("every child has an outcome");
     };
@@ -407,7 +474,10 @@ pub async fn children_failure_cancellation_and_replay_unsafe_reach_the_parent(
         .expect("the resolution is the email's result");
     assert_eq!(replayed, json!({ "sent": "checked" }));
     settled.set_state(json!({ "late": true }));
-    settled.complete().await.expect("complete the settled child");
+    settled
+        .complete()
+        .await
+        .expect("complete the settled child");
     assert_eq!(effects.load(Ordering::SeqCst), 1, "the email was sent once");
     let rerun = worker(&store, "parent-b")
         .resume::<Message>(&id)
@@ -426,14 +496,15 @@ pub async fn children_failure_cancellation_and_replay_unsafe_reach_the_parent(
     else {
         panic!("recorded outcomes are ready");
     };
-    assert_eq!(replayed, outcomes, "a replayed parent reads the same outcomes");
+    assert_eq!(
+        replayed, outcomes,
+        "a replayed parent reads the same outcomes"
+    );
 }
 
 /// Only a parent's own children can be collected: another session's id is refused, and
 /// nothing is journaled.
-pub async fn children_only_a_parents_own_children_are_collected(
-    store: Arc<dyn CheckpointStore>,
-) {
+pub async fn children_only_a_parents_own_children_are_collected(store: Arc<dyn CheckpointStore>) {
     let durable = worker(&store, "parent");
     let parent = durable
         .start::<Message>(StartOptions::new())

@@ -9,8 +9,9 @@ use crate::error::{DurableError, StoreError};
 use crate::ids::{CallId, SessionId};
 use crate::session::Session;
 use crate::store::{
-    ApprovalDecision, CallRecord, CallStatus, CancelSession, CancelledSession, DEADLINE, DecideApproval, ForkPlan, ForkSession,
-    PendingApproval, Resolution, ResolveCall, RetargetSession, SessionRecord, SessionStatus,
+    ApprovalDecision, CallRecord, CallStatus, CancelSession, CancelledSession, DEADLINE,
+    DecideApproval, ForkPlan, ForkSession, PendingApproval, Resolution, ResolveCall,
+    RetargetSession, SessionRecord, SessionStatus,
 };
 
 /// The operator's handle on a store: what a person (or the tool they use: the `durable`
