@@ -6,13 +6,13 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
 use super::owner;
 use super::runtime::{call_and_die, release_dead_lease, spec};
+use super::stall::{ChildStall, Probe};
 use crate::error::DurableError;
 use crate::journal::CallError;
 use crate::replay::ReplayClass;
@@ -39,62 +39,40 @@ fn child_options(n: i64) -> StartOptions<Message> {
         .with_queue("kids")
 }
 
-/// Polls `fut` at most `polls` times, then drops it: the parent dies wherever its start
-/// was (`true` when it finished within them).
-async fn poll_then_drop<F: Future>(fut: F, polls: usize) -> bool {
-    let mut fut = std::pin::pin!(fut);
-    for _ in 0..polls {
-        let done = std::future::poll_fn(|cx| match fut.as_mut().poll(cx) {
-            Poll::Ready(_) => Poll::Ready(true),
-            Poll::Pending => Poll::Ready(false),
-        })
-        .await;
-        if done {
-            return true;
-        }
-        // Time for the store's own threads and connections to move on between polls.
-        tokio::time::sleep(Duration::from_micros(300)).await;
-    }
-    false
-}
-
-/// A parent killed at every point of a child's start (its future dropped after 0, 1, 2,
-/// … polls, its lease then given up as its expiry would) and re-run by another worker:
-/// exactly one child, the one the re-run's start returns.
+/// A parent killed at every point around a child's start and re-run by another worker:
+/// before the start's row, after it (the child not created), after the child was created
+/// (holding its first lease), after that lease was given up (the start's outcome not
+/// recorded), and after the outcome was recorded (its reply lost). Each time: exactly one
+/// child, the one the re-run's start returns, whose parent link names the parent.
 pub async fn children_a_rerun_parent_never_starts_a_second_child(store: Arc<dyn CheckpointStore>) {
-    let first = worker(&store, "parent-a");
+    let probe = Probe::new(Arc::clone(&store));
+    let probed: Arc<dyn CheckpointStore> = probe.clone();
+    let first = worker(&probed, "parent-a");
     let second = worker(&store, "parent-b");
-    // How many polls a start takes here, measured once; then every count up to it (a
-    // few dozen of them at most, evenly spread).
-    let measured = {
-        let parent = first
-            .start::<Message>(StartOptions::new().with_queue("parents"))
-            .await
-            .expect("start a parent");
-        let mut n = 1;
-        while !poll_then_drop(parent.spawn_child(child_options(1)), usize::MAX).await {}
-        // `poll_then_drop` with no bound ran it to the end; count again, the same way.
-        let mut fut = std::pin::pin!(parent.spawn_child(child_options(2)));
-        while std::future::poll_fn(|cx| match fut.as_mut().poll(cx) {
-            Poll::Ready(_) => Poll::Ready(false),
-            Poll::Pending => Poll::Ready(true),
-        })
-        .await
-        {
-            n += 1;
-            tokio::time::sleep(Duration::from_micros(300)).await;
-        }
-        n
-    };
-    let step = (measured / 40).max(1);
-    let mut polls = 0;
-    loop {
+    let points = [
+        None,
+        Some(ChildStall::BeforeCreate),
+        Some(ChildStall::AfterCreate),
+        Some(ChildStall::AfterRelease),
+        Some(ChildStall::AfterFinish),
+    ];
+    for point in points {
         let parent = first
             .start::<Message>(StartOptions::new().with_queue("parents"))
             .await
             .expect("start the parent");
         let id = parent.id().clone();
-        let finished = poll_then_drop(parent.spawn_child(child_options(1)), polls).await;
+        if let Some(point) = point {
+            probe.stall_child_start(point);
+            tokio::select! {
+                started = parent.spawn_child(child_options(1)) => {
+                    panic!("the start at {point:?} was to park, it returned {started:?}")
+                }
+                () = probe.stalled() => {}
+            }
+        }
+        // The worker dies there: its futures dropped, its lease given up (as its expiry
+        // would).
         drop(parent);
         release_dead_lease(&store, &id).await;
         let rerun = second.resume::<Message>(&id).await.expect("resume").session;
@@ -106,25 +84,19 @@ pub async fn children_a_rerun_parent_never_starts_a_second_child(store: Arc<dyn 
         assert_eq!(
             children.len(),
             1,
-            "a parent dropped after {polls} polls of a child's start has {} children",
+            "a parent killed at {point:?} has {} children",
             children.len()
         );
-        assert_eq!(
-            children[0].session.id, child,
-            "the re-run found the first child"
-        );
+        assert_eq!(children[0].session.id, child, "the re-run found the first child ({point:?})");
         assert_eq!(children[0].session.parent.as_ref(), Some(&id));
-        // A second start with other options in the same turn is another child.
+        // A second start with the same options in the same turn is a second child (its
+        // ordinal tells it apart), as two identical tool calls are two calls.
         let other = rerun
-            .spawn_child(child_options(2))
+            .spawn_child(child_options(1))
             .await
-            .expect("another child");
+            .expect("a second start");
         assert_ne!(other, child);
         assert_eq!(store.children(&id).await.expect("children").len(), 2);
-        if finished || polls > measured * 4 {
-            break;
-        }
-        polls += step;
     }
 }
 
