@@ -704,9 +704,10 @@ mod tests {
         assert_eq!(migrations().table_name, MIGRATIONS_TABLE);
         assert_eq!(
             schema_version(),
-            9,
+            10,
             "0001_init, 0002_seals, 0003_speed, 0004_issued_rows, 0005_replies_once, \
-             0006_approvals, 0007_workers, 0008_lease_ran and 0009_operator_needed"
+             0006_approvals, 0007_workers, 0008_lease_ran, 0009_operator_needed and \
+             0010_children"
         );
     }
 }

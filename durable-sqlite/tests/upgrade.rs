@@ -135,7 +135,14 @@ async fn as_schema_3(path: &Path) {
             .expect("old head");
     }
     sqlx::query(
-        "ALTER TABLE durable_tool_calls DROP COLUMN operator_needed_at; \
+        "DROP INDEX durable_sessions_parent; \
+         ALTER TABLE durable_sessions DROP COLUMN parent_id; \
+         ALTER TABLE durable_sessions DROP COLUMN waiting_for; \
+         ALTER TABLE durable_sessions DROP COLUMN waiting_until; \
+         ALTER TABLE durable_sessions DROP COLUMN cancel_by; \
+         ALTER TABLE durable_sessions DROP COLUMN cancel_reason; \
+         ALTER TABLE durable_sessions DROP COLUMN cancel_requested_at; \
+         ALTER TABLE durable_tool_calls DROP COLUMN operator_needed_at; \
          ALTER TABLE durable_sessions DROP COLUMN lease_ran; \
          DROP INDEX durable_sessions_claim; \
          DROP INDEX durable_sessions_sleeping; \

@@ -87,7 +87,10 @@ pub async fn children_a_rerun_parent_never_starts_a_second_child(store: Arc<dyn 
             "a parent killed at {point:?} has {} children",
             children.len()
         );
-        assert_eq!(children[0].session.id, child, "the re-run found the first child ({point:?})");
+        assert_eq!(
+            children[0].session.id, child,
+            "the re-run found the first child ({point:?})"
+        );
         assert_eq!(children[0].session.parent.as_ref(), Some(&id));
         // A second start with the same options in the same turn is a second child (its
         // ordinal tells it apart), as two identical tool calls are two calls.
@@ -204,8 +207,7 @@ pub async fn children_fan_out_and_fan_in_across_workers(store: Arc<dyn Checkpoin
         tokio::spawn(async move {
             let deadline = Instant::now() + Duration::from_secs(30);
             while Instant::now() < deadline
-                && store.session(&parent).await.expect("parent").status
-                    != SessionStatus::Completed
+                && store.session(&parent).await.expect("parent").status != SessionStatus::Completed
             {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }

@@ -90,6 +90,10 @@ impl ChildOutcome {
 /// What [`Session::await_children`] came back with.
 #[derive(Debug)]
 #[must_use = "a released session must not be used again: return from the handler"]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "returned once per wait and destructured at once; a box would only add an allocation"
+)]
 pub enum ChildWait<M> {
     /// Every child has an outcome, in the order asked; the session is still leased.
     Ready {

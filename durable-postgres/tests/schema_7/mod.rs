@@ -57,13 +57,27 @@ const UNDO_12: [&str; 2] = [
     "DELETE FROM durable_schema_migrations WHERE version >= 12",
 ];
 
-/// Undoes schemas 12, 11, 10, 9 and 8 (see [`UNDO_12`], [`UNDO_11`], [`UNDO_10`],
+/// The statements that undo schema 13 (child sessions, waits, cancellation requests):
+/// bookkeeping columns, dropped with whatever they hold.
+const UNDO_13: [&str; 8] = [
+    "DROP INDEX durable_sessions_parent",
+    "ALTER TABLE durable_sessions DROP COLUMN parent_id",
+    "ALTER TABLE durable_sessions DROP COLUMN waiting_for",
+    "ALTER TABLE durable_sessions DROP COLUMN waiting_until",
+    "ALTER TABLE durable_sessions DROP COLUMN cancel_by",
+    "ALTER TABLE durable_sessions DROP COLUMN cancel_reason",
+    "ALTER TABLE durable_sessions DROP COLUMN cancel_requested_at",
+    "DELETE FROM durable_schema_migrations WHERE version >= 13",
+];
+
+/// Undoes schemas 13, 12, 11, 10, 9 and 8 (see [`UNDO_13`], [`UNDO_12`], [`UNDO_11`], [`UNDO_10`],
 /// [`UNDO_9`], [`UNDO_8`]);
 /// panics if the database holds approvals, or if anything of schema 8 is left.
 pub async fn back_to_schema_7(pool: &PgPool) {
     let mut tx = pool.begin().await.expect("a transaction");
-    for sql in UNDO_12
+    for sql in UNDO_13
         .into_iter()
+        .chain(UNDO_12)
         .chain(UNDO_11)
         .chain(UNDO_10)
         .chain(UNDO_9)
