@@ -107,6 +107,8 @@ pub use durable_core::{
     Durable, DurableBuilder, ForkOptions, InDoubtAction, InDoubtCall, Journal, Operator,
     ResumeReport, Resumed, Session, StartOptions,
 };
+// Child sessions.
+pub use durable_core::{ChildOutcome, ChildWait};
 // Worker pools.
 pub use durable_core::{PoolReport, ShutdownSignal, ShutdownTrigger, Worker};
 // Tools and dispatch.
@@ -336,12 +338,16 @@ pub mod store {
         Resolution, ResolutionRecord, ResolveCall, RetargetSession, SessionCursor, SessionFilter,
         SessionRecord, SessionStatus, StoredMessage, Transition,
     };
+    // Child sessions and cancellation.
+    pub use durable_core::store::{
+        CHILD_SLOT, COLLECT_SLOT, CancelEffect, CancelRequest, CancelSession, CancelledSession,
+        ChildRecord, WAITING_FOR_CHILDREN, Wait, WaitFor, cancel_reason, child_id, wakes_parent,
+    };
     // The concept traits `CheckpointStore` is the sum of: import the ones whose methods
     // you call on a concrete store (`SqliteStore`, `PostgresStore`).
     pub use durable_core::store::{
         ApprovalStore, BudgetStore, CheckpointLog, JournalStore, LeaseStore, LimiterStore,
-        MaintenanceStore,
-        QueueStore, ResolutionStore, SessionStore, StoreBase,
+        MaintenanceStore, QueueStore, ResolutionStore, SessionStore, StoreBase,
     };
     pub use durable_core::validate::{
         validate_id, validate_new_session, validate_owner, validate_text,

@@ -51,13 +51,20 @@ fn build(root: &Path, crate_dir: &Path) -> PathBuf {
     // The worker loop of "Resume, after a restart", as the crate's library.
     std::fs::write(
         crate_dir.join("src/lib.rs"),
-        example(&readme, "<!-- resume-example -->"),
+        example(&readme, "<!-- resume-example -->") + "\npub mod children;\n",
     )
     .expect("lib.rs");
+    // The coordinator of "Child sessions and cancellation", as a module of it.
+    std::fs::write(
+        crate_dir.join("src/children.rs"),
+        example(&readme, "<!-- children-example -->"),
+    )
+    .expect("children.rs");
     let manifest = format!(
         "[package]\nname = \"first-agent\"\nversion = \"0.0.0\"\nedition = \"2024\"\npublish = false\n\n\
          [dependencies]\ndurable = {{ path = {root:?} }}\n\
-         tokio = {{ version = \"1\", features = {tokio_features} }}\n\n\
+         tokio = {{ version = \"1\", features = {tokio_features} }}\n\
+         serde_json = \"1\"\n\n\
          [workspace]\n",
         root = root.display().to_string(),
         tokio_features = tokio_features(&readme),

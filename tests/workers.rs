@@ -20,6 +20,7 @@
 //! | `fleet_limit` | 4 pool processes run 16 sessions of a queue limited to 3 and 8 of the default queue, one pool restarted with SIGTERM: the store, sampled every few ms, never has more than 3 of the limited queue leased, and has 3 at some point; the default queue runs past 3; effects once each |
 //! | `sleepers` | 12 sessions sleep 1.5 s after step 0; while they sleep one pool is SIGKILLed and the other stopped; two new pools wake each session exactly once, never before its wake-up time (store clock); effects once each |
 //! | `rate_limit` | 4 processes on SQLite, 8 on PostgreSQL, 4 sessions each, under one limit of 20 calls/s (burst 5) for 10 s (`DURABLE_LIMITS_LONG=1`: 60 s): the observed rate within 5% of the limit, no window above the capacity plus the rate, every waiter served; a 429 reported halfway holds every process for its `retry-after` |
+//! | `fanout` | a coordinator starts 20 child sessions and awaits them all, on 4 pool processes SIGKILLed at random (12 kills) and restarted: exactly 20 children, each completed, each child's email once (ledger), the coordinator's sum of their results |
 //! | `synchronous_commit_off` | an unsafe tool refuses to run (`NotDurable` naming the setting) |
 //!
 //! The PostgreSQL cases need the `_postgres-testing` feature (`--all-features`, as
@@ -33,6 +34,8 @@ mod backend;
 #[cfg(feature = "_postgres-testing")]
 #[path = "workers/durability.rs"]
 mod durability;
+#[path = "workers/fanout.rs"]
+mod fanout;
 #[path = "workers/fleet.rs"]
 mod fleet;
 #[path = "workers/graceful.rs"]
@@ -119,6 +122,9 @@ fn cases() -> Vec<(&'static str, Case)> {
         ("sqlite_rate_limit", || {
             Box::pin(limited::rate_limit(Backend::sqlite(), 4))
         }),
+        ("sqlite_fanout", || {
+            Box::pin(fanout::fanout(Backend::sqlite()))
+        }),
     ];
     #[cfg(feature = "_postgres-testing")]
     cases.extend([
@@ -171,6 +177,9 @@ fn cases() -> Vec<(&'static str, Case)> {
         }),
         ("postgres_rate_limit", || {
             Box::pin(async { limited::rate_limit(Backend::postgres().await, 8).await })
+        }),
+        ("postgres_fanout", || {
+            Box::pin(async { fanout::fanout(Backend::postgres().await).await })
         }),
         ("postgres_fleet", || {
             Box::pin(async { fleet::fleet(Backend::postgres().await, 0).await })

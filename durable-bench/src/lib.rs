@@ -17,6 +17,7 @@
 //! - [`wakeup`]: how soon an idle worker pool starts a submitted session (the `wakeup`
 //!   benches), notified against polling only.
 
+pub mod child_wakeup;
 pub mod harness;
 pub mod limits;
 pub mod machine;

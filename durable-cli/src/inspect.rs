@@ -348,9 +348,33 @@ pub async fn show(store: &dyn CheckpointStore, json: bool, args: ShowArgs) -> Re
     // Spend against each ceiling: the latest checkpoint's budget with the turn under way
     // and the operator's raises.
     let standing = durable::budget::session_budget(store, &id).await?;
+    // The family: its parent and children with their status (a store without child
+    // sessions has none).
+    let children = match store.children(&id).await {
+        Ok(children) => children,
+        Err(StoreError::Unsupported { .. }) => Vec::new(),
+        Err(e) => return Err(e.into()),
+    };
+    let parent = match &session.parent {
+        Some(parent) => Some(store.session(parent).await?),
+        None => None,
+    };
+    let children_json: Vec<Value> = children
+        .iter()
+        .map(|c| {
+            json!({
+                "session": c.session.id,
+                "status": c.session.status,
+                "status_reason": c.session.status_reason,
+                "operator_needed": c.operator_needed,
+            })
+        })
+        .collect();
     if json {
         return render::print_json(&json!({
             "session": session,
+            "parent": parent.as_ref().map(|p| json!({ "session": p.id, "status": p.status })),
+            "children": children_json,
             "asleep": asleep,
             "version": checkpoint.meta.version,
             "checkpoints": lines,
@@ -411,10 +435,53 @@ pub async fn show(store: &dyn CheckpointStore, json: bool, args: ShowArgs) -> Re
     if session.recovery_attempts > 0 {
         outln!("recoveries   {}", session.recovery_attempts);
     }
+    if let Some(parent) = &parent {
+        outln!(
+            "parent       {} ({})",
+            clip(parent.id.as_str(), ID),
+            parent.status.as_str()
+        );
+    }
+    if let Some(until) = session.waiting_until.filter(|&at| at > now) {
+        outln!(
+            "waiting      for its children; a worker looks again {} at the latest",
+            age(until, now)
+        );
+    }
+    if let Some(request) = session
+        .cancel_requested
+        .as_ref()
+        .filter(|_| !session.status.is_terminal())
+    {
+        outln!(
+            "cancelling   asked by {} {}: {}; it stops at its next safe point",
+            clip(&request.by, NAME),
+            age(request.at, now),
+            clip(&request.reason, TEXT)
+        );
+    }
     if !session.metadata.is_null() {
         outln!("metadata     {}", render::compact(&session.metadata, 200));
     }
 
+    if !children.is_empty() {
+        outln!();
+        outln!(
+            "Children ({}; `durable cancel {}` cancels them with it)",
+            children.len(),
+            clip(id.as_str(), ID)
+        );
+        for child in &children {
+            let mut status = child.session.status.as_str().to_owned();
+            if child.operator_needed {
+                status.push_str(", waits for an operator");
+            }
+            if let Some(reason) = &child.session.status_reason {
+                status.push_str(&format!(" ({})", clip(reason, TEXT)));
+            }
+            outln!("  {}  {status}", clip(child.session.id.as_str(), ID));
+        }
+    }
     outln!();
     if shown < metas.len() {
         outln!(

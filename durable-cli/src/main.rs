@@ -49,7 +49,8 @@ Exit codes:
   3  not found (session, call or checkpoint version)
   4  refused (call not in doubt or not awaiting approval, id already taken, app version
      changed meanwhile, approval request past its deadline, waking a session not active,
-     a change asked of a read-only store, a call that needs an operator first)
+     a change asked of a read-only store, a call that needs an operator first, a
+     cancelled session)
   5  invalid input (malformed JSON result, edited arguments the tool does not accept, an
      empty denial reason, unreadable file)
   6  database unavailable (no such file, not a durable store, cannot connect, unknown
@@ -138,6 +139,10 @@ enum Command {
     /// parked at its ceiling goes on).
     #[command(after_help = budget::BUDGET_HELP)]
     Budget(budget::BudgetArgs),
+    /// Cancel a session and its children (audited with who and why): at once when no
+    /// worker holds it, at its next safe point when one does.
+    #[command(after_help = CANCEL_HELP)]
+    Cancel(CancelArgs),
     /// Show the worker pools: queues with their limits and depths, who holds which lease
     /// and when it last renewed, and the sleeping sessions with their due time.
     #[command(after_help = workers::WORKERS_HELP)]
@@ -202,6 +207,7 @@ impl Command {
             | Command::Approve(_)
             | Command::Deny(_)
             | Command::Unpark(_)
+            | Command::Cancel(_)
             | Command::Wake(_)
             | Command::QueueLimit(_)
             | Command::Fork(_)
@@ -596,6 +602,29 @@ struct UnparkArgs {
     session: String,
 }
 
+const CANCEL_HELP: &str = "\
+A session no worker holds (released, asleep, waiting for its children, parked, awaiting
+approval) is cancelled at once. A running one is asked to stop: its worker learns of it at
+its next lease renewal and stops at its next call (an effect in flight finishes and is
+recorded; nothing new starts), or the next worker to take it ends it. Its children, and
+theirs, are cancelled the same way unless --only. Calls in doubt stay for an operator.
+A waiting parent is woken and reads the cancellation as its child's outcome.";
+
+#[derive(Debug, Args)]
+struct CancelArgs {
+    /// The session.
+    session: String,
+    /// Why (recorded, shown as the session's status reason).
+    #[arg(long, value_name = "TEXT")]
+    reason: String,
+    /// Who cancels (default: $USER).
+    #[arg(long, value_name = "NAME")]
+    by: Option<String>,
+    /// Leave its children running.
+    #[arg(long)]
+    only: bool,
+}
+
 #[derive(Debug, Args)]
 struct ForkArgs {
     /// The session to fork.
@@ -827,6 +856,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Deny(a) => approvals::deny(shared, json, a).await,
         Command::Unpark(a) => operate::unpark(store, json, a).await,
         Command::Budget(a) => budget::budget(shared, json, a).await,
+        Command::Cancel(a) => operate::cancel(store, json, a).await,
         Command::Workers(a) => workers::workers(store, json, a).await,
         Command::Limits(a) => limits::limits(store, json, a).await,
         Command::Wake(a) => workers::wake(store, json, a).await,

@@ -18,7 +18,9 @@ use serde_json::{Value, json};
 use crate::display::{ID, NAME, clip};
 use crate::error::{CliError, Code};
 use crate::render::{self, age, table};
-use crate::{ExportArgs, ForkArgs, PruneArgs, ResolveArgs, RetargetArgs, UnparkArgs, operator};
+use crate::{
+    CancelArgs, ExportArgs, ForkArgs, PruneArgs, ResolveArgs, RetargetArgs, UnparkArgs, operator,
+};
 
 /// The lease owner recorded for the few writes this tool makes under a lease (fork).
 pub(crate) const CLI_OWNER: &str = "durable-cli";
@@ -158,6 +160,35 @@ pub async fn unpark(
         "unparked session `{}`: it is active again, and the next worker to recover it continues from its latest checkpoint",
         clip(id.as_str(), ID)
     );
+    Ok(())
+}
+
+pub async fn cancel(
+    store: &dyn CheckpointStore,
+    json: bool,
+    args: CancelArgs,
+) -> Result<(), CliError> {
+    let by = operator(args.by)?;
+    let mut cancel =
+        durable::store::CancelSession::new(SessionId::new(args.session), by, args.reason);
+    if args.only {
+        cancel = cancel.without_children();
+    }
+    let done = store.cancel_session(&cancel).await?;
+    if json {
+        return render::print_json(&done);
+    }
+    for reached in &done {
+        let what = match reached.effect {
+            durable::store::CancelEffect::Cancelled => "cancelled",
+            durable::store::CancelEffect::Requested => {
+                "asked to stop: a worker holds it, it ends at its next safe point"
+            }
+            durable::store::CancelEffect::AlreadyEnded => "had already ended: left as it was",
+            _ => "reached",
+        };
+        outln!("session `{}`: {what}", clip(reached.session.as_str(), ID));
+    }
     Ok(())
 }
 

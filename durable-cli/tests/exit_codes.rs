@@ -22,7 +22,7 @@ use durable::sqlite::SqliteStore;
 /// Every kind of error. `ErrorKind` is `#[non_exhaustive]`, so this list cannot be
 /// checked for completeness by the compiler: a new kind maps to `1` in `code_of` until
 /// it is given a code, and needs a row here and in the README.
-const KINDS: [ErrorKind; 13] = [
+const KINDS: [ErrorKind; 14] = [
     ErrorKind::NotFound,
     ErrorKind::Conflict,
     ErrorKind::InvalidInput,
@@ -36,6 +36,7 @@ const KINDS: [ErrorKind; 13] = [
     ErrorKind::Transient,
     ErrorKind::Overloaded,
     ErrorKind::Unsupported,
+    ErrorKind::Cancelled,
 ];
 
 /// The README's table of exit codes ("Operating it"): the codes it lists, and the code

@@ -59,7 +59,10 @@ async fn rows(store: &Arc<dyn CheckpointStore>, session: &durable_core::SessionI
     store.calls(session, None).await.expect("calls").len()
 }
 
-async fn checkpointed(store: &Arc<dyn CheckpointStore>, session: &durable_core::SessionId) -> Budget {
+async fn checkpointed(
+    store: &Arc<dyn CheckpointStore>,
+    session: &durable_core::SessionId,
+) -> Budget {
     let checkpoint = store.load_checkpoint(session, None).await.expect("load");
     serde_json::from_value(checkpoint.budget).expect("budget decodes")
 }

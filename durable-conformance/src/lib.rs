@@ -79,8 +79,10 @@ mod approval;
 mod approval_runtime;
 mod blocked;
 mod budget;
+mod cancel;
 mod checkpoint_after;
 mod checkpoints;
+mod children;
 mod fork;
 mod ids;
 mod journal;
@@ -108,8 +110,10 @@ pub use approval::*;
 pub use approval_runtime::*;
 pub use blocked::*;
 pub use budget::*;
+pub use cancel::*;
 pub use checkpoint_after::*;
 pub use checkpoints::*;
+pub use children::*;
 pub use fork::*;
 pub use ids::*;
 pub use journal::*;
@@ -258,6 +262,16 @@ macro_rules! __durable_conformance_cases {
             limiter_model_calls_wait_their_turn_and_replays_do_not,
             limiter_toolbox_calls_wait_their_turn,
             limiter_a_far_turn_is_refused_and_keeps_its_place,
+            // child sessions
+            children_a_rerun_parent_never_starts_a_second_child,
+            children_await_releases_the_parent_and_a_child_end_wakes_it,
+            children_fan_out_and_fan_in_across_workers,
+            children_failure_cancellation_and_replay_unsafe_reach_the_parent,
+            children_only_a_parents_own_children_are_collected,
+            // cancellation
+            cancel_stops_a_running_session_at_its_next_call,
+            cancel_cascades_to_children_at_once,
+            cancel_of_a_dead_workers_session_ends_on_the_next_take,
             // streamed model replies
             stream_reply_is_journaled_once_and_replayed_as_a_stream,
             stream_reply_failed_or_dropped_journals_nothing,

@@ -12,13 +12,13 @@ use futures_util::future::BoxFuture;
 use serde_json::{Value, json};
 
 use super::runtime::{body, spec, start, take_over};
+use durable_core::ToolSpec;
 use durable_core::error::DurableError;
 use durable_core::journal::{CallError, Journal};
 use durable_core::limiter::{Quota, RateLimit};
 use durable_core::replay::ReplayClass;
 use durable_core::runtime::Durable;
 use durable_core::store::CheckpointStore;
-use durable_core::ToolSpec;
 use durable_core::toolbox::{ModelToolCall, Tool, ToolOutput, Toolbox};
 
 /// A fresh limit name.

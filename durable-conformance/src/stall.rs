@@ -41,6 +41,21 @@ pub(super) struct Probe {
     saves: AtomicUsize,
     finishes_with_checkpoint: AtomicUsize,
     before_issue_approved: std::sync::Mutex<Option<Hook>>,
+    /// Where the next child's start parks (see [`Probe::stall_child_start`]).
+    child_stall: std::sync::Mutex<Option<ChildStall>>,
+}
+
+/// A point of a child's start where [`Probe::stall_child_start`] parks it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ChildStall {
+    /// `create_child` parks before writing anything (the start's row is issued).
+    BeforeCreate,
+    /// `create_child` creates the child, then parks (the child holds its first lease).
+    AfterCreate,
+    /// The child's first lease is given up, then `release_lease` parks.
+    AfterRelease,
+    /// The start's outcome is recorded, then `finish_call` parks (the reply is lost).
+    AfterFinish,
 }
 
 /// Something a case runs on the real store at a chosen point (see
@@ -59,7 +74,37 @@ impl Probe {
             saves: AtomicUsize::new(0),
             finishes_with_checkpoint: AtomicUsize::new(0),
             before_issue_approved: std::sync::Mutex::new(None),
+            child_stall: std::sync::Mutex::new(None),
         })
+    }
+
+    /// The next child's start parks at `point` (after waking whoever waits on
+    /// [`stalled`](Self::stalled)), so that a case drops the parent there.
+    pub(super) fn stall_child_start(&self, point: ChildStall) {
+        *self
+            .child_stall
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(point);
+    }
+
+    /// Parks (after waking [`stalled`](Self::stalled)) when armed at `point`.
+    async fn stall_child_at(&self, point: ChildStall) {
+        let armed = {
+            let mut slot = self
+                .child_stall
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if *slot == Some(point) {
+                *slot = None;
+                true
+            } else {
+                false
+            }
+        };
+        if armed {
+            self.stalled.notify_one();
+            std::future::pending::<()>().await;
+        }
     }
 
     /// The next checkpoint write commits, then parks instead of returning.
@@ -153,6 +198,31 @@ impl SessionStore for Probe {
     ) -> Result<(), StoreError> {
         self.inner.set_status(fence, status, reason).await
     }
+
+    async fn create_child(
+        &self,
+        parent: &SessionId,
+        new: NewSession,
+    ) -> Result<(SessionRecord, Lease), StoreError> {
+        self.stall_child_at(ChildStall::BeforeCreate).await;
+        let created = self.inner.create_child(parent, new).await;
+        self.stall_child_at(ChildStall::AfterCreate).await;
+        created
+    }
+
+    async fn children(
+        &self,
+        parent: &SessionId,
+    ) -> Result<Vec<durable_core::store::ChildRecord>, StoreError> {
+        self.inner.children(parent).await
+    }
+
+    async fn cancel_session(
+        &self,
+        cancel: &durable_core::store::CancelSession,
+    ) -> Result<Vec<durable_core::store::CancelledSession>, StoreError> {
+        self.inner.cancel_session(cancel).await
+    }
 }
 
 #[async_trait]
@@ -172,7 +242,9 @@ impl LeaseStore for Probe {
     }
 
     async fn release_lease(&self, lease: &Lease) -> Result<(), StoreError> {
-        self.inner.release_lease(lease).await
+        let released = self.inner.release_lease(lease).await;
+        self.stall_child_at(ChildStall::AfterRelease).await;
+        released
     }
 
     async fn mark_running(&self, fence: Fence<'_>) -> Result<(), StoreError> {
@@ -197,6 +269,14 @@ impl LeaseStore for Probe {
 
     async fn list_expired(&self, limit: i64) -> Result<Vec<SessionRecord>, StoreError> {
         self.inner.list_expired(limit).await
+    }
+
+    async fn wait(
+        &self,
+        fence: Fence<'_>,
+        wait: &durable_core::store::Wait,
+    ) -> Result<bool, StoreError> {
+        self.inner.wait(fence, wait).await
     }
 }
 
@@ -350,6 +430,7 @@ impl JournalStore for Probe {
         if with_checkpoint {
             self.stall_if_armed().await;
         }
+        self.stall_child_at(ChildStall::AfterFinish).await;
         finished
     }
 

@@ -40,7 +40,8 @@ fn status_of(kind: ErrorKind) -> StatusCode {
         ErrorKind::Conflict
         | ErrorKind::OperatorNeeded
         | ErrorKind::AwaitingApproval
-        | ErrorKind::LimitExceeded => StatusCode::CONFLICT,
+        | ErrorKind::LimitExceeded
+        | ErrorKind::Cancelled => StatusCode::CONFLICT,
         ErrorKind::InvalidInput => StatusCode::UNPROCESSABLE_ENTITY,
         ErrorKind::PermissionDenied => StatusCode::FORBIDDEN,
         ErrorKind::Unavailable | ErrorKind::Transient | ErrorKind::Overloaded => {

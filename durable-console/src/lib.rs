@@ -41,6 +41,7 @@ mod auth;
 mod budget;
 mod edit;
 mod error;
+mod family;
 mod format;
 mod inbox;
 mod layout;
@@ -168,6 +169,7 @@ pub fn router(store: Arc<dyn CheckpointStore>, options: ConsoleOptions) -> Route
         .route("/sessions/{id}", get(timeline::page))
         .route("/sessions/{id}/fork", post(timeline::fork))
         .route("/sessions/{id}/budget", post(budget::raise))
+        .route("/sessions/{id}/cancel", post(family::cancel))
         .route("/in-doubt", get(inbox::page))
         .route("/in-doubt/{call}/confirm", post(inbox::confirm))
         .route("/in-doubt/{call}/resolve", post(inbox::resolve))

@@ -109,6 +109,7 @@ pub(crate) async fn page(
     let resolutions = store.resolutions(&id).await?;
     let approval_log = store.approvals(&id).await?;
     let awaiting = store.pending_approvals(Some(&id)).await?.len();
+    let family = crate::family::read(store, &session).await?;
 
     // Checkpoint v(n) opens step n: each checkpoint, then the rows of its step, then the
     // resolutions where they happened in time.
@@ -229,6 +230,7 @@ pub(crate) async fn page(
             }
         }
         (crate::budget::card(&state, &viewer, &id, &spend))
+        (crate::family::card(&state, &viewer, &session, &family, now))
         div.split {
             div {
                 h2 { "Timeline" }

@@ -707,6 +707,82 @@ async fn an_operator_resolves_a_call_in_the_browser() {
         "no ceiling reached after the raise"
     );
 
+    // A coordinator and its two children: the session page shows the family, and the
+    // cancel form cancels all three (none is held by a worker), audited.
+    let family = durable::Durable::builder(std::sync::Arc::clone(&s.store))
+        .owner("family-test")
+        .build();
+    let coordinator = family
+        .start::<durable::Message>(
+            durable::StartOptions::new().with_id(SessionId::new("coordinator-7")),
+        )
+        .await
+        .expect("start the coordinator");
+    let mut kids = Vec::new();
+    for n in 0..2 {
+        kids.push(
+            coordinator
+                .spawn_child(
+                    durable::StartOptions::<durable::Message>::new().with_state(json!({ "n": n })),
+                )
+                .await
+                .expect("start a child"),
+        );
+    }
+    coordinator
+        .release()
+        .await
+        .expect("release the coordinator");
+    client
+        .goto(&format!("{base}/sessions/coordinator-7"))
+        .await
+        .expect("goto");
+    let shown = text(&client, "#family").await;
+    for kid in &kids {
+        assert!(shown.contains(kid.as_str()), "missing child {kid}: {shown}");
+    }
+    assert!(shown.contains("active"), "{shown}");
+    client
+        .find(Locator::Css("#cancel input[name='reason']"))
+        .await
+        .expect("reason field")
+        .send_keys("wrong ticket")
+        .await
+        .expect("type");
+    client
+        .find(Locator::Css("#cancel button"))
+        .await
+        .expect("cancel")
+        .click()
+        .await
+        .expect("click");
+    let cancelled = text(&client, "#cancelled").await;
+    assert!(
+        cancelled.contains("coordinator-7") && cancelled.matches("cancelled").count() >= 3,
+        "{cancelled}"
+    );
+    for id in std::iter::once(SessionId::new("coordinator-7")).chain(kids.iter().cloned()) {
+        let record = s.store.session(&id).await.expect("session");
+        assert_eq!(record.status, SessionStatus::Cancelled, "{id}");
+        assert!(
+            record
+                .status_reason
+                .unwrap_or_default()
+                .contains(&format!("cancelled by {OPERATOR}: wrong ticket")),
+            "{id}"
+        );
+    }
+    // The child's page names its parent.
+    client
+        .goto(&format!("{base}/sessions/{}", kids[0]))
+        .await
+        .expect("goto");
+    let parent = text(&client, "#family .parent").await;
+    assert!(
+        parent.contains("coordinator-7") && parent.contains("cancelled"),
+        "{parent}"
+    );
+
     // Logging out: the pages lead to the login form again.
     client
         .find(Locator::Css("header.top form button"))

@@ -54,6 +54,10 @@ pub struct Config {
     pub budget: crate::snapshot::Budget,
     /// What model usage costs, per model.
     pub prices: crate::snapshot::PriceTable,
+    /// How long a session waiting for its children stays released at most before a
+    /// worker takes it to look again (the safety net under the wake-up a child's end
+    /// gives it).
+    pub child_recheck: Duration,
 }
 
 impl std::fmt::Debug for Config {

@@ -519,6 +519,42 @@ pub enum DurableError {
         /// Why the runtime refused.
         reason: String,
     },
+    /// The session was cancelled ([`Operator::cancel`](crate::Operator::cancel), `durable
+    /// cancel`, or a cancelled parent): nothing new runs in it. An effect that was in
+    /// flight when the cancellation came finished and was recorded; calls in doubt stay
+    /// for an operator. The session's status is `cancelled`: return from the handler.
+    #[error(
+        "session `{session}` was cancelled by {by}: {reason}; nothing new runs in it (recorded effects stay recorded, calls in doubt stay for an operator)"
+    )]
+    Cancelled {
+        /// The session.
+        session: SessionId,
+        /// Who cancelled it.
+        by: String,
+        /// Why.
+        reason: String,
+    },
+    /// A child session could not be started: its id (derived from the start's call
+    /// identity) is held by a session that is not this parent's child. Recorded as the
+    /// start's failure; nothing was created.
+    #[error("no child session was started by `{parent}`: {reason}")]
+    ChildNotStarted {
+        /// The parent session.
+        parent: SessionId,
+        /// Why.
+        reason: String,
+    },
+    /// The session named is not a child of this one (or does not exist): only a
+    /// parent's own children can be collected or awaited.
+    #[error(
+        "session `{child}` is not a child of `{parent}`: collect or await only the ids `spawn_child` returned"
+    )]
+    NotAChild {
+        /// The parent session.
+        parent: SessionId,
+        /// The session named.
+        child: SessionId,
+    },
     /// The call awaits a person's decision (its journal row is `requested`): nothing ran.
     /// Park the session with [`Session::await_approval`](crate::Session::await_approval);
     /// a person decides with `durable approve` / `durable deny`, the console, or

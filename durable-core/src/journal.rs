@@ -36,6 +36,7 @@ use crate::tool_spec::ToolSpec;
 mod barrier;
 mod budget;
 mod call;
+mod cancel;
 mod checkpoint_scope;
 mod limit;
 mod model;
@@ -170,6 +171,9 @@ pub(crate) struct JournalState {
     commit: CommitSlot,
     /// The last scope number handed out.
     scopes: u64,
+    /// A cancellation asked of the session, once this worker learned of it (on resume,
+    /// or at a lease renewal): no new call starts (see `cancel`).
+    pub(crate) cancelled: Option<crate::store::CancelRequest>,
 }
 
 impl AsMut<Numbers> for JournalState {
@@ -263,6 +267,7 @@ impl Journal {
                     charged: HashSet::new(),
                     commit: CommitSlot::Idle,
                     scopes: 0,
+                    cancelled: None,
                 })),
                 cache: tokio::sync::Mutex::new(StepCache {
                     step,

@@ -121,7 +121,9 @@ pub use runtime::{
 #[cfg(feature = "runtime")]
 pub use schema::{McpAnnotations, SchemaError, SchemaErrorKind};
 #[cfg(feature = "runtime")]
-pub use session::{InDoubtAction, InDoubtCall, ResumeReport, Resumed, Session};
+pub use session::{
+    ChildOutcome, ChildWait, InDoubtAction, InDoubtCall, ResumeReport, Resumed, Session,
+};
 #[cfg(feature = "runtime")]
 pub use snapshot::{
     Budget, BudgetExceeded, Limit, Plan, PlanError, Postcondition, PriceTable, Spend, Step,

@@ -281,7 +281,11 @@ impl<'t> ReplayCheck<'t> {
             fail(report, FailureKind::State { type_name, detail });
         }
         for call in &fixture.calls {
+            // The runtime's own calls (a child's start and outcome) belong to no toolbox.
+            let runtime_call =
+                call.tool == crate::store::CHILD_SLOT || call.tool == crate::store::COLLECT_SLOT;
             if call.kind != CallKind::Tool
+                || runtime_call
                 || !seen.insert((fixture.session.clone(), call.id.clone()))
             {
                 continue;

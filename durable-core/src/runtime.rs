@@ -18,7 +18,7 @@ use crate::session::{ResumeReport, Resumed, Session};
 use crate::snapshot::{Budget, Plan};
 use crate::store::{
     CallRecord, CheckpointStore, Claim, ForkPlan, NewCheckpoint, NewSession, PendingApproval,
-    Resolution, SessionRecord,
+    Resolution, SessionRecord, SessionStatus,
 };
 use crate::telemetry;
 
@@ -120,6 +120,16 @@ impl DurableBuilder {
     /// verified, refused): for narration, metrics or tests.
     pub fn on_call(mut self, observer: impl Fn(&CallEvent) + Send + Sync + 'static) -> Self {
         self.config.observer = Some(Arc::new(observer));
+        self
+    }
+
+    /// How long a session waiting for its children
+    /// ([`Session::await_children`](crate::Session::await_children)) stays released at
+    /// most before a worker takes it to look again (default 60 s). A child's end wakes
+    /// its parent at once; this is the safety net under that wake-up (a notification
+    /// lost with a crashed process, say), as polling is under a pool's notifications.
+    pub fn child_recheck(mut self, every: Duration) -> Self {
+        self.config.child_recheck = every;
         self
     }
 
@@ -488,6 +498,7 @@ impl Durable {
                 priority_aging: Duration::from_secs(60),
                 budget: Budget::default(),
                 prices: crate::snapshot::PriceTable::default(),
+                child_recheck: Duration::from_secs(60),
             },
         }
     }
@@ -690,18 +701,25 @@ impl Durable {
         )
         .with_app_version(self.config.app_version.clone())
         .with_queues(queues.iter().cloned());
-        let requested = tokio::time::Instant::now();
-        let claimed = self.store.claim_expired(&claim).await?;
-        match claimed {
-            // A session that cannot be resumed (its messages no longer decode, a row fails
-            // its seal, …) keeps the lease: it expires, the next claim counts a recovery,
-            // and the poison-pill bound parks the session. Handed back at once, it would be
-            // the oldest session again and the next claim would take it again, forever.
-            Some(lease) => self
-                .resume_leased(lease, requested, OnFailure::LetExpire)
-                .await
-                .map(Some),
-            None => Ok(None),
+        loop {
+            let requested = tokio::time::Instant::now();
+            let claimed = self.store.claim_expired(&claim).await?;
+            return match claimed {
+                // A session that cannot be resumed (its messages no longer decode, a row
+                // fails its seal, …) keeps the lease: it expires, the next claim counts a
+                // recovery, and the poison-pill bound parks the session. Handed back at
+                // once, it would be the oldest session again and the next claim would
+                // take it again, forever.
+                Some(lease) => match self
+                    .resume_leased(lease, requested, OnFailure::LetExpire)
+                    .await
+                {
+                    // Cancelled while its worker held it: ended now; claim the next one.
+                    Err(DurableError::Cancelled { .. }) => continue,
+                    resumed => resumed.map(Some),
+                },
+                None => Ok(None),
+            };
         }
     }
 
@@ -776,6 +794,25 @@ impl Durable {
                 session: record.id,
                 recorded: record.app_version,
                 running: self.config.app_version.clone(),
+            });
+        }
+        // Cancelled while a worker held it (that worker died or let go before its next
+        // call): whoever takes it next ends it, and nothing of it runs.
+        if let Some(request) = &record.cancel_requested {
+            let reason = crate::store::cancel_reason(&request.by, &request.reason);
+            match self
+                .store
+                .set_status(lease.fence(), SessionStatus::Cancelled, Some(&reason))
+                .await
+            {
+                Ok(()) | Err(StoreError::LeaseLost { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+            tracing::info!(session = %record.id, by = %request.by, "session cancelled on resume");
+            return Err(DurableError::Cancelled {
+                session: record.id,
+                by: request.by.clone(),
+                reason: request.reason.clone(),
             });
         }
         let checkpoint = match loaded {

@@ -20,6 +20,10 @@ use crate::store::{
 };
 use crate::telemetry;
 
+mod children;
+
+pub use children::{ChildOutcome, ChildWait};
+
 /// What the runtime will do with an in-doubt call when its step is re-run.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum InDoubtAction {
@@ -163,6 +167,9 @@ where
             .then(|| tokio::runtime::Handle::try_current().ok())
             .flatten()
             .map(|handle| handle.spawn(renew_loop(journal.clone())));
+        if let Some(request) = record.cancel_requested.clone() {
+            journal.note_cancel(request);
+        }
         let committed = messages.len();
         // The latest checkpoint put the session to sleep (version 0's wake-up time is a
         // delayed start, not a sleep): this resume ends that sleep.
@@ -837,6 +844,18 @@ where
         reason: Option<&str>,
     ) -> Result<(), DurableError> {
         self.stop_renewing();
+        // Cancelled meanwhile (learned at a lease renewal): the session ends as
+        // cancelled, whatever the handler was about to end it as.
+        if let Some(request) = self.journal.cancel_request()
+            && status != SessionStatus::Cancelled
+        {
+            self.journal.end_cancelled(&request).await;
+            return Err(DurableError::Cancelled {
+                session: self.record.id.clone(),
+                by: request.by,
+                reason: request.reason,
+            });
+        }
         let lease = self.journal.lease();
         self.store
             .set_status(lease.fence(), status, reason)
@@ -859,7 +878,21 @@ async fn renew_loop(journal: Journal) {
         let lease = journal.lease();
         let sent = tokio::time::Instant::now();
         match journal.inner.store.renew_lease(&lease, ttl).await {
-            Ok(renewed) => journal.renewed(renewed, sent),
+            Ok(renewed) => {
+                journal.renewed(renewed, sent);
+                // A cancellation asked while this worker runs the session: learned here,
+                // honoured by the next call.
+                // The read runs in a task of its own: this loop is aborted when the session
+                // ends, and a read cut off mid-statement would cost its connection.
+                let store = Arc::clone(&journal.inner.store);
+                let id = lease.session.clone();
+                let read = tokio::spawn(async move { store.session(&id).await });
+                if let Ok(Ok(record)) = read.await
+                    && let Some(request) = record.cancel_requested
+                {
+                    journal.note_cancel(request);
+                }
+            }
             Err(StoreError::LeaseLost { .. }) => {
                 tracing::warn!(session = %lease.session, "lease lost; this worker must stop working on the session");
                 journal.lose_lease();

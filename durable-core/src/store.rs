@@ -20,6 +20,7 @@ use crate::replay::ReplayClass;
 
 mod approval;
 mod budget;
+mod family;
 mod fork;
 mod message;
 mod queue;
@@ -29,6 +30,10 @@ pub use approval::{
     DecideApproval, Decided, PendingApproval, Transition,
 };
 pub use budget::{BudgetStore, LimitRaise, RaiseLimit};
+pub use family::{
+    CHILD_SLOT, COLLECT_SLOT, CancelEffect, CancelRequest, CancelSession, CancelledSession,
+    ChildRecord, WAITING_FOR_CHILDREN, Wait, WaitFor, cancel_reason, child_id, wakes_parent,
+};
 pub use fork::{
     CARRIED_STEP, FORK_AUDIT_MARK, FORK_AUDIT_RERUN, ForkCopy, ForkEntry, ForkFate, ForkPlan,
     ForkSession, audit_map as fork_audit_map, copies as fork_copies, effect as fork_effect,
@@ -133,6 +138,21 @@ pub struct SessionRecord {
     pub wake_at: Option<i64>,
     /// When the current lease was last taken or renewed (ms, database clock).
     pub lease_renewed_at: Option<i64>,
+    /// The session that started this one as its child
+    /// ([`create_child`](crate::store::SessionStore::create_child)), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<SessionId>,
+    /// While the session waits with its lease given up
+    /// ([`wait`](crate::store::LeaseStore::wait)): when the wait ends at the latest
+    /// (ms, database clock). No claim takes it before, unless what it waits for
+    /// happens first (a child ends), which clears it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_until: Option<i64>,
+    /// A cancellation asked while a worker held the session
+    /// ([`cancel_session`](crate::store::SessionStore::cancel_session)): the worker stops
+    /// at its next safe point, and whoever takes the session next ends it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cancel_requested: Option<CancelRequest>,
 }
 
 /// One row of a session listing ([`CheckpointStore::list_session_rows`](crate::store::SessionStore::list_session_rows)).
@@ -942,6 +962,75 @@ pub trait SessionStore: Send + Sync + 'static {
         status: SessionStatus,
         reason: Option<&str>,
     ) -> Result<(), StoreError>;
+
+    /// Creates `new` as a child of `parent`: [`create_session`](Self::create_session)
+    /// with the parent link recorded on the child's row.
+    ///
+    /// # Contract
+    /// As [`create_session`](Self::create_session), atomic. [`StoreError::SessionNotFound`]
+    /// if `parent` does not exist. When `new.id` is taken, fails with
+    /// [`StoreError::SessionExists`] and writes nothing, whoever holds the id: the caller
+    /// reads the row to tell its own child (started by an earlier attempt) from another
+    /// session. The default returns [`StoreError::Unsupported`].
+    async fn create_child(
+        &self,
+        parent: &SessionId,
+        new: NewSession,
+    ) -> Result<(SessionRecord, Lease), StoreError> {
+        let _ = (parent, new);
+        Err(StoreError::Unsupported {
+            operation: "create_child",
+            backend: "this store",
+        })
+    }
+
+    /// The children of `parent` (sessions whose parent link names it), oldest first.
+    ///
+    /// # Contract
+    /// Read-only, one snapshot. A session without children, or one that does not exist,
+    /// has none (no error). [`ChildRecord::operator_needed`] says whether an `issued` row
+    /// of the child was marked by [`mark_operator_needed`](LeaseStore::mark_operator_needed).
+    /// The default returns [`StoreError::Unsupported`].
+    async fn children(&self, parent: &SessionId) -> Result<Vec<ChildRecord>, StoreError> {
+        let _ = parent;
+        Err(StoreError::Unsupported {
+            operation: "children",
+            backend: "this store",
+        })
+    }
+
+    /// Cancels a session and, with `cancel.cascade`, its children and theirs: an
+    /// operator's decision (or a parent's), audited.
+    ///
+    /// # Contract
+    /// [`CancelSession::validate`] runs first. Atomic: every session reached is handled
+    /// in one transaction. For each session (the named one first, then its descendants,
+    /// parents before children):
+    /// - terminal (completed, failed, cancelled): left as it is
+    ///   ([`CancelEffect::AlreadyEnded`]); its children are still visited;
+    /// - held by a worker (an owner and a lease not yet expired on the database clock,
+    ///   status `active`): its [`cancel_requested`](SessionRecord::cancel_requested) is
+    ///   set (who, why, when), its fencing token left alone so that an effect in flight
+    ///   is still recorded ([`CancelEffect::Requested`]);
+    /// - otherwise (released, expired, asleep, waiting, parked, awaiting approval):
+    ///   status `cancelled`, reason [`cancel_reason`], lease cleared, fencing token
+    ///   bumped, the request recorded too ([`CancelEffect::Cancelled`]); its parent, if
+    ///   it waits ([`wait`](LeaseStore::wait)), is woken.
+    ///
+    /// Each session not already ended gets an audit row in its migrations log
+    /// (`by`, the step map `[["@cancel", reason]]`). In-doubt journal rows are left as
+    /// they are, for an operator. [`StoreError::SessionNotFound`] if the named session
+    /// does not exist. The default returns [`StoreError::Unsupported`].
+    async fn cancel_session(
+        &self,
+        cancel: &CancelSession,
+    ) -> Result<Vec<CancelledSession>, StoreError> {
+        let _ = cancel;
+        Err(StoreError::Unsupported {
+            operation: "cancel_session",
+            backend: "this store",
+        })
+    }
 }
 
 /// Leases and recovery: taking, renewing and giving up a session's lease, the fencing
@@ -1076,6 +1165,31 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// (`wake_at` unset or past); parked and terminal sessions never appear. Oldest
     /// update first, at most `limit` (a negative `limit` counts as 0).
     async fn list_expired(&self, limit: i64) -> Result<Vec<SessionRecord>, StoreError>;
+
+    /// Gives the lease up to wait, without a checkpoint: until `wait.until` no claim
+    /// ([`claim_expired`](Self::claim_expired)) takes the session, unless what it waits
+    /// for happens first. Returns `false`, writing nothing, when it already happened.
+    ///
+    /// # Contract
+    /// Atomic and fenced. For [`WaitFor::Children`]: when one of the named sessions
+    /// (children of the fenced one) already [wakes its parent](wakes_parent), `Ok(false)`
+    /// and nothing is written. Otherwise the session's
+    /// [`waiting_until`](SessionRecord::waiting_until) becomes `wait.until` and its
+    /// `waiting_for` [`WAITING_FOR_CHILDREN`], and its lease is given up as by
+    /// [`release_lease`](Self::release_lease) (no recovery counted by the next take).
+    /// Race-free against a child ending concurrently: one of the two transactions sees
+    /// the other's write (a child that ends, is parked or is marked
+    /// ([`mark_operator_needed`](Self::mark_operator_needed)) clears its parent's
+    /// `waiting_until` in its own transaction when the parent waits for children).
+    /// Taking the session by id ([`acquire_lease`](Self::acquire_lease)) is not affected.
+    /// The default returns [`StoreError::Unsupported`].
+    async fn wait(&self, fence: Fence<'_>, wait: &Wait) -> Result<bool, StoreError> {
+        let _ = (fence, wait);
+        Err(StoreError::Unsupported {
+            operation: "wait",
+            backend: "this store",
+        })
+    }
 }
 
 /// Queues and sleep: fleet-wide queue limits, the figures of each queue, waking a

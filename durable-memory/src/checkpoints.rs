@@ -268,6 +268,9 @@ pub(crate) fn fork_session(
         queue: source.record.queue.clone(),
         wake_at: None,
         lease_renewed_at: Some(now),
+        parent: None,
+        waiting_until: None,
+        cancel_requested: None,
     };
     let mut new = sessions::empty(record, state.created);
     let id = &fork.new_id;

@@ -199,6 +199,7 @@ pub(crate) fn mark_operator_needed(
         && row.record.status == durable_core::store::CallStatus::Issued
     {
         row.operator_needed = true;
+        crate::family::wake_parent(&mut state, fence.session);
     }
     Ok(())
 }
@@ -210,6 +211,7 @@ fn claimable(session: &Session, now: i64) -> bool {
     r.status == SessionStatus::Active
         && !live(r, now)
         && r.wake_at.is_none_or(|at| at <= now)
+        && r.waiting_until.is_none_or(|at| at <= now)
         && !session.journal.iter().any(|c| {
             c.operator_needed && c.record.status == durable_core::store::CallStatus::Issued
         })
@@ -295,6 +297,7 @@ pub(crate) fn list_expired(
             r.status == SessionStatus::Active
                 && !live(r, now)
                 && r.wake_at.is_none_or(|at| at <= now)
+                && r.waiting_until.is_none_or(|at| at <= now)
         })
         .collect();
     found.sort_by_key(|s| (s.record.updated_at, s.order));

@@ -56,6 +56,7 @@ use durable_core::store::WorkNotifier;
 mod approvals;
 mod budget;
 mod checkpoints;
+mod family;
 mod journal;
 mod leases;
 mod limiter;

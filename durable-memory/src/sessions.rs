@@ -15,12 +15,16 @@ use crate::{MemoryStore, checkpoints, millis, seal};
 pub(crate) fn create_session(
     store: &MemoryStore,
     new: NewSession,
+    parent: Option<&SessionId>,
 ) -> Result<(SessionRecord, Lease), StoreError> {
     validate_new_session(&new.id, &new.owner, &new.app_version)?;
     let queue = new.queue.as_deref().unwrap_or(DEFAULT_QUEUE);
     validate_id("queue", queue)?;
     let now = store.clock();
     let mut state = store.lock();
+    if let Some(parent) = parent {
+        state.session(parent)?;
+    }
     if state.sessions.contains_key(&new.id) {
         return Err(StoreError::SessionExists(new.id));
     }
@@ -41,6 +45,9 @@ pub(crate) fn create_session(
         queue: queue.to_owned(),
         wake_at: new.initial.wake_at,
         lease_renewed_at: Some(now),
+        parent: parent.cloned(),
+        waiting_until: None,
+        cancel_requested: None,
     };
     let mut session = empty(record, state.created);
     // Version 0 is written like any checkpoint, on an empty log.
@@ -74,6 +81,7 @@ pub(crate) fn empty(record: SessionRecord, order: u64) -> Session {
         errors: Vec::new(),
         migrations: Vec::new(),
         raises: Vec::new(),
+        waiting_for: None,
     }
 }
 
@@ -144,6 +152,10 @@ pub(crate) fn set_status(
     }
     if awaiting {
         r.lease_owner = None;
+    }
+    let ends = status.is_terminal() || status == SessionStatus::Parked;
+    if ends {
+        crate::family::wake_parent(&mut state, fence.session);
     }
     Ok(())
 }

@@ -8,19 +8,19 @@ use std::time::Duration;
 use async_trait::async_trait;
 use durable_core::integrity::Keyring;
 use durable_core::store::{
-    ApprovalRecord, ApprovalRequest, ApprovalStore, BudgetStore, CallRecord, Checkpoint,
-    CheckpointLog, CheckpointMeta, Claim, DecideApproval, Durability, EditedKey, ErrorRecord,
-    Fence, FinishCall, ForkSession, IssueOutcome, JournalStore, Lease, LeaseStore, LimitRaise,
-    MaintenanceStore, NewCall, NewCheckpoint, NewError, NewSession, PendingApproval, PurgeOutcome,
-    QueueInfo, QueueStore, RaiseLimit, ResolutionRecord, ResolutionStore, ResolveCall,
-    RetargetSession, SessionFilter, SessionRecord, SessionStatus, SessionStore, StoreBase,
-    StoredMessage, WorkEvents,
+    ApprovalRecord, ApprovalRequest, ApprovalStore, BudgetStore, CallRecord, CancelSession,
+    CancelledSession, Checkpoint, CheckpointLog, CheckpointMeta, ChildRecord, Claim,
+    DecideApproval, Durability, EditedKey, ErrorRecord, Fence, FinishCall, ForkSession,
+    IssueOutcome, JournalStore, Lease, LeaseStore, LimitRaise, MaintenanceStore, NewCall,
+    NewCheckpoint, NewError, NewSession, PendingApproval, PurgeOutcome, QueueInfo, QueueStore,
+    RaiseLimit, ResolutionRecord, ResolutionStore, ResolveCall, RetargetSession, SessionFilter,
+    SessionRecord, SessionStatus, SessionStore, StoreBase, StoredMessage, Wait, WorkEvents,
 };
 use durable_core::{CallId, SessionId, StoreError};
 
 use crate::{
-    BACKEND, MemoryStore, approvals, budget, checkpoints, journal, leases, maintenance, queues,
-    sessions,
+    BACKEND, MemoryStore, approvals, budget, checkpoints, family, journal, leases, maintenance,
+    queues, sessions,
 };
 
 #[async_trait]
@@ -45,7 +45,7 @@ impl StoreBase for MemoryStore {
 #[async_trait]
 impl SessionStore for MemoryStore {
     async fn create_session(&self, new: NewSession) -> Result<(SessionRecord, Lease), StoreError> {
-        let created = sessions::create_session(self, new)?;
+        let created = sessions::create_session(self, new, None)?;
         self.work_available();
         Ok(created)
     }
@@ -70,6 +70,29 @@ impl SessionStore for MemoryStore {
         sessions::set_status(self, fence, status, reason)?;
         self.work_available();
         Ok(())
+    }
+
+    async fn create_child(
+        &self,
+        parent: &SessionId,
+        new: NewSession,
+    ) -> Result<(SessionRecord, Lease), StoreError> {
+        let created = family::create_child(self, parent, new)?;
+        self.work_available();
+        Ok(created)
+    }
+
+    async fn children(&self, parent: &SessionId) -> Result<Vec<ChildRecord>, StoreError> {
+        Ok(family::children(self, parent))
+    }
+
+    async fn cancel_session(
+        &self,
+        cancel: &CancelSession,
+    ) -> Result<Vec<CancelledSession>, StoreError> {
+        let cancelled = family::cancel_session(self, cancel)?;
+        self.work_available();
+        Ok(cancelled)
     }
 }
 
@@ -104,7 +127,10 @@ impl LeaseStore for MemoryStore {
         fence: Fence<'_>,
         call: &CallId,
     ) -> Result<(), StoreError> {
-        leases::mark_operator_needed(self, fence, call)
+        leases::mark_operator_needed(self, fence, call)?;
+        // A parent waiting for this session may have been woken.
+        self.work_available();
+        Ok(())
     }
 
     async fn claim_expired(&self, claim: &Claim) -> Result<Option<Lease>, StoreError> {
@@ -119,6 +145,12 @@ impl LeaseStore for MemoryStore {
 
     async fn list_expired(&self, limit: i64) -> Result<Vec<SessionRecord>, StoreError> {
         leases::list_expired(self, limit)
+    }
+
+    async fn wait(&self, fence: Fence<'_>, wait: &Wait) -> Result<bool, StoreError> {
+        let waiting = family::wait(self, fence, wait)?;
+        self.work_available();
+        Ok(waiting)
     }
 }
 

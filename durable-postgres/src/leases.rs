@@ -8,7 +8,7 @@ use async_trait::async_trait;
 use durable_core::StoreError;
 use durable_core::ids::{CallId, SessionId};
 use durable_core::store::LeaseStore;
-use durable_core::store::{Claim, Fence, Lease, SessionRecord, SessionStatus};
+use durable_core::store::{Claim, Fence, Lease, SessionRecord, SessionStatus, Wait};
 use sqlx::postgres::PgConnection;
 
 use crate::PostgresStore;
@@ -194,6 +194,7 @@ pub(crate) async fn claim_expired(
              WHERE status = 'active'
                AND (lease_owner IS NULL OR lease_expires_at IS NULL OR lease_expires_at <= $1)
                AND (wake_at IS NULL OR wake_at <= $1)
+               AND (waiting_until IS NULL OR waiting_until <= $1)
                AND ($2::text IS NULL OR app_version = $2)
                AND (cardinality($3::text[]) = 0 OR queue = ANY($3))
                AND NOT (queue = ANY($4))
@@ -323,6 +324,7 @@ pub(crate) async fn list_expired(
          WHERE status = 'active' AND (lease_owner IS NULL OR lease_expires_at IS NULL \
                OR lease_expires_at <= clock.now) \
            AND (wake_at IS NULL OR wake_at <= clock.now) \
+           AND (waiting_until IS NULL OR waiting_until <= clock.now) \
          ORDER BY updated_at, id LIMIT $1"
     ))
     .bind(limit.max(0))
@@ -538,7 +540,20 @@ impl LeaseStore for PostgresStore {
         fence: Fence<'_>,
         call: &CallId,
     ) -> Result<(), StoreError> {
-        mark_operator_needed(self, fence, call).await
+        mark_operator_needed(self, fence, call).await?;
+        // A parent waiting for this session: it reads the child's need as an outcome.
+        crate::family::wake_parent_now(self, fence.session).await?;
+        self.work_available();
+        Ok(())
+    }
+
+    async fn wait(&self, fence: Fence<'_>, wait: &Wait) -> Result<bool, StoreError> {
+        let waiting = crate::family::wait(self, fence, wait).await?;
+        if waiting {
+            // The lease is given up: a place in its queue.
+            self.work_available();
+        }
+        Ok(waiting)
     }
 
     async fn claim_expired(&self, claim: &Claim) -> Result<Option<Lease>, StoreError> {

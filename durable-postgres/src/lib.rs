@@ -80,6 +80,7 @@ mod approval;
 mod budget;
 mod checkpoints;
 mod error;
+mod family;
 mod journal;
 mod keys;
 mod leases;

@@ -20,7 +20,8 @@ macro_rules! session_cols {
     () => {
         "id, status, app_version, metadata, lease_owner, lease_expires_at, fence, \
          recovery_attempts, status_reason, latest_version, created_at, updated_at, format, \
-         queue, wake_at, lease_renewed_at"
+         queue, wake_at, lease_renewed_at, parent_id, waiting_until, cancel_by, cancel_reason, \
+         cancel_requested_at"
     };
 }
 pub(crate) use session_cols;
@@ -248,6 +249,20 @@ pub(crate) fn session(row: &PgRow) -> Result<SessionRecord, StoreError> {
         queue: get(row, "queue")?,
         wake_at: get(row, "wake_at")?,
         lease_renewed_at: get(row, "lease_renewed_at")?,
+        parent: get::<Option<String>>(row, "parent_id")?.map(SessionId::new),
+        waiting_until: get(row, "waiting_until")?,
+        cancel_requested: match (
+            get::<Option<String>>(row, "cancel_by")?,
+            get::<Option<String>>(row, "cancel_reason")?,
+            get::<Option<i64>>(row, "cancel_requested_at")?,
+        ) {
+            (Some(by), reason, Some(at)) => Some(durable_core::store::CancelRequest {
+                by,
+                reason: reason.unwrap_or_default(),
+                at,
+            }),
+            _ => None,
+        },
         id,
     })
 }

@@ -7,8 +7,8 @@ use durable_core::ids::SessionId;
 use durable_core::store::ListedSession;
 use durable_core::store::SessionStore;
 use durable_core::store::{
-    DEFAULT_QUEUE, FORMAT_VERSION, Fence, Lease, NewSession, SessionFilter, SessionRecord,
-    SessionStatus,
+    CancelSession, CancelledSession, ChildRecord, DEFAULT_QUEUE, FORMAT_VERSION, Fence, Lease,
+    NewSession, SessionFilter, SessionRecord, SessionStatus,
 };
 
 use crate::PostgresStore;
@@ -21,6 +21,7 @@ use crate::tx::{self, Lock, Want, ttl_ms};
 pub(crate) async fn create_session(
     store: &PostgresStore,
     new: NewSession,
+    parent: Option<&SessionId>,
 ) -> Result<(SessionRecord, Lease), StoreError> {
     durable_core::validate::validate_new_session(&new.id, &new.owner, &new.app_version)?;
     let queue = new.queue.as_deref().unwrap_or(DEFAULT_QUEUE);
@@ -28,12 +29,15 @@ pub(crate) async fn create_session(
     let mut tx = tx::begin(&store.pool).await?;
     // Notifies at commit (a rollback on any error below sends nothing).
     let now = tx::now_notifying(&mut tx).await?;
+    if let Some(parent) = parent {
+        tx::session(&mut tx, parent, None).await?;
+    }
     let expires = now.saturating_add(ttl_ms(new.lease_ttl));
     let row = sqlx::query(concat!(
         "INSERT INTO durable_sessions (id, status, app_version, metadata, lease_owner, \
          lease_expires_at, fence, recovery_attempts, status_reason, latest_version, \
-         created_at, updated_at, format, queue, wake_at, lease_renewed_at) \
-         VALUES ($1, 'active', $2, $3, $4, $5, 1, 0, NULL, 0, $6, $6, $7, $8, $9, $6) \
+         created_at, updated_at, format, queue, wake_at, lease_renewed_at, parent_id) \
+         VALUES ($1, 'active', $2, $3, $4, $5, 1, 0, NULL, 0, $6, $6, $7, $8, $9, $6, $10) \
          ON CONFLICT (id) DO NOTHING RETURNING ",
         session_cols!()
     ))
@@ -46,6 +50,7 @@ pub(crate) async fn create_session(
     .bind(FORMAT_VERSION)
     .bind(queue)
     .bind(new.initial.wake_at)
+    .bind(parent.map(SessionId::as_str))
     .fetch_optional(&mut *tx)
     .await
     .map_err(db)?
@@ -196,13 +201,16 @@ pub(crate) async fn set_status(
     .execute(&mut *tx)
     .await
     .map_err(db)?;
+    if status.is_terminal() || status == SessionStatus::Parked {
+        crate::family::wake_parent(&mut tx, fence.session).await?;
+    }
     tx.commit().await.map_err(db)
 }
 
 #[async_trait]
 impl SessionStore for PostgresStore {
     async fn create_session(&self, new: NewSession) -> Result<(SessionRecord, Lease), StoreError> {
-        let created = create_session(self, new).await?;
+        let created = create_session(self, new, None).await?;
         self.work_available();
         Ok(created)
     }
@@ -235,5 +243,29 @@ impl SessionStore for PostgresStore {
         // The lease is given up: for a session still active, or a place in its queue.
         self.work_available();
         Ok(())
+    }
+
+    async fn create_child(
+        &self,
+        parent: &SessionId,
+        new: NewSession,
+    ) -> Result<(SessionRecord, Lease), StoreError> {
+        let created = crate::family::create_child(self, parent, new).await?;
+        self.work_available();
+        Ok(created)
+    }
+
+    async fn children(&self, parent: &SessionId) -> Result<Vec<ChildRecord>, StoreError> {
+        crate::family::children(self, parent).await
+    }
+
+    async fn cancel_session(
+        &self,
+        cancel: &CancelSession,
+    ) -> Result<Vec<CancelledSession>, StoreError> {
+        let done = crate::family::cancel_session(self, cancel).await?;
+        // A session ended, a parent woken.
+        self.work_available();
+        Ok(done)
     }
 }

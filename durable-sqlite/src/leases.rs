@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use durable_core::store::{Claim, Fence, Lease, LeaseStore, SessionRecord, SessionStatus};
+use durable_core::store::{Claim, Fence, Lease, LeaseStore, SessionRecord, SessionStatus, Wait};
 use durable_core::{CallId, SessionId, StoreError};
 use sqlx::{Row, SqliteConnection};
 
@@ -20,7 +20,8 @@ use crate::tx::{self, WriteTx, fenced_select, millis, now_sql};
 /// wall clocks.
 macro_rules! awake_where {
     () => {
-        " WHERE status = 'active' AND (wake_at IS NULL OR wake_at <= ?1) "
+        " WHERE status = 'active' AND (wake_at IS NULL OR wake_at <= ?1) \
+          AND (waiting_until IS NULL OR waiting_until <= ?1) "
     };
 }
 
@@ -690,11 +691,24 @@ impl LeaseStore for SqliteStore {
         fence: Fence<'_>,
         call: &CallId,
     ) -> Result<(), StoreError> {
-        mark_operator_needed(self, fence, call).await
+        mark_operator_needed(self, fence, call).await?;
+        // A parent waiting for this session: it reads the child's need as an outcome.
+        crate::family::wake_parent_now(self, fence.session).await?;
+        self.work_available();
+        Ok(())
     }
 
     async fn claim_expired(&self, claim: &Claim) -> Result<Option<Lease>, StoreError> {
         claim_expired(self, claim).await
+    }
+
+    async fn wait(&self, fence: Fence<'_>, wait: &Wait) -> Result<bool, StoreError> {
+        let waiting = crate::family::wait(self, fence, wait).await?;
+        if waiting {
+            // The lease is given up: a place in its queue.
+            self.work_available();
+        }
+        Ok(waiting)
     }
 
     async fn unpark_session(&self, id: &SessionId) -> Result<SessionRecord, StoreError> {

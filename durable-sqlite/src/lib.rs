@@ -99,6 +99,7 @@ mod budget;
 mod checkpoints;
 mod clock;
 mod error;
+mod family;
 mod group;
 mod journal;
 mod keys;
@@ -705,10 +706,11 @@ mod tests {
         assert_eq!(migrations().table_name, MIGRATIONS_TABLE);
         assert_eq!(
             schema_version(),
-            11,
+            12,
             "0001_init, 0002_seals, 0003_speed, 0004_issued_rows, 0005_replies_once, \
              0006_approvals, 0007_workers, 0008_lease_ran, 0009_operator_needed, \
-             0010_limits and 0011_limit_raises"
+             0010_limits, 0011_limit_raises and \
+             0012_children"
         );
     }
 }

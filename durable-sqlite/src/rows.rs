@@ -22,7 +22,8 @@ macro_rules! session_cols {
     () => {
         "id, status, app_version, metadata, lease_owner, lease_expires_at, fence, \
          recovery_attempts, status_reason, latest_version, created_at, updated_at, format, \
-         queue, wake_at, lease_renewed_at"
+         queue, wake_at, lease_renewed_at, parent_id, waiting_until, cancel_by, cancel_reason, \
+         cancel_requested_at"
     };
 }
 pub(crate) use session_cols;
@@ -93,6 +94,20 @@ pub(crate) fn session(row: &SqliteRow) -> Result<SessionRecord, StoreError> {
         queue: col(row, "queue", &id, None)?,
         wake_at: col(row, "wake_at", &id, None)?,
         lease_renewed_at: col(row, "lease_renewed_at", &id, None)?,
+        parent: col::<Option<String>>(row, "parent_id", &id, None)?.map(SessionId::new),
+        waiting_until: col(row, "waiting_until", &id, None)?,
+        cancel_requested: match (
+            col::<Option<String>>(row, "cancel_by", &id, None)?,
+            col::<Option<String>>(row, "cancel_reason", &id, None)?,
+            col::<Option<i64>>(row, "cancel_requested_at", &id, None)?,
+        ) {
+            (Some(by), reason, Some(at)) => Some(durable_core::store::CancelRequest {
+                by,
+                reason: reason.unwrap_or_default(),
+                at,
+            }),
+            _ => None,
+        },
         id,
     })
 }

@@ -3,8 +3,8 @@
 
 use async_trait::async_trait;
 use durable_core::store::{
-    DEFAULT_QUEUE, FORMAT_VERSION, Fence, Lease, ListedSession, NewSession, SessionFilter,
-    SessionRecord, SessionStatus, SessionStore,
+    CancelSession, CancelledSession, ChildRecord, DEFAULT_QUEUE, FORMAT_VERSION, Fence, Lease,
+    ListedSession, NewSession, SessionFilter, SessionRecord, SessionStatus, SessionStore,
 };
 use durable_core::{SessionId, StoreError};
 use sqlx::AssertSqlSafe;
@@ -19,6 +19,7 @@ use crate::tx::{self, WriteTx, millis};
 pub(crate) async fn create_session(
     store: &SqliteStore,
     new: NewSession,
+    parent: Option<&SessionId>,
 ) -> Result<(SessionRecord, Lease), StoreError> {
     durable_core::validate::validate_new_session(&new.id, &new.owner, &new.app_version)?;
     let queue = new.queue.as_deref().unwrap_or(DEFAULT_QUEUE);
@@ -29,12 +30,15 @@ pub(crate) async fn create_session(
     let now = tx.now;
     let result = async {
         let conn = tx.conn();
+        if let Some(parent) = parent {
+            tx::session(&mut *conn, parent).await?;
+        }
         let expires_at = now.saturating_add(millis(new.lease_ttl));
         let inserted = sqlx::query(
             "INSERT INTO durable_sessions (id, status, app_version, metadata, lease_owner, \
              lease_expires_at, fence, recovery_attempts, status_reason, latest_version, \
-             created_at, updated_at, format, queue, wake_at, lease_renewed_at) \
-             VALUES (?, 'active', ?, ?, ?, ?, 1, 0, NULL, 0, ?, ?, ?, ?, ?, ?) \
+             created_at, updated_at, format, queue, wake_at, lease_renewed_at, parent_id) \
+             VALUES (?, 'active', ?, ?, ?, ?, 1, 0, NULL, 0, ?, ?, ?, ?, ?, ?, ?) \
              ON CONFLICT (id) DO NOTHING",
         )
         .bind(new.id.as_str())
@@ -48,6 +52,7 @@ pub(crate) async fn create_session(
         .bind(queue)
         .bind(new.initial.wake_at)
         .bind(now)
+        .bind(parent.map(SessionId::as_str))
         .execute(&mut *conn)
         .await
         .map_err(db)?;
@@ -209,9 +214,12 @@ pub(crate) async fn set_status(
         .bind(now)
         .bind(release)
         .bind(fence.session.as_str())
-        .execute(conn)
+        .execute(&mut *conn)
         .await
         .map_err(db)?;
+        if status.is_terminal() || status == SessionStatus::Parked {
+            crate::family::wake_parent(conn, fence.session).await?;
+        }
         Ok(())
     }
     .await;
@@ -221,7 +229,7 @@ pub(crate) async fn set_status(
 #[async_trait]
 impl SessionStore for SqliteStore {
     async fn create_session(&self, new: NewSession) -> Result<(SessionRecord, Lease), StoreError> {
-        let created = create_session(self, new).await?;
+        let created = create_session(self, new, None).await?;
         self.work_available();
         Ok(created)
     }
@@ -254,5 +262,29 @@ impl SessionStore for SqliteStore {
         // The lease is given up: for a session still active, or a place in its queue.
         self.work_available();
         Ok(())
+    }
+
+    async fn create_child(
+        &self,
+        parent: &SessionId,
+        new: NewSession,
+    ) -> Result<(SessionRecord, Lease), StoreError> {
+        let created = crate::family::create_child(self, parent, new).await?;
+        self.work_available();
+        Ok(created)
+    }
+
+    async fn children(&self, parent: &SessionId) -> Result<Vec<ChildRecord>, StoreError> {
+        crate::family::children(self, parent).await
+    }
+
+    async fn cancel_session(
+        &self,
+        cancel: &CancelSession,
+    ) -> Result<Vec<CancelledSession>, StoreError> {
+        let done = crate::family::cancel_session(self, cancel).await?;
+        // A session ended, a parent woken.
+        self.work_available();
+        Ok(done)
     }
 }

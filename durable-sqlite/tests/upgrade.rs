@@ -135,7 +135,14 @@ async fn as_schema_3(path: &Path) {
             .expect("old head");
     }
     sqlx::query(
-        "DROP TABLE durable_limit_raises; \
+        "DROP INDEX durable_sessions_parent; \
+         ALTER TABLE durable_sessions DROP COLUMN parent_id; \
+         ALTER TABLE durable_sessions DROP COLUMN waiting_for; \
+         ALTER TABLE durable_sessions DROP COLUMN waiting_until; \
+         ALTER TABLE durable_sessions DROP COLUMN cancel_by; \
+         ALTER TABLE durable_sessions DROP COLUMN cancel_reason; \
+         ALTER TABLE durable_sessions DROP COLUMN cancel_requested_at; \
+                 DROP TABLE durable_limit_raises; \
          DROP INDEX durable_sessions_active_tenant; \
          DROP TABLE durable_tenants; \
          ALTER TABLE durable_sessions DROP COLUMN tenant; \

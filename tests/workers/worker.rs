@@ -82,6 +82,7 @@ pub fn main(role: &str) -> i32 {
             "idle" => idle(&env).await,
             "pool" => pool(&env).await,
             "limited" => limited(&env).await,
+            "fanout" => crate::fanout::run_role(&env.store, &env.ledger, &env.owner, env.ttl).await,
             other => {
                 eprintln!("unknown {ROLE} `{other}`");
                 2

@@ -35,7 +35,8 @@ pub fn code_of(kind: ErrorKind) -> Code {
         | ErrorKind::OperatorNeeded
         | ErrorKind::AwaitingApproval
         | ErrorKind::LimitExceeded
-        | ErrorKind::PermissionDenied => Code::Refused,
+        | ErrorKind::PermissionDenied
+        | ErrorKind::Cancelled => Code::Refused,
         ErrorKind::InvalidInput => Code::InvalidInput,
         ErrorKind::Unavailable | ErrorKind::Overloaded => Code::Unavailable,
         ErrorKind::Integrity => Code::Integrity,

@@ -69,6 +69,9 @@ pub enum ErrorKind {
     /// worker holds a session; nothing ran. Let the session sleep until the time the
     /// error gives ([`DurableError::RateLimited`]) and ask again.
     RateLimited,
+    /// The session was cancelled: nothing new runs in it. Return from the handler; an
+    /// operator (or the parent) decided it.
+    Cancelled,
 }
 
 impl ErrorKind {
@@ -89,6 +92,7 @@ impl ErrorKind {
             ErrorKind::Overloaded => "overloaded",
             ErrorKind::Unsupported => "unsupported",
             ErrorKind::RateLimited => "rate_limited",
+            ErrorKind::Cancelled => "cancelled",
         }
     }
 }
@@ -183,6 +187,9 @@ impl DurableError {
             | E::CheckpointInDoubt { .. } => ErrorKind::OperatorNeeded,
             E::AwaitingApproval { .. } => ErrorKind::AwaitingApproval,
             E::RateLimited { .. } => ErrorKind::RateLimited,
+            E::Cancelled { .. } => ErrorKind::Cancelled,
+            E::NotAChild { .. } => ErrorKind::NotFound,
+            E::ChildNotStarted { .. } => ErrorKind::Conflict,
             E::AppVersionMismatch { .. } | E::Decode { .. } => ErrorKind::Conflict,
             E::BudgetExceeded(_) | E::TooLarge { .. } => ErrorKind::LimitExceeded,
         }

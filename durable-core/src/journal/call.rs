@@ -275,6 +275,10 @@ impl<'j> ToolCall<'j> {
         let journal = self.journal;
         let spec = self.spec;
         journal.check_lease().inspect_err(super::refused_span)?;
+        journal
+            .check_cancelled()
+            .await
+            .inspect_err(super::refused_span)?;
         journal.mark_running().await?;
         let limits = journal.inner.config.limits;
         let invalid = |source| {

@@ -154,6 +154,9 @@ impl Journal {
     /// looks up a reply recorded there. Runs inside the call's `chat` span.
     pub(super) async fn begin_model(&self, step: i64) -> Result<Begun, DurableError> {
         self.check_lease().inspect_err(super::refused_span)?;
+        self.check_cancelled()
+            .await
+            .inspect_err(super::refused_span)?;
         self.mark_running().await?;
         let (identity, reservation) = {
             let mut cache = self.inner.cache.lock().await;

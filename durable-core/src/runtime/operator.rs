@@ -11,8 +11,9 @@ use crate::error::{DurableError, StoreError};
 use crate::ids::{CallId, SessionId};
 use crate::session::Session;
 use crate::store::{
-    ApprovalDecision, CallRecord, CallStatus, DEADLINE, DecideApproval, ForkPlan, ForkSession,
-    PendingApproval, Resolution, ResolveCall, RetargetSession, SessionRecord, SessionStatus,
+    ApprovalDecision, CallRecord, CallStatus, CancelSession, CancelledSession, DEADLINE,
+    DecideApproval, ForkPlan, ForkSession, PendingApproval, Resolution, ResolveCall,
+    RetargetSession, SessionRecord, SessionStatus,
 };
 
 /// The operator's handle on a store: what a person (or the tool they use: the `durable`
@@ -318,6 +319,42 @@ impl Operator {
     /// decision; see [`Session::sleep_until`](crate::Session::sleep_until)).
     pub async fn wake(&self, session: &SessionId) -> Result<SessionRecord, DurableError> {
         Ok(self.durable.store.wake_session(session).await?)
+    }
+
+    /// Cancels a session and its children (and theirs), audited under the runtime's
+    /// owner name: see [`cancel_with`](Self::cancel_with).
+    pub async fn cancel(
+        &self,
+        session: &SessionId,
+        reason: &str,
+    ) -> Result<Vec<CancelledSession>, DurableError> {
+        self.cancel_with(CancelSession::new(
+            session.clone(),
+            self.durable.config.owner.clone(),
+            reason,
+        ))
+        .await
+    }
+
+    /// Cancels a session (and, unless [`without_children`](CancelSession::without_children),
+    /// its children, recursively), audited with who and why (`durable cancel`, the
+    /// console). A session no worker holds (released, asleep, waiting for its children,
+    /// parked, awaiting approval) is `cancelled` at once; a running one is asked to stop
+    /// and stops at its next safe point: its worker learns of it at its next lease
+    /// renewal (within a third of the lease's TTL) or whoever takes it next does, and
+    /// its next call is refused with [`DurableError::Cancelled`] after the session was
+    /// ended as `cancelled`. No new effect starts after that; an effect in flight
+    /// finishes and is recorded; calls in doubt stay for an operator. A waiting parent
+    /// is woken and reads the child's cancellation as its outcome
+    /// ([`ChildOutcome::Cancelled`](crate::ChildOutcome::Cancelled)). Returns what
+    /// happened to each session reached, the named one first.
+    pub async fn cancel_with(
+        &self,
+        cancel: CancelSession,
+    ) -> Result<Vec<CancelledSession>, DurableError> {
+        let done = self.durable.store.cancel_session(&cancel).await?;
+        tracing::info!(session = %cancel.session, by = %cancel.by, reached = done.len(), "session cancelled");
+        Ok(done)
     }
 
     /// Returns a parked session to `active` (an operator's decision, e.g. after fixing

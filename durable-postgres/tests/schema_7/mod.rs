@@ -57,6 +57,19 @@ const UNDO_12: [&str; 2] = [
     "DELETE FROM durable_schema_migrations WHERE version >= 12",
 ];
 
+/// The statements that undo schema 15 (child sessions, waits, cancellation requests):
+/// bookkeeping columns, dropped with whatever they hold.
+const UNDO_15: [&str; 8] = [
+    "DROP INDEX durable_sessions_parent",
+    "ALTER TABLE durable_sessions DROP COLUMN parent_id",
+    "ALTER TABLE durable_sessions DROP COLUMN waiting_for",
+    "ALTER TABLE durable_sessions DROP COLUMN waiting_until",
+    "ALTER TABLE durable_sessions DROP COLUMN cancel_by",
+    "ALTER TABLE durable_sessions DROP COLUMN cancel_reason",
+    "ALTER TABLE durable_sessions DROP COLUMN cancel_requested_at",
+    "DELETE FROM durable_schema_migrations WHERE version >= 15",
+];
+
 /// The statements that undo schema 13 (rate limits, claim priorities, tenants):
 /// scheduling state, dropped with whatever it holds.
 const UNDO_13: [&str; 9] = [
@@ -78,13 +91,14 @@ const UNDO_14: [&str; 2] = [
     "DELETE FROM durable_schema_migrations WHERE version >= 14",
 ];
 
-/// Undoes schemas 14, 13, 12, 11, 10, 9 and 8 (see [`UNDO_14`], [`UNDO_13`], [`UNDO_12`], [`UNDO_11`],
+/// Undoes schemas 15, 14, 13, 12, 11, 10, 9 and 8 (see [`UNDO_15`], [`UNDO_14`], [`UNDO_13`], [`UNDO_12`], [`UNDO_11`],
 /// [`UNDO_10`], [`UNDO_9`], [`UNDO_8`]);
 /// panics if the database holds approvals, or if anything of schema 8 is left.
 pub async fn back_to_schema_7(pool: &PgPool) {
     let mut tx = pool.begin().await.expect("a transaction");
-    for sql in UNDO_14
+    for sql in UNDO_15
         .into_iter()
+        .chain(UNDO_14)
         .chain(UNDO_13)
         .chain(UNDO_12)
         .chain(UNDO_11)

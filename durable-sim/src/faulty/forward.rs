@@ -105,6 +105,41 @@ impl SessionStore for Faulty {
         )
         .await
     }
+
+    async fn create_child(
+        &self,
+        parent: &SessionId,
+        new: NewSession,
+    ) -> Result<(SessionRecord, Lease), StoreError> {
+        self.faulted(
+            "create_child",
+            None,
+            created,
+            self.inner.create_child(parent, new),
+        )
+        .await
+    }
+
+    async fn children(
+        &self,
+        parent: &SessionId,
+    ) -> Result<Vec<durable_core::store::ChildRecord>, StoreError> {
+        self.faulted("children", None, none, self.inner.children(parent))
+            .await
+    }
+
+    async fn cancel_session(
+        &self,
+        cancel: &durable_core::store::CancelSession,
+    ) -> Result<Vec<durable_core::store::CancelledSession>, StoreError> {
+        self.faulted(
+            "cancel_session",
+            None,
+            none,
+            self.inner.cancel_session(cancel),
+        )
+        .await
+    }
 }
 
 #[async_trait]
@@ -182,6 +217,15 @@ impl LeaseStore for Faulty {
 
     async fn list_expired(&self, limit: i64) -> Result<Vec<SessionRecord>, StoreError> {
         self.faulted("list_expired", None, none, self.inner.list_expired(limit))
+            .await
+    }
+
+    async fn wait(
+        &self,
+        fence: Fence<'_>,
+        wait: &durable_core::store::Wait,
+    ) -> Result<bool, StoreError> {
+        self.faulted("wait", fence_of(fence), none, self.inner.wait(fence, wait))
             .await
     }
 }
