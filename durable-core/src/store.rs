@@ -22,6 +22,7 @@ mod approval;
 mod budget;
 mod family;
 mod fork;
+pub(crate) mod limit;
 mod message;
 mod queue;
 
@@ -39,6 +40,7 @@ pub use fork::{
     ForkSession, audit_map as fork_audit_map, copies as fork_copies, effect as fork_effect,
     fate as fork_fate, fork_step,
 };
+pub use limit::{InvalidLimit, Limit};
 pub use message::StoredMessage;
 pub use queue::{Claim, QueueInfo, Scheduling, WorkEvents, WorkNotifier};
 

@@ -108,7 +108,7 @@ impl Journal {
     /// ([`with_model_name`](Self::with_model_name)). A model the table does not price
     /// is charged its tokens and no dollars (with a warning when the table prices other
     /// models). `durable-openai` and `durable-rig` map their providers' usage into
-    /// [`Usage`](crate::snapshot::Usage).
+    /// [`Usage`].
     ///
     /// ```no_run
     /// # async fn f(journal: &durable_core::Journal) -> Result<(), Box<dyn std::error::Error>> {

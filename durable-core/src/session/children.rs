@@ -147,7 +147,7 @@ where
     /// returns its id: its own transcript (`options.messages`), plan, budget, state,
     /// queue and lease, on this runtime's app version, with this session as its parent.
     /// `options.id` is ignored: the child's id is derived from this call's identity
-    /// ([`child_id`](crate::store::child_id)), so a turn re-run after a crash finds the
+    /// ([`child_id`]), so a turn re-run after a crash finds the
     /// child it started and never starts a second. The child is released at once, for
     /// any worker's pool (as [`Durable::submit`](crate::Durable::submit) does).
     ///

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use super::limit::{Ask, BudgetExceeded, Limit};
 
 /// Nano-USD per USD.
-pub const NANO_USD_PER_USD: u64 = 1_000_000_000;
+pub use crate::store::limit::NANO_USD_PER_USD;
 
 /// A dollar amount that cannot be counted: NaN or infinite, negative, or too large.
 #[derive(Debug, Clone, Copy, PartialEq, thiserror::Error)]
@@ -46,14 +46,6 @@ pub(super) fn usd_to_nano(usd: f64) -> Result<u64, InvalidAmount> {
 
 fn nano_to_usd(nano: u64) -> f64 {
     nano as f64 / NANO_USD_PER_USD as f64
-}
-
-/// Exact decimal rendering, e.g. `$0.0015`, `$5.00`.
-pub(super) fn format_usd(nano: u64) -> String {
-    let whole = nano / NANO_USD_PER_USD;
-    let frac = format!("{:09}", nano % NANO_USD_PER_USD);
-    let frac = frac.trim_end_matches('0');
-    format!("${whole}.{frac:0<2}")
 }
 
 /// The cost of one recorded model or tool call: what a journal row carries

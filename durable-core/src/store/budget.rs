@@ -11,9 +11,9 @@
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 
+use super::limit::Limit;
 use crate::error::StoreError;
 use crate::ids::SessionId;
-use crate::snapshot::Limit;
 
 /// An operator's raise of one ceiling of a session's budget, as
 /// [`BudgetStore::raise_limit`] takes it.

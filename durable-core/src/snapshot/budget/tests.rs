@@ -1,6 +1,7 @@
 //! Unit tests of `Budget` and `Spend`.
 
 use super::*;
+use crate::store::limit::format_usd;
 
 fn spend(usd: f64, input: u64, output: u64) -> Spend {
     Spend::new(usd, input, output).expect("valid spend")
