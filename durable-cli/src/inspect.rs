@@ -528,7 +528,7 @@ pub async fn show(store: &dyn CheckpointStore, json: bool, args: ShowArgs) -> Re
         ),
     }
     outln!();
-    outln!("Budget (version {version}, with the turn under way)");
+    outln!("Budget (version {version}) with the calls since");
     crate::budget::print_standing(&standing);
 
     outln!();

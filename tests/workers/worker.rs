@@ -209,6 +209,10 @@ enum Driven {
     LeaseLost(DurableError),
     /// A store error (e.g. the server restarting): the session is left to recovery.
     Abandoned(DurableError),
+    /// Refused as `ReplayUnsafe`, and the park failed on a store error: the refusal
+    /// marked the call as waiting for an operator, so no claim takes the session again;
+    /// [`settle`] resumes it by id until the park is written.
+    ParkFailed(DurableError),
 }
 
 /// Where `zombie-a` stops to be paused.
@@ -391,7 +395,8 @@ async fn stop(session: Session<Message>, e: CallError<String>, zombie: bool) -> 
             let reason = format!("operator needed: {e}");
             match session.park(&reason).await {
                 Ok(()) => Driven::Parked,
-                Err(e) => ended(e),
+                Err(e @ DurableError::Store(StoreError::LeaseLost { .. })) => Driven::LeaseLost(e),
+                Err(e) => Driven::ParkFailed(e),
             }
         }
         DurableError::Store(StoreError::LeaseLost { .. }) => {
@@ -426,7 +431,38 @@ fn outcome(id: &SessionId, driven: &Driven) -> String {
         Driven::Asleep(due) => format!("asleep {id} until={due}"),
         Driven::LeaseLost(e) => format!("lease lost on {id}: {e}"),
         Driven::Abandoned(e) => format!("abandoned {id}: {e}"),
+        Driven::ParkFailed(e) => format!("park failed on {id}, resuming it: {e}"),
     }
+}
+
+/// Reports how `driven` ended; a session whose park failed is resumed by id (as an
+/// operator's nudge would: claims skip a session waiting for an operator) and driven
+/// again, until its park is written.
+async fn settle(
+    durable: &Durable,
+    ledger: &Ledger,
+    owner: &str,
+    id: &SessionId,
+    mut driven: Driven,
+) {
+    for _ in 0..150 {
+        if !matches!(driven, Driven::ParkFailed(_)) {
+            break;
+        }
+        report(id, &driven);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        driven = match durable.resume::<Message>(id).await {
+            Ok(resumed) => drive(resumed.session, ledger, owner, None, None).await,
+            Err(e)
+                if e.is_retryable()
+                    || matches!(e, DurableError::Store(StoreError::Leased { .. })) =>
+            {
+                Driven::ParkFailed(e)
+            }
+            Err(e) => Driven::Abandoned(e),
+        };
+    }
+    report(id, &driven);
 }
 
 async fn fleet(env: &Env) -> i32 {
@@ -437,10 +473,8 @@ async fn fleet(env: &Env) -> i32 {
             Ok(Some(resumed)) => {
                 let id = resumed.session.id().clone();
                 println!("recovered {id} at version {}", resumed.report.version);
-                report(
-                    &id,
-                    &drive(resumed.session, &ledger, &env.owner, None, None).await,
-                );
+                let driven = drive(resumed.session, &ledger, &env.owner, None, None).await;
+                settle(&durable, &ledger, &env.owner, &id, driven).await;
                 continue;
             }
             Ok(None) => {}
@@ -463,10 +497,8 @@ async fn fleet(env: &Env) -> i32 {
                     Ok(session) => {
                         let _ = ledger.dequeue(&id).await;
                         println!("started {id}");
-                        report(
-                            &SessionId::new(&id),
-                            &drive(session, &ledger, &env.owner, None, None).await,
-                        );
+                        let driven = drive(session, &ledger, &env.owner, None, None).await;
+                        settle(&durable, &ledger, &env.owner, &SessionId::new(&id), driven).await;
                     }
                     Err(DurableError::Store(StoreError::SessionExists(_))) => {
                         let _ = ledger.dequeue(&id).await;
