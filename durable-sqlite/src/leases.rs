@@ -250,9 +250,9 @@ pub(crate) async fn claim_expired(
         let conn = tx.conn();
         // The queues at their limit, counted once (per limited queue, not per candidate
         // row), as a JSON array for `json_each`.
-        let full = full_queues(store, &mut *conn, ttl).await?;
+        let full = full_groups(store, &mut *conn, ttl, Group::Queue).await?;
         // The tenants at their limit, the same way.
-        let full_tenants = full_tenants(store, &mut *conn, ttl).await?;
+        let full_tenants = full_groups(store, &mut *conn, ttl, Group::Tenant).await?;
         loop {
             // The first candidate (by rank: `created_at`, less its priority's weight;
             // then `rowid`) whose lease is free:
@@ -363,28 +363,58 @@ fn candidate(row: &sqlx::sqlite::SqliteRow) -> Result<Candidate, StoreError> {
     })
 }
 
-/// The queues at their limit of running sessions, as a JSON array: running means held
-/// under a lease this process does not judge lapsed.
-async fn full_queues(
+/// What a limit of running sessions is kept per: a queue or a tenant.
+#[derive(Clone, Copy)]
+enum Group {
+    Queue,
+    Tenant,
+}
+
+impl Group {
+    /// The limits: each name with its `max_running`.
+    fn limits_sql(self) -> &'static str {
+        match self {
+            Group::Queue => "SELECT name, max_running FROM durable_queues",
+            Group::Tenant => "SELECT name, max_running FROM durable_tenants",
+        }
+    }
+
+    /// The held leases of active sessions in a limited group, the group as column `grp`.
+    fn held_sql(self) -> &'static str {
+        match self {
+            Group::Queue => {
+                "SELECT id, queue AS grp, fence, lease_owner, lease_renewed_at, lease_expires_at \
+                 FROM durable_sessions WHERE status = 'active' AND lease_owner IS NOT NULL \
+                 AND queue IN (SELECT name FROM durable_queues)"
+            }
+            Group::Tenant => {
+                "SELECT id, tenant AS grp, fence, lease_owner, lease_renewed_at, lease_expires_at \
+                 FROM durable_sessions WHERE status = 'active' AND lease_owner IS NOT NULL \
+                 AND tenant IN (SELECT name FROM durable_tenants)"
+            }
+        }
+    }
+}
+
+/// The queues (or tenants) at their limit of running sessions, as a JSON array: running
+/// means held under a lease this process does not judge lapsed.
+async fn full_groups(
     store: &SqliteStore,
     conn: &mut SqliteConnection,
     fallback: Duration,
+    group: Group,
 ) -> Result<String, StoreError> {
-    let limits: Vec<(String, i64)> = sqlx::query_as("SELECT name, max_running FROM durable_queues")
+    let limits: Vec<(String, i64)> = sqlx::query_as(group.limits_sql())
         .fetch_all(&mut *conn)
         .await
         .map_err(db)?;
     if limits.is_empty() {
         return Ok("[]".to_owned());
     }
-    let held = sqlx::query(
-        "SELECT id, queue, fence, lease_owner, lease_renewed_at, lease_expires_at \
-         FROM durable_sessions WHERE status = 'active' AND lease_owner IS NOT NULL \
-         AND queue IN (SELECT name FROM durable_queues)",
-    )
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(db)?;
+    let held = sqlx::query(group.held_sql())
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(db)?;
     let mut running: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
     for row in &held {
         let id = SessionId::new(row.try_get::<String, _>("id").map_err(db)?);
@@ -396,60 +426,14 @@ async fn full_queues(
         };
         if store.leases().judge(id.as_str(), &lease, fallback) != Verdict::Free {
             *running
-                .entry(rows::col(row, "queue", &id, None)?)
+                .entry(rows::col(row, "grp", &id, None)?)
                 .or_default() += 1;
         }
     }
     let full: Vec<String> = limits
         .into_iter()
-        .filter(|(queue, max)| running.get(queue).copied().unwrap_or(0) >= *max)
-        .map(|(queue, _)| queue)
-        .collect();
-    Ok(serde_json::Value::from(full).to_string())
-}
-
-/// The tenants at their limit of running sessions, as a JSON array: running means held
-/// under a lease this process does not judge lapsed (as for queues).
-async fn full_tenants(
-    store: &SqliteStore,
-    conn: &mut SqliteConnection,
-    fallback: Duration,
-) -> Result<String, StoreError> {
-    let limits: Vec<(String, i64)> =
-        sqlx::query_as("SELECT name, max_running FROM durable_tenants")
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(db)?;
-    if limits.is_empty() {
-        return Ok("[]".to_owned());
-    }
-    let held = sqlx::query(
-        "SELECT id, tenant, fence, lease_owner, lease_renewed_at, lease_expires_at \
-         FROM durable_sessions WHERE status = 'active' AND lease_owner IS NOT NULL \
-         AND tenant IN (SELECT name FROM durable_tenants)",
-    )
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(db)?;
-    let mut running: std::collections::HashMap<String, i64> = std::collections::HashMap::new();
-    for row in &held {
-        let id = SessionId::new(row.try_get::<String, _>("id").map_err(db)?);
-        let lease = LeaseRow {
-            owner: rows::col(row, "lease_owner", &id, None)?,
-            fence: rows::col(row, "fence", &id, None)?,
-            renewed_at: rows::col(row, "lease_renewed_at", &id, None)?,
-            expires_at: rows::col(row, "lease_expires_at", &id, None)?,
-        };
-        if store.leases().judge(id.as_str(), &lease, fallback) != Verdict::Free {
-            *running
-                .entry(rows::col(row, "tenant", &id, None)?)
-                .or_default() += 1;
-        }
-    }
-    let full: Vec<String> = limits
-        .into_iter()
-        .filter(|(tenant, max)| running.get(tenant).copied().unwrap_or(0) >= *max)
-        .map(|(tenant, _)| tenant)
+        .filter(|(name, max)| running.get(name).copied().unwrap_or(0) >= *max)
+        .map(|(name, _)| name)
         .collect();
     Ok(serde_json::Value::from(full).to_string())
 }
