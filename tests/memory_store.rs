@@ -4,6 +4,7 @@
 //! tool again.
 #![cfg(feature = "memory")]
 
+use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -143,5 +144,165 @@ async fn an_interrupted_unsafe_call_is_resolved_by_an_operator_and_never_runs_tw
         runs.load(Ordering::SeqCst),
         1,
         "the payment ran exactly once"
+    );
+}
+
+type CallFuture<'a> =
+    std::pin::Pin<Box<dyn Future<Output = Result<Value, durable::CallError<String>>> + Send + 'a>>;
+
+/// A reply asked for two calls at once, an email and a charge; the worker died after the
+/// email went out, before its outcome was recorded and before the charge was issued.
+/// Returns the store, the session, and how many emails went out.
+async fn a_batch_killed_after_its_email(
+    email: &ToolSpec,
+) -> (
+    Arc<dyn CheckpointStore>,
+    durable::SessionId,
+    Arc<AtomicUsize>,
+) {
+    let store: Arc<dyn CheckpointStore> =
+        Arc::new(MemoryStore::open(MemoryStoreOptions::new().accept_volatile(true)).expect("open"));
+    let emails = Arc::new(AtomicUsize::new(0));
+    let session = worker(&store, "worker-1")
+        .start::<Message>(StartOptions::default())
+        .await
+        .expect("start");
+    let id = session.id().clone();
+    let sent = Arc::new(tokio::sync::Notify::new());
+    let (counter, signal) = (Arc::clone(&emails), Arc::clone(&sent));
+    let call = session
+        .journal()
+        .tool(email, json!({"to": "ann@example.com"}))
+        .run(move |_| {
+            let (counter, signal) = (Arc::clone(&counter), Arc::clone(&signal));
+            async move {
+                counter.fetch_add(1, Ordering::SeqCst);
+                signal.notify_one();
+                std::future::pending::<Result<Value, String>>().await
+            }
+        });
+    tokio::select! {
+        done = call => panic!("the hanging email returned: {done:?}"),
+        () = sent.notified() => {}
+    }
+    drop(session);
+    let record = store.session(&id).await.expect("session");
+    let dead = Lease {
+        session: id.clone(),
+        owner: record.lease_owner.clone().unwrap_or_default(),
+        fence: record.fence,
+        expires_at: 0,
+    };
+    store.release_lease(&dead).await.expect("release");
+    (store, id, emails)
+}
+
+fn tools() -> (ToolSpec, ToolSpec) {
+    let email = ToolSpec::new(
+        "send_email",
+        "Send an email.",
+        ReplayClass::UnsafeOnReplay,
+        json!({}),
+    )
+    .with_verify();
+    let charge = ToolSpec::new(
+        "charge",
+        "Charge a card.",
+        ReplayClass::UnsafeOnReplay,
+        json!({}),
+    );
+    (email, charge)
+}
+
+/// The resumed batch, the charge first (polled first, it meets the barrier before the
+/// email in doubt was taken up); `found` is the verify hook's answer.
+async fn resume_the_batch(
+    store: &Arc<dyn CheckpointStore>,
+    id: &durable::SessionId,
+    (email, charge): &(ToolSpec, ToolSpec),
+    emails: &Arc<AtomicUsize>,
+    charges: &Arc<AtomicUsize>,
+    found: bool,
+) -> Vec<Result<Value, durable::CallError<String>>> {
+    let resumed = worker(store, "worker-2")
+        .resume::<Message>(id)
+        .await
+        .expect("resume");
+    let journal = resumed.session.journal();
+    let (charged, sent) = (Arc::clone(charges), Arc::clone(emails));
+    let charge: CallFuture<'_> =
+        Box::pin(journal.tool(charge, json!({"cents": 1200})).run(move |_| {
+            let charged = Arc::clone(&charged);
+            async move {
+                charged.fetch_add(1, Ordering::SeqCst);
+                Ok::<_, String>(json!("charged"))
+            }
+        }));
+    let email: CallFuture<'_> = Box::pin(
+        journal
+            .tool(email, json!({"to": "ann@example.com"}))
+            .run_verified(
+                move |_| {
+                    let sent = Arc::clone(&sent);
+                    async move {
+                        sent.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, String>(json!("sent again"))
+                    }
+                },
+                move |_| async move {
+                    // Slower than the charge's first poll: the charge waits for it.
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    if found {
+                        durable::Verification::Happened(json!("found in the outbox"))
+                    } else {
+                        durable::Verification::Unknown
+                    }
+                },
+            ),
+    );
+    journal.join_calls([charge, email]).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sibling_waits_for_the_call_in_doubt_its_batch_replays() {
+    let tools = tools();
+    let (store, id, emails) = a_batch_killed_after_its_email(&tools.0).await;
+    let charges = Arc::new(AtomicUsize::new(0));
+    let outputs = resume_the_batch(&store, &id, &tools, &emails, &charges, true).await;
+    let outputs: Vec<Value> = outputs
+        .into_iter()
+        .map(|o| o.expect("both calls of the batch succeed"))
+        .collect();
+    assert_eq!(outputs, [json!("charged"), json!("found in the outbox")]);
+    assert_eq!(emails.load(Ordering::SeqCst), 1, "the email went out once");
+    assert_eq!(charges.load(Ordering::SeqCst), 1, "the charge ran once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_in_doubt_its_batch_cannot_settle_still_refuses_its_siblings() {
+    let tools = tools();
+    let (store, id, emails) = a_batch_killed_after_its_email(&tools.0).await;
+    let charges = Arc::new(AtomicUsize::new(0));
+    let outputs = resume_the_batch(&store, &id, &tools, &emails, &charges, false).await;
+    for output in outputs {
+        assert!(
+            matches!(
+                output,
+                Err(durable::CallError::Durable(
+                    DurableError::ReplayUnsafe { .. }
+                ))
+            ),
+            "refused as ReplayUnsafe: {output:?}"
+        );
+    }
+    assert_eq!(
+        emails.load(Ordering::SeqCst),
+        1,
+        "the email was not sent again"
+    );
+    assert_eq!(
+        charges.load(Ordering::SeqCst),
+        0,
+        "nothing ran beside the email in doubt"
     );
 }

@@ -10,7 +10,7 @@ use super::{
     now, owner, read, session_id,
 };
 use durable_core::error::StoreError;
-use durable_core::store::{Checkpoint, CheckpointStore, NewCheckpoint};
+use durable_core::store::{Checkpoint, CheckpointStore, NewCheckpoint, SessionStatus};
 
 /// A loaded checkpoint's messages, each stored text parsed into a `Value` (to compare
 /// with the values written).
@@ -128,6 +128,76 @@ pub async fn checkpoint_cas_conflict_writes_nothing(store: Arc<dyn CheckpointSto
         values(&cp),
         vec![message(0), message(1), message(2), message(3)],
         "messages of a refused save leaked into the log"
+    );
+}
+
+/// The final checkpoint and the session's completion are one write: after it, the
+/// checkpoint is the latest, the session `completed` and its lease gone (a straggler of
+/// the holder writes nothing more); a refused one (wrong version, stale lease) writes
+/// neither, and the session goes on as before.
+pub async fn checkpoint_completion_is_one_write(store: Arc<dyn CheckpointStore>) {
+    let (session, lease) = create(&*store, &owner("w")).await;
+    let (expected, actual) = expect_err!(
+        store
+            .complete_with_checkpoint(lease.fence(), 3, checkpoint("final", vec![message(2)]))
+            .await,
+        StoreError::VersionConflict { expected, actual, .. } => (expected, actual),
+        "complete_with_checkpoint(expected 3) when the latest is 0"
+    );
+    assert_eq!(
+        (expected, actual),
+        (3, 0),
+        "VersionConflict {{expected, actual}}"
+    );
+    let record = read(&*store, &session.id).await;
+    assert_eq!(
+        (record.status, record.latest_version),
+        (SessionStatus::Active, 0),
+        "a refused completion wrote its checkpoint or its status"
+    );
+    store
+        .renew_lease(&lease, LONG_TTL)
+        .await
+        .expect("a refused completion left the lease to its holder");
+
+    let meta = store
+        .complete_with_checkpoint(lease.fence(), 0, checkpoint("final", vec![message(2)]))
+        .await
+        .expect("complete_with_checkpoint(expected 0)");
+    assert_eq!(meta.version, 1, "the final checkpoint is version 1");
+    let record = read(&*store, &session.id).await;
+    assert_eq!(record.status, SessionStatus::Completed, "completed with it");
+    assert_eq!(record.latest_version, 1, "latest_version");
+    assert!(record.fence > lease.fence, "the token moved on");
+    let cp = load(&*store, &session.id, None).await;
+    assert_eq!(
+        cp.state,
+        json!({"state": "final"}),
+        "the final checkpoint's state"
+    );
+    assert_eq!(
+        values(&cp),
+        vec![message(0), message(1), message(2)],
+        "the final checkpoint's transcript"
+    );
+    expect_err!(
+        store
+            .save_checkpoint(lease.fence(), 1, checkpoint("after", vec![]))
+            .await,
+        StoreError::LeaseLost { .. } => (),
+        "a checkpoint under the completed session's old lease"
+    );
+    expect_err!(
+        store
+            .complete_with_checkpoint(lease.fence(), 1, checkpoint("again", vec![]))
+            .await,
+        StoreError::LeaseLost { .. } => (),
+        "a second completion under the old lease"
+    );
+    assert_eq!(
+        read(&*store, &session.id).await.latest_version,
+        1,
+        "a write under the old lease landed"
     );
 }
 

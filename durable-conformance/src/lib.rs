@@ -279,6 +279,7 @@ macro_rules! __durable_conformance_cases {
             // checkpoints
             checkpoint_initial_is_version_zero,
             checkpoint_cas_conflict_writes_nothing,
+            checkpoint_completion_is_one_write,
             checkpoint_concurrent_writers_never_fork,
             checkpoint_old_versions_keep_their_transcript,
             checkpoint_json_round_trips_exactly,

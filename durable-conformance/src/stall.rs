@@ -336,6 +336,21 @@ impl CheckpointLog for Probe {
         saved
     }
 
+    async fn complete_with_checkpoint(
+        &self,
+        fence: Fence<'_>,
+        expected: i64,
+        checkpoint: NewCheckpoint,
+    ) -> Result<CheckpointMeta, StoreError> {
+        self.saves.fetch_add(1, Ordering::SeqCst);
+        let saved = self
+            .inner
+            .complete_with_checkpoint(fence, expected, checkpoint)
+            .await;
+        self.stall_if_armed().await;
+        saved
+    }
+
     async fn load_checkpoint(
         &self,
         id: &SessionId,

@@ -126,6 +126,8 @@ pub(crate) struct JournalInner {
     /// The clear values of the secret arguments masked in this session's model replies
     /// (memory only; see [`secret`](crate::secret)).
     pub(crate) vault: crate::secret::Vault,
+    /// Woken whenever a call of a batch decides (see `barrier`).
+    siblings: tokio::sync::Notify,
 }
 
 /// What a session's journal knows between calls, in one place behind one lock: the lease,
@@ -174,6 +176,14 @@ pub(crate) struct JournalState {
     /// A cancellation asked of the session, once this worker learned of it (on resume,
     /// or at a lease renewal): no new call starts (see `cancel`).
     pub(crate) cancelled: Option<crate::store::CancelRequest>,
+    /// The calls of each running [`join_calls`](Journal::join_calls) batch that have not
+    /// decided yet (see `barrier`), by batch.
+    batches: HashMap<u64, HashSet<usize>>,
+    /// The last batch number handed out.
+    last_batch: u64,
+    /// How many times a call of a batch decided (what the barrier compares before it
+    /// refuses, see `barrier`).
+    batch_decisions: u64,
 }
 
 impl AsMut<Numbers> for JournalState {
@@ -268,6 +278,9 @@ impl Journal {
                     commit: CommitSlot::Idle,
                     scopes: 0,
                     cancelled: None,
+                    batches: HashMap::new(),
+                    last_batch: 0,
+                    batch_decisions: 0,
                 })),
                 cache: tokio::sync::Mutex::new(StepCache {
                     step,
@@ -277,6 +290,7 @@ impl Journal {
                 // A session this journal started holds no carried row: nothing to read.
                 carried: tokio::sync::OnceCell::new_with(started.then(Vec::new)),
                 vault: crate::secret::Vault::default(),
+                siblings: tokio::sync::Notify::new(),
             }),
             scope: None,
             reasoning: None,

@@ -349,7 +349,7 @@ where
     ) -> Result<CheckpointMeta, DurableError> {
         let span = self.checkpoint_span();
         let written = self
-            .write_checkpoint(None, false)
+            .write_checkpoint(None, false, Ending::Continues)
             .instrument(span.clone())
             .await;
         if let Err(e) = &written {
@@ -364,7 +364,7 @@ where
     ) -> Result<CheckpointMeta, DurableError> {
         let span = self.checkpoint_span();
         let written = self
-            .write_checkpoint(wake_at, true)
+            .write_checkpoint(wake_at, true, Ending::Continues)
             .instrument(span.clone())
             .await;
         if let Err(e) = &written {
@@ -390,6 +390,7 @@ where
         &mut self,
         wake_at: Option<i64>,
         replayed: bool,
+        ending: Ending,
     ) -> Result<CheckpointMeta, DurableError> {
         if let Some(version) = self.journal.checkpoint_in_doubt() {
             return Err(DurableError::CheckpointInDoubt {
@@ -408,14 +409,35 @@ where
         checkpoint.wake_at = wake_at;
         #[cfg(feature = "failpoints")]
         fail::fail_point!("durable::before_checkpoint");
+        if ending == Ending::Completes {
+            // Cancelled meanwhile: the session ends as cancelled, as `finish` ends it.
+            if let Some(request) = self.journal.cancel_request() {
+                self.stop_renewing();
+                self.journal.end_cancelled(&request).await;
+                return Err(DurableError::Cancelled {
+                    session: self.record.id.clone(),
+                    by: request.by,
+                    reason: request.reason,
+                });
+            }
+            self.stop_renewing();
+        }
         let lease = self.journal.lease();
         // If this future is dropped mid-write, the write may or may not have committed:
         // the flag stays set and the handle refuses to go on (resume the session).
         self.journal.set_checkpoint_in_doubt(Some(self.version + 1));
-        let saved = self
-            .store
-            .save_checkpoint(lease.fence(), self.version, checkpoint)
-            .await;
+        let saved = match ending {
+            Ending::Continues => {
+                self.store
+                    .save_checkpoint(lease.fence(), self.version, checkpoint)
+                    .await
+            }
+            Ending::Completes => {
+                self.store
+                    .complete_with_checkpoint(lease.fence(), self.version, checkpoint)
+                    .await
+            }
+        };
         self.journal.set_checkpoint_in_doubt(None);
         let meta = saved.map_err(|e| self.lost(e))?;
         #[cfg(feature = "failpoints")]
@@ -680,9 +702,20 @@ where
     /// nothing changed since the last one) and marks the session completed, releasing
     /// its lease.
     pub async fn complete(mut self) -> Result<CheckpointMeta, DurableError> {
-        let meta = self.checkpoint().await?;
-        self.finish(SessionStatus::Completed, None).await?;
-        Ok(meta)
+        if crate::guard_switch::guard_off("atomic_complete") {
+            let meta = self.checkpoint().await?;
+            self.finish(SessionStatus::Completed, None).await?;
+            return Ok(meta);
+        }
+        let span = self.checkpoint_span();
+        let written = self
+            .write_checkpoint(None, true, Ending::Completes)
+            .instrument(span.clone())
+            .await;
+        if let Err(e) = &written {
+            span.record(telemetry::ERROR_TYPE, telemetry::durable_error_type(e));
+        }
+        written
     }
 
     /// Marks the session failed (terminal), with a reason.
@@ -916,4 +949,14 @@ impl Drop for CloseScope<'_> {
             self.0.abandon(executed);
         }
     }
+}
+
+/// Whether a checkpoint ends the session (written with its completion, in one
+/// transaction).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ending {
+    /// The session goes on.
+    Continues,
+    /// The session's final checkpoint: `completed` in the same transaction.
+    Completes,
 }

@@ -1298,6 +1298,26 @@ pub trait CheckpointLog: Send + Sync + 'static {
         checkpoint: NewCheckpoint,
     ) -> Result<CheckpointMeta, StoreError>;
 
+    /// Writes checkpoint `expected + 1`, as [`save_checkpoint`](Self::save_checkpoint),
+    /// and marks the session `completed`, as
+    /// [`set_status`](SessionStore::set_status) does (the lease ends, the token moves
+    /// on, a parent waiting for the session is woken), in **one transaction**.
+    ///
+    /// What [`Session::complete`](crate::Session::complete) writes: a session whose final
+    /// checkpoint was committed but not its status would be resumed from that
+    /// checkpoint, as a step that recorded nothing yet, and its handler would repeat
+    /// the calls it made before it completed.
+    ///
+    /// # Contract
+    /// Atomic and fenced, all or nothing: on [`StoreError::VersionConflict`] or
+    /// [`StoreError::LeaseLost`] neither the checkpoint nor the status is written.
+    async fn complete_with_checkpoint(
+        &self,
+        fence: Fence<'_>,
+        expected: i64,
+        checkpoint: NewCheckpoint,
+    ) -> Result<CheckpointMeta, StoreError>;
+
     /// Loads a checkpoint: `None` = the latest.
     ///
     /// # Contract

@@ -81,7 +81,6 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
-use futures_util::future::join_all;
 use serde_json::{Value, json};
 
 use crate::args::{self, ArgLimits, ArgumentError, ArgumentErrorKind};
@@ -413,13 +412,17 @@ impl Toolbox {
     ///
     /// The futures are created and first polled in the order of `calls` (which is what
     /// gives identical calls their ordinals, see the [module docs](self)); one call's
-    /// failure does not stop the others.
+    /// failure does not stop the others. They run as one batch
+    /// ([`Journal::join_calls`]): on a resume, a call left in doubt that one of them
+    /// replays does not get its siblings refused before it was taken up.
     pub async fn dispatch_all(
         &self,
         journal: &Journal,
         calls: &[ModelToolCall],
     ) -> Vec<Result<ToolResult, DurableError>> {
-        join_all(calls.iter().map(|call| self.dispatch(journal, call))).await
+        journal
+            .join_calls(calls.iter().map(|call| self.dispatch(journal, call)))
+            .await
     }
 }
 

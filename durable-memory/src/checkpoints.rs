@@ -132,6 +132,22 @@ pub(crate) fn save_checkpoint(
     append(store.ring(), now, session, expected, &checkpoint)
 }
 
+/// The final checkpoint and the session's completion, under one lock.
+pub(crate) fn complete_with_checkpoint(
+    store: &MemoryStore,
+    fence: Fence<'_>,
+    expected: i64,
+    checkpoint: NewCheckpoint,
+) -> Result<CheckpointMeta, StoreError> {
+    let now = store.clock();
+    let mut state = store.lock();
+    let session = sessions::fenced(store, &mut state, fence)?;
+    let meta = append(store.ring(), now, session, expected, &checkpoint)?;
+    sessions::end(session, SessionStatus::Completed, None, now, true);
+    crate::family::wake_parent(&mut state, fence.session);
+    Ok(meta)
+}
+
 /// A checked checkpoint with the last `window` messages of its transcript (all when
 /// `None`): the head, the checkpoint's seal over its snapshots and transcript end, and
 /// each message's seal in the chain.

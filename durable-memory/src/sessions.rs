@@ -136,28 +136,39 @@ pub(crate) fn set_status(
     let awaiting = status == SessionStatus::AwaitingApproval;
     let release = status.is_terminal() || status == SessionStatus::Parked || awaiting;
     let requested = session.has_requested();
-    let r = &mut session.record;
     if awaiting && !requested {
         // Every request was decided already: active, released, for the next worker.
-        r.status = SessionStatus::Active;
-        r.status_reason = None;
+        end(session, SessionStatus::Active, None, now, release);
     } else {
-        r.status = status;
-        r.status_reason = reason.map(str::to_owned);
-    }
-    r.updated_at = now;
-    if release {
-        r.lease_expires_at = Some(now);
-        r.fence += 1;
+        end(session, status, reason, now, release);
     }
     if awaiting {
-        r.lease_owner = None;
+        session.record.lease_owner = None;
     }
     let ends = status.is_terminal() || status == SessionStatus::Parked;
     if ends {
         crate::family::wake_parent(&mut state, fence.session);
     }
     Ok(())
+}
+
+/// Sets the status of a fenced session; `release` gives up its lease (the token moves
+/// on, a straggler of the holder writes nothing more).
+pub(crate) fn end(
+    session: &mut Session,
+    status: SessionStatus,
+    reason: Option<&str>,
+    now: i64,
+    release: bool,
+) {
+    let r = &mut session.record;
+    r.status = status;
+    r.status_reason = reason.map(str::to_owned);
+    r.updated_at = now;
+    if release {
+        r.lease_expires_at = Some(now);
+        r.fence += 1;
+    }
 }
 
 /// The session of a write under a lease: it exists, the token is current

@@ -214,6 +214,17 @@ impl CheckpointLog for MemoryStore {
         checkpoints::save_checkpoint(self, fence, expected, checkpoint)
     }
 
+    async fn complete_with_checkpoint(
+        &self,
+        fence: Fence<'_>,
+        expected: i64,
+        checkpoint: NewCheckpoint,
+    ) -> Result<CheckpointMeta, StoreError> {
+        let meta = checkpoints::complete_with_checkpoint(self, fence, expected, checkpoint)?;
+        self.work_available();
+        Ok(meta)
+    }
+
     async fn load_checkpoint(
         &self,
         id: &SessionId,

@@ -11,6 +11,8 @@ use durable_core::store::{
     NewSession, SessionFilter, SessionRecord, SessionStatus,
 };
 
+use sqlx::PgConnection;
+
 use crate::PostgresStore;
 use crate::checkpoints;
 use crate::error::db;
@@ -166,6 +168,19 @@ pub(crate) async fn set_status(
     )
     .await?
     .now;
+    update_status(&mut tx, fence.session, status, reason, now).await?;
+    tx.commit().await.map_err(db)
+}
+
+/// Sets the status of a session whose fenced row `tx` holds locked; a terminal, parked
+/// or awaiting one gives up its lease, and one that ends wakes a parent waiting for it.
+pub(crate) async fn update_status(
+    tx: &mut PgConnection,
+    session: &SessionId,
+    status: SessionStatus,
+    reason: Option<&str>,
+    now: i64,
+) -> Result<(), StoreError> {
     // Terminal, parked or awaiting approval: the holder is done with the session, so the
     // lease ends and the token moves on (a straggler of the holder writes nothing more).
     let awaits = status == SessionStatus::AwaitingApproval;
@@ -192,7 +207,7 @@ pub(crate) async fn set_status(
         crate::notify::pg_notify!(),
         " FROM updated WHERE $5"
     ))
-    .bind(fence.session.as_str())
+    .bind(session.as_str())
     .bind(status.as_str())
     .bind(reason)
     .bind(now)
@@ -202,9 +217,9 @@ pub(crate) async fn set_status(
     .await
     .map_err(db)?;
     if status.is_terminal() || status == SessionStatus::Parked {
-        crate::family::wake_parent(&mut tx, fence.session).await?;
+        crate::family::wake_parent(tx, session).await?;
     }
-    tx.commit().await.map_err(db)
+    Ok(())
 }
 
 #[async_trait]

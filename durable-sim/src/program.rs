@@ -34,12 +34,19 @@ pub enum Op {
 /// position of its own, before the calls they asked for the first time. A re-run that
 /// asks for a new call while one of the first attempt's calls is in doubt is what the
 /// session-wide barrier is for.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Program {
     /// The calls of each step.
     pub steps: Vec<Vec<Op>>,
     /// By step: where the re-planned call goes in the step's calls, and what it is.
     pub replans: BTreeMap<usize, (usize, Op)>,
+    /// A handler of one turn, as most are written: it runs its calls and completes, and
+    /// never looks at the session's version (it has one step). What makes a completion
+    /// that is not one write repeat its calls.
+    pub single_turn: bool,
+    /// The calls of a step run at once ([`Journal::join_calls`](durable_core::Journal::join_calls)), as a
+    /// harness runs the parallel calls of one reply; one after another otherwise.
+    pub parallel: bool,
 }
 
 impl Program {
@@ -70,7 +77,20 @@ impl Program {
                 replans.insert(i, (at, op));
             }
         }
-        Program { steps, replans }
+        Program {
+            steps,
+            replans,
+            single_turn: false,
+            parallel: false,
+        }
+    }
+
+    /// Makes it a handler of one turn (its first step only).
+    pub fn into_single_turn(mut self) -> Self {
+        self.steps.truncate(1);
+        self.replans.retain(|&step, _| step == 0);
+        self.single_turn = true;
+        self
     }
 
     /// The calls of step `step` on its `attempt`th run (1 for the first): with its

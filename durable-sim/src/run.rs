@@ -49,6 +49,7 @@ impl Default for Options {
 
 /// The guards a revert experiment may switch off (`--guard-off`).
 pub const GUARDS: &[&str] = &[
+    "atomic_complete",
     "barrier",
     "divergence",
     "poison_pill",
@@ -234,6 +235,7 @@ async fn run_step(
     (origin, origin_step): (&SessionId, i64),
     ops: &[(String, Op)],
     reword: bool,
+    parallel: bool,
 ) -> Result<(), Stop> {
     let id = session.id().clone();
     let step = session.version();
@@ -251,143 +253,170 @@ async fn run_step(
         .await
         .map_err(|e| stop(world, &model_key, e))?;
     world.observe(&model_key, &reply);
-    for (j, op) in ops {
-        // The logical call (its ledgers' key, in its arguments), and what the harness saw
-        // of it in this session.
-        let key = format!("{origin}/{origin_step}/{j}");
-        let seen = format!("{id}/{step}/{j}");
+    if parallel {
+        // The calls of the reply at once, as `Toolbox::dispatch_all` runs them.
         let journal = session.journal();
-        let result = match *op {
-            Op::Email => {
-                let unknown = lock(&ctx.rng).random_bool(ctx.unknown);
-                let (w1, w2, k1, k2) = (
-                    Arc::clone(world),
-                    Arc::clone(world),
-                    key.clone(),
-                    key.clone(),
-                );
-                let (c1, s1) = (Arc::clone(ctx), id.clone());
-                let args = if reword {
-                    json!({ "call": key, "draft": 2 })
-                } else {
-                    json!({ "call": key })
-                };
-                journal
-                    .tool(&ctx.tools.email, args)
-                    .run_verified(
-                        move |tool| {
-                            let (world, key) = (Arc::clone(&w1), k1.clone());
-                            let (ctx, session) = (Arc::clone(&c1), s1.clone());
-                            let attempt =
-                                format!("attempt {} of call {}", tool.attempt(), tool.call_id());
-                            async move {
-                                tokio::time::sleep(NETWORK).await;
-                                beside_doubt(&ctx, &session, &key).await;
-                                let sent = world.send_email(&key, &attempt);
-                                ctx.trace.record(format_args!("email {key} {sent}"));
-                                tokio::time::sleep(NETWORK).await;
-                                Ok::<Value, String>(sent)
-                            }
-                        },
-                        move |_| async move {
-                            if unknown {
-                                return Verification::Unknown;
-                            }
-                            match w2.email_sent(&k2) {
-                                Some(sent) => Verification::Happened(sent),
-                                None => Verification::DidNotHappen,
-                            }
-                        },
-                    )
-                    .await
-            }
-            Op::Charge(amount) => {
-                let (w, k) = (Arc::clone(world), key.clone());
-                let (c1, s1) = (Arc::clone(ctx), id.clone());
-                journal
-                    .tool(&ctx.tools.charge, json!({ "call": key, "amount": amount }))
-                    .key(format!("pay-{key}"))
-                    .run(move |tool| {
-                        let (world, call) = (Arc::clone(&w), k.clone());
+        let outcomes = journal
+            .join_calls(
+                ops.iter()
+                    .map(|(j, op)| run_op(session, ctx, (origin, origin_step), (j, *op), reword)),
+            )
+            .await;
+        return outcomes.into_iter().collect();
+    }
+    for (j, op) in ops {
+        run_op(session, ctx, (origin, origin_step), (j, *op), reword).await?;
+    }
+    Ok(())
+}
+
+/// One call of a step: its tool run through the journal, its result observed.
+async fn run_op(
+    session: &Session<Message>,
+    ctx: &Arc<Ctx>,
+    (origin, origin_step): (&SessionId, i64),
+    (j, op): (&String, Op),
+    reword: bool,
+) -> Result<(), Stop> {
+    let id = session.id().clone();
+    let step = session.version();
+    let world = &ctx.world;
+    // The logical call (its ledgers' key, in its arguments), and what the harness saw
+    // of it in this session.
+    let key = format!("{origin}/{origin_step}/{j}");
+    let seen = format!("{id}/{step}/{j}");
+    let journal = session.journal();
+    let result = match op {
+        Op::Email => {
+            let unknown = lock(&ctx.rng).random_bool(ctx.unknown);
+            let (w1, w2, k1, k2) = (
+                Arc::clone(world),
+                Arc::clone(world),
+                key.clone(),
+                key.clone(),
+            );
+            let (c1, s1) = (Arc::clone(ctx), id.clone());
+            let args = if reword {
+                json!({ "call": key, "draft": 2 })
+            } else {
+                json!({ "call": key })
+            };
+            journal
+                .tool(&ctx.tools.email, args)
+                .run_verified(
+                    move |tool| {
+                        let (world, key) = (Arc::clone(&w1), k1.clone());
                         let (ctx, session) = (Arc::clone(&c1), s1.clone());
-                        // The key the journal recorded with the row, as the payment API
-                        // receives it.
-                        let idem = tool.idempotency_key().unwrap_or_default().to_owned();
+                        let attempt =
+                            format!("attempt {} of call {}", tool.attempt(), tool.call_id());
                         async move {
                             tokio::time::sleep(NETWORK).await;
-                            beside_doubt(&ctx, &session, &call).await;
-                            let charged = world.charge(&call, &idem, amount);
-                            ctx.trace.record(format_args!("charge {call} {charged}"));
-                            tokio::time::sleep(NETWORK).await;
-                            Ok::<Value, String>(charged)
-                        }
-                    })
-                    .await
-            }
-            Op::Wire(amount) => {
-                let (w, k) = (Arc::clone(world), key.clone());
-                let (c1, s1) = (Arc::clone(ctx), id.clone());
-                let outcome = journal
-                    .tool(&ctx.tools.wire, json!({ "call": key, "amount": amount }))
-                    .require_approval(ApprovalRequest {
-                        asked_by: "policy".into(),
-                        reasoning: None,
-                        expires_in: None,
-                        schema: None,
-                    })
-                    .run(move |_| {
-                        let (world, call) = (Arc::clone(&w), k.clone());
-                        let (ctx, session) = (Arc::clone(&c1), s1.clone());
-                        async move {
-                            tokio::time::sleep(NETWORK).await;
-                            beside_doubt(&ctx, &session, &call).await;
-                            let sent = world.wire(&call, amount);
-                            ctx.trace.record(format_args!("wire {call} {sent}"));
+                            beside_doubt(&ctx, &session, &key).await;
+                            let sent = world.send_email(&key, &attempt);
+                            ctx.trace.record(format_args!("email {key} {sent}"));
                             tokio::time::sleep(NETWORK).await;
                             Ok::<Value, String>(sent)
                         }
-                    })
-                    .await;
-                match outcome {
-                    // Denied: the denial is the call's result, as the model reads it.
-                    Err(CallError::Recorded(denied)) => Ok(json!({ "denied": denied.message })),
-                    other => other,
-                }
+                    },
+                    move |_| async move {
+                        if unknown {
+                            return Verification::Unknown;
+                        }
+                        match w2.email_sent(&k2) {
+                            Some(sent) => Verification::Happened(sent),
+                            None => Verification::DidNotHappen,
+                        }
+                    },
+                )
+                .await
+        }
+        Op::Charge(amount) => {
+            let (w, k) = (Arc::clone(world), key.clone());
+            let (c1, s1) = (Arc::clone(ctx), id.clone());
+            journal
+                .tool(&ctx.tools.charge, json!({ "call": key, "amount": amount }))
+                .key(format!("pay-{key}"))
+                .run(move |tool| {
+                    let (world, call) = (Arc::clone(&w), k.clone());
+                    let (ctx, session) = (Arc::clone(&c1), s1.clone());
+                    // The key the journal recorded with the row, as the payment API
+                    // receives it.
+                    let idem = tool.idempotency_key().unwrap_or_default().to_owned();
+                    async move {
+                        tokio::time::sleep(NETWORK).await;
+                        beside_doubt(&ctx, &session, &call).await;
+                        let charged = world.charge(&call, &idem, amount);
+                        ctx.trace.record(format_args!("charge {call} {charged}"));
+                        tokio::time::sleep(NETWORK).await;
+                        Ok::<Value, String>(charged)
+                    }
+                })
+                .await
+        }
+        Op::Wire(amount) => {
+            let (w, k) = (Arc::clone(world), key.clone());
+            let (c1, s1) = (Arc::clone(ctx), id.clone());
+            let outcome = journal
+                .tool(&ctx.tools.wire, json!({ "call": key, "amount": amount }))
+                .require_approval(ApprovalRequest {
+                    asked_by: "policy".into(),
+                    reasoning: None,
+                    expires_in: None,
+                    schema: None,
+                })
+                .run(move |_| {
+                    let (world, call) = (Arc::clone(&w), k.clone());
+                    let (ctx, session) = (Arc::clone(&c1), s1.clone());
+                    async move {
+                        tokio::time::sleep(NETWORK).await;
+                        beside_doubt(&ctx, &session, &call).await;
+                        let sent = world.wire(&call, amount);
+                        ctx.trace.record(format_args!("wire {call} {sent}"));
+                        tokio::time::sleep(NETWORK).await;
+                        Ok::<Value, String>(sent)
+                    }
+                })
+                .await;
+            match outcome {
+                // Denied: the denial is the call's result, as the model reads it.
+                Err(CallError::Recorded(denied)) => Ok(json!({ "denied": denied.message })),
+                other => other,
             }
-            Op::Measure(non_finite) => {
-                let outcome = journal
+        }
+        Op::Measure(non_finite) => {
+            let outcome =
+                journal
                     .tool(&ctx.tools.measure, json!({ "call": key }))
                     .run(move |_| async move {
                         Ok::<f64, String>(if non_finite { f64::NAN } else { 0.5 })
                     })
                     .await;
-                // What the harness sees, as text (JSON holds no NaN).
-                match outcome {
-                    Ok(ratio) => Ok(json!(format!("{ratio:?}"))),
-                    Err(CallError::Durable(DurableError::InvalidValue { .. })) => {
-                        Ok(json!("refused: not finite"))
-                    }
-                    Err(CallError::Durable(DurableError::Decode { .. })) => {
-                        Ok(json!("the recorded result no longer decodes"))
-                    }
-                    Err(e) => Err(e),
+            // What the harness sees, as text (JSON holds no NaN).
+            match outcome {
+                Ok(ratio) => Ok(json!(format!("{ratio:?}"))),
+                Err(CallError::Durable(DurableError::InvalidValue { .. })) => {
+                    Ok(json!("refused: not finite"))
                 }
+                Err(CallError::Durable(DurableError::Decode { .. })) => {
+                    Ok(json!("the recorded result no longer decodes"))
+                }
+                Err(e) => Err(e),
             }
-            Op::Lookup => {
-                let answer = json!({ "fact": format!("about {key}") });
-                journal
-                    .tool(&ctx.tools.lookup, json!({ "call": key }))
-                    .run(move |_| {
-                        let answer = answer.clone();
-                        async move { Ok::<Value, String>(answer) }
-                    })
-                    .await
-            }
-        };
-        let value = result.map_err(|e| stop(world, &key, e))?;
-        ctx.trace.record(format_args!("result {seen} {value}"));
-        world.observe(&seen, &value);
-    }
+        }
+        Op::Lookup => {
+            let answer = json!({ "fact": format!("about {key}") });
+            journal
+                .tool(&ctx.tools.lookup, json!({ "call": key }))
+                .run(move |_| {
+                    let answer = answer.clone();
+                    async move { Ok::<Value, String>(answer) }
+                })
+                .await
+        }
+    };
+    let value = result.map_err(|e| stop(world, &key, e))?;
+    ctx.trace.record(format_args!("result {seen} {value}"));
+    world.observe(&seen, &value);
     Ok(())
 }
 
@@ -417,7 +446,12 @@ async fn handle(
     }
     loop {
         let step = session.version();
-        let origin_step = step + offset;
+        // A handler of one turn runs its turn whatever the version says.
+        let origin_step = if program.single_turn {
+            0
+        } else {
+            step + offset
+        };
         let Some(index) = usize::try_from(origin_step)
             .ok()
             .filter(|&s| s < program.steps.len())
@@ -434,7 +468,20 @@ async fn handle(
         // differently: the divergence check must refuse them (they would repeat the
         // parent's email under other arguments).
         let reword = fork && step == 0;
-        let refused = match run_step(&session, &ctx, (&origin, origin_step), &ops, reword).await {
+        let refused = match run_step(
+            &session,
+            &ctx,
+            (&origin, origin_step),
+            &ops,
+            reword,
+            program.parallel,
+        )
+        .await
+        {
+            Ok(()) if program.single_turn => {
+                session.push(Message::user("done"));
+                return session.complete().await.map(|_| ());
+            }
             Ok(()) => {
                 session.push(Message::user(format!("step {step} done")));
                 match session.checkpoint().await {
@@ -770,13 +817,22 @@ async fn simulate(seed: u64, options: &Options) -> Report {
             )
         })
         .collect();
-    // Drawn from a stream of its own, so that adding it changed no other draw.
+    // Drawn from streams of their own, so that adding them changed no other draw.
+    let mut turns = SmallRng::seed_from_u64(seed ^ 0x5851_f42d_4c95_7f2d);
+    for program in programs.values_mut() {
+        if turns.random_bool(0.3) {
+            *program = std::mem::take(program).into_single_turn();
+        }
+        program.parallel = turns.random_bool(0.5);
+    }
     if SmallRng::seed_from_u64(seed ^ 0x9e37_79b9_7f4a_7c15).random_bool(0.5) {
         programs.insert(
             SessionId::new("poison"),
             Program {
                 steps: vec![vec![]],
                 replans: Default::default(),
+                single_turn: false,
+                parallel: false,
             },
         );
     }

@@ -31,6 +31,28 @@ pub(crate) async fn save_checkpoint(
     expected: i64,
     checkpoint: NewCheckpoint,
 ) -> Result<CheckpointMeta, StoreError> {
+    write_checkpoint(store, fence, expected, checkpoint, false).await
+}
+
+/// The final checkpoint and the session's completion in the same statements of the
+/// group commit (one transaction): the status set as `set_status` sets it, the lease
+/// given up, a parent waiting for the session woken.
+pub(crate) async fn complete_with_checkpoint(
+    store: &SqliteStore,
+    fence: Fence<'_>,
+    expected: i64,
+    checkpoint: NewCheckpoint,
+) -> Result<CheckpointMeta, StoreError> {
+    write_checkpoint(store, fence, expected, checkpoint, true).await
+}
+
+async fn write_checkpoint(
+    store: &SqliteStore,
+    fence: Fence<'_>,
+    expected: i64,
+    checkpoint: NewCheckpoint,
+    completes: bool,
+) -> Result<CheckpointMeta, StoreError> {
     let job_store = store.clone();
     let (session, token) = (fence.session.clone(), fence.token);
     store
@@ -63,6 +85,19 @@ pub(crate) async fn save_checkpoint(
                         expected,
                         &checkpoint,
                     )?;
+                    if completes {
+                        out.push(
+                            "UPDATE durable_sessions SET status = 'completed', \
+                             status_reason = NULL, updated_at = ?, lease_expires_at = ?, \
+                             fence = fence + 1 WHERE id = ?",
+                        );
+                        out.bind(now)?
+                            .bind(now)?
+                            .bind(fence.session.as_str().to_owned())?;
+                        out.push(crate::family::WAKE_PARENT);
+                        out.bind(fence.session.as_str().to_owned())?
+                            .bind(durable_core::store::WAITING_FOR_CHILDREN)?;
+                    }
                     let (sql, args) = out.into_parts();
                     conn.write(&sql, args).await?;
                     Ok(meta)
@@ -1230,6 +1265,17 @@ impl CheckpointLog for SqliteStore {
         checkpoint: NewCheckpoint,
     ) -> Result<CheckpointMeta, StoreError> {
         save_checkpoint(self, fence, expected, checkpoint).await
+    }
+
+    async fn complete_with_checkpoint(
+        &self,
+        fence: Fence<'_>,
+        expected: i64,
+        checkpoint: NewCheckpoint,
+    ) -> Result<CheckpointMeta, StoreError> {
+        let meta = complete_with_checkpoint(self, fence, expected, checkpoint).await?;
+        self.work_available();
+        Ok(meta)
     }
 
     async fn load_checkpoint(

@@ -57,20 +57,22 @@ pub(crate) async fn children(
 
 /// Ends the wait of `child`'s parent, if it waits for its children (inside the
 /// transaction that ended the child).
+/// Wakes the parent of a child that ended, if it waits for its children: the child's id,
+/// then [`WAITING_FOR_CHILDREN`].
+pub(crate) const WAKE_PARENT: &str = "UPDATE durable_sessions SET waiting_for = NULL, \
+     waiting_until = NULL WHERE id = (SELECT parent_id FROM durable_sessions WHERE id = ?) \
+     AND waiting_for = ?";
+
 pub(crate) async fn wake_parent(
     conn: &mut SqliteConnection,
     child: &SessionId,
 ) -> Result<(), StoreError> {
-    sqlx::query(
-        "UPDATE durable_sessions SET waiting_for = NULL, waiting_until = NULL \
-         WHERE id = (SELECT parent_id FROM durable_sessions WHERE id = ?) \
-         AND waiting_for = ?",
-    )
-    .bind(child.as_str())
-    .bind(WAITING_FOR_CHILDREN)
-    .execute(conn)
-    .await
-    .map_err(db)?;
+    sqlx::query(WAKE_PARENT)
+        .bind(child.as_str())
+        .bind(WAITING_FOR_CHILDREN)
+        .execute(conn)
+        .await
+        .map_err(db)?;
     Ok(())
 }
 

@@ -130,7 +130,57 @@ pub async fn fanout(backend: Backend) {
         .scalar("SELECT count(*) FROM ledger_emails", &[])
         .await
         .expect("emails");
-    assert_eq!(duplicates, 0, "a child's email was sent twice");
+    if duplicates != 0 {
+        let rows = ledger
+            .rows(
+                "SELECT effect_key, call_id, owner, receipt FROM ledger_emails WHERE effect_key IN \
+                 (SELECT effect_key FROM ledger_emails GROUP BY effect_key HAVING count(*) > 1) \
+                 ORDER BY effect_key",
+                &[],
+            )
+            .await
+            .expect("the duplicated emails");
+        let mut story = String::new();
+        for row in &rows {
+            story.push_str(&format!("\n  email {row:?}"));
+        }
+        for child in &children {
+            let key = format!("fanout:{}", child.session.id);
+            if rows.iter().any(|r| r[0] == key) {
+                story.push_str(&format!("\n  child {:?}", child.session));
+                for version in 0..4 {
+                    if let Ok(c) = store
+                        .load_checkpoint(&child.session.id, Some(version))
+                        .await
+                    {
+                        story.push_str(&format!("\n  checkpoint {version}: {:?}", c.state));
+                    }
+                }
+                for call in store.calls(&child.session.id, None).await.expect("journal") {
+                    story.push_str(&format!(
+                        "\n  call {} {:?} {:?} attempt {} fence {} issued {} finished {:?} {:?}",
+                        call.id,
+                        call.identity,
+                        call.status,
+                        call.attempt,
+                        call.fence,
+                        call.issued_at,
+                        call.finished_at,
+                        call.result
+                    ));
+                }
+            }
+        }
+        let owners: Vec<&String> = rows.iter().map(|r| &r[2]).collect();
+        for owner in owners {
+            let path = logs.path().join(format!("{owner}.log"));
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            story.push_str(&format!("\n--- {owner}.log (tail)\n"));
+            let lines: Vec<&str> = text.lines().collect();
+            story.push_str(&lines[lines.len().saturating_sub(60)..].join("\n"));
+        }
+        panic!("a child's email was sent twice:{story}");
+    }
     assert_eq!(emails, CHILDREN, "each child's email sent once");
     let last = store
         .load_checkpoint(&coordinator, None)

@@ -21,15 +21,113 @@
 //!   may simply not be matched *yet*), and it runs. A checkpoint that would end a step
 //!   with a recorded call unreplayed is always refused, so a recorded result is never
 //!   dropped from the conversation unseen.
+//!
+//! The parallel calls of one reply run as a batch ([`Journal::join_calls`]). A call in
+//! doubt that a sibling of the batch will replay is not a reason to refuse the others
+//! before that sibling got to it: a call of the batch that meets the barrier waits while
+//! a sibling has not *decided* (started running a call of its own, met the barrier
+//! itself, or ended), then looks again. Once every sibling has decided, a call still in
+//! doubt that none of them took up refuses as before.
 
-use super::{Journal, StepCache};
+use std::future::Future;
+
+use futures_util::future::join_all;
+
+use super::{Journal, JournalState, StepCache};
 use crate::error::DurableError;
 use crate::ids::CallId;
 use crate::replay::ReplayClass;
 use crate::store::{CARRIED_STEP, CallKind, CallRecord, CallStatus};
 use crate::tool_spec::ToolSpec;
 
+tokio::task_local! {
+    /// The batch and the position in it of the call being polled (inside
+    /// [`Journal::join_calls`]).
+    static SIBLING: (u64, usize);
+}
+
+/// Forgets a batch when [`Journal::join_calls`] ends or is dropped.
+struct BatchGuard<'j> {
+    journal: &'j Journal,
+    batch: u64,
+}
+
+impl Drop for BatchGuard<'_> {
+    fn drop(&mut self) {
+        self.journal.state().batches.remove(&self.batch);
+        self.journal.inner.siblings.notify_waiters();
+    }
+}
+
 impl Journal {
+    /// Runs the calls of one model reply concurrently, as one batch, and returns their
+    /// outputs in order.
+    ///
+    /// The calls of one reply are independent: on a resume they may be decided in any
+    /// order. When a crash left one of them in doubt (an `unsafe_on_replay` call issued,
+    /// its outcome never recorded), the session-wide barrier refuses every other call with
+    /// a side effect until that call is settled, unless this journal is replaying it
+    /// (its verify hook asking, say). Run separately, a sibling that happened to be
+    /// polled first would be refused before the call in doubt was taken up; in a batch it
+    /// waits for the other calls of the batch to start, to meet the barrier themselves or
+    /// to end, then looks again: refused only if the call in doubt is still nobody's.
+    ///
+    /// [`Toolbox::dispatch_all`](crate::Toolbox::dispatch_all) runs its calls this way;
+    /// use it for calls you run concurrently yourself.
+    ///
+    /// ```no_run
+    /// # use durable_core::{Journal, ToolSpec};
+    /// # async fn demo(journal: &Journal, email: &ToolSpec, charge: &ToolSpec) {
+    /// // One future type for both calls: the same body, told what to answer.
+    /// let answer = |text: &'static str| move |_| async move { Ok::<_, String>(text.to_owned()) };
+    /// let [sent, charged]: [_; 2] = journal
+    ///     .join_calls([
+    ///         journal.tool(email, serde_json::json!({ "to": "ann@example.com" }))
+    ///             .run(answer("sent")),
+    ///         journal.tool(charge, serde_json::json!({ "cents": 1200 }))
+    ///             .run(answer("charged")),
+    ///     ])
+    ///     .await
+    ///     .try_into()
+    ///     .expect("two calls, two outputs");
+    /// # let _ = (sent, charged); }
+    /// ```
+    pub async fn join_calls<F, I>(&self, calls: I) -> Vec<F::Output>
+    where
+        I: IntoIterator<Item = F>,
+        F: Future,
+    {
+        let calls: Vec<F> = calls.into_iter().collect();
+        let batch = {
+            let mut state = self.state();
+            state.last_batch += 1;
+            let batch = state.last_batch;
+            state.batches.insert(batch, (0..calls.len()).collect());
+            batch
+        };
+        let _forget = BatchGuard {
+            journal: self,
+            batch,
+        };
+        join_all(calls.into_iter().enumerate().map(|(position, call)| {
+            SIBLING.scope((batch, position), async move {
+                let output = call.await;
+                self.decided();
+                output
+            })
+        }))
+        .await
+    }
+
+    /// The call being polled, if it belongs to a batch, has decided: it runs a call of its
+    /// own, met the barrier, or ended. Wakes the siblings waiting at the barrier.
+    pub(super) fn decided(&self) {
+        let changed = decide(&mut self.state());
+        if changed {
+            self.inner.siblings.notify_waiters();
+        }
+    }
+
     /// Refuses `refused` while an `unsafe_on_replay` call of the session other than
     /// `except` is in doubt.
     pub(super) async fn barrier(
@@ -41,6 +139,11 @@ impl Journal {
             return Ok(());
         }
         loop {
+            // Registered before anything is read: a sibling deciding from here on wakes it.
+            let news = self.inner.siblings.notified();
+            tokio::pin!(news);
+            news.as_mut().enable();
+            let decisions = self.state().batch_decisions;
             let candidate = self
                 .state()
                 .doubts
@@ -57,7 +160,39 @@ impl Journal {
                 .call(&row.id)
                 .await
                 .map_err(|e| self.note_store_error(e))?;
-            let running_here = self.state().issued_here.contains(&current.id);
+            let (running_here, wait) = {
+                let mut state = self.state();
+                let running_here = state.issued_here.contains(&current.id);
+                let wait = if running_here || current.status != CallStatus::Issued {
+                    Wait::No
+                } else {
+                    if decide(&mut state) {
+                        // The siblings waiting here look again: one fewer to wait for.
+                        self.inner.siblings.notify_waiters();
+                    }
+                    let undecided = SIBLING
+                        .try_with(|&(batch, _)| {
+                            state.batches.get(&batch).is_some_and(|s| !s.is_empty())
+                        })
+                        .unwrap_or(false);
+                    if undecided && current.identity.step == state.step {
+                        Wait::ForSiblings
+                    } else if state.batch_decisions != decisions {
+                        Wait::LookAgain
+                    } else {
+                        Wait::No
+                    }
+                };
+                (running_here, wait)
+            };
+            match wait {
+                Wait::ForSiblings => {
+                    news.await;
+                    continue;
+                }
+                Wait::LookAgain => continue,
+                Wait::No => {}
+            }
             if current.status == CallStatus::Issued && !running_here {
                 let reason = if current.identity.step == self.step() {
                     format!(
@@ -232,6 +367,31 @@ impl Journal {
         state.issued_here.remove(id);
         state.doubts.retain(|r| &r.id != id);
     }
+}
+
+/// What the barrier does before it refuses a call in doubt.
+enum Wait {
+    /// Refuse (or pass): nothing may change.
+    No,
+    /// A sibling of the batch has not decided yet: it may take the call up.
+    ForSiblings,
+    /// A sibling decided since the row was read: read it again.
+    LookAgain,
+}
+
+/// Marks the call being polled as decided in its batch; whether that changed anything.
+fn decide(state: &mut JournalState) -> bool {
+    let Ok((batch, position)) = SIBLING.try_with(|&s| s) else {
+        return false;
+    };
+    let removed = state
+        .batches
+        .get_mut(&batch)
+        .is_some_and(|undecided| undecided.remove(&position));
+    if removed {
+        state.batch_decisions += 1;
+    }
+    removed
 }
 
 /// The rows that start a journal's barrier: the session's `unsafe_on_replay` tool calls

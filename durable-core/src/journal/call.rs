@@ -1444,6 +1444,8 @@ impl<'j> IssuedHere<'j> {
         // Ours now, not in doubt (it may come back there when this guard drops).
         state.doubts.retain(|r| r.id != row.id);
         drop(state);
+        // A sibling of its batch waiting at the barrier looks again.
+        journal.decided();
         IssuedHere {
             journal,
             row: row.clone(),

@@ -54,6 +54,41 @@ pub(crate) async fn save_checkpoint(
     Ok(meta)
 }
 
+/// The final checkpoint and the session's completion, in one transaction (the
+/// checkpoint's single-statement path is not taken: the status is written beside it).
+pub(crate) async fn complete_with_checkpoint(
+    store: &PostgresStore,
+    fence: Fence<'_>,
+    expected: i64,
+    checkpoint: NewCheckpoint,
+) -> Result<CheckpointMeta, StoreError> {
+    let mut tx = tx::begin(&store.pool).await?;
+    let ring = store.keyring();
+    let mut locked =
+        tx::lock_fenced(&mut tx, ring, fence, Lock::Update, Want { tail: true }).await?;
+    let now = locked.now;
+    let meta = append_checkpoint(
+        &mut tx,
+        ring,
+        fence.session,
+        &mut locked,
+        expected,
+        checkpoint,
+        now,
+    )
+    .await?;
+    crate::sessions::update_status(
+        &mut tx,
+        fence.session,
+        durable_core::store::SessionStatus::Completed,
+        None,
+        now,
+    )
+    .await?;
+    tx.commit().await.map_err(db)?;
+    Ok(meta)
+}
+
 pub(crate) async fn list_checkpoints(
     store: &PostgresStore,
     id: &SessionId,
@@ -645,6 +680,17 @@ impl CheckpointLog for PostgresStore {
         checkpoint: NewCheckpoint,
     ) -> Result<CheckpointMeta, StoreError> {
         save_checkpoint(self, fence, expected, checkpoint).await
+    }
+
+    async fn complete_with_checkpoint(
+        &self,
+        fence: Fence<'_>,
+        expected: i64,
+        checkpoint: NewCheckpoint,
+    ) -> Result<CheckpointMeta, StoreError> {
+        let meta = complete_with_checkpoint(self, fence, expected, checkpoint).await?;
+        self.work_available();
+        Ok(meta)
     }
 
     async fn load_checkpoint(

@@ -306,6 +306,22 @@ impl CheckpointLog for Faulty {
         .await
     }
 
+    async fn complete_with_checkpoint(
+        &self,
+        fence: Fence<'_>,
+        expected: i64,
+        checkpoint: NewCheckpoint,
+    ) -> Result<CheckpointMeta, StoreError> {
+        self.faulted(
+            "complete_with_checkpoint",
+            fence_of(fence),
+            none,
+            self.inner
+                .complete_with_checkpoint(fence, expected, checkpoint),
+        )
+        .await
+    }
+
     async fn load_checkpoint(
         &self,
         id: &SessionId,
