@@ -126,10 +126,7 @@ pub(crate) fn save_checkpoint(
     expected: i64,
     checkpoint: NewCheckpoint,
 ) -> Result<CheckpointMeta, StoreError> {
-    let now = store.clock();
-    let mut state = store.lock();
-    let session = sessions::fenced(store, &mut state, fence)?;
-    append(store.ring(), now, session, expected, &checkpoint)
+    write(store, fence, expected, checkpoint, false)
 }
 
 /// The final checkpoint and the session's completion, under one lock.
@@ -139,12 +136,26 @@ pub(crate) fn complete_with_checkpoint(
     expected: i64,
     checkpoint: NewCheckpoint,
 ) -> Result<CheckpointMeta, StoreError> {
+    write(store, fence, expected, checkpoint, true)
+}
+
+/// A checkpoint appended under one lock; `completes` marks the session `completed`
+/// under it.
+fn write(
+    store: &MemoryStore,
+    fence: Fence<'_>,
+    expected: i64,
+    checkpoint: NewCheckpoint,
+    completes: bool,
+) -> Result<CheckpointMeta, StoreError> {
     let now = store.clock();
     let mut state = store.lock();
     let session = sessions::fenced(store, &mut state, fence)?;
     let meta = append(store.ring(), now, session, expected, &checkpoint)?;
-    sessions::end(session, SessionStatus::Completed, None, now, true);
-    crate::family::wake_parent(&mut state, fence.session);
+    if completes {
+        sessions::end(session, SessionStatus::Completed, None, now, true);
+        crate::family::wake_parent(&mut state, fence.session);
+    }
     Ok(meta)
 }
 

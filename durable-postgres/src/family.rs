@@ -187,6 +187,12 @@ pub(crate) async fn cancel_session(
         }
         next += 1;
     }
+    // Descendants locked before their ancestors: the order a child's end takes (its own
+    // row, then its parent's to wake it), so that the two never wait on each other (a
+    // cycle PostgreSQL breaks by aborting one of them).
+    for id in order.iter().rev() {
+        tx::session(&mut tx, id, Some(Lock::Update)).await?;
+    }
     let reason = cancel.status_reason();
     let mut done = Vec::with_capacity(order.len());
     for id in order {

@@ -35,23 +35,7 @@ pub(crate) async fn save_checkpoint(
     if let Some(meta) = single_statement::save(store, fence, expected, &checkpoint).await? {
         return Ok(meta);
     }
-    let mut tx = tx::begin(&store.pool).await?;
-    let ring = store.keyring();
-    let mut locked =
-        tx::lock_fenced(&mut tx, ring, fence, Lock::Update, Want { tail: true }).await?;
-    let now = locked.now;
-    let meta = append_checkpoint(
-        &mut tx,
-        ring,
-        fence.session,
-        &mut locked,
-        expected,
-        checkpoint,
-        now,
-    )
-    .await?;
-    tx.commit().await.map_err(db)?;
-    Ok(meta)
+    save_in_transaction(store, fence, expected, checkpoint, false).await
 }
 
 /// The final checkpoint and the session's completion, in one transaction (the
@@ -61,6 +45,18 @@ pub(crate) async fn complete_with_checkpoint(
     fence: Fence<'_>,
     expected: i64,
     checkpoint: NewCheckpoint,
+) -> Result<CheckpointMeta, StoreError> {
+    save_in_transaction(store, fence, expected, checkpoint, true).await
+}
+
+/// A checkpoint written in a transaction of its own; `completes` marks the session
+/// `completed` in it.
+async fn save_in_transaction(
+    store: &PostgresStore,
+    fence: Fence<'_>,
+    expected: i64,
+    checkpoint: NewCheckpoint,
+    completes: bool,
 ) -> Result<CheckpointMeta, StoreError> {
     let mut tx = tx::begin(&store.pool).await?;
     let ring = store.keyring();
@@ -77,14 +73,10 @@ pub(crate) async fn complete_with_checkpoint(
         now,
     )
     .await?;
-    crate::sessions::update_status(
-        &mut tx,
-        fence.session,
-        durable_core::store::SessionStatus::Completed,
-        None,
-        now,
-    )
-    .await?;
+    if completes {
+        let completed = durable_core::store::SessionStatus::Completed;
+        crate::sessions::update_status(&mut tx, fence.session, completed, None, now).await?;
+    }
     tx.commit().await.map_err(db)?;
     Ok(meta)
 }
