@@ -783,3 +783,52 @@ fn idempotency_keys_are_plain_non_empty_strings() {
     assert_eq!(key, "charge:o-1");
     assert_eq!(String::from(key.clone()), key.into_string());
 }
+
+// ---------------------------------------------------------------------------------------
+// `rate_limit`: the tool's calls wait under a fleet-wide limit.
+// ---------------------------------------------------------------------------------------
+
+static CRM_LOOKUPS: AtomicUsize = AtomicUsize::new(0);
+
+/// Look a customer up in the CRM (one request per minute, shared by the fleet).
+#[durable_tool(replay = "pure", rate_limit = "crm")]
+async fn crm_lookup(id: String) -> Result<String, Failure> {
+    CRM_LOOKUPS.fetch_add(1, Ordering::SeqCst);
+    Ok(format!("customer {id}"))
+}
+
+#[tokio::test]
+async fn a_tools_rate_limit_holds_its_calls_to_the_limit() {
+    use durable::limiter::{Quota, RateLimit};
+    assert_eq!(crm_lookup::spec().rate_limit.as_deref(), Some("crm"));
+    let store = store().await;
+    let session = Durable::builder(Arc::clone(&store))
+        .owner("worker-1")
+        .renew_leases(false)
+        .rate_limit("crm", RateLimit::requests(Quota::per_minute(1)))
+        .limiter_hold(Duration::from_millis(100))
+        .build()
+        .start::<Message>(StartOptions::default())
+        .await
+        .expect("start");
+    let first = crm_lookup
+        .call(session.journal(), "c-1".into())
+        .await
+        .expect("the first call is within the limit");
+    assert_eq!(first, "customer c-1");
+    // The next turn is a minute away, further than the worker holds a session: refused
+    // before it runs or is journaled.
+    let refused = crm_lookup.call(session.journal(), "c-2".into()).await;
+    assert!(
+        matches!(
+            refused,
+            Err(CallError::Durable(DurableError::RateLimited { ref limit, .. })) if limit == "crm"
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(
+        CRM_LOOKUPS.load(Ordering::SeqCst),
+        1,
+        "the refused call ran"
+    );
+}

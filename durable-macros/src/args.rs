@@ -7,6 +7,7 @@
 //   retry           = <expr>               a `RetryPolicy` value
 //   approval        = "required" | <path>  every call needs approval, or a fn `(&Args) -> bool`
 //                                          deciding per call (the string is checked in validate)
+//   rate_limit      = "<limit name>"       the fleet-wide rate limit its calls wait under
 //   name            = "<tool name>"        defaults to the fn name
 //   description     = "<text>"             defaults to the fn's doc comment
 //   crate           = "<path>"             the runtime root, defaults to `::durable`
@@ -28,6 +29,7 @@ enum Keyword {
     Verify,
     Retry,
     Approval,
+    RateLimit,
     Name,
     Description,
     Crate,
@@ -40,6 +42,7 @@ const KEYS: &[(&str, Keyword)] = &[
     ("verify", Keyword::Verify),
     ("retry", Keyword::Retry),
     ("approval", Keyword::Approval),
+    ("rate_limit", Keyword::RateLimit),
     ("name", Keyword::Name),
     ("description", Keyword::Description),
     ("crate", Keyword::Crate),
@@ -103,6 +106,7 @@ pub(crate) struct ToolArgs {
     pub(crate) verify: Slot<Expr>,
     pub(crate) retry: Slot<Expr>,
     pub(crate) approval: Slot<ApprovalArg>,
+    pub(crate) rate_limit: Slot<LitStr>,
     pub(crate) name: Slot<LitStr>,
     pub(crate) description: Slot<LitStr>,
     pub(crate) krate: Slot<syn::Path>,
@@ -116,6 +120,7 @@ impl ToolArgs {
             verify: Slot::new("verify"),
             retry: Slot::new("retry"),
             approval: Slot::new("approval"),
+            rate_limit: Slot::new("rate_limit"),
             name: Slot::new("name"),
             description: Slot::new("description"),
             krate: Slot::new("crate"),
@@ -169,6 +174,11 @@ fn parse_args(cx: &Ctxt, input: ParseStream<'_>) -> syn::Result<ToolArgs> {
             Some((_, Keyword::Approval)) => {
                 if let Some(value) = approval_value(cx, input)? {
                     args.approval.set(cx, key, value);
+                }
+            }
+            Some((_, Keyword::RateLimit)) => {
+                if let Some(lit) = string_value(cx, input, &key, "rate_limit = \"crm\"")? {
+                    args.rate_limit.set(cx, key, lit);
                 }
             }
             Some((_, Keyword::Name)) => {
@@ -305,7 +315,7 @@ mod tests {
             errors,
             [
                 "unknown `durable_tool` argument `colour`; supported arguments: `replay`, \
-              `idempotency_key`, `verify`, `retry`, `approval`, `name`, `description`, `crate`"
+              `idempotency_key`, `verify`, `retry`, `approval`, `rate_limit`, `name`, `description`, `crate`"
             ]
         );
     }

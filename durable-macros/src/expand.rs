@@ -289,6 +289,9 @@ fn spec_fn(
     let verify = checked
         .verify
         .map(|_| quote!(let __durable_spec = __durable_spec.with_verify();));
+    let rate_limit = checked
+        .rate_limit
+        .map(|limit| quote!(let __durable_spec = __durable_spec.with_rate_limit(#limit);));
     let doc = format!(
         " The `{}` tool's description: name, description, replay class `{}`, argument schema and \
          its fingerprint. Built on first use.",
@@ -309,6 +312,7 @@ fn spec_fn(
                 #retry
                 #secrets
                 #verify
+                #rate_limit
                 __durable_spec
             })
         }

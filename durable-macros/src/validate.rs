@@ -69,6 +69,8 @@ pub(crate) struct Checked<'a> {
     pub(crate) verify: Option<&'a Expr>,
     pub(crate) retry: Option<&'a Expr>,
     pub(crate) approval: Option<Approval<'a>>,
+    /// The rate limit its calls wait under.
+    pub(crate) rate_limit: Option<&'a LitStr>,
     /// Names of `#[secret]` parameters.
     pub(crate) secrets: Vec<String>,
 }
@@ -88,6 +90,7 @@ pub(crate) fn validate<'a>(
     let key = check_key(cx, args, tool);
     let (name, name_span) = check_name(cx, args, tool);
     let approval = check_approval(cx, args);
+    let rate_limit = check_rate_limit(cx, args);
     if cx.has_errors() {
         return None;
     }
@@ -100,6 +103,7 @@ pub(crate) fn validate<'a>(
         verify: args.verify.get().map(|a| &a.value),
         retry: args.retry.get().map(|a| &a.value),
         approval,
+        rate_limit,
         secrets: tool
             .model_params()
             .filter(|p| p.secret.is_some())
@@ -512,6 +516,35 @@ fn check_name(cx: &Ctxt, args: &ToolArgs, tool: &ToolFn<'_>) -> (String, Span) {
         );
     }
     (name, arg.value.span())
+}
+
+/// The longest limit name (`durable_core::limiter::MAX_LIMIT_NAME`).
+const MAX_LIMIT_NAME: usize = 200;
+
+/// `rate_limit`'s name, checked as the limiter checks it at run time: 1 to 200 bytes, no
+/// control characters.
+fn check_rate_limit<'a>(cx: &Ctxt, args: &'a ToolArgs) -> Option<&'a LitStr> {
+    let arg = args.rate_limit.get()?;
+    let name = arg.value.value();
+    let problem = if name.trim().is_empty() {
+        Some("is empty".to_owned())
+    } else if name.len() > MAX_LIMIT_NAME {
+        Some(format!("is longer than {MAX_LIMIT_NAME} bytes"))
+    } else if name.chars().any(char::is_control) {
+        Some("holds a control character".to_owned())
+    } else {
+        None
+    };
+    if let Some(problem) = problem {
+        cx.error_spanned_by(
+            &arg.value,
+            format!(
+                "the rate limit's name {problem}; name the limit your runtime defines, e.g. \
+                 `rate_limit = \"crm\"` with `Durable::builder(store).rate_limit(\"crm\", …)`"
+            ),
+        );
+    }
+    Some(&arg.value)
 }
 
 #[cfg(test)]
