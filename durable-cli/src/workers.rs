@@ -227,6 +227,7 @@ fn print_queues(queues: &[QueueInfo], now: i64) {
         "RUNNING",
         "READY",
         "SLEEPING",
+        "WAITING",
         "AWAITING APPROVAL",
         "PARKED",
         "NEXT WAKE-UP",
@@ -239,6 +240,7 @@ fn print_queues(queues: &[QueueInfo], now: i64) {
             q.running.to_string(),
             q.ready.to_string(),
             q.sleeping.to_string(),
+            q.waiting.to_string(),
             q.awaiting_approval.to_string(),
             q.parked.to_string(),
             q.next_wake_at

@@ -150,10 +150,27 @@ pub async fn children_await_releases_the_parent_and_a_child_end_wakes_it(
         None,
         "a parent waiting for its child is not claimed"
     );
+    let queues = store.queues().await.expect("queues");
+    let parents = queues
+        .iter()
+        .find(|q| q.name == "parents")
+        .expect("the parents' queue");
+    assert_eq!(
+        (parents.waiting, parents.ready, parents.running),
+        (1, 0, 0),
+        "the waiting parent is counted as waiting, not ready: {parents:?}"
+    );
 
     complete_child(&kids, &child, json!({ "answer": 42 })).await;
     let woken = store.session(&id).await.expect("parent row");
     assert_eq!(woken.waiting_until, None, "the child's end ends the wait");
+    let queues = store.queues().await.expect("queues");
+    let parents = queues.iter().find(|q| q.name == "parents").expect("queue");
+    assert_eq!(
+        (parents.waiting, parents.ready),
+        (0, 1),
+        "the woken parent is ready: {parents:?}"
+    );
     let lease = store
         .claim_expired(&claim)
         .await

@@ -85,7 +85,8 @@ pub(crate) async fn page(
             table #queues {
                 thead { tr {
                     th { "Queue" } th.num { "Limit" } th.num { "Running" } th.num { "Ready" }
-                    th.num { "Sleeping" } th.num { "Awaiting approval" } th.num { "Parked" } th { "Next wake-up" }
+                    th.num { "Sleeping" } th.num title="Parents waiting for their children" { "Waiting" }
+                    th.num { "Awaiting approval" } th.num { "Parked" } th { "Next wake-up" }
                 } }
                 tbody {
                     @for q in &queues {
@@ -100,6 +101,7 @@ pub(crate) async fn page(
                             td.num.running { (q.running) }
                             td.num.ready { (q.ready) }
                             td.num.sleeping { (q.sleeping) }
+                            td.num.waiting { (q.waiting) }
                             td.num.awaiting { (q.awaiting_approval) }
                             td.num.parked { (q.parked) }
                             td.next-wake {

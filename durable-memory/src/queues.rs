@@ -62,6 +62,9 @@ pub(crate) fn queues(store: &MemoryStore) -> Result<Vec<QueueInfo>, StoreError> 
             .or_insert_with(|| QueueInfo::new(s.queue.clone()));
         match s.status {
             SessionStatus::Active if live(s, now) => info.running += 1,
+            SessionStatus::Active if s.waiting_until.is_some_and(|until| until > now) => {
+                info.waiting += 1;
+            }
             SessionStatus::Active => match s.wake_at.filter(|&at| at > now) {
                 Some(at) => {
                     info.sleeping += 1;

@@ -114,10 +114,15 @@ pub(crate) async fn queues(store: &PostgresStore) -> Result<Vec<QueueInfo>, Stor
              AND lease_expires_at > clock.now) AS running, \
            count(*) FILTER (WHERE status = 'active' AND (lease_owner IS NULL \
              OR lease_expires_at IS NULL OR lease_expires_at <= clock.now) \
-             AND (wake_at IS NULL OR wake_at <= clock.now)) AS ready, \
+             AND (wake_at IS NULL OR wake_at <= clock.now) \
+             AND (waiting_until IS NULL OR waiting_until <= clock.now)) AS ready, \
            count(*) FILTER (WHERE status = 'active' AND (lease_owner IS NULL \
              OR lease_expires_at IS NULL OR lease_expires_at <= clock.now) \
-             AND wake_at > clock.now) AS sleeping, \
+             AND wake_at > clock.now \
+             AND (waiting_until IS NULL OR waiting_until <= clock.now)) AS sleeping, \
+           count(*) FILTER (WHERE status = 'active' AND (lease_owner IS NULL \
+             OR lease_expires_at IS NULL OR lease_expires_at <= clock.now) \
+             AND waiting_until > clock.now) AS waiting, \
            count(*) FILTER (WHERE status = 'awaiting_approval') AS awaiting, \
            count(*) FILTER (WHERE status = 'parked') AS parked, \
            min(wake_at) FILTER (WHERE status = 'active' AND wake_at > clock.now) AS next_wake \
@@ -127,7 +132,7 @@ pub(crate) async fn queues(store: &PostgresStore) -> Result<Vec<QueueInfo>, Stor
          SELECT n.name, q.max_running, coalesce(c.running, 0) AS running, \
            coalesce(c.ready, 0) AS ready, coalesce(c.sleeping, 0) AS sleeping, \
            coalesce(c.awaiting, 0) AS awaiting, coalesce(c.parked, 0) AS parked, \
-           c.next_wake \
+           c.next_wake, coalesce(c.waiting, 0) AS waiting \
          FROM names n LEFT JOIN counts c ON c.queue = n.name \
          LEFT JOIN durable_queues q ON q.name = n.name ORDER BY n.name"
     ))
@@ -145,6 +150,7 @@ pub(crate) async fn queues(store: &PostgresStore) -> Result<Vec<QueueInfo>, Stor
             info.awaiting_approval = get(row, "awaiting")?;
             info.parked = get(row, "parked")?;
             info.next_wake_at = get(row, "next_wake")?;
+            info.waiting = get(row, "waiting")?;
             Ok(info)
         })
         .collect()

@@ -102,9 +102,13 @@ pub(crate) async fn queues(store: &SqliteStore) -> Result<Vec<QueueInfo>, StoreE
            sum(status = 'active' AND lease_owner IS NOT NULL AND lease_expires_at > ?1) \
              AS running, \
            sum(status = 'active' AND (lease_owner IS NULL OR lease_expires_at IS NULL \
-             OR lease_expires_at <= ?1) AND (wake_at IS NULL OR wake_at <= ?1)) AS ready, \
+             OR lease_expires_at <= ?1) AND (wake_at IS NULL OR wake_at <= ?1) \
+             AND (waiting_until IS NULL OR waiting_until <= ?1)) AS ready, \
            sum(status = 'active' AND (lease_owner IS NULL OR lease_expires_at IS NULL \
-             OR lease_expires_at <= ?1) AND wake_at > ?1) AS sleeping, \
+             OR lease_expires_at <= ?1) AND wake_at > ?1 \
+             AND (waiting_until IS NULL OR waiting_until <= ?1)) AS sleeping, \
+           sum(status = 'active' AND (lease_owner IS NULL OR lease_expires_at IS NULL \
+             OR lease_expires_at <= ?1) AND waiting_until > ?1) AS waiting, \
            sum(status = 'awaiting_approval') AS awaiting, \
            sum(status = 'parked') AS parked, \
            min(CASE WHEN status = 'active' AND wake_at > ?1 THEN wake_at END) AS next_wake \
@@ -113,7 +117,7 @@ pub(crate) async fn queues(store: &SqliteStore) -> Result<Vec<QueueInfo>, StoreE
          names AS (SELECT queue AS name FROM counts UNION SELECT name FROM durable_queues) \
          SELECT n.name, q.max_running, coalesce(c.running, 0), coalesce(c.ready, 0), \
            coalesce(c.sleeping, 0), coalesce(c.awaiting, 0), coalesce(c.parked, 0), \
-           c.next_wake \
+           c.next_wake, coalesce(c.waiting, 0) \
          FROM names n LEFT JOIN counts c ON c.queue = n.name \
          LEFT JOIN durable_queues q ON q.name = n.name ORDER BY n.name",
     )
@@ -134,6 +138,7 @@ pub(crate) async fn queues(store: &SqliteStore) -> Result<Vec<QueueInfo>, StoreE
             info.awaiting_approval = row.try_get(5).map_err(db)?;
             info.parked = row.try_get(6).map_err(db)?;
             info.next_wake_at = row.try_get(7).map_err(db)?;
+            info.waiting = row.try_get(8).map_err(db)?;
             Ok(info)
         })
         .collect()

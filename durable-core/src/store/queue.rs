@@ -157,10 +157,14 @@ pub struct QueueInfo {
     /// Active sessions with a live lease: being worked on (or held by a worker that
     /// died, until the lease expires).
     pub running: i64,
-    /// Active sessions a claim would take now: lease released or expired, not asleep.
+    /// Active sessions a claim would take now: lease released or expired, not asleep, not
+    /// waiting for their children.
     pub ready: i64,
     /// Active sessions asleep (their wake-up time is still to come), lease released.
     pub sleeping: i64,
+    /// Active parents waiting for their children, lease released: woken by a child's
+    /// end, or at their recheck time ([`Session::await_children`](crate::Session::await_children)).
+    pub waiting: i64,
     /// Sessions waiting for people to decide on their calls.
     pub awaiting_approval: i64,
     /// Parked sessions (an operator must look at them).
@@ -178,6 +182,7 @@ impl QueueInfo {
             running: 0,
             ready: 0,
             sleeping: 0,
+            waiting: 0,
             awaiting_approval: 0,
             parked: 0,
             next_wake_at: None,
