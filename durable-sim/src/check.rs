@@ -29,40 +29,50 @@ pub(crate) async fn check_end(
             Err(e) => violations.push(format!("reading the journal of {id}: {e}")),
         }
     }
-    let mut surfaced = |tool: &str, call: &str, result: &Value, key: Option<&str>| {
-        let matches = |row: &&durable_core::store::CallRecord| {
-            row.identity.tool == tool
-                && row.args["call"] == call
-                && key.is_none_or(|k| row.idempotency_key.as_deref() == Some(k))
-        };
-        // In the journal of the call's session, or of a fork of it (which runs its
-        // parent's calls, with the same arguments).
-        let recorded = journals
-            .values()
-            .flatten()
-            .filter(matches)
-            .find(|row| matches!(row.status, CallStatus::Completed | CallStatus::Resolved));
-        match recorded {
-            Some(row) if row.result.as_ref() == Some(result) => {}
-            Some(row) => violations.push(format!(
-                "{tool} for {call}: the ledger says {result}, the journal recorded {:?}",
-                row.result
-            )),
-            None if in_doubt.iter().any(|row| matches(&row)) => {}
-            None => violations.push(format!(
-                "effect not surfaced: {tool} for {call} happened ({result}) and the journal \
+    let mut surfaced =
+        |tool: &str, call: &str, result: &Value, key: Option<&str>, line: Option<&str>| {
+            let matches = |row: &&durable_core::store::CallRecord| {
+                row.identity.tool == tool
+                    && row.args["call"] == call
+                    && key.is_none_or(|k| row.idempotency_key.as_deref() == Some(k))
+                    && line
+                        .is_none_or(|s| crate::world::same_line(row.identity.session.as_str(), s))
+            };
+            // In the journal of the call's session, or of a fork of it (which runs its
+            // parent's calls, with the same arguments).
+            let recorded = journals
+                .values()
+                .flatten()
+                .filter(matches)
+                .filter(|row| matches!(row.status, CallStatus::Completed | CallStatus::Resolved))
+                .min_by_key(|row| row.result.as_ref() != Some(result));
+            match recorded {
+                Some(row) if row.result.as_ref() == Some(result) => {}
+                Some(row) => violations.push(format!(
+                    "{tool} for {call}: the ledger says {result}, the journal recorded {:?}",
+                    row.result
+                )),
+                None if in_doubt.iter().any(|row| matches(&row)) => {}
+                None => violations.push(format!(
+                    "effect not surfaced: {tool} for {call} happened ({result}) and the journal \
                  neither records it nor lists it in doubt"
-            )),
-        }
-    };
-    for (call, result) in world.emails() {
-        surfaced("send_email", &call, &result, None);
+                )),
+            }
+        };
+    for email in world.emails() {
+        surfaced(
+            "send_email",
+            &email.call,
+            &email.result,
+            None,
+            Some(&email.session),
+        );
     }
-    for (call, result) in world.wires() {
-        surfaced("wire", &call, &result, None);
+    for wire in world.wires() {
+        surfaced("wire", &wire.call, &wire.result, None, Some(&wire.session));
     }
     for (key, charge) in world.charges() {
-        surfaced("charge", &charge.call, &charge.result, Some(&key));
+        surfaced("charge", &charge.call, &charge.result, Some(&key), None);
     }
     for (id, program) in programs {
         let Ok(session) = store.session(id).await else {

@@ -295,7 +295,7 @@ async fn run_op(
                 key.clone(),
                 key.clone(),
             );
-            let (c1, s1) = (Arc::clone(ctx), id.clone());
+            let (c1, s1, s2) = (Arc::clone(ctx), id.clone(), id.clone());
             let args = if reword {
                 json!({ "call": key, "draft": 2 })
             } else {
@@ -312,7 +312,7 @@ async fn run_op(
                         async move {
                             tokio::time::sleep(NETWORK).await;
                             beside_doubt(&ctx, &session, &key).await;
-                            let sent = world.send_email(&key, &attempt);
+                            let sent = world.send_email(&key, session.as_str(), &attempt);
                             ctx.trace.record(format_args!("email {key} {sent}"));
                             tokio::time::sleep(NETWORK).await;
                             Ok::<Value, String>(sent)
@@ -322,7 +322,7 @@ async fn run_op(
                         if unknown {
                             return Verification::Unknown;
                         }
-                        match w2.email_sent(&k2) {
+                        match w2.email_sent(&k2, s2.as_str()) {
                             Some(sent) => Verification::Happened(sent),
                             None => Verification::DidNotHappen,
                         }
@@ -370,7 +370,7 @@ async fn run_op(
                     async move {
                         tokio::time::sleep(NETWORK).await;
                         beside_doubt(&ctx, &session, &call).await;
-                        let sent = world.wire(&call, amount);
+                        let sent = world.wire(&call, session.as_str(), amount);
                         ctx.trace.record(format_args!("wire {call} {sent}"));
                         tokio::time::sleep(NETWORK).await;
                         Ok::<Value, String>(sent)
@@ -655,8 +655,8 @@ async fn operator(fleet: Arc<Fleet>, mut rng: SmallRng) {
             for row in rows {
                 let call = row.args["call"].as_str().unwrap_or_default().to_owned();
                 let truth = match row.identity.tool.as_str() {
-                    "send_email" => world.email_sent(&call),
-                    "wire" => world.wire_sent(&call),
+                    "send_email" => world.email_sent(&call, row.identity.session.as_str()),
+                    "wire" => world.wire_sent(&call, row.identity.session.as_str()),
                     "charge" => row
                         .idempotency_key
                         .as_deref()
@@ -693,7 +693,7 @@ async fn operator(fleet: Arc<Fleet>, mut rng: SmallRng) {
                 ));
                 // Decided in the world first: the call may run the moment the store
                 // has the approval.
-                world.decide(&call, approve);
+                world.decide(&call, request.call.identity.session.as_str(), approve);
                 let decided = if approve {
                     durable
                         .operator()

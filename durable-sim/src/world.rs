@@ -17,7 +17,7 @@ pub type CallKey = String;
 #[derive(Debug, Default)]
 pub struct World {
     /// Every email sent: the logical call it served, with the message id the outbox gave.
-    emails: Mutex<Vec<(CallKey, Value)>>,
+    emails: Mutex<Vec<Effect>>,
     /// The payment API: charges by idempotency key (applied once each, as a real payment
     /// API deduplicates), with how often each key was presented.
     charges: Mutex<BTreeMap<String, Charge>>,
@@ -27,12 +27,42 @@ pub struct World {
     replies: Mutex<u64>,
     /// Invariant violations found while the run went on.
     violations: Mutex<Vec<String>>,
-    /// Every wire sent: the logical call, with its result.
-    wires: Mutex<Vec<(CallKey, Value)>>,
-    /// The operator's decisions on wires, by logical call: `true` approved.
-    decisions: Mutex<BTreeMap<CallKey, bool>>,
+    /// Every wire sent: the logical call, the session that sent it, its result.
+    wires: Mutex<Vec<Effect>>,
+    /// The operator's decisions on wires, by logical call and the session asking: `true`
+    /// approved. Each fork asks anew, and a person decides each request.
+    decisions: Mutex<BTreeMap<(CallKey, String), bool>>,
     /// How often each step of each session was run (by session and step).
     attempts: Mutex<BTreeMap<(String, i64), u32>>,
+}
+
+/// An effect a ledger holds (an email sent, a wire sent).
+#[derive(Debug, Clone)]
+pub struct Effect {
+    /// The logical call.
+    pub call: CallKey,
+    /// The session whose approved call sent it.
+    pub session: String,
+    /// What the bank answered.
+    pub result: Value,
+}
+
+/// Whether `a` and `b` are one session's line: the same session, or one a fork (of a
+/// fork…) of the other. Two forks of one session are two lines: a person decides each
+/// one's requests, and each may run what the other ran.
+pub fn same_line(a: &str, b: &str) -> bool {
+    a == b || a.starts_with(&format!("{b}.")) || b.starts_with(&format!("{a}."))
+}
+
+/// The result of `call`'s effect as `session` made it, else as a session of its line did.
+fn sent_by(effects: &[Effect], call: &CallKey, session: &str) -> Option<Value> {
+    let mine = |e: &&Effect| &e.call == call && e.session == session;
+    let line = |e: &&Effect| &e.call == call && same_line(&e.session, session);
+    effects
+        .iter()
+        .find(mine)
+        .or_else(|| effects.iter().find(line))
+        .map(|e| e.result.clone())
 }
 
 /// A charge the payment API applied.
@@ -70,64 +100,80 @@ impl World {
 
     /// The outbox sends an email for `call`; a second send for one call is the effect
     /// an `unsafe_on_replay` tool must never repeat.
-    pub fn send_email(&self, call: &CallKey, attempt: &str) -> Value {
+    /// Sibling forks are two lines (see [`same_line`]).
+    pub fn send_email(&self, call: &CallKey, session: &str, attempt: &str) -> Value {
         let mut emails = lock(&self.emails);
         let result = json!({ "message_id": emails.len() + 1 });
-        if let Some((_, first)) = emails.iter().find(|(c, _)| c == call) {
+        if let Some(first) = emails
+            .iter()
+            .find(|e| &e.call == call && same_line(&e.session, session))
+        {
             self.violation(format!(
-                "unsafe effect twice: email for {call} sent again (first {first}, now {result}, by {attempt})"
+                "unsafe effect twice: email for {call} sent again (first {} by {}, now {result} \
+                 by {attempt} in {session})",
+                first.result, first.session
             ));
         }
-        emails.push((call.clone(), result.clone()));
+        emails.push(Effect {
+            call: call.clone(),
+            session: session.to_owned(),
+            result: result.clone(),
+        });
         result
     }
 
-    /// The operator decided on `call`'s wire.
-    pub fn decide(&self, call: &CallKey, approved: bool) {
-        lock(&self.decisions).insert(call.clone(), approved);
+    /// The operator decided on `call`'s wire, as `session` asked for it.
+    pub fn decide(&self, call: &CallKey, session: &str, approved: bool) {
+        lock(&self.decisions).insert((call.clone(), session.to_owned()), approved);
     }
 
-    /// The bank wires money for `call`: only once a person approved it, and once.
-    pub fn wire(&self, call: &CallKey, amount: u64) -> Value {
+    /// The bank wires money for `call` from `session`: only once a person approved that
+    /// session's request, and once in its line.
+    pub fn wire(&self, call: &CallKey, session: &str, amount: u64) -> Value {
         let mut wires = lock(&self.wires);
         let result = json!({ "wire_id": wires.len() + 1, "amount": amount });
-        match lock(&self.decisions).get(call) {
+        match lock(&self.decisions).get(&(call.clone(), session.to_owned())) {
             Some(true) => {}
             Some(false) => self.violation(format!("a denied call ran: wire for {call}")),
             None => self.violation(format!("a call ran before its approval: wire for {call}")),
         }
-        if let Some((_, first)) = wires.iter().find(|(c, _)| c == call) {
+        if let Some(first) = wires
+            .iter()
+            .find(|w| &w.call == call && same_line(&w.session, session))
+        {
             self.violation(format!(
-                "an approved call ran twice: wire for {call} (first {first}, now {result})"
+                "an approved call ran twice: wire for {call} (first {} by {}, now {result} by \
+                 {session})",
+                first.result, first.session
             ));
         }
-        wires.push((call.clone(), result.clone()));
+        wires.push(Effect {
+            call: call.clone(),
+            session: session.to_owned(),
+            result: result.clone(),
+        });
         result
     }
 
-    /// What the bank knows about `call`'s wire.
-    pub fn wire_sent(&self, call: &CallKey) -> Option<Value> {
-        lock(&self.wires)
-            .iter()
-            .find(|(c, _)| c == call)
-            .map(|(_, r)| r.clone())
+    /// What the bank knows about `call`'s wire as `session` sent it (or a session of its
+    /// line).
+    pub fn wire_sent(&self, call: &CallKey, session: &str) -> Option<Value> {
+        sent_by(&lock(&self.wires), call, session)
     }
 
     /// Every wire sent.
-    pub fn wires(&self) -> Vec<(CallKey, Value)> {
+    pub fn wires(&self) -> Vec<Effect> {
         lock(&self.wires).clone()
     }
 
     /// What the outbox knows about `call`'s email: its result if it was sent.
-    pub fn email_sent(&self, call: &CallKey) -> Option<Value> {
-        lock(&self.emails)
-            .iter()
-            .find(|(c, _)| c == call)
-            .map(|(_, r)| r.clone())
+    /// as `session` (or a session of its line) sent it.
+    pub fn email_sent(&self, call: &CallKey, session: &str) -> Option<Value> {
+        sent_by(&lock(&self.emails), call, session)
     }
 
     /// Every email sent.
-    pub fn emails(&self) -> Vec<(CallKey, Value)> {
+    pub fn emails(&self) -> Vec<Effect> {
         lock(&self.emails).clone()
     }
 
