@@ -15,7 +15,9 @@
 //! - a **submitter** submits the sessions at seeded moments;
 //! - each **worker slot** runs a pool ([`Durable::worker`](durable_core::Durable::worker),
 //!   its own owner name, concurrency 1 to 3) whose handler runs the session's program from
-//!   the checkpoint it resumed at, releasing the session when a call is refused as
+//!   the checkpoint it resumed at (a third of the programs are single-turn handlers that
+//!   run their one step and complete, whatever the version; half run each step's calls
+//!   at once, as one batch), releasing the session when a call is refused as
 //!   replay-unsafe (only an operator can go on), parking it when a call awaits approval,
 //!   and releasing it when the pool shuts down; at seeded moments the slot **crashes** its
 //!   pool (aborts the task: no release, every await point is a possible crash point, a
@@ -55,8 +57,10 @@
 //!
 //! Checked while the run goes on:
 //! - **no `unsafe_on_replay` effect twice**: the outbox never sends two emails for one
-//!   call, the bank never wires twice for one call; a fork's calls are its parent's, so
-//!   this is also **a fork never repeats an effect of its parent**;
+//!   call, the bank never wires twice for one call, within one line (a session and its
+//!   forks; two forks of one session are two lines, each running its own calls); a
+//!   fork's calls are its parent's, so this is also **a fork never repeats an effect of
+//!   its parent**;
 //! - **an approved call runs at most once, a denied one never, none before its
 //!   approval**;
 //! - **no keyed charge applied twice**: no logical charge reaches the payment API under
@@ -128,12 +132,13 @@
 //!
 //! | guard switched off | first failing seed | invariant that failed |
 //! |---|---|---|
-//! | `fencing` (a write under a stale fencing token refused) | 3rd (seed 2) | never two writers: `save_checkpoint` with token 5 accepted after token 6 |
 //! | `poison_pill` (recoveries counted, a session parked past the bound) | 1st (seed 0) | liveness: the poison pill still active after 83 recoveries |
-//! | `finite` (non-finite floats refused on their way into the journal) | 2nd (seed 1) | a recorded result changed: `NaN` the first time, a result that no longer decodes on the replay |
-//! | `divergence` (the divergence check) | 10th (seed 9) | an unsafe effect twice: a fork's re-worded email sent again |
-//! | `lease_recheck` (the lease checked again after the issue, before the effect) | 83rd (seed 82) | an unsafe effect twice: an email sent by a worker waking after a pause past its lease, and by the worker that took over |
-//! | `barrier` (the session-wide barrier) | 133rd (seed 132) | an effect beside an in-doubt unsafe call: a re-planned email sent while another was in doubt |
+//! | `finite` (non-finite floats refused on their way into the journal) | 1st (seed 0) | a recorded result changed: `NaN` the first time, a result that no longer decodes on the replay |
+//! | `fencing` (a write under a stale fencing token refused) | 6th (seed 5) | never two writers: `record_call` with token 2 accepted after token 3 |
+//! | `divergence` (the divergence check) | 11th (seed 10) | an unsafe effect twice: a fork's re-worded email sent again |
+//! | `atomic_complete` (the final checkpoint and the completion in one transaction) | 21st (seed 20) | an unsafe effect twice: a single-turn handler resumed from its final checkpoint sent its email again |
+//! | `lease_recheck` (the lease checked again after the issue, before the effect) | 25th (seed 24) | an approved call ran twice: a wire sent by a worker waking after a pause past its lease, and by the worker that took over |
+//! | `barrier` (the session-wide barrier) | 27th (seed 26) | an effect beside an in-doubt unsafe call: a re-planned call run while an email was in doubt |
 //!
 //! # Running it
 //!
