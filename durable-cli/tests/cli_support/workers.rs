@@ -118,23 +118,24 @@ pub async fn workers(store: &Arc<dyn CheckpointStore>, db: &str) {
     assert_eq!(
         row(&queues, "QUEUE"),
         [
-            "QUEUE", "LIMIT", "RUNNING", "READY", "SLEEPING", "AWAITING", "APPROVAL", "PARKED",
-            "NEXT", "WAKE-UP"
+            "QUEUE", "LIMIT", "RUNNING", "READY", "SLEEPING", "WAITING", "AWAITING", "APPROVAL",
+            "PARKED", "NEXT", "WAKE-UP"
         ],
         "{text}"
     );
     let email = row(&queues, "email");
-    // The limit, one running, none ready, one asleep, due within the hour.
+    // The limit, one running, none ready, one asleep, none waiting for children, due
+    // within the hour.
     assert_eq!(
-        email[..7],
-        ["email", "2", "1", "0", "1", "0", "0"],
+        email[..8],
+        ["email", "2", "1", "0", "1", "0", "0", "0"],
         "{text}"
     );
-    assert_eq!(email[7..], ["in", "59m"], "{text}");
+    assert_eq!(email[8..], ["in", "59m"], "{text}");
     let reports = row(&queues, "reports");
     assert_eq!(
         reports,
-        ["reports", "-", "1", "1", "0", "0", "0", "-"],
+        ["reports", "-", "1", "1", "0", "0", "0", "0", "-"],
         "{text}"
     );
     assert!(
@@ -270,7 +271,7 @@ pub async fn queue_limit(store: &Arc<dyn CheckpointStore>, db: &str) {
     let lines: Vec<&str> = text.lines().collect();
     assert_eq!(
         row(&lines, "reports"),
-        ["reports", "1", "1", "1", "0", "0", "0", "-"],
+        ["reports", "1", "1", "1", "0", "0", "0", "0", "-"],
         "{text}"
     );
     let json = run(db, &["workers", "--json"]).json();
