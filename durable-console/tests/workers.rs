@@ -299,7 +299,9 @@ async fn the_workers_page_shows_the_rate_limits() {
     store
         .define_limit(
             "openai:gpt-4.1",
-            &RateLimit::requests(Quota::per_second(1).with_burst(1)),
+            // One a minute: the two waiters' turns are still ahead however slow the
+            // machine is between the acquisitions and the page.
+            &RateLimit::requests(Quota::per_minute(1).with_burst(1)),
         )
         .await
         .expect("define");
@@ -317,7 +319,7 @@ async fn the_workers_page_shows_the_rate_limits() {
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
     let limit = row(&reply.body, r#"<tr data-limit="openai:gpt-4.1">"#);
     for cell in [
-        r#"<td class="requests">1/1000ms (burst 1)</td>"#,
+        r#"<td class="requests">1/60000ms (burst 1)</td>"#,
         r#"<td class="num waiters">2</td>"#,
         r#"<td class="num throttles">1</td>"#,
         r#"<td class="num admitted">3</td>"#,
