@@ -1,4 +1,8 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// The contract's docs link to the runtime that uses it (`Session::await_children`,
+// `DurableError::ReplayUnsafe`, …): resolved in the default build (docs.rs's), plain text
+// in a build of the contract alone, where those items do not exist.
+#![cfg_attr(not(feature = "runtime"), allow(rustdoc::broken_intra_doc_links))]
 //! The core of `durable`: replay classes, call identity, the journal protocol, sessions
 //! and the store contract backends implement: [`CheckpointStore`], the sum of one trait
 //! per concept ([`store`]), with the sealing every backend shares in
