@@ -22,53 +22,17 @@ fn worker(store: &Arc<dyn CheckpointStore>, owner: &str) -> Durable {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_interrupted_unsafe_call_is_resolved_by_an_operator_and_never_runs_twice() {
-    let store: Arc<dyn CheckpointStore> =
-        Arc::new(MemoryStore::open(MemoryStoreOptions::new().accept_volatile(true)).expect("open"));
+    let store = memory_store();
     let pay = ToolSpec::new(
         "pay",
         "Pay an invoice.",
         ReplayClass::UnsafeOnReplay,
         json!({}),
     );
-    let runs = Arc::new(AtomicUsize::new(0));
-
     // A worker starts the turn; the effect runs, and the worker dies before its outcome
-    // is recorded (the session is dropped mid-call).
-    let session = worker(&store, "worker-1")
-        .start::<Message>(StartOptions::default())
-        .await
-        .expect("start");
-    let id = session.id().clone();
-    let started = Arc::new(tokio::sync::Notify::new());
-    let (counter, signal) = (Arc::clone(&runs), Arc::clone(&started));
-    let call = session
-        .journal()
-        .tool(&pay, json!({"invoice": 7}))
-        .run(move |_| {
-            let (counter, signal) = (Arc::clone(&counter), Arc::clone(&signal));
-            async move {
-                counter.fetch_add(1, Ordering::SeqCst);
-                signal.notify_one();
-                std::future::pending::<Result<Value, String>>().await
-            }
-        });
-    tokio::select! {
-        done = call => panic!("the hanging tool returned: {done:?}"),
-        () = started.notified() => {}
-        () = tokio::time::sleep(Duration::from_secs(30)) => panic!("the tool never started"),
-    }
-    drop(session);
+    // is recorded.
+    let (id, runs) = killed_mid_call(&store, &pay, json!({"invoice": 7})).await;
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the effect ran once");
-
-    // The dead worker's lease is let go (as if it expired).
-    let record = store.session(&id).await.expect("session");
-    let dead = Lease {
-        session: id.clone(),
-        owner: record.lease_owner.clone().unwrap_or_default(),
-        fence: record.fence,
-        expires_at: 0,
-    };
-    store.release_lease(&dead).await.expect("release");
 
     // A new worker resumes: the call is in doubt and has no verify hook, so it is refused.
     let second = worker(&store, "worker-2");
@@ -150,40 +114,34 @@ async fn an_interrupted_unsafe_call_is_resolved_by_an_operator_and_never_runs_tw
 type CallFuture<'a> =
     std::pin::Pin<Box<dyn Future<Output = Result<Value, durable::CallError<String>>> + Send + 'a>>;
 
-/// A reply asked for two calls at once, an email and a charge; the worker died after the
-/// email went out, before its outcome was recorded and before the charge was issued.
-/// Returns the store, the session, and how many emails went out.
-async fn a_batch_killed_after_its_email(
-    email: &ToolSpec,
-) -> (
-    Arc<dyn CheckpointStore>,
-    durable::SessionId,
-    Arc<AtomicUsize>,
-) {
-    let store: Arc<dyn CheckpointStore> =
-        Arc::new(MemoryStore::open(MemoryStoreOptions::new().accept_volatile(true)).expect("open"));
-    let emails = Arc::new(AtomicUsize::new(0));
-    let session = worker(&store, "worker-1")
+/// A worker starts a session and a call of `spec` with `args`; its effect runs (counted
+/// in the returned counter), and the worker dies before the outcome is recorded (the
+/// session dropped mid-call, its lease let go as if it expired). The call is in doubt.
+async fn killed_mid_call(
+    store: &Arc<dyn CheckpointStore>,
+    spec: &ToolSpec,
+    args: Value,
+) -> (durable::SessionId, Arc<AtomicUsize>) {
+    let runs = Arc::new(AtomicUsize::new(0));
+    let session = worker(store, "worker-1")
         .start::<Message>(StartOptions::default())
         .await
         .expect("start");
     let id = session.id().clone();
-    let sent = Arc::new(tokio::sync::Notify::new());
-    let (counter, signal) = (Arc::clone(&emails), Arc::clone(&sent));
-    let call = session
-        .journal()
-        .tool(email, json!({"to": "ann@example.com"}))
-        .run(move |_| {
-            let (counter, signal) = (Arc::clone(&counter), Arc::clone(&signal));
-            async move {
-                counter.fetch_add(1, Ordering::SeqCst);
-                signal.notify_one();
-                std::future::pending::<Result<Value, String>>().await
-            }
-        });
+    let started = Arc::new(tokio::sync::Notify::new());
+    let (counter, signal) = (Arc::clone(&runs), Arc::clone(&started));
+    let call = session.journal().tool(spec, args).run(move |_| {
+        let (counter, signal) = (Arc::clone(&counter), Arc::clone(&signal));
+        async move {
+            counter.fetch_add(1, Ordering::SeqCst);
+            signal.notify_one();
+            std::future::pending::<Result<Value, String>>().await
+        }
+    });
     tokio::select! {
-        done = call => panic!("the hanging email returned: {done:?}"),
-        () = sent.notified() => {}
+        done = call => panic!("the hanging tool returned: {done:?}"),
+        () = started.notified() => {}
+        () = tokio::time::sleep(Duration::from_secs(30)) => panic!("the tool never started"),
     }
     drop(session);
     let record = store.session(&id).await.expect("session");
@@ -194,7 +152,11 @@ async fn a_batch_killed_after_its_email(
         expires_at: 0,
     };
     store.release_lease(&dead).await.expect("release");
-    (store, id, emails)
+    (id, runs)
+}
+
+fn memory_store() -> Arc<dyn CheckpointStore> {
+    Arc::new(MemoryStore::open(MemoryStoreOptions::new().accept_volatile(true)).expect("open"))
 }
 
 fn tools() -> (ToolSpec, ToolSpec) {
@@ -266,7 +228,10 @@ async fn resume_the_batch(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sibling_waits_for_the_call_in_doubt_its_batch_replays() {
     let tools = tools();
-    let (store, id, emails) = a_batch_killed_after_its_email(&tools.0).await;
+    // A reply asked for an email and a charge at once; the worker died after the email
+    // went out, before its outcome was recorded and before the charge was issued.
+    let store = memory_store();
+    let (id, emails) = killed_mid_call(&store, &tools.0, json!({"to": "ann@example.com"})).await;
     let charges = Arc::new(AtomicUsize::new(0));
     let outputs = resume_the_batch(&store, &id, &tools, &emails, &charges, true).await;
     let outputs: Vec<Value> = outputs
@@ -281,7 +246,10 @@ async fn a_sibling_waits_for_the_call_in_doubt_its_batch_replays() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_in_doubt_its_batch_cannot_settle_still_refuses_its_siblings() {
     let tools = tools();
-    let (store, id, emails) = a_batch_killed_after_its_email(&tools.0).await;
+    // A reply asked for an email and a charge at once; the worker died after the email
+    // went out, before its outcome was recorded and before the charge was issued.
+    let store = memory_store();
+    let (id, emails) = killed_mid_call(&store, &tools.0, json!({"to": "ann@example.com"})).await;
     let charges = Arc::new(AtomicUsize::new(0));
     let outputs = resume_the_batch(&store, &id, &tools, &emails, &charges, false).await;
     for output in outputs {
