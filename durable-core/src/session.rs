@@ -410,17 +410,8 @@ where
         #[cfg(feature = "failpoints")]
         fail::fail_point!("durable::before_checkpoint");
         if ending == Ending::Completes {
-            // Cancelled meanwhile: the session ends as cancelled, as `finish` ends it.
-            if let Some(request) = self.journal.cancel_request() {
-                self.stop_renewing();
-                self.journal.end_cancelled(&request).await;
-                return Err(DurableError::Cancelled {
-                    session: self.record.id.clone(),
-                    by: request.by,
-                    reason: request.reason,
-                });
-            }
             self.stop_renewing();
+            self.end_if_cancelled().await?;
         }
         let lease = self.journal.lease();
         // If this future is dropped mid-write, the write may or may not have committed:
@@ -877,23 +868,28 @@ where
         reason: Option<&str>,
     ) -> Result<(), DurableError> {
         self.stop_renewing();
-        // Cancelled meanwhile (learned at a lease renewal): the session ends as
-        // cancelled, whatever the handler was about to end it as.
-        if let Some(request) = self.journal.cancel_request()
-            && status != SessionStatus::Cancelled
-        {
-            self.journal.end_cancelled(&request).await;
-            return Err(DurableError::Cancelled {
-                session: self.record.id.clone(),
-                by: request.by,
-                reason: request.reason,
-            });
+        if status != SessionStatus::Cancelled {
+            self.end_if_cancelled().await?;
         }
         let lease = self.journal.lease();
         self.store
             .set_status(lease.fence(), status, reason)
             .await
             .map_err(|e| self.lost(e))
+    }
+
+    /// Cancelled meanwhile (learned at a lease renewal): the session ends as cancelled,
+    /// whatever the handler was about to end it as, and the caller gets `Cancelled`.
+    async fn end_if_cancelled(&self) -> Result<(), DurableError> {
+        let Some(request) = self.journal.cancel_request() else {
+            return Ok(());
+        };
+        self.journal.end_cancelled(&request).await;
+        Err(DurableError::Cancelled {
+            session: self.record.id.clone(),
+            by: request.by,
+            reason: request.reason,
+        })
     }
 
     fn stop_renewing(&mut self) {

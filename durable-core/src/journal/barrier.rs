@@ -122,6 +122,10 @@ impl Journal {
     /// The call being polled, if it belongs to a batch, has decided: it runs a call of its
     /// own, met the barrier, or ended. Wakes the siblings waiting at the barrier.
     pub(super) fn decided(&self) {
+        // Outside a batch (most calls) the state is not even locked.
+        if SIBLING.try_with(|_| ()).is_err() {
+            return;
+        }
         let changed = decide(&mut self.state());
         if changed {
             self.inner.siblings.notify_waiters();
