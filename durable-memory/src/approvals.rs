@@ -42,7 +42,7 @@ pub(crate) fn append(
     mut row: AuditRow,
 ) -> Result<(), StoreError> {
     row.position = session.head.approvals + 1;
-    row.seal = Some(ring.seal(&seal::approval_fields(&session.record.id, &row))?);
+    seal::seal_approval(ring, &session.record.id, &mut row)?;
     session.approvals.push(row);
     session.head.approvals += 1;
     Ok(())
@@ -168,14 +168,7 @@ pub(crate) fn approvals(
 ) -> Result<Vec<ApprovalRecord>, StoreError> {
     let state = store.lock();
     let s = state.session(session)?;
-    seal::check_log(
-        store.ring(),
-        s,
-        &s.approvals,
-        s.head.approvals,
-        "approval event",
-        seal::approval_fields,
-    )?;
+    seal::check_approvals(store.ring(), s)?;
     let json = |text: &Option<String>, position: i64| {
         text.as_deref()
             .map(serde_json::from_str)

@@ -87,7 +87,7 @@ pub(crate) fn append(
         created_at: now,
         seal: None,
     };
-    row.seal = Some(ring.seal(&seal::checkpoint_fields(&id, &row, &chain, &previous))?);
+    row.seal = Some(seal::raw_checkpoint(&id, &row, &chain, &previous).seal(ring)?);
     let meta = meta(&id, &row);
     session.messages.extend(logged);
     session.checkpoints.push(row);
@@ -192,12 +192,7 @@ pub(crate) fn load(
         None => 1,
     };
     let (texts, chain) = seal::checked_messages(ring, session, from, row.last_seq)?;
-    ring.verify(
-        id,
-        || format!("checkpoint {version}"),
-        &seal::checkpoint_fields(id, row, &chain, &previous),
-        row.seal.as_deref(),
-    )?;
+    seal::raw_checkpoint(id, row, &chain, &previous).check(ring, row.seal.as_deref())?;
     Ok(Checkpoint {
         meta: meta(id, row),
         messages: texts.into_iter().map(StoredMessage::new).collect(),
@@ -326,7 +321,7 @@ pub(crate) fn fork_session(
         seal: None,
         ..source_row.clone()
     };
-    row.seal = Some(ring.seal(&seal::checkpoint_fields(id, &row, &chain, ""))?);
+    row.seal = Some(seal::raw_checkpoint(id, &row, &chain, "").seal(ring)?);
     new.checkpoints.push(row);
     // The parent's effects: each copy with a new id, its step and position in the fork.
     let mut pairs: Vec<(CallId, CallId)> = Vec::with_capacity(copies.len());

@@ -380,7 +380,7 @@ pub(crate) fn resolve_call(
         at: now,
         seal: None,
     };
-    audit.seal = Some(ring.seal(&seal::resolution_fields(&session_id, &audit))?);
+    seal::seal_resolution(ring, &session_id, &mut audit)?;
     let record = row.record.clone();
     session.journal[at] = row;
     session.resolutions.push(audit);
@@ -398,14 +398,7 @@ pub(crate) fn resolutions(
     let state = store.lock();
     let s = state.session(session)?;
     let ring = store.ring();
-    seal::check_log(
-        ring,
-        s,
-        &s.resolutions,
-        s.head.resolutions,
-        "resolution",
-        seal::resolution_fields,
-    )?;
+    seal::check_resolutions(ring, s)?;
     s.resolutions
         .iter()
         .map(|row| {

@@ -1,14 +1,12 @@
-//! Integrity: which fields of each row are sealed, and the checks a read makes.
-//!
-//! The seal schemes are `durable_core::integrity`'s (the same `Fields` the SQL backends
-//! seal); this module only maps the memory store's rows onto them. It is the one place
-//! that does, so it is what moves when sealing moves into core.
+//! Integrity: the memory store's rows mapped onto the sealed rows of
+//! `durable_core::integrity::rows`, which seal and check them as they do every
+//! backend's. The schemes, the head's counts and the texts of a `Tampered` error are
+//! core's; this module only says which field of a memory row is which column.
 
-use durable_core::integrity::{
-    ApprovalFields, CallFields, CheckpointFields, Fields, Head as HeadFields, Keyring,
-    ResolutionFields, message_fields,
+use durable_core::integrity::Keyring;
+use durable_core::integrity::rows::{
+    self, HeadRow, RawApproval, RawCall, RawCheckpoint, RawResolution, check_journal_extent,
 };
-use durable_core::store::CallStatus;
 use durable_core::{SessionId, StoreError};
 
 use crate::state::{AuditRow, CallRow, CheckpointRow, Session};
@@ -18,17 +16,8 @@ pub(crate) fn text(value: &serde_json::Value) -> String {
     value.to_string()
 }
 
-fn tampered(session: &SessionId, what: String, detail: impl Into<String>) -> StoreError {
-    StoreError::Tampered {
-        session: session.clone(),
-        what,
-        detail: detail.into(),
-    }
-}
-
-/// A journal row's sealed fields: its identity, class, status, arguments, key, schema
-/// fingerprint, outcome, spend, attempt, approval and position.
-fn call_fields(row: &CallRow) -> Result<Fields, StoreError> {
+/// A journal row as its sealed columns.
+fn raw_call(row: &CallRow) -> Result<RawCall, StoreError> {
     let r = &row.record;
     let approval = r
         .approval
@@ -40,140 +29,108 @@ fn call_fields(row: &CallRow) -> Result<Fields, StoreError> {
             version: None,
             detail: format!("journal row `{}`: its approval does not encode: {e}", r.id),
         })?;
-    let (args, result, error, spend) = (
-        text(&r.args),
-        r.result.as_ref().map(text),
-        r.error.as_ref().map(text),
-        r.spend.as_ref().map(text),
-    );
-    Ok(CallFields {
-        id: r.id.as_str(),
-        session: r.identity.session.as_str(),
-        kind: r.kind.as_str(),
+    Ok(RawCall {
+        id: r.id.as_str().to_owned(),
+        session: r.identity.session.as_str().to_owned(),
+        kind: r.kind.as_str().to_owned(),
         step: r.identity.step,
-        tool: &r.identity.tool,
-        input_hash: &r.identity.input_hash,
+        tool: r.identity.tool.clone(),
+        input_hash: r.identity.input_hash.clone(),
         ordinal: r.identity.ordinal,
-        class: r.class.as_str(),
-        status: r.status.as_str(),
-        args: &args,
-        key: r.idempotency_key.as_deref(),
-        schema_hash: &r.schema_hash,
-        result: result.as_deref(),
-        error: error.as_deref(),
-        spend: spend.as_deref(),
+        class: r.class.as_str().to_owned(),
+        status: r.status.as_str().to_owned(),
+        args: text(&r.args),
+        key: r.idempotency_key.clone(),
+        schema_hash: r.schema_hash.clone(),
+        result: r.result.as_ref().map(text),
+        error: r.error.as_ref().map(text),
+        spend: r.spend.as_ref().map(text),
         attempt: i64::from(r.attempt),
         seq: row.seq,
-        approval: approval.as_deref(),
-    }
-    .fields())
+        mac: r.mac.clone(),
+        approval,
+    })
 }
 
 /// Seals a journal row as it now stands.
 pub(crate) fn seal_call(ring: &Keyring, row: &mut CallRow) -> Result<(), StoreError> {
-    row.record.mac = Some(ring.seal(&call_fields(row)?)?);
+    let mut raw = raw_call(row)?;
+    raw.seal(ring)?;
+    row.record.mac = raw.mac;
     Ok(())
 }
 
 /// Checks a journal row's seal.
 pub(crate) fn check_call(ring: &Keyring, row: &CallRow) -> Result<(), StoreError> {
-    let r = &row.record;
-    ring.verify(
-        &r.identity.session,
-        || format!("journal row `{}` (seq {})", r.id, row.seq),
-        &call_fields(row)?,
-        r.mac.as_deref(),
-    )
+    raw_call(row)?.check(ring)
 }
 
-/// The session head's sealed fields: its counts, latest version and that checkpoint's
-/// seal.
-fn head_fields(session: &Session) -> Fields {
+/// The session head as its sealed columns: its counts, its latest version and that
+/// checkpoint's seal.
+fn head_row(session: &Session) -> HeadRow {
     let latest = session.record.latest_version;
-    let checkpoint_seal = session
-        .checkpoint(latest)
-        .and_then(|c| c.seal.clone())
-        .unwrap_or_default();
-    HeadFields {
-        session: session.record.id.as_str(),
+    HeadRow {
+        session: session.record.id.clone(),
         journal_rows: session.head.journal_rows,
         latest_version: latest,
-        checkpoint_seal: &checkpoint_seal,
         resolutions: session.head.resolutions,
-        issued_rows: session.head.issued_rows,
+        issued_rows: Some(session.head.issued_rows),
         approvals: session.head.approvals,
+        checkpoint_seal: session
+            .checkpoint(latest)
+            .and_then(|c| c.seal.clone())
+            .unwrap_or_default(),
+        head: session.head.seal.clone(),
     }
-    .fields()
 }
 
 /// Re-seals the head after a write changed a count or the latest checkpoint.
 pub(crate) fn seal_head(ring: &Keyring, session: &mut Session) -> Result<(), StoreError> {
-    session.head.seal = Some(ring.seal(&head_fields(session))?);
+    let mut head = head_row(session);
+    head.seal(ring)?;
+    session.head.seal = head.head;
     Ok(())
 }
 
 /// Checks the head's seal: every read and fenced write starts here.
 pub(crate) fn check_head(ring: &Keyring, session: &Session) -> Result<(), StoreError> {
-    ring.verify(
-        &session.record.id,
-        || "the session head (its row counts and latest checkpoint)".to_owned(),
-        &head_fields(session),
-        session.head.seal.as_deref(),
-    )
+    head_row(session).check(ring)
 }
 
-/// The whole journal in position order, checked: the head, the count and positions
-/// `1..=journal_rows` without a gap, every row's seal, and the head's count of issued
-/// rows. In memory the whole journal is at hand, so every read checks all of it (a SQL
-/// backend reads one step and its neighbours instead: see `durable_sqlite`'s `StepCheck`).
+/// The whole journal in position order, checked: the head, the journal's extent
+/// (positions `1..=journal_rows`, each once), every row's seal, and the head's count of
+/// issued rows. In memory the whole journal is at hand, so every read checks all of it
+/// (a SQL backend reads one step and its neighbours instead).
 pub(crate) fn checked_journal<'s>(
     ring: &Keyring,
     session: &'s Session,
 ) -> Result<Vec<&'s CallRow>, StoreError> {
-    check_head(ring, session)?;
-    let id = &session.record.id;
-    let mut rows: Vec<&CallRow> = session.journal.iter().collect();
-    rows.sort_by_key(|r| r.seq);
-    let n = session.head.journal_rows;
-    for (i, row) in rows.iter().enumerate() {
-        let expected = i64::try_from(i).unwrap_or(i64::MAX) + 1;
-        if row.seq != expected {
-            return Err(tampered(
-                id,
-                "the journal".to_owned(),
-                format!(
-                    "position {expected} is missing (the next row is at {})",
-                    row.seq
-                ),
-            ));
-        }
+    let head = head_row(session);
+    head.check(ring)?;
+    let mut journal: Vec<&CallRow> = session.journal.iter().collect();
+    journal.sort_by_key(|r| r.seq);
+    // A SQL table's unique index keeps one row per position; here a copied row would
+    // not be caught by the extent, which counts rows and their ends.
+    if let Some(w) = journal.windows(2).find(|w| w[0].seq == w[1].seq) {
+        return Err(StoreError::Tampered {
+            session: head.session.clone(),
+            what: "the journal".to_owned(),
+            detail: format!("two rows are at position {}", w[0].seq),
+        });
+    }
+    let count = i64::try_from(journal.len()).unwrap_or(i64::MAX);
+    let top = journal.last().map_or(0, |r| r.seq);
+    let bottom = journal.first().map_or(1, |r| r.seq);
+    check_journal_extent(&head, count, top, bottom)?;
+    for row in &journal {
         check_call(ring, row)?;
     }
-    if i64::try_from(rows.len()).ok() != Some(n) {
-        return Err(tampered(
-            id,
-            "the journal".to_owned(),
-            format!(
-                "the session head records {n} rows, the journal holds {}: rows were deleted or inserted",
-                rows.len()
-            ),
-        ));
-    }
-    let issued = rows
+    let issued = journal
         .iter()
-        .filter(|r| r.record.status == CallStatus::Issued)
+        .filter(|r| r.record.status == durable_core::store::CallStatus::Issued)
         .count();
-    if i64::try_from(issued).ok() != Some(session.head.issued_rows) {
-        return Err(tampered(
-            id,
-            "the journal's issued rows".to_owned(),
-            format!(
-                "the session head counts {} issued rows, the journal holds {issued}: a row's status was changed, or an issued row deleted",
-                session.head.issued_rows
-            ),
-        ));
-    }
-    Ok(rows)
+    head.check_issued(issued)?;
+    Ok(journal)
 }
 
 /// The seal of message `seq` with `text`, chained to the previous message's seal.
@@ -184,7 +141,7 @@ pub(crate) fn seal_message(
     text: &str,
     previous: &str,
 ) -> Result<String, StoreError> {
-    ring.seal(&message_fields(session.as_str(), seq, text, previous))
+    rows::seal_message(ring, session, seq, text, previous)
 }
 
 /// Checks messages `from..=to` of the log, chained from the stored seal of the message
@@ -196,12 +153,10 @@ pub(crate) fn checked_messages(
     to: i64,
 ) -> Result<(Vec<String>, String), StoreError> {
     let id = &session.record.id;
-    let missing = |seq: i64| {
-        tampered(
-            id,
-            format!("message {seq}"),
-            "it is missing from the transcript",
-        )
+    let missing = |seq: i64| StoreError::Tampered {
+        session: id.clone(),
+        what: format!("message {seq}"),
+        detail: "it is missing from the transcript".to_owned(),
     };
     let mut chain = if from <= 1 {
         String::new()
@@ -212,10 +167,12 @@ pub(crate) fn checked_messages(
     let mut texts = Vec::new();
     for seq in from..=to {
         let message = session.message(seq).ok_or_else(|| missing(seq))?;
-        ring.verify(
+        rows::check_message(
+            ring,
             id,
-            || format!("message {seq}"),
-            &message_fields(id.as_str(), seq, &message.text, &chain),
+            seq,
+            &message.text,
+            &chain,
             message.seal.as_deref(),
         )?;
         chain = message.seal.clone().unwrap_or_default();
@@ -224,16 +181,16 @@ pub(crate) fn checked_messages(
     Ok((texts, chain))
 }
 
-/// A checkpoint's sealed fields, given its transcript's last message seal and the
+/// A checkpoint as its sealed columns, given its transcript's last message seal and the
 /// previous checkpoint's seal.
-pub(crate) fn checkpoint_fields(
-    session: &SessionId,
-    row: &CheckpointRow,
-    last_message_seal: &str,
-    previous: &str,
-) -> Fields {
-    CheckpointFields {
-        session: session.as_str(),
+pub(crate) fn raw_checkpoint<'a>(
+    session: &'a SessionId,
+    row: &'a CheckpointRow,
+    last_message_seal: &'a str,
+    previous: &'a str,
+) -> RawCheckpoint<'a> {
+    RawCheckpoint {
+        session,
         version: row.version,
         last_seq: row.last_seq,
         message_count: row.message_count,
@@ -244,75 +201,77 @@ pub(crate) fn checkpoint_fields(
         app_version: &row.app_version,
         previous,
     }
-    .fields()
 }
 
-/// A resolution audit row's sealed fields.
-pub(crate) fn resolution_fields(session: &SessionId, row: &AuditRow) -> Fields {
-    ResolutionFields {
-        call: row.call.as_str(),
-        session: session.as_str(),
-        position: row.position,
-        decision: &row.event,
-        result: row.result.as_deref(),
-        by: &row.by,
-        note: row.note.as_deref(),
-    }
-    .fields()
-}
-
-/// An approval audit row's sealed fields (`result` holds the edited arguments).
-pub(crate) fn approval_fields(session: &SessionId, row: &AuditRow) -> Fields {
-    ApprovalFields {
-        call: row.call.as_str(),
-        session: session.as_str(),
-        position: row.position,
-        event: &row.event,
-        actor: &row.by,
-        note: row.note.as_deref(),
-        args_before: row.args_before.as_deref(),
-        args_after: row.result.as_deref(),
-    }
-    .fields()
-}
-
-/// Checks an audit log (resolutions or approvals): every row at its position under its
-/// seal, and their number against the head's count.
-pub(crate) fn check_log(
+/// Seals a resolution audit row at its position.
+pub(crate) fn seal_resolution(
     ring: &Keyring,
-    session: &Session,
-    log: &[AuditRow],
-    counted: i64,
-    what: &str,
-    fields: fn(&SessionId, &AuditRow) -> Fields,
+    session: &SessionId,
+    row: &mut AuditRow,
 ) -> Result<(), StoreError> {
-    check_head(ring, session)?;
-    let id = &session.record.id;
-    for (i, row) in log.iter().enumerate() {
-        let expected = i64::try_from(i).unwrap_or(i64::MAX) + 1;
-        if row.position != expected {
-            return Err(tampered(
-                id,
-                format!("{what} {} (call `{}`)", row.position, row.call),
-                format!("it is at position {expected} of the log"),
-            ));
-        }
-        ring.verify(
-            id,
-            || format!("{what} {} (call `{}`)", row.position, row.call),
-            &fields(id, row),
-            row.seal.as_deref(),
-        )?;
-    }
-    if i64::try_from(log.len()).ok() != Some(counted) {
-        return Err(tampered(
-            id,
-            format!("the {what} log"),
-            format!(
-                "the session head records {counted} rows, the log holds {}",
-                log.len()
-            ),
-        ));
-    }
+    row.seal = Some(ring.seal(&rows::resolution_fields(
+        row.call.as_str(),
+        session,
+        row.position,
+        &row.event,
+        row.result.as_deref(),
+        &row.by,
+        row.note.as_deref(),
+    ))?);
     Ok(())
+}
+
+/// Checks the resolutions: each at its position under its seal, counted by the head.
+pub(crate) fn check_resolutions(ring: &Keyring, session: &Session) -> Result<(), StoreError> {
+    let head = head_row(session);
+    head.check(ring)?;
+    let raws: Vec<RawResolution> = session
+        .resolutions
+        .iter()
+        .map(|row| RawResolution {
+            call: row.call.as_str().to_owned(),
+            position: row.position,
+            decision: row.event.clone(),
+            result: row.result.clone(),
+            by: row.by.clone(),
+            note: row.note.clone(),
+            seal: row.seal.clone(),
+        })
+        .collect();
+    rows::check_resolutions(ring, &head, &raws)
+}
+
+/// An approval audit row as its sealed columns (`result` holds the edited arguments).
+fn raw_approval(row: &AuditRow) -> RawApproval {
+    RawApproval {
+        call: row.call.as_str().to_owned(),
+        position: row.position,
+        event: row.event.clone(),
+        actor: row.by.clone(),
+        note: row.note.clone(),
+        args_before: row.args_before.clone(),
+        args_after: row.result.clone(),
+        seal: row.seal.clone(),
+    }
+}
+
+/// Seals an approval audit row at its position.
+pub(crate) fn seal_approval(
+    ring: &Keyring,
+    session: &SessionId,
+    row: &mut AuditRow,
+) -> Result<(), StoreError> {
+    let mut raw = raw_approval(row);
+    raw.seal(ring, session)?;
+    row.seal = raw.seal;
+    Ok(())
+}
+
+/// Checks the approval log: each row at its position under its seal, counted by the
+/// head.
+pub(crate) fn check_approvals(ring: &Keyring, session: &Session) -> Result<(), StoreError> {
+    let head = head_row(session);
+    head.check(ring)?;
+    let raws: Vec<RawApproval> = session.approvals.iter().map(raw_approval).collect();
+    rows::check_approvals(ring, &head, &raws)
 }

@@ -117,7 +117,7 @@ pub(crate) async fn decide_approval(
     .await
     .map_err(db)?;
     let updated = checked_call_record(ring, &row)?;
-    log.insert(&mut tx, ring, &session, now).await?;
+    seal::insert_approval(&mut log, &mut tx, ring, &session, now).await?;
     head.approvals = log.position;
     head.store(&mut tx, ring).await?;
     if session_status == SessionStatus::AwaitingApproval.as_str() {

@@ -14,8 +14,8 @@ use sqlx::postgres::PgConnection;
 use crate::error::db;
 use crate::rows::{self, get};
 use crate::seal::{
-    self, RawApproval, StoreHead, approval_cols, check_journal_complete, head_cols, head_from_row,
-    raw_call, raw_call_cols,
+    self, StoreHead, approval_cols, check_journal_complete, head_cols, head_from_row, raw_call,
+    raw_call_cols,
 };
 use crate::tx;
 
@@ -214,7 +214,7 @@ pub(crate) async fn reseal_session(
     let mut rowids = Vec::with_capacity(found.len());
     let mut seals = Vec::with_capacity(found.len());
     for row in &found {
-        let mut raw = RawApproval::from_row(row)?;
+        let mut raw = seal::raw_approval(row)?;
         raw.seal(to, session)?;
         rowids.push(get::<i64>(row, "id")?);
         seals.push(raw.seal.unwrap_or_default());

@@ -5,11 +5,13 @@
 //! the PostgreSQL tables. JSON columns are TEXT, so a seal covers the stored bytes
 //! exactly as the SQLite backend's does: the same rows give the same sealed fields.
 
-pub(crate) use durable_core::integrity::rows::{
-    HeadRow, RawCall, RawCheckpoint, check_message, resolution_fields, seal_message,
+use durable_core::integrity::Keyring;
+use durable_core::integrity::rows::{
+    self, RawResolution, check_journal_extent, check_resolution_count,
 };
-use durable_core::integrity::rows::{RawResolution, check_journal_extent, check_resolution_count};
-use durable_core::integrity::{ApprovalFields, Fields, Keyring};
+pub(crate) use durable_core::integrity::rows::{
+    HeadRow, RawApproval, RawCall, RawCheckpoint, check_message, resolution_fields, seal_message,
+};
 use durable_core::store::{CallRecord, FORMAT_VERSION};
 use durable_core::{SessionId, StoreError};
 use sqlx::postgres::{PgConnection, PgRow};
@@ -278,20 +280,7 @@ pub(crate) fn check_resolutions(
     check_resolution_count(head, found.len())
 }
 
-/// An approval log row's sealed columns (see [`ApprovalFields`]).
-#[derive(Debug, Clone)]
-pub(crate) struct RawApproval {
-    pub(crate) call: String,
-    pub(crate) position: i64,
-    pub(crate) event: String,
-    pub(crate) actor: String,
-    pub(crate) note: Option<String>,
-    pub(crate) args_before: Option<String>,
-    pub(crate) args_after: Option<String>,
-    pub(crate) seal: Option<String>,
-}
-
-/// Columns [`RawApproval::from_row`] reads (and [`crate::rows::approval_record`] decodes).
+/// Columns [`raw_approval`] reads (and [`crate::rows::approval_record`] decodes).
 macro_rules! approval_cols {
     () => {
         "id, call_id, session_id, position, event, actor, note, args_before, args_after, \
@@ -300,134 +289,65 @@ macro_rules! approval_cols {
 }
 pub(crate) use approval_cols;
 
-impl RawApproval {
-    /// Reads the sealed columns of a row selected with [`approval_cols!`].
-    pub(crate) fn from_row(row: &PgRow) -> Result<Self, StoreError> {
-        Ok(RawApproval {
-            call: get(row, "call_id")?,
-            position: get(row, "position")?,
-            event: get(row, "event")?,
-            actor: get(row, "actor")?,
-            note: get(row, "note")?,
-            args_before: get(row, "args_before")?,
-            args_after: get(row, "args_after")?,
-            seal: get(row, "seal")?,
-        })
-    }
-
-    /// The sealed bytes, at `position` of `session`'s log (the position the reader
-    /// expects, not the stored one: a row moved in the log fails its seal).
-    fn fields(&self, session: &SessionId, position: i64) -> Fields {
-        ApprovalFields {
-            call: &self.call,
-            session: session.as_str(),
-            position,
-            event: &self.event,
-            actor: &self.actor,
-            note: self.note.as_deref(),
-            args_before: self.args_before.as_deref(),
-            args_after: self.args_after.as_deref(),
-        }
-        .fields()
-    }
-
-    /// Seals the row at its own position.
-    pub(crate) fn seal(&mut self, ring: &Keyring, session: &SessionId) -> Result<(), StoreError> {
-        self.seal = Some(ring.seal(&self.fields(session, self.position))?);
-        Ok(())
-    }
-
-    /// Seals the row at its own position and writes it into `session`'s log (the caller
-    /// holds the session row and counts the row in the head, in the same transaction).
-    pub(crate) async fn insert(
-        &mut self,
-        conn: &mut PgConnection,
-        ring: &Keyring,
-        session: &SessionId,
-        now: i64,
-    ) -> Result<(), StoreError> {
-        self.seal(ring, session)?;
-        sqlx::query(
-            "INSERT INTO durable_approvals (call_id, session_id, position, event, actor, note, \
-               args_before, args_after, format, created_at, seal) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
-        )
-        .bind(&self.call)
-        .bind(session.as_str())
-        .bind(self.position)
-        .bind(&self.event)
-        .bind(&self.actor)
-        .bind(&self.note)
-        .bind(&self.args_before)
-        .bind(&self.args_after)
-        .bind(FORMAT_VERSION)
-        .bind(now)
-        .bind(&self.seal)
-        .execute(conn)
-        .await
-        .map_err(db)?;
-        Ok(())
-    }
-
-    /// Checks the row's seal at position `expected` of `session`'s log.
-    pub(crate) fn check(
-        &self,
-        ring: &Keyring,
-        session: &SessionId,
-        expected: i64,
-    ) -> Result<(), StoreError> {
-        ring.verify(
-            session,
-            || {
-                format!(
-                    "approval log row {} (call `{}`, {})",
-                    self.position, self.call, self.event
-                )
-            },
-            &self.fields(session, expected),
-            self.seal.as_deref(),
-        )
-    }
+/// Reads the sealed columns of an approval log row selected with [`approval_cols!`].
+pub(crate) fn raw_approval(row: &PgRow) -> Result<RawApproval, StoreError> {
+    Ok(RawApproval {
+        call: get(row, "call_id")?,
+        position: get(row, "position")?,
+        event: get(row, "event")?,
+        actor: get(row, "actor")?,
+        note: get(row, "note")?,
+        args_before: get(row, "args_before")?,
+        args_after: get(row, "args_after")?,
+        seal: get(row, "seal")?,
+    })
 }
 
-/// Checks the approval log of a session, read in position order, against the seals
-/// (each at its position 1, 2, …), the positions stored and the head's count: a row
-/// deleted, inserted, moved or altered is [`StoreError::Tampered`].
+/// Seals `log` at its own position and writes it into `session`'s approval log (the
+/// caller holds the session row and counts the row in the head, in the same
+/// transaction).
+pub(crate) async fn insert_approval(
+    log: &mut RawApproval,
+    conn: &mut PgConnection,
+    ring: &Keyring,
+    session: &SessionId,
+    now: i64,
+) -> Result<(), StoreError> {
+    log.seal(ring, session)?;
+    sqlx::query(
+        "INSERT INTO durable_approvals (call_id, session_id, position, event, actor, note, \
+           args_before, args_after, format, created_at, seal) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+    )
+    .bind(&log.call)
+    .bind(session.as_str())
+    .bind(log.position)
+    .bind(&log.event)
+    .bind(&log.actor)
+    .bind(&log.note)
+    .bind(&log.args_before)
+    .bind(&log.args_after)
+    .bind(FORMAT_VERSION)
+    .bind(now)
+    .bind(&log.seal)
+    .execute(conn)
+    .await
+    .map_err(db)?;
+    Ok(())
+}
+
+/// Checks the approval log of a session, read in position order with
+/// [`approval_cols!`] ([`rows::check_approvals`]).
 pub(crate) fn check_approvals(
     ring: &Keyring,
     head: &HeadRow,
     found: &[PgRow],
 ) -> Result<(), StoreError> {
-    let session = &head.session;
-    for (i, row) in found.iter().enumerate() {
-        let raw = RawApproval::from_row(row)?;
-        let expected = i64::try_from(i + 1).unwrap_or(i64::MAX);
-        raw.check(ring, session, expected)?;
-        // The seal holds at the expected position; a stored position that says
-        // otherwise was edited (the row reads back at the position it was sealed at).
-        if raw.position != expected {
-            return Err(StoreError::Tampered {
-                session: session.clone(),
-                what: "the approval log".to_owned(),
-                detail: format!(
-                    "the row sealed at position {expected} (call `{}`) is stored at position {}",
-                    raw.call, raw.position
-                ),
-            });
-        }
-    }
-    if i64::try_from(found.len()).ok() != Some(head.approvals) {
-        return Err(StoreError::Tampered {
-            session: session.clone(),
-            what: "the approval log".to_owned(),
-            detail: format!(
-                "the session head records {} approval log rows, the table holds {}",
-                head.approvals,
-                found.len()
-            ),
-        });
-    }
-    Ok(())
+    let raws = found
+        .iter()
+        .map(raw_approval)
+        .collect::<Result<Vec<_>, _>>()?;
+    rows::check_approvals(ring, head, &raws)
 }
 
 /// Reads the sealed columns of a `durable_resolutions` row.

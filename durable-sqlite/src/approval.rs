@@ -7,7 +7,8 @@
 //! last commit left it (of two decisions, the second finds it decided).
 
 use async_trait::async_trait;
-use durable_core::integrity::{ApprovalFields, Keyring};
+use durable_core::integrity::Keyring;
+use durable_core::integrity::rows::{RawApproval, check_approval_count};
 use durable_core::store::{
     Approval, ApprovalEvent, ApprovalRecord, ApprovalRequest, ApprovalStore, CallRecord,
     CallStatus, DecideApproval, FORMAT_VERSION, Fence, IssueOutcome, NewCall, PendingApproval,
@@ -300,18 +301,27 @@ pub(crate) async fn approvals(
         let expected = i64::try_from(i + 1).unwrap_or(i64::MAX);
         out.push(log_row(ring, session, row, expected)?);
     }
-    if i64::try_from(out.len()).ok() != Some(head.approvals) {
-        return Err(StoreError::Tampered {
-            session: session.clone(),
-            what: "the approval log".to_owned(),
-            detail: format!(
-                "the session head records {} approval events, the table holds {}",
-                head.approvals,
-                out.len()
-            ),
-        });
-    }
+    check_approval_count(&head, out.len())?;
     Ok(out)
+}
+
+/// Reads the sealed columns of an approval log row (`call_id`, `position`, `event`,
+/// `actor`, `note`, `args_before`, `args_after`, `seal`).
+pub(crate) fn raw_approval(
+    row: &SqliteRow,
+    session: &SessionId,
+) -> Result<RawApproval, StoreError> {
+    let text = |name: &str| rows::col::<Option<String>>(row, name, session, None);
+    Ok(RawApproval {
+        call: rows::col(row, "call_id", session, None)?,
+        position: rows::col(row, "position", session, None)?,
+        event: rows::col(row, "event", session, None)?,
+        actor: rows::col(row, "actor", session, None)?,
+        note: text("note")?,
+        args_before: text("args_before")?,
+        args_after: text("args_after")?,
+        seal: text("seal")?,
+    })
 }
 
 /// An audit row of the approval log, its seal checked at position `expected`.
@@ -321,36 +331,18 @@ fn log_row(
     row: &SqliteRow,
     expected: i64,
 ) -> Result<ApprovalRecord, StoreError> {
-    let col = |name: &str| rows::col::<Option<String>>(row, name, session, None);
-    let call: String = rows::col(row, "call_id", session, None)?;
-    let position: i64 = rows::col(row, "position", session, None)?;
-    let event: String = rows::col(row, "event", session, None)?;
-    let actor: String = rows::col(row, "actor", session, None)?;
-    let (note, before, after) = (col("note")?, col("args_before")?, col("args_after")?);
-    if position != expected {
-        return Err(StoreError::Tampered {
-            session: session.clone(),
-            what: format!("approval event {position} (call `{call}`)"),
-            detail: format!("it is at position {expected} of the log"),
-        });
-    }
-    let fields = ApprovalFields {
-        call: &call,
-        session: session.as_str(),
-        position: expected,
-        event: &event,
-        actor: &actor,
-        note: note.as_deref(),
-        args_before: before.as_deref(),
-        args_after: after.as_deref(),
-    }
-    .fields();
-    ring.verify(
-        session,
-        || format!("approval event {position} (call `{call}`)"),
-        &fields,
-        col("seal")?.as_deref(),
-    )?;
+    let raw = raw_approval(row, session)?;
+    raw.check(ring, session, expected)?;
+    let RawApproval {
+        call,
+        position,
+        event,
+        actor,
+        note,
+        args_before: before,
+        args_after: after,
+        ..
+    } = raw;
     let format: i64 = rows::col(row, "format", session, None)?;
     crate::error::check_format(format, session, None, &format!("approval event {position}"))?;
     let event = ApprovalEvent::parse(&event)
@@ -408,20 +400,18 @@ pub(crate) async fn append(
     entry: LogEntry<'_>,
     now: i64,
 ) -> Result<(), StoreError> {
-    let position = head.approvals + 1;
-    let seal = ring.seal(
-        &ApprovalFields {
-            call: entry.call.as_str(),
-            session: head.session.as_str(),
-            position,
-            event: entry.event.as_str(),
-            actor: entry.actor,
-            note: entry.note,
-            args_before: entry.args_before,
-            args_after: entry.args_after,
-        }
-        .fields(),
-    )?;
+    let mut raw = RawApproval {
+        call: entry.call.as_str().to_owned(),
+        position: head.approvals + 1,
+        event: entry.event.as_str().to_owned(),
+        actor: entry.actor.to_owned(),
+        note: entry.note.map(str::to_owned),
+        args_before: entry.args_before.map(str::to_owned),
+        args_after: entry.args_after.map(str::to_owned),
+        seal: None,
+    };
+    raw.seal(ring, &head.session)?;
+    let (position, seal) = (raw.position, raw.seal.unwrap_or_default());
     sqlx::query(
         "INSERT INTO durable_approvals (call_id, session_id, position, event, actor, note, \
          args_before, args_after, format, created_at, seal) \

@@ -5,9 +5,9 @@
 
 use async_trait::async_trait;
 use durable_core::integrity::rows::count_issued;
-use durable_core::integrity::rows::{CheckpointRow, RawMessage, Reseal};
+use durable_core::integrity::rows::{CheckpointRow, RawMessage, Reseal, check_approvals};
 use durable_core::integrity::setup::{self, KeyTables, LogEvent};
-use durable_core::integrity::{ApprovalFields, IntegrityEvent, IntegrityLog, Keyring};
+use durable_core::integrity::{IntegrityEvent, IntegrityLog, Keyring};
 use durable_core::{SessionId, StoreError};
 use sqlx::SqliteConnection;
 
@@ -171,35 +171,18 @@ pub(crate) async fn reseal_session(
     .fetch_all(&mut *conn)
     .await
     .map_err(db)?;
-    for row in &found {
-        let text = |name: &str| rows::col::<Option<String>>(row, name, session, None);
+    let raws = found
+        .iter()
+        .map(|row| crate::approval::raw_approval(row, session))
+        .collect::<Result<Vec<_>, _>>()?;
+    if let Some(from) = from {
+        check_approvals(from, &head, &raws)?;
+    }
+    for (row, mut raw) in found.iter().zip(raws) {
         let rowid: i64 = rows::col(row, "id", session, None)?;
-        let call: String = rows::col(row, "call_id", session, None)?;
-        let position: i64 = rows::col(row, "position", session, None)?;
-        let event: String = rows::col(row, "event", session, None)?;
-        let actor: String = rows::col(row, "actor", session, None)?;
-        let (note, before, after) = (text("note")?, text("args_before")?, text("args_after")?);
-        let fields = ApprovalFields {
-            call: &call,
-            session: session.as_str(),
-            position,
-            event: &event,
-            actor: &actor,
-            note: note.as_deref(),
-            args_before: before.as_deref(),
-            args_after: after.as_deref(),
-        }
-        .fields();
-        if let Some(from) = from {
-            from.verify(
-                session,
-                || format!("approval event {position} (call `{call}`)"),
-                &fields,
-                text("seal")?.as_deref(),
-            )?;
-        }
+        raw.seal(to, session)?;
         sqlx::query("UPDATE durable_approvals SET seal = ? WHERE id = ?")
-            .bind(to.seal(&fields)?)
+            .bind(raw.seal)
             .bind(rowid)
             .execute(&mut *conn)
             .await

@@ -1,8 +1,8 @@
 //! The rows a backend seals, as it stores them, and what checks them: a journal row
 //! ([`RawCall`]), the session head ([`HeadRow`]) with the journal's extent
 //! ([`check_journal_extent`]), a checkpoint ([`RawCheckpoint`]), a transcript message
-//! ([`seal_message`], [`check_message`]) and a resolution ([`RawResolution`],
-//! [`check_resolutions`]).
+//! ([`seal_message`], [`check_message`]), a resolution ([`RawResolution`],
+//! [`check_resolutions`]) and an approval event ([`RawApproval`], [`check_approvals`]).
 //!
 //! Written once for every backend: a backend reads its columns into these types (JSON
 //! columns as the stored text, so a seal covers the bytes a reader decodes), calls
@@ -10,7 +10,10 @@
 //! own SQL. The same rows give the same seals on every backend.
 
 use super::message_fields;
-use super::{CallFields, CheckpointFields, Fields, Head, IssuedCount, Keyring, ResolutionFields};
+use super::{
+    ApprovalFields, CallFields, CheckpointFields, Fields, Head, IssuedCount, Keyring,
+    ResolutionFields,
+};
 use crate::error::StoreError;
 use crate::ids::SessionId;
 
@@ -404,6 +407,113 @@ pub fn check_resolution_count(head: &HeadRow, found: usize) -> Result<(), StoreE
     Ok(())
 }
 
+/// An approval log row's sealed columns, as stored (see [`ApprovalFields`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawApproval {
+    /// The call the event is about.
+    pub call: String,
+    /// The position stored with the row (1, 2, …; the seal is checked at the position
+    /// the row is read at, so a row moved in the log fails it).
+    pub position: i64,
+    /// `requested`, `approved`, `denied`, `expired` or `revoked`, as stored.
+    pub event: String,
+    /// Who asked or decided.
+    pub actor: String,
+    /// Reasoning, reason or note.
+    pub note: Option<String>,
+    /// Arguments before an edit (JSON text, as stored).
+    pub args_before: Option<String>,
+    /// Arguments approved by an edit (JSON text, as stored).
+    pub args_after: Option<String>,
+    /// The row's seal (`None`: never sealed).
+    pub seal: Option<String>,
+}
+
+impl RawApproval {
+    /// The sealed bytes, at `position` of `session`'s log.
+    pub fn fields(&self, session: &SessionId, position: i64) -> Fields {
+        ApprovalFields {
+            call: &self.call,
+            session: session.as_str(),
+            position,
+            event: &self.event,
+            actor: &self.actor,
+            note: self.note.as_deref(),
+            args_before: self.args_before.as_deref(),
+            args_after: self.args_after.as_deref(),
+        }
+        .fields()
+    }
+
+    /// Seals the row at its own position (into [`seal`](Self::seal)).
+    pub fn seal(&mut self, ring: &Keyring, session: &SessionId) -> Result<(), StoreError> {
+        self.seal = Some(ring.seal(&self.fields(session, self.position))?);
+        Ok(())
+    }
+
+    /// Checks the row read at position `expected` of `session`'s log: its seal there,
+    /// then the position stored with it. A row deleted before it, moved or altered is
+    /// [`StoreError::Tampered`].
+    pub fn check(
+        &self,
+        ring: &Keyring,
+        session: &SessionId,
+        expected: i64,
+    ) -> Result<(), StoreError> {
+        let what = || format!("approval event {} (call `{}`)", self.position, self.call);
+        ring.verify(
+            session,
+            what,
+            &self.fields(session, expected),
+            self.seal.as_deref(),
+        )?;
+        // The seal holds at the expected position; a stored position that says otherwise
+        // was edited.
+        if self.position != expected {
+            return Err(StoreError::Tampered {
+                session: session.clone(),
+                what: what(),
+                detail: format!("it is at position {expected} of the log"),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Checks a session's approval log, read in position order, against the seals (each at
+/// its position 1, 2, …), the positions stored and the head's count: a row deleted,
+/// inserted, moved or altered is [`StoreError::Tampered`].
+pub fn check_approvals(
+    ring: &Keyring,
+    head: &HeadRow,
+    found: &[RawApproval],
+) -> Result<(), StoreError> {
+    for (i, raw) in found.iter().enumerate() {
+        raw.check(
+            ring,
+            &head.session,
+            i64::try_from(i + 1).unwrap_or(i64::MAX),
+        )?;
+    }
+    check_approval_count(head, found.len())
+}
+
+/// Checks that a read of a session's whole approval log found as many rows as the head
+/// counts.
+pub fn check_approval_count(head: &HeadRow, found: usize) -> Result<(), StoreError> {
+    if i64::try_from(found).ok() != Some(head.approvals) {
+        return Err(StoreError::Tampered {
+            session: head.session.clone(),
+            what: "the approval log".to_owned(),
+            detail: format!(
+                "the session head records {} approval events, the log holds {found}",
+                head.approvals,
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// A transcript message's sealed columns, as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RawMessage {
@@ -763,5 +873,71 @@ mod tests {
             }
             other => panic!("expected Tampered, got {other:?}"),
         }
+    }
+
+    /// An approval log of three rows, sealed at their positions, and a head counting them.
+    fn approval_log(ring: &Keyring) -> (HeadRow, Vec<RawApproval>) {
+        let s = session();
+        let log: Vec<RawApproval> = ["requested", "approved", "issued"]
+            .iter()
+            .enumerate()
+            .map(|(i, event)| {
+                let mut raw = RawApproval {
+                    call: "c-1".to_owned(),
+                    position: i64::try_from(i + 1).expect("small"),
+                    event: (*event).to_owned(),
+                    actor: "ops".to_owned(),
+                    note: None,
+                    args_before: None,
+                    args_after: None,
+                    seal: None,
+                };
+                raw.seal(ring, &s).expect("seal");
+                raw
+            })
+            .collect();
+        let head = HeadRow {
+            session: s,
+            journal_rows: 1,
+            latest_version: 0,
+            resolutions: 0,
+            issued_rows: Some(0),
+            approvals: 3,
+            checkpoint_seal: String::new(),
+            head: None,
+        };
+        (head, log)
+    }
+
+    #[test]
+    fn an_approval_log_deleted_moved_or_altered_is_tampered() {
+        let r = ring(1);
+        let (head, log) = approval_log(&r);
+        check_approvals(&r, &head, &log).expect("the log as written holds");
+        let tampered = |found: &[RawApproval]| match check_approvals(&r, &head, found) {
+            Err(StoreError::Tampered { what, detail, .. }) => format!("{what}: {detail}"),
+            other => panic!("expected Tampered, got {other:?}"),
+        };
+        // The newest row deleted: no gap, only the head's count says so.
+        assert_eq!(
+            tampered(&log[..2]),
+            "the approval log: the session head records 3 approval events, the log holds 2"
+        );
+        // A middle row deleted: the next row's seal does not hold at its new position.
+        let without_middle = [log[0].clone(), log[2].clone()];
+        assert!(tampered(&without_middle).starts_with("approval event 3 (call `c-1`)"));
+        // A decision rewritten: `denied` for `approved`.
+        let mut altered = log.clone();
+        altered[1].event = "denied".to_owned();
+        assert!(tampered(&altered).starts_with("approval event 2 (call `c-1`)"));
+        // A stored position edited while the row stays where it was sealed.
+        let mut moved = log.clone();
+        moved[2].position = 7;
+        assert_eq!(
+            tampered(&moved),
+            "approval event 7 (call `c-1`): it is at position 3 of the log"
+        );
+        // Another key's seal.
+        assert!(check_approvals(&ring(2), &head, &log).is_err());
     }
 }

@@ -240,7 +240,7 @@ pub(crate) async fn insert_locked(
             Some((approval, mut log)) => {
                 // The request's row of the approval log: only with the row it asks
                 // about (an identity already journaled asks nothing again).
-                log.insert(&mut tx, ring, fence.session, now).await?;
+                seal::insert_approval(&mut log, &mut tx, ring, fence.session, now).await?;
                 CallRecord {
                     status: CallStatus::Requested,
                     attempt: 0,
@@ -452,7 +452,7 @@ pub(crate) async fn reissue_call(
                 args_after: None,
                 seal: None,
             };
-            log.insert(&mut tx, ring, fence.session, now).await?;
+            seal::insert_approval(&mut log, &mut tx, ring, fence.session, now).await?;
             locked.head.approvals = log.position;
             locked.head.count_issued(1)?;
         }
