@@ -515,3 +515,138 @@ pub async fn children_only_a_parents_own_children_are_collected(store: Arc<dyn C
     let rows = store.calls(parent.id(), None).await.expect("journal");
     assert!(rows.is_empty(), "nothing journaled: {rows:?}");
 }
+
+/// A child started with [`StartOptions::with_spend_charged_to_parent`] is capped at what
+/// its parent has left, and its spend is charged to the parent once, when the parent
+/// collects its outcome: a re-run parent reads the collection back and is not charged
+/// again, and the parent's next call is refused once the child's spend reached its
+/// ceiling. A child started without it costs the parent nothing.
+pub async fn children_spend_is_charged_to_the_parent_once_when_asked(
+    store: Arc<dyn CheckpointStore>,
+) {
+    use durable_core::snapshot::{Budget, Limit, Spend};
+
+    let cents = |n: u64| Spend::from_nano_usd(n * 10_000_000, 100, 10);
+    let ask = |session: &Session<Message>, spend: Spend| {
+        let journal = session.journal().clone();
+        async move {
+            journal
+                .model_with_spend(
+                    || async { Ok::<_, String>(json!({ "reply": "ok" })) },
+                    move |_| Some(spend),
+                )
+                .await
+        }
+    };
+    let first = worker(&store, "parent-a");
+    let second = worker(&store, "parent-b");
+    let kids = worker(&store, "kid");
+    let parent = first
+        .start::<Message>(
+            StartOptions::new()
+                .with_budget(Budget::unlimited().with_limit_nano_usd(100 * 10_000_000)),
+        )
+        .await
+        .expect("start the parent");
+    let id = parent.id().clone();
+    ask(&parent, cents(60))
+        .await
+        .expect("the parent's own reply");
+    let charged = parent
+        .spawn_child(
+            child_options(1)
+                .with_budget(Budget::unlimited().with_limit_nano_usd(50 * 10_000_000))
+                .with_spend_charged_to_parent(),
+        )
+        .await
+        .expect("start a child charged to the parent");
+    let free = parent
+        .spawn_child(child_options(2))
+        .await
+        .expect("start a child of its own budget");
+
+    // The charged child may spend what the parent has left (40 cents), not its own 50.
+    let child_budget: Budget = serde_json::from_value(
+        store
+            .load_checkpoint(&charged, None)
+            .await
+            .expect("the child's checkpoint")
+            .budget,
+    )
+    .expect("budget decodes");
+    assert_eq!(child_budget.limit(&Limit::Usd), Some(40 * 10_000_000));
+    assert!(child_budget.charged_to_parent);
+
+    for (child, spend) in [(&charged, 30), (&free, 25)] {
+        let mut session = kids
+            .resume::<Message>(child)
+            .await
+            .expect("resume the child")
+            .session;
+        ask(&session, cents(spend))
+            .await
+            .expect("the child's reply");
+        session.set_state(json!({ "spent": spend }));
+        session.complete().await.expect("complete the child");
+    }
+
+    let outcome = parent.collect_child(&charged).await.expect("collect");
+    assert!(outcome.is_some_and(|o| o.is_completed()));
+    parent
+        .collect_child(&free)
+        .await
+        .expect("collect")
+        .expect("an outcome");
+    assert_eq!(
+        parent.budget().spent_nano_usd,
+        90 * 10_000_000,
+        "the parent's 60 cents and the charged child's 30, not the free child's 25"
+    );
+
+    // The parent dies before its checkpoint; another worker re-runs the turn.
+    drop(parent);
+    release_dead_lease(&store, &id).await;
+    let rerun = second.resume::<Message>(&id).await.expect("resume").session;
+    ask(&rerun, cents(60)).await.expect("the reply, replayed");
+    assert_eq!(
+        rerun
+            .spawn_child(
+                child_options(1)
+                    .with_budget(Budget::unlimited().with_limit_nano_usd(50 * 10_000_000))
+                    .with_spend_charged_to_parent()
+            )
+            .await
+            .expect("the start, replayed"),
+        charged
+    );
+    assert_eq!(
+        rerun.spawn_child(child_options(2)).await.expect("replayed"),
+        free
+    );
+    rerun
+        .collect_child(&charged)
+        .await
+        .expect("replayed")
+        .expect("recorded");
+    rerun
+        .collect_child(&free)
+        .await
+        .expect("replayed")
+        .expect("recorded");
+    assert_eq!(
+        rerun.budget().spent_nano_usd,
+        90 * 10_000_000,
+        "the collection replayed is charged once"
+    );
+    assert_eq!(store.children(&id).await.expect("children").len(), 2);
+
+    // 10 cents left: a reply costing 10 reaches the ceiling, and the next call is refused.
+    ask(&rerun, cents(10)).await.expect("the last 10 cents");
+    match ask(&rerun, cents(1)).await {
+        Err(CallError::Durable(DurableError::BudgetExceeded(refused))) => {
+            assert_eq!(refused.limit, Limit::Usd);
+            assert_eq!(refused.spent, 100 * 10_000_000);
+        }
+        other => panic!("expected the parent's ceiling to refuse the call, got {other:?}"),
+    }
+}

@@ -268,6 +268,7 @@ macro_rules! __durable_conformance_cases {
             children_fan_out_and_fan_in_across_workers,
             children_failure_cancellation_and_replay_unsafe_reach_the_parent,
             children_only_a_parents_own_children_are_collected,
+            children_spend_is_charged_to_the_parent_once_when_asked,
             // cancellation
             cancel_stops_a_running_session_at_its_next_call,
             cancel_cascades_to_children_at_once,

@@ -328,6 +328,9 @@ pub struct StartOptions<M> {
     pub priority: i32,
     /// The tenant the session counts against (see [`with_tenant`](Self::with_tenant)).
     pub tenant: Option<String>,
+    /// For a child session: its spend also counts against its parent's ceilings (see
+    /// [`with_spend_charged_to_parent`](Self::with_spend_charged_to_parent)).
+    pub charge_parent: bool,
 }
 
 impl<M> Default for StartOptions<M> {
@@ -343,6 +346,7 @@ impl<M> Default for StartOptions<M> {
             not_before: None,
             priority: 0,
             tenant: None,
+            charge_parent: false,
         }
     }
 }
@@ -421,6 +425,37 @@ impl<M> StartOptions<M> {
     /// ([`validate_id`](crate::validate::validate_id)).
     pub fn with_tenant(mut self, tenant: impl Into<String>) -> Self {
         self.tenant = Some(tenant.into());
+        self
+    }
+
+    /// For a child session ([`Session::spawn_child`](crate::Session::spawn_child)): its
+    /// spend also counts against its parent's ceilings. The child starts with its money,
+    /// token and wall-time ceilings lowered to what the parent has left of its own when
+    /// the child is created ([`Budget::capped_by_parent`]), so it cannot spend more than
+    /// the parent may; and when the parent collects the child's outcome
+    /// ([`collect_child`](crate::Session::collect_child),
+    /// [`await_children`](crate::Session::await_children)), what the child spent (money
+    /// and tokens) is charged to the parent, once: the collection is a journal row that
+    /// carries the spend, so a re-run parent reads it back and is not charged again.
+    /// The parent's next model or tool call is then checked against its ceilings with
+    /// the child's spend counted.
+    ///
+    /// Children running at once are each capped at the headroom the parent had when it
+    /// started them: together they may spend past it, and the parent's next call is then
+    /// refused. A child's model and tool calls count against its own call ceilings, not
+    /// the parent's. Ignored by [`Durable::start`] and [`Durable::submit`].
+    ///
+    /// ```
+    /// use durable_core::{Budget, Message, StartOptions};
+    ///
+    /// let reader = StartOptions::<Message>::new()
+    ///     .with_budget(Budget::unlimited().with_limit_usd(0.50)?)
+    ///     .with_spend_charged_to_parent();
+    /// assert!(reader.charge_parent);
+    /// # Ok::<(), durable_core::snapshot::InvalidAmount>(())
+    /// ```
+    pub fn with_spend_charged_to_parent(mut self) -> Self {
+        self.charge_parent = true;
         self
     }
 

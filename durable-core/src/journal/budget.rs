@@ -68,6 +68,16 @@ impl Journal {
         state.budget = budget;
     }
 
+    /// Time since the session started (ms; this worker's clock against the session's
+    /// start on the store's), what the wall-time ceiling counts.
+    pub(crate) fn elapsed_ms(&self) -> u64 {
+        let started_at = self.state().started_at;
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        u64::try_from(now.saturating_sub(started_at)).unwrap_or(0)
+    }
+
     /// What `row` charges the budget: its spend, and the call it counts.
     fn charge_of(record: &CallRecord) -> Charge {
         let spend = record.spend.as_ref().and_then(|spend| {
@@ -111,13 +121,7 @@ impl Journal {
     ///
     /// On refusal the current span (the call's) carries the ceiling and the spend.
     pub(crate) async fn check_budget(&self, ask: Ask<'_>) -> Result<(), DurableError> {
-        let started_at = self.state().started_at;
-        let elapsed = || {
-            let now = std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-            u64::try_from(now.saturating_sub(started_at)).unwrap_or(0)
-        };
+        let elapsed = || self.elapsed_ms();
         if self.budget().check_call(ask, elapsed()).is_ok() {
             return Ok(());
         }

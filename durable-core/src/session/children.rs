@@ -40,6 +40,7 @@ use crate::ids::SessionId;
 use crate::journal::CallError;
 use crate::replay::ReplayClass;
 use crate::runtime::StartOptions;
+use crate::snapshot::{Budget, Spend};
 use crate::store::{
     CHILD_SLOT, COLLECT_SLOT, CheckpointStore, NewCheckpoint, NewSession, SessionStatus, Wait,
     child_id,
@@ -119,6 +120,10 @@ struct ChildArgs {
     metadata: Value,
     queue: Option<String>,
     not_before: Option<i64>,
+    /// Left out when `false`, so that the arguments (and the start's identity) of a
+    /// child started without it stay what they were.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    charge_parent: bool,
 }
 
 fn child_spec() -> ToolSpec {
@@ -180,7 +185,14 @@ where
             metadata: options.metadata,
             queue: options.queue,
             not_before: options.not_before,
+            charge_parent: options.charge_parent,
         };
+        // What the parent has left, for a child whose spend counts against it: capped
+        // when the child is created, not part of the journaled arguments (the parent's
+        // clock moves; the start's identity must not).
+        let parent_budget = options
+            .charge_parent
+            .then(|| (self.journal.budget(), self.journal.elapsed_ms()));
         let args = encode(&args, "child's start")?;
         let spec = child_spec();
         let store = Arc::clone(&self.store);
@@ -198,9 +210,10 @@ where
                 let parent = parent.clone();
                 let failed = failed.clone();
                 let args = body_args.clone();
+                let parent_budget = parent_budget.clone();
                 let id = child_id(ctx.identity());
                 async move {
-                    match start_child(&*store, &config, &parent, &id, args).await {
+                    match start_child(&*store, &config, &parent, &id, args, parent_budget).await {
                         Ok(started) => started,
                         // Left in doubt (not recorded): the re-run creates or finds it.
                         Err(e) => {
@@ -262,14 +275,21 @@ where
         let call = self
             .journal
             .tool(&spec, json!({ "child": child.as_str() }))
-            .run(move |_ctx| {
+            .run(move |ctx| {
                 let store = Arc::clone(&store);
                 let parent = parent.clone();
                 let child = asked.clone();
                 let told = told.clone();
                 async move {
                     match outcome_of(&*store, &parent, &child).await {
-                        Ok(Some(outcome)) => Ok::<_, Infallible>(outcome),
+                        Ok(Some((outcome, spend))) => {
+                            // Recorded with the row: the parent's budget is charged
+                            // once, on this run and on every replay of it.
+                            if let Some(spend) = spend {
+                                ctx.record_spend(spend);
+                            }
+                            Ok::<_, Infallible>(outcome)
+                        }
                         // Nothing to record yet: the call is dropped before it writes,
                         // its ordinal handed back.
                         Ok(None) => {
@@ -364,12 +384,21 @@ async fn start_child(
     parent: &SessionId,
     id: &SessionId,
     args: Value,
+    parent_budget: Option<(Budget, u64)>,
 ) -> Result<Result<Value, String>, StoreError> {
-    let args: ChildArgs = serde_json::from_value(args).map_err(|e| StoreError::Corrupt {
+    let corrupt = |e: serde_json::Error| StoreError::Corrupt {
         session: parent.clone(),
         version: None,
         detail: format!("a child's start could not be read back: {e}"),
-    })?;
+    };
+    let mut args: ChildArgs = serde_json::from_value(args).map_err(corrupt)?;
+    if args.charge_parent
+        && let Some((parent_budget, elapsed_ms)) = parent_budget
+    {
+        let own: Budget = serde_json::from_value(args.budget).map_err(corrupt)?;
+        let capped = own.capped_by_parent(&parent_budget, elapsed_ms);
+        args.budget = serde_json::to_value(&capped).map_err(corrupt)?;
+    }
     let new = NewSession {
         id: id.clone(),
         app_version: config.app_version.clone(),
@@ -403,8 +432,27 @@ async fn start_child(
     Ok(Ok(json!({ "child": id.as_str() })))
 }
 
-/// The outcome of `child` if it has one, checking that it is a child of `parent`.
+/// The outcome of `child` if it has one, checking that it is a child of `parent`, with
+/// what the child spent when its spend is charged to the parent
+/// ([`Budget::charged_to_parent`]).
 async fn outcome_of(
+    store: &dyn CheckpointStore,
+    parent: &SessionId,
+    child: &SessionId,
+) -> Result<Option<(ChildOutcome, Option<Spend>)>, DurableError> {
+    let Some(outcome) = child_outcome(store, parent, child).await? else {
+        return Ok(None);
+    };
+    let standing = crate::runtime::session_budget(store, child).await?;
+    let spend = standing
+        .budget
+        .charged_to_parent
+        .then(|| standing.budget.total_spend());
+    Ok(Some((outcome, spend)))
+}
+
+/// The outcome of `child` if it has one, checking that it is a child of `parent`.
+async fn child_outcome(
     store: &dyn CheckpointStore,
     parent: &SessionId,
     child: &SessionId,

@@ -182,6 +182,11 @@ pub struct Budget {
     /// Limits on the calls of single tools, by tool name.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub limit_per_tool: BTreeMap<String, u64>,
+    /// A child session's budget whose spend also counts against its parent's ceilings
+    /// ([`StartOptions::with_spend_charged_to_parent`](crate::StartOptions::with_spend_charged_to_parent)):
+    /// the parent charges what the child spent when it collects the child's outcome.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub charged_to_parent: bool,
 }
 
 /// `Err` when `spent` is at `ceiling` (none: unlimited).
@@ -481,6 +486,47 @@ impl Budget {
             }
         }
         self
+    }
+
+    /// This budget (a child's) with its money, token and wall-time ceilings lowered to
+    /// what `parent` has left of its own (`parent_elapsed_ms`: the parent's time since
+    /// it started), and marked [`charged_to_parent`](Self::charged_to_parent): a child
+    /// cannot spend more than its parent may. Ceilings the parent does not have are
+    /// left as they are; a ceiling is never raised.
+    ///
+    /// ```
+    /// use durable_core::{Budget, Spend};
+    ///
+    /// let mut parent = Budget::unlimited().with_limit_usd(1.00)?;
+    /// parent.charge(&Spend::new(0.75, 0, 0)?);
+    /// let child = Budget::unlimited().with_limit_usd(0.50)?.with_limit_tokens(9_000);
+    /// let child = child.capped_by_parent(&parent, 0);
+    /// assert_eq!(child.limit_usd(), Some(0.25)); // what the parent has left
+    /// assert_eq!(child.limit_tokens, Some(9_000)); // the parent has no token ceiling
+    /// assert!(child.charged_to_parent);
+    /// # Ok::<(), durable_core::snapshot::InvalidAmount>(())
+    /// ```
+    pub fn capped_by_parent(mut self, parent: &Budget, parent_elapsed_ms: u64) -> Self {
+        fn lower(own: Option<u64>, parent: Option<u64>) -> Option<u64> {
+            match (own, parent) {
+                (Some(own), Some(parent)) => Some(own.min(parent)),
+                (own, parent) => own.or(parent),
+            }
+        }
+        self.limit_nano_usd = lower(self.limit_nano_usd, parent.remaining_nano_usd());
+        self.limit_tokens = lower(self.limit_tokens, parent.remaining_tokens());
+        let wall_left = parent
+            .limit_wall_ms
+            .map(|limit| limit.saturating_sub(parent_elapsed_ms));
+        self.limit_wall_ms = lower(self.limit_wall_ms, wall_left);
+        self.charged_to_parent = true;
+        self
+    }
+
+    /// What was spent (money and tokens) as one [`Spend`]: what a parent charges for a
+    /// child whose budget is [`charged_to_parent`](Self::charged_to_parent).
+    pub fn total_spend(&self) -> Spend {
+        Spend::from_nano_usd(self.spent_nano_usd, self.input_tokens, self.output_tokens)
     }
 }
 
