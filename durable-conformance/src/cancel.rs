@@ -122,6 +122,90 @@ pub async fn cancel_stops_a_running_session_at_its_next_call(store: Arc<dyn Chec
     assert!(resumed.is_err(), "a cancelled session is not resumed");
 }
 
+/// The store refuses to issue a call of a session asked to stop, in the transaction of
+/// the fence: a worker that has not yet heard of the cancellation (no renewal since; its
+/// renewals are off here) starts no effect after it committed. The call is refused as
+/// `Cancelled`, its body never runs, nothing is journaled, and the session ends as
+/// `cancelled` with who and why. What ran before is kept.
+pub async fn cancel_committed_starts_no_effect_before_the_worker_hears_of_it(
+    store: Arc<dyn CheckpointStore>,
+) {
+    let durable = Durable::builder(Arc::clone(&store))
+        .owner(owner("runner"))
+        .app_version("v1")
+        .renew_leases(false)
+        .build();
+    let session = durable
+        .start::<Message>(StartOptions::new())
+        .await
+        .expect("start");
+    let id = session.id().clone();
+    let email = spec("email", ReplayClass::UnsafeOnReplay);
+    let charge = spec("charge", ReplayClass::IdempotentWithKey);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let run = |n: u64| {
+        let runs = Arc::clone(&runs);
+        move |_: durable_core::ToolContext| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            async move { Ok::<Value, String>(json!({ "sent": n })) }
+        }
+    };
+    session
+        .journal()
+        .tool(&email, json!({ "n": 1 }))
+        .run(run(1))
+        .await
+        .expect("the first email, before the cancellation");
+    let cancelled = worker(&store, "ops")
+        .operator()
+        .cancel(&id, "customer withdrew")
+        .await
+        .expect("cancel");
+    assert_eq!(cancelled[0].effect, CancelEffect::Requested);
+
+    // At once: no renewal has told this worker.
+    let next = session
+        .journal()
+        .tool(&email, json!({ "n": 2 }))
+        .run(run(2))
+        .await;
+    match next {
+        Err(CallError::Durable(e @ DurableError::Cancelled { .. })) => {
+            assert_eq!(e.kind(), ErrorKind::Cancelled);
+        }
+        other => panic!("the store must refuse to issue the call, got {other:?}"),
+    }
+    let keyed = session
+        .journal()
+        .tool(&charge, json!({ "cents": 500 }))
+        .key("order-1")
+        .run(run(3))
+        .await;
+    assert!(
+        matches!(
+            keyed,
+            Err(CallError::Durable(DurableError::Cancelled { .. }))
+        ),
+        "a keyed call is refused too: {keyed:?}"
+    );
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "no new effect ran");
+    let rows = store.calls(&id, None).await.expect("journal");
+    assert_eq!(
+        rows.len(),
+        1,
+        "the refused calls journaled nothing: {rows:?}"
+    );
+    let record = store.session(&id).await.expect("session");
+    assert_eq!(record.status, SessionStatus::Cancelled);
+    assert!(
+        record
+            .status_reason
+            .unwrap_or_default()
+            .contains("customer withdrew"),
+        "who and why"
+    );
+}
+
 /// A parent waiting for its children, its children and a grandchild: no worker holds
 /// any of them, so one cancellation ends them all at once, parents first; without the
 /// cascade only the named session ends.

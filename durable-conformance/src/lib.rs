@@ -272,6 +272,7 @@ macro_rules! __durable_conformance_cases {
             // cancellation
             cancel_stops_a_running_session_at_its_next_call,
             cancel_cascades_to_children_at_once,
+            cancel_committed_starts_no_effect_before_the_worker_hears_of_it,
             cancel_of_a_dead_workers_session_ends_on_the_next_take,
             // streamed model replies
             stream_reply_is_journaled_once_and_replayed_as_a_stream,

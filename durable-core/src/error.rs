@@ -65,6 +65,23 @@ pub enum StoreError {
         /// The stale token.
         token: i64,
     },
+    /// The session was asked to stop ([`cancel_session`](crate::store::SessionStore::cancel_session))
+    /// while a worker held it: the store issues no new call of it, so no effect starts
+    /// after the cancellation committed. Return from the handler; the runtime ends the
+    /// session as `cancelled`.
+    #[error(
+        "session `{session}` was cancelled by {by} ({reason}); no new call of it starts: return from the handler"
+    )]
+    CancelRequested {
+        /// The session.
+        session: SessionId,
+        /// Who asked.
+        by: String,
+        /// Why.
+        reason: String,
+        /// When (ms, database clock).
+        at: i64,
+    },
     /// The session is terminal or parked and cannot be leased.
     #[error("session `{session}` is {status} and cannot be resumed")]
     NotResumable {

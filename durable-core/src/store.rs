@@ -1452,6 +1452,12 @@ pub trait JournalStore: Send + Sync + 'static {
     /// latest journal row is refused with [`StoreError::StepClosed`] and writes nothing.
     /// So a step's rows are contiguous in the journal, which lets
     /// [`calls`](Self::calls) check one step's completeness without reading the rest.
+    ///
+    /// A session asked to stop ([`SessionRecord::cancel_requested`] set by
+    /// [`cancel_session`](SessionStore::cancel_session)) issues nothing: fails with
+    /// [`StoreError::CancelRequested`] and writes nothing, checked in the same
+    /// transaction as the fence, so no effect starts once the cancellation committed.
+    /// ([`record_call`](Self::record_call) is not refused: what it records already ran.)
     async fn issue_call(&self, fence: Fence<'_>, call: NewCall)
     -> Result<IssueOutcome, StoreError>;
 

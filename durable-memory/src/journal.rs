@@ -64,6 +64,17 @@ pub(crate) fn insert(
         )
     });
     let session = sessions::fenced(store, &mut state, fence)?;
+    if finish.is_none()
+        && request.is_none()
+        && let Some(asked) = &session.record.cancel_requested
+    {
+        return Err(StoreError::CancelRequested {
+            session: fence.session.clone(),
+            by: asked.by.clone(),
+            reason: asked.reason.clone(),
+            at: asked.at,
+        });
+    }
     let n = session.head.journal_rows;
     if let Some(latest) = session
         .journal

@@ -582,6 +582,14 @@ macro_rules! latest_step_col {
 
 pub(crate) use latest_step_col;
 
+/// The columns of a cancellation asked while a worker holds the session, for a fenced
+/// write that refuses to issue a call of a session asked to stop.
+macro_rules! cancel_cols {
+    () => {
+        ", s.cancel_requested_at, s.cancel_by, s.cancel_reason"
+    };
+}
+
 /// `issue_call` (`finish = None`: status `issued`) and `record_call` (the outcome is
 /// written with the new row): fence check, step check, idempotency-key check, then
 /// insert-or-get on the call identity. A new row is sealed at the next position of the
@@ -731,7 +739,7 @@ async fn write_call(
             conn.fenced(
                 ring,
                 fence,
-                fenced_select!(latest_step_col!(), ""),
+                fenced_select!(concat!(latest_step_col!(), cancel_cols!()), ""),
                 SqliteArguments::default(),
             )
             .await?
@@ -745,12 +753,28 @@ async fn write_call(
             conn.fenced(
                 ring,
                 fence,
-                fenced_select!(concat!(latest_step_col!(), key_holder_col!()), ""),
+                fenced_select!(
+                    concat!(latest_step_col!(), cancel_cols!(), key_holder_col!()),
+                    ""
+                ),
                 args,
             )
             .await?
         }
     };
+    // A session asked to stop issues nothing (what `record_call` records already ran).
+    if !finished {
+        let at: Option<i64> = rows::col(&row, "cancel_requested_at", fence.session, None)?;
+        if let Some(at) = at {
+            let text = |name: &str| rows::col::<Option<String>>(&row, name, fence.session, None);
+            return Err(StoreError::CancelRequested {
+                session: fence.session.clone(),
+                by: text("cancel_by")?.unwrap_or_default(),
+                reason: text("cancel_reason")?.unwrap_or_default(),
+                at,
+            });
+        }
+    }
     let latest: Option<i64> = rows::col(&row, "latest_step", fence.session, None)?;
     if let Some(latest) = latest.filter(|&latest| raw.step < latest) {
         return Err(StoreError::StepClosed {

@@ -129,6 +129,7 @@ impl StoreError {
             | E::StepClosed { .. }
             | E::AppVersionMismatch { .. } => ErrorKind::Conflict,
             E::Parked { .. } => ErrorKind::OperatorNeeded,
+            E::CancelRequested { .. } => ErrorKind::Cancelled,
             E::EmptyDenialReason { .. }
             | E::InvalidId { .. }
             | E::InvalidText { .. }

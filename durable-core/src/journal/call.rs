@@ -22,8 +22,8 @@ use crate::replay::ReplayClass;
 use crate::secret;
 use crate::snapshot::{Ask, Spend};
 use crate::store::{
-    ApprovalRequest, CallIdentity, CallKind, CallOutcome, CallRecord, CallStatus, CheckpointMeta,
-    EditedKey, FinishCall, IssueOutcome, NewCall, NewCheckpoint, NewError,
+    ApprovalRequest, CallIdentity, CallKind, CallOutcome, CallRecord, CallStatus, CancelRequest,
+    CheckpointMeta, EditedKey, FinishCall, IssueOutcome, NewCall, NewCheckpoint, NewError,
 };
 use crate::telemetry;
 use crate::tool_spec::{ToolContext, ToolSpec, Verification};
@@ -698,12 +698,17 @@ impl<'j> ToolCall<'j> {
         journal.ensure_durable(spec).await?;
         journal.failpoint("before_issue", &spec.name);
         let lease = journal.lease();
-        let issued = journal
-            .inner
-            .store
-            .issue_call(lease.fence(), call)
-            .await
-            .map_err(|e| journal.note_store_error(e))?;
+        let issued = match journal.inner.store.issue_call(lease.fence(), call).await {
+            Ok(issued) => issued,
+            // Cancelled since this worker last looked: nothing starts, and the session
+            // ends as `cancelled` under this lease.
+            Err(StoreError::CancelRequested { by, reason, at, .. }) => {
+                journal.note_cancel(CancelRequest { by, reason, at });
+                journal.emit_refused(spec, self.key.clone());
+                return Err(journal.refuse_cancelled().await.into());
+            }
+            Err(e) => return Err(journal.note_store_error(e).into()),
+        };
         let row = match issued {
             IssueOutcome::Inserted(row) => row,
             IssueOutcome::Existing(row) => {

@@ -27,15 +27,32 @@ impl Journal {
     /// `cancelled` (under this worker's lease; a lease already lost or given up leaves
     /// that to the next worker that takes it).
     pub(crate) async fn check_cancelled(&self) -> Result<(), DurableError> {
-        let Some(request) = self.cancel_request() else {
-            return Ok(());
-        };
+        match self.cancel_request() {
+            Some(request) => Err(self.refuse(request).await),
+            None => Ok(()),
+        }
+    }
+
+    /// Refuses a call the store refused because the session was asked to stop
+    /// ([`StoreError::CancelRequested`], noted with [`note_cancel`](Self::note_cancel)
+    /// before): ends the session as `cancelled`, as [`check_cancelled`](Self::check_cancelled)
+    /// does.
+    pub(crate) async fn refuse_cancelled(&self) -> DurableError {
+        let request = self.cancel_request().unwrap_or_else(|| CancelRequest {
+            by: "an operator".to_owned(),
+            reason: "cancelled".to_owned(),
+            at: 0,
+        });
+        self.refuse(request).await
+    }
+
+    async fn refuse(&self, request: CancelRequest) -> DurableError {
         self.end_cancelled(&request).await;
-        Err(DurableError::Cancelled {
+        DurableError::Cancelled {
             session: self.inner.session.clone(),
             by: request.by,
             reason: request.reason,
-        })
+        }
     }
 
     /// Sets the session's status to `cancelled` under this worker's lease.

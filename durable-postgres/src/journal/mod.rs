@@ -127,7 +127,8 @@ pub(crate) async fn insert_locked(
     const LOCK: &str = concat!(
         "SELECT ",
         tx::locked_cols!(),
-        ", (SELECT l.step FROM durable_tool_calls l WHERE l.session_id = s.id \
+        ", s.cancel_requested_at, s.cancel_by, s.cancel_reason, \
+           (SELECT l.step FROM durable_tool_calls l WHERE l.session_id = s.id \
             AND l.seq = s.journal_rows) AS latest_step \
          FROM durable_sessions s WHERE s.id = $1 FOR NO KEY UPDATE"
     );
@@ -145,6 +146,17 @@ pub(crate) async fn insert_locked(
         return Err(StoreError::LeaseLost {
             session: call.identity.session.clone(),
             token: fence.token,
+        });
+    }
+    // A session asked to stop issues nothing (what `record_call` records already ran).
+    if matches!(entry, Entry::Issue)
+        && let Some(at) = get::<Option<i64>>(&row, "cancel_requested_at")?
+    {
+        return Err(StoreError::CancelRequested {
+            session: fence.session.clone(),
+            by: get::<Option<String>>(&row, "cancel_by")?.unwrap_or_default(),
+            reason: get::<Option<String>>(&row, "cancel_reason")?.unwrap_or_default(),
+            at,
         });
     }
     let latest = match get::<Option<i64>>(&row, "latest_step")? {

@@ -47,7 +47,7 @@ pub(super) enum Insert {
 /// generic plan, made while the tables were small, found the identity by the session
 /// alone (`query_plans.rs`).
 pub(crate) const INSERT_READ: &str = concat!(
-    "SELECT s.fence AS session_fence, ",
+    "SELECT s.fence AS session_fence, s.cancel_requested_at, ",
     seal::head_cols!(),
     ", (SELECT l.step FROM durable_tool_calls l \
         WHERE l.session_id = s.id AND l.seq = s.journal_rows) AS latest_step \
@@ -67,6 +67,7 @@ pub(super) async fn insert(
         "WITH head AS ( \
            UPDATE durable_sessions SET journal_rows = $20, head = $21, issued_rows = $24 \
            WHERE id = $2 AND fence = $13 AND journal_rows = $22 AND head = $23 \
+             AND ($19 OR cancel_requested_at IS NULL) \
              AND NOT EXISTS (SELECT 1 FROM durable_tool_calls WHERE session_id = $2 \
                AND step = $4 AND tool_name = $5 AND input_hash = $6 AND ordinal = $7) \
            RETURNING id), \
@@ -100,7 +101,13 @@ pub(super) async fn insert(
         Some(latest) => identity.step >= latest,
         None => head.journal_rows == 0,
     };
-    if get::<i64>(&row, "session_fence")? != fence.token || !open || head.check(ring).is_err() {
+    // A session asked to stop issues nothing: the locking path says so.
+    let stopping = finish.is_none() && get::<Option<i64>>(&row, "cancel_requested_at")?.is_some();
+    if get::<i64>(&row, "session_fence")? != fence.token
+        || !open
+        || stopping
+        || head.check(ring).is_err()
+    {
         return Ok(Insert::Declined(call, finish));
     }
     let seq = head.journal_rows + 1;
