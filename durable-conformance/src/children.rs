@@ -650,3 +650,65 @@ pub async fn children_spend_is_charged_to_the_parent_once_when_asked(
         other => panic!("expected the parent's ceiling to refuse the call, got {other:?}"),
     }
 }
+
+/// A fork of a parent that started a child re-runs the start and gets the parent's child
+/// back (a fork never repeats its parent's effects: no second child), and collects that
+/// child's outcome as its own, since its journal holds the start.
+pub async fn children_a_fork_collects_the_children_its_origin_started(
+    store: Arc<dyn CheckpointStore>,
+) {
+    let parents = worker(&store, "parent");
+    let kids = worker(&store, "kid");
+    let parent = parents
+        .start::<Message>(StartOptions::new().with_queue("parents"))
+        .await
+        .expect("start the parent");
+    let id = parent.id().clone();
+    let child = parent
+        .spawn_child(child_options(1))
+        .await
+        .expect("start the child");
+    complete_child(&kids, &child, json!({ "role": "child", "answer": 42 })).await;
+    // The parent's worker dies before it collects; an operator forks the turn.
+    drop(parent);
+    release_dead_lease(&store, &id).await;
+    let fork = worker(&store, "operator")
+        .operator()
+        .fork::<Message>(&id, 0, None)
+        .await
+        .expect("fork the parent at its start");
+    let fork_id = fork.id().clone();
+    assert_eq!(
+        fork.spawn_child(child_options(1))
+            .await
+            .expect("the start, inherited"),
+        child,
+        "the fork's re-run start returns the parent's child"
+    );
+    let outcome = fork
+        .collect_child(&child)
+        .await
+        .expect("a fork collects the child its origin started");
+    assert_eq!(
+        outcome,
+        Some(ChildOutcome::Completed {
+            state: json!({ "role": "child", "answer": 42 })
+        })
+    );
+    match fork.await_children(std::slice::from_ref(&child)).await {
+        Ok(ChildWait::Ready { outcomes, .. }) => {
+            assert!(outcomes[0].is_completed(), "{outcomes:?}");
+        }
+        Ok(ChildWait::Released) => panic!("the child has ended: nothing to wait for"),
+        Err(e) => panic!("await: {e}"),
+    }
+    assert_eq!(store.children(&id).await.expect("children").len(), 1);
+    assert!(
+        store
+            .children(&fork_id)
+            .await
+            .expect("children")
+            .is_empty(),
+        "no second child"
+    );
+}

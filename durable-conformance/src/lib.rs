@@ -269,6 +269,7 @@ macro_rules! __durable_conformance_cases {
             children_failure_cancellation_and_replay_unsafe_reach_the_parent,
             children_only_a_parents_own_children_are_collected,
             children_spend_is_charged_to_the_parent_once_when_asked,
+            children_a_fork_collects_the_children_its_origin_started,
             // cancellation
             cancel_stops_a_running_session_at_its_next_call,
             cancel_cascades_to_children_at_once,

@@ -451,7 +451,27 @@ async fn outcome_of(
     Ok(Some((outcome, spend)))
 }
 
-/// The outcome of `child` if it has one, checking that it is a child of `parent`.
+/// Whether `session`'s journal holds the start of `child`: a fork inherits the starts
+/// its origin journaled (a fork never repeats an effect of its parent, so the re-run
+/// start returns the origin's child), and collects that child as its own.
+async fn started_here(
+    store: &dyn CheckpointStore,
+    session: &SessionId,
+    child: &SessionId,
+) -> Result<bool, DurableError> {
+    Ok(store.calls(session, None).await?.iter().any(|row| {
+        row.identity.tool == CHILD_SLOT
+            && row
+                .result
+                .as_ref()
+                .and_then(|r| r.get("child"))
+                .and_then(Value::as_str)
+                == Some(child.as_str())
+    }))
+}
+
+/// The outcome of `child` if it has one, checking that it is a child of `parent` (or
+/// that `parent` journaled its start: see [`started_here`]).
 async fn child_outcome(
     store: &dyn CheckpointStore,
     parent: &SessionId,
@@ -467,7 +487,7 @@ async fn child_outcome(
         }
         Err(e) => return Err(e.into()),
     };
-    if record.parent.as_ref() != Some(parent) {
+    if record.parent.as_ref() != Some(parent) && !started_here(store, parent, child).await? {
         return Err(DurableError::NotAChild {
             parent: parent.clone(),
             child: child.clone(),
