@@ -704,11 +704,7 @@ pub async fn children_a_fork_collects_the_children_its_origin_started(
     }
     assert_eq!(store.children(&id).await.expect("children").len(), 1);
     assert!(
-        store
-            .children(&fork_id)
-            .await
-            .expect("children")
-            .is_empty(),
+        store.children(&fork_id).await.expect("children").is_empty(),
         "no second child"
     );
 }

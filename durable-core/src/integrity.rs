@@ -68,6 +68,7 @@ mod log;
 mod open;
 pub mod rows;
 pub mod setup;
+pub mod walk;
 
 pub use log::{INTEGRITY_LOG_SEAL, IntegrityEvent, IntegrityLog, integrity_log_fields};
 pub use open::{KeyAction, OpenFacts};

@@ -4,9 +4,11 @@
 //! which is sealed as a whole (its seal in `durable_meta`).
 
 use async_trait::async_trait;
-use durable_core::integrity::rows::count_issued;
-use durable_core::integrity::rows::{CheckpointRow, RawMessage, Reseal, check_approvals};
+use durable_core::integrity::rows::{
+    CheckpointRow, HeadRow, RawApproval, RawCall, RawMessage, RawResolution,
+};
 use durable_core::integrity::setup::{self, KeyTables, LogEvent};
+use durable_core::integrity::walk::{self, SessionTables};
 use durable_core::integrity::{IntegrityEvent, IntegrityLog, Keyring};
 use durable_core::{SessionId, StoreError};
 use sqlx::SqliteConnection;
@@ -20,179 +22,241 @@ use crate::seal::{
 use crate::tx;
 
 /// Re-seals every row of one session under `to`, after checking it under `from` (`None`:
-/// the rows were never sealed; they are sealed as they are). Returns the rows sealed.
+/// the rows were never sealed; they are sealed as they are), with the walk written in
+/// `durable_core` ([`walk::reseal_session`]). Returns the rows sealed.
 pub(crate) async fn reseal_session(
     conn: &mut SqliteConnection,
     from: Option<&Keyring>,
     to: &Keyring,
     session: &SessionId,
 ) -> Result<i64, StoreError> {
-    let mut count = 0i64;
-    // The head first: it covers the latest checkpoint's seal as it stands now.
-    let row = sqlx::query(concat!(
-        "SELECT ",
-        head_cols!(),
-        " FROM durable_sessions s WHERE s.id = ?"
-    ))
-    .bind(session.as_str())
-    .fetch_one(&mut *conn)
-    .await
-    .map_err(db)?;
-    let mut head = head_from_row(&row, session)?;
-    let mut walk = Reseal::new(from, to, session);
-    walk.check_head(&head)?;
-    if walk.checks() {
-        check_journal_complete(&mut *conn, &head).await?;
-    }
-    // Journal rows.
-    let found = sqlx::query(concat!(
-        "SELECT ",
-        raw_call_cols!(),
-        " FROM durable_tool_calls c WHERE c.session_id = ? ORDER BY c.seq"
-    ))
-    .bind(session.as_str())
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(db)?;
-    let mut calls = found.iter().map(raw_call).collect::<Result<Vec<_>, _>>()?;
-    walk.calls(&mut head, &mut calls)?;
-    for raw in &calls {
-        store_mac(raw, &mut *conn).await?;
-        count += 1;
-    }
-    // Messages, in order (chained).
-    let found = sqlx::query(
-        "SELECT seq, message, seal FROM durable_transcript WHERE session_num = \
-         (SELECT num FROM durable_sessions WHERE id = ?) ORDER BY seq",
-    )
-    .bind(session.as_str())
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(db)?;
-    let mut sealed_messages = Vec::with_capacity(found.len());
-    for row in &found {
-        let message = RawMessage {
-            seq: rows::col(row, "seq", session, None)?,
-            text: rows::col(row, "message", session, None)?,
-            seal: rows::col(row, "seal", session, None)?,
-        };
-        sealed_messages.push((message.seq, walk.message(&message)?));
-    }
-    for (seq, seal) in &sealed_messages {
-        sqlx::query(
-            "UPDATE durable_messages SET seal = ? WHERE session_num = \
-             (SELECT num FROM durable_sessions WHERE id = ?) AND seq = ?",
-        )
-        .bind(seal)
+    walk::reseal_session(&mut Rows(conn), from, to, session).await
+}
+
+/// One session's sealed rows as the walks written in `durable_core` read and write them
+/// ([`SessionTables`]), on the caller's connection (in its transaction).
+struct Rows<'c>(&'c mut SqliteConnection);
+
+#[async_trait]
+impl SessionTables for Rows<'_> {
+    async fn head(&mut self, session: &SessionId) -> Result<HeadRow, StoreError> {
+        let row = sqlx::query(concat!(
+            "SELECT ",
+            head_cols!(),
+            " FROM durable_sessions s WHERE s.id = ?"
+        ))
         .bind(session.as_str())
-        .bind(seq)
-        .execute(&mut *conn)
+        .fetch_one(&mut *self.0)
         .await
         .map_err(db)?;
-        count += 1;
+        head_from_row(&row, session)
     }
-    // Checkpoints, in order (chained).
-    let found = sqlx::query(
-        "SELECT version, last_seq, message_count, plan, budget, state, app_version, seal \
-         FROM durable_checkpoints WHERE session_num = \
-         (SELECT num FROM durable_sessions WHERE id = ?) ORDER BY version",
-    )
-    .bind(session.as_str())
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(db)?;
-    let mut sealed_checkpoints = Vec::with_capacity(found.len());
-    for row in &found {
-        let version: i64 = rows::col(row, "version", session, None)?;
-        let v = Some(version);
-        let last_seq: i64 = rows::col(row, "last_seq", session, v)?;
-        let mut texts = [String::new(), String::new(), String::new()];
-        for (text, column) in texts.iter_mut().zip(["plan", "budget", "state"]) {
-            let stored = rows::col::<String>(row, column, session, v)?;
-            *text = rows::resolve_snapshot(&mut *conn, session, stored, column).await?;
+
+    async fn check_journal_complete(&mut self, head: &HeadRow) -> Result<(), StoreError> {
+        check_journal_complete(&mut *self.0, head).await
+    }
+
+    async fn calls(&mut self, session: &SessionId) -> Result<Vec<RawCall>, StoreError> {
+        let found = sqlx::query(concat!(
+            "SELECT ",
+            raw_call_cols!(),
+            " FROM durable_tool_calls c WHERE c.session_id = ? ORDER BY c.seq"
+        ))
+        .bind(session.as_str())
+        .fetch_all(&mut *self.0)
+        .await
+        .map_err(db)?;
+        found.iter().map(raw_call).collect()
+    }
+
+    async fn messages(&mut self, session: &SessionId) -> Result<Vec<RawMessage>, StoreError> {
+        let found = sqlx::query(
+            "SELECT seq, message, seal FROM durable_transcript WHERE session_num = \
+             (SELECT num FROM durable_sessions WHERE id = ?) ORDER BY seq",
+        )
+        .bind(session.as_str())
+        .fetch_all(&mut *self.0)
+        .await
+        .map_err(db)?;
+        found
+            .iter()
+            .map(|row| {
+                Ok(RawMessage {
+                    seq: rows::col(row, "seq", session, None)?,
+                    text: rows::col(row, "message", session, None)?,
+                    seal: rows::col(row, "seal", session, None)?,
+                })
+            })
+            .collect()
+    }
+
+    async fn checkpoints(&mut self, session: &SessionId) -> Result<Vec<CheckpointRow>, StoreError> {
+        let found = sqlx::query(
+            "SELECT version, last_seq, message_count, plan, budget, state, app_version, seal \
+             FROM durable_checkpoints WHERE session_num = \
+             (SELECT num FROM durable_sessions WHERE id = ?) ORDER BY version",
+        )
+        .bind(session.as_str())
+        .fetch_all(&mut *self.0)
+        .await
+        .map_err(db)?;
+        let mut out = Vec::with_capacity(found.len());
+        for row in &found {
+            let version: i64 = rows::col(row, "version", session, None)?;
+            let v = Some(version);
+            // Snapshots stored as references to an earlier version are sealed as the
+            // text they name (and stay references).
+            let mut texts = [String::new(), String::new(), String::new()];
+            for (text, column) in texts.iter_mut().zip(["plan", "budget", "state"]) {
+                let stored = rows::col::<String>(row, column, session, v)?;
+                *text = rows::resolve_snapshot(&mut *self.0, session, stored, column).await?;
+            }
+            let [plan, budget, state] = texts;
+            out.push(CheckpointRow {
+                version,
+                last_seq: rows::col(row, "last_seq", session, v)?,
+                message_count: rows::col(row, "message_count", session, v)?,
+                plan,
+                budget,
+                state,
+                app_version: rows::col(row, "app_version", session, v)?,
+                seal: rows::col(row, "seal", session, v)?,
+            });
         }
-        let [plan, budget, state] = texts;
-        let checkpoint = CheckpointRow {
-            version,
-            last_seq,
-            message_count: rows::col(row, "message_count", session, v)?,
-            plan,
-            budget,
-            state,
-            app_version: rows::col(row, "app_version", session, v)?,
-            seal: rows::col(row, "seal", session, v)?,
-        };
-        let new = walk.checkpoint(&checkpoint, || StoreError::Tampered {
-            session: session.clone(),
-            what: format!("message {last_seq}"),
-            detail: "it is missing from the transcript".to_owned(),
-        })?;
-        sealed_checkpoints.push((version, new));
+        Ok(out)
     }
-    for (version, seal) in &sealed_checkpoints {
-        sqlx::query(
-            "UPDATE durable_checkpoints SET seal = ? WHERE session_num = \
-             (SELECT num FROM durable_sessions WHERE id = ?) AND version = ?",
+
+    async fn resolutions(
+        &mut self,
+        session: &SessionId,
+    ) -> Result<Vec<(i64, RawResolution)>, StoreError> {
+        let found = sqlx::query(
+            "SELECT id, call_id, position, decision, result, resolved_by, note, seal \
+             FROM durable_resolutions WHERE session_id = ? ORDER BY id",
         )
-        .bind(seal)
         .bind(session.as_str())
-        .bind(version)
-        .execute(&mut *conn)
+        .fetch_all(&mut *self.0)
         .await
         .map_err(db)?;
-        count += 1;
+        found
+            .iter()
+            .map(|row| {
+                Ok((
+                    rows::col(row, "id", session, None)?,
+                    raw_resolution(row, session)?,
+                ))
+            })
+            .collect()
     }
-    // Resolutions.
-    let found = sqlx::query(
-        "SELECT id, call_id, position, decision, result, resolved_by, note, seal \
-         FROM durable_resolutions WHERE session_id = ? ORDER BY id",
-    )
-    .bind(session.as_str())
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(db)?;
-    for row in &found {
-        let rowid: i64 = rows::col(row, "id", session, None)?;
-        let resolution = raw_resolution(row, session)?;
-        sqlx::query("UPDATE durable_resolutions SET seal = ? WHERE id = ?")
-            .bind(walk.resolution(&resolution)?)
-            .bind(rowid)
-            .execute(&mut *conn)
+
+    async fn approvals(
+        &mut self,
+        session: &SessionId,
+    ) -> Result<Vec<(i64, RawApproval)>, StoreError> {
+        let found = sqlx::query(
+            "SELECT id, call_id, position, event, actor, note, args_before, args_after, seal \
+             FROM durable_approvals WHERE session_id = ? ORDER BY position",
+        )
+        .bind(session.as_str())
+        .fetch_all(&mut *self.0)
+        .await
+        .map_err(db)?;
+        found
+            .iter()
+            .map(|row| {
+                Ok((
+                    rows::col(row, "id", session, None)?,
+                    crate::approval::raw_approval(row, session)?,
+                ))
+            })
+            .collect()
+    }
+
+    async fn write_call_seals(&mut self, calls: &[RawCall]) -> Result<(), StoreError> {
+        for raw in calls {
+            store_mac(raw, &mut *self.0).await?;
+        }
+        Ok(())
+    }
+
+    async fn write_message_seals(
+        &mut self,
+        session: &SessionId,
+        seals: &[(i64, String)],
+    ) -> Result<(), StoreError> {
+        for (seq, seal) in seals {
+            sqlx::query(
+                "UPDATE durable_messages SET seal = ? WHERE session_num = \
+                 (SELECT num FROM durable_sessions WHERE id = ?) AND seq = ?",
+            )
+            .bind(seal)
+            .bind(session.as_str())
+            .bind(seq)
+            .execute(&mut *self.0)
             .await
             .map_err(db)?;
-        count += 1;
+        }
+        Ok(())
     }
-    // The approval log.
-    let found = sqlx::query(
-        "SELECT id, call_id, position, event, actor, note, args_before, args_after, seal \
-         FROM durable_approvals WHERE session_id = ? ORDER BY position",
-    )
-    .bind(session.as_str())
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(db)?;
-    let raws = found
-        .iter()
-        .map(|row| crate::approval::raw_approval(row, session))
-        .collect::<Result<Vec<_>, _>>()?;
-    if let Some(from) = from {
-        check_approvals(from, &head, &raws)?;
-    }
-    for (row, mut raw) in found.iter().zip(raws) {
-        let rowid: i64 = rows::col(row, "id", session, None)?;
-        raw.seal(to, session)?;
-        sqlx::query("UPDATE durable_approvals SET seal = ? WHERE id = ?")
-            .bind(raw.seal)
-            .bind(rowid)
-            .execute(&mut *conn)
+
+    async fn write_checkpoint_seals(
+        &mut self,
+        session: &SessionId,
+        seals: &[(i64, String)],
+    ) -> Result<(), StoreError> {
+        for (version, seal) in seals {
+            sqlx::query(
+                "UPDATE durable_checkpoints SET seal = ? WHERE session_num = \
+                 (SELECT num FROM durable_sessions WHERE id = ?) AND version = ?",
+            )
+            .bind(seal)
+            .bind(session.as_str())
+            .bind(version)
+            .execute(&mut *self.0)
             .await
             .map_err(db)?;
-        count += 1;
+        }
+        Ok(())
     }
-    // The head, over the latest checkpoint's new seal.
-    walk.point_head(&mut head);
-    head.store(conn, to).await?;
-    Ok(count + 1)
+
+    async fn write_resolution_seals(&mut self, seals: &[(i64, String)]) -> Result<(), StoreError> {
+        for (rowid, seal) in seals {
+            sqlx::query("UPDATE durable_resolutions SET seal = ? WHERE id = ?")
+                .bind(seal)
+                .bind(rowid)
+                .execute(&mut *self.0)
+                .await
+                .map_err(db)?;
+        }
+        Ok(())
+    }
+
+    async fn write_approval_seals(&mut self, seals: &[(i64, String)]) -> Result<(), StoreError> {
+        for (rowid, seal) in seals {
+            sqlx::query("UPDATE durable_approvals SET seal = ? WHERE id = ?")
+                .bind(seal)
+                .bind(rowid)
+                .execute(&mut *self.0)
+                .await
+                .map_err(db)?;
+        }
+        Ok(())
+    }
+
+    async fn store_head(&mut self, head: &mut HeadRow, ring: &Keyring) -> Result<(), StoreError> {
+        head.store(&mut *self.0, ring).await
+    }
+
+    async fn uncounted_heads(&mut self) -> Result<Vec<SessionId>, StoreError> {
+        // A partial index finds the old heads.
+        let ids: Vec<String> = sqlx::query_scalar(
+            "SELECT id FROM durable_sessions WHERE issued_rows IS NULL ORDER BY num",
+        )
+        .fetch_all(&mut *self.0)
+        .await
+        .map_err(db)?;
+        Ok(ids.into_iter().map(SessionId::new).collect())
+    }
 }
 
 /// The store's tables, as the key setup written in `durable_core` reads and writes them
@@ -258,7 +322,8 @@ impl KeyTables for Tables<'_> {
     }
 
     async fn upgrade_heads(&mut self, ring: &Keyring) -> Result<(), StoreError> {
-        upgrade_heads(self.0, ring).await
+        // Once per database: every head the store writes afterwards carries its count.
+        walk::upgrade_heads(&mut Rows(&mut *self.0), ring).await
     }
 
     async fn log_events(&mut self) -> Result<Vec<IntegrityEvent>, StoreError> {
@@ -309,76 +374,6 @@ pub(crate) async fn setup_keys_in(
     seals_migrated_now: bool,
 ) -> Result<Keyring, StoreError> {
     setup::setup_keys(&mut Tables(conn), ring, seals_migrated_now).await
-}
-
-/// Counts the issued rows of every session whose head was written before schema 4 (its
-/// `issued_rows` is `NULL`) and re-seals that head with the count, in the open's
-/// transaction. Each such session is checked first, under the key that sealed it: its
-/// head under the old head format, its journal's completeness and every journal row's
-/// seal, so a status changed behind the store's back before the upgrade is not counted.
-/// A session that fails its checks keeps its old head, and every read or write of it
-/// fails with [`StoreError::Tampered`] (the head has no count); the other sessions are
-/// upgraded. Runs once per database (a partial index finds the old heads): every head the
-/// store writes afterwards carries its count.
-async fn upgrade_heads(conn: &mut SqliteConnection, ring: &Keyring) -> Result<(), StoreError> {
-    let sessions: Vec<String> = sqlx::query_scalar(
-        "SELECT id FROM durable_sessions WHERE issued_rows IS NULL ORDER BY num",
-    )
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(db)?;
-    if sessions.is_empty() {
-        return Ok(());
-    }
-    let mut upgraded = 0usize;
-    for id in &sessions {
-        let session = SessionId::new(id.clone());
-        match upgrade_head(&mut *conn, ring, &session).await {
-            Ok(()) => upgraded += 1,
-            Err(e @ (StoreError::Tampered { .. } | StoreError::Corrupt { .. })) => {
-                tracing::error!(%session, error = %e, "session head not upgraded: it failed its checks; reads of it will fail as tampered");
-            }
-            Err(e) => return Err(e),
-        }
-    }
-    tracing::info!(
-        upgraded,
-        refused = sessions.len() - upgraded,
-        "counted the issued journal rows of the session heads written before schema 4"
-    );
-    Ok(())
-}
-
-/// [`upgrade_heads`] for one session.
-async fn upgrade_head(
-    conn: &mut SqliteConnection,
-    ring: &Keyring,
-    session: &SessionId,
-) -> Result<(), StoreError> {
-    let row = sqlx::query(concat!(
-        "SELECT ",
-        head_cols!(),
-        " FROM durable_sessions s WHERE s.id = ?"
-    ))
-    .bind(session.as_str())
-    .fetch_one(&mut *conn)
-    .await
-    .map_err(db)?;
-    let mut head = head_from_row(&row, session)?;
-    head.check_any_format(ring)?;
-    check_journal_complete(&mut *conn, &head).await?;
-    let found = sqlx::query(concat!(
-        "SELECT ",
-        raw_call_cols!(),
-        " FROM durable_tool_calls c WHERE c.session_id = ? ORDER BY c.seq"
-    ))
-    .bind(session.as_str())
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(db)?;
-    let calls = found.iter().map(raw_call).collect::<Result<Vec<_>, _>>()?;
-    count_issued(ring, &mut head, &calls)?;
-    head.store(&mut *conn, ring).await
 }
 
 /// Appends an operator's event (a rollback acknowledged) to the sealed integrity log,
