@@ -336,7 +336,7 @@ pub mod store {
         FinishCall, ForkEntry, ForkFate, ForkPlan, ForkSession, IssueOutcome, Lease, ListedSession,
         NewCall, NewCheckpoint, NewError, NewSession, PendingApproval, PurgeOutcome, QueueInfo,
         Resolution, ResolutionRecord, ResolveCall, RetargetSession, SessionCursor, SessionFilter,
-        SessionRecord, SessionStatus, StoredMessage, Transition,
+        SessionRecord, SessionStatus, StoredMessage, TenantInfo, Transition,
     };
     // Child sessions and cancellation.
     pub use durable_core::store::{

@@ -38,7 +38,7 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 use durable::store::SessionStatus;
 
 use crate::error::{CliError, Code};
-use crate::workers::{QueueLimitArgs, WakeArgs, WorkersArgs};
+use crate::workers::{QueueLimitArgs, TenantLimitArgs, WakeArgs, WorkersArgs};
 
 const EXIT_CODES: &str = "\
 Exit codes:
@@ -157,6 +157,9 @@ enum Command {
     /// Set (or --remove) a queue's fleet-wide limit of sessions running at once.
     #[command(name = "queue-limit", after_help = workers::QUEUE_LIMIT_HELP)]
     QueueLimit(QueueLimitArgs),
+    /// Set (or --remove) a tenant's fleet-wide limit of sessions running at once.
+    #[command(name = "tenant-limit", after_help = workers::TENANT_LIMIT_HELP)]
+    TenantLimit(TenantLimitArgs),
     /// Start a new session from a checkpoint of another one; it never repeats the
     /// parent's effects (--dry-run shows what it inherits).
     #[command(after_help = FORK_HELP)]
@@ -210,6 +213,7 @@ impl Command {
             | Command::Cancel(_)
             | Command::Wake(_)
             | Command::QueueLimit(_)
+            | Command::TenantLimit(_)
             | Command::Fork(_)
             | Command::Rekey => Access::Write,
             Command::Approvals(a) if a.expire => Access::Write,
@@ -861,6 +865,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Limits(a) => limits::limits(store, json, a).await,
         Command::Wake(a) => workers::wake(store, json, a).await,
         Command::QueueLimit(a) => workers::queue_limit(store, json, a).await,
+        Command::TenantLimit(a) => workers::tenant_limit(store, json, a).await,
         Command::Fork(a) => operate::fork(store, json, a).await,
         Command::Export(a) => operate::export(store, json, a).await,
         Command::Prune(a) => operate::prune(store, json, a).await,

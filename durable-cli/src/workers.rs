@@ -1,10 +1,10 @@
-//! The worker pools' side of the store: `workers` (queues, who holds which lease,
-//! sleeping sessions), `wake` and `queue-limit`.
+//! The worker pools' side of the store: `workers` (queues, tenants, who holds which
+//! lease, sleeping sessions), `wake`, `queue-limit` and `tenant-limit`.
 
 use std::collections::BTreeMap;
 
 use clap::Args;
-use durable::store::{QueueInfo, SessionFilter, SessionRecord, SessionStatus};
+use durable::store::{QueueInfo, SessionFilter, SessionRecord, SessionStatus, TenantInfo};
 use durable::{CheckpointStore, SessionId};
 use serde::Serialize;
 use serde_json::json;
@@ -14,19 +14,23 @@ use crate::error::{CliError, Code};
 use crate::render::{self, age, table};
 
 pub const WORKERS_HELP: &str = "\
-Three sections, every time relative to the store's clock:
+Four sections, every time relative to the store's clock:
 
   Queues    one row per queue with a session that is not terminal, or with a limit: its
             fleet-wide limit (`-` for none), the sessions running (a live lease), ready
             (a claim would take them now), sleeping, awaiting approval and parked, and
             when its next sleeper wakes up
+  Tenants   one row per tenant with a limit or an active session: its fleet-wide limit
+            (`durable tenant-limit`), its active sessions running (a live lease) and
+            queued (not leased: ready, asleep or waiting); shown when there is one
   Workers   each owner holding live leases: how many sessions, its oldest last renewal
             (a worker that stopped renewing shows here first), and each session with its
             queue, last renewal and lease expiry
   Sleeping  active sessions asleep (their wake-up time is still to come), lease free:
             queue and due time; `durable wake <session>` ends a sleep now
 
---json prints `{\"now\": ms, \"queues\": […], \"workers\": […], \"sleeping\": […]}`.";
+--json prints `{\"now\": ms, \"queues\": […], \"tenants\": […], \"workers\": […],
+\"sleeping\": […]}`.";
 
 #[derive(Debug, Args)]
 pub struct WorkersArgs {}
@@ -59,6 +63,25 @@ pub struct QueueLimitArgs {
     #[arg(value_name = "N")]
     pub limit: Option<u32>,
     /// Remove the queue's limit.
+    #[arg(long, conflicts_with = "limit")]
+    pub remove: bool,
+}
+
+pub const TENANT_LIMIT_HELP: &str = "\
+At most N sessions of the tenant (started with `StartOptions::with_tenant`) hold a lease at
+once, across every queue and worker of the store: claims pass its other sessions by while N
+run. 0 pauses the tenant's claims. --remove lifts the limit. Prints the tenant's row
+afterwards, as `durable workers` shows it.";
+
+#[derive(Debug, Args)]
+#[command(group(clap::ArgGroup::new("limit_or_remove").required(true).args(["limit", "remove"])))]
+pub struct TenantLimitArgs {
+    /// The tenant.
+    pub tenant: String,
+    /// At most this many of its sessions running at once.
+    #[arg(value_name = "N")]
+    pub limit: Option<u32>,
+    /// Remove the tenant's limit.
     #[arg(long, conflicts_with = "limit")]
     pub remove: bool,
 }
@@ -107,6 +130,7 @@ pub async fn workers(
 ) -> Result<(), CliError> {
     let now = store.now().await?;
     let queues = store.queues().await?;
+    let tenants = store.tenants().await?;
     let active = store
         .list_sessions(&SessionFilter::new().with_statuses(vec![SessionStatus::Active]))
         .await?;
@@ -148,6 +172,7 @@ pub async fn workers(
         return render::print_json(&json!({
             "now": now,
             "queues": queues,
+            "tenants": tenants,
             "workers": owners,
             "sleeping": sleeping,
         }));
@@ -158,6 +183,11 @@ pub async fn workers(
         outln!("  no queue has a session or a limit");
     } else {
         print_queues(&queues, now);
+    }
+    if !tenants.is_empty() {
+        outln!();
+        outln!("Tenants");
+        print_tenants(&tenants);
     }
 
     outln!();
@@ -217,6 +247,52 @@ pub async fn workers(
         render::print_table(&t);
     }
     Ok(())
+}
+
+pub async fn tenant_limit(
+    store: &dyn CheckpointStore,
+    json: bool,
+    args: TenantLimitArgs,
+) -> Result<(), CliError> {
+    let limit = if args.remove { None } else { args.limit };
+    store.set_tenant_limit(&args.tenant, limit).await?;
+    let row = store
+        .tenants()
+        .await?
+        .into_iter()
+        .find(|t| t.name == args.tenant)
+        .unwrap_or_else(|| TenantInfo::new(args.tenant.clone(), None, 0, 0));
+    if json {
+        return render::print_json(&row);
+    }
+    let tenant = clip(&args.tenant, NAME);
+    match limit {
+        Some(0) => outln!("tenant `{tenant}` paused: no worker claims its sessions (limit 0)"),
+        Some(n) => outln!(
+            "tenant `{tenant}` limited to {n} session{} running at once across every queue and worker",
+            if n == 1 { "" } else { "s" }
+        ),
+        None => outln!("tenant `{tenant}` has no limit any more"),
+    }
+    outln!();
+    print_tenants(std::slice::from_ref(&row));
+    Ok(())
+}
+
+/// The tenants table of `workers` and `tenant-limit`.
+fn print_tenants(tenants: &[TenantInfo]) {
+    let mut t = table(["TENANT", "LIMIT", "RUNNING", "QUEUED"]);
+    for tenant in tenants {
+        t.add_row(vec![
+            clip(&tenant.name, NAME),
+            tenant
+                .max_running
+                .map_or_else(|| "-".to_owned(), |n| n.to_string()),
+            tenant.running.to_string(),
+            tenant.queued.to_string(),
+        ]);
+    }
+    render::print_table(&t);
 }
 
 /// The queues table of `workers` and `queue-limit`.

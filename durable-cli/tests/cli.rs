@@ -83,7 +83,13 @@ macro_rules! workers {
     )*};
 }
 
-workers!(workers, wake, queue_limit, show_queue_sleep_and_lease);
+workers!(
+    workers,
+    wake,
+    queue_limit,
+    tenant_limit,
+    show_queue_sleep_and_lease
+);
 
 #[tokio::test]
 async fn sqlite_urls_are_accepted_in_every_spelling() {
@@ -215,6 +221,7 @@ fn every_command(elsewhere: &Path) -> Vec<Vec<String>> {
         "wake s-1",
         "queue-limit q-1 2",
         "queue-limit q-1 --remove",
+        "tenant-limit t-1 2",
         "fork s-1 --from-version 0 --to s-2",
         "prune --older-than 1d",
         "retarget s-1 --app-version v2",

@@ -64,7 +64,13 @@ macro_rules! workers {
     )*};
 }
 
-workers!(workers, wake, queue_limit, show_queue_sleep_and_lease);
+workers!(
+    workers,
+    wake,
+    queue_limit,
+    tenant_limit,
+    show_queue_sleep_and_lease
+);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_text() {

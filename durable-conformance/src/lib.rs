@@ -253,6 +253,7 @@ macro_rules! __durable_conformance_cases {
             // per-tenant concurrency
             worker_tenant_limit_bounds_claims,
             worker_concurrent_claims_respect_the_tenant_limit,
+            worker_tenants_are_listed_with_their_figures,
             // fleet-wide rate limits
             limiter_definition_is_shared_and_the_last_wins,
             limiter_starts_honour_the_rate_and_the_capacity,

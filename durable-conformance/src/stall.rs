@@ -24,7 +24,7 @@ use durable_core::store::{
     Claim, DecideApproval, Durability, EditedKey, ErrorRecord, Fence, FinishCall, IssueOutcome,
     Lease, NewCall, NewCheckpoint, NewError, NewSession, PendingApproval, PurgeOutcome, QueueInfo,
     ResolutionRecord, ResolveCall, RetargetSession, SessionFilter, SessionRecord, SessionStatus,
-    StoredMessage,
+    StoredMessage, TenantInfo,
 };
 use durable_core::store::{
     ApprovalStore, CheckpointLog, JournalStore, LeaseStore, MaintenanceStore, QueueStore,
@@ -308,6 +308,10 @@ impl QueueStore for Probe {
 
     async fn queues(&self) -> Result<Vec<QueueInfo>, StoreError> {
         self.inner.queues().await
+    }
+
+    async fn tenants(&self) -> Result<Vec<TenantInfo>, StoreError> {
+        self.inner.tenants().await
     }
 
     async fn next_wake_at(&self) -> Result<Option<i64>, StoreError> {

@@ -137,3 +137,54 @@ pub async fn worker_concurrent_claims_respect_the_tenant_limit(store: Arc<dyn Ch
         "{SESSIONS} concurrent claims of a tenant limited to {LIMIT}, across two queues"
     );
 }
+
+/// `tenants()` shows each tenant's limit and its active sessions, running (leased) and
+/// queued, at one moment; a tenant without a limit is listed while it has active
+/// sessions, and one with a limit even without sessions.
+pub async fn worker_tenants_are_listed_with_their_figures(store: Arc<dyn CheckpointStore>) {
+    let queue = name("listed");
+    let (acme, free, idle) = (name("acme"), name("free"), name("idle"));
+    let durable = runtime(&store);
+    let operator = durable.operator();
+    operator
+        .set_tenant_limit(&acme, Some(1))
+        .await
+        .expect("limit acme");
+    operator
+        .set_tenant_limit(&idle, Some(4))
+        .await
+        .expect("limit idle");
+    for tenant in [&acme, &acme, &free] {
+        submit(&durable, &queue, Some(tenant)).await;
+    }
+    submit(&durable, &queue, None).await;
+    // Acme's first and the free tenant's session are leased; acme's second waits.
+    let mut taken = Vec::new();
+    while let Some(lease) = store
+        .claim_expired(&claim(&queue, "pool"))
+        .await
+        .expect("claim")
+    {
+        taken.push(lease);
+    }
+    assert_eq!(taken.len(), 3, "acme's second session is held back");
+    let tenants = operator.tenants().await.expect("tenants");
+    let figures = |tenant: &str| {
+        tenants
+            .iter()
+            .find(|t| t.name == tenant)
+            .map(|t| (t.max_running, t.running, t.queued))
+    };
+    assert_eq!(figures(&acme), Some((Some(1), 1, 1)));
+    assert_eq!(figures(&free), Some((None, 1, 0)));
+    assert_eq!(figures(&idle), Some((Some(4), 0, 0)));
+    let mut names: Vec<&str> = tenants.iter().map(|t| t.name.as_str()).collect();
+    let sorted = {
+        let mut n = names.clone();
+        n.sort_unstable();
+        n
+    };
+    assert_eq!(names, sorted, "by name");
+    names.retain(|n| [&acme, &free, &idle].iter().any(|t| t.as_str() == *n));
+    assert_eq!(names.len(), 3, "each tenant once");
+}

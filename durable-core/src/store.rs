@@ -42,7 +42,7 @@ pub use fork::{
 };
 pub use limit::{InvalidLimit, Limit};
 pub use message::StoredMessage;
-pub use queue::{Claim, QueueInfo, Scheduling, WorkEvents, WorkNotifier};
+pub use queue::{Claim, QueueInfo, Scheduling, TenantInfo, WorkEvents, WorkNotifier};
 
 /// The version of the JSON formats written by this release (messages, plan, budget,
 /// results). Stored with every JSON row; a reader that finds a larger number refuses it.
@@ -1243,6 +1243,20 @@ pub trait QueueStore: Send + Sync + 'static {
         tenant: &str,
         max_running: Option<u32>,
     ) -> Result<(), StoreError>;
+
+    /// Every tenant with a limit or with an active session, by name, with its figures
+    /// at one moment of the database clock.
+    ///
+    /// # Contract
+    /// Read-only. `running` counts the tenant's active sessions with a live lease,
+    /// `queued` its other active sessions. The default returns
+    /// [`StoreError::Unsupported`].
+    async fn tenants(&self) -> Result<Vec<TenantInfo>, StoreError> {
+        Err(StoreError::Unsupported {
+            operation: "tenants",
+            backend: "this store",
+        })
+    }
 
     /// Every queue with a session that is not terminal, or with a limit, by name, with
     /// its figures at one moment of the database clock.

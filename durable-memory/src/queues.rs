@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use durable_core::store::{QueueInfo, SessionRecord, SessionStatus};
+use durable_core::store::{QueueInfo, SessionRecord, SessionStatus, TenantInfo};
 use durable_core::validate::validate_id;
 use durable_core::{SessionId, StoreError};
 
@@ -41,6 +41,37 @@ pub(crate) fn set_tenant_limit(
 }
 
 /// `queues`: every queue with a session that is not terminal, or with a limit.
+/// `tenants`: every tenant with a limit or an active session, with its figures.
+pub(crate) fn tenants(store: &MemoryStore) -> Result<Vec<TenantInfo>, StoreError> {
+    let now = store.clock();
+    let state = store.lock();
+    let mut out: BTreeMap<String, TenantInfo> = state
+        .tenants
+        .iter()
+        .map(|(name, max)| {
+            (
+                name.clone(),
+                TenantInfo::new(name.clone(), Some(*max), 0, 0),
+            )
+        })
+        .collect();
+    for s in state.sessions.values() {
+        let Some(tenant) = &s.tenant else { continue };
+        if s.record.status != SessionStatus::Active {
+            continue;
+        }
+        let info = out
+            .entry(tenant.clone())
+            .or_insert_with(|| TenantInfo::new(tenant.clone(), None, 0, 0));
+        if live(&s.record, now) {
+            info.running += 1;
+        } else {
+            info.queued += 1;
+        }
+    }
+    Ok(out.into_values().collect())
+}
+
 pub(crate) fn queues(store: &MemoryStore) -> Result<Vec<QueueInfo>, StoreError> {
     let now = store.clock();
     let state = store.lock();

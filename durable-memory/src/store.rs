@@ -14,7 +14,8 @@ use durable_core::store::{
     IssueOutcome, JournalStore, Lease, LeaseStore, LimitRaise, MaintenanceStore, NewCall,
     NewCheckpoint, NewError, NewSession, PendingApproval, PurgeOutcome, QueueInfo, QueueStore,
     RaiseLimit, ResolutionRecord, ResolutionStore, ResolveCall, RetargetSession, SessionFilter,
-    SessionRecord, SessionStatus, SessionStore, StoreBase, StoredMessage, Wait, WorkEvents,
+    SessionRecord, SessionStatus, SessionStore, StoreBase, StoredMessage, TenantInfo, Wait,
+    WorkEvents,
 };
 use durable_core::{CallId, SessionId, StoreError};
 
@@ -186,6 +187,10 @@ impl QueueStore for MemoryStore {
 
     async fn queues(&self) -> Result<Vec<QueueInfo>, StoreError> {
         queues::queues(self)
+    }
+
+    async fn tenants(&self) -> Result<Vec<TenantInfo>, StoreError> {
+        queues::tenants(self)
     }
 
     async fn next_wake_at(&self) -> Result<Option<i64>, StoreError> {

@@ -6,7 +6,7 @@ use durable_core::StoreError;
 use durable_core::ids::SessionId;
 use durable_core::store::QueueStore;
 use durable_core::store::WorkEvents;
-use durable_core::store::{Fence, QueueInfo, Scheduling, SessionRecord, SessionStatus};
+use durable_core::store::{Fence, QueueInfo, Scheduling, SessionRecord, SessionStatus, TenantInfo};
 
 use crate::PostgresStore;
 use crate::error::db;
@@ -101,6 +101,42 @@ pub(crate) async fn set_tenant_limit(
     };
     query.execute(&mut *store.conn().await?).await.map_err(db)?;
     Ok(())
+}
+
+pub(crate) async fn tenants(store: &PostgresStore) -> Result<Vec<TenantInfo>, StoreError> {
+    // One statement, one snapshot; the partial index of active sessions with a tenant.
+    let rows = sqlx::query(concat!(
+        "WITH clock AS (SELECT ",
+        tx::now_ms!(),
+        " AS now), \
+         counts AS (SELECT tenant, \
+           count(*) FILTER (WHERE lease_owner IS NOT NULL \
+             AND lease_expires_at > clock.now) AS running, \
+           count(*) FILTER (WHERE NOT (lease_owner IS NOT NULL \
+             AND lease_expires_at > clock.now)) AS queued \
+           FROM durable_sessions, clock WHERE status = 'active' AND tenant IS NOT NULL \
+           GROUP BY tenant), \
+         names AS (SELECT tenant AS name FROM counts UNION SELECT name FROM durable_tenants) \
+         SELECT n.name, t.max_running, coalesce(c.running, 0) AS running, \
+           coalesce(c.queued, 0) AS queued \
+         FROM names n LEFT JOIN counts c ON c.tenant = n.name \
+         LEFT JOIN durable_tenants t ON t.name = n.name ORDER BY n.name"
+    ))
+    .fetch_all(&mut *store.conn().await?)
+    .await
+    .map_err(db)?;
+    rows.iter()
+        .map(|row| {
+            let max =
+                get::<Option<i64>>(row, "max_running")?.and_then(|max| u32::try_from(max).ok());
+            Ok(TenantInfo::new(
+                get::<String>(row, "name")?,
+                max,
+                get(row, "running")?,
+                get(row, "queued")?,
+            ))
+        })
+        .collect()
 }
 
 pub(crate) async fn queues(store: &PostgresStore) -> Result<Vec<QueueInfo>, StoreError> {
@@ -240,6 +276,10 @@ impl QueueStore for PostgresStore {
 
     async fn queues(&self) -> Result<Vec<QueueInfo>, StoreError> {
         queues(self).await
+    }
+
+    async fn tenants(&self) -> Result<Vec<TenantInfo>, StoreError> {
+        tenants(self).await
     }
 
     async fn next_wake_at(&self) -> Result<Option<i64>, StoreError> {

@@ -3,7 +3,7 @@
 
 use async_trait::async_trait;
 use durable_core::store::{
-    Fence, QueueInfo, QueueStore, Scheduling, SessionRecord, SessionStatus, WorkEvents,
+    Fence, QueueInfo, QueueStore, Scheduling, SessionRecord, SessionStatus, TenantInfo, WorkEvents,
 };
 use durable_core::{SessionId, StoreError};
 use sqlx::Row;
@@ -92,6 +92,40 @@ pub(crate) async fn set_tenant_limit(
     }
     .await;
     tx.finish(result).await
+}
+
+pub(crate) async fn tenants(store: &SqliteStore) -> Result<Vec<TenantInfo>, StoreError> {
+    let now = tx::clock(store.reader()).await?;
+    // One statement, one snapshot; the partial index of active sessions with a tenant.
+    let rows = sqlx::query(
+        "WITH counts AS (SELECT tenant, \
+           sum(lease_owner IS NOT NULL AND lease_expires_at > ?1) AS running, \
+           sum(NOT (lease_owner IS NOT NULL AND lease_expires_at > ?1)) AS queued \
+           FROM durable_sessions WHERE status = 'active' AND tenant IS NOT NULL \
+           GROUP BY tenant), \
+         names AS (SELECT tenant AS name FROM counts UNION SELECT name FROM durable_tenants) \
+         SELECT n.name, t.max_running, coalesce(c.running, 0), coalesce(c.queued, 0) \
+         FROM names n LEFT JOIN counts c ON c.tenant = n.name \
+         LEFT JOIN durable_tenants t ON t.name = n.name ORDER BY n.name",
+    )
+    .bind(now)
+    .fetch_all(store.reader())
+    .await
+    .map_err(db)?;
+    rows.iter()
+        .map(|row| {
+            let max = row
+                .try_get::<Option<i64>, _>(1)
+                .map_err(db)?
+                .and_then(|max| u32::try_from(max).ok());
+            Ok(TenantInfo::new(
+                row.try_get::<String, _>(0).map_err(db)?,
+                max,
+                row.try_get(2).map_err(db)?,
+                row.try_get(3).map_err(db)?,
+            ))
+        })
+        .collect()
 }
 
 pub(crate) async fn queues(store: &SqliteStore) -> Result<Vec<QueueInfo>, StoreError> {
@@ -217,6 +251,10 @@ impl QueueStore for SqliteStore {
 
     async fn queues(&self) -> Result<Vec<QueueInfo>, StoreError> {
         queues(self).await
+    }
+
+    async fn tenants(&self) -> Result<Vec<TenantInfo>, StoreError> {
+        tenants(self).await
     }
 
     async fn next_wake_at(&self) -> Result<Option<i64>, StoreError> {

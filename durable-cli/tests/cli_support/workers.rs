@@ -311,6 +311,67 @@ pub async fn queue_limit(store: &Arc<dyn CheckpointStore>, db: &str) {
     run(db, &["queue-limit", "reports", "-1"]).fails(2, "");
 }
 
+/// `tenant-limit` sets and lifts a tenant's limit; `workers` shows each tenant with its
+/// limit, running and queued sessions (and no Tenants section while there is none).
+pub async fn tenant_limit(store: &Arc<dyn CheckpointStore>, db: &str) {
+    let none = run(db, &["workers"]);
+    assert!(
+        !none.ok().lines().any(|l| l == "Tenants"),
+        "no tenant, no section: {}",
+        none.stdout
+    );
+    let worker = runtime(store, "worker-1");
+    let held = worker
+        .start::<Message>(StartOptions::new().with_tenant("acme"))
+        .await
+        .expect("start a session of acme");
+    for _ in 0..2 {
+        worker
+            .submit::<Message>(StartOptions::new().with_tenant("acme"))
+            .await
+            .expect("submit a session of acme");
+    }
+    let out = run(db, &["tenant-limit", "acme", "1"]);
+    let text = out.ok();
+    assert!(
+        text.starts_with("tenant `acme` limited to 1 session running at once"),
+        "{text}"
+    );
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(row(&lines, "acme"), ["acme", "1", "1", "2"], "{text}");
+    let table = run(db, &["workers"]);
+    let tenants = section(table.ok(), "Tenants");
+    assert_eq!(
+        row(&tenants, "TENANT"),
+        ["TENANT", "LIMIT", "RUNNING", "QUEUED"]
+    );
+    assert_eq!(
+        row(&tenants, "acme"),
+        ["acme", "1", "1", "2"],
+        "{}",
+        table.stdout
+    );
+    let json = run(db, &["workers", "--json"]).json();
+    assert_eq!(
+        json["tenants"],
+        serde_json::json!([{ "name": "acme", "max_running": 1, "running": 1, "queued": 2 }]),
+        "{json}"
+    );
+    // A tenant with no session: listed for its limit, gone once the limit is.
+    run(db, &["tenant-limit", "idle", "0"]).ok();
+    let removed = run(db, &["tenant-limit", "idle", "--remove", "--json"]).json();
+    assert_eq!(
+        removed,
+        serde_json::json!({ "name": "idle", "max_running": null, "running": 0, "queued": 0 })
+    );
+    let json = run(db, &["workers", "--json"]).json();
+    assert_eq!(json["tenants"].as_array().map(Vec::len), Some(1), "{json}");
+    drop(held);
+    run(db, &["tenant-limit", "acme"]).fails(2, "required");
+    run(db, &["tenant-limit", "acme", "2", "--remove"]).fails(2, "cannot be used with");
+    run(db, &["tenant-limit", "", "1"]).fails(5, "tenant");
+}
+
 pub async fn show_queue_sleep_and_lease(store: &Arc<dyn CheckpointStore>, db: &str) {
     let pool = populate(store).await;
     let asleep = run(db, &["show", pool.asleep.as_str()]);

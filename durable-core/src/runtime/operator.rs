@@ -290,6 +290,12 @@ impl Operator {
         Ok(self.durable.store.queues().await?)
     }
 
+    /// How each tenant stands: its limit, its sessions running and queued behind it
+    /// ([`TenantInfo`](crate::store::TenantInfo)).
+    pub async fn tenants(&self) -> Result<Vec<crate::store::TenantInfo>, DurableError> {
+        Ok(self.durable.store.tenants().await?)
+    }
+
     /// How each fleet-wide rate limit stands: its definition, calls started in the last
     /// period, waiters, a provider's hold ([`LimiterInfo`](crate::limiter::LimiterInfo)).
     pub async fn rate_limits(&self) -> Result<Vec<crate::limiter::LimiterInfo>, DurableError> {

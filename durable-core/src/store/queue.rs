@@ -173,6 +173,40 @@ pub struct QueueInfo {
     pub next_wake_at: Option<i64>,
 }
 
+/// A tenant's figures at one moment: its fleet-wide limit and its sessions
+/// ([`tenants`](super::QueueStore::tenants)), what operators watch (`durable workers`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub struct TenantInfo {
+    /// The tenant's name.
+    pub name: String,
+    /// Its fleet-wide limit: at most this many of its active sessions leased at once
+    /// ([`set_tenant_limit`](super::QueueStore::set_tenant_limit)).
+    pub max_running: Option<u32>,
+    /// Its active sessions with a live lease.
+    pub running: i64,
+    /// Its active sessions that are not leased (ready, asleep or waiting): what its
+    /// limit holds back when `running` is at it.
+    pub queued: i64,
+}
+
+impl TenantInfo {
+    /// A tenant's figures (for backends building one).
+    pub fn new(
+        name: impl Into<String>,
+        max_running: Option<u32>,
+        running: i64,
+        queued: i64,
+    ) -> Self {
+        TenantInfo {
+            name: name.into(),
+            max_running,
+            running,
+            queued,
+        }
+    }
+}
+
 impl QueueInfo {
     /// An empty queue's figures (for backends building one).
     pub fn new(name: impl Into<String>) -> Self {

@@ -10,7 +10,7 @@ use durable_core::store::{
     ForkSession, IssueOutcome, JournalStore, Lease, LeaseStore, ListedSession, MaintenanceStore,
     NewCall, NewCheckpoint, NewError, NewSession, PendingApproval, PurgeOutcome, QueueInfo,
     QueueStore, ResolutionRecord, ResolutionStore, ResolveCall, RetargetSession, SessionFilter,
-    SessionRecord, SessionStatus, SessionStore, StoreBase, StoredMessage, WorkEvents,
+    SessionRecord, SessionStatus, SessionStore, StoreBase, StoredMessage, TenantInfo, WorkEvents,
 };
 use durable_core::{CallId, SessionId, StoreError};
 
@@ -260,6 +260,11 @@ impl QueueStore for Faulty {
             self.inner.set_queue_limit(queue, max_running),
         )
         .await
+    }
+
+    async fn tenants(&self) -> Result<Vec<TenantInfo>, StoreError> {
+        self.faulted("tenants", None, none, self.inner.tenants())
+            .await
     }
 
     async fn queues(&self) -> Result<Vec<QueueInfo>, StoreError> {
