@@ -341,7 +341,8 @@ pub mod store {
     // Child sessions and cancellation.
     pub use durable_core::store::{
         CHILD_SLOT, COLLECT_SLOT, CancelEffect, CancelRequest, CancelSession, CancelledSession,
-        ChildRecord, WAITING_FOR_CHILDREN, Wait, WaitFor, cancel_reason, child_id, wakes_parent,
+        ChildRecord, WAITING_FOR_CHILDREN, WAITING_FOR_DEADLINE, Wait, WaitFor, cancel_reason,
+        child_id, wakes_parent,
     };
     // The concept traits `CheckpointStore` is the sum of: import the ones whose methods
     // you call on a concrete store (`SqliteStore`, `PostgresStore`).

@@ -263,6 +263,7 @@ macro_rules! __durable_conformance_cases {
             limiter_model_calls_wait_their_turn_and_replays_do_not,
             limiter_toolbox_calls_wait_their_turn,
             limiter_a_far_turn_is_refused_and_keeps_its_place,
+            limiter_a_far_turn_releases_the_session_until_then,
             // child sessions
             children_a_rerun_parent_never_starts_a_second_child,
             children_await_releases_the_parent_and_a_child_end_wakes_it,

@@ -252,3 +252,89 @@ pub async fn limiter_a_far_turn_is_refused_and_keeps_its_place(store: Arc<dyn Ch
         "the call asked again took the place it kept, not a second one"
     );
 }
+
+/// A call whose turn is far away: the handler releases the session until then
+/// (`Session::release_until`), so no worker holds it; no claim takes it before its turn,
+/// a claim takes it after, and the replayed turn returns the first call as recorded and
+/// runs the limited one at once, in the place it kept.
+pub async fn limiter_a_far_turn_releases_the_session_until_then(store: Arc<dyn CheckpointStore>) {
+    use durable_core::store::Claim;
+    use durable_core::transcript::Message;
+
+    let name = limit_name("release");
+    let queue = format!("release-{}", uuid::Uuid::new_v4().simple());
+    let durable = limited(
+        &store,
+        &name,
+        RateLimit::requests(Quota::new(1, Duration::from_millis(1500))),
+        Duration::from_millis(100),
+    );
+    let session = durable
+        .start::<Message>(durable_core::StartOptions::new().with_queue(queue.as_str()))
+        .await
+        .expect("start");
+    let id = session.id().clone();
+    let limited_spec = spec("send", ReplayClass::IdempotentWithKey).with_rate_limit(name.as_str());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let call = |journal: Journal, n: i64| {
+        let runs = Arc::clone(&runs);
+        let spec = limited_spec.clone();
+        async move {
+            journal
+                .tool(&spec, json!({ "n": n }))
+                .key(format!("send-{n}"))
+                .run(move |ctx| body(ctx, Arc::clone(&runs), n))
+                .await
+        }
+    };
+    call(session.journal().clone(), 1)
+        .await
+        .expect("the first call runs at once");
+    let start_at = match call(session.journal().clone(), 2).await {
+        Err(CallError::Durable(DurableError::RateLimited { start_at, .. })) => start_at,
+        other => panic!("expected `RateLimited`, got {other:?}"),
+    };
+    session
+        .release_until(start_at)
+        .await
+        .expect("release until the turn");
+    let record = store.session(&id).await.expect("session");
+    assert_eq!(record.lease_owner, None, "no worker holds it");
+    assert_eq!(record.waiting_until, Some(start_at));
+    let claim = || {
+        Claim::new(super::owner("pool"), super::LONG_TTL, super::MAX_ATTEMPTS)
+            .with_queues([queue.as_str()])
+    };
+    if super::now(&*store).await < start_at {
+        assert_eq!(
+            store.claim_expired(&claim()).await.expect("claim"),
+            None,
+            "no claim takes it before its turn"
+        );
+    }
+    super::wait_past(&*store, start_at).await;
+    let lease = store
+        .claim_expired(&claim())
+        .await
+        .expect("claim")
+        .expect("a claim takes it at its turn");
+    assert_eq!(lease.session, id);
+    store.release_lease(&lease).await.expect("hand it over");
+    let resumed = durable
+        .resume::<Message>(&id)
+        .await
+        .expect("resume")
+        .session;
+    call(resumed.journal().clone(), 1)
+        .await
+        .expect("the first call, recorded");
+    call(resumed.journal().clone(), 2)
+        .await
+        .expect("the limited call runs at its turn");
+    assert_eq!(runs.load(Ordering::SeqCst), 2, "each call ran once");
+    assert_eq!(
+        admitted(&*store, &name).await,
+        2,
+        "the call took the place it kept"
+    );
+}

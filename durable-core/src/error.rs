@@ -770,10 +770,11 @@ pub enum DurableError {
     /// The call's turn under a fleet-wide rate limit is further away than this worker
     /// holds a session waiting ([`DurableBuilder::limiter_hold`](crate::DurableBuilder::limiter_hold)).
     /// Nothing ran and nothing was journaled; the call keeps its place in the limit's
-    /// queue. Put the session to sleep until `start_at` (or release it): the same call,
-    /// asked again once its turn has come, takes its place at once.
+    /// queue. Release the session until `start_at`
+    /// ([`Session::release_until`](crate::Session::release_until)): a pool takes it then,
+    /// and the same call, asked again by the replayed turn, takes its place at once.
     #[error(
-        "the call of session `{session}` waits for its turn under rate limit `{limit}` until {start_at} (ms since the epoch, the store's clock), {ahead} waiter(s) ahead; nothing ran. Let the session sleep until then and ask again: its place is kept"
+        "the call of session `{session}` waits for its turn under rate limit `{limit}` until {start_at} (ms since the epoch, the store's clock), {ahead} waiter(s) ahead; nothing ran. Release the session until then (`Session::release_until`) and return from the handler: its place is kept"
     )]
     RateLimited {
         /// The session.

@@ -215,10 +215,10 @@ impl DurableBuilder {
     /// under a rate limit (default [`DEFAULT_HOLD`](crate::limiter::DEFAULT_HOLD), 10 s).
     /// A call whose turn is further away is refused with
     /// [`DurableError::RateLimited`] before anything runs; it keeps its place in the
-    /// queue: the session goes to sleep until then
-    /// ([`Session::sleep_until`](crate::Session::sleep_until) at a turn boundary, or
-    /// [`Session::release`](crate::Session::release) and a later resume), and the same
-    /// call, asked again once its turn has come, takes its place at once.
+    /// queue: the handler releases the session until then
+    /// ([`Session::release_until`](crate::Session::release_until): no worker is held, a
+    /// pool takes it at its turn and the turn is replayed), and the same call, asked
+    /// again once its turn has come, takes its place at once.
     pub fn limiter_hold(mut self, hold: Duration) -> Self {
         self.config.limiter_hold = hold;
         self

@@ -862,6 +862,50 @@ where
         Ok(self.store.release_lease(&lease).await?)
     }
 
+    /// Gives the lease up without a checkpoint until `at` (ms since the epoch, the
+    /// store's clock): no worker pool claims the session before then, and a pool on any
+    /// machine takes it after; the handler then replays the turn from the journal
+    /// (recorded replies and results returned, nothing run twice) to where it stopped.
+    /// Return from the handler after it.
+    ///
+    /// Meant for a call refused with [`DurableError::RateLimited`]: its turn under the
+    /// limit is `start_at`, its place is kept, and asked again once released it takes
+    /// the place at once. The session holds no worker meanwhile, however far the turn:
+    ///
+    /// ```no_run
+    /// # use durable_core::{CallError, DurableError, Message, Resumed, ShutdownSignal};
+    /// async fn handler(resumed: Resumed<Message>, _: ShutdownSignal) -> Result<(), DurableError> {
+    ///     let session = resumed.session;
+    ///     let asked = session
+    ///         .journal()
+    ///         .with_rate_limit("openai:gpt-4.1")
+    ///         .model(|| async { Ok::<_, std::io::Error>(Message::assistant(vec![])) })
+    ///         .await;
+    ///     match asked {
+    ///         Err(CallError::Durable(DurableError::RateLimited { start_at, .. })) => {
+    ///             // Woken at its turn on any worker; the turn is replayed to here.
+    ///             return session.release_until(start_at).await;
+    ///         }
+    ///         // … the reply …
+    ///         _ => session.complete().await.map(|_| ()),
+    ///     }
+    /// }
+    /// ```
+    ///
+    /// Unlike [`sleep_until`](Self::sleep_until), nothing is checkpointed: messages
+    /// pushed since the last checkpoint are pushed again by the replay.
+    /// [`resume`](crate::Durable::resume) by id takes the session at once all the same.
+    pub async fn release_until(mut self, at: i64) -> Result<(), DurableError> {
+        self.stop_renewing();
+        let lease = self.journal.lease();
+        self.store
+            .wait(lease.fence(), &crate::store::Wait::until(at))
+            .await
+            .map_err(|e| self.lost(e))?;
+        tracing::info!(session = %self.record.id, until = at, "session released until its turn");
+        Ok(())
+    }
+
     async fn finish(
         &mut self,
         status: SessionStatus,

@@ -33,7 +33,8 @@ pub use approval::{
 pub use budget::{BudgetStore, LimitRaise, RaiseLimit};
 pub use family::{
     CHILD_SLOT, COLLECT_SLOT, CancelEffect, CancelRequest, CancelSession, CancelledSession,
-    ChildRecord, WAITING_FOR_CHILDREN, Wait, WaitFor, cancel_reason, child_id, wakes_parent,
+    ChildRecord, WAITING_FOR_CHILDREN, WAITING_FOR_DEADLINE, Wait, WaitFor, cancel_reason,
+    child_id, wakes_parent,
 };
 pub use fork::{
     CARRIED_STEP, FORK_AUDIT_MARK, FORK_AUDIT_RERUN, ForkCopy, ForkEntry, ForkFate, ForkPlan,
@@ -1173,7 +1174,10 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// for happens first. Returns `false`, writing nothing, when it already happened.
     ///
     /// # Contract
-    /// Atomic and fenced. For [`WaitFor::Children`]: when one of the named sessions
+    /// Atomic and fenced. For [`WaitFor::Deadline`]: the session's
+    /// [`waiting_until`](SessionRecord::waiting_until) becomes `wait.until`, its
+    /// `waiting_for` [`WAITING_FOR_DEADLINE`], its lease is given up, and `Ok(true)`.
+    /// For [`WaitFor::Children`]: when one of the named sessions
     /// (children of the fenced one) already [wakes its parent](wakes_parent), `Ok(false)`
     /// and nothing is written. Otherwise the session's
     /// [`waiting_until`](SessionRecord::waiting_until) becomes `wait.until` and its

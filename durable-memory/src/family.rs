@@ -2,7 +2,8 @@
 
 use durable_core::store::{
     CancelEffect, CancelSession, CancelledSession, ChildRecord, Fence, Lease, NewSession,
-    SessionRecord, SessionStatus, WAITING_FOR_CHILDREN, Wait, WaitFor, wakes_parent,
+    SessionRecord, SessionStatus, WAITING_FOR_CHILDREN, WAITING_FOR_DEADLINE, Wait, WaitFor,
+    wakes_parent,
 };
 use durable_core::{SessionId, StoreError};
 
@@ -65,8 +66,9 @@ pub(crate) fn wait(store: &MemoryStore, fence: Fence<'_>, wait: &Wait) -> Result
     let mut state = store.lock();
     let session = sessions::fenced(store, &mut state, fence)?;
     let _ = session;
-    let children = match &wait.wait_for {
-        WaitFor::Children(children) => children,
+    let (children, waiting_for) = match &wait.wait_for {
+        WaitFor::Children(children) => (children.as_slice(), WAITING_FOR_CHILDREN),
+        WaitFor::Deadline => (&[][..], WAITING_FOR_DEADLINE),
         _ => {
             return Err(StoreError::Unsupported {
                 operation: "wait for this",
@@ -83,7 +85,7 @@ pub(crate) fn wait(store: &MemoryStore, fence: Fence<'_>, wait: &Wait) -> Result
         }
     }
     let session = state.session_mut(fence.session)?;
-    session.waiting_for = Some(WAITING_FOR_CHILDREN.to_owned());
+    session.waiting_for = Some(waiting_for.to_owned());
     session.record.waiting_until = Some(wait.until);
     session.record.lease_owner = None;
     session.record.lease_expires_at = Some(now);

@@ -8,7 +8,8 @@
 
 use durable_core::store::{
     CancelEffect, CancelSession, CancelledSession, ChildRecord, FORMAT_VERSION, Fence, Lease,
-    NewSession, SessionRecord, SessionStatus, WAITING_FOR_CHILDREN, Wait, WaitFor,
+    NewSession, SessionRecord, SessionStatus, WAITING_FOR_CHILDREN, WAITING_FOR_DEADLINE, Wait,
+    WaitFor,
 };
 use durable_core::{SessionId, StoreError};
 use sqlx::{PgConnection, Row};
@@ -111,8 +112,9 @@ pub(crate) async fn wait(
     fence: Fence<'_>,
     wait: &Wait,
 ) -> Result<bool, StoreError> {
-    let children = match &wait.wait_for {
-        WaitFor::Children(children) => children,
+    let (children, waiting_for) = match &wait.wait_for {
+        WaitFor::Children(children) => (children.as_slice(), WAITING_FOR_CHILDREN),
+        WaitFor::Deadline => (&[][..], WAITING_FOR_DEADLINE),
         _ => {
             return Err(StoreError::Unsupported {
                 operation: "wait for this",
@@ -150,7 +152,7 @@ pub(crate) async fn wait(
         "UPDATE durable_sessions SET waiting_for = $1, waiting_until = $2, \
          lease_owner = NULL, lease_expires_at = $3 WHERE id = $4 AND fence = $5",
     )
-    .bind(WAITING_FOR_CHILDREN)
+    .bind(waiting_for)
     .bind(wait.until)
     .bind(now)
     .bind(fence.session.as_str())

@@ -2,7 +2,7 @@
 
 use durable_core::store::{
     CancelEffect, CancelSession, CancelledSession, ChildRecord, Fence, Lease, NewSession,
-    SessionRecord, SessionStatus, WAITING_FOR_CHILDREN, Wait, WaitFor,
+    SessionRecord, SessionStatus, WAITING_FOR_CHILDREN, WAITING_FOR_DEADLINE, Wait, WaitFor,
 };
 use durable_core::{SessionId, StoreError};
 use sqlx::{Row, SqliteConnection};
@@ -93,8 +93,9 @@ pub(crate) async fn wait(
     fence: Fence<'_>,
     wait: &Wait,
 ) -> Result<bool, StoreError> {
-    let children = match &wait.wait_for {
-        WaitFor::Children(children) => children,
+    let (children, waiting_for) = match &wait.wait_for {
+        WaitFor::Children(children) => (children.as_slice(), WAITING_FOR_CHILDREN),
+        WaitFor::Deadline => (&[][..], WAITING_FOR_DEADLINE),
         _ => {
             return Err(StoreError::Unsupported {
                 operation: "wait for this",
@@ -127,7 +128,7 @@ pub(crate) async fn wait(
             "UPDATE durable_sessions SET waiting_for = ?, waiting_until = ?, \
              lease_owner = NULL, lease_expires_at = ? WHERE id = ? AND fence = ?",
         )
-        .bind(WAITING_FOR_CHILDREN)
+        .bind(waiting_for)
         .bind(wait.until)
         .bind(now)
         .bind(fence.session.as_str())

@@ -66,8 +66,9 @@ pub enum ErrorKind {
     /// The backend does not support the operation.
     Unsupported,
     /// The call waits for its turn under a fleet-wide rate limit, longer than the
-    /// worker holds a session; nothing ran. Let the session sleep until the time the
-    /// error gives ([`DurableError::RateLimited`]) and ask again.
+    /// worker holds a session; nothing ran. Release the session until the time the
+    /// error gives ([`Session::release_until`](crate::Session::release_until)) and ask
+    /// again then ([`DurableError::RateLimited`]).
     RateLimited,
     /// The session was cancelled: nothing new runs in it. Return from the handler; an
     /// operator (or the parent) decided it.

@@ -27,6 +27,10 @@ pub const COLLECT_SLOT: &str = "@child.outcome";
 /// The `waiting_for` value of a session waiting for its children.
 pub const WAITING_FOR_CHILDREN: &str = "children";
 
+/// The `waiting_for` value of a session released until a time, with nothing to end the
+/// wait early ([`WaitFor::Deadline`]).
+pub const WAITING_FOR_DEADLINE: &str = "deadline";
+
 /// The id of the child started by the journal row of `identity` (a row of
 /// [`CHILD_SLOT`]): `<parent>.child-<hash>` where the hash covers the whole identity, or
 /// `child-<hash>` when the parent's id is too long for that. The same identity always
@@ -98,6 +102,9 @@ pub enum WaitFor {
     /// Any of these children (of the waiting session) to end, be parked or need an
     /// operator.
     Children(Vec<SessionId>),
+    /// Nothing but the wait's end: the session is released until then (a call's turn
+    /// under a rate limit, [`Session::release_until`](crate::Session::release_until)).
+    Deadline,
 }
 
 /// A wait: what for, and until when at the latest.
@@ -116,6 +123,14 @@ impl Wait {
     pub fn children(children: Vec<SessionId>, until: i64) -> Self {
         Wait {
             wait_for: WaitFor::Children(children),
+            until,
+        }
+    }
+
+    /// A wait that only `until` ends.
+    pub fn until(until: i64) -> Self {
+        Wait {
+            wait_for: WaitFor::Deadline,
             until,
         }
     }

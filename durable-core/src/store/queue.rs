@@ -162,8 +162,10 @@ pub struct QueueInfo {
     pub ready: i64,
     /// Active sessions asleep (their wake-up time is still to come), lease released.
     pub sleeping: i64,
-    /// Active parents waiting for their children, lease released: woken by a child's
-    /// end, or at their recheck time ([`Session::await_children`](crate::Session::await_children)).
+    /// Active sessions waiting, lease released: parents waiting for their children
+    /// (woken by a child's end, or at their recheck time:
+    /// [`Session::await_children`](crate::Session::await_children)) and sessions released
+    /// until a time ([`Session::release_until`](crate::Session::release_until)).
     pub waiting: i64,
     /// Sessions waiting for people to decide on their calls.
     pub awaiting_approval: i64,
