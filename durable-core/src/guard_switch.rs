@@ -7,7 +7,9 @@
 //! Guards: `barrier` (the session-wide barrier), `divergence` (the divergence check),
 //! `lease_recheck` (the lease checked again after an issue, before the effect runs),
 //! `finite` (non-finite floats refused on their way into the journal), `atomic_complete`
-//! (a session's final checkpoint and its completion written in one transaction), and, read by the
+//! (a session's final checkpoint and its completion written in one transaction),
+//! `absence` (a journal row missing behind the head's count refused as tampered: the
+//! journal's extent and its count of issued rows, in `integrity::rows`), and, read by the
 //! memory store, `fencing` (a write under a stale fencing token refused) and
 //! `poison_pill` (recoveries counted and a session parked past the bound).
 

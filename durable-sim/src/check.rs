@@ -10,17 +10,21 @@ use crate::world::World;
 
 /// The end-of-run invariants, read from the real store: every effect in a ledger is
 /// recorded with the ledger's result (or listed in doubt), and every completed
-/// session's budget charged each model reply once.
+/// session's budget charged each model reply once. Sessions that lost a row behind the
+/// store's back (`lost`) are refused as tampered instead (checked by the caller): their
+/// effects are in no journal that can be read.
 pub(crate) async fn check_end(
     store: &dyn CheckpointStore,
     programs: &Programs,
     sessions: &[SessionId],
+    lost: &std::collections::BTreeSet<SessionId>,
     world: &World,
     violations: &mut Vec<String>,
 ) {
+    let of_lost = |call: &str| lost.iter().any(|id| call.starts_with(&format!("{id}/")));
     let in_doubt = store.in_doubt(None).await.unwrap_or_default();
     let mut journals = std::collections::BTreeMap::new();
-    for id in sessions {
+    for id in sessions.iter().filter(|id| !lost.contains(*id)) {
         match store.calls(id, None).await {
             Ok(rows) => {
                 journals.insert(id.clone(), rows);
@@ -59,7 +63,7 @@ pub(crate) async fn check_end(
                 )),
             }
         };
-    for email in world.emails() {
+    for email in world.emails().into_iter().filter(|e| !of_lost(&e.call)) {
         surfaced(
             "send_email",
             &email.call,
@@ -68,10 +72,14 @@ pub(crate) async fn check_end(
             Some(&email.session),
         );
     }
-    for wire in world.wires() {
+    for wire in world.wires().into_iter().filter(|w| !of_lost(&w.call)) {
         surfaced("wire", &wire.call, &wire.result, None, Some(&wire.session));
     }
-    for (key, charge) in world.charges() {
+    for (key, charge) in world
+        .charges()
+        .into_iter()
+        .filter(|(_, c)| !of_lost(&c.call))
+    {
         surfaced("charge", &charge.call, &charge.result, Some(&key), None);
     }
     for (id, program) in programs {

@@ -28,9 +28,15 @@
 //!   ledgers' truth (happened: `Happened` with the ledger's result; not: `DidNotHappen`);
 //!   **approves or denies** (by the seed) every call awaiting approval; sometimes **forks**
 //!   a completed session at a seeded version (the fork re-runs its parent's program from
-//!   there, with its parent's arguments; a pool runs it); and unparks every parked session
-//!   (the poison-pill bound parks a session after 3 recoveries that died without a
-//!   checkpoint) but a poison pill;
+//!   there, with its parent's arguments; a pool runs it); sometimes **retargets** an
+//!   active session to the fleet's other app version, whoever holds it (worker slots run
+//!   `sim` or `sim2` by their number, as during a rolling deploy; claims take only their
+//!   own version's sessions); on the memory store, sometimes **loses a row** behind the
+//!   store's back: the newest journal row with a side effect of a session no worker holds,
+//!   between a crash and the next resume, as a lost `-wal` or a restored backup would;
+//!   and unparks every parked session (the poison-pill bound parks a session after 3
+//!   recoveries that died without a checkpoint) but a poison pill and a session that lost
+//!   a row;
 //! - in half the runs, a **poison pill**: a session that kills its worker (the handler
 //!   returns an error without releasing) every time it runs, after a model call;
 //! - every actor talks to the store through a [`Faulty`] of its own, which by the seed
@@ -80,6 +86,9 @@
 //! Checked at the end, on the real store:
 //! - **every session ended** within the bound once faults stopped: completed, a poison
 //!   pill parked, a fork completed or failed (refused for repeating its parent);
+//! - **absence surfaced, never trusted**: a session that lost a row is refused as
+//!   tampered (every read of its journal says so) unless it had completed before; the
+//!   lost row's effect is never run again (the first invariant above);
 //! - **every in-doubt call surfaced**: every effect in a ledger is a completed or resolved
 //!   journal row (of its session or a fork of it) with the ledger's result, or is listed
 //!   by `in_doubt`;
@@ -132,13 +141,14 @@
 //!
 //! | guard switched off | first failing seed | invariant that failed |
 //! |---|---|---|
-//! | `poison_pill` (recoveries counted, a session parked past the bound) | 1st (seed 0) | liveness: the poison pill still active after 83 recoveries |
+//! | `absence` (a journal row missing behind the head's count refused as tampered) | 1st (seed 0) | an unsafe effect twice: a session that lost its email's row (deleted between a crash and the next resume) sent the email again |
+//! | `poison_pill` (recoveries counted, a session parked past the bound) | 1st (seed 0) | liveness: the poison pill still active after 77 recoveries |
 //! | `finite` (non-finite floats refused on their way into the journal) | 1st (seed 0) | a recorded result changed: `NaN` the first time, a result that no longer decodes on the replay |
-//! | `fencing` (a write under a stale fencing token refused) | 6th (seed 5) | never two writers: `record_call` with token 2 accepted after token 3 |
-//! | `divergence` (the divergence check) | 11th (seed 10) | an unsafe effect twice: a fork's re-worded email sent again |
-//! | `atomic_complete` (the final checkpoint and the completion in one transaction) | 21st (seed 20) | an unsafe effect twice: a single-turn handler resumed from its final checkpoint sent its email again |
-//! | `lease_recheck` (the lease checked again after the issue, before the effect) | 25th (seed 24) | an approved call ran twice: a wire sent by a worker waking after a pause past its lease, and by the worker that took over |
-//! | `barrier` (the session-wide barrier) | 27th (seed 26) | an effect beside an in-doubt unsafe call: a re-planned call run while an email was in doubt |
+//! | `fencing` (a write under a stale fencing token refused) | 4th (seed 3) | never two writers: `issue_call` with token 2 accepted after token 3 |
+//! | `divergence` (the divergence check) | 21st (seed 20) | an unsafe effect twice: a fork's re-worded email sent again |
+//! | `atomic_complete` (a session's final checkpoint and its completion in one transaction) | 23rd (seed 22) | spend charged twice: a single-turn handler resumed from its final checkpoint (its completion lost with a paused worker's lease) ran its turn again |
+//! | `barrier` (the session-wide barrier) | 43rd (seed 42) | an effect beside an in-doubt unsafe call: calls run while an email was in doubt |
+//! | `lease_recheck` (the lease checked again after the issue, before the effect) | 179th (seed 178) | an effect beside an in-doubt unsafe call: a worker waking after a pause past its lease ran a call while its email was in doubt |
 //!
 //! # Running it
 //!

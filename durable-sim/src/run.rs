@@ -49,6 +49,7 @@ impl Default for Options {
 
 /// The guards a revert experiment may switch off (`--guard-off`).
 pub const GUARDS: &[&str] = &[
+    "absence",
     "atomic_complete",
     "barrier",
     "divergence",
@@ -537,6 +538,11 @@ struct Fleet {
     decided: AtomicUsize,
     forked: AtomicUsize,
     unparked: AtomicUsize,
+    retargeted: AtomicUsize,
+    /// Rows lost behind the store's back (memory store only), and the sessions they
+    /// were lost from: those may end refused as tampered instead of completed.
+    tamperer: Option<durable_memory::tamper::MemoryTamperer>,
+    lost: std::sync::Mutex<std::collections::BTreeSet<SessionId>>,
     faulties: std::sync::Mutex<Vec<Arc<Faulty>>>,
     trace: Arc<Trace>,
     /// Whether the run is on virtual time (and must be exactly reproducible).
@@ -560,15 +566,25 @@ impl Fleet {
     }
 
     fn durable(&self, owner: &str, rng: &mut SmallRng) -> Durable {
+        self.durable_of(owner, VERSIONS[0], rng)
+    }
+
+    /// A runtime of app version `version` (see [`VERSIONS`]).
+    fn durable_of(&self, owner: &str, version: &str, rng: &mut SmallRng) -> Durable {
         let store: Arc<dyn CheckpointStore> = self.faulty(owner, rng);
         Durable::builder(store)
             .owner(owner)
-            .app_version("sim")
+            .app_version(version)
             .lease_ttl(self.ttl)
             .max_recovery_attempts(3)
             .build()
     }
 }
+
+/// The app versions of the fleet: worker slots run them in turn (slot `n` the version
+/// `n % 2`), so both are always served, and the operator retargets sessions between
+/// them, as a rolling deploy does. Their tools are the same.
+const VERSIONS: [&str; 2] = ["sim", "sim2"];
 
 /// A session that kills its worker every time it runs (see [`handle`]).
 fn is_poison(id: &SessionId) -> bool {
@@ -587,7 +603,7 @@ async fn worker_slot(fleet: Arc<Fleet>, slot: usize, mut rng: SmallRng) {
     let mut stop = fleet.stop.clone();
     for generation in 1.. {
         let owner = format!("w{slot}.{generation}");
-        let durable = fleet.durable(&owner, &mut rng);
+        let durable = fleet.durable_of(&owner, VERSIONS[slot % VERSIONS.len()], &mut rng);
         let (trigger, signal) = tokio::sync::oneshot::channel::<()>();
         let ctx = Arc::clone(&fleet.ctx);
         let pool = durable
@@ -641,6 +657,8 @@ async fn worker_slot(fleet: Arc<Fleet>, slot: usize, mut rng: SmallRng) {
 /// and unparks every parked session.
 async fn operator(fleet: Arc<Fleet>, mut rng: SmallRng) {
     let durable = fleet.durable("operator", &mut rng);
+    // The operator of the other version: a retarget moves a session to its runtime's.
+    let other = fleet.durable_of("operator", VERSIONS[1], &mut rng);
     let store = Arc::clone(durable.store());
     let world = Arc::clone(&fleet.ctx.world);
     let mut stop = fleet.stop.clone();
@@ -713,9 +731,20 @@ async fn operator(fleet: Arc<Fleet>, mut rng: SmallRng) {
         if fleet.faults_on.load(Ordering::SeqCst) && rng.random_bool(0.15) {
             fork_one(&fleet, &durable, &mut rng).await;
         }
+        if fleet.faults_on.load(Ordering::SeqCst) && rng.random_bool(0.2) {
+            retarget_one(&fleet, [&durable, &other], &mut rng).await;
+        }
+        if fleet.faults_on.load(Ordering::SeqCst) && rng.random_bool(0.1) {
+            lose_a_row(&fleet, &mut rng).await;
+        }
         let parked = SessionFilter::new().with_statuses(vec![SessionStatus::Parked]);
         if let Ok(sessions) = store.list_sessions(&parked).await {
-            for session in sessions.iter().filter(|s| !is_poison(&s.id)) {
+            // A session that lost a row stays parked: its absence is for a person.
+            let lost = lock(&fleet.lost).clone();
+            for session in sessions
+                .iter()
+                .filter(|s| !is_poison(&s.id) && !lost.contains(&s.id))
+            {
                 fleet
                     .trace
                     .record(format_args!("operator unparks {}", session.id));
@@ -725,6 +754,83 @@ async fn operator(fleet: Arc<Fleet>, mut rng: SmallRng) {
             }
         }
     }
+}
+
+/// Retargets an active session (drawn by the seed) to the other app version, as a
+/// rolling deploy does, whoever holds it: from then on only workers of that version
+/// claim it, and its journal and checkpoints carry on.
+async fn retarget_one(fleet: &Fleet, durables: [&Durable; 2], rng: &mut SmallRng) {
+    let active = SessionFilter::new().with_statuses(vec![SessionStatus::Active]);
+    let Ok(mut sessions) = durables[0].store().list_sessions(&active).await else {
+        return;
+    };
+    sessions.retain(|s| !is_poison(&s.id));
+    sessions.sort_by(|a, b| a.id.cmp(&b.id));
+    if sessions.is_empty() {
+        return;
+    }
+    let session = sessions.swap_remove(rng.random_range(0..sessions.len()));
+    let to = usize::from(session.app_version == VERSIONS[0]);
+    fleet.trace.record(format_args!(
+        "operator retargets {} from {} to {}",
+        session.id, session.app_version, VERSIONS[to]
+    ));
+    if durables[to]
+        .operator()
+        .retarget(&session.id, Vec::new(), "operator")
+        .await
+        .is_ok()
+    {
+        fleet.retargeted.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Loses a row behind the store's back, as a lost `-wal` or a restored backup would: the
+/// newest journal row with a side effect of an active session no worker holds (between
+/// a crash and the next resume). The journal must not conclude from the row's absence
+/// that its effect never happened: the session is refused as tampered (and parked for
+/// an operator), never re-runs the effect.
+async fn lose_a_row(fleet: &Fleet, rng: &mut SmallRng) {
+    use durable_conformance::tamper::{Tamper, Tamperer};
+    let Some(tamperer) = &fleet.tamperer else {
+        return;
+    };
+    let store = &fleet.ctx.store;
+    let active = SessionFilter::new().with_statuses(vec![SessionStatus::Active]);
+    let Ok(now) = store.now().await else { return };
+    let Ok(mut sessions) = store.list_sessions(&active).await else {
+        return;
+    };
+    sessions.retain(|s| {
+        fleet.ctx.programs.contains_key(&s.id)
+            && !is_poison(&s.id)
+            && s.lease_expires_at.is_none_or(|at| at <= now)
+    });
+    sessions.sort_by(|a, b| a.id.cmp(&b.id));
+    if sessions.is_empty() {
+        return;
+    }
+    let session = sessions.swap_remove(rng.random_range(0..sessions.len()));
+    let Ok(rows) = store.calls(&session.id, None).await else {
+        return;
+    };
+    let Some(row) = rows
+        .iter()
+        .rev()
+        .find(|r| r.class != ReplayClass::Pure && r.identity.step >= 0)
+    else {
+        return;
+    };
+    fleet.trace.record(format_args!(
+        "lost: row {} {} of {}",
+        row.identity.tool, row.args["call"], session.id
+    ));
+    lock(&fleet.lost).insert(session.id.clone());
+    tamperer
+        .apply(Tamper::DeleteCall {
+            call: row.id.clone(),
+        })
+        .await;
 }
 
 /// Forks a completed session (drawn by the seed) at a version drawn by the seed: the fork
@@ -800,8 +906,8 @@ async fn simulate(seed: u64, options: &Options) -> Report {
     // Wall time, for the summary only (the run itself is on the runtime's clock).
     let started = std::time::Instant::now();
     let mut master = SmallRng::seed_from_u64(seed);
-    let store = match crate::store::open(options.backend).await {
-        Ok(store) => store,
+    let (store, tamperer) = match crate::store::open(options.backend).await {
+        Ok(opened) => opened,
         Err(e) => return failed(seed, format!("could not open the store: {e}")),
     };
     let trace = Arc::new(Trace::new());
@@ -863,6 +969,9 @@ async fn simulate(seed: u64, options: &Options) -> Report {
         decided: AtomicUsize::new(0),
         forked: AtomicUsize::new(0),
         unparked: AtomicUsize::new(0),
+        retargeted: AtomicUsize::new(0),
+        tamperer,
+        lost: std::sync::Mutex::new(std::collections::BTreeSet::new()),
         faulties: std::sync::Mutex::new(Vec::new()),
         trace: Arc::clone(&trace),
         virtual_time: options.backend.virtual_time(),
@@ -895,7 +1004,10 @@ async fn simulate(seed: u64, options: &Options) -> Report {
         for id in fleet.ctx.sessions() {
             let fork = !programs.contains_key(&id);
             let id = &id;
+            let lost = lock(&fleet.lost).contains(id);
             match store.session(id).await {
+                // A session that lost a row is refused as tampered: it ends where it is.
+                Ok(_) if lost => {}
                 Ok(s) if is_poison(id) && s.status == SessionStatus::Parked => {}
                 Ok(s) if !is_poison(id) && s.status == SessionStatus::Completed => {}
                 // A fork refused for repeating its parent's effect ends failed.
@@ -934,8 +1046,33 @@ async fn simulate(seed: u64, options: &Options) -> Report {
             unfinished.join("; ")
         ));
     }
+    let lost = lock(&fleet.lost).clone();
+    for id in &lost {
+        // Unless it completed before its row was lost, every read of its journal must
+        // say the row is missing.
+        let completed = store
+            .session(id)
+            .await
+            .is_ok_and(|s| s.status == SessionStatus::Completed);
+        match store.calls(id, None).await {
+            Err(durable_core::StoreError::Tampered { .. }) => {}
+            _ if completed => {}
+            other => violations.push(format!(
+                "absence not surfaced: {id} lost a row and its journal reads as {:?}",
+                other.map(|rows| rows.len())
+            )),
+        }
+    }
     let everyone = fleet.ctx.sessions();
-    crate::check::check_end(&*store, &programs, &everyone, &world, &mut violations).await;
+    crate::check::check_end(
+        &*store,
+        &programs,
+        &everyone,
+        &lost,
+        &world,
+        &mut violations,
+    )
+    .await;
 
     let mut injected = BTreeMap::new();
     for faulty in lock(&fleet.faulties).iter() {
@@ -947,7 +1084,7 @@ async fn simulate(seed: u64, options: &Options) -> Report {
     let summary = format!(
         "seed {seed}: {sessions} sessions{}, {workers} worker slots, ttl {}ms, faults for {}ms \
          ({injected:?}); {} crashes, {} graceful stops; {} emails, {} charges ({} presentations), \
-         {} model replies, {} wires; {} resolutions, {} approvals decided, {} forks, {} unparks; {} fenced writes accepted; trace {:016x} \
+         {} model replies, {} wires; {} resolutions, {} approvals decided, {} forks, {} unparks, {} retargets, {} sessions lost a row; {} fenced writes accepted; trace {:016x} \
          ({} events); {:.1}s",
         if programs.keys().any(is_poison) {
             " and a poison pill"
@@ -967,6 +1104,8 @@ async fn simulate(seed: u64, options: &Options) -> Report {
         fleet.decided.load(Ordering::Relaxed),
         fleet.forked.load(Ordering::Relaxed),
         fleet.unparked.load(Ordering::Relaxed),
+        fleet.retargeted.load(Ordering::Relaxed),
+        lost.len(),
         fleet.log.accepted_writes(),
         trace.digest(),
         trace.events().len(),

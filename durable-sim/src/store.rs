@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use durable_core::{CheckpointStore, StoreError};
+use durable_memory::tamper::MemoryTamperer;
 use durable_memory::{MemoryStore, MemoryStoreOptions};
 
 /// Which store a run shares between its actors.
@@ -29,9 +30,12 @@ impl Backend {
 pub const EPOCH_MS: i64 = 1_767_225_600_000;
 
 /// The store every actor of a run shares (each through a [`Faulty`](crate::Faulty) of its
-/// own). Called inside the run's runtime: the memory store's clock is the runtime's,
-/// counted from this moment.
-pub async fn open(backend: Backend) -> Result<Arc<dyn CheckpointStore>, StoreError> {
+/// own), and on the memory store what changes its rows behind its back (a row lost, as a
+/// lost `-wal` or a restored backup would lose it). Called inside the run's runtime: the
+/// memory store's clock is the runtime's, counted from this moment.
+pub async fn open(
+    backend: Backend,
+) -> Result<(Arc<dyn CheckpointStore>, Option<MemoryTamperer>), StoreError> {
     Ok(match backend {
         Backend::Memory => {
             let start = tokio::time::Instant::now();
@@ -39,13 +43,18 @@ pub async fn open(backend: Backend) -> Result<Arc<dyn CheckpointStore>, StoreErr
                 EPOCH_MS
                     .saturating_add(i64::try_from(start.elapsed().as_millis()).unwrap_or(i64::MAX))
             };
-            Arc::new(MemoryStore::open(
+            let store = MemoryStore::open(
                 MemoryStoreOptions::new()
                     // Nothing outlives the process here, and unsafe tools must run.
                     .accept_volatile(true)
                     .clock(clock),
-            )?)
+            )?;
+            let tamperer = store.tamperer();
+            (Arc::new(store), Some(tamperer))
         }
-        Backend::Sqlite => Arc::new(durable_sqlite::SqliteStore::open_in_memory().await?),
+        Backend::Sqlite => (
+            Arc::new(durable_sqlite::SqliteStore::open_in_memory().await?),
+            None,
+        ),
     })
 }

@@ -153,6 +153,9 @@ impl HeadRow {
     /// Checks that a read of the session's issued rows found as many as the head counts
     /// ([`IssuedCount::check`]).
     pub fn check_issued(&self, found: usize) -> Result<(), StoreError> {
+        if crate::guard_switch::guard_off("absence") {
+            return Ok(());
+        }
         IssuedCount(self.issued_rows).check(&self.session, found)
     }
 
@@ -207,6 +210,9 @@ pub fn check_journal_extent(
     top: i64,
     bottom: i64,
 ) -> Result<(), StoreError> {
+    if crate::guard_switch::guard_off("absence") {
+        return Ok(());
+    }
     if count != head.journal_rows || top != head.journal_rows || bottom != 1 {
         return Err(StoreError::Tampered {
             session: head.session.clone(),
