@@ -503,8 +503,14 @@ async fn handle(
             Err(Stop::Error(e)) => return Err(e),
         };
         if let Some(refused) = refused {
+            // Its kind only: the text names call ids, which no seed draws.
+            let kind = match &refused {
+                DurableError::ReplayDiverged { .. } => "replay diverged",
+                DurableError::InheritedEffect { .. } => "an inherited effect",
+                _ => "refused",
+            };
             ctx.trace
-                .record(format_args!("refused {}: {refused}", session.id()));
+                .record(format_args!("refused {}: {kind}", session.id()));
             if !fork {
                 // Only a fork's re-run may be refused so: the programs of the sessions
                 // themselves never leave their first attempt's path unless they re-plan,
