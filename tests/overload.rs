@@ -126,7 +126,7 @@ async fn postgres_burst_is_refused_as_overloaded_or_started() {
         .await
         {
             Ok(store) => break store,
-            Err(e @ durable::StoreError::Overloaded { .. }) if attempts < 50 => {
+            Err(e @ StoreError::Overloaded { .. }) if attempts < 50 => {
                 attempts += 1;
                 eprintln!("connect refused as overloaded ({e}); again");
                 tokio::time::sleep(Duration::from_millis(50)).await;
