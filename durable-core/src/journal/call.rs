@@ -274,11 +274,13 @@ impl<'j> ToolCall<'j> {
     {
         let journal = self.journal;
         let spec = self.spec;
-        journal.check_lease().inspect_err(super::refused_span)?;
+        // A session known to be cancelled says so first: once this handle ended it, its
+        // lease is gone too, and the caller must read why.
         journal
             .check_cancelled()
             .await
             .inspect_err(super::refused_span)?;
+        journal.check_lease().inspect_err(super::refused_span)?;
         journal.mark_running().await?;
         let limits = journal.inner.config.limits;
         let invalid = |source| {

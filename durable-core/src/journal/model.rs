@@ -153,10 +153,12 @@ impl Journal {
     /// Takes the next model position of `step` (under the lease, marked running) and
     /// looks up a reply recorded there. Runs inside the call's `chat` span.
     pub(super) async fn begin_model(&self, step: i64) -> Result<Begun, DurableError> {
-        self.check_lease().inspect_err(super::refused_span)?;
+        // Cancelled first, as a tool call checks (`journal/call.rs`): once this handle
+        // ended the session, its lease is gone too, and the caller must read why.
         self.check_cancelled()
             .await
             .inspect_err(super::refused_span)?;
+        self.check_lease().inspect_err(super::refused_span)?;
         self.mark_running().await?;
         let (identity, reservation) = {
             let mut cache = self.inner.cache.lock().await;
