@@ -37,6 +37,45 @@ pub(crate) async fn reseal_session(
 /// ([`SessionTables`]), on the caller's connection (in its transaction).
 struct Rows<'c>(&'c mut SqliteConnection);
 
+impl Rows<'_> {
+    /// `sql` (`SET seal = ? WHERE id = ?`) for each `(row id, seal)`.
+    async fn write_by_id(
+        &mut self,
+        sql: &'static str,
+        seals: &[(i64, String)],
+    ) -> Result<(), StoreError> {
+        for (rowid, seal) in seals {
+            sqlx::query(sql)
+                .bind(seal)
+                .bind(rowid)
+                .execute(&mut *self.0)
+                .await
+                .map_err(db)?;
+        }
+        Ok(())
+    }
+
+    /// `sql` (`SET seal = ? WHERE session = ? AND key = ?`) for each `(key, seal)` of
+    /// `session`'s rows.
+    async fn write_by_key(
+        &mut self,
+        sql: &'static str,
+        session: &SessionId,
+        seals: &[(i64, String)],
+    ) -> Result<(), StoreError> {
+        for (key, seal) in seals {
+            sqlx::query(sql)
+                .bind(seal)
+                .bind(session.as_str())
+                .bind(key)
+                .execute(&mut *self.0)
+                .await
+                .map_err(db)?;
+        }
+        Ok(())
+    }
+}
+
 #[async_trait]
 impl SessionTables for Rows<'_> {
     async fn head(&mut self, session: &SessionId) -> Result<HeadRow, StoreError> {
@@ -184,19 +223,13 @@ impl SessionTables for Rows<'_> {
         session: &SessionId,
         seals: &[(i64, String)],
     ) -> Result<(), StoreError> {
-        for (seq, seal) in seals {
-            sqlx::query(
-                "UPDATE durable_messages SET seal = ? WHERE session_num = \
-                 (SELECT num FROM durable_sessions WHERE id = ?) AND seq = ?",
-            )
-            .bind(seal)
-            .bind(session.as_str())
-            .bind(seq)
-            .execute(&mut *self.0)
-            .await
-            .map_err(db)?;
-        }
-        Ok(())
+        self.write_by_key(
+            "UPDATE durable_messages SET seal = ? WHERE session_num = \
+             (SELECT num FROM durable_sessions WHERE id = ?) AND seq = ?",
+            session,
+            seals,
+        )
+        .await
     }
 
     async fn write_checkpoint_seals(
@@ -204,43 +237,26 @@ impl SessionTables for Rows<'_> {
         session: &SessionId,
         seals: &[(i64, String)],
     ) -> Result<(), StoreError> {
-        for (version, seal) in seals {
-            sqlx::query(
-                "UPDATE durable_checkpoints SET seal = ? WHERE session_num = \
-                 (SELECT num FROM durable_sessions WHERE id = ?) AND version = ?",
-            )
-            .bind(seal)
-            .bind(session.as_str())
-            .bind(version)
-            .execute(&mut *self.0)
-            .await
-            .map_err(db)?;
-        }
-        Ok(())
+        self.write_by_key(
+            "UPDATE durable_checkpoints SET seal = ? WHERE session_num = \
+             (SELECT num FROM durable_sessions WHERE id = ?) AND version = ?",
+            session,
+            seals,
+        )
+        .await
     }
 
     async fn write_resolution_seals(&mut self, seals: &[(i64, String)]) -> Result<(), StoreError> {
-        for (rowid, seal) in seals {
-            sqlx::query("UPDATE durable_resolutions SET seal = ? WHERE id = ?")
-                .bind(seal)
-                .bind(rowid)
-                .execute(&mut *self.0)
-                .await
-                .map_err(db)?;
-        }
-        Ok(())
+        self.write_by_id(
+            "UPDATE durable_resolutions SET seal = ? WHERE id = ?",
+            seals,
+        )
+        .await
     }
 
     async fn write_approval_seals(&mut self, seals: &[(i64, String)]) -> Result<(), StoreError> {
-        for (rowid, seal) in seals {
-            sqlx::query("UPDATE durable_approvals SET seal = ? WHERE id = ?")
-                .bind(seal)
-                .bind(rowid)
-                .execute(&mut *self.0)
-                .await
-                .map_err(db)?;
-        }
-        Ok(())
+        self.write_by_id("UPDATE durable_approvals SET seal = ? WHERE id = ?", seals)
+            .await
     }
 
     async fn store_head(&mut self, head: &mut HeadRow, ring: &Keyring) -> Result<(), StoreError> {
