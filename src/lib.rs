@@ -108,7 +108,7 @@ pub use durable_core::{
     ResumeReport, Resumed, Session, StartOptions,
 };
 // Child sessions.
-pub use durable_core::{ChildOutcome, ChildWait};
+pub use durable_core::{ChildOutcome, ChildWait, Signal, SignalWait};
 // Worker pools.
 pub use durable_core::{PoolReport, ShutdownSignal, ShutdownTrigger, Worker};
 // Tools and dispatch.
@@ -344,11 +344,16 @@ pub mod store {
         ChildRecord, WAITING_FOR_CHILDREN, WAITING_FOR_DEADLINE, Wait, WaitFor, cancel_reason,
         child_id, wakes_parent,
     };
+    // Signals.
+    pub use durable_core::store::{
+        MAX_SIGNAL_BYTES, MAX_SIGNAL_DEPTH, NewSignal, SIGNAL_DEADLINE_SLOT, SIGNAL_SLOT,
+        SignalRecord, WAITING_FOR_SIGNAL, consumer_key, waiting_for_signal,
+    };
     // The concept traits `CheckpointStore` is the sum of: import the ones whose methods
     // you call on a concrete store (`SqliteStore`, `PostgresStore`).
     pub use durable_core::store::{
         ApprovalStore, BudgetStore, CheckpointLog, JournalStore, LeaseStore, LimiterStore,
-        MaintenanceStore, QueueStore, ResolutionStore, SessionStore, StoreBase,
+        MaintenanceStore, QueueStore, ResolutionStore, SessionStore, SignalStore, StoreBase,
     };
     pub use durable_core::validate::{
         validate_id, validate_new_session, validate_owner, validate_text,

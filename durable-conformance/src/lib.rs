@@ -98,6 +98,7 @@ mod refusals;
 mod resolution;
 mod runtime;
 mod sessions;
+mod signals;
 mod sizes;
 mod stall;
 mod stream;
@@ -129,6 +130,7 @@ pub use refusals::*;
 pub use resolution::*;
 pub use runtime::*;
 pub use sessions::*;
+pub use signals::*;
 pub use sizes::*;
 pub use stream::*;
 pub use tenants::*;
@@ -277,6 +279,12 @@ macro_rules! __durable_conformance_cases {
             cancel_cascades_to_children_at_once,
             cancel_committed_starts_no_effect_before_the_worker_hears_of_it,
             cancel_of_a_dead_workers_session_ends_on_the_next_take,
+            // signals
+            signals_are_consumed_once_in_order_under_their_key,
+            signals_a_keyed_send_is_sent_once_and_bad_sends_are_refused,
+            signals_a_read_killed_after_its_consumption_reads_the_same_signal,
+            signals_a_wait_releases_the_session_and_a_send_wakes_it,
+            signals_a_wait_times_out_at_its_journaled_deadline,
             // streamed model replies
             stream_reply_is_journaled_once_and_replayed_as_a_stream,
             stream_reply_failed_or_dropped_journals_nothing,

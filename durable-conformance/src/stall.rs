@@ -43,6 +43,9 @@ pub(super) struct Probe {
     before_issue_approved: std::sync::Mutex<Option<Hook>>,
     /// Where the next child's start parks (see [`Probe::stall_child_start`]).
     child_stall: std::sync::Mutex<Option<ChildStall>>,
+    /// Whether the next consumption of a signal parks once committed (see
+    /// [`Probe::stall_signal_read`]).
+    signal_stall: AtomicBool,
 }
 
 /// A point of a child's start where [`Probe::stall_child_start`] parks it.
@@ -75,7 +78,15 @@ impl Probe {
             finishes_with_checkpoint: AtomicUsize::new(0),
             before_issue_approved: std::sync::Mutex::new(None),
             child_stall: std::sync::Mutex::new(None),
+            signal_stall: AtomicBool::new(false),
         })
+    }
+
+    /// The next `consume_signal` that takes a signal commits, then parks (after waking
+    /// [`stalled`](Self::stalled)): the session dies between the consumption and its
+    /// journal row.
+    pub(super) fn stall_signal_read(&self) {
+        self.signal_stall.store(true, Ordering::SeqCst);
     }
 
     /// The next child's start parks at `point` (after waking whoever waits on
@@ -587,5 +598,36 @@ impl durable_core::store::BudgetStore for Probe {
         session: &SessionId,
     ) -> Result<Vec<durable_core::store::LimitRaise>, StoreError> {
         self.inner.limit_raises(session).await
+    }
+}
+
+#[async_trait]
+impl durable_core::store::SignalStore for Probe {
+    async fn send_signal(
+        &self,
+        signal: &durable_core::store::NewSignal,
+    ) -> Result<durable_core::store::SignalRecord, StoreError> {
+        self.inner.send_signal(signal).await
+    }
+
+    async fn consume_signal(
+        &self,
+        fence: Fence<'_>,
+        name: &str,
+        consumer: &str,
+    ) -> Result<Option<durable_core::store::SignalRecord>, StoreError> {
+        let taken = self.inner.consume_signal(fence, name, consumer).await?;
+        if taken.is_some() && self.signal_stall.swap(false, Ordering::SeqCst) {
+            self.stalled.notify_one();
+            std::future::pending::<()>().await;
+        }
+        Ok(taken)
+    }
+
+    async fn signals(
+        &self,
+        session: &SessionId,
+    ) -> Result<Vec<durable_core::store::SignalRecord>, StoreError> {
+        self.inner.signals(session).await
     }
 }

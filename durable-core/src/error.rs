@@ -90,6 +90,26 @@ pub enum StoreError {
         /// Its status.
         status: String,
     },
+    /// The session has ended (completed, failed or cancelled): what was sent to it would
+    /// never be read.
+    #[error(
+        "session `{session}` has ended ({status}): nothing sent to it would be read; send to a running or parked session"
+    )]
+    SessionEnded {
+        /// The session.
+        session: SessionId,
+        /// Its status.
+        status: String,
+    },
+    /// A signal was refused before anything reached the database (see
+    /// [`NewSignal::validate`](crate::store::NewSignal::validate)).
+    #[error("invalid signal to session `{session}`: {detail}")]
+    InvalidSignal {
+        /// The session it was sent to.
+        session: SessionId,
+        /// What is wrong with it.
+        detail: String,
+    },
     /// Only a parked session can be unparked.
     #[error("session `{session}` is {status}, not parked; only parked sessions can be unparked")]
     NotParked {

@@ -126,7 +126,8 @@ pub use runtime::{
 pub use schema::{McpAnnotations, SchemaError, SchemaErrorKind};
 #[cfg(feature = "runtime")]
 pub use session::{
-    ChildOutcome, ChildWait, InDoubtAction, InDoubtCall, ResumeReport, Resumed, Session,
+    ChildOutcome, ChildWait, InDoubtAction, InDoubtCall, ResumeReport, Resumed, Session, Signal,
+    SignalWait,
 };
 #[cfg(feature = "runtime")]
 pub use snapshot::{

@@ -21,8 +21,10 @@ use crate::store::{
 use crate::telemetry;
 
 mod children;
+mod signals;
 
 pub use children::{ChildOutcome, ChildWait};
+pub use signals::{Signal, SignalWait};
 
 /// What the runtime will do with an in-doubt call when its step is re-run.
 #[derive(Debug, Clone, PartialEq, Eq)]

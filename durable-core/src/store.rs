@@ -25,6 +25,7 @@ mod fork;
 pub(crate) mod limit;
 mod message;
 mod queue;
+mod signal;
 
 pub use approval::{
     Approval, ApprovalDecision, ApprovalEvent, ApprovalRecord, ApprovalRequest, DEADLINE,
@@ -44,6 +45,10 @@ pub use fork::{
 pub use limit::{InvalidLimit, Limit};
 pub use message::StoredMessage;
 pub use queue::{Claim, QueueInfo, Scheduling, TenantInfo, WorkEvents, WorkNotifier};
+pub use signal::{
+    MAX_SIGNAL_BYTES, MAX_SIGNAL_DEPTH, NewSignal, SIGNAL_DEADLINE_SLOT, SIGNAL_SLOT,
+    SignalRecord, WAITING_FOR_SIGNAL, consumer_key, waiting_for_signal,
+};
 
 /// The version of the JSON formats written by this release (messages, plan, budget,
 /// results). Stored with every JSON row; a reader that finds a larger number refuses it.
@@ -831,7 +836,7 @@ pub fn check_journal_page(
 ///
 /// The contract is split by concept into the traits it is the sum of ([`StoreBase`],
 /// [`SessionStore`], [`LeaseStore`], [`QueueStore`], [`CheckpointLog`], [`JournalStore`],
-/// [`ResolutionStore`], [`ApprovalStore`], [`MaintenanceStore`], [`LimiterStore`], [`BudgetStore`]); a backend implements
+/// [`ResolutionStore`], [`ApprovalStore`], [`MaintenanceStore`], [`LimiterStore`], [`BudgetStore`], [`SignalStore`]); a backend implements
 /// each of them and gets this trait from the blanket implementation. Conveniences built
 /// from these methods are on [`CheckpointStoreExt`], which nobody implements.
 pub trait CheckpointStore:
@@ -846,6 +851,7 @@ pub trait CheckpointStore:
     + MaintenanceStore
     + LimiterStore
     + BudgetStore
+    + SignalStore
 {
 }
 
@@ -861,6 +867,7 @@ impl<T> CheckpointStore for T where
         + MaintenanceStore
         + LimiterStore
         + BudgetStore
+        + SignalStore
         + ?Sized
 {
 }
@@ -1187,6 +1194,10 @@ pub trait LeaseStore: Send + Sync + 'static {
     /// the other's write (a child that ends, is parked or is marked
     /// ([`mark_operator_needed`](Self::mark_operator_needed)) clears its parent's
     /// `waiting_until` in its own transaction when the parent waits for children).
+    /// For [`WaitFor::Signal`]: when a signal of that name is pending for the session,
+    /// `Ok(false)` and nothing is written; otherwise `waiting_for` becomes
+    /// [`waiting_for_signal`]`(name)`, race-free against
+    /// [`send_signal`](SignalStore::send_signal) as against a child's end.
     /// Taking the session by id ([`acquire_lease`](Self::acquire_lease)) is not affected.
     /// The default returns [`StoreError::Unsupported`].
     async fn wait(&self, fence: Fence<'_>, wait: &Wait) -> Result<bool, StoreError> {
@@ -1829,6 +1840,71 @@ pub trait LimiterStore: Send + Sync + 'static {
     /// # Contract
     /// Read-only.
     async fn limiters(&self) -> Result<Vec<crate::limiter::LimiterInfo>, StoreError>;
+}
+
+/// Signals into a session: sending one, consuming it once from the session's turn, and
+/// listing them (the `signals` conformance cases). See [`NewSignal`] and
+/// [`consumer_key`].
+#[async_trait]
+pub trait SignalStore: Send + Sync + 'static {
+    /// Sends a signal to a session, where it waits until the session consumes it. Wakes
+    /// the session if it waits for a signal of this name.
+    ///
+    /// # Contract
+    /// [`NewSignal::validate`] runs first. Atomic and durable when it returns.
+    /// [`StoreError::SessionNotFound`] if the session is absent; [`StoreError::SessionEnded`]
+    /// if it is completed, failed or cancelled (nothing would ever read it). A parked
+    /// session takes signals (they wait for its unpark). With a key already used for this
+    /// session: the signal sent with it is returned and nothing is written when the name
+    /// and payload are the same ([`SignalRecord::same_send`]),
+    /// [`StoreError::IdempotencyConflict`] otherwise. In the transaction of the insert, a
+    /// session whose `waiting_for` is [`waiting_for_signal`]`(name)` has its wait cleared
+    /// (race-free against [`wait`](LeaseStore::wait): one of the two sees the other's
+    /// write), and idle pools are told at commit. The default returns
+    /// [`StoreError::Unsupported`].
+    async fn send_signal(&self, signal: &NewSignal) -> Result<SignalRecord, StoreError> {
+        let _ = signal;
+        Err(StoreError::Unsupported {
+            operation: "send_signal",
+            backend: "this store",
+        })
+    }
+
+    /// Consumes a signal named `name` of the fenced session for the journal call whose
+    /// [`consumer_key`] is `consumer`: the signal this key consumed before if there is
+    /// one (a re-run call is handed the same signal), else the oldest pending one (by
+    /// [`id`](SignalRecord::id)), marked consumed by `consumer`. `None` (nothing
+    /// written) when there is neither.
+    ///
+    /// # Contract
+    /// Atomic and fenced ([`StoreError::LeaseLost`] when the token moved on). Two
+    /// consumers never get the same signal; a signal, once consumed, is never pending
+    /// again. The default returns [`StoreError::Unsupported`].
+    async fn consume_signal(
+        &self,
+        fence: Fence<'_>,
+        name: &str,
+        consumer: &str,
+    ) -> Result<Option<SignalRecord>, StoreError> {
+        let _ = (fence, name, consumer);
+        Err(StoreError::Unsupported {
+            operation: "consume_signal",
+            backend: "this store",
+        })
+    }
+
+    /// The signals sent to `session`, pending and consumed, oldest first.
+    ///
+    /// # Contract
+    /// Read-only. [`StoreError::SessionNotFound`] if the session is absent. The default
+    /// returns [`StoreError::Unsupported`].
+    async fn signals(&self, session: &SessionId) -> Result<Vec<SignalRecord>, StoreError> {
+        let _ = session;
+        Err(StoreError::Unsupported {
+            operation: "signals",
+            backend: "this store",
+        })
+    }
 }
 
 /// Conveniences over [`CheckpointStore`], compositions of its methods: implemented for

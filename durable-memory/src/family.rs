@@ -66,9 +66,17 @@ pub(crate) fn wait(store: &MemoryStore, fence: Fence<'_>, wait: &Wait) -> Result
     let mut state = store.lock();
     let session = sessions::fenced(store, &mut state, fence)?;
     let _ = session;
+    let signal;
     let (children, waiting_for) = match &wait.wait_for {
         WaitFor::Children(children) => (children.as_slice(), WAITING_FOR_CHILDREN),
         WaitFor::Deadline => (&[][..], WAITING_FOR_DEADLINE),
+        WaitFor::Signal(name) => {
+            if crate::signals::pending(&state, fence.session, name) {
+                return Ok(false);
+            }
+            signal = durable_core::store::waiting_for_signal(name);
+            (&[][..], signal.as_str())
+        }
         _ => {
             return Err(StoreError::Unsupported {
                 operation: "wait for this",

@@ -64,6 +64,7 @@ mod maintenance;
 mod queues;
 mod seal;
 mod sessions;
+mod signals;
 mod state;
 mod store;
 #[cfg(feature = "testing")]

@@ -115,6 +115,7 @@ pub(crate) fn purge_session(
         for row in session.journal {
             state.calls.remove(&row.record.id);
         }
+        state.signals.retain(|s| s.session != *id);
     }
     Ok(PurgeOutcome::Purged)
 }

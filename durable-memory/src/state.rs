@@ -21,6 +21,10 @@ pub(crate) struct State {
     pub(crate) tenants: BTreeMap<String, u32>,
     /// Rate limits by name.
     pub(crate) limits: BTreeMap<String, crate::limiter::LimitRow>,
+    /// Every signal, in the order sent (ids increase).
+    pub(crate) signals: Vec<durable_core::store::SignalRecord>,
+    /// The last signal id handed out.
+    pub(crate) signal_seq: i64,
 }
 
 /// One session: its row, its head and its logs.

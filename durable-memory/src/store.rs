@@ -21,7 +21,7 @@ use durable_core::{CallId, SessionId, StoreError};
 
 use crate::{
     BACKEND, MemoryStore, approvals, budget, checkpoints, family, journal, leases, maintenance,
-    queues, sessions,
+    queues, sessions, signals,
 };
 
 #[async_trait]
@@ -437,5 +437,33 @@ impl BudgetStore for MemoryStore {
 
     async fn limit_raises(&self, session: &SessionId) -> Result<Vec<LimitRaise>, StoreError> {
         Ok(budget::limit_raises(self, session))
+    }
+}
+
+#[async_trait]
+impl durable_core::store::SignalStore for MemoryStore {
+    async fn send_signal(
+        &self,
+        signal: &durable_core::store::NewSignal,
+    ) -> Result<durable_core::store::SignalRecord, StoreError> {
+        let sent = signals::send_signal(self, signal)?;
+        self.work_available();
+        Ok(sent)
+    }
+
+    async fn consume_signal(
+        &self,
+        fence: Fence<'_>,
+        name: &str,
+        consumer: &str,
+    ) -> Result<Option<durable_core::store::SignalRecord>, StoreError> {
+        signals::consume_signal(self, fence, name, consumer)
+    }
+
+    async fn signals(
+        &self,
+        session: &SessionId,
+    ) -> Result<Vec<durable_core::store::SignalRecord>, StoreError> {
+        signals::signals(self, session)
     }
 }

@@ -112,9 +112,14 @@ pub(crate) async fn wait(
     fence: Fence<'_>,
     wait: &Wait,
 ) -> Result<bool, StoreError> {
-    let (children, waiting_for) = match &wait.wait_for {
-        WaitFor::Children(children) => (children.as_slice(), WAITING_FOR_CHILDREN),
-        WaitFor::Deadline => (&[][..], WAITING_FOR_DEADLINE),
+    let (children, waiting_for, signal) = match &wait.wait_for {
+        WaitFor::Children(children) => (children.as_slice(), WAITING_FOR_CHILDREN.to_owned(), None),
+        WaitFor::Deadline => (&[][..], WAITING_FOR_DEADLINE.to_owned(), None),
+        WaitFor::Signal(name) => (
+            &[][..],
+            durable_core::store::waiting_for_signal(name),
+            Some(name.as_str()),
+        ),
         _ => {
             return Err(StoreError::Unsupported {
                 operation: "wait for this",
@@ -132,6 +137,12 @@ pub(crate) async fn wait(
     )
     .await?
     .now;
+    if let Some(name) = signal
+        && crate::signals::pending(&mut tx, fence.session, name).await?
+    {
+        tx.rollback().await.map_err(db)?;
+        return Ok(false);
+    }
     let ids: Vec<&str> = children.iter().map(SessionId::as_str).collect();
     let ended = sqlx::query(concat!(
         "SELECT 1 FROM durable_sessions s WHERE s.id = ANY($1) AND s.parent_id = $2 \
@@ -152,7 +163,7 @@ pub(crate) async fn wait(
         "UPDATE durable_sessions SET waiting_for = $1, waiting_until = $2, \
          lease_owner = NULL, lease_expires_at = $3 WHERE id = $4 AND fence = $5",
     )
-    .bind(waiting_for)
+    .bind(&waiting_for)
     .bind(wait.until)
     .bind(now)
     .bind(fence.session.as_str())

@@ -95,6 +95,7 @@ mod resolution;
 mod rows;
 mod seal;
 mod sessions;
+mod signals;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;

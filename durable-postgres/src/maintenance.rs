@@ -228,6 +228,7 @@ pub(crate) async fn purge_session(
         "DELETE FROM durable_resolutions WHERE session_id = $1",
         "DELETE FROM durable_migrations WHERE session_id = $1",
         "DELETE FROM durable_limit_raises WHERE session_id = $1",
+        "DELETE FROM durable_signals WHERE session_id = $1",
         "DELETE FROM durable_errors WHERE session_id = $1",
         "DELETE FROM durable_tool_calls WHERE session_id = $1",
         "DELETE FROM durable_checkpoints \

@@ -409,7 +409,7 @@ async fn a_version_7_database_is_upgraded_and_reads_the_same() {
         .fetch_one(&pool)
         .await
         .expect("version");
-    assert_eq!(version, 15);
+    assert_eq!(version, 16);
     assert_eq!(heads(&pool).await, sealed, "no head was re-sealed");
     let after = (
         read_all(&store, &id).await,

@@ -93,9 +93,14 @@ pub(crate) async fn wait(
     fence: Fence<'_>,
     wait: &Wait,
 ) -> Result<bool, StoreError> {
-    let (children, waiting_for) = match &wait.wait_for {
-        WaitFor::Children(children) => (children.as_slice(), WAITING_FOR_CHILDREN),
-        WaitFor::Deadline => (&[][..], WAITING_FOR_DEADLINE),
+    let (children, waiting_for, signal) = match &wait.wait_for {
+        WaitFor::Children(children) => (children.as_slice(), WAITING_FOR_CHILDREN.to_owned(), None),
+        WaitFor::Deadline => (&[][..], WAITING_FOR_DEADLINE.to_owned(), None),
+        WaitFor::Signal(name) => (
+            &[][..],
+            durable_core::store::waiting_for_signal(name),
+            Some(name.as_str()),
+        ),
         _ => {
             return Err(StoreError::Unsupported {
                 operation: "wait for this",
@@ -108,6 +113,11 @@ pub(crate) async fn wait(
     let result = async {
         let conn = tx.conn();
         tx::fenced(&mut *conn, store.keyring(), fence).await?;
+        if let Some(name) = signal
+            && crate::signals::pending(&mut *conn, fence.session, name).await?
+        {
+            return Ok(false);
+        }
         for child in children {
             let ended = sqlx::query(concat!(
                 "SELECT 1 FROM durable_sessions s WHERE s.id = ? AND s.parent_id = ? \
@@ -128,7 +138,7 @@ pub(crate) async fn wait(
             "UPDATE durable_sessions SET waiting_for = ?, waiting_until = ?, \
              lease_owner = NULL, lease_expires_at = ? WHERE id = ? AND fence = ?",
         )
-        .bind(waiting_for)
+        .bind(&waiting_for)
         .bind(wait.until)
         .bind(now)
         .bind(fence.session.as_str())

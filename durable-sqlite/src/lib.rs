@@ -112,6 +112,7 @@ mod resolution;
 mod rows;
 mod seal;
 mod sessions;
+mod signals;
 mod testing;
 mod tx;
 mod witness;
@@ -706,11 +707,11 @@ mod tests {
         assert_eq!(migrations().table_name, MIGRATIONS_TABLE);
         assert_eq!(
             schema_version(),
-            12,
+            13,
             "0001_init, 0002_seals, 0003_speed, 0004_issued_rows, 0005_replies_once, \
              0006_approvals, 0007_workers, 0008_lease_ran, 0009_operator_needed, \
-             0010_limits, 0011_limit_raises and \
-             0012_children"
+             0010_limits, 0011_limit_raises, 0012_children and \
+             0013_signals"
         );
     }
 }

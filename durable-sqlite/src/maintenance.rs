@@ -226,6 +226,7 @@ pub(crate) async fn purge_session(
             "DELETE FROM durable_resolutions WHERE session_id = ?",
             "DELETE FROM durable_migrations WHERE session_id = ?",
             "DELETE FROM durable_limit_raises WHERE session_id = ?",
+            "DELETE FROM durable_signals WHERE session_id = ?",
             "DELETE FROM durable_errors WHERE session_id = ?",
             "DELETE FROM durable_tool_calls WHERE session_id = ?",
             "DELETE FROM durable_checkpoints WHERE session_num = (SELECT num FROM durable_sessions WHERE id = ?)",

@@ -135,7 +135,8 @@ async fn as_schema_3(path: &Path) {
             .expect("old head");
     }
     sqlx::query(
-        "DROP INDEX durable_sessions_parent; \
+        "DROP TABLE durable_signals; \
+         DROP INDEX durable_sessions_parent; \
          ALTER TABLE durable_sessions DROP COLUMN parent_id; \
          ALTER TABLE durable_sessions DROP COLUMN waiting_for; \
          ALTER TABLE durable_sessions DROP COLUMN waiting_until; \

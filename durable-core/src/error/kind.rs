@@ -120,6 +120,7 @@ impl StoreError {
             | E::LeaseLost { .. }
             | E::NotResumable { .. }
             | E::NotParked { .. }
+            | E::SessionEnded { .. }
             | E::VersionConflict { .. }
             | E::ForkSourceChanged(_)
             | E::CallNotInDoubt { .. }
@@ -134,6 +135,7 @@ impl StoreError {
             E::EmptyDenialReason { .. }
             | E::InvalidId { .. }
             | E::InvalidText { .. }
+            | E::InvalidSignal { .. }
             | E::InvalidLimit { .. }
             | E::InvalidRaise { .. } => ErrorKind::InvalidInput,
             E::Tampered { .. } | E::RolledBack { .. } => ErrorKind::Integrity,

@@ -363,6 +363,48 @@ impl Operator {
         Ok(done)
     }
 
+    /// Sends a signal into a session, from this runtime's owner name: see
+    /// [`send_signal_with`](Self::send_signal_with).
+    pub async fn send_signal(
+        &self,
+        session: &SessionId,
+        name: &str,
+        payload: Value,
+    ) -> Result<crate::store::SignalRecord, DurableError> {
+        self.send_signal_with(crate::store::NewSignal::new(
+            session.clone(),
+            name,
+            payload,
+            self.durable.config.owner.clone(),
+        ))
+        .await
+    }
+
+    /// Sends a signal into a session (`durable signal send`, the console, another
+    /// session's harness): durable when this returns, it waits until the session reads
+    /// it ([`Session::recv_signal`](crate::Session::recv_signal),
+    /// [`Session::wait_signal`](crate::Session::wait_signal)), and a session waiting for
+    /// a signal of this name is woken at once, on any worker. With a
+    /// [key](crate::store::NewSignal::with_key), a send retried after a lost reply sends
+    /// nothing more. Refused for a session that ended
+    /// ([`StoreError::SessionEnded`](crate::StoreError::SessionEnded)).
+    pub async fn send_signal_with(
+        &self,
+        signal: crate::store::NewSignal,
+    ) -> Result<crate::store::SignalRecord, DurableError> {
+        let sent = self.durable.store.send_signal(&signal).await?;
+        tracing::info!(session = %signal.session, signal = %signal.name, id = sent.id, "signal sent");
+        Ok(sent)
+    }
+
+    /// The signals sent to a session, pending and read, oldest first.
+    pub async fn signals(
+        &self,
+        session: &SessionId,
+    ) -> Result<Vec<crate::store::SignalRecord>, DurableError> {
+        Ok(self.durable.store.signals(session).await?)
+    }
+
     /// Returns a parked session to `active` (an operator's decision, e.g. after fixing
     /// what made its recoveries die). Refused with `NotParked` for any other status.
     pub async fn unpark(&self, session: &SessionId) -> Result<SessionRecord, DurableError> {

@@ -11,7 +11,6 @@
 //! ends a session that no worker runs at once and asks a running one to stop.
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use super::{CallIdentity, SessionRecord};
 use crate::error::StoreError;
@@ -52,19 +51,7 @@ pub const WAITING_FOR_DEADLINE: &str = "deadline";
 /// assert_eq!(id, child_id(&identity));
 /// ```
 pub fn child_id(identity: &CallIdentity) -> SessionId {
-    let mut hash = Sha256::new();
-    for part in [
-        identity.session.as_str(),
-        &identity.step.to_string(),
-        &identity.tool,
-        &identity.input_hash,
-        &identity.ordinal.to_string(),
-    ] {
-        hash.update((part.len() as u64).to_be_bytes());
-        hash.update(part.as_bytes());
-    }
-    let digest = hash.finalize();
-    let hex: String = digest[..12].iter().map(|b| format!("{b:02x}")).collect();
+    let hex = super::signal::identity_hex(identity);
     let nested = format!("{}.child-{hex}", identity.session);
     if nested.len() <= MAX_ID_BYTES {
         SessionId::new(nested)
@@ -105,6 +92,9 @@ pub enum WaitFor {
     /// Nothing but the wait's end: the session is released until then (a call's turn
     /// under a rate limit, [`Session::release_until`](crate::Session::release_until)).
     Deadline,
+    /// A signal of this name sent to the waiting session
+    /// ([`send_signal`](super::SignalStore::send_signal)).
+    Signal(String),
 }
 
 /// A wait: what for, and until when at the latest.
@@ -123,6 +113,14 @@ impl Wait {
     pub fn children(children: Vec<SessionId>, until: i64) -> Self {
         Wait {
             wait_for: WaitFor::Children(children),
+            until,
+        }
+    }
+
+    /// A wait for a signal named `name`, until `until` at the latest.
+    pub fn signal(name: impl Into<String>, until: i64) -> Self {
+        Wait {
+            wait_for: WaitFor::Signal(name.into()),
             until,
         }
     }

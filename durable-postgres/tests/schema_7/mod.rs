@@ -57,6 +57,13 @@ const UNDO_12: [&str; 2] = [
     "DELETE FROM durable_schema_migrations WHERE version >= 12",
 ];
 
+/// The statements that undo schema 16 (signals): a table, dropped with whatever it
+/// holds.
+const UNDO_16: [&str; 2] = [
+    "DROP TABLE durable_signals",
+    "DELETE FROM durable_schema_migrations WHERE version >= 16",
+];
+
 /// The statements that undo schema 15 (child sessions, waits, cancellation requests):
 /// bookkeeping columns, dropped with whatever they hold.
 const UNDO_15: [&str; 8] = [
@@ -91,13 +98,14 @@ const UNDO_14: [&str; 2] = [
     "DELETE FROM durable_schema_migrations WHERE version >= 14",
 ];
 
-/// Undoes schemas 15, 14, 13, 12, 11, 10, 9 and 8 (see [`UNDO_15`], [`UNDO_14`], [`UNDO_13`], [`UNDO_12`], [`UNDO_11`],
+/// Undoes schemas 16, 15, 14, 13, 12, 11, 10, 9 and 8 (see [`UNDO_16`], [`UNDO_15`], [`UNDO_14`], [`UNDO_13`], [`UNDO_12`], [`UNDO_11`],
 /// [`UNDO_10`], [`UNDO_9`], [`UNDO_8`]);
 /// panics if the database holds approvals, or if anything of schema 8 is left.
 pub async fn back_to_schema_7(pool: &PgPool) {
     let mut tx = pool.begin().await.expect("a transaction");
-    for sql in UNDO_15
+    for sql in UNDO_16
         .into_iter()
+        .chain(UNDO_15)
         .chain(UNDO_14)
         .chain(UNDO_13)
         .chain(UNDO_12)

@@ -652,3 +652,36 @@ impl durable_core::store::BudgetStore for Faulty {
             .await
     }
 }
+
+#[async_trait]
+impl durable_core::store::SignalStore for Faulty {
+    async fn send_signal(
+        &self,
+        signal: &durable_core::store::NewSignal,
+    ) -> Result<durable_core::store::SignalRecord, StoreError> {
+        self.faulted("send_signal", None, none, self.inner.send_signal(signal))
+            .await
+    }
+
+    async fn consume_signal(
+        &self,
+        fence: Fence<'_>,
+        name: &str,
+        consumer: &str,
+    ) -> Result<Option<durable_core::store::SignalRecord>, StoreError> {
+        self.faulted(
+            "consume_signal",
+            fence_of(fence),
+            none,
+            self.inner.consume_signal(fence, name, consumer),
+        )
+        .await
+    }
+
+    async fn signals(
+        &self,
+        session: &SessionId,
+    ) -> Result<Vec<durable_core::store::SignalRecord>, StoreError> {
+        self.inner.signals(session).await
+    }
+}
