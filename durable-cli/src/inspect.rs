@@ -355,6 +355,15 @@ pub async fn show(store: &dyn CheckpointStore, json: bool, args: ShowArgs) -> Re
         Err(StoreError::Unsupported { .. }) => Vec::new(),
         Err(e) => return Err(e.into()),
     };
+    // Signals sent and not read yet (a store without signals has none).
+    let pending_signals = match store.signals(&id).await {
+        Ok(mut signals) => {
+            signals.retain(|s| s.is_pending());
+            Some(signals)
+        }
+        Err(StoreError::Unsupported { .. }) => None,
+        Err(e) => return Err(e.into()),
+    };
     let parent = match &session.parent {
         Some(parent) => Some(store.session(parent).await?),
         None => None,
@@ -375,6 +384,7 @@ pub async fn show(store: &dyn CheckpointStore, json: bool, args: ShowArgs) -> Re
             "session": session,
             "parent": parent.as_ref().map(|p| json!({ "session": p.id, "status": p.status })),
             "children": children_json,
+            "pending_signals": pending_signals,
             "asleep": asleep,
             "version": checkpoint.meta.version,
             "checkpoints": lines,
@@ -443,9 +453,30 @@ pub async fn show(store: &dyn CheckpointStore, json: bool, args: ShowArgs) -> Re
         );
     }
     if let Some(until) = session.waiting_until.filter(|&at| at > now) {
+        let what = match session.waiting_for.as_deref() {
+            Some(durable::store::WAITING_FOR_CHILDREN) => "for its children".to_owned(),
+            Some(durable::store::WAITING_FOR_DEADLINE) => "for its turn".to_owned(),
+            Some(other) => match other.strip_prefix(durable::store::WAITING_FOR_SIGNAL) {
+                Some(name) => format!(
+                    "for signal `{}` (`durable signal send {} {}` sends it)",
+                    clip(name, NAME),
+                    clip(id.as_str(), ID),
+                    clip(name, NAME)
+                ),
+                None => format!("for {}", clip(other, NAME)),
+            },
+            None => "for its children".to_owned(),
+        };
         outln!(
-            "waiting      for its children; a worker looks again {} at the latest",
+            "waiting      {what}; a worker looks again {} at the latest",
             age(until, now)
+        );
+    }
+    if let Some(pending) = pending_signals.as_ref().filter(|p| !p.is_empty()) {
+        outln!(
+            "signals      {} pending (`durable signal list {}`)",
+            pending.len(),
+            clip(id.as_str(), ID)
         );
     }
     if let Some(request) = session

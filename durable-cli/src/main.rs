@@ -27,6 +27,7 @@ mod operate;
 mod render;
 #[cfg(feature = "console")]
 mod serve;
+mod signals;
 mod verify;
 mod workers;
 
@@ -143,6 +144,10 @@ enum Command {
     /// worker holds it, at its next safe point when one does.
     #[command(after_help = CANCEL_HELP)]
     Cancel(CancelArgs),
+    /// Send a signal into a session (steer a running agent, answer one that waits), or
+    /// list a session's signals.
+    #[command(after_help = signals::SIGNAL_HELP)]
+    Signal(signals::SignalArgs),
     /// Show the worker pools: queues with their limits and depths, who holds which lease
     /// and when it last renewed, and the sleeping sessions with their due time.
     #[command(after_help = workers::WORKERS_HELP)]
@@ -218,6 +223,7 @@ impl Command {
             | Command::Rekey => Access::Write,
             Command::Approvals(a) if a.expire => Access::Write,
             Command::Budget(a) if a.action.writes() => Access::Write,
+            Command::Signal(a) if a.action.writes() => Access::Write,
             #[cfg(feature = "console")]
             Command::Serve(_) => Access::Write,
             Command::Prune(a) if !a.dry_run => Access::Write,
@@ -228,6 +234,7 @@ impl Command {
             | Command::InDoubt(_)
             | Command::Approvals(_)
             | Command::Budget(_)
+            | Command::Signal(_)
             | Command::Workers(_)
             | Command::Limits(_)
             | Command::Export(_)
@@ -861,6 +868,7 @@ async fn run(cli: Cli) -> Result<(), CliError> {
         Command::Unpark(a) => operate::unpark(store, json, a).await,
         Command::Budget(a) => budget::budget(shared, json, a).await,
         Command::Cancel(a) => operate::cancel(store, json, a).await,
+        Command::Signal(a) => signals::signal(shared, json, a).await,
         Command::Workers(a) => workers::workers(store, json, a).await,
         Command::Limits(a) => limits::limits(store, json, a).await,
         Command::Wake(a) => workers::wake(store, json, a).await,

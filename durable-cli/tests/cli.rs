@@ -88,6 +88,7 @@ workers!(
     wake,
     queue_limit,
     tenant_limit,
+    signal,
     show_queue_sleep_and_lease
 );
 

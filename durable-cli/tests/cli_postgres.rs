@@ -69,6 +69,7 @@ workers!(
     wake,
     queue_limit,
     tenant_limit,
+    signal,
     show_queue_sleep_and_lease
 );
 

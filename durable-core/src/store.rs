@@ -156,6 +156,11 @@ pub struct SessionRecord {
     /// happens first (a child ends), which clears it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting_until: Option<i64>,
+    /// What the session waits for while [`waiting_until`](Self::waiting_until) is set:
+    /// [`WAITING_FOR_CHILDREN`], [`WAITING_FOR_DEADLINE`], or
+    /// [`waiting_for_signal`]`(name)`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_for: Option<String>,
     /// A cancellation asked while a worker held the session
     /// ([`cancel_session`](crate::store::SessionStore::cancel_session)): the worker stops
     /// at its next safe point, and whoever takes the session next ends it.

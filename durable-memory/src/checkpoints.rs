@@ -292,6 +292,7 @@ pub(crate) fn fork_session(
         lease_renewed_at: Some(now),
         parent: None,
         waiting_until: None,
+        waiting_for: None,
         cancel_requested: None,
     };
     let mut new = sessions::empty(record, state.created);

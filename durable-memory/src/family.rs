@@ -53,9 +53,9 @@ pub(crate) fn wake_parent(state: &mut State, child: &SessionId) {
         return;
     };
     if let Some(parent) = state.sessions.get_mut(&parent)
-        && parent.waiting_for.as_deref() == Some(WAITING_FOR_CHILDREN)
+        && parent.record.waiting_for.as_deref() == Some(WAITING_FOR_CHILDREN)
     {
-        parent.waiting_for = None;
+        parent.record.waiting_for = None;
         parent.record.waiting_until = None;
     }
 }
@@ -93,7 +93,7 @@ pub(crate) fn wait(store: &MemoryStore, fence: Fence<'_>, wait: &Wait) -> Result
         }
     }
     let session = state.session_mut(fence.session)?;
-    session.waiting_for = Some(waiting_for.to_owned());
+    session.record.waiting_for = Some(waiting_for.to_owned());
     session.record.waiting_until = Some(wait.until);
     session.record.lease_owner = None;
     session.record.lease_expires_at = Some(now);
@@ -150,7 +150,7 @@ pub(crate) fn cancel_session(
                 r.lease_expires_at = Some(now);
                 r.fence += 1;
                 r.updated_at = now;
-                session.waiting_for = None;
+                r.waiting_for = None;
                 r.waiting_until = None;
                 wake_parent(&mut state, &id);
                 CancelEffect::Cancelled

@@ -47,6 +47,7 @@ pub(crate) fn create_session(
         lease_renewed_at: Some(now),
         parent: parent.cloned(),
         waiting_until: None,
+        waiting_for: None,
         cancel_requested: None,
     };
     let mut session = empty(record, state.created);
@@ -81,7 +82,6 @@ pub(crate) fn empty(record: SessionRecord, order: u64) -> Session {
         errors: Vec::new(),
         migrations: Vec::new(),
         raises: Vec::new(),
-        waiting_for: None,
     }
 }
 

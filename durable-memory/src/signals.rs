@@ -45,8 +45,8 @@ pub(crate) fn send_signal(
     );
     state.signals.push(record.clone());
     let session = state.session_mut(&signal.session)?;
-    if session.waiting_for.as_deref() == Some(waiting_for_signal(&signal.name).as_str()) {
-        session.waiting_for = None;
+    if session.record.waiting_for.as_deref() == Some(waiting_for_signal(&signal.name).as_str()) {
+        session.record.waiting_for = None;
         session.record.waiting_until = None;
     }
     Ok(record)

@@ -59,8 +59,6 @@ pub(crate) struct Session {
     pub(crate) migrations: Vec<(String, Vec<(String, String)>)>,
     /// Operators' raises of the budget's ceilings (audit rows, not sealed).
     pub(crate) raises: Vec<durable_core::store::LimitRaise>,
-    /// What the session waits for while its lease is given up (`wait`), if anything.
-    pub(crate) waiting_for: Option<String>,
 }
 
 /// The session head's counts and seal (the latest version and checkpoint seal are read

@@ -20,7 +20,7 @@ macro_rules! session_cols {
     () => {
         "id, status, app_version, metadata, lease_owner, lease_expires_at, fence, \
          recovery_attempts, status_reason, latest_version, created_at, updated_at, format, \
-         queue, wake_at, lease_renewed_at, parent_id, waiting_until, cancel_by, cancel_reason, \
+         queue, wake_at, lease_renewed_at, parent_id, waiting_until, waiting_for, cancel_by, cancel_reason, \
          cancel_requested_at"
     };
 }
@@ -251,6 +251,7 @@ pub(crate) fn session(row: &PgRow) -> Result<SessionRecord, StoreError> {
         lease_renewed_at: get(row, "lease_renewed_at")?,
         parent: get::<Option<String>>(row, "parent_id")?.map(SessionId::new),
         waiting_until: get(row, "waiting_until")?,
+        waiting_for: get(row, "waiting_for")?,
         cancel_requested: match (
             get::<Option<String>>(row, "cancel_by")?,
             get::<Option<String>>(row, "cancel_reason")?,

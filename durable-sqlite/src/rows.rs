@@ -22,7 +22,7 @@ macro_rules! session_cols {
     () => {
         "id, status, app_version, metadata, lease_owner, lease_expires_at, fence, \
          recovery_attempts, status_reason, latest_version, created_at, updated_at, format, \
-         queue, wake_at, lease_renewed_at, parent_id, waiting_until, cancel_by, cancel_reason, \
+         queue, wake_at, lease_renewed_at, parent_id, waiting_until, waiting_for, cancel_by, cancel_reason, \
          cancel_requested_at"
     };
 }
@@ -96,6 +96,7 @@ pub(crate) fn session(row: &SqliteRow) -> Result<SessionRecord, StoreError> {
         lease_renewed_at: col(row, "lease_renewed_at", &id, None)?,
         parent: col::<Option<String>>(row, "parent_id", &id, None)?.map(SessionId::new),
         waiting_until: col(row, "waiting_until", &id, None)?,
+        waiting_for: col(row, "waiting_for", &id, None)?,
         cancel_requested: match (
             col::<Option<String>>(row, "cancel_by", &id, None)?,
             col::<Option<String>>(row, "cancel_reason", &id, None)?,

@@ -411,3 +411,104 @@ pub async fn show_queue_sleep_and_lease(store: &Arc<dyn CheckpointStore>, db: &s
     let woken = run(db, &["show", pool.asleep.as_str()]);
     assert!(!woken.ok().contains("asleep until"), "{}", woken.stdout);
 }
+
+/// `durable signal send|list` and what `show` says of a session waiting for a signal:
+/// the send wakes it, a retry under its key sends nothing more, bad JSON and an ended
+/// session are refused with their exit codes.
+pub async fn signal(store: &Arc<dyn CheckpointStore>, db: &str) {
+    let worker = runtime(store, "worker-1");
+    let session = worker
+        .start::<Message>(StartOptions::new().with_id(SessionId::new("s-steer")))
+        .await
+        .expect("start");
+    let durable::SignalWait::Released = session
+        .wait_signal("approve", Duration::from_secs(3600))
+        .await
+        .expect("wait")
+    else {
+        panic!("nothing pending: the session waits");
+    };
+    let shown = run(db, &["show", "s-steer"]);
+    let text = shown.ok();
+    assert!(
+        text.contains(
+            "waiting      for signal `approve` (`durable signal send s-steer approve` sends it)"
+        ),
+        "{text}"
+    );
+    run(db, &["signal", "list", "s-steer"])
+        .ok()
+        .contains("no signals for session `s-steer`")
+        .then_some(())
+        .expect("no signal yet");
+
+    let sent = run(
+        db,
+        &[
+            "signal", "send", "s-steer", "approve", "--payload", r#"{"ok": true}"#, "--key",
+            "ticket-42",
+        ],
+    );
+    let text = sent.ok();
+    assert!(
+        text.starts_with("sent signal `approve` #")
+            && text.contains("to session `s-steer`: it waits until the session reads it"),
+        "{text}"
+    );
+    let record = store.session(&SessionId::new("s-steer")).await.expect("row");
+    assert_eq!(record.waiting_until, None, "the send woke the session");
+    run(
+        db,
+        &[
+            "signal", "send", "s-steer", "approve", "--payload", r#"{"ok": true}"#, "--key",
+            "ticket-42",
+        ],
+    )
+    .ok();
+    run(
+        db,
+        &[
+            "signal", "send", "s-steer", "approve", "--payload", r#"{"ok": false}"#, "--key",
+            "ticket-42",
+        ],
+    )
+    .fails(4, "ticket-42");
+    run(db, &["signal", "send", "s-steer", "approve", "--payload", "yes"])
+        .fails(5, "--payload is not JSON");
+    run(db, &["signal", "send", "no-such-session", "approve"]).fails(3, "not found");
+    let listed = run(db, &["signal", "list", "s-steer"]);
+    let lines: Vec<&str> = listed.ok().lines().collect();
+    assert_eq!(lines.len(), 3, "a header, its rule and one signal: {lines:?}");
+    let fields: Vec<&str> = lines[2].split_whitespace().collect();
+    assert_eq!(fields[1..4], ["approve", "test-operator", fields[3]], "{lines:?}");
+    assert!(lines[2].contains("pending") && lines[2].contains(r#"{"ok":true}"#), "{lines:?}");
+    let json = run(db, &["--json", "signal", "list", "s-steer"]).json();
+    assert_eq!(json.as_array().map(Vec::len), Some(1), "{json}");
+    assert_eq!(json[0]["payload"]["ok"], true);
+    let shown = run(db, &["show", "s-steer"]);
+    assert!(shown.ok().contains("signals      1 pending"), "{}", shown.stdout);
+
+    // The session reads it: nothing pending any more.
+    let resumed = worker
+        .resume::<Message>(&SessionId::new("s-steer"))
+        .await
+        .expect("resume")
+        .session;
+    let durable::SignalWait::Received { session, signal } = resumed
+        .wait_signal("approve", Duration::from_secs(3600))
+        .await
+        .expect("wait")
+    else {
+        panic!("the signal is read");
+    };
+    assert_eq!(signal.payload["ok"], true);
+    assert!(
+        run(db, &["signal", "list", "s-steer", "--pending"])
+            .ok()
+            .contains("no pending signals"),
+    );
+    let json = run(db, &["--json", "signal", "list", "s-steer"]).json();
+    assert!(json[0]["consumed_at"].is_i64(), "{json}");
+    session.complete().await.expect("complete");
+    run(db, &["signal", "send", "s-steer", "approve"]).fails(4, "has ended (completed)");
+}
