@@ -18,6 +18,7 @@
 //!   benches), notified against polling only.
 
 pub mod child_wakeup;
+pub mod signal_wakeup;
 pub mod harness;
 pub mod limits;
 pub mod machine;

@@ -10,8 +10,9 @@
 //! (a session's final checkpoint and its completion written in one transaction),
 //! `absence` (a journal row missing behind the head's count refused as tampered: the
 //! journal's extent and its count of issued rows, in `integrity::rows`), and, read by the
-//! memory store, `fencing` (a write under a stale fencing token refused) and
-//! `poison_pill` (recoveries counted and a session parked past the bound).
+//! memory store, `fencing` (a write under a stale fencing token refused),
+//! `poison_pill` (recoveries counted and a session parked past the bound) and
+//! `signal_key` (a read of a signal handed the signal its consumer key took before).
 
 /// Whether the guard `name` is switched off (never, without the `failpoints` feature).
 #[cfg(feature = "failpoints")]

@@ -63,10 +63,12 @@ pub(crate) fn consume_signal(
     let mut state = store.lock();
     sessions::fenced(store, &mut state, fence)?;
     let mine = |s: &SignalRecord| s.session == *fence.session && s.name == name;
-    if let Some(taken) = state
-        .signals
-        .iter()
-        .find(|s| mine(s) && s.consumed_by.as_deref() == Some(consumer))
+    // The guard a re-run read relies on: the signal its consumer key took before.
+    if !durable_core::guard_switch::guard_off("signal_key")
+        && let Some(taken) = state
+            .signals
+            .iter()
+            .find(|s| mine(s) && s.consumed_by.as_deref() == Some(consumer))
     {
         return Ok(Some(taken.clone()));
     }

@@ -1,4 +1,5 @@
-//! A child ended → its waiting parent was started again, on PostgreSQL: the child
+//! A child ended → its waiting parent was started again, and a signal sent → the session
+//! waiting for it read it, on PostgreSQL: the child
 //! completed by one worker, the parent taken by an idle pool of another, each with a
 //! store of its own on one database (as separate processes: the pool hears of the
 //! parent's wake-up through `LISTEN`/`NOTIFY`). See `durable_bench::child_wakeup`.
@@ -59,6 +60,29 @@ async fn run() {
         report.push(
             Row::new(
                 format!("PostgreSQL: {name} child end → parent's handler"),
+                "ms",
+                child_wakeup::at(&values, q),
+                poll.as_secs_f64() * 1e3,
+            )
+            .note("baseline: the pool's poll interval"),
+        );
+    }
+    let values = durable_bench::signal_wakeup::latencies(
+        &durable(db.url(), "pool").await,
+        &durable(db.url(), "waiter").await,
+        &durable(db.url(), "operator").await,
+        poll,
+        samples,
+    )
+    .await;
+    println!(
+        "{}",
+        child_wakeup::summary("PostgreSQL signal sent → read", &values)
+    );
+    for (name, q) in [("median", 0.5), ("p95", 0.95), ("max", 1.0)] {
+        report.push(
+            Row::new(
+                format!("PostgreSQL: {name} signal sent → read by the woken session"),
                 "ms",
                 child_wakeup::at(&values, q),
                 poll.as_secs_f64() * 1e3,

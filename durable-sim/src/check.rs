@@ -82,6 +82,37 @@ pub(crate) async fn check_end(
     {
         surfaced("charge", &charge.call, &charge.result, Some(&key), None);
     }
+    // Every signal a completed session consumed was read by its harness, and is in its
+    // journal: a consumption whose read died is handed to the re-run read, never lost.
+    for (id, rows) in &journals {
+        let completed = store
+            .session(id)
+            .await
+            .is_ok_and(|s| s.status == SessionStatus::Completed);
+        if !completed {
+            continue;
+        }
+        let Ok(signals) = store.signals(id).await else {
+            violations.push(format!("reading the signals of {id}"));
+            continue;
+        };
+        for signal in signals.iter().filter(|s| !s.is_pending()) {
+            let journaled = rows.iter().any(|row| {
+                row.identity.tool == durable_core::store::SIGNAL_SLOT
+                    && row.result.as_ref().and_then(|r| r.get("id")).and_then(Value::as_i64)
+                        == Some(signal.id)
+            });
+            if !journaled || !world.signal_read(signal.id) {
+                violations.push(format!(
+                    "a signal lost: #{} of {id} consumed by {:?}, {} its journal, {} its harness",
+                    signal.id,
+                    signal.consumed_by,
+                    if journaled { "in" } else { "not in" },
+                    if world.signal_read(signal.id) { "read by" } else { "never read by" },
+                ));
+            }
+        }
+    }
     for (id, program) in programs {
         let Ok(session) = store.session(id).await else {
             continue;

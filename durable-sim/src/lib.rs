@@ -141,14 +141,15 @@
 //!
 //! | guard switched off | first failing seed | invariant that failed |
 //! |---|---|---|
-//! | `absence` (a journal row missing behind the head's count refused as tampered) | 1st (seed 0) | an unsafe effect twice: a session that lost its email's row (deleted between a crash and the next resume) sent the email again |
-//! | `poison_pill` (recoveries counted, a session parked past the bound) | 1st (seed 0) | liveness: the poison pill still active after 77 recoveries |
-//! | `finite` (non-finite floats refused on their way into the journal) | 1st (seed 0) | a recorded result changed: `NaN` the first time, a result that no longer decodes on the replay |
-//! | `fencing` (a write under a stale fencing token refused) | 4th (seed 3) | never two writers: `issue_call` with token 2 accepted after token 3 |
-//! | `divergence` (the divergence check) | 21st (seed 20) | an unsafe effect twice: a fork's re-worded email sent again |
-//! | `atomic_complete` (a session's final checkpoint and its completion in one transaction) | 23rd (seed 22) | spend charged twice: a single-turn handler resumed from its final checkpoint (its completion lost with a paused worker's lease) ran its turn again |
-//! | `barrier` (the session-wide barrier) | 43rd (seed 42) | an effect beside an in-doubt unsafe call: calls run while an email was in doubt |
-//! | `lease_recheck` (the lease checked again after the issue, before the effect) | 179th (seed 178) | an effect beside an in-doubt unsafe call: a worker waking after a pause past its lease ran a call while its email was in doubt |
+//! | `absence` (a journal row missing behind the head's count refused as tampered) | 12th (seed 11) | absence not surfaced: a session that lost a journal row behind the store's back read its journal as whole |
+//! | `poison_pill` (recoveries counted, a session parked past the bound) | 1st (seed 0) | liveness: the poison pill still active after 81 recoveries |
+//! | `finite` (non-finite floats refused on their way into the journal) | 2nd (seed 1) | a recorded result changed: `NaN` the first time, a result that no longer decodes on the replay |
+//! | `fencing` (a write under a stale fencing token refused) | 3rd (seed 2) | never two writers: `record_call` with token 2 accepted after token 3 |
+//! | `signal_key` (a read of a signal handed what its consumer key took before) | 10th (seed 9) | a signal lost: consumed by a read that died before its journal row, and the re-run read took the next one |
+//! | `atomic_complete` (a session's final checkpoint and its completion in one transaction) | 18th (seed 17) | spend charged twice: a single-turn handler resumed from its final checkpoint (its completion lost with a paused worker's lease) ran its turn again |
+//! | `divergence` (the divergence check) | 29th (seed 28) | an unsafe effect twice: a fork's re-worded email sent again |
+//! | `barrier` (the session-wide barrier) | 71st (seed 70) | an effect beside an in-doubt unsafe call: calls run while an email was in doubt |
+//! | `lease_recheck` (the lease checked again after the issue, before the effect) | 193rd (seed 192) | an unsafe effect twice: a worker waking after a pause past its lease sent an email again |
 //!
 //! # Running it
 //!

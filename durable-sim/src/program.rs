@@ -24,6 +24,9 @@ pub enum Op {
     /// journal must refuse to record it (JSON would keep `null`, and a replay would not
     /// give the harness what it saw the first time).
     Measure(bool),
+    /// A read of the signal `note` ([`Session::recv_signal`](durable_core::Session::recv_signal)):
+    /// the operator sends them; each must be read once, at one place, whatever dies.
+    Read,
 }
 
 /// A session's program: for each step (checkpoint version), a model reply and then these
@@ -55,11 +58,12 @@ impl Program {
         let steps = (0..rng.random_range(1..=4))
             .map(|_| {
                 (0..rng.random_range(1..=3))
-                    .map(|_| match rng.random_range(0..8) {
+                    .map(|_| match rng.random_range(0..9) {
                         0 | 1 => Op::Email,
                         2 | 3 => Op::Charge(rng.random_range(1..=500)),
                         4 => Op::Wire(rng.random_range(1..=500)),
                         5 => Op::Measure(rng.random_bool(0.5)),
+                        6 => Op::Read,
                         _ => Op::Lookup,
                     })
                     .collect()

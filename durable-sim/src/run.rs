@@ -57,6 +57,7 @@ pub const GUARDS: &[&str] = &[
     "fencing",
     "finite",
     "lease_recheck",
+    "signal_key",
 ];
 
 /// What a run found.
@@ -260,13 +261,15 @@ async fn run_step(
         let outcomes = journal
             .join_calls(
                 ops.iter()
-                    .map(|(j, op)| run_op(session, ctx, (origin, origin_step), (j, *op), reword)),
+                    .map(|(j, op)| {
+                        run_op(session, ctx, (origin, origin_step), (j, *op), reword, true)
+                    }),
             )
             .await;
         return outcomes.into_iter().collect();
     }
     for (j, op) in ops {
-        run_op(session, ctx, (origin, origin_step), (j, *op), reword).await?;
+        run_op(session, ctx, (origin, origin_step), (j, *op), reword, false).await?;
     }
     Ok(())
 }
@@ -278,6 +281,7 @@ async fn run_op(
     (origin, origin_step): (&SessionId, i64),
     (j, op): (&String, Op),
     reword: bool,
+    parallel: bool,
 ) -> Result<(), Stop> {
     let id = session.id().clone();
     let step = session.version();
@@ -404,6 +408,28 @@ async fn run_op(
                 Err(e) => Err(e),
             }
         }
+        Op::Read => match session.recv_signal("note").await {
+            Ok(read) => {
+                let id = read.as_ref().map(|signal| signal.id);
+                // Reads of one name in one batch of concurrent calls are told apart by
+                // their arrival, as identical tool calls are: a signal is read once in
+                // the step, not at a fixed one of them.
+                let place = if parallel {
+                    format!("{origin}/{origin_step}/read")
+                } else {
+                    key.clone()
+                };
+                if let Some(id) = id {
+                    ctx.trace.record(format_args!("read {key} signal #{id}"));
+                    world.read_signal(&place, id);
+                }
+                if parallel {
+                    return Ok(());
+                }
+                Ok(json!(id))
+            }
+            Err(e) => Err(CallError::Durable(e)),
+        },
         Op::Lookup => {
             let answer = json!({ "fact": format!("about {key}") });
             journal
@@ -545,6 +571,8 @@ struct Fleet {
     forked: AtomicUsize,
     unparked: AtomicUsize,
     retargeted: AtomicUsize,
+    /// Signals the operator sent.
+    signals: AtomicUsize,
     /// Rows lost behind the store's back (memory store only), and the sessions they
     /// were lost from: those may end refused as tampered instead of completed.
     tamperer: Option<durable_memory::tamper::MemoryTamperer>,
@@ -734,6 +762,9 @@ async fn operator(fleet: Arc<Fleet>, mut rng: SmallRng) {
                 }
             }
         }
+        if rng.random_bool(0.5) {
+            signal_one(&fleet, &durable, &mut rng).await;
+        }
         if fleet.faults_on.load(Ordering::SeqCst) && rng.random_bool(0.15) {
             fork_one(&fleet, &durable, &mut rng).await;
         }
@@ -759,6 +790,34 @@ async fn operator(fleet: Arc<Fleet>, mut rng: SmallRng) {
                 }
             }
         }
+    }
+}
+
+/// Sends the signal `note` to an active session drawn by the seed (its programs read
+/// them, [`Op::Read`]).
+async fn signal_one(fleet: &Fleet, durable: &Durable, rng: &mut SmallRng) {
+    let active = SessionFilter::new().with_statuses(vec![SessionStatus::Active]);
+    let Ok(sessions) = durable.store().list_sessions(&active).await else {
+        return;
+    };
+    if sessions.is_empty() {
+        return;
+    }
+    let session = &sessions[rng.random_range(0..sessions.len())];
+    let n = fleet.signals.fetch_add(1, Ordering::Relaxed);
+    match durable
+        .operator()
+        .send_signal(&session.id, "note", json!({ "n": n }))
+        .await
+    {
+        Ok(sent) => fleet
+            .trace
+            .record(format_args!("operator signals {} #{}", session.id, sent.id)),
+        Err(e) => fleet.trace.record(format_args!(
+            "operator signals {}: refused ({})",
+            session.id,
+            e.kind()
+        )),
     }
 }
 
@@ -902,6 +961,22 @@ async fn submitter(fleet: Arc<Fleet>, mut rng: SmallRng, spread: Duration) {
                 Err(_) => tokio::time::sleep(Duration::from_millis(5)).await,
             }
         }
+        // Notes for its reads, racing its first claim.
+        for _ in 0..rng.random_range(0..=2) {
+            let n = fleet.signals.fetch_add(1, Ordering::Relaxed);
+            match durable
+                .operator()
+                .send_signal(&id, "note", json!({ "n": n }))
+                .await
+            {
+                Ok(sent) => fleet
+                    .trace
+                    .record(format_args!("submitter signals {id} #{}", sent.id)),
+                Err(e) => fleet
+                    .trace
+                    .record(format_args!("submitter signals {id}: refused ({})", e.kind())),
+            }
+        }
     }
 }
 
@@ -976,6 +1051,7 @@ async fn simulate(seed: u64, options: &Options) -> Report {
         forked: AtomicUsize::new(0),
         unparked: AtomicUsize::new(0),
         retargeted: AtomicUsize::new(0),
+        signals: AtomicUsize::new(0),
         tamperer,
         lost: std::sync::Mutex::new(std::collections::BTreeSet::new()),
         faulties: std::sync::Mutex::new(Vec::new()),
@@ -1090,7 +1166,7 @@ async fn simulate(seed: u64, options: &Options) -> Report {
     let summary = format!(
         "seed {seed}: {sessions} sessions{}, {workers} worker slots, ttl {}ms, faults for {}ms \
          ({injected:?}); {} crashes, {} graceful stops; {} emails, {} charges ({} presentations), \
-         {} model replies, {} wires; {} resolutions, {} approvals decided, {} forks, {} unparks, {} retargets, {} sessions lost a row; {} fenced writes accepted; trace {:016x} \
+         {} model replies, {} wires; {} resolutions, {} approvals decided, {} forks, {} unparks, {} retargets, {} signals sent ({} read), {} sessions lost a row; {} fenced writes accepted; trace {:016x} \
          ({} events); {:.1}s",
         if programs.keys().any(is_poison) {
             " and a poison pill"
@@ -1111,6 +1187,8 @@ async fn simulate(seed: u64, options: &Options) -> Report {
         fleet.forked.load(Ordering::Relaxed),
         fleet.unparked.load(Ordering::Relaxed),
         fleet.retargeted.load(Ordering::Relaxed),
+        fleet.signals.load(Ordering::Relaxed),
+        world.signals_read(),
         lost.len(),
         fleet.log.accepted_writes(),
         trace.digest(),

@@ -34,6 +34,8 @@ pub struct World {
     decisions: Mutex<BTreeMap<(CallKey, String), bool>>,
     /// How often each step of each session was run (by session and step).
     attempts: Mutex<BTreeMap<(String, i64), u32>>,
+    /// Every signal a harness read: by signal id, the logical call that read it.
+    signal_reads: Mutex<BTreeMap<i64, CallKey>>,
 }
 
 /// An effect a ledger holds (an email sent, a wire sent).
@@ -86,6 +88,31 @@ impl World {
             .or_insert(0);
         *n += 1;
         *n
+    }
+
+    /// A harness read signal `id` at logical call `call`: a signal is read at one place
+    /// (a replay, or a fork's replay of an inherited read, reads it at the same one).
+    pub fn read_signal(&self, call: &CallKey, id: i64) {
+        let mut reads = lock(&self.signal_reads);
+        match reads.get(&id) {
+            Some(first) if first != call => self.violation(format!(
+                "a signal read twice: #{id} read at {first}, then at {call}"
+            )),
+            Some(_) => {}
+            None => {
+                reads.insert(id, call.clone());
+            }
+        }
+    }
+
+    /// How many signals the harnesses read.
+    pub fn signals_read(&self) -> usize {
+        lock(&self.signal_reads).len()
+    }
+
+    /// Whether a harness read signal `id`.
+    pub fn signal_read(&self, id: i64) -> bool {
+        lock(&self.signal_reads).contains_key(&id)
     }
 
     /// Records a violation.

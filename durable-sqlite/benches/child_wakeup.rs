@@ -1,4 +1,5 @@
-//! A child ended → its waiting parent was started again, on SQLite: the child completed
+//! A child ended → its waiting parent was started again, and a signal sent → the session
+//! waiting for it read it, on SQLite: the child completed
 //! by one worker, the parent taken by an idle pool of another, all on one store (one
 //! process: the pool hears of the parent's wake-up from the store's in-process
 //! notification). See `durable_bench::child_wakeup`.
@@ -58,6 +59,29 @@ async fn run() {
         report.push(
             Row::new(
                 format!("SQLite: {name} child end → parent's handler"),
+                "ms",
+                child_wakeup::at(&values, q),
+                poll.as_secs_f64() * 1e3,
+            )
+            .note("baseline: the pool's poll interval"),
+        );
+    }
+    let values = durable_bench::signal_wakeup::latencies(
+        &durable(&store, "pool"),
+        &durable(&store, "waiter"),
+        &durable(&store, "operator"),
+        poll,
+        samples,
+    )
+    .await;
+    println!(
+        "{}",
+        child_wakeup::summary("SQLite signal sent → read", &values)
+    );
+    for (name, q) in [("median", 0.5), ("p95", 0.95), ("max", 1.0)] {
+        report.push(
+            Row::new(
+                format!("SQLite: {name} signal sent → read by the woken session"),
                 "ms",
                 child_wakeup::at(&values, q),
                 poll.as_secs_f64() * 1e3,
