@@ -51,7 +51,7 @@ fn build(root: &Path, crate_dir: &Path) -> PathBuf {
     // The worker loop of "Resume, after a restart", as the crate's library.
     std::fs::write(
         crate_dir.join("src/lib.rs"),
-        example(&readme, "<!-- resume-example -->") + "\npub mod children;\n",
+        example(&readme, "<!-- resume-example -->") + "\npub mod children;\npub mod signals;\n",
     )
     .expect("lib.rs");
     // The coordinator of "Child sessions and cancellation", as a module of it.
@@ -60,6 +60,12 @@ fn build(root: &Path, crate_dir: &Path) -> PathBuf {
         example(&readme, "<!-- children-example -->"),
     )
     .expect("children.rs");
+    // The agent of "Signals: steering a running session", as another.
+    std::fs::write(
+        crate_dir.join("src/signals.rs"),
+        example(&readme, "<!-- signals-example -->"),
+    )
+    .expect("signals.rs");
     let manifest = format!(
         "[package]\nname = \"first-agent\"\nversion = \"0.0.0\"\nedition = \"2024\"\npublish = false\n\n\
          [dependencies]\ndurable = {{ path = {root:?} }}\n\

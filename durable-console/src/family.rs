@@ -55,7 +55,7 @@ pub(crate) fn card(
                         None => { "—" }
                     }
                 }
-                @if let Some(until) = session.waiting_until.filter(|&at| at > now) {
+                @if let Some(until) = session.waiting_until.filter(|&at| at > now && session.waiting_for.as_deref().is_none_or(|w| w == durable::store::WAITING_FOR_CHILDREN)) {
                     dt { "Waiting" }
                     dd.waiting { "for its children; a worker looks again " (age(until, now)) " at the latest" }
                 }

@@ -47,6 +47,7 @@ mod inbox;
 mod layout;
 pub mod mask;
 mod sessions;
+mod signals;
 mod timeline;
 mod workers;
 
@@ -170,6 +171,7 @@ pub fn router(store: Arc<dyn CheckpointStore>, options: ConsoleOptions) -> Route
         .route("/sessions/{id}/fork", post(timeline::fork))
         .route("/sessions/{id}/budget", post(budget::raise))
         .route("/sessions/{id}/cancel", post(family::cancel))
+        .route("/sessions/{id}/signal", post(signals::send))
         .route("/in-doubt", get(inbox::page))
         .route("/in-doubt/{call}/confirm", post(inbox::confirm))
         .route("/in-doubt/{call}/resolve", post(inbox::resolve))

@@ -110,6 +110,7 @@ pub(crate) async fn page(
     let approval_log = store.approvals(&id).await?;
     let awaiting = store.pending_approvals(Some(&id)).await?.len();
     let family = crate::family::read(store, &session).await?;
+    let signals = crate::signals::read(store, &id).await?;
 
     // Checkpoint v(n) opens step n: each checkpoint, then the rows of its step, then the
     // resolutions where they happened in time.
@@ -231,6 +232,7 @@ pub(crate) async fn page(
         }
         (crate::budget::card(&state, &viewer, &id, &spend))
         (crate::family::card(&state, &viewer, &session, &family, now))
+        (crate::signals::card(&state, &viewer, &session, &signals, now))
         div.split {
             div {
                 h2 { "Timeline" }

@@ -742,6 +742,49 @@ async fn an_operator_resolves_a_call_in_the_browser() {
         assert!(shown.contains(kid.as_str()), "missing child {kid}: {shown}");
     }
     assert!(shown.contains("active"), "{shown}");
+    // A person steers the coordinator: the signal form sends it, the card lists it.
+    for (field, value) in [("name", "steer"), ("payload", "\"focus on the billing question\"")] {
+        client
+            .find(Locator::Css(&format!("#send-signal input[name='{field}']")))
+            .await
+            .expect("signal field")
+            .send_keys(value)
+            .await
+            .expect("type");
+    }
+    client
+        .find(Locator::Css("#send-signal button"))
+        .await
+        .expect("send")
+        .click()
+        .await
+        .expect("click");
+    let sent = text(&client, "#signal-sent").await;
+    assert!(sent.contains("Sent signal steer #") && sent.contains("coordinator-7"), "{sent}");
+    client
+        .goto(&format!("{base}/sessions/coordinator-7"))
+        .await
+        .expect("goto");
+    let listed = text(&client, "#signals").await;
+    assert!(
+        listed.contains("1 pending of 1.") && listed.contains("focus on the billing question"),
+        "{listed}"
+    );
+    let signals = s
+        .store
+        .signals(&SessionId::new("coordinator-7"))
+        .await
+        .expect("signals");
+    assert_eq!(signals.len(), 1);
+    assert_eq!(signals[0].sent_by, OPERATOR);
+    client
+        .execute(
+            "document.getElementById('family').scrollIntoView()",
+            Vec::new(),
+        )
+        .await
+        .expect("scroll to the family");
+    screenshot(&client, "family-signals").await;
     client
         .find(Locator::Css("#cancel input[name='reason']"))
         .await

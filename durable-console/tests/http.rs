@@ -953,3 +953,63 @@ async fn the_timeline_pages_a_long_journal() {
         shown.iter().filter(|&&n| n != 1).count()
     );
 }
+
+/// The session page lists the signals sent to a session (escaped: a payload is store
+/// text) and sends one through its form, CSRF-checked; a payload that is not JSON is
+/// refused before anything is written, and a session that ended shows no form.
+#[tokio::test]
+async fn a_signal_is_sent_through_the_session_page() {
+    let s = scenario().await;
+    let app = durable_console::router(Arc::clone(&s.store), options());
+    let cookie = login(&app).await;
+    let page = format!("/sessions/{}", s.doubt);
+    let csrf = csrf_of(&app, &cookie, &page).await;
+    let shown = page_of(&app, &cookie, &page).await;
+    assert!(shown.body.contains("No signals."), "{}", shown.body);
+    assert!(shown.body.contains("id=\"send-signal\""), "{}", shown.body);
+    let action = format!("{page}/signal");
+    let form = [
+        ("name", "steer"),
+        ("payload", &format!("{{\"say\": \"{SCRIPT}\"}}")),
+        ("by", "alice"),
+    ];
+
+    let missing = send(&app, post(&action, Some(&cookie), &form)).await;
+    assert_eq!(missing.status, StatusCode::FORBIDDEN, "{}", missing.body);
+    let bad = [
+        ("name", "steer"),
+        ("payload", "use the other account"),
+        ("by", "alice"),
+        ("csrf", &csrf),
+    ];
+    let reply = send(&app, post(&action, Some(&cookie), &bad)).await;
+    assert_eq!(reply.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert!(reply.body.contains("the payload is not valid JSON"), "{}", reply.body);
+    assert!(s.store.signals(&s.doubt).await.expect("signals").is_empty());
+
+    let mut good = form.to_vec();
+    good.push(("csrf", &csrf));
+    let reply = send(&app, post(&action, Some(&cookie), &good)).await;
+    assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
+    assert!(reply.body.contains("Sent signal <code>steer</code> #"), "{}", reply.body);
+    let stored = s.store.signals(&s.doubt).await.expect("signals");
+    assert_eq!(stored.len(), 1);
+    assert_eq!((stored[0].sent_by.as_str(), stored[0].payload["say"].as_str()), ("alice", Some(SCRIPT)));
+    let shown = page_of(&app, &cookie, &page).await;
+    assert!(shown.body.contains("1 pending of 1."), "{}", shown.body);
+    assert!(!shown.body.contains(SCRIPT), "the payload is escaped: {}", shown.body);
+
+    let done = page_of(&app, &cookie, &format!("/sessions/{}", s.done)).await;
+    assert!(!done.body.contains("id=\"send-signal\""), "{}", done.body);
+    let reply = send(
+        &app,
+        post(&format!("/sessions/{}/signal", s.done), Some(&cookie), &{
+            let mut f = form.to_vec();
+            f.push(("csrf", &csrf));
+            f
+        }),
+    )
+    .await;
+    assert_eq!(reply.status, StatusCode::CONFLICT, "{}", reply.body);
+    assert!(reply.body.contains("has ended (completed)"), "{}", reply.body);
+}
