@@ -18,11 +18,11 @@
 //!   benches), notified against polling only.
 
 pub mod child_wakeup;
-pub mod signal_wakeup;
 pub mod harness;
 pub mod limits;
 pub mod machine;
 mod report;
+pub mod signal_wakeup;
 pub mod svg;
 pub mod wakeup;
 pub mod workload;

@@ -137,7 +137,8 @@ pub(crate) async fn signal(
                     clip(&s.name, NAME),
                     clip(&s.sent_by, NAME),
                     render::time(s.sent_at),
-                    s.consumed_at.map_or_else(|| "pending".to_owned(), render::time),
+                    s.consumed_at
+                        .map_or_else(|| "pending".to_owned(), render::time),
                     clip(&json!(s.payload).to_string(), TEXT),
                 ]);
             }

@@ -15,9 +15,7 @@ use super::runtime::release_dead_lease;
 use super::stall::Probe;
 use durable_core::error::{DurableError, StoreError};
 use durable_core::runtime::StartOptions;
-use durable_core::store::{
-    CheckpointStore, Claim, MAX_SIGNAL_DEPTH, NewSignal, SessionStatus,
-};
+use durable_core::store::{CheckpointStore, Claim, MAX_SIGNAL_DEPTH, NewSignal, SessionStatus};
 use durable_core::transcript::Message;
 use durable_core::{SessionId, SignalWait};
 
@@ -28,9 +26,7 @@ fn signal(session: &SessionId, name: &str, n: i64) -> NewSignal {
 /// The store's side: consumptions are keyed (the same key is handed the same signal),
 /// oldest first, by name; two keys never get the same signal; a stale fence is refused;
 /// the list shows who consumed what.
-pub async fn signals_are_consumed_once_in_order_under_their_key(
-    store: Arc<dyn CheckpointStore>,
-) {
+pub async fn signals_are_consumed_once_in_order_under_their_key(store: Arc<dyn CheckpointStore>) {
     let durable = worker(&store, "signals");
     let session = durable
         .start::<Message>(StartOptions::new())
@@ -46,7 +42,10 @@ pub async fn signals_are_consumed_once_in_order_under_their_key(
         .expect("c");
     assert!(a.id < b.id && b.id < c.id, "ids increase in the order sent");
     assert!(a.is_pending());
-    assert_eq!((a.sent_by.as_str(), a.payload.clone()), ("ops", json!({ "n": 1 })));
+    assert_eq!(
+        (a.sent_by.as_str(), a.payload.clone()),
+        ("ops", json!({ "n": 1 }))
+    );
 
     let first = store
         .consume_signal(lease.fence(), "go", "k1")
@@ -68,7 +67,10 @@ pub async fn signals_are_consumed_once_in_order_under_their_key(
         .expect("the next");
     assert_eq!(second.id, b.id);
     assert_eq!(
-        store.consume_signal(lease.fence(), "go", "k3").await.expect("consume"),
+        store
+            .consume_signal(lease.fence(), "go", "k3")
+            .await
+            .expect("consume"),
         None,
         "nothing pending of that name"
     );
@@ -245,7 +247,10 @@ pub async fn signals_a_wait_releases_the_session_and_a_send_wakes_it(
         other => panic!("a wait with nothing pending releases the session, got {other:?}"),
     }
     let waiting = store.session(&id).await.expect("row");
-    assert_eq!(waiting.lease_owner, None, "the waiting session holds no lease");
+    assert_eq!(
+        waiting.lease_owner, None,
+        "the waiting session holds no lease"
+    );
     assert!(waiting.waiting_until.is_some(), "it waits");
     let claim = Claim::new(owner("pool"), Duration::from_secs(30), 5).with_queues(["waiters"]);
     assert_eq!(
@@ -259,7 +264,14 @@ pub async fn signals_a_wait_releases_the_session_and_a_send_wakes_it(
         .send_signal(&id, "unrelated", json!(null))
         .await
         .expect("send");
-    assert!(store.session(&id).await.expect("row").waiting_until.is_some());
+    assert!(
+        store
+            .session(&id)
+            .await
+            .expect("row")
+            .waiting_until
+            .is_some()
+    );
 
     let sent = durable
         .operator()
@@ -279,7 +291,11 @@ pub async fn signals_a_wait_releases_the_session_and_a_send_wakes_it(
     assert_eq!(lease.session, id);
     store.release_lease(&lease).await.expect("release");
 
-    let rerun = durable.resume::<Message>(&id).await.expect("resume").session;
+    let rerun = durable
+        .resume::<Message>(&id)
+        .await
+        .expect("resume")
+        .session;
     let SignalWait::Received { session, signal } = rerun
         .wait_signal("approve", Duration::from_secs(3600))
         .await
@@ -287,7 +303,10 @@ pub async fn signals_a_wait_releases_the_session_and_a_send_wakes_it(
     else {
         panic!("the replayed wait reads the signal");
     };
-    assert_eq!((signal.id, signal.payload), (sent.id, json!({ "ok": true })));
+    assert_eq!(
+        (signal.id, signal.payload),
+        (sent.id, json!({ "ok": true }))
+    );
 
     // Already pending: read at once, the session kept.
     durable
@@ -339,7 +358,11 @@ pub async fn signals_a_wait_times_out_at_its_journaled_deadline(store: Arc<dyn C
         "the wait ends at its deadline: {until} vs {before}"
     );
     // Before the deadline, a replay waits again until the same moment.
-    let early = durable.resume::<Message>(&id).await.expect("resume").session;
+    let early = durable
+        .resume::<Message>(&id)
+        .await
+        .expect("resume")
+        .session;
     let SignalWait::Released = early
         .wait_signal("answer", Duration::from_millis(150))
         .await
@@ -355,7 +378,11 @@ pub async fn signals_a_wait_times_out_at_its_journaled_deadline(store: Arc<dyn C
     while store.now().await.expect("now") < until {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let late = durable.resume::<Message>(&id).await.expect("resume").session;
+    let late = durable
+        .resume::<Message>(&id)
+        .await
+        .expect("resume")
+        .session;
     let SignalWait::TimedOut { session } = late
         .wait_signal("answer", Duration::from_millis(150))
         .await
@@ -371,7 +398,11 @@ pub async fn signals_a_wait_times_out_at_its_journaled_deadline(store: Arc<dyn C
         .send_signal(&id, "answer", json!("late"))
         .await
         .expect("send");
-    let replay = durable.resume::<Message>(&id).await.expect("resume").session;
+    let replay = durable
+        .resume::<Message>(&id)
+        .await
+        .expect("resume")
+        .session;
     let SignalWait::TimedOut { session } = replay
         .wait_signal("answer", Duration::from_millis(150))
         .await
@@ -380,7 +411,11 @@ pub async fn signals_a_wait_times_out_at_its_journaled_deadline(store: Arc<dyn C
         panic!("a replay times out where the first run did");
     };
     let next = session.recv_signal("answer").await.expect("read");
-    assert_eq!(next.map(|s| s.id), Some(sent.id), "the late signal is read next");
+    assert_eq!(
+        next.map(|s| s.id),
+        Some(sent.id),
+        "the late signal is read next"
+    );
     let bad = session.recv_signal("").await;
     assert!(
         matches!(bad, Err(DurableError::Store(StoreError::InvalidId { .. }))),

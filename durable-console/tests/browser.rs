@@ -743,7 +743,10 @@ async fn an_operator_resolves_a_call_in_the_browser() {
     }
     assert!(shown.contains("active"), "{shown}");
     // A person steers the coordinator: the signal form sends it, the card lists it.
-    for (field, value) in [("name", "steer"), ("payload", "\"focus on the billing question\"")] {
+    for (field, value) in [
+        ("name", "steer"),
+        ("payload", "\"focus on the billing question\""),
+    ] {
         client
             .find(Locator::Css(&format!("#send-signal input[name='{field}']")))
             .await
@@ -760,7 +763,10 @@ async fn an_operator_resolves_a_call_in_the_browser() {
         .await
         .expect("click");
     let sent = text(&client, "#signal-sent").await;
-    assert!(sent.contains("Sent signal steer #") && sent.contains("coordinator-7"), "{sent}");
+    assert!(
+        sent.contains("Sent signal steer #") && sent.contains("coordinator-7"),
+        "{sent}"
+    );
     client
         .goto(&format!("{base}/sessions/coordinator-7"))
         .await

@@ -984,20 +984,38 @@ async fn a_signal_is_sent_through_the_session_page() {
     ];
     let reply = send(&app, post(&action, Some(&cookie), &bad)).await;
     assert_eq!(reply.status, StatusCode::UNPROCESSABLE_ENTITY);
-    assert!(reply.body.contains("the payload is not valid JSON"), "{}", reply.body);
+    assert!(
+        reply.body.contains("the payload is not valid JSON"),
+        "{}",
+        reply.body
+    );
     assert!(s.store.signals(&s.doubt).await.expect("signals").is_empty());
 
     let mut good = form.to_vec();
     good.push(("csrf", &csrf));
     let reply = send(&app, post(&action, Some(&cookie), &good)).await;
     assert_eq!(reply.status, StatusCode::OK, "{}", reply.body);
-    assert!(reply.body.contains("Sent signal <code>steer</code> #"), "{}", reply.body);
+    assert!(
+        reply.body.contains("Sent signal <code>steer</code> #"),
+        "{}",
+        reply.body
+    );
     let stored = s.store.signals(&s.doubt).await.expect("signals");
     assert_eq!(stored.len(), 1);
-    assert_eq!((stored[0].sent_by.as_str(), stored[0].payload["say"].as_str()), ("alice", Some(SCRIPT)));
+    assert_eq!(
+        (
+            stored[0].sent_by.as_str(),
+            stored[0].payload["say"].as_str()
+        ),
+        ("alice", Some(SCRIPT))
+    );
     let shown = page_of(&app, &cookie, &page).await;
     assert!(shown.body.contains("1 pending of 1."), "{}", shown.body);
-    assert!(!shown.body.contains(SCRIPT), "the payload is escaped: {}", shown.body);
+    assert!(
+        !shown.body.contains(SCRIPT),
+        "the payload is escaped: {}",
+        shown.body
+    );
 
     let done = page_of(&app, &cookie, &format!("/sessions/{}", s.done)).await;
     assert!(!done.body.contains("id=\"send-signal\""), "{}", done.body);
@@ -1011,5 +1029,9 @@ async fn a_signal_is_sent_through_the_session_page() {
     )
     .await;
     assert_eq!(reply.status, StatusCode::CONFLICT, "{}", reply.body);
-    assert!(reply.body.contains("has ended (completed)"), "{}", reply.body);
+    assert!(
+        reply.body.contains("has ended (completed)"),
+        "{}",
+        reply.body
+    );
 }

@@ -46,8 +46,8 @@ pub use limit::{InvalidLimit, Limit};
 pub use message::StoredMessage;
 pub use queue::{Claim, QueueInfo, Scheduling, TenantInfo, WorkEvents, WorkNotifier};
 pub use signal::{
-    MAX_SIGNAL_BYTES, MAX_SIGNAL_DEPTH, NewSignal, SIGNAL_DEADLINE_SLOT, SIGNAL_SLOT,
-    SignalRecord, WAITING_FOR_SIGNAL, consumer_key, waiting_for_signal,
+    MAX_SIGNAL_BYTES, MAX_SIGNAL_DEPTH, NewSignal, SIGNAL_DEADLINE_SLOT, SIGNAL_SLOT, SignalRecord,
+    WAITING_FOR_SIGNAL, consumer_key, waiting_for_signal,
 };
 
 /// The version of the JSON formats written by this release (messages, plan, budget,

@@ -99,7 +99,11 @@ pub(crate) async fn check_end(
         for signal in signals.iter().filter(|s| !s.is_pending()) {
             let journaled = rows.iter().any(|row| {
                 row.identity.tool == durable_core::store::SIGNAL_SLOT
-                    && row.result.as_ref().and_then(|r| r.get("id")).and_then(Value::as_i64)
+                    && row
+                        .result
+                        .as_ref()
+                        .and_then(|r| r.get("id"))
+                        .and_then(Value::as_i64)
                         == Some(signal.id)
             });
             if !journaled || !world.signal_read(signal.id) {
@@ -108,7 +112,11 @@ pub(crate) async fn check_end(
                     signal.id,
                     signal.consumed_by,
                     if journaled { "in" } else { "not in" },
-                    if world.signal_read(signal.id) { "read by" } else { "never read by" },
+                    if world.signal_read(signal.id) {
+                        "read by"
+                    } else {
+                        "never read by"
+                    },
                 ));
             }
         }

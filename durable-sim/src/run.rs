@@ -258,14 +258,12 @@ async fn run_step(
     if parallel {
         // The calls of the reply at once, as `Toolbox::dispatch_all` runs them.
         let journal = session.journal();
-        let outcomes = journal
-            .join_calls(
-                ops.iter()
-                    .map(|(j, op)| {
-                        run_op(session, ctx, (origin, origin_step), (j, *op), reword, true)
-                    }),
-            )
-            .await;
+        let outcomes =
+            journal
+                .join_calls(ops.iter().map(|(j, op)| {
+                    run_op(session, ctx, (origin, origin_step), (j, *op), reword, true)
+                }))
+                .await;
         return outcomes.into_iter().collect();
     }
     for (j, op) in ops {
@@ -972,9 +970,10 @@ async fn submitter(fleet: Arc<Fleet>, mut rng: SmallRng, spread: Duration) {
                 Ok(sent) => fleet
                     .trace
                     .record(format_args!("submitter signals {id} #{}", sent.id)),
-                Err(e) => fleet
-                    .trace
-                    .record(format_args!("submitter signals {id}: refused ({})", e.kind())),
+                Err(e) => fleet.trace.record(format_args!(
+                    "submitter signals {id}: refused ({})",
+                    e.kind()
+                )),
             }
         }
     }

@@ -5,9 +5,7 @@
 //! after the wait sees its `waiting_for` and clears it.
 
 use async_trait::async_trait;
-use durable_core::store::{
-    Fence, NewSignal, SignalRecord, SignalStore, waiting_for_signal,
-};
+use durable_core::store::{Fence, NewSignal, SignalRecord, SignalStore, waiting_for_signal};
 use durable_core::{SessionId, StoreError};
 use sqlx::sqlite::SqliteRow;
 use sqlx::{Row, SqliteConnection};
@@ -147,7 +145,10 @@ pub(crate) async fn consume_signal(
         let session = fence.session.as_str();
         if let Some(taken) = one(
             &mut *conn,
-            concat!(select_signals!(), "session_id = ? AND consumed_by = ? LIMIT 1"),
+            concat!(
+                select_signals!(),
+                "session_id = ? AND consumed_by = ? LIMIT 1"
+            ),
             &[session, consumer],
         )
         .await?

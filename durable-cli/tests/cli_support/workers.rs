@@ -445,7 +445,13 @@ pub async fn signal(store: &Arc<dyn CheckpointStore>, db: &str) {
     let sent = run(
         db,
         &[
-            "signal", "send", "s-steer", "approve", "--payload", r#"{"ok": true}"#, "--key",
+            "signal",
+            "send",
+            "s-steer",
+            "approve",
+            "--payload",
+            r#"{"ok": true}"#,
+            "--key",
             "ticket-42",
         ],
     );
@@ -455,12 +461,21 @@ pub async fn signal(store: &Arc<dyn CheckpointStore>, db: &str) {
             && text.contains("to session `s-steer`: it waits until the session reads it"),
         "{text}"
     );
-    let record = store.session(&SessionId::new("s-steer")).await.expect("row");
+    let record = store
+        .session(&SessionId::new("s-steer"))
+        .await
+        .expect("row");
     assert_eq!(record.waiting_until, None, "the send woke the session");
     run(
         db,
         &[
-            "signal", "send", "s-steer", "approve", "--payload", r#"{"ok": true}"#, "--key",
+            "signal",
+            "send",
+            "s-steer",
+            "approve",
+            "--payload",
+            r#"{"ok": true}"#,
+            "--key",
             "ticket-42",
         ],
     )
@@ -468,25 +483,49 @@ pub async fn signal(store: &Arc<dyn CheckpointStore>, db: &str) {
     run(
         db,
         &[
-            "signal", "send", "s-steer", "approve", "--payload", r#"{"ok": false}"#, "--key",
+            "signal",
+            "send",
+            "s-steer",
+            "approve",
+            "--payload",
+            r#"{"ok": false}"#,
+            "--key",
             "ticket-42",
         ],
     )
     .fails(4, "ticket-42");
-    run(db, &["signal", "send", "s-steer", "approve", "--payload", "yes"])
-        .fails(5, "--payload is not JSON");
+    run(
+        db,
+        &["signal", "send", "s-steer", "approve", "--payload", "yes"],
+    )
+    .fails(5, "--payload is not JSON");
     run(db, &["signal", "send", "no-such-session", "approve"]).fails(3, "not found");
     let listed = run(db, &["signal", "list", "s-steer"]);
     let lines: Vec<&str> = listed.ok().lines().collect();
-    assert_eq!(lines.len(), 3, "a header, its rule and one signal: {lines:?}");
+    assert_eq!(
+        lines.len(),
+        3,
+        "a header, its rule and one signal: {lines:?}"
+    );
     let fields: Vec<&str> = lines[2].split_whitespace().collect();
-    assert_eq!(fields[1..4], ["approve", "test-operator", fields[3]], "{lines:?}");
-    assert!(lines[2].contains("pending") && lines[2].contains(r#"{"ok":true}"#), "{lines:?}");
+    assert_eq!(
+        fields[1..4],
+        ["approve", "test-operator", fields[3]],
+        "{lines:?}"
+    );
+    assert!(
+        lines[2].contains("pending") && lines[2].contains(r#"{"ok":true}"#),
+        "{lines:?}"
+    );
     let json = run(db, &["--json", "signal", "list", "s-steer"]).json();
     assert_eq!(json.as_array().map(Vec::len), Some(1), "{json}");
     assert_eq!(json[0]["payload"]["ok"], true);
     let shown = run(db, &["show", "s-steer"]);
-    assert!(shown.ok().contains("signals      1 pending"), "{}", shown.stdout);
+    assert!(
+        shown.ok().contains("signals      1 pending"),
+        "{}",
+        shown.stdout
+    );
 
     // The session reads it: nothing pending any more.
     let resumed = worker

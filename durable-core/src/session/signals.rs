@@ -257,8 +257,7 @@ where
         let store = Arc::clone(&self.store);
         let lease = self.journal.lease();
         let asked = name.to_owned();
-        let (told, mut not_yet) =
-            tokio::sync::mpsc::unbounded_channel::<Result<(), StoreError>>();
+        let (told, mut not_yet) = tokio::sync::mpsc::unbounded_channel::<Result<(), StoreError>>();
         let call = self
             .journal
             .tool(&spec, json!({ "name": name }))

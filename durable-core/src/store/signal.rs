@@ -284,7 +284,10 @@ mod tests {
         let s = signal(json!(null)).with_key("a\u{7}b");
         assert!(matches!(s.validate(), Err(StoreError::InvalidId { .. })));
         let s = signal(json!("a\u{0}b"));
-        assert!(s.validate().is_ok(), "a NUL in a string is escaped in the text");
+        assert!(
+            s.validate().is_ok(),
+            "a NUL in a string is escaped in the text"
+        );
     }
 
     #[test]
