@@ -84,10 +84,6 @@ impl From<SignalRecord> for Signal {
 /// What [`Session::wait_signal`] came back with.
 #[derive(Debug)]
 #[must_use = "a released session must not be used again: return from the handler"]
-#[expect(
-    clippy::large_enum_variant,
-    reason = "returned once per wait and destructured at once; a box would only add an allocation"
-)]
 pub enum SignalWait<M> {
     /// A signal was read (and recorded); the session is still leased.
     Received {

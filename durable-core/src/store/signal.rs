@@ -264,7 +264,7 @@ mod tests {
             deep = json!([deep]);
         }
         assert!(signal(deep.clone()).validate().is_ok());
-        let err = signal(json!([deep])).validate().unwrap_err();
+        let err = signal(json!([deep])).validate().expect_err("too deep");
         assert!(matches!(err, StoreError::InvalidSignal { .. }), "{err}");
         assert!(err.to_string().contains("65 levels"), "{err}");
     }
@@ -272,7 +272,7 @@ mod tests {
     #[test]
     fn an_oversized_payload_is_refused_with_its_size() {
         let big = "x".repeat(MAX_SIGNAL_BYTES);
-        let err = signal(json!(big)).validate().unwrap_err();
+        let err = signal(json!(big)).validate().expect_err("too big");
         assert!(err.to_string().contains("send a reference"), "{err}");
     }
 
