@@ -342,3 +342,136 @@ pub async fn cancel_of_a_dead_workers_session_ends_on_the_next_take(
     let doubt = store.in_doubt(Some(&id)).await.expect("in doubt");
     assert_eq!(doubt.len(), 1, "the in-doubt call stays for an operator");
 }
+
+/// A cancellation committed while a worker holds the session, before it hears of it:
+/// the store refuses to issue a call in doubt again (a keyed re-run) and to issue an
+/// approved call, so neither effect starts; the rows stay as they were (in doubt for an
+/// operator, approved), and the session ends `cancelled`.
+pub async fn cancel_committed_reruns_nothing_and_runs_no_approved_call(
+    store: Arc<dyn CheckpointStore>,
+) {
+    let runner = |tag: &str| {
+        Durable::builder(Arc::clone(&store))
+            .owner(owner(tag))
+            .app_version("v1")
+            .renew_leases(false)
+            .build()
+    };
+    let ops = worker(&store, "ops").operator();
+    let effects = Arc::new(AtomicUsize::new(0));
+    let body = |effects: &Arc<AtomicUsize>| {
+        let effects = Arc::clone(effects);
+        move |_: durable_core::ToolContext| {
+            effects.fetch_add(1, Ordering::SeqCst);
+            async move { Ok::<Value, String>(json!("done")) }
+        }
+    };
+
+    // A keyed call in doubt, its worker dead; the next worker holds the session.
+    let session = runner("first")
+        .start::<Message>(StartOptions::new())
+        .await
+        .expect("start");
+    let id = session.id().clone();
+    let charge = spec("charge", ReplayClass::IdempotentWithKey);
+    call_and_die(&session, &charge, 1, Some("order-1"), &effects).await;
+    drop(session);
+    release_dead_lease(&store, &id).await;
+    let rerun = runner("second")
+        .resume::<Message>(&id)
+        .await
+        .expect("resume")
+        .session;
+    let cancelled = ops.cancel(&id, "customer withdrew").await.expect("cancel");
+    assert_eq!(cancelled[0].effect, CancelEffect::Requested);
+    let again = rerun
+        .journal()
+        .tool(&charge, json!({ "n": 1 }))
+        .key("order-1")
+        .run(body(&effects))
+        .await;
+    assert!(
+        matches!(
+            again,
+            Err(CallError::Durable(DurableError::Cancelled { .. }))
+        ),
+        "the re-run is refused: {again:?}"
+    );
+    assert_eq!(
+        effects.load(Ordering::SeqCst),
+        1,
+        "the call did not run again"
+    );
+    let rows = store.calls(&id, None).await.expect("journal");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(
+        rows[0].status,
+        CallStatus::Issued,
+        "left in doubt for an operator"
+    );
+    assert_eq!(
+        store.session(&id).await.expect("session").status,
+        SessionStatus::Cancelled
+    );
+
+    // An approved call, the session taken again: cancelled before it runs.
+    let approvals = runner("third");
+    let session = approvals
+        .start::<Message>(StartOptions::new())
+        .await
+        .expect("start");
+    let id = session.id().clone();
+    let wire = spec("wire", ReplayClass::UnsafeOnReplay);
+    let request = || durable_core::store::ApprovalRequest {
+        asked_by: "policy".into(),
+        reasoning: None,
+        expires_in: None,
+        schema: None,
+    };
+    let runs = Arc::new(AtomicUsize::new(0));
+    let asked = session
+        .journal()
+        .tool(&wire, json!({ "n": 2 }))
+        .require_approval(request())
+        .run(body(&runs))
+        .await;
+    let call = match asked {
+        Err(CallError::Durable(DurableError::AwaitingApproval { call, .. })) => call,
+        other => panic!("the wire waits for a person, got {other:?}"),
+    };
+    session.await_approval().await.expect("await the decision");
+    ops.approve(&call, None, "ops", None)
+        .await
+        .expect("approve");
+    let resumed = approvals
+        .resume::<Message>(&id)
+        .await
+        .expect("resume")
+        .session;
+    let cancelled = ops.cancel(&id, "customer withdrew").await.expect("cancel");
+    assert_eq!(cancelled[0].effect, CancelEffect::Requested);
+    let ran = resumed
+        .journal()
+        .tool(&wire, json!({ "n": 2 }))
+        .require_approval(request())
+        .run(body(&runs))
+        .await;
+    assert!(
+        matches!(ran, Err(CallError::Durable(DurableError::Cancelled { .. }))),
+        "the approved call is refused: {ran:?}"
+    );
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        0,
+        "the approved wire never ran"
+    );
+    assert_eq!(
+        store.call(&call).await.expect("row").status,
+        CallStatus::Approved,
+        "the approval stays on its row"
+    );
+    assert_eq!(
+        store.session(&id).await.expect("session").status,
+        SessionStatus::Cancelled
+    );
+}

@@ -278,6 +278,7 @@ macro_rules! __durable_conformance_cases {
             cancel_stops_a_running_session_at_its_next_call,
             cancel_cascades_to_children_at_once,
             cancel_committed_starts_no_effect_before_the_worker_hears_of_it,
+            cancel_committed_reruns_nothing_and_runs_no_approved_call,
             cancel_of_a_dead_workers_session_ends_on_the_next_take,
             // signals
             signals_are_consumed_once_in_order_under_their_key,

@@ -1519,7 +1519,9 @@ pub trait JournalStore: Send + Sync + 'static {
     /// # Contract
     /// Fenced. Fails with [`StoreError::CallNotInDoubt`] if the row has an outcome or
     /// still awaits a decision (`requested`). Clears the row's
-    /// [`mark_operator_needed`](LeaseStore::mark_operator_needed) mark.
+    /// [`mark_operator_needed`](LeaseStore::mark_operator_needed) mark. A session asked
+    /// to stop issues nothing again: [`StoreError::CancelRequested`], checked with the
+    /// fence, the row left as it was (as [`issue_call`](Self::issue_call) refuses it).
     async fn reissue_call(&self, fence: Fence<'_>, call: &CallId)
     -> Result<CallRecord, StoreError>;
 
@@ -1534,7 +1536,8 @@ pub trait JournalStore: Send + Sync + 'static {
     /// with [`StoreError::CallNotInDoubt`] unless the row is `approved`, and with
     /// [`StoreError::IdempotencyConflict`] when another call of the tool holds the new key
     /// with arguments other than the edited ones (as [`issue_call`](Self::issue_call)
-    /// refuses it); the row then stays approved.
+    /// refuses it); the row then stays approved. A session asked to stop runs no approved
+    /// call: [`StoreError::CancelRequested`], the row left approved.
     async fn issue_approved(
         &self,
         fence: Fence<'_>,

@@ -196,6 +196,15 @@ pub(crate) fn reissue(
             status: status.as_str().to_owned(),
         });
     }
+    // A session asked to stop starts nothing: not a re-run, not an approved call.
+    if let Some(asked) = &session.record.cancel_requested {
+        return Err(StoreError::CancelRequested {
+            session: fence.session.clone(),
+            by: asked.by.clone(),
+            reason: asked.reason.clone(),
+            at: asked.at,
+        });
+    }
     if let Some(Some(key)) = &edited {
         if let Some(existing) = holder {
             return Err(StoreError::IdempotencyConflict {

@@ -39,15 +39,40 @@ pub(crate) async fn record_call(
     insert_call(store, fence, call, Some(finish)).await
 }
 
+/// The columns of a cancellation asked while a worker holds the session, for a fenced
+/// write that refuses to issue a call of a session asked to stop.
+macro_rules! cancel_cols {
+    () => {
+        ", s.cancel_requested_at, s.cancel_by, s.cancel_reason"
+    };
+}
+
 /// The extra columns and join of a fenced write that changes journal row `c` (bound
-/// first): its sealed columns, `NULL` when there is no such row.
+/// first): its sealed columns, `NULL` when there is no such row, and the session's
+/// cancellation request.
 macro_rules! fenced_call_select {
     () => {
         fenced_select!(
-            concat!(", ", raw_call_cols!()),
+            concat!(cancel_cols!(), ", ", raw_call_cols!()),
             " LEFT JOIN durable_tool_calls c ON c.id = ?"
         )
     };
+}
+
+/// [`StoreError::CancelRequested`] when the row (read with [`cancel_cols!`]) says the
+/// session was asked to stop: nothing is issued for it any more.
+fn refuse_if_cancelled(row: &SqliteRow, session: &SessionId) -> Result<(), StoreError> {
+    let at: Option<i64> = rows::col(row, "cancel_requested_at", session, None)?;
+    let Some(at) = at else {
+        return Ok(());
+    };
+    let text = |name: &str| rows::col::<Option<String>>(row, name, session, None);
+    Err(StoreError::CancelRequested {
+        session: session.clone(),
+        by: text("cancel_by")?.unwrap_or_default(),
+        reason: text("cancel_reason")?.unwrap_or_default(),
+        at,
+    })
 }
 
 /// The journal row selected with [`fenced_call_select!`], for a state change: checks its
@@ -99,6 +124,13 @@ pub(crate) async fn reissue_call(
                 call: call.clone(),
                 status: raw.status,
             });
+        }
+        // A session asked to stop starts nothing: not a re-run, not an approved call.
+        if matches!(
+            CallStatus::parse(&raw.status),
+            Some(CallStatus::Issued | CallStatus::NotHappened | CallStatus::Approved)
+        ) {
+            refuse_if_cancelled(&row, fence.session)?;
         }
         if let Some(Some(edited)) = &approved_key {
             // Another call of the tool holding the key with other arguments: as
@@ -582,14 +614,6 @@ macro_rules! latest_step_col {
 
 pub(crate) use latest_step_col;
 
-/// The columns of a cancellation asked while a worker holds the session, for a fenced
-/// write that refuses to issue a call of a session asked to stop.
-macro_rules! cancel_cols {
-    () => {
-        ", s.cancel_requested_at, s.cancel_by, s.cancel_reason"
-    };
-}
-
 /// `issue_call` (`finish = None`: status `issued`) and `record_call` (the outcome is
 /// written with the new row): fence check, step check, idempotency-key check, then
 /// insert-or-get on the call identity. A new row is sealed at the next position of the
@@ -764,16 +788,7 @@ async fn write_call(
     };
     // A session asked to stop issues nothing (what `record_call` records already ran).
     if !finished {
-        let at: Option<i64> = rows::col(&row, "cancel_requested_at", fence.session, None)?;
-        if let Some(at) = at {
-            let text = |name: &str| rows::col::<Option<String>>(&row, name, fence.session, None);
-            return Err(StoreError::CancelRequested {
-                session: fence.session.clone(),
-                by: text("cancel_by")?.unwrap_or_default(),
-                reason: text("cancel_reason")?.unwrap_or_default(),
-                at,
-            });
-        }
+        refuse_if_cancelled(&row, fence.session)?;
     }
     let latest: Option<i64> = rows::col(&row, "latest_step", fence.session, None)?;
     if let Some(latest) = latest.filter(|&latest| raw.step < latest) {

@@ -784,6 +784,13 @@ impl<'j> ToolCall<'j> {
             .await
         {
             Ok(issued) => issued,
+            // Cancelled since this worker last looked: the approved call does not run,
+            // and the session ends as `cancelled` under this lease.
+            Err(StoreError::CancelRequested { by, reason, at, .. }) => {
+                journal.note_cancel(CancelRequest { by, reason, at });
+                journal.emit(journal.event(&row, Outcome::Refused));
+                return Err(journal.refuse_cancelled().await.into());
+            }
             // The edited arguments' key is another call's: the row stays approved.
             Err(conflict @ StoreError::IdempotencyConflict { .. }) => {
                 reservation.release();
@@ -1078,12 +1085,16 @@ impl Journal {
         row: &CallRecord,
     ) -> Result<(CallRecord, IssuedHere<'_>), DurableError> {
         let lease = self.lease();
-        let row = self
-            .inner
-            .store
-            .reissue_call(lease.fence(), &row.id)
-            .await
-            .map_err(|e| self.note_store_error(e))?;
+        let row = match self.inner.store.reissue_call(lease.fence(), &row.id).await {
+            Ok(row) => row,
+            // Cancelled since this worker last looked: nothing runs again, and the
+            // session ends as `cancelled` under this lease.
+            Err(StoreError::CancelRequested { by, reason, at, .. }) => {
+                self.note_cancel(CancelRequest { by, reason, at });
+                return Err(self.refuse_cancelled().await);
+            }
+            Err(e) => return Err(self.note_store_error(e)),
+        };
         let running = IssuedHere::new(self, &row);
         self.remember(&row).await;
         Ok((row, running))

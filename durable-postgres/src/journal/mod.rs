@@ -16,6 +16,7 @@ use durable_core::store::{
     EditedKey, FORMAT_VERSION, Fence, FinishCall, IssueOutcome, JournalStore, NewCall,
     NewCheckpoint,
 };
+use sqlx::Row;
 use sqlx::postgres::PgConnection;
 
 use crate::PostgresStore;
@@ -420,6 +421,36 @@ pub(crate) async fn reissue_call(
             call: call.clone(),
             status: raw.status,
         });
+    }
+    // A session asked to stop starts nothing: not a re-run, not an approved call (its
+    // row is locked: a cancellation commits before this or waits for it).
+    if matches!(
+        CallStatus::parse(&raw.status),
+        Some(CallStatus::Issued | CallStatus::NotHappened | CallStatus::Approved)
+    ) {
+        let asked = sqlx::query(
+            "SELECT cancel_requested_at, cancel_by, cancel_reason FROM durable_sessions \
+             WHERE id = $1",
+        )
+        .bind(fence.session.as_str())
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(db)?;
+        let at: Option<i64> = asked.try_get(0).map_err(db)?;
+        if let Some(at) = at {
+            return Err(StoreError::CancelRequested {
+                session: fence.session.clone(),
+                by: asked
+                    .try_get::<Option<String>, _>(1)
+                    .map_err(db)?
+                    .unwrap_or_default(),
+                reason: asked
+                    .try_get::<Option<String>, _>(2)
+                    .map_err(db)?
+                    .unwrap_or_default(),
+                at,
+            });
+        }
     }
     if let Some(Some(edited)) = &approved_key {
         // Another call of the tool holding the key with other arguments: as `issue_call`
