@@ -571,6 +571,9 @@ struct Fleet {
     retargeted: AtomicUsize,
     /// Signals the operator sent.
     signals: AtomicUsize,
+    /// The operator's retargets of each session, in order: the version asked for, and
+    /// whether the store said it was done (an error may still have committed it).
+    retargets: std::sync::Mutex<BTreeMap<SessionId, Vec<(String, bool)>>>,
     /// Rows lost behind the store's back (memory store only), and the sessions they
     /// were lost from: those may end refused as tampered instead of completed.
     tamperer: Option<durable_memory::tamper::MemoryTamperer>,
@@ -838,14 +841,18 @@ async fn retarget_one(fleet: &Fleet, durables: [&Durable; 2], rng: &mut SmallRng
         "operator retargets {} from {} to {}",
         session.id, session.app_version, VERSIONS[to]
     ));
-    if durables[to]
+    let moved = durables[to]
         .operator()
         .retarget(&session.id, Vec::new(), "operator")
         .await
-        .is_ok()
-    {
+        .is_ok();
+    if moved {
         fleet.retargeted.fetch_add(1, Ordering::Relaxed);
     }
+    lock(&fleet.retargets)
+        .entry(session.id.clone())
+        .or_default()
+        .push((VERSIONS[to].to_owned(), moved));
 }
 
 /// Loses a row behind the store's back, as a lost `-wal` or a restored backup would: the
@@ -1051,6 +1058,7 @@ async fn simulate(seed: u64, options: &Options) -> Report {
         unparked: AtomicUsize::new(0),
         retargeted: AtomicUsize::new(0),
         signals: AtomicUsize::new(0),
+        retargets: std::sync::Mutex::new(BTreeMap::new()),
         tamperer,
         lost: std::sync::Mutex::new(std::collections::BTreeSet::new()),
         faulties: std::sync::Mutex::new(Vec::new()),
@@ -1142,6 +1150,26 @@ async fn simulate(seed: u64, options: &Options) -> Report {
                 "absence not surfaced: {id} lost a row and its journal reads as {:?}",
                 other.map(|rows| rows.len())
             )),
+        }
+    }
+    // A session moved to another version ends on the version its last retarget asked
+    // for (or on one asked for after it, whose reply was lost): no worker of the old
+    // version wrote it back.
+    for (id, asked) in lock(&fleet.retargets).iter() {
+        let Some(last_done) = asked.iter().rposition(|(_, done)| *done) else {
+            continue;
+        };
+        let Ok(record) = store.session(id).await else {
+            continue;
+        };
+        if !asked[last_done..]
+            .iter()
+            .any(|(version, _)| *version == record.app_version)
+        {
+            violations.push(format!(
+                "a retarget undone: {id} ends on {}, its last retarget moved it to {}",
+                record.app_version, asked[last_done].0
+            ));
         }
     }
     let everyone = fleet.ctx.sessions();
