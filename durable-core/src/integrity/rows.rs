@@ -400,17 +400,32 @@ pub fn check_resolutions(
 
 /// Checks that a read of every resolution of a session found as many as the head counts.
 pub fn check_resolution_count(head: &HeadRow, found: usize) -> Result<(), StoreError> {
-    if i64::try_from(found).ok() != Some(head.resolutions) {
-        return Err(StoreError::Tampered {
-            session: head.session.clone(),
-            what: "the resolutions".to_owned(),
-            detail: format!(
-                "the session head records {} resolutions, the table holds {found}",
-                head.resolutions,
-            ),
-        });
+    check_log_count(
+        head,
+        head.resolutions,
+        found,
+        ("the resolutions", "resolutions", "table"),
+    )
+}
+
+/// Whether the `found` rows of one of a session's audit logs are as many as `counted`,
+/// the head's count of that log; [`StoreError::Tampered`] naming the log otherwise (a row
+/// deleted or added outside durable). `names`: the log as the error names it, what its
+/// rows are, and where they are kept.
+fn check_log_count(
+    head: &HeadRow,
+    counted: i64,
+    found: usize,
+    (what, rows, kept): (&str, &str, &str),
+) -> Result<(), StoreError> {
+    if i64::try_from(found).ok() == Some(counted) {
+        return Ok(());
     }
-    Ok(())
+    Err(StoreError::Tampered {
+        session: head.session.clone(),
+        what: what.to_owned(),
+        detail: format!("the session head records {counted} {rows}, the {kept} holds {found}"),
+    })
 }
 
 /// An approval log row's sealed columns, as stored (see [`ApprovalFields`]).
@@ -507,17 +522,12 @@ pub fn check_approvals(
 /// Checks that a read of a session's whole approval log found as many rows as the head
 /// counts.
 pub fn check_approval_count(head: &HeadRow, found: usize) -> Result<(), StoreError> {
-    if i64::try_from(found).ok() != Some(head.approvals) {
-        return Err(StoreError::Tampered {
-            session: head.session.clone(),
-            what: "the approval log".to_owned(),
-            detail: format!(
-                "the session head records {} approval events, the log holds {found}",
-                head.approvals,
-            ),
-        });
-    }
-    Ok(())
+    check_log_count(
+        head,
+        head.approvals,
+        found,
+        ("the approval log", "approval events", "log"),
+    )
 }
 
 /// A transcript message's sealed columns, as stored.
