@@ -1155,7 +1155,8 @@ async fn simulate(seed: u64, options: &Options) -> Report {
     // A session moved to another version ends on the version its last retarget asked
     // for (or on one asked for after it, whose reply was lost): no worker of the old
     // version wrote it back.
-    for (id, asked) in lock(&fleet.retargets).iter() {
+    let retargets = lock(&fleet.retargets).clone();
+    for (id, asked) in &retargets {
         let Some(last_done) = asked.iter().rposition(|(_, done)| *done) else {
             continue;
         };
