@@ -22,27 +22,19 @@ macro_rules! select_signals {
     };
 }
 
-/// A signal row back as a record; a payload that is not JSON is [`StoreError::Corrupt`].
+/// A signal row back as a record ([`SignalRecord::stored`]).
 fn record(row: &SqliteRow) -> Result<SignalRecord, StoreError> {
-    let session = SessionId::new(row.try_get::<String, _>(1).map_err(db)?);
     let payload: String = row.try_get(3).map_err(db)?;
-    let payload = serde_json::from_str(&payload).map_err(|e| StoreError::Corrupt {
-        session: session.clone(),
-        version: None,
-        detail: format!("a signal's payload is not JSON: {e}"),
-    })?;
-    let consumed_by: Option<String> = row.try_get(7).map_err(db)?;
-    let consumed_at: Option<i64> = row.try_get(8).map_err(db)?;
-    Ok(SignalRecord::new(
+    SignalRecord::stored(
         row.try_get(0).map_err(db)?,
-        session,
+        SessionId::new(row.try_get::<String, _>(1).map_err(db)?),
         row.try_get(2).map_err(db)?,
-        payload,
+        &payload,
         row.try_get(4).map_err(db)?,
         row.try_get(5).map_err(db)?,
         row.try_get(6).map_err(db)?,
-        consumed_by.zip(consumed_at),
-    ))
+        (row.try_get(7).map_err(db)?, row.try_get(8).map_err(db)?),
+    )
 }
 
 /// The first signal (by id) a `SELECT` of [`select_signals`] finds.

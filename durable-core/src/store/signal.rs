@@ -227,6 +227,39 @@ impl SignalRecord {
         }
     }
 
+    /// A signal row as a SQL backend stores it, the payload as JSON text (for backends):
+    /// a payload that is not JSON is [`StoreError::Corrupt`]. `consumed_by` alone says
+    /// whether it was consumed, as the backends' `consumed_by IS NULL` does (a row whose
+    /// time was erased still reads as consumed).
+    #[expect(clippy::too_many_arguments, reason = "one argument per column")]
+    pub fn stored(
+        id: i64,
+        session: SessionId,
+        name: String,
+        payload: &str,
+        sent_by: String,
+        key: Option<String>,
+        sent_at: i64,
+        (consumed_by, consumed_at): (Option<String>, Option<i64>),
+    ) -> Result<Self, StoreError> {
+        let payload = serde_json::from_str(payload).map_err(|e| StoreError::Corrupt {
+            session: session.clone(),
+            version: None,
+            detail: format!("signal #{id}'s payload is not JSON: {e}"),
+        })?;
+        Ok(SignalRecord {
+            id,
+            session,
+            name,
+            payload,
+            sent_by,
+            key,
+            sent_at,
+            consumed_at: consumed_at.filter(|_| consumed_by.is_some()),
+            consumed_by,
+        })
+    }
+
     /// Whether no session consumed it yet.
     pub fn is_pending(&self) -> bool {
         self.consumed_by.is_none()
@@ -288,6 +321,30 @@ mod tests {
             s.validate().is_ok(),
             "a NUL in a string is escaped in the text"
         );
+    }
+
+    #[test]
+    fn a_stored_row_reads_back_or_says_what_is_wrong() {
+        let row = |payload: &str, consumed: (Option<String>, Option<i64>)| {
+            SignalRecord::stored(
+                7,
+                SessionId::new("s"),
+                "go".into(),
+                payload,
+                "op".into(),
+                None,
+                1,
+                consumed,
+            )
+        };
+        let err = row("{not json", (None, None)).expect_err("corrupt");
+        assert!(matches!(err, StoreError::Corrupt { .. }), "{err}");
+        assert!(err.to_string().contains("signal #7"), "{err}");
+        // The consumer decides, as the backends' `consumed_by IS NULL` does.
+        let timeless = row("1", (Some("k".into()), None)).expect("row");
+        assert!(!timeless.is_pending());
+        let stray = row("1", (None, Some(5))).expect("row");
+        assert!(stray.is_pending() && stray.consumed_at.is_none());
     }
 
     #[test]
